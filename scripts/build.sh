@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds anvil into ${BUILD_DIR:-build} (Release). Extra arguments go to cmake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's test command: installs dependencies, builds, and runs every test.
+#  1. the Release build and all of its tests (ctest);
+#  2. the loader and format tests again under AddressSanitizer + UBSan (a separate build dir).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+BUILD_DIR=build bash scripts/build.sh
+(cd build && ctest --output-on-failure -j"$(nproc)")
+if [ "${ANVIL_SKIP_ASAN:-0}" != "1" ]; then
+  BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DANVIL_ASAN=ON -DANVIL_CUDA=OFF -DANVIL_BUILD_BENCH=OFF
+  (cd build-asan && ctest --output-on-failure -j"$(nproc)" -L format)
+fi

@@ -1,0 +1,18 @@
+#include "backend/backend.h"
+
+namespace anvil {
+
+size_t WeightMatrix::bytes() const {
+  size_t n = 0;
+  if (bits == 0) {
+    n = size_t(rows) * size_t(cols) * dtype_size(dtype);
+  } else {
+    n = size_t(rows) * size_t(cols) * size_t(bits) / 8;
+    size_t groups = size_t(rows) * size_t(cols / group_size);
+    n += 2 * groups * dtype_size(dtype);
+  }
+  if (bias) n += size_t(rows) * dtype_size(bias_dtype);
+  return n;
+}
+
+}  // namespace anvil

@@ -1,0 +1,137 @@
+// The ONLY boundary between the model math and hardware: device buffers plus the op set.
+// src/model/ writes each forward pass once against this interface; src/backend/cpu/ is the
+// reference implementation every other backend (src/backend/cuda/) is tested against.
+//
+// Conventions
+// - Activations are row-major 2-D tensors [rows, cols] in the backend's act_dtype()
+//   (CPU: F32; CUDA: BF16). A batch is a flat list of tokens, one row per token, which may belong
+//   to different sequences: prefill and decode, one sequence or many, are the same call.
+// - Weights are WeightMatrix / WeightVector views living where the backend can read them
+//   (CPU: the mmapped checkpoint; CUDA: device memory after upload_weight()).
+// - The KV cache is paged (see KVCacheView): page p holds P consecutive positions of one sequence
+//   for all layers, K and V.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace anvil {
+
+// A [rows, cols] weight matrix used as y = x W^T (+ bias).
+// Dense: `data` is [rows, cols] of `dtype` (F32/F16/BF16).
+// MLX affine quantized (bits > 0): `data` is uint32 [rows, cols*bits/32]; each row is a
+// little-endian bit stream where element k occupies bits [k*bits, (k+1)*bits);
+// `scales` and `biases` are [rows, cols/group_size] of `dtype`; w = scales*q + biases.
+struct WeightMatrix {
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::kBF16;
+  int bits = 0;
+  int group_size = 0;
+  const void* data = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  const void* bias = nullptr;  // optional [rows] of bias_dtype
+  DType bias_dtype = DType::kBF16;
+
+  bool quantized() const { return bits != 0; }
+  // Bytes read by one full pass over the matrix (data + scales + biases + bias).
+  size_t bytes() const;
+};
+
+struct WeightVector {
+  int64_t n = 0;
+  DType dtype = DType::kBF16;
+  const void* data = nullptr;
+};
+
+// An activation tensor [rows, cols], contiguous, in act_dtype().
+struct Act {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::kF32;
+  Act slice_rows(int64_t begin, int64_t count) const {
+    Act a = *this;
+    a.data = static_cast<uint8_t*>(data) + size_t(begin * cols) * dtype_size(dtype);
+    a.rows = count;
+    return a;
+  }
+};
+
+// Where the KV cache lives and how it is laid out. One page stores, for every layer l, K then V:
+//   element (page, layer, kv, slot, head, d) at
+//   ((((page*n_layers + layer)*2 + kv)*page_size + slot)*n_kv_heads + head)*head_dim + d
+// so a page is one contiguous block (the unit the durable store persists).
+struct KVCacheView {
+  void* base = nullptr;
+  DType dtype = DType::kBF16;
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0, page_size = 0;
+  int64_t n_pages = 0;
+  size_t page_elems() const { return size_t(n_layers) * 2 * page_size * n_kv_heads * head_dim; }
+  size_t page_bytes() const { return page_elems() * dtype_size(dtype); }
+};
+
+// Per-token placement of a batch, in memory the backend can read (host for CPU, device for CUDA).
+// Token t belongs to sequence seq[t] at absolute position pos[t]; sequence s's pages are
+// page_table[s*max_pages + 0 ..]. Attention for token t covers positions 0..pos[t] of its sequence,
+// so every token of the batch must be appended (rope_kv_append) before attention runs.
+struct BatchView {
+  int n_tokens = 0;
+  int n_seqs = 0;
+  int max_pages = 0;
+  const int32_t* pos = nullptr;         // [n_tokens]
+  const int32_t* seq = nullptr;         // [n_tokens]
+  const int32_t* page_table = nullptr;  // [n_seqs, max_pages]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual DType act_dtype() const = 0;
+
+  // ---- memory ----
+  virtual Result<void*> alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void copy_to_device(void* dst, const void* src_host, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst_host, const void* src, size_t bytes) = 0;
+  // Makes a host-resident weight readable by this backend (CPU: returns it unchanged).
+  virtual Result<WeightMatrix> upload_weight(const WeightMatrix& host) = 0;
+  virtual Result<WeightVector> upload_vector(const WeightVector& host) = 0;
+  // Waits for queued work (no-op on CPU).
+  virtual void synchronize() = 0;
+
+  // ---- ops ----
+  // out[t, :] = row ids[t] of table (dequantized).   ids: [out.rows]
+  virtual void embed(const WeightMatrix& table, const int32_t* ids, Act out) = 0;
+  // out = rmsnorm(x) * w, per row.
+  virtual void rmsnorm(Act x, const WeightVector& w, float eps, Act out) = 0;
+  // residual += x; out = rmsnorm(residual) * w.   (the fused add + norm between sublayers)
+  virtual void add_rmsnorm(Act residual, Act x, const WeightVector& w, float eps, Act out) = 0;
+  // out[rows, W.rows] = x[rows, W.cols] W^T (+ bias).
+  virtual void linear(Act x, const WeightMatrix& w, Act out) = 0;
+  // out = silu(gate) * up, elementwise.
+  virtual void swiglu(Act gate, Act up, Act out) = 0;
+  // a += b, elementwise.
+  virtual void add(Act a, Act b) = 0;
+  // For each token t: optional per-head RMSNorm of q and k (q_norm/k_norm with n = head_dim; skipped
+  // when data is null), RoPE (rotate-half convention: pairs (i, i + head_dim/2), angle
+  // pos * inv_freq[i]) on q in place and on k, then writes k and v at (layer, pos[t]) of the
+  // sequence's pages.   q: [T, n_heads*head_dim], k, v: [T, n_kv_heads*head_dim], inv_freq: [head_dim/2]
+  virtual void qk_norm_rope_kv_append(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm,
+                                      float eps, const float* inv_freq, const KVCacheView& kv, int layer,
+                                      const BatchView& batch) = 0;
+  // Causal attention with GQA (head h reads kv head h / (n_heads / n_kv_heads)), softmax in fp32.
+  //   q: [T, n_heads*head_dim] -> out: [T, n_heads*head_dim]
+  virtual void attention(Act q, const KVCacheView& kv, int layer, const BatchView& batch, float scale,
+                         Act out) = 0;
+  // Copies activations to host as float32 (the logits for the sampler).   dst: [x.rows * x.cols]
+  virtual void to_host_f32(Act x, float* dst) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+
+}  // namespace anvil

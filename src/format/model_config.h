@@ -1,0 +1,69 @@
+// config.json -> ModelConfig for the qwen3, qwen2 and llama families, every required field checked.
+// Errors name the file and the field: "config.json: field 'num_attention_heads': expected a positive integer".
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace anvil {
+
+enum class Arch { kQwen3, kQwen2, kLlama };
+const char* arch_name(Arch a);
+
+// MLX affine quantization of one module: w = scales * q + biases, per group of `group_size` inputs.
+struct QuantSpec {
+  int bits = 0;        // 0 = not quantized; else 2, 3, 4, 5, 6 or 8
+  int group_size = 0;  // 32, 64 or 128
+  bool quantized() const { return bits != 0; }
+};
+
+// The `quantization` / `quantization_config` block: a default plus per-module overrides keyed by
+// module path without the ".weight" suffix ("model.layers.0.mlp.gate_proj"); an override is either a
+// params dict or `false` (not quantized).
+struct QuantConfig {
+  QuantSpec default_spec;                     // bits == 0 when the checkpoint is not quantized
+  std::map<std::string, QuantSpec> overrides; // QuantSpec{} for `false`
+  QuantSpec for_module(const std::string& module_path) const;
+};
+
+struct RopeScaling {
+  std::string type;  // "" (none), "llama3", "linear", "default"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Arch arch = Arch::kQwen3;
+  std::string model_type;  // as written in config.json
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;  // defaults to hidden_size / num_attention_heads when absent
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v projections have a bias (qwen2: true)
+  bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (qwen3)
+  std::vector<int> eos_token_ids;
+  int bos_token_id = -1;
+  DType torch_dtype = DType::kBF16;
+  QuantConfig quant;
+};
+
+// Parses config.json text; `label` names the file in errors.
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& label = "config.json");
+// Reads DIR/config.json, and merges eos ids from DIR/generation_config.json when present.
+Result<ModelConfig> load_model_config(const std::string& dir);
+
+}  // namespace anvil
