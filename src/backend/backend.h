@@ -98,6 +98,7 @@ class Backend {
   virtual void free(void* p) = 0;
   virtual void copy_to_device(void* dst, const void* src_host, size_t bytes) = 0;
   virtual void copy_to_host(void* dst_host, const void* src, size_t bytes) = 0;
+  virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
   // Makes a host-resident weight readable by this backend (CPU: returns it unchanged).
   virtual Result<WeightMatrix> upload_weight(const WeightMatrix& host) = 0;
   virtual Result<WeightVector> upload_vector(const WeightVector& host) = 0;

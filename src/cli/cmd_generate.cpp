@@ -1,0 +1,152 @@
+// anvil generate: one prompt in, tokens streamed out.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "cli/text_output.h"
+#include "format/npy.h"
+#include "runtime/generate.h"
+
+namespace anvil::cli {
+namespace {
+
+struct GenerateArgs {
+  ModelOptions model;
+  SamplingOptions sampling;
+  std::string prompt, ids, dump_logits, system;
+  std::vector<std::string> stops;
+  int n = 128;
+  bool json = false, ignore_eos = false, chat = false, no_thinking = false, show_reasoning = false;
+};
+
+int run_generate(GenerateArgs& a) {
+  if (a.prompt.empty() == a.ids.empty()) return fail("give exactly one of -p/--prompt TEXT and --ids 1,2,3");
+  if (a.n < 0) return fail("-n must be >= 0");
+  if (a.chat && !a.ids.empty()) return fail("--chat needs a text prompt (-p)");
+  auto stack = build_stack(a.model);
+  if (!stack.is_ok()) return fail(stack.status().message());
+  Stack& s = *stack;
+  const std::string tok_dir = tokenizer_dir_of(s);
+
+  std::unique_ptr<TextOutput> text;
+  std::vector<int32_t> prompt;
+  if (!a.prompt.empty()) {
+    auto t = TextOutput::open(tok_dir, a.chat, a.show_reasoning, a.stops);
+    if (!t.is_ok()) return fail(t.status().message());
+    text = std::move(t).value();
+    auto p = a.chat ? text->encode_chat(a.system, a.prompt, !a.no_thinking) : text->encode(a.prompt);
+    if (!p.is_ok()) return fail(p.status().message());
+    prompt = std::move(p).value();
+  } else {
+    auto p = parse_ids(a.ids);
+    if (!p.is_ok()) return fail(p.status().message());
+    prompt = std::move(p).value();
+    if (!a.stops.empty() || a.show_reasoning) {
+      auto t = TextOutput::open(tok_dir, false, a.show_reasoning, a.stops);
+      if (t.is_ok()) text = std::move(t).value();
+    }
+  }
+
+  if (!a.dump_logits.empty()) {
+    auto seq = s.engine->seq_create();
+    if (!seq.is_ok()) return fail(seq.status().message());
+    std::vector<float> all;
+    Status st = s.engine->extend(*seq, prompt, nullptr, &all);
+    if (!st.is_ok()) return fail(st.message());
+    st = write_npy(a.dump_logits, all.data(), {int64_t(prompt.size()), int64_t(s.model->config.vocab_size)});
+    if (!st.is_ok()) return fail(st.message());
+    s.engine->seq_release(*seq);
+    if (a.n == 0) {
+      if (a.json) std::printf("%s\n", nlohmann::json{{"ids", nlohmann::json::array()}, {"prompt_tokens", prompt.size()}}.dump().c_str());
+      return 0;
+    }
+  }
+
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.max_new_tokens = a.n;
+  req.sampling = resolve_sampling(a.sampling, s.model->dir);
+  req.eos_ids = s.model->config.eos_token_ids;
+  req.ignore_eos = a.ignore_eos;
+  auto seq = s.engine->seq_create();
+  if (!seq.is_ok()) return fail(seq.status().message());
+  std::string all_text, all_reasoning;
+  auto on_token = [&](int32_t id) -> bool {
+    if (text) {
+      bool is_eos = !a.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
+      TextOutput::Chunk c = is_eos ? TextOutput::Chunk{} : text->push(id);
+      all_text += c.content;
+      all_reasoning += c.reasoning;
+      if (!a.json) {
+        if (!c.reasoning.empty() && a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
+        std::fputs(c.content.c_str(), stdout);
+        std::fflush(stdout);
+      }
+      return !text->stopped();
+    }
+    if (!a.json) {
+      std::printf("%d ", id);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  auto r = generate(*s.engine, *seq, req, on_token);
+  if (!r.is_ok()) return fail(r.status().message());
+  if (text) {
+    TextOutput::Chunk c = text->flush();
+    all_text += c.content;
+    all_reasoning += c.reasoning;
+    if (!a.json) {
+      if (a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
+      std::fputs(c.content.c_str(), stdout);
+    }
+  }
+  const double prefill_tps = r->prefill_s > 0 ? (r->prompt_tokens - r->reused_tokens) / r->prefill_s : 0;
+  const double decode_tps = r->decode_s > 0 && r->ids.size() > 1 ? (r->ids.size() - 1) / r->decode_s : 0;
+  std::string finish = r->finish_reason == "cancelled" && text && text->stopped() ? "stop" : r->finish_reason;
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["ids"] = r->ids;
+    if (text) {
+      j["text"] = all_text;
+      if (a.chat) j["reasoning"] = all_reasoning;
+    }
+    j["finish_reason"] = finish;
+    j["prompt_tokens"] = r->prompt_tokens;
+    j["cached_prompt_tokens"] = r->reused_tokens;
+    j["timings"] = {{"prefill_s", r->prefill_s}, {"decode_s", r->decode_s},
+                    {"prefill_tok_s", prefill_tps}, {"decode_tok_s", decode_tps}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr, "[anvil] prompt %d tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), finish: %s\n",
+                 r->prompt_tokens, prefill_tps, r->ids.size(), decode_tps, finish.c_str());
+  }
+  return 0;
+}
+
+Command reg("generate", "Generate text (or token ids) from a prompt, streaming as tokens are produced", 10,
+            [](CLI::App& app) -> std::function<int()> {
+              auto a = std::make_shared<GenerateArgs>();
+              add_model_options(app, a->model);
+              app.add_option("-p,--prompt", a->prompt, "Prompt text (needs tokenizer.json in the model directory)");
+              app.add_option("--ids", a->ids, "Prompt as token ids: 1,2,3");
+              app.add_option("-n,--max-tokens", a->n, "Maximum tokens to generate")->capture_default_str();
+              add_sampling_options(app, a->sampling);
+              app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
+              app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)");
+              app.add_flag("--chat", a->chat, "Apply the model's chat template to the prompt (one user turn)");
+              app.add_option("--system", a->system, "System message for --chat");
+              app.add_flag("--no-thinking", a->no_thinking, "With --chat: enable_thinking=false");
+              app.add_flag("--show-reasoning", a->show_reasoning, "Print <think> reasoning too (hidden by default)");
+              app.add_flag("--json", a->json,
+                           "Print one JSON object at the end: ids, text, finish_reason, timings");
+              app.add_option("--dump-logits", a->dump_logits,
+                             "Write float32 logits [prompt positions, vocab] of one teacher-forced forward over "
+                             "the prompt to this .npy file");
+              return [a] { return run_generate(*a); };
+            });
+
+}  // namespace
+}  // namespace anvil::cli

@@ -1,0 +1,113 @@
+// anvil inspect: what a checkpoint is and what running it costs.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/common.h"
+
+namespace anvil::cli {
+namespace {
+
+struct InspectArgs {
+  std::string model, synthetic;
+  int ctx = 4096;
+  int seqs = 1;
+  std::string kv_dtype = "bf16";
+  bool json = false;
+};
+
+std::string human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string quant_desc(const WeightMatrix& m) {
+  if (!m.quantized()) return std::string(dtype_name(m.dtype));
+  return "q" + std::to_string(m.bits) + "g" + std::to_string(m.group_size) + " (" +
+         std::string(dtype_name(m.dtype)) + " scales)";
+}
+
+int run_inspect(const InspectArgs& a) {
+  if (a.model.empty() == a.synthetic.empty()) return fail("give exactly one of -m/--model DIR and --synthetic NAME");
+  if (a.ctx < 1 || a.seqs < 1) return fail("--ctx and --seqs must be >= 1");
+  if (a.kv_dtype != "bf16" && a.kv_dtype != "f32") return fail("--kv-dtype must be bf16 or f32");
+  auto m = a.model.empty() ? load_synthetic(a.synthetic) : load_model(a.model);
+  if (!m.is_ok()) return fail(m.status().message());
+  const ModelConfig& c = (*m)->config;
+  const ModelWeights& w = (*m)->weights;
+  const size_t kv_elem = a.kv_dtype == "bf16" ? 2 : 4;
+  const size_t kv_per_token = size_t(2) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_elem;
+  const size_t weights = w.total_bytes();
+  const size_t per_token = w.bytes_per_token();
+  const size_t kv_total = kv_per_token * size_t(a.ctx) * size_t(a.seqs);
+  // Activation scratch of one forward of `batch` tokens (float32 on CPU): h, x, q, k, v, attn, o,
+  // gate, up, logits (see Transformer::alloc_scratch).
+  const size_t batch = 256;
+  const size_t QD = size_t(c.num_attention_heads) * c.head_dim, KD = size_t(c.num_key_value_heads) * c.head_dim;
+  const size_t act = batch * 4 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size) +
+                                  size_t(c.vocab_size));
+  const size_t total = weights + kv_total + act;
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["source"] = (*m)->source;
+    j["architecture"] = arch_name(c.arch);
+    j["layers"] = c.num_hidden_layers;
+    j["hidden_size"] = c.hidden_size;
+    j["heads"] = c.num_attention_heads;
+    j["kv_heads"] = c.num_key_value_heads;
+    j["head_dim"] = c.head_dim;
+    j["intermediate_size"] = c.intermediate_size;
+    j["vocab_size"] = c.vocab_size;
+    j["tied_embeddings"] = w.tied;
+    j["parameters"] = w.parameter_count();
+    j["weight_bytes"] = weights;
+    j["bytes_per_token"] = per_token;
+    j["kv_bytes_per_token"] = kv_per_token;
+    j["memory_plan"] = {{"context", a.ctx}, {"sequences", a.seqs}, {"weights", weights},
+                        {"kv_cache", kv_total}, {"activations", act}, {"total", total}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model            %s\n", (*m)->source.c_str());
+  std::printf("architecture     %s (model_type %s)\n", arch_name(c.arch), c.model_type.c_str());
+  std::printf("layers           %d, hidden %d, heads %d / kv heads %d, head dim %d, ffn %d, vocab %d\n",
+              c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+              c.intermediate_size, c.vocab_size);
+  std::printf("features         %s%s%s%s\n", c.qk_norm ? "q/k-norm " : "", c.attention_bias ? "qkv-bias " : "",
+              c.rope_scaling.type.empty() ? "" : ("rope-" + c.rope_scaling.type + " ").c_str(),
+              w.tied ? "tied-embeddings" : "separate-lm-head");
+  std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(),
+              w.layers.empty() ? "-" : quant_desc(w.layers[0].q).c_str(), quant_desc(w.lm_head).c_str());
+  std::printf("parameters       %.3f M\n", w.parameter_count() / 1e6);
+  std::printf("weight bytes     %s\n", human(double(weights)).c_str());
+  std::printf("bytes per token  %s read per decoded token (weights; + KV %s per token of context)\n",
+              human(double(per_token)).c_str(), human(double(kv_per_token)).c_str());
+  std::printf("KV per token     %s (%s, %d layers x %d kv heads x %d x K,V)\n", human(double(kv_per_token)).c_str(),
+              a.kv_dtype.c_str(), c.num_hidden_layers, c.num_key_value_heads, c.head_dim);
+  std::printf("memory plan      context %d x %d sequence(s): weights %s + KV %s + activations %s = %s\n", a.ctx,
+              a.seqs, human(double(weights)).c_str(), human(double(kv_total)).c_str(), human(double(act)).c_str(),
+              human(double(total)).c_str());
+  return 0;
+}
+
+Command reg("inspect", "Show a model's architecture, size, bytes per token and a memory plan", 40,
+            [](CLI::App& app) -> std::function<int()> {
+              auto a = std::make_shared<InspectArgs>();
+              app.add_option("-m,--model", a->model, "Model directory or Hugging Face repo id in the local cache");
+              app.add_option("--synthetic", a->synthetic, "A synthetic shape NAME[:QUANT] instead of -m");
+              app.add_option("-c,--ctx", a->ctx, "Context length for the memory plan")->capture_default_str();
+              app.add_option("--seqs", a->seqs, "Concurrent sequences for the memory plan")->capture_default_str();
+              app.add_option("--kv-dtype", a->kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
+              app.add_flag("--json", a->json, "Print JSON");
+              return [a] { return run_inspect(*a); };
+            });
+
+}  // namespace
+}  // namespace anvil::cli

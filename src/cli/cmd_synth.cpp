@@ -1,0 +1,52 @@
+// anvil synth: write a random-weight checkpoint (MLX layout) for a benchmark shape.
+#include <chrono>
+#include <cstdio>
+
+#include "cli/command.h"
+#include "model/loader.h"
+#include "model/synth.h"
+
+namespace anvil::cli {
+namespace {
+
+struct SynthArgs {
+  std::string shape, quant = "q4g64", out, tokenizer;
+  uint64_t seed = 0;
+};
+
+int run_synth(const SynthArgs& a) {
+  auto shape = synth_shape(a.shape);
+  if (!shape.is_ok()) return fail(shape.status().message());
+  auto q = parse_synth_quant(a.quant);
+  if (!q.is_ok()) return fail(q.status().message());
+  std::string tok = a.tokenizer.empty() ? default_tokenizer_dir() : a.tokenizer;
+  if (tok.empty())
+    std::fprintf(stderr, "anvil: warning: the Qwen3 tokenizer files were not found; writing no tokenizer "
+                         "(pass --tokenizer DIR)\n");
+  auto t0 = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "[anvil] building %s %s ...\n", a.shape.c_str(), q->name().c_str());
+  auto m = synth_build(*shape, *q, a.seed);
+  if (!m.is_ok()) return fail(m.status().message());
+  std::fprintf(stderr, "[anvil] writing %.2f GiB to %s ...\n", (*m)->total_bytes() / double(1 << 30), a.out.c_str());
+  Status st = synth_write(**m, a.out, tok);
+  if (!st.is_ok()) return fail(st.message());
+  std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+  std::printf("wrote %s (%s, %s) in %.1f s\n", a.out.c_str(), a.shape.c_str(), q->name().c_str(), dt.count());
+  return 0;
+}
+
+Command reg("synth", "Write a random-weight checkpoint for a benchmark shape (no download needed)", 60,
+            [](CLI::App& app) -> std::function<int()> {
+              auto a = std::make_shared<SynthArgs>();
+              app.add_option("--shape", a->shape, "Shape: tiny, qwen3-0.6b, qwen3-8b")->required();
+              app.add_option("--quant", a->quant, "bf16, q4g64, q8g64, or any qBgG (B in 2,3,4,5,6,8; G in 32,64,128)")
+                  ->capture_default_str();
+              app.add_option("--out", a->out, "Output directory")->required();
+              app.add_option("--seed", a->seed, "Random seed")->capture_default_str();
+              app.add_option("--tokenizer", a->tokenizer, "Directory with tokenizer.json/tokenizer_config.json to copy "
+                                                          "(default: the Qwen3 tokenizer shipped with anvil)");
+              return [a] { return run_synth(*a); };
+            });
+
+}  // namespace
+}  // namespace anvil::cli

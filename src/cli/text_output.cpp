@@ -1,0 +1,78 @@
+#include "cli/text_output.h"
+
+#include <filesystem>
+
+namespace anvil::cli {
+
+Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, bool chat, bool show_reasoning,
+                                                     std::vector<std::string> stops) {
+  std::string path = dir + "/tokenizer.json";
+  if (dir.empty() || !std::filesystem::exists(path))
+    return not_found("no tokenizer.json in " + (dir.empty() ? std::string("the model") : dir) +
+                     ": give the prompt as token ids with --ids");
+  auto t = std::unique_ptr<TextOutput>(new TextOutput());
+  ANVIL_ASSIGN_OR_RETURN(t->tok_, Tokenizer::load(path));
+  if (chat) {
+    ANVIL_ASSIGN_OR_RETURN(t->cfg_, load_tokenizer_config(dir));
+    if (t->cfg_.chat_template.empty())
+      return not_found(dir + "/tokenizer_config.json has no chat_template: drop --chat to use the prompt as is");
+  }
+  t->chat_ = chat;
+  t->stops_ = std::move(stops);
+  t->begin_answer();
+  return t;
+}
+
+Result<std::vector<int32_t>> TextOutput::encode(const std::string& text) const { return tok_->encode(text); }
+
+Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::json& messages, bool thinking) const {
+  ANVIL_ASSIGN_OR_RETURN(std::string prompt,
+                         apply_chat_template(cfg_, messages, nlohmann::json(), true, thinking));
+  return tok_->encode(prompt);
+}
+
+Result<std::vector<int32_t>> TextOutput::encode_chat(const std::string& system, const std::string& user,
+                                                     bool thinking) const {
+  nlohmann::json messages = nlohmann::json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  messages.push_back({{"role", "user"}, {"content", user}});
+  return encode_messages(messages, thinking);
+}
+
+void TextOutput::begin_answer(bool starts_in_reasoning) {
+  dec_ = std::make_unique<StreamDecoder>(*tok_, /*skip_special=*/true);
+  stop_ = std::make_unique<StopMatcher>(stops_);
+  split_ = chat_ ? std::make_unique<ReasoningSplitter>(starts_in_reasoning) : nullptr;
+}
+
+TextOutput::Chunk TextOutput::route(const std::string& text) {
+  Chunk c;
+  if (split_) {
+    auto o = split_->push(text);
+    c.reasoning = std::move(o.reasoning);
+    c.content = std::move(o.content);
+  } else {
+    c.content = text;
+  }
+  return c;
+}
+
+TextOutput::Chunk TextOutput::push(int32_t id) {
+  if (stop_->stopped()) return {};
+  return route(stop_->push(dec_->push(id)));
+}
+
+TextOutput::Chunk TextOutput::flush() {
+  std::string rest;
+  if (!stop_->stopped()) rest = stop_->push(dec_->flush());
+  rest += stop_->flush();
+  Chunk c = route(rest);
+  if (split_) {
+    auto o = split_->flush();
+    c.reasoning += o.reasoning;
+    c.content += o.content;
+  }
+  return c;
+}
+
+}  // namespace anvil::cli

@@ -1,0 +1,52 @@
+// Text in and out for the CLI: tokenizer, chat template, streaming detokenizer, stop strings and
+// the <think> reasoning split, composed in the order tokens flow:
+//   id -> StreamDecoder (whole UTF-8 only) -> StopMatcher (holds back a possible stop prefix)
+//      -> ReasoningSplitter (chat only) -> {reasoning, content}
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/reasoning.h"
+#include "tokenizer/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
+
+namespace anvil::cli {
+
+class TextOutput {
+ public:
+  struct Chunk {
+    std::string reasoning, content;
+  };
+  // tokenizer.json (and, for chat, tokenizer_config.json) from `dir`.
+  static Result<std::unique_ptr<TextOutput>> open(const std::string& dir, bool chat, bool show_reasoning,
+                                                  std::vector<std::string> stops);
+  Result<std::vector<int32_t>> encode(const std::string& text) const;
+  // One user turn (plus an optional system message) through the chat template.
+  Result<std::vector<int32_t>> encode_chat(const std::string& system, const std::string& user, bool thinking) const;
+  // A whole conversation through the chat template.
+  Result<std::vector<int32_t>> encode_messages(const nlohmann::json& messages, bool thinking) const;
+  // Resets the per-answer stream state (decoder, stop matcher, reasoning split).
+  void begin_answer(bool starts_in_reasoning = false);
+  Chunk push(int32_t id);
+  Chunk flush();
+  bool stopped() const { return stop_ && stop_->stopped(); }
+  const Tokenizer& tokenizer() const { return *tok_; }
+
+ private:
+  Chunk route(const std::string& text);
+  std::unique_ptr<Tokenizer> tok_;
+  TokenizerConfig cfg_;
+  bool chat_ = false;
+  std::vector<std::string> stops_;
+  std::unique_ptr<StreamDecoder> dec_;
+  std::unique_ptr<StopMatcher> stop_;
+  std::unique_ptr<ReasoningSplitter> split_;
+};
+
+}  // namespace anvil::cli

@@ -1,0 +1,34 @@
+// Opens a model: a directory (or a Hugging Face repo id in the local cache) or a synthetic shape,
+// and binds its weights. The tensors stay where they are (mmapped file or synthetic buffers).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "format/model_config.h"
+#include "format/safetensors.h"
+#include "model/synth.h"
+#include "model/weights.h"
+
+namespace anvil {
+
+struct LoadedModel {
+  std::string source;  // the directory, or "synthetic:NAME:QUANT"
+  std::string dir;     // empty for in-memory synthetic models
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<SynthModel> synthetic;
+  ModelWeights weights;  // host views
+  // Identity of the weights and config: the root of every KV page chain hash.
+  uint64_t fingerprint = 0;
+};
+
+// `path_or_repo`: a model directory or a repo id found in the HF cache.
+Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo);
+// "NAME[:QUANT]", e.g. "qwen3-0.6b:q4g64" (QUANT defaults to q4g64).
+Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec);
+
+// The directory holding the Qwen3 tokenizer files shipped with anvil's test data (used for
+// synthetic models), or "" when it cannot be found.
+std::string default_tokenizer_dir();
+
+}  // namespace anvil

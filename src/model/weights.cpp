@@ -1,0 +1,226 @@
+#include "model/weights.h"
+
+#include <sstream>
+
+namespace anvil {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+class Binder {
+ public:
+  Binder(const ModelConfig& cfg, const TensorLookup& lookup, const std::string& label)
+      : cfg_(cfg), lookup_(lookup), label_(label) {}
+
+  const TensorView* find(const std::string& name) const { return lookup_(name); }
+
+  Status missing(const std::string& name, const std::string& expected) const {
+    return not_found(label_ + ": missing tensor '" + name + "' (expected " + expected + ")");
+  }
+
+  Result<WeightVector> vector(const std::string& name, int64_t n) const {
+    const TensorView* t = find(name);
+    if (!t) return missing(name, shape_str({n}) + " float");
+    if (t->shape != std::vector<int64_t>{n})
+      return invalid_argument(label_ + ": tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected " +
+                              shape_str({n}));
+    if (!is_float_dtype(t->dtype))
+      return invalid_argument(label_ + ": tensor '" + name + "' has dtype " + std::string(dtype_name(t->dtype)) +
+                              ", expected F32, F16 or BF16");
+    return WeightVector{n, t->dtype, t->data};
+  }
+
+  // A [rows, cols] linear weight at module path `module` (without the .weight suffix): dense, or
+  // MLX affine quantized when module.scales exists.
+  Result<WeightMatrix> matrix(const std::string& module, int64_t rows, int64_t cols, bool with_bias) const {
+    const std::string wname = module + ".weight";
+    const TensorView* w = find(wname);
+    const TensorView* scales = find(module + ".scales");
+    QuantSpec spec = cfg_.quant.for_module(module);
+    WeightMatrix m;
+    m.rows = rows;
+    m.cols = cols;
+    if (!w) {
+      std::string exp = scales || spec.quantized() ? "U32 packed, " + std::to_string(spec.bits) + "-bit quantized"
+                                                   : shape_str({rows, cols}) + " float";
+      return missing(wname, exp);
+    }
+    if (scales) {
+      const TensorView* biases = find(module + ".biases");
+      if (!biases) return missing(module + ".biases", "the affine biases of a quantized module");
+      if (w->dtype != DType::kU32)
+        return invalid_argument(label_ + ": tensor '" + wname + "' is quantized (has .scales) but has dtype " +
+                                std::string(dtype_name(w->dtype)) + ", expected U32");
+      if (w->shape.size() != 2 || w->shape[0] != rows)
+        return invalid_argument(label_ + ": tensor '" + wname + "' has shape " + shape_str(w->shape) +
+                                ", expected [" + std::to_string(rows) + ", cols*bits/32] with cols = " +
+                                std::to_string(cols));
+      int64_t packed = w->shape[1];
+      if ((packed * 32) % cols != 0)
+        return invalid_argument(label_ + ": tensor '" + wname + "' has " + std::to_string(packed) +
+                                " packed words per row, which is not a whole number of bits for " +
+                                std::to_string(cols) + " inputs");
+      int bits = int(packed * 32 / cols);
+      if (scales->shape.size() != 2 || scales->shape[0] != rows || scales->shape[1] <= 0 ||
+          cols % scales->shape[1] != 0)
+        return invalid_argument(label_ + ": tensor '" + module + ".scales' has shape " + shape_str(scales->shape) +
+                                ", expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "/group_size]");
+      int group = int(cols / scales->shape[1]);
+      if (biases->shape != scales->shape)
+        return invalid_argument(label_ + ": tensor '" + module + ".biases' has shape " + shape_str(biases->shape) +
+                                ", expected " + shape_str(scales->shape) + " like its scales");
+      if (!is_float_dtype(scales->dtype) || biases->dtype != scales->dtype)
+        return invalid_argument(label_ + ": tensors '" + module + ".scales'/.biases' must share one float dtype");
+      if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8)
+        return unsupported(label_ + ": tensor '" + wname + "' decodes to " + std::to_string(bits) +
+                           "-bit quantization; supported: 2, 3, 4, 5, 6, 8");
+      if (group != 32 && group != 64 && group != 128)
+        return unsupported(label_ + ": tensor '" + module + ".scales' implies group size " + std::to_string(group) +
+                           "; supported: 32, 64, 128");
+      if (spec.quantized() && (spec.bits != bits || spec.group_size != group))
+        return invalid_argument(label_ + ": module '" + module + "' is stored as " + std::to_string(bits) +
+                                "-bit group " + std::to_string(group) + " but config.json quantization says " +
+                                std::to_string(spec.bits) + "-bit group " + std::to_string(spec.group_size));
+      m.bits = bits;
+      m.group_size = group;
+      m.dtype = scales->dtype;
+      m.data = w->data;
+      m.scales = scales->data;
+      m.biases = biases->data;
+    } else {
+      if (w->shape != std::vector<int64_t>{rows, cols})
+        return invalid_argument(label_ + ": tensor '" + wname + "' has shape " + shape_str(w->shape) + ", expected " +
+                                shape_str({rows, cols}));
+      if (!is_float_dtype(w->dtype))
+        return invalid_argument(label_ + ": tensor '" + wname + "' has dtype " + std::string(dtype_name(w->dtype)) +
+                                ", expected F32, F16 or BF16" +
+                                (w->dtype == DType::kU32 ? " (a U32 weight needs .scales and .biases)" : ""));
+      m.dtype = w->dtype;
+      m.data = w->data;
+    }
+    if (with_bias) {
+      const std::string bname = module + ".bias";
+      const TensorView* b = find(bname);
+      if (!b) return missing(bname, shape_str({rows}) + " float");
+      if (b->shape != std::vector<int64_t>{rows} || !is_float_dtype(b->dtype))
+        return invalid_argument(label_ + ": tensor '" + bname + "' has shape " + shape_str(b->shape) + " dtype " +
+                                std::string(dtype_name(b->dtype)) + ", expected " + shape_str({rows}) + " float");
+      m.bias = b->data;
+      m.bias_dtype = b->dtype;
+    }
+    return m;
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  const TensorLookup& lookup_;
+  std::string label_;
+};
+
+}  // namespace
+
+Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lookup, const std::string& label) {
+  Binder b(cfg, lookup, label);
+  ModelWeights mw;
+  const int64_t H = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
+  const int64_t QD = int64_t(cfg.num_attention_heads) * cfg.head_dim;
+  const int64_t KD = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+  ANVIL_ASSIGN_OR_RETURN(mw.embed, b.matrix("model.embed_tokens", V, H, false));
+  ANVIL_ASSIGN_OR_RETURN(mw.final_norm, b.vector("model.norm.weight", H));
+  if (cfg.tie_word_embeddings) {
+    mw.lm_head = mw.embed;
+    mw.tied = true;
+  } else if (!b.find("lm_head.weight")) {
+    return b.missing("lm_head.weight", "[" + std::to_string(V) + ", " + std::to_string(H) +
+                                           "] (config.json has tie_word_embeddings=false)");
+  } else {
+    ANVIL_ASSIGN_OR_RETURN(mw.lm_head, b.matrix("lm_head", V, H, false));
+  }
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights lw;
+    ANVIL_ASSIGN_OR_RETURN(lw.attn_norm, b.vector(p + "input_layernorm.weight", H));
+    ANVIL_ASSIGN_OR_RETURN(lw.ffn_norm, b.vector(p + "post_attention_layernorm.weight", H));
+    if (cfg.qk_norm) {
+      ANVIL_ASSIGN_OR_RETURN(lw.q_norm, b.vector(p + "self_attn.q_norm.weight", cfg.head_dim));
+      ANVIL_ASSIGN_OR_RETURN(lw.k_norm, b.vector(p + "self_attn.k_norm.weight", cfg.head_dim));
+    }
+    const bool qkv_bias = cfg.attention_bias;
+    ANVIL_ASSIGN_OR_RETURN(lw.q, b.matrix(p + "self_attn.q_proj", QD, H, qkv_bias));
+    ANVIL_ASSIGN_OR_RETURN(lw.k, b.matrix(p + "self_attn.k_proj", KD, H, qkv_bias));
+    ANVIL_ASSIGN_OR_RETURN(lw.v, b.matrix(p + "self_attn.v_proj", KD, H, qkv_bias));
+    // Llama's and Qwen3's attention_bias also covers o_proj; Qwen2 has biases on q/k/v only.
+    bool o_bias = cfg.attention_bias && cfg.arch != Arch::kQwen2;
+    ANVIL_ASSIGN_OR_RETURN(lw.o, b.matrix(p + "self_attn.o_proj", H, QD, o_bias));
+    ANVIL_ASSIGN_OR_RETURN(lw.gate, b.matrix(p + "mlp.gate_proj", F, H, false));
+    ANVIL_ASSIGN_OR_RETURN(lw.up, b.matrix(p + "mlp.up_proj", F, H, false));
+    ANVIL_ASSIGN_OR_RETURN(lw.down, b.matrix(p + "mlp.down_proj", H, F, false));
+    mw.layers.push_back(lw);
+  }
+  return mw;
+}
+
+static size_t vec_bytes(const WeightVector& v) { return v.data ? size_t(v.n) * dtype_size(v.dtype) : 0; }
+
+size_t ModelWeights::bytes_per_token() const {
+  size_t n = 0;
+  for (auto& l : layers) {
+    n += vec_bytes(l.attn_norm) + vec_bytes(l.ffn_norm) + vec_bytes(l.q_norm) + vec_bytes(l.k_norm);
+    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) n += m->bytes();
+  }
+  n += vec_bytes(final_norm) + lm_head.bytes();
+  n += embed.rows ? embed.bytes() / size_t(embed.rows) : 0;  // one embedding row
+  return n;
+}
+
+size_t ModelWeights::total_bytes() const {
+  size_t n = 0;
+  for (auto& l : layers) {
+    n += vec_bytes(l.attn_norm) + vec_bytes(l.ffn_norm) + vec_bytes(l.q_norm) + vec_bytes(l.k_norm);
+    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) n += m->bytes();
+  }
+  n += vec_bytes(final_norm) + embed.bytes() + (tied ? 0 : lm_head.bytes());
+  return n;
+}
+
+int64_t ModelWeights::parameter_count() const {
+  auto mat = [](const WeightMatrix& m) { return m.rows * m.cols + (m.bias ? m.rows : 0); };
+  int64_t n = 0;
+  for (auto& l : layers) {
+    n += l.attn_norm.n + l.ffn_norm.n + (l.q_norm.data ? l.q_norm.n : 0) + (l.k_norm.data ? l.k_norm.n : 0);
+    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) n += mat(*m);
+  }
+  n += final_norm.n + mat(embed) + (tied ? 0 : mat(lm_head));
+  return n;
+}
+
+Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend) {
+  ModelWeights d = host;
+  auto up_m = [&](WeightMatrix& m) -> Status {
+    ANVIL_ASSIGN_OR_RETURN(m, backend.upload_weight(m));
+    return Status::ok();
+  };
+  auto up_v = [&](WeightVector& v) -> Status {
+    if (!v.data) return Status::ok();
+    ANVIL_ASSIGN_OR_RETURN(v, backend.upload_vector(v));
+    return Status::ok();
+  };
+  ANVIL_RETURN_IF_ERROR(up_m(d.embed));
+  if (d.tied) d.lm_head = d.embed;
+  else ANVIL_RETURN_IF_ERROR(up_m(d.lm_head));
+  ANVIL_RETURN_IF_ERROR(up_v(d.final_norm));
+  for (auto& l : d.layers) {
+    for (WeightVector* v : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm}) ANVIL_RETURN_IF_ERROR(up_v(*v));
+    for (WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) ANVIL_RETURN_IF_ERROR(up_m(*m));
+  }
+  return d;
+}
+
+}  // namespace anvil

@@ -1,0 +1,45 @@
+// Model weights: tensor names (Hugging Face and MLX layouts share them; MLX adds .scales/.biases to
+// quantized modules) -> WeightMatrix / WeightVector views, validated against the config.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "format/model_config.h"
+#include "format/safetensors.h"
+
+namespace anvil {
+
+// Where tensors come from: a Checkpoint on disk, or a synthetic model built in memory.
+using TensorLookup = std::function<const TensorView*(const std::string& name)>;
+
+struct LayerWeights {
+  WeightVector attn_norm, ffn_norm;
+  WeightVector q_norm, k_norm;  // qwen3 only; data == nullptr otherwise
+  WeightMatrix q, k, v, o;      // q: [heads*head_dim, hidden], k/v: [kv_heads*head_dim, hidden], o: [hidden, heads*head_dim]
+  WeightMatrix gate, up, down;  // gate/up: [ffn, hidden], down: [hidden, ffn]
+};
+
+struct ModelWeights {
+  WeightMatrix embed;    // [vocab, hidden]
+  WeightMatrix lm_head;  // [vocab, hidden]; the embedding itself when tied
+  WeightVector final_norm;
+  std::vector<LayerWeights> layers;
+  bool tied = false;
+
+  // Bytes of weights read to decode one token: every layer, the final norm and the lm_head once,
+  // plus one embedding row.
+  size_t bytes_per_token() const;
+  size_t total_bytes() const;
+  int64_t parameter_count() const;  // logical parameters (quantized elements count once)
+};
+
+// Resolves and validates every tensor the config calls for. Errors name the tensor and what was
+// expected (shape, dtype, quantization).
+Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lookup, const std::string& label);
+
+// Uploads every weight to the backend (CPU: no copy).
+Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend);
+
+}  // namespace anvil

@@ -1,0 +1,224 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+
+namespace anvil {
+
+Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, uint64_t fp, const EngineOptions& opts) {
+  if (opts.page_size <= 0) return invalid_argument("page size must be positive");
+  if (opts.max_context <= 0) return invalid_argument("max context must be positive");
+  if (opts.max_seqs <= 0) return invalid_argument("max sequences must be positive");
+  std::unique_ptr<Engine> e(new Engine(model, fp, opts));
+  ANVIL_RETURN_IF_ERROR(e->init());
+  return e;
+}
+
+Engine::~Engine() {
+  for (int i = 0; i < int(seqs_.size()); ++i)
+    if (seqs_[i].live) seq_release(i);
+  Backend& be = model_.backend();
+  for (void* p : {(void*)pos_dev_, (void*)seq_dev_, (void*)table_dev_})
+    if (p) be.free(p);
+}
+
+Status Engine::init() {
+  const ModelConfig& c = model_.config();
+  KVCacheView kv;
+  kv.dtype = opts_.kv_dtype;
+  kv.n_layers = c.num_hidden_layers;
+  kv.n_kv_heads = c.num_key_value_heads;
+  kv.head_dim = c.head_dim;
+  kv.page_size = opts_.page_size;
+  max_pages_per_seq_ = (opts_.max_context + opts_.page_size - 1) / opts_.page_size;
+  kv.n_pages = opts_.kv_pages > 0 ? opts_.kv_pages : int64_t(max_pages_per_seq_) * opts_.max_seqs;
+  pool_ = std::make_unique<KVPool>(model_.backend(), kv);
+  ANVIL_RETURN_IF_ERROR(pool_->init());
+  Backend& be = model_.backend();
+  const int T = std::max(model_.max_tokens(), opts_.max_seqs);
+  ANVIL_ASSIGN_OR_RETURN(void* p1, be.alloc(size_t(T) * 4));
+  pos_dev_ = static_cast<int32_t*>(p1);
+  ANVIL_ASSIGN_OR_RETURN(void* p2, be.alloc(size_t(T) * 4));
+  seq_dev_ = static_cast<int32_t*>(p2);
+  ANVIL_ASSIGN_OR_RETURN(void* p3, be.alloc(size_t(opts_.max_seqs) * max_pages_per_seq_ * 4));
+  table_dev_ = static_cast<int32_t*>(p3);
+  return Status::ok();
+}
+
+Result<int> Engine::seq_create() {
+  int live = 0;
+  for (auto& s : seqs_) live += s.live;
+  if (live >= opts_.max_seqs)
+    return invalid_argument("too many sequences: " + std::to_string(live) + " are live, the engine allows " +
+                            std::to_string(opts_.max_seqs));
+  for (int i = 0; i < int(seqs_.size()); ++i)
+    if (!seqs_[i].live) {
+      seqs_[i] = Seq{};
+      seqs_[i].live = true;
+      return i;
+    }
+  seqs_.push_back(Seq{});
+  seqs_.back().live = true;
+  return int(seqs_.size()) - 1;
+}
+
+void Engine::seq_release(int seq) {
+  Seq& s = seqs_[seq];
+  for (int32_t p : s.pages) pool_->kv_page_release(p);
+  s = Seq{};
+}
+
+Status Engine::ensure_pages(Seq& s, int n_positions) {
+  const int P = opts_.page_size;
+  int need = (n_positions + P - 1) / P;
+  if (need > max_pages_per_seq_)
+    return invalid_argument("sequence of " + std::to_string(n_positions) + " tokens exceeds the context limit of " +
+                            std::to_string(opts_.max_context) + " (raise --ctx)");
+  while (int(s.pages.size()) < need) {
+    int32_t p = pool_->kv_page_alloc();
+    if (p < 0)
+      return Status(StatusCode::kOutOfMemory, "KV cache is full: " + std::to_string(pool_->n_pages()) +
+                                                  " pages of " + std::to_string(P) + " tokens are all in use");
+    s.pages.push_back(p);
+    s.page_hash.push_back(0);
+  }
+  return Status::ok();
+}
+
+// Takes pages from the prefix index for the longest run of full pages of s.tokens it knows,
+// always leaving at least one token to compute (its logits are needed).
+void Engine::reuse_prefix(Seq& s) {
+  if (!opts_.prefix_cache || s.n_kv != 0 || !s.pages.empty()) return;
+  const int P = opts_.page_size;
+  const int max_full = (int(s.tokens.size()) - 1) / P;
+  uint64_t parent = 0;
+  for (int i = 0; i < max_full; ++i) {
+    uint64_t h = kv_page_hash(fingerprint_, parent, std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P));
+    int32_t page = pool_->prefix_lookup(h);
+    if (page < 0) break;
+    s.pages.push_back(page);
+    s.page_hash.push_back(h);
+    s.n_kv += P;
+    parent = h;
+  }
+  s.reused = s.n_kv;
+}
+
+void Engine::publish_full_pages(Seq& s) {
+  if (!opts_.prefix_cache) return;
+  const int P = opts_.page_size;
+  for (int i = 0; i < s.n_kv / P; ++i) {
+    if (s.page_hash[i] != 0) continue;
+    uint64_t parent = i == 0 ? 0 : s.page_hash[i - 1];
+    s.page_hash[i] = kv_page_hash(fingerprint_, parent, std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P));
+    pool_->prefix_insert(s.page_hash[i], s.pages[i]);
+  }
+}
+
+Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t>& ids,
+                         const std::vector<int32_t>& seq_idx, const std::vector<int32_t>& pos,
+                         const std::vector<int>& logit_rows, float* logits) {
+  Backend& be = model_.backend();
+  int max_pages = 1;
+  for (int s : seqs) max_pages = std::max(max_pages, int(seqs_[s].pages.size()));
+  std::vector<int32_t> table(size_t(seqs.size()) * max_pages, 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& pages = seqs_[seqs[i]].pages;
+    std::copy(pages.begin(), pages.end(), table.begin() + i * max_pages);
+  }
+  be.copy_to_device(pos_dev_, pos.data(), pos.size() * 4);
+  be.copy_to_device(seq_dev_, seq_idx.data(), seq_idx.size() * 4);
+  be.copy_to_device(table_dev_, table.data(), table.size() * 4);
+  BatchView b;
+  b.n_tokens = int(ids.size());
+  b.n_seqs = int(seqs.size());
+  b.max_pages = max_pages;
+  b.pos = pos_dev_;
+  b.seq = seq_dev_;
+  b.page_table = table_dev_;
+  return model_.forward(ids.data(), b, pool_->view(), logit_rows, logits);
+}
+
+Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<float>* last_logits,
+                      std::vector<float>* all_logits) {
+  if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("extend: no such sequence");
+  if (tokens.empty()) return invalid_argument("extend: no tokens");
+  Seq& s = seqs_[seq];
+  const int V = model_.config().vocab_size;
+  for (int32_t t : tokens)
+    if (t < 0 || t >= V)
+      return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) +
+                              ")");
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  if (!all_logits) reuse_prefix(s);
+  Status st = ensure_pages(s, int(s.tokens.size()));
+  if (!st.is_ok()) {
+    s.tokens.resize(s.tokens.size() - tokens.size());
+    return st;
+  }
+  if (all_logits) all_logits->assign(tokens.size() * size_t(V), 0.0f);
+  const int first_new = int(s.tokens.size() - tokens.size());
+  const int chunk = model_.max_tokens();
+  std::vector<float> chunk_logits;
+  while (s.n_kv < int(s.tokens.size())) {
+    int n = std::min(chunk, int(s.tokens.size()) - s.n_kv);
+    std::vector<int32_t> ids(s.tokens.begin() + s.n_kv, s.tokens.begin() + s.n_kv + n);
+    std::vector<int32_t> pos(n), sidx(n, 0);
+    for (int i = 0; i < n; ++i) pos[i] = s.n_kv + i;
+    std::vector<int> rows;
+    const bool last_chunk = s.n_kv + n == int(s.tokens.size());
+    if (all_logits) {
+      for (int i = 0; i < n; ++i) rows.push_back(i);
+    } else if (last_chunk) {
+      rows.push_back(n - 1);
+    }
+    chunk_logits.resize(rows.size() * size_t(V));
+    Status fs = run_batch({seq}, ids, sidx, pos, rows, chunk_logits.data());
+    if (!fs.is_ok()) {
+      s.tokens.resize(size_t(s.n_kv));
+      return fs;
+    }
+    if (all_logits) {
+      // Rows of tokens before first_new (a reused-prefix recompute never happens with all_logits).
+      std::copy(chunk_logits.begin(), chunk_logits.end(),
+                all_logits->begin() + size_t(s.n_kv - first_new) * V);
+    }
+    if (last_chunk && last_logits)
+      last_logits->assign(chunk_logits.end() - V, chunk_logits.end());
+    s.n_kv += n;
+  }
+  publish_full_pages(s);
+  return Status::ok();
+}
+
+Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits) {
+  if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("decode: one token per sequence");
+  if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
+  const int V = model_.config().vocab_size;
+  std::vector<int> order(seqs.begin(), seqs.end());
+  std::vector<int32_t> ids, sidx, pos;
+  std::vector<int> rows;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    int sq = seqs[i];
+    if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live) return invalid_argument("decode: no such sequence");
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return invalid_argument("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+    Seq& s = seqs_[sq];
+    if (s.n_kv != int(s.tokens.size())) return internal_error("decode: sequence has tokens without KV");
+    ANVIL_RETURN_IF_ERROR(ensure_pages(s, int(s.tokens.size()) + 1));
+    ids.push_back(tokens[i]);
+    sidx.push_back(int32_t(i));
+    pos.push_back(int32_t(s.tokens.size()));
+    rows.push_back(int(i));
+  }
+  logits->resize(seqs.size() * size_t(V));
+  ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, logits->data()));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = seqs_[seqs[i]];
+    s.tokens.push_back(tokens[i]);
+    s.n_kv += 1;
+    publish_full_pages(s);
+  }
+  return Status::ok();
+}
+
+}  // namespace anvil

@@ -1,0 +1,76 @@
+// Engine: sequences over the paged KV pool, driving Transformer::forward.
+// A sequence is its token ids plus a page table; KV exists for its first n_kv tokens. extend()
+// computes KV for new tokens (prefill, chunked to the model's max batch), decode() advances many
+// sequences by one token in a single batched forward. Full pages enter the prefix index under their
+// chain hash, so a new sequence whose prompt starts with known pages skips their prefill.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/transformer.h"
+#include "runtime/kv_pool.h"
+
+namespace anvil {
+
+struct EngineOptions {
+  int page_size = 16;
+  int max_context = 4096;     // longest sequence, in tokens
+  int max_seqs = 8;           // sequences decoded together at most
+  int64_t kv_pages = 0;       // 0: enough for max_seqs sequences of max_context tokens
+  DType kv_dtype = DType::kBF16;
+  bool prefix_cache = true;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(Transformer& model, uint64_t model_fingerprint,
+                                                const EngineOptions& opts);
+  ~Engine();
+
+  const EngineOptions& options() const { return opts_; }
+  KVPool& pool() { return *pool_; }
+  Transformer& model() { return model_; }
+
+  Result<int> seq_create();
+  void seq_release(int seq);
+  const std::vector<int32_t>& seq_tokens(int seq) const { return seqs_[seq].tokens; }
+  int seq_cached_tokens(int seq) const { return seqs_[seq].reused; }  // prompt tokens served from the prefix index
+
+  // Appends `tokens` to the sequence and computes their KV. Writes the logits of the last token to
+  // last_logits ([vocab]) and, when all_logits is set, of every new token ([n, vocab]).
+  Status extend(int seq, std::span<const int32_t> tokens, std::vector<float>* last_logits,
+                std::vector<float>* all_logits = nullptr);
+  // Appends tokens[i] to seqs[i] for every i in one batched forward; logits: [n, vocab].
+  Status decode(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits);
+
+ private:
+  struct Seq {
+    bool live = false;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> pages;
+    std::vector<uint64_t> page_hash;  // chain hash of each full page (0 until computed)
+    int n_kv = 0;
+    int reused = 0;
+  };
+  Engine(Transformer& model, uint64_t fp, const EngineOptions& opts) : model_(model), fingerprint_(fp), opts_(opts) {}
+  Status init();
+  Status ensure_pages(Seq& s, int n_positions);
+  void reuse_prefix(Seq& s);
+  void publish_full_pages(Seq& s);
+  // Runs one forward over tokens (seq_of[t], pos_of[t]); `seqs` lists the distinct sequences in order.
+  Status run_batch(const std::vector<int>& seqs, const std::vector<int32_t>& ids, const std::vector<int32_t>& seq_idx,
+                   const std::vector<int32_t>& pos, const std::vector<int>& logit_rows, float* logits);
+
+  Transformer& model_;
+  uint64_t fingerprint_;
+  EngineOptions opts_;
+  std::unique_ptr<KVPool> pool_;
+  std::vector<Seq> seqs_;
+  int max_pages_per_seq_ = 0;
+  int32_t* pos_dev_ = nullptr;
+  int32_t* seq_dev_ = nullptr;
+  int32_t* table_dev_ = nullptr;
+};
+
+}  // namespace anvil

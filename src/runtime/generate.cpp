@@ -1,0 +1,48 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace anvil {
+
+Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& req, const TokenCallback& on_token) {
+  ANVIL_RETURN_IF_ERROR(validate(req.sampling));
+  if (req.prompt.empty()) return invalid_argument("the prompt is empty: nothing to generate from");
+  if (req.max_new_tokens < 0) return invalid_argument("-n must be >= 0");
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  GenerateResult r;
+  r.prompt_tokens = int(req.prompt.size());
+  std::vector<float> logits;
+  const int V = engine.model().config().vocab_size;
+  Sampler sampler(req.sampling);
+  if (req.ignore_eos) sampler.set_suppressed(req.eos_ids);
+  ANVIL_RETURN_IF_ERROR(engine.extend(seq, req.prompt, &logits));
+  r.reused_tokens = engine.seq_cached_tokens(seq);
+  r.finish_reason = "length";
+  auto t_first = clock::now(), t_last = t_first;
+  for (int i = 0; i < req.max_new_tokens; ++i) {
+    int32_t id = sampler.sample(logits.data(), V, engine.seq_tokens(seq));
+    t_last = clock::now();
+    if (i == 0) t_first = t_last;
+    r.ids.push_back(id);
+    bool keep_going = on_token ? on_token(id) : true;
+    if (!req.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) {
+      r.finish_reason = "stop";
+      break;
+    }
+    if (!keep_going) {
+      r.finish_reason = "cancelled";
+      break;
+    }
+    if (i + 1 == req.max_new_tokens) break;
+    int s = seq;
+    ANVIL_RETURN_IF_ERROR(engine.decode(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1), &logits));
+  }
+  std::chrono::duration<double> pf = t_first - t0, dc = t_last - t_first;
+  r.prefill_s = pf.count();
+  r.decode_s = dc.count();
+  return r;
+}
+
+}  // namespace anvil

@@ -1,0 +1,35 @@
+// The generation loop for one sequence: prefill (extend) the new tokens, then decode one token at a
+// time, sampling each, until EOS, the token limit, or the callback says stop.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace anvil {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;  // new tokens appended to the sequence (its whole prompt, or one more turn)
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  std::vector<int32_t> eos_ids;
+  bool ignore_eos = false;  // EOS ids are suppressed (never sampled), as the benchmark protocol asks
+};
+
+struct GenerateResult {
+  std::vector<int32_t> ids;   // generated ids (an EOS that ended generation is included)
+  std::string finish_reason;  // "stop" (EOS), "length", "cancelled"
+  int prompt_tokens = 0;
+  int reused_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  double prefill_s = 0;   // start -> first token
+  double decode_s = 0;    // first token -> last token
+};
+
+// on_token(id) is called for every generated id as soon as it is sampled; returning false stops.
+using TokenCallback = std::function<bool(int32_t)>;
+
+Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& req, const TokenCallback& on_token);
+
+}  // namespace anvil
