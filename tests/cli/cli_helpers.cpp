@@ -1,0 +1,33 @@
+#include "cli_helpers.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+
+namespace anvil::test {
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') q += "'\\''";
+    else q += c;
+  }
+  return q + "'";
+}
+
+ProcResult run_anvil(const std::vector<std::string>& args, bool merge_stderr) {
+  std::string cmd = shell_quote(ANVIL_BINARY);
+  for (auto& a : args) cmd += " " + shell_quote(a);
+  cmd += merge_stderr ? " 2>&1" : " 2>/dev/null";
+  ProcResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+}  // namespace anvil::test

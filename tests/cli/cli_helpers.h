@@ -1,0 +1,18 @@
+// Running the anvil binary from tests: through a pipe (stdout + exit code) or a pseudo-terminal.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace anvil::test {
+
+struct ProcResult {
+  int exit_code = -1;
+  std::string out;  // stdout (stderr too when merged)
+};
+
+// Runs ANVIL_BINARY with args (shell-quoted here); stderr goes to out when merge_stderr.
+ProcResult run_anvil(const std::vector<std::string>& args, bool merge_stderr = false);
+
+std::string shell_quote(const std::string& s);
+
+}  // namespace anvil::test

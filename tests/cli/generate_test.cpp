@@ -1,0 +1,129 @@
+// The CLI as a user runs it: generate / inspect / synth on the bundled model and synthetic ones,
+// and the errors a user sees for bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_helpers.h"
+
+using anvil::test::run_anvil;
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kModel = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+
+nlohmann::json last_json_line(const std::string& out) {
+  auto end = out.find_last_not_of('\n');
+  auto start = out.rfind('\n', end);
+  std::string line = out.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+  return nlohmann::json::parse(line, nullptr, false);
+}
+}  // namespace
+
+TEST(CliGenerate, TextAndIdsPathsAgree) {
+  auto tok = run_anvil({"tokenize", "-m", kModel, "--text", "def fibonacci(n):\n", "--json"});
+  ASSERT_EQ(tok.exit_code, 0) << tok.out;
+  auto ids = nlohmann::json::parse(tok.out)["ids"];
+  ASSERT_GT(ids.size(), 2u);
+  std::string csv;
+  for (auto& i : ids) csv += (csv.empty() ? "" : ",") + std::to_string(i.get<int>());
+
+  auto a = run_anvil({"generate", "-m", kModel, "-p", "def fibonacci(n):\n", "-n", "24", "--temp", "0", "--json"});
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  auto ja = last_json_line(a.out);
+  ASSERT_TRUE(ja.is_object()) << a.out;
+  EXPECT_EQ(ja["prompt_tokens"].get<size_t>(), ids.size());
+  ASSERT_GT(ja["ids"].size(), 0u);
+  EXPECT_FALSE(ja["text"].get<std::string>().empty());
+  EXPECT_TRUE(ja.contains("timings"));
+
+  auto b = run_anvil({"generate", "-m", kModel, "--ids", csv, "-n", "24", "--temp", "0", "--json"});
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(last_json_line(b.out)["ids"], ja["ids"]);
+}
+
+TEST(CliGenerate, StreamsPlainText) {
+  auto r = run_anvil({"generate", "-m", kModel, "-p", "import os\n", "-n", "12", "--temp", "0"});
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_GT(r.out.size(), 1u);
+}
+
+TEST(CliGenerate, SeededSamplingIsReproducible) {
+  std::vector<std::string> args = {"generate", "-m", kModel, "-p", "class ", "-n", "16", "--temp", "0.9",
+                                   "--top-k", "40", "--seed", "7", "--json"};
+  auto a = run_anvil(args), b = run_anvil(args);
+  ASSERT_EQ(a.exit_code, 0);
+  EXPECT_EQ(last_json_line(a.out)["ids"], last_json_line(b.out)["ids"]);
+}
+
+TEST(CliGenerate, DumpLogitsWritesNpy) {
+  fs::path f = fs::temp_directory_path() / ("anvil_logits_" + std::to_string(getpid()) + ".npy");
+  auto r = run_anvil({"generate", "-m", kModel, "--ids", "5,6,7,8", "-n", "0", "--dump-logits", f.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(f, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_GT(data.size(), 10u);
+  EXPECT_EQ(data.substr(0, 6), "\x93NUMPY");
+  EXPECT_NE(data.find("'shape': (4, 8192)"), std::string::npos);
+  EXPECT_NE(data.find("<f4"), std::string::npos);
+  fs::remove(f);
+}
+
+TEST(CliGenerate, ClearErrors) {
+  auto r = run_anvil({"generate", "-m", "/nonexistent/model", "-p", "x"}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("/nonexistent/model"), std::string::npos) << r.out;
+
+  r = run_anvil({"generate", "-m", kModel, "-p", "x", "--top-p", "1.5"}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+
+  r = run_anvil({"generate", "-m", kModel, "--ids", "1,99999"}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("99999"), std::string::npos) << r.out;
+
+  r = run_anvil({"generate", "-m", kModel, "--ids", "1,x"}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("'x'"), std::string::npos) << r.out;
+
+  r = run_anvil({"generate", "-p", "x"}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--synthetic"), std::string::npos) << r.out;
+}
+
+TEST(CliInspect, ReportsTheModel) {
+  auto r = run_anvil({"inspect", "-m", kModel, "--json", "--ctx", "1024"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "qwen3");
+  EXPECT_EQ(j["layers"], 6);
+  // 12.6M parameters (fixtures/README.md): embeddings 8192x384 tied + 6 layers.
+  EXPECT_NEAR(j["parameters"].get<double>(), 12.6e6, 0.1e6);
+  // KV per token: 2 (K,V) x 6 layers x 2 kv heads x 64 x 2 bytes.
+  EXPECT_EQ(j["kv_bytes_per_token"], 2 * 6 * 2 * 64 * 2);
+  EXPECT_EQ(j["memory_plan"]["kv_cache"], 2 * 6 * 2 * 64 * 2 * 1024);
+  EXPECT_LT(j["bytes_per_token"].get<double>(), j["weight_bytes"].get<double>() * 1.01);
+}
+
+TEST(CliSynth, WritesALoadableCheckpoint) {
+  fs::path dir = fs::temp_directory_path() / ("anvil_synth_" + std::to_string(getpid()));
+  auto r = run_anvil({"synth", "--shape", "tiny", "--quant", "q8g64", "--out", dir.string()}, true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir / "config.json"));
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "tokenizer.json"));
+  auto g = run_anvil({"generate", "-m", dir.string(), "-p", "Hello", "-n", "4", "--ignore-eos", "--json"});
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_EQ(last_json_line(g.out)["ids"].size(), 4u);
+  // In memory, the same model generates the same ids.
+  auto m = run_anvil({"generate", "--synthetic", "tiny:q8g64", "-p", "Hello", "-n", "4", "--ignore-eos", "--json"});
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+  EXPECT_EQ(last_json_line(m.out)["ids"], last_json_line(g.out)["ids"]);
+  fs::remove_all(dir);
+
+  r = run_anvil({"synth", "--shape", "nope", "--out", dir.string()}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("qwen3-0.6b"), std::string::npos) << r.out;
+}
