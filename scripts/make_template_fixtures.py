@@ -88,3 +88,23 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def make_snippets():
+    """Small templates exercising engine semantics, rendered by transformers' jinja2 environment."""
+    spec = json.load(open(os.path.join(DATA, "snippets.json"), encoding="utf-8"))
+    out = {}
+    for s in spec["snippets"]:
+        try:
+            out[s["name"]] = {"text": ctu._compile_jinja_template(s["template"]).render(**spec["context"])}
+        except Exception as e:
+            out[s["name"]] = {"error": str(e)}
+    path = os.path.join(DATA, "expected_snippets.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"{path}: {len(out)} renderings ({sum('error' in v for v in out.values())} errors)")
+
+
+if __name__ == "__main__":
+    make_snippets()

@@ -111,6 +111,15 @@ class Parser {
           *end = name;
           return body;
         }
+        static const std::set<std::string> kEndTags = {"endif", "endfor", "endset", "endmacro", "else", "elif",
+                                                       "endgeneration"};
+        if (!ends.empty() && kEndTags.count(name)) {
+          std::string want;
+          for (auto& e : ends) want += (want.empty() ? "'" : ", '") + e + "'";
+          fail("unexpected '" + name + "': expected " + want + " to close '" + opener + "' opened at line " +
+                   std::to_string(open_line),
+               cur().line);
+        }
         body.push_back(parse_statement());
       } else {
         fail("unexpected " + describe(tok), tok.line);
