@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Freeze chat-template reference renderings for anvil's C++ template tests.
+
+For every conversation in tests/data/templates/conversations.json and every template it names
+(qwen3, llama3), renders the prompt with transformers' own chat-template code path:
+  - the Qwen3 case goes through AutoTokenizer(...).apply_chat_template(tokenize=False) on the real
+    tokenizer in /work/shared/fixtures/qwen3-tokenizer (its tokenizer_config.json is copied into
+    tests/data/templates/qwen3/), and is cross-checked against the render_jinja_template path;
+  - the Llama-3.1-style template (tests/data/templates/llama3/tokenizer_config.json, written for these
+    tests) has no tokenizer.json, so it uses transformers.utils.chat_template_utils.render_jinja_template
+    with the same inputs apply_chat_template builds (None-valued message keys dropped, special tokens).
+Writes tests/data/templates/expected_<template>.json: {name: {"text": ...} or {"error": ...}}.
+Re-run: python3 scripts/make_template_fixtures.py
+"""
+import json
+import os
+import sys
+
+from transformers.utils import chat_template_utils as ctu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data", "templates")
+SHARED_QWEN = os.environ.get("ANVIL_QWEN3_TOKENIZER", "/work/shared/fixtures/qwen3-tokenizer")
+
+
+def token_str(v):
+    if isinstance(v, dict):
+        return v.get("content")
+    return v
+
+
+def render_with_transformers_utils(cfg, case):
+    """render_jinja_template with the inputs PreTrainedTokenizerBase.apply_chat_template builds."""
+    special = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        tok = token_str(cfg.get(key))
+        if tok is not None:
+            special[key] = tok
+    messages = [{k: v for k, v in m.items() if v is not None} for m in case["messages"]]
+    kwargs = dict(special)
+    kwargs["enable_thinking"] = case["enable_thinking"]
+    kwargs.update(case.get("extra_context", {}))
+    rendered, _ = ctu.render_jinja_template(
+        conversations=[messages],
+        tools=case.get("tools"),
+        chat_template=cfg["chat_template"],
+        add_generation_prompt=case["add_generation_prompt"],
+        **kwargs,
+    )
+    return rendered[0]
+
+
+def main():
+    cases = json.load(open(os.path.join(DATA, "conversations.json"), encoding="utf-8"))
+    qwen_tok = None
+    try:
+        from transformers import AutoTokenizer
+
+        qwen_tok = AutoTokenizer.from_pretrained(SHARED_QWEN)
+    except Exception as e:  # the full-tokenizer cross-check is optional
+        print(f"note: no AutoTokenizer cross-check ({e})", file=sys.stderr)
+    for name in ("qwen3", "llama3"):
+        cfg = json.load(open(os.path.join(DATA, name, "tokenizer_config.json"), encoding="utf-8"))
+        out = {}
+        for case in cases:
+            if name not in case["templates"]:
+                continue
+            try:
+                text = render_with_transformers_utils(cfg, case)
+                if name == "qwen3" and qwen_tok is not None:
+                    assert qwen_tok.chat_template == cfg["chat_template"], "qwen3 template copy differs"
+                    ref = qwen_tok.apply_chat_template(
+                        case["messages"], tools=case.get("tools"), tokenize=False,
+                        add_generation_prompt=case["add_generation_prompt"],
+                        enable_thinking=case["enable_thinking"], **case.get("extra_context", {}))
+                    assert ref == text, f"{case['name']}: apply_chat_template differs from render_jinja_template"
+                out[case["name"]] = {"text": text}
+            except AssertionError:
+                raise
+            except Exception as e:  # jinja2 TemplateError from raise_exception, etc.
+                out[case["name"]] = {"error": str(e)}
+        path = os.path.join(DATA, f"expected_{name}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        print(f"{path}: {len(out)} renderings ({sum('error' in v for v in out.values())} errors)")
+
+
+if __name__ == "__main__":
+    main()
+
+
+def make_snippets():
+    """Small templates exercising engine semantics, rendered by transformers' jinja2 environment."""
+    spec = json.load(open(os.path.join(DATA, "snippets.json"), encoding="utf-8"))
+    out = {}
+    for s in spec["snippets"]:
+        try:
+            out[s["name"]] = {"text": ctu._compile_jinja_template(s["template"]).render(**spec["context"])}
+        except Exception as e:
+            out[s["name"]] = {"error": str(e)}
+    path = os.path.join(DATA, "expected_snippets.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"{path}: {len(out)} renderings ({sum('error' in v for v in out.values())} errors)")
+
+
+if __name__ == "__main__":
+    make_snippets()

@@ -1,0 +1,63 @@
+// anvil template: renders a model's chat template for a conversation, exactly as the model
+// will see it (no trailing newline added). Needs only tokenizer_config.json, no weights.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/command.h"
+#include "tokenizer/tokenizer_config.h"
+
+namespace anvil::cli {
+namespace {
+
+Result<nlohmann::ordered_json> read_json_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return io_error(std::string(what) + " " + path + ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto j = nlohmann::ordered_json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument(std::string(what) + " " + path + ": not valid JSON");
+  return j;
+}
+
+// -m is taken as a model directory (the HF-cache resolver, format/hf_cache.h, has no
+// implementation in this tree yet).
+Command template_command("template", "Render the chat template for a conversation (messages JSON)", 60,
+                         [](CLI::App& sub) -> std::function<int()> {
+  struct Opts {
+    std::string model, messages, tools, context;
+    bool no_generation_prompt = false, no_thinking = false;
+  };
+  auto o = std::make_shared<Opts>();
+  sub.add_option("-m,--model", o->model, "Model directory (with tokenizer_config.json)")->required();
+  sub.add_option("--messages", o->messages, "JSON file: an array of {role, content, ...} messages")->required();
+  sub.add_option("--tools", o->tools, "JSON file: an array of tool schemas");
+  sub.add_option("--context", o->context, "JSON file: an object of extra template variables");
+  sub.add_flag("--no-generation-prompt", o->no_generation_prompt, "Do not append the assistant prompt");
+  sub.add_flag("--no-thinking", o->no_thinking, "Pass enable_thinking=false");
+  return [o]() -> int {
+    auto cfg = load_tokenizer_config(o->model);
+    if (!cfg.is_ok()) return fail(cfg.status().message());
+    auto messages = read_json_file(o->messages, "--messages");
+    if (!messages.is_ok()) return fail(messages.status().message());
+    if (!messages->is_array()) return fail("--messages " + o->messages + ": expected a JSON array of messages");
+    nlohmann::ordered_json tools = nullptr, extra = nlohmann::ordered_json::object();
+    if (!o->tools.empty()) {
+      auto t = read_json_file(o->tools, "--tools");
+      if (!t.is_ok()) return fail(t.status().message());
+      tools = std::move(*t);
+    }
+    if (!o->context.empty()) {
+      auto c = read_json_file(o->context, "--context");
+      if (!c.is_ok()) return fail(c.status().message());
+      extra = std::move(*c);
+    }
+    auto out = apply_chat_template(*cfg, *messages, tools, !o->no_generation_prompt, !o->no_thinking, extra);
+    if (!out.is_ok()) return fail(out.status().message());
+    std::fwrite(out->data(), 1, out->size(), stdout);
+    return 0;
+  };
+});
+
+}  // namespace
+}  // namespace anvil::cli

@@ -1,0 +1,720 @@
+// Built-in globals, filters, tests and methods of the chat-template engine, each matching what
+// jinja2 (and Python's str/dict methods, which jinja2 exposes) returns for JSON-like values.
+// Anything missing is an "unsupported filter/test/method" error rather than a guess.
+#include "tokenizer/chat_template_builtins.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <unordered_map>
+
+namespace anvil::chat_template_detail {
+
+namespace {
+
+constexpr const char* kWhitespace = " \t\n\r\f\v";
+
+const std::string& need_str(const Value& v, const char* what, int line) {
+  if (v.is_undefined()) fail(v.s, line);
+  if (v.kind != Kind::kString) fail(std::string(what) + " expects a string, got '" + type_name(v) + "'", line);
+  return v.s;
+}
+
+std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
+  // chars is a set of code points; for ASCII sets byte matching is exact.
+  std::vector<std::string> set = utf8_chars(chars);
+  std::vector<std::string> cs = utf8_chars(s);
+  size_t b = 0, e = cs.size();
+  auto in = [&](const std::string& c) { return std::find(set.begin(), set.end(), c) != set.end(); };
+  if (left)
+    while (b < e && in(cs[b])) ++b;
+  if (right)
+    while (e > b && in(cs[e - 1])) --e;
+  std::string out;
+  for (size_t k = b; k < e; ++k) out += cs[k];
+  return out;
+}
+
+std::string strip_arg(const Args& a, const std::string& s, bool left, bool right, int line) {
+  const Value* chars = a.get(0, "chars");
+  if (!chars || chars->kind == Kind::kNone) return strip_chars(s, kWhitespace, left, right);
+  return strip_chars(s, need_str(*chars, "strip chars", line), left, right);
+}
+
+Value split(const std::string& s, const Value* sep, int64_t maxsplit, int line) {
+  ValueList parts;
+  if (!sep || sep->kind == Kind::kNone) {
+    size_t k = 0;
+    while (true) {
+      while (k < s.size() && std::strchr(kWhitespace, s[k]) && s[k]) ++k;
+      if (k >= s.size()) break;
+      if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
+        size_t e = s.size();
+        while (e > k && std::strchr(kWhitespace, s[e - 1])) --e;
+        parts.push_back(Value::string(s.substr(k, e - k)));
+        break;
+      }
+      size_t e = k;
+      while (e < s.size() && !(std::strchr(kWhitespace, s[e]) && s[e])) ++e;
+      parts.push_back(Value::string(s.substr(k, e - k)));
+      k = e;
+    }
+    return Value::make_list(std::move(parts));
+  }
+  const std::string& d = need_str(*sep, "split separator", line);
+  if (d.empty()) fail("split: empty separator", line);
+  size_t k = 0;
+  while (true) {
+    size_t p = (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) ? std::string::npos : s.find(d, k);
+    if (p == std::string::npos) {
+      parts.push_back(Value::string(s.substr(k)));
+      break;
+    }
+    parts.push_back(Value::string(s.substr(k, p - k)));
+    k = p + d.size();
+  }
+  return Value::make_list(std::move(parts));
+}
+
+std::string replace_all(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
+  if (old.empty()) {
+    // Python inserts `with` between every code point (and at both ends).
+    std::string out;
+    int64_t n = 0;
+    for (auto& c : utf8_chars(s)) {
+      if (count < 0 || n < count) { out += with; ++n; }
+      out += c;
+    }
+    if (count < 0 || n < count) out += with;
+    return out;
+  }
+  std::string out;
+  size_t k = 0;
+  int64_t n = 0;
+  while (count < 0 || n < count) {
+    size_t p = s.find(old, k);
+    if (p == std::string::npos) break;
+    out += s.substr(k, p - k) + with;
+    k = p + old.size();
+    ++n;
+  }
+  return out + s.substr(k);
+}
+
+std::string ascii_case(std::string s, bool upper) {
+  for (char& c : s) c = upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
+  return s;
+}
+
+std::string title_case(const std::string& s) {
+  std::string out = s;
+  bool prev_alpha = false;
+  for (char& c : out) {
+    bool alpha = std::isalpha(static_cast<unsigned char>(c));
+    if (alpha) c = prev_alpha ? std::tolower(static_cast<unsigned char>(c)) : std::toupper(static_cast<unsigned char>(c));
+    prev_alpha = alpha;
+  }
+  return out;
+}
+
+std::string capitalize(const std::string& s) {
+  std::string out = ascii_case(s, false);
+  if (!out.empty()) out[0] = std::toupper(static_cast<unsigned char>(out[0]));
+  return out;
+}
+
+bool starts_or_ends(const std::string& s, const Value& arg, bool start, int line) {
+  if (arg.kind == Kind::kList) {
+    for (auto& e : *arg.list)
+      if (starts_or_ends(s, e, start, line)) return true;
+    return false;
+  }
+  const std::string& p = need_str(arg, start ? "startswith" : "endswith", line);
+  if (p.size() > s.size()) return false;
+  return start ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+int64_t int_arg(const Args& a, size_t i, const char* name, int64_t dflt, int line) {
+  const Value* v = a.get(i, name);
+  if (!v || v->kind == Kind::kNone) return dflt;
+  if (v->kind == Kind::kInt) return v->i;
+  if (v->kind == Kind::kBool) return v->b;
+  fail(std::string("argument '") + name + "' must be an integer", line);
+}
+
+Value string_method(const Value& obj, const std::string& name, int line) {
+  static const char* kMethods[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
+                                   "replace", "upper", "lower", "title", "capitalize", "find", "count",
+                                   "join", "isdigit", "isspace", "isalpha", "isalnum", "splitlines"};
+  if (std::find_if(std::begin(kMethods), std::end(kMethods), [&](const char* m) { return name == m; }) ==
+      std::end(kMethods)) {
+    return Value::undefined("'str object' has no attribute '" + name + "'");
+  }
+  std::string s = obj.s;
+  return Value::callable("str." + name, [s, name](Args& a, int line) -> Value {
+    if (name == "startswith" || name == "endswith") {
+      if (a.pos.empty()) fail("str." + name + "() needs an argument", line);
+      return Value::boolean(starts_or_ends(s, a.pos[0], name == "startswith", line));
+    }
+    if (name == "split") return split(s, a.get(0, "sep"), int_arg(a, 1, "maxsplit", -1, line), line);
+    if (name == "rsplit") {
+      if (int_arg(a, 1, "maxsplit", -1, line) >= 0) fail("unsupported method 'rsplit' with maxsplit", line);
+      return split(s, a.get(0, "sep"), -1, line);
+    }
+    if (name == "strip") return Value::string(strip_arg(a, s, true, true, line));
+    if (name == "lstrip") return Value::string(strip_arg(a, s, true, false, line));
+    if (name == "rstrip") return Value::string(strip_arg(a, s, false, true, line));
+    if (name == "replace") {
+      const Value* o = a.get(0, "old");
+      const Value* w = a.get(1, "new");
+      if (!o || !w) fail("str.replace() needs two arguments", line);
+      return Value::string(replace_all(s, need_str(*o, "replace", line), need_str(*w, "replace", line),
+                                       int_arg(a, 2, "count", -1, line)));
+    }
+    if (name == "upper") return Value::string(ascii_case(s, true));
+    if (name == "lower") return Value::string(ascii_case(s, false));
+    if (name == "title") return Value::string(title_case(s));
+    if (name == "capitalize") return Value::string(capitalize(s));
+    if (name == "find" || name == "count") {
+      if (a.pos.empty()) fail("str." + name + "() needs an argument", line);
+      const std::string& sub = need_str(a.pos[0], name.c_str(), line);
+      if (name == "find") {
+        size_t p = s.find(sub);
+        return Value::integer(p == std::string::npos ? -1 : static_cast<int64_t>(utf8_length(s.substr(0, p))));
+      }
+      if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8_length(s)) + 1);
+      int64_t n = 0;
+      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      return Value::integer(n);
+    }
+    if (name == "join") {
+      if (a.pos.empty()) fail("str.join() needs an argument", line);
+      std::string out;
+      bool first = true;
+      for (auto& e : iterate(a.pos[0], line)) {
+        if (!first) out += s;
+        first = false;
+        out += need_str(e, "str.join", line);
+      }
+      return Value::string(out);
+    }
+    if (name == "splitlines") {
+      ValueList parts;
+      size_t k = 0;
+      while (k < s.size()) {
+        size_t p = s.find_first_of("\n\r", k);
+        if (p == std::string::npos) { parts.push_back(Value::string(s.substr(k))); break; }
+        parts.push_back(Value::string(s.substr(k, p - k)));
+        k = p + ((s[p] == '\r' && p + 1 < s.size() && s[p + 1] == '\n') ? 2 : 1);
+      }
+      return Value::make_list(std::move(parts));
+    }
+    bool all = !s.empty();
+    for (unsigned char c : s) {
+      bool ok = name == "isdigit" ? std::isdigit(c) : name == "isspace" ? std::isspace(c)
+              : name == "isalpha" ? std::isalpha(c) : std::isalnum(c);
+      if (!ok) all = false;
+    }
+    return Value::boolean(all);
+  });
+}
+
+Value items_of(const Value& d) {
+  ValueList out;
+  for (auto& [k, v] : d.dict->items) out.push_back(Value::make_list({Value::string(k), v}, true));
+  return Value::make_list(std::move(out));
+}
+
+Value dict_method(const Value& obj, const std::string& name) {
+  Value d = obj;
+  if (name == "items") return Value::callable("dict.items", [d](Args&, int) { return items_of(d); });
+  if (name == "keys" || name == "values")
+    return Value::callable("dict." + name, [d, name](Args&, int) {
+      ValueList out;
+      for (auto& [k, v] : d.dict->items) out.push_back(name == "keys" ? Value::string(k) : v);
+      return Value::make_list(std::move(out));
+    });
+  if (name == "get")
+    return Value::callable("dict.get", [d](Args& a, int line) {
+      if (a.pos.empty()) fail("dict.get() needs a key", line);
+      if (a.pos[0].kind == Kind::kString)
+        if (const Value* v = d.dict->find(a.pos[0].s)) return *v;
+      return a.pos.size() > 1 ? a.pos[1] : Value::none();
+    });
+  return Value::undefined();
+}
+
+Value to_int(const Value& v, int64_t dflt) {
+  switch (v.kind) {
+    case Kind::kInt: return v;
+    case Kind::kBool: return Value::integer(v.b);
+    case Kind::kFloat: return Value::integer(static_cast<int64_t>(v.f));
+    case Kind::kString: {
+      std::string s = strip_chars(v.s, kWhitespace, true, true);
+      try {
+        size_t used = 0;
+        int64_t x = std::stoll(s, &used, 10);
+        if (used == s.size()) return Value::integer(x);
+        double d = std::stod(s, &used);
+        if (used == s.size()) return Value::integer(static_cast<int64_t>(d));
+      } catch (...) {
+      }
+      return Value::integer(dflt);
+    }
+    default: return Value::integer(dflt);
+  }
+}
+
+Value to_float(const Value& v, double dflt) {
+  switch (v.kind) {
+    case Kind::kInt: return Value::floating(static_cast<double>(v.i));
+    case Kind::kBool: return Value::floating(v.b);
+    case Kind::kFloat: return v;
+    case Kind::kString: {
+      std::string s = strip_chars(v.s, kWhitespace, true, true);
+      try {
+        size_t used = 0;
+        double d = std::stod(s, &used);
+        if (used == s.size()) return Value::floating(d);
+      } catch (...) {
+      }
+      return Value::floating(dflt);
+    }
+    default: return Value::floating(dflt);
+  }
+}
+
+// jinja2's attribute lookup for filters like map(attribute='a.b') and selectattr.
+Value attr_path(const Value& obj, const std::string& path, int line) {
+  Value cur = obj;
+  size_t k = 0;
+  while (true) {
+    size_t dot = path.find('.', k);
+    std::string part = path.substr(k, dot == std::string::npos ? std::string::npos : dot - k);
+    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+    cur = numeric ? get_item(cur, Value::integer(std::stoll(part)), line) : get_item(cur, Value::string(part), line);
+    if (dot == std::string::npos) return cur;
+    k = dot + 1;
+  }
+}
+
+// Sort key honoring jinja2's default case_sensitive=False.
+Value sort_key(const Value& v, bool case_sensitive) {
+  if (!case_sensitive && v.kind == Kind::kString) return Value::string(ascii_case(v.s, false));
+  return v;
+}
+
+Value select_like(const Value& seq, Args& a, bool attr_mode, bool select, int line) {
+  size_t ai = 0;
+  std::string attr;
+  if (attr_mode) {
+    if (a.pos.empty()) fail("selectattr/rejectattr needs an attribute name", line);
+    attr = need_str(a.pos[0], "selectattr attribute", line);
+    ai = 1;
+  }
+  std::string test;
+  Args targs;
+  if (a.pos.size() > ai) {
+    test = need_str(a.pos[ai], "select test name", line);
+    targs.pos.assign(a.pos.begin() + ai + 1, a.pos.end());
+  }
+  ValueList out;
+  for (auto& item : iterate(seq, line)) {
+    Value v = attr_mode ? attr_path(item, attr, line) : item;
+    bool r = test.empty() ? truthy(v) : apply_test(test, v, targs, line);
+    if (r == select) out.push_back(item);
+  }
+  return Value::make_list(std::move(out));
+}
+
+double py_round(double x, int64_t digits) {
+  double m = std::pow(10.0, static_cast<double>(digits));
+  return std::nearbyint(x * m) / m;  // round-half-even, like Python's round()
+}
+
+}  // namespace
+
+std::vector<Value> iterate(const Value& v, int line) {
+  switch (v.kind) {
+    case Kind::kUndefined: return {};
+    case Kind::kList: return *v.list;
+    case Kind::kDict: {
+      std::vector<Value> keys;
+      for (auto& [k, e] : v.dict->items) keys.push_back(Value::string(k));
+      return keys;
+    }
+    case Kind::kString: {
+      std::vector<Value> out;
+      for (auto& c : utf8_chars(v.s)) out.push_back(Value::string(c));
+      return out;
+    }
+    default: fail("'" + type_name(v) + "' object is not iterable", line);
+  }
+}
+
+bool contains(const Value& container, const Value& item, int line) {
+  switch (container.kind) {
+    case Kind::kUndefined: return false;
+    case Kind::kString:
+      if (item.kind != Kind::kString)
+        fail("'in <string>' requires string as left operand, not " + type_name(item), line);
+      return container.s.find(item.s) != std::string::npos;
+    case Kind::kList:
+      for (auto& e : *container.list)
+        if (equals(e, item)) return true;
+      return false;
+    case Kind::kDict: case Kind::kNamespace:
+      return item.kind == Kind::kString && container.dict->find(item.s) != nullptr;
+    default: fail("argument of type '" + type_name(container) + "' is not iterable", line);
+  }
+}
+
+Value get_attr(const Value& obj, const std::string& name, int line) {
+  switch (obj.kind) {
+    case Kind::kUndefined: fail(obj.s, line);
+    case Kind::kDict: {
+      Value m = dict_method(obj, name);
+      if (!m.is_undefined()) return m;
+      if (const Value* v = obj.dict->find(name)) return *v;
+      return Value::undefined("'dict object' has no attribute '" + name + "'");
+    }
+    case Kind::kNamespace: {
+      if (const Value* v = obj.dict->find(name)) return *v;
+      return Value::undefined("'Namespace object' has no attribute '" + name + "'");
+    }
+    case Kind::kString: return string_method(obj, name, line);
+    default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
+  }
+}
+
+Value get_item(const Value& obj, const Value& key, int line) {
+  switch (obj.kind) {
+    case Kind::kUndefined: fail(obj.s, line);
+    case Kind::kList: case Kind::kString: {
+      if (key.kind == Kind::kString) return get_attr(obj, key.s, line);
+      if (key.kind != Kind::kInt && key.kind != Kind::kBool)
+        fail("indices must be integers, not " + type_name(key), line);
+      int64_t k = key.kind == Kind::kBool ? key.b : key.i;
+      if (obj.kind == Kind::kList) {
+        int64_t n = static_cast<int64_t>(obj.list->size());
+        if (k < 0) k += n;
+        if (k < 0 || k >= n) return Value::undefined("list index " + std::to_string(key.i) + " out of range");
+        return (*obj.list)[k];
+      }
+      std::vector<std::string> chars = utf8_chars(obj.s);
+      int64_t n = static_cast<int64_t>(chars.size());
+      if (k < 0) k += n;
+      if (k < 0 || k >= n) return Value::undefined("string index " + std::to_string(key.i) + " out of range");
+      return Value::string(chars[k]);
+    }
+    case Kind::kDict: case Kind::kNamespace: {
+      if (key.kind == Kind::kString) {
+        if (const Value* v = obj.dict->find(key.s)) return *v;
+        if (obj.kind == Kind::kDict) {
+          Value m = dict_method(obj, key.s);
+          if (!m.is_undefined()) return m;
+        }
+        return Value::undefined("'dict object' has no attribute '" + key.s + "'");
+      }
+      return Value::undefined("'dict object' has no attribute '" + to_str(key, line) + "'");
+    }
+    default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + to_str(key, line) + "'");
+  }
+}
+
+void install_globals(std::map<std::string, Value>& frame) {
+  frame["range"] = Value::callable("range", [](Args& a, int line) {
+    int64_t start = 0, stop, step = 1;
+    if (a.pos.size() == 1) {
+      stop = int_arg(a, 0, "stop", 0, line);
+    } else if (a.pos.size() >= 2) {
+      start = int_arg(a, 0, "start", 0, line);
+      stop = int_arg(a, 1, "stop", 0, line);
+      step = int_arg(a, 2, "step", 1, line);
+    } else {
+      fail("range() expects 1 to 3 arguments", line);
+    }
+    if (step == 0) fail("range() step must not be zero", line);
+    if ((stop - start) / step > 100000) fail("range() too large (sandbox limit is 100000 items)", line);
+    ValueList out;
+    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value::integer(k));
+    return Value::make_list(std::move(out));
+  });
+  auto make_mapping = [](Args& a, int line, Kind kind) {
+    ValueDict d;
+    for (auto& p : a.pos) {
+      if (p.kind != Kind::kDict) fail("namespace()/dict() positional argument must be a dict", line);
+      for (auto& [k, v] : p.dict->items) d.set(k, v);
+    }
+    for (auto& [k, v] : a.kw) d.set(k, v);
+    Value out = Value::make_dict(std::move(d));
+    out.kind = kind;
+    return out;
+  };
+  frame["namespace"] = Value::callable("namespace", [make_mapping](Args& a, int line) {
+    return make_mapping(a, line, Kind::kNamespace);
+  });
+  frame["dict"] = Value::callable("dict", [make_mapping](Args& a, int line) { return make_mapping(a, line, Kind::kDict); });
+  frame["raise_exception"] = Value::callable("raise_exception", [](Args& a, int line) -> Value {
+    std::string msg = a.pos.empty() ? "" : to_str(a.pos[0], line);
+    throw TemplateError{"chat template: raise_exception: " + msg};
+  });
+  frame["strftime_now"] = Value::callable("strftime_now", [](Args& a, int line) {
+    if (a.pos.empty()) fail("strftime_now() needs a format", line);
+    const std::string& fmt = need_str(a.pos[0], "strftime_now", line);
+    std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[256];
+    size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
+    return Value::string(std::string(buf, n));
+  });
+}
+
+Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
+  if (name == "tojson") {
+    const Value* ea = a.get(0, "ensure_ascii");
+    if (ea && truthy(*ea)) fail("unsupported filter option 'tojson(ensure_ascii=true)'", line);
+    const Value* ind = a.get(1, "indent");
+    const Value* sep = a.get(2, "separators");
+    const Value* sk = a.get(3, "sort_keys");
+    int indent = -1;
+    const std::string* indent_str = nullptr;
+    if (ind && ind->kind == Kind::kInt) indent = static_cast<int>(std::max<int64_t>(0, ind->i));
+    else if (ind && ind->kind == Kind::kString) indent_str = &ind->s;
+    else if (ind && ind->kind != Kind::kNone) fail("tojson: indent must be an integer or string", line);
+    bool pretty = indent >= 0 || indent_str;
+    std::string item_sep = pretty ? "," : ", ", key_sep = ": ";
+    if (sep && sep->kind != Kind::kNone) {
+      if (sep->kind != Kind::kList || sep->list->size() != 2) fail("tojson: separators must be a pair of strings", line);
+      item_sep = need_str((*sep->list)[0], "tojson separators", line);
+      key_sep = need_str((*sep->list)[1], "tojson separators", line);
+    }
+    return Value::string(to_json(v, indent, indent_str, item_sep, key_sep, sk && truthy(*sk), line));
+  }
+  if (name == "length" || name == "count") {
+    switch (v.kind) {
+      case Kind::kUndefined: return Value::integer(0);
+      case Kind::kString: return Value::integer(static_cast<int64_t>(utf8_length(v.s)));
+      case Kind::kList: return Value::integer(static_cast<int64_t>(v.list->size()));
+      case Kind::kDict: return Value::integer(static_cast<int64_t>(v.dict->items.size()));
+      default: fail("object of type '" + type_name(v) + "' has no len()", line);
+    }
+  }
+  if (name == "string") return Value::string(to_str(v, line));
+  if (name == "trim") return Value::string(strip_arg(a, to_str(v, line), true, true, line));
+  if (name == "upper") return Value::string(ascii_case(to_str(v, line), true));
+  if (name == "lower") return Value::string(ascii_case(to_str(v, line), false));
+  if (name == "title") return Value::string(title_case(to_str(v, line)));
+  if (name == "capitalize") return Value::string(capitalize(to_str(v, line)));
+  if (name == "safe") return v;
+  if (name == "replace") {
+    if (a.pos.size() < 2) fail("replace filter needs two arguments", line);
+    return Value::string(replace_all(to_str(v, line), to_str(a.pos[0], line), to_str(a.pos[1], line),
+                                     int_arg(a, 2, "count", -1, line)));
+  }
+  if (name == "default" || name == "d") {
+    const Value* dv = a.get(0, "default_value");
+    const Value* boolean = a.get(1, "boolean");
+    bool use = v.is_undefined() || (boolean && truthy(*boolean) && !truthy(v));
+    return use ? (dv ? *dv : Value::string("")) : v;
+  }
+  if (name == "first" || name == "last") {
+    std::vector<Value> items = iterate(v, line);
+    if (items.empty()) return Value::undefined("No " + name + " item, sequence was empty.");
+    return name == "first" ? items.front() : items.back();
+  }
+  if (name == "join") {
+    const Value* sep = a.get(0, "d");
+    const Value* attr = a.get(1, "attribute");
+    std::string s = sep ? to_str(*sep, line) : "", out;
+    bool first = true;
+    for (auto& e : iterate(v, line)) {
+      if (!first) out += s;
+      first = false;
+      out += to_str(attr ? attr_path(e, to_str(*attr, line), line) : e, line);
+    }
+    return Value::string(out);
+  }
+  if (name == "list") return Value::make_list(iterate(v, line));
+  if (name == "items") {
+    if (v.is_undefined()) return Value::make_list({});
+    if (v.kind != Kind::kDict) fail("items filter expects a mapping, got '" + type_name(v) + "'", line);
+    return items_of(v);
+  }
+  if (name == "int") return to_int(v, int_arg(a, 0, "default", 0, line));
+  if (name == "float") {
+    const Value* d = a.get(0, "default");
+    return to_float(v, d ? to_float(*d, 0).f : 0.0);
+  }
+  if (name == "abs") {
+    if (v.kind == Kind::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+    if (v.kind == Kind::kFloat) return Value::floating(std::fabs(v.f));
+    fail("bad operand type for abs(): '" + type_name(v) + "'", line);
+  }
+  if (name == "round") {
+    int64_t prec = int_arg(a, 0, "precision", 0, line);
+    const Value* method = a.get(1, "method");
+    std::string m = method ? to_str(*method, line) : "common";
+    double x = v.kind == Kind::kFloat ? v.f : v.kind == Kind::kInt ? static_cast<double>(v.i) : (fail("round expects a number", line), 0.0);
+    if (m == "common") {
+      if (v.kind == Kind::kInt) return v;
+      return Value::floating(py_round(x, prec));
+    }
+    double mul = std::pow(10.0, static_cast<double>(prec));
+    if (m == "floor") return Value::floating(std::floor(x * mul) / mul);
+    if (m == "ceil") return Value::floating(std::ceil(x * mul) / mul);
+    fail("round: method must be 'common', 'ceil' or 'floor'", line);
+  }
+  if (name == "select" || name == "reject") return select_like(v, a, false, name == "select", line);
+  if (name == "selectattr" || name == "rejectattr") return select_like(v, a, true, name == "selectattr", line);
+  if (name == "map") {
+    const Value* attr = nullptr;
+    for (auto& [k, x] : a.kw)
+      if (k == "attribute") attr = &x;
+    ValueList out;
+    if (attr) {
+      const Value* dflt = nullptr;
+      for (auto& [k, x] : a.kw)
+        if (k == "default") dflt = &x;
+      for (auto& e : iterate(v, line)) {
+        Value r = attr_path(e, to_str(*attr, line), line);
+        out.push_back(r.is_undefined() && dflt ? *dflt : r);
+      }
+      return Value::make_list(std::move(out));
+    }
+    if (a.pos.empty()) fail("map filter needs a filter name or attribute=", line);
+    std::string f = need_str(a.pos[0], "map filter name", line);
+    Args fargs;
+    fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
+    fargs.kw = a.kw;
+    for (auto& e : iterate(v, line)) out.push_back(apply_filter(f, e, fargs, line));
+    return Value::make_list(std::move(out));
+  }
+  if (name == "unique") {
+    const Value* cs = a.get(0, "case_sensitive");
+    ValueList out, keys;
+    for (auto& e : iterate(v, line)) {
+      Value k = sort_key(e, cs && truthy(*cs));
+      if (std::none_of(keys.begin(), keys.end(), [&](const Value& x) { return equals(x, k); })) {
+        keys.push_back(k);
+        out.push_back(e);
+      }
+    }
+    return Value::make_list(std::move(out));
+  }
+  if (name == "reverse") {
+    if (v.kind == Kind::kString) {
+      std::vector<std::string> cs = utf8_chars(v.s);
+      std::string out;
+      for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
+      return Value::string(out);
+    }
+    std::vector<Value> items = iterate(v, line);
+    std::reverse(items.begin(), items.end());
+    return Value::make_list(std::move(items));
+  }
+  if (name == "sort") {
+    const Value* rev = a.get(0, "reverse");
+    const Value* cs = a.get(1, "case_sensitive");
+    const Value* attr = a.get(2, "attribute");
+    std::vector<Value> items = iterate(v, line);
+    bool case_sensitive = cs && truthy(*cs);
+    auto key = [&](const Value& e) {
+      return sort_key(attr ? attr_path(e, to_str(*attr, line), line) : e, case_sensitive);
+    };
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const Value& x, const Value& y) { return compare(key(x), key(y), line) < 0; });
+    if (rev && truthy(*rev)) std::reverse(items.begin(), items.end());
+    return Value::make_list(std::move(items));
+  }
+  if (name == "dictsort") {
+    if (v.kind != Kind::kDict) fail("dictsort expects a mapping", line);
+    const Value* cs = a.get(0, "case_sensitive");
+    const Value* by = a.get(1, "by");
+    const Value* rev = a.get(2, "reverse");
+    bool by_value = by && to_str(*by, line) == "value";
+    std::vector<Value> items = *items_of(v).list;
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      return compare(sort_key((*x.list)[by_value], cs && truthy(*cs)), sort_key((*y.list)[by_value], cs && truthy(*cs)), line) < 0;
+    });
+    if (rev && truthy(*rev)) std::reverse(items.begin(), items.end());
+    return Value::make_list(std::move(items));
+  }
+  if (name == "sum") {
+    Value acc = Value::integer(0);
+    const Value* attr = a.get(0, "attribute");
+    for (auto& e : iterate(v, line)) {
+      Value x = attr ? attr_path(e, to_str(*attr, line), line) : e;
+      if (!x.is_number() || !acc.is_number()) fail("sum: unsupported operand types", line);
+      if (acc.kind == Kind::kFloat || x.kind == Kind::kFloat)
+        acc = Value::floating((acc.kind == Kind::kFloat ? acc.f : acc.i) + (x.kind == Kind::kFloat ? x.f : x.kind == Kind::kBool ? x.b : x.i));
+      else
+        acc = Value::integer(acc.i + (x.kind == Kind::kBool ? x.b : x.i));
+    }
+    return acc;
+  }
+  if (name == "min" || name == "max") {
+    std::vector<Value> items = iterate(v, line);
+    if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+    Value best = items[0];
+    for (auto& e : items) {
+      int c = compare(sort_key(e, false), sort_key(best, false), line);
+      if (name == "min" ? c < 0 : c > 0) best = e;
+    }
+    return best;
+  }
+  fail("unsupported filter '" + name + "'", line);
+}
+
+bool apply_test(const std::string& name, const Value& v, Args& a, int line) {
+  auto arg = [&]() -> const Value& {
+    if (a.pos.empty()) fail("test '" + name + "' needs an argument", line);
+    return a.pos[0];
+  };
+  if (name == "defined") return !v.is_undefined();
+  if (name == "undefined") return v.is_undefined();
+  if (name == "none") return v.kind == Kind::kNone;
+  if (name == "boolean") return v.kind == Kind::kBool;
+  if (name == "true") return v.kind == Kind::kBool && v.b;
+  if (name == "false") return v.kind == Kind::kBool && !v.b;
+  if (name == "integer") return v.kind == Kind::kInt;
+  if (name == "float") return v.kind == Kind::kFloat;
+  if (name == "number") return v.is_number();
+  if (name == "string") return v.kind == Kind::kString;
+  if (name == "mapping") return v.kind == Kind::kDict;
+  if (name == "iterable") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
+  if (name == "sequence") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
+  if (name == "callable") return v.kind == Kind::kCallable;
+  if (name == "even" || name == "odd") {
+    if (v.kind != Kind::kInt) fail("test '" + name + "' expects an integer", line);
+    return (((v.i % 2) + 2) % 2 == 0) == (name == "even");
+  }
+  if (name == "divisibleby") {
+    const Value& d = arg();
+    if (v.kind != Kind::kInt || d.kind != Kind::kInt || d.i == 0) fail("divisibleby expects nonzero integers", line);
+    return v.i % d.i == 0;
+  }
+  if (name == "eq" || name == "equalto" || name == "==") return equals(v, arg());
+  if (name == "ne" || name == "!=") return !equals(v, arg());
+  if (name == "sameas") {
+    const Value& o = arg();
+    if (v.kind == Kind::kNone || v.kind == Kind::kBool || o.kind == Kind::kNone || o.kind == Kind::kBool)
+      return v.kind == o.kind && (v.kind != Kind::kBool || v.b == o.b);
+    return equals(v, o);
+  }
+  if (name == "lt" || name == "lessthan" || name == "<") return compare(v, arg(), line) < 0;
+  if (name == "le" || name == "<=") return compare(v, arg(), line) <= 0;
+  if (name == "gt" || name == "greaterthan" || name == ">") return compare(v, arg(), line) > 0;
+  if (name == "ge" || name == ">=") return compare(v, arg(), line) >= 0;
+  if (name == "in") return contains(arg(), v, line);
+  if (name == "lower" || name == "upper") {
+    if (v.kind != Kind::kString) return false;
+    return v.s == ascii_case(v.s, name == "upper");
+  }
+  fail("unsupported test '" + name + "'", line);
+}
+
+}  // namespace anvil::chat_template_detail

@@ -1,0 +1,408 @@
+// Evaluator of the chat-template AST: statements, expressions, and the attribute/item/slice
+// semantics of jinja2 over Python values. Scoping follows jinja2: a for-loop iteration gets a
+// fresh frame (assignments inside never leak out, hence namespace()), if-blocks do not; a macro
+// sees the template's top-level frame plus its own.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tokenizer/chat_template_builtins.h"
+#include "tokenizer/chat_template_internal.h"
+
+namespace anvil::chat_template_detail {
+
+namespace {
+
+enum class Flow { kNormal, kBreak, kContinue };
+
+int64_t as_int(const Value& v, const char* what, int line) {
+  if (v.kind == Kind::kInt) return v.i;
+  if (v.kind == Kind::kBool) return v.b;
+  fail(std::string(what) + " must be an integer, got '" + type_name(v) + "'", line);
+}
+
+// Python slice index normalization: returns the indices selected by [start:stop:step] of n items.
+std::vector<int64_t> slice_indices(int64_t n, const Value* start, const Value* stop, const Value* step, int line) {
+  int64_t st = (step && step->kind != Kind::kNone) ? as_int(*step, "slice step", line) : 1;
+  if (st == 0) fail("slice step cannot be zero", line);
+  auto norm = [&](const Value* v, int64_t dflt) -> int64_t {
+    if (!v || v->kind == Kind::kNone) return dflt;
+    int64_t x = as_int(*v, "slice index", line);
+    if (x < 0) x += n;
+    if (st > 0) return std::clamp<int64_t>(x, 0, n);
+    return std::clamp<int64_t>(x, -1, n - 1);
+  };
+  int64_t b = norm(start, st > 0 ? 0 : n - 1), e = norm(stop, st > 0 ? n : -1);
+  std::vector<int64_t> out;
+  if (st > 0) {
+    for (int64_t k = b; k < e; k += st) out.push_back(k);
+  } else {
+    for (int64_t k = b; k > e; k += st) out.push_back(k);
+  }
+  return out;
+}
+
+class Evaluator {
+ public:
+  explicit Evaluator(const nlohmann::ordered_json& context) {
+    frames_.emplace_back();
+    install_globals(frames_[0]);
+    if (context.is_object())
+      for (auto it = context.begin(); it != context.end(); ++it) frames_[0][it.key()] = from_json(it.value());
+  }
+
+  void run(const NodeList& body, std::string& out) {
+    if (exec_body(body, out) != Flow::kNormal) fail("'break'/'continue' outside of a for loop", 0);
+  }
+
+ private:
+  using Frame = std::map<std::string, Value>;
+
+  Value lookup(const std::string& name) const {
+    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+      auto f = it->find(name);
+      if (f != it->end()) return f->second;
+    }
+    return Value::undefined("'" + name + "' is undefined");
+  }
+  void assign(const std::string& name, Value v) { frames_.back()[name] = std::move(v); }
+
+  Flow exec_body(const NodeList& body, std::string& out) {
+    for (auto& n : body) {
+      Flow f = exec(*n, out);
+      if (f != Flow::kNormal) return f;
+    }
+    return Flow::kNormal;
+  }
+
+  Flow exec(const Node& n, std::string& out) {
+    switch (n.kind) {
+      case NodeKind::kText: out += n.text; return Flow::kNormal;
+      case NodeKind::kOutput: out += to_str(eval(*n.expr), n.line); return Flow::kNormal;
+      case NodeKind::kIf:
+        for (auto& [cond, body] : n.branches)
+          if (truthy(eval(*cond))) return exec_body(body, out);
+        return exec_body(n.else_body, out);
+      case NodeKind::kFor: return exec_for(n, out);
+      case NodeKind::kSet: {
+        Value v = eval(*n.expr);
+        if (!n.attr.empty()) {
+          Value ns = lookup(n.targets[0]);
+          if (ns.kind != Kind::kNamespace)
+            fail("cannot assign attribute '" + n.attr + "' on '" + n.targets[0] + "': not a namespace", n.line);
+          ns.dict->set(n.attr, std::move(v));
+        } else {
+          bind_targets(n.targets, v, n.line);
+        }
+        return Flow::kNormal;
+      }
+      case NodeKind::kSetBlock: {
+        std::string captured;
+        Flow f = exec_body(n.body, captured);
+        assign(n.targets[0], Value::string(std::move(captured)));
+        return f;
+      }
+      case NodeKind::kMacro: define_macro(n); return Flow::kNormal;
+      case NodeKind::kBreak: return Flow::kBreak;
+      case NodeKind::kContinue: return Flow::kContinue;
+      case NodeKind::kBlock: return exec_body(n.body, out);
+    }
+    return Flow::kNormal;
+  }
+
+  void bind_targets(const std::vector<std::string>& targets, const Value& v, int line) {
+    if (targets.size() == 1) {
+      assign(targets[0], v);
+      return;
+    }
+    std::vector<Value> items = iterate(v, line);
+    if (items.size() != targets.size())
+      fail("cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(targets.size()) +
+               " names",
+           line);
+    for (size_t k = 0; k < targets.size(); ++k) assign(targets[k], items[k]);
+  }
+
+  Flow exec_for(const Node& n, std::string& out) {
+    std::vector<Value> all = iterate(eval(*n.expr), n.line);
+    std::vector<Value> items;
+    if (n.filter) {
+      for (auto& v : all) {
+        frames_.emplace_back();
+        bind_targets(n.targets, v, n.line);
+        bool keep = truthy(eval(*n.filter));
+        frames_.pop_back();
+        if (keep) items.push_back(v);
+      }
+    } else {
+      items = std::move(all);
+    }
+    if (items.empty()) return exec_body(n.else_body, out);
+    const int64_t len = static_cast<int64_t>(items.size());
+    for (int64_t k = 0; k < len; ++k) {
+      frames_.emplace_back();
+      ValueDict loop;
+      loop.set("index0", Value::integer(k));
+      loop.set("index", Value::integer(k + 1));
+      loop.set("revindex0", Value::integer(len - k - 1));
+      loop.set("revindex", Value::integer(len - k));
+      loop.set("first", Value::boolean(k == 0));
+      loop.set("last", Value::boolean(k == len - 1));
+      loop.set("length", Value::integer(len));
+      loop.set("depth", Value::integer(1));
+      loop.set("depth0", Value::integer(0));
+      loop.set("previtem", k > 0 ? items[k - 1] : Value::undefined("'loop.previtem' is undefined"));
+      loop.set("nextitem", k + 1 < len ? items[k + 1] : Value::undefined("'loop.nextitem' is undefined"));
+      loop.set("cycle", Value::callable("loop.cycle", [k](Args& a, int line) -> Value {
+                 if (a.pos.empty()) fail("loop.cycle() needs at least one argument", line);
+                 return a.pos[k % a.pos.size()];
+               }));
+      assign("loop", Value::make_dict(std::move(loop)));
+      bind_targets(n.targets, items[k], n.line);
+      Flow f = exec_body(n.body, out);
+      frames_.pop_back();
+      if (f == Flow::kBreak) break;
+    }
+    return Flow::kNormal;
+  }
+
+  void define_macro(const Node& n) {
+    const Node* node = &n;
+    assign(n.name, Value::callable(n.name, [this, node](Args& args, int line) -> Value {
+             std::vector<Frame> saved = std::move(frames_);
+             frames_.clear();
+             frames_.push_back(saved[0]);
+             frames_.emplace_back();
+             size_t first_default = node->params.size() - node->defaults.size();
+             for (auto& [k, v] : args.kw)
+               if (std::find(node->params.begin(), node->params.end(), k) == node->params.end())
+                 fail("macro '" + node->name + "' got an unexpected keyword argument '" + k + "'", line);
+             if (args.pos.size() > node->params.size())
+               fail("macro '" + node->name + "' takes " + std::to_string(node->params.size()) + " arguments", line);
+             for (size_t p = 0; p < node->params.size(); ++p) {
+               const Value* v = args.get(p, node->params[p]);
+               if (v) {
+                 assign(node->params[p], *v);
+               } else if (p >= first_default) {
+                 assign(node->params[p], eval(*node->defaults[p - first_default]));
+               } else {
+                 assign(node->params[p], Value::undefined("'" + node->params[p] + "' is undefined"));
+               }
+             }
+             std::string out;
+             Flow f = exec_body(node->body, out);
+             saved[0] = std::move(frames_[0]);  // the macro may have defined globals (e.g. macros)
+             frames_ = std::move(saved);
+             if (f != Flow::kNormal) fail("'break'/'continue' outside of a for loop", line);
+             return Value::string(std::move(out));
+           }));
+  }
+
+  // ---- expressions ----
+  Value eval(const Expr& e) {
+    switch (e.kind) {
+      case ExprKind::kLiteral: return e.literal;
+      case ExprKind::kName: return lookup(e.name);
+      case ExprKind::kList: case ExprKind::kTuple: {
+        ValueList items;
+        for (auto& x : e.items) items.push_back(eval(*x));
+        return Value::make_list(std::move(items), e.kind == ExprKind::kTuple);
+      }
+      case ExprKind::kDict: {
+        ValueDict d;
+        for (size_t k = 0; k < e.items.size(); k += 2) {
+          Value key = eval(*e.items[k]);
+          if (key.kind != Kind::kString) fail("unsupported construct: dict literal key of type '" + type_name(key) + "'", e.line);
+          d.set(key.s, eval(*e.items[k + 1]));
+        }
+        return Value::make_dict(std::move(d));
+      }
+      case ExprKind::kGetAttr: return get_attr(eval(*e.a), e.name, e.line);
+      case ExprKind::kGetItem: return get_item(eval(*e.a), eval(*e.b), e.line);
+      case ExprKind::kSlice: {
+        Value obj = eval(*e.a);
+        Value parts[3];
+        const Value* p[3] = {nullptr, nullptr, nullptr};
+        for (int k = 0; k < 3; ++k)
+          if (e.items[k]) {
+            parts[k] = eval(*e.items[k]);
+            p[k] = &parts[k];
+          }
+        return slice(obj, p[0], p[1], p[2], e.line);
+      }
+      case ExprKind::kCall: {
+        Value callee = eval(*e.a);
+        Args args = eval_args(e);
+        return call(callee, args, e.line);
+      }
+      case ExprKind::kFilter: {
+        Value v = eval(*e.a);
+        Args args = eval_args(e);
+        return apply_filter(e.name, v, args, e.line);
+      }
+      case ExprKind::kTest: {
+        Value v = eval(*e.a);
+        Args args = eval_args(e);
+        bool r = apply_test(e.name, v, args, e.line);
+        return Value::boolean(e.negated ? !r : r);
+      }
+      case ExprKind::kNeg: case ExprKind::kPos: {
+        Value v = eval(*e.a);
+        if (v.kind == Kind::kInt || v.kind == Kind::kBool)
+          return Value::integer(e.kind == ExprKind::kNeg ? -(v.kind == Kind::kBool ? v.b : v.i) : (v.kind == Kind::kBool ? v.b : v.i));
+        if (v.kind == Kind::kFloat) return Value::floating(e.kind == ExprKind::kNeg ? -v.f : v.f);
+        if (v.is_undefined()) fail(v.s, e.line);
+        fail("bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") + ": '" + type_name(v) + "'", e.line);
+      }
+      case ExprKind::kNot: return Value::boolean(!truthy(eval(*e.a)));
+      case ExprKind::kAnd: {
+        Value l = eval(*e.a);
+        return truthy(l) ? eval(*e.b) : l;
+      }
+      case ExprKind::kOr: {
+        Value l = eval(*e.a);
+        return truthy(l) ? l : eval(*e.b);
+      }
+      case ExprKind::kBinary: return binary(e.name, eval(*e.a), eval(*e.b), e.line);
+      case ExprKind::kCompare: {
+        Value left = eval(*e.items[0]);
+        for (size_t k = 0; k < e.ops.size(); ++k) {
+          Value right = eval(*e.items[k + 1]);
+          if (!compare_op(e.ops[k], left, right, e.line)) return Value::boolean(false);
+          left = std::move(right);
+        }
+        return Value::boolean(true);
+      }
+      case ExprKind::kCond:
+        if (truthy(eval(*e.b))) return eval(*e.a);
+        if (e.c) return eval(*e.c);
+        return Value::undefined("the inline if-expression has no else branch and its condition was false");
+    }
+    fail("internal error: unknown expression", e.line);
+  }
+
+  Args eval_args(const Expr& e) {
+    Args a;
+    for (auto& x : e.items) a.pos.push_back(eval(*x));
+    for (auto& [k, x] : e.kwargs) a.kw.emplace_back(k, eval(*x));
+    return a;
+  }
+
+  Value call(const Value& callee, Args& args, int line) {
+    if (callee.is_undefined()) fail(callee.s, line);
+    if (callee.kind != Kind::kCallable) fail("'" + type_name(callee) + "' object is not callable", line);
+    return (*callee.fn)(args, line);
+  }
+
+  bool compare_op(const std::string& op, const Value& l, const Value& r, int line) {
+    if (op == "==") return equals(l, r);
+    if (op == "!=") return !equals(l, r);
+    if (op == "in") return contains(r, l, line);
+    if (op == "not in") return !contains(r, l, line);
+    if (l.is_undefined()) fail(l.s, line);
+    if (r.is_undefined()) fail(r.s, line);
+    int c = compare(l, r, line);
+    if (op == "<") return c < 0;
+    if (op == "<=") return c <= 0;
+    if (op == ">") return c > 0;
+    return c >= 0;
+  }
+
+  Value binary(const std::string& op, const Value& l, const Value& r, int line) {
+    if (op == "~") return Value::string(to_str(l, line) + to_str(r, line));
+    if (l.is_undefined()) fail(l.s, line);
+    if (r.is_undefined()) fail(r.s, line);
+    auto type_error = [&]() -> Value {
+      fail("unsupported operand type(s) for " + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'", line);
+    };
+    if (op == "+") {
+      if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
+      if (l.kind == Kind::kList && r.kind == Kind::kList) {
+        ValueList items = *l.list;
+        items.insert(items.end(), r.list->begin(), r.list->end());
+        return Value::make_list(std::move(items), l.is_tuple && r.is_tuple);
+      }
+    }
+    if (op == "*") {
+      const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;
+      const Value* cnt = seq == &l ? &r : &l;
+      if (seq && (cnt->kind == Kind::kInt || cnt->kind == Kind::kBool)) {
+        int64_t n = std::max<int64_t>(0, cnt->kind == Kind::kBool ? cnt->b : cnt->i);
+        if (seq->kind == Kind::kString) {
+          std::string s;
+          for (int64_t k = 0; k < n; ++k) s += seq->s;
+          return Value::string(s);
+        }
+        ValueList items;
+        for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
+        return Value::make_list(std::move(items));
+      }
+    }
+    if (op == "%" && l.kind == Kind::kString) fail("unsupported construct: printf-style string formatting with '%'", line);
+    if (!l.is_number() || !r.is_number()) return type_error();
+    bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
+    int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
+    double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
+    if (op == "+") return both_int ? Value::integer(a + b) : Value::floating(x + y);
+    if (op == "-") return both_int ? Value::integer(a - b) : Value::floating(x - y);
+    if (op == "*") return both_int ? Value::integer(a * b) : Value::floating(x * y);
+    if (op == "/") {
+      if (y == 0) fail("division by zero", line);
+      return Value::floating(x / y);
+    }
+    if (op == "//" || op == "%") {
+      if (y == 0) fail("integer division or modulo by zero", line);
+      if (both_int) {
+        int64_t q = a / b, m = a % b;
+        if (m != 0 && ((m < 0) != (b < 0))) {
+          --q;
+          m += b;
+        }
+        return Value::integer(op == "//" ? q : m);
+      }
+      double q = std::floor(x / y), m = x - q * y;
+      return Value::floating(op == "//" ? q : m);
+    }
+    if (op == "**") {
+      if (both_int && b >= 0) {
+        int64_t p = 1;
+        for (int64_t k = 0; k < b; ++k) p *= a;
+        return Value::integer(p);
+      }
+      return Value::floating(std::pow(x, y));
+    }
+    return type_error();
+  }
+
+  Value slice(const Value& obj, const Value* start, const Value* stop, const Value* step, int line) {
+    if (obj.kind == Kind::kString) {
+      std::vector<std::string> chars = utf8_chars(obj.s);
+      std::string out;
+      for (int64_t k : slice_indices(static_cast<int64_t>(chars.size()), start, stop, step, line)) out += chars[k];
+      return Value::string(out);
+    }
+    if (obj.kind == Kind::kList) {
+      ValueList items;
+      for (int64_t k : slice_indices(static_cast<int64_t>(obj.list->size()), start, stop, step, line))
+        items.push_back((*obj.list)[k]);
+      return Value::make_list(std::move(items), obj.is_tuple);
+    }
+    if (obj.is_undefined()) fail(obj.s, line);
+    fail("'" + type_name(obj) + "' object is not subscriptable", line);
+  }
+
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+std::string render_program(const Program& program, const nlohmann::ordered_json& context) {
+  Evaluator ev(context);
+  std::string out;
+  ev.run(program.body, out);
+  return out;
+}
+
+}  // namespace anvil::chat_template_detail

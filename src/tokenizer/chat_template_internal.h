@@ -1,0 +1,140 @@
+// Internals of the chat-template engine shared by its lexer, parser, values and evaluator.
+// Inside the engine errors are thrown as TemplateError (the evaluator is deeply recursive and
+// nearly every operation can fail); ChatTemplate::compile/render turn them into Status, so no
+// exception crosses the module boundary.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace anvil::chat_template_detail {
+
+struct TemplateError {
+  std::string message;  // already formatted: "chat template: ... at line N"
+};
+[[noreturn]] void fail(const std::string& what, int line);
+
+// ---- values: the Python objects a template sees ----
+struct Value;
+struct Args;
+using ValueList = std::vector<Value>;
+struct ValueDict {
+  std::vector<std::pair<std::string, Value>> items;  // Python dict: insertion order
+  const Value* find(const std::string& key) const;
+  Value* find(const std::string& key);
+  void set(const std::string& key, Value v);
+};
+using Callable = std::function<Value(Args&, int line)>;
+
+enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
+
+struct Value {
+  Kind kind = Kind::kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                      // kString; for kUndefined: the hint for the error message
+  std::shared_ptr<const ValueList> list;  // kList (is_tuple: repr with parentheses)
+  bool is_tuple = false;
+  std::shared_ptr<ValueDict> dict;    // kDict (never mutated after creation) and kNamespace (mutable)
+  std::shared_ptr<const Callable> fn;  // kCallable
+  std::string fn_name;
+
+  static Value undefined(std::string hint = "") { Value v; v.s = std::move(hint); return v; }
+  static Value none() { Value v; v.kind = Kind::kNone; return v; }
+  static Value boolean(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
+  static Value integer(int64_t x) { Value v; v.kind = Kind::kInt; v.i = x; return v; }
+  static Value floating(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
+  static Value string(std::string x) { Value v; v.kind = Kind::kString; v.s = std::move(x); return v; }
+  static Value make_list(ValueList items, bool tuple = false);
+  static Value make_dict(ValueDict d);
+  static Value callable(std::string name, Callable c);
+
+  bool is_undefined() const { return kind == Kind::kUndefined; }
+  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+};
+
+struct Args {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  // Python-style binding: the value of parameter `name` at position `index`, or nullptr.
+  const Value* get(size_t index, const std::string& name) const;
+};
+
+Value from_json(const nlohmann::ordered_json& j);
+bool truthy(const Value& v);
+std::string type_name(const Value& v);           // "str", "dict", "list", ... as Python names them
+std::string to_str(const Value& v, int line);    // Python str(); undefined prints as ""
+std::string repr(const Value& v, int line);      // Python repr()
+std::string py_float_repr(double d);
+// json.dumps(v, ensure_ascii=False, indent=..., separators=..., sort_keys=...).
+// indent < 0 means None; indent_str overrides the per-level indent text when set.
+std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
+                    const std::string& key_sep, bool sort_keys, int line);
+bool equals(const Value& a, const Value& b);
+int compare(const Value& a, const Value& b, int line);  // <0, 0, >0; errors on unorderable types
+// Code points of a UTF-8 string (Python strings index by code point).
+std::vector<std::string> utf8_chars(const std::string& s);
+size_t utf8_length(const std::string& s);
+
+// ---- lexer ----
+enum class Tok { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEof };
+struct Token {
+  Tok type;
+  std::string text;  // kText: the data; kName/kOp: the spelling; kString: the decoded value
+  int line;
+};
+std::vector<Token> lex(const std::string& source);
+
+// ---- AST ----
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+enum class ExprKind {
+  kLiteral, kName, kList, kTuple, kDict, kGetAttr, kGetItem, kSlice, kCall, kFilter, kTest,
+  kNeg, kPos, kNot, kBinary, kAnd, kOr, kCompare, kCond,
+};
+struct Expr {
+  ExprKind kind;
+  int line = 0;
+  Value literal;                 // kLiteral
+  std::string name;              // kName, kGetAttr attribute, kFilter/kTest name, kBinary op
+  std::vector<ExprPtr> items;    // kList/kTuple items; kDict keys and values interleaved;
+                                 // kCall/kFilter/kTest positional args; kSlice [start, stop, step] (nullable)
+  std::vector<std::pair<std::string, ExprPtr>> kwargs;  // kCall/kFilter/kTest
+  ExprPtr a, b, c;               // operands: object / left / right; kCond: a=then, b=cond, c=else
+  std::vector<std::string> ops;  // kCompare: ops[k] joins operand k and k+1 (operands in items)
+  bool negated = false;          // kTest: "is not"
+};
+
+struct Node;
+using NodeList = std::vector<std::unique_ptr<Node>>;
+enum class NodeKind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock };
+struct Node {
+  NodeKind kind;
+  int line = 0;
+  std::string text;                                  // kText
+  ExprPtr expr;                                      // kOutput/kSet value; kFor iterable
+  std::vector<std::pair<ExprPtr, NodeList>> branches;  // kIf: (condition, body)...
+  NodeList body, else_body;                          // kFor/kSetBlock/kMacro/kBlock body; kIf/kFor else
+  std::vector<std::string> targets;                  // kFor/kSet names (several: tuple unpacking)
+  std::string attr;                                  // kSet: "ns.attr" target -> targets[0]=ns, attr
+  ExprPtr filter;                                    // kFor: "if" condition
+  std::string name;                                  // kMacro name
+  std::vector<std::string> params;                   // kMacro
+  std::vector<ExprPtr> defaults;                     // kMacro, aligned to the last params
+};
+
+struct Program {
+  NodeList body;
+};
+std::unique_ptr<Program> parse(const std::vector<Token>& tokens);
+
+// ---- evaluator ----
+std::string render_program(const Program& program, const nlohmann::ordered_json& context);
+
+}  // namespace anvil::chat_template_detail

@@ -1,0 +1,397 @@
+// Values of the chat-template engine and their Python semantics: truthiness, str()/repr(),
+// equality and ordering, and json.dumps() as transformers' tojson filter calls it
+// (ensure_ascii=False: only '"', '\\' and control characters are escaped).
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "tokenizer/chat_template_internal.h"
+
+namespace anvil::chat_template_detail {
+
+const Value* ValueDict::find(const std::string& key) const {
+  for (auto& [k, v] : items)
+    if (k == key) return &v;
+  return nullptr;
+}
+Value* ValueDict::find(const std::string& key) {
+  for (auto& [k, v] : items)
+    if (k == key) return &v;
+  return nullptr;
+}
+void ValueDict::set(const std::string& key, Value v) {
+  if (Value* p = find(key)) {
+    *p = std::move(v);
+  } else {
+    items.emplace_back(key, std::move(v));
+  }
+}
+
+Value Value::make_list(ValueList items, bool tuple) {
+  Value v;
+  v.kind = Kind::kList;
+  v.list = std::make_shared<const ValueList>(std::move(items));
+  v.is_tuple = tuple;
+  return v;
+}
+Value Value::make_dict(ValueDict d) {
+  Value v;
+  v.kind = Kind::kDict;
+  v.dict = std::make_shared<ValueDict>(std::move(d));
+  return v;
+}
+Value Value::callable(std::string name, Callable c) {
+  Value v;
+  v.kind = Kind::kCallable;
+  v.fn = std::make_shared<const Callable>(std::move(c));
+  v.fn_name = std::move(name);
+  return v;
+}
+
+const Value* Args::get(size_t index, const std::string& name) const {
+  if (index < pos.size()) return &pos[index];
+  for (auto& [k, v] : kw)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+Value from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float: return Value::floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      ValueList items;
+      items.reserve(j.size());
+      for (auto& e : j) items.push_back(from_json(e));
+      return Value::make_list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      ValueDict d;
+      d.items.reserve(j.size());
+      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value()));
+      return Value::make_dict(std::move(d));
+    }
+    default: return Value::none();
+  }
+}
+
+bool truthy(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: case Kind::kNone: return false;
+    case Kind::kBool: return v.b;
+    case Kind::kInt: return v.i != 0;
+    case Kind::kFloat: return v.f != 0.0;
+    case Kind::kString: return !v.s.empty();
+    case Kind::kList: return !v.list->empty();
+    case Kind::kDict: return !v.dict->items.empty();
+    default: return true;
+  }
+}
+
+std::string type_name(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "Undefined";
+    case Kind::kNone: return "NoneType";
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kFloat: return "float";
+    case Kind::kString: return "str";
+    case Kind::kList: return v.is_tuple ? "tuple" : "list";
+    case Kind::kDict: return "dict";
+    case Kind::kNamespace: return "Namespace";
+    case Kind::kCallable: return "function";
+  }
+  return "object";
+}
+
+std::string py_float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  // Shortest round-trip digits, then Python's layout: scientific when exp < -4 or exp >= 16.
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  std::string sci(buf, r.ptr);
+  size_t epos = sci.find('e');
+  std::string mant = sci.substr(0, epos);
+  int exp = std::stoi(sci.substr(epos + 1));
+  bool neg = !mant.empty() && mant[0] == '-';
+  if (neg) mant.erase(0, 1);
+  std::string digits;
+  for (char c : mant)
+    if (c != '.') digits += c;
+  std::string out;
+  if (exp < -4 || exp >= 16) {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char eb[16];
+    std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    out += eb;
+  } else if (exp < 0) {
+    out = "0." + std::string(-exp - 1, '0') + digits;
+  } else {
+    if (static_cast<int>(digits.size()) <= exp + 1) {
+      out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+    } else {
+      out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+    }
+  }
+  return neg ? "-" + out : out;
+}
+
+namespace {
+
+std::string repr_string(const std::string& s) {
+  bool has_single = s.find('\'') != std::string::npos, has_double = s.find('"') != std::string::npos;
+  char q = (has_single && !has_double) ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    if (c == static_cast<unsigned char>(q) || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += q;
+  return out;
+}
+
+void json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out += b;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+struct JsonWriter {
+  int indent;
+  const std::string* indent_str;
+  std::string item_sep, key_sep;
+  bool sort_keys;
+  int line;
+  std::string out;
+
+  void newline(int level) {
+    out += '\n';
+    for (int k = 0; k < level; ++k) out += indent_str ? *indent_str : std::string(indent, ' ');
+  }
+  bool pretty() const { return indent >= 0 || indent_str; }
+
+  void write(const Value& v, int level) {
+    switch (v.kind) {
+      case Kind::kNone: out += "null"; return;
+      case Kind::kBool: out += v.b ? "true" : "false"; return;
+      case Kind::kInt: out += std::to_string(v.i); return;
+      case Kind::kFloat:
+        if (std::isnan(v.f)) out += "NaN";
+        else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
+        else out += py_float_repr(v.f);
+        return;
+      case Kind::kString: json_string(out, v.s); return;
+      case Kind::kList: {
+        if (v.list->empty()) { out += "[]"; return; }
+        out += '[';
+        bool first = true;
+        for (auto& e : *v.list) {
+          if (!first) out += item_sep;
+          first = false;
+          if (pretty()) newline(level + 1);
+          write(e, level + 1);
+        }
+        if (pretty()) newline(level);
+        out += ']';
+        return;
+      }
+      case Kind::kDict: case Kind::kNamespace: {
+        if (v.kind == Kind::kNamespace) fail("tojson: Object of type Namespace is not JSON serializable", line);
+        if (v.dict->items.empty()) { out += "{}"; return; }
+        std::vector<const std::pair<std::string, Value>*> items;
+        for (auto& kv : v.dict->items) items.push_back(&kv);
+        if (sort_keys)
+          std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+        out += '{';
+        bool first = true;
+        for (auto* kv : items) {
+          if (!first) out += item_sep;
+          first = false;
+          if (pretty()) newline(level + 1);
+          json_string(out, kv->first);
+          out += key_sep;
+          write(kv->second, level + 1);
+        }
+        if (pretty()) newline(level);
+        out += '}';
+        return;
+      }
+      case Kind::kUndefined: fail("tojson: Object of type Undefined is not JSON serializable", line);
+      case Kind::kCallable: fail("tojson: Object of type function is not JSON serializable", line);
+    }
+  }
+};
+
+}  // namespace
+
+std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
+                    const std::string& key_sep, bool sort_keys, int line) {
+  JsonWriter w{indent, indent_str, item_sep, key_sep, sort_keys, line, {}};
+  w.write(v, 0);
+  return std::move(w.out);
+}
+
+std::string repr(const Value& v, int line) {
+  switch (v.kind) {
+    case Kind::kString: return repr_string(v.s);
+    case Kind::kList: {
+      std::string out = v.is_tuple ? "(" : "[";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        out += repr((*v.list)[k], line);
+      }
+      if (v.is_tuple && v.list->size() == 1) out += ",";
+      return out + (v.is_tuple ? ")" : "]");
+    }
+    case Kind::kDict: {
+      std::string out = "{";
+      bool first = true;
+      for (auto& [k, e] : v.dict->items) {
+        if (!first) out += ", ";
+        first = false;
+        out += repr_string(k) + ": " + repr(e, line);
+      }
+      return out + "}";
+    }
+    case Kind::kNamespace: {
+      std::string out = "<Namespace {";
+      bool first = true;
+      for (auto& [k, e] : v.dict->items) {
+        if (!first) out += ", ";
+        first = false;
+        out += repr_string(k) + ": " + repr(e, line);
+      }
+      return out + "}>";
+    }
+    default: return to_str(v, line);
+  }
+}
+
+std::string to_str(const Value& v, int line) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "";
+    case Kind::kNone: return "None";
+    case Kind::kBool: return v.b ? "True" : "False";
+    case Kind::kInt: return std::to_string(v.i);
+    case Kind::kFloat: return py_float_repr(v.f);
+    case Kind::kString: return v.s;
+    case Kind::kCallable: return "<function " + v.fn_name + ">";
+    default: return repr(v, line);
+  }
+}
+
+bool equals(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) {
+    if (a.kind == Kind::kFloat || b.kind == Kind::kFloat) {
+      double x = a.kind == Kind::kFloat ? a.f : a.kind == Kind::kBool ? a.b : static_cast<double>(a.i);
+      double y = b.kind == Kind::kFloat ? b.f : b.kind == Kind::kBool ? b.b : static_cast<double>(b.i);
+      return x == y;
+    }
+    int64_t x = a.kind == Kind::kBool ? a.b : a.i, y = b.kind == Kind::kBool ? b.b : b.i;
+    return x == y;
+  }
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Kind::kUndefined: case Kind::kNone: return true;
+    case Kind::kString: return a.s == b.s;
+    case Kind::kList: {
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k)
+        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+      return true;
+    }
+    case Kind::kDict: {
+      if (a.dict->items.size() != b.dict->items.size()) return false;
+      for (auto& [k, v] : a.dict->items) {
+        const Value* o = b.dict->find(k);
+        if (!o || !equals(v, *o)) return false;
+      }
+      return true;
+    }
+    case Kind::kNamespace: return a.dict == b.dict;
+    case Kind::kCallable: return a.fn == b.fn;
+    default: return false;
+  }
+}
+
+int compare(const Value& a, const Value& b, int line) {
+  if (a.is_number() && b.is_number()) {
+    double x = a.kind == Kind::kFloat ? a.f : a.kind == Kind::kBool ? a.b : static_cast<double>(a.i);
+    double y = b.kind == Kind::kFloat ? b.f : b.kind == Kind::kBool ? b.b : static_cast<double>(b.i);
+    if (a.kind != Kind::kFloat && b.kind != Kind::kFloat) {
+      int64_t p = a.kind == Kind::kBool ? a.b : a.i, q = b.kind == Kind::kBool ? b.b : b.i;
+      return p < q ? -1 : p > q ? 1 : 0;
+    }
+    return x < y ? -1 : x > y ? 1 : 0;
+  }
+  if (a.kind == Kind::kString && b.kind == Kind::kString) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+  if (a.kind == Kind::kList && b.kind == Kind::kList) {
+    size_t n = std::min(a.list->size(), b.list->size());
+    for (size_t k = 0; k < n; ++k) {
+      int c = compare((*a.list)[k], (*b.list)[k], line);
+      if (c) return c;
+    }
+    return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
+  }
+  fail("'<' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'", line);
+}
+
+std::vector<std::string> utf8_chars(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t k = 0; k < s.size();) {
+    unsigned char c = s[k];
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    n = std::min(n, s.size() - k);
+    out.push_back(s.substr(k, n));
+    k += n;
+  }
+  return out;
+}
+
+size_t utf8_length(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace anvil::chat_template_detail

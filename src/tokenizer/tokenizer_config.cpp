@@ -1,0 +1,167 @@
+// Loading tokenizer_config.json and applying its chat template like transformers 5.x does
+// (PreTrainedTokenizerBase.apply_chat_template -> render_jinja_template).
+#include "tokenizer/tokenizer_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tokenizer/chat_template.h"
+
+namespace anvil {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return io_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Result<ojson> read_json(const std::string& path) {
+  ANVIL_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return corrupt(path + ": not valid JSON");
+  return j;
+}
+
+// A special token is a string or an AddedToken dict {"content": ...}; null/absent means none.
+Status read_token(const ojson& cfg, const char* key, std::string* out, bool* has, const std::string& path) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return Status::ok();
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+  } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    *out = (*it)["content"].get<std::string>();
+  } else {
+    return corrupt(path + ": field '" + key + "' must be a string or {\"content\": string}");
+  }
+  *has = true;
+  return Status::ok();
+}
+
+// chat_template as a string or a list of {"name", "template"}.
+Status read_template_field(const ojson& value, TokenizerConfig* cfg, const std::string& path) {
+  if (value.is_string()) {
+    cfg->chat_template = value.get<std::string>();
+    return Status::ok();
+  }
+  if (value.is_array()) {
+    for (auto& e : value) {
+      if (!e.is_object() || !e.contains("name") || !e.contains("template") || !e["name"].is_string() ||
+          !e["template"].is_string())
+        return corrupt(path + ": chat_template list entries must be {\"name\": string, \"template\": string}");
+      cfg->named_chat_templates[e["name"].get<std::string>()] = e["template"].get<std::string>();
+    }
+    auto d = cfg->named_chat_templates.find("default");
+    if (d != cfg->named_chat_templates.end()) cfg->chat_template = d->second;
+    return Status::ok();
+  }
+  if (value.is_null()) return Status::ok();
+  return corrupt(path + ": chat_template must be a string or a list of {name, template}");
+}
+
+}  // namespace
+
+Result<TokenizerConfig> load_tokenizer_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(dir) / "tokenizer_config.json").string();
+  if (!fs::exists(path)) return not_found(path + ": not found (a model directory needs tokenizer_config.json)");
+  ANVIL_ASSIGN_OR_RETURN(ojson j, read_json(path));
+  if (!j.is_object()) return corrupt(path + ": expected a JSON object");
+  TokenizerConfig cfg;
+  ANVIL_RETURN_IF_ERROR(read_token(j, "bos_token", &cfg.bos_token, &cfg.has_bos_token, path));
+  ANVIL_RETURN_IF_ERROR(read_token(j, "eos_token", &cfg.eos_token, &cfg.has_eos_token, path));
+  ANVIL_RETURN_IF_ERROR(read_token(j, "pad_token", &cfg.pad_token, &cfg.has_pad_token, path));
+  ANVIL_RETURN_IF_ERROR(read_token(j, "unk_token", &cfg.unk_token, &cfg.has_unk_token, path));
+  if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) cfg.add_bos_token = j["add_bos_token"].get<bool>();
+  if (j.contains("add_eos_token") && j["add_eos_token"].is_boolean()) cfg.add_eos_token = j["add_eos_token"].get<bool>();
+
+  const std::string jinja_path = (fs::path(dir) / "chat_template.jinja").string();
+  const std::string json_path = (fs::path(dir) / "chat_template.json").string();
+  if (fs::exists(jinja_path)) {
+    ANVIL_ASSIGN_OR_RETURN(cfg.chat_template, read_file(jinja_path));
+    cfg.source = jinja_path;
+  } else if (fs::exists(json_path)) {
+    ANVIL_ASSIGN_OR_RETURN(ojson t, read_json(json_path));
+    if (!t.is_object() || !t.contains("chat_template"))
+      return corrupt(json_path + ": expected an object with a 'chat_template' field");
+    ANVIL_RETURN_IF_ERROR(read_template_field(t["chat_template"], &cfg, json_path));
+    cfg.source = json_path;
+  } else if (j.contains("chat_template")) {
+    ANVIL_RETURN_IF_ERROR(read_template_field(j["chat_template"], &cfg, path));
+    cfg.source = path;
+  }
+  return cfg;
+}
+
+Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const ojson& messages, const ojson& tools,
+                                        bool add_generation_prompt, bool enable_thinking,
+                                        const ojson& extra_context) {
+  std::string source = cfg.chat_template;
+  if (!cfg.named_chat_templates.empty()) {
+    auto pick = cfg.named_chat_templates.end();
+    if (!tools.is_null()) pick = cfg.named_chat_templates.find("tool_use");
+    if (pick == cfg.named_chat_templates.end()) pick = cfg.named_chat_templates.find("default");
+    if (pick == cfg.named_chat_templates.end())
+      return invalid_argument(cfg.source + ": several chat templates and none named 'default'");
+    source = pick->second;
+  }
+  if (source.empty())
+    return not_found("this model has no chat template (tokenizer_config.json has no 'chat_template', and there is "
+                     "no chat_template.jinja or chat_template.json)");
+  if (!messages.is_array() || messages.empty())
+    return invalid_argument("messages: expected a non-empty JSON array of message objects");
+  if (!tools.is_null() && !tools.is_array()) return invalid_argument("tools: expected a JSON array (or null)");
+  if (!extra_context.is_null() && !extra_context.is_object())
+    return invalid_argument("extra_context: expected a JSON object");
+
+  // Messages as transformers hands them to the template: null-valued keys dropped, and the
+  // reasoning text (first non-null of reasoning_content/thinking/reasoning) copied to
+  // {"thinking": r, **message, "reasoning_content": r}.
+  ojson msgs = ojson::array();
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const ojson& m = messages[k];
+    if (!m.is_object()) return invalid_argument("messages[" + std::to_string(k) + "]: expected a JSON object");
+    ojson clean = ojson::object();
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (!it.value().is_null()) clean[it.key()] = it.value();
+    const ojson* reasoning = nullptr;
+    for (const char* key : {"reasoning_content", "thinking", "reasoning"})
+      if (clean.contains(key)) {
+        reasoning = &clean[key];
+        break;
+      }
+    if (reasoning) {
+      ojson r = *reasoning;
+      ojson aliased = ojson::object();
+      aliased["thinking"] = r;
+      for (auto it = clean.begin(); it != clean.end(); ++it) aliased[it.key()] = it.value();
+      aliased["reasoning_content"] = r;
+      clean = std::move(aliased);
+    }
+    msgs.push_back(std::move(clean));
+  }
+
+  ojson ctx = ojson::object();
+  ctx["messages"] = std::move(msgs);
+  ctx["tools"] = tools;
+  ctx["documents"] = nullptr;
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  if (cfg.has_bos_token) ctx["bos_token"] = cfg.bos_token;
+  if (cfg.has_eos_token) ctx["eos_token"] = cfg.eos_token;
+  if (cfg.has_unk_token) ctx["unk_token"] = cfg.unk_token;
+  if (cfg.has_pad_token) ctx["pad_token"] = cfg.pad_token;
+  ctx["enable_thinking"] = enable_thinking;
+  if (extra_context.is_object())
+    for (auto it = extra_context.begin(); it != extra_context.end(); ++it) ctx[it.key()] = it.value();
+
+  ANVIL_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::compile(source));
+  return tmpl.render(ctx);
+}
+
+}  // namespace anvil

@@ -1,0 +1,39 @@
+// tokenizer_config.json (plus chat_template.jinja / chat_template.json) and applying the chat
+// template the way transformers' apply_chat_template(tokenize=False) does.
+#pragma once
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace anvil {
+
+struct TokenizerConfig {
+  std::string chat_template;  // empty: the model has none
+  std::map<std::string, std::string> named_chat_templates;  // list-form templates by name ("default", "tool_use")
+  // Special tokens; has_* is false when the config has none (null/absent), so the template sees
+  // them as undefined exactly like transformers' special_tokens_map omits them.
+  std::string bos_token, eos_token, pad_token, unk_token;
+  bool has_bos_token = false, has_eos_token = false, has_pad_token = false, has_unk_token = false;
+  bool add_bos_token = false, add_eos_token = false;
+  std::string source;  // the file the chat template came from (for error messages)
+};
+
+// Reads DIR/tokenizer_config.json. The chat template is taken, in priority order, from
+// DIR/chat_template.jinja, DIR/chat_template.json ({"chat_template": ...}), then the config's
+// "chat_template" (a string, or a list of {name, template}).
+Result<TokenizerConfig> load_tokenizer_config(const std::string& dir);
+
+// Renders the chat template with the variables transformers passes: messages (keys whose value is
+// null dropped; reasoning_content/thinking/reasoning aliased), tools (null when absent), documents
+// (null), add_generation_prompt, the special tokens, enable_thinking, then `extra_context` (which
+// overrides). A config with several named templates uses "tool_use" when tools are given, else
+// "default". Key order matters (tojson): pass ordered_json.
+Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const nlohmann::ordered_json& messages,
+                                        const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                        bool enable_thinking,
+                                        const nlohmann::ordered_json& extra_context = nlohmann::ordered_json::object());
+
+}  // namespace anvil

@@ -1,0 +1,85 @@
+// `anvil template` as a subprocess: its stdout must equal the jinja2/transformers rendering
+// (tests/data/templates/expected_qwen3.json) byte for byte, and bad input must fail loudly.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+const std::string kDir = std::string(ANVIL_TEST_DATA) + "/templates";
+
+ojson load(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ojson::parse(ss.str());
+}
+
+struct RunResult {
+  int exit_code;
+  std::string out;  // stdout, or stdout+stderr when merge_stderr
+};
+
+RunResult run(const std::string& args, bool merge_stderr = false) {
+  std::string cmd = std::string(ANVIL_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  auto path = std::filesystem::temp_directory_path() / ("anvil_template_test_" + std::to_string(getpid()) + "_" + name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path.string();
+}
+
+ojson find_case(const std::string& name) {
+  for (auto& c : load(kDir + "/conversations.json"))
+    if (c["name"] == name) return c;
+  return nullptr;
+}
+
+TEST(CliTemplate, MatchesReferenceByteForByte) {
+  ojson expected = load(kDir + "/expected_qwen3.json");
+  for (const char* name : {"multi_turn", "thinking_disabled", "tool_call_dict_args", "single_user_no_gen"}) {
+    SCOPED_TRACE(name);
+    ojson c = find_case(name);
+    ASSERT_FALSE(c.is_null());
+    std::string args = "template -m " + kDir + "/qwen3 --messages " + write_temp("m.json", c["messages"].dump());
+    if (c.contains("tools")) args += " --tools " + write_temp("t.json", c["tools"].dump());
+    if (!c["add_generation_prompt"].get<bool>()) args += " --no-generation-prompt";
+    if (!c["enable_thinking"].get<bool>()) args += " --no-thinking";
+    RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_EQ(r.out, expected[name]["text"].get<std::string>());
+  }
+}
+
+TEST(CliTemplate, BadMessagesJsonFails) {
+  std::string bad = write_temp("bad.json", "[{\"role\": \"user\", \"content\": ");
+  RunResult r = run("template -m " + kDir + "/qwen3 --messages " + bad, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("not valid JSON"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(bad), std::string::npos) << r.out;  // names the file
+}
+
+TEST(CliTemplate, ModelWithoutChatTemplateFails) {
+  std::string m = write_temp("m2.json", R"([{"role":"user","content":"hi"}])");
+  RunResult r = run("template -m " + std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code --messages " + m, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("no chat template"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,78 @@
+// Every conversation in tests/data/templates/conversations.json rendered by our engine must equal,
+// byte for byte, what transformers/jinja2 produced (scripts/make_template_fixtures.py).
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer_config.h"
+
+namespace anvil {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+const std::string kDir = std::string(ANVIL_TEST_DATA) + "/templates";
+
+ojson load(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ojson::parse(ss.str());
+}
+
+void check_template(const std::string& name) {
+  auto cfg = load_tokenizer_config(kDir + "/" + name);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().message();
+  ojson cases = load(kDir + "/conversations.json");
+  ojson expected = load(kDir + "/expected_" + name + ".json");
+  int checked = 0;
+  for (auto& c : cases) {
+    bool wanted = false;
+    for (auto& t : c["templates"]) wanted |= t == name;
+    if (!wanted) continue;
+    std::string case_name = c["name"].get<std::string>();
+    SCOPED_TRACE(name + "/" + case_name);
+    ASSERT_TRUE(expected.contains(case_name)) << "no expected rendering; re-run scripts/make_template_fixtures.py";
+    auto out = apply_chat_template(*cfg, c["messages"], c.value("tools", ojson(nullptr)),
+                                   c["add_generation_prompt"].get<bool>(), c["enable_thinking"].get<bool>(),
+                                   c.value("extra_context", ojson::object()));
+    const ojson& want = expected[case_name];
+    if (want.contains("error")) {
+      ASSERT_FALSE(out.is_ok()) << "expected an error, got: " << out.value();
+      // raise_exception's message must be surfaced verbatim.
+      EXPECT_NE(out.status().message().find(want["error"].get<std::string>()), std::string::npos)
+          << out.status().message();
+    } else {
+      ASSERT_TRUE(out.is_ok()) << out.status().message();
+      EXPECT_EQ(*out, want["text"].get<std::string>());
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 20);
+}
+
+TEST(TemplateConformance, Qwen3) { check_template("qwen3"); }
+TEST(TemplateConformance, Llama3) { check_template("llama3"); }
+
+TEST(TemplateConformance, TinyCodeHasNoChatTemplate) {
+  auto cfg = load_tokenizer_config(std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code");
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().message();
+  EXPECT_TRUE(cfg->chat_template.empty());
+  EXPECT_EQ(cfg->eos_token, "<|endoftext|>");
+  EXPECT_FALSE(cfg->has_bos_token);  // "bos_token": null
+  auto out = apply_chat_template(*cfg, ojson::parse(R"([{"role":"user","content":"hi"}])"), nullptr, true, true);
+  ASSERT_FALSE(out.is_ok());
+  EXPECT_NE(out.status().message().find("no chat template"), std::string::npos) << out.status().message();
+}
+
+TEST(TemplateConformance, MissingConfigIsNotFound) {
+  auto cfg = load_tokenizer_config(kDir + "/does-not-exist");
+  ASSERT_FALSE(cfg.is_ok());
+  EXPECT_EQ(cfg.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(cfg.status().message().find("tokenizer_config.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace anvil

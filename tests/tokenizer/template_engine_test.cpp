@@ -1,0 +1,125 @@
+// Engine semantics against jinja2 (tests/data/templates/expected_snippets.json, frozen by
+// scripts/make_template_fixtures.py), and the errors a template outside the subset must give.
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/chat_template.h"
+
+namespace anvil {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson load(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ojson::parse(ss.str());
+}
+
+TEST(TemplateEngine, SnippetsMatchJinja2) {
+  const std::string dir = std::string(ANVIL_TEST_DATA) + "/templates";
+  ojson spec = load(dir + "/snippets.json");
+  ojson expected = load(dir + "/expected_snippets.json");
+  for (auto& s : spec["snippets"]) {
+    std::string name = s["name"].get<std::string>();
+    SCOPED_TRACE(name);
+    auto t = ChatTemplate::compile(s["template"].get<std::string>());
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    auto out = t->render(spec["context"]);
+    ASSERT_TRUE(out.is_ok()) << out.status().message();
+    EXPECT_EQ(*out, expected[name]["text"].get<std::string>());
+  }
+}
+
+Status compile_error(const std::string& src) {
+  auto t = ChatTemplate::compile(src);
+  return t.is_ok() ? Status::ok() : t.status();
+}
+
+Status render_error(const std::string& src, const ojson& ctx = ojson::object()) {
+  auto t = ChatTemplate::compile(src);
+  if (!t.is_ok()) return internal_error("compile failed: " + t.status().message());
+  auto out = t->render(ctx);
+  return out.is_ok() ? Status::ok() : out.status();
+}
+
+TEST(TemplateEngine, UnsupportedFilterNamesItAndTheLine) {
+  Status st = render_error("line one\n{{ 'a b'|wordwrap }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("unsupported filter 'wordwrap' at line 2"), std::string::npos) << st.message();
+}
+
+TEST(TemplateEngine, UnsupportedTestNamesIt) {
+  Status st = render_error("{{ 1 is prime }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("unsupported test 'prime'"), std::string::npos) << st.message();
+}
+
+TEST(TemplateEngine, UnsupportedTagNamesIt) {
+  Status st = compile_error("a\n\n{% include 'other.jinja' %}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("unsupported tag 'include' at line 3"), std::string::npos) << st.message();
+}
+
+TEST(TemplateEngine, UnclosedBlockSaysWhatWasOpen) {
+  Status st = compile_error("{% for x in xs %}\n{% if x %}{{ x }}{% endfor %}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("'if' opened at line 2"), std::string::npos) << st.message();
+  st = compile_error("{% if true %}never closed");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("'endif'"), std::string::npos) << st.message();
+}
+
+TEST(TemplateEngine, UnclosedTagAndCommentAreErrors) {
+  EXPECT_FALSE(compile_error("{{ x ").is_ok());
+  EXPECT_FALSE(compile_error("{% if x ").is_ok());
+  EXPECT_FALSE(compile_error("{# note").is_ok());
+}
+
+TEST(TemplateEngine, BadSyntaxIsAnError) {
+  Status st = compile_error("{{ 1 + }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("line 1"), std::string::npos) << st.message();
+  EXPECT_FALSE(compile_error("{{ (1, 2 }}").is_ok());
+  EXPECT_FALSE(compile_error("{% endif %}").is_ok());
+}
+
+TEST(TemplateEngine, RaiseExceptionMessageIsSurfaced) {
+  Status st = render_error("{% if x > 1 %}{{ raise_exception('Only one x, got ' ~ x) }}{% endif %}", {{"x", 3}});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("Only one x, got 3"), std::string::npos) << st.message();
+}
+
+TEST(TemplateEngine, AttributeOfUndefinedIsAnErrorNotEmptyOutput) {
+  Status st = render_error("{{ message.content.strip() }}", {{"message", ojson::object()}});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("has no attribute 'content'"), std::string::npos) << st.message();
+  EXPECT_FALSE(render_error("{{ 'a' + missing }}").is_ok());
+}
+
+TEST(TemplateEngine, StrftimeNowFormatsToday) {
+  auto t = ChatTemplate::compile("{{ strftime_now('%Y') }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok());
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  EXPECT_EQ(*out, std::to_string(1900 + tm.tm_year));
+}
+
+TEST(TemplateEngine, ContextKeyOrderIsPreservedByTojson) {
+  auto t = ChatTemplate::compile("{{ d|tojson }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render(ojson::parse(R"({"d": {"zeta": 1, "alpha": 2}})"));
+  ASSERT_TRUE(out.is_ok());
+  EXPECT_EQ(*out, R"({"zeta": 1, "alpha": 2})");  // Python dicts keep insertion order
+}
+
+}  // namespace
+}  // namespace anvil
