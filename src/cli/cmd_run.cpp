@@ -84,7 +84,7 @@ int run_chat(RunArgs& a) {
   req.max_new_tokens = a.n;
   req.sampling = resolve_sampling(a.sampling, s.model->dir);
   req.eos_ids = s.model->config.eos_token_ids;
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
   std::vector<int32_t> document;  // completion mode
   int seq = -1;
@@ -100,7 +100,7 @@ int run_chat(RunArgs& a) {
       if (!read_line(&line)) break;
       if (line == "/quit" || line == "/exit") break;
       if (line == "/reset") {
-        messages = nlohmann::json::array();
+        messages = nlohmann::ordered_json::array();
         if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
         document.clear();
         std::printf("(conversation cleared)\n");

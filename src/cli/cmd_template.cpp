@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "format/hf_cache.h"
 #include "tokenizer/tokenizer_config.h"
 
 namespace anvil::cli {
@@ -20,8 +21,6 @@ Result<nlohmann::ordered_json> read_json_file(const std::string& path, const cha
   return j;
 }
 
-// -m is taken as a model directory (the HF-cache resolver, format/hf_cache.h, has no
-// implementation in this tree yet).
 Command template_command("template", "Render the chat template for a conversation (messages JSON)", 60,
                          [](CLI::App& sub) -> std::function<int()> {
   struct Opts {
@@ -29,14 +28,16 @@ Command template_command("template", "Render the chat template for a conversatio
     bool no_generation_prompt = false, no_thinking = false;
   };
   auto o = std::make_shared<Opts>();
-  sub.add_option("-m,--model", o->model, "Model directory (with tokenizer_config.json)")->required();
+  sub.add_option("-m,--model", o->model, "Model directory (with tokenizer_config.json) or a Hugging Face repo id in the local cache")->required();
   sub.add_option("--messages", o->messages, "JSON file: an array of {role, content, ...} messages")->required();
   sub.add_option("--tools", o->tools, "JSON file: an array of tool schemas");
   sub.add_option("--context", o->context, "JSON file: an object of extra template variables");
   sub.add_flag("--no-generation-prompt", o->no_generation_prompt, "Do not append the assistant prompt");
   sub.add_flag("--no-thinking", o->no_thinking, "Pass enable_thinking=false");
   return [o]() -> int {
-    auto cfg = load_tokenizer_config(o->model);
+    auto dir = resolve_model_path(o->model);
+    if (!dir.is_ok()) return fail(dir.status().message());
+    auto cfg = load_tokenizer_config(*dir);
     if (!cfg.is_ok()) return fail(cfg.status().message());
     auto messages = read_json_file(o->messages, "--messages");
     if (!messages.is_ok()) return fail(messages.status().message());

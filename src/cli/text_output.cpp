@@ -25,15 +25,15 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
 
 Result<std::vector<int32_t>> TextOutput::encode(const std::string& text) const { return tok_->encode(text); }
 
-Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::json& messages, bool thinking) const {
+Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::ordered_json& messages, bool thinking) const {
   ANVIL_ASSIGN_OR_RETURN(std::string prompt,
-                         apply_chat_template(cfg_, messages, nlohmann::json(), true, thinking));
+                         apply_chat_template(cfg_, messages, nlohmann::ordered_json(), true, thinking));
   return tok_->encode(prompt);
 }
 
 Result<std::vector<int32_t>> TextOutput::encode_chat(const std::string& system, const std::string& user,
                                                      bool thinking) const {
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
   messages.push_back({{"role", "user"}, {"content", user}});
   return encode_messages(messages, thinking);

@@ -30,7 +30,7 @@ class TextOutput {
   // One user turn (plus an optional system message) through the chat template.
   Result<std::vector<int32_t>> encode_chat(const std::string& system, const std::string& user, bool thinking) const;
   // A whole conversation through the chat template.
-  Result<std::vector<int32_t>> encode_messages(const nlohmann::json& messages, bool thinking) const;
+  Result<std::vector<int32_t>> encode_messages(const nlohmann::ordered_json& messages, bool thinking) const;
   // Resets the per-answer stream state (decoder, stop matcher, reasoning split).
   void begin_answer(bool starts_in_reasoning = false);
   Chunk push(int32_t id);
