@@ -9,5 +9,5 @@ BUILD_DIR=build bash scripts/build.sh
 (cd build && ctest --output-on-failure -j"$(nproc)")
 if [ "${ANVIL_SKIP_ASAN:-0}" != "1" ]; then
   BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DANVIL_ASAN=ON -DANVIL_CUDA=OFF -DANVIL_BUILD_BENCH=OFF
-  (cd build-asan && ctest --output-on-failure -j"$(nproc)" -L format)
+  (cd build-asan && ctest --output-on-failure -j"$(nproc)" -L "format|quant")
 fi
