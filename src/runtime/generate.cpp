@@ -23,6 +23,7 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   auto t_first = clock::now(), t_last = t_first;
   for (int i = 0; i < req.max_new_tokens; ++i) {
     int32_t id = sampler.sample(logits.data(), V, engine.seq_tokens(seq));
+    if (id < 0) return invalid_argument("sampling: every token was filtered out (check --top-k/--top-p/--min-p)");
     t_last = clock::now();
     if (i == 0) t_first = t_last;
     r.ids.push_back(id);
