@@ -11,8 +11,12 @@ check our reader against an independent writer:
                          produce these exact bytes (tensor order and header layout are deterministic)
   writer_match.json      the same, as values
   npy_*.npy / npy.json   numpy.save outputs (f4, i4, f2, i8, a scalar and an empty array) + values
+  config_llama.json, config_qwen2.json   config.json files as transformers writes them
+  config_expected.json   what transformers' config objects say about those two and the shared
+                         anvil-tiny-code{,-q4} configs (the values parse_model_config must produce)
 
-Re-run: python3 scripts/make_format_fixtures.py   (needs numpy, torch, safetensors)
+Re-run: python3 scripts/make_format_fixtures.py   (needs numpy, torch, safetensors, transformers;
+reads ../shared/fixtures/anvil-tiny-code* beside the checkout, or $ANVIL_SHARED_DIR)
 """
 import json
 import os
@@ -71,7 +75,7 @@ def main():
         # Odd element count: the next tensor's offset is not 4-byte aligned in the file.
         "odd.bf16": torch.tensor([1.0, -2.0, 0.5], dtype=torch.bfloat16),
     }
-    meta = {"format": "pt", "producer": "make_format_fixtures.py"}
+    meta = {"producer": "make_format_fixtures.py"}  # one key: Rust orders a map randomly
     save_file(tensors, os.path.join(OUT, "reference.safetensors"), metadata=meta)
     with open(os.path.join(OUT, "reference.json"), "w") as fp:
         json.dump(describe(tensors, meta), fp, indent=1)
@@ -104,8 +108,54 @@ def main():
                       "values": [x.item() for x in a.astype(np.float64 if a.dtype.kind == "f" else np.int64).flatten()]}
     with open(os.path.join(OUT, "npy.json"), "w") as fp:
         json.dump(desc, fp, indent=1)
+    make_configs()
     for name in os.listdir(OUT):  # save_file creates 0600 files
         os.chmod(os.path.join(OUT, name), 0o644)
+
+
+def config_facts(c):
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
+    eos = c.eos_token_id
+    eos = [] if eos is None else (eos if isinstance(eos, list) else [eos])
+    return {
+        "model_type": c.model_type, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": theta,
+        "rope_type": rope.get("rope_type", rope.get("type", "default")),
+        "rope_factor": rope.get("factor", 1.0), "low_freq_factor": rope.get("low_freq_factor", 1.0),
+        "high_freq_factor": rope.get("high_freq_factor", 4.0),
+        "original_max_position_embeddings": rope.get("original_max_position_embeddings", 8192),
+        "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": c.tie_word_embeddings,
+        "eos_token_ids": eos, "bos_token_id": -1 if c.bos_token_id is None else c.bos_token_id,
+        "dtype": str(c.dtype).replace("torch.", "") if getattr(c, "dtype", None) is not None else "bfloat16",
+    }
+
+
+def make_configs():
+    from transformers import AutoConfig, LlamaConfig, Qwen2Config
+
+    expected = {}
+    llama = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=131072,
+                        rope_theta=500000.0, eos_token_id=[2, 5, 9], bos_token_id=1,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                        tie_word_embeddings=True)
+    qwen2 = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=4, rope_theta=1000000.0, eos_token_id=7)
+    for name, c in (("config_llama.json", llama), ("config_qwen2.json", qwen2)):
+        with open(os.path.join(OUT, name), "w") as fp:
+            fp.write(c.to_json_string())
+        expected[name] = config_facts(type(c).from_json_file(os.path.join(OUT, name)))
+    shared = os.environ.get("ANVIL_SHARED_DIR",
+                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+    for d in ("anvil-tiny-code", "anvil-tiny-code-q4"):
+        expected[d] = config_facts(AutoConfig.from_pretrained(os.path.join(shared, "fixtures", d)))
+    with open(os.path.join(OUT, "config_expected.json"), "w") as fp:
+        json.dump(expected, fp, indent=1)
 
 
 if __name__ == "__main__":

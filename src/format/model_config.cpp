@@ -170,11 +170,15 @@ Status parse_dtype(const Fields& f, ModelConfig* c) {
   return Status::ok();
 }
 
+// Rope scaling comes from `rope_scaling` (transformers < 5, MLX) or from `rope_parameters`
+// (transformers >= 5, which also holds rope_theta there); the type key is `rope_type` or `type`.
 Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig* c) {
-  const json* rs = f.get("rope_scaling");
+  const char* field = f.has("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  const json* rs = f.get(field);
   if (!rs) return Status::ok();
-  if (!rs->is_object()) return f.wrong_type("rope_scaling", "an object or null");
-  Fields r(*rs, label, "rope_scaling.");
+  if (!rs->is_object()) return f.wrong_type(field, "an object or null");
+  const std::string prefix = std::string(field) + ".";
+  Fields r(*rs, label, prefix);
   std::string type;
   ANVIL_RETURN_IF_ERROR(r.get_string("rope_type", &type));
   if (type.empty()) ANVIL_RETURN_IF_ERROR(r.get_string("type", &type));
@@ -192,8 +196,7 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
       return r.error("high_freq_factor", "must be greater than low_freq_factor");
     return Status::ok();
   }
-  return unsupported(label + ": field 'rope_scaling.rope_type': unsupported value '" + type +
-                     "' (supported: default, linear, llama3)");
+  return r.unsupported_value("rope_type", "unsupported rope scaling '" + type + "' (supported: default, linear, llama3)");
 }
 
 bool valid_bits(int b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
