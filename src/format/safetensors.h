@@ -25,7 +25,9 @@ struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  const uint8_t* data = nullptr;  // points into the mapped file
+  // Points into the mapped file. Not necessarily aligned to dtype_size: the offsets are whatever
+  // the writer chose (the reference writer and ours order wider types first, so they usually are).
+  const uint8_t* data = nullptr;
   size_t nbytes = 0;
   std::string file;  // the file it came from, for error messages
 

@@ -1,0 +1,340 @@
+// config.json -> ModelConfig. Every field is type-checked before use (nlohmann's get<> would
+// throw on a wrong type); an error names the file, the field and what was expected.
+#include "format/model_config.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "base/mmap_file.h"
+
+namespace anvil {
+
+using nlohmann::json;
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kQwen3: return "qwen3";
+    case Arch::kQwen2: return "qwen2";
+    case Arch::kLlama: return "llama";
+  }
+  return "?";
+}
+
+QuantSpec QuantConfig::for_module(const std::string& module_path) const {
+  auto it = overrides.find(module_path);
+  return it == overrides.end() ? default_spec : it->second;
+}
+
+namespace {
+
+constexpr const char* kSupportedArchs = "qwen3, qwen2, llama";
+
+// Field access with the file label and the field path carried along for error messages.
+class Fields {
+ public:
+  Fields(const json& obj, std::string label, std::string prefix = "")
+      : obj_(obj), label_(std::move(label)), prefix_(std::move(prefix)) {}
+
+  // Absent and null both mean "not given".
+  const json* get(const char* key) const {
+    auto it = obj_.find(key);
+    return (it == obj_.end() || it->is_null()) ? nullptr : &*it;
+  }
+  bool has(const char* key) const { return get(key) != nullptr; }
+
+  Status error(const char* key, const std::string& what) const {
+    return invalid_argument(label_ + ": field '" + prefix_ + key + "': " + what);
+  }
+  Status unsupported_value(const char* key, const std::string& what) const {
+    return unsupported(label_ + ": field '" + prefix_ + key + "': " + what);
+  }
+  Status wrong_type(const char* key, const char* expected) const {
+    const json* v = get(key);
+    return error(key, std::string("expected ") + expected + ", got " + (v ? v->dump() : "null"));
+  }
+
+  // An integer that fits in int. `required`: absent is an error; else *out keeps its default.
+  Status get_int(const char* key, int* out, bool required, bool positive) const {
+    const json* v = get(key);
+    if (!v) return required ? error(key, "missing (required)") : Status::ok();
+    const char* expected = positive ? "a positive integer" : "an integer";
+    if (!v->is_number_integer()) return wrong_type(key, expected);
+    if (v->is_number_unsigned() ? v->get<uint64_t>() > uint64_t(INT_MAX)
+                                : (v->get<int64_t>() > INT_MAX || v->get<int64_t>() < INT_MIN))
+      return wrong_type(key, expected);
+    int x = v->get<int>();
+    if (positive && x <= 0) return wrong_type(key, expected);
+    *out = x;
+    return Status::ok();
+  }
+  Status get_double(const char* key, double* out, bool positive) const {
+    const json* v = get(key);
+    if (!v) return Status::ok();
+    const char* expected = positive ? "a positive number" : "a number";
+    if (!v->is_number()) return wrong_type(key, expected);
+    double x = v->get<double>();
+    if (!std::isfinite(x) || (positive && x <= 0)) return wrong_type(key, expected);
+    *out = x;
+    return Status::ok();
+  }
+  Status get_bool(const char* key, bool* out) const {
+    const json* v = get(key);
+    if (!v) return Status::ok();
+    if (!v->is_boolean()) return wrong_type(key, "true or false");
+    *out = v->get<bool>();
+    return Status::ok();
+  }
+  Status get_string(const char* key, std::string* out) const {
+    const json* v = get(key);
+    if (!v) return Status::ok();
+    if (!v->is_string()) return wrong_type(key, "a string");
+    *out = v->get<std::string>();
+    return Status::ok();
+  }
+  // An int or a list of ints (eos_token_id); appended to *out without duplicates.
+  Status get_int_list(const char* key, std::vector<int>* out) const {
+    const json* v = get(key);
+    if (!v) return Status::ok();
+    auto add = [&](const json& x) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT_MAX) return false;
+      int id = x.get<int>();
+      if (std::find(out->begin(), out->end(), id) == out->end()) out->push_back(id);
+      return true;
+    };
+    if (v->is_array()) {
+      for (const json& x : *v)
+        if (!add(x)) return wrong_type(key, "a token id or a list of token ids");
+      return Status::ok();
+    }
+    if (!add(*v)) return wrong_type(key, "a token id or a list of token ids");
+    return Status::ok();
+  }
+
+ private:
+  const json& obj_;
+  std::string label_;
+  std::string prefix_;
+};
+
+bool arch_from_model_type(const std::string& t, Arch* out) {
+  if (t == "qwen3") *out = Arch::kQwen3;
+  else if (t == "qwen2") *out = Arch::kQwen2;
+  else if (t == "llama") *out = Arch::kLlama;
+  else return false;
+  return true;
+}
+
+bool arch_from_class(const std::string& c, Arch* out) {
+  if (c == "Qwen3ForCausalLM") *out = Arch::kQwen3;
+  else if (c == "Qwen2ForCausalLM") *out = Arch::kQwen2;
+  else if (c == "LlamaForCausalLM") *out = Arch::kLlama;
+  else return false;
+  return true;
+}
+
+// model_type decides; architectures[0] is the fallback for configs without model_type.
+Status parse_arch(const Fields& f, const json& root, const std::string& label, ModelConfig* c) {
+  ANVIL_RETURN_IF_ERROR(f.get_string("model_type", &c->model_type));
+  if (!c->model_type.empty()) {
+    if (!arch_from_model_type(c->model_type, &c->arch))
+      return unsupported(label + ": unsupported architecture '" + c->model_type +
+                         "' (model_type); supported: " + kSupportedArchs);
+    return Status::ok();
+  }
+  const json* archs = f.get("architectures");
+  if (!archs) return f.error("model_type", "missing (required; or give architectures)");
+  if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+    return f.wrong_type("architectures", "a list of architecture class names");
+  std::string cls = (*archs)[0].get<std::string>();
+  if (!arch_from_class(cls, &c->arch))
+    return unsupported(label + ": unsupported architecture '" + cls + "' (architectures); supported: " +
+                       kSupportedArchs);
+  c->model_type = arch_name(c->arch);
+  return Status::ok();
+}
+
+Status parse_dtype(const Fields& f, ModelConfig* c) {
+  const char* key = f.has("torch_dtype") ? "torch_dtype" : "dtype";
+  std::string s;
+  ANVIL_RETURN_IF_ERROR(f.get_string(key, &s));
+  if (s.empty()) return Status::ok();
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  if (s == "bfloat16") c->torch_dtype = DType::kBF16;
+  else if (s == "float16" || s == "half") c->torch_dtype = DType::kF16;
+  else if (s == "float32" || s == "float") c->torch_dtype = DType::kF32;
+  else return f.error(key, "expected \"bfloat16\", \"float16\" or \"float32\", got \"" + s + "\"");
+  return Status::ok();
+}
+
+// Rope scaling comes from `rope_scaling` (transformers < 5, MLX) or from `rope_parameters`
+// (transformers >= 5, which also holds rope_theta there); the type key is `rope_type` or `type`.
+Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig* c) {
+  const char* field = f.has("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  const json* rs = f.get(field);
+  if (!rs) return Status::ok();
+  if (!rs->is_object()) return f.wrong_type(field, "an object or null");
+  const std::string prefix = std::string(field) + ".";
+  Fields r(*rs, label, prefix);
+  std::string type;
+  ANVIL_RETURN_IF_ERROR(r.get_string("rope_type", &type));
+  if (type.empty()) ANVIL_RETURN_IF_ERROR(r.get_string("type", &type));
+  RopeScaling& s = c->rope_scaling;
+  s.type = type;
+  if (type == "" || type == "default") return Status::ok();
+  if (type == "linear") return r.get_double("factor", &s.factor, true);
+  if (type == "llama3") {
+    ANVIL_RETURN_IF_ERROR(r.get_double("factor", &s.factor, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("low_freq_factor", &s.low_freq_factor, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("high_freq_factor", &s.high_freq_factor, true));
+    ANVIL_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &s.original_max_position_embeddings,
+                                    false, true));
+    if (s.high_freq_factor <= s.low_freq_factor)
+      return r.error("high_freq_factor", "must be greater than low_freq_factor");
+    return Status::ok();
+  }
+  return r.unsupported_value("rope_type", "unsupported rope scaling '" + type + "' (supported: default, linear, llama3)");
+}
+
+bool valid_bits(int b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
+bool valid_group(int g) { return g == 32 || g == 64 || g == 128; }
+
+// One {bits, group_size[, mode]} object; missing fields inherit from `base` (the block default).
+Status parse_quant_params(const Fields& q, const std::string& label, const QuantSpec& base, bool required,
+                          QuantSpec* out) {
+  *out = base;
+  ANVIL_RETURN_IF_ERROR(q.get_int("bits", &out->bits, required, false));
+  ANVIL_RETURN_IF_ERROR(q.get_int("group_size", &out->group_size, required, false));
+  if (!valid_bits(out->bits)) return q.error("bits", "expected 2, 3, 4, 5, 6 or 8, got " + std::to_string(out->bits));
+  if (!valid_group(out->group_size))
+    return q.error("group_size", "expected 32, 64 or 128, got " + std::to_string(out->group_size));
+  std::string mode;
+  ANVIL_RETURN_IF_ERROR(q.get_string("mode", &mode));
+  if (!mode.empty() && mode != "affine")
+    return q.unsupported_value("mode", "unsupported quantization mode '" + mode + "' (only affine is supported)");
+  return Status::ok();
+}
+
+Status parse_quant(const Fields& f, const std::string& label, ModelConfig* c) {
+  // MLX writes `quantization` (and often a copy as `quantization_config`); prefer the former.
+  const char* key = f.has("quantization") ? "quantization" : "quantization_config";
+  const json* block = f.get(key);
+  if (!block) return Status::ok();
+  if (!block->is_object()) return f.wrong_type(key, "an object with bits and group_size");
+  const std::string prefix = std::string(key) + ".";
+  Fields q(*block, label, prefix);
+  if (const json* m = q.get("quant_method"); m && !(m->is_string() && m->get<std::string>() == "mlx"))
+    return unsupported(label + ": field '" + prefix + "quant_method': unsupported quantization method " + m->dump() +
+                       " (only MLX affine quantization is supported)");
+  ANVIL_RETURN_IF_ERROR(parse_quant_params(q, label, QuantSpec{}, true, &c->quant.default_spec));
+  for (auto it = block->begin(); it != block->end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "bits" || k == "group_size" || k == "mode" || k == "quant_method") continue;
+    if (it->is_boolean() && !it->get<bool>()) {
+      c->quant.overrides[k] = QuantSpec{};
+    } else if (it->is_object()) {
+      Fields o(*it, label, prefix + k + ".");
+      ANVIL_RETURN_IF_ERROR(parse_quant_params(o, label, c->quant.default_spec, false, &c->quant.overrides[k]));
+    } else {
+      return invalid_argument(label + ": field '" + prefix + k +
+                              "': expected a per-module override ({bits, group_size} or false), got " + it->dump());
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& label) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return invalid_argument(label + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) return invalid_argument(label + ": expected a JSON object at the top level");
+
+  ModelConfig c;
+  Fields f(root, label);
+  ANVIL_RETURN_IF_ERROR(parse_arch(f, root, label, &c));
+
+  ANVIL_RETURN_IF_ERROR(f.get_int("vocab_size", &c.vocab_size, true, true));
+  ANVIL_RETURN_IF_ERROR(f.get_int("hidden_size", &c.hidden_size, true, true));
+  ANVIL_RETURN_IF_ERROR(f.get_int("intermediate_size", &c.intermediate_size, true, true));
+  ANVIL_RETURN_IF_ERROR(f.get_int("num_hidden_layers", &c.num_hidden_layers, true, true));
+  ANVIL_RETURN_IF_ERROR(f.get_int("num_attention_heads", &c.num_attention_heads, true, true));
+  c.num_key_value_heads = c.num_attention_heads;
+  ANVIL_RETURN_IF_ERROR(f.get_int("num_key_value_heads", &c.num_key_value_heads, false, true));
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    return f.error("num_key_value_heads", "must divide num_attention_heads (" +
+                                              std::to_string(c.num_attention_heads) + "), got " +
+                                              std::to_string(c.num_key_value_heads));
+  if (f.has("head_dim")) {
+    ANVIL_RETURN_IF_ERROR(f.get_int("head_dim", &c.head_dim, false, true));
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      return f.error("head_dim", "missing, and hidden_size (" + std::to_string(c.hidden_size) +
+                                     ") is not a multiple of num_attention_heads (" +
+                                     std::to_string(c.num_attention_heads) + ")");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+
+  ANVIL_RETURN_IF_ERROR(f.get_double("rms_norm_eps", &c.rms_norm_eps, true));
+  // transformers >= 5 moves rope_theta (and the scaling type) into rope_parameters.
+  if (const json* rp = f.get("rope_parameters"); rp && rp->is_object()) {
+    Fields r(*rp, label, "rope_parameters.");
+    ANVIL_RETURN_IF_ERROR(r.get_double("rope_theta", &c.rope_theta, true));
+  }
+  ANVIL_RETURN_IF_ERROR(f.get_double("rope_theta", &c.rope_theta, true));
+  ANVIL_RETURN_IF_ERROR(parse_rope_scaling(f, label, &c));
+  ANVIL_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &c.max_position_embeddings, false, true));
+  ANVIL_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
+
+  switch (c.arch) {
+    case Arch::kQwen3:
+      c.qk_norm = true;
+      ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
+      break;
+    case Arch::kQwen2:
+      c.attention_bias = true;  // Qwen2 always has q/k/v biases; its config has no flag for it
+      break;
+    case Arch::kLlama:
+      ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
+      break;
+  }
+
+  ANVIL_RETURN_IF_ERROR(f.get_int_list("eos_token_id", &c.eos_token_ids));
+  ANVIL_RETURN_IF_ERROR(f.get_int("bos_token_id", &c.bos_token_id, false, false));
+  ANVIL_RETURN_IF_ERROR(parse_dtype(f, &c));
+  ANVIL_RETURN_IF_ERROR(parse_quant(f, label, &c));
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return not_found(path + ": missing (a model directory needs config.json)");
+  ANVIL_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ANVIL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(text, path));
+
+  // generation_config.json may list more stop ids (e.g. <|im_end|> besides <|endoftext|>).
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::is_regular_file(gen_path, ec)) {
+    ANVIL_ASSIGN_OR_RETURN(std::string gen_text, read_file(gen_path));
+    json gen;
+    try {
+      gen = json::parse(gen_text);
+    } catch (const json::exception& e) {
+      return invalid_argument(gen_path + ": not valid JSON: " + e.what());
+    }
+    if (!gen.is_object()) return invalid_argument(gen_path + ": expected a JSON object at the top level");
+    ANVIL_RETURN_IF_ERROR(Fields(gen, gen_path).get_int_list("eos_token_id", &c.eos_token_ids));
+  }
+  return c;
+}
+
+}  // namespace anvil

@@ -1,0 +1,315 @@
+// parse_model_config / load_model_config: real configs (as transformers writes them, and the two
+// shared tiny models) give the values transformers' own config classes report; every bad field is
+// an error naming the file and the field.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/mmap_file.h"
+#include "format/model_config.h"
+#include "format_test_util.h"
+
+using namespace anvil;
+using anvil_test::contains;
+using nlohmann::json;
+
+namespace {
+
+const std::string kData = std::string(ANVIL_TEST_DATA) + "/format/";
+const std::string kShared = std::string(ANVIL_SHARED_DIR) + "/fixtures/";
+
+// A minimal valid qwen3 config; tests edit a copy.
+json base_config() {
+  return json{{"model_type", "qwen3"},     {"vocab_size", 1000},       {"hidden_size", 256},
+              {"intermediate_size", 512},  {"num_hidden_layers", 2},   {"num_attention_heads", 8},
+              {"num_key_value_heads", 2},  {"eos_token_id", 5},        {"torch_dtype", "bfloat16"}};
+}
+
+Result<ModelConfig> parse(const json& j) { return parse_model_config(j.dump(), "/models/x/config.json"); }
+
+// Parsing must fail with a message that names the file and contains each needle.
+void expect_error(const json& j, const std::vector<std::string>& needles, StatusCode code = StatusCode::kInvalidArgument) {
+  auto r = parse(j);
+  ASSERT_FALSE(r.is_ok()) << j.dump();
+  EXPECT_EQ(r.status().code(), code) << r.status().message();
+  EXPECT_TRUE(contains(r.status().message(), "/models/x/config.json: ")) << r.status().message();
+  for (const auto& n : needles) EXPECT_TRUE(contains(r.status().message(), n)) << r.status().message();
+}
+
+void expect_matches_reference(const ModelConfig& c, const json& e) {
+  EXPECT_EQ(c.model_type, e["model_type"].get<std::string>());
+  EXPECT_EQ(arch_name(c.arch), e["model_type"].get<std::string>());
+  EXPECT_EQ(c.vocab_size, e["vocab_size"].get<int>());
+  EXPECT_EQ(c.hidden_size, e["hidden_size"].get<int>());
+  EXPECT_EQ(c.intermediate_size, e["intermediate_size"].get<int>());
+  EXPECT_EQ(c.num_hidden_layers, e["num_hidden_layers"].get<int>());
+  EXPECT_EQ(c.num_attention_heads, e["num_attention_heads"].get<int>());
+  EXPECT_EQ(c.num_key_value_heads, e["num_key_value_heads"].get<int>());
+  EXPECT_EQ(c.head_dim, e["head_dim"].get<int>());
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, e["rms_norm_eps"].get<double>());
+  EXPECT_DOUBLE_EQ(c.rope_theta, e["rope_theta"].get<double>());
+  std::string rope_type = e["rope_type"].get<std::string>();
+  EXPECT_EQ(c.rope_scaling.type.empty() ? "default" : c.rope_scaling.type, rope_type);
+  if (rope_type == "llama3") {
+    EXPECT_DOUBLE_EQ(c.rope_scaling.factor, e["rope_factor"].get<double>());
+    EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, e["low_freq_factor"].get<double>());
+    EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, e["high_freq_factor"].get<double>());
+    EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, e["original_max_position_embeddings"].get<int>());
+  }
+  EXPECT_EQ(c.max_position_embeddings, e["max_position_embeddings"].get<int>());
+  EXPECT_EQ(c.tie_word_embeddings, e["tie_word_embeddings"].get<bool>());
+  EXPECT_EQ(c.eos_token_ids, e["eos_token_ids"].get<std::vector<int>>());
+  EXPECT_EQ(c.bos_token_id, e["bos_token_id"].get<int>());
+  EXPECT_EQ(c.torch_dtype, e["dtype"] == "bfloat16" ? DType::kBF16 : e["dtype"] == "float16" ? DType::kF16 : DType::kF32);
+  // Architecture facts transformers encodes in its modeling code rather than the config.
+  EXPECT_EQ(c.qk_norm, c.arch == Arch::kQwen3);
+  if (c.arch == Arch::kQwen2) EXPECT_TRUE(c.attention_bias);
+}
+
+json reference() {
+  auto text = read_file(kData + "config_expected.json");
+  EXPECT_TRUE(text.is_ok());
+  return json::parse(*text);
+}
+
+}  // namespace
+
+TEST(ModelConfig, TransformersWrittenConfigsMatchTransformers) {
+  json ref = reference();
+  for (const char* name : {"config_llama.json", "config_qwen2.json"}) {
+    SCOPED_TRACE(name);
+    auto text = read_file(kData + name);
+    ASSERT_TRUE(text.is_ok());
+    auto c = parse_model_config(*text, name);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    expect_matches_reference(*c, ref[name]);
+    EXPECT_FALSE(c->quant.default_spec.quantized());
+  }
+}
+
+TEST(ModelConfig, SharedTinyModelsMatchTransformers) {
+  if (!std::filesystem::exists(kShared + "anvil-tiny-code")) GTEST_SKIP() << kShared << " not present";
+  json ref = reference();
+  for (const char* name : {"anvil-tiny-code", "anvil-tiny-code-q4"}) {
+    SCOPED_TRACE(name);
+    auto c = load_model_config(kShared + name);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    expect_matches_reference(*c, ref[name]);
+    EXPECT_EQ(c->arch, Arch::kQwen3);
+    EXPECT_FALSE(c->attention_bias);
+  }
+  auto dense = load_model_config(kShared + "anvil-tiny-code");
+  auto q4 = load_model_config(kShared + "anvil-tiny-code-q4");
+  ASSERT_TRUE(dense.is_ok() && q4.is_ok());
+  EXPECT_FALSE(dense->quant.for_module("model.embed_tokens").quantized());
+  EXPECT_EQ(q4->quant.default_spec.bits, 4);
+  EXPECT_EQ(q4->quant.default_spec.group_size, 64);
+  EXPECT_EQ(q4->quant.for_module("model.layers.3.mlp.down_proj").bits, 4);
+}
+
+TEST(ModelConfig, LegacyLlama3RopeScalingSpellings) {
+  for (const char* type_key : {"rope_type", "type"}) {
+    json j = base_config();
+    j["model_type"] = "llama";
+    j["rope_theta"] = 500000.0;
+    j["rope_scaling"] = {{type_key, "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    auto c = parse(j);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    EXPECT_EQ(c->arch, Arch::kLlama);
+    EXPECT_EQ(c->rope_scaling.type, "llama3");
+    EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 32.0);
+    EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+    EXPECT_FALSE(c->qk_norm);
+    EXPECT_FALSE(c->attention_bias);
+  }
+  json j = base_config();
+  j["model_type"] = "llama";
+  j["attention_bias"] = true;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error(j, {"rope_scaling.rope_type", "yarn"}, StatusCode::kUnsupported);
+  j.erase("rope_scaling");
+  auto c = parse(j);
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_TRUE(c->attention_bias);
+}
+
+TEST(ModelConfig, DefaultsForOptionalFields) {
+  json j = base_config();
+  j.erase("num_key_value_heads");
+  j.erase("torch_dtype");
+  j["dtype"] = "float16";
+  j["eos_token_id"] = {3, 4, 3};
+  auto c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->head_dim, 32);
+  EXPECT_EQ(c->torch_dtype, DType::kF16);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int>{3, 4}));
+  EXPECT_EQ(c->bos_token_id, -1);
+
+  // Only model_type may be missing when architectures names a known class.
+  j = base_config();
+  j.erase("model_type");
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->arch, Arch::kQwen2);
+  EXPECT_TRUE(c->attention_bias);
+}
+
+TEST(ModelConfigBad, MalformedJson) {
+  auto r = parse_model_config("{\"model_type\": \"qwen3\",", "/models/x/config.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "/models/x/config.json: not valid JSON")) << r.status().message();
+  r = parse_model_config("[1, 2]", "/models/x/config.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "/models/x/config.json")) << r.status().message();
+}
+
+TEST(ModelConfigBad, MissingRequiredFields) {
+  for (const char* field :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
+    SCOPED_TRACE(field);
+    json j = base_config();
+    j.erase(field);
+    expect_error(j, {std::string("field '") + field + "'", "missing"});
+    j[field] = nullptr;  // null counts as missing
+    expect_error(j, {std::string("field '") + field + "'", "missing"});
+  }
+  json j = base_config();
+  j.erase("model_type");
+  expect_error(j, {"field 'model_type'", "missing"});
+}
+
+TEST(ModelConfigBad, WrongTypes) {
+  json j = base_config();
+  j["hidden_size"] = "256";
+  expect_error(j, {"field 'hidden_size': expected a positive integer, got \"256\""});
+  j = base_config();
+  j["hidden_size"] = 256.5;
+  expect_error(j, {"field 'hidden_size': expected a positive integer"});
+  j = base_config();
+  j["num_hidden_layers"] = 0;
+  expect_error(j, {"field 'num_hidden_layers': expected a positive integer, got 0"});
+  j = base_config();
+  j["vocab_size"] = 1ll << 40;
+  expect_error(j, {"field 'vocab_size'"});
+  j = base_config();
+  j["tie_word_embeddings"] = "yes";
+  expect_error(j, {"field 'tie_word_embeddings': expected true or false"});
+  j = base_config();
+  j["rms_norm_eps"] = "1e-6";
+  expect_error(j, {"field 'rms_norm_eps': expected a positive number"});
+  j = base_config();
+  j["eos_token_id"] = {1, "two"};
+  expect_error(j, {"field 'eos_token_id'"});
+  j = base_config();
+  j["torch_dtype"] = "int4";
+  expect_error(j, {"field 'torch_dtype'", "int4"});
+  j = base_config();
+  j["model_type"] = 3;
+  expect_error(j, {"field 'model_type': expected a string"});
+}
+
+TEST(ModelConfigBad, HeadsNotDivisible) {
+  json j = base_config();
+  j["num_key_value_heads"] = 3;
+  expect_error(j, {"field 'num_key_value_heads'", "divide"});
+  j = base_config();
+  j["hidden_size"] = 250;  // no head_dim and 250 % 8 != 0
+  expect_error(j, {"field 'head_dim'"});
+  j["head_dim"] = 32;  // explicit head_dim need not equal hidden / heads
+  EXPECT_TRUE(parse(j).is_ok());
+}
+
+TEST(ModelConfigBad, UnsupportedArchitecture) {
+  json j = base_config();
+  j["model_type"] = "mamba";
+  expect_error(j, {"'mamba'", "supported: qwen3, qwen2, llama"}, StatusCode::kUnsupported);
+  j.erase("model_type");
+  j["architectures"] = {"MambaForCausalLM"};
+  expect_error(j, {"'MambaForCausalLM'", "qwen3, qwen2, llama"}, StatusCode::kUnsupported);
+}
+
+TEST(ModelConfigQuant, DefaultAndPerModuleOverrides) {
+  json j = base_config();
+  j["quantization"] = {{"group_size", 64},
+                       {"bits", 4},
+                       {"mode", "affine"},
+                       {"model.layers.0.mlp.gate_proj", {{"group_size", 32}, {"bits", 8}}},
+                       {"model.embed_tokens", {{"bits", 6}}},
+                       {"lm_head", false}};
+  auto c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  const QuantConfig& q = c->quant;
+  EXPECT_EQ(q.default_spec.bits, 4);
+  EXPECT_EQ(q.default_spec.group_size, 64);
+  EXPECT_EQ(q.for_module("model.layers.0.mlp.gate_proj").bits, 8);
+  EXPECT_EQ(q.for_module("model.layers.0.mlp.gate_proj").group_size, 32);
+  EXPECT_EQ(q.for_module("model.embed_tokens").bits, 6);
+  EXPECT_EQ(q.for_module("model.embed_tokens").group_size, 64);  // inherits the default group
+  EXPECT_FALSE(q.for_module("lm_head").quantized());
+  EXPECT_EQ(q.for_module("model.layers.1.mlp.gate_proj").bits, 4);
+
+  j.erase("quantization");
+  j["quantization_config"] = {{"group_size", 128}, {"bits", 2}};
+  c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->quant.for_module("x").bits, 2);
+  EXPECT_EQ(c->quant.for_module("x").group_size, 128);
+}
+
+TEST(ModelConfigQuant, BadBitsAndGroups) {
+  json j = base_config();
+  j["quantization"] = {{"group_size", 64}, {"bits", 7}};
+  expect_error(j, {"field 'quantization.bits'", "7"});
+  j["quantization"] = {{"group_size", 48}, {"bits", 4}};
+  expect_error(j, {"field 'quantization.group_size'", "48"});
+  j["quantization"] = {{"bits", 4}};
+  expect_error(j, {"field 'quantization.group_size'", "missing"});
+  j["quantization"] = {{"group_size", 64}, {"bits", 4}, {"model.layers.0.mlp.up_proj", {{"bits", 9}}}};
+  expect_error(j, {"field 'quantization.model.layers.0.mlp.up_proj.bits'"});
+  j["quantization"] = {{"group_size", 64}, {"bits", 4}, {"lm_head", 8}};
+  expect_error(j, {"field 'quantization.lm_head'"});
+  j["quantization"] = {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp4"}};
+  expect_error(j, {"field 'quantization.mode'", "mxfp4"}, StatusCode::kUnsupported);
+  j.erase("quantization");
+  j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}};
+  expect_error(j, {"quantization_config.quant_method", "gptq"}, StatusCode::kUnsupported);
+}
+
+TEST(ModelConfigLoad, MergesGenerationConfigEos) {
+  anvil_test::TempDir d;
+  json j = base_config();
+  j["eos_token_id"] = {1, 2};
+  anvil_test::write_text(d.file("config.json"), j.dump());
+  anvil_test::write_text(d.file("generation_config.json"), R"({"eos_token_id": [2, 3, 1, 4], "bos_token_id": 0})");
+  auto c = load_model_config(d.path());
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int>{1, 2, 3, 4}));
+
+  anvil_test::write_text(d.file("generation_config.json"), R"({"eos_token_id": 9})");
+  c = load_model_config(d.path());
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int>{1, 2, 9}));
+
+  anvil_test::write_text(d.file("generation_config.json"), R"({"eos_token_id": )");
+  c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("generation_config.json"))) << c.status().message();
+}
+
+TEST(ModelConfigLoad, ErrorsArePrefixedWithThePath) {
+  anvil_test::TempDir d;
+  auto c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("config.json"))) << c.status().message();
+  json j = base_config();
+  j.erase("vocab_size");
+  anvil_test::write_text(d.file("config.json"), j.dump());
+  c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("config.json") + ": field 'vocab_size'")) << c.status().message();
+}
