@@ -29,10 +29,17 @@ void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatr
 // precision of the model's activations) and permuted into the kernel's lane order:
 //   with e = 16/bits elements per 16-bit word and blocks of B = 16*e elements,
 //   xq[blk*B + j*16 + w] = round(x[blk*B + e*w + j] / xscale[group]).
-// Needs cols % B == 0. Returns sum_g scale_g*xscale_g*dot(q_g, xq_g) + bias_g*xsum_g for row r.
+// Needs cols % B == 0. xsum[g] = sum of the fp32 x over group g (for the affine bias term).
+struct QuantizedX {
+  const int16_t* xq;
+  const float* xscale;
+  const float* xsum;
+};
 bool qdot_avx2_supported(int bits, int group_size, int64_t cols);
-void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const int16_t* xq, const float* xscale,
-                     const float* xsum, float* out);
+// For weight rows r in [r0, r1) and activation rows x < nx (1..4), one pass over W:
+//   out[x*ldo + r] = sum_g scale_g*xscale_g*dot(q_g, xq_g) + bias_g*xsum_g (+ row bias).
+void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, int nx, float* out,
+                     int64_t ldo);
 // Dense mat-vec over rows [r0, r1): out[r] = dot(W[r], x). For BF16, xp is x permuted per 16-block
 // (even elements then odd); for F32/F16 xp is x itself.
 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out);

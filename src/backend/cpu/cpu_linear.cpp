@@ -1,6 +1,6 @@
 // linear: out[T, N] = x[T, K] W^T (+ bias) for dense (F32/F16/BF16) and MLX affine quantized W.
 //
-// T == 1 (decode) is a mat-vec bound by reading W once: threads split the output rows into one
+// T == 1 (decode; T <= 8 for 4/8-bit: batched decode) is a mat-vec bound by reading W once: threads split the output rows into one
 // big contiguous chunk each; the AVX2 kernels (cpu_qdot_avx2.cpp) read 4/8-bit and bf16 weights
 // without shuffles. Other bit widths and the scalar path dequantize a row to fp32 and dot it.
 // T > 1 (prefill) is compute bound: a block of kRowBlock weight rows is dequantized to fp32 once
@@ -18,6 +18,9 @@ namespace anvil::cpu {
 namespace {
 
 constexpr int kRowBlock = 16;  // weight rows dequantized together for the prefill matmul
+// Up to this many activation rows, 4/8-bit W goes through the AVX2 mat-vec kernel (W read once per
+// 4 rows, no fp32 dequantization); dequantizing to fp32 only pays off for larger batches.
+constexpr int64_t kSmallBatch = 8;
 
 // Element k of a packed row: bits [k*bits, (k+1)*bits) of the little-endian stream.
 inline uint32_t qextract(const uint8_t* row, int64_t k, int bits) {
@@ -60,41 +63,56 @@ int64_t gemv_grain(const WeightMatrix& w) {
   return std::max<int64_t>(1, (int64_t(256) << 10) / row_bytes);
 }
 
+// x rows -> int16 per weight group, permuted into the kernel's lane order (see cpu_kernels.h).
+void quantize_x_row(const float* x, int64_t cols, int bits, int64_t G, int16_t* xq, float* xscale, float* xsum) {
+  const int64_t ng = cols / G, e = 16 / bits, B = 16 * e;
+  for (int64_t g = 0; g < ng; ++g) {
+    float amax = 0.0f, sum = 0.0f;
+    for (int64_t k = g * G; k < (g + 1) * G; ++k) {
+      amax = std::max(amax, std::fabs(x[k]));
+      sum += x[k];
+    }
+    xscale[g] = amax / 32767.0f;
+    xsum[g] = sum;
+  }
+  for (int64_t blk = 0; blk < cols; blk += B)
+    for (int64_t j = 0; j < e; ++j)
+      for (int64_t wd = 0; wd < 16; ++wd) {
+        const int64_t k = blk + e * wd + j;
+        const float s = xscale[k / G];
+        xq[blk + j * 16 + wd] = s > 0.0f ? int16_t(std::lrintf(x[k] / s)) : int16_t(0);
+      }
+}
+
+// T <= kSmallBatch rows against 4/8-bit W with the AVX2 mat-vec kernel: each weight row block is
+// streamed once from memory and reused from L2 by every group of 4 activation rows.
+void gemv_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
+  const int64_t cols = w.cols, G = w.group_size, ng = cols / G, N = w.rows;
+  thread_local std::vector<int16_t> xq;
+  thread_local std::vector<float> xscale, xsum;
+  xq.resize(size_t(T * cols));
+  xscale.resize(size_t(T * ng));
+  xsum.resize(size_t(T * ng));
+  std::vector<QuantizedX> xs(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    quantize_x_row(x + t * cols, cols, w.bits, G, xq.data() + t * cols, xscale.data() + t * ng, xsum.data() + t * ng);
+    // thread_local names resolve per thread inside the lambda: hand the caller's buffers by pointer.
+    xs[size_t(t)] = QuantizedX{xq.data() + t * cols, xscale.data() + t * ng, xsum.data() + t * ng};
+  }
+  const int64_t row_bytes = std::max<int64_t>(1, int64_t(w.bytes() / size_t(N)));
+  const int64_t sub = std::max<int64_t>(1, (int64_t(128) << 10) / row_bytes);  // rows kept in L2 across x groups
+  pool.parallel_for(N, gemv_grain(w), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r += sub) {
+      const int64_t re = std::min(e, r + sub);
+      for (int64_t t0 = 0; t0 < T; t0 += 4)
+        qgemv_rows_avx2(w, r, re, xs.data() + t0, int(std::min<int64_t>(4, T - t0)), out + t0 * N, N);
+    }
+  });
+}
+
 void gemv(ThreadPool& pool, const float* x, const WeightMatrix& w, float* out) {
   const bool avx2 = cpu_use_avx2();
   const int64_t cols = w.cols;
-  if (avx2 && w.quantized() && qdot_avx2_supported(w.bits, w.group_size, cols)) {
-    // x -> int16 per weight group, permuted into the kernel's lane order (see cpu_kernels.h).
-    const int64_t G = w.group_size, ng = cols / G, e = 16 / w.bits, B = 16 * e;
-    thread_local std::vector<int16_t> xq;
-    thread_local std::vector<float> xscale, xsum;
-    xq.resize(size_t(cols));
-    xscale.resize(size_t(ng));
-    xsum.resize(size_t(ng));
-    for (int64_t g = 0; g < ng; ++g) {
-      float amax = 0.0f, sum = 0.0f;
-      for (int64_t k = g * G; k < (g + 1) * G; ++k) {
-        amax = std::max(amax, std::fabs(x[k]));
-        sum += x[k];
-      }
-      xscale[g] = amax / 32767.0f;
-      xsum[g] = sum;
-    }
-    for (int64_t blk = 0; blk < cols; blk += B)
-      for (int64_t j = 0; j < e; ++j)
-        for (int64_t wd = 0; wd < 16; ++wd) {
-          const int64_t k = blk + e * wd + j;
-          const float s = xscale[k / G];
-          xq[blk + j * 16 + wd] = s > 0.0f ? int16_t(std::lrintf(x[k] / s)) : int16_t(0);
-        }
-    // thread_local names resolve per thread inside the lambda: pass the caller's buffers by pointer.
-    const int16_t* xqp = xq.data();
-    const float* xsp = xscale.data();
-    const float* xup = xsum.data();
-    pool.parallel_for(w.rows, gemv_grain(w),
-                      [&](int64_t b, int64_t e2) { qgemv_rows_avx2(w, b, e2, xqp, xsp, xup, out); });
-    return;
-  }
   if (avx2 && !w.quantized()) {
     const float* xp = x;
     std::vector<float>& perm = scratch_f32(0, size_t(cols));
@@ -196,7 +214,9 @@ void weight_row_to_f32(const WeightMatrix& w, int64_t r, float* out) {
 
 void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out) {
   if (rows <= 0) return;
-  if (rows == 1)
+  if (rows <= kSmallBatch && w.quantized() && cpu_use_avx2() && qdot_avx2_supported(w.bits, w.group_size, w.cols))
+    gemv_quant_avx2(pool, x, rows, w, out);
+  else if (rows == 1)
     gemv(pool, x, w, out);
   else
     gemm(pool, x, rows, w, out);

@@ -38,39 +38,53 @@ ANVIL_AVX2 inline __m256 load8(const void* p, DType dt, int64_t i) {
   return _mm256_cvtph_ps(h);
 }
 
-template <int kBits, int kGroup>
-ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, const int16_t* xq, const float* xscale,
-                             const float* xsum, float* out) {
+// NX activation rows (1..4) share one pass over the weights: each extracted q vector is multiplied
+// against all of them, so small batches (batched decode) read W once per 4 rows, not once per row.
+template <int kBits, int kGroup, int NX>
+ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out,
+                             int64_t ldo) {
   constexpr int E = 16 / kBits;  // elements per 16-bit word
   constexpr int B = 16 * E;      // elements per 32-byte block
   constexpr int kChunk = 64;     // groups whose combined scales are staged at a time (even)
   const int64_t cols = w.cols, ng = cols / kGroup, rb = cols * kBits / 8;
   const __m256i mask = _mm256_set1_epi16(int16_t((1 << kBits) - 1));
-  alignas(32) float comb[kChunk];
+  alignas(32) float comb[NX][kChunk];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
     const int64_t gbase = r * ng;
-    __m256 acc = _mm256_setzero_ps(), bacc = _mm256_setzero_ps();
-    float btail = 0.0f;
+    __m256 acc[NX], bacc[NX];
+    float btail[NX];
+    for (int x = 0; x < NX; ++x) {
+      acc[x] = _mm256_setzero_ps();
+      bacc[x] = _mm256_setzero_ps();
+      btail[x] = 0.0f;
+    }
     for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
       const int n = int(std::min<int64_t>(kChunk, ng - g0));
       int g = 0;
       for (; g + 8 <= n; g += 8) {
-        __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
-        _mm256_store_ps(comb + g, _mm256_mul_ps(s, _mm256_loadu_ps(xscale + g0 + g)));
-        bacc = _mm256_fmadd_ps(load8(w.biases, w.dtype, gbase + g0 + g), _mm256_loadu_ps(xsum + g0 + g), bacc);
+        const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
+        const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
+        for (int x = 0; x < NX; ++x) {
+          _mm256_store_ps(comb[x] + g, _mm256_mul_ps(s, _mm256_loadu_ps(xs[x].xscale + g0 + g)));
+          bacc[x] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[x].xsum + g0 + g), bacc[x]);
+        }
       }
       for (; g < n; ++g) {
-        comb[g] = load_float(w.scales, w.dtype, size_t(gbase + g0 + g)) * xscale[g0 + g];
-        btail += load_float(w.biases, w.dtype, size_t(gbase + g0 + g)) * xsum[g0 + g];
+        const float s = load_float(w.scales, w.dtype, size_t(gbase + g0 + g));
+        const float b = load_float(w.biases, w.dtype, size_t(gbase + g0 + g));
+        for (int x = 0; x < NX; ++x) {
+          comb[x][g] = s * xs[x].xscale[g0 + g];
+          btail[x] += b * xs[x].xsum[g0 + g];
+        }
       }
       if constexpr (kGroup >= B) {
         constexpr int kBlocksPerGroup = kGroup / B;
         for (g = 0; g < n; ++g) {
           const int64_t ge = (g0 + g) * kGroup;  // first element of the group
           const __m256i* wp = reinterpret_cast<const __m256i*>(row + ge * kBits / 8);
-          const int16_t* xp = xq + ge;
-          __m256i iacc = _mm256_setzero_si256();
+          __m256i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
           for (int b = 0; b < kBlocksPerGroup; ++b) {
             const __m256i v = _mm256_loadu_si256(wp + b);
@@ -78,11 +92,15 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
             for (int j = 0; j < E; ++j) {
               __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, kBits * j);
               if (j != E - 1) qj = _mm256_and_si256(qj, mask);
-              const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + b * B + j * 16));
-              iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(qj, xj));
+#pragma GCC unroll 4
+              for (int x = 0; x < NX; ++x) {
+                const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + b * B + j * 16));
+                iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+              }
             }
           }
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(comb[g]), acc);
+          for (int x = 0; x < NX; ++x)
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[x]), _mm256_set1_ps(comb[x][g]), acc[x]);
         }
       } else {
         // 4-bit, group 32: a 64-element block holds two groups, one per 128-bit lane (words 0..7
@@ -91,21 +109,40 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
         for (g = 0; g < n; g += 2) {
           const int64_t ge = (g0 + g) * kGroup;
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ge / 2));
-          const int16_t* xp = xq + ge;
-          __m256i iacc = _mm256_setzero_si256();
+          __m256i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
           for (int j = 0; j < 4; ++j) {
             __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, 4 * j);
             if (j != 3) qj = _mm256_and_si256(qj, mask);
-            const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + j * 16));
-            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(qj, xj));
+#pragma GCC unroll 4
+            for (int x = 0; x < NX; ++x) {
+              const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + j * 16));
+              iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+            }
           }
-          const __m256 sc = _mm256_setr_m128(_mm_set1_ps(comb[g]), _mm_set1_ps(comb[g + 1]));
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), sc, acc);
+          for (int x = 0; x < NX; ++x) {
+            const __m256 sc = _mm256_setr_m128(_mm_set1_ps(comb[x][g]), _mm_set1_ps(comb[x][g + 1]));
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[x]), sc, acc[x]);
+          }
         }
       }
     }
-    out[r] = hsum(acc) + hsum(bacc) + btail + weight_bias(w, r);
+    const float bias = weight_bias(w, r);
+    for (int x = 0; x < NX; ++x) out[x * ldo + r] = hsum(acc[x]) + hsum(bacc[x]) + btail[x] + bias;
+  }
+}
+
+template <int NX>
+void qgemv_dispatch(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out, int64_t ldo) {
+  switch (w.bits * 1000 + w.group_size) {
+    case 4032: qgemv_rows_t<4, 32, NX>(w, r0, r1, xs, out, ldo); break;
+    case 4064: qgemv_rows_t<4, 64, NX>(w, r0, r1, xs, out, ldo); break;
+    case 4128: qgemv_rows_t<4, 128, NX>(w, r0, r1, xs, out, ldo); break;
+    case 8032: qgemv_rows_t<8, 32, NX>(w, r0, r1, xs, out, ldo); break;
+    case 8064: qgemv_rows_t<8, 64, NX>(w, r0, r1, xs, out, ldo); break;
+    case 8128: qgemv_rows_t<8, 128, NX>(w, r0, r1, xs, out, ldo); break;
+    default: break;  // callers check qdot_avx2_supported() first
   }
 }
 
@@ -118,16 +155,14 @@ bool qdot_avx2_supported(int bits, int group_size, int64_t cols) {
   return cols % block == 0 && cols % group_size == 0;
 }
 
-void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const int16_t* xq, const float* xscale,
-                     const float* xsum, float* out) {
-  switch (w.bits * 1000 + w.group_size) {
-    case 4032: qgemv_rows_t<4, 32>(w, r0, r1, xq, xscale, xsum, out); break;
-    case 4064: qgemv_rows_t<4, 64>(w, r0, r1, xq, xscale, xsum, out); break;
-    case 4128: qgemv_rows_t<4, 128>(w, r0, r1, xq, xscale, xsum, out); break;
-    case 8032: qgemv_rows_t<8, 32>(w, r0, r1, xq, xscale, xsum, out); break;
-    case 8064: qgemv_rows_t<8, 64>(w, r0, r1, xq, xscale, xsum, out); break;
-    case 8128: qgemv_rows_t<8, 128>(w, r0, r1, xq, xscale, xsum, out); break;
-    default: break;  // callers check qdot_avx2_supported() first
+void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, int nx, float* out,
+                     int64_t ldo) {
+  switch (nx) {
+    case 1: qgemv_dispatch<1>(w, r0, r1, xs, out, ldo); break;
+    case 2: qgemv_dispatch<2>(w, r0, r1, xs, out, ldo); break;
+    case 3: qgemv_dispatch<3>(w, r0, r1, xs, out, ldo); break;
+    case 4: qgemv_dispatch<4>(w, r0, r1, xs, out, ldo); break;
+    default: break;
   }
 }
 
