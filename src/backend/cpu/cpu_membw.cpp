@@ -50,7 +50,7 @@ double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes) {
     if (s > 0) best = std::max(best, double(n) / s / 1e9);
   }
   std::free(buf);
-  return sink.load() == 0x5a5a5a5a5a5a5a5aull ? best + 0.0 : best;  // keeps `sink` observable
+  return best;  // the reads feed the atomic `sink`, so they cannot be optimized away
 }
 
 }  // namespace anvil
