@@ -1,0 +1,164 @@
+// qk_norm_rope_kv_append and paged causal attention (GQA, online softmax in fp32).
+//
+// KV page layout (backend.h): element (page, layer, kv, slot, head, d) at
+//   ((((page*n_layers + layer)*2 + kv)*page_size + slot)*n_kv_heads + head)*head_dim + d.
+// Attention work items are (token, kv head): the n_heads/n_kv_heads query heads sharing a kv head
+// are processed together so each K/V row is read (and converted from bf16) once per item. Items
+// are dealt round-robin to threads, which balances causal prefill (later tokens see more keys).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+namespace anvil::cpu {
+namespace {
+
+inline size_t kv_index(const KVCacheView& kv, int64_t page, int layer, int which, int64_t slot, int head) {
+  return size_t(((((page * kv.n_layers + layer) * 2 + which) * kv.page_size + slot) * kv.n_kv_heads + head) *
+                kv.head_dim);
+}
+
+// Per-head RMSNorm in place (w: [head_dim]).
+void head_rmsnorm(float* x, int d, const WeightVector& w, float eps) {
+  double ss = 0.0;
+  for (int i = 0; i < d; ++i) ss += double(x[i]) * x[i];
+  const float inv = float(1.0 / std::sqrt(ss / d + double(eps)));
+  for (int i = 0; i < d; ++i) x[i] = x[i] * inv * load_float(w.data, w.dtype, size_t(i));
+}
+
+// Rotate-half RoPE in place: pairs (i, i + d/2).
+void rope(float* x, int d, const float* cs, const float* sn) {
+  const int h = d / 2;
+  for (int i = 0; i < h; ++i) {
+    const float a = x[i], b = x[i + h];
+    x[i] = a * cs[i] - b * sn[i];
+    x[i + h] = b * cs[i] + a * sn[i];
+  }
+}
+
+void store_row(const KVCacheView& kv, size_t at, const float* src, int d) {
+  if (kv.dtype == DType::kF32) {
+    std::memcpy(static_cast<float*>(kv.base) + at, src, size_t(d) * 4);
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(kv.base) + at;
+    for (int i = 0; i < d; ++i) dst[i] = f32_to_bf16(src[i]);
+  }
+}
+
+// A K or V row as fp32: a pointer into the cache (F32) or converted into buf (BF16).
+inline const float* load_row(const KVCacheView& kv, size_t at, float* buf) {
+  if (kv.dtype == DType::kF32) return static_cast<const float*>(kv.base) + at;
+  const uint16_t* p = static_cast<const uint16_t*>(kv.base) + at;
+  for (int i = 0; i < kv.head_dim; ++i) buf[i] = bf16_to_f32(p[i]);
+  return buf;
+}
+
+float dot_any(const float* a, const float* b, int n, bool avx2) {
+  if (avx2) return dot_f32_avx2(a, b, n);
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy_any(float a, const float* x, float* y, int n, bool avx2) {
+  if (avx2) return axpy_f32_avx2(a, x, y, n);
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace
+
+void qk_norm_rope_kv_append_f32(ThreadPool& pool, float* q, const float* k, const float* v, int n_heads,
+                                const WeightVector& q_norm, const WeightVector& k_norm, float eps,
+                                const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch) {
+  const int D = kv.head_dim, Hkv = kv.n_kv_heads, half = D / 2;
+  const int64_t grain = std::max<int64_t>(1, 16384 / (int64_t(n_heads + 2 * Hkv) * D));
+  pool.parallel_for(batch.n_tokens, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), tmp(static_cast<size_t>(D));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t pos = batch.pos[t], s = batch.seq[t];
+      for (int i = 0; i < half; ++i) {  // angles in double: pos * inv_freq loses ~1e-3 rad in fp32 at 40k
+        const double a = double(pos) * double(inv_freq[i]);
+        cs[size_t(i)] = float(std::cos(a));
+        sn[size_t(i)] = float(std::sin(a));
+      }
+      for (int h = 0; h < n_heads; ++h) {
+        float* qh = q + (t * n_heads + h) * D;
+        if (q_norm.data) head_rmsnorm(qh, D, q_norm, eps);
+        rope(qh, D, cs.data(), sn.data());
+      }
+      const int64_t page = batch.page_table[int64_t(s) * batch.max_pages + pos / kv.page_size];
+      const int64_t slot = pos % kv.page_size;
+      for (int h = 0; h < Hkv; ++h) {
+        std::memcpy(tmp.data(), k + (t * Hkv + h) * D, size_t(D) * 4);
+        if (k_norm.data) head_rmsnorm(tmp.data(), D, k_norm, eps);
+        rope(tmp.data(), D, cs.data(), sn.data());
+        store_row(kv, kv_index(kv, page, layer, 0, slot, h), tmp.data(), D);
+        store_row(kv, kv_index(kv, page, layer, 1, slot, h), v + (t * Hkv + h) * D, D);
+      }
+    }
+  });
+}
+
+void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheView& kv, int layer,
+                   const BatchView& batch, float scale, float* out) {
+  const int D = kv.head_dim, Hkv = kv.n_kv_heads, P = kv.page_size;
+  const int ratio = n_heads / Hkv;
+  const bool avx2 = cpu_use_avx2();
+  const int64_t items = int64_t(batch.n_tokens) * Hkv;
+  const int workers = int(std::min<int64_t>(pool.size(), items));
+  pool.parallel_for(workers, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D)), acc(size_t(ratio) * D), score(size_t(ratio) * P);
+    std::vector<float> m(static_cast<size_t>(ratio)), l(static_cast<size_t>(ratio));
+    for (int64_t wk = w0; wk < w1; ++wk)
+      for (int64_t item = wk; item < items; item += workers) {
+        const int64_t t = item / Hkv;
+        const int kvh = int(item % Hkv);
+        const int64_t n_ctx = int64_t(batch.pos[t]) + 1;
+        const int32_t* pages = batch.page_table + int64_t(batch.seq[t]) * batch.max_pages;
+        const float* qg = q + (t * n_heads + int64_t(kvh) * ratio) * D;  // the group's first query head
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+        std::fill(l.begin(), l.end(), 0.0f);
+        for (int64_t j0 = 0; j0 < n_ctx; j0 += P) {
+          const int64_t page = pages[j0 / P];
+          const int n = int(std::min<int64_t>(P, n_ctx - j0));
+          for (int j = 0; j < n; ++j) {
+            const float* kr = load_row(kv, kv_index(kv, page, layer, 0, j, kvh), kbuf.data());
+            for (int r = 0; r < ratio; ++r) score[size_t(r) * P + j] = dot_any(qg + r * D, kr, D, avx2) * scale;
+          }
+          // Online softmax: rescale what was accumulated to the new running max.
+          for (int r = 0; r < ratio; ++r) {
+            float* sc = score.data() + size_t(r) * P;
+            float mx = m[size_t(r)];
+            for (int j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+            const float corr = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the first page
+            float sum = 0.0f;
+            for (int j = 0; j < n; ++j) {
+              sc[j] = std::exp(sc[j] - mx);
+              sum += sc[j];
+            }
+            l[size_t(r)] = l[size_t(r)] * corr + sum;
+            m[size_t(r)] = mx;
+            float* a = acc.data() + size_t(r) * D;
+            for (int d = 0; d < D; ++d) a[d] *= corr;
+          }
+          for (int j = 0; j < n; ++j) {
+            const float* vr = load_row(kv, kv_index(kv, page, layer, 1, j, kvh), vbuf.data());
+            for (int r = 0; r < ratio; ++r)
+              axpy_any(score[size_t(r) * P + j], vr, acc.data() + size_t(r) * D, D, avx2);
+          }
+        }
+        for (int r = 0; r < ratio; ++r) {
+          float* o = out + (t * n_heads + int64_t(kvh) * ratio + r) * D;
+          const float inv = 1.0f / l[size_t(r)];
+          for (int d = 0; d < D; ++d) o[d] = acc[size_t(r) * D + d] * inv;
+        }
+      }
+  });
+}
+
+}  // namespace anvil::cpu

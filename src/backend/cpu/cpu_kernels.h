@@ -1,0 +1,62 @@
+// Internal to src/backend/cpu/: the kernels behind the CPU backend's ops, shared between its files.
+// Every AVX2 kernel (cpu_qdot_avx2.cpp) has a portable scalar twin; callers pick one with
+// cpu_use_avx2(). Activations are F32 throughout.
+#pragma once
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "base/thread_pool.h"
+
+namespace anvil::cpu {
+
+// ---- weights, element access (portable) ----
+// Bytes of one packed row of a quantized matrix: cols*bits/8 (cols is a multiple of 32).
+inline int64_t qrow_bytes(const WeightMatrix& w) { return w.cols * w.bits / 8; }
+// Dequantizes (or converts) row r of w into out[0, w.cols).
+void weight_row_to_f32(const WeightMatrix& w, int64_t r, float* out);
+// The optional per-row bias of w at row r (0 when absent).
+inline float weight_bias(const WeightMatrix& w, int64_t r) {
+  return w.bias ? load_float(w.bias, w.bias_dtype, size_t(r)) : 0.0f;
+}
+
+// ---- linear ----
+// out[rows, w.rows] = x[rows, w.cols] w^T (+ bias).
+void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out);
+
+// ---- AVX2 kernels (call only when cpu_has_avx2()) ----
+// The quantized mat-vec fast path for bits 4 and 8 works on x quantized to int16 per weight group
+// (step = max|x_group|/32767, so the relative error per term is <= 1.6e-5, far below the bf16
+// precision of the model's activations) and permuted into the kernel's lane order:
+//   with e = 16/bits elements per 16-bit word and blocks of B = 16*e elements,
+//   xq[blk*B + j*16 + w] = round(x[blk*B + e*w + j] / xscale[group]).
+// Needs cols % B == 0. xsum[g] = sum of the fp32 x over group g (for the affine bias term).
+struct QuantizedX {
+  const int16_t* xq;
+  const float* xscale;
+  const float* xsum;
+};
+bool qdot_avx2_supported(int bits, int group_size, int64_t cols);
+// For weight rows r in [r0, r1) and activation rows x < nx (1..4), one pass over W:
+//   out[x*ldo + r] = sum_g scale_g*xscale_g*dot(q_g, xq_g) + bias_g*xsum_g (+ row bias).
+void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, int nx, float* out,
+                     int64_t ldo);
+// Dense mat-vec over rows [r0, r1): out[r] = dot(W[r], x). For BF16, xp is x permuted per 16-block
+// (even elements then odd); for F32/F16 xp is x itself.
+void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out);
+// out[t*ldo + r] = dot(W[r, :cols], X[t, :cols]) for r < nw, t < nx (W rows contiguous, stride cols).
+void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
+                    int64_t ldo);
+float dot_f32_avx2(const float* a, const float* b, int64_t n);
+// y += a * x
+void axpy_f32_avx2(float a, const float* x, float* y, int64_t n);
+// Reads n bytes (a multiple of 128) and returns a checksum so the loads are not optimized away.
+uint64_t read_sum_avx2(const uint8_t* p, size_t n);
+
+// ---- attention ----
+void qk_norm_rope_kv_append_f32(ThreadPool& pool, float* q, const float* k, const float* v, int n_heads,
+                                const WeightVector& q_norm, const WeightVector& k_norm, float eps,
+                                const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch);
+void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheView& kv, int layer,
+                   const BatchView& batch, float scale, float* out);
+
+}  // namespace anvil::cpu

@@ -1,0 +1,225 @@
+// linear: out[T, N] = x[T, K] W^T (+ bias) for dense (F32/F16/BF16) and MLX affine quantized W.
+//
+// T == 1 (decode; T <= 8 for 4/8-bit: batched decode) is a mat-vec bound by reading W once: threads split the output rows into one
+// big contiguous chunk each; the AVX2 kernels (cpu_qdot_avx2.cpp) read 4/8-bit and bf16 weights
+// without shuffles. Other bit widths and the scalar path dequantize a row to fp32 and dot it.
+// T > 1 (prefill) is compute bound: a block of kRowBlock weight rows is dequantized to fp32 once
+// and reused against every activation row with a 4x2 register-tiled FMA kernel.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+namespace anvil::cpu {
+namespace {
+
+constexpr int kRowBlock = 16;  // weight rows dequantized together for the prefill matmul
+// Up to this many activation rows, 4/8-bit W goes through the AVX2 mat-vec kernel (W read once per
+// 4 rows, no fp32 dequantization); dequantizing to fp32 only pays off for larger batches.
+constexpr int64_t kSmallBatch = 8;
+
+// Element k of a packed row: bits [k*bits, (k+1)*bits) of the little-endian stream.
+inline uint32_t qextract(const uint8_t* row, int64_t k, int bits) {
+  const int64_t off = k * bits;
+  const int64_t byte = off >> 3;
+  const int sh = int(off & 7);
+  uint32_t v = row[byte];
+  if (sh + bits > 8) v |= uint32_t(row[byte + 1]) << 8;
+  return (v >> sh) & ((1u << bits) - 1);
+}
+
+float dot_scalar(const float* a, const float* b, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
+  float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+
+float dot(const float* a, const float* b, int64_t n, bool avx2) {
+  return avx2 ? dot_f32_avx2(a, b, n) : dot_scalar(a, b, n);
+}
+
+std::vector<float>& scratch_f32(int slot, size_t n) {
+  thread_local std::vector<float> bufs[2];
+  if (bufs[slot].size() < n) bufs[slot].resize(n);
+  return bufs[slot];
+}
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "anvil: cpu backend: %s\n", what);
+  std::abort();
+}
+
+// Rows of W per thread chunk so each chunk streams at least ~256 KiB (amortizes the wake-up).
+int64_t gemv_grain(const WeightMatrix& w) {
+  const int64_t row_bytes = std::max<int64_t>(1, int64_t(w.bytes() / size_t(std::max<int64_t>(1, w.rows))));
+  return std::max<int64_t>(1, (int64_t(256) << 10) / row_bytes);
+}
+
+// x rows -> int16 per weight group, permuted into the kernel's lane order (see cpu_kernels.h).
+void quantize_x_row(const float* x, int64_t cols, int bits, int64_t G, int16_t* xq, float* xscale, float* xsum) {
+  const int64_t ng = cols / G, e = 16 / bits, B = 16 * e;
+  for (int64_t g = 0; g < ng; ++g) {
+    float amax = 0.0f, sum = 0.0f;
+    for (int64_t k = g * G; k < (g + 1) * G; ++k) {
+      amax = std::max(amax, std::fabs(x[k]));
+      sum += x[k];
+    }
+    xscale[g] = amax / 32767.0f;
+    xsum[g] = sum;
+  }
+  for (int64_t blk = 0; blk < cols; blk += B)
+    for (int64_t j = 0; j < e; ++j)
+      for (int64_t wd = 0; wd < 16; ++wd) {
+        const int64_t k = blk + e * wd + j;
+        const float s = xscale[k / G];
+        xq[blk + j * 16 + wd] = s > 0.0f ? int16_t(std::lrintf(x[k] / s)) : int16_t(0);
+      }
+}
+
+// T <= kSmallBatch rows against 4/8-bit W with the AVX2 mat-vec kernel: each weight row block is
+// streamed once from memory and reused from L2 by every group of 4 activation rows.
+void gemv_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
+  const int64_t cols = w.cols, G = w.group_size, ng = cols / G, N = w.rows;
+  thread_local std::vector<int16_t> xq;
+  thread_local std::vector<float> xscale, xsum;
+  xq.resize(size_t(T * cols));
+  xscale.resize(size_t(T * ng));
+  xsum.resize(size_t(T * ng));
+  std::vector<QuantizedX> xs(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    quantize_x_row(x + t * cols, cols, w.bits, G, xq.data() + t * cols, xscale.data() + t * ng, xsum.data() + t * ng);
+    // thread_local names resolve per thread inside the lambda: hand the caller's buffers by pointer.
+    xs[size_t(t)] = QuantizedX{xq.data() + t * cols, xscale.data() + t * ng, xsum.data() + t * ng};
+  }
+  const int64_t row_bytes = std::max<int64_t>(1, int64_t(w.bytes() / size_t(N)));
+  const int64_t sub = std::max<int64_t>(1, (int64_t(128) << 10) / row_bytes);  // rows kept in L2 across x groups
+  pool.parallel_for(N, gemv_grain(w), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r += sub) {
+      const int64_t re = std::min(e, r + sub);
+      for (int64_t t0 = 0; t0 < T; t0 += 4)
+        qgemv_rows_avx2(w, r, re, xs.data() + t0, int(std::min<int64_t>(4, T - t0)), out + t0 * N, N);
+    }
+  });
+}
+
+void gemv(ThreadPool& pool, const float* x, const WeightMatrix& w, float* out) {
+  const bool avx2 = cpu_use_avx2();
+  const int64_t cols = w.cols;
+  if (avx2 && !w.quantized()) {
+    const float* xp = x;
+    std::vector<float>& perm = scratch_f32(0, size_t(cols));
+    if (w.dtype == DType::kBF16) {  // even elements then odd, per 16-block (dense_gemv_rows_avx2)
+      int64_t i = 0;
+      for (; i + 16 <= cols; i += 16)
+        for (int j = 0; j < 8; ++j) {
+          perm[i + j] = x[i + 2 * j];
+          perm[i + 8 + j] = x[i + 2 * j + 1];
+        }
+      for (; i < cols; ++i) perm[i] = x[i];
+      xp = perm.data();
+    }
+    pool.parallel_for(w.rows, gemv_grain(w), [&](int64_t b, int64_t e) { dense_gemv_rows_avx2(w, b, e, xp, out); });
+    return;
+  }
+  // Generic: any bit width, any dtype; scalar or AVX2 dot over a dequantized row.
+  pool.parallel_for(w.rows, gemv_grain(w), [&](int64_t b, int64_t e) {
+    float* row = scratch_f32(1, size_t(cols)).data();
+    for (int64_t r = b; r < e; ++r) {
+      weight_row_to_f32(w, r, row);
+      out[r] = dot(row, x, cols, avx2) + weight_bias(w, r);
+    }
+  });
+}
+
+void gemm_tile_scalar(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
+                      int64_t ldo) {
+  for (int t = 0; t < nx; ++t)
+    for (int r = 0; r < nw; ++r) out[t * ldo + r] = dot_scalar(W + r * cols, X + t * ldx, cols);
+}
+
+void gemm(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
+  const bool avx2 = cpu_use_avx2();
+  const int64_t cols = w.cols, N = w.rows;
+  const int64_t nblocks = (N + kRowBlock - 1) / kRowBlock;
+  // Activation rows per pass: keep a pass of x within ~512 KiB (L2) while the weight block stays in L1/L2.
+  const int64_t tb = std::clamp<int64_t>((int64_t(512) << 10) / (cols * 4), 2, 256);
+  pool.parallel_for(nblocks, 1, [&](int64_t b0, int64_t b1) {
+    float* wbuf = scratch_f32(1, size_t(kRowBlock * cols)).data();
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t r0 = blk * kRowBlock;
+      const int nw = int(std::min<int64_t>(kRowBlock, N - r0));
+      for (int i = 0; i < nw; ++i) weight_row_to_f32(w, r0 + i, wbuf + i * cols);
+      for (int64_t t0 = 0; t0 < T; t0 += tb) {
+        const int nx = int(std::min<int64_t>(tb, T - t0));
+        if (avx2)
+          gemm_tile_avx2(wbuf, nw, x + t0 * cols, cols, nx, cols, out + t0 * N + r0, N);
+        else
+          gemm_tile_scalar(wbuf, nw, x + t0 * cols, cols, nx, cols, out + t0 * N + r0, N);
+      }
+      if (w.bias)
+        for (int64_t t = 0; t < T; ++t)
+          for (int i = 0; i < nw; ++i) out[t * N + r0 + i] += weight_bias(w, r0 + i);
+    }
+  });
+}
+
+}  // namespace
+
+void weight_row_to_f32(const WeightMatrix& w, int64_t r, float* out) {
+  const int64_t cols = w.cols;
+  if (!w.quantized()) {
+    switch (w.dtype) {
+      case DType::kF32: std::copy_n(static_cast<const float*>(w.data) + r * cols, cols, out); return;
+      case DType::kBF16: {
+        const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * cols;
+        for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_f32(p[k]);
+        return;
+      }
+      case DType::kF16: {
+        const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * cols;
+        for (int64_t k = 0; k < cols; ++k) out[k] = f16_to_f32(p[k]);
+        return;
+      }
+      default: die("weight_row_to_f32: dense weight dtype must be F32, F16 or BF16");
+    }
+  }
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * qrow_bytes(w);
+  const int64_t G = w.group_size, ng = cols / G;
+  for (int64_t g = 0; g < ng; ++g) {
+    const float s = load_float(w.scales, w.dtype, size_t(r * ng + g));
+    const float b = load_float(w.biases, w.dtype, size_t(r * ng + g));
+    float* o = out + g * G;
+    if (w.bits == 4) {
+      const uint8_t* p = row + g * G / 2;
+      for (int64_t k = 0; k < G / 2; ++k) {
+        o[2 * k] = s * float(p[k] & 15) + b;
+        o[2 * k + 1] = s * float(p[k] >> 4) + b;
+      }
+    } else if (w.bits == 8) {
+      const uint8_t* p = row + g * G;
+      for (int64_t k = 0; k < G; ++k) o[k] = s * float(p[k]) + b;
+    } else {
+      for (int64_t k = 0; k < G; ++k) o[k] = s * float(qextract(row, g * G + k, w.bits)) + b;
+    }
+  }
+}
+
+void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out) {
+  if (rows <= 0) return;
+  if (rows <= kSmallBatch && w.quantized() && cpu_use_avx2() && qdot_avx2_supported(w.bits, w.group_size, w.cols))
+    gemv_quant_avx2(pool, x, rows, w, out);
+  else if (rows == 1)
+    gemv(pool, x, w, out);
+  else
+    gemm(pool, x, rows, w, out);
+}
+
+}  // namespace anvil::cpu

@@ -1,0 +1,297 @@
+// The AVX2/FMA kernels of the CPU backend, compiled with target attributes so the library stays
+// portable x86-64; callers select them at run time (cpu_use_avx2()).
+//
+// Quantized mat-vec (qgemv_rows_avx2), the decode hot path. Goal: stream the packed weights at
+// memory bandwidth with few instructions per byte. The trick is to never shuffle weight bytes:
+// a 32-byte load holds 16 little-endian 16-bit words; word w holds e = 16/bits consecutive elements
+// e*w + j (j = 0..e-1) at bit 4j (4-bit) or 8j (8-bit). (word >> bits*j) & mask is then a vector of
+// 16 int16 quantized values, and x is pre-permuted once per call into that lane order (xq, see
+// cpu_kernels.h) and pre-quantized to int16, so _mm256_madd_epi16 does 16 multiply-adds into 8
+// int32 lanes. Per 32 weight bytes (4-bit): 1 load, 3 shifts, 3 ands, 4 madd, 4 adds; no port-5
+// shuffles. The int32 sums of one group are scaled once by scale*xscale (fp32 FMA); the affine
+// bias term is bias_g * sum(x_g), a second small dot over the groups.
+// Overflow: |q| <= 255, |xq| <= 32767, one madd lane <= 2*255*32767 < 2^24; a group of 128 adds
+// at most 8 of them per lane, < 2^27.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "backend/cpu/cpu_kernels.h"
+
+#define ANVIL_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace anvil::cpu {
+namespace {
+
+ANVIL_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Eight floats p[i, i+8) of a float-like dtype.
+ANVIL_AVX2 inline __m256 load8(const void* p, DType dt, int64_t i) {
+  if (dt == DType::kF32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+  if (dt == DType::kBF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+// NX activation rows (1..4) share one pass over the weights: each extracted q vector is multiplied
+// against all of them, so small batches (batched decode) read W once per 4 rows, not once per row.
+template <int kBits, int kGroup, int NX>
+ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out,
+                             int64_t ldo) {
+  constexpr int E = 16 / kBits;  // elements per 16-bit word
+  constexpr int B = 16 * E;      // elements per 32-byte block
+  constexpr int kChunk = 64;     // groups whose combined scales are staged at a time (even)
+  const int64_t cols = w.cols, ng = cols / kGroup, rb = cols * kBits / 8;
+  const __m256i mask = _mm256_set1_epi16(int16_t((1 << kBits) - 1));
+  alignas(32) float comb[NX][kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
+    const int64_t gbase = r * ng;
+    __m256 acc[NX], bacc[NX];
+    float btail[NX];
+    for (int x = 0; x < NX; ++x) {
+      acc[x] = _mm256_setzero_ps();
+      bacc[x] = _mm256_setzero_ps();
+      btail[x] = 0.0f;
+    }
+    for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
+      const int n = int(std::min<int64_t>(kChunk, ng - g0));
+      int g = 0;
+      for (; g + 8 <= n; g += 8) {
+        const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
+        const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
+        for (int x = 0; x < NX; ++x) {
+          _mm256_store_ps(comb[x] + g, _mm256_mul_ps(s, _mm256_loadu_ps(xs[x].xscale + g0 + g)));
+          bacc[x] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[x].xsum + g0 + g), bacc[x]);
+        }
+      }
+      for (; g < n; ++g) {
+        const float s = load_float(w.scales, w.dtype, size_t(gbase + g0 + g));
+        const float b = load_float(w.biases, w.dtype, size_t(gbase + g0 + g));
+        for (int x = 0; x < NX; ++x) {
+          comb[x][g] = s * xs[x].xscale[g0 + g];
+          btail[x] += b * xs[x].xsum[g0 + g];
+        }
+      }
+      if constexpr (kGroup >= B) {
+        constexpr int kBlocksPerGroup = kGroup / B;
+        for (g = 0; g < n; ++g) {
+          const int64_t ge = (g0 + g) * kGroup;  // first element of the group
+          const __m256i* wp = reinterpret_cast<const __m256i*>(row + ge * kBits / 8);
+          __m256i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int b = 0; b < kBlocksPerGroup; ++b) {
+            const __m256i v = _mm256_loadu_si256(wp + b);
+#pragma GCC unroll 4
+            for (int j = 0; j < E; ++j) {
+              __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, kBits * j);
+              if (j != E - 1) qj = _mm256_and_si256(qj, mask);
+#pragma GCC unroll 4
+              for (int x = 0; x < NX; ++x) {
+                const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + b * B + j * 16));
+                iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+              }
+            }
+          }
+          for (int x = 0; x < NX; ++x)
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[x]), _mm256_set1_ps(comb[x][g]), acc[x]);
+        }
+      } else {
+        // 4-bit, group 32: a 64-element block holds two groups, one per 128-bit lane (words 0..7
+        // are elements 0..31), so the int32 lanes 0..3 belong to group g and 4..7 to g+1.
+        static_assert(kBits == 4 && kGroup == 32, "only 4-bit groups can be smaller than a block");
+        for (g = 0; g < n; g += 2) {
+          const int64_t ge = (g0 + g) * kGroup;
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ge / 2));
+          __m256i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j) {
+            __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, 4 * j);
+            if (j != 3) qj = _mm256_and_si256(qj, mask);
+#pragma GCC unroll 4
+            for (int x = 0; x < NX; ++x) {
+              const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + j * 16));
+              iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+            }
+          }
+          for (int x = 0; x < NX; ++x) {
+            const __m256 sc = _mm256_setr_m128(_mm_set1_ps(comb[x][g]), _mm_set1_ps(comb[x][g + 1]));
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[x]), sc, acc[x]);
+          }
+        }
+      }
+    }
+    const float bias = weight_bias(w, r);
+    for (int x = 0; x < NX; ++x) out[x * ldo + r] = hsum(acc[x]) + hsum(bacc[x]) + btail[x] + bias;
+  }
+}
+
+template <int NX>
+void qgemv_dispatch(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out, int64_t ldo) {
+  switch (w.bits * 1000 + w.group_size) {
+    case 4032: qgemv_rows_t<4, 32, NX>(w, r0, r1, xs, out, ldo); break;
+    case 4064: qgemv_rows_t<4, 64, NX>(w, r0, r1, xs, out, ldo); break;
+    case 4128: qgemv_rows_t<4, 128, NX>(w, r0, r1, xs, out, ldo); break;
+    case 8032: qgemv_rows_t<8, 32, NX>(w, r0, r1, xs, out, ldo); break;
+    case 8064: qgemv_rows_t<8, 64, NX>(w, r0, r1, xs, out, ldo); break;
+    case 8128: qgemv_rows_t<8, 128, NX>(w, r0, r1, xs, out, ldo); break;
+    default: break;  // callers check qdot_avx2_supported() first
+  }
+}
+
+}  // namespace
+
+bool qdot_avx2_supported(int bits, int group_size, int64_t cols) {
+  if (bits != 4 && bits != 8) return false;
+  if (group_size != 32 && group_size != 64 && group_size != 128) return false;
+  const int block = 16 * (16 / bits);
+  return cols % block == 0 && cols % group_size == 0;
+}
+
+void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, int nx, float* out,
+                     int64_t ldo) {
+  switch (nx) {
+    case 1: qgemv_dispatch<1>(w, r0, r1, xs, out, ldo); break;
+    case 2: qgemv_dispatch<2>(w, r0, r1, xs, out, ldo); break;
+    case 3: qgemv_dispatch<3>(w, r0, r1, xs, out, ldo); break;
+    case 4: qgemv_dispatch<4>(w, r0, r1, xs, out, ldo); break;
+    default: break;
+  }
+}
+
+ANVIL_AVX2 float dot_f32_avx2(const float* a, const float* b, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+ANVIL_AVX2 void axpy_f32_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+ANVIL_AVX2 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out) {
+  const int64_t cols = w.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    float s = 0.0f;
+    if (w.dtype == DType::kF32) {
+      s = dot_f32_avx2(static_cast<const float*>(w.data) + r * cols, xp, cols);
+    } else if (w.dtype == DType::kBF16) {
+      // A 32-byte load holds 16 bf16: dword i = elements 2i (low half), 2i+1 (high half); shifting
+      // or masking gives them as floats without shuffles, matched by xp's even/odd permutation.
+      const uint16_t* wr = static_cast<const uint16_t*>(w.data) + r * cols;
+      const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+             a3 = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 32 <= cols; i += 32) {
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i + 16));
+        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask)), _mm256_loadu_ps(xp + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), _mm256_loadu_ps(xp + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v1, hi_mask)), _mm256_loadu_ps(xp + i + 24), a3);
+      }
+      for (; i + 16 <= cols; i += 16) {
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i));
+        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask)), _mm256_loadu_ps(xp + i + 8), a1);
+      }
+      s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (; i < cols; ++i) s += bf16_to_f32(wr[i]) * xp[i];  // the tail is not permuted
+    } else {  // F16
+      const uint16_t* wr = static_cast<const uint16_t*>(w.data) + r * cols;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 16 <= cols; i += 16) {
+        a0 = _mm256_fmadd_ps(load8(wr, DType::kF16, i), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(load8(wr, DType::kF16, i + 8), _mm256_loadu_ps(xp + i + 8), a1);
+      }
+      s = hsum(_mm256_add_ps(a0, a1));
+      for (; i < cols; ++i) s += f16_to_f32(wr[i]) * xp[i];
+    }
+    out[r] = s + weight_bias(w, r);
+  }
+}
+
+ANVIL_AVX2 void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
+                               int64_t ldo) {
+  const int64_t c8 = cols & ~int64_t(7);
+  int t = 0;
+  // 4 weight rows x 2 activation rows per register tile: 8 accumulators, 6 loads per 8 FMAs.
+  for (; t + 2 <= nx; t += 2) {
+    const float* x0 = X + t * ldx;
+    const float* x1 = x0 + ldx;
+    int r = 0;
+    for (; r + 4 <= nw; r += 4) {
+      const float* w0 = W + r * cols;
+      __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
+             c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
+             c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < c8; k += 8) {
+        const __m256 vx0 = _mm256_loadu_ps(x0 + k), vx1 = _mm256_loadu_ps(x1 + k);
+        __m256 vw = _mm256_loadu_ps(w0 + k);
+        c00 = _mm256_fmadd_ps(vw, vx0, c00);
+        c01 = _mm256_fmadd_ps(vw, vx1, c01);
+        vw = _mm256_loadu_ps(w0 + cols + k);
+        c10 = _mm256_fmadd_ps(vw, vx0, c10);
+        c11 = _mm256_fmadd_ps(vw, vx1, c11);
+        vw = _mm256_loadu_ps(w0 + 2 * cols + k);
+        c20 = _mm256_fmadd_ps(vw, vx0, c20);
+        c21 = _mm256_fmadd_ps(vw, vx1, c21);
+        vw = _mm256_loadu_ps(w0 + 3 * cols + k);
+        c30 = _mm256_fmadd_ps(vw, vx0, c30);
+        c31 = _mm256_fmadd_ps(vw, vx1, c31);
+      }
+      float s[4][2] = {{hsum(c00), hsum(c01)}, {hsum(c10), hsum(c11)}, {hsum(c20), hsum(c21)}, {hsum(c30), hsum(c31)}};
+      for (int64_t k = c8; k < cols; ++k)
+        for (int i = 0; i < 4; ++i) {
+          s[i][0] += w0[i * cols + k] * x0[k];
+          s[i][1] += w0[i * cols + k] * x1[k];
+        }
+      for (int i = 0; i < 4; ++i) {
+        out[t * ldo + r + i] = s[i][0];
+        out[(t + 1) * ldo + r + i] = s[i][1];
+      }
+    }
+    for (; r < nw; ++r) {
+      out[t * ldo + r] = dot_f32_avx2(W + r * cols, x0, cols);
+      out[(t + 1) * ldo + r] = dot_f32_avx2(W + r * cols, x1, cols);
+    }
+  }
+  for (; t < nx; ++t)
+    for (int r = 0; r < nw; ++r) out[t * ldo + r] = dot_f32_avx2(W + r * cols, X + t * ldx, cols);
+}
+
+ANVIL_AVX2 uint64_t read_sum_avx2(const uint8_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 128 <= n; i += 128) {
+    a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_xor_si256(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_xor_si256(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+  return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+}
+
+}  // namespace anvil::cpu

@@ -1,0 +1,171 @@
+// linear on the CPU backend against a double-precision reference built from the integer truth of
+// the packed weights (backend_test_util.h), for every bit width x group size x scale dtype,
+// mat-vec (T = 1), small batches (T <= 8: the multi-row mat-vec kernel) and matmul (T = 9), with and without bias, odd output row counts.
+//
+// Error measure: max |y - ref| / max_r sum_k |W[r,k] x[k]| (+|bias|), i.e. relative to the largest
+// magnitude any output could have, so it is scale-free and cannot be met by an all-zero answer.
+// Bounds:
+//  - fp32 paths (scalar, dense, matmul): n fp32 roundings in a sum of n terms stay below ~n*6e-8
+//    worst case (here n <= 2112 gives 1.3e-4; typical error is ~1e-6), so 2e-4;
+//  - the AVX2 4/8-bit mat-vec (T <= 8) quantizes x to int16 per group (step max|x_g|/32767: each term off
+//    by at most |w|*max|x_g|/65534, i.e. <= 1/65534 relative for |x| ~ U(-1,1) against E|x| = 1/2,
+//    ~3e-5) plus fp32 accumulation: 3e-4.
+// A wrong nibble order, group index or scale/bias mix-up gives errors of order 1e-1..1.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
+
+namespace anvil::test {
+namespace {
+
+struct LinearRef {
+  std::vector<double> y, mag;
+};
+
+LinearRef reference_linear(const TestWeight& t, const std::vector<float>& x, int64_t T) {
+  const int64_t N = t.w.rows, K = t.w.cols;
+  LinearRef r;
+  r.y.resize(size_t(T * N));
+  r.mag.resize(size_t(T * N));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = t.bias_ref[size_t(n)], m = std::fabs(t.bias_ref[size_t(n)]);
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = t.ref[size_t(n * K + k)] * double(x[size_t(i * K + k)]);
+        s += p;
+        m += std::fabs(p);
+      }
+      r.y[size_t(i * N + n)] = s;
+      r.mag[size_t(i * N + n)] = m;
+    }
+  return r;
+}
+
+double run_linear(Backend& be, const TestWeight& t, const std::vector<float>& x, int64_t T, std::vector<float>* y_out) {
+  auto up = be.upload_weight(t.w);
+  EXPECT_TRUE(up.is_ok()) << up.status().to_string();
+  if (!up.is_ok()) return INFINITY;
+  Guarded y(size_t(T * t.w.rows));
+  be.linear(Act{const_cast<float*>(x.data()), T, t.w.cols, DType::kF32}, *up, y.act(T, t.w.rows));
+  EXPECT_TRUE(y.guards_intact()) << "linear wrote outside its output";
+  if (y_out) y_out->assign(y.data(), y.data() + y.size());
+  LinearRef ref = reference_linear(t, x, T);
+  return normalized_error(y.data(), ref.y, ref.mag);
+}
+
+// bits, group, scale dtype, T, bias
+using QuantParam = std::tuple<int, int, DType, int, bool>;
+class QuantLinearTest : public ::testing::TestWithParam<QuantParam> {
+ protected:
+  void TearDown() override { cpu_set_force_scalar(false); }
+};
+
+TEST_P(QuantLinearTest, MatchesReference) {
+  const auto [bits, group, sdt, T, bias] = GetParam();
+  const int64_t N = 37, K = 256;
+  TestWeight t = make_quant_weight(N, K, bits, group, sdt, bias, 1000u + bits * 10 + group);
+  std::vector<float> x = random_floats(size_t(T * K), 7u + T);
+  auto be = make_cpu_backend(2);
+  for (bool scalar : {false, true}) {
+    cpu_set_force_scalar(scalar);
+    const bool int16_path = !scalar && cpu_has_avx2() && T <= 8 && (bits == 4 || bits == 8);
+    EXPECT_LT(run_linear(*be, t, x, T, nullptr), int16_path ? 3e-4 : 2e-4) << (scalar ? "scalar" : "default") << " path";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, QuantLinearTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 6, 8), ::testing::Values(32, 64, 128),
+                                            ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                                            ::testing::Values(1, 2, 7, 9), ::testing::Bool()));
+
+// Column counts that stress the kernels' blocking: a 4-bit g32 row of 96 (not a whole 64-element
+// block: generic path), and rows of 2112 (66 groups of 32: more than one staged chunk of 64 groups
+// plus a tail of 2 that is not a multiple of 8).
+TEST(QuantLinear, BlockingEdgeShapes) {
+  auto be = make_cpu_backend(2);
+  for (int bits : {4, 8})
+    for (int64_t K : {int64_t(96), int64_t(2112)})
+      for (int T : {1, 3}) {
+        TestWeight t = make_quant_weight(19, K, bits, 32, DType::kBF16, true, 55u + bits);
+        std::vector<float> x = random_floats(size_t(T * K), 9u);
+        EXPECT_LT(run_linear(*be, t, x, T, nullptr), 3e-4) << "bits " << bits << " K " << K << " T " << T;
+      }
+}
+
+// The AVX2 kernels and the portable scalar path must agree (when this CPU has AVX2).
+TEST(QuantLinear, Avx2AgreesWithScalar) {
+  if (!cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  auto be = make_cpu_backend(2);
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int group : {32, 64, 128})
+      for (int T : {1, 9}) {
+        TestWeight t = make_quant_weight(41, 512, bits, group, DType::kBF16, false, 77u + bits + group);
+        std::vector<float> x = random_floats(size_t(T * 512), 3u);
+        std::vector<float> ya, ys;
+        cpu_set_force_scalar(false);
+        run_linear(*be, t, x, T, &ya);
+        cpu_set_force_scalar(true);
+        run_linear(*be, t, x, T, &ys);
+        cpu_set_force_scalar(false);
+        LinearRef ref = reference_linear(t, x, T);
+        std::vector<double> ysd(ys.begin(), ys.end());
+        EXPECT_LT(normalized_error(ya.data(), ysd, ref.mag), 3e-4) << "bits " << bits << " group " << group << " T " << T;
+      }
+}
+
+// Splitting rows over threads must not change any result: 1 and 2 threads are bit-identical.
+TEST(QuantLinear, ThreadCountDoesNotChangeResults) {
+  auto one = make_cpu_backend(1), two = make_cpu_backend(2);
+  for (int T : {1, 6}) {
+    TestWeight t = make_quant_weight(301, 1024, 4, 64, DType::kBF16, true, 5u);
+    std::vector<float> x = random_floats(size_t(T * 1024), 4u);
+    std::vector<float> y1, y2;
+    run_linear(*one, t, x, T, &y1);
+    run_linear(*two, t, x, T, &y2);
+    EXPECT_EQ(y1, y2) << "T " << T;
+  }
+}
+
+// dtype, T, bias, cols
+using DenseParam = std::tuple<DType, int, bool, int>;
+class DenseLinearTest : public ::testing::TestWithParam<DenseParam> {
+ protected:
+  void TearDown() override { cpu_set_force_scalar(false); }
+};
+
+TEST_P(DenseLinearTest, MatchesReference) {
+  const auto [dt, T, bias, K] = GetParam();
+  TestWeight t = make_dense_weight(29, K, dt, bias, 300u + K);
+  std::vector<float> x = random_floats(size_t(T * K), 11u);
+  auto be = make_cpu_backend(2);
+  for (bool scalar : {false, true}) {
+    cpu_set_force_scalar(scalar);
+    EXPECT_LT(run_linear(*be, t, x, T, nullptr), 2e-4) << (scalar ? "scalar" : "default") << " path";
+  }
+}
+
+// 100 and 47 columns leave tails after the 32/16/8-wide SIMD loops.
+INSTANTIATE_TEST_SUITE_P(AllDtypes, DenseLinearTest,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                                            ::testing::Values(1, 5), ::testing::Bool(), ::testing::Values(256, 100, 47)));
+
+TEST(UploadWeight, RejectsUnsupportedFormats) {
+  auto be = make_cpu_backend(1);
+  TestWeight t = make_quant_weight(4, 128, 4, 64, DType::kBF16, false, 1u);
+  WeightMatrix w = t.w;
+  w.bits = 7;
+  EXPECT_FALSE(be->upload_weight(w).is_ok());
+  w = t.w;
+  w.group_size = 48;
+  EXPECT_FALSE(be->upload_weight(w).is_ok());
+  w = t.w;
+  w.scales = nullptr;
+  EXPECT_FALSE(be->upload_weight(w).is_ok());
+  EXPECT_TRUE(be->upload_weight(t.w).is_ok());
+}
+
+}  // namespace
+}  // namespace anvil::test
