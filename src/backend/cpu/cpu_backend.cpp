@@ -85,6 +85,7 @@ class CpuBackend final : public Backend {
   void free(void* p) override { std::free(p); }
   void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_device(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
 
   Result<WeightMatrix> upload_weight(const WeightMatrix& w) override {
     if (w.rows <= 0 || w.cols <= 0 || !w.data)
