@@ -163,6 +163,13 @@ def write_expected(name, tok, corpus, rng):
     path = os.path.join(OUT, "expected_%s.jsonl" % name)
     vocab_n = tok.get_vocab_size(with_added_tokens=True)
     with open(path, "w", encoding="utf-8") as f:
+        # Vocabulary facts: size with added tokens, a sample of token <-> id pairs, the special ids.
+        sample = sorted(rng.sample(range(vocab_n), 50))
+        added = tok.get_added_tokens_decoder()
+        f.write(json.dumps({"name": "meta", "vocab_size": vocab_n,
+                            "id_to_token": {str(i): tok.id_to_token(i) for i in sample if tok.id_to_token(i) is not None},
+                            "special_ids": sorted(i for i, t in added.items() if t.special),
+                            "added_ids": sorted(added.keys())}, ensure_ascii=False) + "\n")
         for entry_name, text, is_long in corpus:
             ids = tok.encode(text, add_special_tokens=False).ids
             dec = tok.decode(ids, skip_special_tokens=False)
