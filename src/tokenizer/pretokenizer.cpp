@@ -41,8 +41,9 @@ class Regex {
 Result<std::shared_ptr<const Regex>> compile_regex(const std::string& pattern, bool literal, const std::string& what) {
   int err = 0;
   PCRE2_SIZE erroff = 0;
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP;
-  if (literal) opts |= PCRE2_LITERAL;
+  // UCP only changes how \d, \w, \s and POSIX classes behave, which a literal has none of (and
+  // PCRE2 refuses UCP together with LITERAL).
+  const uint32_t opts = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err, &erroff, nullptr);
   if (!code) {
     PCRE2_UCHAR buf[256];

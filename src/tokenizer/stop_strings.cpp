@@ -12,9 +12,18 @@ StopMatcher::StopMatcher(std::vector<std::string> stops) {
 std::string StopMatcher::push(std::string_view text) {
   if (stopped_) return {};
   held_.append(text);
-  // The earliest completed stop string wins (ties: the longest, which has the same start anyway).
-  size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  // The stop string that completes first in the stream wins (earliest end; on a tie the one that
+  // starts earliest), so the result does not depend on how the text was chunked.
+  size_t first = std::string::npos, first_end = std::string::npos;
+  for (const auto& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < first_end || (end == first_end && at < first)) {
+      first = at;
+      first_end = end;
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, first);

@@ -1,7 +1,8 @@
 // Stop strings over a stream of text chunks. push() returns the text that is safe to emit now: it
 // holds back the longest suffix that could still grow into a stop string. When a stop string
 // completes, stopped() becomes true, the text before it is returned, and the stop string and
-// everything after it is dropped (later pushes return "").
+// everything after it is dropped (later pushes return ""). When several stop strings occur, the
+// one that completes first in the stream wins, whatever the chunking.
 #pragma once
 #include <string>
 #include <string_view>

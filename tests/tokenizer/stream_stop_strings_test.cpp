@@ -22,13 +22,16 @@ StopRun run_chunks(const std::vector<std::string>& stops, const std::vector<std:
   return r;
 }
 
-// The reference: the text before the earliest occurrence of any stop string.
+// The reference, on the whole text: scan end positions left to right; at the first end position
+// where some stop string ends, the text before the earliest-starting such stop string.
 StopRun reference(const std::vector<std::string>& stops, const std::string& text) {
-  size_t first = std::string::npos;
-  for (const auto& s : stops)
-    if (!s.empty()) first = std::min(first, text.find(s));
-  if (first == std::string::npos) return {text, false};
-  return {text.substr(0, first), true};
+  for (size_t e = 1; e <= text.size(); ++e) {
+    size_t best = std::string::npos;
+    for (const auto& s : stops)
+      if (!s.empty() && s.size() <= e && text.compare(e - s.size(), s.size(), s) == 0) best = std::min(best, e - s.size());
+    if (best != std::string::npos) return {text.substr(0, best), true};
+  }
+  return {text, false};
 }
 
 void check_all_splits(const std::vector<std::string>& stops, const std::string& text) {
@@ -63,10 +66,13 @@ TEST(StopMatcher, HoldsBackOnlyPossiblePrefixes) {
   EXPECT_EQ(m.flush(), "");
 }
 
-TEST(StopMatcher, EarliestStopWins) {
+TEST(StopMatcher, FirstCompletedStopWins) {
   StopMatcher m({"world", "lo w"});
   EXPECT_EQ(m.push("hello world"), "hel");
   EXPECT_TRUE(m.stopped());
+  // "b" completes before "abcd" would, so it wins even though "abcd" starts earlier.
+  StopMatcher n({"abcd", "b"});
+  EXPECT_EQ(n.push("xabcd"), "xa");
 }
 
 TEST(StopMatcher, NoStopsPassesThrough) {
