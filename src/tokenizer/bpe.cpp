@@ -125,22 +125,32 @@ void BpeModel::insert_merge(int32_t a, int32_t b, int32_t rank, int32_t new_id) 
 // the leftmost one on ties, until no adjacent pair has a merge.
 void BpeModel::merge_symbols(std::vector<int32_t>& syms) const {
   if (syms.size() < 2) return;
-  if (syms.size() <= 32) {  // short words: a rescan per merge beats heap bookkeeping
+  if (syms.size() <= 32) {
+    // Short words: keep each adjacent pair's merge (or null) in a small array and rescan it for the
+    // minimum rank; a merge only changes the two pairs around it.
+    const MergeEntry* pair[32];
+    size_t n = syms.size();
+    for (size_t i = 0; i + 1 < n; ++i) pair[i] = find_merge(syms[i], syms[i + 1]);
     for (;;) {
-      int32_t best_rank = INT32_MAX, best_new = -1;
-      size_t best_i = 0;
-      for (size_t i = 0; i + 1 < syms.size(); ++i) {
-        const MergeEntry* e = find_merge(syms[i], syms[i + 1]);
-        if (e && e->rank < best_rank) {
-          best_rank = e->rank;
-          best_new = e->new_id;
+      int32_t best_rank = INT32_MAX;
+      size_t best_i = SIZE_MAX;
+      for (size_t i = 0; i + 1 < n; ++i)
+        if (pair[i] && pair[i]->rank < best_rank) {
+          best_rank = pair[i]->rank;
           best_i = i;
         }
+      if (best_i == SIZE_MAX) break;
+      syms[best_i] = pair[best_i]->new_id;
+      for (size_t k = best_i + 1; k + 1 < n; ++k) {
+        syms[k] = syms[k + 1];
+        pair[k] = k + 2 < n ? pair[k + 1] : nullptr;
       }
-      if (best_new < 0) return;
-      syms[best_i] = best_new;
-      syms.erase(syms.begin() + ptrdiff_t(best_i) + 1);
+      --n;
+      if (best_i > 0) pair[best_i - 1] = find_merge(syms[best_i - 1], syms[best_i]);
+      if (best_i + 1 < n) pair[best_i] = find_merge(syms[best_i], syms[best_i + 1]);
     }
+    syms.resize(n);
+    return;
   }
   // Long words: a doubly linked list over symbols and a min-heap of candidate pairs keyed by
   // (rank, position); stale candidates are skipped when popped.
