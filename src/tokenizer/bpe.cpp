@@ -1,5 +1,9 @@
 #include "tokenizer/bpe.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
 #include <queue>
 
 #include "tokenizer/byte_level.h"
@@ -49,6 +53,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& j, c
     return invalid_argument(join_path(path, "merges") + ": missing or not an array");
 
   auto m = std::make_unique<BpeModel>();
+  m->cache_.reset(new CacheSlot[kCacheSlots]());  // zeroed: key_len 0 marks an empty slot
   m->ignore_merges_ = j.contains("ignore_merges") && j["ignore_merges"].is_boolean() && j["ignore_merges"].get<bool>();
   const auto& vocab = j["vocab"];
   m->token_to_id_.reserve(vocab.size());
@@ -192,6 +197,25 @@ void BpeModel::merge_symbols(std::vector<int32_t>& syms) const {
   syms.swap(outv);
 }
 
+bool BpeModel::cache_get(uint64_t h, std::string_view word, std::vector<int32_t>& out) const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  const CacheSlot& s = cache_[h & (kCacheSlots - 1)];
+  if (s.hash != h || s.key_len != word.size() || std::memcmp(s.key, word.data(), word.size()) != 0) return false;
+  out.insert(out.end(), s.ids, s.ids + s.n_ids);
+  return true;
+}
+
+void BpeModel::cache_put(uint64_t h, std::string_view word, const std::vector<int32_t>& ids) const {
+  if (ids.size() > kSlotIds) return;
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  CacheSlot& s = cache_[h & (kCacheSlots - 1)];
+  s.hash = h;
+  s.key_len = uint8_t(word.size());
+  std::memcpy(s.key, word.data(), word.size());
+  s.n_ids = uint8_t(ids.size());
+  std::copy(ids.begin(), ids.end(), s.ids);
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
@@ -201,17 +225,13 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
       return;
     }
   }
-  const bool cacheable = word.size() <= kCacheMaxWordBytes;
-  std::string key;
-  if (cacheable) {
-    key.assign(word);
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+  if (word.size() == 1 && byte_id_[uint8_t(word[0])] >= 0) {
+    out.push_back(byte_id_[uint8_t(word[0])]);
+    return;
   }
+  const bool cacheable = word.size() <= kSlotKey;
+  const uint64_t h = cacheable ? XXH3_64bits(word.data(), word.size()) : 0;
+  if (cacheable && cache_get(h, word, out)) return;
   std::vector<int32_t> syms;
   syms.reserve(word.size());
   for (unsigned char c : word) {
@@ -221,11 +241,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   }
   merge_symbols(syms);
   out.insert(out.end(), syms.begin(), syms.end());
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cache_.size() >= kCacheMax) cache_.clear();
-    cache_.emplace(std::move(key), std::move(syms));
-  }
+  if (cacheable) cache_put(h, word, syms);
 }
 
 }  // namespace anvil::tok

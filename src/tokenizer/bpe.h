@@ -47,11 +47,21 @@ class BpeModel {
   std::vector<MergeEntry> merges_;  // open addressing, power-of-two size, linear probing
   uint64_t merge_mask_ = 0;
 
-  // Pre-token -> ids. Bounded: cleared when it reaches kCacheMax entries.
-  static constexpr size_t kCacheMax = 100000;
-  static constexpr size_t kCacheMaxWordBytes = 128;
+  // Pre-token -> ids cache: a direct-mapped table of one-cache-line slots (a lookup costs one
+  // memory access; a big node-based map costs three misses, more than a short word's merges).
+  // Words longer than kSlotKey bytes or with more than kSlotIds ids are not cached.
+  static constexpr size_t kSlotKey = 23, kSlotIds = 7, kCacheSlots = size_t(1) << 16;
+  struct alignas(64) CacheSlot {
+    uint64_t hash;
+    uint8_t key_len;  // 0 = empty
+    char key[kSlotKey];
+    uint8_t n_ids;
+    int32_t ids[kSlotIds];
+  };
+  bool cache_get(uint64_t h, std::string_view word, std::vector<int32_t>& out) const;
+  void cache_put(uint64_t h, std::string_view word, const std::vector<int32_t>& ids) const;
   mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unique_ptr<CacheSlot[]> cache_;
 };
 
 }  // namespace anvil::tok
