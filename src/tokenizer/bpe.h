@@ -1,0 +1,67 @@
+// The BPE model of a byte-level tokenizer.json ("model": {"type": "BPE", ...}).
+// Invariants: vocab keys are stored as raw bytes (the GPT-2 byte->unicode mapping is undone at load),
+// so a pre-token is encoded straight from its UTF-8 bytes; every merge (a, b) is stored by the ids of
+// a and b with its rank (position in "merges") and the id of a+b.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+
+namespace anvil::tok {
+
+class BpeModel {
+ public:
+  static Result<std::unique_ptr<BpeModel>> from_json(const nlohmann::json& model, const std::string& path = "model");
+
+  // Appends the ids of one pre-token (raw bytes). Thread-safe.
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+
+  // Vocab entries as written in tokenizer.json ("Ġhello"), by id; empty for unused ids.
+  const std::vector<std::string>& id_to_token() const { return id_to_token_; }
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+
+ private:
+  struct MergeEntry {
+    uint64_t key;  // (left id << 32) | right id; 0 = empty slot (ids are never both 0 in a used key: see merge_key)
+    int32_t rank, new_id;
+  };
+  static uint64_t merge_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a) + 1) << 32) | uint32_t(b); }
+  const MergeEntry* find_merge(int32_t a, int32_t b) const;
+  void insert_merge(int32_t a, int32_t b, int32_t rank, int32_t new_id);
+  void merge_symbols(std::vector<int32_t>& syms) const;
+
+  std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes -> id
+  std::unordered_map<std::string, int32_t> token_to_id_;  // as written in tokenizer.json -> id
+  std::vector<std::string> id_to_token_;
+  int32_t byte_id_[256];  // id of each single byte, -1 if absent
+  std::optional<int32_t> unk_id_;
+  bool ignore_merges_ = false;
+  std::vector<MergeEntry> merges_;  // open addressing, power-of-two size, linear probing
+  uint64_t merge_mask_ = 0;
+
+  // Pre-token -> ids cache: a direct-mapped table of one-cache-line slots (a lookup costs one
+  // memory access; a big node-based map costs three misses, more than a short word's merges).
+  // Words longer than kSlotKey bytes or with more than kSlotIds ids are not cached.
+  static constexpr size_t kSlotKey = 23, kSlotIds = 7, kCacheSlots = size_t(1) << 16;
+  struct alignas(64) CacheSlot {
+    uint64_t hash;
+    uint8_t key_len;  // 0 = empty
+    char key[kSlotKey];
+    uint8_t n_ids;
+    int32_t ids[kSlotIds];
+  };
+  bool cache_get(uint64_t h, std::string_view word, std::vector<int32_t>& out) const;
+  void cache_put(uint64_t h, std::string_view word, const std::vector<int32_t>& ids) const;
+  mutable std::mutex cache_mu_;
+  mutable std::unique_ptr<CacheSlot[]> cache_;
+};
+
+}  // namespace anvil::tok

@@ -1,0 +1,43 @@
+#include "tokenizer/reasoning.h"
+
+#include <algorithm>
+
+namespace anvil {
+
+ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_tag, std::string close_tag)
+    : open_(std::move(open_tag)), close_(std::move(close_tag)), in_reasoning_(starts_in_reasoning) {}
+
+ReasoningSplitter::Out ReasoningSplitter::push(std::string_view text) {
+  Out out;
+  held_.append(text);
+  for (;;) {
+    const std::string& tag = in_reasoning_ ? close_ : open_;
+    std::string& side = in_reasoning_ ? out.reasoning : out.content;
+    const size_t at = held_.find(tag);
+    if (at != std::string::npos) {
+      side.append(held_, 0, at);
+      held_.erase(0, at + tag.size());
+      in_reasoning_ = !in_reasoning_;
+      continue;
+    }
+    // Hold back the longest suffix that is a proper prefix of the tag we are waiting for.
+    size_t keep = 0;
+    for (size_t k = std::min(tag.size() - 1, held_.size()); k > 0; --k)
+      if (held_.compare(held_.size() - k, k, tag, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+    side.append(held_, 0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+  }
+}
+
+ReasoningSplitter::Out ReasoningSplitter::flush() {
+  Out out;
+  (in_reasoning_ ? out.reasoning : out.content).swap(held_);
+  held_.clear();
+  return out;
+}
+
+}  // namespace anvil

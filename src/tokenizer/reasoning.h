@@ -1,0 +1,30 @@
+// Splits a generated text stream into reasoning (between <think> and </think>) and content.
+// Tags may arrive split across pushes: a suffix that could be the start of the next tag is held
+// back until it resolves. Tags themselves are not emitted. `starts_in_reasoning` is for chat
+// templates that already opened <think> in the prompt (the output then starts with reasoning).
+// One newline right after </think> is kept in content, as generated; callers that want the
+// Qwen3-style trimmed content strip it themselves.
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace anvil {
+
+class ReasoningSplitter {
+ public:
+  struct Out {
+    std::string reasoning, content;
+  };
+  explicit ReasoningSplitter(bool starts_in_reasoning = false, std::string open_tag = "<think>",
+                             std::string close_tag = "</think>");
+  Out push(std::string_view text);
+  Out flush();  // emits any held-back partial tag as text of the current side
+  bool in_reasoning() const { return in_reasoning_; }
+
+ private:
+  std::string open_, close_;
+  bool in_reasoning_;
+  std::string held_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,192 @@
+#include "tokenizer/tokenizer.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tokenizer/byte_level.h"
+
+namespace anvil {
+
+namespace {
+
+// The ByteLevel decoder's rule: a token whose characters are all in the byte table becomes those
+// bytes; any other token contributes its UTF-8 text unchanged.
+std::string decoded_bytes(const std::string& token) {
+  if (auto b = tok::byte_level_to_bytes(token)) return *b;
+  return token;
+}
+
+Status check_decoder(const nlohmann::json& d) {
+  if (d.is_null()) return unsupported("decoder: missing (expected {\"type\": \"ByteLevel\"})");
+  if (!d.is_object() || !d.contains("type") || !d["type"].is_string())
+    return invalid_argument("decoder: expected an object with a string \"type\"");
+  const std::string t = d["type"].get<std::string>();
+  if (t != "ByteLevel") return unsupported("decoder.type: decoder \"" + t + "\" is not supported (expected ByteLevel)");
+  return Status::ok();
+}
+
+Result<std::vector<tok::AddedToken>> parse_added(const nlohmann::json& j) {
+  std::vector<tok::AddedToken> out;
+  if (j.is_null()) return out;
+  if (!j.is_array()) return invalid_argument("added_tokens: expected an array");
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    const std::string where = "added_tokens[" + std::to_string(i) + "]";
+    if (!e.is_object()) return invalid_argument(where + ": expected an object");
+    if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 || e["id"].get<int64_t>() > INT32_MAX)
+      return invalid_argument(where + ".id: expected a non-negative integer");
+    if (!e.contains("content") || !e["content"].is_string()) return invalid_argument(where + ".content: expected a string");
+    tok::AddedToken t;
+    t.id = e["id"].get<int32_t>();
+    t.content = e["content"].get<std::string>();
+    auto flag = [&](const char* k, bool d) { return e.contains(k) && e[k].is_boolean() ? e[k].get<bool>() : d; };
+    t.special = flag("special", false);
+    t.lstrip = flag("lstrip", false);
+    t.rstrip = flag("rstrip", false);
+    t.single_word = flag("single_word", false);
+    t.normalized = flag("normalized", !t.special);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found(path + ": cannot open tokenizer file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return io_error(path + ": read error");
+  return from_json_text(ss.str(), path);
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& text, const std::string& label) {
+  auto fail = [&](const Status& s) { return s.with_context(label); };
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return fail(invalid_argument("malformed JSON (expected a tokenizer.json object)"));
+  if (!j.is_object()) return fail(invalid_argument("expected a JSON object at the top level"));
+  if (!j.contains("model")) return fail(invalid_argument("model: missing"));
+
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  {
+    auto n = tok::Normalizer::from_json(j.value("normalizer", nlohmann::json()));
+    if (!n) return fail(n.status());
+    t->normalizer_ = std::move(n).value();
+  }
+  {
+    auto p = tok::PreTokenizer::from_json(j.value("pre_tokenizer", nlohmann::json()));
+    if (!p) return fail(p.status());
+    t->pretokenizer_ = std::move(p).value();
+  }
+  if (Status s = check_decoder(j.value("decoder", nlohmann::json())); !s) return fail(s);
+  {
+    auto m = tok::BpeModel::from_json(j["model"]);
+    if (!m) return fail(m.status());
+    t->model_ = std::move(m).value();
+  }
+  {
+    auto a = parse_added(j.value("added_tokens", nlohmann::json()));
+    if (!a) return fail(a.status());
+    t->added_ = std::move(a).value();
+  }
+
+  // Id tables: model vocab first, added tokens override (as tokenizers' id_to_token does).
+  const auto& vocab = t->model_->id_to_token();
+  int32_t max_id = int32_t(vocab.size()) - 1;
+  for (const auto& a : t->added_) max_id = std::max(max_id, a.id);
+  t->vocab_size_ = max_id + 1;
+  t->token_bytes_.assign(size_t(t->vocab_size_), std::string());
+  t->special_.assign(size_t(t->vocab_size_), 0);
+  for (size_t id = 0; id < vocab.size(); ++id)
+    if (!vocab[id].empty()) t->token_bytes_[id] = decoded_bytes(vocab[id]);
+  std::vector<std::string> raw_pat, norm_pat;
+  std::vector<tok::AddedToken> raw_tok, norm_tok;
+  for (const auto& a : t->added_) {
+    t->token_bytes_[a.id] = decoded_bytes(a.content);
+    t->special_[a.id] = a.special;
+    t->added_by_content_[a.content] = a.id;
+    if (a.content.empty()) continue;
+    if (a.normalized) {
+      norm_pat.push_back(t->normalizer_.apply(a.content));
+      norm_tok.push_back(a);
+    } else {
+      raw_pat.push_back(a.content);
+      raw_tok.push_back(a);
+    }
+  }
+  t->raw_matcher_ = tok::AddedTokenMatcher(std::move(raw_pat), std::move(raw_tok));
+  t->normalized_matcher_ = tok::AddedTokenMatcher(std::move(norm_pat), std::move(norm_tok));
+  return t;
+}
+
+void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+  const std::string norm = normalizer_.apply(text);
+  std::vector<tok::TextSplit> splits;
+  if (normalized_matcher_.empty()) splits.push_back({-1, 0, norm.size()});
+  else normalized_matcher_.split(norm, splits);
+  std::vector<std::string> words;
+  for (const auto& s : splits) {
+    if (s.id >= 0) {
+      out.push_back(s.id);
+      continue;
+    }
+    words.clear();
+    pretokenizer_.split(std::string_view(norm).substr(s.begin, s.end - s.begin), words);
+    for (const auto& w : words) model_->encode_word(w, out);
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::string repaired;
+  if (!tok::is_valid_utf8(text)) {
+    repaired = tok::utf8_lossy(text);
+    text = repaired;
+  }
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  if (raw_matcher_.empty()) {
+    encode_plain(text, out);
+    return out;
+  }
+  std::vector<tok::TextSplit> splits;
+  raw_matcher_.split(text, splits);
+  for (const auto& s : splits) {
+    if (s.id >= 0) out.push_back(s.id);
+    else encode_plain(text.substr(s.begin, s.end - s.begin), out);
+  }
+  return out;
+}
+
+const std::string& Tokenizer::token_bytes(int32_t id) const {
+  static const std::string kEmpty;
+  return id >= 0 && id < vocab_size_ ? token_bytes_[size_t(id)] : kEmpty;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (skip_special && is_special(id)) continue;
+    bytes += token_bytes(id);
+  }
+  return tok::utf8_lossy(bytes);
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  auto it = added_by_content_.find(std::string(token));
+  if (it != added_by_content_.end()) return it->second;
+  return model_->token_to_id(token);
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || id >= vocab_size_) return {};
+  for (const auto& a : added_)
+    if (a.id == id) return a.content;
+  const auto& v = model_->id_to_token();
+  return size_t(id) < v.size() ? v[size_t(id)] : std::string();
+}
+
+bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < vocab_size_ && special_[size_t(id)]; }
+
+}  // namespace anvil

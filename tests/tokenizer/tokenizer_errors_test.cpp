@@ -1,0 +1,204 @@
+// Unsupported or malformed tokenizer.json content is rejected at load with an error that names
+// the offending field; each case has its own test.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer.h"
+
+namespace anvil {
+namespace {
+
+using nlohmann::json;
+
+// A minimal valid byte-level tokenizer: a, b, c, ab, abc plus the space byte (Ġ).
+json minimal() {
+  return json::parse(R"({
+    "version": "1.0",
+    "added_tokens": [{"id": 6, "content": "<|end|>", "special": true, "lstrip": false, "rstrip": false,
+                      "normalized": false, "single_word": false}],
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "byte_fallback": false, "ignore_merges": false,
+              "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4, "Ġ": 5},
+              "merges": ["a b", "ab c"]}
+  })");
+}
+
+Status load_error(const json& j) {
+  auto r = Tokenizer::from_json_text(j.dump(), "test.json");
+  EXPECT_FALSE(r.is_ok()) << "expected a load error";
+  return r.is_ok() ? Status::ok() : r.status();
+}
+
+#define EXPECT_ERROR_MENTIONS(st, code_, text)                                    \
+  do {                                                                             \
+    const Status _s = (st);                                                        \
+    EXPECT_EQ(_s.code(), code_) << _s.message();                                   \
+    EXPECT_NE(_s.message().find(text), std::string::npos) << _s.message();         \
+    EXPECT_NE(_s.message().find("test.json"), std::string::npos) << _s.message();  \
+  } while (0)
+
+TEST(TokenizerLoad, MinimalIsValidAndMerges) {
+  auto r = Tokenizer::from_json_text(minimal().dump(), "test.json");
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ((*r)->encode("abc ab<|end|>"), (std::vector<int32_t>{4, 5, 3, 6}));
+  EXPECT_EQ((*r)->vocab_size(), 7);
+}
+
+TEST(TokenizerLoad, MergesAsPairsEqualMergesAsStrings) {
+  json j = minimal();
+  j["model"]["merges"] = json::parse(R"([["a", "b"], ["ab", "c"]])");
+  auto r = Tokenizer::from_json_text(j.dump(), "test.json");
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ((*r)->encode("abc ab"), (std::vector<int32_t>{4, 5, 3}));
+}
+
+TEST(TokenizerLoad, IgnoreMergesEmitsWholeVocabWords) {
+  json j = minimal();
+  j["model"]["merges"] = json::parse(R"(["a b"])");  // no path from "ab c" to "abc"
+  auto plain = Tokenizer::from_json_text(j.dump(), "test.json");
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_EQ((*plain)->encode("abc"), (std::vector<int32_t>{3, 2}));
+  j["model"]["ignore_merges"] = true;
+  auto ignore = Tokenizer::from_json_text(j.dump(), "test.json");
+  ASSERT_TRUE(ignore.is_ok());
+  EXPECT_EQ((*ignore)->encode("abc"), (std::vector<int32_t>{4}));
+}
+
+TEST(TokenizerLoad, MissingFile) {
+  auto r = Tokenizer::load("/nonexistent/dir/tokenizer.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("/nonexistent/dir/tokenizer.json"), std::string::npos);
+}
+
+TEST(TokenizerLoad, MalformedJson) {
+  auto r = Tokenizer::from_json_text("{\"model\": {\"type\": \"BPE\",", "test.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("malformed JSON"), std::string::npos) << r.status().message();
+}
+
+TEST(TokenizerLoad, MissingModel) {
+  json j = minimal();
+  j.erase("model");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "model: missing");
+}
+
+TEST(TokenizerLoad, ModelTypeNotBpe) {
+  json j = minimal();
+  j["model"]["type"] = "WordPiece";
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "model.type");
+}
+
+TEST(TokenizerLoad, ByteFallbackRejected) {
+  json j = minimal();
+  j["model"]["byte_fallback"] = true;
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "model.byte_fallback");
+}
+
+TEST(TokenizerLoad, MissingVocab) {
+  json j = minimal();
+  j["model"].erase("vocab");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "model.vocab");
+}
+
+TEST(TokenizerLoad, MissingMerges) {
+  json j = minimal();
+  j["model"].erase("merges");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "model.merges");
+}
+
+TEST(TokenizerLoad, MergeWithUnknownToken) {
+  json j = minimal();
+  j["model"]["merges"][1] = "ab zz";
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "model.merges[1]: token \"zz\"");
+}
+
+TEST(TokenizerLoad, MergeWithUnknownResult) {
+  json j = minimal();
+  j["model"]["merges"][1] = "b c";  // "bc" is not in the vocab
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "model.merges[1]: merged token \"bc\"");
+}
+
+TEST(TokenizerLoad, MalformedMergeEntry) {
+  json j = minimal();
+  j["model"]["merges"][0] = 42;
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "model.merges[0]");
+}
+
+TEST(TokenizerLoad, UnknownNormalizer) {
+  json j = minimal();
+  j["normalizer"] = json{{"type", "Lowercase"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.type: normalizer \"Lowercase\"");
+}
+
+TEST(TokenizerLoad, UnknownNormalizerInsideSequence) {
+  json j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKD"}]})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.normalizers[1].type");
+}
+
+TEST(TokenizerLoad, NullNormalizerAndSequenceOfNfcAreAccepted) {
+  for (const char* n : {"null", R"({"type": "Sequence", "normalizers": [{"type": "NFC"}]})"}) {
+    json j = minimal();
+    j["normalizer"] = json::parse(n);
+    EXPECT_TRUE(Tokenizer::from_json_text(j.dump(), "test.json").is_ok()) << n;
+  }
+}
+
+TEST(TokenizerLoad, UnknownPreTokenizer) {
+  json j = minimal();
+  j["pre_tokenizer"] = json{{"type", "Whitespace"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "pre_tokenizer.type: pre-tokenizer \"Whitespace\"");
+}
+
+TEST(TokenizerLoad, UnknownSplitBehavior) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(
+      R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Sideways", "invert": false}]})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.pretokenizers[0].behavior");
+}
+
+TEST(TokenizerLoad, BadSplitRegex) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.pattern.Regex");
+}
+
+TEST(TokenizerLoad, UnknownDecoder) {
+  json j = minimal();
+  j["decoder"] = json{{"type", "WordPiece"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "decoder.type: decoder \"WordPiece\"");
+}
+
+TEST(TokenizerLoad, MalformedAddedToken) {
+  json j = minimal();
+  j["added_tokens"][0].erase("content");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "added_tokens[0].content");
+}
+
+// Split behaviors other than Isolated, checked on a literal "-" pattern with encode/decode of a
+// byte-level vocab: the pieces each behavior produces are visible in the ids.
+TEST(TokenizerLoad, SplitBehaviorsShapePreTokens) {
+  json j = minimal();
+  j["model"]["vocab"] = json::parse(R"({"a": 0, "-": 1, "a-": 2, "-a": 3, "--": 4})");
+  j["model"]["merges"] = json::parse(R"(["a -", "- a", "- -"])");
+  j["added_tokens"] = json::array();
+  auto ids_for = [&](const char* behavior) {
+    json k = j;
+    k["pre_tokenizer"] = json{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}};
+    auto t = Tokenizer::from_json_text(k.dump(), "test.json");
+    EXPECT_TRUE(t.is_ok()) << t.status().message();
+    return t.is_ok() ? (*t)->encode("a--a") : std::vector<int32_t>{};
+  };
+  EXPECT_EQ(ids_for("Isolated"), (std::vector<int32_t>{0, 1, 1, 0}));            // a | - | - | a
+  EXPECT_EQ(ids_for("Removed"), (std::vector<int32_t>{0, 0}));                   // a | a
+  EXPECT_EQ(ids_for("MergedWithPrevious"), (std::vector<int32_t>{2, 1, 0}));     // a- | - | a
+  EXPECT_EQ(ids_for("MergedWithNext"), (std::vector<int32_t>{0, 1, 3}));         // a | - | -a
+  EXPECT_EQ(ids_for("Contiguous"), (std::vector<int32_t>{0, 4, 0}));             // a | -- | a
+}
+
+}  // namespace
+}  // namespace anvil

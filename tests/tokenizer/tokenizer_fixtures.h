@@ -1,0 +1,77 @@
+// Shared helpers for the tokenizer tests: the conformance corpus and the expected results that
+// scripts/make_tokenizer_fixtures.py froze from Hugging Face tokenizers.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace anvil::test {
+
+inline std::string tokenizer_data(const std::string& rel) { return std::string(ANVIL_TEST_DATA) + "/tokenizer/" + rel; }
+
+inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// The generator the script uses for long inputs (same LCG, same part choice).
+inline std::string build_long(const nlohmann::json& spec) {
+  uint64_t x = spec["seed"].get<uint64_t>();
+  const auto parts = spec["parts"].get<std::vector<std::string>>();
+  std::string out;
+  const int count = spec["count"].get<int>();
+  for (int i = 0; i < count; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    out += parts[(x >> 33) % parts.size()];
+  }
+  return out;
+}
+
+inline std::string fnv1a64(const void* data, size_t n) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// name -> text for every corpus entry (long ones generated).
+inline std::map<std::string, std::string> load_corpus() {
+  std::map<std::string, std::string> out;
+  for (const auto& e : read_jsonl(tokenizer_data("corpus.jsonl")))
+    out[e["name"]] = e.contains("long") ? build_long(e["long"]) : e["text"].get<std::string>();
+  return out;
+}
+
+// Loaded once per process: the Qwen3 tokenizer.json is 11 MB.
+inline const Tokenizer& cached_tokenizer(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    auto r = Tokenizer::load(tokenizer_data(name + "/tokenizer.json"));
+    if (!r) {
+      std::fprintf(stderr, "cannot load %s: %s\n", name.c_str(), r.status().message().c_str());
+      std::abort();
+    }
+    it = cache.emplace(name, std::move(r).value()).first;
+  }
+  return *it->second;
+}
+
+inline const std::vector<std::string>& fixture_tokenizers() {
+  static const std::vector<std::string> names = {"qwen3", "tiny-code", "llama3-style", "gpt2-style"};
+  return names;
+}
+
+}  // namespace anvil::test
