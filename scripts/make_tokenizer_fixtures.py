@@ -9,6 +9,7 @@ It writes:
                               ignore_merges=True, no normalizer, added tokens with lstrip/rstrip/
                               normalized/single_word variants
   gpt2-style/tokenizer.json   a small BPE trained here: ByteLevel(use_regex=True), Sequence([NFC])
+  gpt2-prefix-space/          the same with ByteLevel add_prefix_space=True
   corpus.jsonl                the conformance corpus (long entries are described, not stored: see
                               build_long below; the C++ test rebuilds them with the same generator)
   expected_<name>.jsonl       per corpus entry: tokenizers' encode(text, add_special_tokens=False).ids,
@@ -216,6 +217,15 @@ def main():
         p = os.path.join(OUT, name, "tokenizer.json")
         tok.save(p)
         toks[name] = Tokenizer.from_file(p)  # what the C++ side reads, reloaded
+    # The same GPT-2 style model with ByteLevel(add_prefix_space=True): a space is prepended to every
+    # piece between added tokens that does not already start with one.
+    d = json.loads(toks["gpt2-style"].to_str())
+    d["pre_tokenizer"]["add_prefix_space"] = True
+    os.makedirs(os.path.join(OUT, "gpt2-prefix-space"), exist_ok=True)
+    p = os.path.join(OUT, "gpt2-prefix-space", "tokenizer.json")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(json.dumps(d, ensure_ascii=False))
+    toks["gpt2-prefix-space"] = Tokenizer.from_file(p)
     for name, tok in toks.items():
         write_expected(name, tok, corpus, random.Random(1234))
 

@@ -70,7 +70,8 @@ inline const Tokenizer& cached_tokenizer(const std::string& name) {
 }
 
 inline const std::vector<std::string>& fixture_tokenizers() {
-  static const std::vector<std::string> names = {"qwen3", "tiny-code", "llama3-style", "gpt2-style"};
+  static const std::vector<std::string> names = {"qwen3", "tiny-code", "llama3-style", "gpt2-style",
+                                                      "gpt2-prefix-space"};
   return names;
 }
 
