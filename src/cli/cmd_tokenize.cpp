@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "format/hf_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace anvil::cli {
@@ -19,14 +20,13 @@ struct TokenizeArgs {
   bool json = false;
 };
 
-// -m DIR: a model directory holding tokenizer.json.
-// TODO(hf_cache): resolve Hugging Face repo ids with anvil::resolve_model_path (src/format/hf_cache.h)
-// once its implementation is merged; until then only a directory path is accepted.
+// -m: a model directory holding tokenizer.json, or a Hugging Face repo id in the local cache.
 int run_tokenize(const TokenizeArgs& a) {
   namespace fs = std::filesystem;
-  const fs::path dir(a.model);
+  auto resolved = resolve_model_path(a.model);
+  if (!resolved.is_ok()) return fail(resolved.status().message());
+  const fs::path dir(*resolved);
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return fail("-m " + a.model + ": not a directory (expected a model directory containing tokenizer.json)");
   const fs::path tj = dir / "tokenizer.json";
   if (!fs::is_regular_file(tj, ec)) return fail(tj.string() + ": file not found (the model directory has no tokenizer.json)");
   auto tok = Tokenizer::load(tj.string());
@@ -48,7 +48,7 @@ int run_tokenize(const TokenizeArgs& a) {
 
 Command reg("tokenize", "Print the token ids of a text under a model's tokenizer.json", 70, [](CLI::App& sub) {
   auto a = std::make_shared<TokenizeArgs>();
-  sub.add_option("-m,--model", a->model, "Model directory containing tokenizer.json")->required();
+  sub.add_option("-m,--model", a->model, "Model directory containing tokenizer.json, or a Hugging Face repo id in the local cache")->required();
   sub.add_option("--text", a->text, "Text to tokenize (default: read all of stdin)");
   sub.add_flag("--json", a->json, "Print {\"ids\": [...]} instead of space-separated ids");
   return [a, &sub]() {

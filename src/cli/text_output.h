@@ -13,6 +13,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/reasoning.h"
 #include "tokenizer/stop_strings.h"
+#include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_config.h"
 
