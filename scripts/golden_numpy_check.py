@@ -218,7 +218,8 @@ def applies(ablation, W):
 
 def main():
     names = sys.argv[1:] or sorted(p.name for p in GOLDEN.iterdir() if (p / "meta.json").exists())
-    print(f"{'model':22s} {'prompt':>6s} {'rel_err':>9s} {'argmax':>7s}   ablations: max rel_err (argmax mismatches)")
+    print(f"{'model':22s} {'prompt':>6s} {'rel_err':>9s} {'argmax':>7s}   "
+          "ablations: max rel_err (argmax mismatches)")
     for name in names:
         meta = json.loads((GOLDEN / name / "meta.json").read_text())
         model_dir = SHARED / meta["shared_model"] if "shared_model" in meta else GOLDEN / name
@@ -235,7 +236,8 @@ def main():
                 for ab in ABLATIONS:
                     if applies(ab, W):
                         alt = forward(model_dir, ids, ab)
-                        line += f" {ab}={rel_err(alt, ref):.1e}({int((alt.argmax(-1) != ref.argmax(-1)).sum())})"
+                        flips = int((alt.argmax(-1) != ref.argmax(-1)).sum())
+                        line += f" {ab}={rel_err(alt, ref):.1e}({flips})"
             print(line, flush=True)
 
 

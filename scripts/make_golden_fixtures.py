@@ -8,7 +8,8 @@ For every model this writes, into tests/data/golden/<name>/:
                 by an independent reference (transformers for HF checkpoints, mlx-lm for MLX ones)
   meta.json     prompts, 24-token greedy continuations of the float32 reference (EOS ignored), the minimum
                 top1-top2 margin along each greedy path (a prompt is only accepted if that margin is >=
-                MIN_MARGIN and the bf16 run of the reference produces the same 24 tokens), and the error of the same reference run in bf16
+                MIN_MARGIN and the bf16 run of the reference produces the same 24 tokens), and the error of
+                the same reference run in bf16
                 against its float32 run (how far an engine that computes in bf16 is expected to land).
 
 Error metric (the C++ test uses the same): for each position t,
@@ -68,7 +69,7 @@ def torch_setup():
 
 
 class HFRunner:
-    """transformers reference on CPU; eager attention, no KV cache (each step re-runs the whole prefix)."""
+    """transformers reference on CPU; eager attention, no KV cache (greedy re-runs the whole prefix)."""
 
     def __init__(self, model_dir, dtype):
         torch = torch_setup()
@@ -104,13 +105,25 @@ class MLXRunner:
         out = self.model(self.mx.array([ids]))[0].astype(self.mx.float32)
         return np.array(out)
 
+    def step_logits(self, ids):
+        """Like logits(seq)[-1] for seq = all ids fed so far, through mlx-lm's KV cache (MLX's bf16 CPU
+        kernels are slow; re-running the whole prefix every step takes minutes on the 8k-vocab model)."""
+        if not hasattr(self, "cache"):
+            from mlx_lm.models.cache import make_prompt_cache
+            self.cache = make_prompt_cache(self.model)
+        out = self.model(self.mx.array([ids]), cache=self.cache)[0, -1].astype(self.mx.float32)
+        return np.array(out)
+
 
 def greedy(runner, ids, steps):
     """Greedy continuation (EOS ignored); returns (new ids, margins at each step)."""
     seq = list(ids)
     new, margins = [], []
-    for _ in range(steps):
-        last = runner.logits(seq)[-1]
+    if hasattr(runner, "cache"):
+        del runner.cache
+    for i in range(steps):
+        last = runner.step_logits(seq if i == 0 else seq[-1:]) if hasattr(runner, "step_logits") \
+            else runner.logits(seq)[-1]
         nxt = int(np.argmax(last))
         margins.append(top2_margin(last))
         new.append(nxt)
