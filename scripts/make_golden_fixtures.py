@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""Freeze the golden model fixtures under tests/data/golden/ (run from anywhere; ~2 min on 2 cores).
+"""Freeze the golden model fixtures under tests/data/golden/.
+
+    python scripts/make_golden_fixtures.py [model-name ...]     (no names: all of them)
+
+Takes ~25 min on 2 busy cores, most of it mlx-lm's slow bf16 CPU path on anvil-tiny-code-q4. Re-running
+it reproduces the committed files byte for byte (checked for the MLX models).
 
 For every model this writes, into tests/data/golden/<name>/:
   config.json, model.safetensors (+ generation_config.json)   the tiny checkpoint itself
@@ -9,8 +14,8 @@ For every model this writes, into tests/data/golden/<name>/:
   meta.json     prompts, 24-token greedy continuations of the float32 reference (EOS ignored), the minimum
                 top1-top2 margin along each greedy path (a prompt is only accepted if that margin is >=
                 MIN_MARGIN and the bf16 run of the reference produces the same 24 tokens), and the error of
-                the same reference run in bf16
-                against its float32 run (how far an engine that computes in bf16 is expected to land).
+                the same reference run in bf16 against its float32 run (how far an engine that computes
+                in bf16 is expected to land).
 
 Error metric (the C++ test uses the same): for each position t,
     rel_err[t] = ||ours[t,:] - ref[t,:]||_2 / ||ref[t,:]||_2 ;  we store max_t rel_err[t]
