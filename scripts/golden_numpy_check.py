@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Independent numpy forward pass (float64) for the golden fixtures; not run in CI.
+
+Cross-checks the frozen references of scripts/make_golden_fixtures.py (transformers and mlx-lm) against a
+from-scratch implementation that reads config.json and model.safetensors itself, and documents the exact
+math an engine must implement. Then measures how far common mistakes move the logits ("ablations"), so the
+tolerance of tests/model/golden_test.cpp can be judged against them.
+
+    python scripts/golden_numpy_check.py [model-name ...]
+
+Math (Qwen3 / Qwen2 / Llama decoder, pre-norm):
+  h = embed[ids]                                           [T, hidden]
+  per layer:
+    a = rmsnorm(h, input_layernorm)                        rmsnorm(x, w) = x / sqrt(mean(x^2) + eps) * w
+    q = a Wq^T (+bq)  [T, H, D];  k, v = a Wk^T (+bk), a Wv^T (+bv)  [T, KV, D]   (D = head_dim, explicit
+                                                           in Qwen3/Llama configs, else hidden / H)
+    Qwen3 only: q, k = rmsnorm over D with q_norm / k_norm (before RoPE)
+    RoPE, rotate-half ("neox") layout: inv_freq[i] = theta^(-2i/D), i < D/2; angle = pos * inv_freq[i];
+      x' [i] = x[i] cos - x[i + D/2] sin;  x'[i + D/2] = x[i + D/2] cos + x[i] sin
+    llama3 rope scaling: wavelen = 2pi / inv_freq; wavelen < orig/high_ff: keep; wavelen > orig/low_ff:
+      inv_freq / factor; else smooth = (orig / wavelen - low_ff) / (high_ff - low_ff),
+      inv_freq' = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    GQA: query head h reads kv head h // (H / KV); causal softmax(q k^T / sqrt(D)); o = concat_h(...) Wo^T
+    h += o;  m = rmsnorm(h, post_attention_layernorm);  h += Wdown (silu(Wgate m) * Wup m)
+  logits = rmsnorm(h, model.norm) lm_head^T   (tied: lm_head = embed_tokens)
+MLX affine quantization: weight uint32 [out, in*bits/32]; each row is a little-endian bit stream in which
+element k occupies bits [k*bits, (k+1)*bits); w[o, k] = scales[o, k // gs] * q + biases[o, k // gs].
+"""
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "golden"
+SHARED = Path(os.environ.get("ANVIL_SHARED_DIR", ROOT.parent / "shared"))
+
+
+def read_safetensors(path):
+    """Own reader: 8-byte LE header length, JSON header, raw little-endian data. bf16 -> float64."""
+    raw = Path(path).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        buf = raw[base + a:base + b]
+        dt = info["dtype"]
+        if dt == "BF16":
+            arr = (np.frombuffer(buf, "<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F32":
+            arr = np.frombuffer(buf, "<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(buf, "<f2")
+        elif dt == "U32":
+            arr = np.frombuffer(buf, "<u4")
+        else:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {dt}")
+        arr = arr.reshape(info["shape"])
+        out[name] = arr.astype(np.float64) if arr.dtype != np.uint32 else arr
+    return out
+
+
+def unpack_bits(words, bits, n, msb_first=False):
+    """uint32 [rows, n*bits/32] -> int [rows, n]: row = little-endian bit stream, element k at bits
+    [k*bits, (k+1)*bits). msb_first=True is a deliberate mistake used as an ablation."""
+    rows = words.shape[0]
+    bytes_ = words.astype("<u4").view(np.uint8).reshape(rows, -1)
+    stream = np.unpackbits(bytes_, axis=1, bitorder="little")[:, :n * bits].reshape(rows, n, bits)
+    weights = 1 << np.arange(bits)
+    if msb_first:
+        weights = weights[::-1]
+    return (stream * weights).sum(-1)
+
+
+class Weights:
+    def __init__(self, model_dir, ablate):
+        self.t = {}
+        for f in sorted(Path(model_dir).glob("*.safetensors")):
+            self.t.update(read_safetensors(f))
+        self.cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        self.q = self.cfg.get("quantization") or {}
+        self.ablate = ablate
+
+    def has(self, name):
+        return name in self.t
+
+    def matrix(self, module):
+        """Dense [out, in] float64 weight of `module` (dequantized if the checkpoint quantizes it)."""
+        w = self.t[module + ".weight"]
+        if module + ".scales" not in self.t:
+            assert w.dtype != np.uint32, module
+            return w
+        spec = self.q.get(module, self.q)
+        assert spec is not False, module + ": has scales but config says unquantized"
+        gs, bits = spec["group_size"], spec["bits"]
+        scales, biases = self.t[module + ".scales"], self.t[module + ".biases"]
+        n_in = w.shape[1] * 32 // bits
+        assert scales.shape[1] * gs == n_in, (module, scales.shape, gs, n_in)
+        q = unpack_bits(w, bits, n_in, msb_first=self.ablate == "quant_msb_first").astype(np.float64)
+        return q * np.repeat(scales, gs, axis=1) + np.repeat(biases, gs, axis=1)
+
+    def vector(self, name):
+        return self.t[name]
+
+
+def rope_inv_freq(cfg, D, ablate):
+    theta = cfg.get("rope_theta", 10000.0)
+    inv = 1.0 / theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    sc = cfg.get("rope_scaling")
+    if sc and sc.get("rope_type", sc.get("type")) == "llama3" and ablate != "no_llama3_scaling":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        orig = sc["original_max_position_embeddings"]
+        wavelen = 2 * np.pi / inv
+        smooth = (orig / wavelen - lo) / (hi - lo)
+        scaled = np.where(wavelen > orig / lo, inv / factor, inv)
+        mid = (wavelen >= orig / hi) & (wavelen <= orig / lo)
+        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif sc and ablate != "no_llama3_scaling":
+        assert sc.get("rope_type", sc.get("type")) in (None, "default"), sc
+    return inv
+
+
+def apply_rope(x, inv, ablate):
+    """x [T, heads, D]; positions 0..T-1."""
+    T, _, D = x.shape
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]        # [T, D/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if ablate == "interleaved_rope":                                      # GPT-J pairs (2i, 2i+1)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        return out
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def forward(model_dir, ids, ablate=None):
+    W = Weights(model_dir, ablate)
+    cfg = W.cfg
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim") or cfg["hidden_size"] // H
+    eps = cfg["rms_norm_eps"]
+    if ablate == "eps_1e-5_vs_1e-6":
+        eps = 1e-6 if eps == 1e-5 else 1e-5
+    bf = (lambda a: a) if ablate != "bf16_activations" else to_bf16
+    inv = rope_inv_freq(cfg, D, ablate)
+    T = len(ids)
+    emb = W.matrix("model.embed_tokens")
+    h = bf(emb[ids])
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = bf(rmsnorm(h, W.vector(p + "input_layernorm.weight"), eps))
+
+        def proj(name, x):
+            y = x @ W.matrix(p + "self_attn." + name).T
+            if W.has(p + "self_attn." + name + ".bias") and ablate != "no_qkv_bias":
+                y = y + W.vector(p + "self_attn." + name + ".bias")
+            return y
+        q = proj("q_proj", a).reshape(T, H, D)
+        k = proj("k_proj", a).reshape(T, KV, D)
+        v = proj("v_proj", a).reshape(T, KV, D)
+        if W.has(p + "self_attn.q_norm.weight") and ablate != "no_qk_norm":
+            q = rmsnorm(q, W.vector(p + "self_attn.q_norm.weight"), eps)
+            k = rmsnorm(k, W.vector(p + "self_attn.k_norm.weight"), eps)
+        q, k = bf(apply_rope(q, inv, ablate)), bf(apply_rope(k, inv, ablate))
+        v = bf(v)
+        o = np.empty((T, H, D))
+        for hh in range(H):
+            kvh = hh % KV if ablate == "gqa_modulo" else hh // (H // KV)
+            s = q[:, hh, :] @ k[:, kvh, :].T / np.sqrt(D) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            o[:, hh, :] = (s / s.sum(-1, keepdims=True)) @ v[:, kvh, :]
+        h = bf(h + bf(o.reshape(T, H * D)) @ W.matrix(p + "self_attn.o_proj").T)
+        m = bf(rmsnorm(h, W.vector(p + "post_attention_layernorm.weight"), eps))
+        g, u = m @ W.matrix(p + "mlp.gate_proj").T, m @ W.matrix(p + "mlp.up_proj").T
+        h = bf(h + bf(g / (1 + np.exp(-g)) * u) @ W.matrix(p + "mlp.down_proj").T)
+    hn = bf(rmsnorm(h, W.vector("model.norm.weight"), eps))
+    head = emb if cfg.get("tie_word_embeddings") and not W.has("lm_head.weight") else W.matrix("lm_head")
+    return hn @ head.T
+
+
+def to_bf16(a):
+    """Round float64 -> bf16 (nearest even) -> float64: simulates an engine keeping activations in bf16."""
+    f = np.asarray(a, np.float32).view(np.uint32)
+    f = ((f + 0x7FFF + ((f >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return f.view(np.float32).astype(np.float64)
+
+
+def rel_err(ours, ref):
+    return (np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)).max()
+
+
+ABLATIONS = ["bf16_activations", "interleaved_rope", "eps_1e-5_vs_1e-6", "gqa_modulo", "no_qk_norm",
+             "no_qkv_bias", "no_llama3_scaling", "quant_msb_first"]
+
+
+def applies(ablation, W):
+    cfg = W.cfg
+    return {
+        "no_qk_norm": W.has("model.layers.0.self_attn.q_norm.weight"),
+        "no_qkv_bias": W.has("model.layers.0.self_attn.q_proj.bias"),
+        "no_llama3_scaling": bool(cfg.get("rope_scaling")),
+        "quant_msb_first": bool(cfg.get("quantization")),
+    }.get(ablation, True)
+
+
+def main():
+    names = sys.argv[1:] or sorted(p.name for p in GOLDEN.iterdir() if (p / "meta.json").exists())
+    print(f"{'model':22s} {'prompt':>6s} {'rel_err':>9s} {'argmax':>7s}   "
+          "ablations: max rel_err (argmax mismatches)")
+    for name in names:
+        meta = json.loads((GOLDEN / name / "meta.json").read_text())
+        model_dir = SHARED / meta["shared_model"] if "shared_model" in meta else GOLDEN / name
+        if not model_dir.exists():
+            print(f"{name}: {model_dir} missing, skipped")
+            continue
+        W = Weights(model_dir, None)
+        for k, ids in enumerate(meta["prompts"]):
+            ref = np.load(GOLDEN / name / f"ref_{k}.npy").astype(np.float64)
+            ours = forward(model_dir, ids)
+            mism = int((ours.argmax(-1) != ref.argmax(-1)).sum())
+            line = f"{name:22s} {k:6d} {rel_err(ours, ref):9.2e} {mism:7d}  "
+            if k == 0:
+                for ab in ABLATIONS:
+                    if applies(ab, W):
+                        alt = forward(model_dir, ids, ab)
+                        flips = int((alt.argmax(-1) != ref.argmax(-1)).sum())
+                        line += f" {ab}={rel_err(alt, ref):.1e}({flips})"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
