@@ -124,9 +124,10 @@ int run_chat(RunArgs& a) {
       }
     }
     if (!prompt.is_ok()) return fail(prompt.status().message());
+    // The previous turn's full pages stay in the prefix index, so releasing first loses nothing.
+    if (seq >= 0) s.engine->seq_release(seq);
     auto new_seq = s.engine->seq_create();
     if (!new_seq.is_ok()) return fail(new_seq.status().message());
-    if (seq >= 0) s.engine->seq_release(seq);
     seq = *new_seq;
     req.prompt = *prompt;
     text.begin_answer();

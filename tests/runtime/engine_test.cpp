@@ -49,6 +49,11 @@ std::vector<int32_t> random_ids(int n, uint64_t seed) {
   return v;
 }
 
+// Two computations of the same logits may take different CPU kernels: up to 8 activation rows use
+// the int16-activation mat-vec (<= 1.6e-5 relative error per term), more rows the fp32 matmul. Over
+// the tiny model that is ~1e-4 relative on the logits; a wrong page, position or mask gives O(1).
+constexpr double kPathTolerance = 1e-3;
+
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -68,8 +73,7 @@ TEST(Engine, ChunkedPrefillMatchesOneShot) {
   ASSERT_TRUE(big.engine->extend(s1, ids, nullptr, &a).is_ok());
   ASSERT_TRUE(small.engine->extend(s2, ids, nullptr, &b).is_ok());
   ASSERT_EQ(a.size(), b.size());
-  // Same math in a different batch split: only summation order may differ.
-  EXPECT_LT(rel_err(b, a), 1e-5);
+  EXPECT_LT(rel_err(b, a), kPathTolerance);
 }
 
 TEST(Engine, DecodeMatchesTeacherForcing) {
@@ -88,7 +92,7 @@ TEST(Engine, DecodeMatchesTeacherForcing) {
     int32_t id = ids[i];
     ASSERT_TRUE(g.engine->decode(std::span<const int>(&t, 1), std::span<const int32_t>(&id, 1), &logits).is_ok());
     std::vector<float> ref(all.begin() + size_t(i) * V, all.begin() + size_t(i + 1) * V);
-    EXPECT_LT(rel_err(logits, ref), 1e-5) << "position " << i;
+    EXPECT_LT(rel_err(logits, ref), kPathTolerance) << "position " << i;
   }
 }
 
@@ -103,7 +107,7 @@ TEST(Engine, PrefixCacheReusesPagesAndGivesSameLogits) {
   int b = *f.engine->seq_create();
   ASSERT_TRUE(f.engine->extend(b, ids, &second).is_ok());
   EXPECT_EQ(f.engine->seq_cached_tokens(b), 48);
-  EXPECT_LT(rel_err(second, first), 1e-6);
+  EXPECT_LT(rel_err(second, first), kPathTolerance);
   // A prompt diverging inside page 2 reuses pages 0 and 1 only.
   auto other = ids;
   other[40] = (other[40] + 1) % 151936;
