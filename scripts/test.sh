@@ -8,6 +8,7 @@ bash scripts/setup.sh
 BUILD_DIR=build bash scripts/build.sh
 (cd build && ctest --output-on-failure -j"$(nproc)")
 if [ "${ANVIL_SKIP_ASAN:-0}" != "1" ]; then
-  BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DANVIL_ASAN=ON -DANVIL_CUDA=OFF -DANVIL_BUILD_BENCH=OFF
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DANVIL_ASAN=ON -DANVIL_CUDA=OFF -DANVIL_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-asan -j"$(nproc)" --target anvil_test_format anvil_test_quant
   (cd build-asan && ctest --output-on-failure -j"$(nproc)" -L "format|quant")
 fi

@@ -41,8 +41,8 @@ int run_bench(BenchArgs& a) {
   req.eos_ids = c.eos_token_ids;
   req.ignore_eos = true;
 
-  std::fprintf(stderr, "[anvil] bench %s: prompt %d, generate %d, %d threads, 1 warm-up + %d runs\n",
-               s.model->source.c_str(), a.prompt, a.n, s.backend->name() == "" ? 0 : a.model.threads, a.runs);
+  std::fprintf(stderr, "[anvil] bench %s on %s: prompt %d, generate %d, 1 warm-up + %d runs\n",
+               s.model->source.c_str(), s.backend->name().c_str(), a.prompt, a.n, a.runs);
   double best_prefill = 0, best_decode = 0;
   for (int run = 0; run <= a.runs; ++run) {
     auto seq = s.engine->seq_create();
