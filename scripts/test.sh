@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds, and runs every test.
 #  1. the Release build and all of its tests (ctest);
-#  2. the loader and format tests again under AddressSanitizer + UBSan (a separate build dir).
+#  2. the checkpoint loader, format and quantization tests again under AddressSanitizer + UBSan
+#     (a separate build dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,6 +10,7 @@ BUILD_DIR=build bash scripts/build.sh
 (cd build && ctest --output-on-failure -j"$(nproc)")
 if [ "${ANVIL_SKIP_ASAN:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DANVIL_ASAN=ON -DANVIL_CUDA=OFF -DANVIL_BUILD_BENCH=OFF >/dev/null
-  cmake --build build-asan -j"$(nproc)" --target anvil_test_format anvil_test_quant
-  (cd build-asan && ctest --output-on-failure -j"$(nproc)" -L "format|quant")
+  cmake --build build-asan -j"$(nproc)" --target anvil_test_format anvil_test_quant anvil_test_model
+  (cd build-asan && ctest --output-on-failure -j"$(nproc)" -L "format|quant" &&
+   ctest --output-on-failure -j"$(nproc)" -R "^BadCheckpoint\.")
 fi
