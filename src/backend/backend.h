@@ -62,9 +62,10 @@ struct Act {
 };
 
 // Where the KV cache lives and how it is laid out. One page stores, for every layer l, K then V:
-//   element (page, layer, kv, slot, head, d) at
-//   ((((page*n_layers + layer)*2 + kv)*page_size + slot)*n_kv_heads + head)*head_dim + d
-// so a page is one contiguous block (the unit the durable store persists).
+//   element (page, layer, kv, head, slot, d) at
+//   ((((page*n_layers + layer)*2 + kv)*n_kv_heads + head)*page_size + slot)*head_dim + d
+// so a page is one contiguous block (the unit the durable store persists), and within it one
+// head's page_size K (or V) rows are contiguous: attention for a (token, kv head) streams them.
 struct KVCacheView {
   void* base = nullptr;
   DType dtype = DType::kBF16;

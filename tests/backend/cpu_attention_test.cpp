@@ -56,7 +56,7 @@ std::vector<Step> scenario() {
 }
 
 size_t kv_elem(const AttnConfig& c, int page, int which, int slot, int head, int d) {
-  return size_t(((((page * kLayers + kLayer) * 2 + which) * kPage + slot) * kKvHeads + head) * c.head_dim + d);
+  return size_t(((((page * kLayers + kLayer) * 2 + which) * kKvHeads + head) * kPage + slot) * c.head_dim + d);
 }
 
 // Rounds v as the cache stores it.

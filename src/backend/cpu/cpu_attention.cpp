@@ -1,7 +1,7 @@
 // qk_norm_rope_kv_append and paged causal attention (GQA, online softmax in fp32).
 //
 // KV page layout (backend.h): element (page, layer, kv, slot, head, d) at
-//   ((((page*n_layers + layer)*2 + kv)*page_size + slot)*n_kv_heads + head)*head_dim + d.
+//   ((((page*n_layers + layer)*2 + kv)*n_kv_heads + head)*page_size + slot)*head_dim + d.
 // Attention work items are (token, kv head): the n_heads/n_kv_heads query heads sharing a kv head
 // are processed together so each K/V row is read (and converted from bf16) once per item. Items
 // are dealt round-robin to threads, which balances causal prefill (later tokens see more keys).
@@ -18,7 +18,7 @@ namespace anvil::cpu {
 namespace {
 
 inline size_t kv_index(const KVCacheView& kv, int64_t page, int layer, int which, int64_t slot, int head) {
-  return size_t(((((page * kv.n_layers + layer) * 2 + which) * kv.page_size + slot) * kv.n_kv_heads + head) *
+  return size_t(((((page * kv.n_layers + layer) * 2 + which) * kv.n_kv_heads + head) * kv.page_size + slot) *
                 kv.head_dim);
 }
 
@@ -108,6 +108,9 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
   const int D = kv.head_dim, Hkv = kv.n_kv_heads, P = kv.page_size;
   const int ratio = n_heads / Hkv;
   const bool avx2 = cpu_use_avx2();
+  // BF16 cache with AVX2: K/V rows are converted in registers, no staging copy.
+  constexpr int kMaxRatio = 64;
+  const bool bf16_fast = avx2 && kv.dtype == DType::kBF16 && ratio <= kMaxRatio;
   const int64_t items = int64_t(batch.n_tokens) * Hkv;
   const int workers = int(std::min<int64_t>(pool.size(), items));
   pool.parallel_for(workers, 1, [&](int64_t w0, int64_t w1) {
@@ -127,7 +130,14 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
           const int64_t page = pages[j0 / P];
           const int n = int(std::min<int64_t>(P, n_ctx - j0));
           for (int j = 0; j < n; ++j) {
-            const float* kr = load_row(kv, kv_index(kv, page, layer, 0, j, kvh), kbuf.data());
+            const size_t at = kv_index(kv, page, layer, 0, j, kvh);
+            if (bf16_fast) {
+              float dots[kMaxRatio];
+              dot_bf16_multi_avx2(qg, D, ratio, static_cast<const uint16_t*>(kv.base) + at, D, dots);
+              for (int r = 0; r < ratio; ++r) score[size_t(r) * P + j] = dots[r] * scale;
+              continue;
+            }
+            const float* kr = load_row(kv, at, kbuf.data());
             for (int r = 0; r < ratio; ++r) score[size_t(r) * P + j] = dot_any(qg + r * D, kr, D, avx2) * scale;
           }
           // Online softmax: rescale what was accumulated to the new running max.
@@ -147,7 +157,14 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
             for (int d = 0; d < D; ++d) a[d] *= corr;
           }
           for (int j = 0; j < n; ++j) {
-            const float* vr = load_row(kv, kv_index(kv, page, layer, 1, j, kvh), vbuf.data());
+            const size_t at = kv_index(kv, page, layer, 1, j, kvh);
+            if (bf16_fast) {
+              float a[kMaxRatio];
+              for (int r = 0; r < ratio; ++r) a[r] = score[size_t(r) * P + j];
+              axpy_bf16_multi_avx2(a, ratio, static_cast<const uint16_t*>(kv.base) + at, acc.data(), D, D);
+              continue;
+            }
+            const float* vr = load_row(kv, at, vbuf.data());
             for (int r = 0; r < ratio; ++r)
               axpy_any(score[size_t(r) * P + j], vr, acc.data() + size_t(r) * D, D, avx2);
           }

@@ -49,6 +49,10 @@ void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx,
 float dot_f32_avx2(const float* a, const float* b, int64_t n);
 // y += a * x
 void axpy_f32_avx2(float a, const float* x, float* y, int64_t n);
+// The attention inner loops on a BF16 KV cache, converting in registers (no staging copy):
+// out[r] = dot(q + r*ldq, k) for r < nq;  y[r*ldy + :] += a[r] * v for r < nq.
+void dot_bf16_multi_avx2(const float* q, int64_t ldq, int nq, const uint16_t* k, int64_t n, float* out);
+void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, float* y, int64_t ldy, int64_t n);
 // Reads n bytes (a multiple of 128) and returns a checksum so the loads are not optimized away.
 uint64_t read_sum_avx2(const uint8_t* p, size_t n);
 

@@ -187,6 +187,59 @@ ANVIL_AVX2 void axpy_f32_avx2(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// 8 bf16 -> 8 fp32: widen to 32 bits and shift into the high half.
+ANVIL_AVX2 static inline __m256 load8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+ANVIL_AVX2 void dot_bf16_multi_avx2(const float* q, int64_t ldq, int nq, const uint16_t* k, int64_t n, float* out) {
+  int r = 0;
+  for (; r + 2 <= nq; r += 2) {  // two query heads share every K load
+    const float* q0 = q + r * ldq;
+    const float* q1 = q0 + ldq;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 kv = load8_bf16(k + i);
+      a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q0 + i), a0);
+      a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q1 + i), a1);
+    }
+    float s0 = hsum(a0), s1 = hsum(a1);
+    for (; i < n; ++i) {
+      const float kf = bf16_to_f32(k[i]);
+      s0 += kf * q0[i];
+      s1 += kf * q1[i];
+    }
+    out[r] = s0;
+    out[r + 1] = s1;
+  }
+  for (; r < nq; ++r) {
+    const float* q0 = q + r * ldq;
+    __m256 a0 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8_bf16(k + i), _mm256_loadu_ps(q0 + i), a0);
+    float s0 = hsum(a0);
+    for (; i < n; ++i) s0 += bf16_to_f32(k[i]) * q0[i];
+    out[r] = s0;
+  }
+}
+
+ANVIL_AVX2 void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, float* y, int64_t ldy, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 vv = load8_bf16(v + i);
+    for (int r = 0; r < nq; ++r) {
+      float* yr = y + r * ldy + i;
+      _mm256_storeu_ps(yr, _mm256_fmadd_ps(_mm256_set1_ps(a[r]), vv, _mm256_loadu_ps(yr)));
+    }
+  }
+  for (; i < n; ++i) {
+    const float vf = bf16_to_f32(v[i]);
+    for (int r = 0; r < nq; ++r) y[r * ldy + i] += a[r] * vf;
+  }
+}
+
 ANVIL_AVX2 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out) {
   const int64_t cols = w.cols;
   for (int64_t r = r0; r < r1; ++r) {
