@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "fixture_reader.h"
+#include "format/safetensors.h"
 #include "format/mlx_quant.h"
 
 using namespace anvil;
@@ -111,11 +111,29 @@ TEST(MlxQuant, PackedColsAndParameterErrors) {
   EXPECT_TRUE(mlx_quantize(w.data(), 1, 64, 4, 32, DType::kF32, q.data(), s.data(), b.data()).is_ok());
 }
 
+namespace {
+// One tensor of the MLX fixture file, copied out of the (validated) safetensors reader.
+struct FixtureTensor {
+  std::string dtype;  // "F32", "BF16", "U32", ...
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  template <typename T>
+  std::vector<T> as() const {
+    std::vector<T> v(bytes.size() / sizeof(T));
+    std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
+    return v;
+  }
+};
+}  // namespace
+
 // Our quantize and dequantize against the real MLX on every bits x group x dtype.
 TEST(MlxQuant, MatchesMlxFixtures) {
-  std::map<std::string, fixture::FixtureTensor> fx;
+  std::map<std::string, FixtureTensor> fx;
   const std::string path = std::string(ANVIL_TEST_DATA) + "/quant/mlx_quant.safetensors";
-  ASSERT_TRUE(fixture::read_fixture_safetensors(path, &fx)) << "cannot read " << path;
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.is_ok()) << file.status().message();
+  for (const TensorView& t : (*file)->tensors())
+    fx[t.name] = FixtureTensor{std::string(dtype_name(t.dtype)), t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
   int cases = 0;
   for (const char* dt_name : {"f32", "bf16"}) {
     const DType dt = std::string(dt_name) == "f32" ? DType::kF32 : DType::kBF16;
