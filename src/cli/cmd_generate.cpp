@@ -135,7 +135,9 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
               app.add_option("-n,--max-tokens", a->n, "Maximum tokens to generate")->capture_default_str();
               add_sampling_options(app, a->sampling);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
-              app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)");
+              app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)")
+                  ->expected(1)
+                  ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
               app.add_flag("--chat", a->chat, "Apply the model's chat template to the prompt (one user turn)");
               app.add_option("--system", a->system, "System message for --chat");
               app.add_flag("--no-thinking", a->no_thinking, "With --chat: enable_thinking=false");

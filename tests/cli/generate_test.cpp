@@ -127,3 +127,17 @@ TEST(CliSynth, WritesALoadableCheckpoint) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("qwen3-0.6b"), std::string::npos) << r.out;
 }
+
+TEST(CliGenerate, StopStringEndsGenerationAndIsNotPrinted) {
+  auto full = run_anvil({"generate", "-m", kModel, "-p", "def add(a, b):\n", "-n", "40", "--temp", "0", "--json"});
+  ASSERT_EQ(full.exit_code, 0);
+  std::string text = last_json_line(full.out)["text"];
+  auto at = text.find("return");
+  ASSERT_NE(at, std::string::npos) << "the reference continuation has no 'return': " << text;
+  auto cut = run_anvil({"generate", "-m", kModel, "-p", "def add(a, b):\n", "-n", "40", "--temp", "0", "--json",
+                        "--stop", "return", "--stop", "never-produced"});
+  ASSERT_EQ(cut.exit_code, 0);
+  auto j = last_json_line(cut.out);
+  EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_EQ(j["text"].get<std::string>(), text.substr(0, at));
+}
