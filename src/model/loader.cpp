@@ -46,8 +46,9 @@ Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec) {
   ANVIL_ASSIGN_OR_RETURN(SynthQuant q, parse_synth_quant(quant));
   auto m = std::make_unique<LoadedModel>();
   m->source = "synthetic:" + name + ":" + q.name();
+  // The config first: an architecture this build cannot run fails before gigabytes are generated.
+  ANVIL_ASSIGN_OR_RETURN(m->config, parse_model_config(synth_config_json(shape, q), m->source + " config"));
   ANVIL_ASSIGN_OR_RETURN(m->synthetic, synth_build(shape, q));
-  ANVIL_ASSIGN_OR_RETURN(m->config, parse_model_config(m->synthetic->config_json, m->source + " config"));
   m->config.eos_token_ids = {151645, 151643};
   const SynthModel* sm = m->synthetic.get();
   ANVIL_ASSIGN_OR_RETURN(m->weights,

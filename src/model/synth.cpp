@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,9 @@ const std::vector<SynthShape>& synth_shapes() {
       {"tiny", 2, 128, 4, 2, 32, 256, 151936, true},
       {"qwen3-0.6b", 28, 1024, 16, 8, 128, 3072, 151936, true},
       {"qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, false},
+      {"tiny-moe", 2, 128, 4, 2, 32, 256, 151936, false, 8, 2, 64},
+      {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, false, 128, 8, 768},
+      {"qwen3-30b-a3b-16L", 16, 2048, 32, 4, 128, 6144, 151936, false, 128, 8, 768},
   };
   return shapes;
 }
@@ -54,8 +58,8 @@ Result<SynthQuant> parse_synth_quant(const std::string& s) {
 
 std::string synth_config_json(const SynthShape& sh, const SynthQuant& q) {
   nlohmann::ordered_json j;
-  j["architectures"] = {"Qwen3ForCausalLM"};
-  j["model_type"] = "qwen3";
+  j["architectures"] = {sh.moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
+  j["model_type"] = sh.moe() ? "qwen3_moe" : "qwen3";
   j["vocab_size"] = sh.vocab;
   j["hidden_size"] = sh.hidden;
   j["intermediate_size"] = sh.ffn;
@@ -72,6 +76,14 @@ std::string synth_config_json(const SynthShape& sh, const SynthQuant& q) {
   j["bos_token_id"] = 151643;
   j["eos_token_id"] = 151645;
   j["torch_dtype"] = "bfloat16";
+  if (sh.moe()) {
+    j["num_experts"] = sh.experts;
+    j["num_experts_per_tok"] = sh.top_k;
+    j["moe_intermediate_size"] = sh.moe_ffn;
+    j["norm_topk_prob"] = true;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::ordered_json::array();
+  }
   if (q.bits) {
     j["quantization"] = {{"group_size", q.group_size}, {"bits", q.bits}};
     j["quantization_config"] = j["quantization"];
@@ -137,12 +149,18 @@ class Builder {
     for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(1.0f);
   }
 
-  void linear(const std::string& module, int64_t rows, int64_t cols, const SynthQuant& q) {
+  // A [rows, cols] linear, or `experts` of them stacked as [experts, rows, cols] when experts > 0.
+  void linear(const std::string& module, int64_t rows, int64_t cols, const SynthQuant& q, int64_t experts = 0) {
     const float a = std::sqrt(3.0f / float(cols));
     const uint64_t s = seed_ ^ std::hash<std::string>{}(module);
+    auto shape = [&](std::vector<int64_t> d) {
+      if (experts > 0) d.insert(d.begin(), experts);
+      return d;
+    };
+    const int64_t E = std::max<int64_t>(experts, 1);
     if (q.bits == 0) {
-      auto* p = reinterpret_cast<uint16_t*>(add(module + ".weight", DType::kBF16, {rows, cols}));
-      size_t n = size_t(rows) * cols;
+      auto* p = reinterpret_cast<uint16_t*>(add(module + ".weight", DType::kBF16, shape({rows, cols})));
+      size_t n = size_t(E) * rows * cols;
       std::vector<uint64_t> r((n + 3) / 4);
       fill_random(r.data(), r.size(), s);
       const uint16_t* rr = reinterpret_cast<const uint16_t*>(r.data());
@@ -151,14 +169,14 @@ class Builder {
     }
     // Random codes; scale and bias map code range [0, 2^bits - 1] onto [-a, a].
     int64_t packed = cols * q.bits / 32;
-    auto* w = add(module + ".weight", DType::kU32, {rows, packed});
-    fill_random(reinterpret_cast<uint64_t*>(w), (size_t(rows) * packed * 4 + 7) / 8, s);
+    auto* w = add(module + ".weight", DType::kU32, shape({rows, packed}));
+    fill_random(reinterpret_cast<uint64_t*>(w), (size_t(E) * rows * packed * 4 + 7) / 8, s);
     int64_t groups = cols / q.group_size;
-    auto* sc = reinterpret_cast<uint16_t*>(add(module + ".scales", DType::kBF16, {rows, groups}));
-    auto* bi = reinterpret_cast<uint16_t*>(add(module + ".biases", DType::kBF16, {rows, groups}));
+    auto* sc = reinterpret_cast<uint16_t*>(add(module + ".scales", DType::kBF16, shape({rows, groups})));
+    auto* bi = reinterpret_cast<uint16_t*>(add(module + ".biases", DType::kBF16, shape({rows, groups})));
     const float maxq = float((1 << q.bits) - 1);
     uint16_t scale = f32_to_bf16(2.0f * a / maxq), bias = f32_to_bf16(-a);
-    for (int64_t i = 0; i < rows * groups; ++i) {
+    for (int64_t i = 0; i < E * rows * groups; ++i) {
       sc[i] = scale;
       bi[i] = bias;
     }
@@ -189,9 +207,16 @@ Result<std::unique_ptr<SynthModel>> synth_build(const SynthShape& sh, const Synt
     b.linear(p + "self_attn.k_proj", KD, sh.hidden, q);
     b.linear(p + "self_attn.v_proj", KD, sh.hidden, q);
     b.linear(p + "self_attn.o_proj", sh.hidden, QD, q);
-    b.linear(p + "mlp.gate_proj", sh.ffn, sh.hidden, q);
-    b.linear(p + "mlp.up_proj", sh.ffn, sh.hidden, q);
-    b.linear(p + "mlp.down_proj", sh.hidden, sh.ffn, q);
+    if (sh.moe()) {
+      b.linear(p + "mlp.gate", sh.experts, sh.hidden, q);  // the router
+      b.linear(p + "mlp.switch_mlp.gate_proj", sh.moe_ffn, sh.hidden, q, sh.experts);
+      b.linear(p + "mlp.switch_mlp.up_proj", sh.moe_ffn, sh.hidden, q, sh.experts);
+      b.linear(p + "mlp.switch_mlp.down_proj", sh.hidden, sh.moe_ffn, q, sh.experts);
+    } else {
+      b.linear(p + "mlp.gate_proj", sh.ffn, sh.hidden, q);
+      b.linear(p + "mlp.up_proj", sh.ffn, sh.hidden, q);
+      b.linear(p + "mlp.down_proj", sh.hidden, sh.ffn, q);
+    }
   }
   b.ones("model.norm.weight", sh.hidden);
   if (!sh.tied) b.linear("lm_head", sh.vocab, sh.hidden, q);
