@@ -1,6 +1,7 @@
 // Test helpers for the golden model tests: run the anvil CLI as a subprocess, read float32 .npy files,
 // and the logit error metric shared with scripts/make_golden_fixtures.py.
 #pragma once
+#include "format/npy.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,50 +71,15 @@ struct NpyF32 {
   const float* row(size_t i) const { return data.data() + i * cols(); }
 };
 
-// Reads a .npy file (format versions 1-3) holding little-endian float32 ('<f4'), C order, 1-D or 2-D.
+// Reads a float32 ('<f4') .npy file, 1-D or 2-D, through the project's validated reader.
 inline Result<NpyF32> read_npy_f32(const std::string& path) {
-  const std::string raw = read_whole_file(path);
-  if (raw.size() < 10 || raw.compare(0, 6, "\x93NUMPY") != 0)
-    return corrupt(path + ": not a .npy file (missing \\x93NUMPY magic)");
-  const int major = static_cast<unsigned char>(raw[6]);
-  size_t header_len, header_at;
-  auto u8 = [&](size_t i) { return static_cast<size_t>(static_cast<unsigned char>(raw[i])); };
-  if (major == 1) {
-    header_len = u8(8) | u8(9) << 8, header_at = 10;
-  } else if (major == 2 || major == 3) {
-    if (raw.size() < 12) return corrupt(path + ": truncated .npy header");
-    header_len = u8(8) | u8(9) << 8 | u8(10) << 16 | u8(11) << 24, header_at = 12;
-  } else {
-    return unsupported(path + ": .npy format version " + std::to_string(major) + ", expected 1, 2 or 3");
-  }
-  if (header_at + header_len > raw.size()) return corrupt(path + ": truncated .npy header");
-  const std::string h = raw.substr(header_at, header_len);
-  if (h.find("'descr': '<f4'") == std::string::npos)
-    return unsupported(path + ": dtype is not little-endian float32 ('<f4'); header: " + h);
-  if (h.find("'fortran_order': False") == std::string::npos)
-    return unsupported(path + ": Fortran-order arrays are not supported");
-  const size_t open = h.find("'shape': (");
-  const size_t close = open == std::string::npos ? open : h.find(')', open);
-  if (close == std::string::npos) return corrupt(path + ": no shape in .npy header: " + h);
+  auto arr = read_npy(path);
+  if (!arr.is_ok()) return arr.status();
+  if (arr->descr != "<f4") return unsupported(path + ": dtype " + arr->descr + ", expected little-endian float32 ('<f4')");
+  if (arr->shape.empty() || arr->shape.size() > 2) return unsupported(path + ": expected a 1-D or 2-D array");
   NpyF32 a;
-  size_t count = 1;
-  for (size_t i = open + 10; i < close;) {
-    char* end = nullptr;
-    unsigned long long d = std::strtoull(h.c_str() + i, &end, 10);
-    const size_t next = static_cast<size_t>(end - h.c_str());
-    if (next == i) { ++i; continue; }  // skip ", " separators
-    a.shape.push_back(d);
-    count *= d;
-    i = next;
-  }
-  if (a.shape.empty() || a.shape.size() > 2)
-    return unsupported(path + ": expected a 1-D or 2-D array, header: " + h);
-  const size_t data_at = header_at + header_len;
-  if (raw.size() - data_at != count * sizeof(float))
-    return corrupt(path + ": expected " + std::to_string(count * sizeof(float)) + " data bytes, found " +
-                   std::to_string(raw.size() - data_at));
-  a.data.resize(count);
-  std::memcpy(a.data.data(), raw.data() + data_at, count * sizeof(float));  // x86-64: little-endian host
+  for (int64_t d : arr->shape) a.shape.push_back(size_t(d));
+  a.data.assign(arr->f32(), arr->f32() + arr->numel());
   return a;
 }
 
