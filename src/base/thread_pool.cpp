@@ -1,17 +1,39 @@
 #include "base/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 
 namespace anvil {
+namespace {
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+int spin_from_env() {
+  const char* e = std::getenv("ANVIL_SPIN_US");
+  if (!e || !*e) return ThreadPool::kDefaultSpinUs;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return (end && *end == '\0' && v >= 0) ? int(std::min<long>(v, 1000000)) : ThreadPool::kDefaultSpinUs;
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads, int spin_us)
+    : n_threads_(std::max(1, n_threads)), spin_us_(spin_us >= 0 ? spin_us : spin_from_env()) {
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker(); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   cv_start_.notify_all();
   for (auto& t : workers_) t.join();
@@ -22,30 +44,43 @@ int ThreadPool::default_threads() {
   return n == 0 ? 1 : int(n);
 }
 
-void ThreadPool::worker(int index) {
+template <class Pred>
+bool ThreadPool::spin(Pred done) const {
+  if (done()) return true;
+  if (spin_us_ <= 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+  for (int i = 1;; ++i) {
+    cpu_relax();
+    if (done()) return true;
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
+void ThreadPool::run_chunks() {
+  for (;;) {
+    const int c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+    if (c >= job_chunks_) return;
+    const int64_t b = c * job_chunk_, e = std::min(job_n_, b + job_chunk_);
+    if (b < e) (*job_)(b, e);
+  }
+}
+
+void ThreadPool::worker() {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n, chunk;
-    int chunks;
-    {
+    auto started = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin(started)) {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_start_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunk = job_chunk_;
-      chunks = job_chunks_;
+      cv_start_.wait(lk, started);
     }
-    // Chunk c goes to thread c % n_threads_; the caller is thread 0.
-    for (int c = index; c < chunks; c += n_threads_) {
-      int64_t b = c * chunk, e = std::min(n, b + chunk);
-      if (b < e) (*job)(b, e);
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    run_chunks();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lk(mu_);  // pairs with the caller's predicate check in cv_done_.wait
+      cv_done_.notify_one();
     }
   }
 }
@@ -53,31 +88,33 @@ void ThreadPool::worker(int index) {
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  int64_t max_chunks = (n + grain - 1) / grain;
-  int threads = int(std::min<int64_t>(n_threads_, max_chunks));
+  const int64_t max_chunks = (n + grain - 1) / grain;
+  const int threads = int(std::min<int64_t>(n_threads_, max_chunks));
   if (threads <= 1) {
     fn(0, n);
     return;
   }
-  int64_t chunk = (n + n_threads_ - 1) / n_threads_;
-  chunk = std::max(chunk, grain);
-  int chunks = int((n + chunk - 1) / chunk);
+  // Up to 4 chunks per thread, each at least `grain` long.
+  const int64_t target = int64_t(n_threads_) * 4;
+  const int64_t chunk = std::max(grain, (n + target - 1) / target);
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = chunk;
+  job_chunks_ = int((n + chunk - 1) / chunk);
+  next_chunk_.store(0, std::memory_order_relaxed);
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
+    // Under the mutex so a worker between its predicate check and its sleep cannot miss the bump.
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunk_ = chunk;
-    job_chunks_ = chunks;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   cv_start_.notify_all();
-  for (int c = 0; c < chunks; c += n_threads_) {
-    int64_t b = c * chunk, e = std::min(n, b + chunk);
-    if (b < e) fn(b, e);
+  run_chunks();
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin(done)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, done);
   }
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
   job_ = nullptr;
 }
 

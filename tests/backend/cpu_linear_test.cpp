@@ -1,13 +1,15 @@
 // linear on the CPU backend against a double-precision reference built from the integer truth of
 // the packed weights (backend_test_util.h), for every bit width x group size x scale dtype,
-// mat-vec (T = 1), small batches (T <= 8: the multi-row mat-vec kernel) and matmul (T = 9), with and without bias, odd output row counts.
+// mat-vec (T = 1), small batches and prefill-sized batches (T = 2, 7, 9, 17: tiles of 4 activation
+// rows plus a remainder), with and without bias, output row counts that are not a multiple of the
+// kernel's 4-row tile.
 //
 // Error measure: max |y - ref| / max_r sum_k |W[r,k] x[k]| (+|bias|), i.e. relative to the largest
 // magnitude any output could have, so it is scale-free and cannot be met by an all-zero answer.
 // Bounds:
 //  - fp32 paths (scalar, dense, matmul): n fp32 roundings in a sum of n terms stay below ~n*6e-8
 //    worst case (here n <= 2112 gives 1.3e-4; typical error is ~1e-6), so 2e-4;
-//  - the AVX2 4/8-bit mat-vec (T <= 8) quantizes x to int16 per group (step max|x_g|/32767: each term off
+//  - the AVX2 4/8-bit integer kernel (any T) quantizes x to int16 per group (step max|x_g|/32767: each term off
 //    by at most |w|*max|x_g|/65534, i.e. <= 1/65534 relative for |x| ~ U(-1,1) against E|x| = 1/2,
 //    ~3e-5) plus fp32 accumulation: 3e-4.
 // A wrong nibble order, group index or scale/bias mix-up gives errors of order 1e-1..1.
@@ -71,7 +73,7 @@ TEST_P(QuantLinearTest, MatchesReference) {
   auto be = make_cpu_backend(2);
   for (bool scalar : {false, true}) {
     cpu_set_force_scalar(scalar);
-    const bool int16_path = !scalar && cpu_has_avx2() && T <= 8 && (bits == 4 || bits == 8);
+    const bool int16_path = !scalar && cpu_has_avx2() && (bits == 4 || bits == 8);
     EXPECT_LT(run_linear(*be, t, x, T, nullptr), int16_path ? 3e-4 : 2e-4) << (scalar ? "scalar" : "default") << " path";
   }
 }
@@ -79,7 +81,7 @@ TEST_P(QuantLinearTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(AllFormats, QuantLinearTest,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5, 6, 8), ::testing::Values(32, 64, 128),
                                             ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                                            ::testing::Values(1, 2, 7, 9), ::testing::Bool()));
+                                            ::testing::Values(1, 2, 7, 9, 17), ::testing::Bool()));
 
 // Column counts that stress the kernels' blocking: a 4-bit g32 row of 96 (not a whole 64-element
 // block: generic path), and rows of 2112 (66 groups of 32: more than one staged chunk of 64 groups

@@ -49,14 +49,3 @@ TEST(DType, F16RoundTripIncludingSubnormals) {
   EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);
 }
-
-TEST(ThreadPool, CoversRangeExactlyOnce) {
-  ThreadPool pool(3);
-  for (int64_t n : {1, 2, 7, 100, 1001}) {
-    std::vector<std::atomic<int>> hits(n);
-    pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) hits[i]++;
-    });
-    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1);
-  }
-}

@@ -1,10 +1,15 @@
 // linear: out[T, N] = x[T, K] W^T (+ bias) for dense (F32/F16/BF16) and MLX affine quantized W.
 //
-// T == 1 (decode; T <= 8 for 4/8-bit: batched decode) is a mat-vec bound by reading W once: threads split the output rows into one
-// big contiguous chunk each; the AVX2 kernels (cpu_qdot_avx2.cpp) read 4/8-bit and bf16 weights
-// without shuffles. Other bit widths and the scalar path dequantize a row to fp32 and dot it.
-// T > 1 (prefill) is compute bound: a block of kRowBlock weight rows is dequantized to fp32 once
-// and reused against every activation row with a 4x2 register-tiled FMA kernel.
+// 4/8-bit W with AVX2, any T (decode, batched decode and prefill): x is quantized to int16 per
+// group and the integer kernel (cpu_qdot_avx2.cpp) runs tiles of weight rows x activation rows,
+// reading the packed weights without shuffles or fp32 dequantization. Threads split the output
+// rows into one big contiguous chunk each; within a chunk a sub-block of rows stays in L2 while
+// every group of 4 activation rows passes over it. For prefill this integer path does twice the
+// multiply-adds per instruction of an fp32 FMA GEMM over dequantized weights.
+// Other T == 1 cases are a mat-vec bound by reading W once (bf16 without shuffles; other bit
+// widths and the scalar path dequantize a row to fp32 and dot it). Other T > 1 cases are compute
+// bound: a block of kRowBlock weight rows is dequantized to fp32 once and reused against every
+// activation row with a 4x2 register-tiled FMA kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,10 +22,7 @@
 namespace anvil::cpu {
 namespace {
 
-constexpr int kRowBlock = 16;  // weight rows dequantized together for the prefill matmul
-// Up to this many activation rows, 4/8-bit W goes through the AVX2 mat-vec kernel (W read once per
-// 4 rows, no fp32 dequantization); dequantizing to fp32 only pays off for larger batches.
-constexpr int64_t kSmallBatch = 8;
+constexpr int kRowBlock = 16;  // weight rows dequantized together for the fp32 matmul
 
 // Element k of a packed row: bits [k*bits, (k+1)*bits) of the little-endian stream.
 inline uint32_t qextract(const uint8_t* row, int64_t k, int bits) {
@@ -84,21 +86,29 @@ void quantize_x_row(const float* x, int64_t cols, int bits, int64_t G, int16_t* 
       }
 }
 
-// T <= kSmallBatch rows against 4/8-bit W with the AVX2 mat-vec kernel: each weight row block is
-// streamed once from memory and reused from L2 by every group of 4 activation rows.
-void gemv_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
+// T rows against 4/8-bit W with the AVX2 integer kernel: each weight row block is streamed once
+// from memory and reused from L2 by every group of activation rows.
+void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
   const int64_t cols = w.cols, G = w.group_size, ng = cols / G, N = w.rows;
   thread_local std::vector<int16_t> xq;
   thread_local std::vector<float> xscale, xsum;
   xq.resize(size_t(T * cols));
   xscale.resize(size_t(T * ng));
   xsum.resize(size_t(T * ng));
+  // thread_local names resolve per thread inside a lambda: hand the caller's buffers by pointer.
+  int16_t* xqp = xq.data();
+  float* xscalep = xscale.data();
+  float* xsump = xsum.data();
+  auto quantize_rows = [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      quantize_x_row(x + t * cols, cols, w.bits, G, xqp + t * cols, xscalep + t * ng, xsump + t * ng);
+  };
+  if (T >= 8)
+    pool.parallel_for(T, 4, quantize_rows);
+  else
+    quantize_rows(0, T);
   std::vector<QuantizedX> xs(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    quantize_x_row(x + t * cols, cols, w.bits, G, xq.data() + t * cols, xscale.data() + t * ng, xsum.data() + t * ng);
-    // thread_local names resolve per thread inside the lambda: hand the caller's buffers by pointer.
-    xs[size_t(t)] = QuantizedX{xq.data() + t * cols, xscale.data() + t * ng, xsum.data() + t * ng};
-  }
+  for (int64_t t = 0; t < T; ++t) xs[size_t(t)] = QuantizedX{xqp + t * cols, xscalep + t * ng, xsump + t * ng};
   const int64_t row_bytes = std::max<int64_t>(1, int64_t(w.bytes() / size_t(N)));
   const int64_t sub = std::max<int64_t>(1, (int64_t(128) << 10) / row_bytes);  // rows kept in L2 across x groups
   pool.parallel_for(N, gemv_grain(w), [&](int64_t b, int64_t e) {
@@ -214,8 +224,8 @@ void weight_row_to_f32(const WeightMatrix& w, int64_t r, float* out) {
 
 void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out) {
   if (rows <= 0) return;
-  if (rows <= kSmallBatch && w.quantized() && cpu_use_avx2() && qdot_avx2_supported(w.bits, w.group_size, w.cols))
-    gemv_quant_avx2(pool, x, rows, w, out);
+  if (w.quantized() && cpu_use_avx2() && qdot_avx2_supported(w.bits, w.group_size, w.cols))
+    linear_quant_avx2(pool, x, rows, w, out);
   else if (rows == 1)
     gemv(pool, x, w, out);
   else

@@ -22,6 +22,12 @@
 
 namespace anvil::cpu {
 namespace {
+// Software prefetch distance for the streamed weight rows. A thread's rows are one sequential
+// stream, but the kernel spends long enough on each cache line that the hardware prefetcher alone
+// keeps too few lines in flight: per core, compute and memory time then add up instead of
+// overlapping. Prefetching ~2 KiB ahead measured +25% decode speed (27 -> 34 tok/s, qwen3-0.6b
+// q4g64, 2 threads); 512 B gave +14%, and anything from 2 to 8 KiB was the same within noise.
+constexpr int kPrefetchBytes = 2048;
 
 ANVIL_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -39,7 +45,10 @@ ANVIL_AVX2 inline __m256 load8(const void* p, DType dt, int64_t i) {
 }
 
 // NX activation rows (1..4) share one pass over the weights: each extracted q vector is multiplied
-// against all of them, so small batches (batched decode) read W once per 4 rows, not once per row.
+// against all of them, so batches (batched decode, prefill) read W once per 4 rows, not once per row.
+// One weight row at a time, front to back: the rows of a thread's chunk are then one sequential
+// stream that the hardware prefetcher follows. Tiles of 4 weight rows (4 interleaved streams of
+// 512-byte rows, too short for the prefetcher to lock on) were measured at -40% decode speed.
 template <int kBits, int kGroup, int NX>
 ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out,
                              int64_t ldo) {
@@ -83,6 +92,7 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
         for (g = 0; g < n; ++g) {
           const int64_t ge = (g0 + g) * kGroup;  // first element of the group
           const __m256i* wp = reinterpret_cast<const __m256i*>(row + ge * kBits / 8);
+          _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
           __m256i iacc[NX];
           for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -109,6 +119,7 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
         for (g = 0; g < n; g += 2) {
           const int64_t ge = (g0 + g) * kGroup;
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ge / 2));
+          _mm_prefetch(reinterpret_cast<const char*>(row + ge / 2) + kPrefetchBytes, _MM_HINT_T0);
           __m256i iacc[NX];
           for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -255,6 +266,7 @@ ANVIL_AVX2 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t 
              a3 = _mm256_setzero_ps();
       int64_t i = 0;
       for (; i + 32 <= cols; i += 32) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr + i) + kPrefetchBytes, _MM_HINT_T0);
         const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i));
         const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i + 16));
         a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp + i), a0);

@@ -1,0 +1,96 @@
+// ThreadPool: every index of [0, n) is run exactly once, chunks respect the grain, and the
+// spin-then-sleep hand-off neither loses a wake-up nor leaves a job unfinished, whether workers
+// are spinning (back-to-back jobs), asleep (after an idle gap) or never spin at all.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "base/thread_pool.h"
+
+namespace anvil {
+namespace {
+
+void expect_exact_cover(ThreadPool& pool, int64_t n, int64_t grain) {
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+  pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+    ASSERT_LE(0, b);
+    ASSERT_LT(b, e);
+    ASSERT_LE(e, n);
+    if (e - b < grain) EXPECT_EQ(e, n) << "only the last chunk may be shorter than the grain";
+    for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n " << n << " index " << i;
+}
+
+TEST(ThreadPool, CoversRangeExactlyOnce) {
+  for (int spin : {0, 50}) {
+    ThreadPool pool(3, spin);
+    for (int64_t n : {1, 2, 7, 100, 1001})
+      for (int64_t grain : {1, 3, 64}) expect_exact_cover(pool, n, grain);
+  }
+}
+
+TEST(ThreadPool, GrainLimitsChunkCount) {
+  ThreadPool pool(4, 0);
+  std::atomic<int> calls{0};
+  pool.parallel_for(100, 40, [&](int64_t b, int64_t e) {
+    EXPECT_TRUE(e - b >= 40 || e == 100);
+    calls++;
+  });
+  EXPECT_LE(calls.load(), 3);
+  calls = 0;
+  pool.parallel_for(10, 100, [&](int64_t b, int64_t e) {  // one chunk: runs inline on the caller
+    EXPECT_EQ(b, 0);
+    EXPECT_EQ(e, 10);
+    calls++;
+  });
+  EXPECT_EQ(calls.load(), 1);
+}
+
+// Thousands of short jobs back to back (workers catch them while spinning), then jobs after idle
+// gaps longer than the spin (workers must be woken from their sleep).
+TEST(ThreadPool, ManyJobsAndIdleGaps) {
+  for (int spin : {0, 20, 1000}) {
+    ThreadPool pool(2, spin);
+    int64_t total = 0;
+    for (int j = 0; j < 5000; ++j) {
+      std::atomic<int64_t> sum{0};
+      pool.parallel_for(64, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) sum += i;
+      });
+      ASSERT_EQ(sum.load(), 64 * 63 / 2) << "job " << j;
+      total += sum.load();
+    }
+    EXPECT_EQ(total, int64_t(5000) * 2016);
+    for (int j = 0; j < 3; ++j) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      expect_exact_cover(pool, 257, 1);
+    }
+  }
+}
+
+TEST(ThreadPool, OneThreadRunsInline) {
+  ThreadPool pool(1);
+  const auto self = std::this_thread::get_id();
+  pool.parallel_for(1000, 1, [&](int64_t b, int64_t e) {
+    EXPECT_EQ(std::this_thread::get_id(), self);
+    EXPECT_EQ(b, 0);
+    EXPECT_EQ(e, 1000);
+  });
+}
+
+TEST(ThreadPool, SpinFromEnvironment) {
+  ::setenv("ANVIL_SPIN_US", "7", 1);
+  EXPECT_EQ(ThreadPool(2).spin_us(), 7);
+  ::setenv("ANVIL_SPIN_US", "bogus", 1);
+  EXPECT_EQ(ThreadPool(2).spin_us(), ThreadPool::kDefaultSpinUs);
+  ::unsetenv("ANVIL_SPIN_US");
+  EXPECT_EQ(ThreadPool(2).spin_us(), ThreadPool::kDefaultSpinUs);
+  EXPECT_EQ(ThreadPool(2, 0).spin_us(), 0);
+}
+
+}  // namespace
+}  // namespace anvil
