@@ -36,6 +36,9 @@ struct QuantizedX {
   const float* xsum;
 };
 bool qdot_avx2_supported(int bits, int group_size, int64_t cols);
+// One row of x into that form: xq[cols], xscale[cols/G], xsum[cols/G] (G a multiple of 8).
+void quantize_x_int16_avx2(const float* x, int64_t cols, int bits, int64_t G, int16_t* xq, float* xscale,
+                           float* xsum);
 // For weight rows r in [r0, r1) and activation rows x < nx (1..4), one pass over W:
 //   out[x*ldo + r] = sum_g scale_g*xscale_g*dot(q_g, xq_g) + bias_g*xsum_g (+ row bias).
 void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, int nx, float* out,

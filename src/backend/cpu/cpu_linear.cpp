@@ -65,27 +65,6 @@ int64_t gemv_grain(const WeightMatrix& w) {
   return std::max<int64_t>(1, (int64_t(256) << 10) / row_bytes);
 }
 
-// x rows -> int16 per weight group, permuted into the kernel's lane order (see cpu_kernels.h).
-void quantize_x_row(const float* x, int64_t cols, int bits, int64_t G, int16_t* xq, float* xscale, float* xsum) {
-  const int64_t ng = cols / G, e = 16 / bits, B = 16 * e;
-  for (int64_t g = 0; g < ng; ++g) {
-    float amax = 0.0f, sum = 0.0f;
-    for (int64_t k = g * G; k < (g + 1) * G; ++k) {
-      amax = std::max(amax, std::fabs(x[k]));
-      sum += x[k];
-    }
-    xscale[g] = amax / 32767.0f;
-    xsum[g] = sum;
-  }
-  for (int64_t blk = 0; blk < cols; blk += B)
-    for (int64_t j = 0; j < e; ++j)
-      for (int64_t wd = 0; wd < 16; ++wd) {
-        const int64_t k = blk + e * wd + j;
-        const float s = xscale[k / G];
-        xq[blk + j * 16 + wd] = s > 0.0f ? int16_t(std::lrintf(x[k] / s)) : int16_t(0);
-      }
-}
-
 // T rows against 4/8-bit W with the AVX2 integer kernel: each weight row block is streamed once
 // from memory and reused from L2 by every group of activation rows.
 void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
@@ -101,7 +80,7 @@ void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const Weight
   float* xsump = xsum.data();
   auto quantize_rows = [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t)
-      quantize_x_row(x + t * cols, cols, w.bits, G, xqp + t * cols, xscalep + t * ng, xsump + t * ng);
+      quantize_x_int16_avx2(x + t * cols, cols, w.bits, G, xqp + t * cols, xscalep + t * ng, xsump + t * ng);
   };
   if (T >= 8)
     pool.parallel_for(T, 4, quantize_rows);

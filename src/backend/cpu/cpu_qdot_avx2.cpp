@@ -177,6 +177,38 @@ void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const Quanti
   }
 }
 
+ANVIL_AVX2 void quantize_x_int16_avx2(const float* x, int64_t cols, int bits, int64_t G, int16_t* xq, float* xscale,
+                                      float* xsum) {
+  const int64_t ng = cols / G, e = 16 / bits, B = 16 * e;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t g = 0; g < ng; ++g) {
+    __m256 vmax = _mm256_setzero_ps(), vsum = _mm256_setzero_ps();
+    for (int64_t k = g * G; k < (g + 1) * G; k += 8) {
+      const __m256 v = _mm256_loadu_ps(x + k);
+      vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, abs_mask));
+      vsum = _mm256_add_ps(vsum, v);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    xscale[g] = _mm_cvtss_f32(m) / 32767.0f;
+    xsum[g] = hsum(vsum);
+  }
+  // Round to nearest even (the default MXCSR mode, as lrintf) in natural order, then permute one
+  // block into the kernel's lane order: xq[blk + j*16 + w] = q[blk + e*w + j].
+  alignas(32) int32_t q[64];
+  for (int64_t blk = 0; blk < cols; blk += B) {
+    for (int64_t k = 0; k < B; k += 8) {
+      const float sc = xscale[(blk + k) / G];
+      const __m256i v = sc > 0.0f ? _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + blk + k), _mm256_set1_ps(sc)))
+                                  : _mm256_setzero_si256();
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q + k), v);
+    }
+    for (int64_t j = 0; j < e; ++j)
+      for (int64_t wd = 0; wd < 16; ++wd) xq[blk + j * 16 + wd] = int16_t(q[e * wd + j]);
+  }
+}
+
 ANVIL_AVX2 float dot_f32_avx2(const float* a, const float* b, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int64_t i = 0;
