@@ -61,16 +61,19 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
     const int64_t gbase = r * ng;
-    __m256 acc[NX], bacc[NX];
+    // The affine bias term is reduced to a scalar per staged chunk, so no register stays tied up
+    // by it across the main loop (NX = 4 would otherwise spill: -30% for prefill).
+    __m256 acc[NX];
     float btail[NX];
     for (int x = 0; x < NX; ++x) {
       acc[x] = _mm256_setzero_ps();
-      bacc[x] = _mm256_setzero_ps();
       btail[x] = 0.0f;
     }
     for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
       const int n = int(std::min<int64_t>(kChunk, ng - g0));
       int g = 0;
+      __m256 bacc[NX];
+      for (int x = 0; x < NX; ++x) bacc[x] = _mm256_setzero_ps();
       for (; g + 8 <= n; g += 8) {
         const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
         const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
@@ -87,6 +90,7 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
           btail[x] += b * xs[x].xsum[g0 + g];
         }
       }
+      for (int x = 0; x < NX; ++x) btail[x] += hsum(bacc[x]);
       if constexpr (kGroup >= B) {
         constexpr int kBlocksPerGroup = kGroup / B;
         for (g = 0; g < n; ++g) {
@@ -140,7 +144,7 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
       }
     }
     const float bias = weight_bias(w, r);
-    for (int x = 0; x < NX; ++x) out[x * ldo + r] = hsum(acc[x]) + hsum(bacc[x]) + btail[x] + bias;
+    for (int x = 0; x < NX; ++x) out[x * ldo + r] = hsum(acc[x]) + btail[x] + bias;
   }
 }
 
