@@ -4,7 +4,9 @@
 //
 // Scenario: two sequences with non-contiguous page tables and page_size 5 (dividing neither
 // length); step 1 prefills 12 tokens of seq 1 and 9 of seq 0 in one batch (interleaved order),
-// step 2 is a mixed batch: a decode token of seq 0 plus a 2-token prefill chunk of seq 1.
+// step 2 is a mixed batch: a decode token of seq 0 plus a 2-token prefill chunk of seq 1; step 3
+// continues both with contiguous chunks (5 and 6 tokens: the kernel's blocks of consecutive tokens
+// plus remainders, across page boundaries).
 // GQA ratios 2 and 4, head_dim 20 (SIMD tails) and 64, KV in F32 and BF16, q/k norm on and off.
 //
 // Bounds: with F32 KV every quantity is a few fp32 roundings away from the double reference
@@ -52,7 +54,10 @@ std::vector<Step> scenario() {
   }
   s2.seq = {1, 0, 1};
   s2.pos = {12, 9, 13};
-  return {s1, s2};
+  Step s3;
+  for (int p = 10; p < 15; ++p) s3.seq.push_back(0), s3.pos.push_back(p);
+  for (int p = 14; p < 20; ++p) s3.seq.push_back(1), s3.pos.push_back(p);
+  return {s1, s2, s3};
 }
 
 size_t kv_elem(const AttnConfig& c, int page, int which, int slot, int head, int d) {

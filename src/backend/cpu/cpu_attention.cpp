@@ -2,9 +2,11 @@
 //
 // KV page layout (backend.h): element (page, layer, kv, slot, head, d) at
 //   ((((page*n_layers + layer)*2 + kv)*n_kv_heads + head)*page_size + slot)*head_dim + d.
-// Attention work items are (token, kv head): the n_heads/n_kv_heads query heads sharing a kv head
-// are processed together so each K/V row is read (and converted from bf16) once per item. Items
-// are dealt round-robin to threads, which balances causal prefill (later tokens see more keys).
+// Attention work items are (token block, kv head): the n_heads/n_kv_heads query heads sharing a kv
+// head, for up to 4 consecutive tokens of one sequence (a prefill chunk; decode tokens are blocks
+// of one), are processed together so each K/V row is read (and converted from bf16) once per item;
+// keys past a query's own position get weight 0. Items are dealt round-robin to threads, which
+// balances causal prefill (later tokens see more keys).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -109,48 +111,81 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
   const int ratio = n_heads / Hkv;
   const bool avx2 = cpu_use_avx2();
   // BF16 cache with AVX2: K/V rows are converted in registers, no staging copy.
-  constexpr int kMaxRatio = 64;
-  const bool bf16_fast = avx2 && kv.dtype == DType::kBF16 && ratio <= kMaxRatio;
-  const int64_t items = int64_t(batch.n_tokens) * Hkv;
+  constexpr int kMaxQueries = 64;
+  const bool bf16_fast = avx2 && kv.dtype == DType::kBF16 && ratio <= kMaxQueries;
+  // Token blocks: up to kBlock consecutive tokens of one sequence at consecutive positions (a
+  // prefill chunk) share each K/V row they read; single tokens (decode) are blocks of one.
+  const int kBlock = std::max(1, std::min(4, kMaxQueries / ratio));
+  std::vector<int32_t> block_start;
+  for (int32_t t = 0; t < batch.n_tokens;) {
+    block_start.push_back(t);
+    int32_t e = t + 1;
+    while (e < batch.n_tokens && e - t < kBlock && batch.seq[e] == batch.seq[t] && batch.pos[e] == batch.pos[e - 1] + 1)
+      ++e;
+    t = e;
+  }
+  block_start.push_back(batch.n_tokens);
+  const int64_t n_blocks = int64_t(block_start.size()) - 1;
+  const int64_t items = n_blocks * Hkv;
   const int workers = int(std::min<int64_t>(pool.size(), items));
   pool.parallel_for(workers, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D)), acc(size_t(ratio) * D), score(size_t(ratio) * P);
-    std::vector<float> m(static_cast<size_t>(ratio)), l(static_cast<size_t>(ratio));
+    const int max_q = kBlock * ratio;
+    std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D)), qbuf(size_t(max_q) * D),
+        acc(size_t(max_q) * D), score(size_t(max_q) * P);
+    std::vector<float> m(static_cast<size_t>(max_q)), l(static_cast<size_t>(max_q));
+    std::vector<int64_t> limit(static_cast<size_t>(max_q));  // keys visible to each query
     for (int64_t wk = w0; wk < w1; ++wk)
       for (int64_t item = wk; item < items; item += workers) {
-        const int64_t t = item / Hkv;
+        const int64_t blk = item / Hkv;
         const int kvh = int(item % Hkv);
-        const int64_t n_ctx = int64_t(batch.pos[t]) + 1;
-        const int32_t* pages = batch.page_table + int64_t(batch.seq[t]) * batch.max_pages;
-        const float* qg = q + (t * n_heads + int64_t(kvh) * ratio) * D;  // the group's first query head
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-        std::fill(l.begin(), l.end(), 0.0f);
+        const int64_t t0 = block_start[size_t(blk)];
+        const int nt = int(block_start[size_t(blk) + 1] - t0);
+        const int nq = nt * ratio;
+        const int32_t* pages = batch.page_table + int64_t(batch.seq[t0]) * batch.max_pages;
+        // The block's queries, token-major: query i is head (i % ratio) of the group, token i / ratio.
+        const float* qg = q + (t0 * n_heads + int64_t(kvh) * ratio) * D;
+        if (nt > 1) {
+          for (int ti = 0; ti < nt; ++ti)
+            std::memcpy(qbuf.data() + size_t(ti) * ratio * D, qg + int64_t(ti) * n_heads * D, size_t(ratio) * D * 4);
+          qg = qbuf.data();
+        }
+        for (int i = 0; i < nq; ++i) limit[size_t(i)] = int64_t(batch.pos[t0 + i / ratio]) + 1;
+        const int64_t n_ctx = limit[size_t(nq - 1)];
+        std::fill(acc.begin(), acc.begin() + int64_t(nq) * D, 0.0f);
+        std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
+        std::fill(l.begin(), l.begin() + nq, 0.0f);
         for (int64_t j0 = 0; j0 < n_ctx; j0 += P) {
           const int64_t page = pages[j0 / P];
           const int n = int(std::min<int64_t>(P, n_ctx - j0));
           for (int j = 0; j < n; ++j) {
             const size_t at = kv_index(kv, page, layer, 0, j, kvh);
             if (bf16_fast) {
-              float dots[kMaxRatio];
-              dot_bf16_multi_avx2(qg, D, ratio, static_cast<const uint16_t*>(kv.base) + at, D, dots);
-              for (int r = 0; r < ratio; ++r) score[size_t(r) * P + j] = dots[r] * scale;
+              float dots[kMaxQueries];
+              dot_bf16_multi_avx2(qg, D, nq, static_cast<const uint16_t*>(kv.base) + at, D, dots);
+              for (int r = 0; r < nq; ++r) score[size_t(r) * P + j] = dots[r] * scale;
               continue;
             }
             const float* kr = load_row(kv, at, kbuf.data());
-            for (int r = 0; r < ratio; ++r) score[size_t(r) * P + j] = dot_any(qg + r * D, kr, D, avx2) * scale;
+            for (int r = 0; r < nq; ++r) score[size_t(r) * P + j] = dot_any(qg + r * D, kr, D, avx2) * scale;
           }
-          // Online softmax: rescale what was accumulated to the new running max.
-          for (int r = 0; r < ratio; ++r) {
+          // Online softmax: rescale what was accumulated to the new running max. Keys past a
+          // query's own position (later tokens of its block) get weight 0.
+          for (int r = 0; r < nq; ++r) {
             float* sc = score.data() + size_t(r) * P;
+            const int visible = int(std::clamp<int64_t>(limit[size_t(r)] - j0, 0, n));
             float mx = m[size_t(r)];
-            for (int j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+            for (int j = 0; j < visible; ++j) mx = std::max(mx, sc[j]);
+            if (visible == 0) {  // nothing new for this query in this page (m is finite: key 0 is always visible)
+              std::fill(sc, sc + n, 0.0f);
+              continue;
+            }
             const float corr = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the first page
             float sum = 0.0f;
-            for (int j = 0; j < n; ++j) {
+            for (int j = 0; j < visible; ++j) {
               sc[j] = std::exp(sc[j] - mx);
               sum += sc[j];
             }
+            std::fill(sc + visible, sc + n, 0.0f);
             l[size_t(r)] = l[size_t(r)] * corr + sum;
             m[size_t(r)] = mx;
             float* a = acc.data() + size_t(r) * D;
@@ -159,20 +194,20 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
           for (int j = 0; j < n; ++j) {
             const size_t at = kv_index(kv, page, layer, 1, j, kvh);
             if (bf16_fast) {
-              float a[kMaxRatio];
-              for (int r = 0; r < ratio; ++r) a[r] = score[size_t(r) * P + j];
-              axpy_bf16_multi_avx2(a, ratio, static_cast<const uint16_t*>(kv.base) + at, acc.data(), D, D);
+              float a[kMaxQueries];
+              for (int r = 0; r < nq; ++r) a[r] = score[size_t(r) * P + j];
+              axpy_bf16_multi_avx2(a, nq, static_cast<const uint16_t*>(kv.base) + at, acc.data(), D, D);
               continue;
             }
             const float* vr = load_row(kv, at, vbuf.data());
-            for (int r = 0; r < ratio; ++r)
-              axpy_any(score[size_t(r) * P + j], vr, acc.data() + size_t(r) * D, D, avx2);
+            for (int r = 0; r < nq; ++r)
+              if (score[size_t(r) * P + j] != 0.0f) axpy_any(score[size_t(r) * P + j], vr, acc.data() + size_t(r) * D, D, avx2);
           }
         }
-        for (int r = 0; r < ratio; ++r) {
-          float* o = out + (t * n_heads + int64_t(kvh) * ratio + r) * D;
-          const float inv = 1.0f / l[size_t(r)];
-          for (int d = 0; d < D; ++d) o[d] = acc[size_t(r) * D + d] * inv;
+        for (int i = 0; i < nq; ++i) {
+          float* o = out + ((t0 + i / ratio) * n_heads + int64_t(kvh) * ratio + i % ratio) * D;
+          const float inv = 1.0f / l[size_t(i)];
+          for (int d = 0; d < D; ++d) o[d] = acc[size_t(i) * D + d] * inv;
         }
       }
   });
