@@ -7,7 +7,7 @@
 // step 2 is a mixed batch: a decode token of seq 0 plus a 2-token prefill chunk of seq 1; step 3
 // continues both with contiguous chunks (5 and 6 tokens: the kernel's blocks of consecutive tokens
 // plus remainders, across page boundaries).
-// GQA ratios 2 and 4, head_dim 20 (SIMD tails) and 64, KV in F32 and BF16, q/k norm on and off.
+// GQA ratios 1 (MHA), 2, 3 (odd query counts) and 4, head_dim 20 (SIMD tails) and 64, KV in F32 and BF16, q/k norm on and off.
 //
 // Bounds: with F32 KV every quantity is a few fp32 roundings away from the double reference
 // (1e-5 of the largest magnitude). With BF16 KV the reference stores the same bf16-rounded K/V, but
@@ -235,7 +235,7 @@ TEST_P(AttentionTest, MultiSequencePagedGqa) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, AttentionTest,
-                         ::testing::Combine(::testing::Values(2, 4), ::testing::Values(20, 64),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(20, 64),
                                             ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()));
 
 // Work is split over (token, kv head); the thread count must not change any bit of the results.

@@ -132,7 +132,7 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
     const int max_q = kBlock * ratio;
     std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D)), qbuf(size_t(max_q) * D),
         acc(size_t(max_q) * D), score(size_t(max_q) * P);
-    std::vector<float> m(static_cast<size_t>(max_q)), l(static_cast<size_t>(max_q));
+    std::vector<float> m(static_cast<size_t>(max_q)), l(static_cast<size_t>(max_q)), corr(static_cast<size_t>(max_q));
     std::vector<int64_t> limit(static_cast<size_t>(max_q));  // keys visible to each query
     for (int64_t wk = w0; wk < w1; ++wk)
       for (int64_t item = wk; item < items; item += workers) {
@@ -157,16 +157,24 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
         for (int64_t j0 = 0; j0 < n_ctx; j0 += P) {
           const int64_t page = pages[j0 / P];
           const int n = int(std::min<int64_t>(P, n_ctx - j0));
-          for (int j = 0; j < n; ++j) {
-            const size_t at = kv_index(kv, page, layer, 0, j, kvh);
-            if (bf16_fast) {
-              float dots[kMaxQueries];
-              dot_bf16_multi_avx2(qg, D, nq, static_cast<const uint16_t*>(kv.base) + at, D, dots);
-              for (int r = 0; r < nq; ++r) score[size_t(r) * P + j] = dots[r] * scale;
-              continue;
+          const uint16_t* kpage = static_cast<const uint16_t*>(kv.base) + kv_index(kv, page, layer, 0, 0, kvh);
+          const uint16_t* vpage = static_cast<const uint16_t*>(kv.base) + kv_index(kv, page, layer, 1, 0, kvh);
+          if (bf16_fast) {
+            if (j0 + P < n_ctx) {  // the next page's K and V rows are elsewhere in the pool: fetch them now
+              const int64_t next = pages[j0 / P + 1];
+              const char* kn = reinterpret_cast<const char*>(static_cast<const uint16_t*>(kv.base) + kv_index(kv, next, layer, 0, 0, kvh));
+              const char* vn = reinterpret_cast<const char*>(static_cast<const uint16_t*>(kv.base) + kv_index(kv, next, layer, 1, 0, kvh));
+              for (int64_t b = 0; b < int64_t(P) * D * 2; b += 64) {
+                __builtin_prefetch(kn + b);
+                __builtin_prefetch(vn + b);
+              }
             }
-            const float* kr = load_row(kv, at, kbuf.data());
-            for (int r = 0; r < nq; ++r) score[size_t(r) * P + j] = dot_any(qg + r * D, kr, D, avx2) * scale;
+            scores_bf16_avx2(qg, nq, kpage, n, D, scale, score.data(), P);
+          } else {
+            for (int j = 0; j < n; ++j) {
+              const float* kr = load_row(kv, kv_index(kv, page, layer, 0, j, kvh), kbuf.data());
+              for (int r = 0; r < nq; ++r) score[size_t(r) * P + j] = dot_any(qg + r * D, kr, D, avx2) * scale;
+            }
           }
           // Online softmax: rescale what was accumulated to the new running max. Keys past a
           // query's own position (later tokens of its block) get weight 0.
@@ -177,29 +185,30 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
             for (int j = 0; j < visible; ++j) mx = std::max(mx, sc[j]);
             if (visible == 0) {  // nothing new for this query in this page (m is finite: key 0 is always visible)
               std::fill(sc, sc + n, 0.0f);
+              corr[size_t(r)] = 1.0f;
               continue;
             }
-            const float corr = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the first page
+            const float c = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the first page
             float sum = 0.0f;
             for (int j = 0; j < visible; ++j) {
               sc[j] = std::exp(sc[j] - mx);
               sum += sc[j];
             }
             std::fill(sc + visible, sc + n, 0.0f);
-            l[size_t(r)] = l[size_t(r)] * corr + sum;
+            l[size_t(r)] = l[size_t(r)] * c + sum;
             m[size_t(r)] = mx;
+            corr[size_t(r)] = c;
+          }
+          if (bf16_fast) {
+            pv_bf16_avx2(score.data(), P, nq, vpage, n, D, corr.data(), acc.data());
+            continue;
+          }
+          for (int r = 0; r < nq; ++r) {
             float* a = acc.data() + size_t(r) * D;
-            for (int d = 0; d < D; ++d) a[d] *= corr;
+            for (int d = 0; d < D; ++d) a[d] *= corr[size_t(r)];
           }
           for (int j = 0; j < n; ++j) {
-            const size_t at = kv_index(kv, page, layer, 1, j, kvh);
-            if (bf16_fast) {
-              float a[kMaxQueries];
-              for (int r = 0; r < nq; ++r) a[r] = score[size_t(r) * P + j];
-              axpy_bf16_multi_avx2(a, nq, static_cast<const uint16_t*>(kv.base) + at, acc.data(), D, D);
-              continue;
-            }
-            const float* vr = load_row(kv, at, vbuf.data());
+            const float* vr = load_row(kv, kv_index(kv, page, layer, 1, j, kvh), vbuf.data());
             for (int r = 0; r < nq; ++r)
               if (score[size_t(r) * P + j] != 0.0f) axpy_any(score[size_t(r) * P + j], vr, acc.data() + size_t(r) * D, D, avx2);
           }

@@ -287,6 +287,113 @@ ANVIL_AVX2 void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, 
   }
 }
 
+ANVIL_AVX2 void scores_bf16_avx2(const float* q, int nq, const uint16_t* k, int n, int d, float scale, float* s,
+                                 int64_t lds) {
+  const int d8 = d & ~7;
+  int r = 0;
+  for (; r + 2 <= nq; r += 2) {  // two queries x two keys per pass: each K and q load feeds two FMAs
+    const float* q0 = q + int64_t(r) * d;
+    const float* q1 = q0 + d;
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const uint16_t* k0 = k + int64_t(j) * d;
+      const uint16_t* k1 = k0 + d;
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+      for (int i = 0; i < d8; i += 8) {
+        const __m256 kv0 = load8_bf16(k0 + i), kv1 = load8_bf16(k1 + i);
+        const __m256 qv0 = _mm256_loadu_ps(q0 + i), qv1 = _mm256_loadu_ps(q1 + i);
+        a00 = _mm256_fmadd_ps(qv0, kv0, a00);
+        a01 = _mm256_fmadd_ps(qv0, kv1, a01);
+        a10 = _mm256_fmadd_ps(qv1, kv0, a10);
+        a11 = _mm256_fmadd_ps(qv1, kv1, a11);
+      }
+      float s00 = hsum(a00), s01 = hsum(a01), s10 = hsum(a10), s11 = hsum(a11);
+      for (int i = d8; i < d; ++i) {
+        const float kf0 = bf16_to_f32(k0[i]), kf1 = bf16_to_f32(k1[i]);
+        s00 += q0[i] * kf0;
+        s01 += q0[i] * kf1;
+        s10 += q1[i] * kf0;
+        s11 += q1[i] * kf1;
+      }
+      s[r * lds + j] = s00 * scale;
+      s[r * lds + j + 1] = s01 * scale;
+      s[(r + 1) * lds + j] = s10 * scale;
+      s[(r + 1) * lds + j + 1] = s11 * scale;
+    }
+    for (; j < n; ++j) {
+      float out[2];
+      dot_bf16_multi_avx2(q0, d, 2, k + int64_t(j) * d, d, out);
+      s[r * lds + j] = out[0] * scale;
+      s[(r + 1) * lds + j] = out[1] * scale;
+    }
+  }
+  for (; r < nq; ++r)
+    for (int j = 0; j < n; ++j) {
+      float out;
+      dot_bf16_multi_avx2(q + int64_t(r) * d, d, 1, k + int64_t(j) * d, d, &out);
+      s[r * lds + j] = out * scale;
+    }
+}
+
+ANVIL_AVX2 void pv_bf16_avx2(const float* p, int64_t ldp, int nq, const uint16_t* v, int n, int d, const float* corr,
+                             float* acc) {
+  int r = 0;
+  for (; r + 2 <= nq; r += 2) {  // two queries share every V load; 8 accumulators stay in registers over the keys
+    const float* p0 = p + r * ldp;
+    const float* p1 = p0 + ldp;
+    float* y0 = acc + int64_t(r) * d;
+    float* y1 = y0 + d;
+    const __m256 c0 = _mm256_set1_ps(corr[r]), c1 = _mm256_set1_ps(corr[r + 1]);
+    int i = 0;
+    for (; i + 32 <= d; i += 32) {
+      __m256 a0[4], a1[4];
+      for (int u = 0; u < 4; ++u) {
+        a0[u] = _mm256_mul_ps(_mm256_loadu_ps(y0 + i + 8 * u), c0);
+        a1[u] = _mm256_mul_ps(_mm256_loadu_ps(y1 + i + 8 * u), c1);
+      }
+      for (int j = 0; j < n; ++j) {
+        const uint16_t* vj = v + int64_t(j) * d + i;
+        const __m256 w0 = _mm256_set1_ps(p0[j]), w1 = _mm256_set1_ps(p1[j]);
+        for (int u = 0; u < 4; ++u) {
+          const __m256 vv = load8_bf16(vj + 8 * u);
+          a0[u] = _mm256_fmadd_ps(w0, vv, a0[u]);
+          a1[u] = _mm256_fmadd_ps(w1, vv, a1[u]);
+        }
+      }
+      for (int u = 0; u < 4; ++u) {
+        _mm256_storeu_ps(y0 + i + 8 * u, a0[u]);
+        _mm256_storeu_ps(y1 + i + 8 * u, a1[u]);
+      }
+    }
+    for (; i + 8 <= d; i += 8) {
+      __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(y0 + i), c0), a1 = _mm256_mul_ps(_mm256_loadu_ps(y1 + i), c1);
+      for (int j = 0; j < n; ++j) {
+        const __m256 vv = load8_bf16(v + int64_t(j) * d + i);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[j]), vv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[j]), vv, a1);
+      }
+      _mm256_storeu_ps(y0 + i, a0);
+      _mm256_storeu_ps(y1 + i, a1);
+    }
+    for (; i < d; ++i) {
+      float s0 = y0[i] * corr[r], s1 = y1[i] * corr[r + 1];
+      for (int j = 0; j < n; ++j) {
+        const float vf = bf16_to_f32(v[int64_t(j) * d + i]);
+        s0 += p0[j] * vf;
+        s1 += p1[j] * vf;
+      }
+      y0[i] = s0;
+      y1[i] = s1;
+    }
+  }
+  for (; r < nq; ++r) {
+    const float* p0 = p + r * ldp;
+    float* y0 = acc + int64_t(r) * d;
+    for (int i = 0; i < d; ++i) y0[i] *= corr[r];
+    for (int j = 0; j < n; ++j) axpy_bf16_multi_avx2(p0 + j, 1, v + int64_t(j) * d, y0, d, d);
+  }
+}
+
 ANVIL_AVX2 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out) {
   const int64_t cols = w.cols;
   for (int64_t r = r0; r < r1; ++r) {
