@@ -7,7 +7,10 @@
 // few ulp (1e-6).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend_test_util.h"
 
 namespace anvil::test {
@@ -122,6 +125,41 @@ TEST(CpuBackend, ReportsF32Activations) {
   auto be = make_cpu_backend(2);
   EXPECT_EQ(be->act_dtype(), DType::kF32);
   EXPECT_NE(be->name().find("cpu"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace anvil::test
+
+namespace anvil::test {
+namespace {
+
+// The attention softmax's vectorized exp against double-precision exp: every length 1..40 (vector
+// body and padded tail), arguments from 0 down to -100 (clamped below -87).
+TEST(CpuKernels, ExpShiftSumMatchesExp) {
+  if (!cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::vector<float> base = random_floats(64, 1234u, -100.0f, 0.0f);
+  base[0] = 0.0f;
+  base[1] = -1e-8f;
+  base[2] = -0.34657359f;  // ln2/2: the edge of the reduced range
+  base[3] = -86.9f;
+  for (int n = 1; n <= 40; ++n) {
+    std::vector<float> s(base.begin(), base.begin() + n);
+    const float mx = 0.5f;  // s - mx is what gets exponentiated
+    for (float& v : s) v += mx;
+    std::vector<float> in = s;
+    const float sum = cpu::exp_shift_sum_avx2(s.data(), n, mx);
+    double want_sum = 0.0;
+    for (int j = 0; j < n; ++j) {
+      const double x = double(in[size_t(j)]) - double(mx);
+      const double want = std::exp(x);
+      want_sum += want;
+      if (x >= -87.0)
+        EXPECT_NEAR(s[size_t(j)], want, 1e-6 * want) << "n " << n << " x " << x;
+      else
+        EXPECT_LE(s[size_t(j)], 2e-38) << "n " << n << " x " << x;
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum + 1e-37) << "n " << n;
+  }
 }
 
 }  // namespace

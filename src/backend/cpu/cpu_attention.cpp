@@ -190,9 +190,13 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
             }
             const float c = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the first page
             float sum = 0.0f;
-            for (int j = 0; j < visible; ++j) {
-              sc[j] = std::exp(sc[j] - mx);
-              sum += sc[j];
+            if (avx2) {
+              sum = exp_shift_sum_avx2(sc, visible, mx);
+            } else {
+              for (int j = 0; j < visible; ++j) {
+                sc[j] = std::exp(sc[j] - mx);
+                sum += sc[j];
+              }
             }
             std::fill(sc + visible, sc + n, 0.0f);
             l[size_t(r)] = l[size_t(r)] * c + sum;

@@ -60,6 +60,8 @@ void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, float* y, i
 //   s[r*lds + j] = scale * dot(q_r, k_j);
 //   acc[r*d + :] = corr[r] * acc[r*d + :] + sum_j p[r*ldp + j] * v_j   (accumulators held in registers
 //   across the page's rows, so acc is read and written once per page, not once per row).
+// s[j] = exp(s[j] - mx) for j < n (every s[j] <= mx); returns their sum. Relative error ~2e-7.
+float exp_shift_sum_avx2(float* s, int n, float mx);
 void scores_bf16_avx2(const float* q, int nq, const uint16_t* k, int n, int d, float scale, float* s, int64_t lds);
 void pv_bf16_avx2(const float* p, int64_t ldp, int nq, const uint16_t* v, int n, int d, const float* corr, float* acc);
 // Reads n bytes (a multiple of 128) and returns a checksum so the loads are not optimized away.

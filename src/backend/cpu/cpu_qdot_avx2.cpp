@@ -394,6 +394,50 @@ ANVIL_AVX2 void pv_bf16_avx2(const float* p, int64_t ldp, int nq, const uint16_t
   }
 }
 
+// exp(x) for x <= 0: n = round(x*log2(e)), r = x - n*ln2 (ln2 in two parts, so r is exact to
+// ~1e-10), e^r by its Taylor series to r^7 (|r| <= ln2/2: truncation < 2e-9 relative), times 2^n
+// built in the exponent bits. Relative error ~2e-7 (a few fp32 roundings). Inputs below -87 are
+// clamped there (a result of ~1.6e-38 instead of a smaller one; nothing a softmax sum can see).
+ANVIL_AVX2 static inline __m256 exp_nonpos(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+ANVIL_AVX2 float exp_shift_sum_avx2(float* s, int n, float mx) {
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float tail = 0.0f;
+  if (j < n) {  // the tail through a padded vector, so every element gets the same function
+    alignas(32) float t[8];
+    for (int i = 0; i < 8; ++i) t[i] = j + i < n ? s[j + i] - mx : 0.0f;
+    _mm256_store_ps(t, exp_nonpos(_mm256_load_ps(t)));
+    for (int i = 0; j + i < n; ++i) {
+      s[j + i] = t[i];
+      tail += t[i];
+    }
+  }
+  return hsum(acc) + tail;
+}
+
 ANVIL_AVX2 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out) {
   const int64_t cols = w.cols;
   for (int64_t r = r0; r < r1; ++r) {
