@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdlib>
 
+#include <sys/resource.h>
+
 namespace anvil {
 namespace {
 
@@ -47,13 +49,26 @@ int ThreadPool::default_threads() {
 template <class Pred>
 bool ThreadPool::spin(Pred done) const {
   if (done()) return true;
-  if (spin_us_ <= 0) return false;
+  if (spin_us_ <= 0 || !spin_enabled_.load(std::memory_order_relaxed)) return false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
   for (int i = 1;; ++i) {
     cpu_relax();
     if (done()) return true;
     if ((i & 63) == 0 && std::chrono::steady_clock::now() >= deadline) return false;
   }
+}
+
+void ThreadPool::check_contention() {
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  const long switches = ru.ru_nivcsw;
+  if (last_switches_ >= 0) {
+    const double dt = std::chrono::duration<double>(now - last_check_).count();
+    spin_enabled_.store(!contended(switches - last_switches_, dt), std::memory_order_relaxed);
+  }
+  last_switches_ = switches;
+  last_check_ = now;
 }
 
 void ThreadPool::run_chunks() {
@@ -93,6 +108,10 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   if (threads <= 1) {
     fn(0, n);
     return;
+  }
+  if (spin_us_ > 0 && ++jobs_since_check_ >= 256) {
+    jobs_since_check_ = 0;
+    check_contention();
   }
   // Up to 4 chunks per thread, each at least `grain` long.
   const int64_t target = int64_t(n_threads_) * 4;

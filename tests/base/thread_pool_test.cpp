@@ -94,3 +94,50 @@ TEST(ThreadPool, SpinFromEnvironment) {
 
 }  // namespace
 }  // namespace anvil
+
+namespace anvil {
+namespace {
+
+TEST(ThreadPool, ContentionRule) {
+  EXPECT_FALSE(ThreadPool::contended(0, 0.05));
+  EXPECT_FALSE(ThreadPool::contended(3, 0.001));     // a few switches: never enough on their own
+  EXPECT_FALSE(ThreadPool::contended(30, 1.0));      // an idle machine: ~30/s
+  EXPECT_TRUE(ThreadPool::contended(60, 0.05));      // 1200/s: another busy process
+  EXPECT_FALSE(ThreadPool::contended(60, 1.0));
+}
+
+// With more busy threads than cores the pool stops spinning; once they are gone it spins again.
+TEST(ThreadPool, StopsSpinningUnderContention) {
+  ThreadPool pool(2, 100);
+  ASSERT_TRUE(pool.spinning());
+  auto run_jobs_until = [&](bool want, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (int j = 0; j < 256; ++j) {
+        std::atomic<int64_t> sum{0};
+        pool.parallel_for(256, 1, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) sum += i;
+        });
+        EXPECT_EQ(sum.load(), 256 * 255 / 2);
+      }
+      if (pool.spinning() == want) return true;
+    }
+    return false;
+  };
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hogs;
+  const int n_hogs = 2 * int(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 0; i < n_hogs; ++i)
+    hogs.emplace_back([&] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  const bool stopped = run_jobs_until(false, 10.0);
+  stop = true;
+  for (auto& t : hogs) t.join();
+  EXPECT_TRUE(stopped) << "the pool kept spinning next to " << n_hogs << " busy threads";
+  EXPECT_TRUE(run_jobs_until(true, 10.0)) << "the pool did not resume spinning once the machine was idle";
+}
+
+}  // namespace
+}  // namespace anvil
