@@ -151,25 +151,27 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
         }
         for (int i = 0; i < nq; ++i) limit[size_t(i)] = int64_t(batch.pos[t0 + i / ratio]) + 1;
         const int64_t n_ctx = limit[size_t(nq - 1)];
+        // The P contiguous K (which = 0) or V (1) rows of this kv head in a page of a BF16 cache.
+        auto bf16_rows = [&](int64_t pg, int which) {
+          return static_cast<const uint16_t*>(kv.base) + kv_index(kv, pg, layer, which, 0, kvh);
+        };
         std::fill(acc.begin(), acc.begin() + int64_t(nq) * D, 0.0f);
         std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.begin() + nq, 0.0f);
         for (int64_t j0 = 0; j0 < n_ctx; j0 += P) {
           const int64_t page = pages[j0 / P];
           const int n = int(std::min<int64_t>(P, n_ctx - j0));
-          const uint16_t* kpage = static_cast<const uint16_t*>(kv.base) + kv_index(kv, page, layer, 0, 0, kvh);
-          const uint16_t* vpage = static_cast<const uint16_t*>(kv.base) + kv_index(kv, page, layer, 1, 0, kvh);
           if (bf16_fast) {
             if (j0 + P < n_ctx) {  // the next page's K and V rows are elsewhere in the pool: fetch them now
               const int64_t next = pages[j0 / P + 1];
-              const char* kn = reinterpret_cast<const char*>(static_cast<const uint16_t*>(kv.base) + kv_index(kv, next, layer, 0, 0, kvh));
-              const char* vn = reinterpret_cast<const char*>(static_cast<const uint16_t*>(kv.base) + kv_index(kv, next, layer, 1, 0, kvh));
+              const char* kn = reinterpret_cast<const char*>(bf16_rows(next, 0));
+              const char* vn = reinterpret_cast<const char*>(bf16_rows(next, 1));
               for (int64_t b = 0; b < int64_t(P) * D * 2; b += 64) {
                 __builtin_prefetch(kn + b);
                 __builtin_prefetch(vn + b);
               }
             }
-            scores_bf16_avx2(qg, nq, kpage, n, D, scale, score.data(), P);
+            scores_bf16_avx2(qg, nq, bf16_rows(page, 0), n, D, scale, score.data(), P);
           } else {
             for (int j = 0; j < n; ++j) {
               const float* kr = load_row(kv, kv_index(kv, page, layer, 0, j, kvh), kbuf.data());
@@ -204,7 +206,7 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
             corr[size_t(r)] = c;
           }
           if (bf16_fast) {
-            pv_bf16_avx2(score.data(), P, nq, vpage, n, D, corr.data(), acc.data());
+            pv_bf16_avx2(score.data(), P, nq, bf16_rows(page, 1), n, D, corr.data(), acc.data());
             continue;
           }
           for (int r = 0; r < nq; ++r) {

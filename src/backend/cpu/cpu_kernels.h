@@ -52,18 +52,15 @@ void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx,
 float dot_f32_avx2(const float* a, const float* b, int64_t n);
 // y += a * x
 void axpy_f32_avx2(float a, const float* x, float* y, int64_t n);
-// The attention inner loops on a BF16 KV cache, converting in registers (no staging copy):
-// out[r] = dot(q + r*ldq, k) for r < nq;  y[r*ldy + :] += a[r] * v for r < nq.
-void dot_bf16_multi_avx2(const float* q, int64_t ldq, int nq, const uint16_t* k, int64_t n, float* out);
-void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, float* y, int64_t ldy, int64_t n);
-// One KV page for nq queries (q: [nq][d] fp32) against n contiguous bf16 rows ([n][d]):
+// Attention on a BF16 KV cache, one page at a time, converting K/V in registers (no staging copy).
+// nq queries (q: [nq][d] fp32) against n contiguous bf16 rows ([n][d]):
 //   s[r*lds + j] = scale * dot(q_r, k_j);
 //   acc[r*d + :] = corr[r] * acc[r*d + :] + sum_j p[r*ldp + j] * v_j   (accumulators held in registers
 //   across the page's rows, so acc is read and written once per page, not once per row).
-// s[j] = exp(s[j] - mx) for j < n (every s[j] <= mx); returns their sum. Relative error ~2e-7.
-float exp_shift_sum_avx2(float* s, int n, float mx);
 void scores_bf16_avx2(const float* q, int nq, const uint16_t* k, int n, int d, float scale, float* s, int64_t lds);
 void pv_bf16_avx2(const float* p, int64_t ldp, int nq, const uint16_t* v, int n, int d, const float* corr, float* acc);
+// s[j] = exp(s[j] - mx) for j < n (every s[j] <= mx); returns their sum. Relative error ~2e-7.
+float exp_shift_sum_avx2(float* s, int n, float mx);
 // Reads n bytes (a multiple of 128) and returns a checksum so the loads are not optimized away.
 uint64_t read_sum_avx2(const uint8_t* p, size_t n);
 

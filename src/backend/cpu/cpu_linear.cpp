@@ -3,8 +3,8 @@
 // 4/8-bit W with AVX2, any T (decode, batched decode and prefill): x is quantized to int16 per
 // group and the integer kernel (cpu_qdot_avx2.cpp) runs tiles of weight rows x activation rows,
 // reading the packed weights without shuffles or fp32 dequantization. Threads split the output
-// rows into one big contiguous chunk each; within a chunk a sub-block of rows stays in L2 while
-// every group of 4 activation rows passes over it. For prefill this integer path does twice the
+// rows into contiguous chunks; within a chunk a sub-block of rows stays in L2 while every tile of
+// activation rows (up to 4) passes over it. For prefill this integer path does twice the
 // multiply-adds per instruction of an fp32 FMA GEMM over dequantized weights.
 // Other T == 1 cases are a mat-vec bound by reading W once (bf16 without shuffles; other bit
 // widths and the scalar path dequantize a row to fp32 and dot it). Other T > 1 cases are compute
@@ -71,9 +71,11 @@ void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const Weight
   const int64_t cols = w.cols, G = w.group_size, ng = cols / G, N = w.rows;
   thread_local std::vector<int16_t> xq;
   thread_local std::vector<float> xscale, xsum;
+  thread_local std::vector<QuantizedX> xs_buf;
   xq.resize(size_t(T * cols));
   xscale.resize(size_t(T * ng));
   xsum.resize(size_t(T * ng));
+  xs_buf.resize(size_t(T));
   // thread_local names resolve per thread inside a lambda: hand the caller's buffers by pointer.
   int16_t* xqp = xq.data();
   float* xscalep = xscale.data();
@@ -86,8 +88,8 @@ void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const Weight
     pool.parallel_for(T, 4, quantize_rows);
   else
     quantize_rows(0, T);
-  std::vector<QuantizedX> xs(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) xs[size_t(t)] = QuantizedX{xqp + t * cols, xscalep + t * ng, xsump + t * ng};
+  QuantizedX* xs = xs_buf.data();
+  for (int64_t t = 0; t < T; ++t) xs[t] = QuantizedX{xqp + t * cols, xscalep + t * ng, xsump + t * ng};
   const int64_t row_bytes = std::max<int64_t>(1, int64_t(w.bytes() / size_t(N)));
   const int64_t sub = std::max<int64_t>(1, (int64_t(128) << 10) / row_bytes);  // rows kept in L2 across x groups
   // Activation rows per kernel pass: up to 4 in one pass while W streams from memory (batched
@@ -98,7 +100,7 @@ void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const Weight
     for (int64_t r = b; r < e; r += sub) {
       const int64_t re = std::min(e, r + sub);
       for (int64_t t0 = 0; t0 < T; t0 += tile)
-        qgemv_rows_avx2(w, r, re, xs.data() + t0, int(std::min<int64_t>(tile, T - t0)), out + t0 * N, N);
+        qgemv_rows_avx2(w, r, re, xs + t0, int(std::min<int64_t>(tile, T - t0)), out + t0 * N, N);
     }
   });
 }

@@ -240,7 +240,9 @@ ANVIL_AVX2 static inline __m256 load8_bf16(const uint16_t* p) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 
-ANVIL_AVX2 void dot_bf16_multi_avx2(const float* q, int64_t ldq, int nq, const uint16_t* k, int64_t n, float* out) {
+// Helpers of the page kernels below (row tails, odd query counts):
+// out[r] = dot(q + r*ldq, k) for r < nq;  y[r*ldy + :] += a[r] * v for r < nq.
+ANVIL_AVX2 static void dot_bf16_multi_avx2(const float* q, int64_t ldq, int nq, const uint16_t* k, int64_t n, float* out) {
   int r = 0;
   for (; r + 2 <= nq; r += 2) {  // two query heads share every K load
     const float* q0 = q + r * ldq;
@@ -272,7 +274,7 @@ ANVIL_AVX2 void dot_bf16_multi_avx2(const float* q, int64_t ldq, int nq, const u
   }
 }
 
-ANVIL_AVX2 void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, float* y, int64_t ldy, int64_t n) {
+ANVIL_AVX2 static void axpy_bf16_multi_avx2(const float* a, int nq, const uint16_t* v, float* y, int64_t ldy, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 vv = load8_bf16(v + i);
