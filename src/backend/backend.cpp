@@ -15,4 +15,8 @@ size_t WeightMatrix::bytes() const {
   return n;
 }
 
+void Backend::linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) {
+  for (size_t i = 0; i < ws.size() && i < outs.size(); ++i) linear(x, *ws[i], outs[i]);
+}
+
 }  // namespace anvil

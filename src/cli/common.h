@@ -16,6 +16,7 @@ namespace anvil::cli {
 struct ModelOptions {
   std::string model;      // -m
   std::string synthetic;  // --synthetic NAME[:QUANT]
+  std::string device = "auto";  // --device auto|cpu|cuda
   int threads = 0;        // 0 = all cores
   int ctx = 4096;
   int batch = 256;        // max tokens per forward (prefill chunk)
@@ -43,6 +44,9 @@ struct Stack {
   std::unique_ptr<Engine> engine;
 };
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs = 1);
+// The backend --device asks for: cuda (an error when none is usable), cpu, or auto (CUDA when
+// usable, else the CPU; the choice is printed to stderr).
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
 
 // The tokenizer directory of a model: its own dir, or the shipped Qwen3 tokenizer for synthetic models.
 std::string tokenizer_dir_of(const Stack& s);

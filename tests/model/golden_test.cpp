@@ -118,13 +118,28 @@ class GoldenModel : public ::testing::TestWithParam<std::string> {
   }
 
   std::string where(size_t k) const { return name_ + " prompt " + std::to_string(k); }
+  void check_logits(const std::string& device);
+  void check_greedy(const std::string& device);
 
   std::string name_;
   json meta_;
   fs::path model_dir_;
 };
 
-TEST_P(GoldenModel, TeacherForcedLogitsMatchReference) {
+// Whether `anvil --device cuda` can run here; otherwise why not (the skip message).
+const std::string& cuda_unavailable_reason() {
+  static const std::string reason = [] {
+    const ProcessResult r = run_process({ANVIL_BINARY, "generate", "--device", "cuda", "--synthetic", "tiny", "--ids",
+                                         "1,2", "-n", "0"});
+    if (r.exit_code == 0) return std::string();
+    for (const char* why : {"no usable CUDA GPU", "no CUDA GPU found", "built without the CUDA backend", "no kernels for"})
+      if (r.err.find(why) != std::string::npos) return r.err;
+    return std::string();  // CUDA exists but failed: let the tests run and fail with the details
+  }();
+  return reason;
+}
+
+void GoldenModel::check_logits(const std::string& device) {
   for (size_t k = 0; k < num_prompts(); ++k) {
     const std::string ctx = where(k);
     auto ref_or = read_npy_f32((golden_root() / name_ / ("ref_" + std::to_string(k) + ".npy")).string());
@@ -136,8 +151,8 @@ TEST_P(GoldenModel, TeacherForcedLogitsMatchReference) {
     const fs::path out =
         fs::path(::testing::TempDir()) / ("golden_" + name_ + "_" + std::to_string(k) + ".npy");
     fs::remove(out);
-    const ProcessResult run = run_process({ANVIL_BINARY, "generate", "-m", model_dir_.string(), "--ids",
-                                           join_ids(ids), "-n", "0", "--dump-logits", out.string()});
+    const ProcessResult run = run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(),
+                                           "--ids", join_ids(ids), "-n", "0", "--dump-logits", out.string()});
     ASSERT_EQ(run.exit_code, 0) << ctx << ": anvil generate --dump-logits failed; stderr:\n" << run.err;
     auto ours_or = read_npy_f32(out.string());
     ASSERT_TRUE(ours_or.is_ok()) << ctx << ": " << ours_or.status().message();
@@ -179,19 +194,19 @@ TEST_P(GoldenModel, TeacherForcedLogitsMatchReference) {
     summary << "max rel_err " << g4(worst) << " at position " << worst_t << " (limit " << g4(lim)
             << "), near-ties " << near_ties << "/" << ref.rows();
     RecordProperty("prompt" + std::to_string(k), summary.str());
-    std::printf("[ golden   ] %s: %s\n", ctx.c_str(), summary.str().c_str());
+    std::printf("[ golden   ] %s on %s: %s\n", ctx.c_str(), device.c_str(), summary.str().c_str());
     fs::remove(out);
   }
 }
 
-TEST_P(GoldenModel, GreedyContinuationMatchesReference) {
+void GoldenModel::check_greedy(const std::string& device) {
   for (size_t k = 0; k < num_prompts(); ++k) {
     const std::string ctx = where(k);
     const auto expected = meta_["greedy"][k].get<std::vector<int64_t>>();
     ASSERT_EQ(expected.size(), static_cast<size_t>(kGreedySteps)) << ctx << ": fixture greedy length";
     const ProcessResult run =
-        run_process({ANVIL_BINARY, "generate", "-m", model_dir_.string(), "--ids", join_ids(prompt(k)), "-n",
-                     std::to_string(kGreedySteps), "--temp", "0", "--ignore-eos", "--json"});
+        run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
+                     join_ids(prompt(k)), "-n", std::to_string(kGreedySteps), "--temp", "0", "--ignore-eos", "--json"});
     ASSERT_EQ(run.exit_code, 0) << ctx << ": anvil generate --json failed; stderr:\n" << run.err;
     const json out = json::parse(run.out, nullptr, /*allow_exceptions=*/false);
     ASSERT_FALSE(out.is_discarded()) << ctx << ": stdout is not one JSON object:\n" << run.out;
@@ -204,6 +219,19 @@ TEST_P(GoldenModel, GreedyContinuationMatchesReference) {
                                      << ", reference " << join_ids(expected) << "; the reference path's "
                                      << "smallest top1-top2 margin is " << meta_["min_margin"][k] << ")";
   }
+}
+
+TEST_P(GoldenModel, TeacherForcedLogitsMatchReference) { check_logits("cpu"); }
+TEST_P(GoldenModel, GreedyContinuationMatchesReference) { check_greedy("cpu"); }
+
+// The same references on the CUDA backend (bf16 activations: the limits above were set for them).
+TEST_P(GoldenModel, CudaTeacherForcedLogitsMatchReference) {
+  if (!cuda_unavailable_reason().empty()) GTEST_SKIP() << "CUDA not usable here: " << cuda_unavailable_reason();
+  check_logits("cuda");
+}
+TEST_P(GoldenModel, CudaGreedyContinuationMatchesReference) {
+  if (!cuda_unavailable_reason().empty()) GTEST_SKIP() << "CUDA not usable here: " << cuda_unavailable_reason();
+  check_greedy("cuda");
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
+# tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
+#   bash scripts/cuda_check.sh [tests|bench|all]   (default all)
+# Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/cuda-out}
+mkdir -p "$OUT"
+what=${1:-all}
+BENCH_SET=${BENCH_SET:-quick}
+[ -f .devdeps/env.sh ] && source .devdeps/env.sh
+export NCCL_NVLS_ENABLE=0
+t0=$(date +%s)
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; git log -1 --format='commit %H %s' 2>/dev/null; } | tee "$OUT/machine.txt"
+cmake -S . -B build-gpu -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+  -DANVIL_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
+  cmake --build build-gpu -j16 >> "$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc in $(( $(date +%s) - t0 )) s"
+[ $rc -ne 0 ] && { tail -40 "$OUT/build.log"; exit 1; }
+summary=()
+if [ "$what" != bench ]; then
+  (cd build-gpu && ctest -L cuda --output-on-failure -j4 --timeout 300) > "$OUT/cuda_tests.log" 2>&1
+  summary+=("ctest -L cuda: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/cuda_tests.log" | tail -1)")
+  ./build-gpu/tests/anvil_test_cuda > "$OUT/cuda_ops_verbose.log" 2>&1
+  ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/golden_cuda.log" 2>&1
+  summary+=("golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda.log" | tr '\n' ' ')")
+  echo "tests done at $(( $(date +%s) - t0 )) s"
+fi
+if [ "$what" != tests ]; then
+  b() { echo "### anvil bench $*" | tee -a "$OUT/bench.log"; timeout 300 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  if [ "$BENCH_SET" = quick ]; then
+    b --synthetic qwen3-0.6b:q4g64 --profile
+    b --synthetic qwen3-8b:q4g64 --profile
+    b --synthetic qwen3-8b:bf16
+  else
+    for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64 qwen3-8b:bf16; do
+      b --synthetic $m
+      b --synthetic $m --prompt 4096 --runs 2
+      b --synthetic $m --prompt 16384 --runs 1
+    done
+    b --synthetic qwen3-8b:q4g64 --profile --runs 1
+  fi
+  echo "bench done at $(( $(date +%s) - t0 )) s"
+fi
+echo "=== failures ==="
+grep -hE "FAILED|Failure|error:" "$OUT"/cuda_tests.log "$OUT"/golden_cuda.log 2>/dev/null | head -40
+echo "=== errors (max rel_err per op family) ==="
+grep -h "cuda-err" "$OUT"/cuda_ops_verbose.log 2>/dev/null | awk '{k=$3" "$4; e=$(NF-2); if (!(k in m) || e+0>m[k]+0) m[k]=e} END {for (k in m) print k, m[k]}' | sort | head -40
+echo "=== golden (cuda) ==="
+grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
+echo "=== bench ==="
+grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^peak|^  [a-z_]+ |rc=|error|fail" "$OUT"/bench.log 2>/dev/null
+printf '%s\n' "${summary[@]}"
+echo "total $(( $(date +%s) - t0 )) s"

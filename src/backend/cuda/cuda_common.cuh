@@ -1,0 +1,63 @@
+// Internal to src/backend/cuda/: device helpers shared by the kernel files (bf16 conversion, warp
+// reductions, the KV page index). Activations are bf16 in memory; every kernel computes in fp32.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace anvil::cuda {
+
+// The weight / activation element types a kernel can be instantiated for.
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
+// Low and high bf16 of a 32-bit word.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+template <Elem E>
+__device__ __forceinline__ float load_elem(const void* p, int64_t i) {
+  if constexpr (E == Elem::kF32) return static_cast<const float*>(p)[i];
+  else if constexpr (E == Elem::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  else return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+template <Elem E>
+__device__ __forceinline__ void store_elem(void* p, int64_t i, float v) {
+  if constexpr (E == Elem::kF32) static_cast<float*>(p)[i] = v;
+  else if constexpr (E == Elem::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  float s = lane < nw ? part[lane] : 0.0f;
+  return warp_sum(s);
+}
+
+// Element (page, layer, kv, head, slot, 0) of the paged cache (backend.h KVCacheView).
+__device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, int head, int slot, int n_layers,
+                                          int n_kv_heads, int page_size, int head_dim) {
+  return ((((page * n_layers + layer) * 2 + which) * n_kv_heads + head) * int64_t(page_size) + slot) * head_dim;
+}
+
+}  // namespace anvil::cuda
