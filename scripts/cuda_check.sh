@@ -23,7 +23,7 @@ summary=()
 if [ "$what" != bench ]; then
   (cd build-gpu && ctest -L cuda --output-on-failure -j4 --timeout 300) > "$OUT/cuda_tests.log" 2>&1
   summary+=("ctest -L cuda: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/cuda_tests.log" | tail -1)")
-  ./build-gpu/tests/anvil_test_cuda > "$OUT/cuda_ops_verbose.log" 2>&1
+  ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.*" > "$OUT/cuda_ops_verbose.log" 2>&1
   ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/golden_cuda.log" 2>&1
   summary+=("golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda.log" | tr '\n' ' ')")
   echo "tests done at $(( $(date +%s) - t0 )) s"
