@@ -26,6 +26,10 @@ if [ "$what" != bench ]; then
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.*" > "$OUT/cuda_ops_verbose.log" 2>&1
   ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/golden_cuda.log" 2>&1
   summary+=("golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda.log" | tr '\n' ' ')")
+  # Each failed greedy model: where CUDA and CPU (teacher-forced over the reference path) pick what.
+  for m in $(grep -oE 'CudaGreedyContinuationMatchesReference/[a-z0-9_]+, where GetParam\(\) = "[^"]+"' "$OUT/golden_cuda.log" | sed 's/.*= "//; s/"//' | sort -u); do
+    for k in 0 1; do echo "## $m prompt $k"; python3 scripts/golden_decode_diag.py build-gpu "$m" $k cuda; done
+  done > "$OUT/golden_diag.log" 2>&1
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" != tests ]; then
@@ -50,6 +54,8 @@ echo "=== errors (max rel_err per op family) ==="
 grep -h "cuda-err" "$OUT"/cuda_ops_verbose.log 2>/dev/null | awk '{k=$3" "$4; e=$(NF-2); if (!(k in m) || e+0>m[k]+0) m[k]=e} END {for (k in m) print k, m[k]}' | sort | head -40
 echo "=== golden (cuda) ==="
 grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
+echo "=== golden diag ==="
+grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
 echo "=== bench ==="
 grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^peak|^  [a-z_]+ |rc=|error|fail" "$OUT"/bench.log 2>/dev/null
 printf '%s\n' "${summary[@]}"

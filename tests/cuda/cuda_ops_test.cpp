@@ -142,7 +142,8 @@ TEST_F(CudaOps, LinearDenseOddColsAndF32Logits) {
     gpu_->linear(Act{gx.data(), T, 256, DType::kBF16}, *dw, Act{go.data(), T, 3001, DType::kF32});
     ASSERT_TRUE(gpu_->synchronize().is_ok());
     const std::string what = "lm_head q4g64 f32 out T=" + std::to_string(T);
-    expect_close(read(go, DType::kF32, what), ref, T <= 8 ? 1e-4 : 4e-3, what);
+    // Both q4 paths here are tensor-core ones (weights rounded to bf16; measured 1.5e-3 at T=1).
+    expect_close(read(go, DType::kF32, what), ref, 4e-3, what);
   }
   gpu_->free_weight(*dw);
 }

@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <cfloat>
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {
 
-constexpr int kWarps = 4, NB = 4;
+constexpr int kWarps = 4;
 
 template <int DL>
 __device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&f)[DL]) {
@@ -37,6 +37,9 @@ template <int DL, int GMAX>
 __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
                                                                  int layer, BatchDev b, float scale_log2,
                                                                  int n_splits, float* ws) {
+  // NB positions per warp per iteration (2*NB K/V row loads in flight); fewer for wide heads, whose
+  // rows already fill the registers.
+  constexpr int NB = DL >= 8 ? 4 : 8;
   const int s = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = kv.head_dim, G = n_heads / kv.n_kv_heads;
@@ -171,9 +174,10 @@ size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits
 }
 
 int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
+  // ~4 blocks of 4 warps per SM keep enough K/V loads in flight to approach the copy bandwidth.
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
-  int s = (2 * n_sms + blocks - 1) / blocks;
+  int s = (4 * n_sms + blocks - 1) / blocks;
   return std::max(1, std::min(s, max_positions / 32));
 }
 

@@ -1,6 +1,6 @@
 // The CUDA backend: bf16 activations in device memory, weights uploaded once, every op one or two
 // kernels on one stream, decode steps captured as CUDA graphs (backend.h graph_*). Kernels live in
-// one .cu per op family beside this file; cuda_backend.cu maps the Backend interface onto them.
+// one .cu per op family beside this file; cuda_backend.cpp (host code) maps the Backend interface onto them.
 // Plain C++ header: the CLI and the tests include it without CUDA headers.
 #pragma once
 #include <cstddef>

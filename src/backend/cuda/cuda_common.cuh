@@ -7,10 +7,9 @@
 
 #include <cstdint>
 
-namespace anvil::cuda {
+#include "backend/cuda/cuda_kernels.h"
 
-// The weight / activation element types a kernel can be instantiated for.
-enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+namespace anvil::cuda {
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
 // Low and high bf16 of a 32-bit word.

@@ -1,15 +1,17 @@
 // Internal to src/backend/cuda/: the host-side launchers of the kernel files, one family per file
 // (qgemv.cu, gemm.cu, norm.cu, rope_kv.cu, attention.cu, sample.cu). Every launcher enqueues on
 // `stream` and returns the launch's error (cudaSuccess or the reason); argument checks live in
-// cuda_backend.cu. Activations ("x", "out") are bf16 [rows, cols] unless a parameter says otherwise.
+// cuda_backend.cpp. Plain C++ (no device code), so host files include it. Activations ("x", "out") are bf16 [rows, cols] unless a parameter says otherwise.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
+
+// The weight / activation element types a kernel can be instantiated for.
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // A weight matrix in device memory (backend.h WeightMatrix, with the dtype as Elem).
 struct DevMatrix {

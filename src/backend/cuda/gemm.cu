@@ -9,7 +9,7 @@
 // to the mat-vec kernels).
 #include <mma.h>
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {

@@ -4,7 +4,7 @@
 // and normalizes that rounded value, so the stream and the norm's input agree.
 #include <algorithm>
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {

@@ -11,7 +11,7 @@
 // Dense matrices whose cols are not a multiple of 32 take the scalar kernel at the end.
 #include <cstdlib>
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {

@@ -7,19 +7,21 @@
 // is an mma.sync m16n8k16 (bf16 x bf16 -> fp32) whose 8 columns are the batch's tokens (T <= 8;
 // unused columns are zeros).
 //
-// Layout: a block owns 16 weight rows; its 4 warps split K in super-steps of 128 (warp w takes
-// steps w, w+4, ...). In a step, lane (g = lane/4, c = lane%4) loads 16 bytes (32 weights) of rows
-// g and g+8 at k = step*128 + c*32 and token g's 32 matching activations. A dot product is a sum
+// Layout: a block owns 16 weight rows; its 8 warps split K in super-steps of 128 (warp w takes
+// steps w, w+8, ..., two at a time: both steps' loads are issued before either's mmas, so enough
+// bytes are in flight per SM). In a step, lane (g = lane/4, c = lane%4) loads 16 bytes (32
+// weights) of rows g and g+8 at k = step*128 + c*32 and token g's 32 matching activations. A dot product is a sum
 // over k, so the mma's k order may be any permutation shared by A and B: mma j of the step uses
 // 32-bit word j/2 of each lane's 16 bytes, nibble pairs (s, s+4) as the lop3 trick yields them, and
-// B is built from the same activation elements. The 4 warps' fp32 accumulators are summed in shared
+// B is built from the same activation elements. The warps' fp32 accumulators are summed in shared
 // memory at the end. Every weight byte is read exactly once.
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;  // K is split over the block's warps
+constexpr int kUnroll = 2; // steps whose loads are issued before the first is used
 
 struct TcSeg {
   const uint32_t* w;
@@ -118,25 +120,35 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   const bool has_x = g < p.T;
 
   float d[4] = {0, 0, 0, 0}, du[4] = {0, 0, 0, 0};
-  for (int64_t st = warp; st < steps; st += kWarps) {
-    const int64_t k = st * 128 + c * 32;
-    const Step s = load_step(m, ra, rb, k, K, p.group);
-    Step su;
-    if constexpr (SWIGLU) su = load_step(p.up, ra, rb, k, K, p.group);
-    uint32_t xw[16];
-    if (has_x) {
-      const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * K + k);
+  for (int64_t st0 = warp; st0 < steps; st0 += kWarps * kUnroll) {
+    // All loads of kUnroll steps first (2-3 KB per warp in flight), then their mmas.
+    Step s[kUnroll], su[kUnroll];
+    uint32_t xw[kUnroll][16];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 v = __ldg(xp + i);
-        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t st = st0 + int64_t(u) * kWarps;
+      if (st >= steps) break;
+      const int64_t k = st * 128 + c * 32;
+      s[u] = load_step(m, ra, rb, k, K, p.group);
+      if constexpr (SWIGLU) su[u] = load_step(p.up, ra, rb, k, K, p.group);
+      if (has_x) {
+        const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * K + k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v = __ldg(xp + i);
+          xw[u][4 * i] = v.x, xw[u][4 * i + 1] = v.y, xw[u][4 * i + 2] = v.z, xw[u][4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xw[u][i] = 0;
       }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) xw[i] = 0;
     }
-    step_mma(d, s, xw);
-    if constexpr (SWIGLU) step_mma(du, su, xw);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (st0 + int64_t(u) * kWarps >= steps) break;
+      step_mma(d, s[u], xw[u]);
+      if constexpr (SWIGLU) step_mma(du, su[u], xw[u]);
+    }
   }
 
   // Sum the warps' accumulators; warp 0 writes. d[0..1]: row g, tokens 2c, 2c+1; d[2..3]: row g+8.

@@ -3,7 +3,7 @@
 // slot). Lane l holds the rotate-half pairs (i, i + D/2) for i = l, l + 32, ... (D <= 256, even).
 // Angles pos * inv_freq[i] are formed and rotated in double, as the CPU reference does (fp32 loses
 // ~1e-3 rad at 40k positions); the rotation itself is fp32.
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {

@@ -4,7 +4,7 @@
 // block reduction. Same result as the CPU reference (an exact max, no rounding involved).
 #include <cfloat>
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {

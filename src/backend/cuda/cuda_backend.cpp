@@ -26,10 +26,6 @@ namespace {
 using cuda::DevMatrix;
 using cuda::Elem;
 
-__global__ void probe_kernel(int* p) {
-  if (p) *p = 1;
-}
-
 std::string mib(size_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
 
 Result<Elem> elem_of(DType d) {
@@ -547,13 +543,11 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
   if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess || (e = cudaSetDevice(device)) != cudaSuccess)
     return Status(StatusCode::kNotFound, std::string("CUDA device ") + std::to_string(device) + ": " +
                                              cudaGetErrorString(e));
-  cudaFuncAttributes attr;
-  if ((e = cudaFuncGetAttributes(&attr, probe_kernel)) != cudaSuccess) {
-    cudaGetLastError();
+  std::string why;
+  if (!cuda::kernels_runnable(&why))
     return unsupported(std::string("this anvil build has no kernels for ") + prop.name + " (sm_" +
-                       std::to_string(prop.major) + std::to_string(prop.minor) + "): " + cudaGetErrorString(e) +
+                       std::to_string(prop.major) + std::to_string(prop.minor) + "): " + why +
                        "; rebuild with -DANVIL_CUDA_ARCHS=" + std::to_string(prop.major) + std::to_string(prop.minor));
-  }
   auto b = std::make_unique<CudaBackend>(device, prop);
   ANVIL_RETURN_IF_ERROR(b->init());
   return std::unique_ptr<Backend>(std::move(b));
