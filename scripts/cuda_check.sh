@@ -33,7 +33,7 @@ if [ "$what" != bench ]; then
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### anvil bench $*" | tee -a "$OUT/bench.log"; timeout 300 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile

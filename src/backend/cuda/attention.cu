@@ -37,9 +37,9 @@ template <int DL, int GMAX>
 __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
                                                                  int layer, BatchDev b, float scale_log2,
                                                                  int n_splits, float* ws) {
-  // NB positions per warp per iteration (2*NB K/V row loads in flight); fewer for wide heads, whose
-  // rows already fill the registers.
-  constexpr int NB = DL >= 8 ? 4 : 8;
+  // NB positions per warp per iteration (2*NB K/V row loads in flight). 8 measured slower on the
+  // H200 (more registers, no gain in loads in flight).
+  constexpr int NB = 4;
   const int s = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = kv.head_dim, G = n_heads / kv.n_kv_heads;
@@ -134,22 +134,34 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
   }
 }
 
+// One block per (token, head): the split weights w_s = exp2(m_s - M) (0 for empty splits) are
+// formed in parallel into shared memory, then thread d sums w_s * acc_s[d] over the splits with
+// independent loads (no data-dependent branch in the loop, so they pipeline).
 __global__ void attn_combine_kernel(const float* ws, int n_heads, int D, int n_splits, __nv_bfloat16* out) {
+  extern __shared__ float w[];  // [n_splits]
   const int64_t th = blockIdx.x;  // token * n_heads + head
   const float* part = ws + th * n_splits * (D + 2);
-  float M = -FLT_MAX;
-  for (int s = 0; s < n_splits; ++s)
-    if (part[s * (D + 2) + 1] > 0.0f) M = fmaxf(M, part[s * (D + 2)]);
+  float mx = -FLT_MAX;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
+    if (part[s * (D + 2) + 1] > 0.0f) mx = fmaxf(mx, part[s * (D + 2)]);
+  __shared__ float red[32];
+  mx = warp_max(mx);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  mx = -FLT_MAX;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) mx = fmaxf(mx, red[i]);
+  float l = 0.0f;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float ls = part[s * (D + 2) + 1];
+    const float c = ls > 0.0f ? exp2f(part[s * (D + 2)] - mx) : 0.0f;
+    w[s] = c;
+    l += ls * c;
+  }
+  const float L = block_sum(l);  // its barriers also publish w[]
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float* ps = part + s * (D + 2);
-      if (ps[1] > 0.0f) {
-        const float c = exp2f(ps[0] - M);
-        L += ps[1] * c;
-        A += ps[2 + d] * c;
-      }
-    }
+    float A = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) A = fmaf(w[s], part[s * (D + 2) + 2 + d], A);
     out[th * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
   }
 }
@@ -162,8 +174,8 @@ cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const
                                                            b, scale * 1.4426950408889634f, n_splits, ws);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  attn_combine_kernel<<<unsigned(int64_t(b.n_tokens) * n_heads), 128, 0, s>>>(ws, n_heads, kv.head_dim, n_splits,
-                                                                            static_cast<__nv_bfloat16*>(out));
+  attn_combine_kernel<<<unsigned(int64_t(b.n_tokens) * n_heads), 128, size_t(n_splits) * sizeof(float), s>>>(
+      ws, n_heads, kv.head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 
@@ -178,7 +190,7 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
   int s = (4 * n_sms + blocks - 1) / blocks;
-  return std::max(1, std::min(s, max_positions / 32));
+  return std::max(1, std::min(s, max_positions / 64));  // >= 64 positions per split at full context
 }
 
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
