@@ -133,7 +133,10 @@ class CudaBackend final : public Backend {
     WeightMatrix d = w;
     auto put = [&](const void* src, size_t n) -> const void* {
       if (!src || !n) return nullptr;
-      cudaMemcpy(p, src, n, cudaMemcpyHostToDevice);
+      // On the backend's stream: a plain cudaMemcpy runs on the legacy stream, which does not order
+      // with our non-blocking stream, and from pageable memory it may return before its DMA is done
+      // (the first kernel then read half-uploaded weights: caught by the op tests' poisoning).
+      cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, st_);
       const void* at = p;
       p += up(n);
       return at;
@@ -154,7 +157,7 @@ class CudaBackend final : public Backend {
     ANVIL_RETURN_IF_ERROR(elem_of(v.dtype).status());
     const size_t bytes = size_t(v.n) * dtype_size(v.dtype);
     ANVIL_ASSIGN_OR_RETURN(void* p, alloc(bytes));
-    cudaError_t e = cudaMemcpy(p, v.data, bytes, cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpyAsync(p, v.data, bytes, cudaMemcpyHostToDevice, st_);  // see upload_weight
     if (e != cudaSuccess) {
       cudaFree(p);
       return internal_error(std::string("cuda: vector upload failed: ") + cudaGetErrorString(e));
