@@ -32,6 +32,29 @@ if [ "$what" != bench ]; then
   done > "$OUT/golden_diag.log" 2>&1
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
+# MUTATE=1: break a kernel on purpose, rebuild the CUDA tests, check they fail, restore.
+if [ "${MUTATE:-0}" = 1 ]; then
+  mutate() {  # file, sed expression, test filter
+    cp "$1" /tmp/mutant.bak && sed -i "$2" "$1" && cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
+    ./build-gpu/tests/anvil_test_cuda --gtest_filter="$3" > /tmp/mutant.log 2>&1
+    echo "mutation [$2] in $1: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)') $(grep -m1 -E 'rel_err|Which is|nan' /tmp/mutant.log | head -c 160)"
+    cp /tmp/mutant.bak "$1"
+  }
+  {
+    mutate src/backend/cuda/qgemv_tc.cu 's/sh + 4, s.sa/sh + 8, s.sa/' 'CudaOps.Linear*'
+    mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
+  } 2>&1 | tee "$OUT/mutations.log"
+  cmake --build build-gpu -j16 > /dev/null 2>&1
+fi
+# NCU=1: per-kernel time, DRAM throughput and occupancy of one decode layer of qwen3-8b q4g64.
+if [ "${NCU:-0}" = 1 ]; then
+  timeout 240 ncu --clock-control none --launch-skip 1500 --launch-count 24 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
+    ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:q4g64 --prompt 16 -n 32 --runs 1 > "$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?"
+fi
 if [ "$what" != tests ]; then
   b() { echo "### anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
@@ -56,6 +79,10 @@ echo "=== golden (cuda) ==="
 grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
 echo "=== golden diag ==="
 grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
+echo "=== ncu ==="
+grep -E "^  [a-z_]|gpu__time_duration|dram__throughput|warps_active" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -100
+echo "=== mutations ==="
+cat "$OUT/mutations.log" 2>/dev/null
 echo "=== bench ==="
 grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^peak|^  [a-z_]+ |rc=|error|fail" "$OUT"/bench.log 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -37,6 +37,7 @@ template <int DL, int GMAX>
 __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
                                                                  int layer, BatchDev b, float scale_log2,
                                                                  int n_splits, float* ws) {
+  pdl_begin();
   // NB positions per warp per iteration (2*NB K/V row loads in flight). 8 measured slower on the
   // H200 (more registers, no gain in loads in flight).
   constexpr int NB = 4;
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
 // formed in parallel into shared memory, then thread d sums w_s * acc_s[d] over the splits with
 // independent loads (no data-dependent branch in the loop, so they pipeline).
 __global__ void attn_combine_kernel(const float* ws, int n_heads, int D, int n_splits, __nv_bfloat16* out) {
+  pdl_begin();
   extern __shared__ float w[];  // [n_splits]
   const int64_t th = blockIdx.x;  // token * n_heads + head
   const float* part = ws + th * n_splits * (D + 2);
@@ -170,11 +172,11 @@ template <int DL, int GMAX>
 cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                    int n_splits, float* ws, void* out, cudaStream_t s) {
   const dim3 grid(unsigned(n_splits), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
-  attn_split_kernel<DL, GMAX><<<grid, kWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer,
+  launch_k(attn_split_kernel<DL, GMAX>, dim3(grid), dim3(kWarps * 32), 0, s, static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer,
                                                            b, scale * 1.4426950408889634f, n_splits, ws);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  attn_combine_kernel<<<unsigned(int64_t(b.n_tokens) * n_heads), 128, size_t(n_splits) * sizeof(float), s>>>(
+  launch_k(attn_combine_kernel, dim3(unsigned(int64_t(b.n_tokens) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, 
       ws, n_heads, kv.head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }

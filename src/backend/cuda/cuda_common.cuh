@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 
 #include "backend/cuda/cuda_kernels.h"
 
@@ -57,6 +59,42 @@ __device__ __forceinline__ float block_sum(float v) {
 __device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, int head, int slot, int n_layers,
                                           int n_kv_heads, int page_size, int head_dim) {
   return ((((page * n_layers + layer) * 2 + which) * n_kv_heads + head) * int64_t(page_size) + slot) * head_dim;
+}
+
+// Programmatic dependent launch: every kernel is launched with programmatic stream serialization
+// and begins with pdl_begin(): it lets the next kernel in the stream (or graph) be scheduled now,
+// then waits until the previous kernel has finished and its writes are visible. Nothing is read or
+// written before the wait, so ordering is as strict as plain launches; what is gained is the next
+// kernel's launch and block scheduling overlapping this one's tail (measured per token in
+// docs/benchmarks.md). ANVIL_CUDA_NO_PDL=1 launches plainly.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_CUDA_NO_PDL");
+    return !(e && *e && *e != '0');
+  }();
+  return on;
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace anvil::cuda

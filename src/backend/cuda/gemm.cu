@@ -52,6 +52,7 @@ __device__ __forceinline__ void dequant_chunk(const DevMatrix& w, int64_t row, i
 template <int BITS>
 __global__ void __launch_bounds__(128) gemm_kernel(DevMatrix w, const __nv_bfloat16* x, int T, void* out,
                                                    bool out_f32) {
+  pdl_begin();
   using namespace nvcuda;
   __shared__ __align__(128) unsigned char smem[BM * LDC * sizeof(float)];
   __nv_bfloat16* Xs = reinterpret_cast<__nv_bfloat16*>(smem);  // [BM][LDS]
@@ -133,13 +134,13 @@ cudaError_t gemm(const DevMatrix& w, const void* x, int T, void* out, bool out_f
   const dim3 grid(unsigned((w.rows + BN - 1) / BN), unsigned((T + BM - 1) / BM));
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   switch (w.bits) {
-    case 0: gemm_kernel<0><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
-    case 2: gemm_kernel<2><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
-    case 3: gemm_kernel<3><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
-    case 4: gemm_kernel<4><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
-    case 5: gemm_kernel<5><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
-    case 6: gemm_kernel<6><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
-    case 8: gemm_kernel<8><<<grid, 128, 0, s>>>(w, xb, T, out, out_f32); break;
+    case 0: launch_k(gemm_kernel<0>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 2: launch_k(gemm_kernel<2>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 3: launch_k(gemm_kernel<3>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 4: launch_k(gemm_kernel<4>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 5: launch_k(gemm_kernel<5>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 6: launch_k(gemm_kernel<6>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 8: launch_k(gemm_kernel<8>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -18,6 +18,7 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
 }
 
 __global__ void embed_kernel(DevMatrix w, const int32_t* ids, __nv_bfloat16* out) {
+  pdl_begin();
   const int t = blockIdx.x;
   const int64_t row = ids[t];
   const int64_t cols = w.cols;
@@ -47,6 +48,7 @@ __global__ void embed_kernel(DevMatrix w, const int32_t* ids, __nv_bfloat16* out
 template <bool RESIDUAL>
 __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, const void* w, Elem wd, float eps,
                                int cols, __nv_bfloat16* out) {
+  pdl_begin();
   const int64_t r = blockIdx.x;
   const __nv_bfloat16* src = RESIDUAL ? residual + r * cols : x + r * cols;
   float ss = 0.0f;
@@ -68,11 +70,13 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, 
 }
 
 __global__ void add_kernel(__nv_bfloat16* a, const __nv_bfloat16* b, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     a[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
 __global__ void swiglu_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, __nv_bfloat16* o, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gv = __bfloat162float(g[i]);
     o[i] = __float2bfloat16_rn(gv / (1.0f + __expf(-gv)) * __bfloat162float(u[i]));
@@ -84,7 +88,7 @@ unsigned elem_blocks(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 
 }  // namespace
 
 cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, cudaStream_t s) {
-  embed_kernel<<<T, 256, 0, s>>>(table, ids, static_cast<__nv_bfloat16*>(out));
+  launch_k(embed_kernel, dim3(T), dim3(256), 0, s, table, ids, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 
@@ -92,22 +96,22 @@ cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, 
                     void* out, cudaStream_t s) {
   const int threads = cols >= 1024 ? 1024 : ((cols + 31) / 32) * 32;
   if (residual)
-    rmsnorm_kernel<true><<<rows, threads, 0, s>>>(static_cast<__nv_bfloat16*>(residual),
+    launch_k(rmsnorm_kernel<true>, dim3(rows), dim3(threads), 0, s, static_cast<__nv_bfloat16*>(residual),
                                                   static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps, cols,
                                                   static_cast<__nv_bfloat16*>(out));
   else
-    rmsnorm_kernel<false><<<rows, threads, 0, s>>>(nullptr, static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps,
+    launch_k(rmsnorm_kernel<false>, dim3(rows), dim3(threads), 0, s, nullptr, static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps,
                                                    cols, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 
 cudaError_t add(void* a, const void* b, int64_t n, cudaStream_t s) {
-  add_kernel<<<elem_blocks(n), 256, 0, s>>>(static_cast<__nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b), n);
+  launch_k(add_kernel, dim3(elem_blocks(n)), dim3(256), 0, s, static_cast<__nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b), n);
   return cudaGetLastError();
 }
 
 cudaError_t swiglu(const void* gate, const void* up, void* out, int64_t n, cudaStream_t s) {
-  swiglu_kernel<<<elem_blocks(n), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(gate),
+  launch_k(swiglu_kernel, dim3(elem_blocks(n)), dim3(256), 0, s, static_cast<const __nv_bfloat16*>(gate),
                                                static_cast<const __nv_bfloat16*>(up),
                                                static_cast<__nv_bfloat16*>(out), n);
   return cudaGetLastError();

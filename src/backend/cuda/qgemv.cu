@@ -92,6 +92,7 @@ __device__ __forceinline__ int64_t row_words(int64_t K) {
 
 template <int FMT, int R, int TT, bool SWIGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvParams p) {
+  pdl_begin();
   constexpr int W = chunk_words<FMT>();
   constexpr int M = SWIGLU ? 2 : 1;
   const int lane = threadIdx.x & 31;
@@ -187,6 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvParams p) {
 // Any dense dtype and any cols (the odd-size fallback): one warp per row, one element per lane step.
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(GemvParams p) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   int si = 0;
@@ -238,7 +240,7 @@ int pick_rows(int fmt, int64_t total_rows, int T) {
 template <int FMT, int R, int TT, bool SW>
 cudaError_t launch_t(GemvParams& p, int64_t warps, cudaStream_t s) {
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
-  gemv_kernel<FMT, R, TT, SW><<<blocks, kWarps * 32, 0, s>>>(p);
+  launch_k(gemv_kernel<FMT, R, TT, SW>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
   return cudaGetLastError();
 }
 
@@ -268,7 +270,7 @@ cudaError_t dispatch(GemvParams& p, int fmt, int R, int64_t warps, cudaStream_t 
     case 32: return launch_fmt<32, SW>(p, R, warps, s);
     default: {
       const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
-      gemv_scalar_kernel<SW><<<blocks, kWarps * 32, 0, s>>>(p);
+      launch_k(gemv_scalar_kernel<SW>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
       return cudaGetLastError();
     }
   }

@@ -107,6 +107,7 @@ __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
 
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
+  pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
@@ -217,9 +218,9 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   p.out_f32 = out_f32;
   if (up) {
     p.up = seg_of(*up, nullptr);
-    qgemv4_tc_kernel<true><<<unsigned(tiles), kWarps * 32, 0, s>>>(p);
+    launch_k(qgemv4_tc_kernel<true>, dim3(unsigned(tiles)), dim3(kWarps * 32), 0, s, p);
   } else {
-    qgemv4_tc_kernel<false><<<unsigned(tiles), kWarps * 32, 0, s>>>(p);
+    launch_k(qgemv4_tc_kernel<false>, dim3(unsigned(tiles)), dim3(kWarps * 32), 0, s, p);
   }
   return cudaGetLastError();
 }

@@ -21,6 +21,7 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
 __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n_heads,
                                       const void* q_norm, const void* k_norm, Elem nd, float eps,
                                       const float* inv_freq, KVDev kv, int layer, BatchDev b) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int per_tok = n_heads + kv.n_kv_heads;
@@ -88,7 +89,7 @@ cudaError_t qk_norm_rope_kv_append(void* q, const void* k, const void* v, int n_
   const int64_t items = int64_t(b.n_tokens) * (n_heads + kv.n_kv_heads);
   constexpr int kWarpsPerBlock = 4;
   const unsigned blocks = unsigned((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  qk_rope_append_kernel<<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+  launch_k(qk_rope_append_kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, s, 
       static_cast<__nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v),
       n_heads, q_norm, k_norm, norm_dtype, eps, inv_freq, kv, layer, b);
   return cudaGetLastError();

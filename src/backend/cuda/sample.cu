@@ -15,6 +15,7 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
 
 __global__ void argmax_kernel(const float* logits, int64_t vocab, const int32_t* suppress, int n_suppress,
                               int32_t* ids) {
+  pdl_begin();
   const float* row = logits + int64_t(blockIdx.x) * vocab;
   float bv = -FLT_MAX;
   int bi = -1;
@@ -52,6 +53,7 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, const int32_t*
 
 __global__ void gather_kernel(const uint8_t* src, int64_t src_rows, const int32_t* rows, int64_t row_bytes,
                               uint8_t* dst) {
+  pdl_begin();
   const int i = blockIdx.x;
   const int32_t r = rows[i];
   if (r < 0 || r >= src_rows) return;  // checked on the host; never read out of bounds
@@ -62,14 +64,14 @@ __global__ void gather_kernel(const uint8_t* src, int64_t src_rows, const int32_
 
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
                         void* dst, cudaStream_t s) {
-  gather_kernel<<<n, 256, 0, s>>>(static_cast<const uint8_t*>(src), src_rows, rows, cols * int64_t(elem),
+  launch_k(gather_kernel, dim3(n), dim3(256), 0, s, static_cast<const uint8_t*>(src), src_rows, rows, cols * int64_t(elem),
                                   static_cast<uint8_t*>(dst));
   return cudaGetLastError();
 }
 
 cudaError_t argmax_rows(const float* logits, int rows, int64_t vocab, const int32_t* suppress, int n_suppress,
                         int32_t* ids, cudaStream_t s) {
-  argmax_kernel<<<rows, 1024, 0, s>>>(logits, vocab, suppress, n_suppress, ids);
+  launch_k(argmax_kernel, dim3(rows), dim3(1024), 0, s, logits, vocab, suppress, n_suppress, ids);
   return cudaGetLastError();
 }
 
