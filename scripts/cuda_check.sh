@@ -56,11 +56,14 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "ncu rc=$?"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
+    b --synthetic qwen3-0.6b:q4g64 --runs 2
+    b --synthetic qwen3-8b:q4g64 --runs 2
+    ANVIL_CUDA_NO_PDL=1 b --synthetic qwen3-8b:q4g64 --runs 2
+  elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile
-    b --synthetic qwen3-8b:bf16
   else
     for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64 qwen3-8b:bf16; do
       b --synthetic $m
