@@ -185,11 +185,13 @@ class CudaBackend final : public Backend {
     if (!ok(cudaStreamBeginCapture(st_, cudaStreamCaptureModeRelaxed), "graph capture")) return err_;
     capturing_ = true;
     capture_launches_ = launches_;
+    cuda::set_pdl_capture(true);
     return Status::ok();
   }
   Status graph_capture_end(uint64_t key) override {
     cudaGraph_t g = nullptr;
     capturing_ = false;
+    cuda::set_pdl_capture(false);
     const bool ended = ok(cudaStreamEndCapture(st_, &g), "graph capture");
     if (!ended || !err_.is_ok()) {
       if (g) cudaGraphDestroy(g);

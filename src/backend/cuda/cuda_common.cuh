@@ -65,8 +65,8 @@ __device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, in
 // and begins with pdl_begin(): it lets the next kernel in the stream (or graph) be scheduled now,
 // then waits until the previous kernel has finished and its writes are visible. Nothing is read or
 // written before the wait, so ordering is as strict as plain launches; what is gained is the next
-// kernel's launch and block scheduling overlapping this one's tail (measured per token in
-// docs/benchmarks.md). ANVIL_CUDA_NO_PDL=1 launches plainly.
+// kernel's launch and block scheduling overlapping this one's tail. ANVIL_CUDA_NO_PDL=1 launches
+// plainly. Without the launch attribute, griddepcontrol.wait returns at once.
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -74,12 +74,19 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// PDL is used only while a decode graph is being captured (the backend sets the flag around the
+// capture): there it gained 2-4% decode on the H200, while on eager prefill launches it cost 25-30%
+// of pp512 (docs/benchmarks.md).
+inline bool& pdl_in_capture() {
+  static thread_local bool on = false;
+  return on;
+}
 inline bool pdl_enabled() {
-  static const bool on = [] {
+  static const bool allowed = [] {
     const char* e = std::getenv("ANVIL_CUDA_NO_PDL");
     return !(e && *e && *e != '0');
   }();
-  return on;
+  return allowed && pdl_in_capture();
 }
 
 template <typename... KArgs, typename... Args>

@@ -24,6 +24,10 @@ struct DevMatrix {
   Elem dtype = Elem::kBF16, bias_dtype = Elem::kBF16;
 };
 
+// Launch kernels with programmatic dependent launch from now on (true while a decode graph is
+// captured; see cuda_common.cuh).
+void set_pdl_capture(bool on);
+
 // ---- qgemv.cu: mat-vec for small batches (T <= kGemvMaxTokens), weight-bandwidth bound ----
 constexpr int kGemvMaxTokens = 8;
 // outs[i][T, ws[i].rows] = x[T, K] ws[i]^T (+ bias) for i < n (n <= 3, one launch when the matrices

@@ -62,6 +62,8 @@ __global__ void gather_kernel(const uint8_t* src, int64_t src_rows, const int32_
 
 }  // namespace
 
+void set_pdl_capture(bool on) { pdl_in_capture() = on; }
+
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
                         void* dst, cudaStream_t s) {
   launch_k(gather_kernel, dim3(n), dim3(256), 0, s, static_cast<const uint8_t*>(src), src_rows, rows, cols * int64_t(elem),
