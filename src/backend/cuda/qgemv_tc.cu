@@ -15,13 +15,16 @@
 // 32-bit word j/2 of each lane's 16 bytes, nibble pairs (s, s+4) as the lop3 trick yields them, and
 // B is built from the same activation elements. The warps' fp32 accumulators are summed in shared
 // memory at the end. Every weight byte is read exactly once.
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // K is split over the block's warps
-constexpr int kUnroll = 2; // steps whose loads are issued before the first is used
+// Block shape: kWarps warps split K; each issues kUnroll steps' loads before their mmas. 8 x 2 is
+// the default; ANVIL_QGEMV_TC=WxU picks another compiled shape (4x4, 16x1, 16x2) for measuring.
 
 struct TcSeg {
   const uint32_t* w;
@@ -105,7 +108,7 @@ __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
   }
 }
 
-template <bool SWIGLU>
+template <bool SWIGLU, int kWarps, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -182,6 +185,13 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   }
 }
 
+template <int W, int U>
+cudaError_t tc_launch(bool swiglu, dim3 grid, cudaStream_t s, const TcParams& p) {
+  if (swiglu) launch_k(qgemv4_tc_kernel<true, W, U>, grid, dim3(W * 32), 0, s, p);
+  else launch_k(qgemv4_tc_kernel<false, W, U>, grid, dim3(W * 32), 0, s, p);
+  return cudaGetLastError();
+}
+
 TcSeg seg_of(const DevMatrix& w, void* out) {
   TcSeg s;
   s.w = static_cast<const uint32_t*>(w.data);
@@ -216,13 +226,19 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   p.K = ws[0].cols;
   p.group = ws[0].group;
   p.out_f32 = out_f32;
-  if (up) {
-    p.up = seg_of(*up, nullptr);
-    launch_k(qgemv4_tc_kernel<true>, dim3(unsigned(tiles)), dim3(kWarps * 32), 0, s, p);
-  } else {
-    launch_k(qgemv4_tc_kernel<false>, dim3(unsigned(tiles)), dim3(kWarps * 32), 0, s, p);
+  if (up) p.up = seg_of(*up, nullptr);
+  static const int shape = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_TC");
+    const std::string v = e ? e : "";
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : 0;
+  }();
+  const dim3 grid(static_cast<unsigned>(tiles));
+  switch (shape) {
+    case 1: return tc_launch<4, 4>(up != nullptr, grid, s, p);
+    case 2: return tc_launch<16, 1>(up != nullptr, grid, s, p);
+    case 3: return tc_launch<16, 2>(up != nullptr, grid, s, p);
+    default: return tc_launch<8, 2>(up != nullptr, grid, s, p);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace anvil::cuda
