@@ -30,6 +30,10 @@ if [ "$what" != bench ]; then
   for m in $(grep -oE 'CudaGreedyContinuationMatchesReference/[a-z0-9_]+, where GetParam\(\) = "[^"]+"' "$OUT/golden_cuda.log" | sed 's/.*= "//; s/"//' | sort -u); do
     for k in 0 1; do echo "## $m prompt $k"; python3 scripts/golden_decode_diag.py build-gpu "$m" $k cuda; done
   done > "$OUT/golden_diag.log" 2>&1
+  # The user-facing CUDA paths: auto's choice, the GPU plan, the preflight's refusal.
+  { ./build-gpu/anvil generate --synthetic tiny --ids 1,2,3 -n 4 2>&1 | grep -E "device|upload|error";
+    ./build-gpu/anvil inspect --synthetic qwen3-8b:q4g64 -c 16384 | grep "GPU plan";
+    ./build-gpu/anvil generate --device cuda --synthetic qwen3-8b:bf16 -c 100000000 --ids 1 -n 1 2>&1 | tail -1; } > "$OUT/cli.log" 2>&1
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
 # MUTATE=1: break a kernel on purpose, rebuild the CUDA tests, check they fail, restore.
@@ -89,6 +93,8 @@ echo "=== golden diag ==="
 grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
 echo "=== ncu ==="
 grep -E "^  [a-z_]|gpu__time_duration|dram__throughput|warps_active" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -100
+echo "=== cli ==="
+cat "$OUT/cli.log" 2>/dev/null
 echo "=== mutations ==="
 cat "$OUT/mutations.log" 2>/dev/null
 echo "=== bench ==="
