@@ -91,7 +91,8 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
 #ifdef ANVIL_HAVE_CUDA
 // Refuses a model + context that cannot fit in the GPU's free memory before anything is uploaded,
 // and says what context would fit: weights + KV pool (bf16, max_seqs sequences of --ctx tokens) +
-// activations for --batch tokens + a fixed 256 MiB margin (CUDA context, attention workspace).
+// activations for --batch tokens + one dequantized layer matrix (prefill through cuBLAS) + a fixed
+// 256 MiB margin (CUDA context, attention workspace).
 static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o, int max_seqs) {
   size_t free_b = 0, total_b = 0;
   ANVIL_RETURN_IF_ERROR(cuda_memory_info(0, &free_b, &total_b));
@@ -103,7 +104,8 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
   const double acts = double(o.batch) * (2.0 * (4.0 * c.hidden_size + 3.0 * c.num_attention_heads * c.head_dim +
                                                2.0 * c.intermediate_size) + 4.0 * c.vocab_size);
   const double margin = 256.0 * (1 << 20);
-  const double need = weights + kv + acts + margin;
+  const double deq = 2.0 * c.intermediate_size * c.hidden_size;  // prefill: one layer matrix as bf16 for cuBLAS
+  const double need = weights + kv + acts + deq + margin;
   if (need <= double(free_b)) return Status::ok();
   auto gb = [](double b) {
     char buf[32];
@@ -114,7 +116,7 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
                     std::to_string(o.ctx) + " tokens x " + std::to_string(max_seqs) + " sequences) + activations " +
                     gb(acts) + " + margin " + gb(margin) + " = " + gb(need) + ", but only " + gb(double(free_b)) +
                     " of " + gb(double(total_b)) + " is free";
-  const double room = double(free_b) - weights - acts - margin;
+  const double room = double(free_b) - weights - acts - deq - margin;
   const int64_t fit = room > 0 ? int64_t(room / kv_per_token) / o.page_size * o.page_size : 0;
   if (fit >= o.page_size) msg += "; a context of at most " + std::to_string(fit) + " tokens would fit (--ctx)";
   else msg += "; the weights alone do not fit (try a smaller quantization, or --device cpu)";

@@ -151,7 +151,7 @@ TEST_F(CudaOps, LinearDenseOddColsAndF32Logits) {
 TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
   for (const Fmt& f : {Fmt{4, 64, DType::kBF16}, Fmt{8, 32, DType::kBF16}, Fmt{0, 0, DType::kBF16}, Fmt{3, 64, DType::kBF16},
                        Fmt{4, 32, DType::kF16}})
-    for (int64_t T : {1, 4, 8, 21}) {
+    for (int64_t T : {1, 4, 8, 21, 70}) {  // mat-vec, WMMA GEMM, cuBLAS
       const int64_t H = 256;
       HostWeight q = make_weight(rng_, 512, H, f.bits, f.group, f.dt, false);
       HostWeight k = make_weight(rng_, 128, H, f.bits, f.group, f.dt, false);

@@ -10,9 +10,11 @@
 // workspace, the MLP scratch) are never freed while the backend lives: growing one retires the old.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -57,6 +59,9 @@ class CudaBackend final : public Backend {
   Status init() {
     if (!ok(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream")) return err_;
     if (!ok(cudaMallocHost(&pinned_, kPinnedBytes), "pinned staging buffer")) return err_;
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuda: cublasCreate failed");
+    const char* e = std::getenv("ANVIL_CUDA_NO_CUBLAS");
+    use_cublas_ = !(e && *e && *e != '0');
     return Status::ok();
   }
   ~CudaBackend() override {
@@ -65,6 +70,8 @@ class CudaBackend final : public Backend {
     for (void* p : retired_) cudaFree(p);
     if (attn_ws_) cudaFree(attn_ws_);
     if (mlp_scratch_) cudaFree(mlp_scratch_);
+    if (wdeq_) cudaFree(wdeq_);
+    if (cublas_) cublasDestroy(cublas_);
     for (auto& e : prof_events_) cudaEventDestroy(e.first), cudaEventDestroy(e.second);
     if (pinned_) cudaFreeHost(pinned_);
     if (st_) cudaStreamDestroy(st_);
@@ -465,6 +472,12 @@ class CudaBackend final : public Backend {
   void run_linear(const Act& x, const WeightMatrix& w, const Act& out) {
     const bool f32 = out.dtype == DType::kF32;
     const DevMatrix d = dev(w);
+    if (use_cublas_ && x.rows >= cuda::kCublasMinTokens && w.cols % 32 == 0) {
+      if (!grow(&wdeq_, &wdeq_bytes_, size_t(w.rows * w.cols) * 2)) return;
+      if (launched(cuda::dequant_bf16(d, wdeq_, st_), "linear (dequantize)"))
+        launched(cuda::gemm_cublas(cublas_, wdeq_, d, x.data, int(x.rows), out.data, f32, st_), "linear (cuBLAS)");
+      return;
+    }
     if (x.rows > cuda::kGemvMaxTokens && w.cols % 32 == 0) {
       launched(cuda::gemm(d, x.data, int(x.rows), out.data, f32, st_), "linear (gemm)");
       return;
@@ -521,6 +534,10 @@ class CudaBackend final : public Backend {
   size_t attn_ws_bytes_ = 0;
   void* mlp_scratch_ = nullptr;
   size_t mlp_scratch_bytes_ = 0;
+  void* wdeq_ = nullptr;  // prefill: the current matrix dequantized to bf16 for cuBLAS
+  size_t wdeq_bytes_ = 0;
+  cublasHandle_t cublas_ = nullptr;
+  bool use_cublas_ = true;
   std::vector<void*> retired_;
   bool profiling_ = false;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> prof_events_;

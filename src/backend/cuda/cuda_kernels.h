@@ -46,6 +46,12 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
 
 // ---- gemm.cu: tensor-core GEMM for prefill (any T), weights dequantized tile by tile ----
 cudaError_t gemm(const DevMatrix& w, const void* x, int T, void* out, bool out_f32, cudaStream_t s);
+// From kCublasMinTokens rows: dequantize w into dst (bf16 [rows, cols], cols % 32 == 0), then
+// out = x dst^T (+ bias) through cuBLAS on `handle` (a cublasHandle_t).
+constexpr int kCublasMinTokens = 64;
+cudaError_t dequant_bf16(const DevMatrix& w, void* dst, cudaStream_t s);
+cudaError_t gemm_cublas(void* handle, const void* wd, const DevMatrix& w, const void* x, int T, void* out,
+                        bool out_f32, cudaStream_t s);
 
 // ---- norm.cu: embedding, norms and element-wise ops ----
 cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, cudaStream_t s);

@@ -7,6 +7,12 @@
 // of one weight row each (a chunk lies in one MLX group), threads 64..127 copy the 64 x 32 x tile.
 // Needs K % 32 == 0 (quantized matrices always satisfy it; the backend routes other dense shapes
 // to the mat-vec kernels).
+//
+// For larger batches (T >= kCublasMinTokens) the weights are instead dequantized into a bf16 scratch
+// matrix once per call and multiplied by cuBLAS (bf16 in, fp32 accumulate): the dequantization costs
+// one extra write and read of the bf16 matrix, which the far faster library GEMM repays from ~64
+// tokens on (docs/benchmarks.md).
+#include <cublas_v2.h>
 #include <mma.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -127,7 +133,71 @@ __global__ void __launch_bounds__(128) gemm_kernel(DevMatrix w, const __nv_bfloa
   }
 }
 
+template <int BITS>
+__global__ void dequant_kernel(DevMatrix w, __nv_bfloat16* dst) {
+  pdl_begin();
+  const int64_t chunks_per_row = w.cols / 32;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * chunks_per_row) return;
+  const int64_t row = i / chunks_per_row, k0 = (i % chunks_per_row) * 32;
+  __nv_bfloat16 tmp[32];
+  dequant_chunk<BITS>(w, row, k0, tmp);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    reinterpret_cast<uint4*>(dst + row * w.cols + k0)[j] = *reinterpret_cast<const uint4*>(tmp + 8 * j);
+}
+
+__global__ void add_bias_kernel(void* out, bool out_f32, int64_t rows, int64_t n, const void* bias, Elem bd) {
+  pdl_begin();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * n) return;
+  const float b = load_any(bias, i % n, bd);
+  if (out_f32) static_cast<float*>(out)[i] += b;
+  else {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out);
+    o[i] = __float2bfloat16_rn(__bfloat162float(o[i]) + b);
+  }
+}
+
 }  // namespace
+
+cudaError_t dequant_bf16(const DevMatrix& w, void* dst, cudaStream_t s) {
+  if (w.cols % 32 != 0) return cudaErrorInvalidValue;
+  const int64_t n = w.rows * (w.cols / 32);
+  const dim3 grid(static_cast<unsigned>((n + 255) / 256));
+  auto* d = static_cast<__nv_bfloat16*>(dst);
+  switch (w.bits) {
+    case 0: launch_k(dequant_kernel<0>, grid, dim3(256), 0, s, w, d); break;
+    case 2: launch_k(dequant_kernel<2>, grid, dim3(256), 0, s, w, d); break;
+    case 3: launch_k(dequant_kernel<3>, grid, dim3(256), 0, s, w, d); break;
+    case 4: launch_k(dequant_kernel<4>, grid, dim3(256), 0, s, w, d); break;
+    case 5: launch_k(dequant_kernel<5>, grid, dim3(256), 0, s, w, d); break;
+    case 6: launch_k(dequant_kernel<6>, grid, dim3(256), 0, s, w, d); break;
+    case 8: launch_k(dequant_kernel<8>, grid, dim3(256), 0, s, w, d); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t gemm_cublas(void* handle, const void* wd, const DevMatrix& w, const void* x, int T, void* out,
+                        bool out_f32, cudaStream_t s) {
+  // Row-major out[T, N] = x[T, K] W^T is column-major out^T[N, T] = W[N, K] x^T, with W (row-major
+  // [N, K]) read as column-major [K, N] transposed.
+  auto h = static_cast<cublasHandle_t>(handle);
+  if (cublasSetStream(h, s) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+  const float alpha = 1.0f, beta = 0.0f;
+  const int N = int(w.rows), K = int(w.cols);
+  const cublasStatus_t st =
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, wd, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, out,
+                   out_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+  if (w.bias) {
+    const int64_t n = int64_t(T) * N;
+    launch_k(add_bias_kernel, dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, s, out, out_f32, int64_t(T),
+             int64_t(N), w.bias, w.bias_dtype);
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t gemm(const DevMatrix& w, const void* x, int T, void* out, bool out_f32, cudaStream_t s) {
   if (w.cols % 32 != 0) return cudaErrorInvalidValue;
