@@ -10,11 +10,11 @@
 #include <string>
 #include <unordered_map>
 
+#include "tokenizer/chat_template_pystr.h"
+
 namespace anvil::chat_template_detail {
 
 namespace {
-
-constexpr const char* kWhitespace = " \t\n\r\f\v";
 
 const std::string& need_str(const Value& v, const char* what, int line) {
   if (v.is_undefined()) fail(v.s, line);
@@ -22,60 +22,10 @@ const std::string& need_str(const Value& v, const char* what, int line) {
   return v.s;
 }
 
-std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
-  // chars is a set of code points; for ASCII sets byte matching is exact.
-  std::vector<std::string> set = utf8_chars(chars);
-  std::vector<std::string> cs = utf8_chars(s);
-  size_t b = 0, e = cs.size();
-  auto in = [&](const std::string& c) { return std::find(set.begin(), set.end(), c) != set.end(); };
-  if (left)
-    while (b < e && in(cs[b])) ++b;
-  if (right)
-    while (e > b && in(cs[e - 1])) --e;
-  std::string out;
-  for (size_t k = b; k < e; ++k) out += cs[k];
-  return out;
-}
-
 std::string strip_arg(const Args& a, const std::string& s, bool left, bool right, int line) {
   const Value* chars = a.get(0, "chars");
-  if (!chars || chars->kind == Kind::kNone) return strip_chars(s, kWhitespace, left, right);
-  return strip_chars(s, need_str(*chars, "strip chars", line), left, right);
-}
-
-Value split(const std::string& s, const Value* sep, int64_t maxsplit, int line) {
-  ValueList parts;
-  if (!sep || sep->kind == Kind::kNone) {
-    size_t k = 0;
-    while (true) {
-      while (k < s.size() && std::strchr(kWhitespace, s[k]) && s[k]) ++k;
-      if (k >= s.size()) break;
-      if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-        size_t e = s.size();
-        while (e > k && std::strchr(kWhitespace, s[e - 1])) --e;
-        parts.push_back(Value::string(s.substr(k, e - k)));
-        break;
-      }
-      size_t e = k;
-      while (e < s.size() && !(std::strchr(kWhitespace, s[e]) && s[e])) ++e;
-      parts.push_back(Value::string(s.substr(k, e - k)));
-      k = e;
-    }
-    return Value::make_list(std::move(parts));
-  }
-  const std::string& d = need_str(*sep, "split separator", line);
-  if (d.empty()) fail("split: empty separator", line);
-  size_t k = 0;
-  while (true) {
-    size_t p = (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) ? std::string::npos : s.find(d, k);
-    if (p == std::string::npos) {
-      parts.push_back(Value::string(s.substr(k)));
-      break;
-    }
-    parts.push_back(Value::string(s.substr(k, p - k)));
-    k = p + d.size();
-  }
-  return Value::make_list(std::move(parts));
+  if (!chars || chars->kind == Kind::kNone) return py_strip(s, nullptr, left, right);
+  return py_strip(s, &need_str(*chars, "strip chars", line), left, right);
 }
 
 std::string replace_all(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
@@ -103,37 +53,27 @@ std::string replace_all(const std::string& s, const std::string& old, const std:
   return out + s.substr(k);
 }
 
-std::string ascii_case(std::string s, bool upper) {
-  for (char& c : s) c = upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
-  return s;
-}
-
-std::string title_case(const std::string& s) {
-  std::string out = s;
-  bool prev_alpha = false;
-  for (char& c : out) {
-    bool alpha = std::isalpha(static_cast<unsigned char>(c));
-    if (alpha) c = prev_alpha ? std::tolower(static_cast<unsigned char>(c)) : std::toupper(static_cast<unsigned char>(c));
-    prev_alpha = alpha;
+// jinja2's title filter (not str.title): each word split at whitespace, '-', '(', '{', '[' or '<'
+// gets its first character uppercased and the rest lowercased.
+std::string jinja_title(const std::string& s) {
+  std::u32string in = to_u32(s);
+  std::string out;
+  size_t k = 0;
+  auto is_sep = [](char32_t c) { return py_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<'; };
+  while (k < in.size()) {
+    size_t e = k;
+    bool sep = is_sep(in[k]);
+    while (e < in.size() && is_sep(in[e]) == sep) ++e;
+    std::string word = to_utf8(in.substr(k, e - k));
+    if (sep) {
+      out += word;
+    } else {
+      std::u32string w = in.substr(k, e - k);
+      out += py_upper(to_utf8(w.substr(0, 1))) + py_lower(to_utf8(w.substr(1)));
+    }
+    k = e;
   }
   return out;
-}
-
-std::string capitalize(const std::string& s) {
-  std::string out = ascii_case(s, false);
-  if (!out.empty()) out[0] = std::toupper(static_cast<unsigned char>(out[0]));
-  return out;
-}
-
-bool starts_or_ends(const std::string& s, const Value& arg, bool start, int line) {
-  if (arg.kind == Kind::kList) {
-    for (auto& e : *arg.list)
-      if (starts_or_ends(s, e, start, line)) return true;
-    return false;
-  }
-  const std::string& p = need_str(arg, start ? "startswith" : "endswith", line);
-  if (p.size() > s.size()) return false;
-  return start ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
 int64_t int_arg(const Args& a, size_t i, const char* name, int64_t dflt, int line) {
@@ -144,106 +84,10 @@ int64_t int_arg(const Args& a, size_t i, const char* name, int64_t dflt, int lin
   fail(std::string("argument '") + name + "' must be an integer", line);
 }
 
-Value string_method(const Value& obj, const std::string& name, int line) {
-  static const char* kMethods[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
-                                   "replace", "upper", "lower", "title", "capitalize", "find", "count",
-                                   "join", "isdigit", "isspace", "isalpha", "isalnum", "splitlines"};
-  if (std::find_if(std::begin(kMethods), std::end(kMethods), [&](const char* m) { return name == m; }) ==
-      std::end(kMethods)) {
-    return Value::undefined("'str object' has no attribute '" + name + "'");
-  }
-  std::string s = obj.s;
-  return Value::callable("str." + name, [s, name](Args& a, int line) -> Value {
-    if (name == "startswith" || name == "endswith") {
-      if (a.pos.empty()) fail("str." + name + "() needs an argument", line);
-      return Value::boolean(starts_or_ends(s, a.pos[0], name == "startswith", line));
-    }
-    if (name == "split") return split(s, a.get(0, "sep"), int_arg(a, 1, "maxsplit", -1, line), line);
-    if (name == "rsplit") {
-      if (int_arg(a, 1, "maxsplit", -1, line) >= 0) fail("unsupported method 'rsplit' with maxsplit", line);
-      return split(s, a.get(0, "sep"), -1, line);
-    }
-    if (name == "strip") return Value::string(strip_arg(a, s, true, true, line));
-    if (name == "lstrip") return Value::string(strip_arg(a, s, true, false, line));
-    if (name == "rstrip") return Value::string(strip_arg(a, s, false, true, line));
-    if (name == "replace") {
-      const Value* o = a.get(0, "old");
-      const Value* w = a.get(1, "new");
-      if (!o || !w) fail("str.replace() needs two arguments", line);
-      return Value::string(replace_all(s, need_str(*o, "replace", line), need_str(*w, "replace", line),
-                                       int_arg(a, 2, "count", -1, line)));
-    }
-    if (name == "upper") return Value::string(ascii_case(s, true));
-    if (name == "lower") return Value::string(ascii_case(s, false));
-    if (name == "title") return Value::string(title_case(s));
-    if (name == "capitalize") return Value::string(capitalize(s));
-    if (name == "find" || name == "count") {
-      if (a.pos.empty()) fail("str." + name + "() needs an argument", line);
-      const std::string& sub = need_str(a.pos[0], name.c_str(), line);
-      if (name == "find") {
-        size_t p = s.find(sub);
-        return Value::integer(p == std::string::npos ? -1 : static_cast<int64_t>(utf8_length(s.substr(0, p))));
-      }
-      if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8_length(s)) + 1);
-      int64_t n = 0;
-      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-      return Value::integer(n);
-    }
-    if (name == "join") {
-      if (a.pos.empty()) fail("str.join() needs an argument", line);
-      std::string out;
-      bool first = true;
-      for (auto& e : iterate(a.pos[0], line)) {
-        if (!first) out += s;
-        first = false;
-        out += need_str(e, "str.join", line);
-      }
-      return Value::string(out);
-    }
-    if (name == "splitlines") {
-      ValueList parts;
-      size_t k = 0;
-      while (k < s.size()) {
-        size_t p = s.find_first_of("\n\r", k);
-        if (p == std::string::npos) { parts.push_back(Value::string(s.substr(k))); break; }
-        parts.push_back(Value::string(s.substr(k, p - k)));
-        k = p + ((s[p] == '\r' && p + 1 < s.size() && s[p + 1] == '\n') ? 2 : 1);
-      }
-      return Value::make_list(std::move(parts));
-    }
-    bool all = !s.empty();
-    for (unsigned char c : s) {
-      bool ok = name == "isdigit" ? std::isdigit(c) : name == "isspace" ? std::isspace(c)
-              : name == "isalpha" ? std::isalpha(c) : std::isalnum(c);
-      if (!ok) all = false;
-    }
-    return Value::boolean(all);
-  });
-}
-
 Value items_of(const Value& d) {
   ValueList out;
-  for (auto& [k, v] : d.dict->items) out.push_back(Value::make_list({Value::string(k), v}, true));
+  for (auto& [k, v] : d.dict->items) out.push_back(Value::make_list({k, v}, true));
   return Value::make_list(std::move(out));
-}
-
-Value dict_method(const Value& obj, const std::string& name) {
-  Value d = obj;
-  if (name == "items") return Value::callable("dict.items", [d](Args&, int) { return items_of(d); });
-  if (name == "keys" || name == "values")
-    return Value::callable("dict." + name, [d, name](Args&, int) {
-      ValueList out;
-      for (auto& [k, v] : d.dict->items) out.push_back(name == "keys" ? Value::string(k) : v);
-      return Value::make_list(std::move(out));
-    });
-  if (name == "get")
-    return Value::callable("dict.get", [d](Args& a, int line) {
-      if (a.pos.empty()) fail("dict.get() needs a key", line);
-      if (a.pos[0].kind == Kind::kString)
-        if (const Value* v = d.dict->find(a.pos[0].s)) return *v;
-      return a.pos.size() > 1 ? a.pos[1] : Value::none();
-    });
-  return Value::undefined();
 }
 
 Value to_int(const Value& v, int64_t dflt) {
@@ -252,7 +96,7 @@ Value to_int(const Value& v, int64_t dflt) {
     case Kind::kBool: return Value::integer(v.b);
     case Kind::kFloat: return Value::integer(static_cast<int64_t>(v.f));
     case Kind::kString: {
-      std::string s = strip_chars(v.s, kWhitespace, true, true);
+      std::string s = py_strip(v.s, nullptr, true, true);
       try {
         size_t used = 0;
         int64_t x = std::stoll(s, &used, 10);
@@ -273,7 +117,7 @@ Value to_float(const Value& v, double dflt) {
     case Kind::kBool: return Value::floating(v.b);
     case Kind::kFloat: return v;
     case Kind::kString: {
-      std::string s = strip_chars(v.s, kWhitespace, true, true);
+      std::string s = py_strip(v.s, nullptr, true, true);
       try {
         size_t used = 0;
         double d = std::stod(s, &used);
@@ -302,7 +146,7 @@ Value attr_path(const Value& obj, const std::string& path, int line) {
 
 // Sort key honoring jinja2's default case_sensitive=False.
 Value sort_key(const Value& v, bool case_sensitive) {
-  if (!case_sensitive && v.kind == Kind::kString) return Value::string(ascii_case(v.s, false));
+  if (!case_sensitive && v.kind == Kind::kString) return Value::string(py_lower(v.s));
   return v;
 }
 
@@ -342,7 +186,7 @@ std::vector<Value> iterate(const Value& v, int line) {
     case Kind::kList: return *v.list;
     case Kind::kDict: {
       std::vector<Value> keys;
-      for (auto& [k, e] : v.dict->items) keys.push_back(Value::string(k));
+      for (auto& [k, e] : v.dict->items) keys.push_back(k);
       return keys;
     }
     case Kind::kString: {
@@ -366,7 +210,8 @@ bool contains(const Value& container, const Value& item, int line) {
         if (equals(e, item)) return true;
       return false;
     case Kind::kDict: case Kind::kNamespace:
-      return item.kind == Kind::kString && container.dict->find(item.s) != nullptr;
+      if (!hashable(item)) fail("unhashable type: '" + type_name(item) + "'", line);
+      return container.dict->find(item) != nullptr;
     default: fail("argument of type '" + type_name(container) + "' is not iterable", line);
   }
 }
@@ -375,8 +220,8 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
   switch (obj.kind) {
     case Kind::kUndefined: fail(obj.s, line);
     case Kind::kDict: {
-      Value m = dict_method(obj, name);
-      if (!m.is_undefined()) return m;
+      Value m = method_of(obj, name, line);
+      if (m.kind == Kind::kCallable || !m.s.empty()) return m;  // a method, or a refused mutator
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'dict object' has no attribute '" + name + "'");
     }
@@ -384,7 +229,8 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'Namespace object' has no attribute '" + name + "'");
     }
-    case Kind::kString: return string_method(obj, name, line);
+    case Kind::kString: case Kind::kList: return method_of(obj, name, line);
+    case Kind::kNone: return Value::undefined("'None' has no attribute '" + name + "'");
     default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
   }
 }
@@ -413,12 +259,14 @@ Value get_item(const Value& obj, const Value& key, int line) {
       if (key.kind == Kind::kString) {
         if (const Value* v = obj.dict->find(key.s)) return *v;
         if (obj.kind == Kind::kDict) {
-          Value m = dict_method(obj, key.s);
-          if (!m.is_undefined()) return m;
+          Value m = method_of(obj, key.s, line);
+          if (m.kind == Kind::kCallable || !m.s.empty()) return m;
         }
         return Value::undefined("'dict object' has no attribute '" + key.s + "'");
       }
-      return Value::undefined("'dict object' has no attribute '" + to_str(key, line) + "'");
+      if (const Value* v = obj.dict->find(key)) return *v;
+      if (!hashable(key)) fail("unhashable type: '" + type_name(key) + "'", line);
+      return Value::undefined("'dict object' has no element " + repr(key, line));
     }
     default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + to_str(key, line) + "'");
   }
@@ -446,7 +294,7 @@ void install_globals(std::map<std::string, Value>& frame) {
     ValueDict d;
     for (auto& p : a.pos) {
       if (p.kind != Kind::kDict) fail("namespace()/dict() positional argument must be a dict", line);
-      for (auto& [k, v] : p.dict->items) d.set(k, v);
+      for (auto& [k, v] : p.dict->items) d.set(k, v, line);
     }
     for (auto& [k, v] : a.kw) d.set(k, v);
     Value out = Value::make_dict(std::move(d));
@@ -505,10 +353,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   }
   if (name == "string") return Value::string(to_str(v, line));
   if (name == "trim") return Value::string(strip_arg(a, to_str(v, line), true, true, line));
-  if (name == "upper") return Value::string(ascii_case(to_str(v, line), true));
-  if (name == "lower") return Value::string(ascii_case(to_str(v, line), false));
-  if (name == "title") return Value::string(title_case(to_str(v, line)));
-  if (name == "capitalize") return Value::string(capitalize(to_str(v, line)));
+  if (name == "upper") return Value::string(py_upper(to_str(v, line)));
+  if (name == "lower") return Value::string(py_lower(to_str(v, line)));
+  if (name == "title") return Value::string(jinja_title(to_str(v, line)));
+  if (name == "capitalize") return Value::string(py_capitalize(to_str(v, line)));
   if (name == "safe") return v;
   if (name == "replace") {
     if (a.pos.size() < 2) fail("replace filter needs two arguments", line);
@@ -710,9 +558,10 @@ bool apply_test(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "gt" || name == "greaterthan" || name == ">") return compare(v, arg(), line) > 0;
   if (name == "ge" || name == ">=") return compare(v, arg(), line) >= 0;
   if (name == "in") return contains(arg(), v, line);
-  if (name == "lower" || name == "upper") {
-    if (v.kind != Kind::kString) return false;
-    return v.s == ascii_case(v.s, name == "upper");
+  if (name == "lower" || name == "upper") {  // jinja2: str(value).islower() / .isupper()
+    Args none;
+    Value m = method_of(Value::string(to_str(v, line)), name == "upper" ? "isupper" : "islower", line);
+    return (*m.fn)(none, line).b;
   }
   fail("unsupported test '" + name + "'", line);
 }

@@ -10,6 +10,7 @@
 
 #include "tokenizer/chat_template_builtins.h"
 #include "tokenizer/chat_template_internal.h"
+#include "tokenizer/chat_template_pystr.h"
 
 namespace anvil::chat_template_detail {
 
@@ -214,8 +215,7 @@ class Evaluator {
         ValueDict d;
         for (size_t k = 0; k < e.items.size(); k += 2) {
           Value key = eval(*e.items[k]);
-          if (key.kind != Kind::kString) fail("unsupported construct: dict literal key of type '" + type_name(key) + "'", e.line);
-          d.set(key.s, eval(*e.items[k + 1]));
+          d.set(key, eval(*e.items[k + 1]), e.line);
         }
         return Value::make_dict(std::move(d));
       }
@@ -340,7 +340,7 @@ class Evaluator {
         return Value::make_list(std::move(items));
       }
     }
-    if (op == "%" && l.kind == Kind::kString) fail("unsupported construct: printf-style string formatting with '%'", line);
+    if (op == "%" && l.kind == Kind::kString) return Value::string(percent_format(l.s, r, line));
     if (!l.is_number() || !r.is_number()) return type_error();
     bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
     int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;

@@ -23,11 +23,15 @@ struct TemplateError {
 struct Value;
 struct Args;
 using ValueList = std::vector<Value>;
+// A Python dict: insertion-ordered (key, value) pairs. Keys are any hashable value (str, int,
+// float, bool, None, tuples of those) and compare like Python's (1 == 1.0 == True is one key).
 struct ValueDict {
-  std::vector<std::pair<std::string, Value>> items;  // Python dict: insertion order
-  const Value* find(const std::string& key) const;
+  std::vector<std::pair<Value, Value>> items;
+  const Value* find(const std::string& key) const;  // a str key
   Value* find(const std::string& key);
+  const Value* find(const Value& key) const;  // any key (an unhashable one is simply absent)
   void set(const std::string& key, Value v);
+  void set(const Value& key, Value v, int line);  // errors on an unhashable key, like Python
 };
 using Callable = std::function<Value(Args&, int line)>;
 
@@ -77,6 +81,7 @@ std::string py_float_repr(double d);
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
                     const std::string& key_sep, bool sort_keys, int line);
 bool equals(const Value& a, const Value& b);
+bool hashable(const Value& v);  // usable as a dict key (str, number, bool, None, tuple of those)
 int compare(const Value& a, const Value& b, int line);  // <0, 0, >0; errors on unorderable types
 // Code points of a UTF-8 string (Python strings index by code point).
 std::vector<std::string> utf8_chars(const std::string& s);

@@ -13,19 +13,46 @@ namespace anvil::chat_template_detail {
 
 const Value* ValueDict::find(const std::string& key) const {
   for (auto& [k, v] : items)
-    if (k == key) return &v;
+    if (k.kind == Kind::kString && k.s == key) return &v;
   return nullptr;
 }
 Value* ValueDict::find(const std::string& key) {
   for (auto& [k, v] : items)
-    if (k == key) return &v;
+    if (k.kind == Kind::kString && k.s == key) return &v;
+  return nullptr;
+}
+const Value* ValueDict::find(const Value& key) const {
+  if (key.kind == Kind::kString) return find(key.s);
+  for (auto& [k, v] : items)
+    if (equals(k, key)) return &v;
   return nullptr;
 }
 void ValueDict::set(const std::string& key, Value v) {
   if (Value* p = find(key)) {
     *p = std::move(v);
   } else {
+    items.emplace_back(Value::string(key), std::move(v));
+  }
+}
+void ValueDict::set(const Value& key, Value v, int line) {
+  if (!hashable(key)) fail("unhashable type: '" + type_name(key) + "'", line);
+  if (const Value* p = find(key)) {
+    *const_cast<Value*>(p) = std::move(v);  // Python keeps the first-inserted key object
+  } else {
     items.emplace_back(key, std::move(v));
+  }
+}
+
+bool hashable(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: case Kind::kNone: case Kind::kBool: case Kind::kInt: case Kind::kFloat:
+    case Kind::kString: return true;
+    case Kind::kList:
+      if (!v.is_tuple) return false;
+      for (auto& e : *v.list)
+        if (!hashable(e)) return false;
+      return true;
+    default: return false;
   }
 }
 
@@ -74,7 +101,7 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::object: {
       ValueDict d;
       d.items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(Value::string(it.key()), from_json(it.value()));
       return Value::make_dict(std::move(d));
     }
     default: return Value::none();
@@ -222,6 +249,7 @@ struct JsonWriter {
         return;
       case Kind::kString: json_string(out, v.s); return;
       case Kind::kList: {
+        if (!v.fn_name.empty()) fail("tojson: Object of type " + v.fn_name + " is not JSON serializable", line);
         if (v.list->empty()) { out += "[]"; return; }
         out += '[';
         bool first = true;
@@ -238,19 +266,38 @@ struct JsonWriter {
       case Kind::kDict: case Kind::kNamespace: {
         if (v.kind == Kind::kNamespace) fail("tojson: Object of type Namespace is not JSON serializable", line);
         if (v.dict->items.empty()) { out += "{}"; return; }
-        std::vector<const std::pair<std::string, Value>*> items;
-        for (auto& kv : v.dict->items) items.push_back(&kv);
+        // json.dumps turns int/float/bool/None keys into strings and refuses any other key type.
+        std::vector<std::pair<std::string, const Value*>> items;
+        for (auto& [k, e] : v.dict->items) {
+          std::string key;
+          switch (k.kind) {
+            case Kind::kString: key = k.s; break;
+            case Kind::kNone: key = "null"; break;
+            case Kind::kBool: key = k.b ? "true" : "false"; break;
+            case Kind::kInt: key = std::to_string(k.i); break;
+            case Kind::kFloat: {
+              std::string scratch;
+              std::swap(out, scratch);
+              write(k, 0);
+              std::swap(out, scratch);
+              key = scratch;
+              break;
+            }
+            default: fail("tojson: keys must be str, int, float, bool or None, not " + type_name(k), line);
+          }
+          items.emplace_back(std::move(key), &e);
+        }
         if (sort_keys)
-          std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+          std::stable_sort(items.begin(), items.end(), [](auto& a, auto& b) { return a.first < b.first; });
         out += '{';
         bool first = true;
-        for (auto* kv : items) {
+        for (auto& [key, e] : items) {
           if (!first) out += item_sep;
           first = false;
           if (pretty()) newline(level + 1);
-          json_string(out, kv->first);
+          json_string(out, key);
           out += key_sep;
-          write(kv->second, level + 1);
+          write(*e, level + 1);
         }
         if (pretty()) newline(level);
         out += '}';
@@ -275,6 +322,11 @@ std::string repr(const Value& v, int line) {
   switch (v.kind) {
     case Kind::kString: return repr_string(v.s);
     case Kind::kList: {
+      if (!v.fn_name.empty()) {  // a dict view: dict_keys([...])
+        Value plain = v;
+        plain.fn_name.clear();
+        return v.fn_name + "(" + repr(plain, line) + ")";
+      }
       std::string out = v.is_tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
@@ -289,7 +341,7 @@ std::string repr(const Value& v, int line) {
       for (auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr(e, line);
+        out += repr(k, line) + ": " + repr(e, line);
       }
       return out + "}";
     }
@@ -299,7 +351,7 @@ std::string repr(const Value& v, int line) {
       for (auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr(e, line);
+        out += repr(k, line) + ": " + repr(e, line);
       }
       return out + "}>";
     }
@@ -335,7 +387,7 @@ bool equals(const Value& a, const Value& b) {
     case Kind::kUndefined: case Kind::kNone: return true;
     case Kind::kString: return a.s == b.s;
     case Kind::kList: {
-      if (a.list->size() != b.list->size()) return false;
+      if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
       return true;

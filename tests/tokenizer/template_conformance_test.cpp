@@ -35,8 +35,10 @@ void check_template(const std::string& name) {
     std::string case_name = c["name"].get<std::string>();
     SCOPED_TRACE(name + "/" + case_name);
     ASSERT_TRUE(expected.contains(case_name)) << "no expected rendering; re-run scripts/make_template_fixtures.py";
+    std::optional<bool> thinking;  // absent/null: not passed, the template's default applies
+    if (c.contains("enable_thinking") && !c["enable_thinking"].is_null()) thinking = c["enable_thinking"].get<bool>();
     auto out = apply_chat_template(*cfg, c["messages"], c.value("tools", ojson(nullptr)),
-                                   c["add_generation_prompt"].get<bool>(), c["enable_thinking"].get<bool>(),
+                                   c["add_generation_prompt"].get<bool>(), thinking,
                                    c.value("extra_context", ojson::object()));
     const ojson& want = expected[case_name];
     if (want.contains("error")) {
