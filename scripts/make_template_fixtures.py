@@ -86,10 +86,6 @@ def main():
         print(f"{path}: {len(out)} renderings ({sum('error' in v for v in out.values())} errors)")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def make_snippets():
     """Small templates exercising engine semantics, rendered by transformers' jinja2 environment."""
     spec = json.load(open(os.path.join(DATA, "snippets.json"), encoding="utf-8"))
@@ -107,4 +103,5 @@ def make_snippets():
 
 
 if __name__ == "__main__":
+    main()
     make_snippets()

@@ -94,9 +94,7 @@ Value split_impl(const std::string& s, const Value* sep_v, int64_t maxsplit, boo
         while (k > 0 && py_isspace(in[k - 1])) --k;
         if (k <= 0) break;
         if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-          size_t b = 0;
-          while (static_cast<int64_t>(b) < k && py_isspace(in[b])) ++b;
-          parts.push_back(in.substr(b, k - b));
+          parts.push_back(in.substr(0, k));  // the remainder keeps its leading whitespace
           break;
         }
         int64_t b = k;

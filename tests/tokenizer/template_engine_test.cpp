@@ -26,13 +26,23 @@ TEST(TemplateEngine, SnippetsMatchJinja2) {
   ojson spec = load(dir + "/snippets.json");
   ojson expected = load(dir + "/expected_snippets.json");
   for (auto& s : spec["snippets"]) {
-    std::string name = s["name"].get<std::string>();
+    const std::string name = s["name"].get<std::string>();
     SCOPED_TRACE(name);
+    ASSERT_TRUE(expected.contains(name)) << "re-run scripts/make_template_fixtures.py";
+    const ojson& want = expected[name];
     auto t = ChatTemplate::compile(s["template"].get<std::string>());
-    ASSERT_TRUE(t.is_ok()) << t.status().message();
-    auto out = t->render(spec["context"]);
-    ASSERT_TRUE(out.is_ok()) << out.status().message();
-    EXPECT_EQ(*out, expected[name]["text"].get<std::string>());
+    Result<std::string> out = t.is_ok() ? t->render(spec["context"]) : Result<std::string>(t.status());
+    if (want.contains("error")) {
+      // jinja2 raised: we must refuse too, with jinja2's message (Python's exception text).
+      EXPECT_FALSE(out.is_ok()) << "expected the error '" << want["error"].get<std::string>() << "', rendered: "
+                                << (out.is_ok() ? *out : "");
+      if (out.is_ok()) continue;
+      EXPECT_NE(out.status().message().find(want["error"].get<std::string>()), std::string::npos)
+          << out.status().message();
+      continue;
+    }
+    EXPECT_TRUE(out.is_ok()) << out.status().message();
+    if (out.is_ok()) EXPECT_EQ(*out, want["text"].get<std::string>());
   }
 }
 
