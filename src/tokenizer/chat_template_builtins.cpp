@@ -231,6 +231,16 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
     }
     case Kind::kString: case Kind::kList: return method_of(obj, name, line);
     case Kind::kNone: return Value::undefined("'None' has no attribute '" + name + "'");
+    case Kind::kCallable:
+      if (obj.fn_name == "dict" && name == "fromkeys")
+        return Value::callable("dict.fromkeys", [](Args& a, int l) {
+          if (a.pos.empty()) fail("fromkeys expected at least 1 argument, got 0", l);
+          Value fill = a.pos.size() > 1 ? a.pos[1] : Value::none();
+          ValueDict d;
+          for (auto& k : iterate(a.pos[0], l)) d.set(k, fill, l);
+          return Value::make_dict(std::move(d));
+        });
+      return Value::undefined("'function object' has no attribute '" + name + "'");
     default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
   }
 }
@@ -272,6 +282,13 @@ Value get_item(const Value& obj, const Value& key, int line) {
   }
 }
 
+void check_namespace_name(const std::string& name, int line) {
+  if (!name.empty() && name[0] == '_')
+    fail("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + name +
+             "'. Please rename the attribute.",
+         line);
+}
+
 void install_globals(std::map<std::string, Value>& frame) {
   frame["range"] = Value::callable("range", [](Args& a, int line) {
     int64_t start = 0, stop, step = 1;
@@ -299,6 +316,9 @@ void install_globals(std::map<std::string, Value>& frame) {
     for (auto& [k, v] : a.kw) d.set(k, v);
     Value out = Value::make_dict(std::move(d));
     out.kind = kind;
+    // transformers' TemplateNamespace refuses underscore-prefixed attribute names.
+    if (kind == Kind::kNamespace)
+      for (auto& [k, v] : out.dict->items) check_namespace_name(k.s, line);
     return out;
   };
   frame["namespace"] = Value::callable("namespace", [make_mapping](Args& a, int line) {

@@ -10,6 +10,7 @@
 namespace anvil::chat_template_detail {
 
 void install_globals(std::map<std::string, Value>& frame);
+void check_namespace_name(const std::string& name, int line);  // transformers refuses "_x" names
 std::vector<Value> iterate(const Value& v, int line);           // Python iter(): dict -> keys, str -> chars
 bool contains(const Value& container, const Value& item, int line);  // Python "item in container"
 Value get_attr(const Value& obj, const std::string& name, int line);  // obj.name (jinja2: attribute, then item)

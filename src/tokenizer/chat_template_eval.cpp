@@ -93,6 +93,7 @@ class Evaluator {
           Value ns = lookup(n.targets[0]);
           if (ns.kind != Kind::kNamespace)
             fail("cannot assign attribute '" + n.attr + "' on '" + n.targets[0] + "': not a namespace", n.line);
+          check_namespace_name(n.attr, n.line);
           ns.dict->set(n.attr, std::move(v));
         } else {
           bind_targets(n.targets, v, n.line);
@@ -102,8 +103,24 @@ class Evaluator {
       case NodeKind::kSetBlock: {
         std::string captured;
         Flow f = exec_body(n.body, captured);
-        assign(n.targets[0], Value::string(std::move(captured)));
+        Value v = Value::string(std::move(captured));
+        if (n.filter) v = filter_block_value(*n.filter, std::move(v));
+        assign(n.targets[0], std::move(v));
         return f;
+      }
+      case NodeKind::kFilterBlock: {
+        std::string captured;
+        Flow f = exec_body(n.body, captured);
+        out += to_str(filter_block_value(*n.filter, Value::string(std::move(captured))), n.line);
+        return f;
+      }
+      case NodeKind::kCallBlock: {
+        // The caller travels as the keyword argument "caller", as in jinja2.
+        Value callee = eval(*n.expr->a);
+        Args args = eval_args(*n.expr);
+        args.kw.emplace_back("caller", make_caller(n));
+        out += to_str(call(callee, args, n.line), n.line);
+        return Flow::kNormal;
       }
       case NodeKind::kMacro: define_macro(n); return Flow::kNormal;
       case NodeKind::kBreak: return Flow::kBreak;
@@ -169,6 +186,62 @@ class Evaluator {
     return Flow::kNormal;
   }
 
+  // The filter chain of a {% filter %} / filtered {% set %} block applied to its rendered body.
+  Value filter_block_value(const Expr& chain, Value body) {
+    frames_.emplace_back();
+    assign(kBlockBodyName, std::move(body));
+    Value v = eval(chain);
+    frames_.pop_back();
+    return v;
+  }
+
+  // caller() of a {% call %} block: its body, run in the call site's scope plus its parameters.
+  Value make_caller(const Node& n) {
+    const Node* node = &n;
+    auto scope = std::make_shared<std::vector<Frame>>(frames_);
+    return Value::callable("caller", [this, node, scope](Args& args, int line) -> Value {
+      std::vector<Frame> saved = std::move(frames_);
+      frames_ = *scope;
+      frames_.emplace_back();
+      bind_params(*node, "caller", args, line);
+      std::string out;
+      Flow f = exec_body(node->body, out);
+      frames_ = std::move(saved);
+      if (f != Flow::kNormal) fail("'break'/'continue' outside of a for loop", line);
+      return Value::string(std::move(out));
+    });
+  }
+
+  // Binds call arguments to a macro's (or caller's) parameters in the current frame, as jinja2's
+  // Macro._invoke does: missing ones without default are undefined; extra positional arguments go
+  // to varargs and unknown keywords to kwargs when the body reads them, else they are errors.
+  void bind_params(const Node& node, const std::string& what, Args& args, int line) {
+    const size_t first_default = node.params.size() - node.defaults.size();
+    ValueDict extra_kw;
+    for (auto& [k, v] : args.kw) {
+      if (std::find(node.params.begin(), node.params.end(), k) != node.params.end()) continue;
+      if (k == "caller") continue;
+      if (!node.catch_kwargs) fail("macro '" + what + "' takes no keyword argument '" + k + "'", line);
+      extra_kw.set(k, v);
+    }
+    if (args.pos.size() > node.params.size() && !node.catch_varargs)
+      fail("macro '" + what + "' takes not more than " + std::to_string(node.params.size()) + " argument(s)", line);
+    for (size_t p = 0; p < node.params.size(); ++p) {
+      const Value* v = args.get(p, node.params[p]);
+      if (v) {
+        assign(node.params[p], *v);
+      } else if (p >= first_default) {
+        assign(node.params[p], eval(*node.defaults[p - first_default]));
+      } else {
+        assign(node.params[p], Value::undefined("parameter '" + node.params[p] + "' was not provided"));
+      }
+    }
+    ValueList rest;
+    for (size_t p = node.params.size(); p < args.pos.size(); ++p) rest.push_back(args.pos[p]);
+    if (node.catch_varargs) assign("varargs", Value::make_list(std::move(rest), true));
+    if (node.catch_kwargs) assign("kwargs", Value::make_dict(std::move(extra_kw)));
+  }
+
   void define_macro(const Node& n) {
     const Node* node = &n;
     assign(n.name, Value::callable(n.name, [this, node](Args& args, int line) -> Value {
@@ -176,22 +249,9 @@ class Evaluator {
              frames_.clear();
              frames_.push_back(saved[0]);
              frames_.emplace_back();
-             size_t first_default = node->params.size() - node->defaults.size();
              for (auto& [k, v] : args.kw)
-               if (std::find(node->params.begin(), node->params.end(), k) == node->params.end())
-                 fail("macro '" + node->name + "' got an unexpected keyword argument '" + k + "'", line);
-             if (args.pos.size() > node->params.size())
-               fail("macro '" + node->name + "' takes " + std::to_string(node->params.size()) + " arguments", line);
-             for (size_t p = 0; p < node->params.size(); ++p) {
-               const Value* v = args.get(p, node->params[p]);
-               if (v) {
-                 assign(node->params[p], *v);
-               } else if (p >= first_default) {
-                 assign(node->params[p], eval(*node->defaults[p - first_default]));
-               } else {
-                 assign(node->params[p], Value::undefined("'" + node->params[p] + "' is undefined"));
-               }
-             }
+               if (k == "caller") assign("caller", v);
+             bind_params(*node, node->name, args, line);
              std::string out;
              Flow f = exec_body(node->body, out);
              saved[0] = std::move(frames_[0]);  // the macro may have defined globals (e.g. macros)

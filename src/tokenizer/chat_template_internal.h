@@ -118,7 +118,12 @@ struct Expr {
 
 struct Node;
 using NodeList = std::vector<std::unique_ptr<Node>>;
-enum class NodeKind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock };
+enum class NodeKind {
+  kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock, kFilterBlock, kCallBlock,
+};
+// The rendered body of a {% filter %} block or a filtered {% set x | f %} block, as the innermost
+// operand of the filter chain (a name no template can spell).
+inline const char* kBlockBodyName = "\x01body";
 struct Node {
   NodeKind kind;
   int line = 0;
@@ -128,10 +133,12 @@ struct Node {
   NodeList body, else_body;                          // kFor/kSetBlock/kMacro/kBlock body; kIf/kFor else
   std::vector<std::string> targets;                  // kFor/kSet names (several: tuple unpacking)
   std::string attr;                                  // kSet: "ns.attr" target -> targets[0]=ns, attr
-  ExprPtr filter;                                    // kFor: "if" condition
+  ExprPtr filter;                                    // kFor: "if" condition; kSetBlock/kFilterBlock:
+                                                     // the filter chain over kBlockBodyName
   std::string name;                                  // kMacro name
-  std::vector<std::string> params;                   // kMacro
-  std::vector<ExprPtr> defaults;                     // kMacro, aligned to the last params
+  std::vector<std::string> params;                   // kMacro; kCallBlock: the caller's parameters
+  std::vector<ExprPtr> defaults;                     // kMacro/kCallBlock, aligned to the last params
+  bool catch_varargs = false, catch_kwargs = false;  // kMacro: the body reads varargs / kwargs
 };
 
 struct Program {
