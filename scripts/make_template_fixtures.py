@@ -86,6 +86,42 @@ def main():
         print(f"{path}: {len(out)} renderings ({sum('error' in v for v in out.values())} errors)")
 
 
+def make_real():
+    """Every template in tests/data/templates/real/ (sources.json) x every conversation in
+    conversations_real.json, rendered by transformers' render_jinja_template with the inputs
+    apply_chat_template builds. enable_thinking is passed only when the case sets it, so the
+    templates' own defaults are exercised. Errors (raise_exception, TypeError, ...) are frozen
+    as {"error": message}: anvil must refuse those conversations too."""
+    real = os.path.join(DATA, "real")
+    spec = json.load(open(os.path.join(real, "sources.json"), encoding="utf-8"))
+    cases = json.load(open(os.path.join(DATA, "conversations_real.json"), encoding="utf-8"))
+    out = {}
+    for name, info in spec["templates"].items():
+        source = open(os.path.join(real, name + ".jinja"), encoding="utf-8").read()
+        per = {}
+        for case in cases:
+            kwargs = {k: info[k] for k in ("bos_token", "eos_token") if info.get(k) is not None}
+            kwargs.update(spec.get("extra_context", {}))
+            if case.get("enable_thinking") is not None:
+                kwargs["enable_thinking"] = case["enable_thinking"]
+            messages = [{k: v for k, v in m.items() if v is not None} for m in case["messages"]]
+            try:
+                rendered, _ = ctu.render_jinja_template(
+                    conversations=[messages], tools=case.get("tools"), chat_template=source,
+                    add_generation_prompt=case["add_generation_prompt"], **kwargs)
+                per[case["name"]] = {"text": rendered[0]}
+            except Exception as e:
+                per[case["name"]] = {"error": str(e), "error_type": type(e).__name__}
+        out[name] = per
+    path = os.path.join(DATA, "expected_real.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    n = sum(len(v) for v in out.values())
+    errors = sum("error" in r for v in out.values() for r in v.values())
+    print(f"{path}: {len(out)} templates, {n} renderings ({errors} errors)")
+
+
 def make_snippets():
     """Small templates exercising engine semantics, rendered by transformers' jinja2 environment."""
     spec = json.load(open(os.path.join(DATA, "snippets.json"), encoding="utf-8"))
@@ -105,3 +141,4 @@ def make_snippets():
 if __name__ == "__main__":
     main()
     make_snippets()
+    make_real()

@@ -378,6 +378,16 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "title") return Value::string(jinja_title(to_str(v, line)));
   if (name == "capitalize") return Value::string(py_capitalize(to_str(v, line)));
   if (name == "safe") return v;
+  if (name == "format") {  // jinja2: soft_str(value) % (kwargs or args)
+    if (!a.kw.empty() && !a.pos.empty()) fail("can't handle positional and keyword arguments at the same time", line);
+    std::string fmt = to_str(v, line);
+    if (!a.kw.empty()) {
+      ValueDict d;
+      for (auto& [k, x] : a.kw) d.set(k, x);
+      return Value::string(percent_format(fmt, Value::make_dict(std::move(d)), line));
+    }
+    return Value::string(percent_format(fmt, Value::make_list(a.pos, /*tuple=*/true), line));
+  }
   if (name == "replace") {
     if (a.pos.size() < 2) fail("replace filter needs two arguments", line);
     return Value::string(replace_all(to_str(v, line), to_str(a.pos[0], line), to_str(a.pos[1], line),
@@ -409,7 +419,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "list") return Value::make_list(iterate(v, line));
   if (name == "items") {
     if (v.is_undefined()) return Value::make_list({});
-    if (v.kind != Kind::kDict) fail("items filter expects a mapping, got '" + type_name(v) + "'", line);
+    if (v.kind != Kind::kDict) fail("Can only get item pairs from a mapping.", line);
     return items_of(v);
   }
   if (name == "int") return to_int(v, int_arg(a, 0, "default", 0, line));

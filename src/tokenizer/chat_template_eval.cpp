@@ -379,11 +379,14 @@ class Evaluator {
     };
     if (op == "+") {
       if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
-      if (l.kind == Kind::kList && r.kind == Kind::kList) {
+      if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {
         ValueList items = *l.list;
         items.insert(items.end(), r.list->begin(), r.list->end());
-        return Value::make_list(std::move(items), l.is_tuple && r.is_tuple);
+        return Value::make_list(std::move(items), l.is_tuple);
       }
+      // Python's own wording for str/list/tuple on the left.
+      if (l.kind == Kind::kString || l.kind == Kind::kList)
+        fail("can only concatenate " + type_name(l) + " (not \"" + type_name(r) + "\") to " + type_name(l), line);
     }
     if (op == "*") {
       const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;

@@ -1,6 +1,7 @@
 // Every conversation in tests/data/templates/conversations.json rendered by our engine must equal,
 // byte for byte, what transformers/jinja2 produced (scripts/make_template_fixtures.py).
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -57,6 +58,67 @@ void check_template(const std::string& name) {
 
 TEST(TemplateConformance, Qwen3) { check_template("qwen3"); }
 TEST(TemplateConformance, Llama3) { check_template("llama3"); }
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Real-world chat templates (tests/data/templates/real/) x conversations with tool definitions,
+// tool calls and results, reasoning content and the three enable_thinking states, against
+// transformers' render_jinja_template (frozen by scripts/make_template_fixtures.py). Where the
+// reference raised (raise_exception, or a Python TypeError on the conversation), we must refuse
+// with the same message.
+TEST(TemplateConformance, RealTemplates) {
+  ojson spec = load(kDir + "/real/sources.json");
+  ojson cases = load(kDir + "/conversations_real.json");
+  ojson expected = load(kDir + "/expected_real.json");
+  int templates = 0, rendered = 0, refused = 0;
+  for (auto it = spec["templates"].begin(); it != spec["templates"].end(); ++it) {
+    const std::string name = it.key();
+    TokenizerConfig cfg;
+    cfg.chat_template = read_text(kDir + "/real/" + name + ".jinja");
+    ASSERT_FALSE(cfg.chat_template.empty()) << name;
+    cfg.source = name;
+    if (it.value()["bos_token"].is_string()) {
+      cfg.bos_token = it.value()["bos_token"].get<std::string>();
+      cfg.has_bos_token = true;
+    }
+    if (it.value()["eos_token"].is_string()) {
+      cfg.eos_token = it.value()["eos_token"].get<std::string>();
+      cfg.has_eos_token = true;
+    }
+    ASSERT_TRUE(expected.contains(name)) << name << ": re-run scripts/make_template_fixtures.py";
+    ++templates;
+    for (auto& c : cases) {
+      const std::string case_name = c["name"].get<std::string>();
+      SCOPED_TRACE(name + " / " + case_name);
+      ASSERT_TRUE(expected[name].contains(case_name)) << "re-run scripts/make_template_fixtures.py";
+      const ojson& want = expected[name][case_name];
+      std::optional<bool> thinking;
+      if (c.contains("enable_thinking") && !c["enable_thinking"].is_null()) thinking = c["enable_thinking"].get<bool>();
+      auto out = apply_chat_template(cfg, c["messages"], c.value("tools", ojson(nullptr)),
+                                     c["add_generation_prompt"].get<bool>(), thinking, spec["extra_context"]);
+      if (want.contains("error")) {
+        EXPECT_FALSE(out.is_ok()) << "transformers refused (" << want["error"].get<std::string>()
+                                  << "), we rendered:\n" << (out.is_ok() ? *out : "");
+        if (!out.is_ok())
+          EXPECT_NE(out.status().message().find(want["error"].get<std::string>()), std::string::npos)
+              << out.status().message();
+        ++refused;
+      } else {
+        EXPECT_TRUE(out.is_ok()) << out.status().message();
+        if (out.is_ok()) EXPECT_EQ(*out, want["text"].get<std::string>());
+        ++rendered;
+      }
+    }
+  }
+  EXPECT_GE(templates, 20);
+  EXPECT_GE(rendered, 250);
+  EXPECT_GE(refused, 20);
+}
 
 TEST(TemplateConformance, TinyCodeHasNoChatTemplate) {
   auto cfg = load_tokenizer_config(std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code");
