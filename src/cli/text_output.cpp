@@ -25,19 +25,11 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
 
 Result<std::vector<int32_t>> TextOutput::encode(const std::string& text) const { return tok_->encode(text); }
 
-// True when the prompt's last <think> is not closed after it: the template opened the reasoning
-// block for the model (DeepSeek-R1-distill, QwQ append "<think>\n" to the generation prompt).
-bool opens_reasoning(const std::string& prompt) {
-  size_t open = prompt.rfind("<think>");
-  if (open == std::string::npos) return false;
-  return prompt.find("</think>", open) == std::string::npos;
-}
-
 Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::ordered_json& messages,
                                                          std::optional<bool> thinking) {
   ANVIL_ASSIGN_OR_RETURN(std::string prompt,
                          apply_chat_template(cfg_, messages, nlohmann::ordered_json(), true, thinking));
-  prompt_opens_reasoning_ = opens_reasoning(prompt);
+  prompt_opens_reasoning_ = prompt_opens_reasoning(prompt);
   begin_answer();
   return tok_->encode(prompt);
 }
