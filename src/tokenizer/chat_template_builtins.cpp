@@ -378,6 +378,90 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "title") return Value::string(jinja_title(to_str(v, line)));
   if (name == "capitalize") return Value::string(py_capitalize(to_str(v, line)));
   if (name == "safe") return v;
+  if (name == "indent") {
+    const Value* w = a.get(0, "width");
+    std::string ind = w && w->kind == Kind::kString ? w->s : std::string(static_cast<size_t>(int_arg(a, 0, "width", 4, line)), ' ');
+    const Value* first = a.get(1, "first");
+    const Value* blank = a.get(2, "blank");
+    Args none;
+    Value lines_v = (*method_of(Value::string(to_str(v, line) + "\n"), "splitlines", line).fn)(none, line);
+    const ValueList& lines = *lines_v.list;
+    std::string out;
+    for (size_t k = 0; k < lines.size(); ++k) {
+      if (k) out += "\n";
+      bool indent_it = k > 0 && (!lines[k].s.empty() || (blank && truthy(*blank)));
+      out += (indent_it ? ind : "") + lines[k].s;
+    }
+    return Value::string((first && truthy(*first) ? ind : "") + out);
+  }
+  if (name == "truncate") {
+    std::u32string s = to_u32(to_str(v, line));
+    int64_t length = int_arg(a, 0, "length", 255, line);
+    const Value* kill = a.get(1, "killwords");
+    const Value* end_v = a.get(2, "end");
+    std::u32string end = to_u32(end_v ? to_str(*end_v, line) : "...");
+    int64_t leeway = int_arg(a, 3, "leeway", 5, line);
+    if (length < static_cast<int64_t>(end.size())) fail("expected length >= " + std::to_string(end.size()) + ", got " + std::to_string(length), line);
+    if (leeway < 0) fail("expected leeway >= 0, got " + std::to_string(leeway), line);
+    if (static_cast<int64_t>(s.size()) <= length + leeway) return Value::string(to_utf8(s));
+    std::u32string head = s.substr(0, static_cast<size_t>(length) - end.size());
+    if (!(kill && truthy(*kill))) {
+      size_t sp = head.rfind(U' ');
+      if (sp != std::u32string::npos) head = head.substr(0, sp);
+    }
+    return Value::string(to_utf8(head + end));
+  }
+  if (name == "center") {
+    Args ca;
+    ca.pos.push_back(Value::integer(int_arg(a, 0, "width", 80, line)));
+    return (*method_of(Value::string(to_str(v, line)), "center", line).fn)(ca, line);
+  }
+  if (name == "wordcount") {  // len(re.findall(r"\w+", s))
+    int64_t n = 0;
+    bool in_word = false;
+    for (char32_t c : to_u32(to_str(v, line))) {
+      Args none;
+      bool w = c == U'_' || (*method_of(Value::string(to_utf8(std::u32string(1, c))), "isalnum", line).fn)(none, line).b;
+      if (w && !in_word) ++n;
+      in_word = w;
+    }
+    return Value::integer(n);
+  }
+  if (name == "batch" || name == "slice") {
+    int64_t count = int_arg(a, 0, name == "batch" ? "linecount" : "slices", 0, line);
+    if (count <= 0) fail(name + " needs a positive count", line);
+    const Value* fill = a.get(1, "fill_with");
+    bool do_fill = fill && fill->kind != Kind::kNone;
+    std::vector<Value> seq = iterate(v, line);
+    ValueList out;
+    if (name == "batch") {
+      for (size_t k = 0; k < seq.size(); k += static_cast<size_t>(count)) {
+        ValueList row(seq.begin() + k, seq.begin() + std::min(seq.size(), k + static_cast<size_t>(count)));
+        while (do_fill && static_cast<int64_t>(row.size()) < count) row.push_back(*fill);
+        out.push_back(Value::make_list(std::move(row)));
+      }
+    } else {
+      int64_t len = static_cast<int64_t>(seq.size()), per = len / count, extra = len % count, offset = 0;
+      for (int64_t k = 0; k < count; ++k) {
+        int64_t start = offset + k * per;
+        if (k < extra) ++offset;
+        int64_t stop = offset + (k + 1) * per;
+        ValueList part(seq.begin() + start, seq.begin() + stop);
+        if (do_fill && k >= extra) part.push_back(*fill);
+        out.push_back(Value::make_list(std::move(part)));
+      }
+    }
+    return Value::make_list(std::move(out));
+  }
+  if (name == "attr") {  // a Python attribute only (a dict's methods, not its keys)
+    if (a.pos.empty()) fail("attr filter needs a name", line);
+    std::string attr = to_str(a.pos[0], line);
+    if (v.kind == Kind::kString || v.kind == Kind::kList || v.kind == Kind::kDict) {
+      Value m = method_of(v, attr, line);
+      if (m.kind == Kind::kCallable || (v.kind == Kind::kDict && !m.s.empty())) return m;
+    }
+    return Value::undefined("'" + type_name(v) + " object' has no attribute '" + attr + "'");
+  }
   if (name == "format") {  // jinja2: soft_str(value) % (kwargs or args)
     if (!a.kw.empty() && !a.pos.empty()) fail("can't handle positional and keyword arguments at the same time", line);
     std::string fmt = to_str(v, line);
