@@ -200,6 +200,7 @@ class Evaluator {
     const Node* node = &n;
     auto scope = std::make_shared<std::vector<Frame>>(frames_);
     return Value::callable("caller", [this, node, scope](Args& args, int line) -> Value {
+      DepthGuard guard(this, line);
       std::vector<Frame> saved = std::move(frames_);
       frames_ = *scope;
       frames_.emplace_back();
@@ -245,6 +246,7 @@ class Evaluator {
   void define_macro(const Node& n) {
     const Node* node = &n;
     assign(n.name, Value::callable(n.name, [this, node](Args& args, int line) -> Value {
+             DepthGuard guard(this, line);
              std::vector<Frame> saved = std::move(frames_);
              frames_.clear();
              frames_.push_back(saved[0]);
@@ -456,7 +458,21 @@ class Evaluator {
     fail("'" + type_name(obj) + "' object is not subscriptable", line);
   }
 
+  // Macro and caller() nesting is bounded so a runaway recursive macro is an error, not a stack
+  // overflow (jinja2 stops with Python's RecursionError).
+  static constexpr int kMaxCallDepth = 256;
+  struct DepthGuard {
+    Evaluator* ev;
+    DepthGuard(Evaluator* e, int line) : ev(e) {
+      if (++ev->call_depth_ > kMaxCallDepth)
+        fail("maximum recursion depth exceeded (macro calls nested deeper than " + std::to_string(kMaxCallDepth) + ")",
+             line);
+    }
+    ~DepthGuard() { --ev->call_depth_; }
+  };
+
   std::vector<Frame> frames_;
+  int call_depth_ = 0;
 };
 
 }  // namespace

@@ -112,6 +112,18 @@ TEST(TemplateEngine, AttributeOfUndefinedIsAnErrorNotEmptyOutput) {
   EXPECT_FALSE(render_error("{{ 'a' + missing }}").is_ok());
 }
 
+TEST(TemplateEngine, RunawayMacroRecursionIsAnErrorNotACrash) {
+  Status st = render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("maximum recursion depth exceeded"), std::string::npos) << st.message();
+  // Legitimate recursion (a JSON-schema walker) is fine.
+  auto t = ChatTemplate::compile("{% macro d(n) %}{% if n > 0 %}[{{ d(n - 1) }}]{% endif %}{% endmacro %}{{ d(50) }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, std::string(50, '[') + std::string(50, ']'));
+}
+
 TEST(TemplateEngine, StrftimeNowFormatsToday) {
   auto t = ChatTemplate::compile("{{ strftime_now('%Y') }}");
   ASSERT_TRUE(t.is_ok());
