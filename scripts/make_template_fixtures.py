@@ -10,6 +10,15 @@ For every conversation in tests/data/templates/conversations.json and every temp
     tests) has no tokenizer.json, so it uses transformers.utils.chat_template_utils.render_jinja_template
     with the same inputs apply_chat_template builds (None-valued message keys dropped, special tokens).
 Writes tests/data/templates/expected_<template>.json: {name: {"text": ...} or {"error": ...}}.
+
+Also freezes:
+  - expected_snippets.json: the engine snippets of snippets.json (Python str/list/dict methods,
+    dict keys of every hashable type, None vs undefined, raise_exception, %-formatting, raw /
+    filter / call blocks), rendered by transformers' own compiled jinja2 environment;
+  - expected_real.json: the real-world templates of tests/data/templates/real/ (where each came
+    from is in real/sources.json) x conversations_real.json, through render_jinja_template, with
+    enable_thinking passed only when a case sets it.
+A conversation the reference refuses is frozen as {"error": message}; anvil must refuse it too.
 Re-run: python3 scripts/make_template_fixtures.py
 """
 import json
