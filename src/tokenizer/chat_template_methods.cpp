@@ -43,7 +43,8 @@ void clamp_range(int64_t n, int64_t* start, int64_t* end) {
   *end = std::min(*end, n);
 }
 
-// Code-point range [start, end) of s as UTF-8 plus the code-point offset of its first byte.
+// s as code points with the [start, end) window of str.find/count/startswith arguments, clamped
+// like a Python slice.
 struct Window {
   std::u32string all;
   int64_t start, end;

@@ -22,8 +22,8 @@ std::u32string to_u32(const std::string& s) {
   while (n > 0) {
     utf8proc_int32_t cp;
     utf8proc_ssize_t used = utf8proc_iterate(p, n, &cp);
-    if (used <= 0) {  // invalid byte: keep it as U+FFFD-free raw value so it round-trips
-      cp = 0xDC00 + *p;  // lone surrogate escape, as Python's surrogateescape would
+    if (used <= 0) {  // an invalid byte (>= 0x80) becomes U+DC80..U+DCFF, like Python's
+      cp = 0xDC00 + *p;  // surrogateescape, so to_utf8 gives the same bytes back
       used = 1;
     }
     out += static_cast<char32_t>(cp);
