@@ -344,7 +344,6 @@ void install_globals(std::map<std::string, Value>& frame) {
 Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "tojson") {
     const Value* ea = a.get(0, "ensure_ascii");
-    if (ea && truthy(*ea)) fail("unsupported filter option 'tojson(ensure_ascii=true)'", line);
     const Value* ind = a.get(1, "indent");
     const Value* sep = a.get(2, "separators");
     const Value* sk = a.get(3, "sort_keys");
@@ -360,7 +359,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
       item_sep = need_str((*sep->list)[0], "tojson separators", line);
       key_sep = need_str((*sep->list)[1], "tojson separators", line);
     }
-    return Value::string(to_json(v, indent, indent_str, item_sep, key_sep, sk && truthy(*sk), line));
+    return Value::string(to_json(v, indent, indent_str, item_sep, key_sep, sk && truthy(*sk), line, ea && truthy(*ea)));
   }
   if (name == "length" || name == "count") {
     switch (v.kind) {

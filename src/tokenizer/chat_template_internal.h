@@ -76,10 +76,10 @@ std::string type_name(const Value& v);           // "str", "dict", "list", ... a
 std::string to_str(const Value& v, int line);    // Python str(); undefined prints as ""
 std::string repr(const Value& v, int line);      // Python repr()
 std::string py_float_repr(double d);
-// json.dumps(v, ensure_ascii=False, indent=..., separators=..., sort_keys=...).
+// json.dumps(v, ensure_ascii=..., indent=..., separators=..., sort_keys=...).
 // indent < 0 means None; indent_str overrides the per-level indent text when set.
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys, int line);
+                    const std::string& key_sep, bool sort_keys, int line, bool ensure_ascii = false);
 bool equals(const Value& a, const Value& b);
 bool hashable(const Value& v);  // usable as a dict key (str, number, bool, None, tuple of those)
 int compare(const Value& a, const Value& b, int line);  // <0, 0, >0; errors on unorderable types

@@ -1,6 +1,7 @@
 // Values of the chat-template engine and their Python semantics: truthiness, str()/repr(),
 // equality and ordering, and json.dumps() as transformers' tojson filter calls it
-// (ensure_ascii=False: only '"', '\\' and control characters are escaped).
+// (ensure_ascii=False, transformers' default: only '"', '\\' and control characters are escaped;
+// ensure_ascii=True also writes every non-ASCII code point as \uXXXX, surrogate pairs above U+FFFF).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -199,9 +200,25 @@ std::string repr_string(const std::string& s) {
   return out;
 }
 
-void json_string(std::string& out, const std::string& s) {
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t k = 0; k < s.size(); ++k) {
+    unsigned char c = s[k];
+    if (ensure_ascii && c >= 0x80) {
+      size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+      uint32_t cp = n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : n == 4 ? c & 0x07 : c;
+      for (size_t j = 1; j < n && k + j < s.size(); ++j) cp = (cp << 6) | (static_cast<unsigned char>(s[k + j]) & 0x3F);
+      k += n - 1;
+      char b[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", cp);
+      }
+      out += b;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -229,6 +246,7 @@ struct JsonWriter {
   std::string item_sep, key_sep;
   bool sort_keys;
   int line;
+  bool ensure_ascii;
   std::string out;
 
   void newline(int level) {
@@ -247,7 +265,7 @@ struct JsonWriter {
         else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
         else out += py_float_repr(v.f);
         return;
-      case Kind::kString: json_string(out, v.s); return;
+      case Kind::kString: json_string(out, v.s, ensure_ascii); return;
       case Kind::kList: {
         if (!v.fn_name.empty()) fail("tojson: Object of type " + v.fn_name + " is not JSON serializable", line);
         if (v.list->empty()) { out += "[]"; return; }
@@ -295,7 +313,7 @@ struct JsonWriter {
           if (!first) out += item_sep;
           first = false;
           if (pretty()) newline(level + 1);
-          json_string(out, key);
+          json_string(out, key, ensure_ascii);
           out += key_sep;
           write(*e, level + 1);
         }
@@ -312,8 +330,8 @@ struct JsonWriter {
 }  // namespace
 
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys, int line) {
-  JsonWriter w{indent, indent_str, item_sep, key_sep, sort_keys, line, {}};
+                    const std::string& key_sep, bool sort_keys, int line, bool ensure_ascii) {
+  JsonWriter w{indent, indent_str, item_sep, key_sep, sort_keys, line, ensure_ascii, {}};
   w.write(v, 0);
   return std::move(w.out);
 }
