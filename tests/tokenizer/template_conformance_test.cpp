@@ -4,6 +4,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,26 @@ TEST(TemplateConformance, RealTemplates) {
   EXPECT_GE(templates, 20);
   EXPECT_GE(rendered, 250);
   EXPECT_GE(refused, 20);
+}
+
+// A server request's chat_template_kwargs travel as extra_context: {"enable_thinking": false}
+// there renders exactly like the --no-thinking flag, and any other variable reaches the template.
+TEST(TemplateConformance, ChatTemplateKwargsAsExtraContext) {
+  ojson expected = load(kDir + "/expected_real.json");
+  TokenizerConfig cfg;
+  cfg.chat_template = read_text(kDir + "/real/deepseek-v3.1.jinja");
+  cfg.bos_token = "<｜begin▁of▁sentence｜>";
+  cfg.has_bos_token = true;
+  ojson msgs = ojson::parse(R"([{"role": "user", "content": "Is 97 prime?"}])");
+  for (auto [value, case_name] : {std::pair{true, "thinking_on"}, std::pair{false, "thinking_off"}}) {
+    auto out = apply_chat_template(cfg, msgs, nullptr, true, std::nullopt, ojson{{"enable_thinking", value}});
+    ASSERT_TRUE(out.is_ok()) << out.status().message();
+    EXPECT_EQ(*out, expected["deepseek-v3.1"][case_name]["text"].get<std::string>());
+  }
+  // DeepSeek-V3.1 also reads its own "thinking" variable, which wins over enable_thinking.
+  auto out = apply_chat_template(cfg, msgs, nullptr, true, false, ojson{{"thinking", true}});
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, expected["deepseek-v3.1"]["thinking_on"]["text"].get<std::string>());
 }
 
 TEST(TemplateConformance, TinyCodeHasNoChatTemplate) {
