@@ -229,7 +229,10 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'Namespace object' has no attribute '" + name + "'");
     }
-    case Kind::kString: case Kind::kList: return method_of(obj, name, line);
+    case Kind::kList:  // groupby's _GroupTuple(grouper, list) is a named tuple
+      if (obj.fn_name == kGroupTuple && (name == "grouper" || name == "list")) return (*obj.list)[name == "list"];
+      return method_of(obj, name, line);
+    case Kind::kString: return method_of(obj, name, line);
     case Kind::kNone: return Value::undefined("'None' has no attribute '" + name + "'");
     case Kind::kCallable:
       if (obj.fn_name == "dict" && name == "fromkeys")
@@ -552,6 +555,35 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
     fargs.kw = a.kw;
     for (auto& e : iterate(v, line)) out.push_back(apply_filter(f, e, fargs, line));
+    return Value::make_list(std::move(out));
+  }
+  if (name == "groupby") {  // jinja2: sort by the key, then group runs of equal keys
+    if (a.pos.empty() && !a.get(0, "attribute")) fail("groupby needs an attribute", line);
+    std::string attr = to_str(*a.get(0, "attribute"), line);
+    const Value* dflt = a.get(1, "default");
+    const Value* cs = a.get(2, "case_sensitive");
+    bool case_sensitive = cs && truthy(*cs);
+    auto key_of = [&](const Value& e) {
+      Value k = attr_path(e, attr, line);
+      if (k.is_undefined() && dflt) k = *dflt;
+      return k;
+    };
+    std::vector<Value> items = iterate(v, line);
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      return compare(sort_key(key_of(x), case_sensitive), sort_key(key_of(y), case_sensitive), line) < 0;
+    });
+    ValueList out;
+    for (size_t k = 0; k < items.size();) {
+      Value key = sort_key(key_of(items[k]), case_sensitive);
+      ValueList group;
+      size_t j = k;
+      for (; j < items.size() && equals(sort_key(key_of(items[j]), case_sensitive), key); ++j) group.push_back(items[j]);
+      // The grouper is the first member's own key (not its lowercased form).
+      Value g = Value::make_list({key_of(items[k]), Value::make_list(std::move(group))}, /*tuple=*/true);
+      g.fn_name = kGroupTuple;
+      out.push_back(std::move(g));
+      k = j;
+    }
     return Value::make_list(std::move(out));
   }
   if (name == "unique") {

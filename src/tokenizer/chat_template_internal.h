@@ -80,6 +80,9 @@ std::string py_float_repr(double d);
 // indent < 0 means None; indent_str overrides the per-level indent text when set.
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
                     const std::string& key_sep, bool sort_keys, int line, bool ensure_ascii = false);
+// A list Value whose fn_name is this is jinja2's groupby result tuple (grouper, list); any other
+// non-empty fn_name on a list marks a dict view (dict_keys, dict_values, dict_items).
+inline const char* kGroupTuple = "_GroupTuple";
 bool equals(const Value& a, const Value& b);
 bool hashable(const Value& v);  // usable as a dict key (str, number, bool, None, tuple of those)
 int compare(const Value& a, const Value& b, int line);  // <0, 0, >0; errors on unorderable types

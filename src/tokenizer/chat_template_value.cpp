@@ -267,7 +267,8 @@ struct JsonWriter {
         return;
       case Kind::kString: json_string(out, v.s, ensure_ascii); return;
       case Kind::kList: {
-        if (!v.fn_name.empty()) fail("tojson: Object of type " + v.fn_name + " is not JSON serializable", line);
+        if (!v.fn_name.empty() && v.fn_name != kGroupTuple)
+          fail("tojson: Object of type " + v.fn_name + " is not JSON serializable", line);
         if (v.list->empty()) { out += "[]"; return; }
         out += '[';
         bool first = true;
@@ -340,7 +341,8 @@ std::string repr(const Value& v, int line) {
   switch (v.kind) {
     case Kind::kString: return repr_string(v.s);
     case Kind::kList: {
-      if (!v.fn_name.empty()) {  // a dict view: dict_keys([...])
+      if (!v.fn_name.empty() && v.fn_name != kGroupTuple) {  // a dict view: dict_keys([...])
+        // (_GroupTuple prints as a plain tuple, as jinja2 defines it)
         Value plain = v;
         plain.fn_name.clear();
         return v.fn_name + "(" + repr(plain, line) + ")";
