@@ -253,6 +253,8 @@ Value get_item(const Value& obj, const Value& key, int line) {
     case Kind::kUndefined: fail(obj.s, line);
     case Kind::kList: case Kind::kString: {
       if (key.kind == Kind::kString) return get_attr(obj, key.s, line);
+      if (obj.kind == Kind::kList && !obj.fn_name.empty() && obj.fn_name != kGroupTuple)  // a dict view
+        return Value::undefined("'" + obj.fn_name + " object' has no element " + repr(key, line));
       if (key.kind != Kind::kInt && key.kind != Kind::kBool)
         fail("indices must be integers, not " + type_name(key), line);
       int64_t k = key.kind == Kind::kBool ? key.b : key.i;

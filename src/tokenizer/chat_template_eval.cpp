@@ -448,14 +448,16 @@ class Evaluator {
       for (int64_t k : slice_indices(static_cast<int64_t>(chars.size()), start, stop, step, line)) out += chars[k];
       return Value::string(out);
     }
-    if (obj.kind == Kind::kList) {
+    if (obj.kind == Kind::kList && (obj.fn_name.empty() || obj.fn_name == kGroupTuple)) {
       ValueList items;
       for (int64_t k : slice_indices(static_cast<int64_t>(obj.list->size()), start, stop, step, line))
         items.push_back((*obj.list)[k]);
       return Value::make_list(std::move(items), obj.is_tuple);
     }
     if (obj.is_undefined()) fail(obj.s, line);
-    fail("'" + type_name(obj) + "' object is not subscriptable", line);
+    // jinja2 compiles a slice to a plain Python subscript, so Python's TypeError surfaces.
+    if (obj.kind == Kind::kDict) fail("unhashable type: 'slice'", line);
+    fail("'" + (obj.kind == Kind::kList ? obj.fn_name : type_name(obj)) + "' object is not subscriptable", line);
   }
 
   // Macro and caller() nesting is bounded so a runaway recursive macro is an error, not a stack
