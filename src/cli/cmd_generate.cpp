@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "cli/thinking_flags.h"
 #include "cli/common.h"
 #include "cli/text_output.h"
+#include "cli/thinking_flags.h"
 #include "format/npy.h"
 #include "runtime/generate.h"
 

@@ -13,9 +13,9 @@
 #include <cstring>
 
 #include "cli/command.h"
-#include "cli/thinking_flags.h"
 #include "cli/common.h"
 #include "cli/text_output.h"
+#include "cli/thinking_flags.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer_config.h"
 
