@@ -114,6 +114,15 @@ class Evaluator {
         out += to_str(filter_block_value(*n.filter, Value::string(std::move(captured))), n.line);
         return f;
       }
+      case NodeKind::kWith: {
+        std::vector<Value> values;  // evaluated in the outer scope, then bound in the new one
+        for (auto& d : n.defaults) values.push_back(eval(*d));
+        frames_.emplace_back();
+        for (size_t k = 0; k < values.size(); ++k) assign(n.params[k], std::move(values[k]));
+        Flow f = exec_body(n.body, out);
+        frames_.pop_back();
+        return f;
+      }
       case NodeKind::kCallBlock: {
         // The caller travels as the keyword argument "caller", as in jinja2.
         Value callee = eval(*n.expr->a);

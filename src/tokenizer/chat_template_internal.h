@@ -122,7 +122,7 @@ struct Expr {
 struct Node;
 using NodeList = std::vector<std::unique_ptr<Node>>;
 enum class NodeKind {
-  kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock, kFilterBlock, kCallBlock,
+  kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock, kFilterBlock, kCallBlock, kWith,
 };
 // The rendered body of a {% filter %} block or a filtered {% set x | f %} block, as the innermost
 // operand of the filter chain (a name no template can spell).
@@ -140,7 +140,8 @@ struct Node {
                                                      // the filter chain over kBlockBodyName
   std::string name;                                  // kMacro name
   std::vector<std::string> params;                   // kMacro; kCallBlock: the caller's parameters
-  std::vector<ExprPtr> defaults;                     // kMacro/kCallBlock, aligned to the last params
+  std::vector<ExprPtr> defaults;                     // kMacro/kCallBlock, aligned to the last params;
+                                                     // kWith: the values of `params`
   bool catch_varargs = false, catch_kwargs = false;  // kMacro: the body reads varargs / kwargs
 };
 

@@ -138,7 +138,7 @@ class Parser {
           return body;
         }
         static const std::set<std::string> kEndTags = {"endif", "endfor", "endset", "endmacro", "else", "elif",
-                                                       "endgeneration", "endfilter", "endcall"};
+                                                       "endgeneration", "endfilter", "endcall", "endwith"};
         if (!ends.empty() && kEndTags.count(name)) {
           std::string want;
           for (auto& e : ends) want += (want.empty() ? "'" : ", '") + e + "'";
@@ -175,6 +175,20 @@ class Parser {
       return node;
     }
     if (n == "call") return parse_call_block(tag.line);
+    if (n == "with") {  // {% with a = x, b = y %}...{% endwith %}: a scope of its own
+      auto node = make_node(NodeKind::kWith, tag.line);
+      while (cur().type != Tok::kBlockEnd) {
+        if (!node->params.empty()) expect_op(",");
+        node->params.push_back(expect_name());
+        expect_op("=");
+        node->defaults.push_back(parse_expression());
+      }
+      expect_block_end();
+      std::string end;
+      node->body = subparse({"endwith"}, &end, "with", tag.line);
+      expect_block_end();
+      return node;
+    }
     if (n == "generation") {  // transformers' AssistantTracker: renders its body unchanged
       expect_block_end();
       auto node = make_node(NodeKind::kBlock, tag.line);
@@ -184,7 +198,7 @@ class Parser {
       return node;
     }
     static const std::set<std::string> kEnds = {"endif", "endfor", "endset", "endmacro", "else", "elif",
-                                                "endgeneration", "endfilter", "endcall"};
+                                                "endgeneration", "endfilter", "endcall", "endwith"};
     if (kEnds.count(n)) fail("unexpected '" + n + "' (no open block it could close)", tag.line);
     fail("unsupported tag '" + n + "'", tag.line);
   }
