@@ -419,9 +419,18 @@ class Evaluator {
     bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
     int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
     double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
-    if (op == "+") return both_int ? Value::integer(a + b) : Value::floating(x + y);
-    if (op == "-") return both_int ? Value::integer(a - b) : Value::floating(x - y);
-    if (op == "*") return both_int ? Value::integer(a * b) : Value::floating(x * y);
+    // Python integers are unbounded; ours are 64-bit, so overflow is an error, never a wrong number.
+    if (both_int && (op == "+" || op == "-" || op == "*")) {
+      int64_t res = 0;
+      bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &res)
+                      : op == "-" ? __builtin_sub_overflow(a, b, &res)
+                                  : __builtin_mul_overflow(a, b, &res);
+      if (overflow) fail("integer overflow in '" + op + "' (template integers are 64-bit)", line);
+      return Value::integer(res);
+    }
+    if (op == "+") return Value::floating(x + y);
+    if (op == "-") return Value::floating(x - y);
+    if (op == "*") return Value::floating(x * y);
     if (op == "/") {
       if (y == 0) fail("division by zero", line);
       return Value::floating(x / y);
@@ -441,8 +450,13 @@ class Evaluator {
     }
     if (op == "**") {
       if (both_int && b >= 0) {
-        int64_t p = 1;
-        for (int64_t k = 0; k < b; ++k) p *= a;
+        int64_t p = 1, base = a;  // square-and-multiply
+        for (int64_t e = b; e > 0;) {
+          bool overflow = (e & 1) && __builtin_mul_overflow(p, base, &p);
+          e >>= 1;
+          overflow = overflow || (e > 0 && __builtin_mul_overflow(base, base, &base));
+          if (overflow) fail("integer overflow in '**' (template integers are 64-bit)", line);
+        }
         return Value::integer(p);
       }
       return Value::floating(std::pow(x, y));

@@ -124,6 +124,22 @@ TEST(TemplateEngine, RunawayMacroRecursionIsAnErrorNotACrash) {
   EXPECT_EQ(*out, std::string(50, '[') + std::string(50, ']'));
 }
 
+TEST(TemplateEngine, IntegerOverflowIsAnErrorNotAWrongNumber) {
+  auto render = [](const std::string& src) {
+    auto t = ChatTemplate::compile(src);
+    return t.is_ok() ? t->render(ojson::object()) : Result<std::string>(t.status());
+  };
+  auto ok = render("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 3 ** 39 }} {{ (-1) ** 1000000000000 }} {{ 0 ** 0 }}");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(*ok, "4611686018427387904 -9223372036854775808 4052555153018976267 1 1");  // Python's values
+  for (const char* src : {"{{ 2 ** 63 }}", "{{ 9223372036854775807 + 1 }}", "{{ 4294967296 * 4294967296 }}",
+                          "{{ -9223372036854775807 - 2 }}"}) {
+    auto bad = render(src);
+    ASSERT_FALSE(bad.is_ok()) << src << " gave " << *bad;
+    EXPECT_NE(bad.status().message().find("integer overflow"), std::string::npos) << bad.status().message();
+  }
+}
+
 TEST(TemplateEngine, StrftimeNowFormatsToday) {
   auto t = ChatTemplate::compile("{{ strftime_now('%Y') }}");
   ASSERT_TRUE(t.is_ok());
