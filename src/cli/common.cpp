@@ -128,15 +128,16 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
   Stack s;
+  if (o.threads < 0) return invalid_argument("--threads must be >= 0");
+  if (o.batch < 1) return invalid_argument("--batch must be >= 1");
+  if (o.ctx < 1) return invalid_argument("--ctx must be >= 1");
+  // The device first: a missing GPU is reported before a large model is read.
+  ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend(o.device, o.threads));
   if (!o.model.empty()) {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_model(o.model));
   } else {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_synthetic(o.synthetic));
   }
-  if (o.threads < 0) return invalid_argument("--threads must be >= 0");
-  if (o.batch < 1) return invalid_argument("--batch must be >= 1");
-  if (o.ctx < 1) return invalid_argument("--ctx must be >= 1");
-  ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend(o.device, o.threads));
 #ifdef ANVIL_HAVE_CUDA
   if (s.backend->name().rfind("cuda", 0) == 0) ANVIL_RETURN_IF_ERROR(cuda_memory_preflight(*s.model, o, max_seqs));
 #endif
