@@ -92,6 +92,27 @@ TEST(TokenizerLoad, ModelTypeNotBpe) {
   EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "model.type");
 }
 
+TEST(TokenizerLoad, UnigramModelRefusedByName) {
+  json j = minimal();
+  j["model"] = json::parse(R"({"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]], "byte_fallback": false})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "model \"Unigram\" is not supported");
+}
+
+TEST(TokenizerLoad, UnknownDecoderInsideSequence) {
+  json j = minimal();
+  j["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "CTC"}]})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "decoder.decoders[1].type: decoder \"CTC\"");
+}
+
+TEST(TokenizerLoad, BadMetaspaceReplacement) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Metaspace", "replacement": "ab", "prepend_scheme": "always", "split": true})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.replacement");
+  j["pre_tokenizer"] = json::parse(R"({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "sometimes"})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.prepend_scheme");
+}
+
+// byte_fallback is SentencePiece-style BPE's: refused together with a ByteLevel pre-tokenizer.
 TEST(TokenizerLoad, ByteFallbackRejected) {
   json j = minimal();
   j["model"]["byte_fallback"] = true;
@@ -130,13 +151,13 @@ TEST(TokenizerLoad, MalformedMergeEntry) {
 
 TEST(TokenizerLoad, UnknownNormalizer) {
   json j = minimal();
-  j["normalizer"] = json{{"type", "Lowercase"}};
-  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.type: normalizer \"Lowercase\"");
+  j["normalizer"] = json{{"type", "BertNormalizer"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.type: normalizer \"BertNormalizer\"");
 }
 
 TEST(TokenizerLoad, UnknownNormalizerInsideSequence) {
   json j = minimal();
-  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKD"}]})");
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Precompiled", "precompiled_charsmap": ""}]})");
   EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.normalizers[1].type");
 }
 
@@ -150,8 +171,8 @@ TEST(TokenizerLoad, NullNormalizerAndSequenceOfNfcAreAccepted) {
 
 TEST(TokenizerLoad, UnknownPreTokenizer) {
   json j = minimal();
-  j["pre_tokenizer"] = json{{"type", "Whitespace"}};
-  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "pre_tokenizer.type: pre-tokenizer \"Whitespace\"");
+  j["pre_tokenizer"] = json{{"type", "BertPreTokenizer"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "pre_tokenizer.type: pre-tokenizer \"BertPreTokenizer\"");
 }
 
 TEST(TokenizerLoad, UnknownSplitBehavior) {
