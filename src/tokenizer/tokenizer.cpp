@@ -105,7 +105,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
   std::vector<std::string> raw_pat, norm_pat;
   std::vector<tok::AddedToken> raw_tok, norm_tok;
   for (const auto& a : t->added_) {
-    t->token_text_[a.id] = a.content;
+    // tokenizers (0.23) decodes a normalized added token as its normalized form.
+    t->token_text_[a.id] = a.normalized ? t->normalizer_.apply(a.content) : a.content;
     t->known_[a.id] = 1;
     t->special_[a.id] = a.special;
     t->added_by_content_[a.content] = a.id;
