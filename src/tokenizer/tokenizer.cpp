@@ -98,9 +98,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
   t->token_text_.assign(size_t(t->vocab_size_), std::string());
   t->known_.assign(size_t(t->vocab_size_), 0);
   t->special_.assign(size_t(t->vocab_size_), 0);
+  const std::optional<int32_t> empty_token_id = t->model_->token_to_id("");  // a vocab may map "" too
   for (size_t id = 0; id < vocab.size(); ++id) {
     t->token_text_[id] = vocab[id];
-    t->known_[id] = !vocab[id].empty() || t->model_->token_to_id("") == int32_t(id);
+    t->known_[id] = !vocab[id].empty() || empty_token_id == int32_t(id);
   }
   std::vector<std::string> raw_pat, norm_pat;
   std::vector<tok::AddedToken> raw_tok, norm_tok;

@@ -128,3 +128,29 @@ TEST(SentencePieceModel, StreamedTextMatchesTokenizersDecode) {
   fs::remove(out);
   EXPECT_EQ(j["text"].get<std::string>(), ref);
 }
+
+// The interactive loop (stdin piped): two turns, the second rendered with the first answer and
+// "</s>" in the history by the Mistral template; the first answer equals generate --chat's.
+TEST(SentencePieceModel, RunTwoTurnsFromStdin) {
+  auto gen = run_anvil({"generate", "-m", kModel, "--chat", "-p", kQuestion, "-n", "8", "--temp", "0", "--json"});
+  ASSERT_EQ(gen.exit_code, 0) << gen.out;
+  const std::string first = last_json_line(gen.out)["text"];
+  const std::string cmd = "printf '%s\\n%s\\n/quit\\n' " + shell_quote(kQuestion) + " " + shell_quote("And in French?") +
+                          " | " + shell_quote(ANVIL_BINARY) + " run -m " + shell_quote(kModel) +
+                          " -n 8 --temp 0 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  // Output: banner, "> " + answer 1 + "\n", "> " + answer 2 + "\n", "> ".
+  const size_t a1 = out.find("> ");
+  ASSERT_NE(a1, std::string::npos) << out;
+  EXPECT_EQ(out.compare(a1 + 2, first.size() + 1, first + "\n"), 0) << out;
+  const size_t a2 = out.find("> ", a1 + 2 + first.size());
+  ASSERT_NE(a2, std::string::npos) << out;
+  EXPECT_NE(out.find("> ", a2 + 2), std::string::npos) << "no prompt after the second answer:\n" << out;
+  EXPECT_TRUE(anvil::tok::is_valid_utf8(out));
+}
