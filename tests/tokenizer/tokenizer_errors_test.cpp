@@ -112,6 +112,32 @@ TEST(TokenizerLoad, BadMetaspaceReplacement) {
   EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.prepend_scheme");
 }
 
+TEST(TokenizerLoad, BadReplaceNormalizerRegex) {
+  json j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"Regex": "(x"}, "content": ""}]})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "normalizer.normalizers[0].pattern.Regex");
+}
+
+TEST(TokenizerLoad, StripNormalizerNeedsItsFlags) {
+  json j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "Strip", "strip_left": true})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "normalizer.strip_right");
+}
+
+TEST(TokenizerLoad, StripDecoderContentIsOneCharacter) {
+  json j = minimal();
+  j["decoder"] = json::parse(R"({"type": "Strip", "content": "  ", "start": 1, "stop": 0})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "decoder.content");
+  j["decoder"] = json::parse(R"({"type": "Strip", "content": " ", "start": -1, "stop": 0})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "decoder.start");
+}
+
+TEST(TokenizerLoad, UnknownPunctuationBehavior) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Punctuation", "behavior": "Sideways"})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.behavior");
+}
+
 // byte_fallback is SentencePiece-style BPE's: refused together with a ByteLevel pre-tokenizer.
 TEST(TokenizerLoad, ByteFallbackRejected) {
   json j = minimal();
