@@ -3,7 +3,7 @@
 
 Reference: Hugging Face `tokenizers`, with `sentencepiece` + `transformers` for the conversion that
 the hub's Llama 2 / Mistral / Mixtral files come from. Re-run from the repository root:
-    python3 scripts/make_sentencepiece_fixtures.py
+    python3 scripts/make_sentencepiece_fixtures.py [--retrain]
 It writes:
   sp-llama/tokenizer.json   a SentencePiece BPE model trained here (Llama 2 settings: byte_fallback,
                             split_digits, identity normalization, dummy prefix) on a generated corpus,
@@ -194,6 +194,13 @@ def variants(sp_nonlegacy):
         "sp-metaspace-legacy-fields": ("sp-llama", {"normalizer": None, "pre_tokenizer": {
             "type": "Metaspace", "replacement": "\u2581", "add_prefix_space": True},
             "decoder": {"type": "Metaspace", "replacement": "\u2581", "add_prefix_space": True}}),
+        # transformers 5's generic SentencePiece conversion (remove_extra_whitespaces, non-legacy):
+        # leading spaces are deleted, so the text no longer starts at offset 0 and "first" does
+        # not prepend.
+        "sp-trim-metaspace-first": ("sp-llama", {
+            "normalizer": seq_norm({"type": "Replace", "pattern": {"Regex": "\\A +| +\\z"}, "content": ""},
+                                   {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}),
+            "pre_tokenizer": metaspace("first", False), "decoder": SP_DECODER}),
         # No byte fallback: unknown characters become <unk>, fused or not.
         "sp-unk-fused": ("sp-llama", {"model.byte_fallback": False, "model.fuse_unk": True}),
         "sp-unk-unfused": ("sp-llama", {"model.byte_fallback": False, "model.fuse_unk": False}),
@@ -225,6 +232,9 @@ def variants(sp_nonlegacy):
             {"type": "WhitespaceSplit"}, {"type": "Punctuation", "behavior": "MergedWithNext"})}),
         "comp-punct-contiguous": ("comp-bpe", {"pre_tokenizer": {"type": "Punctuation", "behavior": "Contiguous"}}),
         "comp-punct-removed": ("comp-bpe", {"pre_tokenizer": {"type": "Punctuation", "behavior": "Removed"}}),
+        "comp-strip-metaspace-first": ("comp-bpe", {
+            "normalizer": {"type": "Strip", "strip_left": True, "strip_right": False},
+            "pre_tokenizer": metaspace("first", True), "decoder": None}),
         # Metaspace after another split: only the first piece is at offset 0 for "first".
         "comp-split-then-metaspace-first": ("comp-bpe", {"pre_tokenizer": seq_pre(
             {"type": "Punctuation", "behavior": "Isolated"}, metaspace("first", True)), "decoder": None}),
@@ -255,7 +265,15 @@ def main():
         train_sentencepiece(model_path)
         sp_legacy = convert_llama(model_path, legacy=True)
         sp_nonlegacy = convert_llama(model_path, legacy=False)
-    bases = {"sp-llama": sp_legacy, "comp-bpe": train_component_bpe()}
+    # tokenizers' BPE trainer breaks ties in hash order, so retraining changes comp-bpe: the committed
+    # file is reused unless --retrain is given (the SentencePiece training is deterministic).
+    comp_path = os.path.join(OUT, "comp-bpe", "tokenizer.json")
+    if os.path.exists(comp_path) and "--retrain" not in sys.argv:
+        with open(comp_path, encoding="utf-8") as f:
+            comp = json.load(f)
+    else:
+        comp = train_component_bpe()
+    bases = {"sp-llama": sp_legacy, "comp-bpe": comp}
     for name, d in bases.items():
         os.makedirs(os.path.join(OUT, name), exist_ok=True)
         with open(os.path.join(OUT, name, "tokenizer.json"), "w", encoding="utf-8") as f:
@@ -322,8 +340,8 @@ def write_expected(path, tok, corpus, rng, n_random):
         # Random id sequences, biased to byte-fallback tokens and the metaspace so that runs of
         # bytes (valid and invalid UTF-8) and leading/trailing spaces are common.
         vocab = tok.get_vocab(with_added_tokens=True)
-        byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
-        meta_ids = [i for t, i in vocab.items() if t.startswith("\u2581")]
+        byte_ids = sorted(i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x"))
+        meta_ids = sorted(i for t, i in vocab.items() if t.startswith("\u2581"))
         pools = [list(range(vocab_n)), byte_ids or list(range(vocab_n)), meta_ids or list(range(vocab_n))]
         for k in range(n_random):
             ids = [rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 16))]

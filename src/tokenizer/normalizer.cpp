@@ -180,13 +180,13 @@ Result<Normalizer> Normalizer::from_json(const nlohmann::json& j, const std::str
   return n;
 }
 
-void Normalizer::apply_step(const Step& s, std::string_view in, std::string& out) {
+bool Normalizer::apply_step(const Step& s, std::string_view in, std::string& out) {
   out.clear();
   switch (s.kind) {
-    case Step::kNfc: nfc(in, out); return;
-    case Step::kNfd: utf8proc_form(in, UTF8PROC_DECOMPOSE, out); return;
-    case Step::kNfkc: utf8proc_form(in, utf8proc_option_t(UTF8PROC_COMPOSE | UTF8PROC_COMPAT), out); return;
-    case Step::kNfkd: utf8proc_form(in, utf8proc_option_t(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT), out); return;
+    case Step::kNfc: nfc(in, out); return true;
+    case Step::kNfd: utf8proc_form(in, UTF8PROC_DECOMPOSE, out); return true;
+    case Step::kNfkc: utf8proc_form(in, utf8proc_option_t(UTF8PROC_COMPOSE | UTF8PROC_COMPAT), out); return true;
+    case Step::kNfkd: utf8proc_form(in, utf8proc_option_t(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT), out); return true;
     case Step::kLowercase:
       out.reserve(in.size());
       for_each_cp(in, [&](uint32_t cp, size_t i, size_t n) {
@@ -194,7 +194,7 @@ void Normalizer::apply_step(const Step& s, std::string_view in, std::string& out
         else if (n == 1) out.push_back(in[i]);
         else append_lowercase(out, cp);
       });
-      return;
+      return true;
     case Step::kStrip: {
       // Rust's trim_start / trim_end: whole scalars with the White_Space property.
       size_t b = 0, e = in.size();
@@ -215,31 +215,33 @@ void Normalizer::apply_step(const Step& s, std::string_view in, std::string& out
         }
       }
       out.assign(in.substr(b, e - b));
-      return;
+      return b == 0;
     }
     case Step::kPrepend:
       if (!in.empty()) out = s.content;  // tokenizers prepends only to a non-empty string
       out.append(in);
-      return;
+      return true;  // the prepended text is aligned with the first character
     case Step::kReplace: {
       if (!s.regex) {
         out.assign(in);
-        return;
+        return true;
       }
       std::vector<SplitRange> ranges;
       regex_ranges(*s.regex, in, ranges);
       for (const auto& r : ranges) out.append(r.is_match ? std::string_view(s.content) : in.substr(r.begin, r.end - r.begin));
-      return;
+      // Replacement text takes the alignment of what it replaces; empty content deletes.
+      return ranges.empty() || !ranges[0].is_match || !s.content.empty();
     }
   }
 }
 
-std::string Normalizer::apply(std::string_view text) const {
+std::string Normalizer::apply(std::string_view text, bool* keeps_start) const {
+  if (keeps_start) *keeps_start = true;
   if (steps_.empty() || text.empty()) return std::string(text);
   std::string cur, next;
   std::string_view in = text;
   for (const Step& s : steps_) {
-    apply_step(s, in, next);
+    if (!apply_step(s, in, next) && keeps_start) *keeps_start = false;
     cur.swap(next);
     in = cur;
   }

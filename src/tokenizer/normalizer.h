@@ -21,7 +21,12 @@ class Normalizer {
   bool is_identity() const { return steps_.empty(); }
   // `text` is valid UTF-8 (the tokenizer repairs its input first); invalid UTF-8 is passed through
   // the Unicode normalization forms unchanged.
-  std::string apply(std::string_view text) const;
+  //
+  // *keeps_start (when given) says whether the result's first character still stands at offset 0
+  // of `text`, as tokenizers' alignments would say: false once leading characters were deleted
+  // (Strip, or a Replace with empty content matching at the start), which Metaspace's
+  // prepend_scheme "first" depends on.
+  std::string apply(std::string_view text, bool* keeps_start = nullptr) const;
 
  private:
   struct Step {
@@ -31,7 +36,8 @@ class Normalizer {
     std::string content;                 // kReplace, kPrepend
   };
   static Status parse_into(const nlohmann::json& j, const std::string& path, std::vector<Step>& steps);
-  static void apply_step(const Step& s, std::string_view in, std::string& out);
+  // Returns false when the step deleted the characters at the start of `in`.
+  static bool apply_step(const Step& s, std::string_view in, std::string& out);
   std::vector<Step> steps_;
 };
 

@@ -8,9 +8,10 @@
 //
 // Metaspace's prepend_scheme "first" prepends only to a piece that starts at offset 0 of the
 // original input (tokenizers' offsets_original().0 == 0): the caller says whether the text starts
-// there, and a piece split off later never does. (Approximation: a piece at offset 0 of the
-// normalized text is taken to start at original offset 0, which differs from tokenizers only when
-// a normalizer deleted the text's first characters and another pre-tokenizer runs before Metaspace.)
+// there (Normalizer::apply reports deleted leading characters), and a piece split off later never
+// does. (Approximation: a piece at offset 0 of the text passed here is taken to start where the text
+// starts, which differs from tokenizers only when a normalizer deleted leading characters that it had
+// itself inserted, e.g. Prepend(" ") followed by Strip.)
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>

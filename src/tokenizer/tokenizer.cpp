@@ -130,7 +130,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
 }
 
 void Tokenizer::encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& out) const {
-  const std::string norm = normalizer_.apply(text);
+  bool keeps_start = true;
+  const std::string norm = normalizer_.apply(text, &keeps_start);
+  at_origin = at_origin && keeps_start;
   std::vector<tok::TextSplit> splits;
   if (normalized_matcher_.empty()) splits.push_back({-1, 0, norm.size()});
   else normalized_matcher_.split(norm, splits);
