@@ -6,7 +6,7 @@ CLI tests (tests/cli/sentencepiece_model_test.cpp).
     python3 scripts/make_sentencepiece_model.py      (after scripts/make_sentencepiece_fixtures.py)
 
 Files:
-  config.json, model.safetensors   LlamaForCausalLM, 2 layers, hidden 64, tied embeddings, random bf16
+  config.json, model.safetensors   LlamaForCausalLM, 2 layers, hidden 32, tied embeddings, random bf16
                                    weights (transformers save_pretrained, Hub-style config)
   tokenizer.json                   tests/data/tokenizer/sp-llama/tokenizer.json (LlamaConverter, legacy)
   tokenizer_config.json            bos <s>, eos </s>, unk <unk>, add_bos_token, Mistral-7B-Instruct's template
@@ -51,8 +51,8 @@ def main():
 
     tok_json = json.loads(TOKENIZER.read_text(encoding="utf-8"))
     vocab_size = max(max(tok_json["model"]["vocab"].values()), max(t["id"] for t in tok_json["added_tokens"])) + 1
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                          bos_token_id=1, eos_token_id=2, tie_word_embeddings=True, initializer_range=0.2,
                          rms_norm_eps=1e-5)
     torch.manual_seed(5)
