@@ -12,8 +12,8 @@
 //  - ByteFallback: the current run of "<0xNN>" tokens, until a non-byte token or the end (one
 //    invalid byte turns every byte of its run into U+FFFD, so no part of a run is final earlier);
 //  - Strip: up to `stop` trailing `content` characters of the current token;
-//  - Replace with a pattern longer than one character, and a ByteFallback placed after a fusing
-//    step: the whole current token (a match may span fragments).
+//  - after a fusing step only (where a token arrives in fragments): a Replace with a pattern longer
+//    than one character, or a ByteFallback, holds the whole fused token (a match may span fragments).
 // Every emitted chunk is valid UTF-8: tokens are valid UTF-8 strings, and byte-level bytes are
 // emitted only as complete scalars or U+FFFD.
 #pragma once
