@@ -148,11 +148,24 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     if (t < 0 || t >= V)
       return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) +
                               ")");
+  // On any failure below the sequence returns to exactly this state: the tokens, the pages taken
+  // from the prefix index or allocated here, and n_kv (a reused prefix advances it before the
+  // pages for the rest are known to exist).
+  const size_t old_tokens = s.tokens.size(), old_pages = s.pages.size();
+  const int old_n_kv = s.n_kv, old_reused = s.reused;
+  auto roll_back = [&] {
+    for (size_t i = old_pages; i < s.pages.size(); ++i) pool_->kv_page_release(s.pages[i]);
+    s.pages.resize(old_pages);
+    s.page_hash.resize(old_pages);
+    s.tokens.resize(old_tokens);
+    s.n_kv = old_n_kv;
+    s.reused = old_reused;
+  };
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   if (!all_logits) reuse_prefix(s);
   Status st = ensure_pages(s, int(s.tokens.size()));
   if (!st.is_ok()) {
-    s.tokens.resize(s.tokens.size() - tokens.size());
+    roll_back();
     return st;
   }
   if (all_logits) all_logits->assign(tokens.size() * size_t(V), 0.0f);
@@ -174,6 +187,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     chunk_logits.resize(rows.size() * size_t(V));
     Status fs = run_batch({seq}, ids, sidx, pos, rows, chunk_logits.data());
     if (!fs.is_ok()) {
+      // Chunks already computed keep their KV (and pages); the rest of the tokens are dropped.
       s.tokens.resize(size_t(s.n_kv));
       return fs;
     }
@@ -197,13 +211,22 @@ Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens
   std::vector<int> order(seqs.begin(), seqs.end());
   std::vector<int32_t> ids, sidx, pos;
   std::vector<int> rows;
+  // Validate everything before touching any sequence. A sequence listed twice would put two
+  // tokens at one position (one KV slot, n_kv counting a position without KV) and overflow the
+  // page table, which holds max_seqs distinct sequences.
   for (size_t i = 0; i < seqs.size(); ++i) {
     int sq = seqs[i];
-    if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live) return invalid_argument("decode: no such sequence");
+    if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live)
+      return invalid_argument("decode: no such sequence: " + std::to_string(sq));
     if (tokens[i] < 0 || tokens[i] >= V)
       return invalid_argument("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
-    Seq& s = seqs_[sq];
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j] == sq) return invalid_argument("decode: sequence " + std::to_string(sq) + " is listed twice");
+    const Seq& s = seqs_[sq];
     if (s.n_kv != int(s.tokens.size())) return internal_error("decode: sequence has tokens without KV");
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = seqs_[seqs[i]];
     ANVIL_RETURN_IF_ERROR(ensure_pages(s, int(s.tokens.size()) + 1));
     ids.push_back(tokens[i]);
     sidx.push_back(int32_t(i));
