@@ -4,7 +4,7 @@
 
 namespace anvil {
 
-Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, uint64_t fp, const EngineOptions& opts) {
+Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, const Hash128& fp, const EngineOptions& opts) {
   if (opts.page_size <= 0) return invalid_argument("page size must be positive");
   if (opts.max_context <= 0) return invalid_argument("max context must be positive");
   if (opts.max_seqs <= 0) return invalid_argument("max sequences must be positive");
@@ -79,7 +79,7 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
       return Status(StatusCode::kOutOfMemory, "KV cache is full: " + std::to_string(pool_->n_pages()) +
                                                   " pages of " + std::to_string(P) + " tokens are all in use");
     s.pages.push_back(p);
-    s.page_hash.push_back(0);
+    s.page_key.push_back(Hash128{});
   }
   return Status::ok();
 }
@@ -90,15 +90,16 @@ void Engine::reuse_prefix(Seq& s) {
   if (!opts_.prefix_cache || s.n_kv != 0 || !s.pages.empty()) return;
   const int P = opts_.page_size;
   const int max_full = (int(s.tokens.size()) - 1) / P;
-  uint64_t parent = 0;
+  Hash128 parent{};
   for (int i = 0; i < max_full; ++i) {
-    uint64_t h = kv_page_hash(fingerprint_, parent, std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P));
-    int32_t page = pool_->prefix_lookup(h);
+    auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
+    const Hash128 key = kv_page_key(root_, parent, page_tokens);
+    int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
     if (page < 0) break;
     s.pages.push_back(page);
-    s.page_hash.push_back(h);
+    s.page_key.push_back(key);
     s.n_kv += P;
-    parent = h;
+    parent = key;
   }
   s.reused = s.n_kv;
 }
@@ -107,10 +108,11 @@ void Engine::publish_full_pages(Seq& s) {
   if (!opts_.prefix_cache) return;
   const int P = opts_.page_size;
   for (int i = 0; i < s.n_kv / P; ++i) {
-    if (s.page_hash[i] != 0) continue;
-    uint64_t parent = i == 0 ? 0 : s.page_hash[i - 1];
-    s.page_hash[i] = kv_page_hash(fingerprint_, parent, std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P));
-    pool_->prefix_insert(s.page_hash[i], s.pages[i]);
+    if (!s.page_key[i].is_zero()) continue;
+    const Hash128 parent = i == 0 ? Hash128{} : s.page_key[i - 1];
+    auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
+    s.page_key[i] = kv_page_key(root_, parent, page_tokens);
+    pool_->prefix_insert(s.page_key[i], parent, page_tokens, s.pages[i]);
   }
 }
 
@@ -156,7 +158,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
   auto roll_back = [&] {
     for (size_t i = old_pages; i < s.pages.size(); ++i) pool_->kv_page_release(s.pages[i]);
     s.pages.resize(old_pages);
-    s.page_hash.resize(old_pages);
+    s.page_key.resize(old_pages);
     s.tokens.resize(old_tokens);
     s.n_kv = old_n_kv;
     s.reused = old_reused;

@@ -163,12 +163,16 @@ TEST(Engine, PagesAreReturnedAndLimitsEnforced) {
   EXPECT_NE(st.message().find("151936"), std::string::npos);
 }
 
-TEST(KVPool, ChainHashDependsOnParentAndTokens) {
+TEST(KVPool, PageKeyDependsOnRootParentAndTokens) {
   std::vector<int32_t> t = {1, 2, 3, 4};
-  uint64_t h = kv_page_hash(7, 0, t);
-  EXPECT_EQ(h, kv_page_hash(7, 0, t));
-  EXPECT_NE(h, kv_page_hash(8, 0, t));
-  EXPECT_NE(h, kv_page_hash(7, 1, t));
+  const Hash128 fp = hash128("model", 5), root = kv_cache_root(fp, DType::kBF16, 16);
+  const Hash128 parent = hash128("p", 1);
+  Hash128 h = kv_page_key(root, parent, t);
+  EXPECT_EQ(h, kv_page_key(root, parent, t));
+  EXPECT_NE(h, kv_page_key(kv_cache_root(hash128("model", 4), DType::kBF16, 16), parent, t));
+  EXPECT_NE(h, kv_page_key(kv_cache_root(fp, DType::kF32, 16), parent, t));   // KV dtype
+  EXPECT_NE(h, kv_page_key(kv_cache_root(fp, DType::kBF16, 32), parent, t));  // page size
+  EXPECT_NE(h, kv_page_key(root, Hash128{}, t));
   t[3] = 5;
-  EXPECT_NE(h, kv_page_hash(7, 0, t));
+  EXPECT_NE(h, kv_page_key(root, parent, t));
 }
