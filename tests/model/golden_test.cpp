@@ -99,7 +99,10 @@ class GoldenModel : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(meta_.contains("prompts") && meta_.contains("greedy") && meta_.contains("bf16_rel_err"))
         << name_ << ": meta.json lacks prompts / greedy / bf16_rel_err";
     if (meta_.contains("shared_model")) {
-      model_dir_ = fs::path(ANVIL_SHARED_DIR) / meta_["shared_model"].get<std::string>();
+      // A model shipped in the repository's models/ is used from there; only the others need ../shared.
+      const std::string shared = meta_["shared_model"].get<std::string>();
+      const fs::path in_repo = fs::path(ANVIL_SOURCE_DIR) / "models" / fs::path(shared).filename();
+      model_dir_ = fs::exists(in_repo / "config.json") ? in_repo : fs::path(ANVIL_SHARED_DIR) / shared;
       if (!fs::exists(model_dir_ / "config.json"))
         GTEST_SKIP() << name_ << ": shared model " << model_dir_ << " not present";
     } else {
