@@ -122,7 +122,8 @@ Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t
   Backend& be = model_.backend();
   int max_pages = 1;
   for (int s : seqs) max_pages = std::max(max_pages, int(seqs_[s].pages.size()));
-  std::vector<int32_t> table(size_t(seqs.size()) * max_pages, 0);
+  std::vector<int32_t>& table = scratch_.table;  // reused: no allocation per decode step
+  table.assign(size_t(seqs.size()) * max_pages, 0);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& pages = seqs_[seqs[i]].pages;
     std::copy(pages.begin(), pages.end(), table.begin() + i * max_pages);
@@ -210,9 +211,15 @@ Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("decode: one token per sequence");
   if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
   const int V = model_.config().vocab_size;
-  std::vector<int> order(seqs.begin(), seqs.end());
-  std::vector<int32_t> ids, sidx, pos;
-  std::vector<int> rows;
+  // Per-step index vectors are members reused across calls: no allocation per decode step.
+  std::vector<int>& order = scratch_.order;
+  std::vector<int32_t>&ids = scratch_.ids, &sidx = scratch_.sidx, &pos = scratch_.pos;
+  std::vector<int>& rows = scratch_.rows;
+  order.assign(seqs.begin(), seqs.end());
+  ids.clear();
+  sidx.clear();
+  pos.clear();
+  rows.clear();
   // Validate everything before touching any sequence. A sequence listed twice would put two
   // tokens at one position (one KV slot, n_kv counting a position without KV) and overflow the
   // page table, which holds max_seqs distinct sequences.

@@ -71,6 +71,10 @@ class Engine {
   std::unique_ptr<KVPool> pool_;
   std::vector<Seq> seqs_;
   int max_pages_per_seq_ = 0;
+  struct Scratch {  // host-side batch description, reused between calls
+    std::vector<int> order, rows;
+    std::vector<int32_t> ids, sidx, pos, table;
+  } scratch_;
   int32_t* pos_dev_ = nullptr;
   int32_t* seq_dev_ = nullptr;
   int32_t* table_dev_ = nullptr;
