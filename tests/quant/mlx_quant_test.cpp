@@ -303,7 +303,7 @@ TEST(MlxQuant, MisalignedWeightsDequantizeTheSame) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       const int64_t pc = mlx_packed_cols(cols, bits), ng = cols / 32;
       const size_t esz = dtype_size(dt);
-      std::vector<uint32_t> q(size_t(pc));
+      std::vector<uint32_t> q(static_cast<size_t>(pc));
       std::vector<uint8_t> s(size_t(ng) * esz), b(size_t(ng) * esz);
       ASSERT_TRUE(mlx_quantize(w.data(), 1, cols, bits, 32, dt, q.data(), s.data(), b.data()).is_ok());
       std::vector<uint8_t> buf(q.size() * 4 + 2 * s.size() + 8);
@@ -320,7 +320,7 @@ TEST(MlxQuant, MisalignedWeightsDequantizeTheSame) {
       wm.data = q.data();
       wm.scales = s.data();
       wm.biases = b.data();
-      std::vector<float> aligned(size_t(cols)), mis(size_t(cols));
+      std::vector<float> aligned(static_cast<size_t>(cols)), mis(static_cast<size_t>(cols));
       cpu::weight_row_to_f32(wm, 0, aligned.data());
       wm.data = base;
       wm.scales = base + q.size() * 4;
