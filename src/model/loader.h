@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "base/hash128.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
 #include "model/synth.h"
@@ -18,8 +19,9 @@ struct LoadedModel {
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<SynthModel> synthetic;
   ModelWeights weights;  // host views
-  // Identity of the weights and config: the root of every KV page chain hash.
-  uint64_t fingerprint = 0;
+  // Identity of every weight byte and the config (model/fingerprint.h): the root of every KV page
+  // key and the model key of the durable store.
+  Hash128 fingerprint;
 };
 
 // `path_or_repo`: a model directory or a repo id found in the HF cache.
