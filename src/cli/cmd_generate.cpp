@@ -147,6 +147,7 @@ int run_generate(GenerateArgs& a) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");
+    std::fflush(stdout);  // the text ends before the summary starts, also when both go to one pipe
     std::string seed = req.sampling.temperature > 0 ? ", seed " + std::to_string(req.sampling.seed) : "";
     std::fprintf(stderr, "[anvil] %s%s\n", generation_summary(*r, finish).c_str(), seed.c_str());
     // -n counts every generated token, hidden reasoning included: say so when it ran out there.

@@ -201,6 +201,7 @@ int run_chat(RunArgs& a) {
     std::string finish = r->finish_reason;
     if (finish == "cancelled") finish = interrupted() ? "interrupted" : "stop";
     if (finish == "interrupted") std::printf("(stopped)\n");
+    std::fflush(stdout);
     std::fprintf(stderr, "[anvil] %s\n", generation_summary(*r, finish).c_str());
     clear_interrupted();
     if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});

@@ -57,7 +57,7 @@ int run_tokenize(const TokenizeArgs& a) {
 Command reg("tokenize", "Print the token ids of a text under a model's tokenizer.json", 70, [](CLI::App& sub) {
   auto a = std::make_shared<TokenizeArgs>();
   sub.add_option("-m,--model", a->model, "Model directory containing tokenizer.json, or a Hugging Face repo id in the local cache")->required();
-  add_prompt_options(sub, a->text, "Text to tokenize (default: read all of stdin)");
+  add_prompt_options(sub, a->text, "Text to tokenize (default: all of stdin)");
   sub.add_option_function<std::string>("--text", [a](const std::string& v) { a->text.text = v; })
       ->group("");  // the old spelling, hidden
   sub.add_flag("--json", a->json, "Print {\"ids\": [...]} instead of space-separated ids");

@@ -19,8 +19,9 @@ namespace {
 
 // Declares an option whose value is kept as typed (parsed later with a message naming `name`).
 CLI::Option* add_text_option(CLI::App& app, const std::string& names, std::optional<std::string>& out,
-                             const std::string& help) {
-  return app.add_option_function<std::string>(names, [&out](const std::string& v) { out = v; }, help);
+                             const std::string& help, const std::string& type_name) {
+  return app.add_option_function<std::string>(names, [&out](const std::string& v) { out = v; }, help)
+      ->type_name(type_name);
 }
 
 // Parses a whole string as a float; NaN and infinities are refused by the callers' range checks.
@@ -69,14 +70,15 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   add_text_option(app, "--temp", o.temp,
-                  "Sampling temperature >= 0; 0 = greedy (default: generation_config.json, else 0)");
-  add_text_option(app, "--top-k", o.top_k, "Keep the k most likely tokens, k >= 0 (0 = off)");
+                  "Sampling temperature >= 0; 0 = greedy (default: generation_config.json, else 0)", "FLOAT");
+  add_text_option(app, "--top-k", o.top_k, "Keep the k most likely tokens, k >= 0 (0 = off)", "INT");
   add_text_option(app, "--top-p", o.top_p,
-                  "Nucleus sampling, in (0, 1]: keep the smallest set with this much probability (1 = off)");
-  add_text_option(app, "--min-p", o.min_p, "Drop tokens below min-p times the top probability, in [0, 1) (0 = off)");
-  add_text_option(app, "--repeat-penalty", o.repeat_penalty, "Repetition penalty > 0 (1 = off)");
+                  "Nucleus sampling, in (0, 1]: keep the smallest set with this much probability (1 = off)", "FLOAT");
+  add_text_option(app, "--min-p", o.min_p, "Drop tokens below min-p times the top probability, in [0, 1) (0 = off)", "FLOAT");
+  add_text_option(app, "--repeat-penalty", o.repeat_penalty, "Repetition penalty > 0 (1 = off)", "FLOAT");
   add_text_option(app, "--seed", o.seed,
-                  "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed; --json reports the seed used)");
+                  "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed; --json reports the seed used)",
+                  "INT");
 }
 
 Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir) {
@@ -141,8 +143,8 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
 }
 
 void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what) {
-  add_text_option(app, "-p,--prompt", o.text, what + " ('-' reads it from stdin)");
-  add_text_option(app, "-f,--file", o.file, what + ", read from this file");
+  add_text_option(app, "-p,--prompt", o.text, what + "; '-' reads it from stdin", "TEXT");
+  add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead", "FILE");
 }
 
 Result<std::optional<std::string>> read_prompt(const PromptOptions& o) {

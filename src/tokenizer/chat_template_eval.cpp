@@ -390,7 +390,7 @@ class Evaluator {
       return Value::make_list(std::move(items), obj.is_tuple);
     }
     if (obj.is_undefined()) fail(obj.s, line);
-    fail("'" + type_name(obj) + "' object is not subscriptable", line);
+    fail(std::string("'").append(type_name(obj)).append("' object is not subscriptable"), line);
   }
 
   std::vector<Frame> frames_;
