@@ -105,6 +105,10 @@ int run_chat(RunArgs& a) {
     std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
                 "answer.\n",
                 s.model->source.c_str());
+  if (sampling->temperature > 0)
+    std::fprintf(stderr, "[anvil] sampling at temperature %g with seed %llu (--seed %llu repeats this session)\n",
+                 sampling->temperature, static_cast<unsigned long long>(session_seed),
+                 static_cast<unsigned long long>(session_seed));
   for (;;) {
     std::string line;
     if (interactive) {
