@@ -244,3 +244,15 @@ TEST(CliPrompt, ChatTemplateByDefaultRawOnRequest) {
   auto code = run_anvil({"generate", "-m", kModel, "-p", "x", "-n", "1", "--json"});
   EXPECT_FALSE(last_json_line(code.out)["chat_template"].get<bool>());
 }
+
+// Ctrl-C during generate stops it cleanly: the text so far, then the summary (speed, peak memory).
+TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
+  // The code model loads in milliseconds, so two seconds later it is generating (40000 tokens take longer).
+  const std::string cmd =
+      anvil_command({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ignore-eos", "--ctx", "40010"});
+  // The shell starts anvil in the background, then sends SIGINT once it is generating.
+  auto r = run_shell("(" + cmd + " & pid=$!; sleep 2; kill -INT $pid; wait $pid; echo \"rc=$?\") 2>&1");
+  EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+}
