@@ -193,6 +193,7 @@ int run_chat(RunArgs& a) {
       return !interrupted();
     };
     auto r = generate(*s.engine, seq, req, on_token);
+    const bool still_thinking = text.in_reasoning();
     emit(text.flush());
     if (dimmed) std::fputs(dim_off, stdout);
     std::printf("\n");
@@ -207,6 +208,10 @@ int run_chat(RunArgs& a) {
     if (finish == "interrupted") std::printf("(stopped)\n");
     std::fflush(stdout);
     std::fprintf(stderr, "[anvil] %s\n", generation_summary(*r, finish).c_str());
+    // -n counts the reasoning too: say so when the answer never got past it.
+    if (finish == "length" && still_thinking)
+      std::fprintf(stderr, "[anvil] the answer ended inside the model's reasoning (-n %d counts it too): raise -n, "
+                           "or --no-thinking\n", a.n);
     clear_interrupted();
     if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});
     else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
