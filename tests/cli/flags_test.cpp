@@ -251,7 +251,10 @@ TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
   const std::string cmd =
       anvil_command({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ignore-eos", "--ctx", "40010"});
   // The shell starts anvil in the background, then sends SIGINT once it is generating.
-  auto r = run_shell("(" + cmd + " & pid=$!; sleep 2; kill -INT $pid; wait $pid; echo \"rc=$?\") 2>&1");
+  // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
+  auto r = run_shell("(" + cmd +
+                     " & pid=$!; sleep 2; kill -INT $pid; (sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                     "wait $pid; rc=$?; kill $killer 2>/dev/null; echo \"rc=$rc\") 2>&1");
   EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
