@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "cli/text_output.h"
+#include "cli/thinking_flags.h"
 #include "format/npy.h"
 #include "runtime/generate.h"
 
@@ -20,7 +21,8 @@ struct GenerateArgs {
   std::string ids, dump_logits, system;
   std::vector<std::string> stops;
   int n = 128;
-  bool json = false, ignore_eos = false, chat = false, raw = false, no_thinking = false, show_reasoning = false;
+  bool json = false, ignore_eos = false, chat = false, raw = false, show_reasoning = false;
+  std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
 };
 
 int run_generate(GenerateArgs& a) {
@@ -51,7 +53,7 @@ int run_generate(GenerateArgs& a) {
     auto t = TextOutput::open(tok_dir, chat, a.show_reasoning, a.stops);
     if (!t.is_ok()) return fail(t.status().message());
     text = std::move(t).value();
-    auto p = chat ? text->encode_chat(a.system, **prompt_text, !a.no_thinking) : text->encode(**prompt_text);
+    auto p = chat ? text->encode_chat(a.system, **prompt_text, a.thinking) : text->encode(**prompt_text);
     if (!p.is_ok()) return fail(p.status().message());
     prompt = std::move(p).value();
     if (prompt.empty()) return fail("the prompt encodes to no tokens: nothing to generate from");
@@ -178,7 +180,7 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
               app.add_flag("--raw", a->raw, "Send the prompt as is, without the chat template");
               app.add_flag("--chat", a->chat, "Require the chat template (an error when the model has none)");
               app.add_option("--system", a->system, "System message (through the chat template)");
-              app.add_flag("--no-thinking", a->no_thinking, "Pass enable_thinking=false to the chat template");
+              add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning, "Print <think> reasoning too (hidden by default)");
               app.add_flag("--json", a->json,
                            "Print one JSON object at the end: ids, text, finish_reason, seed, timings");

@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "cli/text_output.h"
+#include "cli/thinking_flags.h"
 #include "runtime/generate.h"
 
 namespace anvil::cli {
@@ -28,7 +29,8 @@ struct RunArgs {
   PromptOptions prompt;
   std::string system;
   int n = 1024;
-  bool no_thinking = false, show_reasoning = false, hide_reasoning = false;
+  std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
+  bool show_reasoning = false, hide_reasoning = false;
 };
 
 // Reads one line from stdin; false on EOF. An interrupted read (Ctrl-C at the prompt) returns an
@@ -131,7 +133,7 @@ int run_chat(RunArgs& a) {
     if (chat) {
       messages.push_back({{"role", "user"}, {"content", line}});
       for (;;) {
-        prompt = text.encode_messages(messages, !a.no_thinking);
+        prompt = text.encode_messages(messages, a.thinking);
         if (!prompt.is_ok() || int(prompt->size()) + answer_room <= s.ctx) break;
         // Drop the oldest exchange: everything up to the next user message after the first one.
         auto next_user = std::find_if(messages.begin() + first_turn + 1, messages.end(),
@@ -231,7 +233,7 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
                              "Maximum tokens per answer, >= 1; the <think> reasoning counts too")
                   ->capture_default_str();
               add_sampling_options(app, a->sampling);
-              app.add_flag("--no-thinking", a->no_thinking, "Pass enable_thinking=false to the chat template");
+              add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning,
                            "Print the <think> reasoning even when the output is not a terminal (on a terminal it is "
                            "shown dimmed by default)");
