@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-BUILD_DIR=build bash scripts/build.sh
+BUILD_DIR=build bash scripts/build.sh   # everything: the tests, benchmarks and CUDA library too
 (cd build && ctest --output-on-failure -j"$(nproc)")
 if [ "${ANVIL_SKIP_ASAN:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DANVIL_ASAN=ON -DANVIL_CUDA=OFF -DANVIL_BUILD_BENCH=OFF >/dev/null

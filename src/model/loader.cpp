@@ -53,13 +53,4 @@ Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec) {
   return m;
 }
 
-std::string default_tokenizer_dir() {
-  namespace fs = std::filesystem;
-  for (std::string d : {std::string(ANVIL_SOURCE_DIR) + "/tests/data/tokenizer/qwen3"}) {
-    std::error_code ec;
-    if (fs::exists(d + "/tokenizer.json", ec)) return d;
-  }
-  return "";
-}
-
 }  // namespace anvil

@@ -29,8 +29,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo)
 // "NAME[:QUANT]", e.g. "qwen3-0.6b:q4g64" (QUANT defaults to q4g64).
 Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec);
 
-// The directory holding the Qwen3 tokenizer files shipped with anvil's test data (used for
-// synthetic models), or "" when it cannot be found.
+// A directory holding the Qwen3 tokenizer built into anvil (used for synthetic models), unpacked
+// into a cache directory on first use (model/default_tokenizer.cpp); "" when it cannot be written.
 std::string default_tokenizer_dir();
 
 }  // namespace anvil

@@ -70,7 +70,8 @@ void Engine::seq_release(int seq) {
 Status Engine::ensure_pages(Seq& s, int n_positions) {
   const int P = opts_.page_size;
   int need = (n_positions + P - 1) / P;
-  if (need > max_pages_per_seq_)
+  // The limit is exact: pages round it up, the check below must not.
+  if (n_positions > opts_.max_context || need > max_pages_per_seq_)
     return invalid_argument("sequence of " + std::to_string(n_positions) + " tokens exceeds the context limit of " +
                             std::to_string(opts_.max_context) + " (raise --ctx)");
   while (int(s.pages.size()) < need) {
