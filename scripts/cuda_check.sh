@@ -31,7 +31,7 @@ if [ "$what" != bench ]; then
     for k in 0 1; do echo "## $m prompt $k"; python3 scripts/golden_decode_diag.py build-gpu "$m" $k cuda; done
   done > "$OUT/golden_diag.log" 2>&1
   # The user-facing CUDA paths: auto's choice, the GPU plan, the preflight's refusal.
-  { ./build-gpu/anvil generate --synthetic tiny --ids 1,2,3 -n 4 2>&1 | grep -E "device|upload|error";
+  [ "${SKIP_CLI:-0}" = 1 ] || { ./build-gpu/anvil generate --synthetic tiny --ids 1,2,3 -n 4 2>&1 | grep -E "device|upload|error";
     ./build-gpu/anvil inspect --synthetic qwen3-8b:q4g64 -c 16384 | grep "GPU plan";
     ./build-gpu/anvil generate --device cuda --synthetic qwen3-8b:q4g64 -c 100000000 --ids 1 -n 1 2>&1 | tail -1; } > "$OUT/cli.log" 2>&1
   echo "tests done at $(( $(date +%s) - t0 )) s"
