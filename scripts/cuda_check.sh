@@ -10,6 +10,9 @@ mkdir -p "$OUT"
 what=${1:-all}
 BENCH_SET=${BENCH_SET:-quick}
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
+# The build compresses the built-in tokenizer with the zstd program, which the GPU image lacks:
+# carry one (cp /usr/bin/zstd .devdeps/bin/; it needs only libz, liblzma, liblz4 and libc there).
+command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
 export NCCL_NVLS_ENABLE=0
 t0=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; git log -1 --format='commit %H %s' 2>/dev/null; } | tee "$OUT/machine.txt"
