@@ -268,8 +268,9 @@ Status parse_quant(const Fields& f, const std::string& label, ModelConfig* c) {
 // Qwen2MoeConfig, OlmoeConfig, MixtralConfig) for fields a checkpoint may omit; the expert count, top-k
 // and the expert width are required. router_aux_loss_coef / output_router_logits only matter for training.
 Status parse_moe(const Fields& f, const std::string& label, ModelConfig* c) {
-  const bool mixtral = c->arch == Arch::kMixtral;
-  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  // Mixtral names the count num_local_experts, the others num_experts; transformers >= 5 writes
+  // num_local_experts for every family, so either is accepted.
+  const char* experts_key = f.has("num_experts") ? "num_experts" : "num_local_experts";
   ANVIL_RETURN_IF_ERROR(f.get_int(experts_key, &c->num_experts, true, true));
   ANVIL_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", &c->num_experts_per_tok, true, true));
   if (c->num_experts_per_tok > c->num_experts)
