@@ -222,7 +222,10 @@ TEST(GoldenFixtures, AllModelsPresentAndConsistent) {
   const std::vector<std::string> expected = {
       "anvil-tiny-code", "anvil-tiny-code-q4", "llama-bf16", "qwen2-bf16", "qwen3-bf16-tied",
       "qwen3-bf16-untied", "qwen3-mixed", "qwen3-q3g64", "qwen3-q4g32", "qwen3-q4g64", "qwen3-q6g32",
-      "qwen3-q8g64"};
+      "qwen3-q8g64",
+      // mixture of experts (scripts/make_moe_golden_fixtures.py)
+      "qwen3-moe-bf16", "qwen3-moe-q4", "qwen2-moe-bf16", "qwen2-moe-q4", "olmoe-bf16", "olmoe-q4", "mixtral-bf16",
+      "mixtral-q4"};
   const auto have = golden_models();
   for (const auto& m : expected)
     EXPECT_NE(std::find(have.begin(), have.end(), m), have.end()) << "missing golden fixture " << m;
