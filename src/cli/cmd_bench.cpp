@@ -99,7 +99,11 @@ int run_bench(BenchArgs& a) {
   const double gbs = bytes_per_token * best_decode / 1e9;
   ThreadPool pool(a.model.threads > 0 ? a.model.threads : ThreadPool::default_threads());
   const double ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
-  const int ops_per_token = 1 + c.num_hidden_layers * 12 + 4;
+  // Backend ops per decoded token: embed; per layer norm, q, k, v, rope+append, attention, o, norm and
+  // then gate, up, swiglu, down (dense) or one moe_ffn (MoE), + 2 q/k rmsnorms for olmoe; final add,
+  // norm, lm_head, copy-out.
+  int ops_per_token = 1 + 4;
+  for (int l = 0; l < c.num_hidden_layers; ++l) ops_per_token += 8 + (c.is_moe_layer(l) ? 1 : 4) + (c.qk_norm_full ? 2 : 0);
   DecodeProfile prof;
   if (a.profile) {
     auto p = profile_decode(s, req);
