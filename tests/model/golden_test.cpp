@@ -4,7 +4,9 @@
 // logits of one teacher-forced forward over prompt k, computed in float32 by transformers or mlx-lm) and,
 // for the tiny random models, the checkpoint itself. The two trained anvil-tiny-code models are read from
 // ANVIL_SHARED_DIR (meta.json "shared_model"); without it those tests skip. scripts/make_golden_fixtures.py
-// makes all of it; scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
+// makes all of it (scripts/make_moe_golden_fixtures.py the mixture-of-experts models: <arch>-bf16 with
+// per-expert HF tensors against transformers, <arch>-q4 with stacked 4-bit experts and an 8-bit router
+// against mlx-lm, for qwen3_moe, qwen2_moe, olmoe and mixtral); scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
 //
 // The engine is driven as a user would:
 //   anvil generate -m DIR --ids 1,2,3 -n 0 --dump-logits OUT.npy                 -> logits [T, vocab]
