@@ -2,6 +2,7 @@
 //   prompt: N synthetic ids (seed 0, uniform over the vocabulary), no template; generate M tokens
 //   greedy with EOS suppressed; one warm-up run, then the best of R timed runs in one process.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -21,14 +22,44 @@ namespace {
 struct BenchArgs {
   ModelOptions model;
   int prompt = 512, n = 128, runs = 3;
-  bool json = false, profile = false;
+  bool json = false;
+  bool profile = false;
 };
+
+// --profile: one more generation through the ProfilingBackend, counting only the decode steps (the
+// totals are reset when the first token, the one prefill produced, arrives). Every op is synchronized
+// and timed, so the per-token sum is a little above the plain decode time.
+struct DecodeProfile {
+  ProfileTotals totals;
+  int steps = 0;
+  double wall_s = 0;
+};
+Result<DecodeProfile> profile_decode(Stack& s, const GenerateRequest& req) {
+  ANVIL_ASSIGN_OR_RETURN(int seq, s.engine->seq_create());
+  DecodeProfile p;
+  int seen = 0;
+  std::chrono::steady_clock::time_point t0;
+  auto r = generate(*s.engine, seq, req, [&](int32_t) {
+    if (seen++ == 0) {
+      s.profiler->reset();
+      t0 = std::chrono::steady_clock::now();
+    }
+    return true;
+  });
+  s.engine->seq_release(seq);
+  if (!r.is_ok()) return r.status();
+  p.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  p.totals = s.profiler->totals();
+  p.steps = int(r->ids.size()) - 1;
+  return p;
+}
 
 int run_bench(BenchArgs& a) {
   if (a.prompt < 1) return fail("--prompt-tokens must be >= 1, got " + std::to_string(a.prompt));
   if (a.n < 2) return fail("-n/--max-tokens must be >= 2, got " + std::to_string(a.n));
   if (a.runs < 1) return fail("--runs must be >= 1, got " + std::to_string(a.runs));
   a.model.no_prefix_cache = true;  // every run must prefill for real
+  a.model.profile = a.profile;
   if (!a.model.ctx_given || a.model.ctx < a.prompt + a.n) {
     a.model.ctx = std::max(a.prompt + a.n, a.model.ctx_given ? a.model.ctx : 0);
     a.model.ctx_given = true;
@@ -82,27 +113,6 @@ int run_bench(BenchArgs& a) {
   const uint64_t l1 = count_kernels ? launches_of(1) : 0, ln = count_kernels ? launches_of(a.n) : 0;
   const double kernels_per_token = ln > l1 ? double(ln - l1) / double(a.n - 1) : 0.0;
   const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
-  std::vector<std::pair<std::string, double>> profile;
-#ifdef ANVIL_HAVE_CUDA
-  if (on_cuda && a.profile) {
-    // Per-family decode time: a profiled run of n tokens minus a profiled prefill-only run.
-    auto prof_of = [&](int n_tokens) {
-      cuda_set_profiling(*s.backend, true);
-      launches_of(n_tokens);
-      auto r = cuda_profile_report(*s.backend);
-      cuda_set_profiling(*s.backend, false);
-      return r;
-    };
-    auto p1 = prof_of(1), pn = prof_of(a.n);
-    for (auto& [fam, ms] : pn) {
-      double pre = 0;
-      for (auto& [f1, m1] : p1)
-        if (f1 == fam) pre = m1;
-      profile.emplace_back(fam, (ms - pre) / double(a.n - 1));
-    }
-    std::sort(profile.begin(), profile.end(), [](auto& x, auto& y) { return x.second > y.second; });
-  }
-#endif
   // Bytes per decoded token: all weights once plus the KV cache read by attention, averaged over
   // the decode (context grows from prompt to prompt + n).
   const size_t kv_elem = a.model.kv_dtype == "f32" ? 4 : 2;
@@ -126,7 +136,17 @@ int run_bench(BenchArgs& a) {
   }
 #endif
   if (!on_cuda) ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
-  const int ops_per_token = 1 + c.num_hidden_layers * 12 + 4;
+  // Backend ops per decoded token: embed; per layer norm, q, k, v, rope+append, attention, o, norm and
+  // then gate, up, swiglu, down (dense) or one moe_ffn (MoE), + 2 q/k rmsnorms for olmoe; final add,
+  // norm, lm_head, copy-out.
+  int ops_per_token = 1 + 4;
+  for (int l = 0; l < c.num_hidden_layers; ++l) ops_per_token += 8 + (c.is_moe_layer(l) ? 1 : 4) + (c.qk_norm_full ? 2 : 0);
+  DecodeProfile prof;
+  if (a.profile) {
+    auto p = profile_decode(s, req);
+    if (!p.is_ok()) return fail(p.status().message());
+    prof = *p;
+  }
   if (a.json) {
     nlohmann::ordered_json j;
     j["model"] = s.model->source;
@@ -145,7 +165,17 @@ int run_bench(BenchArgs& a) {
     j["kernels_per_token"] = kernels_per_token;
     j["peak_rss_mib"] = peak_mib;
     if (on_cuda) j["device_memory_used_mib"] = device_used_mib;
-    for (auto& [fam, ms] : profile) j["profile_ms_per_token"][fam] = ms;
+    if (a.profile) {
+      nlohmann::ordered_json pj;
+      pj["decode_steps"] = prof.steps;
+      pj["ms_per_token"] = 1e3 * prof.wall_s / std::max(1, prof.steps);
+      for (int c = 0; c < int(ProfileCategory::kCount); ++c)
+        pj[profile_category_name(ProfileCategory(c))] = {
+            {"ms_per_token", 1e3 * prof.totals.seconds[c] / std::max(1, prof.steps)},
+            {"ops_per_token", double(prof.totals.ops[c]) / std::max(1, prof.steps)}};
+      pj["moe_skip_experts"] = moe_skip_experts();
+      j["profile"] = pj;
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("model              %s\n", s.model->source.c_str());
@@ -162,12 +192,19 @@ int run_bench(BenchArgs& a) {
     std::printf("peak memory        %.0f MiB RSS", peak_mib);
     if (on_cuda) std::printf(", %.0f MiB device memory in use", device_used_mib);
     std::printf("\n");
-    if (!profile.empty()) {
-      double total = 0;
-      for (auto& [fam, ms] : profile) total += ms;
-      std::printf("decode profile     per token, by kernel family (events around each op, graphs off):\n");
-      for (auto& [fam, ms] : profile)
-        std::printf("  %-14s %8.3f ms  %5.1f%%\n", fam.c_str(), ms, total > 0 ? 100.0 * ms / total : 0.0);
+    if (a.profile) {
+      double sum = 0;
+      int64_t ops = 0;
+      for (int c = 0; c < int(ProfileCategory::kCount); ++c) sum += prof.totals.seconds[c], ops += prof.totals.ops[c];
+      const int n = std::max(1, prof.steps);
+      std::printf("decode profile     %d steps, %.2f ms/token wall (ops synchronized and timed one by one)%s\n",
+                  prof.steps, 1e3 * prof.wall_s / n,
+                  moe_skip_experts() ? "; ANVIL_MOE_SKIP_EXPERTS=1: routed experts skipped" : "");
+      for (int c = 0; c < int(ProfileCategory::kCount); ++c)
+        std::printf("  %-16s %8.3f ms/token  %5.1f%%  %6.1f ops/token\n", profile_category_name(ProfileCategory(c)),
+                    1e3 * prof.totals.seconds[c] / n, sum > 0 ? 100.0 * prof.totals.seconds[c] / sum : 0.0,
+                    double(prof.totals.ops[c]) / n);
+      std::printf("  %-16s %8.3f ms/token          %6.1f ops/token\n", "total", 1e3 * sum / n, double(ops) / n);
     }
   }
   return 0;
@@ -184,7 +221,10 @@ Command reg("bench", "Benchmark prefill and decode speed (protocol: docs/bench-p
               app.add_option("--runs", a->runs, "Timed runs (the best is reported) after one warm-up")
                   ->capture_default_str();
               app.add_flag("--json", a->json, "Print JSON");
-              app.add_flag("--profile", a->profile, "CUDA: print the share of decode time per kernel family");
+              app.add_flag("--profile", a->profile,
+                           "After the timed runs, one more run with every backend op timed: decode time per token "
+                           "split into routing, expert FFN, attention, dense FFN and the rest, with ops per token "
+                           "(ANVIL_MOE_SKIP_EXPERTS=1 skips the routed experts, for attribution)");
               return [a] { return run_bench(*a); };
             });
 

@@ -20,6 +20,9 @@ Transformer::~Transformer() {
 Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg, ModelWeights weights,
                                                          Backend& backend, int max_tokens) {
   if (max_tokens <= 0) return invalid_argument("max batch tokens must be positive");
+  if (cfg.is_moe() && !backend.has_moe_ffn())
+    return unsupported("the " + backend.name() + " backend cannot run mixture-of-experts models (" +
+                       cfg.model_type + ") yet");
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));
   ANVIL_RETURN_IF_ERROR(t->alloc_scratch());
   return t;
@@ -95,11 +98,21 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     const WeightMatrix* qkv_w[3] = {&lw.q, &lw.k, &lw.v};
     const Act qkv_out[3] = {q, k, v};
     be.linear_multi(x, qkv_w, qkv_out);
-    be.qk_norm_rope_kv_append(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch);
+    if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
+      be.rmsnorm(q, lw.q_norm, eps, q);
+      be.rmsnorm(k, lw.k_norm, eps, k);
+      be.qk_norm_rope_kv_append(q, k, v, WeightVector{}, WeightVector{}, eps, inv_freq_, kv, l, batch);
+    } else {
+      be.qk_norm_rope_kv_append(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch);
+    }
     be.attention(q, kv, l, batch, scale, attn);
     be.linear(attn, lw.o, o);
     // MLP sublayer.
     be.add_rmsnorm(h, o, lw.ffn_norm, eps, x);
+    if (lw.moe) {  // mixture of experts: routing, the chosen experts and their weighted sum in one op
+      be.moe_ffn(x, lw.experts, o);
+      continue;
+    }
     be.linear_swiglu(x, lw.gate, lw.up, gate);
     be.linear(gate, lw.down, o);
   }
