@@ -24,7 +24,9 @@ Status cuda_memory_info(int device, size_t* free_bytes, size_t* total_bytes);
 // device-to-device copies of `bytes` (best of a few, after a warm-up).
 Result<double> cuda_copy_bandwidth_gbs(Backend& cuda_backend, size_t bytes);
 
-// Per-op-family timing (anvil bench --profile): while on, graphs are off and every op is bracketed
+// Per-op-family timing without host synchronization (the per-family figures in docs/benchmarks.md
+// came from it; `anvil bench --profile` now uses the generic ProfilingBackend, which synchronizes
+// around every op): while on, graphs are off and every op is bracketed
 // by CUDA events. cuda_profile_report() synchronizes and returns (family, milliseconds) totals
 // since profiling was turned on, largest first.
 void cuda_set_profiling(Backend& cuda_backend, bool on);
