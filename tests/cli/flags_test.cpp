@@ -247,14 +247,18 @@ TEST(CliPrompt, ChatTemplateByDefaultRawOnRequest) {
 
 // Ctrl-C during generate stops it cleanly: the text so far, then the summary (speed, peak memory).
 TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
-  // The code model loads in milliseconds, so two seconds later it is generating (40000 tokens take longer).
   const std::string cmd =
       anvil_command({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ignore-eos", "--ctx", "40010"});
-  // The shell starts anvil in the background, then sends SIGINT once it is generating.
+  // The shell starts anvil in the background and sends SIGINT once it is generating: once text has
+  // appeared (a background job of a non-interactive shell ignores SIGINT until anvil installs its
+  // handler, so a signal sent during a slow start-up — a GPU's initialisation — would be lost).
   // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
-  auto r = run_shell("(" + cmd +
-                     " & pid=$!; sleep 2; kill -INT $pid; (sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
-                     "wait $pid; rc=$?; kill $killer 2>/dev/null; echo \"rc=$rc\") 2>&1");
+  const std::string out = ::testing::TempDir() + "/interrupt_out.txt";
+  auto r = run_shell("(" + cmd + " > " + out +
+                     " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
+                     " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
+                     "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                     "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
   EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;

@@ -133,7 +133,7 @@ TEST(CliTemplate, BadMessagesJsonFails) {
 
 TEST(CliTemplate, ModelWithoutChatTemplateFails) {
   std::string m = write_temp("m2.json", R"([{"role":"user","content":"hi"}])");
-  RunResult r = run("template -m " + std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code --messages " + m, true);
+  RunResult r = run("template -m " + std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4 --messages " + m, true);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("no chat template"), std::string::npos) << r.out;
 }

@@ -142,7 +142,7 @@ TEST(TemplateConformance, ChatTemplateKwargsAsExtraContext) {
 }
 
 TEST(TemplateConformance, TinyCodeHasNoChatTemplate) {
-  auto cfg = load_tokenizer_config(std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code");
+  auto cfg = load_tokenizer_config(std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4");
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().message();
   EXPECT_TRUE(cfg->chat_template.empty());
   EXPECT_EQ(cfg->eos_token, "<|endoftext|>");
