@@ -255,6 +255,13 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   } else {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_synthetic(o.synthetic));
   }
+  // auto must pick a device that can run this model: a backend without MoE kernels (CUDA today)
+  // gives way to the CPU for MoE models; an explicit --device is left to Transformer::create's error.
+  if (o.device == "auto" && s.model->config.is_moe() && !s.backend->has_moe_ffn()) {
+    std::fprintf(stderr, "[anvil] device auto: %s has no MoE kernels yet; using the CPU for this MoE model\n",
+                 s.backend->name().c_str());
+    ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend("cpu", o.threads));
+  }
   const int max_pos = s.model->config.max_position_embeddings;  // 0: the config does not say
   s.ctx = o.ctx;
   if (!o.ctx_given) s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
