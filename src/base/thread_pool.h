@@ -28,9 +28,27 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace anvil {
+
+// A non-owning reference to a callable fn(begin, end). parallel_for is synchronous, so the caller's
+// callable outlives the job; building a std::function instead would allocate for every lambda whose
+// captures exceed its small buffer (decode calls parallel_for hundreds of times per token).
+class RangeFn {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, RangeFn> && std::is_invocable_v<F&, int64_t, int64_t>)
+  RangeFn(F&& f)  // NOLINT: implicit, so call sites pass lambdas as before
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o, int64_t b, int64_t e) { (*static_cast<std::remove_reference_t<F>*>(o))(b, e); }) {}
+  void operator()(int64_t b, int64_t e) const { call_(obj_, b, e); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int64_t, int64_t);
+};
 
 class ThreadPool {
  public:
@@ -54,7 +72,7 @@ class ThreadPool {
   // of their last report), the count the contention rule reads. Call from the parallel_for caller.
   long involuntary_switches() const;
   // fn(begin, end) over chunks of [0, n); chunks are at least `grain` long.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
   // The number of threads to use by default: the online CPU count.
   static int default_threads();
@@ -76,7 +94,7 @@ class ThreadPool {
   std::condition_variable cv_start_, cv_done_;
   // The current job; written by the caller before generation_ is bumped (release), read by the
   // workers after they see the new generation (acquire).
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  const RangeFn* job_ = nullptr;
   int64_t job_n_ = 0, job_chunk_ = 0;
   int job_chunks_ = 0;
   std::atomic<int> next_chunk_{0};

@@ -79,7 +79,11 @@ void qk_norm_rope_kv_append_f32(ThreadPool& pool, float* q, const float* k, cons
   const int D = kv.head_dim, Hkv = kv.n_kv_heads, half = D / 2;
   const int64_t grain = std::max<int64_t>(1, 16384 / (int64_t(n_heads + 2 * Hkv) * D));
   pool.parallel_for(batch.n_tokens, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), tmp(static_cast<size_t>(D));
+    // Per-thread scratch, reused across calls: the decode step does not allocate.
+    thread_local std::vector<float> cs, sn, tmp;
+    cs.resize(static_cast<size_t>(half));
+    sn.resize(static_cast<size_t>(half));
+    tmp.resize(static_cast<size_t>(D));
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t pos = batch.pos[t], s = batch.seq[t];
       for (int i = 0; i < half; ++i) {  // angles in double: pos * inv_freq loses ~1e-3 rad in fp32 at 40k
@@ -116,7 +120,11 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
   // Token blocks: up to kBlock consecutive tokens of one sequence at consecutive positions (a
   // prefill chunk) share each K/V row they read; single tokens (decode) are blocks of one.
   const int kBlock = std::max(1, std::min(4, kMaxQueries / ratio));
-  std::vector<int32_t> block_start;
+  // Reused across calls (no allocation per step). A named reference, because the workers' lambda
+  // must read this thread's vector, not their own thread_local instance.
+  thread_local std::vector<int32_t> tl_block_start;
+  std::vector<int32_t>& block_start = tl_block_start;
+  block_start.clear();
   for (int32_t t = 0; t < batch.n_tokens;) {
     block_start.push_back(t);
     int32_t e = t + 1;
@@ -130,10 +138,18 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
   const int workers = int(std::min<int64_t>(pool.size(), items));
   pool.parallel_for(workers, 1, [&](int64_t w0, int64_t w1) {
     const int max_q = kBlock * ratio;
-    std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D)), qbuf(size_t(max_q) * D),
-        acc(size_t(max_q) * D), score(size_t(max_q) * P);
-    std::vector<float> m(static_cast<size_t>(max_q)), l(static_cast<size_t>(max_q)), corr(static_cast<size_t>(max_q));
-    std::vector<int64_t> limit(static_cast<size_t>(max_q));  // keys visible to each query
+    // Per-thread scratch, reused across calls; every item initialises what it reads.
+    thread_local std::vector<float> kbuf, vbuf, qbuf, acc, score, m, l, corr;
+    thread_local std::vector<int64_t> limit;  // keys visible to each query
+    kbuf.resize(static_cast<size_t>(D));
+    vbuf.resize(static_cast<size_t>(D));
+    qbuf.resize(size_t(max_q) * D);
+    acc.resize(size_t(max_q) * D);
+    score.resize(size_t(max_q) * P);
+    m.resize(static_cast<size_t>(max_q));
+    l.resize(static_cast<size_t>(max_q));
+    corr.resize(static_cast<size_t>(max_q));
+    limit.resize(static_cast<size_t>(max_q));
     for (int64_t wk = w0; wk < w1; ++wk)
       for (int64_t item = wk; item < items; item += workers) {
         const int64_t blk = item / Hkv;
