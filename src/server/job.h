@@ -44,6 +44,7 @@ struct JobEvent {
   std::vector<TokenInfo> tokens;  // kDelta: the token(s) behind it
   std::string finish_reason;      // kDone: "stop", "length", "cancelled"
   Status error;                   // kError (the job is over)
+  int64_t step = 0;               // the scheduler step that produced it (ordering across jobs, tests)
 };
 
 class Job {

@@ -79,7 +79,12 @@ void Scheduler::stop() {
     std::lock_guard<std::mutex> lk(mu_);
     left.swap(queue_);
   }
-  for (auto& a : left) a->job->push({JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+  for (auto& a : left) emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+}
+
+void Scheduler::emit(Job& job, JobEvent e) {
+  e.step = step_no_;
+  job.push(std::move(e));
 }
 
 void Scheduler::release(Active& a) {
@@ -93,17 +98,17 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   if (reason != "cancelled" && a.dec && a.stop && !a.stop->stopped()) {
     std::string rest = a.stop->push(a.dec->flush());
     rest += a.stop->flush();
-    if (!rest.empty()) a.job->push({JobEvent::kDelta, std::move(rest), {}, {}, {}});
+    if (!rest.empty()) emit(*a.job, {JobEvent::kDelta, std::move(rest), {}, {}, {}});
   }
   if (reason == "cancelled") metrics_.cancelled++;
   metrics_.e2e.observe(std::chrono::duration<double>(clock::now() - a.job->submitted).count());
-  a.job->push({JobEvent::kDone, {}, {}, reason, {}});
-  release(a);
+  release(a);  // first: a client that sees the end also sees the pages back
+  emit(*a.job, {JobEvent::kDone, {}, {}, reason, {}});
 }
 
 void Scheduler::fail(Active& a, const Status& st) {
-  a.job->push({JobEvent::kError, {}, {}, {}, st});
   release(a);
+  emit(*a.job, {JobEvent::kError, {}, {}, {}, st});
 }
 
 void Scheduler::preempt(Active& a) {
@@ -134,13 +139,13 @@ void Scheduler::loop() {
       // run_step() failed the jobs it could not run; nothing else to do here.
     }
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
-    running_.store(int(active_.size()));
     pages_used_.store(engine_.pool().n_pages() - engine_.pool().n_free());
     prefix_pages_.store(int64_t(engine_.pool().prefix_entries()));
+    running_.store(int(active_.size()));  // last: wait_idle() sees the page counts of this step
     cv_.notify_all();  // wait_idle()
   }
   for (auto& a : active_) {
-    a->job->push({JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+    emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
     release(*a);
   }
   active_.clear();
@@ -152,7 +157,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
     Active& a = *ap;
     if (a.job->cancelled()) {
       metrics_.cancelled++;
-      a.job->push({JobEvent::kDone, {}, {}, "cancelled", {}});
+      emit(*a.job, {JobEvent::kDone, {}, {}, "cancelled", {}});
       continue;
     }
     auto seq = engine_.seq_create();
@@ -188,6 +193,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
 
 // Builds and runs one step. Returns false when the forward itself failed.
 bool Scheduler::run_step() {
+  ++step_no_;
   // Decode tokens first (each is one token and keeps a stream moving), then prompt chunks oldest first.
   std::vector<Active*> order;
   for (auto& a : active_) order.push_back(a.get());
@@ -323,7 +329,7 @@ void Scheduler::on_logits(Active& a, float* logits) {
   std::string text = a.stop->push(a.dec->push(id));
   JobEvent e{JobEvent::kDelta, std::move(text), {}, {}, {}};
   e.tokens.push_back(std::move(info));
-  a.job->push(std::move(e));
+  emit(*a.job, std::move(e));
   if (a.stop->stopped()) {
     finish(a, "stop");
     return;

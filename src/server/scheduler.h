@@ -71,6 +71,7 @@ class Scheduler {
   void release(Active& a);
   void preempt(Active& a);
   void on_logits(Active& a, float* row);
+  void emit(Job& job, JobEvent e);
 
   Engine& engine_;
   const Tokenizer& tok_;
@@ -90,6 +91,7 @@ class Scheduler {
   // Scheduler thread only.
   std::vector<std::unique_ptr<Active>> active_;
   int64_t admit_counter_ = 0;
+  int64_t step_no_ = 0;
   std::vector<float> logits_;
   std::thread thread_;
 };
