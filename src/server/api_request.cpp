@@ -152,6 +152,7 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
     if (!so->is_object()) return bad("stream_options", "'stream_options' must be an object, got " + type_name(*so));
     if (auto e = get_bool(*so, "include_usage", &r->include_usage)) {
       e->param = "stream_options.include_usage";
+      e->message = "'stream_options.include_usage' must be a boolean";
       return e;
     }
   }

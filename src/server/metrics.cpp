@@ -1,15 +1,17 @@
 #include "server/metrics.h"
 
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 
 namespace anvil::server {
 
 namespace {
+// Shortest text that reads back as the same double ("0.005", not "0.0050000000000000001").
 std::string num(double v) {
   char b[64];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
+  auto r = std::to_chars(b, b + sizeof b, v);
+  return std::string(b, r.ptr);
 }
 // Latency buckets in seconds: 1 ms .. 60 s, roughly x2.5 apart.
 std::vector<double> latency_buckets() {
