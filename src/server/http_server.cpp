@@ -2,6 +2,10 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <atomic>
 #include <random>
 
@@ -53,6 +57,24 @@ std::string random_id(const char* prefix) {
   std::string id = prefix;
   for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
   return id;
+}
+
+// Debian's cpp-httplib listens with a backlog of 5: a burst of clients (32 streams connecting at
+// once) overflows it, the kernel drops their handshakes, and a retransmitted request can arrive
+// after the server gave up on the connection. listen() on a listening socket only raises its
+// backlog, so find ours (the one listening on `port`) and raise it.
+void raise_listen_backlog(int port, int backlog) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
+    int p = ss.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
+            : ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port) : -1;
+    if (p == port) listen(fd, backlog);
+  }
 }
 
 int64_t unix_now() {
@@ -600,7 +622,7 @@ Result<int> HttpServer::start() {
   m.svr.set_payload_max_length(m.opts.max_body_bytes);
   m.svr.set_read_timeout(30, 0);
   m.svr.set_write_timeout(30, 0);
-  m.svr.set_keep_alive_timeout(2);
+  m.svr.set_keep_alive_timeout(5);
   m.routes();
   int port = m.opts.port;
   if (port == 0) {
@@ -610,6 +632,7 @@ Result<int> HttpServer::start() {
     return io_error("cannot bind " + m.opts.host + ":" + std::to_string(port) + " (in use, or not an address here)");
   }
   m.port = port;
+  raise_listen_backlog(port, 1024);
   m.sched->start();
   return port;
 }
