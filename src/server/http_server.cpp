@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <random>
+#include <thread>
 
 #include "server/chat_output.h"
 #include "server/chat_page.h"
@@ -122,6 +123,9 @@ struct HttpServer::Impl {
   int64_t created = unix_now();
   std::mutex shutdown_mu;
   bool shut_down = false;
+  // Streaming responses still writing. httplib stops calling a stream's content provider once the
+  // server stops, so shutdown() waits for these to reach their last event first.
+  std::atomic<int> open_streams{0};
 
   Impl(ServerOptions o, Engine& e, const Tokenizer& t, TokenizerConfig c, Metrics& m)
       : opts(std::move(o)), engine(e), tok(t), cfg(std::move(c)), metrics(m) {
@@ -400,6 +404,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
 
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
+  open_streams++;
   auto started = std::make_shared<bool>(false);
   auto last_write = std::make_shared<clock::time_point>(clock::now());
   res.set_chunked_content_provider(
@@ -445,8 +450,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
         }
         return true;
       },
-      [reply](bool success) {
+      [this, reply](bool success) {
         if (!success) reply->job->cancel();
+        open_streams--;
       });
 }
 
@@ -650,6 +656,9 @@ void HttpServer::shutdown() {
     m.sched->wait_idle(clock::now() + std::chrono::milliseconds(int64_t(m.opts.shutdown_timeout_s * 1000)));
     m.sched->stop();  // what is still running ends with an error event its stream reports
   }
+  // Let every stream write its last event and [DONE] (bounded: a stuck client cannot hold us).
+  const auto deadline = clock::now() + std::chrono::seconds(5);
+  while (m.open_streams.load() > 0 && clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.svr.stop();
 }
 
