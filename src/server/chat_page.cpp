@@ -26,7 +26,7 @@ button{font:inherit;padding:.4rem 1rem}
 <p><label>API key <input id="key" type="password" size="24"></label></p>
 <script>
 const $=id=>document.getElementById(id);
-let messages=[],ctrl=null;
+let messages=[],ctrl=null,opts={};
 function headers(){const h={'Content-Type':'application/json'};const k=$('key').value;if(k)h['Authorization']='Bearer '+k;return h}
 async function loadModel(){try{const r=await fetch('/v1/models',{headers:headers()});const j=await r.json();
   $('model').textContent=j.data?j.data[0].id:(j.error?j.error.message:'?')}catch(e){$('model').textContent='?'}}
@@ -40,7 +40,7 @@ async function send(text){
   let answer='',n=0,t0=0;
   try{
     const r=await fetch('/v1/chat/completions',{method:'POST',headers:headers(),signal:ctrl.signal,
-      body:JSON.stringify({messages,stream:true,stream_options:{include_usage:true}})});
+      body:JSON.stringify(Object.assign({messages,stream:true,stream_options:{include_usage:true}},opts))});
     if(!r.ok){const j=await r.json();throw new Error(j.error?j.error.message:r.statusText)}
     const rd=r.body.getReader();const dec=new TextDecoder();let buf='';
     for(;;){const {value,done}=await rd.read();if(done)break;buf+=dec.decode(value,{stream:true});
@@ -54,11 +54,17 @@ async function send(text){
         if(d.content){answer+=d.content;content.textContent=answer}
         if(d.reasoning_content||d.content){n++;if(!t0)t0=performance.now()}}}
   }catch(e){if(e.name!=='AbortError'){const er=document.createElement('div');er.className='error';er.textContent=e.message;box.appendChild(er)}}
-  messages.push({role:'assistant',content:answer});ctrl=null;$('stop').disabled=true;$('send').disabled=false}
+  messages.push({role:'assistant',content:answer});ctrl=null;$('stop').disabled=true;$('send').disabled=false;
+  box.dataset.done='1'}
 $('form').onsubmit=e=>{e.preventDefault();const t=$('input').value.trim();if(!t||ctrl)return;$('input').value='';send(t)};
 $('input').onkeydown=e=>{if(e.key==='Enter'&&!e.shiftKey){e.preventDefault();$('form').requestSubmit()}};
 $('stop').onclick=()=>{if(ctrl)ctrl.abort()};
-$('key').onchange=loadModel;loadModel();
+$('key').onchange=loadModel;
+// A link can start a conversation: /#send=TEXT[&max_tokens=N][&key=KEY] (also what the browser test uses).
+const h=new URLSearchParams(location.hash.slice(1));
+if(h.get('key'))$('key').value=h.get('key');
+if(h.get('max_tokens'))opts.max_tokens=parseInt(h.get('max_tokens'));
+loadModel();if(h.get('send'))send(h.get('send'));
 </script></body></html>
 )HTML";
   return kPage;
