@@ -311,7 +311,7 @@ TEST_F(Http, DisconnectMidStreamCancelsAndFreesPages) {
     ASSERT_TRUE(conn.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
                               std::string(kKey) + "\r\nContent-Type: application/json\r\nContent-Length: " +
                               std::to_string(b.size()) + "\r\n\r\n" + b));
-    std::string got = conn.read_until("\"content\":\"", 30);  // past the role chunk: tokens are flowing
+    std::string got = conn.read_until("\"delta\":{\"content\":\"", 30);  // a token chunk (the role chunk has "delta":{"role")
     ASSERT_NE(got.find("chat.completion.chunk"), std::string::npos) << got;
     EXPECT_GE(metric("anvil_requests_running"), 1);
     conn.close();
@@ -372,7 +372,7 @@ TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
                       "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b);
   };
   ASSERT_TRUE(start(running, 60));
-  ASSERT_NE(running.read_until("\"content\":\"", 30).find("chunk"), std::string::npos);
+  ASSERT_NE(running.read_until("\"delta\":{\"content\":\"", 30).find("chunk"), std::string::npos);
   ASSERT_TRUE(start(queued, 3));
   httplib::Client c("127.0.0.1", srv.port());
   c.set_read_timeout(30, 0);
