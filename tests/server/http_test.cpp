@@ -395,3 +395,40 @@ TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
   EXPECT_NE(b.find("data: [DONE]"), std::string::npos) << b;
   EXPECT_EQ(srv.terminate(30), 0);
 }
+
+// The bundled model (no chat template): chat completions answer 400, and a greedy completion is
+// the text `anvil generate` produces for the same prompt (a different code path: extend/decode).
+TEST(HttpBundledModel, CompletionEqualsGenerateAndChatNeedsATemplate) {
+  const std::string model = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+  const std::string prompt = "def fibonacci(n):\n";
+  std::string cmd = std::string(ANVIL_BINARY) + " generate -m " + model + " -p '" + prompt +
+                    "' -n 24 --temp 0 --ignore-eos --json -t 2 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  char b[4096];
+  size_t n;
+  while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  auto gen = json::parse(out.substr(out.rfind("{\"ids\"") == std::string::npos ? 0 : out.rfind("{\"ids\"")),
+                         nullptr, false);
+  ASSERT_TRUE(gen.is_object()) << out;
+
+  ServerProcess srv({"-m", model, "-c", "512", "-np", "2", "-t", "2"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  json body = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], gen["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], gen["prompt_tokens"]);
+  EXPECT_EQ(j["usage"]["completion_tokens"], gen["ids"].size());
+  EXPECT_EQ(json::parse(c.Get("/v1/models")->body)["data"][0]["id"], "anvil-tiny-code-q4");
+  auto chat = c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})", "application/json");
+  EXPECT_EQ(chat->status, 400);
+  EXPECT_EQ(json::parse(chat->body)["error"]["param"], "messages");
+  EXPECT_EQ(srv.terminate(30), 0);
+}
