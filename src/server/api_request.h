@@ -42,7 +42,7 @@ struct ApiRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // template-ready
   nlohmann::ordered_json tools;                                        // null: none
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
-  bool enable_thinking = true;
+  std::optional<bool> enable_thinking;  // unset: the template's own default
   bool parse_tool_calls = false;
   // completions
   std::string prompt_text;

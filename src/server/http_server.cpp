@@ -156,7 +156,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       return send_error(res, api_error(400, "messages",
                                        "this model has no chat template (tokenizer_config.json); use /v1/completions"));
     auto text = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
-    if (!text.is_ok()) return send_error(res, api_error(400, "messages", "chat template: " + text.status().message()));
+    if (!text.is_ok()) return send_error(res, api_error(400, "messages", text.status().message()));
     prompt = tok.encode(*text);
     size_t end = text->find_last_not_of(" \n");
     starts_in_reasoning = split_reasoning && end != std::string::npos && end + 1 >= 7 &&
@@ -292,7 +292,7 @@ void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Res
     if (err) return send_error(res, *err);
     if (!has_template) return send_error(res, api_error(400, "messages", "this model has no chat template"));
     auto t = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
-    if (!t.is_ok()) return send_error(res, api_error(400, "messages", "chat template: " + t.status().message()));
+    if (!t.is_ok()) return send_error(res, api_error(400, "messages", t.status().message()));
     text = *t;
   } else {
     const char* key = b.contains("content") ? "content" : "prompt";

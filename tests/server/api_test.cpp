@@ -48,7 +48,7 @@ TEST(ApiRequest, AcceptsEveryDocumentedParameter) {
   EXPECT_FLOAT_EQ(r.gen.frequency_penalty, -0.5f);
   EXPECT_EQ(r.gen.top_logprobs, 5);
   EXPECT_TRUE(r.stream && r.include_usage && r.parse_tool_calls);
-  EXPECT_FALSE(r.enable_thinking);
+  EXPECT_EQ(r.enable_thinking, std::optional<bool>(false));
   ApiRequest c;
   ASSERT_FALSE(completion(R"({"prompt":[1,2,3],"max_completion_tokens":3,"logprobs":2})", &c));
   EXPECT_TRUE(c.prompt_is_ids);
