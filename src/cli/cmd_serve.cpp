@@ -59,8 +59,12 @@ int run_serve(ServeArgs& a) {
   so.max_body_bytes = a.max_body_mb << 20;
   so.chat_page = !a.no_chat_page;
   so.eos_ids = s.model->config.eos_token_ids;
-  so.defaults.sampling = resolve_sampling(a.sampling, s.model->dir);
-  so.defaults.max_context = a.model.ctx;
+  auto sampling = resolve_sampling(a.sampling, s.model->dir);
+  if (!sampling.is_ok()) return fail(sampling.status().message());
+  so.defaults.sampling = *sampling;
+  // A request without "seed" gets a fresh random one, unless --seed fixed the server's default.
+  so.seed_fixed = a.sampling.seed.has_value();
+  so.defaults.max_context = s.ctx;
   so.defaults.model_alt = a.model.model.empty() ? a.model.synthetic : a.model.model;
   if (!a.alias.empty()) {
     so.defaults.model_id = a.alias;
@@ -77,8 +81,7 @@ int run_serve(ServeArgs& a) {
   if (!port.is_ok()) return fail(port.status().message());
   std::thread http([&] { srv.serve(); });
   std::fprintf(stderr, "[anvil] serving %s as '%s' on http://%s:%d (%d parallel, context %d)\n",
-               s.model->source.c_str(), so.defaults.model_id.c_str(), so.host.c_str(), *port, a.parallel,
-               a.model.ctx);
+               s.model->source.c_str(), so.defaults.model_id.c_str(), so.host.c_str(), *port, a.parallel, s.ctx);
   std::printf("listening on http://%s:%d\n", so.host.c_str(), *port);
   std::fflush(stdout);
   int sig = 0;
@@ -95,7 +98,8 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<ServeArgs>();
               add_model_options(app, a->model);
-              app.add_option("--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length");
+              app.add_option("--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length")
+                  ->each([a](const std::string&) { a->model.ctx_given = true; });
               add_sampling_options(app, a->sampling);
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
               app.add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();

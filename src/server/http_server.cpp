@@ -188,7 +188,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
   g.max_tokens = r.max_tokens.value_or(room);
-  if (!r.seed_given) g.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
+  if (!r.seed_given && !opts.seed_fixed) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   if (Status st = validate(g.sampling); !st.is_ok()) return send_error(res, api_error(400, "", st.message()));
   auto job = std::make_shared<Job>(std::move(g));
   if (Status st = sched->submit(job); !st.is_ok()) {

@@ -25,6 +25,7 @@ struct ServerOptions {
   double shutdown_timeout_s = 30;  // SIGTERM: how long running requests may take to finish
   bool chat_page = true;
   RequestDefaults defaults;
+  bool seed_fixed = false;     // requests without "seed" use defaults.sampling.seed (else a random one each)
   std::vector<int32_t> eos_ids;
 };
 

@@ -20,9 +20,9 @@ ojson Reply::chat_logprobs(const std::vector<TokenInfo>& toks) const {
     ojson top = ojson::array();
     for (const TokenLogprob& x : t.top) {
       std::string p = tok->decode(std::span<const int32_t>(&x.id, 1));
-      top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", token_bytes_json(tok->token_bytes(x.id))}});
+      top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", token_bytes_json(p)}});
     }
-    a.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", token_bytes_json(tok->token_bytes(t.id))},
+    a.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", token_bytes_json(piece)},
                  {"top_logprobs", top}});
   }
   return a;
@@ -38,7 +38,7 @@ void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
     for (const TokenLogprob& x : t.top) top[tok->decode(std::span<const int32_t>(&x.id, 1))] = x.logprob;
     (*o)["top_logprobs"].push_back(top);
     (*o)["text_offset"].push_back(text_offset);
-    text_offset += tok->token_bytes(t.id).size();
+    text_offset += piece.size();
   }
 }
 
