@@ -63,7 +63,7 @@ int run_serve(ServeArgs& a) {
   if (!sampling.is_ok()) return fail(sampling.status().message());
   so.defaults.sampling = *sampling;
   // A request without "seed" gets a fresh random one, unless --seed fixed the server's default.
-  so.seed_fixed = a.sampling.seed.has_value();
+  so.seed_fixed = a.sampling.seed.has_value() && *a.sampling.seed != "-1";
   so.defaults.max_context = s.ctx;
   so.defaults.model_alt = a.model.model.empty() ? a.model.synthetic : a.model.model;
   if (!a.alias.empty()) {
