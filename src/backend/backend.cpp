@@ -1,5 +1,8 @@
 #include "backend/backend.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace anvil {
 
 size_t WeightMatrix::bytes() const {
@@ -13,6 +16,11 @@ size_t WeightMatrix::bytes() const {
   }
   if (bias) n += size_t(rows) * dtype_size(bias_dtype);
   return n;
+}
+
+void Backend::moe_ffn(Act, const MoEWeights&, Act) {
+  std::fprintf(stderr, "anvil: backend %s has no mixture-of-experts op (moe_ffn) yet\n", name().c_str());
+  std::abort();
 }
 
 }  // namespace anvil
