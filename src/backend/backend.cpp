@@ -18,6 +18,10 @@ size_t WeightMatrix::bytes() const {
   return n;
 }
 
+void Backend::linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) {
+  for (size_t i = 0; i < ws.size() && i < outs.size(); ++i) linear(x, *ws[i], outs[i]);
+}
+
 void Backend::moe_ffn(Act, const MoEWeights&, Act) {
   std::fprintf(stderr, "anvil: backend %s has no mixture-of-experts op (moe_ffn) yet\n", name().c_str());
   std::abort();

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,11 @@ struct KVCacheView {
 // Token t belongs to sequence seq[t] at absolute position pos[t]; sequence s's pages are
 // page_table[s*max_pages + 0 ..]. Attention for token t covers positions 0..pos[t] of its sequence,
 // so every token of the batch must be appended (rope_kv_append) before attention runs.
+// max_pages is the page table's row stride. The engine keeps it fixed (the most pages one sequence
+// can hold) rather than the batch's current maximum, so a captured decode step (graph_*) whose
+// kernels were sized from it stays valid from one step to the next.
+// pos_host / seq_host mirror pos / seq in host memory (the same values; on the CPU backend the same
+// arrays) for backends that plan a launch on the host; the kernels themselves read pos / seq.
 struct BatchView {
   int n_tokens = 0;
   int n_seqs = 0;
@@ -104,6 +110,8 @@ struct BatchView {
   const int32_t* pos = nullptr;         // [n_tokens]
   const int32_t* seq = nullptr;         // [n_tokens]
   const int32_t* page_table = nullptr;  // [n_seqs, max_pages]
+  const int32_t* pos_host = nullptr;    // [n_tokens], host
+  const int32_t* seq_host = nullptr;    // [n_tokens], host
 };
 
 class Backend {
@@ -121,8 +129,25 @@ class Backend {
   // Makes a host-resident weight readable by this backend (CPU: returns it unchanged).
   virtual Result<WeightMatrix> upload_weight(const WeightMatrix& host) = 0;
   virtual Result<WeightVector> upload_vector(const WeightVector& host) = 0;
-  // Waits for queued work (no-op on CPU).
-  virtual void synchronize() = 0;
+  // Releases what upload_weight / upload_vector allocated for it (CPU: nothing).
+  virtual void free_weight(const WeightMatrix& w) = 0;
+  virtual void free_vector(const WeightVector& v) = 0;
+  // Waits for queued work. Ops enqueue and return nothing: an op given bad arguments, a failed launch
+  // or an asynchronous device fault is recorded (the first one sticks) and returned here.
+  virtual Status synchronize() = 0;
+
+  // ---- decode-step graphs (CUDA graphs; unsupported on CPU) ----
+  // Ops issued between graph_capture_begin() and graph_capture_end(key) are recorded, not run, and
+  // graph_launch(key) replays them. A replay reads whatever the recorded buffers hold then, so the
+  // caller keeps every buffer address and every launch shape (n_tokens, n_seqs, max_pages) of the
+  // step fixed per key, and uploads the step's inputs before graph_launch.
+  virtual bool graphs_supported() const { return false; }
+  virtual Status graph_capture_begin() { return unsupported(name() + ": no graph capture"); }
+  virtual Status graph_capture_end(uint64_t key) { return unsupported(name() + ": no graph capture"); }
+  // True when a graph for `key` exists and was enqueued.
+  virtual bool graph_launch(uint64_t key) { return false; }
+  // Kernels launched (or recorded into a graph) so far; 0 where not counted (CPU).
+  virtual uint64_t launch_count() const { return 0; }
 
   // ---- ops ----
   // out[t, :] = row ids[t] of table (dequantized).   ids: [out.rows]
@@ -131,8 +156,14 @@ class Backend {
   virtual void rmsnorm(Act x, const WeightVector& w, float eps, Act out) = 0;
   // residual += x; out = rmsnorm(residual) * w.   (the fused add + norm between sublayers)
   virtual void add_rmsnorm(Act residual, Act x, const WeightVector& w, float eps, Act out) = 0;
-  // out[rows, W.rows] = x[rows, W.cols] W^T (+ bias).
+  // out[rows, W.rows] = x[rows, W.cols] W^T (+ bias). out is act_dtype() or F32 (the logits).
   virtual void linear(Act x, const WeightMatrix& w, Act out) = 0;
+  // outs[i] = x ws[i]^T for every i, in one pass where the backend can (q/k/v share x; CUDA runs
+  // them as one launch when the matrices share a format). Reference: linear() per output.
+  virtual void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs);
+  // out = silu(x gate^T) * (x up^T): the MLP's gate and up projections and SwiGLU in one op.
+  //   x: [T, hidden], gate/up: [ffn, hidden], out: [T, ffn]
+  virtual void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) = 0;
   // out = silu(gate) * up, elementwise.
   virtual void swiglu(Act gate, Act up, Act out) = 0;
   // a += b, elementwise.
@@ -148,6 +179,12 @@ class Backend {
   //   q: [T, n_heads*head_dim] -> out: [T, n_heads*head_dim]
   virtual void attention(Act q, const KVCacheView& kv, int layer, const BatchView& batch, float scale,
                          Act out) = 0;
+  // dst[i, :] = src[rows[i], :] for i < dst.rows.   rows: backend memory, each in [0, src.rows)
+  virtual void gather_rows(Act src, const int32_t* rows, Act dst) = 0;
+  // Greedy sampling on the device: ids[r] = argmax over row r of logits (F32 [R, vocab]), never one of
+  // suppress[0..n_suppress) (e.g. EOS when it is ignored), ties to the lowest id, NaN never chosen
+  // (-1 when no token is possible). suppress and ids: backend memory.
+  virtual void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) = 0;
   // Copies activations to host as float32 (the logits for the sampler).   dst: [x.rows * x.cols]
   virtual void to_host_f32(Act x, float* dst) = 0;
 

@@ -38,7 +38,10 @@ class ProfilingBackend final : public Backend {
   void copy_device(void* d, const void* s, size_t n) override { in_.copy_device(d, s, n); }
   Result<WeightMatrix> upload_weight(const WeightMatrix& w) override { return in_.upload_weight(w); }
   Result<WeightVector> upload_vector(const WeightVector& v) override { return in_.upload_vector(v); }
-  void synchronize() override { in_.synchronize(); }
+  void free_weight(const WeightMatrix& w) override { in_.free_weight(w); }
+  void free_vector(const WeightVector& v) override { in_.free_vector(v); }
+  Status synchronize() override { return in_.synchronize(); }
+  uint64_t launch_count() const override { return in_.launch_count(); }  // graphs stay off: every op is timed
 
   void embed(const WeightMatrix& t, const int32_t* ids, Act out) override {
     timed(ProfileCategory::kRest, [&] { in_.embed(t, ids, out); });
@@ -52,6 +55,19 @@ class ProfilingBackend final : public Backend {
   void linear(Act x, const WeightMatrix& w, Act out) override {
     auto it = linear_cat_.find(w.data);
     timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second, [&] { in_.linear(x, w, out); });
+  }
+  void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
+    auto it = ws.empty() ? linear_cat_.end() : linear_cat_.find(ws[0]->data);
+    timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second, [&] { in_.linear_multi(x, ws, outs); });
+  }
+  void linear_swiglu(Act x, const WeightMatrix& g, const WeightMatrix& u, Act out) override {
+    timed(ProfileCategory::kDenseFfn, [&] { in_.linear_swiglu(x, g, u, out); });
+  }
+  void gather_rows(Act src, const int32_t* rows, Act dst) override {
+    timed(ProfileCategory::kRest, [&] { in_.gather_rows(src, rows, dst); });
+  }
+  void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) override {
+    timed(ProfileCategory::kRest, [&] { in_.argmax_rows(logits, suppress, n_suppress, ids); });
   }
   void swiglu(Act g, Act u, Act out) override {
     timed(ProfileCategory::kDenseFfn, [&] { in_.swiglu(g, u, out); });
@@ -76,10 +92,10 @@ class ProfilingBackend final : public Backend {
  private:
   template <class F>
   void timed(ProfileCategory c, F&& f) {
-    in_.synchronize();
+    (void)in_.synchronize();  // errors stay sticky in the wrapped backend: the caller's synchronize sees them
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    in_.synchronize();
+    (void)in_.synchronize();
     totals_.seconds[int(c)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++totals_.ops[int(c)];
   }

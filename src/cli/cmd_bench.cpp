@@ -1,6 +1,7 @@
 // anvil bench: the standard decode/prefill benchmark (the protocol is docs/bench-protocol.md).
 //   prompt: N synthetic ids (seed 0, uniform over the vocabulary), no template; generate M tokens
 //   greedy with EOS suppressed; one warm-up run, then the best of R timed runs in one process.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,9 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "runtime/generate.h"
+#ifdef ANVIL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace anvil::cli {
 namespace {
@@ -92,6 +96,23 @@ int run_bench(BenchArgs& a) {
       best_decode = std::max(best_decode, dc);
     }
   }
+  // Kernel launches per decoded token (CUDA: graph nodes replayed): a run of n tokens minus a
+  // prefill-only run, over the n - 1 decode steps.
+  auto launches_of = [&](int n_tokens) -> uint64_t {
+    GenerateRequest r1 = req;
+    r1.max_new_tokens = n_tokens;
+    auto seq = s.engine->seq_create();
+    if (!seq.is_ok()) return 0;
+    const uint64_t before = s.backend->launch_count();
+    auto r = generate(*s.engine, *seq, r1, nullptr);
+    s.engine->seq_release(*seq);
+    return r.is_ok() ? s.backend->launch_count() - before : 0;
+  };
+  // (Two more prefills: skipped for long prompts, where they would dominate the benchmark's time.)
+  const bool count_kernels = a.prompt <= 4096;
+  const uint64_t l1 = count_kernels ? launches_of(1) : 0, ln = count_kernels ? launches_of(a.n) : 0;
+  const double kernels_per_token = ln > l1 ? double(ln - l1) / double(a.n - 1) : 0.0;
+  const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
   // Bytes per decoded token: all weights once plus the KV cache read by attention, averaged over
   // the decode (context grows from prompt to prompt + n).
   const size_t kv_elem = a.model.kv_dtype == "f32" ? 4 : 2;
@@ -103,7 +124,18 @@ int run_bench(BenchArgs& a) {
   // Peak memory of the model and its runs, read before the bandwidth probe allocates its 1 GiB buffer.
   const double peak_mib = peak_rss_mib();
   ThreadPool pool(a.model.threads > 0 ? a.model.threads : ThreadPool::default_threads());
-  const double ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
+  double ceiling = 0;
+  double device_used_mib = 0;
+#ifdef ANVIL_HAVE_CUDA
+  if (on_cuda) {
+    auto bw = cuda_copy_bandwidth_gbs(*s.backend, size_t(2) << 30);  // copy rate: bytes read + written
+    if (!bw.is_ok()) return fail(bw.status().message());
+    ceiling = *bw;
+    size_t fr = 0, tot = 0;
+    if (cuda_memory_info(0, &fr, &tot).is_ok()) device_used_mib = double(tot - fr) / (1 << 20);
+  }
+#endif
+  if (!on_cuda) ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
   // Backend ops per decoded token: embed; per layer norm, q, k, v, rope+append, attention, o, norm and
   // then gate, up, swiglu, down (dense) or one moe_ffn (MoE), + 2 q/k rmsnorms for olmoe; final add,
   // norm, lm_head, copy-out.
@@ -130,7 +162,9 @@ int run_bench(BenchArgs& a) {
     j["measured_read_gb_s"] = ceiling;
     j["fraction_of_ceiling"] = gbs / ceiling;
     j["ops_per_token"] = ops_per_token;
+    j["kernels_per_token"] = kernels_per_token;
     j["peak_rss_mib"] = peak_mib;
+    if (on_cuda) j["device_memory_used_mib"] = device_used_mib;
     if (a.profile) {
       nlohmann::ordered_json pj;
       pj["decode_steps"] = prof.steps;
@@ -150,10 +184,14 @@ int run_bench(BenchArgs& a) {
     std::printf("decode             %.2f tok/s (tg%d, best of %d)\n", best_decode, a.n, a.runs);
     std::printf("bytes per token    %.1f MB (weights %.1f MB + KV %.1f MB)\n", bytes_per_token / 1e6,
                 weight_bytes / 1e6, (bytes_per_token - weight_bytes) / 1e6);
-    std::printf("achieved           %.1f GB/s of %.1f GB/s measured read bandwidth (%.0f%%)\n", gbs, ceiling,
-                100.0 * gbs / ceiling);
-    std::printf("ops per token      %d backend ops\n", ops_per_token);
-    std::printf("peak memory        %.0f MiB RSS\n", peak_mib);
+    std::printf("achieved           %.1f GB/s of %.1f GB/s measured %s bandwidth (%.0f%%)\n", gbs, ceiling,
+                on_cuda ? "device copy" : "read", 100.0 * gbs / ceiling);
+    std::printf("ops per token      %d backend ops", ops_per_token);
+    if (kernels_per_token > 0) std::printf(", %.1f kernels", kernels_per_token);
+    std::printf("\n");
+    std::printf("peak memory        %.0f MiB RSS", peak_mib);
+    if (on_cuda) std::printf(", %.0f MiB device memory in use", device_used_mib);
+    std::printf("\n");
     if (a.profile) {
       double sum = 0;
       int64_t ops = 0;

@@ -4,6 +4,10 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#ifdef ANVIL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_device.h"
+#endif
 
 namespace anvil::cli {
 namespace {
@@ -55,6 +59,27 @@ int run_inspect(const InspectArgs& a) {
   const size_t act = batch * 4 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size) +
                                   size_t(c.vocab_size));
   const size_t total = weights + kv_total + act;
+  // The GPU plan (CUDA backend: bf16 activations, F32 logits, the preflight's 256 MiB margin) against
+  // the first GPU's free memory, and the longest context that fits beside the weights.
+  std::string gpu_name;
+  size_t gpu_free = 0, gpu_total = 0, gpu_need = 0;
+  int64_t gpu_fit_ctx = 0;
+#ifdef ANVIL_HAVE_CUDA
+  {
+    std::string err;
+    auto devs = cuda::list_devices(&err);
+    if (!devs.empty() && cuda_memory_info(0, &gpu_free, &gpu_total).is_ok()) {
+      gpu_name = devs[0].name;
+      const size_t act_gpu = batch * (2 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size)) +
+                                      4 * size_t(c.vocab_size));
+      const size_t margin = size_t(256) << 20;
+      const size_t kv_gpu_per_token = kv_per_token / kv_elem * 2 * size_t(a.seqs);
+      gpu_need = weights + kv_gpu_per_token * size_t(a.ctx) + act_gpu + margin;
+      const double room = double(gpu_free) - double(weights + act_gpu + margin);
+      gpu_fit_ctx = room > 0 ? int64_t(room / double(kv_gpu_per_token)) : 0;
+    }
+  }
+#endif
   if (a.json) {
     nlohmann::ordered_json j;
     j["source"] = (*m)->source;
@@ -82,6 +107,9 @@ int run_inspect(const InspectArgs& a) {
     j["kv_bytes_per_token"] = kv_per_token;
     j["memory_plan"] = {{"context", a.ctx}, {"sequences", a.seqs}, {"weights", weights},
                         {"kv_cache", kv_total}, {"activations", act}, {"total", total}};
+    if (!gpu_name.empty())
+      j["gpu_plan"] = {{"device", gpu_name}, {"needed", gpu_need}, {"free", gpu_free}, {"total", gpu_total},
+                       {"fits", gpu_need <= gpu_free}, {"max_context", gpu_fit_ctx}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -122,6 +150,11 @@ int run_inspect(const InspectArgs& a) {
   std::printf("memory plan      context %d x %d sequence(s): weights %s + KV %s + activations %s = %s\n", a.ctx,
               a.seqs, human(double(weights)).c_str(), human(double(kv_total)).c_str(), human(double(act)).c_str(),
               human(double(total)).c_str());
+  if (!gpu_name.empty())
+    std::printf("GPU plan         %s: needs %s (bf16 KV, %d x %d), %s free of %s: %s; longest context that fits: %lld\n",
+                gpu_name.c_str(), human(double(gpu_need)).c_str(), a.ctx, a.seqs, human(double(gpu_free)).c_str(),
+                human(double(gpu_total)).c_str(), gpu_need <= gpu_free ? "fits" : "does NOT fit",
+                (long long)gpu_fit_ctx);
   return 0;
 }
 

@@ -13,6 +13,9 @@
 #include "base/mmap_file.h"
 #include "base/thread_pool.h"
 #include "format/hf_cache.h"
+#ifdef ANVIL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace anvil::cli {
 namespace {
@@ -57,6 +60,8 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
     app.add_option("--synthetic", o.synthetic,
                    "Build a random-weight model in memory instead: NAME[:QUANT], e.g. qwen3-0.6b:q4g64 "
                    "(shapes: tiny, qwen3-0.6b, qwen3-8b, tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L; QUANT: bf16, q4g64, q8g64, ...)");
+  app.add_option("--device", o.device, "Where the model runs: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
+      ->capture_default_str();
   app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
   app.add_option("-c,--ctx", o.ctx,
                  "Maximum context length in tokens, prompt and output together, >= 1 (default: 4096, or the "
@@ -142,6 +147,65 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
   return p;
 }
 
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads) {
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    return invalid_argument("--device must be auto, cpu or cuda, got '" + device + "'");
+  std::string why_not_cuda;
+  if (device != "cpu") {
+#ifdef ANVIL_HAVE_CUDA
+    auto cb = make_cuda_backend(0);
+    if (cb.is_ok()) {
+      if (device == "auto") std::fprintf(stderr, "[anvil] device auto: %s\n", (*cb)->name().c_str());
+      return std::move(*cb);
+    }
+    if (device == "cuda") return cb.status();
+    why_not_cuda = cb.status().message();
+#else
+    why_not_cuda = "this anvil was built without the CUDA backend (ANVIL_CUDA=OFF or no nvcc at build time)";
+    if (device == "cuda") return unsupported("--device cuda: " + why_not_cuda);
+#endif
+  }
+  auto cpu = make_cpu_backend(threads > 0 ? threads : ThreadPool::default_threads());
+  if (device == "auto") std::fprintf(stderr, "[anvil] device auto: %s (%s)\n", cpu->name().c_str(), why_not_cuda.c_str());
+  return cpu;
+}
+
+#ifdef ANVIL_HAVE_CUDA
+// Refuses a model + context that cannot fit in the GPU's free memory before anything is uploaded,
+// and says what context would fit: weights + KV pool (bf16, max_seqs sequences of --ctx tokens) +
+// activations for --batch tokens + one dequantized layer matrix (prefill through cuBLAS) + a fixed
+// 256 MiB margin (CUDA context, attention workspace).
+static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o, int ctx, int max_seqs) {
+  size_t free_b = 0, total_b = 0;
+  ANVIL_RETURN_IF_ERROR(cuda_memory_info(0, &free_b, &total_b));
+  const ModelConfig& c = m.config;
+  const double weights = double(m.weights.total_bytes());
+  const double kv_per_token = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2 * max_seqs;
+  const int64_t pages = (int64_t(ctx) + o.page_size - 1) / o.page_size;
+  const double kv = kv_per_token * double(pages * o.page_size);
+  const double acts = double(o.batch) * (2.0 * (4.0 * c.hidden_size + 3.0 * c.num_attention_heads * c.head_dim +
+                                               2.0 * c.intermediate_size) + 4.0 * c.vocab_size);
+  const double margin = 256.0 * (1 << 20);
+  const double deq = 2.0 * c.intermediate_size * c.hidden_size;  // prefill: one layer matrix as bf16 for cuBLAS
+  const double need = weights + kv + acts + deq + margin;
+  if (need <= double(free_b)) return Status::ok();
+  auto gb = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+    return std::string(buf);
+  };
+  std::string msg = "the model does not fit in GPU memory: weights " + gb(weights) + " + KV cache " + gb(kv) + " (" +
+                    std::to_string(ctx) + " tokens x " + std::to_string(max_seqs) + " sequences) + activations " +
+                    gb(acts) + " + margin " + gb(margin) + " = " + gb(need) + ", but only " + gb(double(free_b)) +
+                    " of " + gb(double(total_b)) + " is free";
+  const double room = double(free_b) - weights - acts - deq - margin;
+  const int64_t fit = room > 0 ? int64_t(room / kv_per_token) / o.page_size * o.page_size : 0;
+  if (fit >= o.page_size) msg += "; a context of at most " + std::to_string(fit) + " tokens would fit (--ctx)";
+  else msg += "; the weights alone do not fit (try a smaller quantization, or --device cpu)";
+  return Status(StatusCode::kOutOfMemory, msg);
+}
+#endif
+
 void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what) {
   add_text_option(app, "-p,--prompt", o.text, what + "; '-' reads it from stdin", "TEXT");
   add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead", "FILE");
@@ -184,6 +248,8 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   else if (o.kv_dtype == "f32") eo.kv_dtype = DType::kF32;
   else return invalid_argument("--kv-dtype must be bf16 or f32, got '" + o.kv_dtype + "'");
   Stack s;
+  // The device first: a missing GPU is reported before a large model is read.
+  ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend(o.device, o.threads));
   if (!o.model.empty()) {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_model(o.model));
   } else {
@@ -197,8 +263,21 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
                  "anvil: warning: --ctx %d is above the model's max_position_embeddings (%d): positions past %d "
                  "were never trained and the output may degrade\n",
                  s.ctx, max_pos, max_pos);
-  s.backend = make_cpu_backend(o.threads > 0 ? o.threads : ThreadPool::default_threads());
-  ANVIL_ASSIGN_OR_RETURN(ModelWeights dw, upload_weights(s.model->weights, *s.backend));
+  const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
+#ifdef ANVIL_HAVE_CUDA
+  if (on_cuda) ANVIL_RETURN_IF_ERROR(cuda_memory_preflight(*s.model, o, s.ctx, max_seqs));
+#endif
+  UploadProgress progress;
+  if (on_cuda) {
+    progress = [last = -1](size_t done, size_t total) mutable {
+      const int pct = total ? int(100.0 * double(done) / double(total)) : 100;
+      if (pct / 10 == last / 10 && done != total) return;
+      last = pct;
+      std::fprintf(stderr, "\r[anvil] uploading weights: %.2f / %.2f GB (%d%%)%s", double(done) / 1e9, double(total) / 1e9,
+                   pct, done == total ? "\n" : "");
+    };
+  }
+  ANVIL_ASSIGN_OR_RETURN(ModelWeights dw, upload_weights(s.model->weights, *s.backend, progress));
   Backend* run_on = s.backend.get();
   if (o.profile) {  // attribute time per category: linears by the weight they read
     s.profiler = std::make_unique<ProfilingBackend>(*s.backend);

@@ -28,6 +28,7 @@ inline constexpr int kDefaultContext = 4096;
 struct ModelOptions {
   std::string model;      // -m
   std::string synthetic;  // --synthetic NAME[:QUANT]
+  std::string device = "auto";  // --device auto|cpu|cuda
   int threads = 0;        // 0 = all cores
   int ctx = 0;            // --ctx, when ctx_given; else kDefaultContext capped by the model
   bool ctx_given = false;
@@ -68,6 +69,9 @@ struct Stack {
   int ctx = 0;  // the context limit in force, in tokens (exact)
 };
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs = 1);
+// The backend --device asks for: cuda (an error when none is usable), cpu, or auto (CUDA when
+// usable, else the CPU; the choice is printed to stderr).
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
 
 // The model directory -m names (resolving a Hugging Face repo id); empty for --synthetic.
 Result<std::string> model_dir_of(const ModelOptions& o);

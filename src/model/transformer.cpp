@@ -1,6 +1,8 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "model/rope.h"
@@ -12,6 +14,7 @@ Transformer::Transformer(const ModelConfig& cfg, ModelWeights w, Backend& backen
 
 Transformer::~Transformer() {
   for (void* p : owned_) backend_.free(p);
+  free_weights(w_, backend_);
 }
 
 Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg, ModelWeights weights,
@@ -45,10 +48,16 @@ Status Transformer::alloc_scratch() {
   ANVIL_RETURN_IF_ERROR(get(&o_, T * H * es));
   ANVIL_RETURN_IF_ERROR(get(&gate_, T * F * es));
   ANVIL_RETURN_IF_ERROR(get(&up_, T * F * es));
-  ANVIL_RETURN_IF_ERROR(get(&logits_, T * V * es));
+  ANVIL_RETURN_IF_ERROR(get(&logits_, T * V * sizeof(float)));  // logits are F32 on every backend
   void* p;
   ANVIL_RETURN_IF_ERROR(get(&p, T * sizeof(int32_t)));
   ids_dev_ = static_cast<int32_t*>(p);
+  ANVIL_RETURN_IF_ERROR(get(&p, T * sizeof(int32_t)));
+  rows_dev_ = static_cast<int32_t*>(p);
+  ANVIL_RETURN_IF_ERROR(get(&p, T * sizeof(int32_t)));
+  out_ids_dev_ = static_cast<int32_t*>(p);
+  ANVIL_RETURN_IF_ERROR(get(&p, kMaxSuppress * sizeof(int32_t)));
+  suppress_dev_ = static_cast<int32_t*>(p);
   inv_freq_host_ = rope_inv_freq(cfg_);
   ANVIL_RETURN_IF_ERROR(get(&p, inv_freq_host_.size() * sizeof(float)));
   inv_freq_ = static_cast<float*>(p);
@@ -56,8 +65,7 @@ Status Transformer::alloc_scratch() {
   return Status::ok();
 }
 
-Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
-                            const std::vector<int>& logit_rows, float* logits) {
+Status Transformer::check_batch(const int32_t* ids, const BatchView& batch, const std::vector<int>& logit_rows) const {
   const int T = batch.n_tokens;
   if (T <= 0 || T > max_tokens_)
     return invalid_argument("forward: batch of " + std::to_string(T) + " tokens; expected 1.." +
@@ -66,15 +74,20 @@ Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KV
     if (ids[t] < 0 || ids[t] >= cfg_.vocab_size)
       return invalid_argument("token id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
                               std::to_string(cfg_.vocab_size) + ")");
+  for (int r : logit_rows)
+    if (r < 0 || r >= T) return invalid_argument("forward: logit row out of range");
+  return Status::ok();
+}
+
+void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
+  const int T = batch.n_tokens;
   const int64_t H = cfg_.hidden_size, QD = int64_t(cfg_.num_attention_heads) * cfg_.head_dim,
                 KD = int64_t(cfg_.num_key_value_heads) * cfg_.head_dim, F = cfg_.intermediate_size;
   const float eps = float(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
   Backend& be = backend_;
-
-  be.copy_to_device(ids_dev_, ids, size_t(T) * sizeof(int32_t));
   Act h = act(h_, T, H), x = act(x_, T, H), q = act(q_, T, QD), k = act(k_, T, KD), v = act(v_, T, KD),
-      attn = act(attn_, T, QD), o = act(o_, T, H), gate = act(gate_, T, F), up = act(up_, T, F);
+      attn = act(attn_, T, QD), o = act(o_, T, H), gate = act(gate_, T, F);
 
   be.embed(w_.embed, ids_dev_, h);
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
@@ -82,9 +95,9 @@ Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KV
     // Attention sublayer. For l > 0 the residual add of the previous MLP is fused into the norm.
     if (l == 0) be.rmsnorm(h, lw.attn_norm, eps, x);
     else be.add_rmsnorm(h, o, lw.attn_norm, eps, x);
-    be.linear(x, lw.q, q);
-    be.linear(x, lw.k, k);
-    be.linear(x, lw.v, v);
+    const WeightMatrix* qkv_w[3] = {&lw.q, &lw.k, &lw.v};
+    const Act qkv_out[3] = {q, k, v};
+    be.linear_multi(x, qkv_w, qkv_out);
     if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
       be.rmsnorm(q, lw.q_norm, eps, q);
       be.rmsnorm(k, lw.k_norm, eps, k);
@@ -100,36 +113,91 @@ Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KV
       be.moe_ffn(x, lw.experts, o);
       continue;
     }
-    be.linear(x, lw.gate, gate);
-    be.linear(x, lw.up, up);
-    be.swiglu(gate, up, gate);
+    be.linear_swiglu(x, lw.gate, lw.up, gate);
     be.linear(gate, lw.down, o);
   }
   be.add(h, o);
-  if (logit_rows.empty()) return Status::ok();
+}
 
-  // Final norm and lm_head only on the rows that want logits: gather them to the front of x.
-  const size_t es = dtype_size(be.act_dtype());
-  const int R = int(logit_rows.size());
-  bool identity = true;
-  for (int i = 0; i < R; ++i) identity &= logit_rows[i] == i;
-  Act hs = h.slice_rows(0, R);
+Act Transformer::run_head(int T, int R, bool identity) {
+  Backend& be = backend_;
+  const int64_t H = cfg_.hidden_size;
+  // Final norm and lm_head only on the rows that want logits, gathered to the front (o is free now).
+  Act hs = act(h_, R, H);
   if (!identity) {
-    for (int i = 0; i < R; ++i) {
-      int r = logit_rows[i];
-      if (r < 0 || r >= T) return invalid_argument("forward: logit row out of range");
-      // o is free now: use it as the gather buffer.
-      be.copy_device(static_cast<uint8_t*>(o_) + size_t(i) * H * es,
-                          static_cast<uint8_t*>(h_) + size_t(r) * H * es, size_t(H) * es);
-    }
     hs = act(o_, R, H);
+    be.gather_rows(act(h_, T, H), rows_dev_, hs);
   }
   Act xs = act(x_, R, H);
-  be.rmsnorm(hs, w_.final_norm, eps, xs);
-  Act lg = act(logits_, R, cfg_.vocab_size);
+  be.rmsnorm(hs, w_.final_norm, float(cfg_.rms_norm_eps), xs);
+  Act lg{logits_, R, cfg_.vocab_size, DType::kF32};
   be.linear(xs, w_.lm_head, lg);
-  be.to_host_f32(lg, logits);
-  return Status::ok();
+  return lg;
+}
+
+static bool is_identity(const std::vector<int>& rows) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] != int(i)) return false;
+  return true;
+}
+
+Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                            const std::vector<int>& logit_rows, float* logits) {
+  ANVIL_RETURN_IF_ERROR(check_batch(ids, batch, logit_rows));
+  const int T = batch.n_tokens, R = int(logit_rows.size());
+  Backend& be = backend_;
+  be.copy_to_device(ids_dev_, ids, size_t(T) * sizeof(int32_t));
+  const bool identity = is_identity(logit_rows);
+  if (R > 0 && !identity) be.copy_to_device(rows_dev_, logit_rows.data(), size_t(R) * sizeof(int32_t));
+  run_layers(batch, kv);
+  if (R > 0) be.to_host_f32(run_head(T, R, identity), logits);
+  return be.synchronize();
+}
+
+Status Transformer::forward_greedy(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                                   const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
+                                   int32_t* out_ids) {
+  ANVIL_RETURN_IF_ERROR(check_batch(ids, batch, logit_rows));
+  if (suppress.size() > size_t(kMaxSuppress))
+    return invalid_argument("forward_greedy: at most " + std::to_string(kMaxSuppress) + " suppressed tokens");
+  const int T = batch.n_tokens, R = int(logit_rows.size());
+  if (R == 0) return invalid_argument("forward_greedy: no logit rows");
+  Backend& be = backend_;
+  // Inputs first, outside any graph: a replay reads these buffers.
+  be.copy_to_device(ids_dev_, ids, size_t(T) * sizeof(int32_t));
+  const bool identity = is_identity(logit_rows);
+  if (!identity) be.copy_to_device(rows_dev_, logit_rows.data(), size_t(R) * sizeof(int32_t));
+  if (!std::equal(suppress.begin(), suppress.end(), suppress_host_.begin(), suppress_host_.end())) {
+    suppress_host_.assign(suppress.begin(), suppress.end());
+    if (!suppress.empty()) be.copy_to_device(suppress_dev_, suppress.data(), suppress.size() * sizeof(int32_t));
+  }
+  auto body = [&] {
+    run_layers(batch, kv);
+    be.argmax_rows(run_head(T, R, identity), suppress_dev_, int(suppress.size()), out_ids_dev_);
+  };
+  const char* no_graph = std::getenv("ANVIL_NO_GRAPH");
+  const bool use_graph = be.graphs_supported() && identity && R == T && !(no_graph && *no_graph && *no_graph != '0');
+  if (use_graph) {
+    // Everything a replay depends on: the launch shapes and the addresses the kernels read.
+    const uint64_t parts[] = {uint64_t(T), uint64_t(batch.n_seqs), uint64_t(batch.max_pages),
+                              uint64_t(reinterpret_cast<uintptr_t>(kv.base)), uint64_t(kv.n_pages),
+                              uint64_t(reinterpret_cast<uintptr_t>(batch.pos)),
+                              uint64_t(reinterpret_cast<uintptr_t>(batch.seq)),
+                              uint64_t(reinterpret_cast<uintptr_t>(batch.page_table)), uint64_t(suppress.size())};
+    uint64_t key = 1469598103934665603ull;
+    for (uint64_t p : parts) key = (key ^ p) * 1099511628211ull;
+    if (!be.graph_launch(key)) {
+      ANVIL_RETURN_IF_ERROR(be.graph_capture_begin());
+      body();
+      ANVIL_RETURN_IF_ERROR(be.graph_capture_end(key));
+      graph_keys_.push_back(key);
+      if (!be.graph_launch(key)) return internal_error("forward_greedy: captured graph did not launch");
+    }
+  } else {
+    body();
+  }
+  be.copy_to_host(out_ids, out_ids_dev_, size_t(R) * sizeof(int32_t));
+  return be.synchronize();
 }
 
 }  // namespace anvil

@@ -11,6 +11,7 @@
 // then the final norm and the lm_head on the rows that want logits.
 #pragma once
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -21,7 +22,8 @@ namespace anvil {
 
 class Transformer {
  public:
-  // `weights` must already live on `backend`. max_tokens bounds one forward() call's batch.
+  // `weights` must already live on `backend` (upload_weights); the transformer owns them from here and
+  // frees them with itself. max_tokens bounds one forward() call's batch.
   static Result<std::unique_ptr<Transformer>> create(const ModelConfig& cfg, ModelWeights weights, Backend& backend,
                                                      int max_tokens);
   ~Transformer();
@@ -36,10 +38,24 @@ class Transformer {
   // `batch` pointers must be readable by the backend.
   Status forward(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                  const std::vector<int>& logit_rows, float* logits);
+  // The same forward pass, sampling greedily on the backend: out_ids[i] (host) = argmax of logit
+  // row logit_rows[i], never a token of `suppress`; only the ids come back, not the logits. Where the
+  // backend supports graphs, a decode-shaped batch (every row wants logits) runs as one graph per
+  // batch shape, captured on first use and replayed after (ANVIL_NO_GRAPH=1 turns that off).
+  Status forward_greedy(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                        const std::vector<int>& logit_rows, std::span<const int32_t> suppress, int32_t* out_ids);
+  // Graphs captured so far (0 without graph support).
+  int graphs_captured() const { return int(graph_keys_.size()); }
 
  private:
   Transformer(const ModelConfig& cfg, ModelWeights w, Backend& backend, int max_tokens);
   Status alloc_scratch();
+  Status check_batch(const int32_t* ids, const BatchView& batch, const std::vector<int>& logit_rows) const;
+  // Enqueues the layers for the ids already in ids_dev_: the residual stream ends in h_.
+  void run_layers(const BatchView& batch, const KVCacheView& kv);
+  // Enqueues final norm + lm_head for the logit rows (gathered through rows_dev_ unless `identity`):
+  // returns the F32 logits [R, vocab].
+  Act run_head(int T, int R, bool identity);
   Act act(void* p, int64_t rows, int64_t cols) const { return Act{p, rows, cols, backend_.act_dtype()}; }
 
   ModelConfig cfg_;
@@ -59,7 +75,13 @@ class Transformer {
   void* o_ = nullptr;     // [T, hidden]
   void* gate_ = nullptr;  // [T, ffn]
   void* up_ = nullptr;    // [T, ffn]
-  void* logits_ = nullptr;  // [T, vocab]
+  void* logits_ = nullptr;  // [T, vocab] F32
+  int32_t* rows_dev_ = nullptr;     // [T] logit rows
+  int32_t* out_ids_dev_ = nullptr;  // [T] sampled ids
+  int32_t* suppress_dev_ = nullptr; // [kMaxSuppress]
+  std::vector<int32_t> suppress_host_;  // what suppress_dev_ holds
+  std::vector<uint64_t> graph_keys_;
+  static constexpr int kMaxSuppress = 64;
   std::vector<void*> owned_;
 };
 

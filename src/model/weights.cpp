@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <algorithm>
+
 #include <sstream>
 
 namespace anvil {
@@ -334,10 +336,14 @@ int64_t ModelWeights::active_parameter_count() const {
   return n;
 }
 
-Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend) {
+Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend, const UploadProgress& progress) {
   ModelWeights d = host;
+  const size_t total = host.total_bytes();
+  size_t done = 0;
   auto up_m = [&](WeightMatrix& m) -> Status {
     ANVIL_ASSIGN_OR_RETURN(m, backend.upload_weight(m));
+    done += m.bytes();
+    if (progress) progress(std::min(done, total), total);
     return Status::ok();
   };
   auto up_v = [&](WeightVector& v) -> Status {
@@ -364,7 +370,20 @@ Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend) 
       for (WeightMatrix* x : {&m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_gate_w})
         ANVIL_RETURN_IF_ERROR(up_m(*x));
   }
+  if (progress) progress(total, total);
   return d;
+}
+
+void free_weights(ModelWeights& d, Backend& backend) {
+  backend.free_weight(d.embed);
+  if (!d.tied) backend.free_weight(d.lm_head);
+  if (d.final_norm.data) backend.free_vector(d.final_norm);
+  for (auto& l : d.layers) {
+    for (WeightVector* v : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm})
+      if (v->data) backend.free_vector(*v);
+    for (WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) backend.free_weight(*m);
+  }
+  d = ModelWeights{};
 }
 
 }  // namespace anvil

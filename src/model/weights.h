@@ -45,7 +45,11 @@ struct ModelWeights {
 // expected (shape, dtype, quantization).
 Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lookup, const std::string& label);
 
-// Uploads every weight to the backend (CPU: no copy).
-Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend);
+// Uploads every weight to the backend (CPU: no copy). `progress`, when set, is called after each
+// matrix with the bytes uploaded so far and the total.
+using UploadProgress = std::function<void(size_t done_bytes, size_t total_bytes)>;
+Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend, const UploadProgress& progress = {});
+// Releases what upload_weights() allocated (a tied lm_head once).
+void free_weights(ModelWeights& uploaded, Backend& backend);
 
 }  // namespace anvil

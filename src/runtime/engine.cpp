@@ -119,10 +119,11 @@ void Engine::publish_full_pages(Seq& s) {
 
 Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t>& ids,
                          const std::vector<int32_t>& seq_idx, const std::vector<int32_t>& pos,
-                         const std::vector<int>& logit_rows, float* logits) {
+                         const std::vector<int>& logit_rows, float* logits, const Greedy* greedy) {
   Backend& be = model_.backend();
-  int max_pages = 1;
-  for (int s : seqs) max_pages = std::max(max_pages, int(seqs_[s].pages.size()));
+  // The table's row stride is fixed (max_pages_per_seq_), not the batch's longest sequence, so a
+  // decode step keeps one shape and its captured graph stays valid as sequences grow.
+  const int max_pages = max_pages_per_seq_;
   std::vector<int32_t>& table = scratch_.table;  // reused: no allocation per decode step
   table.assign(size_t(seqs.size()) * max_pages, 0);
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -139,6 +140,9 @@ Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t
   b.pos = pos_dev_;
   b.seq = seq_dev_;
   b.page_table = table_dev_;
+  b.pos_host = pos.data();
+  b.seq_host = seq_idx.data();
+  if (greedy) return model_.forward_greedy(ids.data(), b, pool_->view(), logit_rows, greedy->suppress, greedy->ids);
   return model_.forward(ids.data(), b, pool_->view(), logit_rows, logits);
 }
 
@@ -209,6 +213,18 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
 }
 
 Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits) {
+  return decode_impl(seqs, tokens, logits, nullptr);
+}
+
+Status Engine::decode_greedy(std::span<const int> seqs, std::span<const int32_t> tokens,
+                             std::span<const int32_t> suppress, std::vector<int32_t>* next) {
+  next->resize(seqs.size());
+  Greedy g{suppress, next->data()};
+  return decode_impl(seqs, tokens, nullptr, &g);
+}
+
+Status Engine::decode_impl(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits,
+                           const Greedy* greedy) {
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("decode: one token per sequence");
   if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
   const int V = model_.config().vocab_size;
@@ -243,8 +259,8 @@ Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens
     pos.push_back(int32_t(s.tokens.size()));
     rows.push_back(int(i));
   }
-  logits->resize(seqs.size() * size_t(V));
-  ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, logits->data()));
+  if (logits) logits->resize(seqs.size() * size_t(V));
+  ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, logits ? logits->data() : nullptr, greedy));
   for (size_t i = 0; i < seqs.size(); ++i) {
     Seq& s = seqs_[seqs[i]];
     s.tokens.push_back(tokens[i]);

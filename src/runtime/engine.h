@@ -45,6 +45,10 @@ class Engine {
                 std::vector<float>* all_logits = nullptr);
   // Appends tokens[i] to seqs[i] for every i in one batched forward; logits: [n, vocab].
   Status decode(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits);
+  // The same step, sampling greedily on the backend (Transformer::forward_greedy): (*next)[i] is the
+  // token after tokens[i], never one of `suppress`; no logits come back to the host.
+  Status decode_greedy(std::span<const int> seqs, std::span<const int32_t> tokens, std::span<const int32_t> suppress,
+                       std::vector<int32_t>* next);
 
   // Continuous batching (engine_step.cpp). A sequence's tokens may run ahead of its KV: append()
   // adds pending tokens, step() computes KV for chunks of pending tokens of several sequences in
@@ -79,9 +83,17 @@ class Engine {
   Status ensure_pages(Seq& s, int n_positions);
   void reuse_prefix(Seq& s);
   void publish_full_pages(Seq& s);
+  struct Greedy {
+    std::span<const int32_t> suppress;
+    int32_t* ids;
+  };
   // Runs one forward over tokens (seq_of[t], pos_of[t]); `seqs` lists the distinct sequences in order.
+  // With `greedy`, samples on the backend into greedy->ids instead of returning logits.
   Status run_batch(const std::vector<int>& seqs, const std::vector<int32_t>& ids, const std::vector<int32_t>& seq_idx,
-                   const std::vector<int32_t>& pos, const std::vector<int>& logit_rows, float* logits);
+                   const std::vector<int32_t>& pos, const std::vector<int>& logit_rows, float* logits,
+                   const Greedy* greedy = nullptr);
+  Status decode_impl(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits,
+                     const Greedy* greedy);
 
   Transformer& model_;
   Hash128 root_;  // kv_cache_root: the parent of every sequence's first page

@@ -21,8 +21,13 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   r.reused_tokens = engine.seq_cached_tokens(seq);
   r.finish_reason = "length";
   auto t_first = clock::now(), t_last = t_first;
+  // Greedy without a penalty needs no logits on the host: after the first token, the backend samples
+  // (Engine::decode_greedy) and only the token id comes back.
+  const bool device_greedy = req.sampling.temperature == 0 && req.sampling.repetition_penalty == 1.0f;
+  const std::vector<int32_t> suppressed = req.ignore_eos ? req.eos_ids : std::vector<int32_t>{};
+  std::vector<int32_t> next;
   for (int i = 0; i < req.max_new_tokens; ++i) {
-    int32_t id = sampler.sample(logits.data(), V, engine.seq_tokens(seq));
+    int32_t id = (device_greedy && i > 0) ? next[0] : sampler.sample(logits.data(), V, engine.seq_tokens(seq));
     if (id < 0) return invalid_argument("sampling: every token was filtered out (check --top-k/--top-p/--min-p)");
     t_last = clock::now();
     if (i == 0) t_first = t_last;
@@ -41,7 +46,11 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
     // decoding `id` would need one more position than --ctx allows.
     if (int(engine.seq_tokens(seq).size()) + 1 > engine.options().max_context) break;
     int s = seq;
-    ANVIL_RETURN_IF_ERROR(engine.decode(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1), &logits));
+    if (device_greedy)
+      ANVIL_RETURN_IF_ERROR(engine.decode_greedy(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1),
+                                                 suppressed, &next));
+    else
+      ANVIL_RETURN_IF_ERROR(engine.decode(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1), &logits));
   }
   std::chrono::duration<double> pf = t_first - t0, dc = t_last - t_first;
   r.prefill_s = pf.count();

@@ -43,6 +43,15 @@
 // prompt whose reference greedy path has top1-top2 margin >= 0.15 at every step (0.05 for the trained
 // model) and which the bf16 run of the reference reproduces token for token, so an engine within the limit
 // above has no excuse to diverge. This also covers the incremental (KV-cached) decode path.
+//
+// CUDA: the same tests with --device cuda (skipped with the reason where no GPU is usable), bounded by
+// max(5e-3, 2 * bf16_rel_err) (measured on the H200: 1.1e-2..2.9e-2 against bounds 0.04..0.24). Its bf16
+// activations round differently from the reference's bf16 run, and on the H200 three of the 24
+// greedy paths (qwen3-bf16-untied, qwen3-mixed, qwen3-q4g64, prompt 1) flipped at steps whose CPU
+// margin was 0.30..0.38 while the CUDA logits' per-logit noise was ~0.1..0.2: near-ties by the rule
+// above. So for a bf16 backend a divergence passes only at such a near-tie (the reference margin at
+// that step, measured by the CPU engine, <= 6 x the backend's rms logit error on the prompt); the
+// tokens before it must match exactly and the CPU backend must match all 24.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -118,18 +127,36 @@ class GoldenModel : public ::testing::TestWithParam<std::string> {
   size_t num_prompts() const { return meta_["prompts"].size(); }
 
   double limit(size_t) const { return kBF16KVLimit; }
+  // A backend with bf16 activations (CUDA): the reference's own bf16 error is the yardstick.
+  double limit_bf16_activations(size_t k) const {
+    return std::max(5e-3, 2.0 * meta_["bf16_rel_err"][k].get<double>());
+  }
   // f32 KV cache: the measured bound of the model's linear path (kF32KV*).
   double limit_f32kv() const {
     return uses_int16_path() ? kF32KVInt16Limit : kF32KVFp32Limit;
   }
   bool uses_int16_path() const;
-  void check_teacher_forced(const std::string& kv);
+  void check_teacher_forced(const std::string& kv, const std::string& device = "cpu");
   std::string where(size_t k) const { return name_ + " prompt " + std::to_string(k); }
+  void check_greedy(const std::string& device);
 
   std::string name_;
   json meta_;
   fs::path model_dir_;
 };
+
+// Whether `anvil --device cuda` can run here; otherwise why not (the skip message).
+const std::string& cuda_unavailable_reason() {
+  static const std::string reason = [] {
+    const ProcessResult r = run_process({ANVIL_BINARY, "generate", "--device", "cuda", "--synthetic", "tiny", "--ids",
+                                         "1,2", "-n", "0"});
+    if (r.exit_code == 0) return std::string();
+    for (const char* why : {"no usable CUDA GPU", "no CUDA GPU found", "built without the CUDA backend", "no kernels for"})
+      if (r.err.find(why) != std::string::npos) return r.err;
+    return std::string();  // CUDA exists but failed: let the tests run and fail with the details
+  }();
+  return reason;
+}
 
 bool GoldenModel::uses_int16_path() const {
   const json cfg = json::parse(read_whole_file((model_dir_ / "config.json").string()), nullptr, false);
@@ -144,7 +171,7 @@ TEST_P(GoldenModel, TeacherForcedLogitsMatchReference) { check_teacher_forced("b
 // as close to the float32 reference as reordered fp32 arithmetic allows (see kF32KV* above).
 TEST_P(GoldenModel, TeacherForcedLogitsF32KVMatchReference) { check_teacher_forced("f32"); }
 
-void GoldenModel::check_teacher_forced(const std::string& kv) {
+void GoldenModel::check_teacher_forced(const std::string& kv, const std::string& device) {
   for (size_t k = 0; k < num_prompts(); ++k) {
     const std::string ctx = where(k);
     auto ref_or = read_npy_f32((golden_root() / name_ / ("ref_" + std::to_string(k) + ".npy")).string());
@@ -156,8 +183,9 @@ void GoldenModel::check_teacher_forced(const std::string& kv) {
     const fs::path out =
         fs::path(::testing::TempDir()) / ("golden_" + name_ + "_" + std::to_string(k) + ".npy");
     fs::remove(out);
-    const ProcessResult run = run_process({ANVIL_BINARY, "generate", "-m", model_dir_.string(), "--ids",
-                                           join_ids(ids), "-n", "0", "--kv-dtype", kv, "--dump-logits", out.string()});
+    const ProcessResult run =
+        run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids", join_ids(ids),
+                     "-n", "0", "--kv-dtype", kv, "--dump-logits", out.string()});
     ASSERT_EQ(run.exit_code, 0) << ctx << ": anvil generate --dump-logits failed; stderr:\n" << run.err;
     auto ours_or = read_npy_f32(out.string());
     ASSERT_TRUE(ours_or.is_ok()) << ctx << ": " << ours_or.status().message();
@@ -165,7 +193,7 @@ void GoldenModel::check_teacher_forced(const std::string& kv) {
     ASSERT_EQ(ours.shape, ref.shape) << ctx << ": dumped logits shape differs from the reference [T, vocab]";
 
     const size_t V = ref.cols();
-    const double lim = kv == "f32" ? limit_f32kv() : limit(k);
+    const double lim = device != "cpu" ? limit_bf16_activations(k) : kv == "f32" ? limit_f32kv() : limit(k);
     double worst = 0;
     size_t worst_t = 0, near_ties = 0;
     int reported = 0;
@@ -199,19 +227,19 @@ void GoldenModel::check_teacher_forced(const std::string& kv) {
     summary << kv << " KV: max rel_err " << g4(worst) << " at position " << worst_t << " (limit " << g4(lim)
             << "), near-ties " << near_ties << "/" << ref.rows();
     RecordProperty("prompt" + std::to_string(k), summary.str());
-    std::printf("[ golden   ] %s: %s\n", ctx.c_str(), summary.str().c_str());
+    std::printf("[ golden   ] %s on %s: %s\n", ctx.c_str(), device.c_str(), summary.str().c_str());
     fs::remove(out);
   }
 }
 
-TEST_P(GoldenModel, GreedyContinuationMatchesReference) {
+void GoldenModel::check_greedy(const std::string& device) {
   for (size_t k = 0; k < num_prompts(); ++k) {
     const std::string ctx = where(k);
     const auto expected = meta_["greedy"][k].get<std::vector<int64_t>>();
     ASSERT_EQ(expected.size(), static_cast<size_t>(kGreedySteps)) << ctx << ": fixture greedy length";
     const ProcessResult run =
-        run_process({ANVIL_BINARY, "generate", "-m", model_dir_.string(), "--ids", join_ids(prompt(k)), "-n",
-                     std::to_string(kGreedySteps), "--temp", "0", "--ignore-eos", "--json"});
+        run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
+                     join_ids(prompt(k)), "-n", std::to_string(kGreedySteps), "--temp", "0", "--ignore-eos", "--json"});
     ASSERT_EQ(run.exit_code, 0) << ctx << ": anvil generate --json failed; stderr:\n" << run.err;
     const json out = json::parse(run.out, nullptr, /*allow_exceptions=*/false);
     ASSERT_FALSE(out.is_discarded()) << ctx << ": stdout is not one JSON object:\n" << run.out;
@@ -219,11 +247,59 @@ TEST_P(GoldenModel, GreedyContinuationMatchesReference) {
     const auto got = out["ids"].get<std::vector<int64_t>>();
     ASSERT_EQ(got.size(), expected.size()) << ctx << ": generated " << got.size() << " ids, expected "
                                            << expected.size() << " (EOS must be ignored)";
-    for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_EQ(got[i], expected[i]) << ctx << ": greedy token " << i << " differs (got " << join_ids(got)
-                                     << ", reference " << join_ids(expected) << "; the reference path's "
-                                     << "smallest top1-top2 margin is " << meta_["min_margin"][k] << ")";
+    size_t i = 0;
+    while (i < got.size() && got[i] == expected[i]) ++i;
+    if (i == got.size()) continue;
+    const std::string msg = ctx + ": greedy token " + std::to_string(i) + " differs (got " + join_ids(got) +
+                            ", reference " + join_ids(expected) + "; the reference path's smallest top1-top2 margin is " +
+                            meta_["min_margin"][k].dump() + ")";
+    // The CPU backend (fp32 activations, within ~1e-5 of the references) must match exactly. A bf16
+    // backend may diverge only at a near-tie, by the teacher-forced test's rule: the reference's
+    // margin at that step (measured by the CPU engine) <= 6 x this backend's per-logit noise
+    // (rms(ours - ref) over the prompt positions, whose size the teacher-forced test bounds).
+    ASSERT_NE(device, "cpu") << msg;
+    auto ref = read_npy_f32((golden_root() / name_ / ("ref_" + std::to_string(k) + ".npy")).string());
+    ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+    const fs::path tf = fs::path(::testing::TempDir()) / ("greedy_noise_" + name_ + ".npy");
+    ProcessResult r1 = run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
+                                    join_ids(prompt(k)), "-n", "0", "--dump-logits", tf.string()});
+    ASSERT_EQ(r1.exit_code, 0) << r1.err;
+    auto ours = read_npy_f32(tf.string());
+    ASSERT_TRUE(ours.is_ok() && ours->shape == ref->shape) << msg;
+    double noise = 0, worst_rel = 0;
+    for (size_t t = 0; t < ref->rows(); ++t) {
+      noise = std::max(noise, rms_diff(ours->row(t), ref->row(t), ref->cols()));
+      worst_rel = std::max(worst_rel, rel_err(ours->row(t), ref->row(t), ref->cols()));
+    }
+    ASSERT_LE(worst_rel, limit_bf16_activations(k)) << msg << "; and the logits are off the reference by "
+                                                    << worst_rel;
+    std::vector<int64_t> path = prompt(k);
+    path.insert(path.end(), expected.begin(), expected.begin() + long(i));
+    ProcessResult r2 = run_process({ANVIL_BINARY, "generate", "--device", "cpu", "-m", model_dir_.string(), "--ids",
+                                    join_ids(path), "-n", "0", "--dump-logits", tf.string()});
+    ASSERT_EQ(r2.exit_code, 0) << r2.err;
+    auto cpu = read_npy_f32(tf.string());
+    ASSERT_TRUE(cpu.is_ok()) << msg;
+    fs::remove(tf);
+    const Top2 step = top2(cpu->row(cpu->rows() - 1), cpu->cols());
+    ASSERT_EQ(step.argmax, size_t(expected[i])) << msg << "; the CPU engine disagrees with the reference there";
+    EXPECT_LE(step.margin, 6.0 * noise) << msg << "; the reference margin at that step is " << g4(step.margin)
+                                        << ", above 6 x this backend's logit noise " << g4(noise);
+    std::printf("[ golden   ] %s on %s: near-tie divergence at greedy step %zu (reference margin %s <= 6 x noise %s)\n",
+                ctx.c_str(), device.c_str(), i, g4(step.margin).c_str(), g4(noise).c_str());
   }
+}
+
+TEST_P(GoldenModel, GreedyContinuationMatchesReference) { check_greedy("cpu"); }
+
+// The same references on the CUDA backend (bf16 activations: the limits above were set for them).
+TEST_P(GoldenModel, CudaTeacherForcedLogitsMatchReference) {
+  if (!cuda_unavailable_reason().empty()) GTEST_SKIP() << "CUDA not usable here: " << cuda_unavailable_reason();
+  check_teacher_forced("bf16", "cuda");
+}
+TEST_P(GoldenModel, CudaGreedyContinuationMatchesReference) {
+  if (!cuda_unavailable_reason().empty()) GTEST_SKIP() << "CUDA not usable here: " << cuda_unavailable_reason();
+  check_greedy("cuda");
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {

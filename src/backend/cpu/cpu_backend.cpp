@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -112,7 +113,9 @@ class CpuBackend final : public Backend {
       return invalid_argument("vector weight: expected n > 0, data and a F32/F16/BF16 dtype");
     return v;
   }
-  void synchronize() override {}
+  void free_weight(const WeightMatrix&) override {}  // weights are read in place: nothing was copied
+  void free_vector(const WeightVector&) override {}
+  Status synchronize() override { return Status::ok(); }
 
   void embed(const WeightMatrix& table, const int32_t* ids, Act out) override {
     check_f32(out, "embed", "out");
@@ -162,6 +165,47 @@ class CpuBackend final : public Backend {
           "], got x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "], out [" +
           std::to_string(out.rows) + ", " + std::to_string(out.cols) + "]");
     cpu::linear_f32(pool_, static_cast<const float*>(x.data), x.rows, w, static_cast<float*>(out.data));
+  }
+
+  void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
+    check_f32(out, "linear_swiglu", "out");
+    // The reference composition: gate into out, up into scratch, then swiglu in place.
+    swiglu_scratch_.resize(size_t(out.rows * out.cols));
+    Act u{swiglu_scratch_.data(), out.rows, out.cols, DType::kF32};
+    linear(x, gate, out);
+    linear(x, up, u);
+    swiglu(out, u, out);
+  }
+
+  void gather_rows(Act src, const int32_t* rows, Act dst) override {
+    check_f32(src, "gather_rows", "src");
+    check_f32(dst, "gather_rows", "dst");
+    if (src.cols != dst.cols) die("gather_rows: src and dst must have the same cols");
+    for (int64_t i = 0; i < dst.rows; ++i) {
+      if (rows[i] < 0 || rows[i] >= src.rows)
+        die("gather_rows: row " + std::to_string(rows[i]) + " outside [0, " + std::to_string(src.rows) + ")");
+      std::memmove(static_cast<float*>(dst.data) + i * dst.cols,
+                   static_cast<const float*>(src.data) + int64_t(rows[i]) * src.cols, size_t(src.cols) * 4);
+    }
+  }
+
+  void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) override {
+    check_f32(logits, "argmax_rows", "logits");
+    for (int64_t r = 0; r < logits.rows; ++r) {
+      const float* l = static_cast<const float*>(logits.data) + r * logits.cols;
+      int32_t best = -1;
+      float bv = 0;
+      for (int64_t i = 0; i < logits.cols; ++i) {
+        const float v = l[i];
+        if (std::isnan(v) || v == -INFINITY || (best >= 0 && !(v > bv))) continue;
+        bool skip = false;
+        for (int j = 0; j < n_suppress && !skip; ++j) skip = suppress[j] == i;
+        if (skip) continue;
+        best = int32_t(i);
+        bv = v;
+      }
+      ids[r] = best;
+    }
   }
 
   void swiglu(Act gate, Act up, Act out) override {
@@ -235,6 +279,7 @@ class CpuBackend final : public Backend {
       die(std::string(op) + ": the CPU KV cache dtype must be F32 or BF16, got " + std::string(dtype_name(kv.dtype)));
   }
   ThreadPool pool_;
+  std::vector<float> swiglu_scratch_;  // linear_swiglu's up projection
 };
 
 }  // namespace

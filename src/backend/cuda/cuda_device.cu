@@ -4,6 +4,21 @@
 
 namespace anvil::cuda {
 
+namespace {
+__global__ void probe_kernel(int* p) {
+  if (p) *p = 1;
+}
+}  // namespace
+
+bool kernels_runnable(std::string* error) {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, probe_kernel);
+  if (e == cudaSuccess) return true;
+  cudaGetLastError();
+  if (error) *error = cudaGetErrorString(e);
+  return false;
+}
+
 std::vector<DeviceInfo> list_devices(std::string* error) {
   std::vector<DeviceInfo> out;
   int n = 0;

@@ -17,4 +17,8 @@ struct DeviceInfo {
 // Every device the CUDA runtime reports; empty (with *error set) when there is no usable GPU.
 std::vector<DeviceInfo> list_devices(std::string* error);
 
+// Whether this build's kernels can run on the current device (they are compiled for
+// ANVIL_CUDA_ARCHS only); otherwise *error says why.
+bool kernels_runnable(std::string* error);
+
 }  // namespace anvil::cuda

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
+# tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
+#   bash scripts/cuda_check.sh [tests|bench|all]   (default all)
+# Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/cuda-out}
+mkdir -p "$OUT"
+what=${1:-all}
+BENCH_SET=${BENCH_SET:-quick}
+[ -f .devdeps/env.sh ] && source .devdeps/env.sh
+# The build compresses the built-in tokenizer with the zstd program, which the GPU image lacks:
+# carry one (cp /usr/bin/zstd .devdeps/bin/; it needs only libz, liblzma, liblz4 and libc there).
+command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
+export NCCL_NVLS_ENABLE=0
+t0=$(date +%s)
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; git log -1 --format='commit %H %s' 2>/dev/null; } | tee "$OUT/machine.txt"
+cmake -S . -B build-gpu -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+  -DANVIL_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
+  cmake --build build-gpu -j16 >> "$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc in $(( $(date +%s) - t0 )) s"
+[ $rc -ne 0 ] && { tail -40 "$OUT/build.log"; exit 1; }
+summary=()
+if [ "$what" != bench ]; then
+  (cd build-gpu && ctest -L cuda --output-on-failure -j4 --timeout 300) > "$OUT/cuda_tests.log" 2>&1
+  summary+=("ctest -L cuda: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/cuda_tests.log" | tail -1)")
+  ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.*" > "$OUT/cuda_ops_verbose.log" 2>&1
+  ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/golden_cuda.log" 2>&1
+  summary+=("golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda.log" | tr '\n' ' ')")
+  # Each failed greedy model: where CUDA and CPU (teacher-forced over the reference path) pick what.
+  for m in $(grep -oE 'CudaGreedyContinuationMatchesReference/[a-z0-9_]+, where GetParam\(\) = "[^"]+"' "$OUT/golden_cuda.log" | sed 's/.*= "//; s/"//' | sort -u); do
+    for k in 0 1; do echo "## $m prompt $k"; python3 scripts/golden_decode_diag.py build-gpu "$m" $k cuda; done
+  done > "$OUT/golden_diag.log" 2>&1
+  # The user-facing CUDA paths: auto's choice, the GPU plan, the preflight's refusal.
+  [ "${SKIP_CLI:-0}" = 1 ] || { ./build-gpu/anvil generate --synthetic tiny --ids 1,2,3 -n 4 2>&1 | grep -E "device|upload|error";
+    ./build-gpu/anvil inspect --synthetic qwen3-8b:q4g64 -c 16384 | grep "GPU plan";
+    ./build-gpu/anvil generate --device cuda --synthetic qwen3-8b:q4g64 -c 100000000 --ids 1 -n 1 2>&1 | tail -1; } > "$OUT/cli.log" 2>&1
+  echo "tests done at $(( $(date +%s) - t0 )) s"
+fi
+# MUTATE=1: break a kernel on purpose, rebuild the CUDA tests, check they fail, restore.
+if [ "${MUTATE:-0}" = 1 ]; then
+  mutate() {  # file, sed expression, test filter
+    cp "$1" /tmp/mutant.bak && sed -i "$2" "$1" && cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
+    ./build-gpu/tests/anvil_test_cuda --gtest_filter="$3" > /tmp/mutant.log 2>&1
+    echo "mutation [$2] in $1: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)') $(grep -m1 -E 'rel_err|Which is|nan' /tmp/mutant.log | head -c 160)"
+    cp /tmp/mutant.bak "$1"
+  }
+  {
+    mutate src/backend/cuda/qgemv_tc.cu 's/sh + 4, s.sa/sh + 8, s.sa/' 'CudaOps.Linear*'
+    mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
+  } 2>&1 | tee "$OUT/mutations.log"
+  cmake --build build-gpu -j16 > /dev/null 2>&1
+fi
+# NCU=1: per-kernel time, DRAM throughput and occupancy of one decode layer of qwen3-8b q4g64.
+if [ "${NCU:-0}" = 1 ]; then
+  timeout 240 ncu --clock-control none --launch-skip 1500 --launch-count 24 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
+    ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:q4g64 --prompt 16 -n 32 --runs 1 > "$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?"
+fi
+if [ "$what" != tests ]; then
+  b() { echo "### ${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  if [ "$BENCH_SET" = quick ]; then
+    b --synthetic qwen3-8b:q4g64 --runs 2
+    ANVIL_CUDA_NO_PDL=1 b --synthetic qwen3-8b:q4g64 --runs 2
+  elif [ "$BENCH_SET" = variants ]; then
+    # The q4 tensor-core mat-vec's block shapes (warps x steps in flight), and prefill through
+    # cuBLAS (dequantize + GEMM) against the WMMA kernel at 512 and 4096 tokens.
+    for v in 8x2 16x1 16x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
+    ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 -n 8 --runs 1
+    b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+    ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+  elif [ "$BENCH_SET" = profile ]; then
+    b --synthetic qwen3-0.6b:q4g64 --profile
+    b --synthetic qwen3-8b:q4g64 --profile
+  else
+    for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64 qwen3-8b:bf16; do
+      b --synthetic $m
+      b --synthetic $m --prompt 4096 --runs 2
+      b --synthetic $m --prompt 16384 --runs 1
+    done
+    b --synthetic qwen3-8b:q4g64 --profile --runs 1
+  fi
+  echo "bench done at $(( $(date +%s) - t0 )) s"
+fi
+echo "=== failures ==="
+grep -hE "FAILED|Failure|error:" "$OUT"/cuda_tests.log "$OUT"/golden_cuda.log 2>/dev/null | head -40
+echo "=== errors (max rel_err per op family) ==="
+grep -h "cuda-err" "$OUT"/cuda_ops_verbose.log 2>/dev/null | awk '{k=$3" "$4; e=$(NF-2); if (!(k in m) || e+0>m[k]+0) m[k]=e} END {for (k in m) print k, m[k]}' | sort | head -40
+echo "=== golden (cuda) ==="
+grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
+echo "=== golden diag ==="
+grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
+echo "=== ncu ==="
+grep -E "^  [a-z_]|gpu__time_duration|dram__throughput|warps_active" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -100
+echo "=== cli ==="
+cat "$OUT/cli.log" 2>/dev/null
+echo "=== mutations ==="
+cat "$OUT/mutations.log" 2>/dev/null
+echo "=== bench ==="
+grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^peak|^  [a-z_]+ |rc=|error|fail" "$OUT"/bench.log 2>/dev/null
+printf '%s\n' "${summary[@]}"
+echo "total $(( $(date +%s) - t0 )) s"

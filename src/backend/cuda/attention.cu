@@ -1,0 +1,215 @@
+// Paged causal attention with GQA, split-KV ("flash-decoding"): block (split s, kv head, token t)
+// covers an equal share of positions 0..pos[t] for the G = n_heads / n_kv_heads query heads that read
+// that kv head, so each K/V row is loaded once for all G heads. Within a block, 4 warps take
+// positions round-robin in batches of NB (NB K rows and V rows loaded before any is used, so several
+// loads are in flight), each warp keeping an online softmax (max, sum, accumulator) per head in fp32;
+// lane l holds dims [l*DL, l*DL + DL). The warps' states merge in shared memory into one partial per
+// (token, head, split); a second kernel merges the splits and writes bf16.
+// Split boundaries are computed on the device from pos[t], so the launch shape depends only on
+// (T, n_splits): a captured decode graph replays correctly as the context grows.
+#include <algorithm>
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+template <int DL>
+__device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&f)[DL]) {
+  if constexpr (DL == 4) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+  } else if constexpr (DL == 8) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+    f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
+  } else {
+#pragma unroll
+    for (int j = 0; j < DL; ++j) f[j] = __bfloat162float(p[j]);
+  }
+}
+
+// Partial layout per (token, head, split): [m, l, acc[D]] (acc unnormalized, scores in log2 units).
+template <int DL, int GMAX>
+__global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
+                                                                 int layer, BatchDev b, float scale_log2,
+                                                                 int n_splits, float* ws) {
+  pdl_begin();
+  // NB positions per warp per iteration (2*NB K/V row loads in flight). 8 measured slower on the
+  // H200 (more registers, no gain in loads in flight).
+  constexpr int NB = 4;
+  const int s = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int D = kv.head_dim, G = n_heads / kv.n_kv_heads;
+  const bool active = lane * DL < D;  // D < 32 * DL: the high lanes hold no dims (zeros)
+  const int len = b.pos[t] + 1;
+  const int per = (len + n_splits - 1) / n_splits;
+  const int p_begin = s * per, p_end = min(len, p_begin + per);
+  const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
+  const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
+
+  float qf[GMAX][DL], acc[GMAX][DL], m[GMAX], l[GMAX];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    m[g] = -FLT_MAX, l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DL; ++j) acc[g][j] = 0.0f, qf[g][j] = 0.0f;
+    if (g < G && active) load_row<DL>(q + (int64_t(t) * n_heads + kh * G + g) * D + lane * DL, qf[g]);
+  }
+
+  for (int base = p_begin + warp * NB; base < p_end; base += kWarps * NB) {
+    float kf[NB][DL], vf[NB][DL];
+#pragma unroll
+    for (int u = 0; u < NB; ++u) {
+      const int p = base + u;
+#pragma unroll
+      for (int j = 0; j < DL; ++j) kf[u][j] = vf[u][j] = 0.0f;
+      if (p < p_end && active) {
+        const int64_t page = pages[p / kv.page_size];
+        const int slot = p % kv.page_size;
+        load_row<DL>(kvb + kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + lane * DL,
+                     kf[u]);
+        load_row<DL>(kvb + kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + lane * DL,
+                     vf[u]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+      if (g >= G) break;
+      float sc[NB];
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < NB; ++u) {
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DL; ++j) d = fmaf(qf[g][j], kf[u][j], d);
+        d = warp_sum(d) * scale_log2;
+        sc[u] = base + u < p_end ? d : -FLT_MAX;
+        mx = fmaxf(mx, sc[u]);
+      }
+      const float corr = exp2f(m[g] - mx);
+      l[g] *= corr;
+#pragma unroll
+      for (int j = 0; j < DL; ++j) acc[g][j] *= corr;
+#pragma unroll
+      for (int u = 0; u < NB; ++u) {
+        if (base + u < p_end) {
+          const float pu = exp2f(sc[u] - mx);
+          l[g] += pu;
+#pragma unroll
+          for (int j = 0; j < DL; ++j) acc[g][j] = fmaf(pu, vf[u][j], acc[g][j]);
+        }
+      }
+      m[g] = mx;
+    }
+  }
+
+  // Merge the 4 warps: each publishes (m, l, acc) per head; warp 0 combines.
+  __shared__ float sm[kWarps][GMAX][2];
+  __shared__ float sacc[kWarps][GMAX][DL * 32];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    if (g >= G) break;
+    if (lane == 0) sm[warp][g][0] = m[g], sm[warp][g][1] = l[g];
+    if (active)
+#pragma unroll
+      for (int j = 0; j < DL; ++j) sacc[warp][g][lane * DL + j] = acc[g][j];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float M = -FLT_MAX;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w][g][0]);
+    float L = 0.0f, A = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = sm[w][g][1] > 0.0f ? exp2f(sm[w][g][0] - M) : 0.0f;
+      L += sm[w][g][1] * c;
+      A += sacc[w][g][d] * c;
+    }
+    float* part = ws + ((int64_t(t) * n_heads + kh * G + g) * n_splits + s) * (D + 2);
+    if (d == 0) part[0] = M, part[1] = L;
+    part[2 + d] = A;
+  }
+}
+
+// One block per (token, head): the split weights w_s = exp2(m_s - M) (0 for empty splits) are
+// formed in parallel into shared memory, then thread d sums w_s * acc_s[d] over the splits with
+// independent loads (no data-dependent branch in the loop, so they pipeline).
+__global__ void attn_combine_kernel(const float* ws, int n_heads, int D, int n_splits, __nv_bfloat16* out) {
+  pdl_begin();
+  extern __shared__ float w[];  // [n_splits]
+  const int64_t th = blockIdx.x;  // token * n_heads + head
+  const float* part = ws + th * n_splits * (D + 2);
+  float mx = -FLT_MAX;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
+    if (part[s * (D + 2) + 1] > 0.0f) mx = fmaxf(mx, part[s * (D + 2)]);
+  __shared__ float red[32];
+  mx = warp_max(mx);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  mx = -FLT_MAX;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) mx = fmaxf(mx, red[i]);
+  float l = 0.0f;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float ls = part[s * (D + 2) + 1];
+    const float c = ls > 0.0f ? exp2f(part[s * (D + 2)] - mx) : 0.0f;
+    w[s] = c;
+    l += ls * c;
+  }
+  const float L = block_sum(l);  // its barriers also publish w[]
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float A = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) A = fmaf(w[s], part[s * (D + 2) + 2 + d], A);
+    out[th * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+  }
+}
+
+template <int DL, int GMAX>
+cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                   int n_splits, float* ws, void* out, cudaStream_t s) {
+  const dim3 grid(unsigned(n_splits), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
+  launch_k(attn_split_kernel<DL, GMAX>, dim3(grid), dim3(kWarps * 32), 0, s, static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer,
+                                                           b, scale * 1.4426950408889634f, n_splits, ws);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  launch_k(attn_combine_kernel, dim3(unsigned(int64_t(b.n_tokens) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, 
+      ws, n_heads, kv.head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits) {
+  return size_t(T) * n_heads * n_splits * (head_dim + 2);
+}
+
+int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
+  // ~4 blocks of 4 warps per SM keep enough K/V loads in flight to approach the copy bandwidth.
+  const int blocks = T * n_kv_heads;
+  if (blocks >= 2 * n_sms) return 1;
+  int s = (4 * n_sms + blocks - 1) / blocks;
+  return std::max(1, std::min(s, max_positions / 64));  // >= 64 positions per split at full context
+}
+
+cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                      int n_splits, float* ws, void* out, cudaStream_t s) {
+  const int G = n_heads / kv.n_kv_heads;
+  const int D = kv.head_dim;
+  const int DL = D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : 8;
+  if (G > 8 || D > 256 || D % DL != 0) return cudaErrorInvalidValue;
+  if (DL == 1) return G <= 4 ? launch<1, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
+                             : launch<1, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  if (DL == 2) return G <= 4 ? launch<2, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
+                             : launch<2, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  if (DL == 4) return G <= 4 ? launch<4, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
+                             : launch<4, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  if (DL == 8) return G <= 4 ? launch<8, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
+                             : launch<8, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace anvil::cuda

@@ -1,0 +1,603 @@
+// The CUDA backend class: memory, uploads, sticky errors, graphs and the op dispatch onto the
+// kernel files (cuda_kernels.h). Every op checks its arguments on the host; a bad argument or a
+// failed launch is recorded as the backend's first error (the op then does nothing) and returned by
+// synchronize(), as are asynchronous device faults. Once an error is recorded it stays: a CUDA
+// context that faulted cannot be trusted again.
+//
+// Routing: linear() with T <= kGemvMaxTokens rows runs the mat-vec kernels (qgemv.cu), otherwise the
+// tensor-core GEMM (gemm.cu). q/k/v (linear_multi) and gate/up + SwiGLU (linear_swiglu) are one
+// mat-vec launch each at decode. Buffers that a captured graph may reference (the attention
+// workspace, the MLP scratch) are never freed while the backend lives: growing one retires the old.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace anvil {
+namespace {
+
+using cuda::DevMatrix;
+using cuda::Elem;
+
+std::string mib(size_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
+
+Result<Elem> elem_of(DType d) {
+  switch (d) {
+    case DType::kF32: return Elem::kF32;
+    case DType::kF16: return Elem::kF16;
+    case DType::kBF16: return Elem::kBF16;
+    default: return invalid_argument(std::string("cuda: unsupported weight dtype ") + std::string(dtype_name(d)));
+  }
+}
+
+Elem elem_unchecked(DType d) { return d == DType::kF32 ? Elem::kF32 : d == DType::kF16 ? Elem::kF16 : Elem::kBF16; }
+
+DevMatrix dev(const WeightMatrix& w) {
+  DevMatrix m;
+  m.data = w.data, m.scales = w.scales, m.biases = w.biases, m.bias = w.bias;
+  m.rows = w.rows, m.cols = w.cols, m.bits = w.bits, m.group = w.group_size;
+  m.dtype = elem_unchecked(w.dtype), m.bias_dtype = elem_unchecked(w.bias_dtype);
+  return m;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const cudaDeviceProp& prop) : dev_(device) {
+    name_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
+            ", " + std::to_string(prop.multiProcessorCount) + " SMs, " + mib(prop.totalGlobalMem) + ")";
+    sms_ = prop.multiProcessorCount;
+  }
+  Status init() {
+    if (!ok(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream")) return err_;
+    if (!ok(cudaMallocHost(&pinned_, kPinnedBytes), "pinned staging buffer")) return err_;
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuda: cublasCreate failed");
+    const char* e = std::getenv("ANVIL_CUDA_NO_CUBLAS");
+    use_cublas_ = !(e && *e && *e != '0');
+    return Status::ok();
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(st_);
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    for (void* p : retired_) cudaFree(p);
+    if (attn_ws_) cudaFree(attn_ws_);
+    if (mlp_scratch_) cudaFree(mlp_scratch_);
+    if (wdeq_) cudaFree(wdeq_);
+    if (cublas_) cublasDestroy(cublas_);
+    for (auto& e : prof_events_) cudaEventDestroy(e.first), cudaEventDestroy(e.second);
+    if (pinned_) cudaFreeHost(pinned_);
+    if (st_) cudaStreamDestroy(st_);
+  }
+
+  std::string name() const override { return name_; }
+  DType act_dtype() const override { return DType::kBF16; }
+
+  // ---- memory ----
+  Result<void*> alloc(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky
+      return Status(StatusCode::kOutOfMemory, "cuda: could not allocate " + mib(bytes) + " of device memory (" +
+                                                  cudaGetErrorString(e) + "; " + mem_summary() + ")");
+    }
+    return p;
+  }
+  void free(void* p) override {
+    if (p) cudaFree(p);
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_), "copy_to_device");
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    // Small reads (the sampled ids) go through pinned memory: a direct DMA, no staging copy.
+    if (bytes <= kPinnedBytes) {
+      if (ok(cudaMemcpyAsync(pinned_, src, bytes, cudaMemcpyDeviceToHost, st_), "copy_to_host") &&
+          ok(cudaStreamSynchronize(st_), "copy_to_host"))
+        std::memcpy(dst, pinned_, bytes);
+      return;
+    }
+    if (ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st_), "copy_to_host"))
+      ok(cudaStreamSynchronize(st_), "copy_to_host");
+  }
+  void copy_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_), "copy_device");
+  }
+
+  Result<WeightMatrix> upload_weight(const WeightMatrix& w) override {
+    if (w.rows <= 0 || w.cols <= 0 || !w.data)
+      return invalid_argument("weight: expected rows > 0, cols > 0 and data, got [" + std::to_string(w.rows) + ", " +
+                              std::to_string(w.cols) + "]");
+    ANVIL_RETURN_IF_ERROR(elem_of(w.dtype).status());
+    if (w.bias) ANVIL_RETURN_IF_ERROR(elem_of(w.bias_dtype).status());
+    size_t data_bytes = size_t(w.rows) * size_t(w.cols) * dtype_size(w.dtype), sb_bytes = 0;
+    if (w.quantized()) {
+      if (w.bits < 2 || w.bits > 8 || w.bits == 7)
+        return unsupported("quantized weight: bits must be 2, 3, 4, 5, 6 or 8, got " + std::to_string(w.bits));
+      if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128)
+        return unsupported("quantized weight: group_size must be 32, 64 or 128, got " + std::to_string(w.group_size));
+      if (w.cols % w.group_size != 0)
+        return invalid_argument("quantized weight: cols " + std::to_string(w.cols) + " is not a multiple of group_size " +
+                                std::to_string(w.group_size));
+      if (!w.scales || !w.biases) return invalid_argument("quantized weight: scales and biases are required");
+      data_bytes = size_t(w.rows) * size_t(w.cols) * size_t(w.bits) / 8;
+      sb_bytes = size_t(w.rows) * size_t(w.cols / w.group_size) * dtype_size(w.dtype);
+    }
+    const size_t bias_bytes = w.bias ? size_t(w.rows) * dtype_size(w.bias_dtype) : 0;
+    auto up = [](size_t n) { return (n + 255) / 256 * 256; };
+    const size_t total = up(data_bytes) + 2 * up(sb_bytes) + up(bias_bytes);
+    ANVIL_ASSIGN_OR_RETURN(void* base, alloc(total));
+    uint8_t* p = static_cast<uint8_t*>(base);
+    WeightMatrix d = w;
+    auto put = [&](const void* src, size_t n) -> const void* {
+      if (!src || !n) return nullptr;
+      // On the backend's stream: a plain cudaMemcpy runs on the legacy stream, which does not order
+      // with our non-blocking stream, and from pageable memory it may return before its DMA is done
+      // (the first kernel then read half-uploaded weights: caught by the op tests' poisoning).
+      cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, st_);
+      const void* at = p;
+      p += up(n);
+      return at;
+    };
+    d.data = put(w.data, data_bytes);  // first: free_weight() frees the block through data
+    d.scales = put(w.scales, sb_bytes);
+    d.biases = put(w.biases, sb_bytes);
+    d.bias = put(w.bias, bias_bytes);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      cudaFree(base);
+      return internal_error(std::string("cuda: weight upload failed: ") + cudaGetErrorString(e));
+    }
+    return d;
+  }
+  Result<WeightVector> upload_vector(const WeightVector& v) override {
+    if (v.n <= 0 || !v.data) return invalid_argument("vector weight: expected n > 0 and data");
+    ANVIL_RETURN_IF_ERROR(elem_of(v.dtype).status());
+    const size_t bytes = size_t(v.n) * dtype_size(v.dtype);
+    ANVIL_ASSIGN_OR_RETURN(void* p, alloc(bytes));
+    cudaError_t e = cudaMemcpyAsync(p, v.data, bytes, cudaMemcpyHostToDevice, st_);  // see upload_weight
+    if (e != cudaSuccess) {
+      cudaFree(p);
+      return internal_error(std::string("cuda: vector upload failed: ") + cudaGetErrorString(e));
+    }
+    WeightVector d = v;
+    d.data = p;
+    return d;
+  }
+  void free_weight(const WeightMatrix& w) override {
+    if (w.data) cudaFree(const_cast<void*>(w.data));
+  }
+  void free_vector(const WeightVector& v) override {
+    if (v.data) cudaFree(const_cast<void*>(v.data));
+  }
+
+  Status synchronize() override {
+    if (!capturing_) ok(cudaStreamSynchronize(st_), "synchronize");
+    return err_;
+  }
+
+  // ---- graphs ----
+  bool graphs_supported() const override { return !profiling_; }
+  Status graph_capture_begin() override {
+    if (!err_.is_ok()) return err_;
+    if (!ok(cudaStreamBeginCapture(st_, cudaStreamCaptureModeRelaxed), "graph capture")) return err_;
+    capturing_ = true;
+    capture_launches_ = launches_;
+    cuda::set_pdl_capture(true);
+    return Status::ok();
+  }
+  Status graph_capture_end(uint64_t key) override {
+    cudaGraph_t g = nullptr;
+    capturing_ = false;
+    cuda::set_pdl_capture(false);
+    const bool ended = ok(cudaStreamEndCapture(st_, &g), "graph capture");
+    if (!ended || !err_.is_ok()) {
+      if (g) cudaGraphDestroy(g);
+      return err_;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const bool inst = ok(cudaGraphInstantiate(&exec, g, 0), "graph instantiate");
+    size_t nodes = 0;
+    cudaGraphGetNodes(g, nullptr, &nodes);
+    cudaGraphDestroy(g);
+    if (!inst) return err_;
+    launches_ = capture_launches_;  // recorded, not run: replays count them
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
+    graphs_[key] = Graph{exec, nodes};
+    return Status::ok();
+  }
+  bool graph_launch(uint64_t key) override {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return false;
+    if (ok(cudaGraphLaunch(it->second.exec, st_), "graph launch")) launches_ += it->second.nodes;
+    return true;
+  }
+  uint64_t launch_count() const override { return launches_; }
+
+  // ---- ops ----
+  void embed(const WeightMatrix& table, const int32_t* ids, Act out) override {
+    if (!bf16(out, "embed", "out") || !expect(out.cols == table.cols, "embed: out.cols must equal the table's cols"))
+      return;
+    Prof pr(this, "embed");
+    launched(cuda::embed(dev(table), ids, int(out.rows), out.data, st_), "embed");
+  }
+  void rmsnorm(Act x, const WeightVector& w, float eps, Act out) override {
+    if (!bf16(x, "rmsnorm", "x") || !bf16(out, "rmsnorm", "out") || !same_shape(x, out, "rmsnorm")) return;
+    if (!expect(w.n == x.cols, "rmsnorm: weight length must equal cols")) return;
+    Prof pr(this, "norm");
+    launched(cuda::rmsnorm(nullptr, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols), out.data,
+                           st_),
+             "rmsnorm");
+  }
+  void add_rmsnorm(Act residual, Act x, const WeightVector& w, float eps, Act out) override {
+    if (!bf16(residual, "add_rmsnorm", "residual") || !bf16(x, "add_rmsnorm", "x") ||
+        !bf16(out, "add_rmsnorm", "out") || !same_shape(x, out, "add_rmsnorm") ||
+        !same_shape(residual, x, "add_rmsnorm"))
+      return;
+    if (!expect(w.n == x.cols, "add_rmsnorm: weight length must equal cols")) return;
+    Prof pr(this, "norm");
+    launched(cuda::rmsnorm(residual.data, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols),
+                           out.data, st_),
+             "add_rmsnorm");
+  }
+  void linear(Act x, const WeightMatrix& w, Act out) override {
+    if (!check_linear(x, w, out, "linear")) return;
+    Prof pr(this, out.dtype == DType::kF32 ? "lm_head" : "linear");
+    run_linear(x, w, out);
+  }
+  void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
+    if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
+      return;
+    bool fusable = x.rows <= cuda::kGemvMaxTokens;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (!check_linear(x, *ws[i], outs[i], "linear_multi")) return;
+      fusable &= cuda::gemv_fusable(dev(*ws[0]), dev(*ws[i])) && outs[i].dtype == DType::kBF16;
+    }
+    Prof pr(this, "linear");
+    if (!fusable) {
+      for (size_t i = 0; i < ws.size(); ++i) run_linear(x, *ws[i], outs[i]);
+      return;
+    }
+    DevMatrix d[3];
+    void* o[3];
+    for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]), o[i] = outs[i].data;
+    launched(cuda::gemv(d, o, int(ws.size()), x.data, int(x.rows), false, st_), "linear_multi");
+  }
+  void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
+    if (!check_linear(x, gate, out, "linear_swiglu") || !check_linear(x, up, out, "linear_swiglu")) return;
+    if (!bf16(out, "linear_swiglu", "out")) return;
+    Prof pr(this, "mlp_gate_up");
+    if (x.rows <= cuda::kGemvMaxTokens && cuda::gemv_fusable(dev(gate), dev(up))) {
+      launched(cuda::gemv_swiglu(dev(gate), dev(up), x.data, int(x.rows), out.data, st_), "linear_swiglu");
+      return;
+    }
+    const size_t bytes = size_t(out.rows * out.cols) * 2;
+    if (!grow(&mlp_scratch_, &mlp_scratch_bytes_, bytes)) return;
+    Act u{mlp_scratch_, out.rows, out.cols, DType::kBF16};
+    run_linear(x, gate, out);
+    run_linear(x, up, u);
+    launched(cuda::swiglu(out.data, u.data, out.data, out.rows * out.cols, st_), "swiglu");
+  }
+  void swiglu(Act gate, Act up, Act out) override {
+    if (!bf16(gate, "swiglu", "gate") || !bf16(up, "swiglu", "up") || !bf16(out, "swiglu", "out") ||
+        !same_shape(gate, up, "swiglu") || !same_shape(gate, out, "swiglu"))
+      return;
+    Prof pr(this, "elementwise");
+    launched(cuda::swiglu(gate.data, up.data, out.data, gate.rows * gate.cols, st_), "swiglu");
+  }
+  void add(Act a, Act b) override {
+    if (!bf16(a, "add", "a") || !bf16(b, "add", "b") || !same_shape(a, b, "add")) return;
+    Prof pr(this, "elementwise");
+    launched(cuda::add(a.data, b.data, a.rows * a.cols, st_), "add");
+  }
+  void qk_norm_rope_kv_append(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm, float eps,
+                              const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch) override {
+    if (!bf16(q, "qk_norm_rope_kv_append", "q") || !bf16(k, "qk_norm_rope_kv_append", "k") ||
+        !bf16(v, "qk_norm_rope_kv_append", "v") || !check_kv(kv, layer, "qk_norm_rope_kv_append"))
+      return;
+    if (!expect(k.cols == int64_t(kv.n_kv_heads) * kv.head_dim && v.cols == k.cols && q.cols % kv.head_dim == 0 &&
+                    q.rows == batch.n_tokens && k.rows == q.rows && v.rows == q.rows,
+                "qk_norm_rope_kv_append: expected q [T, n_heads*head_dim], k/v [T, n_kv_heads*head_dim]"))
+      return;
+    if (!expect(q_norm.dtype == k_norm.dtype || !q_norm.data || !k_norm.data,
+                "qk_norm_rope_kv_append: q_norm and k_norm must share a dtype"))
+      return;
+    Prof pr(this, "rope_kv");
+    const DType nd = q_norm.data ? q_norm.dtype : k_norm.dtype;
+    launched(cuda::qk_norm_rope_kv_append(q.data, k.data, v.data, int(q.cols / kv.head_dim), q_norm.data, k_norm.data,
+                                          elem_unchecked(nd), eps, inv_freq, kvdev(kv), layer, bdev(batch), st_),
+             "qk_norm_rope_kv_append");
+  }
+  void attention(Act q, const KVCacheView& kv, int layer, const BatchView& batch, float scale, Act out) override {
+    if (!bf16(q, "attention", "q") || !bf16(out, "attention", "out") || !same_shape(q, out, "attention") ||
+        !check_kv(kv, layer, "attention"))
+      return;
+    const int n_heads = int(q.cols / kv.head_dim);
+    if (!expect(q.cols % kv.head_dim == 0 && n_heads % kv.n_kv_heads == 0 && q.rows == batch.n_tokens,
+                "attention: q must be [T, n_heads*head_dim] with n_heads a multiple of n_kv_heads"))
+      return;
+    const int splits =
+        cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_);
+    const size_t need = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits) * 4;
+    if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, need)) return;
+    Prof pr(this, "attention");
+    launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
+             "attention");
+    launches_ += 1;  // two kernels
+  }
+  void gather_rows(Act src, const int32_t* rows, Act dst) override {
+    if (!expect(src.dtype == dst.dtype && src.cols == dst.cols, "gather_rows: src and dst must match in dtype and cols"))
+      return;
+    Prof pr(this, "sample");
+    launched(cuda::gather_rows(src.data, src.rows, rows, int(dst.rows), src.cols, dtype_size(src.dtype), dst.data, st_),
+             "gather_rows");
+  }
+  void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) override {
+    if (!expect(logits.dtype == DType::kF32, "argmax_rows: logits must be F32")) return;
+    Prof pr(this, "sample");
+    launched(cuda::argmax_rows(static_cast<const float*>(logits.data), int(logits.rows), logits.cols, suppress,
+                               n_suppress, ids, st_),
+             "argmax_rows");
+  }
+  void to_host_f32(Act x, float* dst) override {
+    const size_t n = size_t(x.rows * x.cols);
+    if (x.dtype == DType::kF32) return copy_to_host(dst, x.data, n * 4);
+    if (!bf16(x, "to_host_f32", "x")) return;
+    std::vector<uint16_t> tmp(n);
+    copy_to_host(tmp.data(), x.data, n * 2);
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(tmp[i]);
+  }
+
+  // ---- profiling (cuda_set_profiling / cuda_profile_report) ----
+  void set_profiling(bool on) {
+    profiling_ = on;
+    prof_marks_.clear();
+    prof_used_ = 0;
+  }
+  std::vector<std::pair<std::string, double>> profile_report() {
+    cudaStreamSynchronize(st_);
+    std::map<std::string, double> ms;
+    for (size_t i = 0; i < prof_used_; ++i) {
+      float t = 0;
+      cudaEventElapsedTime(&t, prof_events_[i].first, prof_events_[i].second);
+      ms[prof_marks_[i]] += t;
+    }
+    std::vector<std::pair<std::string, double>> out(ms.begin(), ms.end());
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.second > b.second; });
+    return out;
+  }
+  Result<double> copy_bandwidth(size_t bytes) {
+    ANVIL_ASSIGN_OR_RETURN(void* a, alloc(bytes));
+    auto b_or = alloc(bytes);
+    if (!b_or.is_ok()) {
+      cudaFree(a);
+      return b_or.status();
+    }
+    void* b = *b_or;
+    cudaMemsetAsync(a, 1, bytes, st_);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float best = 1e30f;
+    for (int i = 0; i < 6; ++i) {
+      cudaEventRecord(e0, st_);
+      cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st_);
+      cudaEventRecord(e1, st_);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (i > 0) best = std::min(best, ms);  // the first is the warm-up
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    ANVIL_RETURN_IF_ERROR(synchronize());
+    return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
+  }
+
+ private:
+  static constexpr size_t kPinnedBytes = 1 << 16;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    size_t nodes = 0;
+  };
+  // Brackets one op with CUDA events while profiling.
+  struct Prof {
+    CudaBackend* b;
+    size_t slot = SIZE_MAX;
+    Prof(CudaBackend* be, const char* family) : b(be) {
+      if (!b->profiling_) return;
+      if (b->prof_used_ == b->prof_events_.size()) {
+        cudaEvent_t x, y;
+        cudaEventCreate(&x);
+        cudaEventCreate(&y);
+        b->prof_events_.emplace_back(x, y);
+        b->prof_marks_.emplace_back();
+      }
+      slot = b->prof_used_++;
+      if (b->prof_marks_.size() < b->prof_used_) b->prof_marks_.resize(b->prof_used_);
+      b->prof_marks_[slot] = family;
+      cudaEventRecord(b->prof_events_[slot].first, b->st_);
+    }
+    ~Prof() {
+      if (slot != SIZE_MAX) cudaEventRecord(b->prof_events_[slot].second, b->st_);
+    }
+  };
+
+  bool ok(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    if (err_.is_ok()) err_ = internal_error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
+    return false;
+  }
+  bool launched(cudaError_t e, const char* op) {
+    ++launches_;
+    return ok(e, op);
+  }
+  bool expect(bool cond, const std::string& what) {
+    if (!cond && err_.is_ok()) err_ = invalid_argument("cuda: " + what);
+    return cond;
+  }
+  bool bf16(const Act& a, const char* op, const char* name) {
+    return expect(a.dtype == DType::kBF16, std::string(op) + ": activation '" + name +
+                                               "' must be BF16 (the CUDA backend's act_dtype), got " +
+                                               std::string(dtype_name(a.dtype)));
+  }
+  bool same_shape(const Act& a, const Act& b, const char* op) {
+    return expect(a.rows == b.rows && a.cols == b.cols, std::string(op) + ": operands differ in shape");
+  }
+  bool check_linear(const Act& x, const WeightMatrix& w, const Act& out, const char* op) {
+    if (!bf16(x, op, "x")) return false;
+    if (!expect(out.dtype == DType::kBF16 || out.dtype == DType::kF32, std::string(op) + ": out must be BF16 or F32"))
+      return false;
+    return expect(x.cols == w.cols && out.cols == w.rows && out.rows == x.rows,
+                  std::string(op) + ": expected x [T, " + std::to_string(w.cols) + "] and out [T, " +
+                      std::to_string(w.rows) + "], got x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
+                      "], out [" + std::to_string(out.rows) + ", " + std::to_string(out.cols) + "]");
+  }
+  bool check_kv(const KVCacheView& kv, int layer, const char* op) {
+    return expect(kv.dtype == DType::kBF16, std::string(op) + ": the CUDA KV cache must be BF16 (--kv-dtype bf16)") &&
+           expect(layer >= 0 && layer < kv.n_layers, std::string(op) + ": layer out of range");
+  }
+  void run_linear(const Act& x, const WeightMatrix& w, const Act& out) {
+    const bool f32 = out.dtype == DType::kF32;
+    const DevMatrix d = dev(w);
+    if (use_cublas_ && x.rows >= cuda::kCublasMinTokens && w.cols % 32 == 0) {
+      if (!grow(&wdeq_, &wdeq_bytes_, size_t(w.rows * w.cols) * 2)) return;
+      if (launched(cuda::dequant_bf16(d, wdeq_, st_), "linear (dequantize)"))
+        launched(cuda::gemm_cublas(cublas_, wdeq_, d, x.data, int(x.rows), out.data, f32, st_), "linear (cuBLAS)");
+      return;
+    }
+    if (x.rows > cuda::kGemvMaxTokens && w.cols % 32 == 0) {
+      launched(cuda::gemm(d, x.data, int(x.rows), out.data, f32, st_), "linear (gemm)");
+      return;
+    }
+    for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kGemvMaxTokens) {
+      const int n = int(std::min<int64_t>(cuda::kGemvMaxTokens, x.rows - t0));
+      void* o = static_cast<uint8_t*>(out.data) + size_t(t0 * out.cols) * dtype_size(out.dtype);
+      launched(cuda::gemv(&d, &o, 1, static_cast<const uint8_t*>(x.data) + size_t(t0 * x.cols) * 2, n, f32, st_),
+               "linear (gemv)");
+    }
+  }
+  // Grows a backend-owned buffer to at least `need` bytes. The old one is retired, not freed: a
+  // captured graph may still read it.
+  bool grow(void** buf, size_t* have, size_t need) {
+    if (*have >= need) return true;
+    const size_t n = std::max(need, *have * 2);
+    auto p = alloc(n);
+    if (!p.is_ok()) {
+      if (err_.is_ok()) err_ = p.status();
+      return false;
+    }
+    if (*buf) retired_.push_back(*buf);
+    *buf = *p;
+    *have = n;
+    return true;
+  }
+  static cuda::KVDev kvdev(const KVCacheView& kv) {
+    cuda::KVDev d;
+    d.base = kv.base, d.n_layers = kv.n_layers, d.n_kv_heads = kv.n_kv_heads, d.head_dim = kv.head_dim;
+    d.page_size = kv.page_size;
+    return d;
+  }
+  static cuda::BatchDev bdev(const BatchView& b) {
+    cuda::BatchDev d;
+    d.n_tokens = b.n_tokens, d.n_seqs = b.n_seqs, d.max_pages = b.max_pages;
+    d.pos = b.pos, d.seq = b.seq, d.page_table = b.page_table;
+    return d;
+  }
+  std::string mem_summary() const {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) return "free memory unknown";
+    return mib(f) + " free of " + mib(t);
+  }
+
+  int dev_ = 0, sms_ = 132;
+  std::string name_;
+  cudaStream_t st_ = nullptr;
+  Status err_;
+  void* pinned_ = nullptr;
+  bool capturing_ = false;
+  uint64_t launches_ = 0, capture_launches_ = 0;
+  std::unordered_map<uint64_t, Graph> graphs_;
+  float* attn_ws_ = nullptr;
+  size_t attn_ws_bytes_ = 0;
+  void* mlp_scratch_ = nullptr;
+  size_t mlp_scratch_bytes_ = 0;
+  void* wdeq_ = nullptr;  // prefill: the current matrix dequantized to bf16 for cuBLAS
+  size_t wdeq_bytes_ = 0;
+  cublasHandle_t cublas_ = nullptr;
+  bool use_cublas_ = true;
+  std::vector<void*> retired_;
+  bool profiling_ = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> prof_events_;
+  std::vector<std::string> prof_marks_;
+  size_t prof_used_ = 0;
+};
+
+CudaBackend* as_cuda(Backend& b) { return dynamic_cast<CudaBackend*>(&b); }
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(StatusCode::kNotFound, std::string("no usable CUDA GPU: ") + cudaGetErrorString(e) +
+                                             " (is the NVIDIA driver installed and a GPU visible?)");
+  }
+  if (n == 0) return Status(StatusCode::kNotFound, "no CUDA GPU found");
+  if (device < 0 || device >= n)
+    return invalid_argument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                            " found)");
+  cudaDeviceProp prop;
+  if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess || (e = cudaSetDevice(device)) != cudaSuccess)
+    return Status(StatusCode::kNotFound, std::string("CUDA device ") + std::to_string(device) + ": " +
+                                             cudaGetErrorString(e));
+  std::string why;
+  if (!cuda::kernels_runnable(&why))
+    return unsupported(std::string("this anvil build has no kernels for ") + prop.name + " (sm_" +
+                       std::to_string(prop.major) + std::to_string(prop.minor) + "): " + why +
+                       "; rebuild with -DANVIL_CUDA_ARCHS=" + std::to_string(prop.major) + std::to_string(prop.minor));
+  auto b = std::make_unique<CudaBackend>(device, prop);
+  ANVIL_RETURN_IF_ERROR(b->init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+Status cuda_memory_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  int cur = 0;
+  cudaGetDevice(&cur);
+  if (cur != device) cudaSetDevice(device);
+  cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+  if (cur != device) cudaSetDevice(cur);
+  if (e != cudaSuccess) return internal_error(std::string("cudaMemGetInfo: ") + cudaGetErrorString(e));
+  return Status::ok();
+}
+
+Result<double> cuda_copy_bandwidth_gbs(Backend& b, size_t bytes) {
+  CudaBackend* c = as_cuda(b);
+  if (!c) return invalid_argument("cuda_copy_bandwidth_gbs: not a CUDA backend");
+  return c->copy_bandwidth(bytes);
+}
+
+void cuda_set_profiling(Backend& b, bool on) {
+  if (CudaBackend* c = as_cuda(b)) c->set_profiling(on);
+}
+
+std::vector<std::pair<std::string, double>> cuda_profile_report(Backend& b) {
+  CudaBackend* c = as_cuda(b);
+  return c ? c->profile_report() : std::vector<std::pair<std::string, double>>{};
+}
+
+}  // namespace anvil

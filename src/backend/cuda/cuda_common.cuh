@@ -1,0 +1,107 @@
+// Internal to src/backend/cuda/: device helpers shared by the kernel files (bf16 conversion, warp
+// reductions, the KV page index). Activations are bf16 in memory; every kernel computes in fp32.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <utility>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace anvil::cuda {
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
+// Low and high bf16 of a 32-bit word.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+template <Elem E>
+__device__ __forceinline__ float load_elem(const void* p, int64_t i) {
+  if constexpr (E == Elem::kF32) return static_cast<const float*>(p)[i];
+  else if constexpr (E == Elem::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  else return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+template <Elem E>
+__device__ __forceinline__ void store_elem(void* p, int64_t i, float v) {
+  if constexpr (E == Elem::kF32) static_cast<float*>(p)[i] = v;
+  else if constexpr (E == Elem::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  float s = lane < nw ? part[lane] : 0.0f;
+  return warp_sum(s);
+}
+
+// Element (page, layer, kv, head, slot, 0) of the paged cache (backend.h KVCacheView).
+__device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, int head, int slot, int n_layers,
+                                          int n_kv_heads, int page_size, int head_dim) {
+  return ((((page * n_layers + layer) * 2 + which) * n_kv_heads + head) * int64_t(page_size) + slot) * head_dim;
+}
+
+// Programmatic dependent launch: every kernel is launched with programmatic stream serialization
+// and begins with pdl_begin(): it lets the next kernel in the stream (or graph) be scheduled now,
+// then waits until the previous kernel has finished and its writes are visible. Nothing is read or
+// written before the wait, so ordering is as strict as plain launches; what is gained is the next
+// kernel's launch and block scheduling overlapping this one's tail. ANVIL_CUDA_NO_PDL=1 launches
+// plainly. Without the launch attribute, griddepcontrol.wait returns at once.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// PDL is used only while a decode graph is being captured (the backend sets the flag around the
+// capture): there it gained 2-4% decode on the H200, while on eager prefill launches it cost 25-30%
+// of pp512 (docs/benchmarks.md).
+inline bool& pdl_in_capture() {
+  static thread_local bool on = false;
+  return on;
+}
+inline bool pdl_enabled() {
+  static const bool allowed = [] {
+    const char* e = std::getenv("ANVIL_CUDA_NO_PDL");
+    return !(e && *e && *e != '0');
+  }();
+  return allowed && pdl_in_capture();
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace anvil::cuda

@@ -1,0 +1,95 @@
+// Internal to src/backend/cuda/: the host-side launchers of the kernel files, one family per file
+// (qgemv.cu, gemm.cu, norm.cu, rope_kv.cu, attention.cu, sample.cu). Every launcher enqueues on
+// `stream` and returns the launch's error (cudaSuccess or the reason); argument checks live in
+// cuda_backend.cpp. Plain C++ (no device code), so host files include it. Activations ("x", "out") are bf16 [rows, cols] unless a parameter says otherwise.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+
+namespace anvil::cuda {
+
+// The weight / activation element types a kernel can be instantiated for.
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// A weight matrix in device memory (backend.h WeightMatrix, with the dtype as Elem).
+struct DevMatrix {
+  const void* data = nullptr;
+  const void* scales = nullptr;  // quantized only: [rows, cols/group] of dtype
+  const void* biases = nullptr;
+  const void* bias = nullptr;    // optional [rows] of bias_dtype
+  int64_t rows = 0, cols = 0;
+  int bits = 0, group = 0;       // bits == 0: dense
+  Elem dtype = Elem::kBF16, bias_dtype = Elem::kBF16;
+};
+
+// Launch kernels with programmatic dependent launch from now on (true while a decode graph is
+// captured; see cuda_common.cuh).
+void set_pdl_capture(bool on);
+
+// ---- qgemv.cu: mat-vec for small batches (T <= kGemvMaxTokens), weight-bandwidth bound ----
+constexpr int kGemvMaxTokens = 8;
+// outs[i][T, ws[i].rows] = x[T, K] ws[i]^T (+ bias) for i < n (n <= 3, one launch when the matrices
+// share a format). out_f32: outputs are F32 instead of bf16.
+cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s);
+// out[T, F] = silu(x gate^T) * (x up^T), gate and up read in the same pass.
+cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
+                        cudaStream_t s);
+// Whether gemv()/gemv_swiglu() take these matrices in one launch (same bits, group, dtype, cols).
+bool gemv_fusable(const DevMatrix& a, const DevMatrix& b);
+// qgemv_tc.cu: the tensor-core 4-bit mat-vec that gemv()/gemv_swiglu() use for q4 matrices with
+// bf16 scales and cols % 128 == 0 (ANVIL_CUDA_NO_TC=1 forces the CUDA-core kernels, for comparison).
+bool gemv_tc_ok(const DevMatrix& w);
+cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
+                    bool out_f32, cudaStream_t s);
+
+// ---- gemm.cu: tensor-core GEMM for prefill (any T), weights dequantized tile by tile ----
+cudaError_t gemm(const DevMatrix& w, const void* x, int T, void* out, bool out_f32, cudaStream_t s);
+// From kCublasMinTokens rows: dequantize w into dst (bf16 [rows, cols], cols % 32 == 0), then
+// out = x dst^T (+ bias) through cuBLAS on `handle` (a cublasHandle_t).
+constexpr int kCublasMinTokens = 64;
+cudaError_t dequant_bf16(const DevMatrix& w, void* dst, cudaStream_t s);
+cudaError_t gemm_cublas(void* handle, const void* wd, const DevMatrix& w, const void* x, int T, void* out,
+                        bool out_f32, cudaStream_t s);
+
+// ---- norm.cu: embedding, norms and element-wise ops ----
+cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, cudaStream_t s);
+// out = rmsnorm(x) * w per row; with residual: residual += x first and the norm reads the sum.
+cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, float eps, int rows, int cols,
+                    void* out, cudaStream_t s);
+cudaError_t add(void* a, const void* b, int64_t n, cudaStream_t s);
+cudaError_t swiglu(const void* gate, const void* up, void* out, int64_t n, cudaStream_t s);
+
+// ---- rope_kv.cu ----
+struct KVDev {
+  void* base = nullptr;
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0, page_size = 0;
+};
+struct BatchDev {
+  int n_tokens = 0, n_seqs = 0, max_pages = 0;
+  const int32_t* pos = nullptr;
+  const int32_t* seq = nullptr;
+  const int32_t* page_table = nullptr;
+};
+// q: [T, n_heads*D] in place; k, v: [T, n_kv*D]. q_norm/k_norm may be null.
+cudaError_t qk_norm_rope_kv_append(void* q, const void* k, const void* v, int n_heads, const void* q_norm,
+                                   const void* k_norm, Elem norm_dtype, float eps, const float* inv_freq,
+                                   const KVDev& kv, int layer, const BatchDev& b, cudaStream_t s);
+
+// ---- attention.cu: split-KV (flash-decoding) over the pages ----
+// Workspace floats needed for a batch of T tokens with n_heads heads split n_splits ways.
+size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits);
+// How many splits a batch gets: enough (token, kv head, split) blocks to fill the GPU for decode,
+// 1 for long prefill batches. Depends only on the launch shape, so a captured graph stays valid.
+int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms);
+cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                      int n_splits, float* workspace, void* out, cudaStream_t s);
+
+// ---- sample.cu ----
+cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
+                        void* dst, cudaStream_t s);
+cudaError_t argmax_rows(const float* logits, int rows, int64_t vocab, const int32_t* suppress, int n_suppress,
+                        int32_t* ids, cudaStream_t s);
+
+}  // namespace anvil::cuda

@@ -1,0 +1,219 @@
+// Prefill GEMM: out[T, N] = x[T, K] W^T on the tensor cores (WMMA bf16 x bf16 -> fp32), with the
+// weights dequantized (MLX affine, any bits) or converted (dense) to bf16 in shared memory, one
+// 64 x 32 tile at a time, so no dequantized copy of W ever exists in device memory.
+//
+// Block: 128 threads (4 warps) own a 64 (tokens) x 64 (weight rows) tile of out; each warp a 32 x 32
+// quarter as 2 x 2 16x16 fragments. Per K step of 32: threads 0..63 dequantize one 32-element chunk
+// of one weight row each (a chunk lies in one MLX group), threads 64..127 copy the 64 x 32 x tile.
+// Needs K % 32 == 0 (quantized matrices always satisfy it; the backend routes other dense shapes
+// to the mat-vec kernels).
+//
+// For larger batches (T >= kCublasMinTokens) the weights are instead dequantized into a bf16 scratch
+// matrix once per call and multiplied by cuBLAS (bf16 in, fp32 accumulate): the dequantization costs
+// one extra write and read of the bf16 matrix, which the far faster library GEMM repays from ~64
+// tokens on (docs/benchmarks.md).
+#include <cublas_v2.h>
+#include <mma.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int BM = 64, BN = 64, BK = 32, LDS = BK + 8;  // +8 bf16: rows 80 bytes apart, fewer conflicts
+constexpr int LDC = BN + 4;
+
+__device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+// Dequantizes elements [k0, k0+32) of weight row `row` into dst[0..32) (bf16).
+template <int BITS>
+__device__ __forceinline__ void dequant_chunk(const DevMatrix& w, int64_t row, int64_t k0, __nv_bfloat16* dst) {
+  if constexpr (BITS > 0) {
+    const uint32_t* p = static_cast<const uint32_t*>(w.data) + (row * w.cols + k0) / 32 * BITS;
+    uint32_t wd[BITS];
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) wd[i] = __ldg(p + i);
+    const int64_t g = row * (w.cols / w.group) + k0 / w.group;
+    const float s = load_any(w.scales, g, w.dtype), b = load_any(w.biases, g, w.dtype);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      const int bit = e * BITS, wi = bit >> 5, sh = bit & 31;
+      uint32_t q = wd[wi] >> sh;
+      if (sh + BITS > 32) q |= wd[wi + 1] << (32 - sh);
+      q &= (1u << BITS) - 1u;
+      dst[e] = __float2bfloat16_rn(fmaf(s, float(q), b));
+    }
+  } else {
+#pragma unroll 8
+    for (int e = 0; e < 32; ++e) dst[e] = __float2bfloat16_rn(load_any(w.data, row * w.cols + k0 + e, w.dtype));
+  }
+}
+
+template <int BITS>
+__global__ void __launch_bounds__(128) gemm_kernel(DevMatrix w, const __nv_bfloat16* x, int T, void* out,
+                                                   bool out_f32) {
+  pdl_begin();
+  using namespace nvcuda;
+  __shared__ __align__(128) unsigned char smem[BM * LDC * sizeof(float)];
+  __nv_bfloat16* Xs = reinterpret_cast<__nv_bfloat16*>(smem);  // [BM][LDS]
+  __nv_bfloat16* Ws = Xs + BM * LDS;                            // [BN][LDS]
+  float* Cs = reinterpret_cast<float*>(smem);                   // [BM][LDC], after the K loop
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int64_t n0 = int64_t(blockIdx.x) * BN;
+  const int t0 = blockIdx.y * BM;
+  const int64_t K = w.cols, N = w.rows;
+  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  for (int64_t k0 = 0; k0 < K; k0 += BK) {
+    if (tid < 64) {
+      const int64_t row = n0 + tid;
+      __nv_bfloat16 tmp[32];
+      if (row < N) {
+        dequant_chunk<BITS>(w, row, k0, tmp);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) tmp[e] = __float2bfloat16_rn(0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint4*>(Ws + tid * LDS + i * 8) = *reinterpret_cast<const uint4*>(tmp + i * 8);
+    } else {
+      const int r = tid - 64;  // one x row of the tile, 32 bf16 = 4 uint4
+      const int t = t0 + r;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (t < T) v = __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + k0) + i);
+        *reinterpret_cast<uint4*>(Xs + r * LDS + i * 8) = v;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], Xs + (wm + i * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], Ws + (wn + j * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(Cs + (wm + i * 16) * LDC + wn + j * 16, acc[i][j], LDC, wmma::mem_row_major);
+  __syncthreads();
+  for (int i = tid; i < BM * BN; i += 128) {
+    const int r = i / BN, c = i % BN;
+    const int t = t0 + r;
+    const int64_t n = n0 + c;
+    if (t >= T || n >= N) continue;
+    float v = Cs[r * LDC + c];
+    if (w.bias) v += load_any(w.bias, n, w.bias_dtype);
+    if (out_f32) static_cast<float*>(out)[int64_t(t) * N + n] = v;
+    else static_cast<__nv_bfloat16*>(out)[int64_t(t) * N + n] = __float2bfloat16_rn(v);
+  }
+}
+
+template <int BITS>
+__global__ void dequant_kernel(DevMatrix w, __nv_bfloat16* dst) {
+  pdl_begin();
+  const int64_t chunks_per_row = w.cols / 32;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * chunks_per_row) return;
+  const int64_t row = i / chunks_per_row, k0 = (i % chunks_per_row) * 32;
+  __nv_bfloat16 tmp[32];
+  dequant_chunk<BITS>(w, row, k0, tmp);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    reinterpret_cast<uint4*>(dst + row * w.cols + k0)[j] = *reinterpret_cast<const uint4*>(tmp + 8 * j);
+}
+
+__global__ void add_bias_kernel(void* out, bool out_f32, int64_t rows, int64_t n, const void* bias, Elem bd) {
+  pdl_begin();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * n) return;
+  const float b = load_any(bias, i % n, bd);
+  if (out_f32) static_cast<float*>(out)[i] += b;
+  else {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out);
+    o[i] = __float2bfloat16_rn(__bfloat162float(o[i]) + b);
+  }
+}
+
+}  // namespace
+
+cudaError_t dequant_bf16(const DevMatrix& w, void* dst, cudaStream_t s) {
+  if (w.cols % 32 != 0) return cudaErrorInvalidValue;
+  const int64_t n = w.rows * (w.cols / 32);
+  const dim3 grid(static_cast<unsigned>((n + 255) / 256));
+  auto* d = static_cast<__nv_bfloat16*>(dst);
+  switch (w.bits) {
+    case 0: launch_k(dequant_kernel<0>, grid, dim3(256), 0, s, w, d); break;
+    case 2: launch_k(dequant_kernel<2>, grid, dim3(256), 0, s, w, d); break;
+    case 3: launch_k(dequant_kernel<3>, grid, dim3(256), 0, s, w, d); break;
+    case 4: launch_k(dequant_kernel<4>, grid, dim3(256), 0, s, w, d); break;
+    case 5: launch_k(dequant_kernel<5>, grid, dim3(256), 0, s, w, d); break;
+    case 6: launch_k(dequant_kernel<6>, grid, dim3(256), 0, s, w, d); break;
+    case 8: launch_k(dequant_kernel<8>, grid, dim3(256), 0, s, w, d); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t gemm_cublas(void* handle, const void* wd, const DevMatrix& w, const void* x, int T, void* out,
+                        bool out_f32, cudaStream_t s) {
+  // Row-major out[T, N] = x[T, K] W^T is column-major out^T[N, T] = W[N, K] x^T, with W (row-major
+  // [N, K]) read as column-major [K, N] transposed.
+  auto h = static_cast<cublasHandle_t>(handle);
+  if (cublasSetStream(h, s) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+  const float alpha = 1.0f, beta = 0.0f;
+  const int N = int(w.rows), K = int(w.cols);
+  const cublasStatus_t st =
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, wd, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, out,
+                   out_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+  if (w.bias) {
+    const int64_t n = int64_t(T) * N;
+    launch_k(add_bias_kernel, dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, s, out, out_f32, int64_t(T),
+             int64_t(N), w.bias, w.bias_dtype);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t gemm(const DevMatrix& w, const void* x, int T, void* out, bool out_f32, cudaStream_t s) {
+  if (w.cols % 32 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned((w.rows + BN - 1) / BN), unsigned((T + BM - 1) / BM));
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  switch (w.bits) {
+    case 0: launch_k(gemm_kernel<0>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 2: launch_k(gemm_kernel<2>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 3: launch_k(gemm_kernel<3>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 4: launch_k(gemm_kernel<4>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 5: launch_k(gemm_kernel<5>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 6: launch_k(gemm_kernel<6>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    case 8: launch_k(gemm_kernel<8>, dim3(grid), dim3(128), 0, s, w, xb, T, out, out_f32); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace anvil::cuda

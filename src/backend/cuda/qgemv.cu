@@ -1,0 +1,329 @@
+// Mat-vec for decode-sized batches (T <= kGemvMaxTokens): out[T, N] = x[T, K] W^T, fp32 accumulation.
+// Weight-bandwidth bound: every weight byte is read once per call, whatever T is.
+//
+// Work split: a chunk is 32 consecutive elements of one weight row (MLX groups are >= 32 and
+// aligned, so a chunk has one scale and one bias). One warp owns R rows; its lanes stride over the
+// row's chunks (lane c reads chunks c, c+32, ...), so a warp's loads are consecutive 16-byte pieces
+// of each row (coalesced), and the x chunk a lane converts to fp32 serves all R rows.
+// Affine quantization is applied per chunk as  s * dot(q, x) + b * sum(x)  (one multiply per chunk
+// instead of one per element).
+// Format codes (FMT): 2..8 = MLX affine bits; 16 = dense bf16; 17 = dense f16; 32 = dense f32.
+// Dense matrices whose cols are not a multiple of 32 take the scalar kernel at the end.
+#include <cstdlib>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int kWarps = 4;  // warps per block
+
+struct Seg {
+  DevMatrix w;
+  void* out = nullptr;
+  int64_t warp_begin = 0;  // first global warp of this matrix
+};
+struct GemvParams {
+  Seg seg[3];
+  int n_seg = 0;
+  DevMatrix up;  // SWIGLU only: same format and shape as seg[0].w
+  const uint16_t* x = nullptr;
+  int T = 0;
+  int64_t K = 0;
+  bool out_f32 = false;
+};
+
+template <int FMT>
+__host__ __device__ constexpr int chunk_words() {
+  return FMT <= 8 ? FMT : (FMT == 32 ? 32 : 16);
+}
+
+__device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[W]) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (W % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = __ldg(p + i);
+  }
+}
+
+// Element e (0..31, a compile-time constant after unrolling) of a chunk: q for quantized formats.
+template <int FMT, int W>
+__device__ __forceinline__ float chunk_elem(const uint32_t (&w)[W], int e) {
+  if constexpr (FMT <= 8) {
+    const int bit = e * FMT, wi = bit >> 5, sh = bit & 31;
+    uint32_t q = w[wi] >> sh;
+    if (sh + FMT > 32) q |= w[wi + 1] << (32 - sh);
+    return float(q & ((1u << FMT) - 1u));
+  } else if constexpr (FMT == 16) {
+    return (e & 1) ? bf16_hi(w[e >> 1]) : bf16_lo(w[e >> 1]);
+  } else if constexpr (FMT == 17) {
+    const __half2 h = *reinterpret_cast<const __half2*>(&w[e >> 1]);
+    return __half2float((e & 1) ? __high2half(h) : __low2half(h));
+  } else {
+    return __uint_as_float(w[e]);
+  }
+}
+
+// Bytes of one weight row.
+template <int FMT>
+__device__ __forceinline__ int64_t row_words(int64_t K) {
+  return K / 32 * chunk_words<FMT>();
+}
+
+template <int FMT, int R, int TT, bool SWIGLU>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvParams p) {
+  pdl_begin();
+  constexpr int W = chunk_words<FMT>();
+  constexpr int M = SWIGLU ? 2 : 1;
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  int si = 0;
+  if (p.n_seg > 1 && gw >= p.seg[1].warp_begin) si = 1;
+  if (p.n_seg > 2 && gw >= p.seg[2].warp_begin) si = 2;
+  const DevMatrix& w0 = p.seg[si].w;
+  const int64_t row0 = (gw - p.seg[si].warp_begin) * R;
+  if (row0 >= w0.rows) return;
+  const int64_t K = p.K, nchunks = K / 32;
+  const int64_t groups = FMT <= 8 ? K / w0.group : 0;
+  const int chunks_per_group = FMT <= 8 ? w0.group / 32 : 1;
+
+  float acc[M][R][TT];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < TT; ++t) acc[m][r][t] = 0.0f;
+
+  for (int64_t c = lane; c < nchunks; c += 32) {
+    // All rows' weight words first: R*M independent loads in flight.
+    uint32_t wq[M][R][W];
+    float sc[M][R], bi[M][R];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const DevMatrix& wm = m == 0 ? w0 : p.up;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = min(row0 + r, wm.rows - 1);  // clamped: duplicates are computed, not stored
+        load_words<W>(static_cast<const uint32_t*>(wm.data) + row * row_words<FMT>(K) + c * W, wq[m][r]);
+        if constexpr (FMT <= 8) {
+          const int64_t g = row * groups + c / chunks_per_group;
+          sc[m][r] = load_any(wm.scales, g, wm.dtype);
+          bi[m][r] = load_any(wm.biases, g, wm.dtype);
+        } else {
+          sc[m][r] = 1.0f, bi[m][r] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      if (t < p.T) {
+        uint32_t xw[16];
+        load_words<16>(reinterpret_cast<const uint32_t*>(p.x + t * K + c * 32), xw);
+        float xf[32];
+        float sx = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          xf[2 * e] = bf16_lo(xw[e]);
+          xf[2 * e + 1] = bf16_hi(xw[e]);
+          sx += xf[2 * e] + xf[2 * e + 1];
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 32; ++e) d = fmaf(chunk_elem<FMT, W>(wq[m][r], e), xf[e], d);
+            if constexpr (FMT <= 8) acc[m][r][t] += sc[m][r] * d + bi[m][r] * sx;
+            else acc[m][r][t] += d;
+          }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      float v[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) v[m] = warp_sum(acc[m][r][t]);
+      const int64_t row = row0 + r;
+      if (lane == 0 && t < p.T && row < w0.rows) {
+        if constexpr (SWIGLU) {
+          const float g = v[0], u = v[1];
+          store_elem<Elem::kBF16>(p.seg[0].out, t * w0.rows + row, g / (1.0f + __expf(-g)) * u);
+        } else {
+          float o = v[0];
+          if (w0.bias) o += load_any(w0.bias, row, w0.bias_dtype);
+          if (p.out_f32) store_elem<Elem::kF32>(p.seg[si].out, t * w0.rows + row, o);
+          else store_elem<Elem::kBF16>(p.seg[si].out, t * w0.rows + row, o);
+        }
+      }
+    }
+  }
+}
+
+// Any dense dtype and any cols (the odd-size fallback): one warp per row, one element per lane step.
+template <bool SWIGLU>
+__global__ void __launch_bounds__(kWarps * 32) gemv_scalar_kernel(GemvParams p) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  int si = 0;
+  if (p.n_seg > 1 && gw >= p.seg[1].warp_begin) si = 1;
+  if (p.n_seg > 2 && gw >= p.seg[2].warp_begin) si = 2;
+  const DevMatrix& w0 = p.seg[si].w;
+  const int64_t row = gw - p.seg[si].warp_begin;
+  if (row >= w0.rows) return;
+  for (int t = 0; t < p.T; ++t) {
+    float a = 0.0f, b = 0.0f;
+    for (int64_t k = lane; k < p.K; k += 32) {
+      const float xv = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p.x)[t * p.K + k]);
+      a = fmaf(load_any(w0.data, row * p.K + k, w0.dtype), xv, a);
+      if constexpr (SWIGLU) b = fmaf(load_any(p.up.data, row * p.K + k, p.up.dtype), xv, b);
+    }
+    a = warp_sum(a);
+    if constexpr (SWIGLU) b = warp_sum(b);
+    if (lane == 0) {
+      if constexpr (SWIGLU) {
+        store_elem<Elem::kBF16>(p.seg[0].out, t * w0.rows + row, a / (1.0f + __expf(-a)) * b);
+      } else {
+        if (w0.bias) a += load_any(w0.bias, row, w0.bias_dtype);
+        if (p.out_f32) store_elem<Elem::kF32>(p.seg[si].out, t * w0.rows + row, a);
+        else store_elem<Elem::kBF16>(p.seg[si].out, t * w0.rows + row, a);
+      }
+    }
+  }
+}
+
+int fmt_of(const DevMatrix& w) {
+  if (w.bits) return w.bits;
+  if (w.cols % 32 != 0) return 0;  // scalar kernel
+  switch (w.dtype) {
+    case Elem::kBF16: return 16;
+    case Elem::kF16: return 17;
+    default: return 32;
+  }
+}
+
+// Rows per warp: more rows share each x conversion, fewer leave SMs idle on narrow matrices.
+int pick_rows(int fmt, int64_t total_rows, int T) {
+  if (T > 1 || fmt == 0 || fmt == 17 || fmt == 32) return 1;
+  const int64_t want_warps = 132 * 16;  // ~16 resident warps per SM
+  if (fmt != 16 && total_rows >= 4 * want_warps) return 4;
+  if (total_rows >= 2 * want_warps) return 2;
+  return 1;
+}
+
+template <int FMT, int R, int TT, bool SW>
+cudaError_t launch_t(GemvParams& p, int64_t warps, cudaStream_t s) {
+  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
+  launch_k(gemv_kernel<FMT, R, TT, SW>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
+  return cudaGetLastError();
+}
+
+template <int FMT, bool SW>
+cudaError_t launch_fmt(GemvParams& p, int R, int64_t warps, cudaStream_t s) {
+  if (p.T > 1) return launch_t<FMT, 1, kGemvMaxTokens, SW>(p, warps, s);
+  if constexpr (FMT == 4 || FMT == 8) {
+    if (R == 4) return launch_t<FMT, 4, 1, SW>(p, warps, s);
+  }
+  if constexpr (FMT == 4 || FMT == 8 || FMT == 16) {
+    if (R == 2) return launch_t<FMT, 2, 1, SW>(p, warps, s);
+  }
+  return launch_t<FMT, 1, 1, SW>(p, warps, s);
+}
+
+template <bool SW>
+cudaError_t dispatch(GemvParams& p, int fmt, int R, int64_t warps, cudaStream_t s) {
+  switch (fmt) {
+    case 2: return launch_fmt<2, SW>(p, R, warps, s);
+    case 3: return launch_fmt<3, SW>(p, R, warps, s);
+    case 4: return launch_fmt<4, SW>(p, R, warps, s);
+    case 5: return launch_fmt<5, SW>(p, R, warps, s);
+    case 6: return launch_fmt<6, SW>(p, R, warps, s);
+    case 8: return launch_fmt<8, SW>(p, R, warps, s);
+    case 16: return launch_fmt<16, SW>(p, R, warps, s);
+    case 17: return launch_fmt<17, SW>(p, R, warps, s);
+    case 32: return launch_fmt<32, SW>(p, R, warps, s);
+    default: {
+      const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
+      launch_k(gemv_scalar_kernel<SW>, dim3(blocks), dim3(kWarps * 32), 0, s, p);
+      return cudaGetLastError();
+    }
+  }
+}
+
+}  // namespace
+
+bool gemv_fusable(const DevMatrix& a, const DevMatrix& b) {
+  return a.bits == b.bits && a.group == b.group && a.dtype == b.dtype && a.cols == b.cols && fmt_of(a) == fmt_of(b);
+}
+
+static bool use_tc(const DevMatrix& w) {
+  const char* e = std::getenv("ANVIL_CUDA_NO_TC");
+  return gemv_tc_ok(w) && !(e && *e && *e != '0');
+}
+
+cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s) {
+  if (use_tc(ws[0])) return gemv_tc(ws, outs, n, nullptr, x, T, out_f32, s);
+  GemvParams p;
+  p.x = static_cast<const uint16_t*>(x);
+  p.T = T;
+  p.K = ws[0].cols;
+  p.out_f32 = out_f32;
+  int64_t total_rows = 0;
+  for (int i = 0; i < n; ++i) total_rows += ws[i].rows;
+  const int fmt = fmt_of(ws[0]);
+  const int R = pick_rows(fmt, total_rows, T);
+  int64_t warps = 0;
+  for (int i = 0; i < n; ++i) {
+    p.seg[i].w = ws[i];
+    p.seg[i].out = outs[i];
+    p.seg[i].warp_begin = warps;
+    warps += (ws[i].rows + R - 1) / R;
+  }
+  p.n_seg = n;
+  return dispatch<false>(p, fmt, R, warps, s);
+}
+
+cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
+                        cudaStream_t s) {
+  if (use_tc(gate)) return gemv_tc(&gate, &out, 1, &up, x, T, false, s);
+  GemvParams p;
+  p.x = static_cast<const uint16_t*>(x);
+  p.T = T;
+  p.K = gate.cols;
+  p.seg[0].w = gate;
+  p.seg[0].out = out;
+  p.n_seg = 1;
+  p.up = up;
+  const int fmt = fmt_of(gate);
+  const int R = pick_rows(fmt, gate.rows * 2, T) > 1 ? 2 : 1;
+  const int64_t warps = (gate.rows + R - 1) / R;
+  return dispatch<true>(p, fmt, R, warps, s);
+}
+
+}  // namespace anvil::cuda

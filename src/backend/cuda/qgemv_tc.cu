@@ -1,0 +1,244 @@
+// The 4-bit mat-vec on the tensor cores: decode's hot loop for q4 weights (MLX affine, bf16 scales).
+//
+// Why: the CUDA-core mat-vec spends ~4 instructions per 4-bit weight (extract, convert, FMA), about
+// what an SM can issue at full memory bandwidth, so it cannot reach the bandwidth limit. Here a
+// weight costs ~1.5 instructions: two nibbles at a time become a bf16 pair by bit tricks
+// (lop3 into 128 + q, one subtract, one fma with the group's scale and bias), and the dot product
+// is an mma.sync m16n8k16 (bf16 x bf16 -> fp32) whose 8 columns are the batch's tokens (T <= 8;
+// unused columns are zeros).
+//
+// Layout: a block owns 16 weight rows; its 8 warps split K in super-steps of 128 (warp w takes
+// steps w, w+8, ..., two at a time: both steps' loads are issued before either's mmas, so enough
+// bytes are in flight per SM). In a step, lane (g = lane/4, c = lane%4) loads 16 bytes (32
+// weights) of rows g and g+8 at k = step*128 + c*32 and token g's 32 matching activations. A dot product is a sum
+// over k, so the mma's k order may be any permutation shared by A and B: mma j of the step uses
+// 32-bit word j/2 of each lane's 16 bytes, nibble pairs (s, s+4) as the lop3 trick yields them, and
+// B is built from the same activation elements. The warps' fp32 accumulators are summed in shared
+// memory at the end. Every weight byte is read exactly once.
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda {
+namespace {
+
+// Block shape: kWarps warps split K; each issues kUnroll steps' loads before their mmas. 8 x 2 is
+// the default; ANVIL_QGEMV_TC=WxU picks another compiled shape (4x4, 16x1, 16x2) for measuring.
+
+struct TcSeg {
+  const uint32_t* w;
+  const __nv_bfloat16* scales;
+  const __nv_bfloat16* biases;
+  const void* bias;
+  Elem bias_dtype;
+  int64_t rows;
+  void* out;
+  int64_t tile_begin;  // first 16-row tile (block) of this matrix
+};
+struct TcParams {
+  TcSeg seg[3];
+  int n_seg;
+  TcSeg up;  // SWIGLU: the up matrix, same shape as seg[0]
+  const __nv_bfloat16* x;
+  int T;
+  int64_t K;
+  int group;
+  bool out_f32;
+};
+
+__device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Nibbles (s, s+4) of w as the bf16 pair (s*q0 + b, s*q1 + b).
+__device__ __forceinline__ uint32_t dq_pair(uint32_t w, int shift, __nv_bfloat162 s2, __nv_bfloat162 b2) {
+  const uint32_t p = ((w >> shift) & 0x000F000Fu) | 0x43004300u;  // bf16 pair (128 + q0, 128 + q1), exact
+  const __nv_bfloat162 q = __hsub2(u32_as_bf2(p), __floats2bfloat162_rn(128.0f, 128.0f));
+  return bf2_as_u32(__hfma2(q, s2, b2));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct Step {
+  uint4 wa, wb;  // rows g and g+8
+  __nv_bfloat162 sa, ba, sb, bb;
+};
+
+__device__ __forceinline__ Step load_step(const TcSeg& m, int64_t ra, int64_t rb, int64_t k, int64_t K, int group) {
+  Step s;
+  s.wa = __ldg(reinterpret_cast<const uint4*>(m.w + (ra * K + k) / 8));
+  s.wb = __ldg(reinterpret_cast<const uint4*>(m.w + (rb * K + k) / 8));
+  const int64_t ga = ra * (K / group) + k / group, gb = rb * (K / group) + k / group;
+  s.sa = __bfloat162bfloat162(m.scales[ga]);
+  s.ba = __bfloat162bfloat162(m.biases[ga]);
+  s.sb = __bfloat162bfloat162(m.scales[gb]);
+  s.bb = __bfloat162bfloat162(m.biases[gb]);
+  return s;
+}
+
+// The 8 mmas of one step: A from the step's weights, B from xw (token g's 32 activations).
+__device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uint32_t (&xw)[16]) {
+  const uint32_t wa[4] = {s.wa.x, s.wa.y, s.wa.z, s.wa.w}, wb[4] = {s.wb.x, s.wb.y, s.wb.z, s.wb.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int word = j >> 1, sh = (j & 1) * 8;  // pairs (0,4),(1,5) then (2,6),(3,7)
+    const uint32_t a0 = dq_pair(wa[word], sh, s.sa, s.ba), a2 = dq_pair(wa[word], sh + 4, s.sa, s.ba);
+    const uint32_t a1 = dq_pair(wb[word], sh, s.sb, s.bb), a3 = dq_pair(wb[word], sh + 4, s.sb, s.bb);
+    // Elements of the 32: e0 = 8*word + 2*(j&1): a0 holds (e0, e0+4), a2 holds (e0+1, e0+5).
+    const int e0 = 8 * word + 2 * (j & 1);
+    const uint32_t lo0 = xw[e0 / 2], lo4 = xw[e0 / 2 + 2];
+    const uint32_t b0 = __byte_perm(lo0, lo4, 0x5410);  // (x[e0], x[e0+4])
+    const uint32_t b1 = __byte_perm(lo0, lo4, 0x7632);  // (x[e0+1], x[e0+5])
+    mma_bf16(d, a0, a1, a2, a3, b0, b1);
+  }
+}
+
+__device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+template <bool SWIGLU, int kWarps, int kUnroll>
+__global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t tile = blockIdx.x;
+  int si = 0;
+  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
+  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
+  const TcSeg& m = p.seg[si];
+  const int64_t r0 = (tile - m.tile_begin) * 16;
+  const int64_t ra = min(r0 + g, m.rows - 1), rb = min(r0 + g + 8, m.rows - 1);
+  const int64_t K = p.K, steps = K / 128;
+  const bool has_x = g < p.T;
+
+  float d[4] = {0, 0, 0, 0}, du[4] = {0, 0, 0, 0};
+  for (int64_t st0 = warp; st0 < steps; st0 += kWarps * kUnroll) {
+    // All loads of kUnroll steps first (2-3 KB per warp in flight), then their mmas.
+    Step s[kUnroll], su[kUnroll];
+    uint32_t xw[kUnroll][16];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t st = st0 + int64_t(u) * kWarps;
+      if (st >= steps) break;
+      const int64_t k = st * 128 + c * 32;
+      s[u] = load_step(m, ra, rb, k, K, p.group);
+      if constexpr (SWIGLU) su[u] = load_step(p.up, ra, rb, k, K, p.group);
+      if (has_x) {
+        const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * K + k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v = __ldg(xp + i);
+          xw[u][4 * i] = v.x, xw[u][4 * i + 1] = v.y, xw[u][4 * i + 2] = v.z, xw[u][4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xw[u][i] = 0;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (st0 + int64_t(u) * kWarps >= steps) break;
+      step_mma(d, s[u], xw[u]);
+      if constexpr (SWIGLU) step_mma(du, su[u], xw[u]);
+    }
+  }
+
+  // Sum the warps' accumulators; warp 0 writes. d[0..1]: row g, tokens 2c, 2c+1; d[2..3]: row g+8.
+  __shared__ float red[kWarps][2][32][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    red[warp][0][lane][i] = d[i];
+    if constexpr (SWIGLU) red[warp][1][lane][i] = du[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v = 0, u = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      v += red[w][0][lane][i];
+      if constexpr (SWIGLU) u += red[w][1][lane][i];
+    }
+    const int t = 2 * c + (i & 1);
+    const int64_t row = r0 + g + (i >> 1) * 8;
+    if (t >= p.T || row >= m.rows) continue;
+    if constexpr (SWIGLU) {
+      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
+    } else {
+      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
+      if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+      else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+template <int W, int U>
+cudaError_t tc_launch(bool swiglu, dim3 grid, cudaStream_t s, const TcParams& p) {
+  if (swiglu) launch_k(qgemv4_tc_kernel<true, W, U>, grid, dim3(W * 32), 0, s, p);
+  else launch_k(qgemv4_tc_kernel<false, W, U>, grid, dim3(W * 32), 0, s, p);
+  return cudaGetLastError();
+}
+
+TcSeg seg_of(const DevMatrix& w, void* out) {
+  TcSeg s;
+  s.w = static_cast<const uint32_t*>(w.data);
+  s.scales = static_cast<const __nv_bfloat16*>(w.scales);
+  s.biases = static_cast<const __nv_bfloat16*>(w.biases);
+  s.bias = w.bias;
+  s.bias_dtype = w.bias_dtype;
+  s.rows = w.rows;
+  s.out = out;
+  s.tile_begin = 0;
+  return s;
+}
+
+}  // namespace
+
+bool gemv_tc_ok(const DevMatrix& w) {
+  return w.bits == 4 && w.cols % 128 == 0 && w.dtype == Elem::kBF16 && (w.group == 32 || w.group == 64 || w.group == 128);
+}
+
+cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
+                    bool out_f32, cudaStream_t s) {
+  TcParams p;
+  p.n_seg = n;
+  int64_t tiles = 0;
+  for (int i = 0; i < n; ++i) {
+    p.seg[i] = seg_of(ws[i], outs[i]);
+    p.seg[i].tile_begin = tiles;
+    tiles += (ws[i].rows + 15) / 16;
+  }
+  p.x = static_cast<const __nv_bfloat16*>(x);
+  p.T = T;
+  p.K = ws[0].cols;
+  p.group = ws[0].group;
+  p.out_f32 = out_f32;
+  if (up) p.up = seg_of(*up, nullptr);
+  static const int shape = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_TC");
+    const std::string v = e ? e : "";
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : 0;
+  }();
+  const dim3 grid(static_cast<unsigned>(tiles));
+  switch (shape) {
+    case 1: return tc_launch<4, 4>(up != nullptr, grid, s, p);
+    case 2: return tc_launch<16, 1>(up != nullptr, grid, s, p);
+    case 3: return tc_launch<16, 2>(up != nullptr, grid, s, p);
+    default: return tc_launch<8, 2>(up != nullptr, grid, s, p);
+  }
+}
+
+}  // namespace anvil::cuda

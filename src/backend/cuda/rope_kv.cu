@@ -1,0 +1,98 @@
+// q/k RMSNorm + RoPE + KV page append in one launch: one warp per (token, head) item, q heads first,
+// then kv heads (whose K row is normed and rotated, and whose V row is copied, into the token's page
+// slot). Lane l holds the rotate-half pairs (i, i + D/2) for i = l, l + 32, ... (D <= 256, even).
+// Angles pos * inv_freq[i] are formed and rotated in double, as the CPU reference does (fp32 loses
+// ~1e-3 rad at 40k positions); the rotation itself is fp32.
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int kMaxPairsPerLane = 4;  // D <= 256
+
+__device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+__global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n_heads,
+                                      const void* q_norm, const void* k_norm, Elem nd, float eps,
+                                      const float* inv_freq, KVDev kv, int layer, BatchDev b) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int per_tok = n_heads + kv.n_kv_heads;
+  if (item >= int64_t(b.n_tokens) * per_tok) return;
+  const int t = int(item / per_tok), h = int(item % per_tok);
+  const int D = kv.head_dim, half = D / 2;
+  const bool is_q = h < n_heads;
+  const int kh = h - n_heads;
+  const __nv_bfloat16* src = is_q ? q + (int64_t(t) * n_heads + h) * D : k + (int64_t(t) * kv.n_kv_heads + kh) * D;
+  const void* nw = is_q ? q_norm : k_norm;
+  const int32_t pos = b.pos[t];
+
+  float a[kMaxPairsPerLane], c[kMaxPairsPerLane];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    a[j] = c[j] = 0.0f;
+    if (i < half) {
+      a[j] = __bfloat162float(src[i]);
+      c[j] = __bfloat162float(src[i + half]);
+      ss += a[j] * a[j] + c[j] * c[j];
+    }
+  }
+  float inv = 1.0f;
+  if (nw) inv = rsqrtf(warp_sum(ss) / float(D) + eps);
+
+  __nv_bfloat16* dst;
+  if (is_q) {
+    dst = q + (int64_t(t) * n_heads + h) * D;
+  } else {
+    const int64_t page = b.page_table[int64_t(b.seq[t]) * b.max_pages + pos / kv.page_size];
+    const int slot = pos % kv.page_size;
+    dst = static_cast<__nv_bfloat16*>(kv.base) +
+          kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+    __nv_bfloat16* vdst = static_cast<__nv_bfloat16*>(kv.base) +
+                          kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+    const __nv_bfloat16* vsrc = v + (int64_t(t) * kv.n_kv_heads + kh) * D;
+    for (int i = lane; i < D; i += 32) vdst[i] = vsrc[i];
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i < half) {
+      float x0 = a[j], x1 = c[j];
+      if (nw) {
+        x0 = x0 * inv * load_any(nw, i, nd);
+        x1 = x1 * inv * load_any(nw, i + half, nd);
+      }
+      double sn, cs;
+      sincos(double(pos) * double(inv_freq[i]), &sn, &cs);
+      const float fc = float(cs), fs = float(sn);
+      dst[i] = __float2bfloat16_rn(x0 * fc - x1 * fs);
+      dst[i + half] = __float2bfloat16_rn(x1 * fc + x0 * fs);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t qk_norm_rope_kv_append(void* q, const void* k, const void* v, int n_heads, const void* q_norm,
+                                   const void* k_norm, Elem norm_dtype, float eps, const float* inv_freq,
+                                   const KVDev& kv, int layer, const BatchDev& b, cudaStream_t s) {
+  if (kv.head_dim % 2 != 0 || kv.head_dim > 2 * 32 * kMaxPairsPerLane) return cudaErrorInvalidValue;
+  const int64_t items = int64_t(b.n_tokens) * (n_heads + kv.n_kv_heads);
+  constexpr int kWarpsPerBlock = 4;
+  const unsigned blocks = unsigned((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  launch_k(qk_rope_append_kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, s, 
+      static_cast<__nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v),
+      n_heads, q_norm, k_norm, norm_dtype, eps, inv_freq, kv, layer, b);
+  return cudaGetLastError();
+}
+
+}  // namespace anvil::cuda

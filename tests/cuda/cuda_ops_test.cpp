@@ -1,0 +1,449 @@
+// Every CUDA op against the CPU backend (the reference) over a range of shapes: odd sizes, every
+// quantization bit width and group size, dense bf16/f16/f32, batch 1 and larger (mat-vec and GEMM
+// paths), page-boundary positions. See cuda_test_util.h for the metric, poisoning and guard bytes.
+//
+// Bounds (rel_err, derived from what the H200 measured on these shapes, see docs/benchmarks.md):
+// the CUDA backend keeps activations in bf16, so every op's output carries bf16 rounding
+// (2^-9 relative per element, ~2.3e-3 rms at most, less in practice); the GEMM path also rounds the
+// dequantized weights to bf16 for the tensor cores. A wrong index, group or bit order gives O(1).
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+
+#include "cuda_test_util.h"
+
+namespace anvil::cuda_test {
+namespace {
+
+constexpr double kElementwiseBound = 4e-3;  // one bf16 rounding of the output (measured <= 2.3e-3)
+constexpr double kGemvBound = 4e-3;         // fp32 accumulation + output rounding (measured <= 2.5e-3)
+constexpr double kGemmBound = 6e-3;         // + bf16 dequantized weights (measured <= 3.5e-3)
+constexpr double kAttentionBound = 8e-3;    // bf16 q/k/v inputs and output, fp32 softmax (measured <= 4e-3)
+
+// Host storage of a random weight matrix in the given format.
+struct HostWeight {
+  std::vector<uint32_t> q;
+  std::vector<uint16_t> dense16, scales, biases, bias;
+  std::vector<float> dense32;
+  WeightMatrix w;
+};
+
+HostWeight make_weight(std::mt19937& rng, int64_t rows, int64_t cols, int bits, int group, DType dt, bool with_bias) {
+  HostWeight h;
+  h.w.rows = rows, h.w.cols = cols, h.w.bits = bits, h.w.group_size = group, h.w.dtype = dt;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float wscale = 1.0f / std::sqrt(float(cols));
+  if (bits) {
+    h.q.resize(size_t(rows * cols * bits / 32));
+    for (auto& x : h.q) x = uint32_t(rng());
+    const size_t ng = size_t(rows * (cols / group));
+    h.scales.resize(ng), h.biases.resize(ng);
+    const float levels = float((1 << bits) - 1);
+    for (size_t g = 0; g < ng; ++g) {
+      const float s = wscale * (0.5f + std::abs(nd(rng))) * 3.0f / levels;
+      h.scales[g] = f32_to_bf16(s);
+      h.biases[g] = f32_to_bf16(-s * levels / 2 + 0.1f * wscale * nd(rng));
+    }
+    h.w.data = h.q.data(), h.w.scales = h.scales.data(), h.w.biases = h.biases.data();
+  } else if (dt == DType::kF32) {
+    h.dense32.resize(size_t(rows * cols));
+    for (auto& x : h.dense32) x = wscale * nd(rng);
+    h.w.data = h.dense32.data();
+  } else {
+    h.dense16.resize(size_t(rows * cols));
+    for (auto& x : h.dense16) x = dt == DType::kBF16 ? f32_to_bf16(wscale * nd(rng)) : f32_to_f16(wscale * nd(rng));
+    h.w.data = h.dense16.data();
+  }
+  if (with_bias) {
+    h.bias.resize(size_t(rows));
+    for (auto& x : h.bias) x = f32_to_bf16(0.1f * nd(rng));
+    h.w.bias = h.bias.data(), h.w.bias_dtype = DType::kBF16;
+  }
+  return h;
+}
+
+std::string fmt_name(int bits, int group, DType dt) {
+  return bits ? "q" + std::to_string(bits) + "g" + std::to_string(group) : std::string(dtype_name(dt));
+}
+
+class CudaOps : public CudaFixture {
+ protected:
+  // CPU reference of linear on float inputs x [T, cols].
+  std::vector<float> cpu_linear(const std::vector<float>& x, int64_t T, const WeightMatrix& w) {
+    std::vector<float> out(size_t(T * w.rows));
+    std::vector<float> xin = x;
+    cpu_->linear(Act{xin.data(), T, w.cols, DType::kF32}, w, Act{out.data(), T, w.rows, DType::kF32});
+    return out;
+  }
+};
+
+struct Fmt {
+  int bits, group;
+  DType dt;
+};
+const Fmt kFormats[] = {{4, 32, DType::kBF16}, {4, 64, DType::kBF16}, {4, 128, DType::kBF16}, {8, 32, DType::kBF16},
+                        {8, 64, DType::kBF16}, {8, 128, DType::kBF16}, {2, 64, DType::kBF16}, {3, 64, DType::kBF16},
+                        {5, 32, DType::kBF16}, {6, 32, DType::kBF16}, {4, 64, DType::kF16},  {0, 0, DType::kBF16},
+                        {0, 0, DType::kF16},   {0, 0, DType::kF32}};
+
+TEST_F(CudaOps, LinearMatchesCpuOverFormatsShapesAndBatch) {
+  const int64_t shapes[][2] = {{67, 128}, {515, 256}, {2053, 1024}, {4097, 384}};
+  const int64_t Ts[] = {1, 3, 8, 9, 70};
+  for (const Fmt& f : kFormats)
+    for (auto& sh : shapes) {
+      HostWeight hw = make_weight(rng_, sh[0], sh[1], f.bits, f.group, f.dt, /*bias=*/sh[0] == 515);
+      auto dw = gpu_->upload_weight(hw.w);
+      ASSERT_TRUE(dw.is_ok()) << dw.status().message();
+      for (int64_t T : Ts)
+        for (int cuda_core : {0, 1}) {  // q4: the tensor-core mat-vec and the CUDA-core one
+          if (cuda_core && (f.bits != 4 || T > 8)) continue;
+          if (cuda_core) setenv("ANVIL_CUDA_NO_TC", "1", 1);
+          const std::vector<float> x = randn(size_t(T * sh[1]));
+          const auto ref = cpu_linear(x, T, hw.w);
+          Guarded gx = dev_bf16(x), go = dev_out(size_t(T * sh[0]) * 2);
+          gpu_->linear(Act{gx.data(), T, sh[1], DType::kBF16}, *dw, Act{go.data(), T, sh[0], DType::kBF16});
+          ASSERT_TRUE(gpu_->synchronize().is_ok());
+          unsetenv("ANVIL_CUDA_NO_TC");
+          const std::string what = "linear " + fmt_name(f.bits, f.group, f.dt) + " [" + std::to_string(sh[0]) + "x" +
+                                   std::to_string(sh[1]) + "] T=" + std::to_string(T) + (cuda_core ? " cuda-core" : "");
+          // The tensor-core paths (GEMM, q4 mat-vec) round dequantized weights to bf16.
+          const bool tc = T > 8 || (f.bits == 4 && f.dt == DType::kBF16 && !cuda_core);
+          expect_close(read(go, DType::kBF16, what), ref, tc ? kGemmBound : kGemvBound, what);
+        }
+      gpu_->free_weight(*dw);
+    }
+}
+
+TEST_F(CudaOps, LinearDenseOddColsAndF32Logits) {
+  // cols not a multiple of 32 (the scalar kernel) and F32 outputs (the lm_head writes F32 logits).
+  for (int64_t cols : {40, 100}) {
+    HostWeight hw = make_weight(rng_, 77, cols, 0, 0, DType::kBF16, true);
+    auto dw = gpu_->upload_weight(hw.w);
+    ASSERT_TRUE(dw.is_ok());
+    for (int64_t T : {1, 5, 12}) {
+      const auto x = randn(size_t(T * cols));
+      const auto ref = cpu_linear(x, T, hw.w);
+      Guarded gx = dev_bf16(x), go = dev_out(size_t(T * 77) * 4);
+      gpu_->linear(Act{gx.data(), T, cols, DType::kBF16}, *dw, Act{go.data(), T, 77, DType::kF32});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      const std::string what = "linear bf16 odd cols=" + std::to_string(cols) + " T=" + std::to_string(T) + " f32 out";
+      // F32 output: no output rounding, only accumulation order.
+      expect_close(read(go, DType::kF32, what), ref, 1e-4, what);
+    }
+    gpu_->free_weight(*dw);
+  }
+  HostWeight hw = make_weight(rng_, 3001, 256, 4, 64, DType::kBF16, false);
+  auto dw = gpu_->upload_weight(hw.w);
+  ASSERT_TRUE(dw.is_ok());
+  for (int64_t T : {1, 33}) {
+    const auto x = randn(size_t(T * 256));
+    const auto ref = cpu_linear(x, T, hw.w);
+    Guarded gx = dev_bf16(x), go = dev_out(size_t(T * 3001) * 4);
+    gpu_->linear(Act{gx.data(), T, 256, DType::kBF16}, *dw, Act{go.data(), T, 3001, DType::kF32});
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    const std::string what = "lm_head q4g64 f32 out T=" + std::to_string(T);
+    // Both q4 paths here are tensor-core ones (weights rounded to bf16; measured 1.5e-3 at T=1).
+    expect_close(read(go, DType::kF32, what), ref, 4e-3, what);
+  }
+  gpu_->free_weight(*dw);
+}
+
+TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
+  for (const Fmt& f : {Fmt{4, 64, DType::kBF16}, Fmt{8, 32, DType::kBF16}, Fmt{0, 0, DType::kBF16}, Fmt{3, 64, DType::kBF16},
+                       Fmt{4, 32, DType::kF16}})
+    for (int64_t T : {1, 4, 8, 21, 70}) {  // mat-vec, WMMA GEMM, cuBLAS
+      const int64_t H = 256;
+      HostWeight q = make_weight(rng_, 512, H, f.bits, f.group, f.dt, false);
+      HostWeight k = make_weight(rng_, 128, H, f.bits, f.group, f.dt, false);
+      HostWeight v = make_weight(rng_, 96, H, f.bits, f.group, f.dt, true);
+      auto dq = gpu_->upload_weight(q.w), dk = gpu_->upload_weight(k.w), dv = gpu_->upload_weight(v.w);
+      ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok());
+      const auto x = randn(size_t(T * H));
+      Guarded gx = dev_bf16(x);
+      Guarded oq = dev_out(size_t(T * 512) * 2), ok = dev_out(size_t(T * 128) * 2), ov = dev_out(size_t(T * 96) * 2);
+      const WeightMatrix* ws[3] = {&*dq, &*dk, &*dv};
+      const Act outs[3] = {Act{oq.data(), T, 512, DType::kBF16}, Act{ok.data(), T, 128, DType::kBF16},
+                           Act{ov.data(), T, 96, DType::kBF16}};
+      gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      const std::string base = fmt_name(f.bits, f.group, f.dt) + " T=" + std::to_string(T);
+      const double bound = kGemmBound;
+      expect_close(read(oq, DType::kBF16, "q"), cpu_linear(x, T, q.w), bound, "linear_multi q " + base);
+      expect_close(read(ok, DType::kBF16, "k"), cpu_linear(x, T, k.w), bound, "linear_multi k " + base);
+      expect_close(read(ov, DType::kBF16, "v"), cpu_linear(x, T, v.w), bound, "linear_multi v " + base);
+
+      HostWeight g = make_weight(rng_, 300, H, f.bits, f.group, f.dt, false);
+      HostWeight u = make_weight(rng_, 300, H, f.bits, f.group, f.dt, false);
+      auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
+      ASSERT_TRUE(dg.is_ok() && du.is_ok());
+      std::vector<float> ref(size_t(T * 300));
+      std::vector<float> xin = x;
+      cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, 300, DType::kF32});
+      Guarded os = dev_out(size_t(T * 300) * 2);
+      gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, 300, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      expect_close(read(os, DType::kBF16, "swiglu"), ref, bound * 1.5, "linear_swiglu " + base);
+      for (auto* w : {&*dq, &*dk, &*dv, &*dg, &*du}) gpu_->free_weight(*w);
+    }
+}
+
+TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
+  for (int64_t rows : {1, 5, 64})
+    for (int64_t cols : {64, 1000, 4096}) {
+      const std::string sh = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";
+      auto x = randn(size_t(rows * cols)), r = randn(size_t(rows * cols), 4.0f), wv = randn(size_t(cols));
+      std::vector<uint16_t> wb(wv.size());
+      for (size_t i = 0; i < wv.size(); ++i) wb[i] = f32_to_bf16(wv[i]);
+      WeightVector hw{cols, DType::kBF16, wb.data()};
+      auto dw = gpu_->upload_vector(hw);
+      ASSERT_TRUE(dw.is_ok());
+      std::vector<float> ref(x.size());
+      cpu_->rmsnorm(Act{x.data(), rows, cols, DType::kF32}, hw, 1e-6f, Act{ref.data(), rows, cols, DType::kF32});
+      Guarded gx = dev_bf16(x), go = dev_out(x.size() * 2);
+      gpu_->rmsnorm(Act{gx.data(), rows, cols, DType::kBF16}, *dw, 1e-6f, Act{go.data(), rows, cols, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      expect_close(read(go, DType::kBF16, "rmsnorm"), ref, kElementwiseBound, "rmsnorm" + sh);
+
+      // add_rmsnorm: residual += x (rounded to bf16 on the GPU), out = norm(residual).
+      std::vector<float> res = r, ref2(x.size());
+      cpu_->add_rmsnorm(Act{res.data(), rows, cols, DType::kF32}, Act{x.data(), rows, cols, DType::kF32}, hw, 1e-6f,
+                        Act{ref2.data(), rows, cols, DType::kF32});
+      Guarded gr = dev_bf16(r), go2 = dev_out(x.size() * 2);
+      gpu_->add_rmsnorm(Act{gr.data(), rows, cols, DType::kBF16}, Act{gx.data(), rows, cols, DType::kBF16}, *dw, 1e-6f,
+                        Act{go2.data(), rows, cols, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      expect_close(read(go2, DType::kBF16, "add_rmsnorm"), ref2, kElementwiseBound, "add_rmsnorm out" + sh);
+      expect_close(read(gr, DType::kBF16, "add_rmsnorm residual"), res, kElementwiseBound, "add_rmsnorm residual" + sh);
+
+      // swiglu and add.
+      auto u = randn(x.size());
+      std::vector<float> ref3(x.size());
+      cpu_->swiglu(Act{x.data(), rows, cols, DType::kF32}, Act{u.data(), rows, cols, DType::kF32},
+                   Act{ref3.data(), rows, cols, DType::kF32});
+      Guarded gu = dev_bf16(u), go3 = dev_out(x.size() * 2);
+      gpu_->swiglu(Act{gx.data(), rows, cols, DType::kBF16}, Act{gu.data(), rows, cols, DType::kBF16},
+                   Act{go3.data(), rows, cols, DType::kBF16});
+      gpu_->add(Act{gu.data(), rows, cols, DType::kBF16}, Act{gx.data(), rows, cols, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      expect_close(read(go3, DType::kBF16, "swiglu"), ref3, kElementwiseBound, "swiglu" + sh);
+      cpu_->add(Act{u.data(), rows, cols, DType::kF32}, Act{x.data(), rows, cols, DType::kF32});
+      expect_close(read(gu, DType::kBF16, "add"), u, kElementwiseBound, "add" + sh);
+      gpu_->free_vector(*dw);
+    }
+  // embed: quantized and dense tables, ids including the first and last rows.
+  for (const Fmt& f : {Fmt{4, 64, DType::kBF16}, Fmt{8, 32, DType::kBF16}, Fmt{6, 32, DType::kBF16}, Fmt{0, 0, DType::kBF16}}) {
+    HostWeight t = make_weight(rng_, 1001, 256, f.bits, f.group, f.dt, false);
+    auto dt = gpu_->upload_weight(t.w);
+    ASSERT_TRUE(dt.is_ok());
+    std::vector<int32_t> ids = {0, 1000, 17, 17, 512, 999, 3};
+    std::vector<float> ref(ids.size() * 256);
+    cpu_->embed(t.w, ids.data(), Act{ref.data(), int64_t(ids.size()), 256, DType::kF32});
+    Guarded gi = dev_bytes(ids.data(), ids.size() * 4), go = dev_out(ref.size() * 2);
+    gpu_->embed(*dt, static_cast<const int32_t*>(gi.data()), Act{go.data(), int64_t(ids.size()), 256, DType::kBF16});
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    expect_close(read(go, DType::kBF16, "embed"), ref, kElementwiseBound, "embed " + fmt_name(f.bits, f.group, f.dt));
+    gpu_->free_weight(*dt);
+  }
+}
+
+// RoPE + KV append, then attention, on a paged cache shared by several sequences, with decode
+// tokens at page boundaries and a prefill chunk crossing pages.
+struct AttnCase {
+  int n_heads, n_kv, D;
+};
+
+TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
+  const int P = 16, L = 2, layer = 1, max_pages = 80;
+  for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
+                            AttnCase{6, 2, 32}, AttnCase{8, 8, 256}}) {
+    const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" + std::to_string(c.D);
+    KVCacheView kv;
+    kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
+    kv.n_pages = 3 * max_pages;
+    std::vector<uint16_t> cpu_cache(kv.page_elems() * size_t(kv.n_pages), 0);
+    kv.base = cpu_cache.data();
+    Guarded gcache = guarded(kv.page_bytes() * size_t(kv.n_pages));
+    gpu_->copy_to_device(gcache.data(), cpu_cache.data(), kv.page_bytes() * size_t(kv.n_pages));
+    KVCacheView gkv = kv;
+    gkv.base = gcache.data();
+    // Three sequences with scattered (non-contiguous, descending) pages.
+    std::vector<int32_t> table(size_t(3) * max_pages);
+    for (int s = 0; s < 3; ++s)
+      for (int p = 0; p < max_pages; ++p) table[size_t(s) * max_pages + p] = (3 * max_pages - 1) - (p * 3 + s);
+    Guarded gtable = dev_bytes(table.data(), table.size() * 4);
+    std::vector<float> inv_freq(size_t(c.D / 2));
+    for (int i = 0; i < c.D / 2; ++i) inv_freq[size_t(i)] = std::pow(1e6f, -2.0f * i / c.D);
+    Guarded gfreq = dev_bytes(inv_freq.data(), inv_freq.size() * 4);
+    auto nq = randn(size_t(c.D)), nk = randn(size_t(c.D));
+    std::vector<uint16_t> nqb(nq.size()), nkb(nk.size());
+    for (size_t i = 0; i < nq.size(); ++i) nqb[i] = f32_to_bf16(1.0f + 0.2f * nq[i]), nkb[i] = f32_to_bf16(1.0f + 0.2f * nk[i]);
+    WeightVector qn{c.D, DType::kBF16, nqb.data()}, kn{c.D, DType::kBF16, nkb.data()};
+    auto dqn = gpu_->upload_vector(qn), dkn = gpu_->upload_vector(kn);
+    ASSERT_TRUE(dqn.is_ok() && dkn.is_ok());
+
+    // Steps: prefill seq 0 (37 tokens), seq 1 (16 = exactly one page), seq 2 (1200 tokens in chunks);
+    // then one decode batch of the three (positions 37, 16, 1200: a fresh page for seq 1).
+    struct Step {
+      std::vector<int32_t> pos, seq;
+    };
+    std::vector<Step> steps;
+    auto chunk = [&](int s, int from, int n) {
+      Step st;
+      for (int i = 0; i < n; ++i) st.pos.push_back(from + i), st.seq.push_back(s);
+      steps.push_back(st);
+    };
+    chunk(0, 0, 37);
+    chunk(1, 0, 16);
+    for (int from = 0; from < 1200; from += 256) chunk(2, from, std::min(256, 1200 - from));
+    steps.push_back(Step{{37, 16, 1200}, {0, 1, 2}});
+    for (size_t si = 0; si < steps.size(); ++si) {
+      const Step& st = steps[si];
+      const int T = int(st.pos.size());
+      const int64_t QD = int64_t(c.n_heads) * c.D, KD = int64_t(c.n_kv) * c.D;
+      auto q = randn(size_t(T * QD)), k = randn(size_t(T * KD)), v = randn(size_t(T * KD));
+      BatchView cb;
+      cb.n_tokens = T, cb.n_seqs = 3, cb.max_pages = max_pages;
+      cb.pos = cb.pos_host = st.pos.data(), cb.seq = cb.seq_host = st.seq.data(), cb.page_table = table.data();
+      Guarded gpos = dev_bytes(st.pos.data(), size_t(T) * 4), gseq = dev_bytes(st.seq.data(), size_t(T) * 4);
+      BatchView gb = cb;
+      gb.pos = static_cast<const int32_t*>(gpos.data()), gb.seq = static_cast<const int32_t*>(gseq.data());
+      gb.page_table = static_cast<const int32_t*>(gtable.data());
+      Guarded gq = dev_bf16(q), gk = dev_bf16(k), gv = dev_bf16(v);
+      cpu_->qk_norm_rope_kv_append(Act{q.data(), T, QD, DType::kF32}, Act{k.data(), T, KD, DType::kF32},
+                                   Act{v.data(), T, KD, DType::kF32}, qn, kn, 1e-6f, inv_freq.data(), kv, layer, cb);
+      gpu_->qk_norm_rope_kv_append(Act{gq.data(), T, QD, DType::kBF16}, Act{gk.data(), T, KD, DType::kBF16},
+                                   Act{gv.data(), T, KD, DType::kBF16}, *dqn, *dkn, 1e-6f,
+                                   static_cast<const float*>(gfreq.data()), gkv, layer, gb);
+      std::vector<float> ref(size_t(T * QD));
+      const float scale = 1.0f / std::sqrt(float(c.D));
+      cpu_->attention(Act{q.data(), T, QD, DType::kF32}, kv, layer, cb, scale, Act{ref.data(), T, QD, DType::kF32});
+      Guarded go = dev_out(size_t(T * QD) * 2);
+      gpu_->attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{go.data(), T, QD, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
+      const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
+      expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
+      expect_close(read(go, DType::kBF16, "attention"), ref, kAttentionBound, "attention " + what);
+    }
+    // The whole cache (both layers' K and V; layer 0 must stay untouched = zeros on both).
+    std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());
+    for (size_t i = 0; i < cc.size(); ++i) cc[i] = bf16_to_f32(cpu_cache[i]);
+    std::vector<uint16_t> gcb(cpu_cache.size());
+    gpu_->copy_to_host(gcb.data(), gcache.data(), gcb.size() * 2);
+    for (size_t i = 0; i < gc.size(); ++i) gc[i] = bf16_to_f32(gcb[i]);
+    expect_close(gc, cc, kElementwiseBound, "kv cache " + cs);
+    read(gcache, DType::kBF16, "kv cache guards");
+    gpu_->free_vector(*dqn);
+    gpu_->free_vector(*dkn);
+  }
+}
+
+TEST_F(CudaOps, GatherAndArgmaxEqualCpuExactly) {
+  const int64_t V = 151936;
+  const int R = 5;
+  std::vector<float> logits(size_t(R * V));
+  std::uniform_real_distribution<float> u(-10.0f, 10.0f);
+  for (auto& x : logits) x = u(rng_);
+  logits[size_t(0 * V + 777)] = 50.0f;    // row 0: its max is suppressed below
+  logits[size_t(0 * V + 778)] = 40.0f;
+  logits[size_t(1 * V + 151935)] = 30.0f;  // row 1: max at the last id
+  logits[size_t(2 * V + 9000)] = 25.0f;    // row 2: a tie, the lower id wins
+  logits[size_t(2 * V + 100)] = 25.0f;
+  logits[size_t(3 * V + 5)] = std::nanf("");  // row 3: NaN is never chosen
+  logits[size_t(3 * V + 6)] = 35.0f;
+  std::vector<int32_t> suppress = {777, 151935};
+  std::vector<int32_t> ref(R);
+  cpu_->argmax_rows(Act{logits.data(), R, V, DType::kF32}, suppress.data(), int(suppress.size()), ref.data());
+  Guarded gl = dev_bytes(logits.data(), logits.size() * 4), gs = dev_bytes(suppress.data(), suppress.size() * 4);
+  Guarded gi = dev_out(size_t(R) * 4);
+  gpu_->argmax_rows(Act{gl.data(), R, V, DType::kF32}, static_cast<const int32_t*>(gs.data()), int(suppress.size()),
+                    static_cast<int32_t*>(gi.data()));
+  std::vector<int32_t> got(R);
+  gpu_->copy_to_host(got.data(), gi.data(), size_t(R) * 4);
+  ASSERT_TRUE(gpu_->synchronize().is_ok());
+  EXPECT_EQ(got, ref);
+  EXPECT_EQ(ref[0], 778);
+  EXPECT_EQ(ref[2], 100);
+  EXPECT_EQ(ref[3], 6);
+
+  // gather_rows on bf16 activations.
+  auto src = randn(size_t(9 * 130));
+  std::vector<int32_t> rows = {8, 0, 3, 3};
+  std::vector<float> gref(rows.size() * 130);
+  cpu_->gather_rows(Act{src.data(), 9, 130, DType::kF32}, rows.data(), Act{gref.data(), 4, 130, DType::kF32});
+  Guarded gsrc = dev_bf16(src), grows = dev_bytes(rows.data(), rows.size() * 4), gdst = dev_out(gref.size() * 2);
+  gpu_->gather_rows(Act{gsrc.data(), 9, 130, DType::kBF16}, static_cast<const int32_t*>(grows.data()),
+                    Act{gdst.data(), 4, 130, DType::kBF16});
+  ASSERT_TRUE(gpu_->synchronize().is_ok());
+  EXPECT_EQ(read(gdst, DType::kBF16, "gather"), gref);  // a copy: exact
+}
+
+TEST_F(CudaOps, BadArgumentsBecomeAStickyStatus) {
+  HostWeight hw = make_weight(rng_, 64, 128, 4, 64, DType::kBF16, false);
+  auto dw = gpu_->upload_weight(hw.w);
+  ASSERT_TRUE(dw.is_ok());
+  Guarded gx = dev_bf16(randn(100)), go = dev_out(128);
+  gpu_->linear(Act{gx.data(), 1, 100, DType::kBF16}, *dw, Act{go.data(), 1, 64, DType::kBF16});  // cols 100 != 128
+  Status s = gpu_->synchronize();
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("linear"), std::string::npos) << s.message();
+  EXPECT_FALSE(gpu_->synchronize().is_ok()) << "the error must stick";
+  // Upload errors are returned directly.
+  WeightMatrix bad = hw.w;
+  bad.group_size = 48;
+  auto r = gpu_->upload_weight(bad);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("group_size"), std::string::npos);
+}
+
+TEST_F(CudaOps, GraphReplayEqualsDirectAndFollowsNewInputs) {
+  const int64_t H = 512, N = 1024;
+  HostWeight hw = make_weight(rng_, N, H, 4, 64, DType::kBF16, false);
+  auto dw = gpu_->upload_weight(hw.w);
+  ASSERT_TRUE(dw.is_ok());
+  auto wv = randn(size_t(H));
+  std::vector<uint16_t> wb(wv.size());
+  for (size_t i = 0; i < wv.size(); ++i) wb[i] = f32_to_bf16(wv[i]);
+  auto dn = gpu_->upload_vector(WeightVector{H, DType::kBF16, wb.data()});
+  ASSERT_TRUE(dn.is_ok());
+  Guarded gx = dev_bf16(randn(size_t(H))), gn = dev_out(size_t(H) * 2), go = dev_out(size_t(N) * 4);
+  auto step = [&] {
+    gpu_->rmsnorm(Act{gx.data(), 1, H, DType::kBF16}, *dn, 1e-6f, Act{gn.data(), 1, H, DType::kBF16});
+    gpu_->linear(Act{gn.data(), 1, H, DType::kBF16}, *dw, Act{go.data(), 1, N, DType::kF32});
+  };
+  ASSERT_TRUE(gpu_->graphs_supported());
+  ASSERT_TRUE(gpu_->graph_capture_begin().is_ok());
+  step();
+  ASSERT_TRUE(gpu_->graph_capture_end(42).is_ok());
+  for (int rep = 0; rep < 3; ++rep) {
+    auto x = randn(size_t(H));
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+    gpu_->copy_to_device(gx.data(), xb.data(), xb.size() * 2);
+    step();
+    auto direct = read(go, DType::kF32, "direct");
+    std::vector<uint8_t> nan(size_t(N) * 4, 0xFF);
+    gpu_->copy_to_device(go.data(), nan.data(), nan.size());
+    ASSERT_TRUE(gpu_->graph_launch(42));
+    auto replay = read(go, DType::kF32, "replay");
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    EXPECT_EQ(replay, direct) << "replay " << rep;
+  }
+  EXPECT_FALSE(gpu_->graph_launch(43));
+}
+
+TEST_F(CudaOps, FreeingUploadedWeightsReturnsTheMemory) {
+  size_t free0 = 0, total = 0;
+  ASSERT_TRUE(cuda_memory_info(0, &free0, &total).is_ok());
+  HostWeight hw = make_weight(rng_, 4096, 4096, 4, 64, DType::kBF16, false);  // ~9 MB
+  for (int i = 0; i < 200; ++i) {  // 1.8 GB if nothing were freed
+    auto dw = gpu_->upload_weight(hw.w);
+    ASSERT_TRUE(dw.is_ok());
+    gpu_->free_weight(*dw);
+  }
+  size_t free1 = 0;
+  ASSERT_TRUE(cuda_memory_info(0, &free1, &total).is_ok());
+  EXPECT_LT(double(free0) - double(free1), 64.0 * (1 << 20)) << "device memory grew by " << (double(free0) - double(free1)) / 1e6 << " MB";
+}
+
+}  // namespace
+}  // namespace anvil::cuda_test

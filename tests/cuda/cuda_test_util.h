@@ -1,0 +1,133 @@
+// Shared by the CUDA tests: a CPU (reference) and a CUDA backend side by side, random inputs that
+// are exactly representable in bf16 (so both backends start from identical values), device buffers
+// with guard bytes, and the error metric.
+//
+// Metric: rel_err = ||cuda - cpu||_2 / ||cpu||_2 over the whole output, computed in double.
+// Every output is poisoned (bf16 NaN) before the op and checked to be finite after it, so an element
+// the kernel never wrote fails; guard bytes on both sides of it are checked to be untouched.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "base/dtype.h"
+
+namespace anvil::cuda_test {
+
+constexpr size_t kGuard = 256;           // bytes on each side of a checked output
+constexpr uint8_t kGuardByte = 0xA5;
+
+inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// One device allocation with guard bytes around `bytes` of payload.
+struct Guarded {
+  Backend* be = nullptr;
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  void* data() const { return base + kGuard; }
+};
+
+class CudaFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = make_cuda_backend(0);
+    if (!b.is_ok()) GTEST_SKIP() << "no CUDA GPU usable here: " << b.status().message();
+    gpu_ = std::move(*b);
+    cpu_ = make_cpu_backend(2);
+  }
+  void TearDown() override {
+    for (auto& g : allocs_) gpu_->free(g.base);
+    allocs_.clear();
+  }
+
+  std::vector<float> randn(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = bf16_round(d(rng_));
+    return v;
+  }
+  // A device buffer of bf16 values (with guards), holding `v`.
+  Guarded dev_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    Guarded g = guarded(b.size() * 2);
+    gpu_->copy_to_device(g.data(), b.data(), b.size() * 2);
+    return g;
+  }
+  Guarded dev_bytes(const void* src, size_t bytes) {
+    Guarded g = guarded(bytes);
+    gpu_->copy_to_device(g.data(), src, bytes);
+    return g;
+  }
+  // An output buffer poisoned with 0xFF bytes (bf16 and f32 NaN).
+  Guarded dev_out(size_t bytes) {
+    Guarded g = guarded(bytes);
+    std::vector<uint8_t> nan(bytes, 0xFF);
+    gpu_->copy_to_device(g.data(), nan.data(), bytes);
+    return g;
+  }
+  Guarded guarded(size_t bytes) {
+    auto p = gpu_->alloc(bytes + 2 * kGuard);
+    EXPECT_TRUE(p.is_ok());
+    Guarded g{gpu_.get(), static_cast<uint8_t*>(*p), bytes};
+    std::vector<uint8_t> pat(bytes + 2 * kGuard, kGuardByte);
+    gpu_->copy_to_device(g.base, pat.data(), pat.size());
+    allocs_.push_back(g);
+    return g;
+  }
+  // Reads a bf16 (or f32) output back as floats after checking its guards.
+  std::vector<float> read(const Guarded& g, DType dt, const std::string& what) {
+    std::vector<uint8_t> all(g.bytes + 2 * kGuard);
+    gpu_->copy_to_host(all.data(), g.base, all.size());
+    for (size_t i = 0; i < kGuard; ++i) {
+      EXPECT_EQ(all[i], kGuardByte) << what << ": guard byte " << i << " before the output was overwritten";
+      EXPECT_EQ(all[kGuard + g.bytes + i], kGuardByte) << what << ": guard byte " << i << " after the output was overwritten";
+      if (all[i] != kGuardByte || all[kGuard + g.bytes + i] != kGuardByte) break;
+    }
+    const size_t n = g.bytes / dtype_size(dt);
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (dt == DType::kF32) std::memcpy(&out[i], all.data() + kGuard + 4 * i, 4);
+      else {
+        uint16_t b;
+        std::memcpy(&b, all.data() + kGuard + 2 * i, 2);
+        out[i] = bf16_to_f32(b);
+      }
+    }
+    return out;
+  }
+
+  static double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double d = double(got[i]) - double(ref[i]);
+      num += d * d;
+      den += double(ref[i]) * ref[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+  }
+  // Asserts every value finite and rel_err <= bound; prints the measured error.
+  static void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double bound,
+                           const std::string& what) {
+    ASSERT_EQ(got.size(), ref.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i] << " (never written?)";
+    const double e = rel_err(got, ref);
+    std::printf("[ cuda-err ] %-60s rel_err %.3g (bound %.3g)\n", what.c_str(), e, bound);
+    EXPECT_LE(e, bound) << what;
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::mt19937 rng_{1234};
+  std::vector<Guarded> allocs_;
+};
+
+}  // namespace anvil::cuda_test
