@@ -6,7 +6,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config git python3
       nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libxxhash-dev
       libcpp-httplib-dev libzstd-dev zstd libsqlite3-dev
-      libgtest-dev libgmock-dev libbenchmark-dev tmux)
+      libgtest-dev libgmock-dev libbenchmark-dev tmux
+      chromium)  # headless, for the server's chat-page test
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -56,8 +56,11 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // llama-server spells --parallel "-np"; CLI11 short names are one letter, so map it here.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) args.push_back(std::string(argv[i]) == "-np" ? "--parallel" : argv[i]);
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

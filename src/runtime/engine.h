@@ -50,6 +50,24 @@ class Engine {
   Status decode_greedy(std::span<const int> seqs, std::span<const int32_t> tokens, std::span<const int32_t> suppress,
                        std::vector<int32_t>* next);
 
+  // Continuous batching (engine_step.cpp). A sequence's tokens may run ahead of its KV: append()
+  // adds pending tokens, step() computes KV for chunks of pending tokens of several sequences in
+  // one forward, so prefill chunks and decode tokens share a step.
+  // Appends pending tokens; a fresh sequence first takes the longest known prefix from the index.
+  Status seq_append(int seq, std::span<const int32_t> tokens);
+  int seq_pending(int seq) const { return int(seqs_[seq].tokens.size()) - seqs_[seq].n_kv; }
+  // Gives the sequence pages for its first n_positions tokens. kOutOfMemory when the pool is full
+  // (pages taken so far stay with the sequence); the caller decides whom to preempt.
+  Status seq_reserve(int seq, int n_positions) { return ensure_pages(seqs_[seq], n_positions); }
+  struct StepItem {
+    int seq;
+    int n_tokens;      // the next n pending tokens get KV
+    bool want_logits;  // logits of the last of them
+  };
+  // One forward over every item (distinct sequences, sum of n_tokens <= the model's max tokens,
+  // at most max_seqs items). logits: [items wanting logits, vocab], in item order.
+  Status step(std::span<const StepItem> items, std::vector<float>* logits);
+
  private:
   struct Seq {
     bool live = false;

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Load test for `anvil serve` (BENCH.md's server protocol), loopback only, bounded.
+
+N concurrent streams, each one /v1/completions request with a PROMPT-token synthetic prompt
+(deterministic ids, seed = stream index) and MAX generated tokens, greedy, EOS ignored. Prints, per
+N: aggregate decode tok/s (tokens after each stream's first / time from the first first-token to the
+last token), steady-state decode tok/s (only while every stream is decoding), time to first token
+p50/p99, inter-token latency p50/p99. With --prefix, also the
+repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it.
+
+Stdlib only. Every request has a timeout; the whole run stops after --deadline seconds.
+  python3 scripts/bench_serve.py --port 8080 --streams 1,8,32 --prompt 256 --max 128
+"""
+import argparse
+import http.client
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out):
+    """One streamed completion; appends (t_submit, [token arrival times], error) to out."""
+    body = json.dumps({"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                       "stream": True, "logprobs": 0})  # logprobs: one chunk per token, even an empty-text one
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    t0 = time.perf_counter()
+    times, err = [], None
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=timeout)
+        c.request("POST", "/v1/completions", body, headers)
+        r = c.getresponse()
+        if r.status != 200:
+            err = f"HTTP {r.status}: {r.read()[:200]!r}"
+        else:
+            buf = b""
+            while True:
+                chunk = r.read1(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n\n" in buf:
+                    line, buf = buf.split(b"\n\n", 1)
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    j = json.loads(line[6:])
+                    if "error" in j:
+                        err = j["error"]["message"]
+                        continue
+                    ch = j["choices"][0]
+                    if ch.get("logprobs") and ch["logprobs"]["tokens"]:
+                        now = time.perf_counter()
+                        times.extend([now] * len(ch["logprobs"]["tokens"]))
+        c.close()
+    except Exception as e:  # a failed stream is reported, not fatal
+        err = repr(e)
+    out.append((t0, times, err))
+
+
+def run_level(args, n, vocab):
+    results, threads = [], []
+    for i in range(n):
+        rng = random.Random(i)
+        ids = [rng.randrange(1000, vocab) for _ in range(args.prompt)]
+        threads.append(threading.Thread(target=stream_one, args=(args.host, args.port, args.api_key, ids, args.max,
+                                                                 args.timeout, results)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(args.timeout + 5)
+    errors = [e for _, _, e in results if e]
+    ok = [(t0, ts) for t0, ts, e in results if not e and ts]
+    ttft = [ts[0] - t0 for t0, ts in ok]
+    itl = [b - a for _, ts in ok for a, b in zip(ts, ts[1:])]
+    first = min(ts[0] for _, ts in ok) if ok else 0
+    last = max(ts[-1] for _, ts in ok) if ok else 0
+    decoded = sum(len(ts) - 1 for _, ts in ok)
+    agg = decoded / (last - first) if last > first else float("nan")
+    # Steady state: the window in which every stream is past its first token and none has finished,
+    # so prefill steps of late starters do not count as decode time.
+    lo, hi = (max(ts[0] for _, ts in ok), min(ts[-1] for _, ts in ok)) if ok else (0, 0)
+    inside = sum(sum(1 for t in ts if lo < t <= hi) for _, ts in ok)
+    steady = inside / (hi - lo) if hi > lo else float("nan")
+    print(f"streams={n:3d} ok={len(ok):3d} errors={len(errors)} aggregate_decode_tok_s={agg:9.1f} "
+          f"steady_decode_tok_s={steady:9.1f} "
+          f"ttft_p50={pct(ttft, 50) * 1e3:8.1f}ms ttft_p99={pct(ttft, 99) * 1e3:8.1f}ms "
+          f"itl_p50={pct(itl, 50) * 1e3:7.1f}ms itl_p99={pct(itl, 99) * 1e3:7.1f}ms", flush=True)
+    for e in errors[:3]:
+        print("  error:", e)
+    return errors
+
+
+def prefix_case(args, vocab):
+    rng = random.Random(1234)
+    shared = [rng.randrange(1000, vocab) for _ in range(args.prefix)]
+    out = []
+    for k in range(2):
+        res = []
+        stream_one(args.host, args.port, args.api_key, shared + [rng.randrange(1000, vocab) for _ in range(16)], 8,
+                   args.timeout, res)
+        t0, ts, err = res[0]
+        if err or not ts:
+            print("prefix case failed:", err)
+            return
+        out.append(ts[0] - t0)
+    print(f"prefix={args.prefix} ttft_first={out[0] * 1e3:.1f}ms ttft_repeat={out[1] * 1e3:.1f}ms "
+          f"ratio={out[1] / out[0]:.3f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--api-key", default="")
+    ap.add_argument("--streams", default="1,8,32")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--max", type=int, default=128)
+    ap.add_argument("--prefix", type=int, default=0, help="also time a repeated PREFIX-token prompt (0: skip)")
+    ap.add_argument("--vocab", type=int, default=0, help="ids are drawn below this (default: from /tokenize)")
+    ap.add_argument("--timeout", type=float, default=300, help="per request, seconds")
+    ap.add_argument("--deadline", type=float, default=1800, help="whole run, seconds")
+    args = ap.parse_args()
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit("bench_serve.py talks to loopback servers only")
+    vocab = args.vocab
+    if not vocab:
+        c = http.client.HTTPConnection(args.host, args.port, timeout=30)
+        h = {"Authorization": "Bearer " + args.api_key} if args.api_key else {}
+        c.request("GET", "/v1/models", headers=h)
+        m = json.loads(c.getresponse().read())
+        print("model:", m["data"][0]["id"], "context:", m["data"][0].get("max_model_len"))
+        vocab = 8000  # ids 1000..7999 exist in every vocabulary anvil loads
+    start = time.time()
+    failed = False
+    for n in [int(x) for x in args.streams.split(",") if x]:
+        if time.time() - start > args.deadline:
+            print("deadline reached; stopping")
+            break
+        failed |= bool(run_level(args, n, vocab))
+    if args.prefix and time.time() - start < args.deadline:
+        prefix_case(args, vocab)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+// anvil serve: the OpenAI-compatible HTTP server (src/server/). Flags follow llama-server where
+// they mean the same thing: --host, --port, -c/--ctx-size, -np/--parallel, --api-key, -m.
+// SIGTERM or SIGINT: stop taking requests, let running ones finish (up to --shutdown-timeout),
+// end the rest cleanly, exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "server/http_server.h"
+#include "tokenizer/tokenizer_config.h"
+
+namespace anvil::cli {
+namespace {
+
+struct ServeArgs {
+  ModelOptions model;
+  SamplingOptions sampling;
+  server::ServerOptions server;
+  int parallel = 8;
+  std::string alias;
+  size_t max_body_mb = 8;
+  bool no_chat_page = false;
+};
+
+int run_serve(ServeArgs& a) {
+  if (a.parallel < 1) return fail("--parallel must be >= 1");
+  if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be in [0, 65535]");
+  if (a.server.max_queue < 0) return fail("--max-queue must be >= 0");
+  if (a.max_body_mb < 1) return fail("--max-body must be >= 1 (MiB)");
+  if (a.model.batch < a.parallel)
+    return fail("--batch (" + std::to_string(a.model.batch) + ") must be at least --parallel (" +
+                std::to_string(a.parallel) + "): one step decodes every running sequence");
+  // Block the stop signals in every thread; this one waits for them (no work in a signal handler).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto stack = build_stack(a.model, a.parallel);
+  if (!stack.is_ok()) return fail(stack.status().message());
+  Stack& s = *stack;
+  const std::string dir = tokenizer_dir_of(s);
+  if (dir.empty() || !std::filesystem::exists(dir + "/tokenizer.json"))
+    return fail("the server needs a tokenizer: no tokenizer.json in " + (dir.empty() ? s.model->source : dir));
+  auto tok = Tokenizer::load(dir + "/tokenizer.json");
+  if (!tok.is_ok()) return fail(tok.status().message());
+  TokenizerConfig cfg;
+  if (auto c = load_tokenizer_config(dir); c.is_ok()) cfg = *c;
+  else std::fprintf(stderr, "[anvil] no usable tokenizer_config.json (%s): chat completions are off\n",
+                    c.status().message().c_str());
+
+  server::ServerOptions& so = a.server;
+  so.max_body_bytes = a.max_body_mb << 20;
+  so.chat_page = !a.no_chat_page;
+  so.eos_ids = s.model->config.eos_token_ids;
+  auto sampling = resolve_sampling(a.sampling, s.model->dir);
+  if (!sampling.is_ok()) return fail(sampling.status().message());
+  so.defaults.sampling = *sampling;
+  // A request without "seed" gets a fresh random one, unless --seed fixed the server's default.
+  so.seed_fixed = a.sampling.seed.has_value() && *a.sampling.seed != "-1";
+  so.defaults.max_context = s.ctx;
+  so.defaults.model_alt = a.model.model.empty() ? a.model.synthetic : a.model.model;
+  if (!a.alias.empty()) {
+    so.defaults.model_id = a.alias;
+  } else if (!a.model.model.empty()) {
+    std::string m = a.model.model;
+    while (m.size() > 1 && m.back() == '/') m.pop_back();
+    so.defaults.model_id = std::filesystem::exists(m) ? std::filesystem::path(m).filename().string() : m;
+  } else {
+    so.defaults.model_id = "synthetic-" + a.model.synthetic;
+  }
+
+  server::HttpServer srv(so, *s.engine, **tok, cfg);
+  auto port = srv.start();
+  if (!port.is_ok()) return fail(port.status().message());
+  std::thread http([&] { srv.serve(); });
+  std::fprintf(stderr, "[anvil] serving %s as '%s' on http://%s:%d (%d parallel, context %d)\n",
+               s.model->source.c_str(), so.defaults.model_id.c_str(), so.host.c_str(), *port, a.parallel, s.ctx);
+  std::printf("listening on http://%s:%d\n", so.host.c_str(), *port);
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "[anvil] %s: finishing running requests (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               so.shutdown_timeout_s);
+  srv.shutdown();
+  http.join();
+  std::fprintf(stderr, "[anvil] stopped\n");
+  return 0;
+}
+
+Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming)", 15,
+            [](CLI::App& app) -> std::function<int()> {
+              auto a = std::make_shared<ServeArgs>();
+              add_model_options(app, a->model);
+              app.add_option("--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length")
+                  ->each([a](const std::string&) { a->model.ctx_given = true; });
+              add_sampling_options(app, a->sampling);
+              app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+              app.add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();
+              app.add_option("--parallel", a->parallel, "Sequences decoded together (-np)")->capture_default_str();
+              app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY'");
+              app.add_option("--alias", a->alias, "Model name in the API (default: the model directory's name)");
+              app.add_option("--cors", a->server.cors_origin,
+                             "Allow browser pages from this origin (e.g. http://localhost:3000, or *); default: none");
+              app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for a slot; more get 503")
+                  ->capture_default_str();
+              app.add_option("--max-body", a->max_body_mb, "Largest request body, in MiB")->capture_default_str();
+              app.add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
+                             "Seconds running requests get to finish after SIGTERM")
+                  ->capture_default_str();
+              app.add_flag("--no-chat-page", a->no_chat_page, "Do not serve the chat page at /");
+              return [a] { return run_serve(*a); };
+            });
+
+}  // namespace
+}  // namespace anvil::cli

@@ -1,0 +1,72 @@
+// Engine::seq_append / step: the continuous-batching entry points (see engine.h). Kept apart from
+// extend/decode so that the scheduler's needs stay one small, local addition to the engine.
+#include <algorithm>
+
+#include "runtime/engine.h"
+
+namespace anvil {
+
+Status Engine::seq_append(int seq, std::span<const int32_t> tokens) {
+  if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("append: no such sequence");
+  const int V = model_.config().vocab_size;
+  for (int32_t t : tokens)
+    if (t < 0 || t >= V)
+      return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) +
+                              ")");
+  Seq& s = seqs_[seq];
+  if (int(s.tokens.size() + tokens.size()) > opts_.max_context)
+    return invalid_argument("sequence of " + std::to_string(s.tokens.size() + tokens.size()) +
+                            " tokens exceeds the context limit of " + std::to_string(opts_.max_context));
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  reuse_prefix(s);  // no-op unless the sequence is fresh
+  return Status::ok();
+}
+
+Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits) {
+  if (items.empty()) return invalid_argument("step: no items");
+  if (int(items.size()) > opts_.max_seqs)
+    return invalid_argument("step: " + std::to_string(items.size()) + " sequences, the engine allows " +
+                            std::to_string(opts_.max_seqs));
+  const int V = model_.config().vocab_size;
+  int total = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItem& it = items[i];
+    if (it.seq < 0 || it.seq >= int(seqs_.size()) || !seqs_[it.seq].live)
+      return invalid_argument("step: no such sequence");
+    for (size_t j = 0; j < i; ++j)
+      if (items[j].seq == it.seq) return invalid_argument("step: a sequence appears twice");
+    if (it.n_tokens < 1 || it.n_tokens > seq_pending(it.seq))
+      return invalid_argument("step: " + std::to_string(it.n_tokens) + " tokens asked, " +
+                              std::to_string(seq_pending(it.seq)) + " pending");
+    total += it.n_tokens;
+  }
+  if (total > model_.max_tokens())
+    return invalid_argument("step: " + std::to_string(total) + " tokens exceed the forward's limit of " +
+                            std::to_string(model_.max_tokens()));
+  for (const StepItem& it : items) ANVIL_RETURN_IF_ERROR(ensure_pages(seqs_[it.seq], seqs_[it.seq].n_kv + it.n_tokens));
+
+  std::vector<int> order;
+  std::vector<int32_t> ids, sidx, pos;
+  std::vector<int> rows;
+  ids.reserve(size_t(total));
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Seq& s = seqs_[items[i].seq];
+    order.push_back(items[i].seq);
+    for (int k = 0; k < items[i].n_tokens; ++k) {
+      ids.push_back(s.tokens[size_t(s.n_kv + k)]);
+      sidx.push_back(int32_t(i));
+      pos.push_back(int32_t(s.n_kv + k));
+    }
+    if (items[i].want_logits) rows.push_back(int(ids.size()) - 1);
+  }
+  logits->resize(rows.size() * size_t(V));
+  ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, logits->data()));
+  for (const StepItem& it : items) {
+    Seq& s = seqs_[it.seq];
+    s.n_kv += it.n_tokens;
+    publish_full_pages(s);
+  }
+  return Status::ok();
+}
+
+}  // namespace anvil

@@ -1,0 +1,411 @@
+#include "server/api_request.h"
+
+#include <cmath>
+
+namespace anvil::server {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+ApiError bad(const std::string& param, const std::string& message, const std::string& code = "") {
+  ApiError e;
+  e.param = param;
+  e.message = message;
+  e.code = code;
+  return e;
+}
+
+std::string type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+// Optional fields: absent or null means "not given".
+const ojson* field(const ojson& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> get_bool(const ojson& o, const char* key, bool* out) {
+  const ojson* v = field(o, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return bad(key, std::string("'") + key + "' must be a boolean, got " + type_name(*v));
+  *out = v->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_number(const ojson& o, const char* key, double lo, double hi, bool lo_open, float* out,
+                                   bool* given = nullptr) {
+  const ojson* v = field(o, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number())
+    return bad(key, std::string("'") + key + "' must be a number, got " + type_name(*v));
+  double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+    char b[160];
+    std::snprintf(b, sizeof b, "'%s' must be in %s%g, %g], got %g", key, lo_open ? "(" : "[", lo, hi, x);
+    return bad(key, b);
+  }
+  *out = float(x);
+  if (given) *given = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_int(const ojson& o, const char* key, int64_t lo, int64_t hi, int64_t* out,
+                                bool* given = nullptr) {
+  const ojson* v = field(o, key);
+  if (!v) return std::nullopt;
+  bool integral = v->is_number_integer() || v->is_number_unsigned() ||
+                  (v->is_number_float() && std::isfinite(v->get<double>()) &&
+                   v->get<double>() == std::floor(v->get<double>()) && std::fabs(v->get<double>()) < 9e15);
+  if (!integral) return bad(key, std::string("'") + key + "' must be an integer, got " + type_name(*v));
+  int64_t x;
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    x = u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(u);
+  } else if (v->is_number_integer()) {
+    x = v->get<int64_t>();
+  } else {
+    x = int64_t(v->get<double>());
+  }
+  if (x < lo || x > hi)
+    return bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                        "], got " + std::to_string(x));
+  *out = x;
+  if (given) *given = true;
+  return std::nullopt;
+}
+
+// The parameters chat and completions share.
+std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, ApiRequest* r) {
+  if (const ojson* m = field(b, "model")) {
+    if (!m->is_string()) return bad("model", "'model' must be a string, got " + type_name(*m));
+    r->model = m->get<std::string>();
+    if (r->model != d.model_id && r->model != d.model_alt) {
+      ApiError e = bad("model", "The model '" + r->model + "' does not exist; this server serves '" + d.model_id + "'",
+                       "model_not_found");
+      e.status = 404;
+      return e;
+    }
+  }
+  int64_t n = 1;
+  if (auto e = get_int(b, "n", 1, 1, &n)) {
+    e->message += " (anvil returns one choice per request)";
+    return e;
+  }
+  // max_completion_tokens is the newer name; when both are given they must agree.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    int64_t v = 0;
+    bool given = false;
+    if (auto e = get_int(b, key, 1, d.max_context, &v, &given)) {
+      if (e->message.find("must be in") != std::string::npos)
+        e->message += " (the context is " + std::to_string(d.max_context) + " tokens)";
+      return e;
+    }
+    if (given) {
+      if (r->max_tokens && *r->max_tokens != int(v))
+        return bad(key, "'max_tokens' and 'max_completion_tokens' disagree");
+      r->max_tokens = int(v);
+    }
+  }
+  GenerationParams& g = r->gen;
+  g.sampling = d.sampling;
+  if (auto e = get_number(b, "temperature", 0, 2, false, &g.sampling.temperature)) return e;
+  if (auto e = get_number(b, "top_p", 0, 1, true, &g.sampling.top_p)) return e;
+  if (auto e = get_number(b, "min_p", 0, 1, false, &g.sampling.min_p)) return e;
+  if (g.sampling.min_p >= 1) return bad("min_p", "'min_p' must be below 1");
+  int64_t top_k = 0;
+  bool top_k_given = false;
+  if (auto e = get_int(b, "top_k", -1, 1 << 30, &top_k, &top_k_given)) return e;
+  if (top_k_given) g.sampling.top_k = top_k < 0 ? 0 : int(top_k);  // -1 = off (vLLM)
+  int64_t seed = 0;
+  if (auto e = get_int(b, "seed", INT64_MIN, INT64_MAX, &seed, &r->seed_given)) return e;
+  g.sampling.seed = uint64_t(seed);
+  if (auto e = get_number(b, "presence_penalty", -2, 2, false, &g.presence_penalty)) return e;
+  if (auto e = get_number(b, "frequency_penalty", -2, 2, false, &g.frequency_penalty)) return e;
+  if (auto e = get_number(b, "repetition_penalty", 0, 10, true, &g.sampling.repetition_penalty)) return e;
+  if (const ojson* s = field(b, "stop")) {
+    if (s->is_string()) {
+      g.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      if (s->size() > 16) return bad("stop", "'stop' takes at most 16 strings, got " + std::to_string(s->size()));
+      for (size_t i = 0; i < s->size(); ++i) {
+        if (!(*s)[i].is_string())
+          return bad("stop", "'stop[" + std::to_string(i) + "]' must be a string, got " + type_name((*s)[i]));
+        g.stop.push_back((*s)[i].get<std::string>());
+      }
+    } else {
+      return bad("stop", "'stop' must be a string or an array of strings, got " + type_name(*s));
+    }
+    for (auto& x : g.stop)
+      if (x.empty()) return bad("stop", "'stop' strings must not be empty");
+  }
+  if (auto e = get_bool(b, "stream", &r->stream)) return e;
+  if (const ojson* so = field(b, "stream_options")) {
+    if (!so->is_object()) return bad("stream_options", "'stream_options' must be an object, got " + type_name(*so));
+    if (auto e = get_bool(*so, "include_usage", &r->include_usage)) {
+      e->param = "stream_options.include_usage";
+      e->message = "'stream_options.include_usage' must be a boolean";
+      return e;
+    }
+  }
+  if (auto e = get_bool(b, "ignore_eos", &g.ignore_eos)) return e;
+  if (const ojson* s = field(b, "session")) {
+    if (!s->is_string() || s->get<std::string>().empty())
+      return bad("session", "'session' must be a non-empty string, got " + type_name(*s));
+    r->session = s->get<std::string>();
+  }
+  if (const ojson* rf = field(b, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      return bad("response_format", "'response_format' must be an object with a string 'type'");
+    if ((*rf)["type"] != "text")
+      return bad("response_format", "'response_format' type '" + (*rf)["type"].get<std::string>() +
+                                        "' is not supported (anvil has no constrained decoding); use 'text'");
+  }
+  if (const ojson* lb = field(b, "logit_bias"))
+    if (!lb->is_object() || !lb->empty()) return bad("logit_bias", "'logit_bias' is not supported");
+  return std::nullopt;
+}
+
+// Message content as the template wants it: a string (text parts joined), or null.
+std::optional<ApiError> flatten_content(const ojson& c, const std::string& where, ojson* out) {
+  if (c.is_null() || c.is_string()) {
+    *out = c;
+    return std::nullopt;
+  }
+  if (!c.is_array()) return bad("messages", "'" + where + ".content' must be a string or an array of content parts, got " + type_name(c));
+  std::string text;
+  for (size_t j = 0; j < c.size(); ++j) {
+    const ojson& p = c[j];
+    std::string pw = where + ".content[" + std::to_string(j) + "]";
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+      return bad("messages", "'" + pw + "' must be an object with a string 'type'");
+    std::string type = p["type"].get<std::string>();
+    if (type != "text")
+      return bad("messages", "'" + pw + ".type' '" + type + "' is not supported: this model takes text only");
+    if (!p.contains("text") || !p["text"].is_string()) return bad("messages", "'" + pw + ".text' must be a string");
+    text += p["text"].get<std::string>();
+  }
+  *out = text;
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages(const ojson& b, ApiRequest* r) {
+  const ojson* ms = field(b, "messages");
+  if (!ms) return bad("messages", "'messages' is required");
+  if (!ms->is_array()) return bad("messages", "'messages' must be an array, got " + type_name(*ms));
+  if (ms->empty()) return bad("messages", "'messages' must not be empty");
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const ojson& m = (*ms)[i];
+    std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad("messages", "'" + where + "' must be an object, got " + type_name(m));
+    if (!m.contains("role") || !m["role"].is_string()) return bad("messages", "'" + where + ".role' must be a string");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      return bad("messages", "'" + where + ".role' must be one of system, developer, user, assistant, tool; got '" +
+                                 role + "'");
+    ojson out = ojson::object();
+    out["role"] = role;
+    ojson content;
+    if (auto e = flatten_content(m.contains("content") ? m["content"] : ojson(), where, &content)) return e;
+    const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (content.is_null() && !(role == "assistant" && has_calls))
+      return bad("messages", "'" + where + ".content' is required for role '" + role + "'");
+    out["content"] = content.is_null() ? ojson("") : content;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "role" || k == "content") continue;
+      if (k == "tool_calls" && !it->is_null()) {
+        if (role != "assistant") return bad("messages", "'" + where + ".tool_calls' is only valid for role 'assistant'");
+        if (!it->is_array()) return bad("messages", "'" + where + ".tool_calls' must be an array");
+        for (size_t j = 0; j < it->size(); ++j) {
+          const ojson& tc = (*it)[j];
+          std::string tw = where + ".tool_calls[" + std::to_string(j) + "]";
+          if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object())
+            return bad("messages", "'" + tw + "' must be an object with a 'function' object");
+          const ojson& f = tc["function"];
+          if (!f.contains("name") || !f["name"].is_string()) return bad("messages", "'" + tw + ".function.name' must be a string");
+          if (f.contains("arguments") && !f["arguments"].is_string() && !f["arguments"].is_object())
+            return bad("messages", "'" + tw + ".function.arguments' must be a JSON string");
+        }
+      }
+      if ((k == "name" || k == "tool_call_id" || k == "reasoning_content") && !it->is_null() && !it->is_string())
+        return bad("messages", "'" + where + "." + k + "' must be a string");
+      out[k] = *it;
+    }
+    r->messages.push_back(std::move(out));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_tools(const ojson& b, ApiRequest* r) {
+  std::string choice = "auto";
+  if (const ojson* tc = field(b, "tool_choice")) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice == "required")
+        return bad("tool_choice", "'tool_choice' 'required' is not supported (anvil has no constrained decoding); use 'auto'");
+      if (choice != "auto" && choice != "none")
+        return bad("tool_choice", "'tool_choice' must be 'auto' or 'none', got '" + choice + "'");
+    } else if (tc->is_object()) {
+      return bad("tool_choice",
+                 "'tool_choice' naming a function is not supported (anvil has no constrained decoding); use 'auto'");
+    } else {
+      return bad("tool_choice", "'tool_choice' must be a string, got " + type_name(*tc));
+    }
+  }
+  const ojson* tools = field(b, "tools");
+  if (!tools) return std::nullopt;
+  if (!tools->is_array()) return bad("tools", "'tools' must be an array, got " + type_name(*tools));
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const ojson& t = (*tools)[i];
+    std::string w = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) return bad("tools", "'" + w + "' must be an object");
+    if (!t.contains("type") || t["type"] != "function") return bad("tools", "'" + w + ".type' must be 'function'");
+    if (!t.contains("function") || !t["function"].is_object()) return bad("tools", "'" + w + ".function' must be an object");
+    const ojson& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+      return bad("tools", "'" + w + ".function.name' must be a non-empty string");
+    if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null())
+      return bad("tools", "'" + w + ".function.parameters' must be an object (a JSON Schema)");
+  }
+  if (tools->empty() || choice == "none") return std::nullopt;  // vLLM: tools left out of the prompt for "none"
+  r->tools = *tools;
+  r->parse_tool_calls = true;
+  return std::nullopt;
+}
+
+}  // namespace
+
+ojson error_body(const ApiError& e) {
+  ojson err = ojson::object();
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? ojson() : ojson(e.param);
+  err["code"] = e.code.empty() ? ojson() : ojson(e.code);
+  return ojson{{"error", err}};
+}
+
+bool is_valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    int extra;
+    uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { extra = 1; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { extra = 2; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { extra = 3; cp = c & 0x07; }
+    else return false;
+    if (i + size_t(extra) >= n) return false;  // truncated sequence
+    for (int k = 1; k <= extra; ++k) {
+      if ((p[i + size_t(k)] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + size_t(k)] & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    static const uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += size_t(extra) + 1;
+  }
+  return true;
+}
+
+std::optional<ApiError> parse_json_object(const std::string& body, ojson* out) {
+  if (!is_valid_utf8(body)) return bad("", "The request body is not valid UTF-8", "invalid_utf8");
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const nlohmann::json::parse_error& e) {
+    return bad("", std::string("The request body is not valid JSON: ") + e.what(), "invalid_json");
+  }
+  if (!j.is_object()) return bad("", "The request body must be a JSON object, got " + type_name(j), "invalid_json");
+  *out = std::move(j);
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_chat_request(const std::string& body, const RequestDefaults& d, ApiRequest* r) {
+  ojson b;
+  if (auto e = parse_json_object(body, &b)) return e;
+  r->chat = true;
+  if (auto e = parse_common(b, d, r)) return e;
+  if (auto e = parse_messages(b, r)) return e;
+  if (auto e = parse_tools(b, r)) return e;
+  if (auto e = get_bool(b, "logprobs", &r->logprobs)) return e;
+  int64_t top = 0;
+  bool top_given = false;
+  if (auto e = get_int(b, "top_logprobs", 0, 20, &top, &top_given)) return e;
+  if (top_given && !r->logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  r->gen.top_logprobs = r->logprobs ? int(top) : -1;
+  if (const ojson* k = field(b, "chat_template_kwargs")) {
+    if (!k->is_object()) return bad("chat_template_kwargs", "'chat_template_kwargs' must be an object, got " + type_name(*k));
+    r->template_kwargs = *k;
+    if (k->contains("enable_thinking")) {
+      if (!(*k)["enable_thinking"].is_boolean())
+        return bad("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
+      r->enable_thinking = (*k)["enable_thinking"].get<bool>();
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_completion_request(const std::string& body, const RequestDefaults& d, ApiRequest* r) {
+  ojson b;
+  if (auto e = parse_json_object(body, &b)) return e;
+  r->chat = false;
+  if (auto e = parse_common(b, d, r)) return e;
+  const ojson* p = field(b, "prompt");
+  if (!p) return bad("prompt", "'prompt' is required");
+  auto ids_of = [&](const ojson& a) -> std::optional<ApiError> {
+    if (a.empty()) return bad("prompt", "'prompt' must not be empty");
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number_integer() && !a[i].is_number_unsigned())
+        return bad("prompt", "'prompt[" + std::to_string(i) + "]' must be a token id (integer), got " + type_name(a[i]));
+      int64_t v = a[i].is_number_unsigned() ? int64_t(std::min<uint64_t>(a[i].get<uint64_t>(), INT64_MAX)) : a[i].get<int64_t>();
+      if (v < 0 || v > INT32_MAX) return bad("prompt", "'prompt[" + std::to_string(i) + "]' is not a valid token id");
+      r->prompt_ids.push_back(int32_t(v));
+    }
+    r->prompt_is_ids = true;
+    return std::nullopt;
+  };
+  if (p->is_string()) {
+    r->prompt_text = p->get<std::string>();
+    if (r->prompt_text.empty()) return bad("prompt", "'prompt' must not be empty");
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    if (p->size() != 1) return bad("prompt", "'prompt' with several prompts is not supported: send one per request");
+    if ((*p)[0].is_string()) {
+      r->prompt_text = (*p)[0].get<std::string>();
+      if (r->prompt_text.empty()) return bad("prompt", "'prompt' must not be empty");
+    } else if (auto e = ids_of((*p)[0])) {
+      return e;
+    }
+  } else if (p->is_array()) {
+    if (auto e = ids_of(*p)) return e;
+  } else {
+    return bad("prompt", "'prompt' must be a string, an array of strings or an array of token ids, got " + type_name(*p));
+  }
+  int64_t lp = 0;
+  bool lp_given = false;
+  if (auto e = get_int(b, "logprobs", 0, 20, &lp, &lp_given)) return e;
+  r->logprobs = lp_given;
+  r->gen.top_logprobs = lp_given ? int(lp) : -1;
+  bool echo = false;
+  if (auto e = get_bool(b, "echo", &echo)) return e;
+  if (echo) return bad("echo", "'echo' is not supported");
+  if (const ojson* s = field(b, "suffix"))
+    if (!s->is_string() || !s->get<std::string>().empty()) return bad("suffix", "'suffix' is not supported");
+  int64_t best_of = 1;
+  if (auto e = get_int(b, "best_of", 1, 1, &best_of)) return e;
+  return std::nullopt;
+}
+
+}  // namespace anvil::server

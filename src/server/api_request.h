@@ -1,0 +1,67 @@
+// OpenAI request bodies -> validated requests. Every rejection is an ApiError whose message and
+// `param` name the offending field and what was expected, rendered as OpenAI's error body:
+//   {"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}}
+// Accepted (chat and completions): model, max_tokens / max_completion_tokens, temperature, top_p,
+// top_k, min_p, seed, stop, presence_penalty, frequency_penalty, repetition_penalty, n (= 1),
+// stream, stream_options.include_usage, ignore_eos (vLLM/llama-server extension), session;
+// chat: messages, tools, tool_choice ("auto" / "none"), logprobs, top_logprobs,
+// chat_template_kwargs, reasoning_effort is ignored; completions: prompt (string, [string],
+// token ids), logprobs (0..20), echo=false. Unknown fields are ignored, as OpenAI's SDKs send
+// extras; fields whose meaning anvil cannot honour are refused rather than silently ignored.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/job.h"
+
+namespace anvil::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;  // "" -> null
+  std::string type = "invalid_request_error";
+  std::string code;   // "" -> null
+};
+nlohmann::ordered_json error_body(const ApiError& e);
+
+struct RequestDefaults {
+  std::string model_id;   // the name /v1/models lists
+  std::string model_alt;  // also accepted (the -m argument)
+  SamplingParams sampling;
+  int max_context = 4096;
+};
+
+struct ApiRequest {
+  bool chat = false;
+  std::string model;
+  // chat
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // template-ready
+  nlohmann::ordered_json tools;                                        // null: none
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  std::optional<bool> enable_thinking;  // unset: the template's own default
+  bool parse_tool_calls = false;
+  // completions
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  // both
+  std::optional<int> max_tokens;
+  GenerationParams gen;  // prompt and max_tokens filled in later
+  bool seed_given = false;
+  bool stream = false, include_usage = false, logprobs = false;
+  std::string session;
+};
+
+// `body` is the raw request body. Returns the error, or nullopt with *out filled.
+std::optional<ApiError> parse_chat_request(const std::string& body, const RequestDefaults& d, ApiRequest* out);
+std::optional<ApiError> parse_completion_request(const std::string& body, const RequestDefaults& d,
+                                                 ApiRequest* out);
+// The body as a JSON object, or the error (invalid UTF-8, malformed JSON, not an object).
+std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::ordered_json* out);
+bool is_valid_utf8(std::string_view s);
+
+}  // namespace anvil::server

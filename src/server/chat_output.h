@@ -1,0 +1,59 @@
+// Shapes a chat reply's text stream into OpenAI message fields, incrementally:
+//   text -> ReasoningSplitter (<think>..</think> -> reasoning_content)
+//        -> newline trimming (the newlines around the reasoning are template formatting)
+//        -> ToolCallParser (Qwen/Hermes "<tool_call>\n{json}\n</tool_call>" blocks -> tool_calls)
+// The same code serves streaming (each push() is one SSE delta) and non-streaming replies (the
+// concatenation of every delta), so both give the same message.
+#pragma once
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/reasoning.h"
+
+namespace anvil::server {
+
+struct ToolCall {
+  std::string id, name, arguments;  // arguments: a JSON text, as OpenAI sends it
+};
+
+// Finds "<tool_call>{...}</tool_call>" blocks in a text stream. A block whose body is not a JSON
+// object with a string "name" stays in the content as text, as generated.
+class ToolCallParser {
+ public:
+  struct Out {
+    std::string content;
+    std::vector<ToolCall> calls;
+  };
+  Out push(std::string_view text);
+  Out flush();  // an unfinished block is content
+  int calls_so_far() const { return n_calls_; }
+
+ private:
+  std::string buf_;  // text held back: a possible start of "<tool_call>", or an open block
+  bool in_block_ = false;
+  int n_calls_ = 0;
+  std::string ws_held_;  // whitespace after a call, emitted only if content follows
+};
+
+class ChatOutput {
+ public:
+  struct Delta {
+    std::string reasoning, content;
+    std::vector<ToolCall> tool_calls;
+    bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+  };
+  ChatOutput(bool split_reasoning, bool starts_in_reasoning, bool parse_tool_calls);
+  Delta push(std::string_view text);
+  Delta flush();
+
+ private:
+  void shape(std::string reasoning, std::string content, bool final, Delta* d);
+  std::unique_ptr<ReasoningSplitter> split_;
+  std::unique_ptr<ToolCallParser> tools_;
+  bool reasoning_started_ = false, saw_reasoning_ = false, content_started_ = false;
+  std::string held_newlines_;  // trailing newlines of the reasoning so far
+};
+
+}  // namespace anvil::server

@@ -1,0 +1,486 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "server/chat_output.h"
+#include "server/chat_page.h"
+#include "server/openai_reply.h"
+
+namespace anvil::server {
+
+using clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string dump(const ojson& j) { return dump_json(j); }
+
+void send_json(httplib::Response& res, int status, const ojson& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  if (e.status == 503) res.set_header("Retry-After", "1");
+  send_json(res, e.status, error_body(e));
+}
+
+ApiError api_error(int status, const std::string& param, const std::string& message, const std::string& code = "",
+                   const std::string& type = "invalid_request_error") {
+  ApiError e;
+  e.status = status;
+  e.param = param;
+  e.message = message;
+  e.code = code;
+  e.type = type;
+  return e;
+}
+
+// A job's failure as the client sees it.
+ApiError status_error(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument: return api_error(400, "", st.message());
+    case StatusCode::kOutOfMemory: return api_error(503, "", st.message(), "server_busy", "server_error");
+    default: return api_error(500, "", st.message(), "", "server_error");
+  }
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kAlnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
+  return id;
+}
+
+// Debian's cpp-httplib listens with a backlog of 5: a burst of clients (32 streams connecting at
+// once) overflows it, the kernel drops their handshakes, and a retransmitted request can arrive
+// after the server gave up on the connection. listen() on a listening socket only raises its
+// backlog, so find ours (the one listening on `port`) and raise it.
+void raise_listen_backlog(int port, int backlog) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
+    int p = ss.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
+            : ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port) : -1;
+    if (p == port) listen(fd, backlog);
+  }
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Endpoint label for the request counter (a fixed set: unknown paths must not grow the metric).
+std::string endpoint_label(const std::string& path) {
+  static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+                                "/tokenize", "/detokenize", "/"};
+  for (const char* k : known)
+    if (path == k) return k;
+  if (path == "/chat/completions") return "/v1/chat/completions";
+  if (path == "/completions") return "/v1/completions";
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  return "other";
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  unsigned char d = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) d |= uint8_t(a[i] ^ (i < b.size() ? b[i] : 0));
+  return d == 0;
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  ServerOptions opts;
+  Engine& engine;
+  const Tokenizer& tok;
+  TokenizerConfig cfg;
+  Metrics& metrics;
+  bool has_template = false;
+  bool split_reasoning = false;  // the vocabulary has <think>
+  std::unique_ptr<Scheduler> sched;
+  httplib::Server svr;
+  int port = 0;
+  std::atomic<bool> draining{false};
+  int64_t created = unix_now();
+  std::mutex shutdown_mu;
+  bool shut_down = false;
+  // Streaming responses still writing. httplib stops calling a stream's content provider once the
+  // server stops, so shutdown() waits for these to reach their last event first.
+  std::atomic<int> open_streams{0};
+
+  Impl(ServerOptions o, Engine& e, const Tokenizer& t, TokenizerConfig c, Metrics& m)
+      : opts(std::move(o)), engine(e), tok(t), cfg(std::move(c)), metrics(m) {
+    has_template = !cfg.chat_template.empty() || !cfg.named_chat_templates.empty();
+    split_reasoning = tok.token_to_id("<think>").has_value() && tok.token_to_id("</think>").has_value();
+  }
+
+  void routes();
+  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
+  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
+  ojson model_json() const {
+    return ojson{{"id", opts.defaults.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "anvil"},
+                 {"max_model_len", opts.defaults.max_context}};
+  }
+};
+
+
+void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  if (draining.load())
+    return send_error(res, api_error(503, "", "the server is shutting down", "server_busy", "server_error"));
+  ApiRequest r;
+  auto err = chat ? parse_chat_request(req.body, opts.defaults, &r) : parse_completion_request(req.body, opts.defaults, &r);
+  if (err) return send_error(res, *err);
+  if (!r.session.empty())
+    return send_error(res, api_error(400, "session", "'session' needs the durable KV store, which this build does not have yet"));
+  const int ctx = opts.defaults.max_context;
+  const int V = engine.model().config().vocab_size;
+  std::vector<int32_t> prompt;
+  bool starts_in_reasoning = false;
+  const char* prompt_param = chat ? "messages" : "prompt";
+  if (chat) {
+    if (!has_template)
+      return send_error(res, api_error(400, "messages",
+                                       "this model has no chat template (tokenizer_config.json); use /v1/completions"));
+    auto text = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
+    if (!text.is_ok()) return send_error(res, api_error(400, "messages", text.status().message()));
+    prompt = tok.encode(*text);
+    size_t end = text->find_last_not_of(" \n");
+    starts_in_reasoning = split_reasoning && end != std::string::npos && end + 1 >= 7 &&
+                          text->compare(end + 1 - 7, 7, "<think>") == 0;
+  } else if (r.prompt_is_ids) {
+    for (size_t i = 0; i < r.prompt_ids.size(); ++i)
+      if (r.prompt_ids[i] >= V)
+        return send_error(res, api_error(400, "prompt", "'prompt[" + std::to_string(i) + "]' = " +
+                                                             std::to_string(r.prompt_ids[i]) +
+                                                             " is outside the vocabulary [0, " + std::to_string(V) + ")"));
+    prompt = r.prompt_ids;
+  } else {
+    prompt = tok.encode(r.prompt_text);
+  }
+  if (prompt.empty()) return send_error(res, api_error(400, prompt_param, "the prompt encodes to no tokens"));
+  if (int(prompt.size()) >= ctx)
+    return send_error(res, api_error(400, prompt_param,
+                                     "the prompt is " + std::to_string(prompt.size()) +
+                                         " tokens; this server's context is " + std::to_string(ctx) +
+                                         " tokens, which must also hold at least one generated token",
+                                     "context_length_exceeded"));
+  const int room = ctx - int(prompt.size());
+  if (r.max_tokens && *r.max_tokens > room)
+    return send_error(res, api_error(400, "max_tokens",
+                                     "max_tokens is " + std::to_string(*r.max_tokens) + " but the prompt (" +
+                                         std::to_string(prompt.size()) + " tokens) leaves room for " +
+                                         std::to_string(room) + " in the " + std::to_string(ctx) + "-token context",
+                                     "context_length_exceeded"));
+  GenerationParams g = r.gen;
+  g.prompt = std::move(prompt);
+  g.max_tokens = r.max_tokens.value_or(room);
+  if (!r.seed_given && !opts.seed_fixed) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  if (Status st = validate(g.sampling); !st.is_ok()) return send_error(res, api_error(400, "", st.message()));
+  auto job = std::make_shared<Job>(std::move(g));
+  if (Status st = sched->submit(job); !st.is_ok()) {
+    metrics.rejected_busy++;
+    return send_error(res, api_error(503, "", st.message(), "server_busy", "server_error"));
+  }
+
+  auto reply = std::make_shared<Reply>();
+  reply->chat = chat;
+  reply->stream = r.stream;
+  reply->include_usage = r.include_usage;
+  reply->logprobs = r.logprobs;
+  reply->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  reply->model = opts.defaults.model_id;
+  reply->created = unix_now();
+  reply->job = job;
+  reply->tok = &tok;
+  if (chat) reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls);
+
+  if (!r.stream) {
+    for (;;) {
+      std::vector<JobEvent> evs;
+      job->wait(&evs, std::chrono::milliseconds(1000));
+      for (const JobEvent& e : evs) {
+        if (e.kind == JobEvent::kDelta) reply->on_delta(e);
+        else if (e.kind == JobEvent::kError) return send_error(res, status_error(e.error));
+        else {
+          reply->on_done(e.finish_reason);
+          return send_json(res, 200, reply->response());
+        }
+      }
+    }
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  open_streams++;
+  auto started = std::make_shared<bool>(false);
+  auto last_write = std::make_shared<clock::time_point>(clock::now());
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [reply, started, last_write](size_t, httplib::DataSink& sink) -> bool {
+        auto write = [&](const std::string& s) {
+          if (s.empty()) return true;
+          *last_write = clock::now();
+          return sink.write(s.data(), s.size());
+        };
+        if (!*started) {
+          *started = true;
+          if (reply->chat) {
+            ojson first = reply->chunk({{"delta", {{"role", "assistant"}, {"content", ""}}},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", nullptr}});
+            if (!write("data: " + dump(first) + "\n\n")) return reply->job->cancel(), false;
+          }
+        }
+        std::vector<JobEvent> evs;
+        if (!reply->job->wait(&evs, std::chrono::milliseconds(250))) {
+          // No token for a while (a long prefill, or a full queue): a comment line keeps proxies
+          // from timing out and finds a client that has gone (the second write to a closed socket fails).
+          if (clock::now() - *last_write > std::chrono::seconds(1) && !write(": keep-alive\n\n"))
+            return reply->job->cancel(), false;
+          return true;
+        }
+        for (const JobEvent& e : evs) {
+          std::string out;
+          if (e.kind == JobEvent::kDelta) {
+            out = reply->on_delta(e);
+          } else if (e.kind == JobEvent::kDone) {
+            out = reply->on_done(e.finish_reason);
+          } else {
+            ApiError ae = status_error(e.error);
+            out = "data: " + dump(error_body(ae)) + "\n\ndata: [DONE]\n\n";
+          }
+          if (!write(out)) return reply->job->cancel(), false;
+          if (e.kind != JobEvent::kDelta) {
+            sink.done();
+            return true;
+          }
+        }
+        return true;
+      },
+      [this, reply](bool success) {
+        if (!success) reply->job->cancel();
+        open_streams--;
+      });
+}
+
+void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+  ojson b;
+  if (auto e = parse_json_object(req.body, &b)) return send_error(res, *e);
+  std::string text;
+  bool with_pieces = false;
+  if (b.contains("with_pieces")) {
+    if (!b["with_pieces"].is_boolean()) return send_error(res, api_error(400, "with_pieces", "'with_pieces' must be a boolean"));
+    with_pieces = b["with_pieces"].get<bool>();
+  }
+  if (b.contains("messages")) {
+    ApiRequest r;
+    auto err = parse_chat_request(req.body, opts.defaults, &r);
+    if (err) return send_error(res, *err);
+    if (!has_template) return send_error(res, api_error(400, "messages", "this model has no chat template"));
+    auto t = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
+    if (!t.is_ok()) return send_error(res, api_error(400, "messages", t.status().message()));
+    text = *t;
+  } else {
+    const char* key = b.contains("content") ? "content" : "prompt";
+    if (!b.contains(key)) return send_error(res, api_error(400, "content", "'content' (a string) is required"));
+    if (!b[key].is_string()) return send_error(res, api_error(400, key, std::string("'") + key + "' must be a string"));
+    text = b[key].get<std::string>();
+  }
+  std::vector<int32_t> ids = tok.encode(text);
+  ojson tokens = ojson::array();
+  for (int32_t id : ids) {
+    if (with_pieces) tokens.push_back({{"id", id}, {"piece", tok.decode(std::span<const int32_t>(&id, 1))}});
+    else tokens.push_back(id);
+  }
+  send_json(res, 200, {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", opts.defaults.max_context}});
+}
+
+void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+  ojson b;
+  if (auto e = parse_json_object(req.body, &b)) return send_error(res, *e);
+  if (!b.contains("tokens") || !b["tokens"].is_array())
+    return send_error(res, api_error(400, "tokens", "'tokens' (an array of token ids) is required"));
+  std::vector<int32_t> ids;
+  const int V = engine.model().config().vocab_size;
+  for (size_t i = 0; i < b["tokens"].size(); ++i) {
+    const ojson& t = b["tokens"][i];
+    if (!t.is_number_integer() && !t.is_number_unsigned())
+      return send_error(res, api_error(400, "tokens", "'tokens[" + std::to_string(i) + "]' must be an integer"));
+    int64_t v = t.is_number_unsigned() ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), INT64_MAX)) : t.get<int64_t>();
+    if (v < 0 || v >= V)
+      return send_error(res, api_error(400, "tokens", "'tokens[" + std::to_string(i) + "]' = " + std::to_string(v) +
+                                                          " is outside the vocabulary [0, " + std::to_string(V) + ")"));
+    ids.push_back(int32_t(v));
+  }
+  std::string text = tok.decode(ids);
+  send_json(res, 200, {{"content", text}, {"prompt", text}});
+}
+
+void HttpServer::Impl::routes() {
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!opts.cors_origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", opts.cors_origin);
+      if (opts.cors_origin != "*") res.set_header("Vary", "Origin");
+    }
+    if (req.method == "OPTIONS") {
+      if (!opts.cors_origin.empty()) {
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+      }
+      res.status = 204;
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool open = req.path == "/" || req.path == "/health" || req.path == "/v1/health";
+    if (!opts.api_key.empty() && !open) {
+      const std::string h = req.get_header_value("Authorization");
+      if (!constant_time_equal(h, "Bearer " + opts.api_key)) {
+        send_error(res, api_error(401, "",
+                                  h.empty() ? "Missing API key: send 'Authorization: Bearer <key>'"
+                                            : "Invalid API key",
+                                  "invalid_api_key", "authentication_error"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.status = res.status;
+    if (res.status == 404) {
+      e.message = "Unknown endpoint: " + req.method + " " + req.path;
+      e.code = "unknown_url";
+    } else if (res.status == 413) {
+      e.message = "The request body is larger than this server accepts (" + std::to_string(opts.max_body_bytes) +
+                  " bytes; --max-body)";
+      e.code = "request_too_large";
+    } else if (res.status == 405) {
+      e.message = "Method " + req.method + " is not allowed on " + req.path;
+    } else if (res.status >= 500) {
+      e.message = "Internal server error";
+      e.type = "server_error";
+    } else {
+      e.message = "Malformed HTTP request";
+    }
+    send_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    send_error(res, api_error(500, "", "Internal server error: " + what, "", "server_error"));
+  });
+  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics.count_request(endpoint_label(req.path), res.status);
+  });
+
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, true); });
+  svr.Post("/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, true); });
+  svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, false); });
+  svr.Post("/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, false); });
+  svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_tokenize(q, s); });
+  svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_detokenize(q, s); });
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
+    send_json(s, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
+  });
+  svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& q, httplib::Response& s) {
+    std::string id = q.matches[1];
+    if (id != opts.defaults.model_id && id != opts.defaults.model_alt)
+      return send_error(s, api_error(404, "model", "The model '" + id + "' does not exist", "model_not_found"));
+    send_json(s, 200, model_json());
+  });
+  auto health = [this](const httplib::Request&, httplib::Response& s) {
+    if (draining.load()) send_json(s, 503, {{"status", "draining"}});
+    else send_json(s, 200, {{"status", "ok"}});
+  };
+  svr.Get("/health", health);
+  svr.Get("/v1/health", health);
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& s) {
+    s.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  if (opts.chat_page)
+    svr.Get("/", [](const httplib::Request&, httplib::Response& s) { s.set_content(chat_page_html(), "text/html; charset=utf-8"); });
+}
+
+HttpServer::HttpServer(ServerOptions opts, Engine& engine, const Tokenizer& tok, TokenizerConfig chat_cfg)
+    : metrics_(std::make_unique<Metrics>()) {
+  impl_ = std::make_unique<Impl>(std::move(opts), engine, tok, std::move(chat_cfg), *metrics_);
+}
+
+HttpServer::~HttpServer() { shutdown(); }
+
+Result<int> HttpServer::start() {
+  Impl& m = *impl_;
+  SchedulerOptions so;
+  so.max_queue = m.opts.max_queue;
+  so.eos_ids = m.opts.eos_ids;
+  m.sched = std::make_unique<Scheduler>(m.engine, m.tok, *metrics_, so);
+  Scheduler* sched = m.sched.get();
+  metrics_->add_gauge("anvil_requests_running", "Requests holding a sequence slot", [sched] { return sched->running(); });
+  metrics_->add_gauge("anvil_requests_waiting", "Requests queued for a sequence slot", [sched] { return sched->queued(); });
+  metrics_->add_gauge("anvil_kv_pages_total", "KV cache pages in the pool", [sched] { return double(sched->kv_pages_total()); });
+  metrics_->add_gauge("anvil_kv_pages_used", "KV cache pages held by sequences or the prefix cache",
+                      [sched] { return double(sched->kv_pages_used()); });
+  metrics_->add_gauge("anvil_kv_prefix_cache_pages", "Pages in the prefix index",
+                      [sched] { return double(sched->kv_prefix_pages()); });
+  const int threads = m.opts.http_threads > 0 ? m.opts.http_threads
+                                              : m.engine.options().max_seqs + m.opts.max_queue + 8;
+  m.svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  m.svr.set_payload_max_length(m.opts.max_body_bytes);
+  m.svr.set_read_timeout(30, 0);
+  m.svr.set_write_timeout(30, 0);
+  m.svr.set_keep_alive_timeout(5);
+  m.routes();
+  int port = m.opts.port;
+  if (port == 0) {
+    port = m.svr.bind_to_any_port(m.opts.host);
+    if (port < 0) return io_error("cannot bind " + m.opts.host + " to any port");
+  } else if (!m.svr.bind_to_port(m.opts.host, port)) {
+    return io_error("cannot bind " + m.opts.host + ":" + std::to_string(port) + " (in use, or not an address here)");
+  }
+  m.port = port;
+  raise_listen_backlog(port, 1024);
+  m.sched->start();
+  return port;
+}
+
+void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+
+void HttpServer::shutdown() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lk(m.shutdown_mu);
+  if (m.shut_down) return;
+  m.shut_down = true;
+  m.draining.store(true);
+  if (m.sched) {
+    m.sched->begin_drain();
+    m.sched->wait_idle(clock::now() + std::chrono::milliseconds(int64_t(m.opts.shutdown_timeout_s * 1000)));
+    m.sched->stop();  // what is still running ends with an error event its stream reports
+  }
+  // Let every stream write its last event and [DONE] (bounded: a stuck client cannot hold us).
+  const auto deadline = clock::now() + std::chrono::seconds(5);
+  while (m.open_streams.load() > 0 && clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  m.svr.stop();
+}
+
+}  // namespace anvil::server

@@ -1,0 +1,100 @@
+// A generation job: what an HTTP thread hands the scheduler, and the ordered events the scheduler
+// hands back. The job is shared (shared_ptr) by the two threads; every field below the mutex is
+// guarded by it, `params` is immutable after submit(), `cancel()` may be called from any thread.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "runtime/sampler.h"
+
+namespace anvil::server {
+
+struct GenerationParams {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  float presence_penalty = 0.0f;   // OpenAI: logit -= presence * [count > 0], over generated tokens
+  float frequency_penalty = 0.0f;  // OpenAI: logit -= frequency * count, over generated tokens
+  std::vector<std::string> stop;
+  int top_logprobs = -1;  // -1: no logprobs; else the number of alternatives per token (0..20)
+  bool ignore_eos = false;
+};
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;  // log-softmax of the model's raw logits (before penalties and temperature)
+};
+
+struct TokenInfo {
+  int32_t id;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, most likely first
+};
+
+struct JobEvent {
+  enum Kind { kDelta, kDone, kError } kind = kDelta;
+  std::string text;               // kDelta: newly complete output text (stop strings removed)
+  std::vector<TokenInfo> tokens;  // kDelta: the token(s) behind it
+  std::string finish_reason;      // kDone: "stop", "length", "cancelled"
+  Status error;                   // kError (the job is over)
+  int64_t step = 0;               // the scheduler step that produced it (ordering across jobs, tests)
+};
+
+class Job {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit Job(GenerationParams p) : params(std::move(p)), submitted(clock::now()) {}
+
+  const GenerationParams params;
+  const clock::time_point submitted;
+
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Scheduler side.
+  void push(JobEvent e) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+  void set_prompt_stats(int prompt_tokens, int cached_tokens) {
+    std::lock_guard<std::mutex> lk(mu_);
+    prompt_tokens_ = prompt_tokens;
+    cached_tokens_ = cached_tokens;
+  }
+  void add_completion_tokens(int n) {
+    std::lock_guard<std::mutex> lk(mu_);
+    completion_tokens_ += n;
+  }
+
+  // HTTP side: moves the queued events into *out; waits up to `timeout` when there are none.
+  // Returns false on timeout.
+  bool wait(std::vector<JobEvent>* out, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, timeout, [&] { return !events_.empty(); })) return false;
+    out->insert(out->end(), std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+    events_.clear();
+    return true;
+  }
+  int prompt_tokens() const { std::lock_guard<std::mutex> lk(mu_); return prompt_tokens_; }
+  int cached_tokens() const { std::lock_guard<std::mutex> lk(mu_); return cached_tokens_; }
+  int completion_tokens() const { std::lock_guard<std::mutex> lk(mu_); return completion_tokens_; }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<JobEvent> events_;
+  int prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
+};
+
+}  // namespace anvil::server

@@ -1,0 +1,171 @@
+#include "server/openai_reply.h"
+
+namespace anvil::server {
+
+namespace {
+std::string dump(const ojson& j) { return dump_json(j); }
+ojson token_bytes_json(const std::string& s) {
+  ojson a = ojson::array();
+  for (unsigned char c : s) a.push_back(int(c));
+  return a;
+}
+}  // namespace
+
+std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+ojson Reply::chat_logprobs(const std::vector<TokenInfo>& toks) const {
+  ojson a = ojson::array();
+  for (const TokenInfo& t : toks) {
+    std::string piece = tok->decode(std::span<const int32_t>(&t.id, 1));
+    ojson top = ojson::array();
+    for (const TokenLogprob& x : t.top) {
+      std::string p = tok->decode(std::span<const int32_t>(&x.id, 1));
+      top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", token_bytes_json(p)}});
+    }
+    a.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", token_bytes_json(piece)},
+                 {"top_logprobs", top}});
+  }
+  return a;
+}
+// Appends the legacy completions logprobs of `toks` to the four parallel arrays in *o.
+
+void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
+  for (const TokenInfo& t : toks) {
+    std::string piece = tok->decode(std::span<const int32_t>(&t.id, 1));
+    (*o)["tokens"].push_back(piece);
+    (*o)["token_logprobs"].push_back(t.logprob);
+    ojson top = ojson::object();
+    for (const TokenLogprob& x : t.top) top[tok->decode(std::span<const int32_t>(&x.id, 1))] = x.logprob;
+    (*o)["top_logprobs"].push_back(top);
+    (*o)["text_offset"].push_back(text_offset);
+    text_offset += piece.size();
+  }
+}
+
+ojson Reply::usage() const {
+  const int p = job->prompt_tokens(), c = job->completion_tokens();
+  return ojson{{"prompt_tokens", p},
+               {"completion_tokens", c},
+               {"total_tokens", p + c},
+               {"prompt_tokens_details", {{"cached_tokens", job->cached_tokens()}}}};
+}
+
+ojson Reply::chunk(ojson choice) const {
+  choice["index"] = 0;
+  return ojson{{"id", id},
+               {"object", chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", created},
+               {"model", model},
+               {"choices", ojson::array({choice})}};
+}
+
+ojson Reply::tool_calls_json(const std::vector<ToolCall>& calls, int first_index, bool with_index) {
+  ojson a = ojson::array();
+  int i = first_index;
+  for (const ToolCall& c : calls) {
+    ojson j = ojson::object();
+    if (with_index) j["index"] = i;
+    j["id"] = c.id;
+    j["type"] = "function";
+    j["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+    a.push_back(j);
+    ++i;
+  }
+  return a;
+}
+// SSE chunk(s) for a delta (streaming); accumulates (non-streaming). Returns "" when nothing to send.
+
+std::string Reply::on_delta(const JobEvent& e) {
+  std::string sse;
+  if (chat) {
+    ChatOutput::Delta d = out->push(e.text);
+    ojson lp = logprobs ? chat_logprobs(e.tokens) : ojson();
+    if (!stream) {
+      content += d.content;
+      reasoning += d.reasoning;
+      for (auto& c : d.tool_calls) calls.push_back(c);
+      if (logprobs) for (auto& x : lp) lp_chat.push_back(x);
+      return "";
+    }
+    return chat_delta_sse(d, lp);
+  }
+  if (!stream) {
+    content += e.text;
+    if (logprobs) completion_logprobs(e.tokens, &lp_completion);
+    return "";
+  }
+  ojson lp;
+  if (logprobs) {
+    lp = {{"tokens", ojson::array()}, {"token_logprobs", ojson::array()}, {"top_logprobs", ojson::array()},
+          {"text_offset", ojson::array()}};
+    completion_logprobs(e.tokens, &lp);
+  }
+  if (e.text.empty() && !logprobs) return "";
+  return "data: " + dump(chunk({{"text", e.text}, {"logprobs", lp}, {"finish_reason", nullptr}})) + "\n\n";
+}
+
+std::string Reply::chat_delta_sse(const ChatOutput::Delta& d, const ojson& lp) {
+  if (d.empty() && lp.is_null()) return "";
+  ojson delta = ojson::object();
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.content.empty() || (d.reasoning.empty() && d.tool_calls.empty())) delta["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    delta["tool_calls"] = tool_calls_json(d.tool_calls, n_calls, true);
+    n_calls += int(d.tool_calls.size());
+  }
+  ojson lpj = lp.is_null() ? ojson() : ojson{{"content", lp}};
+  return "data: " + dump(chunk({{"delta", delta}, {"logprobs", lpj}, {"finish_reason", nullptr}})) + "\n\n";
+}
+// The end: flushes held text; streaming gets the final chunk(s) and [DONE].
+
+std::string Reply::on_done(const std::string& reason) {
+  finish = reason;
+  std::string sse;
+  if (chat) {
+    ChatOutput::Delta d = out->flush();
+    if (!stream) {
+      content += d.content;
+      reasoning += d.reasoning;
+      for (auto& c : d.tool_calls) calls.push_back(c);
+    } else {
+      sse += chat_delta_sse(d, ojson());
+    }
+    if ((stream ? n_calls > 0 : !calls.empty()) && finish == "stop") finish = "tool_calls";
+  }
+  if (!stream) return "";
+  if (chat) sse += "data: " + dump(chunk({{"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
+  else sse += "data: " + dump(chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
+  if (include_usage) {
+    ojson u = chunk(ojson::object());
+    u["choices"] = ojson::array();
+    u["usage"] = usage();
+    sse += "data: " + dump(u) + "\n\n";
+  }
+  return sse + "data: [DONE]\n\n";
+}
+
+ojson Reply::response() const {
+  ojson choice = ojson::object();
+  choice["index"] = 0;
+  if (chat) {
+    ojson msg = ojson::object();
+    msg["role"] = "assistant";
+    msg["content"] = content.empty() && !calls.empty() ? ojson() : ojson(content);
+    if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
+    if (!calls.empty()) msg["tool_calls"] = tool_calls_json(calls, 0, false);
+    choice["message"] = msg;
+    choice["logprobs"] = logprobs ? ojson{{"content", lp_chat}} : ojson();
+  } else {
+    choice["text"] = content;
+    choice["logprobs"] = logprobs ? lp_completion : ojson();
+  }
+  choice["finish_reason"] = finish;
+  return ojson{{"id", id},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", created},
+               {"model", model},
+               {"choices", ojson::array({choice})},
+               {"usage", usage()}};
+}
+
+}  // namespace anvil::server

@@ -1,0 +1,56 @@
+// One request's reply: turns the scheduler's job events into OpenAI JSON — SSE chunks while
+// streaming, or one chat.completion / text_completion object at the end. Chat replies go through
+// ChatOutput (reasoning_content, tool_calls); logprobs are rendered in the chat format
+// (content[{token, logprob, bytes, top_logprobs}]; bytes: UTF-8 of the token decoded alone, so a
+// token holding part of a character shows U+FFFD) or the legacy completions one.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/chat_output.h"
+#include "server/job.h"
+#include "tokenizer/tokenizer.h"
+
+namespace anvil::server {
+
+using ojson = nlohmann::ordered_json;
+
+// JSON text; invalid UTF-8 (never expected: text comes from StreamDecoder) is replaced, not thrown.
+std::string dump_json(const ojson& j);
+
+struct Reply {
+  bool chat = false;
+  bool stream = false, include_usage = false, logprobs = false;
+  std::string id, model;
+  int64_t created = 0;
+  std::shared_ptr<Job> job;
+  std::unique_ptr<ChatOutput> out;  // chat only
+  const Tokenizer* tok = nullptr;
+  // Accumulated (non-streaming) or running state.
+  std::string content, reasoning;
+  std::vector<ToolCall> calls;
+  ojson lp_chat = ojson::array();
+  ojson lp_completion = {{"tokens", ojson::array()}, {"token_logprobs", ojson::array()},
+                         {"top_logprobs", ojson::array()}, {"text_offset", ojson::array()}};
+  size_t text_offset = 0;
+  int n_calls = 0;
+  std::string finish;
+
+  // Event handlers: the SSE text to write now ("" when nothing; always "" when not streaming).
+  std::string on_delta(const JobEvent& e);
+  std::string on_done(const std::string& reason);  // last chunks, usage, [DONE]
+  ojson response() const;                            // the non-streaming body, after on_done
+  ojson chunk(ojson choice) const;                   // one chunk object around `choice`
+  ojson usage() const;
+
+ private:
+  ojson chat_logprobs(const std::vector<TokenInfo>& toks) const;
+  void completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o);
+  static ojson tool_calls_json(const std::vector<ToolCall>& calls, int first_index, bool with_index);
+  std::string chat_delta_sse(const ChatOutput::Delta& d, const ojson& lp);
+};
+
+}  // namespace anvil::server

@@ -1,0 +1,345 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <unordered_map>
+
+#include "tokenizer/stop_strings.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace anvil::server {
+
+using clock = std::chrono::steady_clock;
+
+struct Scheduler::Active {
+  std::shared_ptr<Job> job;
+  int seq = -1;
+  int64_t order = 0;                  // admission order; the newest is preempted first
+  std::vector<int32_t> tokens;        // while queued after preemption: prompt + generated (the last pending)
+  bool admitted_once = false;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamDecoder> dec;
+  std::unique_ptr<StopMatcher> stop;
+  int generated = 0;
+  std::unordered_map<int32_t, int> counts;  // generated token -> occurrences (presence/frequency)
+  clock::time_point last_token;
+  std::vector<float> scratch;         // logits copy for logprobs
+};
+
+Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, SchedulerOptions opts)
+    : engine_(engine), tok_(tok), metrics_(metrics), opts_(std::move(opts)) {
+  step_tokens_ = engine_.model().max_tokens();
+  if (opts_.step_tokens > 0) step_tokens_ = std::min(step_tokens_, opts_.step_tokens);
+  pages_total_ = engine_.pool().n_pages();
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::start() { thread_ = std::thread([this] { loop(); }); }
+
+Status Scheduler::submit(std::shared_ptr<Job> job) {
+  if (draining_.load()) return Status(StatusCode::kOutOfMemory, "the server is shutting down");
+  auto a = std::make_unique<Active>();
+  a->job = std::move(job);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return Status(StatusCode::kOutOfMemory, "the server is shutting down");
+    if (int(queue_.size()) >= opts_.max_queue)
+      return Status(StatusCode::kOutOfMemory, "the server is busy: " + std::to_string(queue_.size()) +
+                                                  " requests are already waiting (raise --max-queue)");
+    queue_.push_back(std::move(a));
+  }
+  cv_.notify_all();
+  return Status::ok();
+}
+
+int Scheduler::queued() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return int(queue_.size());
+}
+
+void Scheduler::begin_drain() { draining_.store(true); }
+
+bool Scheduler::wait_idle(clock::time_point deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return cv_.wait_until(lk, deadline, [&] { return queue_.empty() && running_.load() == 0; });
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whatever is left (the thread ended or never ran) ends now.
+  std::deque<std::unique_ptr<Active>> left;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    left.swap(queue_);
+  }
+  for (auto& a : left) emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+}
+
+void Scheduler::emit(Job& job, JobEvent e) {
+  e.step = step_no_;
+  job.push(std::move(e));
+}
+
+void Scheduler::release(Active& a) {
+  if (a.seq >= 0) engine_.seq_release(a.seq);
+  a.seq = -1;
+}
+
+void Scheduler::finish(Active& a, const std::string& reason) {
+  // Text held back by the decoder (an incomplete UTF-8 tail) or the stop matcher (a possible stop
+  // prefix that never completed) belongs to the output.
+  if (reason != "cancelled" && a.dec && a.stop && !a.stop->stopped()) {
+    std::string rest = a.stop->push(a.dec->flush());
+    rest += a.stop->flush();
+    if (!rest.empty()) emit(*a.job, {JobEvent::kDelta, std::move(rest), {}, {}, {}});
+  }
+  if (reason == "cancelled") metrics_.cancelled++;
+  metrics_.e2e.observe(std::chrono::duration<double>(clock::now() - a.job->submitted).count());
+  release(a);  // first: a client that sees the end also sees the pages back
+  emit(*a.job, {JobEvent::kDone, {}, {}, reason, {}});
+}
+
+void Scheduler::fail(Active& a, const Status& st) {
+  release(a);
+  emit(*a.job, {JobEvent::kError, {}, {}, {}, st});
+}
+
+void Scheduler::preempt(Active& a) {
+  a.tokens = engine_.seq_tokens(a.seq);
+  release(a);
+  metrics_.preemptions++;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::vector<std::unique_ptr<Active>> incoming;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty(); });
+      if (stop_) break;
+      while (!queue_.empty() && int(active_.size() + incoming.size()) < engine_.options().max_seqs) {
+        incoming.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    admit(incoming);
+    // Cancelled jobs leave at the step boundary.
+    for (auto& a : active_)
+      if (a->job->cancelled()) finish(*a, "cancelled");
+    std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
+    running_.store(int(active_.size()));
+    if (!active_.empty() && !run_step()) {
+      // run_step() failed the jobs it could not run; nothing else to do here.
+    }
+    std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
+    pages_used_.store(engine_.pool().n_pages() - engine_.pool().n_free());
+    prefix_pages_.store(int64_t(engine_.pool().prefix_entries()));
+    running_.store(int(active_.size()));  // last: wait_idle() sees the page counts of this step
+    cv_.notify_all();  // wait_idle()
+  }
+  for (auto& a : active_) {
+    emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+    release(*a);
+  }
+  active_.clear();
+  running_.store(0);
+}
+
+void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
+  for (auto& ap : incoming) {
+    Active& a = *ap;
+    if (a.job->cancelled()) {
+      metrics_.cancelled++;
+      emit(*a.job, {JobEvent::kDone, {}, {}, "cancelled", {}});
+      continue;
+    }
+    auto seq = engine_.seq_create();
+    if (!seq.is_ok()) {
+      fail(a, seq.status());
+      continue;
+    }
+    a.seq = *seq;
+    a.order = admit_counter_++;
+    const bool resume = a.admitted_once;
+    const std::vector<int32_t>& toks = resume ? a.tokens : a.job->params.prompt;
+    Status st = engine_.seq_append(a.seq, toks);
+    if (!st.is_ok()) {
+      fail(a, st);
+      continue;
+    }
+    if (!resume) {
+      const GenerationParams& p = a.job->params;
+      a.admitted_once = true;
+      a.sampler = std::make_unique<Sampler>(p.sampling);
+      if (p.ignore_eos) a.sampler->set_suppressed(opts_.eos_ids);
+      a.dec = std::make_unique<StreamDecoder>(tok_, /*skip_special=*/true);
+      a.stop = std::make_unique<StopMatcher>(p.stop);
+      const int cached = engine_.seq_cached_tokens(a.seq);
+      a.job->set_prompt_stats(int(p.prompt.size()), cached);
+      metrics_.prompt_tokens += p.prompt.size();
+      metrics_.cached_prompt_tokens += uint64_t(cached);
+    }
+    a.tokens.clear();
+    active_.push_back(std::move(ap));
+  }
+}
+
+// Builds and runs one step. Returns false when the forward itself failed.
+bool Scheduler::run_step() {
+  ++step_no_;
+  // Decode tokens first (each is one token and keeps a stream moving), then prompt chunks oldest first.
+  std::vector<Active*> order;
+  for (auto& a : active_) order.push_back(a.get());
+  std::stable_sort(order.begin(), order.end(), [&](Active* x, Active* y) {
+    const bool dx = engine_.seq_pending(x->seq) == 1, dy = engine_.seq_pending(y->seq) == 1;
+    if (dx != dy) return dx;
+    return x->order < y->order;
+  });
+  std::vector<Engine::StepItem> items;
+  std::vector<Active*> item_owner;
+  int budget = step_tokens_;
+  for (Active* a : order) {
+    if (a->seq < 0 || budget <= 0) continue;
+    const int pending = engine_.seq_pending(a->seq);
+    const int n = std::min(pending, budget);
+    const int n_kv = int(engine_.seq_tokens(a->seq).size()) - pending;
+    // Admission control: pages for this chunk, taking them back from the newest others if needed.
+    for (;;) {
+      Status st = engine_.seq_reserve(a->seq, n_kv + n);
+      if (st.is_ok()) break;
+      if (st.code() != StatusCode::kOutOfMemory) {
+        fail(*a, st);
+        break;
+      }
+      Active* victim = nullptr;
+      for (auto& o : active_)
+        if (o.get() != a && o->seq >= 0 && (!victim || o->order > victim->order)) victim = o.get();
+      if (!victim || victim->order < a->order) {
+        // `a` is the newest: it yields instead, unless it is alone (then it can never fit).
+        if (!victim) {
+          fail(*a, Status(StatusCode::kOutOfMemory,
+                          "the KV cache cannot hold this request (" + std::to_string(n_kv + n) +
+                              " tokens): " + st.message()));
+        } else {
+          preempt(*a);
+        }
+        break;
+      }
+      preempt(*victim);
+    }
+    if (a->seq < 0) continue;
+    items.push_back({a->seq, n, n == pending});
+    item_owner.push_back(a);
+    budget -= n;
+  }
+  // Preempted sequences go back to the front of the queue, oldest first.
+  {
+    std::vector<std::unique_ptr<Active>> back;
+    for (auto& a : active_)
+      if (a->seq < 0 && !a->tokens.empty()) back.push_back(std::move(a));
+    std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return !a; });
+    std::sort(back.begin(), back.end(), [](auto& x, auto& y) { return x->order > y->order; });
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& b : back) queue_.push_front(std::move(b));
+  }
+  // Items whose sequence was preempted after being added are dropped.
+  std::vector<Engine::StepItem> run;
+  std::vector<Active*> run_owner;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (item_owner[i]->seq >= 0 && item_owner[i]->seq == items[i].seq) {
+      bool alive = false;
+      for (auto& a : active_) alive |= a && a.get() == item_owner[i];
+      if (alive) {
+        run.push_back(items[i]);
+        run_owner.push_back(item_owner[i]);
+      }
+    }
+  if (run.empty()) return true;
+  Status st = engine_.step(run, &logits_);
+  if (!st.is_ok()) {
+    for (Active* a : run_owner) fail(*a, st.with_context("forward pass"));
+    return false;
+  }
+  const size_t V = size_t(engine_.model().config().vocab_size);
+  size_t row = 0;
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (!run[i].want_logits) continue;
+    on_logits(*run_owner[i], logits_.data() + row * V);
+    ++row;
+  }
+  return true;
+}
+
+void Scheduler::on_logits(Active& a, float* logits) {
+  const GenerationParams& p = a.job->params;
+  const int V = engine_.model().config().vocab_size;
+  TokenInfo info;
+  // Log-probabilities are of the raw model distribution (what OpenAI and vLLM report), so take
+  // the top alternatives and the normalizer before any processor touches the logits.
+  double lse = 0;
+  if (p.top_logprobs >= 0) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+    double s = 0;
+    for (int i = 0; i < V; ++i) s += std::exp(double(logits[i]) - mx);
+    lse = mx + std::log(s);
+    a.scratch.assign(logits, logits + V);
+    if (p.top_logprobs > 0) {
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      for (int i = 0; i < V; ++i) idx[size_t(i)] = i;
+      const int k = std::min(p.top_logprobs, V);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t x, int32_t y) {
+        return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
+      });
+      for (int j = 0; j < k; ++j) info.top.push_back({idx[size_t(j)], float(logits[idx[size_t(j)]] - lse)});
+    }
+  }
+  if (p.presence_penalty != 0 || p.frequency_penalty != 0)
+    for (auto& [id, c] : a.counts) logits[id] -= p.presence_penalty + p.frequency_penalty * float(c);
+  const int32_t id = a.sampler->sample(logits, V, engine_.seq_tokens(a.seq));
+  if (id < 0) {
+    fail(a, invalid_argument("sampling: every token was filtered out (check top_k / top_p / min_p)"));
+    return;
+  }
+  const auto now = clock::now();
+  if (a.generated == 0)
+    metrics_.ttft.observe(std::chrono::duration<double>(now - a.job->submitted).count());
+  else
+    metrics_.itl.observe(std::chrono::duration<double>(now - a.last_token).count());
+  a.last_token = now;
+  const bool is_eos =
+      !p.ignore_eos && std::find(opts_.eos_ids.begin(), opts_.eos_ids.end(), id) != opts_.eos_ids.end();
+  ++a.generated;
+  metrics_.generation_tokens++;
+  a.job->add_completion_tokens(1);
+  if (is_eos) {
+    finish(a, "stop");
+    return;
+  }
+  ++a.counts[id];
+  info.id = id;
+  if (p.top_logprobs >= 0) info.logprob = float(a.scratch[size_t(id)] - lse);
+  std::string text = a.stop->push(a.dec->push(id));
+  JobEvent e{JobEvent::kDelta, std::move(text), {}, {}, {}};
+  e.tokens.push_back(std::move(info));
+  emit(*a.job, std::move(e));
+  if (a.stop->stopped()) {
+    finish(a, "stop");
+    return;
+  }
+  if (a.generated >= p.max_tokens || int(engine_.seq_tokens(a.seq).size()) + 1 > engine_.options().max_context) {
+    finish(a, "length");
+    return;
+  }
+  Status st = engine_.seq_append(a.seq, std::span<const int32_t>(&id, 1));
+  if (!st.is_ok()) fail(a, st);
+}
+
+}  // namespace anvil::server

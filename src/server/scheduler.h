@@ -1,0 +1,99 @@
+// The scheduler: one thread owns the Engine and runs continuous batching.
+//
+// Each step builds one forward from every active sequence: a sequence whose last sampled token is
+// pending contributes that token (decode); a sequence still in its prompt contributes the next
+// chunk of it, within what is left of the step's token budget (chunked prefill, oldest first), so
+// a long prompt never stalls the others for more than one step. New jobs are admitted between
+// steps while the engine has a free sequence slot.
+//
+// Admission control: a step first reserves KV pages for each item. When the pool is full, the
+// most recently admitted other sequence is preempted: its pages go back and its job returns to
+// the front of the queue with its tokens (prompt + generated); on readmission those tokens are
+// prefilled again (the prefix index usually still holds most of them) and generation continues
+// where it stopped, invisibly to the client. A sequence that cannot fit even alone fails alone.
+//
+// Invariants
+//  1. Only the scheduler thread calls into the Engine.
+//  2. Every active sequence has >= 1 pending token (its prompt rest, or its last sampled token).
+//  3. A job gets exactly one terminal event (kDone or kError), after which its sequence is
+//     released; a cancelled job is dropped at the next step boundary (its pages freed).
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "server/job.h"
+#include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+namespace anvil::server {
+
+struct SchedulerOptions {
+  int max_queue = 64;       // jobs waiting for a slot; more are refused (503)
+  int step_tokens = 0;      // token budget of one step; 0 = the model's max tokens per forward
+  std::vector<int32_t> eos_ids;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, SchedulerOptions opts);
+  ~Scheduler();  // stops the thread; unfinished jobs end with finish_reason "cancelled"
+
+  void start();
+  // Queues a job. kUnavailable-style refusal (StatusCode::kOutOfMemory) when the queue is full or
+  // the scheduler is draining: the caller answers 503.
+  Status submit(std::shared_ptr<Job> job);
+  // Refuse new jobs from now on (SIGTERM).
+  void begin_drain();
+  // Waits until no job is queued or running, or the deadline passes; true when idle.
+  bool wait_idle(std::chrono::steady_clock::time_point deadline);
+  // Ends every job (kError "server is shutting down") and stops the thread.
+  void stop();
+
+  int queued() const;
+  int running() const { return running_.load(); }
+  int64_t kv_pages_used() const { return pages_used_.load(); }
+  int64_t kv_pages_total() const { return pages_total_; }
+  int64_t kv_prefix_pages() const { return prefix_pages_.load(); }
+  bool draining() const { return draining_.load(); }
+
+ private:
+  struct Active;
+  void loop();
+  void admit(std::vector<std::unique_ptr<Active>>& incoming);
+  bool run_step();
+  void finish(Active& a, const std::string& reason);
+  void fail(Active& a, const Status& st);
+  void release(Active& a);
+  void preempt(Active& a);
+  void on_logits(Active& a, float* row);
+  void emit(Job& job, JobEvent e);
+
+  Engine& engine_;
+  const Tokenizer& tok_;
+  Metrics& metrics_;
+  SchedulerOptions opts_;
+  int step_tokens_;
+  int64_t pages_total_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Active>> queue_;  // guarded by mu_; preempted jobs go to the front
+  bool stop_ = false;                           // guarded by mu_
+  std::atomic<bool> draining_{false};
+  std::atomic<int> running_{0};
+  std::atomic<int64_t> pages_used_{0}, prefix_pages_{0};
+
+  // Scheduler thread only.
+  std::vector<std::unique_ptr<Active>> active_;
+  int64_t admit_counter_ = 0;
+  int64_t step_no_ = 0;
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace anvil::server

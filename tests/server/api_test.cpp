@@ -1,0 +1,269 @@
+// Request validation (every bad-input class gets a 4xx naming the parameter), the reply shaping
+// (reasoning split, Qwen-style tool calls) under every chunking, and the metrics text format.
+#include <gtest/gtest.h>
+
+#include "server/api_request.h"
+#include "server/chat_output.h"
+#include "server/metrics.h"
+
+using namespace anvil::server;
+
+namespace {
+
+RequestDefaults defaults() {
+  RequestDefaults d;
+  d.model_id = "tiny";
+  d.model_alt = "/models/tiny";
+  d.max_context = 512;
+  return d;
+}
+
+std::optional<ApiError> chat(const std::string& body, ApiRequest* r = nullptr) {
+  ApiRequest tmp;
+  return parse_chat_request(body, defaults(), r ? r : &tmp);
+}
+std::optional<ApiError> completion(const std::string& body, ApiRequest* r = nullptr) {
+  ApiRequest tmp;
+  return parse_completion_request(body, defaults(), r ? r : &tmp);
+}
+
+const std::string kMsgs = R"("messages":[{"role":"user","content":"hi"}])";
+
+}  // namespace
+
+TEST(ApiRequest, AcceptsEveryDocumentedParameter) {
+  ApiRequest r;
+  auto e = chat(R"({"model":"tiny",)" + kMsgs + R"(,"max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,
+    "min_p":0.05,"seed":42,"stop":["a","b"],"presence_penalty":0.5,"frequency_penalty":-0.5,
+    "repetition_penalty":1.1,"logprobs":true,"top_logprobs":5,"n":1,"stream":true,
+    "stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],
+    "tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false},"user":"x","unknown_extra":1})",
+                &r);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(*r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.gen.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.gen.sampling.top_k, 40);
+  EXPECT_EQ(r.gen.sampling.seed, 42u);
+  EXPECT_EQ(r.gen.stop.size(), 2u);
+  EXPECT_FLOAT_EQ(r.gen.frequency_penalty, -0.5f);
+  EXPECT_EQ(r.gen.top_logprobs, 5);
+  EXPECT_TRUE(r.stream && r.include_usage && r.parse_tool_calls);
+  EXPECT_EQ(r.enable_thinking, std::optional<bool>(false));
+  ApiRequest c;
+  ASSERT_FALSE(completion(R"({"prompt":[1,2,3],"max_completion_tokens":3,"logprobs":2})", &c));
+  EXPECT_TRUE(c.prompt_is_ids);
+  EXPECT_EQ(c.gen.top_logprobs, 2);
+  EXPECT_EQ(*c.max_tokens, 3);
+}
+
+TEST(ApiRequest, EveryBadInputNamesItsParameter) {
+  struct Case {
+    std::string body;
+    std::string param;
+    int status = 400;
+  };
+  const std::vector<Case> chat_cases = {
+      {R"({"messages":)", ""},                                     // malformed JSON
+      {"[1,2]", ""},                                               // not an object
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", ""},  // invalid UTF-8
+      {"{}", "messages"},
+      {R"({"messages":"hi"})", "messages"},
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":[{"role":"robot","content":"x"}]})", "messages"},
+      {R"({"messages":[{"role":"user"}]})", "messages"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", "messages"},
+      {R"({"model":"gpt-4",)" + kMsgs + "}", "model", 404},
+      {R"({"model":7,)" + kMsgs + "}", "model"},
+      {"{" + kMsgs + R"(,"max_tokens":-5})", "max_tokens"},
+      {"{" + kMsgs + R"(,"max_tokens":0})", "max_tokens"},
+      {"{" + kMsgs + R"(,"max_tokens":100000000000})", "max_tokens"},
+      {"{" + kMsgs + R"(,"max_tokens":"10"})", "max_tokens"},
+      {"{" + kMsgs + R"(,"max_tokens":1.5})", "max_tokens"},
+      {"{" + kMsgs + R"(,"max_completion_tokens":513})", "max_completion_tokens"},
+      {"{" + kMsgs + R"(,"temperature":"hot"})", "temperature"},
+      {"{" + kMsgs + R"(,"temperature":-1})", "temperature"},
+      {"{" + kMsgs + R"(,"temperature":3})", "temperature"},
+      {"{" + kMsgs + R"(,"top_p":0})", "top_p"},
+      {"{" + kMsgs + R"(,"top_k":-2})", "top_k"},
+      {"{" + kMsgs + R"(,"min_p":1})", "min_p"},
+      {"{" + kMsgs + R"(,"seed":"x"})", "seed"},
+      {"{" + kMsgs + R"(,"stop":5})", "stop"},
+      {"{" + kMsgs + R"(,"stop":[""]})", "stop"},
+      {"{" + kMsgs + R"(,"presence_penalty":3})", "presence_penalty"},
+      {"{" + kMsgs + R"(,"frequency_penalty":-2.5})", "frequency_penalty"},
+      {"{" + kMsgs + R"(,"repetition_penalty":0})", "repetition_penalty"},
+      {"{" + kMsgs + R"(,"n":2})", "n"},
+      {"{" + kMsgs + R"(,"stream":"yes"})", "stream"},
+      {"{" + kMsgs + R"(,"stream_options":{"include_usage":1}})", "stream_options.include_usage"},
+      {"{" + kMsgs + R"(,"logprobs":1})", "logprobs"},
+      {"{" + kMsgs + R"(,"top_logprobs":3})", "top_logprobs"},
+      {"{" + kMsgs + R"(,"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {"{" + kMsgs + R"(,"tools":{}})", "tools"},
+      {"{" + kMsgs + R"(,"tools":[{"type":"function","function":{}}]})", "tools"},
+      {"{" + kMsgs + R"(,"tool_choice":"required"})", "tool_choice"},
+      {"{" + kMsgs + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice"},
+      {"{" + kMsgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"{" + kMsgs + R"(,"chat_template_kwargs":[]})", "chat_template_kwargs"},
+      {"{" + kMsgs + R"(,"session":""})", "session"},
+  };
+  for (const Case& c : chat_cases) {
+    auto e = chat(c.body);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, c.status) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body << " -> " << e->message;
+    EXPECT_FALSE(e->message.empty());
+    if (!c.param.empty()) EXPECT_NE(e->message.find(c.param.substr(0, c.param.find('.'))), std::string::npos) << e->message;
+  }
+  const std::vector<Case> completion_cases = {
+      {"{}", "prompt"},
+      {R"({"prompt":""})", "prompt"},
+      {R"({"prompt":5})", "prompt"},
+      {R"({"prompt":[1,-2]})", "prompt"},
+      {R"({"prompt":[1,"a"]})", "prompt"},
+      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","echo":true})", "echo"},
+      {R"({"prompt":"x","suffix":"y"})", "suffix"},
+      {R"({"prompt":"x","best_of":3})", "best_of"},
+  };
+  for (const Case& c : completion_cases) {
+    auto e = completion(c.body);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body << " -> " << e->message;
+  }
+}
+
+TEST(ApiRequest, ErrorBodyHasOpenAIShape) {
+  auto e = chat("{" + kMsgs + R"(,"temperature":"hot"})");
+  ASSERT_TRUE(e);
+  auto j = error_body(*e);
+  EXPECT_EQ(j["error"]["param"], "temperature");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  EXPECT_TRUE(j["error"]["message"].is_string());
+}
+
+TEST(ApiRequest, MessagesBecomeTemplateInput) {
+  ApiRequest r;
+  ASSERT_FALSE(chat(R"({"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+      {"role":"user","content":"q"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"42"}]})",
+                    &r));
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[0]["content"], "ab");
+  EXPECT_EQ(r.messages[2]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(r.messages[3]["tool_call_id"], "c1");
+}
+
+TEST(ApiRequest, Utf8Validation) {
+  EXPECT_TRUE(is_valid_utf8("plain"));
+  EXPECT_TRUE(is_valid_utf8("h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(is_valid_utf8("\xc0\x80"));          // overlong NUL
+  EXPECT_FALSE(is_valid_utf8("\xe0\x80\xaf"));      // overlong '/'
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // > U+10FFFF
+  EXPECT_FALSE(is_valid_utf8("ab\xe2\x82"));        // truncated
+  EXPECT_FALSE(is_valid_utf8("\x80"));              // lone continuation
+}
+
+namespace {
+// Feeds `text` to a fresh ChatOutput in pieces of `n` bytes and returns the concatenated result.
+ChatOutput::Delta run(const std::string& text, size_t n, bool starts_in_reasoning, bool tools) {
+  ChatOutput out(true, starts_in_reasoning, tools);
+  ChatOutput::Delta all;
+  auto add = [&](ChatOutput::Delta d) {
+    all.reasoning += d.reasoning;
+    all.content += d.content;
+    for (auto& c : d.tool_calls) all.tool_calls.push_back(c);
+  };
+  for (size_t i = 0; i < text.size(); i += n) add(out.push(text.substr(i, n)));
+  add(out.flush());
+  return all;
+}
+}  // namespace
+
+TEST(ChatOutput, ReasoningSplitAndTrimUnderAnyChunking) {
+  const std::string text = "<think>\nLet me think.\n\nYes.\n</think>\n\nThe answer is 4.";
+  for (size_t n : {1, 2, 3, 5, 8, 100}) {
+    auto d = run(text, n, false, false);
+    EXPECT_EQ(d.reasoning, "Let me think.\n\nYes.") << n;
+    EXPECT_EQ(d.content, "The answer is 4.") << n;
+  }
+  // The template opened <think> already.
+  auto d = run("hmm\n</think>\n\nok", 1, true, false);
+  EXPECT_EQ(d.reasoning, "hmm");
+  EXPECT_EQ(d.content, "ok");
+  // No reasoning at all: content untouched, leading newline included.
+  d = run("\nplain", 1, false, false);
+  EXPECT_EQ(d.content, "\nplain");
+}
+
+TEST(ChatOutput, QwenToolCallsUnderAnyChunking) {
+  const std::string text =
+      "I will call it.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"n\": [1, 2]}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n";
+  for (size_t n : {1, 2, 7, 1000}) {
+    auto d = run(text, n, false, true);
+    ASSERT_EQ(d.tool_calls.size(), 2u) << n;
+    EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(d.tool_calls[0].arguments, R"({"city":"Paris","n":[1,2]})");
+    EXPECT_EQ(d.tool_calls[1].name, "now");
+    EXPECT_EQ(d.tool_calls[1].arguments, "{}");
+    EXPECT_EQ(d.content, "I will call it.\n") << n;
+    EXPECT_EQ(d.tool_calls[0].id.rfind("call_", 0), 0u);
+    EXPECT_NE(d.tool_calls[0].id, d.tool_calls[1].id);
+  }
+  // A block that is not a call stays text; a block cut off by the token limit too.
+  auto d = run("<tool_call>not json</tool_call> after", 3, false, true);
+  EXPECT_TRUE(d.tool_calls.empty());
+  EXPECT_EQ(d.content, "<tool_call>not json</tool_call> after");
+  d = run("x <tool_call>\n{\"name\": \"f\"", 4, false, true);
+  EXPECT_TRUE(d.tool_calls.empty());
+  EXPECT_EQ(d.content, "x <tool_call>\n{\"name\": \"f\"");
+  // Without tools, the tags are plain text.
+  d = run("<tool_call>{\"name\":\"f\"}</tool_call>", 2, false, false);
+  EXPECT_TRUE(d.tool_calls.empty());
+  // Reasoning, then a call.
+  d = run("<think>\nplan\n</think>\n\n<tool_call>\n{\"name\":\"f\",\"arguments\":\"{}\"}\n</tool_call>", 1, false, true);
+  EXPECT_EQ(d.reasoning, "plan");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "{}");
+  EXPECT_EQ(d.content, "");
+}
+
+TEST(Metrics, PrometheusTextFormat) {
+  Metrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 400);
+  m.ttft.observe(0.003);
+  m.ttft.observe(0.2);
+  m.ttft.observe(100);
+  m.generation_tokens += 5;
+  m.add_gauge("anvil_requests_running", "running", [] { return 3.0; });
+  std::string t = m.render();
+  EXPECT_NE(t.find("anvil_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("anvil_requests_total{endpoint=\"/v1/completions\",code=\"400\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("anvil_generation_tokens_total 5\n"), std::string::npos);
+  // Cumulative buckets: 0.003 lands in le=0.005, 0.2 in le=0.25, 100 only in +Inf.
+  EXPECT_NE(t.find("anvil_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("anvil_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("anvil_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("anvil_time_to_first_token_seconds_bucket{le=\"60\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("anvil_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("anvil_time_to_first_token_seconds_count 3\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE anvil_requests_running gauge\nanvil_requests_running 3\n"), std::string::npos);
+  // Every non-comment line is "name{labels} value".
+  size_t pos = 0;
+  while (pos < t.size()) {
+    size_t end = t.find('\n', pos);
+    std::string line = t.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    EXPECT_EQ(line.find("anvil_"), 0u) << line;
+    EXPECT_NE(line.rfind(' '), std::string::npos) << line;
+  }
+}

@@ -1,0 +1,434 @@
+// `anvil serve` as a client sees it, over loopback HTTP: every endpoint, the bad-input classes,
+// auth, CORS, limits, 32 concurrent streams that each get what they get alone, a client that
+// disconnects mid-stream, SIGTERM draining, and the official openai Python client.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "server_process.h"
+
+using anvil::test::RawConnection;
+using anvil::test::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+const char* kKey = "test-key";
+const char* kModel = "tiny-test";
+
+httplib::Headers auth() { return {{"Authorization", std::string("Bearer ") + kKey}}; }
+
+// The shared server: 32 sequences, API key, CORS for one origin, 64 KiB... (1 MiB) body limit.
+class Http : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"--synthetic", "tiny", "-c", "512", "-np", "32", "-t", "2", "--api-key", kKey,
+                                 "--cors", "http://app.example", "--max-body", "1", "--alias", kModel});
+  }
+  static void TearDownTestSuite() {
+    if (server_) EXPECT_EQ(server_->terminate(30), 0);
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(server_ && server_->ok()) << server_->startup_output(); }
+  static httplib::Client client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  static json post(const std::string& path, const json& body, int* status = nullptr) {
+    auto c = client();
+    auto r = c.Post(path.c_str(), auth(), body.dump(), "application/json");
+    if (!r) return json();
+    if (status) *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+  static double metric(const std::string& name) {
+    auto c = client();
+    auto r = c.Get("/metrics", auth());
+    if (!r) return -1;
+    std::smatch m;
+    std::regex re("\n" + std::regex_replace(name, std::regex(R"([{}\"/.+])"), R"(\$&)") + " ([0-9.e+-]+)\n");
+    std::string body = "\n" + r->body;
+    return std::regex_search(body, m, re) ? std::stod(m[1]) : -1;
+  }
+  static ServerProcess* server_;
+};
+ServerProcess* Http::server_ = nullptr;
+
+// Parses an SSE body into its data payloads (without "[DONE]"); *done says whether it ended.
+std::vector<json> sse_events(const std::string& body, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    size_t end = body.find("\n\n", pos);
+    std::string d = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (d == "[DONE]") *done = true;
+    else out.push_back(json::parse(d, nullptr, false));
+  }
+  return out;
+}
+
+json chat_body(const std::string& user, int max_tokens, bool stream = false) {
+  return {{"model", kModel},
+          {"messages", {{{"role", "user"}, {"content", user}}}},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"stream", stream}};
+}
+
+}  // namespace
+
+TEST_F(Http, HealthModelsMetricsPage) {
+  auto c = client();
+  auto h = c.Get("/health");  // no key needed
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = c.Get("/v1/models", auth());
+  ASSERT_TRUE(m);
+  auto mj = json::parse(m->body);
+  EXPECT_EQ(mj["object"], "list");
+  EXPECT_EQ(mj["data"][0]["id"], kModel);
+  EXPECT_EQ(mj["data"][0]["max_model_len"], 512);
+  auto one = c.Get((std::string("/v1/models/") + kModel).c_str(), auth());
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(c.Get("/v1/models/other", auth())->status, 404);
+  auto met = c.Get("/metrics", auth());
+  ASSERT_TRUE(met);
+  EXPECT_EQ(met->status, 200);
+  for (const char* name : {"anvil_requests_total", "anvil_time_to_first_token_seconds_bucket",
+                           "anvil_inter_token_latency_seconds_bucket", "anvil_requests_waiting", "anvil_kv_pages_used",
+                           "anvil_prompt_tokens_cached_total"})
+    EXPECT_NE(met->body.find(name), std::string::npos) << name;
+  auto page = c.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->body.find("/v1/chat/completions"), std::string::npos);
+}
+
+TEST_F(Http, TokenizeDetokenizeRoundTrip) {
+  int st = 0;
+  auto t = post("/tokenize", {{"content", "Hello, world! def f(x): return x"}}, &st);
+  ASSERT_EQ(st, 200) << t;
+  ASSERT_GT(t["count"].get<int>(), 3);
+  EXPECT_EQ(t["tokens"].size(), t["count"].get<size_t>());
+  auto d = post("/detokenize", {{"tokens", t["tokens"]}}, &st);
+  EXPECT_EQ(st, 200);
+  EXPECT_EQ(d["content"], "Hello, world! def f(x): return x");
+  auto p = post("/tokenize", {{"content", "Hi"}, {"with_pieces", true}}, &st);
+  EXPECT_EQ(p["tokens"][0]["piece"], "Hi");
+  // The chat form counts the templated prompt, as /v1/chat/completions' usage does.
+  auto ct = post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}, &st);
+  EXPECT_EQ(st, 200);
+  auto r = post("/v1/chat/completions", chat_body("Hi", 1));
+  EXPECT_EQ(ct["count"], r["usage"]["prompt_tokens"]);
+  post("/detokenize", {{"tokens", {1, -1}}}, &st);
+  EXPECT_EQ(st, 400);
+  post("/detokenize", {{"tokens", {151936}}}, &st);
+  EXPECT_EQ(st, 400);
+}
+
+TEST_F(Http, ChatStreamEqualsNonStreamAndReportsUsage) {
+  int st = 0;
+  auto r = post("/v1/chat/completions", chat_body("Tell me a story", 12), &st);
+  ASSERT_EQ(st, 200) << r;
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(r["usage"]["total_tokens"].get<int>(),
+            r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>());
+  auto c = client();
+  json body = chat_body("Tell me a story", 12, true);
+  body["stream_options"] = {{"include_usage", true}};
+  auto s = c.Post("/v1/chat/completions", auth(), body.dump(), "application/json");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->get_header_value("Content-Type"), "text/event-stream");
+  bool done = false;
+  auto evs = sse_events(s->body, &done);
+  EXPECT_TRUE(done);
+  std::string text;
+  ASSERT_GE(evs.size(), 3u);
+  EXPECT_EQ(evs[0]["choices"][0]["delta"]["role"], "assistant");
+  for (auto& e : evs) {
+    EXPECT_EQ(e["id"], evs[0]["id"]);
+    if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content"))
+      text += e["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, r["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(evs[evs.size() - 2]["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(evs.back()["choices"].empty());
+  EXPECT_EQ(evs.back()["usage"]["completion_tokens"], 12);
+}
+
+TEST_F(Http, RepeatedPrefixIsCachedInUsageAndMetrics) {
+  std::string doc;
+  for (int i = 0; i < 30; ++i) doc += "Paragraph " + std::to_string(i) + " of a long shared document. ";
+  const double before = metric("anvil_prompt_tokens_cached_total");
+  int st = 0;
+  auto a = post("/v1/chat/completions", chat_body(doc + "First question?", 2), &st);
+  ASSERT_EQ(st, 200);
+  auto b = post("/v1/chat/completions", chat_body(doc + "Second question?", 2), &st);
+  ASSERT_EQ(st, 200);
+  const int cached = b["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, a["usage"]["prompt_tokens"].get<int>() - 32);  // all full pages of the shared part
+  EXPECT_EQ(cached % 16, 0);
+  EXPECT_GE(metric("anvil_prompt_tokens_cached_total") - before, cached);
+}
+
+TEST_F(Http, CompletionsWithIdsAndLogprobs) {
+  int st = 0;
+  auto r = post("/v1/completions", {{"prompt", {1, 2, 3, 4}}, {"max_tokens", 5}, {"temperature", 0},
+                                    {"logprobs", 2}, {"ignore_eos", true}}, &st);
+  ASSERT_EQ(st, 200) << r;
+  auto& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 2u);
+    // Greedy: the chosen token is the most likely one.
+    double best = -1e9;
+    for (auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-6);
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 4);
+}
+
+TEST_F(Http, BadInputsGetOpenAIErrors) {
+  auto c = client();
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;  // "" = null
+  };
+  std::string long_prompt;
+  for (int i = 0; i < 600; ++i) long_prompt += "word ";
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{not json", 400, ""},
+      {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", 400, ""},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", 400, "temperature"},
+      {"/v1/chat/completions", R"({"model":"gpt-9","messages":[{"role":"user","content":"x"}]})", 404, "model"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})", 400, "max_tokens"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":4000000000})", 400, "max_tokens"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":510})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":")" + long_prompt + R"("})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":[1, 999999]})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":"x","n":3})", 400, "n"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"s1"})", 400, "session"},
+  };
+  for (const Case& k : cases) {
+    auto r = c.Post(k.path.c_str(), auth(), k.body, "application/json");
+    ASSERT_TRUE(r) << k.body;
+    EXPECT_EQ(r->status, k.status) << k.body << " -> " << r->body;
+    auto j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    EXPECT_EQ(j["error"]["param"], k.param.empty() ? json() : json(k.param)) << r->body;
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+  }
+  // Over-long prompt: the code OpenAI uses.
+  auto r = c.Post("/v1/completions", auth(), R"({"prompt":")" + long_prompt + R"("})", "application/json");
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  // Oversized body (the limit is 1 MiB): 413 with a JSON error.
+  std::string huge = R"({"prompt":")" + std::string(2 << 20, 'a') + R"("})";
+  auto big = c.Post("/v1/completions", auth(), huge, "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  EXPECT_EQ(json::parse(big->body)["error"]["code"], "request_too_large");
+  // Unknown endpoint.
+  auto nf = c.Post("/v1/embeddings", auth(), "{}", "application/json");
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_TRUE(json::parse(nf->body)["error"].is_object());
+  // The server is still fine.
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+TEST_F(Http, ApiKeyAndCors) {
+  auto c = client();
+  auto none = c.Get("/v1/models");
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "invalid_api_key");
+  auto wrong = c.Get("/v1/models", {{"Authorization", "Bearer nope"}});
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_EQ(c.Post("/v1/completions", R"({"prompt":"x"})", "application/json")->status, 401);
+  auto pre = c.Options("/v1/chat/completions", {{"Origin", "http://app.example"},
+                                                {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  auto g = c.Get("/v1/models", {{"Origin", "http://app.example"}, {"Authorization", std::string("Bearer ") + kKey}});
+  EXPECT_EQ(g->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+}
+
+// 32 clients stream at once (the server runs 32 sequences together); each gets exactly the text it
+// gets alone (greedy).
+TEST_F(Http, ThirtyTwoConcurrentStreamsMatchAlone) {
+  const int kClients = 32, kTokens = 10;
+  std::vector<std::string> alone(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    auto r = post("/v1/chat/completions", chat_body("Client " + std::to_string(i) + " asks " + std::string(size_t(i % 5), '?'), kTokens));
+    ASSERT_TRUE(r.contains("choices")) << r;
+    alone[size_t(i)] = r["choices"][0]["message"]["content"];
+  }
+  std::vector<std::string> streamed(kClients), errors(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] {
+      auto c = client();
+      auto body = chat_body("Client " + std::to_string(i) + " asks " + std::string(size_t(i % 5), '?'), kTokens, true);
+      auto r = c.Post("/v1/chat/completions", auth(), body.dump(), "application/json");
+      if (!r || r->status != 200) {
+        errors[size_t(i)] = r ? r->body : "no response: " + httplib::to_string(r.error());
+        return;
+      }
+      bool done = false;
+      for (auto& e : sse_events(r->body, &done))
+        if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content"))
+          streamed[size_t(i)] += e["choices"][0]["delta"]["content"].get<std::string>();
+      if (!done) errors[size_t(i)] = "stream did not end with [DONE]";
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(errors[size_t(i)], "") << "client " << i;
+    EXPECT_EQ(streamed[size_t(i)], alone[size_t(i)]) << "client " << i;
+  }
+}
+
+// A client that goes away mid-stream: its sequence is cancelled and its pages come back.
+TEST_F(Http, DisconnectMidStreamCancelsAndFreesPages) {
+  const double cancelled_before = metric("anvil_cancelled_total");
+  {
+    RawConnection conn(server_->port());
+    json body = chat_body("Write forever", 400, true);
+    std::string b = body.dump();
+    ASSERT_TRUE(conn.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                              std::string(kKey) + "\r\nContent-Type: application/json\r\nContent-Length: " +
+                              std::to_string(b.size()) + "\r\n\r\n" + b));
+    std::string got = conn.read_until("\"delta\":{\"content\":\"", 30);  // a token chunk (the role chunk has "delta":{"role")
+    ASSERT_NE(got.find("chat.completion.chunk"), std::string::npos) << got;
+    EXPECT_GE(metric("anvil_requests_running"), 1);
+    conn.close();
+  }
+  // Bounded wait for the scheduler to notice (it does at the next write after the close).
+  for (int i = 0; i < 100 && metric("anvil_requests_running") != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(metric("anvil_requests_running"), 0);
+  EXPECT_EQ(metric("anvil_cancelled_total"), cancelled_before + 1);
+  // With nothing running, every used page is a prefix-cache page: the stream's own pages are free.
+  EXPECT_EQ(metric("anvil_kv_pages_used"), metric("anvil_kv_prefix_cache_pages"));
+  // Far fewer than 400 tokens were generated.
+  EXPECT_EQ(server_ != nullptr, true);
+}
+
+namespace {
+// Runs a tests/server/*.py check against the shared server; exit 77 means "cannot run here".
+std::pair<int, std::string> run_check(const std::string& script, int port, const std::vector<std::string>& args) {
+  std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
+                    std::to_string(port);
+  for (auto& a : args) cmd += " " + a;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char b[4096];
+  size_t n;
+  while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+}  // namespace
+
+TEST_F(Http, OpenAIPythonClient) {
+  auto [code, out] = run_check("openai_client_check.py", server_->port(), {kKey, kModel});
+  if (code == 77) GTEST_SKIP() << out;
+  EXPECT_EQ(code, 0) << out;
+}
+
+// The chat page in headless Chromium: a message, the streamed reply (equal to the API's), the
+// model name and tokens/s, and the stop button cancelling on the server.
+TEST_F(Http, ChatPageInHeadlessChromium) {
+  auto [code, out] = run_check("chat_page_check.py", server_->port(), {kKey});
+  if (code == 77) GTEST_SKIP() << out;
+  EXPECT_EQ(code, 0) << out;
+}
+
+// A small server for the limits: one sequence, one queue place.
+TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
+  ServerProcess srv({"--synthetic", "tiny", "-c", "512", "-np", "1", "-t", "2", "--max-queue", "1"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  // One running stream and one queued one hold both places.
+  RawConnection running(srv.port()), queued(srv.port());
+  auto start = [&](RawConnection& c, int n) {
+    json body = chat_body("Go", n, true);
+    body.erase("model");
+    std::string b = body.dump();
+    return c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b);
+  };
+  ASSERT_TRUE(start(running, 60));
+  ASSERT_NE(running.read_until("\"delta\":{\"content\":\"", 30).find("chunk"), std::string::npos);
+  ASSERT_TRUE(start(queued, 3));
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(30, 0);
+  // The queued request is in the queue once the queue gauge says so (bounded wait).
+  for (int i = 0; i < 100; ++i) {
+    auto m = c.Get("/metrics");
+    if (m && m->body.find("\nanvil_requests_waiting 1\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto r = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "server_error");
+  // SIGTERM: the running stream and the queued one still finish with [DONE]; then exit 0.
+  kill(srv.pid(), SIGTERM);
+  std::string a = running.read_until("data: [DONE]", 60), b = queued.read_until("data: [DONE]", 60);
+  EXPECT_NE(a.find("\"finish_reason\":\"length\""), std::string::npos) << a.substr(a.size() > 500 ? a.size() - 500 : 0);
+  EXPECT_NE(a.find("data: [DONE]"), std::string::npos);
+  EXPECT_NE(b.find("data: [DONE]"), std::string::npos) << b;
+  EXPECT_EQ(srv.terminate(30), 0);
+}
+
+// The bundled model (no chat template): chat completions answer 400, and a greedy completion is
+// the text `anvil generate` produces for the same prompt (a different code path: extend/decode).
+TEST(HttpBundledModel, CompletionEqualsGenerateAndChatNeedsATemplate) {
+  const std::string model = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+  const std::string prompt = "def fibonacci(n):\n";
+  std::string cmd = std::string(ANVIL_BINARY) + " generate -m " + model + " -p '" + prompt +
+                    "' -n 24 --temp 0 --ignore-eos --json -t 2 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  char b[4096];
+  size_t n;
+  while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  auto gen = json::parse(out.substr(out.rfind("{\"ids\"") == std::string::npos ? 0 : out.rfind("{\"ids\"")),
+                         nullptr, false);
+  ASSERT_TRUE(gen.is_object()) << out;
+
+  ServerProcess srv({"-m", model, "-c", "512", "-np", "2", "-t", "2"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  json body = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], gen["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], gen["prompt_tokens"]);
+  EXPECT_EQ(j["usage"]["completion_tokens"], gen["ids"].size());
+  EXPECT_EQ(json::parse(c.Get("/v1/models")->body)["data"][0]["id"], "anvil-tiny-code-q4");
+  auto chat = c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})", "application/json");
+  EXPECT_EQ(chat->status, 400);
+  EXPECT_EQ(json::parse(chat->body)["error"]["param"], "messages");
+  EXPECT_EQ(srv.terminate(30), 0);
+}

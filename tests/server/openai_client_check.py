@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The official `openai` Python client against a running `anvil serve` (loopback).
+
+Usage: openai_client_check.py BASE_URL API_KEY MODEL_ID
+Exit 0: every check passed; 77: the openai package is missing (the caller skips); else: failed.
+Bounded: every call has a 60 s timeout and at most 16 generated tokens.
+"""
+import sys
+
+try:
+    import openai
+except ImportError as e:  # the GoogleTest wrapper turns 77 into a visible skip
+    print(f"SKIP: the openai package is not installed ({e})")
+    sys.exit(77)
+
+base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, timeout=60, max_retries=0)
+msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}")
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+# Models.
+ids = [m.id for m in client.models.list().data]
+check(ids == [model], f"models.list -> {ids}")
+
+# Chat, not streamed (greedy).
+r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, seed=1)
+c = r.choices[0]
+check(r.object == "chat.completion" and c.message.role == "assistant", "chat completion object")
+check(c.finish_reason in ("stop", "length"), f"finish_reason {c.finish_reason}")
+check(r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 8, f"usage {r.usage}")
+check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "total_tokens")
+check(r.usage.prompt_tokens_details is not None and r.usage.prompt_tokens_details.cached_tokens >= 0, "cached_tokens")
+text = c.message.content or ""
+
+# The same request streamed: the deltas concatenate to the same text; usage arrives last.
+stream = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, seed=1,
+                                        stream=True, stream_options={"include_usage": True})
+parts, usage, finish = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for ch in chunk.choices:
+        if ch.delta.content:
+            parts.append(ch.delta.content)
+        if ch.finish_reason:
+            finish = ch.finish_reason
+check("".join(parts) == text, "streamed text == non-streamed text")
+check(finish == c.finish_reason, "streamed finish_reason")
+check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, "stream usage")
+# The repeated prompt is served from the prefix cache: all its full 16-token pages but the last token's.
+check(usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // 16 * 16,
+      f"repeated prompt cached_tokens {usage.prompt_tokens_details.cached_tokens} of {usage.prompt_tokens}")
+
+# Logprobs.
+r = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, temperature=0, logprobs=True,
+                                   top_logprobs=2)
+lp = r.choices[0].logprobs.content
+check(len(lp) == r.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in lp), "chat logprobs")
+check(all(t.logprob <= 0 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in lp), "logprob order")
+
+# Tools are accepted and reach the template (the prompt grows by the tool schema).
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+r2 = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0, tools=tools,
+                                    tool_choice="auto")
+check(r2.usage.prompt_tokens > r.usage.prompt_tokens + 20, "tools reach the chat template")
+check(r2.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tools request finishes")
+
+# Completions.
+r = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6, temperature=0, logprobs=1)
+check(r.object == "text_completion" and r.usage.completion_tokens <= 6, "completion object")
+check(len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens, "completion logprobs")
+pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6,
+                                                                   temperature=0, stream=True)]
+check("".join(pieces) == r.choices[0].text, "streamed completion == non-streamed")
+
+# Errors map to the client's exception types, naming the parameter.
+try:
+    client.chat.completions.create(model=model, messages=msgs, temperature=5)
+    check(False, "temperature=5 rejected")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and e.param == "temperature", f"BadRequestError param={e.param}")
+try:
+    client.chat.completions.create(model="no-such-model", messages=msgs)
+    check(False, "unknown model rejected")
+except openai.NotFoundError as e:
+    check(e.code == "model_not_found", "NotFoundError model_not_found")
+try:
+    client.chat.completions.create(model=model, messages=msgs, max_tokens=10**9)
+    check(False, "huge max_tokens rejected")
+except openai.BadRequestError as e:
+    check(e.param == "max_tokens", "huge max_tokens -> param max_tokens")
+try:
+    openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
+    check(False, "wrong key rejected")
+except openai.AuthenticationError as e:
+    check(e.status_code == 401, "AuthenticationError")
+print("all openai client checks passed")

@@ -1,0 +1,154 @@
+// The OpenAI reply objects built from job events: streamed chunks and the one-shot response agree,
+// and reasoning, tool calls, finish reasons, usage and logprobs have OpenAI's shapes.
+#include <gtest/gtest.h>
+
+#include "model/loader.h"
+#include "server/openai_reply.h"
+
+using namespace anvil;
+using namespace anvil::server;
+
+namespace {
+
+const Tokenizer& qwen_tokenizer() {
+  static std::unique_ptr<Tokenizer> t = std::move(Tokenizer::load(default_tokenizer_dir() + "/tokenizer.json")).value();
+  return *t;
+}
+
+std::unique_ptr<Reply> make_reply(bool chat, bool stream, bool tools, bool logprobs = false) {
+  auto r = std::make_unique<Reply>();
+  r->chat = chat;
+  r->stream = stream;
+  r->include_usage = true;
+  r->logprobs = logprobs;
+  r->id = "x";
+  r->model = "m";
+  GenerationParams p;
+  p.prompt = {1, 2, 3};
+  r->job = std::make_shared<Job>(p);
+  r->job->set_prompt_stats(3, 0);
+  r->tok = &qwen_tokenizer();
+  if (chat) r->out = std::make_unique<ChatOutput>(true, false, tools);
+  return r;
+}
+
+JobEvent delta(const std::string& text, int32_t id = 100) {
+  JobEvent e;
+  e.kind = JobEvent::kDelta;
+  e.text = text;
+  TokenInfo t;
+  t.id = id;
+  t.logprob = -0.5f;
+  t.top = {{id, -0.5f}, {id + 1, -1.5f}};
+  e.tokens.push_back(t);
+  return e;
+}
+
+std::vector<nlohmann::ordered_json> parse_sse(const std::string& s, bool* done) {
+  std::vector<nlohmann::ordered_json> out;
+  *done = false;
+  size_t pos = 0;
+  while ((pos = s.find("data: ", pos)) != std::string::npos) {
+    size_t end = s.find("\n\n", pos);
+    std::string d = s.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (d == "[DONE]") *done = true;
+    else out.push_back(nlohmann::ordered_json::parse(d));
+  }
+  return out;
+}
+
+const std::vector<std::string> kPieces = {"<think>", "\nweigh", " options\n", "</think>", "\n\n", "Calling.",
+                                          "\n<tool_call>\n{\"name\": \"get", "_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
+                                          "\n</tool_call>"};
+
+}  // namespace
+
+TEST(Reply, ChatStreamAndNonStreamAgreeOnReasoningAndToolCalls) {
+  auto one = make_reply(true, false, true);
+  auto st = make_reply(true, true, true);
+  std::string sse;
+  for (auto& p : kPieces) {
+    one->on_delta(delta(p));
+    st->job->add_completion_tokens(1);
+    one->job->add_completion_tokens(1);
+    sse += st->on_delta(delta(p));
+  }
+  one->on_done("stop");
+  sse += st->on_done("stop");
+  auto r = one->response();
+  auto& msg = r["choices"][0]["message"];
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(msg["reasoning_content"], "weigh options");
+  EXPECT_EQ(msg["content"], "Calling.\n");  // as generated before the block (vLLM's hermes parser too)
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city":"Oslo"})");
+  EXPECT_FALSE(msg["tool_calls"][0].contains("index"));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(r["usage"]["completion_tokens"], int(kPieces.size()));
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  bool done = false;
+  auto chunks = parse_sse(sse, &done);
+  EXPECT_TRUE(done);
+  std::string reasoning, content;
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  std::string finish;
+  for (auto& c : chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    if (c["choices"].empty()) {
+      EXPECT_EQ(c["usage"]["total_tokens"], 3 + int(kPieces.size()));
+      continue;
+    }
+    auto& d = c["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls"))
+      for (auto& tc : d["tool_calls"]) calls.push_back(tc);
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(reasoning, "weigh options");
+  EXPECT_EQ(content, "Calling.\n");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Oslo"})");
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+TEST(Reply, LogprobsShapes) {
+  auto chat = make_reply(true, false, false, true);
+  chat->on_delta(delta("Hi", 13048));
+  chat->on_done("length");
+  auto r = chat->response();
+  auto& lp = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 1u);
+  EXPECT_EQ(lp[0]["token"], "Hi");
+  EXPECT_EQ(lp[0]["bytes"], nlohmann::ordered_json::array({72, 105}));
+  EXPECT_FLOAT_EQ(lp[0]["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(lp[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+
+  auto comp = make_reply(false, false, false, true);
+  comp->on_delta(delta("Hi", 13048));
+  comp->on_delta(delta("Hi", 13048));
+  comp->on_done("stop");
+  auto c = comp->response();
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], "HiHi");
+  auto& l = c["choices"][0]["logprobs"];
+  EXPECT_EQ(l["tokens"], nlohmann::ordered_json::array({"Hi", "Hi"}));
+  EXPECT_EQ(l["text_offset"], nlohmann::ordered_json::array({0, 2}));
+  EXPECT_EQ(l["top_logprobs"][0].size(), 2u);
+}
+
+TEST(Reply, WithoutToolsTheTagsAreContent) {
+  auto r = make_reply(true, false, false);
+  r->on_delta(delta("<tool_call>{\"name\": \"f\"}</tool_call>"));
+  r->on_done("stop");
+  auto j = r->response();
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "<tool_call>{\"name\": \"f\"}</tool_call>");
+}

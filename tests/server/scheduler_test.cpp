@@ -1,0 +1,357 @@
+// The continuous-batching scheduler and the Engine step API it drives, without HTTP: a request
+// served in a busy batch gives the tokens it gets alone (greedy), prefill is chunked so a long
+// prompt does not stall a running stream, a full KV pool preempts instead of failing, a cancelled
+// request frees its pages, and the limits refuse instead of queueing without bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "model/loader.h"
+#include "runtime/engine.h"
+#include "server/scheduler.h"
+
+using namespace anvil;
+using namespace anvil::server;
+
+namespace {
+
+struct Stack {
+  std::unique_ptr<LoadedModel> model;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Transformer> tf;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Tokenizer> tok;
+};
+
+Stack make_stack(int max_tokens, int max_seqs, int64_t kv_pages = 0, bool prefix_cache = true) {
+  Stack s;
+  s.model = std::move(load_synthetic("tiny:q4g64")).value();
+  s.backend = make_cpu_backend(2);
+  auto w = upload_weights(s.model->weights, *s.backend);
+  s.tf = std::move(Transformer::create(s.model->config, *w, *s.backend, max_tokens)).value();
+  EngineOptions o;
+  o.page_size = 16;
+  o.max_context = 512;
+  o.max_seqs = max_seqs;
+  o.kv_pages = kv_pages;
+  o.kv_dtype = DType::kF32;
+  o.prefix_cache = prefix_cache;
+  s.engine = std::move(Engine::create(*s.tf, s.model->fingerprint, o)).value();
+  s.tok = std::move(Tokenizer::load(default_tokenizer_dir() + "/tokenizer.json")).value();
+  return s;
+}
+
+std::vector<int32_t> random_ids(int n, uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::vector<int32_t> v(size_t(n), 0);
+  for (auto& x : v) x = int32_t(r() % 150000);
+  return v;
+}
+
+int argmax(const float* x, size_t n) { return int(std::max_element(x, x + n) - x); }
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  std::string text, finish;
+  Status error;
+  int64_t first_step = -1, done_step = -1;
+};
+
+// Reads a job's events to the end (bounded: 60 s).
+Outcome collect(Job& job) {
+  Outcome o;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<JobEvent> evs;
+    job.wait(&evs, std::chrono::milliseconds(200));
+    for (auto& e : evs) {
+      if (e.kind == JobEvent::kDelta) {
+        if (o.first_step < 0) o.first_step = e.step;
+        for (auto& t : e.tokens) o.ids.push_back(t.id);
+        o.text += e.text;
+      } else {
+        o.done_step = e.step;
+        if (e.kind == JobEvent::kDone) o.finish = e.finish_reason;
+        else o.error = e.error;
+        return o;
+      }
+    }
+  }
+  o.finish = "timeout";
+  return o;
+}
+
+GenerationParams greedy(std::vector<int32_t> prompt, int max_tokens) {
+  GenerationParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+SchedulerOptions sched_opts(int step_tokens = 0, int max_queue = 64) {
+  SchedulerOptions o;
+  o.step_tokens = step_tokens;
+  o.max_queue = max_queue;
+  o.eos_ids = {151645, 151643};
+  return o;
+}
+
+}  // namespace
+
+// A step mixing a prefill chunk of one sequence with a decode token of another gives the logits
+// that extend()/decode() give each alone, bit for bit (the engine's numerical contract: a token's
+// logits do not depend on its batch).
+TEST(EngineStep, MixedStepMatchesSeparateCalls) {
+  Stack a = make_stack(64, 4), b = make_stack(64, 4);
+  const size_t V = size_t(a.model->config.vocab_size);
+  auto p1 = random_ids(37, 1), p2 = random_ids(45, 2);
+  // Reference: separate calls.
+  int r1 = *b.engine->seq_create(), r2 = *b.engine->seq_create();
+  std::vector<float> l1, l2, l1d;
+  ASSERT_TRUE(b.engine->extend(r1, p1, &l1).is_ok());
+  ASSERT_TRUE(b.engine->extend(r2, p2, &l2).is_ok());
+  int32_t next = 1234;
+  ASSERT_TRUE(b.engine->decode(std::span<const int>(&r1, 1), std::span<const int32_t>(&next, 1), &l1d).is_ok());
+  // Stepped: p1 whole, then p1's decode token together with p2 in two chunks (20 + 25).
+  int s1 = *a.engine->seq_create(), s2 = *a.engine->seq_create();
+  std::vector<float> out;
+  ASSERT_TRUE(a.engine->seq_append(s1, p1).is_ok());
+  std::vector<Engine::StepItem> it = {{s1, 37, true}};
+  ASSERT_TRUE(a.engine->step(it, &out).is_ok());
+  EXPECT_EQ(out, l1);
+  ASSERT_TRUE(a.engine->seq_append(s1, std::span<const int32_t>(&next, 1)).is_ok());
+  ASSERT_TRUE(a.engine->seq_append(s2, p2).is_ok());
+  EXPECT_EQ(a.engine->seq_pending(s2), 45);
+  it = {{s1, 1, true}, {s2, 20, false}};
+  ASSERT_TRUE(a.engine->step(it, &out).is_ok());
+  ASSERT_EQ(out.size(), V);
+  EXPECT_EQ(out, l1d);
+  it = {{s2, 25, true}};
+  ASSERT_TRUE(a.engine->step(it, &out).is_ok());
+  EXPECT_EQ(out, l2);
+  EXPECT_EQ(a.engine->seq_pending(s2), 0);
+}
+
+TEST(EngineStep, RejectsBadItemsWithoutChangingState) {
+  Stack a = make_stack(32, 2);
+  int s = *a.engine->seq_create();
+  ASSERT_TRUE(a.engine->seq_append(s, random_ids(40, 3)).is_ok());
+  std::vector<float> out;
+  std::vector<Engine::StepItem> dup = {{s, 1, false}, {s, 1, false}};
+  EXPECT_FALSE(a.engine->step(dup, &out).is_ok());
+  std::vector<Engine::StepItem> too_many = {{s, 41, true}};
+  EXPECT_FALSE(a.engine->step(too_many, &out).is_ok());
+  std::vector<Engine::StepItem> over_budget = {{s, 33, true}};
+  Status st = a.engine->step(over_budget, &out);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("limit of 32"), std::string::npos) << st.message();
+  EXPECT_EQ(a.engine->seq_pending(s), 40);
+  std::vector<int32_t> oov = {151936};
+  EXPECT_FALSE(a.engine->seq_append(s, oov).is_ok());
+  EXPECT_FALSE(a.engine->seq_append(s, random_ids(500, 4)).is_ok());  // past the 512 context
+  EXPECT_EQ(a.engine->seq_tokens(s).size(), 40u);
+}
+
+// The core promise of continuous batching: each of 8 concurrent greedy requests gets exactly the
+// tokens it gets when served alone.
+TEST(Scheduler, ConcurrentGreedyRequestsMatchAlone) {
+  const int kJobs = 8;
+  std::vector<GenerationParams> params;
+  for (int i = 0; i < kJobs; ++i) params.push_back(greedy(random_ids(10 + 7 * i, 100 + i), 12));
+  std::vector<Outcome> alone;
+  {
+    Stack s = make_stack(64, 8);
+    Metrics m;
+    Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+    sch.start();
+    for (auto& p : params) {
+      auto job = std::make_shared<Job>(p);
+      ASSERT_TRUE(sch.submit(job).is_ok());
+      alone.push_back(collect(*job));
+      ASSERT_EQ(alone.back().finish, "length");
+    }
+  }
+  Stack s = make_stack(64, 8);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& p : params) {
+    jobs.push_back(std::make_shared<Job>(p));
+    ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
+  }
+  sch.start();  // all queued before the first step: they run together
+  for (int i = 0; i < kJobs; ++i) {
+    Outcome o = collect(*jobs[size_t(i)]);
+    EXPECT_EQ(o.finish, "length");
+    EXPECT_EQ(o.ids, alone[size_t(i)].ids) << "job " << i;
+    EXPECT_EQ(o.text, alone[size_t(i)].text) << "job " << i;
+  }
+  EXPECT_EQ(m.generation_tokens.load(), uint64_t(kJobs * 12));
+}
+
+// With a 16-token step budget, a 300-token prompt is prefilled over ~20 steps while a running
+// stream keeps getting one token per step: the short request finishes before the long one's
+// first token. (Prefilling the whole prompt in one step would give the long one its first token
+// at step 2.)
+TEST(Scheduler, ChunkedPrefillDoesNotStallRunningStreams) {
+  Stack s = make_stack(64, 4);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts(16));
+  auto short_job = std::make_shared<Job>(greedy(random_ids(5, 7), 10));
+  auto long_job = std::make_shared<Job>(greedy(random_ids(300, 8), 3));
+  ASSERT_TRUE(sch.submit(short_job).is_ok());
+  ASSERT_TRUE(sch.submit(long_job).is_ok());
+  sch.start();
+  Outcome a = collect(*short_job), b = collect(*long_job);
+  ASSERT_EQ(a.finish, "length");
+  ASSERT_EQ(b.finish, "length");
+  EXPECT_GE(b.first_step, 300 / 16);
+  EXPECT_LT(a.done_step, b.first_step);
+  EXPECT_EQ(a.done_step, 10);  // one token per step, every step
+}
+
+// A pool too small for all requests at once: sequences are preempted and recomputed, and every
+// request still gets the tokens it gets alone.
+TEST(Scheduler, FullPoolPreemptsAndKeepsOutputs) {
+  std::vector<GenerationParams> params;
+  for (int i = 0; i < 4; ++i) params.push_back(greedy(random_ids(40, 200 + i), 30));
+  std::vector<Outcome> alone;
+  {
+    Stack s = make_stack(64, 4);
+    Metrics m;
+    Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+    sch.start();
+    for (auto& p : params) {
+      auto job = std::make_shared<Job>(p);
+      ASSERT_TRUE(sch.submit(job).is_ok());
+      alone.push_back(collect(*job));
+    }
+  }
+  // Each request needs 5 pages of 16 at its end (70 tokens); 12 pages hold two of them.
+  Stack s = make_stack(64, 4, /*kv_pages=*/12, /*prefix_cache=*/false);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& p : params) {
+    jobs.push_back(std::make_shared<Job>(p));
+    ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
+  }
+  sch.start();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Outcome o = collect(*jobs[i]);
+    EXPECT_EQ(o.finish, "length") << o.error.message();
+    EXPECT_EQ(o.ids, alone[i].ids) << "job " << i;
+  }
+  EXPECT_GT(m.preemptions.load(), 0u);
+  ASSERT_TRUE(sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(10)));
+  EXPECT_EQ(sch.kv_pages_used(), 0);
+}
+
+TEST(Scheduler, RequestLargerThanThePoolFailsAlone) {
+  Stack s = make_stack(64, 2, /*kv_pages=*/4, /*prefix_cache=*/false);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+  sch.start();
+  auto big = std::make_shared<Job>(greedy(random_ids(100, 9), 5));  // 7 pages > 4
+  auto ok = std::make_shared<Job>(greedy(random_ids(20, 10), 5));
+  ASSERT_TRUE(sch.submit(big).is_ok());
+  ASSERT_TRUE(sch.submit(ok).is_ok());
+  Outcome b = collect(*big), o = collect(*ok);
+  EXPECT_EQ(b.error.code(), StatusCode::kOutOfMemory) << b.finish;
+  EXPECT_NE(b.error.message().find("KV cache"), std::string::npos) << b.error.message();
+  EXPECT_EQ(o.finish, "length");
+}
+
+TEST(Scheduler, CancelledJobFreesItsPages) {
+  Stack s = make_stack(64, 2, 0, /*prefix_cache=*/false);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+  sch.start();
+  auto job = std::make_shared<Job>(greedy(random_ids(50, 11), 400));
+  ASSERT_TRUE(sch.submit(job).is_ok());
+  std::vector<JobEvent> evs;
+  while (evs.empty()) job->wait(&evs, std::chrono::milliseconds(100));
+  EXPECT_LT(s.engine->pool().n_free(), s.engine->pool().n_pages());
+  job->cancel();
+  Outcome o = collect(*job);
+  EXPECT_EQ(o.finish, "cancelled");
+  EXPECT_LT(job->completion_tokens(), 400);
+  sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(sch.running(), 0);
+  EXPECT_EQ(sch.kv_pages_used(), 0);
+  EXPECT_EQ(m.cancelled.load(), 1u);
+}
+
+TEST(Scheduler, StopStringEndsTheTextBeforeIt) {
+  Stack s = make_stack(64, 2);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+  sch.start();
+  auto prompt = random_ids(12, 12);
+  auto j1 = std::make_shared<Job>(greedy(prompt, 20));
+  ASSERT_TRUE(sch.submit(j1).is_ok());
+  Outcome full = collect(*j1);
+  ASSERT_GT(full.text.size(), 20u);
+  // A stop string from the middle of the greedy text: the output is everything before it.
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  GenerationParams p = greedy(prompt, 20);
+  p.stop = {stop};
+  auto j2 = std::make_shared<Job>(p);
+  ASSERT_TRUE(sch.submit(j2).is_ok());
+  Outcome cut = collect(*j2);
+  EXPECT_EQ(cut.finish, "stop");
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_LT(cut.ids.size(), full.ids.size());
+}
+
+TEST(Scheduler, QueueLimitAndDrainRefuse) {
+  Stack s = make_stack(64, 2);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts(0, /*max_queue=*/2));
+  // Not started: jobs stay queued.
+  EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+  EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+  Status st = sch.submit(std::make_shared<Job>(greedy({1, 2}, 2)));
+  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(st.message().find("busy"), std::string::npos);
+  sch.begin_drain();
+  EXPECT_FALSE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+}
+
+TEST(Scheduler, LogprobsAreTheRawDistribution) {
+  Stack s = make_stack(64, 2);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+  sch.start();
+  auto prompt = random_ids(9, 13);
+  GenerationParams p = greedy(prompt, 1);
+  p.top_logprobs = 3;
+  auto job = std::make_shared<Job>(p);
+  ASSERT_TRUE(sch.submit(job).is_ok());
+  std::vector<TokenInfo> got;
+  for (bool done = false; !done;) {
+    std::vector<JobEvent> evs;
+    job->wait(&evs, std::chrono::milliseconds(200));
+    for (auto& e : evs) {
+      for (auto& t : e.tokens) got.push_back(t);
+      done |= e.kind != JobEvent::kDelta;
+    }
+  }
+  ASSERT_EQ(got.size(), 1u);
+  // Reference: the logits of the prompt from extend(), log-softmax in double.
+  Stack r = make_stack(64, 2);
+  int seq = *r.engine->seq_create();
+  std::vector<float> l;
+  ASSERT_TRUE(r.engine->extend(seq, prompt, &l).is_ok());
+  double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+  for (float x : l) sum += std::exp(double(x) - mx);
+  const int best = argmax(l.data(), l.size());
+  EXPECT_EQ(got[0].id, best);
+  EXPECT_NEAR(got[0].logprob, l[size_t(best)] - mx - std::log(sum), 1e-3);
+  ASSERT_EQ(got[0].top.size(), 3u);
+  EXPECT_EQ(got[0].top[0].id, best);
+  EXPECT_GE(got[0].top[0].logprob, got[0].top[1].logprob);
+  EXPECT_GE(got[0].top[1].logprob, got[0].top[2].logprob);
+}

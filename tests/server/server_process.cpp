@@ -1,0 +1,124 @@
+#include "server_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace anvil::test {
+
+ServerProcess::ServerProcess(const std::vector<std::string>& args) {
+  int p[2];
+  if (pipe(p) != 0) return;
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(p[1], 1);
+    ::close(p[0]);
+    ::close(p[1]);
+    std::vector<std::string> all = {ANVIL_BINARY, "serve"};
+    all.insert(all.end(), args.begin(), args.end());
+    all.push_back("--port");
+    all.push_back("0");
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ::close(p[1]);
+  out_fd_ = p[0];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd pf{out_fd_, POLLIN, 0};
+    if (poll(&pf, 1, 200) > 0) {
+      char b[512];
+      ssize_t n = read(out_fd_, b, sizeof b);
+      if (n <= 0) break;
+      out_.append(b, size_t(n));
+      auto at = out_.find("listening on http://");
+      auto nl = at == std::string::npos ? std::string::npos : out_.find('\n', at);
+      if (nl != std::string::npos) {
+        port_ = std::atoi(out_.c_str() + out_.rfind(':', nl) + 1);
+        return;
+      }
+    }
+    int st;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
+  }
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    int st;
+    waitpid(pid_, &st, 0);
+  }
+  if (out_fd_ >= 0) ::close(out_fd_);
+}
+
+int ServerProcess::terminate(double timeout_s) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int st;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+RawConnection::RawConnection(int port) {
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) close();
+}
+
+RawConnection::~RawConnection() { close(); }
+
+bool RawConnection::send_all(const std::string& d) {
+  size_t off = 0;
+  while (fd_ >= 0 && off < d.size()) {
+    ssize_t n = ::send(fd_, d.data() + off, d.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    off += size_t(n);
+  }
+  return fd_ >= 0;
+}
+
+std::string RawConnection::read_until(const std::string& needle, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (fd_ >= 0 && buf_.find(needle) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    pollfd pf{fd_, POLLIN, 0};
+    if (poll(&pf, 1, 50) <= 0) continue;
+    char b[4096];
+    ssize_t n = recv(fd_, b, sizeof b, 0);
+    if (n <= 0) break;
+    buf_.append(b, size_t(n));
+  }
+  return buf_;
+}
+
+void RawConnection::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+}  // namespace anvil::test

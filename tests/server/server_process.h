@@ -1,0 +1,44 @@
+// Runs `anvil serve` as a child process on a loopback port for the HTTP tests.
+#pragma once
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace anvil::test {
+
+class ServerProcess {
+ public:
+  // Starts ANVIL_BINARY serve ARGS --port 0 and waits (up to 60 s) for its "listening on" line.
+  explicit ServerProcess(const std::vector<std::string>& args);
+  ~ServerProcess();  // SIGKILL if still running
+  bool ok() const { return port_ > 0; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  const std::string& startup_output() const { return out_; }
+  // Sends SIGTERM and waits up to timeout_s; returns the exit status (or -1 on timeout/signal).
+  int terminate(double timeout_s);
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = -1;
+  int out_fd_ = -1;
+  std::string out_;
+};
+
+// A raw loopback connection: send bytes, read what arrives, close early (a client that goes away).
+class RawConnection {
+ public:
+  explicit RawConnection(int port);
+  ~RawConnection();
+  bool send_all(const std::string& data);
+  // Reads until `needle` has been seen or timeout; returns everything read.
+  std::string read_until(const std::string& needle, double timeout_s);
+  void close();
+
+ private:
+  int fd_ = -1;
+  std::string buf_;
+};
+
+}  // namespace anvil::test
