@@ -14,6 +14,7 @@ Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, uint64_t fp, 
 }
 
 Engine::~Engine() {
+  if (store_) store_->reap(*pool_, true);  // the store's writer may still be copying pool pages
   for (int i = 0; i < int(seqs_.size()); ++i)
     if (seqs_[i].live) seq_release(i);
   Backend& be = model_.backend();
@@ -75,11 +76,16 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
                             std::to_string(opts_.max_context) + " (raise --ctx)");
   while (int(s.pages.size()) < need) {
     int32_t p = pool_->kv_page_alloc();
+    if (p < 0 && store_) {  // pages the store still holds for copying come back first
+      store_->reap(*pool_, true);
+      p = pool_->kv_page_alloc();
+    }
     if (p < 0)
       return Status(StatusCode::kOutOfMemory, "KV cache is full: " + std::to_string(pool_->n_pages()) +
                                                   " pages of " + std::to_string(P) + " tokens are all in use");
     s.pages.push_back(p);
     s.page_hash.push_back(0);
+    s.store_key.push_back(Hash128{});
   }
   return Status::ok();
 }
@@ -87,30 +93,58 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
 // Takes pages from the prefix index for the longest run of full pages of s.tokens it knows,
 // always leaving at least one token to compute (its logits are needed).
 void Engine::reuse_prefix(Seq& s) {
-  if (!opts_.prefix_cache || s.n_kv != 0 || !s.pages.empty()) return;
+  if ((!opts_.prefix_cache && !store_) || s.n_kv != 0 || !s.pages.empty()) return;
   const int P = opts_.page_size;
   const int max_full = (int(s.tokens.size()) - 1) / P;
   uint64_t parent = 0;
-  for (int i = 0; i < max_full; ++i) {
-    uint64_t h = kv_page_hash(fingerprint_, parent, std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P));
+  Hash128 parent_key;
+  for (int i = 0; opts_.prefix_cache && i < max_full; ++i) {
+    auto toks = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
+    uint64_t h = kv_page_hash(fingerprint_, parent, toks);
     int32_t page = pool_->prefix_lookup(h);
     if (page < 0) break;
     s.pages.push_back(page);
     s.page_hash.push_back(h);
+    if (store_) parent_key = kv_page_key(store_->fingerprint(), parent_key, toks);
+    s.store_key.push_back(parent_key);
     s.n_kv += P;
     parent = h;
+  }
+  if (store_) {
+    // The durable store continues where memory ended: full pages, then a session's partial tail.
+    const int have = int(s.pages.size());
+    const int n = store_->restore_pages(s.tokens, have, parent_key, max_full - have, *pool_, &s.pages, &s.store_key);
+    s.page_hash.resize(s.pages.size(), 0);  // published to the memory index below, as computed pages are
+    s.n_kv += n * P;
+    s.from_store = n * P;
+    if (!s.store_key.empty()) parent_key = s.store_key.back();
+    int32_t tail = -1;
+    const int m = store_->restore_tail(s.tokens, s.n_kv, parent_key, int(s.tokens.size()) - 1 - s.n_kv, *pool_, &tail);
+    if (m > 0) {
+      s.pages.push_back(tail);
+      s.page_hash.push_back(0);
+      s.store_key.push_back(Hash128{});
+      s.n_kv += m;
+      s.from_store += m;
+    }
   }
   s.reused = s.n_kv;
 }
 
 void Engine::publish_full_pages(Seq& s) {
-  if (!opts_.prefix_cache) return;
+  if (!opts_.prefix_cache && !store_) return;
   const int P = opts_.page_size;
   for (int i = 0; i < s.n_kv / P; ++i) {
     if (s.page_hash[i] != 0) continue;
+    auto toks = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
     uint64_t parent = i == 0 ? 0 : s.page_hash[i - 1];
-    s.page_hash[i] = kv_page_hash(fingerprint_, parent, std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P));
-    pool_->prefix_insert(s.page_hash[i], s.pages[i]);
+    s.page_hash[i] = kv_page_hash(fingerprint_, parent, toks);
+    if (opts_.prefix_cache) pool_->prefix_insert(s.page_hash[i], s.pages[i]);
+    if (store_ && s.store_key[i].is_zero()) {  // computed here, not restored: hand it to the store
+      const Hash128 pk = i == 0 ? Hash128{} : s.store_key[i - 1];
+      s.store_key[i] = kv_page_key(store_->fingerprint(), pk, toks);
+      store_->page_full(int(&s - seqs_.data()), s.store_key[i], pk, i * P, toks, s.pages[i], *pool_);
+    }
   }
 }
 
@@ -142,6 +176,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
                       std::vector<float>* all_logits) {
   if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("extend: no such sequence");
   if (tokens.empty()) return invalid_argument("extend: no tokens");
+  if (store_) store_->reap(*pool_, false);
   Seq& s = seqs_[seq];
   const int V = model_.config().vocab_size;
   for (int32_t t : tokens)
@@ -194,6 +229,7 @@ Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("decode: one token per sequence");
   if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
   const int V = model_.config().vocab_size;
+  if (store_) store_->reap(*pool_, false);
   std::vector<int> order(seqs.begin(), seqs.end());
   std::vector<int32_t> ids, sidx, pos;
   std::vector<int> rows;
