@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/kv_options.h"
 #include "cli/text_output.h"
 #include "format/npy.h"
 #include "runtime/generate.h"
@@ -14,6 +15,7 @@ namespace {
 struct GenerateArgs {
   ModelOptions model;
   SamplingOptions sampling;
+  KVStoreFlags kv;
   std::string prompt, ids, dump_logits, system;
   std::vector<std::string> stops;
   int n = 128;
@@ -21,13 +23,25 @@ struct GenerateArgs {
 };
 
 int run_generate(GenerateArgs& a) {
-  if (a.prompt.empty() == a.ids.empty()) return fail("give exactly one of -p/--prompt TEXT and --ids 1,2,3");
+  const bool continuing = a.kv.resume || !a.kv.fork.empty();  // the prompt is optional: the session has one
+  if (!a.prompt.empty() && !a.ids.empty()) return fail("give one of -p/--prompt TEXT and --ids 1,2,3, not both");
+  if (a.prompt.empty() && a.ids.empty() && !continuing)
+    return fail("give exactly one of -p/--prompt TEXT and --ids 1,2,3");
   if (a.n < 0) return fail("-n must be >= 0");
   if (a.chat && !a.ids.empty()) return fail("--chat needs a text prompt (-p)");
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   const std::string tok_dir = tokenizer_dir_of(s);
+  auto attached = attach_kv_store(a.kv, s);
+  if (!attached.is_ok()) return fail(attached.status().message());
+  AttachedStore& store = *attached;
+  SessionPlan plan;
+  if (store) {
+    auto p = plan_session(a.kv, store.get());
+    if (!p.is_ok()) return fail(p.status().message());
+    plan = std::move(p).value();
+  }
 
   std::unique_ptr<TextOutput> text;
   std::vector<int32_t> prompt;
@@ -38,7 +52,7 @@ int run_generate(GenerateArgs& a) {
     auto p = a.chat ? text->encode_chat(a.system, a.prompt, !a.no_thinking) : text->encode(a.prompt);
     if (!p.is_ok()) return fail(p.status().message());
     prompt = std::move(p).value();
-  } else {
+  } else if (!a.ids.empty()) {
     auto p = parse_ids(a.ids);
     if (!p.is_ok()) return fail(p.status().message());
     prompt = std::move(p).value();
@@ -63,6 +77,14 @@ int run_generate(GenerateArgs& a) {
     }
   }
 
+  if (text == nullptr && (!a.stops.empty() || a.show_reasoning || continuing)) {
+    auto t = TextOutput::open(tok_dir, false, a.show_reasoning, a.stops);
+    if (t.is_ok()) text = std::move(t).value();
+  }
+  // A resumed or forked session continues from its tokens; the prompt (if any) is appended.
+  if (!plan.history.empty()) prompt.insert(prompt.begin(), plan.history.begin(), plan.history.end());
+  if (prompt.empty()) return fail("the session has no tokens and no prompt was given");
+
   GenerateRequest req;
   req.prompt = prompt;
   req.max_new_tokens = a.n;
@@ -71,8 +93,15 @@ int run_generate(GenerateArgs& a) {
   req.ignore_eos = a.ignore_eos;
   auto seq = s.engine->seq_create();
   if (!seq.is_ok()) return fail(seq.status().message());
+  if (!plan.name.empty()) {
+    Status st = store->session_begin(plan.name, *seq, prompt, a.model.ctx + 1);
+    if (!st.is_ok()) return fail(st.message());
+  }
   std::string all_text, all_reasoning;
   auto on_token = [&](int32_t id) -> bool {
+    if (!plan.name.empty())  // the sampled id has no KV yet: n_kv still ends before it
+      store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq),
+                          s.engine->pool());
     if (text) {
       bool is_eos = !a.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
       TextOutput::Chunk c = is_eos ? TextOutput::Chunk{} : text->push(id);
@@ -92,7 +121,13 @@ int run_generate(GenerateArgs& a) {
     return true;
   };
   auto r = generate(*s.engine, *seq, req, on_token);
+  int durable = -1;
+  if (!plan.name.empty()) {  // even after an error: what was generated is recorded
+    auto d = store->session_end(s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq), s.engine->pool());
+    if (d.is_ok()) durable = *d;
+  }
   if (!r.is_ok()) return fail(r.status().message());
+  const int store_tokens = s.engine->seq_store_tokens(*seq);
   if (text) {
     TextOutput::Chunk c = text->flush();
     all_text += c.content;
@@ -115,6 +150,15 @@ int run_generate(GenerateArgs& a) {
     j["finish_reason"] = finish;
     j["prompt_tokens"] = r->prompt_tokens;
     j["cached_prompt_tokens"] = r->reused_tokens;
+    if (store) j["store_prompt_tokens"] = store_tokens;
+    if (!plan.name.empty()) {
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), r->ids.begin(), r->ids.end());
+      j["session"] = plan.name;
+      j["session_ids"] = all;
+      j["session_durable_tokens"] = durable;
+    }
+    if (store && a.kv.profile) j["kv_store"] = kv_profile_json(*store.get());
     j["timings"] = {{"prefill_s", r->prefill_s}, {"decode_s", r->decode_s},
                     {"prefill_tok_s", prefill_tps}, {"decode_tok_s", decode_tps}};
     std::printf("%s\n", j.dump().c_str());
@@ -123,6 +167,7 @@ int run_generate(GenerateArgs& a) {
     std::fprintf(stderr, "[anvil] prompt %d tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), finish: %s\n",
                  r->prompt_tokens, prefill_tps, r->ids.size(), decode_tps, finish.c_str());
   }
+  if (store && a.kv.profile) print_kv_profile(*store.get(), store_tokens, stderr);
   return 0;
 }
 
@@ -134,6 +179,7 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
               app.add_option("--ids", a->ids, "Prompt as token ids: 1,2,3");
               app.add_option("-n,--max-tokens", a->n, "Maximum tokens to generate")->capture_default_str();
               add_sampling_options(app, a->sampling);
+              add_kv_store_options(app, a->kv);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
               app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)")
                   ->expected(1)

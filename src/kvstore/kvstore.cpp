@@ -501,6 +501,7 @@ Status KVStore::session_begin(const std::string& name, int seq, std::span<const 
   sess_tokens_.assign(tokens.begin(), tokens.end());
   sess_name_ = name;
   sess_meta_ = meta;
+  ++sess_gen_;
   sess_seq_ = seq;
   sess_active_ = true;
   sess_last_tail_ = Clock::now();

@@ -214,6 +214,7 @@ class KVStore : public PageStore {
   bool sess_active_ = false;
   int sess_seq_ = -1;
   std::string sess_name_, sess_meta_;
+  uint64_t sess_gen_ = 0;  // bumped by session_begin: the writer's per-session caches restart
   std::vector<int32_t> sess_tokens_;
   std::chrono::steady_clock::time_point sess_last_tail_;
   int sess_final_durable_ = 0;

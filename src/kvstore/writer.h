@@ -226,8 +226,10 @@ class KVStore::Writer {
 
   // With sess_mu_ held: a new session name starts its key cache afresh.
   void sync_session_name() {
-    if (s_.sess_name_ == sess_name_) return;
+    if (s_.sess_gen_ == sess_gen_) return;
+    sess_gen_ = s_.sess_gen_;
     sess_name_ = s_.sess_name_;
+    tail_.valid = false;
     sess_keys_.clear();
     sess_present_ = 0;
     sess_pages_written_ = 0;
@@ -441,6 +443,7 @@ class KVStore::Writer {
   Tail tail_;
   bool tail_committed_ = false;
   std::string sess_name_;
+  uint64_t sess_gen_ = 0;
   std::vector<Hash128> sess_keys_;
   int sess_present_ = 0, sess_pages_written_ = 0;
 
