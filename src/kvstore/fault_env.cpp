@@ -9,6 +9,10 @@ class FaultAppendFile : public AppendFile {
   FaultAppendFile(FaultEnv* env, std::string path, std::unique_ptr<AppendFile> base)
       : env_(env), path_(std::move(path)), base_(std::move(base)) {}
   Status append(const void* data, size_t n) override {
+    {
+      std::unique_lock<std::mutex> lk(env_->mu_);
+      env_->cv_.wait(lk, [&] { return !env_->held_; });
+    }
     size_t allowed = n;
     Status fail;
     if (env_->short_next_.exchange(false)) {
@@ -73,6 +77,14 @@ Status FaultEnv::remove(const std::string& path) {
   std::lock_guard<std::mutex> lk(mu_);
   synced_.erase(path);
   return Status::ok();
+}
+
+void FaultEnv::hold_appends(bool on) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    held_ = on;
+  }
+  cv_.notify_all();
 }
 
 Status FaultEnv::crash() {

@@ -7,6 +7,7 @@
 //    would leave it (bytes appended after the last successful sync are lost).
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 
@@ -24,6 +25,8 @@ class FaultEnv : public Env {
   void set_space_left(int64_t bytes) { space_left_ = bytes; }
   // The next n syncs fail.
   void fail_syncs(int n) { fail_syncs_ = n; }
+  // While held, appends wait (a stalled disk: the store's queue fills up behind it).
+  void hold_appends(bool on);
   // Drops every unsynced byte of every file written through this Env.
   Status crash();
 
@@ -48,6 +51,8 @@ class FaultEnv : public Env {
   std::atomic<int> fail_syncs_{0};
   std::atomic<int64_t> syncs_{0};
   std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
   std::map<std::string, uint64_t> synced_;  // path -> length known durable
 };
 

@@ -160,6 +160,16 @@ KVStore::~KVStore() {
   }
 }
 
+void KVStore::abandon() {
+  if (!writer_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = abandon_ = true;
+  }
+  cv_writer_.notify_all();
+  writer_thread_.join();
+}
+
 double KVStore::attached_seconds() const {
   if (!writer_) return 0;
   return std::chrono::duration<double>(Clock::now() - attached_at_).count();
@@ -291,7 +301,7 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
     const int64_t seg = q_page_.col_int(2), off = q_page_.col_int(3), len = q_page_.col_int(4);
     const uint64_t sum = uint64_t(q_page_.col_int(5));
     q_page_.reset();
-    if (!ident_ok) {
+    if (!ident_ok) {  // the same key with other tokens: a collision (or a forged row); never used
       ++counters_.restore_corrupt;
       break;
     }
@@ -314,6 +324,9 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
     }
     if (!data.is_ok()) {
       ++counters_.restore_corrupt;
+      std::lock_guard<std::mutex> lk(pin_mu_);
+      bad_.push_back({key, seg, data.status().code() == StatusCode::kNotFound ? -1 : off});
+      bad_keys_.insert(key);
       break;
     }
     if (page < 0) break;  // pool full: the rest is recomputed

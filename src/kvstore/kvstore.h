@@ -151,7 +151,16 @@ class KVStore : public PageStore {
   // the catalog: the layout comes from the records themselves.
   Status export_session(const std::string& name, const std::string& path);
 
+  // Tests: stops the writer the way a crash would, without its final flush (records appended but
+  // not yet synced and committed stay so). The store is unusable afterwards; destroy it.
+  void abandon();
+
   const KVStoreCounters& counters() const { return counters_; }
+  // Descriptors waiting in the ring now.
+  size_t queued() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return count_;
+  }
   // Seconds since attach (for writer busy %).
   double attached_seconds() const;
   const std::string& dir() const { return opts_.dir; }
@@ -203,7 +212,7 @@ class KVStore : public PageStore {
   std::vector<Desc> ring_;
   std::vector<int32_t> ring_tokens_;
   size_t head_ = 0, count_ = 0;
-  bool stop_ = false;
+  bool stop_ = false, abandon_ = false;
   uint64_t next_ticket_ = 0, done_ticket_ = 0;
   // Pages the writer has copied, waiting for the decode thread to release them (reap()).
   std::vector<int32_t> released_, released_swap_;
@@ -223,6 +232,14 @@ class KVStore : public PageStore {
   std::mutex pin_mu_;
   std::multiset<Hash128> pinned_;
   std::vector<std::pair<Hash128, int64_t>> touched_;  // LRU hits for the writer to record
+  // Rows that failed a read (invariant 3), for the writer to delete so the recomputed page is
+  // stored again: (key, segment, offset); offset -1 = the whole segment file is gone.
+  struct BadRow {
+    Hash128 key;
+    int64_t seg, off;
+  };
+  std::vector<BadRow> bad_;
+  std::set<Hash128> bad_keys_;
 
   std::unique_ptr<Writer> writer_;
   std::thread writer_thread_;

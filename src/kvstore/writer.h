@@ -77,6 +77,7 @@ class KVStore::Writer {
           s_.cv_space_.notify_all();
         } else if (s_.stop_) {
           stopping = true;
+          if (s_.abandon_) return;  // a simulated crash: no final flush
         }
       }
       const auto t0 = Clock::now();
@@ -135,6 +136,10 @@ class KVStore::Writer {
 
   bool known(const Hash128& key) {
     if (pending_keys_.count(key)) return true;
+    {
+      std::lock_guard<std::mutex> lk(s_.pin_mu_);
+      if (s_.bad_keys_.count(key)) return false;  // its row is deleted at the next commit
+    }
     has_page_.bind(1, key);
     auto r = has_page_.step();
     has_page_.reset();
@@ -257,10 +262,35 @@ class KVStore::Writer {
     return std::min(d, int(toks.size()));
   }
 
+  // Deletes rows whose records failed a read (bad_), before this batch inserts their replacements.
+  Status drop_bad_rows(const std::vector<BadRow>& bad) {
+    for (const BadRow& b : bad) {
+      std::string where = b.off < 0 ? "segment = " + std::to_string(b.seg)
+                                    : "segment = " + std::to_string(b.seg) + " AND offset = " + std::to_string(b.off);
+      ANVIL_ASSIGN_OR_RETURN(int64_t bytes, catalog_int(db_, "SELECT COALESCE(SUM(length), 0) FROM pages WHERE " + where));
+      SqliteStmt del;
+      ANVIL_RETURN_IF_ERROR(del.prepare(db_, "DELETE FROM pages WHERE " + where + (b.off < 0 ? "" : " AND key = ?")));
+      if (b.off >= 0) del.bind(1, b.key);
+      ANVIL_RETURN_IF_ERROR(del.run());
+      ANVIL_RETURN_IF_ERROR(db_.exec("UPDATE segments SET live_bytes = MAX(0, live_bytes - " + std::to_string(bytes) +
+                                     ") WHERE id = " + std::to_string(b.seg)));
+    }
+    return Status::ok();
+  }
+
   Status commit() {
     ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
     const int64_t now = now_us();
     int64_t live_added = 0;
+    {
+      std::vector<BadRow> bad;
+      {
+        std::lock_guard<std::mutex> lk(s_.pin_mu_);
+        bad.swap(s_.bad_);
+        s_.bad_keys_.clear();
+      }
+      ANVIL_RETURN_IF_ERROR(drop_bad_rows(bad));
+    }
     for (const Pending& p : pending_) {
       ins_page_.bind(1, p.key);
       ins_page_.bind(2, p.parent);
@@ -362,7 +392,7 @@ class KVStore::Writer {
     bool touched;
     {
       std::lock_guard<std::mutex> lk(s_.pin_mu_);
-      touched = !s_.touched_.empty();
+      touched = !s_.touched_.empty() || !s_.bad_.empty();
     }
     if (pending_records_ > 0 || sess_dirty_ || touched) {
       Status st = commit();
