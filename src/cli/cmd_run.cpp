@@ -14,6 +14,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/kv_options.h"
 #include "cli/text_output.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer_config.h"
@@ -27,6 +28,7 @@ void on_sigint(int) { g_interrupted = true; }
 struct RunArgs {
   ModelOptions model;
   SamplingOptions sampling;
+  KVStoreFlags kv;
   std::string prompt, system;
   int n = 1024;
   bool no_thinking = false, show_reasoning = false;
@@ -74,6 +76,15 @@ int run_chat(RunArgs& a) {
   if (!chat)
     std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)\n",
                  dir.c_str());
+  auto attached = attach_kv_store(a.kv, s);
+  if (!attached.is_ok()) return fail(attached.status().message());
+  AttachedStore& store = *attached;
+  SessionPlan plan;
+  if (store) {
+    auto p = plan_session(a.kv, store.get());
+    if (!p.is_ok()) return fail(p.status().message());
+    plan = std::move(p).value();
+  }
 
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
@@ -87,6 +98,17 @@ int run_chat(RunArgs& a) {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
   std::vector<int32_t> document;  // completion mode
+  if (plan.resumed) {  // a session keeps the conversation in its meta
+    auto m = nlohmann::ordered_json::parse(plan.meta, nullptr, false);
+    if (!m.is_object() || !m.contains("messages") || !m.contains("document"))
+      return fail("session '" + a.kv.session + "' was not recorded by anvil run (use anvil generate --resume)");
+    messages = m["messages"];
+    document = m["document"].get<std::vector<int32_t>>();
+    std::printf("(resumed session %s: %zu messages)\n", plan.name.c_str(), messages.size());
+  }
+  auto session_meta = [&] {
+    return nlohmann::ordered_json{{"messages", messages}, {"document", document}}.dump();
+  };
   int seq = -1;
   if (interactive)
     std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
@@ -130,11 +152,18 @@ int run_chat(RunArgs& a) {
     if (!new_seq.is_ok()) return fail(new_seq.status().message());
     seq = *new_seq;
     req.prompt = *prompt;
+    if (!plan.name.empty()) {
+      Status st = store->session_begin(plan.name, seq, req.prompt, a.model.ctx + 1, session_meta());
+      if (!st.is_ok()) return fail(st.message());
+    }
     text.begin_answer();
     g_interrupted = false;
     std::string answer;
     std::vector<int32_t> answer_ids;
     auto on_token = [&](int32_t id) -> bool {
+      if (!plan.name.empty())
+        store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(seq), s.engine->seq_tail_page(seq),
+                            s.engine->pool());
       if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) return false;
       answer_ids.push_back(id);
       auto c = text.push(id);
@@ -151,6 +180,7 @@ int run_chat(RunArgs& a) {
     answer += c.content;
     std::printf("\n");
     if (!r.is_ok()) {
+      if (!plan.name.empty()) (void)store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
       std::fprintf(stderr, "anvil: error: %s\n", r.status().message().c_str());
       if (!interactive) return 1;
       if (chat) messages.erase(messages.end() - 1);
@@ -160,6 +190,12 @@ int run_chat(RunArgs& a) {
     g_interrupted = false;
     if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});
     else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
+    if (!plan.name.empty()) {
+      auto d = store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
+                                  session_meta());
+      if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", plan.name.c_str(), d.status().message().c_str());
+    }
+    if (store && a.kv.profile) print_kv_profile(*store.get(), s.engine->seq_store_tokens(seq), stderr);
     if (!interactive) break;
   }
   if (seq >= 0) s.engine->seq_release(seq);
@@ -174,6 +210,7 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
               app.add_option("--system", a->system, "System message");
               app.add_option("-n,--max-tokens", a->n, "Maximum tokens per answer")->capture_default_str();
               add_sampling_options(app, a->sampling);
+              add_kv_store_options(app, a->kv);
               app.add_flag("--no-thinking", a->no_thinking, "Pass enable_thinking=false to the chat template");
               app.add_flag("--show-reasoning", a->show_reasoning, "Print the <think> reasoning (hidden by default)");
               return [a] { return run_chat(*a); };

@@ -259,3 +259,20 @@ TEST(KvStoreCli, ExportIsAStandaloneSafetensorsFile) {
   pclose(p);
   EXPECT_EQ(std::string(buf, n), std::to_string(durable) + " " + std::to_string(durable) + "\n");
 }
+
+TEST(KvStoreCli, RunResumesItsConversation) {
+  StoreDir d;
+  auto a = run_anvil({"run", "-m", kModel, "-p", "hello", "-n", "10", "--temp", "0", "--kv-store", d.path, "--session",
+                      "r"},
+                     true);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  auto b = run_anvil({"run", "-m", kModel, "-p", "more", "-n", "10", "--temp", "0", "--kv-store", d.path, "--session",
+                      "r", "--resume", "--profile"},
+                     true);
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_NE(b.out.find("(resumed session r"), std::string::npos) << b.out;
+  auto at = b.out.find("prompt tokens from the store");
+  ASSERT_NE(at, std::string::npos) << b.out;
+  EXPECT_GT(std::atoi(b.out.c_str() + b.out.find_first_of("0123456789", at)), 0)
+      << "the earlier turn's KV came from the store: " << b.out;
+}
