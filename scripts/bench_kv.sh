@@ -5,7 +5,8 @@
 #     store by a new process (a restart), with the restore bandwidth and its two ceilings
 #     (sequential read of the store's segment files, host memcpy = the CPU "host->device" copy);
 #  3. open + first lookup of a store holding 100,000 pages.
-# Usage: scripts/bench_kv.sh [MODEL_SPEC] (default qwen3-0.6b:q4g64); PROMPT=4096 by default.
+# Usage: scripts/bench_kv.sh [MODEL_SPEC] (default qwen3-0.6b:q4g64); PROMPT=4096, PAIRS=3 and
+# STEPS=123 (which of the three to run) by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${ANVIL:-build/anvil}
@@ -14,8 +15,12 @@ PROMPT=${PROMPT:-4096}
 OUT=${OUT:-/tmp/anvil-bench-kv}
 mkdir -p "$OUT"
 echo "== commit $(git rev-parse --short HEAD), $(date -u +%F), $(nproc) cores"
+STEPS=${STEPS:-123}
+if [[ $STEPS == *1* ]]; then
 echo "== 1. decode overhead (store on vs off, back to back)"
 "$BIN" bench-kv --synthetic "$MODEL" --pairs "${PAIRS:-3}" --json --kv-store "$OUT/overhead" | tee "$OUT/overhead.json"
+fi
+if [[ $STEPS == *2* ]]; then
 echo "== 2. TTFT restore vs recompute, ${PROMPT}-token prompt"
 STORE="$OUT/ttft"
 rm -rf "$STORE"
@@ -50,5 +55,8 @@ print(json.dumps({"prompt_tokens": rc["prompt_tokens"], "ttft_recompute_s": t_rc
                   "restore_ms": kv["restore_ms"], "restore_gb_s": bw, "segment_read_gb_s_warm_cache": read_gbs,
                   "host_copy_gb_s": copy_gbs}, indent=1))
 PY
+fi
+if [[ $STEPS == *3* ]]; then
 echo "== 3. open + first lookup with 100,000 pages"
 "$BIN" bench-kv --open-lookup 100000 --kv-store "$OUT/open" --json
+fi

@@ -13,7 +13,7 @@ ap.add_argument("iterations", type=int, nargs="?", default=50)
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--bin", default=os.path.join(ROOT, "build", "anvil"))
 ap.add_argument("--model", default=os.path.join(ROOT, "models", "anvil-tiny-code-q4"))
-ap.add_argument("-n", type=int, default=400)
+ap.add_argument("-n", type=int, default=1500)
 args = ap.parse_args()
 rng = random.Random(args.seed)
 prompt = "def fibonacci(n):\n"

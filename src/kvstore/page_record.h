@@ -48,8 +48,10 @@ uint64_t record_checksum(const void* data, size_t n);
 // Parses and validates a whole record: safetensors structure, format and version, layout (tensor
 // names, shapes, dtype), data checksum, and the fingerprint. Fills meta and points *data at the data
 // section. `label` names the record in errors.
+// check_data_sum=false skips the data checksum: for a reader that has just verified the catalog's
+// checksum of the whole record, which covers the data too (one pass over the bytes instead of two).
 Status page_record_parse(const uint8_t* rec, size_t n, const PageLayout& layout, const Hash128& fingerprint,
-                         PageMeta* meta, const uint8_t** data, const std::string& label);
+                         PageMeta* meta, const uint8_t** data, const std::string& label, bool check_data_sum = true);
 
 // The layout a record was written with, read from its own header (for tools that run without a
 // model: anvil kv verify/export).

@@ -276,3 +276,21 @@ TEST(KvStoreCli, RunResumesItsConversation) {
   EXPECT_GT(std::atoi(b.out.c_str() + b.out.find_first_of("0123456789", at)), 0)
       << "the earlier turn's KV came from the store: " << b.out;
 }
+
+TEST(KvStoreCli, ResumeWithAnExtraPromptAppendsIt) {
+  StoreDir d;
+  const std::string x = "5,17,29,41,53,65,77,89,101,113,125,137,149,161,173,185,197,209,221,233";
+  auto a = run_json(gen(d.path, {"--ids", x, "-n", "6", "--session", "p"}));
+  auto first = ids_of(a, "session_ids");
+  auto b = run_json(gen(d.path, {"--ids", "300,301,302", "-n", "6", "--session", "p", "--resume"}));
+  auto all = ids_of(b, "session_ids");
+  std::vector<int> expect_prefix = first;
+  for (int t : {300, 301, 302}) expect_prefix.push_back(t);
+  ASSERT_EQ(all.size(), expect_prefix.size() + 6);
+  EXPECT_TRUE(std::equal(expect_prefix.begin(), expect_prefix.end(), all.begin()));
+  std::string csv;
+  for (int t : expect_prefix) csv += (csv.empty() ? "" : ",") + std::to_string(t);
+  auto plain = run_json(gen("", {"--ids", csv, "-n", "6"}));
+  EXPECT_EQ(ids_of(b), ids_of(plain)) << "the same as sending the whole history as a prompt";
+  EXPECT_GT(b["store_prompt_tokens"].get<int>(), 0);
+}
