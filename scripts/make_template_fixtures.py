@@ -10,6 +10,15 @@ For every conversation in tests/data/templates/conversations.json and every temp
     tests) has no tokenizer.json, so it uses transformers.utils.chat_template_utils.render_jinja_template
     with the same inputs apply_chat_template builds (None-valued message keys dropped, special tokens).
 Writes tests/data/templates/expected_<template>.json: {name: {"text": ...} or {"error": ...}}.
+
+Also freezes:
+  - expected_snippets.json: the engine snippets of snippets.json (Python str/list/dict methods,
+    dict keys of every hashable type, None vs undefined, raise_exception, %-formatting, raw /
+    filter / call blocks), rendered by transformers' own compiled jinja2 environment;
+  - expected_real.json: the real-world templates of tests/data/templates/real/ (where each came
+    from is in real/sources.json) x conversations_real.json, through render_jinja_template, with
+    enable_thinking passed only when a case sets it.
+A conversation the reference refuses is frozen as {"error": message}; anvil must refuse it too.
 Re-run: python3 scripts/make_template_fixtures.py
 """
 import json
@@ -86,8 +95,40 @@ def main():
         print(f"{path}: {len(out)} renderings ({sum('error' in v for v in out.values())} errors)")
 
 
-if __name__ == "__main__":
-    main()
+def make_real():
+    """Every template in tests/data/templates/real/ (sources.json) x every conversation in
+    conversations_real.json, rendered by transformers' render_jinja_template with the inputs
+    apply_chat_template builds. enable_thinking is passed only when the case sets it, so the
+    templates' own defaults are exercised. Errors (raise_exception, TypeError, ...) are frozen
+    as {"error": message}: anvil must refuse those conversations too."""
+    real = os.path.join(DATA, "real")
+    spec = json.load(open(os.path.join(real, "sources.json"), encoding="utf-8"))
+    cases = json.load(open(os.path.join(DATA, "conversations_real.json"), encoding="utf-8"))
+    out = {}
+    for name, info in spec["templates"].items():
+        source = open(os.path.join(real, name + ".jinja"), encoding="utf-8").read()
+        per = {}
+        for case in cases:
+            kwargs = {k: info[k] for k in ("bos_token", "eos_token") if info.get(k) is not None}
+            kwargs.update(spec.get("extra_context", {}))
+            if case.get("enable_thinking") is not None:
+                kwargs["enable_thinking"] = case["enable_thinking"]
+            messages = [{k: v for k, v in m.items() if v is not None} for m in case["messages"]]
+            try:
+                rendered, _ = ctu.render_jinja_template(
+                    conversations=[messages], tools=case.get("tools"), chat_template=source,
+                    add_generation_prompt=case["add_generation_prompt"], **kwargs)
+                per[case["name"]] = {"text": rendered[0]}
+            except Exception as e:
+                per[case["name"]] = {"error": str(e), "error_type": type(e).__name__}
+        out[name] = per
+    path = os.path.join(DATA, "expected_real.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    n = sum(len(v) for v in out.values())
+    errors = sum("error" in r for v in out.values() for r in v.values())
+    print(f"{path}: {len(out)} templates, {n} renderings ({errors} errors)")
 
 
 def make_snippets():
@@ -107,4 +148,6 @@ def make_snippets():
 
 
 if __name__ == "__main__":
+    main()
     make_snippets()
+    make_real()

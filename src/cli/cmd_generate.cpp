@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "cli/kv_options.h"
 #include "cli/text_output.h"
+#include "cli/thinking_flags.h"
 #include "format/npy.h"
 #include "runtime/generate.h"
 
@@ -19,7 +20,8 @@ struct GenerateArgs {
   std::string prompt, ids, dump_logits, system;
   std::vector<std::string> stops;
   int n = 128;
-  bool json = false, ignore_eos = false, chat = false, no_thinking = false, show_reasoning = false;
+  bool json = false, ignore_eos = false, chat = false, show_reasoning = false;
+  std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
 };
 
 int run_generate(GenerateArgs& a) {
@@ -49,7 +51,7 @@ int run_generate(GenerateArgs& a) {
     auto t = TextOutput::open(tok_dir, a.chat, a.show_reasoning, a.stops);
     if (!t.is_ok()) return fail(t.status().message());
     text = std::move(t).value();
-    auto p = a.chat ? text->encode_chat(a.system, a.prompt, !a.no_thinking) : text->encode(a.prompt);
+    auto p = a.chat ? text->encode_chat(a.system, a.prompt, a.thinking) : text->encode(a.prompt);
     if (!p.is_ok()) return fail(p.status().message());
     prompt = std::move(p).value();
   } else if (!a.ids.empty()) {
@@ -186,7 +188,7 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
               app.add_flag("--chat", a->chat, "Apply the model's chat template to the prompt (one user turn)");
               app.add_option("--system", a->system, "System message for --chat");
-              app.add_flag("--no-thinking", a->no_thinking, "With --chat: enable_thinking=false");
+              add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning, "Print <think> reasoning too (hidden by default)");
               app.add_flag("--json", a->json,
                            "Print one JSON object at the end: ids, text, finish_reason, timings");

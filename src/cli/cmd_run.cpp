@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cli/kv_options.h"
 #include "cli/text_output.h"
+#include "cli/thinking_flags.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer_config.h"
 
@@ -31,7 +32,8 @@ struct RunArgs {
   KVStoreFlags kv;
   std::string prompt, system;
   int n = 1024;
-  bool no_thinking = false, show_reasoning = false;
+  std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
+  bool show_reasoning = false;
 };
 
 // Reads one line from stdin; false on EOF. An interrupted read (Ctrl-C at the prompt) returns an
@@ -135,7 +137,7 @@ int run_chat(RunArgs& a) {
     Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
     if (chat) {
       messages.push_back({{"role", "user"}, {"content", line}});
-      prompt = text.encode_messages(messages, !a.no_thinking);
+      prompt = text.encode_messages(messages, a.thinking);
     } else {
       auto ids = text.encode((document.empty() ? "" : "\n") + line);
       if (ids.is_ok()) {
@@ -211,7 +213,7 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
               app.add_option("-n,--max-tokens", a->n, "Maximum tokens per answer")->capture_default_str();
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv);
-              app.add_flag("--no-thinking", a->no_thinking, "Pass enable_thinking=false to the chat template");
+              add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning, "Print the <think> reasoning (hidden by default)");
               return [a] { return run_chat(*a); };
             });

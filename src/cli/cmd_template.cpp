@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/thinking_flags.h"
 #include "format/hf_cache.h"
 #include "tokenizer/tokenizer_config.h"
 
@@ -25,7 +26,8 @@ Command template_command("template", "Render the chat template for a conversatio
                          [](CLI::App& sub) -> std::function<int()> {
   struct Opts {
     std::string model, messages, tools, context;
-    bool no_generation_prompt = false, no_thinking = false;
+    bool no_generation_prompt = false;
+    std::optional<bool> thinking;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("-m,--model", o->model, "Model directory (with tokenizer_config.json) or a Hugging Face repo id in the local cache")->required();
@@ -33,7 +35,7 @@ Command template_command("template", "Render the chat template for a conversatio
   sub.add_option("--tools", o->tools, "JSON file: an array of tool schemas");
   sub.add_option("--context", o->context, "JSON file: an object of extra template variables");
   sub.add_flag("--no-generation-prompt", o->no_generation_prompt, "Do not append the assistant prompt");
-  sub.add_flag("--no-thinking", o->no_thinking, "Pass enable_thinking=false");
+  add_thinking_flags(sub, &o->thinking);
   return [o]() -> int {
     auto dir = resolve_model_path(o->model);
     if (!dir.is_ok()) return fail(dir.status().message());
@@ -53,7 +55,7 @@ Command template_command("template", "Render the chat template for a conversatio
       if (!c.is_ok()) return fail(c.status().message());
       extra = std::move(*c);
     }
-    auto out = apply_chat_template(*cfg, *messages, tools, !o->no_generation_prompt, !o->no_thinking, extra);
+    auto out = apply_chat_template(*cfg, *messages, tools, !o->no_generation_prompt, o->thinking, extra);
     if (!out.is_ok()) return fail(out.status().message());
     std::fwrite(out->data(), 1, out->size(), stdout);
     return 0;

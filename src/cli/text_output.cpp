@@ -25,24 +25,27 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
 
 Result<std::vector<int32_t>> TextOutput::encode(const std::string& text) const { return tok_->encode(text); }
 
-Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::ordered_json& messages, bool thinking) const {
+Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::ordered_json& messages,
+                                                         std::optional<bool> thinking) {
   ANVIL_ASSIGN_OR_RETURN(std::string prompt,
                          apply_chat_template(cfg_, messages, nlohmann::ordered_json(), true, thinking));
+  prompt_opens_reasoning_ = prompt_opens_reasoning(prompt);
+  begin_answer();
   return tok_->encode(prompt);
 }
 
 Result<std::vector<int32_t>> TextOutput::encode_chat(const std::string& system, const std::string& user,
-                                                     bool thinking) const {
+                                                     std::optional<bool> thinking) {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
   messages.push_back({{"role", "user"}, {"content", user}});
   return encode_messages(messages, thinking);
 }
 
-void TextOutput::begin_answer(bool starts_in_reasoning) {
+void TextOutput::begin_answer() {
   dec_ = std::make_unique<StreamDecoder>(*tok_, /*skip_special=*/true);
   stop_ = std::make_unique<StopMatcher>(stops_);
-  split_ = chat_ ? std::make_unique<ReasoningSplitter>(starts_in_reasoning) : nullptr;
+  split_ = chat_ ? std::make_unique<ReasoningSplitter>(prompt_opens_reasoning_) : nullptr;
 }
 
 TextOutput::Chunk TextOutput::route(const std::string& text) {

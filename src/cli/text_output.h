@@ -4,6 +4,7 @@
 //      -> ReasoningSplitter (chat only) -> {reasoning, content}
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,12 +29,16 @@ class TextOutput {
   static Result<std::unique_ptr<TextOutput>> open(const std::string& dir, bool chat, bool show_reasoning,
                                                   std::vector<std::string> stops);
   Result<std::vector<int32_t>> encode(const std::string& text) const;
-  // One user turn (plus an optional system message) through the chat template.
-  Result<std::vector<int32_t>> encode_chat(const std::string& system, const std::string& user, bool thinking) const;
-  // A whole conversation through the chat template.
-  Result<std::vector<int32_t>> encode_messages(const nlohmann::ordered_json& messages, bool thinking) const;
+  // One user turn (plus an optional system message) through the chat template. `thinking` is
+  // passed as enable_thinking only when set (--thinking/--no-thinking); unset, the template's own
+  // default applies. Also resets the answer stream (begin_answer).
+  Result<std::vector<int32_t>> encode_chat(const std::string& system, const std::string& user,
+                                           std::optional<bool> thinking);
+  // A whole conversation through the chat template; remembers whether the rendered prompt ends
+  // inside an opened <think> (DeepSeek-R1, QwQ: the answer then starts with reasoning).
+  Result<std::vector<int32_t>> encode_messages(const nlohmann::ordered_json& messages, std::optional<bool> thinking);
   // Resets the per-answer stream state (decoder, stop matcher, reasoning split).
-  void begin_answer(bool starts_in_reasoning = false);
+  void begin_answer();
   Chunk push(int32_t id);
   Chunk flush();
   bool stopped() const { return stop_ && stop_->stopped(); }
@@ -44,6 +49,7 @@ class TextOutput {
   std::unique_ptr<Tokenizer> tok_;
   TokenizerConfig cfg_;
   bool chat_ = false;
+  bool prompt_opens_reasoning_ = false;
   std::vector<std::string> stops_;
   std::unique_ptr<StreamDecoder> dec_;
   std::unique_ptr<StopMatcher> stop_;

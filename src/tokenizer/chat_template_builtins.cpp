@@ -10,11 +10,11 @@
 #include <string>
 #include <unordered_map>
 
+#include "tokenizer/chat_template_pystr.h"
+
 namespace anvil::chat_template_detail {
 
 namespace {
-
-constexpr const char* kWhitespace = " \t\n\r\f\v";
 
 const std::string& need_str(const Value& v, const char* what, int line) {
   if (v.is_undefined()) fail(v.s, line);
@@ -22,60 +22,10 @@ const std::string& need_str(const Value& v, const char* what, int line) {
   return v.s;
 }
 
-std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
-  // chars is a set of code points; for ASCII sets byte matching is exact.
-  std::vector<std::string> set = utf8_chars(chars);
-  std::vector<std::string> cs = utf8_chars(s);
-  size_t b = 0, e = cs.size();
-  auto in = [&](const std::string& c) { return std::find(set.begin(), set.end(), c) != set.end(); };
-  if (left)
-    while (b < e && in(cs[b])) ++b;
-  if (right)
-    while (e > b && in(cs[e - 1])) --e;
-  std::string out;
-  for (size_t k = b; k < e; ++k) out += cs[k];
-  return out;
-}
-
 std::string strip_arg(const Args& a, const std::string& s, bool left, bool right, int line) {
   const Value* chars = a.get(0, "chars");
-  if (!chars || chars->kind == Kind::kNone) return strip_chars(s, kWhitespace, left, right);
-  return strip_chars(s, need_str(*chars, "strip chars", line), left, right);
-}
-
-Value split(const std::string& s, const Value* sep, int64_t maxsplit, int line) {
-  ValueList parts;
-  if (!sep || sep->kind == Kind::kNone) {
-    size_t k = 0;
-    while (true) {
-      while (k < s.size() && std::strchr(kWhitespace, s[k]) && s[k]) ++k;
-      if (k >= s.size()) break;
-      if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-        size_t e = s.size();
-        while (e > k && std::strchr(kWhitespace, s[e - 1])) --e;
-        parts.push_back(Value::string(s.substr(k, e - k)));
-        break;
-      }
-      size_t e = k;
-      while (e < s.size() && !(std::strchr(kWhitespace, s[e]) && s[e])) ++e;
-      parts.push_back(Value::string(s.substr(k, e - k)));
-      k = e;
-    }
-    return Value::make_list(std::move(parts));
-  }
-  const std::string& d = need_str(*sep, "split separator", line);
-  if (d.empty()) fail("split: empty separator", line);
-  size_t k = 0;
-  while (true) {
-    size_t p = (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) ? std::string::npos : s.find(d, k);
-    if (p == std::string::npos) {
-      parts.push_back(Value::string(s.substr(k)));
-      break;
-    }
-    parts.push_back(Value::string(s.substr(k, p - k)));
-    k = p + d.size();
-  }
-  return Value::make_list(std::move(parts));
+  if (!chars || chars->kind == Kind::kNone) return py_strip(s, nullptr, left, right);
+  return py_strip(s, &need_str(*chars, "strip chars", line), left, right);
 }
 
 std::string replace_all(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
@@ -103,37 +53,27 @@ std::string replace_all(const std::string& s, const std::string& old, const std:
   return out + s.substr(k);
 }
 
-std::string ascii_case(std::string s, bool upper) {
-  for (char& c : s) c = upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
-  return s;
-}
-
-std::string title_case(const std::string& s) {
-  std::string out = s;
-  bool prev_alpha = false;
-  for (char& c : out) {
-    bool alpha = std::isalpha(static_cast<unsigned char>(c));
-    if (alpha) c = prev_alpha ? std::tolower(static_cast<unsigned char>(c)) : std::toupper(static_cast<unsigned char>(c));
-    prev_alpha = alpha;
+// jinja2's title filter (not str.title): each word split at whitespace, '-', '(', '{', '[' or '<'
+// gets its first character uppercased and the rest lowercased.
+std::string jinja_title(const std::string& s) {
+  std::u32string in = to_u32(s);
+  std::string out;
+  size_t k = 0;
+  auto is_sep = [](char32_t c) { return py_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<'; };
+  while (k < in.size()) {
+    size_t e = k;
+    bool sep = is_sep(in[k]);
+    while (e < in.size() && is_sep(in[e]) == sep) ++e;
+    std::string word = to_utf8(in.substr(k, e - k));
+    if (sep) {
+      out += word;
+    } else {
+      std::u32string w = in.substr(k, e - k);
+      out += py_upper(to_utf8(w.substr(0, 1))) + py_lower(to_utf8(w.substr(1)));
+    }
+    k = e;
   }
   return out;
-}
-
-std::string capitalize(const std::string& s) {
-  std::string out = ascii_case(s, false);
-  if (!out.empty()) out[0] = std::toupper(static_cast<unsigned char>(out[0]));
-  return out;
-}
-
-bool starts_or_ends(const std::string& s, const Value& arg, bool start, int line) {
-  if (arg.kind == Kind::kList) {
-    for (auto& e : *arg.list)
-      if (starts_or_ends(s, e, start, line)) return true;
-    return false;
-  }
-  const std::string& p = need_str(arg, start ? "startswith" : "endswith", line);
-  if (p.size() > s.size()) return false;
-  return start ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
 int64_t int_arg(const Args& a, size_t i, const char* name, int64_t dflt, int line) {
@@ -144,106 +84,10 @@ int64_t int_arg(const Args& a, size_t i, const char* name, int64_t dflt, int lin
   fail(std::string("argument '") + name + "' must be an integer", line);
 }
 
-Value string_method(const Value& obj, const std::string& name, int line) {
-  static const char* kMethods[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
-                                   "replace", "upper", "lower", "title", "capitalize", "find", "count",
-                                   "join", "isdigit", "isspace", "isalpha", "isalnum", "splitlines"};
-  if (std::find_if(std::begin(kMethods), std::end(kMethods), [&](const char* m) { return name == m; }) ==
-      std::end(kMethods)) {
-    return Value::undefined("'str object' has no attribute '" + name + "'");
-  }
-  std::string s = obj.s;
-  return Value::callable("str." + name, [s, name](Args& a, int line) -> Value {
-    if (name == "startswith" || name == "endswith") {
-      if (a.pos.empty()) fail("str." + name + "() needs an argument", line);
-      return Value::boolean(starts_or_ends(s, a.pos[0], name == "startswith", line));
-    }
-    if (name == "split") return split(s, a.get(0, "sep"), int_arg(a, 1, "maxsplit", -1, line), line);
-    if (name == "rsplit") {
-      if (int_arg(a, 1, "maxsplit", -1, line) >= 0) fail("unsupported method 'rsplit' with maxsplit", line);
-      return split(s, a.get(0, "sep"), -1, line);
-    }
-    if (name == "strip") return Value::string(strip_arg(a, s, true, true, line));
-    if (name == "lstrip") return Value::string(strip_arg(a, s, true, false, line));
-    if (name == "rstrip") return Value::string(strip_arg(a, s, false, true, line));
-    if (name == "replace") {
-      const Value* o = a.get(0, "old");
-      const Value* w = a.get(1, "new");
-      if (!o || !w) fail("str.replace() needs two arguments", line);
-      return Value::string(replace_all(s, need_str(*o, "replace", line), need_str(*w, "replace", line),
-                                       int_arg(a, 2, "count", -1, line)));
-    }
-    if (name == "upper") return Value::string(ascii_case(s, true));
-    if (name == "lower") return Value::string(ascii_case(s, false));
-    if (name == "title") return Value::string(title_case(s));
-    if (name == "capitalize") return Value::string(capitalize(s));
-    if (name == "find" || name == "count") {
-      if (a.pos.empty()) fail("str." + name + "() needs an argument", line);
-      const std::string& sub = need_str(a.pos[0], name.c_str(), line);
-      if (name == "find") {
-        size_t p = s.find(sub);
-        return Value::integer(p == std::string::npos ? -1 : static_cast<int64_t>(utf8_length(s.substr(0, p))));
-      }
-      if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8_length(s)) + 1);
-      int64_t n = 0;
-      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-      return Value::integer(n);
-    }
-    if (name == "join") {
-      if (a.pos.empty()) fail("str.join() needs an argument", line);
-      std::string out;
-      bool first = true;
-      for (auto& e : iterate(a.pos[0], line)) {
-        if (!first) out += s;
-        first = false;
-        out += need_str(e, "str.join", line);
-      }
-      return Value::string(out);
-    }
-    if (name == "splitlines") {
-      ValueList parts;
-      size_t k = 0;
-      while (k < s.size()) {
-        size_t p = s.find_first_of("\n\r", k);
-        if (p == std::string::npos) { parts.push_back(Value::string(s.substr(k))); break; }
-        parts.push_back(Value::string(s.substr(k, p - k)));
-        k = p + ((s[p] == '\r' && p + 1 < s.size() && s[p + 1] == '\n') ? 2 : 1);
-      }
-      return Value::make_list(std::move(parts));
-    }
-    bool all = !s.empty();
-    for (unsigned char c : s) {
-      bool ok = name == "isdigit" ? std::isdigit(c) : name == "isspace" ? std::isspace(c)
-              : name == "isalpha" ? std::isalpha(c) : std::isalnum(c);
-      if (!ok) all = false;
-    }
-    return Value::boolean(all);
-  });
-}
-
 Value items_of(const Value& d) {
   ValueList out;
-  for (auto& [k, v] : d.dict->items) out.push_back(Value::make_list({Value::string(k), v}, true));
+  for (auto& [k, v] : d.dict->items) out.push_back(Value::make_list({k, v}, true));
   return Value::make_list(std::move(out));
-}
-
-Value dict_method(const Value& obj, const std::string& name) {
-  Value d = obj;
-  if (name == "items") return Value::callable("dict.items", [d](Args&, int) { return items_of(d); });
-  if (name == "keys" || name == "values")
-    return Value::callable("dict." + name, [d, name](Args&, int) {
-      ValueList out;
-      for (auto& [k, v] : d.dict->items) out.push_back(name == "keys" ? Value::string(k) : v);
-      return Value::make_list(std::move(out));
-    });
-  if (name == "get")
-    return Value::callable("dict.get", [d](Args& a, int line) {
-      if (a.pos.empty()) fail("dict.get() needs a key", line);
-      if (a.pos[0].kind == Kind::kString)
-        if (const Value* v = d.dict->find(a.pos[0].s)) return *v;
-      return a.pos.size() > 1 ? a.pos[1] : Value::none();
-    });
-  return Value::undefined();
 }
 
 Value to_int(const Value& v, int64_t dflt) {
@@ -252,7 +96,7 @@ Value to_int(const Value& v, int64_t dflt) {
     case Kind::kBool: return Value::integer(v.b);
     case Kind::kFloat: return Value::integer(static_cast<int64_t>(v.f));
     case Kind::kString: {
-      std::string s = strip_chars(v.s, kWhitespace, true, true);
+      std::string s = py_strip(v.s, nullptr, true, true);
       try {
         size_t used = 0;
         int64_t x = std::stoll(s, &used, 10);
@@ -273,7 +117,7 @@ Value to_float(const Value& v, double dflt) {
     case Kind::kBool: return Value::floating(v.b);
     case Kind::kFloat: return v;
     case Kind::kString: {
-      std::string s = strip_chars(v.s, kWhitespace, true, true);
+      std::string s = py_strip(v.s, nullptr, true, true);
       try {
         size_t used = 0;
         double d = std::stod(s, &used);
@@ -302,7 +146,7 @@ Value attr_path(const Value& obj, const std::string& path, int line) {
 
 // Sort key honoring jinja2's default case_sensitive=False.
 Value sort_key(const Value& v, bool case_sensitive) {
-  if (!case_sensitive && v.kind == Kind::kString) return Value::string(ascii_case(v.s, false));
+  if (!case_sensitive && v.kind == Kind::kString) return Value::string(py_lower(v.s));
   return v;
 }
 
@@ -342,7 +186,7 @@ std::vector<Value> iterate(const Value& v, int line) {
     case Kind::kList: return *v.list;
     case Kind::kDict: {
       std::vector<Value> keys;
-      for (auto& [k, e] : v.dict->items) keys.push_back(Value::string(k));
+      for (auto& [k, e] : v.dict->items) keys.push_back(k);
       return keys;
     }
     case Kind::kString: {
@@ -366,7 +210,8 @@ bool contains(const Value& container, const Value& item, int line) {
         if (equals(e, item)) return true;
       return false;
     case Kind::kDict: case Kind::kNamespace:
-      return item.kind == Kind::kString && container.dict->find(item.s) != nullptr;
+      if (!hashable(item)) fail("unhashable type: '" + type_name(item) + "'", line);
+      return container.dict->find(item) != nullptr;
     default: fail("argument of type '" + type_name(container) + "' is not iterable", line);
   }
 }
@@ -375,8 +220,8 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
   switch (obj.kind) {
     case Kind::kUndefined: fail(obj.s, line);
     case Kind::kDict: {
-      Value m = dict_method(obj, name);
-      if (!m.is_undefined()) return m;
+      Value m = method_of(obj, name, line);
+      if (m.kind == Kind::kCallable || !m.s.empty()) return m;  // a method, or a refused mutator
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'dict object' has no attribute '" + name + "'");
     }
@@ -384,7 +229,21 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'Namespace object' has no attribute '" + name + "'");
     }
-    case Kind::kString: return string_method(obj, name, line);
+    case Kind::kList:  // groupby's _GroupTuple(grouper, list) is a named tuple
+      if (obj.fn_name == kGroupTuple && (name == "grouper" || name == "list")) return (*obj.list)[name == "list"];
+      return method_of(obj, name, line);
+    case Kind::kString: return method_of(obj, name, line);
+    case Kind::kNone: return Value::undefined("'None' has no attribute '" + name + "'");
+    case Kind::kCallable:
+      if (obj.fn_name == "dict" && name == "fromkeys")
+        return Value::callable("dict.fromkeys", [](Args& a, int l) {
+          if (a.pos.empty()) fail("fromkeys expected at least 1 argument, got 0", l);
+          Value fill = a.pos.size() > 1 ? a.pos[1] : Value::none();
+          ValueDict d;
+          for (auto& k : iterate(a.pos[0], l)) d.set(k, fill, l);
+          return Value::make_dict(std::move(d));
+        });
+      return Value::undefined("'function object' has no attribute '" + name + "'");
     default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
   }
 }
@@ -394,6 +253,8 @@ Value get_item(const Value& obj, const Value& key, int line) {
     case Kind::kUndefined: fail(obj.s, line);
     case Kind::kList: case Kind::kString: {
       if (key.kind == Kind::kString) return get_attr(obj, key.s, line);
+      if (obj.kind == Kind::kList && !obj.fn_name.empty() && obj.fn_name != kGroupTuple)  // a dict view
+        return Value::undefined("'" + obj.fn_name + " object' has no element " + repr(key, line));
       if (key.kind != Kind::kInt && key.kind != Kind::kBool)
         fail("indices must be integers, not " + type_name(key), line);
       int64_t k = key.kind == Kind::kBool ? key.b : key.i;
@@ -413,15 +274,24 @@ Value get_item(const Value& obj, const Value& key, int line) {
       if (key.kind == Kind::kString) {
         if (const Value* v = obj.dict->find(key.s)) return *v;
         if (obj.kind == Kind::kDict) {
-          Value m = dict_method(obj, key.s);
-          if (!m.is_undefined()) return m;
+          Value m = method_of(obj, key.s, line);
+          if (m.kind == Kind::kCallable || !m.s.empty()) return m;
         }
         return Value::undefined("'dict object' has no attribute '" + key.s + "'");
       }
-      return Value::undefined("'dict object' has no attribute '" + to_str(key, line) + "'");
+      if (const Value* v = obj.dict->find(key)) return *v;
+      if (!hashable(key)) fail("unhashable type: '" + type_name(key) + "'", line);
+      return Value::undefined("'dict object' has no element " + repr(key, line));
     }
     default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + to_str(key, line) + "'");
   }
+}
+
+void check_namespace_name(const std::string& name, int line) {
+  if (!name.empty() && name[0] == '_')
+    fail("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + name +
+             "'. Please rename the attribute.",
+         line);
 }
 
 void install_globals(std::map<std::string, Value>& frame) {
@@ -446,11 +316,14 @@ void install_globals(std::map<std::string, Value>& frame) {
     ValueDict d;
     for (auto& p : a.pos) {
       if (p.kind != Kind::kDict) fail("namespace()/dict() positional argument must be a dict", line);
-      for (auto& [k, v] : p.dict->items) d.set(k, v);
+      for (auto& [k, v] : p.dict->items) d.set(k, v, line);
     }
     for (auto& [k, v] : a.kw) d.set(k, v);
     Value out = Value::make_dict(std::move(d));
     out.kind = kind;
+    // transformers' TemplateNamespace refuses underscore-prefixed attribute names.
+    if (kind == Kind::kNamespace)
+      for (auto& [k, v] : out.dict->items) check_namespace_name(k.s, line);
     return out;
   };
   frame["namespace"] = Value::callable("namespace", [make_mapping](Args& a, int line) {
@@ -476,7 +349,6 @@ void install_globals(std::map<std::string, Value>& frame) {
 Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "tojson") {
     const Value* ea = a.get(0, "ensure_ascii");
-    if (ea && truthy(*ea)) fail("unsupported filter option 'tojson(ensure_ascii=true)'", line);
     const Value* ind = a.get(1, "indent");
     const Value* sep = a.get(2, "separators");
     const Value* sk = a.get(3, "sort_keys");
@@ -492,7 +364,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
       item_sep = need_str((*sep->list)[0], "tojson separators", line);
       key_sep = need_str((*sep->list)[1], "tojson separators", line);
     }
-    return Value::string(to_json(v, indent, indent_str, item_sep, key_sep, sk && truthy(*sk), line));
+    return Value::string(to_json(v, indent, indent_str, item_sep, key_sep, sk && truthy(*sk), line, ea && truthy(*ea)));
   }
   if (name == "length" || name == "count") {
     switch (v.kind) {
@@ -505,11 +377,105 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   }
   if (name == "string") return Value::string(to_str(v, line));
   if (name == "trim") return Value::string(strip_arg(a, to_str(v, line), true, true, line));
-  if (name == "upper") return Value::string(ascii_case(to_str(v, line), true));
-  if (name == "lower") return Value::string(ascii_case(to_str(v, line), false));
-  if (name == "title") return Value::string(title_case(to_str(v, line)));
-  if (name == "capitalize") return Value::string(capitalize(to_str(v, line)));
+  if (name == "upper") return Value::string(py_upper(to_str(v, line)));
+  if (name == "lower") return Value::string(py_lower(to_str(v, line)));
+  if (name == "title") return Value::string(jinja_title(to_str(v, line)));
+  if (name == "capitalize") return Value::string(py_capitalize(to_str(v, line)));
   if (name == "safe") return v;
+  if (name == "indent") {
+    const Value* w = a.get(0, "width");
+    std::string ind = w && w->kind == Kind::kString ? w->s : std::string(static_cast<size_t>(int_arg(a, 0, "width", 4, line)), ' ');
+    const Value* first = a.get(1, "first");
+    const Value* blank = a.get(2, "blank");
+    Args none;
+    Value lines_v = (*method_of(Value::string(to_str(v, line) + "\n"), "splitlines", line).fn)(none, line);
+    const ValueList& lines = *lines_v.list;
+    std::string out;
+    for (size_t k = 0; k < lines.size(); ++k) {
+      if (k) out += "\n";
+      bool indent_it = k > 0 && (!lines[k].s.empty() || (blank && truthy(*blank)));
+      out += (indent_it ? ind : "") + lines[k].s;
+    }
+    return Value::string((first && truthy(*first) ? ind : "") + out);
+  }
+  if (name == "truncate") {
+    std::u32string s = to_u32(to_str(v, line));
+    int64_t length = int_arg(a, 0, "length", 255, line);
+    const Value* kill = a.get(1, "killwords");
+    const Value* end_v = a.get(2, "end");
+    std::u32string end = to_u32(end_v ? to_str(*end_v, line) : "...");
+    int64_t leeway = int_arg(a, 3, "leeway", 5, line);
+    if (length < static_cast<int64_t>(end.size())) fail("expected length >= " + std::to_string(end.size()) + ", got " + std::to_string(length), line);
+    if (leeway < 0) fail("expected leeway >= 0, got " + std::to_string(leeway), line);
+    if (static_cast<int64_t>(s.size()) <= length + leeway) return Value::string(to_utf8(s));
+    std::u32string head = s.substr(0, static_cast<size_t>(length) - end.size());
+    if (!(kill && truthy(*kill))) {
+      size_t sp = head.rfind(U' ');
+      if (sp != std::u32string::npos) head = head.substr(0, sp);
+    }
+    return Value::string(to_utf8(head + end));
+  }
+  if (name == "center") {
+    Args ca;
+    ca.pos.push_back(Value::integer(int_arg(a, 0, "width", 80, line)));
+    return (*method_of(Value::string(to_str(v, line)), "center", line).fn)(ca, line);
+  }
+  if (name == "wordcount") {  // len(re.findall(r"\w+", s))
+    int64_t n = 0;
+    bool in_word = false;
+    for (char32_t c : to_u32(to_str(v, line))) {
+      Args none;
+      bool w = c == U'_' || (*method_of(Value::string(to_utf8(std::u32string(1, c))), "isalnum", line).fn)(none, line).b;
+      if (w && !in_word) ++n;
+      in_word = w;
+    }
+    return Value::integer(n);
+  }
+  if (name == "batch" || name == "slice") {
+    int64_t count = int_arg(a, 0, name == "batch" ? "linecount" : "slices", 0, line);
+    if (count <= 0) fail(name + " needs a positive count", line);
+    const Value* fill = a.get(1, "fill_with");
+    bool do_fill = fill && fill->kind != Kind::kNone;
+    std::vector<Value> seq = iterate(v, line);
+    ValueList out;
+    if (name == "batch") {
+      for (size_t k = 0; k < seq.size(); k += static_cast<size_t>(count)) {
+        ValueList row(seq.begin() + k, seq.begin() + std::min(seq.size(), k + static_cast<size_t>(count)));
+        while (do_fill && static_cast<int64_t>(row.size()) < count) row.push_back(*fill);
+        out.push_back(Value::make_list(std::move(row)));
+      }
+    } else {
+      int64_t len = static_cast<int64_t>(seq.size()), per = len / count, extra = len % count, offset = 0;
+      for (int64_t k = 0; k < count; ++k) {
+        int64_t start = offset + k * per;
+        if (k < extra) ++offset;
+        int64_t stop = offset + (k + 1) * per;
+        ValueList part(seq.begin() + start, seq.begin() + stop);
+        if (do_fill && k >= extra) part.push_back(*fill);
+        out.push_back(Value::make_list(std::move(part)));
+      }
+    }
+    return Value::make_list(std::move(out));
+  }
+  if (name == "attr") {  // a Python attribute only (a dict's methods, not its keys)
+    if (a.pos.empty()) fail("attr filter needs a name", line);
+    std::string attr = to_str(a.pos[0], line);
+    if (v.kind == Kind::kString || v.kind == Kind::kList || v.kind == Kind::kDict) {
+      Value m = method_of(v, attr, line);
+      if (m.kind == Kind::kCallable || (v.kind == Kind::kDict && !m.s.empty())) return m;
+    }
+    return Value::undefined("'" + type_name(v) + " object' has no attribute '" + attr + "'");
+  }
+  if (name == "format") {  // jinja2: soft_str(value) % (kwargs or args)
+    if (!a.kw.empty() && !a.pos.empty()) fail("can't handle positional and keyword arguments at the same time", line);
+    std::string fmt = to_str(v, line);
+    if (!a.kw.empty()) {
+      ValueDict d;
+      for (auto& [k, x] : a.kw) d.set(k, x);
+      return Value::string(percent_format(fmt, Value::make_dict(std::move(d)), line));
+    }
+    return Value::string(percent_format(fmt, Value::make_list(a.pos, /*tuple=*/true), line));
+  }
   if (name == "replace") {
     if (a.pos.size() < 2) fail("replace filter needs two arguments", line);
     return Value::string(replace_all(to_str(v, line), to_str(a.pos[0], line), to_str(a.pos[1], line),
@@ -541,7 +507,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "list") return Value::make_list(iterate(v, line));
   if (name == "items") {
     if (v.is_undefined()) return Value::make_list({});
-    if (v.kind != Kind::kDict) fail("items filter expects a mapping, got '" + type_name(v) + "'", line);
+    if (v.kind != Kind::kDict) fail("Can only get item pairs from a mapping.", line);
     return items_of(v);
   }
   if (name == "int") return to_int(v, int_arg(a, 0, "default", 0, line));
@@ -591,6 +557,35 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
     fargs.kw = a.kw;
     for (auto& e : iterate(v, line)) out.push_back(apply_filter(f, e, fargs, line));
+    return Value::make_list(std::move(out));
+  }
+  if (name == "groupby") {  // jinja2: sort by the key, then group runs of equal keys
+    if (a.pos.empty() && !a.get(0, "attribute")) fail("groupby needs an attribute", line);
+    std::string attr = to_str(*a.get(0, "attribute"), line);
+    const Value* dflt = a.get(1, "default");
+    const Value* cs = a.get(2, "case_sensitive");
+    bool case_sensitive = cs && truthy(*cs);
+    auto key_of = [&](const Value& e) {
+      Value k = attr_path(e, attr, line);
+      if (k.is_undefined() && dflt) k = *dflt;
+      return k;
+    };
+    std::vector<Value> items = iterate(v, line);
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      return compare(sort_key(key_of(x), case_sensitive), sort_key(key_of(y), case_sensitive), line) < 0;
+    });
+    ValueList out;
+    for (size_t k = 0; k < items.size();) {
+      Value key = sort_key(key_of(items[k]), case_sensitive);
+      ValueList group;
+      size_t j = k;
+      for (; j < items.size() && equals(sort_key(key_of(items[j]), case_sensitive), key); ++j) group.push_back(items[j]);
+      // The grouper is the first member's own key (not its lowercased form).
+      Value g = Value::make_list({key_of(items[k]), Value::make_list(std::move(group))}, /*tuple=*/true);
+      g.fn_name = kGroupTuple;
+      out.push_back(std::move(g));
+      k = j;
+    }
     return Value::make_list(std::move(out));
   }
   if (name == "unique") {
@@ -710,9 +705,10 @@ bool apply_test(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "gt" || name == "greaterthan" || name == ">") return compare(v, arg(), line) > 0;
   if (name == "ge" || name == ">=") return compare(v, arg(), line) >= 0;
   if (name == "in") return contains(arg(), v, line);
-  if (name == "lower" || name == "upper") {
-    if (v.kind != Kind::kString) return false;
-    return v.s == ascii_case(v.s, name == "upper");
+  if (name == "lower" || name == "upper") {  // jinja2: str(value).islower() / .isupper()
+    Args none;
+    Value m = method_of(Value::string(to_str(v, line)), name == "upper" ? "isupper" : "islower", line);
+    return (*m.fn)(none, line).b;
   }
   fail("unsupported test '" + name + "'", line);
 }

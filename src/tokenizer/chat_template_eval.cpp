@@ -10,6 +10,7 @@
 
 #include "tokenizer/chat_template_builtins.h"
 #include "tokenizer/chat_template_internal.h"
+#include "tokenizer/chat_template_pystr.h"
 
 namespace anvil::chat_template_detail {
 
@@ -92,6 +93,7 @@ class Evaluator {
           Value ns = lookup(n.targets[0]);
           if (ns.kind != Kind::kNamespace)
             fail("cannot assign attribute '" + n.attr + "' on '" + n.targets[0] + "': not a namespace", n.line);
+          check_namespace_name(n.attr, n.line);
           ns.dict->set(n.attr, std::move(v));
         } else {
           bind_targets(n.targets, v, n.line);
@@ -101,8 +103,33 @@ class Evaluator {
       case NodeKind::kSetBlock: {
         std::string captured;
         Flow f = exec_body(n.body, captured);
-        assign(n.targets[0], Value::string(std::move(captured)));
+        Value v = Value::string(std::move(captured));
+        if (n.filter) v = filter_block_value(*n.filter, std::move(v));
+        assign(n.targets[0], std::move(v));
         return f;
+      }
+      case NodeKind::kFilterBlock: {
+        std::string captured;
+        Flow f = exec_body(n.body, captured);
+        out += to_str(filter_block_value(*n.filter, Value::string(std::move(captured))), n.line);
+        return f;
+      }
+      case NodeKind::kWith: {
+        std::vector<Value> values;  // evaluated in the outer scope, then bound in the new one
+        for (auto& d : n.defaults) values.push_back(eval(*d));
+        frames_.emplace_back();
+        for (size_t k = 0; k < values.size(); ++k) assign(n.params[k], std::move(values[k]));
+        Flow f = exec_body(n.body, out);
+        frames_.pop_back();
+        return f;
+      }
+      case NodeKind::kCallBlock: {
+        // The caller travels as the keyword argument "caller", as in jinja2.
+        Value callee = eval(*n.expr->a);
+        Args args = eval_args(*n.expr);
+        args.kw.emplace_back("caller", make_caller(n));
+        out += to_str(call(callee, args, n.line), n.line);
+        return Flow::kNormal;
       }
       case NodeKind::kMacro: define_macro(n); return Flow::kNormal;
       case NodeKind::kBreak: return Flow::kBreak;
@@ -168,29 +195,74 @@ class Evaluator {
     return Flow::kNormal;
   }
 
+  // The filter chain of a {% filter %} / filtered {% set %} block applied to its rendered body.
+  Value filter_block_value(const Expr& chain, Value body) {
+    frames_.emplace_back();
+    assign(kBlockBodyName, std::move(body));
+    Value v = eval(chain);
+    frames_.pop_back();
+    return v;
+  }
+
+  // caller() of a {% call %} block: its body, run in the call site's scope plus its parameters.
+  Value make_caller(const Node& n) {
+    const Node* node = &n;
+    auto scope = std::make_shared<std::vector<Frame>>(frames_);
+    return Value::callable("caller", [this, node, scope](Args& args, int line) -> Value {
+      DepthGuard guard(this, line);
+      std::vector<Frame> saved = std::move(frames_);
+      frames_ = *scope;
+      frames_.emplace_back();
+      bind_params(*node, "caller", args, line);
+      std::string out;
+      Flow f = exec_body(node->body, out);
+      frames_ = std::move(saved);
+      if (f != Flow::kNormal) fail("'break'/'continue' outside of a for loop", line);
+      return Value::string(std::move(out));
+    });
+  }
+
+  // Binds call arguments to a macro's (or caller's) parameters in the current frame, as jinja2's
+  // Macro._invoke does: missing ones without default are undefined; extra positional arguments go
+  // to varargs and unknown keywords to kwargs when the body reads them, else they are errors.
+  void bind_params(const Node& node, const std::string& what, Args& args, int line) {
+    const size_t first_default = node.params.size() - node.defaults.size();
+    ValueDict extra_kw;
+    for (auto& [k, v] : args.kw) {
+      if (std::find(node.params.begin(), node.params.end(), k) != node.params.end()) continue;
+      if (k == "caller") continue;
+      if (!node.catch_kwargs) fail("macro '" + what + "' takes no keyword argument '" + k + "'", line);
+      extra_kw.set(k, v);
+    }
+    if (args.pos.size() > node.params.size() && !node.catch_varargs)
+      fail("macro '" + what + "' takes not more than " + std::to_string(node.params.size()) + " argument(s)", line);
+    for (size_t p = 0; p < node.params.size(); ++p) {
+      const Value* v = args.get(p, node.params[p]);
+      if (v) {
+        assign(node.params[p], *v);
+      } else if (p >= first_default) {
+        assign(node.params[p], eval(*node.defaults[p - first_default]));
+      } else {
+        assign(node.params[p], Value::undefined("parameter '" + node.params[p] + "' was not provided"));
+      }
+    }
+    ValueList rest;
+    for (size_t p = node.params.size(); p < args.pos.size(); ++p) rest.push_back(args.pos[p]);
+    if (node.catch_varargs) assign("varargs", Value::make_list(std::move(rest), true));
+    if (node.catch_kwargs) assign("kwargs", Value::make_dict(std::move(extra_kw)));
+  }
+
   void define_macro(const Node& n) {
     const Node* node = &n;
     assign(n.name, Value::callable(n.name, [this, node](Args& args, int line) -> Value {
+             DepthGuard guard(this, line);
              std::vector<Frame> saved = std::move(frames_);
              frames_.clear();
              frames_.push_back(saved[0]);
              frames_.emplace_back();
-             size_t first_default = node->params.size() - node->defaults.size();
              for (auto& [k, v] : args.kw)
-               if (std::find(node->params.begin(), node->params.end(), k) == node->params.end())
-                 fail("macro '" + node->name + "' got an unexpected keyword argument '" + k + "'", line);
-             if (args.pos.size() > node->params.size())
-               fail("macro '" + node->name + "' takes " + std::to_string(node->params.size()) + " arguments", line);
-             for (size_t p = 0; p < node->params.size(); ++p) {
-               const Value* v = args.get(p, node->params[p]);
-               if (v) {
-                 assign(node->params[p], *v);
-               } else if (p >= first_default) {
-                 assign(node->params[p], eval(*node->defaults[p - first_default]));
-               } else {
-                 assign(node->params[p], Value::undefined("'" + node->params[p] + "' is undefined"));
-               }
-             }
+               if (k == "caller") assign("caller", v);
+             bind_params(*node, node->name, args, line);
              std::string out;
              Flow f = exec_body(node->body, out);
              saved[0] = std::move(frames_[0]);  // the macro may have defined globals (e.g. macros)
@@ -214,8 +286,7 @@ class Evaluator {
         ValueDict d;
         for (size_t k = 0; k < e.items.size(); k += 2) {
           Value key = eval(*e.items[k]);
-          if (key.kind != Kind::kString) fail("unsupported construct: dict literal key of type '" + type_name(key) + "'", e.line);
-          d.set(key.s, eval(*e.items[k + 1]));
+          d.set(key, eval(*e.items[k + 1]), e.line);
         }
         return Value::make_dict(std::move(d));
       }
@@ -319,11 +390,14 @@ class Evaluator {
     };
     if (op == "+") {
       if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
-      if (l.kind == Kind::kList && r.kind == Kind::kList) {
+      if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {
         ValueList items = *l.list;
         items.insert(items.end(), r.list->begin(), r.list->end());
-        return Value::make_list(std::move(items), l.is_tuple && r.is_tuple);
+        return Value::make_list(std::move(items), l.is_tuple);
       }
+      // Python's own wording for str/list/tuple on the left.
+      if (l.kind == Kind::kString || l.kind == Kind::kList)
+        fail("can only concatenate " + type_name(l) + " (not \"" + type_name(r) + "\") to " + type_name(l), line);
     }
     if (op == "*") {
       const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;
@@ -340,14 +414,23 @@ class Evaluator {
         return Value::make_list(std::move(items));
       }
     }
-    if (op == "%" && l.kind == Kind::kString) fail("unsupported construct: printf-style string formatting with '%'", line);
+    if (op == "%" && l.kind == Kind::kString) return Value::string(percent_format(l.s, r, line));
     if (!l.is_number() || !r.is_number()) return type_error();
     bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
     int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
     double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
-    if (op == "+") return both_int ? Value::integer(a + b) : Value::floating(x + y);
-    if (op == "-") return both_int ? Value::integer(a - b) : Value::floating(x - y);
-    if (op == "*") return both_int ? Value::integer(a * b) : Value::floating(x * y);
+    // Python integers are unbounded; ours are 64-bit, so overflow is an error, never a wrong number.
+    if (both_int && (op == "+" || op == "-" || op == "*")) {
+      int64_t res = 0;
+      bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &res)
+                      : op == "-" ? __builtin_sub_overflow(a, b, &res)
+                                  : __builtin_mul_overflow(a, b, &res);
+      if (overflow) fail("integer overflow in '" + op + "' (template integers are 64-bit)", line);
+      return Value::integer(res);
+    }
+    if (op == "+") return Value::floating(x + y);
+    if (op == "-") return Value::floating(x - y);
+    if (op == "*") return Value::floating(x * y);
     if (op == "/") {
       if (y == 0) fail("division by zero", line);
       return Value::floating(x / y);
@@ -367,8 +450,13 @@ class Evaluator {
     }
     if (op == "**") {
       if (both_int && b >= 0) {
-        int64_t p = 1;
-        for (int64_t k = 0; k < b; ++k) p *= a;
+        int64_t p = 1, base = a;  // square-and-multiply
+        for (int64_t e = b; e > 0;) {
+          bool overflow = (e & 1) && __builtin_mul_overflow(p, base, &p);
+          e >>= 1;
+          overflow = overflow || (e > 0 && __builtin_mul_overflow(base, base, &base));
+          if (overflow) fail("integer overflow in '**' (template integers are 64-bit)", line);
+        }
         return Value::integer(p);
       }
       return Value::floating(std::pow(x, y));
@@ -383,17 +471,33 @@ class Evaluator {
       for (int64_t k : slice_indices(static_cast<int64_t>(chars.size()), start, stop, step, line)) out += chars[k];
       return Value::string(out);
     }
-    if (obj.kind == Kind::kList) {
+    if (obj.kind == Kind::kList && (obj.fn_name.empty() || obj.fn_name == kGroupTuple)) {
       ValueList items;
       for (int64_t k : slice_indices(static_cast<int64_t>(obj.list->size()), start, stop, step, line))
         items.push_back((*obj.list)[k]);
       return Value::make_list(std::move(items), obj.is_tuple);
     }
     if (obj.is_undefined()) fail(obj.s, line);
-    fail("'" + type_name(obj) + "' object is not subscriptable", line);
+    // jinja2 compiles a slice to a plain Python subscript, so Python's TypeError surfaces.
+    if (obj.kind == Kind::kDict) fail("unhashable type: 'slice'", line);
+    fail("'" + (obj.kind == Kind::kList ? obj.fn_name : type_name(obj)) + "' object is not subscriptable", line);
   }
 
+  // Macro and caller() nesting is bounded so a runaway recursive macro is an error, not a stack
+  // overflow (jinja2 stops with Python's RecursionError).
+  static constexpr int kMaxCallDepth = 256;
+  struct DepthGuard {
+    Evaluator* ev;
+    DepthGuard(Evaluator* e, int line) : ev(e) {
+      if (++ev->call_depth_ > kMaxCallDepth)
+        fail("maximum recursion depth exceeded (macro calls nested deeper than " + std::to_string(kMaxCallDepth) + ")",
+             line);
+    }
+    ~DepthGuard() { --ev->call_depth_; }
+  };
+
   std::vector<Frame> frames_;
+  int call_depth_ = 0;
 };
 
 }  // namespace

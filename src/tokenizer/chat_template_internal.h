@@ -23,11 +23,15 @@ struct TemplateError {
 struct Value;
 struct Args;
 using ValueList = std::vector<Value>;
+// A Python dict: insertion-ordered (key, value) pairs. Keys are any hashable value (str, int,
+// float, bool, None, tuples of those) and compare like Python's (1 == 1.0 == True is one key).
 struct ValueDict {
-  std::vector<std::pair<std::string, Value>> items;  // Python dict: insertion order
-  const Value* find(const std::string& key) const;
+  std::vector<std::pair<Value, Value>> items;
+  const Value* find(const std::string& key) const;  // a str key
   Value* find(const std::string& key);
+  const Value* find(const Value& key) const;  // any key (an unhashable one is simply absent)
   void set(const std::string& key, Value v);
+  void set(const Value& key, Value v, int line);  // errors on an unhashable key, like Python
 };
 using Callable = std::function<Value(Args&, int line)>;
 
@@ -72,11 +76,15 @@ std::string type_name(const Value& v);           // "str", "dict", "list", ... a
 std::string to_str(const Value& v, int line);    // Python str(); undefined prints as ""
 std::string repr(const Value& v, int line);      // Python repr()
 std::string py_float_repr(double d);
-// json.dumps(v, ensure_ascii=False, indent=..., separators=..., sort_keys=...).
+// json.dumps(v, ensure_ascii=..., indent=..., separators=..., sort_keys=...).
 // indent < 0 means None; indent_str overrides the per-level indent text when set.
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys, int line);
+                    const std::string& key_sep, bool sort_keys, int line, bool ensure_ascii = false);
+// A list Value whose fn_name is this is jinja2's groupby result tuple (grouper, list); any other
+// non-empty fn_name on a list marks a dict view (dict_keys, dict_values, dict_items).
+inline const char* kGroupTuple = "_GroupTuple";
 bool equals(const Value& a, const Value& b);
+bool hashable(const Value& v);  // usable as a dict key (str, number, bool, None, tuple of those)
 int compare(const Value& a, const Value& b, int line);  // <0, 0, >0; errors on unorderable types
 // Code points of a UTF-8 string (Python strings index by code point).
 std::vector<std::string> utf8_chars(const std::string& s);
@@ -113,7 +121,12 @@ struct Expr {
 
 struct Node;
 using NodeList = std::vector<std::unique_ptr<Node>>;
-enum class NodeKind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock };
+enum class NodeKind {
+  kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue, kBlock, kFilterBlock, kCallBlock, kWith,
+};
+// The rendered body of a {% filter %} block or a filtered {% set x | f %} block, as the innermost
+// operand of the filter chain (a name no template can spell).
+inline const char* kBlockBodyName = "\x01body";
 struct Node {
   NodeKind kind;
   int line = 0;
@@ -123,10 +136,13 @@ struct Node {
   NodeList body, else_body;                          // kFor/kSetBlock/kMacro/kBlock body; kIf/kFor else
   std::vector<std::string> targets;                  // kFor/kSet names (several: tuple unpacking)
   std::string attr;                                  // kSet: "ns.attr" target -> targets[0]=ns, attr
-  ExprPtr filter;                                    // kFor: "if" condition
+  ExprPtr filter;                                    // kFor: "if" condition; kSetBlock/kFilterBlock:
+                                                     // the filter chain over kBlockBodyName
   std::string name;                                  // kMacro name
-  std::vector<std::string> params;                   // kMacro
-  std::vector<ExprPtr> defaults;                     // kMacro, aligned to the last params
+  std::vector<std::string> params;                   // kMacro; kCallBlock: the caller's parameters
+  std::vector<ExprPtr> defaults;                     // kMacro/kCallBlock, aligned to the last params;
+                                                     // kWith: the values of `params`
+  bool catch_varargs = false, catch_kwargs = false;  // kMacro: the body reads varargs / kwargs
 };
 
 struct Program {

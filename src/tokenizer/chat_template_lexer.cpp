@@ -153,6 +153,8 @@ class Lexer {
     line_starting_ = false;
     if (kind == '#') {
       lex_comment();
+    } else if (kind == '%' && lex_raw()) {
+      return;
     } else {
       lex_tag(kind == '{');
     }
@@ -170,6 +172,60 @@ class Lexer {
     count_lines(src_.substr(pos_, close - pos_));
     size_t end = close + 2;
     after_tag_end(end, sign == '-', sign == '+', /*trim_newline=*/true);
+  }
+
+  // "{% raw %}...{% endraw %}" (pos_ just after "{%" and its sign): the body is text, verbatim.
+  // As in jinja2's lexer: "raw -%}" strips the body's leading whitespace but a plain "raw %}" does
+  // not trim the newline after it; "{%- endraw" strips the body's trailing whitespace, otherwise
+  // lstrip_blocks applies to the endraw line; the newline after "endraw %}" is trimmed.
+  bool lex_raw() {
+    size_t p = pos_;
+    while (p < src_.size() && is_space(src_[p])) ++p;
+    if (src_.compare(p, 3, "raw") != 0 || (p + 3 < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[p + 3])) || src_[p + 3] == '_')))
+      return false;
+    p += 3;
+    while (p < src_.size() && is_space(src_[p])) ++p;
+    bool strip_after_open = false;
+    if (src_.compare(p, 3, "-%}") == 0) {
+      strip_after_open = true;
+      p += 3;
+    } else if (src_.compare(p, 2, "%}") == 0) {
+      p += 2;
+    } else {
+      fail("expected '%}' after 'raw'", line_);
+    }
+    count_lines(src_.substr(pos_, p - pos_));
+    if (strip_after_open)
+      while (p < src_.size() && is_space(src_[p])) line_ += src_[p++] == '\n';
+    // Find "{%[-+]?\s*endraw\s*[-+]?%}".
+    for (size_t q = src_.find("{%", p); q != std::string::npos; q = src_.find("{%", q + 2)) {
+      size_t r = q + 2;
+      char sign = '\0';
+      if (r < src_.size() && (src_[r] == '-' || src_[r] == '+')) sign = src_[r++];
+      while (r < src_.size() && is_space(src_[r])) ++r;
+      if (src_.compare(r, 6, "endraw") != 0) continue;
+      r += 6;
+      while (r < src_.size() && is_space(src_[r])) ++r;
+      char end_sign = '\0';
+      if (r < src_.size() && (src_[r] == '-' || src_[r] == '+')) end_sign = src_[r++];
+      if (src_.compare(r, 2, "%}") != 0) continue;
+      std::string body = src_.substr(p, q - p);
+      int body_line = line_;
+      count_lines(body);
+      if (sign == '-') {
+        while (!body.empty() && is_space(body.back())) body.pop_back();
+      } else if (sign != '+') {
+        size_t l_pos = body.rfind('\n');
+        l_pos = l_pos == std::string::npos ? 0 : l_pos + 1;
+        bool all_ws = body.find_first_not_of(" \t\f\v", l_pos) == std::string::npos;
+        if (l_pos > 0 && all_ws) body.resize(l_pos);
+      }
+      if (!body.empty()) emit(Tok::kText, body, body_line);
+      count_lines(src_.substr(q, r + 2 - q));
+      after_tag_end(r + 2, end_sign == '-', end_sign == '+', /*trim_newline=*/true);
+      return true;
+    }
+    fail("unclosed '{% raw %}' (missing '{% endraw %}')", line_);
   }
 
   // Consumes what follows a tag's closing delimiter at `end` and updates line_starting_.

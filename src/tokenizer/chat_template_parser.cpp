@@ -37,6 +37,32 @@ std::string describe(const Token& t) {
   }
 }
 
+// Whether a name is read anywhere in an expression / statement list (jinja2 gives a macro
+// varargs/kwargs only when its body refers to them).
+bool references(const Expr& e, const std::string& name) {
+  if (e.kind == ExprKind::kName && e.name == name) return true;
+  for (auto& x : e.items)
+    if (x && references(*x, name)) return true;
+  for (auto& [k, x] : e.kwargs)
+    if (x && references(*x, name)) return true;
+  for (const ExprPtr* x : {&e.a, &e.b, &e.c})
+    if (*x && references(**x, name)) return true;
+  return false;
+}
+
+bool references(const NodeList& body, const std::string& name) {
+  for (auto& n : body) {
+    if (n->expr && references(*n->expr, name)) return true;
+    if (n->filter && references(*n->filter, name)) return true;
+    for (auto& [cond, b] : n->branches)
+      if ((cond && references(*cond, name)) || references(b, name)) return true;
+    if (references(n->body, name) || references(n->else_body, name)) return true;
+    for (auto& d : n->defaults)
+      if (references(*d, name)) return true;
+  }
+  return false;
+}
+
 class Parser {
  public:
   explicit Parser(const std::vector<Token>& toks) : t_(toks) {}
@@ -112,7 +138,7 @@ class Parser {
           return body;
         }
         static const std::set<std::string> kEndTags = {"endif", "endfor", "endset", "endmacro", "else", "elif",
-                                                       "endgeneration"};
+                                                       "endgeneration", "endfilter", "endcall", "endwith"};
         if (!ends.empty() && kEndTags.count(name)) {
           std::string want;
           for (auto& e : ends) want += (want.empty() ? "'" : ", '") + e + "'";
@@ -139,6 +165,30 @@ class Parser {
       expect_block_end();
       return node;
     }
+    if (n == "filter") {
+      auto node = make_node(NodeKind::kFilterBlock, tag.line);
+      node->filter = parse_filter_chain(tag.line);
+      expect_block_end();
+      std::string end;
+      node->body = subparse({"endfilter"}, &end, "filter", tag.line);
+      expect_block_end();
+      return node;
+    }
+    if (n == "call") return parse_call_block(tag.line);
+    if (n == "with") {  // {% with a = x, b = y %}...{% endwith %}: a scope of its own
+      auto node = make_node(NodeKind::kWith, tag.line);
+      while (cur().type != Tok::kBlockEnd) {
+        if (!node->params.empty()) expect_op(",");
+        node->params.push_back(expect_name());
+        expect_op("=");
+        node->defaults.push_back(parse_expression());
+      }
+      expect_block_end();
+      std::string end;
+      node->body = subparse({"endwith"}, &end, "with", tag.line);
+      expect_block_end();
+      return node;
+    }
     if (n == "generation") {  // transformers' AssistantTracker: renders its body unchanged
       expect_block_end();
       auto node = make_node(NodeKind::kBlock, tag.line);
@@ -148,7 +198,7 @@ class Parser {
       return node;
     }
     static const std::set<std::string> kEnds = {"endif", "endfor", "endset", "endmacro", "else", "elif",
-                                                "endgeneration"};
+                                                "endgeneration", "endfilter", "endcall", "endwith"};
     if (kEnds.count(n)) fail("unexpected '" + n + "' (no open block it could close)", tag.line);
     fail("unsupported tag '" + n + "'", tag.line);
   }
@@ -222,9 +272,9 @@ class Parser {
       return node;
     }
     if (names.size() != 1 || !attr.empty()) fail("a block set takes a single plain name", line);
-    if (is_op("|")) fail("unsupported construct: filtered block set", line);
-    expect_block_end();
     auto node = make_node(NodeKind::kSetBlock, line);
+    if (is_op("|")) node->filter = parse_filter_chain(line);
+    expect_block_end();
     node->targets = std::move(names);
     std::string end;
     node->body = subparse({"endset"}, &end, "set", line);
@@ -232,26 +282,60 @@ class Parser {
     return node;
   }
 
-  std::unique_ptr<Node> parse_macro(int line) {
-    auto node = make_node(NodeKind::kMacro, line);
-    node->name = expect_name();
+  // "| f(args) | g ..." applied to the block body (kBlockBodyName).
+  ExprPtr parse_filter_chain(int line) {
+    auto body = make_expr(ExprKind::kName, line);
+    body->name = kBlockBodyName;
+    if (cur().type == Tok::kName) {  // "{% filter upper %}": the first filter has no leading '|'
+      auto f = make_expr(ExprKind::kFilter, line);
+      f->name = expect_name();
+      if (is_op("(")) parse_args(*f);
+      f->a = std::move(body);
+      body = std::move(f);
+    }
+    while (is_op("|")) body = parse_filter_expr(std::move(body));
+    return body;
+  }
+
+  // {% call(params) macro(args) %}body{% endcall %}: body becomes the macro's caller().
+  std::unique_ptr<Node> parse_call_block(int line) {
+    auto node = make_node(NodeKind::kCallBlock, line);
+    if (is_op("(")) parse_params(*node, line);
+    node->expr = parse_expression();
+    if (node->expr->kind != ExprKind::kCall) fail("expected a macro call after 'call'", line);
+    expect_block_end();
+    std::string end;
+    node->body = subparse({"endcall"}, &end, "call", line);
+    expect_block_end();
+    return node;
+  }
+
+  void parse_params(Node& node, int line) {
     expect_op("(");
     while (!is_op(")")) {
-      if (!node->params.empty()) expect_op(",");
+      if (!node.params.empty()) expect_op(",");
       if (is_op(")")) break;
-      node->params.push_back(expect_name());
+      node.params.push_back(expect_name());
       if (skip_op("=")) {
-        node->defaults.push_back(parse_expression());
-      } else if (!node->defaults.empty()) {
-        fail("non-default macro parameter '" + node->params.back() + "' follows a default one", line);
+        node.defaults.push_back(parse_expression());
+      } else if (!node.defaults.empty()) {
+        fail("non-default parameter '" + node.params.back() + "' follows a default one", line);
       }
     }
     expect_op(")");
+  }
+
+  std::unique_ptr<Node> parse_macro(int line) {
+    auto node = make_node(NodeKind::kMacro, line);
+    node->name = expect_name();
+    parse_params(*node, line);
     expect_block_end();
     std::string end;
     node->body = subparse({"endmacro"}, &end, "macro", line);
     if (cur().type == Tok::kName) ++i_;  // "{% endmacro name %}"
     expect_block_end();
+    node->catch_varargs = references(node->body, "varargs");
+    node->catch_kwargs = references(node->body, "kwargs");
     return node;
   }
 

@@ -1,6 +1,7 @@
 // Values of the chat-template engine and their Python semantics: truthiness, str()/repr(),
 // equality and ordering, and json.dumps() as transformers' tojson filter calls it
-// (ensure_ascii=False: only '"', '\\' and control characters are escaped).
+// (ensure_ascii=False, transformers' default: only '"', '\\' and control characters are escaped;
+// ensure_ascii=True also writes every non-ASCII code point as \uXXXX, surrogate pairs above U+FFFF).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -13,19 +14,46 @@ namespace anvil::chat_template_detail {
 
 const Value* ValueDict::find(const std::string& key) const {
   for (auto& [k, v] : items)
-    if (k == key) return &v;
+    if (k.kind == Kind::kString && k.s == key) return &v;
   return nullptr;
 }
 Value* ValueDict::find(const std::string& key) {
   for (auto& [k, v] : items)
-    if (k == key) return &v;
+    if (k.kind == Kind::kString && k.s == key) return &v;
+  return nullptr;
+}
+const Value* ValueDict::find(const Value& key) const {
+  if (key.kind == Kind::kString) return find(key.s);
+  for (auto& [k, v] : items)
+    if (equals(k, key)) return &v;
   return nullptr;
 }
 void ValueDict::set(const std::string& key, Value v) {
   if (Value* p = find(key)) {
     *p = std::move(v);
   } else {
+    items.emplace_back(Value::string(key), std::move(v));
+  }
+}
+void ValueDict::set(const Value& key, Value v, int line) {
+  if (!hashable(key)) fail("unhashable type: '" + type_name(key) + "'", line);
+  if (const Value* p = find(key)) {
+    *const_cast<Value*>(p) = std::move(v);  // Python keeps the first-inserted key object
+  } else {
     items.emplace_back(key, std::move(v));
+  }
+}
+
+bool hashable(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: case Kind::kNone: case Kind::kBool: case Kind::kInt: case Kind::kFloat:
+    case Kind::kString: return true;
+    case Kind::kList:
+      if (!v.is_tuple) return false;
+      for (auto& e : *v.list)
+        if (!hashable(e)) return false;
+      return true;
+    default: return false;
   }
 }
 
@@ -74,7 +102,7 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::object: {
       ValueDict d;
       d.items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(Value::string(it.key()), from_json(it.value()));
       return Value::make_dict(std::move(d));
     }
     default: return Value::none();
@@ -172,9 +200,25 @@ std::string repr_string(const std::string& s) {
   return out;
 }
 
-void json_string(std::string& out, const std::string& s) {
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t k = 0; k < s.size(); ++k) {
+    unsigned char c = s[k];
+    if (ensure_ascii && c >= 0x80) {
+      size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+      uint32_t cp = n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : n == 4 ? c & 0x07 : c;
+      for (size_t j = 1; j < n && k + j < s.size(); ++j) cp = (cp << 6) | (static_cast<unsigned char>(s[k + j]) & 0x3F);
+      k += n - 1;
+      char b[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", cp);
+      }
+      out += b;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -202,6 +246,7 @@ struct JsonWriter {
   std::string item_sep, key_sep;
   bool sort_keys;
   int line;
+  bool ensure_ascii;
   std::string out;
 
   void newline(int level) {
@@ -220,8 +265,10 @@ struct JsonWriter {
         else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
         else out += py_float_repr(v.f);
         return;
-      case Kind::kString: json_string(out, v.s); return;
+      case Kind::kString: json_string(out, v.s, ensure_ascii); return;
       case Kind::kList: {
+        if (!v.fn_name.empty() && v.fn_name != kGroupTuple)
+          fail("tojson: Object of type " + v.fn_name + " is not JSON serializable", line);
         if (v.list->empty()) { out += "[]"; return; }
         out += '[';
         bool first = true;
@@ -238,19 +285,38 @@ struct JsonWriter {
       case Kind::kDict: case Kind::kNamespace: {
         if (v.kind == Kind::kNamespace) fail("tojson: Object of type Namespace is not JSON serializable", line);
         if (v.dict->items.empty()) { out += "{}"; return; }
-        std::vector<const std::pair<std::string, Value>*> items;
-        for (auto& kv : v.dict->items) items.push_back(&kv);
+        // json.dumps turns int/float/bool/None keys into strings and refuses any other key type.
+        std::vector<std::pair<std::string, const Value*>> items;
+        for (auto& [k, e] : v.dict->items) {
+          std::string key;
+          switch (k.kind) {
+            case Kind::kString: key = k.s; break;
+            case Kind::kNone: key = "null"; break;
+            case Kind::kBool: key = k.b ? "true" : "false"; break;
+            case Kind::kInt: key = std::to_string(k.i); break;
+            case Kind::kFloat: {
+              std::string scratch;
+              std::swap(out, scratch);
+              write(k, 0);
+              std::swap(out, scratch);
+              key = scratch;
+              break;
+            }
+            default: fail("tojson: keys must be str, int, float, bool or None, not " + type_name(k), line);
+          }
+          items.emplace_back(std::move(key), &e);
+        }
         if (sort_keys)
-          std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+          std::stable_sort(items.begin(), items.end(), [](auto& a, auto& b) { return a.first < b.first; });
         out += '{';
         bool first = true;
-        for (auto* kv : items) {
+        for (auto& [key, e] : items) {
           if (!first) out += item_sep;
           first = false;
           if (pretty()) newline(level + 1);
-          json_string(out, kv->first);
+          json_string(out, key, ensure_ascii);
           out += key_sep;
-          write(kv->second, level + 1);
+          write(*e, level + 1);
         }
         if (pretty()) newline(level);
         out += '}';
@@ -265,8 +331,8 @@ struct JsonWriter {
 }  // namespace
 
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys, int line) {
-  JsonWriter w{indent, indent_str, item_sep, key_sep, sort_keys, line, {}};
+                    const std::string& key_sep, bool sort_keys, int line, bool ensure_ascii) {
+  JsonWriter w{indent, indent_str, item_sep, key_sep, sort_keys, line, ensure_ascii, {}};
   w.write(v, 0);
   return std::move(w.out);
 }
@@ -275,6 +341,12 @@ std::string repr(const Value& v, int line) {
   switch (v.kind) {
     case Kind::kString: return repr_string(v.s);
     case Kind::kList: {
+      if (!v.fn_name.empty() && v.fn_name != kGroupTuple) {  // a dict view: dict_keys([...])
+        // (_GroupTuple prints as a plain tuple, as jinja2 defines it)
+        Value plain = v;
+        plain.fn_name.clear();
+        return v.fn_name + "(" + repr(plain, line) + ")";
+      }
       std::string out = v.is_tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
@@ -289,7 +361,7 @@ std::string repr(const Value& v, int line) {
       for (auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr(e, line);
+        out += repr(k, line) + ": " + repr(e, line);
       }
       return out + "}";
     }
@@ -299,7 +371,7 @@ std::string repr(const Value& v, int line) {
       for (auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr(e, line);
+        out += repr(k, line) + ": " + repr(e, line);
       }
       return out + "}>";
     }
@@ -335,7 +407,7 @@ bool equals(const Value& a, const Value& b) {
     case Kind::kUndefined: case Kind::kNone: return true;
     case Kind::kString: return a.s == b.s;
     case Kind::kList: {
-      if (a.list->size() != b.list->size()) return false;
+      if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
       return true;

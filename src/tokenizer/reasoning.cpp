@@ -4,6 +4,11 @@
 
 namespace anvil {
 
+bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag, std::string_view close_tag) {
+  const size_t open = prompt.rfind(open_tag);
+  return open != std::string_view::npos && prompt.find(close_tag, open) == std::string_view::npos;
+}
+
 ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_tag, std::string close_tag)
     : open_(std::move(open_tag)), close_(std::move(close_tag)), in_reasoning_(starts_in_reasoning) {}
 

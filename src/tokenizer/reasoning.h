@@ -10,6 +10,13 @@
 
 namespace anvil {
 
+// True when a rendered chat prompt leaves a <think> block open for the model (its last <think> has
+// no </think> after it): DeepSeek-R1-distill and QwQ end the generation prompt with "<think>\n",
+// so the answer starts inside the reasoning. A closed block (Qwen3's enable_thinking=false
+// renders "<think>\n\n</think>\n\n") does not count.
+bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag = "<think>",
+                            std::string_view close_tag = "</think>");
+
 class ReasoningSplitter {
  public:
   struct Out {

@@ -100,7 +100,7 @@ Result<TokenizerConfig> load_tokenizer_config(const std::string& dir) {
 }
 
 Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const ojson& messages, const ojson& tools,
-                                        bool add_generation_prompt, bool enable_thinking,
+                                        bool add_generation_prompt, std::optional<bool> enable_thinking,
                                         const ojson& extra_context) {
   std::string source = cfg.chat_template;
   if (!cfg.named_chat_templates.empty()) {
@@ -156,7 +156,7 @@ Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const ojson&
   if (cfg.has_eos_token) ctx["eos_token"] = cfg.eos_token;
   if (cfg.has_unk_token) ctx["unk_token"] = cfg.unk_token;
   if (cfg.has_pad_token) ctx["pad_token"] = cfg.pad_token;
-  ctx["enable_thinking"] = enable_thinking;
+  if (enable_thinking.has_value()) ctx["enable_thinking"] = *enable_thinking;
   if (extra_context.is_object())
     for (auto it = extra_context.begin(); it != extra_context.end(); ++it) ctx[it.key()] = it.value();
 

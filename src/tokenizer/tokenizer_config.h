@@ -2,6 +2,7 @@
 // template the way transformers' apply_chat_template(tokenize=False) does.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -28,12 +29,15 @@ Result<TokenizerConfig> load_tokenizer_config(const std::string& dir);
 
 // Renders the chat template with the variables transformers passes: messages (keys whose value is
 // null dropped; reasoning_content/thinking/reasoning aliased), tools (null when absent), documents
-// (null), add_generation_prompt, the special tokens, enable_thinking, then `extra_context` (which
-// overrides). A config with several named templates uses "tool_use" when tools are given, else
-// "default". Key order matters (tojson): pass ordered_json.
+// (null), add_generation_prompt, the special tokens, enable_thinking only when set (unset, the
+// template sees it undefined and applies its own default, as apply_chat_template without the
+// kwarg does), then `extra_context`: arbitrary template variables, the chat_template_kwargs of an
+// API request (they override the others). A config with several named templates uses "tool_use"
+// when tools are given, else "default". Key order matters (tojson): pass ordered_json.
+// A template that calls raise_exception(msg) fails with "chat template: raise_exception: msg".
 Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const nlohmann::ordered_json& messages,
                                         const nlohmann::ordered_json& tools, bool add_generation_prompt,
-                                        bool enable_thinking,
+                                        std::optional<bool> enable_thinking,
                                         const nlohmann::ordered_json& extra_context = nlohmann::ordered_json::object());
 
 }  // namespace anvil

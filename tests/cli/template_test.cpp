@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -60,11 +61,66 @@ TEST(CliTemplate, MatchesReferenceByteForByte) {
     std::string args = "template -m " + kDir + "/qwen3 --messages " + write_temp("m.json", c["messages"].dump());
     if (c.contains("tools")) args += " --tools " + write_temp("t.json", c["tools"].dump());
     if (!c["add_generation_prompt"].get<bool>()) args += " --no-generation-prompt";
-    if (!c["enable_thinking"].get<bool>()) args += " --no-thinking";
+    args += c["enable_thinking"].get<bool>() ? " --thinking" : " --no-thinking";
     RunResult r = run(args);
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_EQ(r.out, expected[name]["text"].get<std::string>());
   }
+}
+
+// A model directory whose tokenizer_config.json carries one of the real templates.
+std::string model_dir_with(const std::string& template_name) {
+  ojson src = load(kDir + "/real/sources.json")["templates"][template_name];
+  std::ifstream f(kDir + "/real/" + template_name + ".jinja", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  ojson cfg = {{"chat_template", ss.str()}, {"bos_token", src["bos_token"]}, {"eos_token", src["eos_token"]}};
+  auto dir = std::filesystem::temp_directory_path() / ("anvil_template_test_" + std::to_string(getpid()) + "_" + template_name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json", std::ios::binary) << cfg.dump();
+  return dir.string();
+}
+
+ojson find_real_case(const std::string& name) {
+  for (auto& c : load(kDir + "/conversations_real.json"))
+    if (c["name"] == name) return c;
+  return nullptr;
+}
+
+// No flag: enable_thinking is not passed and the template's default applies (DeepSeek-V3.1:
+// off, Qwen3: on); --thinking / --no-thinking pass true / false. Against transformers' renderings.
+TEST(CliTemplate, ThinkingFlagsAreTriState) {
+  ojson expected = load(kDir + "/expected_real.json");
+  for (const char* tmpl : {"deepseek-v3.1", "qwen3", "glm-4.5"}) {
+    std::string dir = model_dir_with(tmpl);
+    for (auto [flag, case_name] : {std::pair{"", "thinking_default"}, std::pair{" --thinking", "thinking_on"},
+                                   std::pair{" --no-thinking", "thinking_off"}}) {
+      SCOPED_TRACE(std::string(tmpl) + flag);
+      ojson c = find_real_case(case_name);
+      ASSERT_FALSE(c.is_null());
+      RunResult r = run("template -m " + dir + " --messages " + write_temp("m.json", c["messages"].dump()) + flag);
+      EXPECT_EQ(r.exit_code, 0);
+      EXPECT_EQ(r.out, expected[tmpl][case_name]["text"].get<std::string>());
+    }
+  }
+  RunResult both = run("template -m " + model_dir_with("qwen3") + " --messages " +
+                           write_temp("m.json", find_real_case("single_user")["messages"].dump()) +
+                           " --thinking --no-thinking",
+                       true);
+  EXPECT_NE(both.exit_code, 0) << both.out;
+}
+
+// raise_exception in the template: no rendering on stdout, the template's message, a failing exit.
+TEST(CliTemplate, RaiseExceptionIsAnError) {
+  ojson c = find_real_case("roles_not_alternating");
+  std::string m = write_temp("m.json", c["messages"].dump());
+  RunResult out = run("template -m " + model_dir_with("gemma-it") + " --messages " + m);
+  EXPECT_NE(out.exit_code, 0);
+  EXPECT_EQ(out.out, "");
+  RunResult err = run("template -m " + model_dir_with("gemma-it") + " --messages " + m, true);
+  EXPECT_NE(err.out.find("raise_exception: Conversation roles must alternate user/assistant/user/assistant/..."),
+            std::string::npos)
+      << err.out;
 }
 
 TEST(CliTemplate, BadMessagesJsonFails) {

@@ -1,5 +1,9 @@
 // ReasoningSplitter: the reasoning/content split is the same for every chunking of the stream.
+#include <fstream>
+#include <sstream>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tokenizer/reasoning.h"
 
@@ -73,6 +77,26 @@ TEST(ReasoningSplitter, PartialTagIsFlushedAsText) {
   Out b = s.flush();
   EXPECT_EQ(b.content, "<thin");
   EXPECT_FALSE(s.in_reasoning());
+}
+
+// Whether the answer starts inside reasoning, decided on prompts rendered by transformers
+// (tests/data/templates/expected_real.json): R1-distill and QwQ open <think> in the generation
+// prompt; Qwen3 with enable_thinking=false closes an empty block; DeepSeek-V3.1 closes it unless
+// thinking is asked for.
+TEST(PromptOpensReasoning, OnReferenceRenderings) {
+  std::ifstream f(std::string(ANVIL_TEST_DATA) + "/templates/expected_real.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto e = nlohmann::json::parse(ss.str());
+  auto text = [&](const char* t, const char* c) { return e[t][c]["text"].get<std::string>(); };
+  EXPECT_TRUE(prompt_opens_reasoning(text("deepseek-r1-distill-qwen", "single_user")));
+  EXPECT_TRUE(prompt_opens_reasoning(text("qwq-style", "multi_turn")));
+  EXPECT_TRUE(prompt_opens_reasoning(text("deepseek-v3.1", "thinking_on")));
+  EXPECT_FALSE(prompt_opens_reasoning(text("deepseek-v3.1", "thinking_default")));
+  EXPECT_FALSE(prompt_opens_reasoning(text("qwen3", "thinking_off")));
+  EXPECT_FALSE(prompt_opens_reasoning(text("qwen3", "thinking_default")));
+  EXPECT_FALSE(prompt_opens_reasoning(text("qwen3", "reasoning_history")));  // history blocks are closed
+  EXPECT_FALSE(prompt_opens_reasoning(text("llama3.1-json-tools", "single_user")));
 }
 
 }  // namespace

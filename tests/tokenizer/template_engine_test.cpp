@@ -26,13 +26,23 @@ TEST(TemplateEngine, SnippetsMatchJinja2) {
   ojson spec = load(dir + "/snippets.json");
   ojson expected = load(dir + "/expected_snippets.json");
   for (auto& s : spec["snippets"]) {
-    std::string name = s["name"].get<std::string>();
+    const std::string name = s["name"].get<std::string>();
     SCOPED_TRACE(name);
+    ASSERT_TRUE(expected.contains(name)) << "re-run scripts/make_template_fixtures.py";
+    const ojson& want = expected[name];
     auto t = ChatTemplate::compile(s["template"].get<std::string>());
-    ASSERT_TRUE(t.is_ok()) << t.status().message();
-    auto out = t->render(spec["context"]);
-    ASSERT_TRUE(out.is_ok()) << out.status().message();
-    EXPECT_EQ(*out, expected[name]["text"].get<std::string>());
+    Result<std::string> out = t.is_ok() ? t->render(spec["context"]) : Result<std::string>(t.status());
+    if (want.contains("error")) {
+      // jinja2 raised: we must refuse too, with jinja2's message (Python's exception text).
+      EXPECT_FALSE(out.is_ok()) << "expected the error '" << want["error"].get<std::string>() << "', rendered: "
+                                << (out.is_ok() ? *out : "");
+      if (out.is_ok()) continue;
+      EXPECT_NE(out.status().message().find(want["error"].get<std::string>()), std::string::npos)
+          << out.status().message();
+      continue;
+    }
+    EXPECT_TRUE(out.is_ok()) << out.status().message();
+    if (out.is_ok()) EXPECT_EQ(*out, want["text"].get<std::string>());
   }
 }
 
@@ -100,6 +110,34 @@ TEST(TemplateEngine, AttributeOfUndefinedIsAnErrorNotEmptyOutput) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("has no attribute 'content'"), std::string::npos) << st.message();
   EXPECT_FALSE(render_error("{{ 'a' + missing }}").is_ok());
+}
+
+TEST(TemplateEngine, RunawayMacroRecursionIsAnErrorNotACrash) {
+  Status st = render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("maximum recursion depth exceeded"), std::string::npos) << st.message();
+  // Legitimate recursion (a JSON-schema walker) is fine.
+  auto t = ChatTemplate::compile("{% macro d(n) %}{% if n > 0 %}[{{ d(n - 1) }}]{% endif %}{% endmacro %}{{ d(50) }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, std::string(50, '[') + std::string(50, ']'));
+}
+
+TEST(TemplateEngine, IntegerOverflowIsAnErrorNotAWrongNumber) {
+  auto render = [](const std::string& src) {
+    auto t = ChatTemplate::compile(src);
+    return t.is_ok() ? t->render(ojson::object()) : Result<std::string>(t.status());
+  };
+  auto ok = render("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 3 ** 39 }} {{ (-1) ** 1000000000000 }} {{ 0 ** 0 }}");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(*ok, "4611686018427387904 -9223372036854775808 4052555153018976267 1 1");  // Python's values
+  for (const char* src : {"{{ 2 ** 63 }}", "{{ 9223372036854775807 + 1 }}", "{{ 4294967296 * 4294967296 }}",
+                          "{{ -9223372036854775807 - 2 }}"}) {
+    auto bad = render(src);
+    ASSERT_FALSE(bad.is_ok()) << src << " gave " << *bad;
+    EXPECT_NE(bad.status().message().find("integer overflow"), std::string::npos) << bad.status().message();
+  }
 }
 
 TEST(TemplateEngine, StrftimeNowFormatsToday) {
