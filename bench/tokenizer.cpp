@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -74,8 +75,8 @@ std::string mixed_text(size_t target_bytes, bool zipf) {
 }
 
 const anvil::Tokenizer& tokenizer(const std::string& name) {
-  static std::unique_ptr<anvil::Tokenizer> qwen3, tiny;
-  auto& slot = name == "qwen3" ? qwen3 : tiny;
+  static std::map<std::string, std::unique_ptr<anvil::Tokenizer>> cache;
+  auto& slot = cache[name];
   if (!slot) {
     auto r = anvil::Tokenizer::load(std::string(ANVIL_TEST_DATA) + "/tokenizer/" + name + "/tokenizer.json");
     if (!r) {
@@ -103,14 +104,21 @@ void encode_bench(benchmark::State& state, const std::string& name, bool zipf = 
 void BM_EncodeMixed_Qwen3(benchmark::State& s) { encode_bench(s, "qwen3"); }
 void BM_EncodeMixed_TinyCode(benchmark::State& s) { encode_bench(s, "tiny-code"); }
 void BM_EncodeUniformWords_Qwen3(benchmark::State& s) { encode_bench(s, "qwen3", false); }
+// SentencePiece-style BPE in Mistral / Mixtral's layout (no pre-tokenizer: each piece between
+// special tokens is one BPE word, merged with the heap path), a 900-piece vocab with byte fallback.
+void BM_EncodeMixed_SentencePiece(benchmark::State& s) { encode_bench(s, "sp-llama"); }
 
-void BM_Decode_Qwen3(benchmark::State& state) {
-  const anvil::Tokenizer& tok = tokenizer("qwen3");
+void decode_bench(benchmark::State& state, const std::string& name) {
+  const anvil::Tokenizer& tok = tokenizer(name);
   const std::string text = mixed_text(1 << 20, true);
   const auto ids = tok.encode(text);
   for (auto _ : state) benchmark::DoNotOptimize(tok.decode(ids));
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(text.size()));
 }
+
+void BM_Decode_Qwen3(benchmark::State& s) { decode_bench(s, "qwen3"); }
+// The decoder chain Replace, ByteFallback, Fuse, Strip (the streaming implementation).
+void BM_Decode_SentencePiece(benchmark::State& s) { decode_bench(s, "sp-llama"); }
 
 void BM_Load_Qwen3(benchmark::State& state) {
   for (auto _ : state) {
@@ -122,7 +130,9 @@ void BM_Load_Qwen3(benchmark::State& state) {
 BENCHMARK(BM_EncodeMixed_Qwen3)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_EncodeMixed_TinyCode)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_EncodeUniformWords_Qwen3)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_EncodeMixed_SentencePiece)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_Decode_Qwen3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_SentencePiece)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Load_Qwen3)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 }  // namespace

@@ -1,33 +1,13 @@
 #include "tokenizer/added_tokens.h"
 
-#include <utf8proc.h>
-
 #include <algorithm>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/unicode_class.h"
 
 namespace anvil::tok {
 
 namespace {
-
-// Unicode-aware character classes as Rust's char::is_whitespace / char::is_alphanumeric, which
-// tokenizers uses for lstrip/rstrip and single_word.
-bool is_whitespace_cp(uint32_t c) {
-  if (c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-      c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000)
-    return true;
-  return false;
-}
-
-bool is_alnum_cp(uint32_t c) {
-  switch (utf8proc_category(utf8proc_int32_t(c))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NO:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // The code point that ends just before byte offset `end`.
 bool last_cp(std::string_view s, size_t end, uint32_t* cp, size_t* start) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdio>
 #include <queue>
 
 #include "tokenizer/byte_level.h"
@@ -34,14 +35,16 @@ bool parse_merge(const nlohmann::json& m, std::string* a, std::string* b) {
 
 }  // namespace
 
-Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& j, const std::string& path) {
+Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& j, Alphabet alphabet, const std::string& path) {
   if (!j.is_object()) return invalid_argument(path + ": expected an object");
   if (!j.contains("type") || !j["type"].is_string())
     return invalid_argument(join_path(path, "type") + ": missing (expected \"BPE\")");
   if (j["type"] != "BPE")
     return unsupported(join_path(path, "type") + ": model \"" + j["type"].get<std::string>() + "\" is not supported (expected BPE)");
-  if (j.contains("byte_fallback") && j["byte_fallback"].is_boolean() && j["byte_fallback"].get<bool>())
-    return unsupported(join_path(path, "byte_fallback") + ": byte-fallback BPE is not supported (expected false: byte-level BPE)");
+  const bool byte_fallback = j.contains("byte_fallback") && j["byte_fallback"].is_boolean() && j["byte_fallback"].get<bool>();
+  if (byte_fallback && alphabet == Alphabet::kBytes)
+    return unsupported(join_path(path, "byte_fallback") +
+                       ": byte fallback together with a ByteLevel pre-tokenizer is not supported (expected false)");
   if (j.contains("dropout") && j["dropout"].is_number() && j["dropout"].get<double>() > 0)
     return unsupported(join_path(path, "dropout") + ": BPE dropout is not supported (expected null)");
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -54,7 +57,10 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& j, c
 
   auto m = std::make_unique<BpeModel>();
   m->cache_.reset(new CacheSlot[kCacheSlots]());  // zeroed: key_len 0 marks an empty slot
+  m->alphabet_ = alphabet;
+  m->byte_fallback_ = byte_fallback;
   m->ignore_merges_ = j.contains("ignore_merges") && j["ignore_merges"].is_boolean() && j["ignore_merges"].get<bool>();
+  m->fuse_unk_ = j.contains("fuse_unk") && j["fuse_unk"].is_boolean() && j["fuse_unk"].get<bool>();
   const auto& vocab = j["vocab"];
   m->token_to_id_.reserve(vocab.size());
   m->bytes_to_id_.reserve(vocab.size());
@@ -65,11 +71,20 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& j, c
     if (size_t(id) >= m->id_to_token_.size()) m->id_to_token_.resize(size_t(id) + 1);
     m->id_to_token_[id] = it.key();
     m->token_to_id_[it.key()] = id;
-    if (auto bytes = byte_level_to_bytes(it.key())) m->bytes_to_id_[*bytes] = id;
+    if (alphabet == Alphabet::kBytes)
+      if (auto bytes = byte_level_to_bytes(it.key())) m->bytes_to_id_[*bytes] = id;
   }
   for (int b = 0; b < 256; ++b) {
     auto it = m->bytes_to_id_.find(std::string(1, char(b)));
     m->byte_id_[b] = it == m->bytes_to_id_.end() ? -1 : it->second;
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);  // tokenizers' format!("<{b:#04X}>")
+    auto f = m->token_to_id_.find(name);
+    m->fallback_id_[b] = f == m->token_to_id_.end() ? -1 : f->second;
+  }
+  for (int c = 0; c < 128; ++c) {
+    auto it = m->token_to_id_.find(std::string(1, char(c)));
+    m->ascii_id_[c] = it == m->token_to_id_.end() ? -1 : it->second;
   }
   if (j.contains("unk_token") && j["unk_token"].is_string()) {
     auto it = m->token_to_id_.find(j["unk_token"].get<std::string>());
@@ -216,16 +231,58 @@ void BpeModel::cache_put(uint64_t h, std::string_view word, const std::vector<in
   std::copy(ids.begin(), ids.end(), s.ids);
 }
 
+// Builds the initial symbols of a kChars word as tokenizers' BPE::merge_word does. A pending unk
+// is flushed before the next in-vocab scalar but not before byte-fallback tokens (tokenizers'
+// order, kept for exactness; it only matters when some "<0xNN>" tokens are missing).
+void BpeModel::initial_char_symbols(std::string_view word, std::vector<int32_t>& syms) const {
+  int32_t pending_unk = -1;
+  for (size_t i = 0; i < word.size();) {
+    int32_t id = -1;
+    size_t n = 1;
+    const unsigned char c = uint8_t(word[i]);
+    if (c < 0x80) {
+      id = ascii_id_[c];
+    } else {
+      uint32_t cp;
+      n = utf8_decode_one(word, i, &cp);
+      if (n == 0) n = 1;  // invalid UTF-8 cannot reach here (the tokenizer repairs input); one byte at a time
+      auto it = token_to_id_.find(std::string(word.substr(i, n)));
+      if (it != token_to_id_.end()) id = it->second;
+    }
+    if (id >= 0) {
+      if (pending_unk >= 0) syms.push_back(pending_unk);
+      pending_unk = -1;
+      syms.push_back(id);
+    } else {
+      bool fell_back = false;
+      if (byte_fallback_) {
+        fell_back = true;
+        for (size_t k = 0; k < n; ++k) fell_back = fell_back && fallback_id_[uint8_t(word[i + k])] >= 0;
+        if (fell_back)
+          for (size_t k = 0; k < n; ++k) syms.push_back(fallback_id_[uint8_t(word[i + k])]);
+      }
+      if (!fell_back && unk_id_) {
+        if (pending_unk >= 0 && !fuse_unk_) syms.push_back(pending_unk);
+        pending_unk = *unk_id_;
+      }
+      // else: no token, no fallback, no unk: tokenizers drops the scalar too
+    }
+    i += n;
+  }
+  if (pending_unk >= 0) syms.push_back(pending_unk);
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    auto it = bytes_to_id_.find(std::string(word));
-    if (it != bytes_to_id_.end()) {
+    const auto& table = alphabet_ == Alphabet::kBytes ? bytes_to_id_ : token_to_id_;
+    auto it = table.find(std::string(word));
+    if (it != table.end()) {
       out.push_back(it->second);
       return;
     }
   }
-  if (word.size() == 1 && byte_id_[uint8_t(word[0])] >= 0) {
+  if (alphabet_ == Alphabet::kBytes && word.size() == 1 && byte_id_[uint8_t(word[0])] >= 0) {
     out.push_back(byte_id_[uint8_t(word[0])]);
     return;
   }
@@ -234,10 +291,22 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   if (cacheable && cache_get(h, word, out)) return;
   std::vector<int32_t> syms;
   syms.reserve(word.size());
-  for (unsigned char c : word) {
-    if (byte_id_[c] >= 0) syms.push_back(byte_id_[c]);
-    else if (unk_id_) syms.push_back(*unk_id_);
-    // else: no token for this byte and no unk token; tokenizers drops it too
+  if (alphabet_ == Alphabet::kChars) {
+    initial_char_symbols(word, syms);
+  } else {
+    int32_t pending_unk = -1;  // as in initial_char_symbols, with bytes for scalars
+    for (unsigned char c : word) {
+      if (byte_id_[c] >= 0) {
+        if (pending_unk >= 0) syms.push_back(pending_unk);
+        pending_unk = -1;
+        syms.push_back(byte_id_[c]);
+      } else if (unk_id_) {
+        if (pending_unk >= 0 && !fuse_unk_) syms.push_back(pending_unk);
+        pending_unk = *unk_id_;
+      }
+      // else: no token for this byte and no unk token; tokenizers drops it too
+    }
+    if (pending_unk >= 0) syms.push_back(pending_unk);
   }
   merge_symbols(syms);
   out.insert(out.end(), syms.begin(), syms.end());

@@ -1,7 +1,13 @@
-// The BPE model of a byte-level tokenizer.json ("model": {"type": "BPE", ...}).
-// Invariants: vocab keys are stored as raw bytes (the GPT-2 byte->unicode mapping is undone at load),
-// so a pre-token is encoded straight from its UTF-8 bytes; every merge (a, b) is stored by the ids of
-// a and b with its rank (position in "merges") and the id of a+b.
+// The BPE model of a tokenizer.json ("model": {"type": "BPE", ...}), in one of two alphabets:
+//  - kBytes (byte-level BPE: GPT-2, Llama 3, Qwen): vocab keys are also stored as raw bytes (the
+//    GPT-2 byte->unicode mapping is undone at load), so a pre-token is encoded straight from its
+//    bytes, each byte one initial symbol.
+//  - kChars (SentencePiece-style BPE: Llama 2, Mistral, Mixtral): each Unicode scalar of the
+//    pre-token is one initial symbol, looked up as written in the vocab; a scalar that is not in
+//    the vocab becomes its UTF-8 bytes as "<0xNN>" tokens (byte_fallback) or the unk token (fused
+//    with an adjacent unk when fuse_unk), exactly as tokenizers' BPE::merge_word does.
+// Every merge (a, b) is stored by the ids of a and b with its rank (position in "merges") and the
+// id of a+b; merging is the same for both alphabets.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,9 +25,11 @@ namespace anvil::tok {
 
 class BpeModel {
  public:
-  static Result<std::unique_ptr<BpeModel>> from_json(const nlohmann::json& model, const std::string& path = "model");
+  enum class Alphabet { kBytes, kChars };
+  static Result<std::unique_ptr<BpeModel>> from_json(const nlohmann::json& model, Alphabet alphabet,
+                                                     const std::string& path = "model");
 
-  // Appends the ids of one pre-token (raw bytes). Thread-safe.
+  // Appends the ids of one pre-token (valid UTF-8 for kChars). Thread-safe.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
   // Vocab entries as written in tokenizer.json ("Ġhello"), by id; empty for unused ids.
@@ -37,12 +45,18 @@ class BpeModel {
   const MergeEntry* find_merge(int32_t a, int32_t b) const;
   void insert_merge(int32_t a, int32_t b, int32_t rank, int32_t new_id);
   void merge_symbols(std::vector<int32_t>& syms) const;
+  void initial_char_symbols(std::string_view word, std::vector<int32_t>& syms) const;
 
   std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes -> id
   std::unordered_map<std::string, int32_t> token_to_id_;  // as written in tokenizer.json -> id
   std::vector<std::string> id_to_token_;
-  int32_t byte_id_[256];  // id of each single byte, -1 if absent
+  Alphabet alphabet_ = Alphabet::kBytes;
+  int32_t byte_id_[256];           // kBytes: id of each single byte, -1 if absent
+  int32_t ascii_id_[128];          // kChars: id of each ASCII character, -1 if absent
+  int32_t fallback_id_[256];       // kChars with byte_fallback: id of "<0xNN>", -1 if absent
+  bool byte_fallback_ = false;
   std::optional<int32_t> unk_id_;
+  bool fuse_unk_ = false;
   bool ignore_merges_ = false;
   std::vector<MergeEntry> merges_;  // open addressing, power-of-two size, linear probing
   uint64_t merge_mask_ = 0;

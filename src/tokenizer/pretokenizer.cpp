@@ -1,12 +1,21 @@
 #include "tokenizer/pretokenizer.h"
 
+#include <algorithm>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+
+#include "tokenizer/byte_level.h"
+#include "tokenizer/unicode_class.h"
 
 namespace anvil::tok {
 
 // The GPT-2 pattern that ByteLevel(use_regex=true) splits with.
 static const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// The Whitespace pre-tokenizer's pattern, \w+|[^\w\s]+ in Rust's regex crate, where \w is
+// Alphabetic, M, Nd, Pc and Join_Control and \s is White_Space (PCRE2's \w and \s differ).
+static const char* kWhitespacePattern =
+    R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+|[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}\p{White_Space}]+)";
 
 class Regex {
  public:
@@ -104,11 +113,12 @@ void emit_split(std::string_view text, const std::vector<SplitRange>& r, SplitBe
       for (size_t i = acc.size(); i-- > 0;) out.emplace_back(text.substr(acc[i].first, acc[i].second - acc[i].first));
       return;
     }
-    case SplitBehavior::kContiguous: {  // consecutive matches form one piece
+    case SplitBehavior::kContiguous: {  // consecutive pieces of one kind form one piece (two
+      // non-matches are adjacent only when inverted)
       std::vector<std::pair<size_t, size_t>> acc;
       bool prev_match = false;
       for (const auto& x : r) {
-        if (x.is_match && prev_match && !acc.empty()) acc.back().second = x.end;
+        if (x.is_match == prev_match && !acc.empty()) acc.back().second = x.end;
         else acc.push_back({x.begin, x.end});
         prev_match = x.is_match;
       }
@@ -120,6 +130,36 @@ void emit_split(std::string_view text, const std::vector<SplitRange>& r, SplitBe
 
 bool get_bool(const nlohmann::json& j, const char* key, bool dflt) {
   return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : dflt;
+}
+
+// tokenizers' char-predicate pattern: every scalar for which pred holds is its own match.
+template <class Pred>
+void predicate_ranges(std::string_view text, Pred pred, std::vector<SplitRange>& out) {
+  size_t prev = 0;
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp = 0xFFFD;
+    size_t n = utf8_decode_one(text, i, &cp);
+    if (n == 0) n = 1;
+    if (pred(cp)) {
+      if (prev < i) out.push_back({prev, i, false});
+      out.push_back({i, i + n, true});
+      prev = i + n;
+    }
+    i += n;
+  }
+  if (prev < text.size()) out.push_back({prev, text.size(), false});
+}
+
+Result<SplitBehavior> parse_behavior(const nlohmann::json& j, const std::string& path, bool required) {
+  if (!j.contains("behavior") && !required) return SplitBehavior::kIsolated;
+  const std::string b = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
+  if (b == "Isolated") return SplitBehavior::kIsolated;
+  if (b == "Removed") return SplitBehavior::kRemoved;
+  if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::kContiguous;
+  return invalid_argument(path + ".behavior: \"" + b +
+                          "\" is not one of Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous");
 }
 
 }  // namespace
@@ -137,7 +177,8 @@ Status PreTokenizer::parse_into(const nlohmann::json& j, const std::string& path
     return Status::ok();
   }
   if (type == "ByteLevel") {
-    Step s{Step::kByteLevel, nullptr};
+    Step s;
+    s.kind = Step::kByteLevel;
     s.add_prefix_space = get_bool(j, "add_prefix_space", true);
     if (get_bool(j, "use_regex", true)) {
       ANVIL_ASSIGN_OR_RETURN(s.regex, compile_regex(kGpt2Pattern, false, path + " (GPT-2 pattern)"));
@@ -146,7 +187,8 @@ Status PreTokenizer::parse_into(const nlohmann::json& j, const std::string& path
     return Status::ok();
   }
   if (type == "Split") {
-    Step s{Step::kSplit, nullptr};
+    Step s;
+    s.kind = Step::kSplit;
     if (!j.contains("pattern") || !j["pattern"].is_object())
       return invalid_argument(path + ".pattern: expected {\"Regex\": ...} or {\"String\": ...}");
     const auto& p = j["pattern"];
@@ -157,20 +199,69 @@ Status PreTokenizer::parse_into(const nlohmann::json& j, const std::string& path
     } else {
       return invalid_argument(path + ".pattern: expected {\"Regex\": string} or {\"String\": string}");
     }
-    const std::string b = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
-    if (b == "Isolated") s.behavior = SplitBehavior::kIsolated;
-    else if (b == "Removed") s.behavior = SplitBehavior::kRemoved;
-    else if (b == "MergedWithPrevious") s.behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") s.behavior = SplitBehavior::kMergedWithNext;
-    else if (b == "Contiguous") s.behavior = SplitBehavior::kContiguous;
-    else
-      return invalid_argument(path + ".behavior: \"" + b +
-                              "\" is not one of Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous");
+    ANVIL_ASSIGN_OR_RETURN(s.behavior, parse_behavior(j, path, true));
     s.invert = get_bool(j, "invert", false);
     steps.push_back(std::move(s));
     return Status::ok();
   }
-  return unsupported(path + ".type: pre-tokenizer \"" + type + "\" is not supported (expected Split, ByteLevel or Sequence)");
+  if (type == "Metaspace") {
+    Step s;
+    s.kind = Step::kMetaspace;
+    if (!j.contains("replacement") || !j["replacement"].is_string())
+      return invalid_argument(path + ".replacement: expected a one-character string");
+    s.replacement = j["replacement"].get<std::string>();
+    uint32_t cp;
+    if (s.replacement.empty() || utf8_decode_one(s.replacement, 0, &cp) != s.replacement.size())
+      return invalid_argument(path + ".replacement: expected exactly one character, got \"" + s.replacement + "\"");
+    // tokenizers: prepend_scheme defaults to "always"; a legacy add_prefix_space=false means "never".
+    const std::string scheme = j.contains("prepend_scheme") && j["prepend_scheme"].is_string()
+                                   ? j["prepend_scheme"].get<std::string>() : "always";
+    if (scheme == "always") s.prepend = Prepend::kAlways;
+    else if (scheme == "first") s.prepend = Prepend::kFirst;
+    else if (scheme == "never") s.prepend = Prepend::kNever;
+    else return invalid_argument(path + ".prepend_scheme: \"" + scheme + "\" is not one of always, first, never");
+    if (!get_bool(j, "add_prefix_space", true)) {
+      if (s.prepend != Prepend::kNever && j.contains("prepend_scheme"))
+        return invalid_argument(path + ".add_prefix_space: false does not match prepend_scheme \"" + scheme + "\"");
+      s.prepend = Prepend::kNever;
+    }
+    s.metaspace_split = get_bool(j, "split", true);
+    steps.push_back(std::move(s));
+    return Status::ok();
+  }
+  if (type == "Whitespace") {  // the word pattern's non-matches are removed
+    Step s;
+    s.kind = Step::kSplit;
+    ANVIL_ASSIGN_OR_RETURN(s.regex, compile_regex(kWhitespacePattern, false, path + " (Whitespace pattern)"));
+    s.behavior = SplitBehavior::kRemoved;
+    s.invert = true;
+    steps.push_back(std::move(s));
+    return Status::ok();
+  }
+  if (type == "WhitespaceSplit") {
+    Step s;
+    s.kind = Step::kWhitespaceSplit;
+    s.behavior = SplitBehavior::kRemoved;
+    steps.push_back(std::move(s));
+    return Status::ok();
+  }
+  if (type == "Punctuation") {
+    Step s;
+    s.kind = Step::kPunctuation;
+    ANVIL_ASSIGN_OR_RETURN(s.behavior, parse_behavior(j, path, false));
+    steps.push_back(std::move(s));
+    return Status::ok();
+  }
+  if (type == "Digits") {
+    Step s;
+    s.kind = Step::kDigits;
+    s.behavior = get_bool(j, "individual_digits", false) ? SplitBehavior::kIsolated : SplitBehavior::kContiguous;
+    steps.push_back(std::move(s));
+    return Status::ok();
+  }
+  return unsupported(path + ".type: pre-tokenizer \"" + type +
+                     "\" is not supported (expected Split, ByteLevel, Metaspace, Whitespace, WhitespaceSplit, "
+                     "Punctuation, Digits or Sequence)");
 }
 
 Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j, const std::string& path) {
@@ -179,7 +270,67 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j, const std:
   return p;
 }
 
-void PreTokenizer::split(std::string_view text, std::vector<std::string>& out) const {
+bool PreTokenizer::has_byte_level() const {
+  for (const Step& s : steps_)
+    if (s.kind == Step::kByteLevel) return true;
+  return false;
+}
+
+bool PreTokenizer::apply_step(const Step& s, std::string_view piece, bool piece_at_origin, std::vector<SplitRange>& ranges,
+                              std::vector<std::string>& out) {
+  std::string rewritten;
+  if (s.kind == Step::kByteLevel && s.add_prefix_space && piece[0] != ' ') {
+    rewritten = " ";
+    rewritten.append(piece);
+    piece = rewritten;
+  } else if (s.kind == Step::kMetaspace) {
+    // Every ' ' becomes the replacement; then the replacement is prepended per the scheme.
+    const bool starts_with_rep = piece.substr(0, s.replacement.size()) == s.replacement || piece[0] == ' ';
+    if (!starts_with_rep && (s.prepend == Prepend::kAlways || (s.prepend == Prepend::kFirst && piece_at_origin)))
+      rewritten = s.replacement;
+    for (char c : piece) {
+      if (c == ' ') rewritten += s.replacement;
+      else rewritten.push_back(c);
+    }
+    piece = rewritten;
+    if (!s.metaspace_split) {
+      out.emplace_back(piece);
+      return true;
+    }
+  }
+  ranges.clear();
+  switch (s.kind) {
+    case Step::kSplit:
+    case Step::kByteLevel:
+      if (!s.regex) {
+        out.emplace_back(piece);
+        return true;
+      }
+      regex_ranges(*s.regex, piece, ranges);
+      break;
+    case Step::kMetaspace: {
+      uint32_t rep;
+      utf8_decode_one(s.replacement, 0, &rep);
+      predicate_ranges(piece, [rep](uint32_t c) { return c == rep; }, ranges);
+      break;
+    }
+    case Step::kWhitespaceSplit: predicate_ranges(piece, is_whitespace_cp, ranges); break;
+    case Step::kPunctuation: predicate_ranges(piece, is_punctuation_cp, ranges); break;
+    case Step::kDigits: predicate_ranges(piece, is_numeric_cp, ranges); break;
+  }
+  if (s.invert)
+    for (auto& r : ranges) r.is_match = !r.is_match;
+  const SplitBehavior b = s.kind == Step::kByteLevel ? SplitBehavior::kIsolated
+                          : s.kind == Step::kMetaspace ? SplitBehavior::kMergedWithNext
+                                                       : s.behavior;
+  const size_t before = out.size();
+  emit_split(piece, ranges, b, out);
+  if (out.size() == before) return false;
+  // Every behavior but Removed covers the piece from offset 0.
+  return b != SplitBehavior::kRemoved || !ranges[0].is_match;
+}
+
+void PreTokenizer::split(std::string_view text, std::vector<std::string>& out, bool at_origin) const {
   if (text.empty()) return;
   if (steps_.empty()) {
     out.emplace_back(text);
@@ -187,34 +338,26 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string>& out) c
   }
   std::vector<std::string> cur, next;
   std::vector<SplitRange> ranges;
-  bool first = true;
-  for (const Step& s : steps_) {
+  bool first_at_origin = at_origin;  // cur[0] starts at offset 0 of the original input
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    const Step& s = steps_[k];
     next.clear();
-    auto apply = [&](std::string_view piece) {
-      std::string prefixed;
-      if (s.kind == Step::kByteLevel && s.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
-        prefixed = " ";
-        prefixed.append(piece);
-        piece = prefixed;
+    bool next_first_at_origin = false;
+    if (k == 0) {
+      next_first_at_origin = apply_step(s, text, first_at_origin, ranges, next) && first_at_origin;
+    } else {
+      for (size_t i = 0; i < cur.size(); ++i) {
+        const size_t before = next.size();
+        const bool starts0 = apply_step(s, cur[i], i == 0 && first_at_origin, ranges, next);
+        if (before == 0 && next.size() > 0) next_first_at_origin = i == 0 && first_at_origin && starts0;
       }
-      if (!s.regex) {
-        next.emplace_back(piece);
-        return;
-      }
-      ranges.clear();
-      regex_ranges(*s.regex, piece, ranges);
-      if (s.invert)
-        for (auto& r : ranges) r.is_match = !r.is_match;
-      emit_split(piece, ranges, s.kind == Step::kByteLevel ? SplitBehavior::kIsolated : s.behavior, next);
-    };
-    if (first) apply(text);
-    else
-      for (const auto& piece : cur) apply(piece);
-    first = false;
+    }
+    // tokenizers drops empty pieces after every step.
+    next.erase(std::remove_if(next.begin(), next.end(), [](const std::string& p) { return p.empty(); }), next.end());
+    first_at_origin = next_first_at_origin;
     std::swap(cur, next);
   }
-  for (auto& p : cur)
-    if (!p.empty()) out.push_back(std::move(p));
+  for (auto& p : cur) out.push_back(std::move(p));
 }
 
 }  // namespace anvil::tok

@@ -1,23 +1,18 @@
 #include "tokenizer/stream_decoder.h"
 
-#include "tokenizer/byte_level.h"
-
 namespace anvil {
 
 std::string StreamDecoder::push(int32_t id) {
-  if (skip_special_ && tok_.is_special(id)) return {};
-  pending_ += tok_.token_bytes(id);
-  // Lossy decoding is decided left to right, and only a trailing unfinished scalar depends on
-  // bytes not seen yet; everything before it can be emitted now.
-  const size_t done = tok::utf8_complete_prefix(pending_);
-  std::string out = tok::utf8_lossy(std::string_view(pending_).substr(0, done));
-  pending_.erase(0, done);
+  std::string out;
+  const std::string* t = tok_.token_text(id);
+  if (!t || (skip_special_ && tok_.is_special(id))) return out;  // as decode() skips them
+  stream_.push(*t, out);
   return out;
 }
 
 std::string StreamDecoder::flush() {
-  std::string out = tok::utf8_lossy(pending_);
-  pending_.clear();
+  std::string out;
+  stream_.finish(out);
   return out;
 }
 

@@ -17,15 +17,6 @@ std::string decoded_bytes(const std::string& token) {
   return token;
 }
 
-Status check_decoder(const nlohmann::json& d) {
-  if (d.is_null()) return unsupported("decoder: missing (expected {\"type\": \"ByteLevel\"})");
-  if (!d.is_object() || !d.contains("type") || !d["type"].is_string())
-    return invalid_argument("decoder: expected an object with a string \"type\"");
-  const std::string t = d["type"].get<std::string>();
-  if (t != "ByteLevel") return unsupported("decoder.type: decoder \"" + t + "\" is not supported (expected ByteLevel)");
-  return Status::ok();
-}
-
 Result<std::vector<tok::AddedToken>> parse_added(const nlohmann::json& j) {
   std::vector<tok::AddedToken> out;
   if (j.is_null()) return out;
@@ -80,9 +71,16 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
     if (!p) return fail(p.status());
     t->pretokenizer_ = std::move(p).value();
   }
-  if (Status s = check_decoder(j.value("decoder", nlohmann::json())); !s) return fail(s);
   {
-    auto m = tok::BpeModel::from_json(j["model"]);
+    auto d = tok::Decoder::from_json(j.value("decoder", nlohmann::json()));
+    if (!d) return fail(d.status());
+    t->decoder_ = std::move(d).value();
+  }
+  {
+    // tokenizers applies the byte-to-unicode mapping in the ByteLevel pre-tokenizer; without one,
+    // the model sees Unicode text.
+    const auto alphabet = t->pretokenizer_.has_byte_level() ? tok::BpeModel::Alphabet::kBytes : tok::BpeModel::Alphabet::kChars;
+    auto m = tok::BpeModel::from_json(j["model"], alphabet);
     if (!m) return fail(m.status());
     t->model_ = std::move(m).value();
   }
@@ -97,14 +95,20 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
   int32_t max_id = int32_t(vocab.size()) - 1;
   for (const auto& a : t->added_) max_id = std::max(max_id, a.id);
   t->vocab_size_ = max_id + 1;
-  t->token_bytes_.assign(size_t(t->vocab_size_), std::string());
+  t->token_text_.assign(size_t(t->vocab_size_), std::string());
+  t->known_.assign(size_t(t->vocab_size_), 0);
   t->special_.assign(size_t(t->vocab_size_), 0);
-  for (size_t id = 0; id < vocab.size(); ++id)
-    if (!vocab[id].empty()) t->token_bytes_[id] = decoded_bytes(vocab[id]);
+  const std::optional<int32_t> empty_token_id = t->model_->token_to_id("");  // a vocab may map "" too
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    t->token_text_[id] = vocab[id];
+    t->known_[id] = !vocab[id].empty() || empty_token_id == int32_t(id);
+  }
   std::vector<std::string> raw_pat, norm_pat;
   std::vector<tok::AddedToken> raw_tok, norm_tok;
   for (const auto& a : t->added_) {
-    t->token_bytes_[a.id] = decoded_bytes(a.content);
+    // tokenizers (0.23) decodes a normalized added token as its normalized form.
+    t->token_text_[a.id] = a.normalized ? t->normalizer_.apply(a.content) : a.content;
+    t->known_[a.id] = 1;
     t->special_[a.id] = a.special;
     t->added_by_content_[a.content] = a.id;
     if (a.content.empty()) continue;
@@ -116,13 +120,19 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
       raw_tok.push_back(a);
     }
   }
+  if (t->decoder_.is_byte_level_only()) {
+    t->token_bytes_.resize(t->token_text_.size());
+    for (size_t id = 0; id < t->token_text_.size(); ++id) t->token_bytes_[id] = decoded_bytes(t->token_text_[id]);
+  }
   t->raw_matcher_ = tok::AddedTokenMatcher(std::move(raw_pat), std::move(raw_tok));
   t->normalized_matcher_ = tok::AddedTokenMatcher(std::move(norm_pat), std::move(norm_tok));
   return t;
 }
 
-void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
-  const std::string norm = normalizer_.apply(text);
+void Tokenizer::encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& out) const {
+  bool keeps_start = true;
+  const std::string norm = normalizer_.apply(text, &keeps_start);
+  at_origin = at_origin && keeps_start;
   std::vector<tok::TextSplit> splits;
   if (normalized_matcher_.empty()) splits.push_back({-1, 0, norm.size()});
   else normalized_matcher_.split(norm, splits);
@@ -133,7 +143,7 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) c
       continue;
     }
     words.clear();
-    pretokenizer_.split(std::string_view(norm).substr(s.begin, s.end - s.begin), words);
+    pretokenizer_.split(std::string_view(norm).substr(s.begin, s.end - s.begin), words, at_origin && s.begin == 0);
     for (const auto& w : words) model_->encode_word(w, out);
   }
 }
@@ -147,30 +157,40 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
   if (raw_matcher_.empty()) {
-    encode_plain(text, out);
+    encode_plain(text, true, out);
     return out;
   }
   std::vector<tok::TextSplit> splits;
   raw_matcher_.split(text, splits);
   for (const auto& s : splits) {
     if (s.id >= 0) out.push_back(s.id);
-    else encode_plain(text.substr(s.begin, s.end - s.begin), out);
+    else encode_plain(text.substr(s.begin, s.end - s.begin), s.begin == 0, out);
   }
   return out;
 }
 
-const std::string& Tokenizer::token_bytes(int32_t id) const {
-  static const std::string kEmpty;
-  return id >= 0 && id < vocab_size_ ? token_bytes_[size_t(id)] : kEmpty;
+const std::string* Tokenizer::token_text(int32_t id) const {
+  return id >= 0 && id < vocab_size_ && known_[size_t(id)] ? &token_text_[size_t(id)] : nullptr;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
-  std::string bytes;
-  for (int32_t id : ids) {
-    if (skip_special && is_special(id)) continue;
-    bytes += token_bytes(id);
+  if (!token_bytes_.empty()) {  // ByteLevel decoder: lossy UTF-8 of the tokens' bytes
+    std::string bytes;
+    for (int32_t id : ids) {
+      if (!token_text(id) || (skip_special && is_special(id))) continue;
+      bytes += token_bytes_[size_t(id)];
+    }
+    return tok::utf8_lossy(bytes);
   }
-  return tok::utf8_lossy(bytes);
+  tok::DecodeStream stream(decoder_);
+  std::string out;
+  for (int32_t id : ids) {
+    const std::string* t = token_text(id);
+    if (!t || (skip_special && is_special(id))) continue;
+    stream.push(*t, out);
+  }
+  stream.finish(out);
+  return out;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
@@ -180,11 +200,8 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size_) return {};
-  for (const auto& a : added_)
-    if (a.id == id) return a.content;
-  const auto& v = model_->id_to_token();
-  return size_t(id) < v.size() ? v[size_t(id)] : std::string();
+  const std::string* t = token_text(id);
+  return t ? *t : std::string();
 }
 
 bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < vocab_size_ && special_[size_t(id)]; }

@@ -1,10 +1,13 @@
-// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (Qwen2/Qwen3, Llama 3 and
-// GPT-2 styles). encode() matches tokenizers' Tokenizer.encode(text, add_special_tokens=False).ids
-// exactly; decode() matches tokenizers' decode (ByteLevel decoder, lossy UTF-8).
+// A BPE tokenizer loaded from a Hugging Face tokenizer.json: byte-level BPE (Qwen2/Qwen3, Llama 3,
+// GPT-2, DeepSeek) and SentencePiece-style BPE (Llama 2, Mistral, Mixtral: Metaspace or
+// Prepend+Replace, byte fallback). encode() matches tokenizers' Tokenizer.encode(text,
+// add_special_tokens=False).ids exactly; decode() matches tokenizers' decode.
 //
-// Pipeline: added tokens (raw text) -> normalizer -> added tokens (normalized) -> pre-tokenizer
-// -> BPE per pre-token (cached). Anything in tokenizer.json that this pipeline cannot reproduce
-// exactly is rejected at load with an error naming the field.
+// Pipeline: added tokens (raw text) -> normalizer (per piece) -> added tokens (normalized) ->
+// pre-tokenizer -> BPE per pre-token (cached); decoding: ids -> token strings -> decoder
+// (decoder.h). The BPE alphabet is bytes when the pre-tokenizer has a ByteLevel step, else
+// Unicode scalars (bpe.h). Anything in tokenizer.json that this pipeline cannot reproduce exactly
+// is rejected at load with an error naming the field.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "base/status.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/decoder.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pretokenizer.h"
 
@@ -40,21 +44,27 @@ class Tokenizer {
   std::string id_to_token(int32_t id) const;  // "" for an unknown id
   bool is_special(int32_t id) const;
 
-  // The bytes an id contributes to decoded text (empty for unknown ids); used by StreamDecoder.
-  const std::string& token_bytes(int32_t id) const;
+  // The token string of an id as tokenizers' decode sees it (added token content, else the vocab
+  // entry); nullptr for an id that is not in the vocabulary.
+  const std::string* token_text(int32_t id) const;
+  const tok::Decoder& decoder() const { return decoder_; }
   const std::vector<tok::AddedToken>& added_tokens() const { return added_; }
 
  private:
   Tokenizer() = default;
-  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;  // no raw-text added tokens
+  // `text` has no raw-text added tokens; `at_origin`: it starts at offset 0 of encode()'s input.
+  void encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& out) const;
 
   tok::Normalizer normalizer_;
   tok::PreTokenizer pretokenizer_;
+  tok::Decoder decoder_;
   std::unique_ptr<tok::BpeModel> model_;
   std::vector<tok::AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_by_content_;
   tok::AddedTokenMatcher raw_matcher_, normalized_matcher_;
-  std::vector<std::string> token_bytes_;  // by id
+  std::vector<std::string> token_text_;   // by id: what decode() sees
+  std::vector<uint8_t> known_;            // by id: 1 when the id is in the vocabulary
+  std::vector<std::string> token_bytes_;  // by id, only with a ByteLevel-only decoder: its bytes
   std::vector<uint8_t> special_;          // by id
   int vocab_size_ = 0;
 };

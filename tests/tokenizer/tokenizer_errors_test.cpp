@@ -92,6 +92,53 @@ TEST(TokenizerLoad, ModelTypeNotBpe) {
   EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "model.type");
 }
 
+TEST(TokenizerLoad, UnigramModelRefusedByName) {
+  json j = minimal();
+  j["model"] = json::parse(R"({"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]], "byte_fallback": false})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "model \"Unigram\" is not supported");
+}
+
+TEST(TokenizerLoad, UnknownDecoderInsideSequence) {
+  json j = minimal();
+  j["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "CTC"}]})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "decoder.decoders[1].type: decoder \"CTC\"");
+}
+
+TEST(TokenizerLoad, BadMetaspaceReplacement) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Metaspace", "replacement": "ab", "prepend_scheme": "always", "split": true})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.replacement");
+  j["pre_tokenizer"] = json::parse(R"({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "sometimes"})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.prepend_scheme");
+}
+
+TEST(TokenizerLoad, BadReplaceNormalizerRegex) {
+  json j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"Regex": "(x"}, "content": ""}]})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "normalizer.normalizers[0].pattern.Regex");
+}
+
+TEST(TokenizerLoad, StripNormalizerNeedsItsFlags) {
+  json j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "Strip", "strip_left": true})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "normalizer.strip_right");
+}
+
+TEST(TokenizerLoad, StripDecoderContentIsOneCharacter) {
+  json j = minimal();
+  j["decoder"] = json::parse(R"({"type": "Strip", "content": "  ", "start": 1, "stop": 0})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "decoder.content");
+  j["decoder"] = json::parse(R"({"type": "Strip", "content": " ", "start": -1, "stop": 0})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "decoder.start");
+}
+
+TEST(TokenizerLoad, UnknownPunctuationBehavior) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Punctuation", "behavior": "Sideways"})");
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "pre_tokenizer.behavior");
+}
+
+// byte_fallback is SentencePiece-style BPE's: refused together with a ByteLevel pre-tokenizer.
 TEST(TokenizerLoad, ByteFallbackRejected) {
   json j = minimal();
   j["model"]["byte_fallback"] = true;
@@ -130,13 +177,13 @@ TEST(TokenizerLoad, MalformedMergeEntry) {
 
 TEST(TokenizerLoad, UnknownNormalizer) {
   json j = minimal();
-  j["normalizer"] = json{{"type", "Lowercase"}};
-  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.type: normalizer \"Lowercase\"");
+  j["normalizer"] = json{{"type", "BertNormalizer"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.type: normalizer \"BertNormalizer\"");
 }
 
 TEST(TokenizerLoad, UnknownNormalizerInsideSequence) {
   json j = minimal();
-  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKD"}]})");
+  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Precompiled", "precompiled_charsmap": ""}]})");
   EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "normalizer.normalizers[1].type");
 }
 
@@ -150,8 +197,8 @@ TEST(TokenizerLoad, NullNormalizerAndSequenceOfNfcAreAccepted) {
 
 TEST(TokenizerLoad, UnknownPreTokenizer) {
   json j = minimal();
-  j["pre_tokenizer"] = json{{"type", "Whitespace"}};
-  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "pre_tokenizer.type: pre-tokenizer \"Whitespace\"");
+  j["pre_tokenizer"] = json{{"type", "BertPreTokenizer"}};
+  EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kUnsupported, "pre_tokenizer.type: pre-tokenizer \"BertPreTokenizer\"");
 }
 
 TEST(TokenizerLoad, UnknownSplitBehavior) {
