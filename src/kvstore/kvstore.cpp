@@ -327,8 +327,10 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
     if (!data.is_ok()) {
       ++counters_.restore_corrupt;
       std::lock_guard<std::mutex> lk(pin_mu_);
-      bad_.push_back({key, seg, data.status().code() == StatusCode::kNotFound ? -1 : off});
-      bad_keys_.insert(key);
+      const bool lost = data.status().code() == StatusCode::kNotFound;
+      bad_.push_back({key, seg, lost ? -1 : off});
+      if (lost) lost_segs_.insert(seg);
+      else bad_locs_.insert({seg, off});
       break;
     }
     if (page < 0) break;  // pool full: the rest is recomputed

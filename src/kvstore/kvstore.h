@@ -239,7 +239,8 @@ class KVStore : public PageStore {
     int64_t seg, off;
   };
   std::vector<BadRow> bad_;
-  std::set<Hash128> bad_keys_;
+  std::set<std::pair<int64_t, int64_t>> bad_locs_;  // (segment, offset) of bad_ rows
+  std::set<int64_t> lost_segs_;                      // segments whose file is gone
 
   std::unique_ptr<Writer> writer_;
   std::thread writer_thread_;

@@ -30,7 +30,7 @@ class KVStore::Writer {
   Status init() {
     ANVIL_RETURN_IF_ERROR(db_.open(s_.opts_.dir + "/catalog.db", s_.opts_.busy_timeout_ms));
     ANVIL_RETURN_IF_ERROR(db_.exec("PRAGMA synchronous=NORMAL"));
-    ANVIL_RETURN_IF_ERROR(has_page_.prepare(db_, "SELECT 1 FROM pages WHERE key = ?"));
+    ANVIL_RETURN_IF_ERROR(has_page_.prepare(db_, "SELECT segment, offset FROM pages WHERE key = ?"));
     ANVIL_RETURN_IF_ERROR(ins_page_.prepare(db_,
         "INSERT OR IGNORE INTO pages(key, parent, fingerprint, first_pos, tokens, segment, offset, length, checksum, "
         "last_used) VALUES(?,?,?,?,?,?,?,?,?,?)"));
@@ -134,16 +134,18 @@ class KVStore::Writer {
     return std::make_pair(off, sum);
   }
 
+  // True when the catalog (or this batch) has a sound copy of the page: a row whose record failed
+  // a read, or lies in a lost segment, is deleted at the next commit and does not count.
   bool known(const Hash128& key) {
     if (pending_keys_.count(key)) return true;
-    {
-      std::lock_guard<std::mutex> lk(s_.pin_mu_);
-      if (s_.bad_keys_.count(key)) return false;  // its row is deleted at the next commit
-    }
     has_page_.bind(1, key);
     auto r = has_page_.step();
+    bool found = r.is_ok() && *r;
+    const int64_t seg = found ? has_page_.col_int(0) : 0, off = found ? has_page_.col_int(1) : 0;
     has_page_.reset();
-    return r.is_ok() && *r;
+    if (!found) return false;
+    std::lock_guard<std::mutex> lk(s_.pin_mu_);
+    return !s_.lost_segs_.count(seg) && !s_.bad_locs_.count({seg, off});
   }
 
   void write_page(const Desc& d, const int32_t* tokens) {
@@ -287,7 +289,8 @@ class KVStore::Writer {
       {
         std::lock_guard<std::mutex> lk(s_.pin_mu_);
         bad.swap(s_.bad_);
-        s_.bad_keys_.clear();
+        s_.bad_locs_.clear();
+        s_.lost_segs_.clear();
       }
       ANVIL_RETURN_IF_ERROR(drop_bad_rows(bad));
     }
