@@ -1,5 +1,5 @@
 // Mat-vec (decode) throughput of the CPU backend's linear: 4-bit group-64 MLX weights with bf16
-// scales/biases (the q4g64 layout of BENCH.md) at Qwen3 shapes [rows, cols], plus a bf16 dense
+// scales/biases (the q4g64 layout of docs/bench-protocol.md) at Qwen3 shapes [rows, cols], plus a bf16 dense
 // lm_head and a 4-bit prefill matmul. bytes/s counts the weight bytes one call must read
 // (WeightMatrix::bytes()); the measured read bandwidth of this machine is printed first so
 // GB/s can be read as a fraction of the ceiling.

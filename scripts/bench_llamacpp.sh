@@ -7,7 +7,7 @@
 #    model `anvil bench --synthetic qwen3-0.6b:...` builds), converts it to GGUF with llama.cpp's
 #    convert_hf_to_gguf.py and quantizes it to Q4_0 twice: --pure (every tensor Q4_0: 4.5 bits per
 #    weight, the size of anvil's q4g64) and llama.cpp's default Q4_0 mix (Q6_K output/embedding).
-# 3. Runs, back to back: anvil bench (BENCH.md protocol; decode follows a 512-token prompt), anvil
+# 3. Runs, back to back: anvil bench (docs/bench-protocol.md; decode follows a 512-token prompt), anvil
 #    bench with a 1-token prompt (decode from an empty context), and llama-bench with pp512, tg128
 #    at depth 0 and at depth 512.
 #

@@ -5,7 +5,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config git python3
       nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libxxhash-dev
-      libcpp-httplib-dev libzstd-dev libsqlite3-dev
+      libcpp-httplib-dev libzstd-dev zstd libsqlite3-dev
       libgtest-dev libgmock-dev libbenchmark-dev tmux)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -3,8 +3,29 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <string>
 
 #include "cli/command.h"
+
+namespace {
+
+// Levenshtein distance, for "did you mean" on a mistyped subcommand.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"anvil: a native LLM inference engine for Qwen3-family (MLX and Hugging Face safetensors) models"};
@@ -12,11 +33,28 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto& reg = anvil::cli::command_registry();
   std::sort(reg.begin(), reg.end(), [](auto& a, auto& b) { return a.order < b.order; });
-  std::function<int()> chosen;
   std::vector<std::pair<CLI::App*, std::function<int()>>> subs;
   for (auto& c : reg) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);
     subs.emplace_back(sub, c.setup(*sub));
+  }
+  // The first word names the command: an unknown one is named, with the closest command.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    std::string best, names;
+    size_t best_d = SIZE_MAX;
+    for (auto& c : reg) {
+      names += (names.empty() ? "" : ", ") + c.name;
+      size_t d = edit_distance(word, c.name);
+      if (d < best_d) best_d = d, best = c.name;
+      if (d == 0) best_d = 0;
+    }
+    if (best_d != 0) {
+      std::string hint = best_d <= std::max<size_t>(2, best.size() / 3) ? "; did you mean '" + best + "'?" : "";
+      std::fprintf(stderr, "anvil: error: unknown command '%s'%s (commands: %s; see anvil --help)\n", word.c_str(),
+                   hint.c_str(), names.c_str());
+      return 1;
+    }
   }
   try {
     app.parse(argc, argv);

@@ -36,9 +36,19 @@ uint16_t f32_to_f16(float f);
 // Reads element i of a float-like array (F32, F16, BF16) as float.
 inline float load_float(const void* p, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    // memcpy loads: p may point into a mapped checkpoint at any byte offset (reading through a
+    // misaligned float* or uint16_t* is undefined behaviour); the compiler emits a plain load.
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, static_cast<const uint8_t*>(p) + i * 4, 4);
+      return v;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const uint8_t*>(p) + i * 2, 2);
+      return t == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
     default: return 0.0f;
   }
 }

@@ -64,35 +64,48 @@ Result<std::string> read_file(const std::string& path) {
 }
 
 Status write_file_atomic(const std::string& path, const void* data, size_t size) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error(tmp + ": cannot create: " + std::strerror(errno));
+  // A unique temporary beside the target (mkostemp): two writers of one path, in one process or
+  // several, never share a temporary; the rename then makes one of them win whole.
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) return io_error(path + ": cannot create a temporary file beside it: " + std::strerror(errno));
+  auto fail = [&](const std::string& what, int e) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return io_error(path + ": " + what + ": " + std::strerror(e));
+  };
+  if (::fchmod(fd, 0644) != 0) return fail("chmod failed", errno);
   const char* p = static_cast<const char*>(data);
   size_t left = size;
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return io_error(path + ": write failed: " + std::strerror(e));
+      return fail("write failed", errno);
     }
     p += n;
     left -= size_t(n);
   }
-  if (::fsync(fd) != 0) {
+  if (::fsync(fd) != 0) return fail("fsync failed", errno);
+  if (::close(fd) != 0) {
     int e = errno;
-    ::close(fd);
     ::unlink(tmp.c_str());
-    return io_error(path + ": fsync failed: " + std::strerror(e));
+    return io_error(path + ": close failed: " + std::strerror(e));
   }
-  ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
     return io_error(path + ": rename failed: " + std::strerror(e));
   }
+  // The rename lives in the directory: sync it too, or a crash can lose the new name.
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return io_error(dir + ": cannot open the directory to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(dfd);
+  const int e = errno;
+  ::close(dfd);
+  if (rc != 0) return io_error(dir + ": fsync of the directory failed: " + std::strerror(e));
   return Status::ok();
 }
 

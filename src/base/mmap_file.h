@@ -29,7 +29,8 @@ class MappedFile {
 
 // Reads a whole (small) file into a string: config.json, tokenizer.json.
 Result<std::string> read_file(const std::string& path);
-// Writes atomically: to path.tmp, fsync, rename. A failure leaves the old file intact.
+// Writes atomically: to a unique temporary beside path, fsync, rename, fsync the directory.
+// A failure leaves the old file intact (and no temporary behind).
 Status write_file_atomic(const std::string& path, const void* data, size_t size);
 
 }  // namespace anvil

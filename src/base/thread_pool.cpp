@@ -29,7 +29,9 @@ int spin_from_env() {
 
 ThreadPool::ThreadPool(int n_threads, int spin_us)
     : n_threads_(std::max(1, n_threads)), spin_us_(spin_us >= 0 ? spin_us : spin_from_env()) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker(); });
+  worker_switches_ = std::make_unique<std::atomic<long>[]>(size_t(n_threads_));
+  for (int i = 0; i < n_threads_; ++i) worker_switches_[size_t(i)].store(0, std::memory_order_relaxed);
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -58,11 +60,22 @@ bool ThreadPool::spin(Pred done) const {
   }
 }
 
-void ThreadPool::check_contention() {
+namespace {
+long thread_involuntary_switches() {
   rusage ru{};
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return;
+  return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : 0;
+}
+}  // namespace
+
+long ThreadPool::involuntary_switches() const {
+  long sum = thread_involuntary_switches();  // the caller's, now (slot 0 is unused)
+  for (int i = 1; i < n_threads_; ++i) sum += worker_switches_[size_t(i)].load(std::memory_order_relaxed);
+  return sum;
+}
+
+void ThreadPool::check_contention() {
   const auto now = std::chrono::steady_clock::now();
-  const long switches = ru.ru_nivcsw;
+  const long switches = involuntary_switches();
   if (last_switches_ >= 0) {
     const double dt = std::chrono::duration<double>(now - last_check_).count();
     spin_enabled_.store(!contended(switches - last_switches_, dt), std::memory_order_relaxed);
@@ -80,8 +93,9 @@ void ThreadPool::run_chunks() {
   }
 }
 
-void ThreadPool::worker() {
+void ThreadPool::worker(int index) {
   uint64_t seen = 0;
+  unsigned jobs = 0;
   for (;;) {
     auto started = [&] {
       return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
@@ -93,6 +107,8 @@ void ThreadPool::worker() {
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
     run_chunks();
+    if (spin_us_ > 0 && (++jobs & 63) == 0)
+      worker_switches_[size_t(index)].store(thread_involuntary_switches(), std::memory_order_relaxed);
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lk(mu_);  // pairs with the caller's predicate check in cv_done_.wait
       cv_done_.notify_one();

@@ -9,9 +9,12 @@
 //    then start without a futex wake-up; a pool left idle (between requests) costs no CPU.
 //    Spinning only pays while the pool has the cores to itself: with another busy process on the
 //    machine a spinning thread takes CPU time from the thread doing the work (measured: +26% decode
-//    idle, -30% next to one busy process). Every 256 jobs the caller reads the process's
-//    involuntary context switches (getrusage); above kContendedSwitchesPerSec the pool stops
-//    spinning until the rate falls again (idle: ~30/s; next to a busy process: >1000/s).
+//    idle, -30% next to one busy process). Every 256 jobs the caller sums the involuntary context
+//    switches of the pool's own threads (each reads its getrusage(RUSAGE_THREAD) every 64 jobs);
+//    above kContendedSwitchesPerSec the pool stops spinning until the rate falls again (idle:
+//    ~30/s; next to a busy process: >1000/s). Only the pool's threads count: other threads of the
+//    process (a server's HTTP or writer threads) being preempted says nothing about whether the
+//    pool's spinning steals CPU from its own work.
 //  - Dynamic chunks: chunks are claimed from an atomic counter, up to 4 per thread, so a thread
 //    that was preempted or started late (a shared machine) does not leave the others idle at the
 //    end of every job. Each output element is still computed by exactly one chunk, so results do
@@ -22,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -46,6 +50,9 @@ class ThreadPool {
     return involuntary_switches > 8 && double(involuntary_switches) > kContendedSwitchesPerSec * seconds;
   }
   static constexpr double kContendedSwitchesPerSec = 200.0;
+  // Involuntary context switches of the pool's threads (the calling thread's now, the workers' as
+  // of their last report), the count the contention rule reads. Call from the parallel_for caller.
+  long involuntary_switches() const;
   // fn(begin, end) over chunks of [0, n); chunks are at least `grain` long.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
@@ -54,7 +61,7 @@ class ThreadPool {
   static constexpr int kDefaultSpinUs = 100;
 
  private:
-  void worker();
+  void worker(int index);
   void run_chunks();
   void check_contention();
   // Polls done() for up to spin_us_; true if it became true.
@@ -64,6 +71,7 @@ class ThreadPool {
   int n_threads_;
   int spin_us_;
   std::vector<std::thread> workers_;
+  std::unique_ptr<std::atomic<long>[]> worker_switches_;  // per worker, its RUSAGE_THREAD ru_nivcsw
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
   // The current job; written by the caller before generation_ is bumped (release), read by the

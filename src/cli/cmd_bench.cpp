@@ -1,8 +1,6 @@
-// anvil bench: the standard decode/prefill benchmark (shared/BENCH.md protocol).
+// anvil bench: the standard decode/prefill benchmark (the protocol is docs/bench-protocol.md).
 //   prompt: N synthetic ids (seed 0, uniform over the vocabulary), no template; generate M tokens
 //   greedy with EOS suppressed; one warm-up run, then the best of R timed runs in one process.
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -23,9 +21,14 @@ struct BenchArgs {
 };
 
 int run_bench(BenchArgs& a) {
-  if (a.prompt < 1 || a.n < 2 || a.runs < 1) return fail("--prompt >= 1, -n >= 2 and --runs >= 1 are required");
+  if (a.prompt < 1) return fail("--prompt-tokens must be >= 1, got " + std::to_string(a.prompt));
+  if (a.n < 2) return fail("-n/--max-tokens must be >= 2, got " + std::to_string(a.n));
+  if (a.runs < 1) return fail("--runs must be >= 1, got " + std::to_string(a.runs));
   a.model.no_prefix_cache = true;  // every run must prefill for real
-  if (a.model.ctx < a.prompt + a.n) a.model.ctx = a.prompt + a.n;
+  if (!a.model.ctx_given || a.model.ctx < a.prompt + a.n) {
+    a.model.ctx = std::max(a.prompt + a.n, a.model.ctx_given ? a.model.ctx : 0);
+    a.model.ctx_given = true;
+  }
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
@@ -66,12 +69,11 @@ int run_bench(BenchArgs& a) {
   const double weight_bytes = double(s.model->weights.bytes_per_token());
   const double bytes_per_token = weight_bytes + kv_per_pos * avg_ctx;
   const double gbs = bytes_per_token * best_decode / 1e9;
+  // Peak memory of the model and its runs, read before the bandwidth probe allocates its 1 GiB buffer.
+  const double peak_mib = peak_rss_mib();
   ThreadPool pool(a.model.threads > 0 ? a.model.threads : ThreadPool::default_threads());
   const double ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
   const int ops_per_token = 1 + c.num_hidden_layers * 12 + 4;
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  const double peak_mib = ru.ru_maxrss / 1024.0;
   if (a.json) {
     nlohmann::ordered_json j;
     j["model"] = s.model->source;
@@ -90,8 +92,8 @@ int run_bench(BenchArgs& a) {
     j["peak_rss_mib"] = peak_mib;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("model              %s (%s, %d threads)\n", s.model->source.c_str(), s.backend->name().c_str(),
-                pool.size());
+    std::printf("model              %s\n", s.model->source.c_str());
+    std::printf("device             %s\n", s.backend->name().c_str());
     std::printf("prefill            %.1f tok/s (pp%d)\n", best_prefill, a.prompt);
     std::printf("decode             %.2f tok/s (tg%d, best of %d)\n", best_decode, a.n, a.runs);
     std::printf("bytes per token    %.1f MB (weights %.1f MB + KV %.1f MB)\n", bytes_per_token / 1e6,
@@ -104,12 +106,14 @@ int run_bench(BenchArgs& a) {
   return 0;
 }
 
-Command reg("bench", "Benchmark prefill and decode speed (shared/BENCH.md protocol)", 50,
+Command reg("bench", "Benchmark prefill and decode speed (protocol: docs/bench-protocol.md)", 50,
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<BenchArgs>();
               add_model_options(app, a->model);
-              app.add_option("--prompt", a->prompt, "Prompt length in tokens")->capture_default_str();
-              app.add_option("-n", a->n, "Tokens to generate")->capture_default_str();
+              app.add_option("--prompt-tokens", a->prompt, "Prompt length in tokens (random ids), >= 1")
+                  ->capture_default_str();
+              app.add_option("--prompt", a->prompt)->group("");  // the old spelling, hidden
+              app.add_option("-n,--max-tokens", a->n, "Tokens to generate, >= 2")->capture_default_str();
               app.add_option("--runs", a->runs, "Timed runs (the best is reported) after one warm-up")
                   ->capture_default_str();
               app.add_flag("--json", a->json, "Print JSON");

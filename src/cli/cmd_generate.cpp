@@ -1,9 +1,11 @@
-// anvil generate: one prompt in, tokens streamed out.
+// anvil generate: one prompt in, tokens streamed out. A text prompt goes through the model's chat
+// template when it has one (--raw sends it as is); --ids sends token ids as is.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/interrupt.h"
 #include "cli/kv_options.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
@@ -17,27 +19,38 @@ struct GenerateArgs {
   ModelOptions model;
   SamplingOptions sampling;
   KVStoreFlags kv;
-  std::string prompt, ids, dump_logits, system;
+  PromptOptions prompt;
+  std::string ids, dump_logits, system;
   std::vector<std::string> stops;
   int n = 128;
-  bool json = false, ignore_eos = false, chat = false, show_reasoning = false;
+  bool json = false, ignore_eos = false, chat = false, raw = false, show_reasoning = false;
   std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
 };
 
 int run_generate(GenerateArgs& a) {
-  const bool continuing = a.kv.resume || !a.kv.fork.empty();  // the prompt is optional: the session has one
-  if (!a.prompt.empty() && !a.ids.empty()) return fail("give one of -p/--prompt TEXT and --ids 1,2,3, not both");
-  if (a.prompt.empty() && a.ids.empty() && !continuing)
-    return fail("give exactly one of -p/--prompt TEXT and --ids 1,2,3");
-  if (a.n < 0) return fail("-n must be >= 0");
-  if (a.chat && !a.ids.empty()) return fail("--chat needs a text prompt (-p)");
+  auto prompt_text = read_prompt(a.prompt);
+  if (!prompt_text.is_ok()) return fail(prompt_text.status().message());
+  const bool have_text = prompt_text->has_value();
+  const bool continuing = a.kv.resume || !a.kv.fork.empty();  // the session has a prompt; one given is appended
+  if (have_text && !a.ids.empty())
+    return fail("give the prompt once: -p/--prompt TEXT (or -f FILE) or --ids 1,2,3, not both");
+  if (!have_text && a.ids.empty() && !continuing)
+    return fail("no prompt: give -p/--prompt TEXT, -p - (stdin), -f/--file FILE, or --ids 1,2,3");
+  if (a.n < 0) return fail("-n/--max-tokens must be >= 0, got " + std::to_string(a.n));
+  if (a.chat && a.raw) return fail("--chat and --raw contradict each other: give one");
+  if ((a.chat || !a.system.empty()) && !a.ids.empty()) return fail("--chat/--system need a text prompt (-p or -f)");
+  if (a.raw && !a.system.empty()) return fail("--system needs the chat template: drop --raw");
+  auto model_dir = model_dir_of(a.model);
+  if (!model_dir.is_ok()) return fail(model_dir.status().message());
+  auto sampling = resolve_sampling(a.sampling, *model_dir);
+  if (!sampling.is_ok()) return fail(sampling.status().message());
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   const std::string tok_dir = tokenizer_dir_of(s);
   auto attached = attach_kv_store(a.kv, s);
   if (!attached.is_ok()) return fail(attached.status().message());
-  AttachedStore& store = *attached;
+  AttachedStore& store = *attached;  // declared after the stack: detached and flushed before it goes
   SessionPlan plan;
   if (store) {
     auto p = plan_session(a.kv, store.get());
@@ -45,23 +58,28 @@ int run_generate(GenerateArgs& a) {
     plan = std::move(p).value();
   }
 
+  // The chat template by default for text (as mlx-lm does), when the model has one.
+  const bool chat = have_text && !a.raw && (a.chat || !a.system.empty() || has_chat_template(tok_dir));
   std::unique_ptr<TextOutput> text;
   std::vector<int32_t> prompt;
-  if (!a.prompt.empty()) {
-    auto t = TextOutput::open(tok_dir, a.chat, a.show_reasoning, a.stops);
+  if (have_text) {
+    auto t = TextOutput::open(tok_dir, chat, a.show_reasoning, a.stops);
     if (!t.is_ok()) return fail(t.status().message());
     text = std::move(t).value();
-    auto p = a.chat ? text->encode_chat(a.system, a.prompt, a.thinking) : text->encode(a.prompt);
+    auto p = chat ? text->encode_chat(a.system, **prompt_text, a.thinking) : text->encode(**prompt_text);
     if (!p.is_ok()) return fail(p.status().message());
     prompt = std::move(p).value();
-  } else if (!a.ids.empty()) {
-    auto p = parse_ids(a.ids);
-    if (!p.is_ok()) return fail(p.status().message());
-    prompt = std::move(p).value();
-    if (!a.stops.empty() || a.show_reasoning) {
-      auto t = TextOutput::open(tok_dir, false, a.show_reasoning, a.stops);
-      if (t.is_ok()) text = std::move(t).value();
+    if (prompt.empty()) return fail("the prompt encodes to no tokens: nothing to generate from");
+  } else {
+    if (!a.ids.empty()) {
+      auto p = parse_ids(a.ids);
+      if (!p.is_ok()) return fail(p.status().message());
+      prompt = std::move(p).value();
     }
+    // Text for --json and --stop when a tokenizer is at hand; ids alone otherwise.
+    auto t = TextOutput::open(tok_dir, false, a.show_reasoning, a.stops);
+    if (t.is_ok()) text = std::move(t).value();
+    else if (!a.stops.empty()) return fail("--stop: " + t.status().message());
   }
 
   if (!a.dump_logits.empty()) {
@@ -79,10 +97,6 @@ int run_generate(GenerateArgs& a) {
     }
   }
 
-  if (text == nullptr && (!a.stops.empty() || a.show_reasoning || continuing)) {
-    auto t = TextOutput::open(tok_dir, false, a.show_reasoning, a.stops);
-    if (t.is_ok()) text = std::move(t).value();
-  }
   // A resumed or forked session continues from its tokens; the prompt (if any) is appended.
   if (!plan.history.empty()) prompt.insert(prompt.begin(), plan.history.begin(), plan.history.end());
   if (prompt.empty()) return fail("the session has no tokens and no prompt was given");
@@ -90,37 +104,39 @@ int run_generate(GenerateArgs& a) {
   GenerateRequest req;
   req.prompt = prompt;
   req.max_new_tokens = a.n;
-  req.sampling = resolve_sampling(a.sampling, s.model->dir);
+  req.sampling = *sampling;
   req.eos_ids = s.model->config.eos_token_ids;
   req.ignore_eos = a.ignore_eos;
   auto seq = s.engine->seq_create();
   if (!seq.is_ok()) return fail(seq.status().message());
   if (!plan.name.empty()) {
-    Status st = store->session_begin(plan.name, *seq, prompt, a.model.ctx + 1);
+    Status st = store->session_begin(plan.name, *seq, prompt, s.ctx + 1);
     if (!st.is_ok()) return fail(st.message());
   }
+  const bool print_ids = !a.json && !have_text;
   std::string all_text, all_reasoning;
+  install_sigint_handler();
   auto on_token = [&](int32_t id) -> bool {
     if (!plan.name.empty())  // the sampled id has no KV yet: n_kv still ends before it
       store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq),
                           s.engine->pool());
+    if (print_ids) {
+      std::printf("%d ", id);
+      std::fflush(stdout);
+    }
     if (text) {
       bool is_eos = !a.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
       TextOutput::Chunk c = is_eos ? TextOutput::Chunk{} : text->push(id);
       all_text += c.content;
       all_reasoning += c.reasoning;
-      if (!a.json) {
+      if (!a.json && have_text) {
         if (!c.reasoning.empty() && a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
         std::fputs(c.content.c_str(), stdout);
         std::fflush(stdout);
       }
-      return !text->stopped();
+      if (text->stopped()) return false;
     }
-    if (!a.json) {
-      std::printf("%d ", id);
-      std::fflush(stdout);
-    }
-    return true;
+    return !interrupted();
   };
   auto r = generate(*s.engine, *seq, req, on_token);
   int durable = -1;
@@ -128,26 +144,32 @@ int run_generate(GenerateArgs& a) {
     auto d = store->session_end(s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq), s.engine->pool());
     if (d.is_ok()) durable = *d;
   }
-  if (!r.is_ok()) return fail(r.status().message());
+  if (!r.is_ok()) {
+    if (!a.json) std::printf("\n");  // the error must not continue the streamed line
+    return fail(r.status().message());
+  }
+  const bool still_thinking = text && text->in_reasoning();
   const int store_tokens = s.engine->seq_store_tokens(*seq);
   if (text) {
     TextOutput::Chunk c = text->flush();
     all_text += c.content;
     all_reasoning += c.reasoning;
-    if (!a.json) {
+    if (!a.json && have_text) {
       if (a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
       std::fputs(c.content.c_str(), stdout);
     }
   }
-  const double prefill_tps = r->prefill_s > 0 ? (r->prompt_tokens - r->reused_tokens) / r->prefill_s : 0;
-  const double decode_tps = r->decode_s > 0 && r->ids.size() > 1 ? (r->ids.size() - 1) / r->decode_s : 0;
-  std::string finish = r->finish_reason == "cancelled" && text && text->stopped() ? "stop" : r->finish_reason;
+  std::string finish = r->finish_reason;
+  if (finish == "cancelled" && text && text->stopped()) finish = "stop";
+  else if (finish == "cancelled") finish = "interrupted";
   if (a.json) {
+    const double prefill_tps = r->prefill_s > 0 ? (r->prompt_tokens - r->reused_tokens) / r->prefill_s : 0;
+    const double decode_tps = r->decode_s > 0 && r->ids.size() > 1 ? (r->ids.size() - 1) / r->decode_s : 0;
     nlohmann::ordered_json j;
     j["ids"] = r->ids;
     if (text) {
       j["text"] = all_text;
-      if (a.chat) j["reasoning"] = all_reasoning;
+      if (chat) j["reasoning"] = all_reasoning;
     }
     j["finish_reason"] = finish;
     j["prompt_tokens"] = r->prompt_tokens;
@@ -161,37 +183,50 @@ int run_generate(GenerateArgs& a) {
       j["session_durable_tokens"] = durable;
     }
     if (store && a.kv.profile) j["kv_store"] = kv_profile_json(*store.get());
+    j["chat_template"] = chat;
+    j["seed"] = req.sampling.seed;
     j["timings"] = {{"prefill_s", r->prefill_s}, {"decode_s", r->decode_s},
-                    {"prefill_tok_s", prefill_tps}, {"decode_tok_s", decode_tps}};
+                    {"prefill_tok_s", prefill_tps}, {"decode_tok_s", decode_tps}, {"peak_rss_mib", peak_rss_mib()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");
-    std::fprintf(stderr, "[anvil] prompt %d tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), finish: %s\n",
-                 r->prompt_tokens, prefill_tps, r->ids.size(), decode_tps, finish.c_str());
+    std::fflush(stdout);  // the text ends before the summary starts, also when both go to one pipe
+    std::string seed = req.sampling.temperature > 0 ? ", seed " + std::to_string(req.sampling.seed) : "";
+    std::fprintf(stderr, "[anvil] %s%s\n", generation_summary(*r, finish).c_str(), seed.c_str());
+    // -n counts every generated token, hidden reasoning included: say so when it ran out there.
+    if (finish == "length" && still_thinking && !a.show_reasoning)
+      std::fprintf(stderr,
+                   "[anvil] the model was still thinking when the limit was reached: all %zu tokens went to its "
+                   "hidden reasoning (--show-reasoning prints it; raise -n, or --no-thinking)\n",
+                   r->ids.size());
   }
   if (store && a.kv.profile) print_kv_profile(*store.get(), store_tokens, stderr);
-  return 0;
+  return finish == "interrupted" ? 130 : 0;
 }
 
 Command reg("generate", "Generate text (or token ids) from a prompt, streaming as tokens are produced", 10,
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<GenerateArgs>();
               add_model_options(app, a->model);
-              app.add_option("-p,--prompt", a->prompt, "Prompt text (needs tokenizer.json in the model directory)");
-              app.add_option("--ids", a->ids, "Prompt as token ids: 1,2,3");
-              app.add_option("-n,--max-tokens", a->n, "Maximum tokens to generate")->capture_default_str();
+              add_prompt_options(app, a->prompt,
+                                 "Prompt text, sent through the model's chat template when it has one (--raw: as is)");
+              app.add_option("--ids", a->ids, "Prompt as token ids, sent as is: 1,2,3");
+              app.add_option("-n,--max-tokens", a->n,
+                             "Maximum tokens to generate, >= 0; hidden <think> reasoning counts too")
+                  ->capture_default_str();
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
               app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)")
                   ->expected(1)
                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-              app.add_flag("--chat", a->chat, "Apply the model's chat template to the prompt (one user turn)");
-              app.add_option("--system", a->system, "System message for --chat");
+              app.add_flag("--raw", a->raw, "Send the prompt as is, without the chat template");
+              app.add_flag("--chat", a->chat, "Require the chat template (an error when the model has none)");
+              app.add_option("--system", a->system, "System message (through the chat template)");
               add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning, "Print <think> reasoning too (hidden by default)");
               app.add_flag("--json", a->json,
-                           "Print one JSON object at the end: ids, text, finish_reason, timings");
+                           "Print one JSON object at the end: ids, text, finish_reason, seed, timings");
               app.add_option("--dump-logits", a->dump_logits,
                              "Write float32 logits [prompt positions, vocab] of one teacher-forced forward over "
                              "the prompt to this .npy file");

@@ -36,8 +36,9 @@ std::string quant_desc(const WeightMatrix& m) {
 
 int run_inspect(const InspectArgs& a) {
   if (a.model.empty() == a.synthetic.empty()) return fail("give exactly one of -m/--model DIR and --synthetic NAME");
-  if (a.ctx < 1 || a.seqs < 1) return fail("--ctx and --seqs must be >= 1");
-  if (a.kv_dtype != "bf16" && a.kv_dtype != "f32") return fail("--kv-dtype must be bf16 or f32");
+  if (a.ctx < 1) return fail("--ctx must be >= 1, got " + std::to_string(a.ctx));
+  if (a.seqs < 1) return fail("--seqs must be >= 1, got " + std::to_string(a.seqs));
+  if (a.kv_dtype != "bf16" && a.kv_dtype != "f32") return fail("--kv-dtype must be bf16 or f32, got '" + a.kv_dtype + "'");
   auto m = a.model.empty() ? load_synthetic(a.synthetic) : load_model(a.model);
   if (!m.is_ok()) return fail(m.status().message());
   const ModelConfig& c = (*m)->config;

@@ -1,13 +1,14 @@
-// anvil run: an interactive multi-turn chat in the terminal (or one turn with -p).
+// anvil run: an interactive multi-turn chat in the terminal (or one turn with -p/-f).
 // The conversation is kept as messages; each turn renders the whole conversation through the chat
 // template and starts a new sequence, whose earlier pages come from the prefix cache, so only the
-// new turn is prefilled. Ctrl-C stops the current answer; /reset clears the history; /quit or
-// Ctrl-D leaves. A model without a chat template runs in completion mode: the text typed so far
-// and the model's answers form one growing document.
-#include <signal.h>
+// new turn is prefilled. When the next turn would not fit in --ctx, the oldest turns are dropped
+// (the system message stays) and the user is told. Ctrl-C stops the current answer; /reset clears
+// the history; /quit or Ctrl-D leaves. A model without a chat template runs in completion mode: the
+// text typed so far and the model's answers form one growing document (its oldest tokens are
+// dropped the same way).
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,25 +16,23 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/kv_options.h"
+#include "cli/interrupt.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "runtime/generate.h"
-#include "tokenizer/tokenizer_config.h"
 
 namespace anvil::cli {
 namespace {
-
-std::atomic<bool> g_interrupted{false};
-void on_sigint(int) { g_interrupted = true; }
 
 struct RunArgs {
   ModelOptions model;
   SamplingOptions sampling;
   KVStoreFlags kv;
-  std::string prompt, system;
+  PromptOptions prompt;
+  std::string system;
   int n = 1024;
   std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
-  bool show_reasoning = false;
+  bool show_reasoning = false, hide_reasoning = false;
 };
 
 // Reads one line from stdin; false on EOF. An interrupted read (Ctrl-C at the prompt) returns an
@@ -44,9 +43,9 @@ bool read_line(std::string* line) {
     char buf[4096];
     errno = 0;
     if (!std::fgets(buf, sizeof buf, stdin)) {
-      if (errno == EINTR || g_interrupted) {
+      if (errno == EINTR || interrupted()) {
         clearerr(stdin);
-        g_interrupted = false;
+        clear_interrupted();
         std::printf("\n");
         return true;
       }
@@ -62,25 +61,35 @@ bool read_line(std::string* line) {
 }
 
 int run_chat(RunArgs& a) {
+  auto one_prompt = read_prompt(a.prompt);
+  if (!one_prompt.is_ok()) return fail(one_prompt.status().message());
+  if (a.n < 1) return fail("-n/--max-tokens must be >= 1, got " + std::to_string(a.n));
+  if (a.show_reasoning && a.hide_reasoning) return fail("--show-reasoning and --hide-reasoning contradict each other");
+  auto model_dir = model_dir_of(a.model);
+  if (!model_dir.is_ok()) return fail(model_dir.status().message());
+  auto sampling = resolve_sampling(a.sampling, *model_dir);
+  if (!sampling.is_ok()) return fail(sampling.status().message());
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   const std::string dir = tokenizer_dir_of(s);
-  bool chat = true;
-  {
-    auto cfg = load_tokenizer_config(dir);
-    chat = cfg.is_ok() && !cfg->chat_template.empty();
-  }
+  const bool chat = has_chat_template(dir);
   auto text_r = TextOutput::open(dir, chat, a.show_reasoning, {});
   if (!text_r.is_ok()) return fail(text_r.status().message());
   TextOutput& text = **text_r;
-  const bool interactive = a.prompt.empty();
+  const bool interactive = !one_prompt->has_value();
+  const bool tty = isatty(STDOUT_FILENO);
+  // Reasoning is shown dimmed on a terminal (no blank screen while a thinking model thinks), hidden
+  // when the output is piped, unless asked otherwise.
+  const bool show_reasoning = a.show_reasoning || (tty && !a.hide_reasoning);
+  const char* dim_on = tty ? "\x1b[2m" : "";
+  const char* dim_off = tty ? "\x1b[0m" : "";
   if (!chat)
     std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)\n",
                  dir.c_str());
   auto attached = attach_kv_store(a.kv, s);
   if (!attached.is_ok()) return fail(attached.status().message());
-  AttachedStore& store = *attached;
+  AttachedStore& store = *attached;  // declared after the stack: detached and flushed before it goes
   SessionPlan plan;
   if (store) {
     auto p = plan_session(a.kv, store.get());
@@ -88,17 +97,21 @@ int run_chat(RunArgs& a) {
     plan = std::move(p).value();
   }
 
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_sigint;  // no SA_RESTART: a blocking read returns EINTR
-  sigaction(SIGINT, &sa, nullptr);
+  install_sigint_handler();
 
   GenerateRequest req;
   req.max_new_tokens = a.n;
-  req.sampling = resolve_sampling(a.sampling, s.model->dir);
+  req.sampling = *sampling;
   req.eos_ids = s.model->config.eos_token_ids;
+  // Each turn draws from its own stream (seed + turn number), so asking the same thing again gives
+  // a fresh answer while a given --seed still reproduces the whole session.
+  const uint64_t session_seed = sampling->seed;
+  uint64_t turn_no = 0;
+  // Room the prompt must leave for the answer, else the oldest turns go.
+  const int answer_room = std::min(a.n, std::max(1, s.ctx / 4));
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  const size_t first_turn = messages.size();
   std::vector<int32_t> document;  // completion mode
   if (plan.resumed) {  // a session keeps the conversation in its meta
     auto m = nlohmann::ordered_json::parse(plan.meta, nullptr, false);
@@ -116,6 +129,10 @@ int run_chat(RunArgs& a) {
     std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
                 "answer.\n",
                 s.model->source.c_str());
+  if (sampling->temperature > 0)
+    std::fprintf(stderr, "[anvil] sampling at temperature %g with seed %llu (--seed %llu repeats this session)\n",
+                 sampling->temperature, static_cast<unsigned long long>(session_seed),
+                 static_cast<unsigned long long>(session_seed));
   for (;;) {
     std::string line;
     if (interactive) {
@@ -124,62 +141,92 @@ int run_chat(RunArgs& a) {
       if (!read_line(&line)) break;
       if (line == "/quit" || line == "/exit") break;
       if (line == "/reset") {
-        messages = nlohmann::ordered_json::array();
-        if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+        messages.erase(messages.begin() + first_turn, messages.end());
         document.clear();
         std::printf("(conversation cleared)\n");
         continue;
       }
       if (line.empty()) continue;
     } else {
-      line = a.prompt;
+      line = **one_prompt;
     }
     Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
+    int dropped_turns = 0, dropped_tokens = 0;
     if (chat) {
       messages.push_back({{"role", "user"}, {"content", line}});
-      prompt = text.encode_messages(messages, a.thinking);
+      for (;;) {
+        prompt = text.encode_messages(messages, a.thinking);
+        if (!prompt.is_ok() || int(prompt->size()) + answer_room <= s.ctx) break;
+        // Drop the oldest exchange: everything up to the next user message after the first one.
+        auto next_user = std::find_if(messages.begin() + first_turn + 1, messages.end(),
+                                      [](const auto& m) { return m["role"] == "user"; });
+        if (next_user == messages.end()) break;  // only this turn is left
+        dropped_turns++;
+        messages.erase(messages.begin() + first_turn, next_user);
+      }
     } else {
       auto ids = text.encode((document.empty() ? "" : "\n") + line);
       if (ids.is_ok()) {
         document.insert(document.end(), ids->begin(), ids->end());
+        if (int(document.size()) + answer_room > s.ctx) {
+          dropped_tokens = std::min(int(document.size()) - 1, int(document.size()) + answer_room - s.ctx);
+          document.erase(document.begin(), document.begin() + dropped_tokens);
+        }
         prompt = document;
       } else {
         prompt = ids.status();
       }
     }
     if (!prompt.is_ok()) return fail(prompt.status().message());
+    if (dropped_turns > 0)
+      std::fprintf(stderr, "[anvil] the conversation no longer fits in --ctx %d: dropped the %d oldest turn%s\n", s.ctx,
+                   dropped_turns, dropped_turns == 1 ? "" : "s");
+    if (dropped_tokens > 0)
+      std::fprintf(stderr, "[anvil] the text no longer fits in --ctx %d: dropped its first %d tokens\n", s.ctx,
+                   dropped_tokens);
     // The previous turn's full pages stay in the prefix index, so releasing first loses nothing.
     if (seq >= 0) s.engine->seq_release(seq);
     auto new_seq = s.engine->seq_create();
     if (!new_seq.is_ok()) return fail(new_seq.status().message());
     seq = *new_seq;
     req.prompt = *prompt;
+    req.sampling.seed = session_seed + turn_no++;
     if (!plan.name.empty()) {
-      Status st = store->session_begin(plan.name, seq, req.prompt, a.model.ctx + 1, session_meta());
+      Status st = store->session_begin(plan.name, seq, req.prompt, s.ctx + 1, session_meta());
       if (!st.is_ok()) return fail(st.message());
     }
     text.begin_answer();
-    g_interrupted = false;
+    clear_interrupted();
     std::string answer;
     std::vector<int32_t> answer_ids;
+    bool dimmed = false;
+    auto emit = [&](const TextOutput::Chunk& c) {
+      if (show_reasoning && !c.reasoning.empty()) {
+        if (!dimmed) std::fputs(dim_on, stdout);
+        dimmed = true;
+        std::fputs(c.reasoning.c_str(), stdout);
+      }
+      if (!c.content.empty()) {
+        if (dimmed) std::fputs(dim_off, stdout);
+        dimmed = false;
+        std::fputs(c.content.c_str(), stdout);
+      }
+      std::fflush(stdout);
+      answer += c.content;
+    };
     auto on_token = [&](int32_t id) -> bool {
       if (!plan.name.empty())
         store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(seq), s.engine->seq_tail_page(seq),
                             s.engine->pool());
       if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) return false;
       answer_ids.push_back(id);
-      auto c = text.push(id);
-      if (a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
-      std::fputs(c.content.c_str(), stdout);
-      std::fflush(stdout);
-      answer += c.content;
-      return !g_interrupted;
+      emit(text.push(id));
+      return !interrupted();
     };
     auto r = generate(*s.engine, seq, req, on_token);
-    auto c = text.flush();
-    if (a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
-    std::fputs(c.content.c_str(), stdout);
-    answer += c.content;
+    const bool still_thinking = text.in_reasoning();
+    emit(text.flush());
+    if (dimmed) std::fputs(dim_off, stdout);
     std::printf("\n");
     if (!r.is_ok()) {
       if (!plan.name.empty()) (void)store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
@@ -188,8 +235,16 @@ int run_chat(RunArgs& a) {
       if (chat) messages.erase(messages.end() - 1);
       continue;
     }
-    if (g_interrupted) std::printf("(stopped)\n");
-    g_interrupted = false;
+    std::string finish = r->finish_reason;
+    if (finish == "cancelled") finish = interrupted() ? "interrupted" : "stop";
+    if (finish == "interrupted") std::printf("(stopped)\n");
+    std::fflush(stdout);
+    std::fprintf(stderr, "[anvil] %s\n", generation_summary(*r, finish).c_str());
+    // -n counts the reasoning too: say so when the answer never got past it.
+    if (finish == "length" && still_thinking)
+      std::fprintf(stderr, "[anvil] the answer ended inside the model's reasoning (-n %d counts it too): raise -n, "
+                           "or --no-thinking\n", a.n);
+    clear_interrupted();
     if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});
     else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
     if (!plan.name.empty()) {
@@ -204,17 +259,22 @@ int run_chat(RunArgs& a) {
   return 0;
 }
 
-Command reg("run", "Chat with a model in the terminal (multi-turn), or answer one prompt with -p", 5,
+Command reg("run", "Chat with a model in the terminal (multi-turn), or answer one prompt with -p/-f", 5,
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<RunArgs>();
               add_model_options(app, a->model);
-              app.add_option("-p,--prompt", a->prompt, "Answer this one message and exit");
+              add_prompt_options(app, a->prompt, "Answer this one message and exit");
               app.add_option("--system", a->system, "System message");
-              app.add_option("-n,--max-tokens", a->n, "Maximum tokens per answer")->capture_default_str();
+              app.add_option("-n,--max-tokens", a->n,
+                             "Maximum tokens per answer, >= 1; the <think> reasoning counts too")
+                  ->capture_default_str();
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv);
               add_thinking_flags(app, &a->thinking);
-              app.add_flag("--show-reasoning", a->show_reasoning, "Print the <think> reasoning (hidden by default)");
+              app.add_flag("--show-reasoning", a->show_reasoning,
+                           "Print the <think> reasoning even when the output is not a terminal (on a terminal it is "
+                           "shown dimmed by default)");
+              app.add_flag("--hide-reasoning", a->hide_reasoning, "Do not print the <think> reasoning");
               return [a] { return run_chat(*a); };
             });
 

@@ -1,6 +1,7 @@
 // anvil synth: write a random-weight checkpoint (MLX layout) for a benchmark shape.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/command.h"
 #include "model/loader.h"
@@ -12,6 +13,7 @@ namespace {
 struct SynthArgs {
   std::string shape, quant = "q4g64", out, tokenizer;
   uint64_t seed = 0;
+  bool force = false;
 };
 
 int run_synth(const SynthArgs& a) {
@@ -19,6 +21,15 @@ int run_synth(const SynthArgs& a) {
   if (!shape.is_ok()) return fail(shape.status().message());
   auto q = parse_synth_quant(a.quant);
   if (!q.is_ok()) return fail(q.status().message());
+  {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::exists(a.out, ec) && !fs::is_directory(a.out, ec))
+      return fail("--out " + a.out + ": exists and is not a directory");
+    if (fs::is_directory(a.out, ec) && !fs::is_empty(a.out, ec) && !a.force)
+      return fail("--out " + a.out + ": the directory is not empty (it would be overwritten): choose another, or "
+                  "pass --force");
+  }
   std::string tok = a.tokenizer.empty() ? default_tokenizer_dir() : a.tokenizer;
   if (tok.empty())
     std::fprintf(stderr, "anvil: warning: the Qwen3 tokenizer files were not found; writing no tokenizer "
@@ -41,7 +52,8 @@ Command reg("synth", "Write a random-weight checkpoint for a benchmark shape (no
               app.add_option("--shape", a->shape, "Shape: tiny, qwen3-0.6b, qwen3-8b (dense); tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L (qwen3_moe: written now, runnable once the MoE model lands)")->required();
               app.add_option("--quant", a->quant, "bf16, q4g64, q8g64, or any qBgG (B in 2,3,4,5,6,8; G in 32,64,128)")
                   ->capture_default_str();
-              app.add_option("--out", a->out, "Output directory")->required();
+              app.add_option("--out", a->out, "Output directory (new or empty)")->required();
+              app.add_flag("--force", a->force, "Write into --out even when it is not empty (overwriting files)");
               app.add_option("--seed", a->seed, "Random seed")->capture_default_str();
               app.add_option("--tokenizer", a->tokenizer, "Directory with tokenizer.json/tokenizer_config.json to copy "
                                                           "(default: the Qwen3 tokenizer shipped with anvil)");

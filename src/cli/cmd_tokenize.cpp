@@ -1,4 +1,4 @@
-// anvil tokenize: prints the token ids of a text (--text, else all of stdin) under a model's
+// anvil tokenize: prints the token ids of a text (-p TEXT, -f FILE, else all of stdin) under a model's
 // tokenizer.json, exactly as Hugging Face tokenizers' encode(text, add_special_tokens=False).
 #include <cstdio>
 #include <filesystem>
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "format/hf_cache.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,8 +16,7 @@ namespace {
 
 struct TokenizeArgs {
   std::string model;
-  std::string text;
-  bool has_text = false;
+  PromptOptions text;
   bool json = false;
 };
 
@@ -32,8 +32,16 @@ int run_tokenize(const TokenizeArgs& a) {
   auto tok = Tokenizer::load(tj.string());
   if (!tok.is_ok()) return fail(tok.status().message());
 
-  std::string text = a.text;
-  if (!a.has_text) text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  // Unlike a prompt, an empty text is fine here: it has no tokens.
+  std::string text;
+  if (a.text.text && a.text.text->empty() && !a.text.file) {
+  } else if (a.text.text || a.text.file) {
+    auto t = read_prompt(a.text);
+    if (!t.is_ok()) return fail(t.status().message());
+    text = **t;
+  } else {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
   const std::vector<int32_t> ids = (*tok)->encode(text);
 
   std::string out = a.json ? "{\"ids\": [" : "";
@@ -49,12 +57,11 @@ int run_tokenize(const TokenizeArgs& a) {
 Command reg("tokenize", "Print the token ids of a text under a model's tokenizer.json", 70, [](CLI::App& sub) {
   auto a = std::make_shared<TokenizeArgs>();
   sub.add_option("-m,--model", a->model, "Model directory containing tokenizer.json, or a Hugging Face repo id in the local cache")->required();
-  sub.add_option("--text", a->text, "Text to tokenize (default: read all of stdin)");
+  add_prompt_options(sub, a->text, "Text to tokenize (default: all of stdin)");
+  sub.add_option_function<std::string>("--text", [a](const std::string& v) { a->text.text = v; })
+      ->group("");  // the old spelling, hidden
   sub.add_flag("--json", a->json, "Print {\"ids\": [...]} instead of space-separated ids");
-  return [a, &sub]() {
-    a->has_text = sub.count("--text") > 0;
-    return run_tokenize(*a);
-  };
+  return [a]() { return run_tokenize(*a); };
 });
 
 }  // namespace

@@ -1,11 +1,55 @@
 #include "cli/common.h"
 
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "base/mmap_file.h"
 #include "base/thread_pool.h"
+#include "format/hf_cache.h"
 
 namespace anvil::cli {
+namespace {
+
+// Declares an option whose value is kept as typed (parsed later with a message naming `name`).
+CLI::Option* add_text_option(CLI::App& app, const std::string& names, std::optional<std::string>& out,
+                             const std::string& help, const std::string& type_name) {
+  return app.add_option_function<std::string>(names, [&out](const std::string& v) { out = v; }, help)
+      ->type_name(type_name);
+}
+
+// Parses a whole string as a float; NaN and infinities are refused by the callers' range checks.
+Result<double> parse_number(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != 0 || errno == ERANGE)
+    return invalid_argument(flag + ": '" + text + "' is not a number");
+  return v;
+}
+
+Result<long long> parse_integer(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != 0 || errno == ERANGE)
+    return invalid_argument(flag + ": '" + text + "' is not an integer");
+  return v;
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  // 53 bits, so the seed --json reports survives any JSON parser (doubles) exactly.
+  return ((uint64_t(rd()) << 32) ^ uint64_t(rd())) & ((uint64_t(1) << 53) - 1);
+}
+
+}  // namespace
 
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
   app.add_option("-m,--model", o.model, "Model directory, or a Hugging Face repo id present in the local HF cache");
@@ -14,7 +58,10 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
                    "Build a random-weight model in memory instead: NAME[:QUANT], e.g. qwen3-0.6b:q4g64 "
                    "(shapes: tiny, qwen3-0.6b, qwen3-8b; QUANT: bf16, q4g64, q8g64, ...)");
   app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
-  app.add_option("-c,--ctx", o.ctx, "Maximum context length in tokens")->capture_default_str();
+  app.add_option("-c,--ctx", o.ctx,
+                 "Maximum context length in tokens, prompt and output together, >= 1 (default: 4096, or the "
+                 "model's max_position_embeddings when smaller)")
+      ->each([&o](const std::string&) { o.ctx_given = true; });
   app.add_option("--batch", o.batch, "Maximum tokens per forward pass (prefill chunk)")->capture_default_str();
   app.add_option("--page-size", o.page_size, "KV cache page size in tokens")->capture_default_str();
   app.add_option("--kv-dtype", o.kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
@@ -22,15 +69,19 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
 }
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
-  app.add_option("--temp", o.temp, "Sampling temperature; 0 = greedy (default: generation_config.json, else 0)");
-  app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = off)");
-  app.add_option("--top-p", o.top_p, "Nucleus sampling: keep the smallest set with this much probability");
-  app.add_option("--min-p", o.min_p, "Drop tokens below min-p times the top probability");
-  app.add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1 = off)");
-  app.add_option("--seed", o.seed, "Random seed for sampling")->each([&](const std::string&) { o.seed_set = true; });
+  add_text_option(app, "--temp", o.temp,
+                  "Sampling temperature >= 0; 0 = greedy (default: generation_config.json, else 0)", "FLOAT");
+  add_text_option(app, "--top-k", o.top_k, "Keep the k most likely tokens, k >= 0 (0 = off)", "INT");
+  add_text_option(app, "--top-p", o.top_p,
+                  "Nucleus sampling, in (0, 1]: keep the smallest set with this much probability (1 = off)", "FLOAT");
+  add_text_option(app, "--min-p", o.min_p, "Drop tokens below min-p times the top probability, in [0, 1) (0 = off)", "FLOAT");
+  add_text_option(app, "--repeat-penalty", o.repeat_penalty, "Repetition penalty > 0 (1 = off)", "FLOAT");
+  add_text_option(app, "--seed", o.seed,
+                  "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed; --json reports the seed used)",
+                  "INT");
 }
 
-SamplingParams resolve_sampling(const SamplingOptions& o, const std::string& model_dir) {
+Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir) {
   SamplingParams p;
   if (!model_dir.empty()) {
     auto text = read_file(model_dir + "/generation_config.json");
@@ -49,38 +100,110 @@ SamplingParams resolve_sampling(const SamplingOptions& o, const std::string& mod
       }
     }
   }
-  if (o.temp >= 0) p.temperature = o.temp;
-  if (o.top_k >= 0) p.top_k = o.top_k;
-  if (o.top_p >= 0) p.top_p = o.top_p;
-  if (o.min_p >= 0) p.min_p = o.min_p;
-  if (o.repeat_penalty >= 0) p.repetition_penalty = o.repeat_penalty;
-  p.seed = o.seed;
+  if (o.temp) {
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--temp", *o.temp));
+    if (!std::isfinite(v) || v < 0) return invalid_argument("--temp must be a number >= 0 (0 = greedy), got " + *o.temp);
+    p.temperature = float(v);
+  }
+  if (o.top_k) {
+    ANVIL_ASSIGN_OR_RETURN(long long v, parse_integer("--top-k", *o.top_k));
+    if (v < 0 || v > INT32_MAX) return invalid_argument("--top-k must be an integer >= 0 (0 = off), got " + *o.top_k);
+    p.top_k = int(v);
+  }
+  if (o.top_p) {
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--top-p", *o.top_p));
+    if (!(v > 0 && v <= 1)) return invalid_argument("--top-p must be in (0, 1] (1 = off), got " + *o.top_p);
+    p.top_p = float(v);
+  }
+  if (o.min_p) {
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--min-p", *o.min_p));
+    if (!(v >= 0 && v < 1)) return invalid_argument("--min-p must be in [0, 1) (0 = off), got " + *o.min_p);
+    p.min_p = float(v);
+  }
+  if (o.repeat_penalty) {
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--repeat-penalty", *o.repeat_penalty));
+    if (!std::isfinite(v) || v <= 0)
+      return invalid_argument("--repeat-penalty must be a number > 0 (1 = off), got " + *o.repeat_penalty);
+    p.repetition_penalty = float(v);
+  }
+  p.seed = random_seed();
+  if (o.seed && *o.seed != "-1") {
+    const std::string& s = *o.seed;
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+    if (s.empty() || s[0] == '-' || s[0] == '+' || *end != 0 || errno == ERANGE)
+      return invalid_argument("--seed must be an integer from 0 to 18446744073709551615, or -1 for a random seed; got " + s);
+    p.seed = v;
+  }
+  // generation_config.json values the sampler cannot take are the checkpoint's problem: say where.
+  Status st = validate(p);
+  if (!st.is_ok()) return invalid_argument(st.message() + " (from " + model_dir + "/generation_config.json)");
   return p;
+}
+
+void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what) {
+  add_text_option(app, "-p,--prompt", o.text, what + "; '-' reads it from stdin", "TEXT");
+  add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead", "FILE");
+}
+
+Result<std::optional<std::string>> read_prompt(const PromptOptions& o) {
+  if (o.text && o.file) return invalid_argument("give the prompt once: -p/--prompt TEXT or -f/--file FILE, not both");
+  std::string text;
+  if (o.file) {
+    std::ifstream f(*o.file, std::ios::binary);
+    if (!f) return io_error("-f/--file " + *o.file + ": cannot open: " + std::strerror(errno));
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    if (text.empty()) return invalid_argument("-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
+  } else if (o.text && *o.text == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (text.empty()) return invalid_argument("-p -: stdin was empty, so the prompt is empty");
+  } else if (o.text) {
+    if (o.text->empty()) return invalid_argument("-p/--prompt: the prompt is empty");
+    text = *o.text;
+  } else {
+    return std::optional<std::string>();
+  }
+  return std::optional<std::string>(std::move(text));
+}
+
+Result<std::string> model_dir_of(const ModelOptions& o) {
+  if (o.model.empty()) return std::string();
+  return resolve_model_path(o.model);
 }
 
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
+  if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores), got " + std::to_string(o.threads));
+  if (o.batch < 1) return invalid_argument("--batch must be >= 1, got " + std::to_string(o.batch));
+  if (o.ctx_given && o.ctx < 1) return invalid_argument("--ctx must be >= 1, got " + std::to_string(o.ctx));
+  if (o.page_size < 1) return invalid_argument("--page-size must be >= 1, got " + std::to_string(o.page_size));
+  EngineOptions eo;
+  if (o.kv_dtype == "bf16") eo.kv_dtype = DType::kBF16;
+  else if (o.kv_dtype == "f32") eo.kv_dtype = DType::kF32;
+  else return invalid_argument("--kv-dtype must be bf16 or f32, got '" + o.kv_dtype + "'");
   Stack s;
   if (!o.model.empty()) {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_model(o.model));
   } else {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_synthetic(o.synthetic));
   }
-  if (o.threads < 0) return invalid_argument("--threads must be >= 0");
-  if (o.batch < 1) return invalid_argument("--batch must be >= 1");
-  if (o.ctx < 1) return invalid_argument("--ctx must be >= 1");
+  const int max_pos = s.model->config.max_position_embeddings;  // 0: the config does not say
+  s.ctx = o.ctx;
+  if (!o.ctx_given) s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
+  else if (max_pos > 0 && s.ctx > max_pos)
+    std::fprintf(stderr,
+                 "anvil: warning: --ctx %d is above the model's max_position_embeddings (%d): positions past %d "
+                 "were never trained and the output may degrade\n",
+                 s.ctx, max_pos, max_pos);
   s.backend = make_cpu_backend(o.threads > 0 ? o.threads : ThreadPool::default_threads());
   ANVIL_ASSIGN_OR_RETURN(ModelWeights dw, upload_weights(s.model->weights, *s.backend));
   ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *s.backend, o.batch));
-  EngineOptions eo;
   eo.page_size = o.page_size;
-  eo.max_context = o.ctx;
+  eo.max_context = s.ctx;
   eo.max_seqs = max_seqs;
   eo.prefix_cache = !o.no_prefix_cache;
-  if (o.kv_dtype == "bf16") eo.kv_dtype = DType::kBF16;
-  else if (o.kv_dtype == "f32") eo.kv_dtype = DType::kF32;
-  else return invalid_argument("--kv-dtype must be bf16 or f32, got '" + o.kv_dtype + "'");
   ANVIL_ASSIGN_OR_RETURN(s.engine, Engine::create(*s.transformer, s.model->fingerprint, eo));
   return s;
 }
@@ -108,6 +231,22 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   }
   if (ids.empty()) return invalid_argument("--ids: no token ids given");
   return ids;
+}
+
+std::string generation_summary(const GenerateResult& r, const std::string& finish) {
+  const double prefill_tps = r.prefill_s > 0 ? (r.prompt_tokens - r.reused_tokens) / r.prefill_s : 0;
+  const double decode_tps = r.decode_s > 0 && r.ids.size() > 1 ? (r.ids.size() - 1) / r.decode_s : 0;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "prompt %d tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), finish: %s, peak memory %.0f MiB",
+                r.prompt_tokens, prefill_tps, r.ids.size(), decode_tps, finish.c_str(), peak_rss_mib());
+  return buf;
+}
+
+double peak_rss_mib() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
 }
 
 }  // namespace anvil::cli

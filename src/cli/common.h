@@ -1,23 +1,35 @@
-// What the model-running subcommands share: the -m/--synthetic options, and building the
-// backend -> weights -> transformer -> engine stack from them.
+// What the model-running subcommands share: one flag vocabulary (-m/--model, --synthetic, -t, -c/--ctx,
+// -p/--prompt, -f/--file, -n/--max-tokens, the sampling flags, --json) declared here once, and
+// building the backend -> weights -> transformer -> engine stack from them.
+//
+// Adding a shared flag: put the field in the options struct it belongs to, declare it in the
+// matching add_*_options(), and check it where the struct is consumed (build_stack /
+// resolve_sampling / read_prompt). Every error message names the flag as the user types it and the
+// valid range.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 #include "runtime/sampler.h"
 
 namespace anvil::cli {
+
+// The default context when --ctx is not given: this, or the model's max_position_embeddings when smaller.
+inline constexpr int kDefaultContext = 4096;
 
 struct ModelOptions {
   std::string model;      // -m
   std::string synthetic;  // --synthetic NAME[:QUANT]
   int threads = 0;        // 0 = all cores
-  int ctx = 4096;
+  int ctx = 0;            // --ctx, when ctx_given; else kDefaultContext capped by the model
+  bool ctx_given = false;
   int batch = 256;        // max tokens per forward (prefill chunk)
   int page_size = 16;
   std::string kv_dtype = "bf16";
@@ -25,29 +37,50 @@ struct ModelOptions {
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic = true);
 
+// The sampling flags, kept as the user typed them and parsed by resolve_sampling(), so a bad value
+// ("-1", "nan", "abc") is refused with the flag's name and range instead of being read as "unset".
 struct SamplingOptions {
-  float temp = -1, top_p = -1, min_p = -1, repeat_penalty = -1;
-  int top_k = -1;
-  uint64_t seed = 0;
-  bool seed_set = false;
+  std::optional<std::string> temp, top_k, top_p, min_p, repeat_penalty, seed;
 };
 void add_sampling_options(CLI::App& app, SamplingOptions& o);
-// Flags win; then generation_config.json (temperature/top_k/top_p/min_p/repetition_penalty,
-// do_sample=false means greedy); else greedy.
-SamplingParams resolve_sampling(const SamplingOptions& o, const std::string& model_dir);
+// Flags win; then DIR/generation_config.json (temperature/top_k/top_p/min_p/repetition_penalty,
+// do_sample=false means greedy); else greedy. The seed is --seed, or a random one when it is
+// absent or -1 (report it: SamplingParams::seed reproduces the run). `model_dir` may be empty.
+Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir);
+
+// The prompt: -p TEXT, -p - (all of stdin), or -f FILE.
+struct PromptOptions {
+  std::optional<std::string> text, file;
+};
+void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what);
+// nullopt when no prompt was given; an error when both -p and -f are, when the file or stdin
+// cannot be read, or when the prompt is empty.
+Result<std::optional<std::string>> read_prompt(const PromptOptions& o);
 
 struct Stack {
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Transformer> transformer;
   std::unique_ptr<Engine> engine;
+  int ctx = 0;  // the context limit in force, in tokens (exact)
 };
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs = 1);
 
-// The tokenizer directory of a model: its own dir, or the shipped Qwen3 tokenizer for synthetic models.
+// The model directory -m names (resolving a Hugging Face repo id); empty for --synthetic.
+Result<std::string> model_dir_of(const ModelOptions& o);
+
+// The tokenizer directory of a model: its own dir, or the Qwen3 tokenizer built into anvil for
+// synthetic models.
 std::string tokenizer_dir_of(const Stack& s);
 
 // "1,2,3" -> ids.
 Result<std::vector<int32_t>> parse_ids(const std::string& s);
+
+// One line for stderr after an answer: "prompt 12 tokens (340.1 tok/s), generated 64 tokens
+// (55.2 tok/s), finish: length, peak memory 131 MiB".
+std::string generation_summary(const GenerateResult& r, const std::string& finish);
+
+// Peak resident memory of this process so far, in MiB (getrusage ru_maxrss).
+double peak_rss_mib();
 
 }  // namespace anvil::cli

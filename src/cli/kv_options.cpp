@@ -59,7 +59,7 @@ Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
   if (!st.is_ok()) return st.status().with_context("--kv-store " + o.dir);
   a.store_ = std::move(st).value();
   const KVCacheView& kv = s.engine->pool().view();
-  ANVIL_RETURN_IF_ERROR(a.store_->attach(*s.backend, kv, store_fingerprint(s.model->fingerprint, kv)));
+  ANVIL_RETURN_IF_ERROR(a.store_->attach(*s.backend, kv, s.engine->cache_root()));
   s.engine->set_page_store(a.store_.get());
   a.engine_ = s.engine.get();
   return a;

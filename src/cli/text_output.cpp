@@ -4,6 +4,12 @@
 
 namespace anvil::cli {
 
+bool has_chat_template(const std::string& dir) {
+  if (dir.empty()) return false;
+  auto cfg = load_tokenizer_config(dir);
+  return cfg.is_ok() && !cfg->chat_template.empty();
+}
+
 Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, bool chat, bool show_reasoning,
                                                      std::vector<std::string> stops) {
   std::string path = dir + "/tokenizer.json";

@@ -20,6 +20,9 @@
 
 namespace anvil::cli {
 
+// True when DIR's tokenizer_config.json (or chat_template.jinja/.json) carries a chat template.
+bool has_chat_template(const std::string& dir);
+
 class TextOutput {
  public:
   struct Chunk {
@@ -42,6 +45,8 @@ class TextOutput {
   Chunk push(int32_t id);
   Chunk flush();
   bool stopped() const { return stop_ && stop_->stopped(); }
+  // Inside <think> ... </think> (chat only): the text so far is reasoning.
+  bool in_reasoning() const { return split_ && split_->in_reasoning(); }
   const Tokenizer& tokenizer() const { return *tok_; }
 
  private:

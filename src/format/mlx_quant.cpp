@@ -104,6 +104,23 @@ __attribute__((optimize("fp-contract=off"))) static void dequantize_row_bits(con
     const float scale = load_float(scales, sb_dtype, size_t(g));
     const float bias = load_float(biases, sb_dtype, size_t(g));
     const int64_t base = g * group_size;
+    if constexpr (kBits == 4 || kBits == 8) {  // whole bytes: no word straddling, a byte-wise loop
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(q) + base * kBits / 8;
+      float* o = out + base;
+      if constexpr (kBits == 4) {
+        for (int k = 0; k < group_size / 2; ++k) {
+          const float p0 = scale * float(p[k] & 15), p1 = scale * float(p[k] >> 4);
+          o[2 * k] = p0 + bias;
+          o[2 * k + 1] = p1 + bias;
+        }
+      } else {
+        for (int k = 0; k < group_size; ++k) {
+          const float prod = scale * float(p[k]);
+          o[k] = prod + bias;
+        }
+      }
+      continue;
+    }
     for (int j = 0; j < group_size; ++j) {
       const float qv = float(mlx_unpack_element(q, base + j, kBits));
       // Two roundings (product, then sum), as MLX does.

@@ -11,6 +11,7 @@
 // Supported: bits in {2, 3, 4, 5, 6, 8}, group_size in {32, 64, 128}, scales/biases F32, F16 or BF16.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -34,9 +35,17 @@ inline uint32_t mlx_unpack_element(const uint32_t* row, int64_t k, int bits) {
   const uint64_t bit = uint64_t(k) * uint64_t(bits);
   const uint64_t word = bit >> 5;
   const unsigned shift = unsigned(bit & 31);
-  uint64_t v = row[word] >> shift;
+  // memcpy loads: a row in a mapped checkpoint need not be 4-byte aligned.
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(row) + word * 4;
+  uint32_t w0;
+  std::memcpy(&w0, bytes, 4);
+  uint64_t v = w0 >> shift;
   // Only a straddling element reads the next word, which then exists.
-  if (shift + unsigned(bits) > 32) v |= uint64_t(row[word + 1]) << (32 - shift);
+  if (shift + unsigned(bits) > 32) {
+    uint32_t w1;
+    std::memcpy(&w1, bytes + 4, 4);
+    v |= uint64_t(w1) << (32 - shift);
+  }
   return uint32_t(v) & ((1u << bits) - 1u);
 }
 
@@ -60,6 +69,8 @@ Status mlx_quantize(const float* w, int64_t rows, int64_t cols, int bits, int gr
 // bit. (mx.dequantize with bf16 scales returns bf16 and rounds the product to bf16 before the add;
 // our float result rounded to bf16 is within half a bf16 ulp of |scale*q| plus one ulp of the result.)
 // q: the packed row [cols * bits / 32]; scales/biases: the row's [cols / group_size]; out: [cols].
+// This is the engine's dequantizer too (the CPU backend's weight_row_to_f32): one implementation,
+// tested against MLX. No alignment is required of q, scales or biases.
 void mlx_dequantize_row(const uint32_t* q, const void* scales, const void* biases, DType sb_dtype, int64_t cols,
                         int bits, int group_size, float* out);
 

@@ -46,15 +46,6 @@ std::string default_kv_store_dir() {
   return ".anvil-kv";
 }
 
-Hash128 store_fingerprint(uint64_t model_fingerprint, const KVCacheView& kv) {
-  Hasher128 h;
-  const int32_t fields[] = {int32_t(kv.dtype), kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.page_size,
-                            /*KV page layout version*/ 2, kPageRecordVersion};
-  h.update_pod(model_fingerprint);
-  h.update(fields, sizeof fields);
-  return h.digest();
-}
-
 KVStore::KVStore(const KVStoreOptions& o) : opts_(o) {}
 
 Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {

@@ -106,8 +106,8 @@ class KVStore : public PageStore {
   static Result<std::unique_ptr<KVStore>> open(const KVStoreOptions& opts);
   ~KVStore() override;  // flushes and stops the writer
 
-  // Binds the store to one model's KV layout and starts the writer thread. `fingerprint` must cover
-  // everything that changes KV values (see store_fingerprint).
+  // Binds the store to one model's KV layout and starts the writer thread. `fingerprint` is the
+  // engine's cache root (kv_cache_root: every weight byte, the config, KV dtype, page size, layout).
   Status attach(Backend& backend, const KVCacheView& layout, const Hash128& fingerprint);
   // Blocks until every descriptor queued so far is committed (or failed).
   void flush();
@@ -246,10 +246,6 @@ class KVStore : public PageStore {
   std::thread writer_thread_;
   KVStoreCounters counters_;
 };
-
-// The store fingerprint for a model: its fingerprint plus everything of the KV layout that changes
-// the bytes of a page (dtype, page size, layer/head shape, layout and record versions).
-Hash128 store_fingerprint(uint64_t model_fingerprint, const KVCacheView& layout);
 
 // Where the store lives by default: $XDG_CACHE_HOME/anvil/kv, else ~/.cache/anvil/kv.
 std::string default_kv_store_dir();

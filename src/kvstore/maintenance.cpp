@@ -5,6 +5,7 @@
 #include "format/safetensors.h"
 #include "kvstore/catalog.h"
 #include "kvstore/kvstore.h"
+#include "runtime/kv_pool.h"
 
 namespace anvil {
 

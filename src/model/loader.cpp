@@ -1,11 +1,10 @@
 #include "model/loader.h"
 
-#include <xxhash.h>
-
 #include <filesystem>
 
 #include "base/mmap_file.h"
 #include "format/hf_cache.h"
+#include "model/fingerprint.h"
 
 namespace anvil {
 
@@ -19,20 +18,14 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo)
   const Checkpoint* ck = m->checkpoint.get();
   ANVIL_ASSIGN_OR_RETURN(m->weights,
                          bind_weights(m->config, [ck](const std::string& n) { return ck->find(n); }, dir));
-  // Fingerprint: config.json text plus every tensor's name, dtype, shape and a sample of its bytes.
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
+  // Fingerprint: config.json and every byte of every tensor (model/fingerprint.h). A config that
+  // cannot be read here, although parsed above, is an error: the identity would silently omit it.
   auto cfg_text = read_file(dir + "/config.json");
-  if (cfg_text.is_ok()) XXH3_64bits_update(st, cfg_text->data(), cfg_text->size());
-  for (const std::string& n : ck->names()) {
-    const TensorView* t = ck->find(n);
-    XXH3_64bits_update(st, n.data(), n.size());
-    XXH3_64bits_update(st, &t->dtype, sizeof t->dtype);
-    XXH3_64bits_update(st, t->shape.data(), t->shape.size() * sizeof(int64_t));
-    XXH3_64bits_update(st, t->data, std::min<size_t>(t->nbytes, 64));
-  }
-  m->fingerprint = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
+  if (!cfg_text.is_ok()) return cfg_text.status().with_context("fingerprinting the model");
+  std::vector<const TensorView*> tensors;
+  for (const std::string& n : ck->names()) tensors.push_back(ck->find(n));
+  ThreadPool pool(ThreadPool::default_threads(), 0);
+  m->fingerprint = model_fingerprint(*cfg_text, std::move(tensors), pool);
   return m;
 }
 
@@ -53,17 +46,11 @@ Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec) {
   const SynthModel* sm = m->synthetic.get();
   ANVIL_ASSIGN_OR_RETURN(m->weights,
                          bind_weights(m->config, [sm](const std::string& n) { return sm->find(n); }, m->source));
-  m->fingerprint = XXH3_64bits(m->source.data(), m->source.size());
+  std::vector<const TensorView*> tensors;
+  for (const TensorView& t : sm->tensors) tensors.push_back(&t);
+  ThreadPool pool(ThreadPool::default_threads(), 0);
+  m->fingerprint = model_fingerprint(sm->config_json, std::move(tensors), pool);
   return m;
-}
-
-std::string default_tokenizer_dir() {
-  namespace fs = std::filesystem;
-  for (std::string d : {std::string(ANVIL_SOURCE_DIR) + "/tests/data/tokenizer/qwen3"}) {
-    std::error_code ec;
-    if (fs::exists(d + "/tokenizer.json", ec)) return d;
-  }
-  return "";
 }
 
 }  // namespace anvil

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "base/hash128.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
 #include "model/synth.h"
@@ -18,8 +19,9 @@ struct LoadedModel {
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<SynthModel> synthetic;
   ModelWeights weights;  // host views
-  // Identity of the weights and config: the root of every KV page chain hash.
-  uint64_t fingerprint = 0;
+  // Identity of every weight byte and the config (model/fingerprint.h): the root of every KV page
+  // key and the model key of the durable store.
+  Hash128 fingerprint;
 };
 
 // `path_or_repo`: a model directory or a repo id found in the HF cache.
@@ -27,8 +29,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo)
 // "NAME[:QUANT]", e.g. "qwen3-0.6b:q4g64" (QUANT defaults to q4g64).
 Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec);
 
-// The directory holding the Qwen3 tokenizer files shipped with anvil's test data (used for
-// synthetic models), or "" when it cannot be found.
+// A directory holding the Qwen3 tokenizer built into anvil (used for synthetic models), unpacked
+// into a cache directory on first use (model/default_tokenizer.cpp); "" when it cannot be written.
 std::string default_tokenizer_dir();
 
 }  // namespace anvil

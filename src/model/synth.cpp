@@ -37,7 +37,7 @@ Result<SynthShape> synth_shape(const std::string& name) {
 
 std::string SynthQuant::name() const {
   if (bits == 0) return "bf16";
-  return "q" + std::to_string(bits) + "g" + std::to_string(group_size);
+  return std::string("q").append(std::to_string(bits)).append("g").append(std::to_string(group_size));
 }
 
 Result<SynthQuant> parse_synth_quant(const std::string& s) {

@@ -1,4 +1,4 @@
-// Synthetic models: random weights in the MLX layout for the benchmark shapes (shared/BENCH.md)
+// Synthetic models: random weights in the MLX layout for the benchmark shapes (docs/bench-protocol.md)
 // and a tiny one. Speed does not depend on weight values, so benchmarks run without downloads.
 // Values are drawn so activations stay finite and well scaled: every weight is uniform in
 // [-a, a] with a = sqrt(3 / fan_in) (unit output variance), norms are 1.

@@ -138,8 +138,8 @@ Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lo
     mw.lm_head = mw.embed;
     mw.tied = true;
   } else if (!b.find("lm_head.weight")) {
-    return b.missing("lm_head.weight", "[" + std::to_string(V) + ", " + std::to_string(H) +
-                                           "] (config.json has tie_word_embeddings=false)");
+    return b.missing("lm_head.weight", std::string("[").append(std::to_string(V)).append(", ").append(
+                                           std::to_string(H)) + "] (config.json has tie_word_embeddings=false)");
   } else {
     ANVIL_ASSIGN_OR_RETURN(mw.lm_head, b.matrix("lm_head", V, H, false));
   }

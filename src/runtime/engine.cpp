@@ -4,7 +4,7 @@
 
 namespace anvil {
 
-Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, uint64_t fp, const EngineOptions& opts) {
+Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, const Hash128& fp, const EngineOptions& opts) {
   if (opts.page_size <= 0) return invalid_argument("page size must be positive");
   if (opts.max_context <= 0) return invalid_argument("max context must be positive");
   if (opts.max_seqs <= 0) return invalid_argument("max sequences must be positive");
@@ -71,7 +71,8 @@ void Engine::seq_release(int seq) {
 Status Engine::ensure_pages(Seq& s, int n_positions) {
   const int P = opts_.page_size;
   int need = (n_positions + P - 1) / P;
-  if (need > max_pages_per_seq_)
+  // The limit is exact: pages round it up, the check below must not.
+  if (n_positions > opts_.max_context || need > max_pages_per_seq_)
     return invalid_argument("sequence of " + std::to_string(n_positions) + " tokens exceeds the context limit of " +
                             std::to_string(opts_.max_context) + " (raise --ctx)");
   while (int(s.pages.size()) < need) {
@@ -84,8 +85,7 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
       return Status(StatusCode::kOutOfMemory, "KV cache is full: " + std::to_string(pool_->n_pages()) +
                                                   " pages of " + std::to_string(P) + " tokens are all in use");
     s.pages.push_back(p);
-    s.page_hash.push_back(0);
-    s.store_key.push_back(Hash128{});
+    s.page_key.push_back(Hash128{});
   }
   return Status::ok();
 }
@@ -96,34 +96,35 @@ void Engine::reuse_prefix(Seq& s) {
   if ((!opts_.prefix_cache && !store_) || s.n_kv != 0 || !s.pages.empty()) return;
   const int P = opts_.page_size;
   const int max_full = (int(s.tokens.size()) - 1) / P;
-  uint64_t parent = 0;
-  Hash128 parent_key;
+  Hash128 parent{};
   for (int i = 0; opts_.prefix_cache && i < max_full; ++i) {
-    auto toks = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
-    uint64_t h = kv_page_hash(fingerprint_, parent, toks);
-    int32_t page = pool_->prefix_lookup(h);
+    auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
+    const Hash128 key = kv_page_key(root_, parent, page_tokens);
+    int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
     if (page < 0) break;
     s.pages.push_back(page);
-    s.page_hash.push_back(h);
-    if (store_) parent_key = kv_page_key(store_->fingerprint(), parent_key, toks);
-    s.store_key.push_back(parent_key);
+    s.page_key.push_back(key);
     s.n_kv += P;
-    parent = h;
+    parent = key;
   }
   if (store_) {
-    // The durable store continues where memory ended: full pages, then a session's partial tail.
+    // The durable store continues where memory ended: full pages (validated, installed only once
+    // loaded), then a session's partial tail.
     const int have = int(s.pages.size());
-    const int n = store_->restore_pages(s.tokens, have, parent_key, max_full - have, *pool_, &s.pages, &s.store_key);
-    s.page_hash.resize(s.pages.size(), 0);  // published to the memory index below, as computed pages are
+    const int n = store_->restore_pages(s.tokens, have, parent, max_full - have, *pool_, &s.pages, &s.page_key);
+    for (int i = have; i < have + n; ++i) {  // restored pages join the memory index
+      if (opts_.prefix_cache)
+        pool_->prefix_insert(s.page_key[i], i == 0 ? Hash128{} : s.page_key[i - 1],
+                             std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P), s.pages[i]);
+      parent = s.page_key[i];
+    }
     s.n_kv += n * P;
     s.from_store = n * P;
-    if (!s.store_key.empty()) parent_key = s.store_key.back();
     int32_t tail = -1;
-    const int m = store_->restore_tail(s.tokens, s.n_kv, parent_key, int(s.tokens.size()) - 1 - s.n_kv, *pool_, &tail);
+    const int m = store_->restore_tail(s.tokens, s.n_kv, parent, int(s.tokens.size()) - 1 - s.n_kv, *pool_, &tail);
     if (m > 0) {
       s.pages.push_back(tail);
-      s.page_hash.push_back(0);
-      s.store_key.push_back(Hash128{});
+      s.page_key.push_back(Hash128{});
       s.n_kv += m;
       s.from_store += m;
     }
@@ -135,16 +136,13 @@ void Engine::publish_full_pages(Seq& s) {
   if (!opts_.prefix_cache && !store_) return;
   const int P = opts_.page_size;
   for (int i = 0; i < s.n_kv / P; ++i) {
-    if (s.page_hash[i] != 0) continue;
-    auto toks = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
-    uint64_t parent = i == 0 ? 0 : s.page_hash[i - 1];
-    s.page_hash[i] = kv_page_hash(fingerprint_, parent, toks);
-    if (opts_.prefix_cache) pool_->prefix_insert(s.page_hash[i], s.pages[i]);
-    if (store_ && s.store_key[i].is_zero()) {  // computed here, not restored: hand it to the store
-      const Hash128 pk = i == 0 ? Hash128{} : s.store_key[i - 1];
-      s.store_key[i] = kv_page_key(store_->fingerprint(), pk, toks);
-      store_->page_full(int(&s - seqs_.data()), s.store_key[i], pk, i * P, toks, s.pages[i], *pool_);
-    }
+    if (!s.page_key[i].is_zero()) continue;
+    const Hash128 parent = i == 0 ? Hash128{} : s.page_key[i - 1];
+    auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
+    s.page_key[i] = kv_page_key(root_, parent, page_tokens);
+    if (opts_.prefix_cache) pool_->prefix_insert(s.page_key[i], parent, page_tokens, s.pages[i]);
+    // Computed here (restored and reused pages have their key already): hand it to the store.
+    if (store_) store_->page_full(int(&s - seqs_.data()), s.page_key[i], parent, i * P, page_tokens, s.pages[i], *pool_);
   }
 }
 
@@ -154,7 +152,8 @@ Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t
   Backend& be = model_.backend();
   int max_pages = 1;
   for (int s : seqs) max_pages = std::max(max_pages, int(seqs_[s].pages.size()));
-  std::vector<int32_t> table(size_t(seqs.size()) * max_pages, 0);
+  std::vector<int32_t>& table = scratch_.table;  // reused: no allocation per decode step
+  table.assign(size_t(seqs.size()) * max_pages, 0);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& pages = seqs_[seqs[i]].pages;
     std::copy(pages.begin(), pages.end(), table.begin() + i * max_pages);
@@ -183,11 +182,25 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     if (t < 0 || t >= V)
       return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) +
                               ")");
+  // On any failure below the sequence returns to exactly this state: the tokens, the pages taken
+  // from the prefix index or allocated here, and n_kv (a reused prefix advances it before the
+  // pages for the rest are known to exist).
+  const size_t old_tokens = s.tokens.size(), old_pages = s.pages.size();
+  const int old_n_kv = s.n_kv, old_reused = s.reused, old_from_store = s.from_store;
+  auto roll_back = [&] {
+    for (size_t i = old_pages; i < s.pages.size(); ++i) pool_->kv_page_release(s.pages[i]);
+    s.pages.resize(old_pages);
+    s.page_key.resize(old_pages);
+    s.tokens.resize(old_tokens);
+    s.n_kv = old_n_kv;
+    s.reused = old_reused;
+    s.from_store = old_from_store;
+  };
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   if (!all_logits) reuse_prefix(s);
   Status st = ensure_pages(s, int(s.tokens.size()));
   if (!st.is_ok()) {
-    s.tokens.resize(s.tokens.size() - tokens.size());
+    roll_back();
     return st;
   }
   if (all_logits) all_logits->assign(tokens.size() * size_t(V), 0.0f);
@@ -209,6 +222,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     chunk_logits.resize(rows.size() * size_t(V));
     Status fs = run_batch({seq}, ids, sidx, pos, rows, chunk_logits.data());
     if (!fs.is_ok()) {
+      // Chunks already computed keep their KV (and pages); the rest of the tokens are dropped.
       s.tokens.resize(size_t(s.n_kv));
       return fs;
     }
@@ -230,16 +244,31 @@ Status Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens
   if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
   const int V = model_.config().vocab_size;
   if (store_) store_->reap(*pool_, false);
-  std::vector<int> order(seqs.begin(), seqs.end());
-  std::vector<int32_t> ids, sidx, pos;
-  std::vector<int> rows;
+  // Per-step index vectors are members reused across calls: no allocation per decode step.
+  std::vector<int>& order = scratch_.order;
+  std::vector<int32_t>&ids = scratch_.ids, &sidx = scratch_.sidx, &pos = scratch_.pos;
+  std::vector<int>& rows = scratch_.rows;
+  order.assign(seqs.begin(), seqs.end());
+  ids.clear();
+  sidx.clear();
+  pos.clear();
+  rows.clear();
+  // Validate everything before touching any sequence. A sequence listed twice would put two
+  // tokens at one position (one KV slot, n_kv counting a position without KV) and overflow the
+  // page table, which holds max_seqs distinct sequences.
   for (size_t i = 0; i < seqs.size(); ++i) {
     int sq = seqs[i];
-    if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live) return invalid_argument("decode: no such sequence");
+    if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live)
+      return invalid_argument("decode: no such sequence: " + std::to_string(sq));
     if (tokens[i] < 0 || tokens[i] >= V)
       return invalid_argument("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
-    Seq& s = seqs_[sq];
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j] == sq) return invalid_argument("decode: sequence " + std::to_string(sq) + " is listed twice");
+    const Seq& s = seqs_[sq];
     if (s.n_kv != int(s.tokens.size())) return internal_error("decode: sequence has tokens without KV");
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = seqs_[seqs[i]];
     ANVIL_RETURN_IF_ERROR(ensure_pages(s, int(s.tokens.size()) + 1));
     ids.push_back(tokens[i]);
     sidx.push_back(int32_t(i));

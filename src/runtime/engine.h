@@ -2,7 +2,8 @@
 // A sequence is its token ids plus a page table; KV exists for its first n_kv tokens. extend()
 // computes KV for new tokens (prefill, chunked to the model's max batch), decode() advances many
 // sequences by one token in a single batched forward. Full pages enter the prefix index under their
-// chain hash, so a new sequence whose prompt starts with known pages skips their prefill.
+// chain key (kv_page_key, rooted at kv_cache_root of the model fingerprint and the KV layout), so a
+// new sequence whose prompt starts with known pages skips their prefill.
 #pragma once
 #include <memory>
 #include <span>
@@ -25,7 +26,8 @@ struct EngineOptions {
 
 class Engine {
  public:
-  static Result<std::unique_ptr<Engine>> create(Transformer& model, uint64_t model_fingerprint,
+  // model_fingerprint: LoadedModel::fingerprint (every weight byte and the config).
+  static Result<std::unique_ptr<Engine>> create(Transformer& model, const Hash128& model_fingerprint,
                                                 const EngineOptions& opts);
   ~Engine();
 
@@ -47,9 +49,11 @@ class Engine {
   }
 
   // Attaches a durable page store (src/kvstore/): full pages are handed to it as they fill, and a
-  // new sequence's prefix is restored from it where the in-memory index has no page.
+  // new sequence's prefix is restored from it where the in-memory index has no page. Its
+  // fingerprint() must be this engine's cache_root().
   void set_page_store(PageStore* store) { store_ = store; }
   PageStore* page_store() const { return store_; }
+  const Hash128& cache_root() const { return root_; }
 
   // Appends `tokens` to the sequence and computes their KV. Writes the logits of the last token to
   // last_logits ([vocab]) and, when all_logits is set, of every new token ([n, vocab]).
@@ -63,13 +67,13 @@ class Engine {
     bool live = false;
     std::vector<int32_t> tokens;
     std::vector<int32_t> pages;
-    std::vector<uint64_t> page_hash;  // chain hash of each full page (0 until computed)
-    std::vector<Hash128> store_key;   // durable key of each full page (zero until known); with a store
+    std::vector<Hash128> page_key;  // chain key of each full page (zero until computed)
     int n_kv = 0;
     int reused = 0;
     int from_store = 0;
   };
-  Engine(Transformer& model, uint64_t fp, const EngineOptions& opts) : model_(model), fingerprint_(fp), opts_(opts) {}
+  Engine(Transformer& model, const Hash128& fp, const EngineOptions& opts)
+      : model_(model), root_(kv_cache_root(fp, opts.kv_dtype, opts.page_size)), opts_(opts) {}
   Status init();
   Status ensure_pages(Seq& s, int n_positions);
   void reuse_prefix(Seq& s);
@@ -79,11 +83,15 @@ class Engine {
                    const std::vector<int32_t>& pos, const std::vector<int>& logit_rows, float* logits);
 
   Transformer& model_;
-  uint64_t fingerprint_;
+  Hash128 root_;  // kv_cache_root: the parent of every sequence's first page
   EngineOptions opts_;
   std::unique_ptr<KVPool> pool_;
   std::vector<Seq> seqs_;
   int max_pages_per_seq_ = 0;
+  struct Scratch {  // host-side batch description, reused between calls
+    std::vector<int> order, rows;
+    std::vector<int32_t> ids, sidx, pos, table;
+  } scratch_;
   int32_t* pos_dev_ = nullptr;
   int32_t* seq_dev_ = nullptr;
   int32_t* table_dev_ = nullptr;

@@ -37,6 +37,9 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
       break;
     }
     if (i + 1 == req.max_new_tokens) break;
+    // A full context ends generation like the token limit does, keeping what was generated:
+    // decoding `id` would need one more position than --ctx allows.
+    if (int(engine.seq_tokens(seq).size()) + 1 > engine.options().max_context) break;
     int s = seq;
     ANVIL_RETURN_IF_ERROR(engine.decode(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1), &logits));
   }

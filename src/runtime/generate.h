@@ -20,7 +20,7 @@ struct GenerateRequest {
 
 struct GenerateResult {
   std::vector<int32_t> ids;   // generated ids (an EOS that ended generation is included)
-  std::string finish_reason;  // "stop" (EOS), "length", "cancelled"
+  std::string finish_reason;  // "stop" (EOS), "length" (max_new_tokens, or the context limit is reached), "cancelled"
   int prompt_tokens = 0;
   int reused_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   double prefill_s = 0;   // start -> first token

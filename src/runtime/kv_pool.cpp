@@ -1,20 +1,29 @@
 #include "runtime/kv_pool.h"
 
-#include <xxhash.h>
-
-#include <cassert>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace anvil {
 
-uint64_t kv_page_hash(uint64_t model_fingerprint, uint64_t parent_hash, std::span<const int32_t> tokens) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, &model_fingerprint, sizeof model_fingerprint);
-  XXH3_64bits_update(st, &parent_hash, sizeof parent_hash);
-  XXH3_64bits_update(st, tokens.data(), tokens.size_bytes());
-  uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+Hash128 kv_cache_root(const Hash128& model_fingerprint, DType kv_dtype, int page_size) {
+  Hasher128 h;
+  static constexpr char kTag[] = "anvil.kv_cache_root";
+  h.update(kTag, sizeof kTag);
+  h.update(model_fingerprint);
+  h.update_pod(uint32_t(kv_dtype));
+  h.update_pod(int32_t(page_size));
+  h.update_pod(kKVLayoutVersion);
+  return h.digest();
+}
+
+Hash128 kv_page_key(const Hash128& root, const Hash128& parent, std::span<const int32_t> tokens) {
+  Hasher128 h;
+  h.update(root);
+  h.update(parent);
+  h.update_pod(uint64_t(tokens.size()));
+  h.update(tokens.data(), tokens.size_bytes());
+  return h.digest();
 }
 
 KVPool::KVPool(Backend& backend, const KVCacheView& layout) : backend_(backend), view_(layout) {}
@@ -25,6 +34,7 @@ KVPool::~KVPool() {
 
 Status KVPool::init() {
   if (view_.n_pages <= 0) return invalid_argument("KV cache: the memory budget leaves no page");
+  if (view_.n_pages > INT32_MAX) return invalid_argument("KV cache: too many pages");
   size_t bytes = view_.page_bytes() * size_t(view_.n_pages);
   auto p = backend_.alloc(bytes);
   if (!p.is_ok())
@@ -32,9 +42,19 @@ Status KVPool::init() {
                                    std::to_string(bytes >> 20) + " MiB)");
   view_.base = p.value();
   refcount_.assign(size_t(view_.n_pages), 0);
+  entry_of_page_.assign(size_t(view_.n_pages), nullptr);
   free_.clear();
   for (int64_t i = view_.n_pages - 1; i >= 0; --i) free_.push_back(int32_t(i));
   return Status::ok();
+}
+
+void KVPool::check_used(int32_t page, const char* what) const {
+  if (page < 0 || page >= int32_t(refcount_.size()) || refcount_[size_t(page)] <= 0) {
+    // A broken refcount means pages are shared that should not be: stop before KV is corrupted.
+    std::fprintf(stderr, "anvil: KV pool: %s of page %d, which is %s\n", what, int(page),
+                 page < 0 || page >= int32_t(refcount_.size()) ? "out of range" : "free");
+    std::abort();
+  }
 }
 
 int32_t KVPool::kv_page_alloc() {
@@ -42,52 +62,95 @@ int32_t KVPool::kv_page_alloc() {
     if (!evict_one()) return -1;
   int32_t p = free_.back();
   free_.pop_back();
-  refcount_[p] = 1;
+  refcount_[size_t(p)] = 1;
   return p;
 }
 
 void KVPool::kv_page_retain(int32_t page) {
-  assert(refcount_[page] > 0);
-  ++refcount_[page];
+  check_used(page, "retain");
+  ++refcount_[size_t(page)];
+  if (Entry* e = entry_of_page_[size_t(page)]) update_evictable(e, true);
 }
 
 void KVPool::kv_page_release(int32_t page) {
-  assert(refcount_[page] > 0);
-  if (--refcount_[page] == 0) free_.push_back(page);
-}
-
-void KVPool::prefix_insert(uint64_t hash, int32_t page) {
-  auto it = index_.find(hash);
-  if (it != index_.end()) {  // already known: keep the existing page, refresh its recency
-    lru_.splice(lru_.begin(), lru_, it->second.lru_it);
+  check_used(page, "release");
+  if (--refcount_[size_t(page)] == 0) {
+    free_.push_back(page);
     return;
   }
-  kv_page_retain(page);
-  lru_.push_front(hash);
-  index_.emplace(hash, Entry{page, lru_.begin()});
+  if (Entry* e = entry_of_page_[size_t(page)]) update_evictable(e, true);
 }
 
-int32_t KVPool::prefix_lookup(uint64_t hash) {
-  auto it = index_.find(hash);
+void KVPool::update_evictable(Entry* e, bool most_recent) {
+  const bool evictable = refcount_[size_t(e->page)] == 1 && e->children == 0;
+  if (e->in_lru) {
+    lru_.erase(e->lru_it);
+    e->in_lru = false;
+  }
+  if (!evictable) return;
+  if (most_recent) {
+    lru_.push_front(e);
+    e->lru_it = lru_.begin();
+  } else {
+    lru_.push_back(e);
+    e->lru_it = std::prev(lru_.end());
+  }
+  e->in_lru = true;
+}
+
+bool KVPool::prefix_insert(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens, int32_t page) {
+  check_used(page, "prefix_insert");
+  if (index_.count(key)) return false;  // already known (or a colliding key): keep the existing page
+  Entry* parent_entry = nullptr;
+  if (!parent.is_zero()) {
+    auto pit = index_.find(parent);
+    if (pit == index_.end()) return false;  // unreachable from a root: not worth a page
+    parent_entry = &pit->second;
+  }
+  if (entry_of_page_[size_t(page)]) return false;  // indexed under another key already
+  Entry& e = index_[key];
+  e.key = key;
+  e.parent = parent;
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.page = page;
+  entry_of_page_[size_t(page)] = &e;
+  ++refcount_[size_t(page)];  // the index's own reference (the caller holds one, so not evictable)
+  if (parent_entry) {
+    ++parent_entry->children;
+    update_evictable(parent_entry, true);
+  }
+  return true;
+}
+
+int32_t KVPool::prefix_lookup(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens) {
+  auto it = index_.find(key);
   if (it == index_.end()) return -1;
-  lru_.splice(lru_.begin(), lru_, it->second.lru_it);
-  kv_page_retain(it->second.page);
-  return it->second.page;
+  const Entry& e = it->second;
+  if (e.parent != parent || !std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end()))
+    return -1;  // a key collision: never serve another prefix's KV
+  kv_page_retain(e.page);
+  return e.page;
 }
 
 bool KVPool::evict_one() {
-  // Oldest entry whose page only the index holds: releasing it frees the page.
-  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
-    auto e = index_.find(*it);
-    if (refcount_[e->second.page] == 1) {
-      int32_t page = e->second.page;
-      lru_.erase(std::next(it).base());
-      index_.erase(e);
-      kv_page_release(page);
-      return true;
+  if (lru_.empty()) return false;
+  Entry* e = lru_.back();
+  lru_.pop_back();
+  e->in_lru = false;
+  const int32_t page = e->page;
+  const Hash128 parent = e->parent;
+  entry_of_page_[size_t(page)] = nullptr;
+  index_.erase(e->key);
+  if (!parent.is_zero()) {
+    auto pit = index_.find(parent);
+    if (pit != index_.end()) {
+      --pit->second.children;
+      // As old as the child it lost: evicted next if nothing uses it, so chains go leaf to root.
+      update_evictable(&pit->second, false);
     }
   }
-  return false;
+  kv_page_release(page);  // refcount 1 -> 0: onto the free list
+  return true;
 }
 
 }  // namespace anvil

@@ -12,9 +12,8 @@ namespace anvil {
 
 class KVPool;
 
-// A full page's durable identity: XXH3-128 over (fingerprint, parent page key, its token ids). The
-// first page's parent is the zero key.
-Hash128 kv_page_key(const Hash128& fingerprint, const Hash128& parent, std::span<const int32_t> tokens);
+// A full page's durable identity is the engine's page key (runtime/kv_pool.h: kv_page_key, rooted
+// at kv_cache_root of the model fingerprint and the KV layout); the store's fingerprint() is that root.
 
 class PageStore {
  public:

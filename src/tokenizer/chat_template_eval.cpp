@@ -480,7 +480,10 @@ class Evaluator {
     if (obj.is_undefined()) fail(obj.s, line);
     // jinja2 compiles a slice to a plain Python subscript, so Python's TypeError surfaces.
     if (obj.kind == Kind::kDict) fail("unhashable type: 'slice'", line);
-    fail("'" + (obj.kind == Kind::kList ? obj.fn_name : type_name(obj)) + "' object is not subscriptable", line);
+    fail(std::string("'")
+             .append(obj.kind == Kind::kList ? obj.fn_name : type_name(obj))
+             .append("' object is not subscriptable"),
+         line);
   }
 
   // Macro and caller() nesting is bounded so a runaway recursive macro is an error, not a stack

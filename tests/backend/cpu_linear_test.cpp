@@ -118,19 +118,6 @@ TEST(QuantLinear, Avx2AgreesWithScalar) {
       }
 }
 
-// Splitting rows over threads must not change any result: 1 and 2 threads are bit-identical.
-TEST(QuantLinear, ThreadCountDoesNotChangeResults) {
-  auto one = make_cpu_backend(1), two = make_cpu_backend(2);
-  for (int T : {1, 6}) {
-    TestWeight t = make_quant_weight(301, 1024, 4, 64, DType::kBF16, true, 5u);
-    std::vector<float> x = random_floats(size_t(T * 1024), 4u);
-    std::vector<float> y1, y2;
-    run_linear(*one, t, x, T, &y1);
-    run_linear(*two, t, x, T, &y2);
-    EXPECT_EQ(y1, y2) << "T " << T;
-  }
-}
-
 // dtype, T, bias, cols
 using DenseParam = std::tuple<DType, int, bool, int>;
 class DenseLinearTest : public ::testing::TestWithParam<DenseParam> {

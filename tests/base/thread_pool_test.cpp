@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "base/thread_pool.h"
 
 namespace anvil {
@@ -91,9 +93,9 @@ TEST(ThreadPool, SpinFromEnvironment) {
   EXPECT_EQ(ThreadPool(2).spin_us(), ThreadPool::kDefaultSpinUs);
   EXPECT_EQ(ThreadPool(2, 0).spin_us(), 0);
 }
-
 }  // namespace
 }  // namespace anvil
+
 
 namespace anvil {
 namespace {
@@ -137,6 +139,35 @@ TEST(ThreadPool, StopsSpinningUnderContention) {
   for (auto& t : hogs) t.join();
   EXPECT_TRUE(stopped) << "the pool kept spinning next to " << n_hogs << " busy threads";
   EXPECT_TRUE(run_jobs_until(true, 10.0)) << "the pool did not resume spinning once the machine was idle";
+}
+
+// Busy threads of the same process that are not the pool's (a server's HTTP or writer threads) do
+// not count as contention: only the pool's own threads' involuntary switches do.
+TEST(ThreadPool, CountsOnlyItsOwnThreadsSwitches) {
+  // The pool's threads sleep while other threads of this process compete for the CPUs: the
+  // process-wide count (what the pool used to read) grows, the pool's own must not.
+  ThreadPool pool(4, 0);
+  pool.parallel_for(64, 1, [](int64_t, int64_t) {});
+  auto process_switches = [] {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return long(ru.ru_nivcsw);
+  };
+  const long pool0 = pool.involuntary_switches(), proc0 = process_switches();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hogs;
+  const int n_hogs = 4 * int(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 0; i < n_hogs; ++i)
+    hogs.emplace_back([&] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  stop = true;
+  for (auto& t : hogs) t.join();
+  const long pool_delta = pool.involuntary_switches() - pool0, proc_delta = process_switches() - proc0;
+  ASSERT_GT(proc_delta, 20) << "the busy threads were not preempted: nothing to tell apart";
+  EXPECT_LE(pool_delta, 3) << "the pool counted other threads' switches (process: " << proc_delta << ")";
 }
 
 }  // namespace

@@ -15,10 +15,17 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-ProcResult run_anvil(const std::vector<std::string>& args, bool merge_stderr) {
+std::string anvil_command(const std::vector<std::string>& args) {
   std::string cmd = shell_quote(ANVIL_BINARY);
   for (auto& a : args) cmd += " " + shell_quote(a);
-  cmd += merge_stderr ? " 2>&1" : " 2>/dev/null";
+  return cmd;
+}
+
+ProcResult run_anvil(const std::vector<std::string>& args, bool merge_stderr) {
+  return run_shell(anvil_command(args) + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
+}
+
+ProcResult run_shell(const std::string& cmd) {
   ProcResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -15,4 +15,10 @@ ProcResult run_anvil(const std::vector<std::string>& args, bool merge_stderr = f
 
 std::string shell_quote(const std::string& s);
 
+// Runs a shell command line (sh -c); stdout, plus stderr when the line redirects it (2>&1).
+ProcResult run_shell(const std::string& command_line);
+
+// ANVIL_BINARY and args, shell-quoted, as one command line (for run_shell).
+std::string anvil_command(const std::vector<std::string>& args);
+
 }  // namespace anvil::test

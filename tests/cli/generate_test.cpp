@@ -78,7 +78,7 @@ TEST(CliGenerate, ClearErrors) {
 
   r = run_anvil({"generate", "-m", kModel, "-p", "x", "--top-p", "1.5"}, true);
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
 
   r = run_anvil({"generate", "-m", kModel, "--ids", "1,99999"}, true);
   EXPECT_NE(r.exit_code, 0);

@@ -105,6 +105,8 @@ TEST(RunPty, CtrlCStopsTheAnswerNotTheProgram) {
   usleep(1500 * 1000);
   p.send("\x03");  // Ctrl-C through the terminal: SIGINT to the foreground process
   ASSERT_TRUE(p.wait_for("> ", mark + 1)) << p.out();
+  // The answer's summary (speed, peak memory) is printed when it is interrupted too.
+  EXPECT_NE(p.out().find("peak memory", mark), std::string::npos) << p.out();
   mark = p.out().size();
   p.send("/quit\r");
   EXPECT_EQ(p.wait_exit(), 0) << p.out();
@@ -119,5 +121,51 @@ TEST(RunPty, CompletionModeWithoutTemplate) {
   p.send("def add(a, b):\r");
   ASSERT_TRUE(p.wait_for("\n> ", mark)) << p.out();
   p.send("\x04");  // Ctrl-D: end of input quits
+  EXPECT_EQ(p.wait_exit(), 0) << p.out();
+}
+
+namespace {
+// The answer text of the turn whose output starts at `from`: up to the summary line.
+std::string answer_after(const std::string& out, size_t from) {
+  size_t end = out.find("[anvil] prompt", from);
+  return out.substr(from, end == std::string::npos ? std::string::npos : end - from);
+}
+}  // namespace
+
+TEST(RunPty, SameQuestionAfterResetSamplesAFreshAnswer) {
+  // Each turn draws from its own seed (session seed + turn): before, every turn reused seed 0.
+  Pty p({"run", "--synthetic", "tiny:q4g64", "-n", "12", "--temp", "1.0", "--seed", "11"});
+  ASSERT_TRUE(p.wait_for("> ", 0)) << p.out();
+  size_t mark = p.out().size();
+  p.send("Tell me a story\r");
+  ASSERT_TRUE(p.wait_for("\n> ", mark)) << p.out();
+  const std::string first = answer_after(p.out(), mark);
+  EXPECT_NE(p.out().find("peak memory", mark), std::string::npos) << p.out();
+  mark = p.out().size();
+  p.send("/reset\r");
+  ASSERT_TRUE(p.wait_for("(conversation cleared)", mark)) << p.out();
+  ASSERT_TRUE(p.wait_for("> ", mark)) << p.out();
+  mark = p.out().size();
+  p.send("Tell me a story\r");
+  ASSERT_TRUE(p.wait_for("\n> ", mark)) << p.out();
+  EXPECT_NE(answer_after(p.out(), mark), first) << p.out();
+  p.send("/quit\r");
+  EXPECT_EQ(p.wait_exit(), 0) << p.out();
+}
+
+TEST(RunPty, LongConversationDropsTheOldestTurns) {
+  // --ctx 96 holds about three short turns of the Qwen3 template plus 16-token answers: later turns
+  // must drop the oldest ones (and say so) rather than fail.
+  Pty p({"run", "--synthetic", "tiny:q4g64", "-n", "16", "--temp", "0", "--ctx", "96"});
+  ASSERT_TRUE(p.wait_for("> ", 0)) << p.out();
+  for (int turn = 0; turn < 7; ++turn) {
+    size_t mark = p.out().size();
+    p.send("Turn number " + std::to_string(turn) + " of a long talk\r");
+    ASSERT_TRUE(p.wait_for("\n> ", mark)) << "turn " << turn << ": " << p.out();
+    EXPECT_NE(p.out().find("[anvil] prompt", mark), std::string::npos) << "turn " << turn << ": " << p.out();
+  }
+  EXPECT_NE(p.out().find("dropped the"), std::string::npos) << p.out();
+  EXPECT_EQ(p.out().find("error"), std::string::npos) << p.out();
+  p.send("/quit\r");
   EXPECT_EQ(p.wait_exit(), 0) << p.out();
 }

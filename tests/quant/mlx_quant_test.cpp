@@ -1,4 +1,5 @@
-// MLX affine quantization: packing layout, bit-exact agreement with mlx.core.quantize/dequantize
+// MLX affine quantization: packing layout, bit-exact agreement with mlx.core.quantize/dequantize (the
+// dequantizer checked is the one the engine runs: the CPU backend's weight_row_to_f32)
 // (fixtures frozen by scripts/make_quant_fixtures.py), round-trip error bounds, parameter errors.
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include "base/dtype.h"
 #include "format/safetensors.h"
 #include "format/mlx_quant.h"
+#include "backend/cpu/cpu_kernels.h"
 
 using namespace anvil;
 
@@ -126,7 +128,7 @@ struct FixtureTensor {
 };
 }  // namespace
 
-// Our quantize and dequantize against the real MLX on every bits x group x dtype.
+// Our quantize, and the engine's dequantizer, against the real MLX on every bits x group x dtype.
 TEST(MlxQuant, MatchesMlxFixtures) {
   std::map<std::string, FixtureTensor> fx;
   const std::string path = std::string(ANVIL_TEST_DATA) + "/quant/mlx_quant.safetensors";
@@ -171,9 +173,19 @@ TEST(MlxQuant, MatchesMlxFixtures) {
         const auto& deq_native = fx[p + "deq"];
         std::vector<float> out(static_cast<size_t>(cols));
         int64_t max_ulp = 0;
+        // Through the engine's own dequantizer (the CPU backend's weight_row_to_f32, which the fp32
+        // linear path and the embedding lookup run), on a weight matrix over MLX's tensors.
+        WeightMatrix wm;
+        wm.rows = rows;
+        wm.cols = cols;
+        wm.dtype = dt;
+        wm.bits = bits;
+        wm.group_size = group;
+        wm.data = mq.data();
+        wm.scales = ms.data();
+        wm.biases = mb.data();
         for (int64_t r = 0; r < rows; ++r) {
-          mlx_dequantize_row(mq.data() + r * pc, ms.data() + size_t(r * ng) * esz, mb.data() + size_t(r * ng) * esz, dt,
-                             cols, bits, group, out.data());
+          cpu::weight_row_to_f32(wm, r, out.data());
           for (int64_t c = 0; c < cols; ++c) {
             const size_t i = size_t(r * cols + c);
             max_ulp = std::max(max_ulp, ulp_distance(out[size_t(c)], deq_f32[i]));
@@ -276,4 +288,44 @@ TEST(MlxQuant, ConstantAndZeroGroupsAreExact) {
   std::vector<float> out(64);
   mlx_dequantize_row(q.data(), s, b, DType::kF32, 64, 4, 32, out.data());
   EXPECT_EQ(out, w);
+}
+
+// Tensors in a mapped checkpoint can start at any byte offset: the engine's dequantizer reads packed
+// words and bf16/f32 scales through memcpy, so a misaligned copy gives the same floats (and UBSan,
+// in the CI's sanitizer run, sees no misaligned load).
+TEST(MlxQuant, MisalignedWeightsDequantizeTheSame) {
+  const int64_t cols = 128;
+  std::vector<float> w = std::vector<float>(size_t(cols));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : w) x = u(rng);
+  for (int bits : {3, 4, 8})
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const int64_t pc = mlx_packed_cols(cols, bits), ng = cols / 32;
+      const size_t esz = dtype_size(dt);
+      std::vector<uint32_t> q(static_cast<size_t>(pc));
+      std::vector<uint8_t> s(size_t(ng) * esz), b(size_t(ng) * esz);
+      ASSERT_TRUE(mlx_quantize(w.data(), 1, cols, bits, 32, dt, q.data(), s.data(), b.data()).is_ok());
+      std::vector<uint8_t> buf(q.size() * 4 + 2 * s.size() + 8);
+      uint8_t* base = buf.data() + 1;  // odd address
+      std::memcpy(base, q.data(), q.size() * 4);
+      std::memcpy(base + q.size() * 4, s.data(), s.size());
+      std::memcpy(base + q.size() * 4 + s.size() + 1, b.data(), b.size());
+      WeightMatrix wm;
+      wm.rows = 1;
+      wm.cols = cols;
+      wm.dtype = dt;
+      wm.bits = bits;
+      wm.group_size = 32;
+      wm.data = q.data();
+      wm.scales = s.data();
+      wm.biases = b.data();
+      std::vector<float> aligned(static_cast<size_t>(cols)), mis(static_cast<size_t>(cols));
+      cpu::weight_row_to_f32(wm, 0, aligned.data());
+      wm.data = base;
+      wm.scales = base + q.size() * 4;
+      wm.biases = base + q.size() * 4 + s.size() + 1;
+      cpu::weight_row_to_f32(wm, 0, mis.data());
+      EXPECT_EQ(aligned, mis) << bits << " bits";
+    }
 }

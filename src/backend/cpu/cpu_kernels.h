@@ -22,6 +22,9 @@ inline float weight_bias(const WeightMatrix& w, int64_t r) {
 // ---- linear ----
 // out[rows, w.rows] = x[rows, w.cols] w^T (+ bias).
 void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out);
+// The fewest output rows (of w) one thread chunk of linear_f32 takes for a batch of `rows`: the
+// tests use it to make sure their shapes really split the work between threads.
+int64_t linear_min_chunk_rows(const WeightMatrix& w, int64_t rows);
 
 // ---- AVX2 kernels (call only when cpu_has_avx2()) ----
 // The quantized mat-vec fast path for bits 4 and 8 works on x quantized to int16 per weight group
@@ -43,10 +46,8 @@ void quantize_x_int16_avx2(const float* x, int64_t cols, int bits, int64_t G, in
 //   out[x*ldo + r] = sum_g scale_g*xscale_g*dot(q_g, xq_g) + bias_g*xsum_g (+ row bias).
 void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, int nx, float* out,
                      int64_t ldo);
-// Dense mat-vec over rows [r0, r1): out[r] = dot(W[r], x). For BF16, xp is x permuted per 16-block
-// (even elements then odd); for F32/F16 xp is x itself.
-void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out);
 // out[t*ldo + r] = dot(W[r, :cols], X[t, :cols]) for r < nw, t < nx (W rows contiguous, stride cols).
+// Each element's reduction order is the same whatever nw and nx (batch invariance).
 void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
                     int64_t ldo);
 float dot_f32_avx2(const float* a, const float* b, int64_t n);

@@ -1,15 +1,20 @@
 // linear: out[T, N] = x[T, K] W^T (+ bias) for dense (F32/F16/BF16) and MLX affine quantized W.
 //
+// Batch invariance (docs/architecture.md, "Numerical contract"): row t of the output depends only
+// on row t of x and on W, never on T, on the other rows, or on the thread count. Every path below
+// computes each output element with one fixed reduction order whatever the tile it lands in, and
+// threads split output rows only.
+//
 // 4/8-bit W with AVX2, any T (decode, batched decode and prefill): x is quantized to int16 per
 // group and the integer kernel (cpu_qdot_avx2.cpp) runs tiles of weight rows x activation rows,
 // reading the packed weights without shuffles or fp32 dequantization. Threads split the output
 // rows into contiguous chunks; within a chunk a sub-block of rows stays in L2 while every tile of
 // activation rows (up to 4) passes over it. For prefill this integer path does twice the
 // multiply-adds per instruction of an fp32 FMA GEMM over dequantized weights.
-// Other T == 1 cases are a mat-vec bound by reading W once (bf16 without shuffles; other bit
-// widths and the scalar path dequantize a row to fp32 and dot it). Other T > 1 cases are compute
-// bound: a block of kRowBlock weight rows is dequantized to fp32 once and reused against every
-// activation row with a 4x2 register-tiled FMA kernel.
+// Every other case (dense W, other bit widths, no AVX2), any T: a block of kRowBlock weight rows is
+// dequantized to fp32 once and reused against every activation row with a register-tiled kernel
+// whose per-element order does not depend on the tile shape. (A separate T == 1 mat-vec used to
+// give other logits than the same row inside a batch.)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,21 +23,12 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "format/mlx_quant.h"
 
 namespace anvil::cpu {
 namespace {
 
 constexpr int kRowBlock = 16;  // weight rows dequantized together for the fp32 matmul
-
-// Element k of a packed row: bits [k*bits, (k+1)*bits) of the little-endian stream.
-inline uint32_t qextract(const uint8_t* row, int64_t k, int bits) {
-  const int64_t off = k * bits;
-  const int64_t byte = off >> 3;
-  const int sh = int(off & 7);
-  uint32_t v = row[byte];
-  if (sh + bits > 8) v |= uint32_t(row[byte + 1]) << 8;
-  return (v >> sh) & ((1u << bits) - 1);
-}
 
 float dot_scalar(const float* a, const float* b, int64_t n) {
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -42,10 +38,6 @@ float dot_scalar(const float* a, const float* b, int64_t n) {
   float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
   for (; i < n; ++i) t += a[i] * b[i];
   return t;
-}
-
-float dot(const float* a, const float* b, int64_t n, bool avx2) {
-  return avx2 ? dot_f32_avx2(a, b, n) : dot_scalar(a, b, n);
 }
 
 std::vector<float>& scratch_f32(int slot, size_t n) {
@@ -105,35 +97,6 @@ void linear_quant_avx2(ThreadPool& pool, const float* x, int64_t T, const Weight
   });
 }
 
-void gemv(ThreadPool& pool, const float* x, const WeightMatrix& w, float* out) {
-  const bool avx2 = cpu_use_avx2();
-  const int64_t cols = w.cols;
-  if (avx2 && !w.quantized()) {
-    const float* xp = x;
-    std::vector<float>& perm = scratch_f32(0, size_t(cols));
-    if (w.dtype == DType::kBF16) {  // even elements then odd, per 16-block (dense_gemv_rows_avx2)
-      int64_t i = 0;
-      for (; i + 16 <= cols; i += 16)
-        for (int j = 0; j < 8; ++j) {
-          perm[i + j] = x[i + 2 * j];
-          perm[i + 8 + j] = x[i + 2 * j + 1];
-        }
-      for (; i < cols; ++i) perm[i] = x[i];
-      xp = perm.data();
-    }
-    pool.parallel_for(w.rows, gemv_grain(w), [&](int64_t b, int64_t e) { dense_gemv_rows_avx2(w, b, e, xp, out); });
-    return;
-  }
-  // Generic: any bit width, any dtype; scalar or AVX2 dot over a dequantized row.
-  pool.parallel_for(w.rows, gemv_grain(w), [&](int64_t b, int64_t e) {
-    float* row = scratch_f32(1, size_t(cols)).data();
-    for (int64_t r = b; r < e; ++r) {
-      weight_row_to_f32(w, r, row);
-      out[r] = dot(row, x, cols, avx2) + weight_bias(w, r);
-    }
-  });
-}
-
 void gemm_tile_scalar(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
                       int64_t ldo) {
   for (int t = 0; t < nx; ++t)
@@ -186,33 +149,23 @@ void weight_row_to_f32(const WeightMatrix& w, int64_t r, float* out) {
       default: die("weight_row_to_f32: dense weight dtype must be F32, F16 or BF16");
     }
   }
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * qrow_bytes(w);
-  const int64_t G = w.group_size, ng = cols / G;
-  for (int64_t g = 0; g < ng; ++g) {
-    const float s = load_float(w.scales, w.dtype, size_t(r * ng + g));
-    const float b = load_float(w.biases, w.dtype, size_t(r * ng + g));
-    float* o = out + g * G;
-    if (w.bits == 4) {
-      const uint8_t* p = row + g * G / 2;
-      for (int64_t k = 0; k < G / 2; ++k) {
-        o[2 * k] = s * float(p[k] & 15) + b;
-        o[2 * k + 1] = s * float(p[k] >> 4) + b;
-      }
-    } else if (w.bits == 8) {
-      const uint8_t* p = row + g * G;
-      for (int64_t k = 0; k < G; ++k) o[k] = s * float(p[k]) + b;
-    } else {
-      for (int64_t k = 0; k < G; ++k) o[k] = s * float(qextract(row, g * G + k, w.bits)) + b;
-    }
-  }
+  // The one dequantizer (format/mlx_quant.h), bit-exact with mx.dequantize (tests/quant).
+  const int64_t ng = cols / w.group_size;
+  const size_t sb = size_t(r * ng) * dtype_size(w.dtype);
+  mlx_dequantize_row(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.data) + r * qrow_bytes(w)),
+                     static_cast<const uint8_t*>(w.scales) + sb, static_cast<const uint8_t*>(w.biases) + sb, w.dtype,
+                     cols, w.bits, w.group_size, out);
+}
+
+int64_t linear_min_chunk_rows(const WeightMatrix& w, int64_t rows) {
+  if (w.quantized() && cpu_use_avx2() && qdot_avx2_supported(w.bits, w.group_size, w.cols)) return gemv_grain(w);
+  return kRowBlock;  // gemm: one block of weight rows per chunk at least
 }
 
 void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out) {
   if (rows <= 0) return;
   if (w.quantized() && cpu_use_avx2() && qdot_avx2_supported(w.bits, w.group_size, w.cols))
     linear_quant_avx2(pool, x, rows, w, out);
-  else if (rows == 1)
-    gemv(pool, x, w, out);
   else
     gemm(pool, x, rows, w, out);
 }

@@ -440,49 +440,15 @@ ANVIL_AVX2 float exp_shift_sum_avx2(float* s, int n, float mx) {
   return hsum(acc) + tail;
 }
 
-ANVIL_AVX2 void dense_gemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const float* xp, float* out) {
-  const int64_t cols = w.cols;
-  for (int64_t r = r0; r < r1; ++r) {
-    float s = 0.0f;
-    if (w.dtype == DType::kF32) {
-      s = dot_f32_avx2(static_cast<const float*>(w.data) + r * cols, xp, cols);
-    } else if (w.dtype == DType::kBF16) {
-      // A 32-byte load holds 16 bf16: dword i = elements 2i (low half), 2i+1 (high half); shifting
-      // or masking gives them as floats without shuffles, matched by xp's even/odd permutation.
-      const uint16_t* wr = static_cast<const uint16_t*>(w.data) + r * cols;
-      const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-             a3 = _mm256_setzero_ps();
-      int64_t i = 0;
-      for (; i + 32 <= cols; i += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr + i) + kPrefetchBytes, _MM_HINT_T0);
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i + 16));
-        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask)), _mm256_loadu_ps(xp + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), _mm256_loadu_ps(xp + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v1, hi_mask)), _mm256_loadu_ps(xp + i + 24), a3);
-      }
-      for (; i + 16 <= cols; i += 16) {
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i));
-        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xp + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask)), _mm256_loadu_ps(xp + i + 8), a1);
-      }
-      s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-      for (; i < cols; ++i) s += bf16_to_f32(wr[i]) * xp[i];  // the tail is not permuted
-    } else {  // F16
-      const uint16_t* wr = static_cast<const uint16_t*>(w.data) + r * cols;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      int64_t i = 0;
-      for (; i + 16 <= cols; i += 16) {
-        a0 = _mm256_fmadd_ps(load8(wr, DType::kF16, i), _mm256_loadu_ps(xp + i), a0);
-        a1 = _mm256_fmadd_ps(load8(wr, DType::kF16, i + 8), _mm256_loadu_ps(xp + i + 8), a1);
-      }
-      s = hsum(_mm256_add_ps(a0, a1));
-      for (; i < cols; ++i) s += f16_to_f32(wr[i]) * xp[i];
-    }
-    out[r] = s + weight_bias(w, r);
-  }
+// Every output element, whatever tile computes it, is: one 8-lane accumulator over k = 0, 8, ...
+// (FMA), its horizontal sum (hsum), then the scalar tail k >= c8 added in order. So a row's result
+// does not depend on how many activation rows (T) or weight rows share its tile.
+ANVIL_AVX2 static inline float dot_tile_order(const float* w, const float* x, int64_t c8, int64_t cols) {
+  __m256 c = _mm256_setzero_ps();
+  for (int64_t k = 0; k < c8; k += 8) c = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), c);
+  float s = hsum(c);
+  for (int64_t k = c8; k < cols; ++k) s += w[k] * x[k];
+  return s;
 }
 
 ANVIL_AVX2 void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
@@ -515,8 +481,8 @@ ANVIL_AVX2 void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t l
         c31 = _mm256_fmadd_ps(vw, vx1, c31);
       }
       float s[4][2] = {{hsum(c00), hsum(c01)}, {hsum(c10), hsum(c11)}, {hsum(c20), hsum(c21)}, {hsum(c30), hsum(c31)}};
-      for (int64_t k = c8; k < cols; ++k)
-        for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 4; ++i)
+        for (int64_t k = c8; k < cols; ++k) {
           s[i][0] += w0[i * cols + k] * x0[k];
           s[i][1] += w0[i * cols + k] * x1[k];
         }
@@ -526,12 +492,32 @@ ANVIL_AVX2 void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t l
       }
     }
     for (; r < nw; ++r) {
-      out[t * ldo + r] = dot_f32_avx2(W + r * cols, x0, cols);
-      out[(t + 1) * ldo + r] = dot_f32_avx2(W + r * cols, x1, cols);
+      out[t * ldo + r] = dot_tile_order(W + r * cols, x0, c8, cols);
+      out[(t + 1) * ldo + r] = dot_tile_order(W + r * cols, x1, c8, cols);
     }
   }
-  for (; t < nx; ++t)
-    for (int r = 0; r < nw; ++r) out[t * ldo + r] = dot_f32_avx2(W + r * cols, X + t * ldx, cols);
+  // The last activation row (T odd, or decode): 4 weight rows x 1, four independent chains.
+  for (; t < nx; ++t) {
+    const float* x0 = X + t * ldx;
+    int r = 0;
+    for (; r + 4 <= nw; r += 4) {
+      const float* w0 = W + r * cols;
+      __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < c8; k += 8) {
+        const __m256 vx = _mm256_loadu_ps(x0 + k);
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), vx, c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + cols + k), vx, c1);
+        c2 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + 2 * cols + k), vx, c2);
+        c3 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + 3 * cols + k), vx, c3);
+      }
+      float s[4] = {hsum(c0), hsum(c1), hsum(c2), hsum(c3)};
+      for (int i = 0; i < 4; ++i) {
+        for (int64_t k = c8; k < cols; ++k) s[i] += w0[i * cols + k] * x0[k];
+        out[t * ldo + r + i] = s[i];
+      }
+    }
+    for (; r < nw; ++r) out[t * ldo + r] = dot_tile_order(W + r * cols, x0, c8, cols);
+  }
 }
 
 ANVIL_AVX2 uint64_t read_sum_avx2(const uint8_t* p, size_t n) {

@@ -1,0 +1,12 @@
+// Ctrl-C during generation: the first SIGINT sets a flag that the token callback reads, so the
+// answer stops cleanly (its summary still printed); no SA_RESTART, so a blocking read of the next
+// line returns EINTR instead of waiting.
+#pragma once
+
+namespace anvil::cli {
+
+void install_sigint_handler();
+bool interrupted();
+void clear_interrupted();
+
+}  // namespace anvil::cli

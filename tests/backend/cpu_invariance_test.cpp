@@ -1,0 +1,74 @@
+// The CPU backend's numerical contract (docs/architecture.md): an output row of linear depends only
+// on its input row and the weights — not on how many rows are in the batch, which other rows they
+// are, or how many threads run it (1, 2, and 16: more threads than this machine has cores). Results
+// are compared bit for bit. Every shape below is checked to split into several thread chunks, so a
+// thread-dependent reduction would show.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend_test_util.h"
+
+namespace anvil::test {
+namespace {
+
+struct Case {
+  const char* name;
+  int bits;  // 0: dense
+  int group;
+  DType dt;
+};
+
+std::vector<float> run(Backend& be, const WeightMatrix& w, const float* x, int64_t T) {
+  auto up = be.upload_weight(w);
+  EXPECT_TRUE(up.is_ok());
+  std::vector<float> y(size_t(T * w.rows), -1.0f);
+  be.linear(Act{const_cast<float*>(x), T, w.cols, DType::kF32}, *up, Act{y.data(), T, w.rows, DType::kF32});
+  return y;
+}
+
+void check_invariance(bool force_scalar) {
+  const Case cases[] = {{"q4g64/bf16", 4, 64, DType::kBF16}, {"q8g32/f16", 8, 32, DType::kF16},
+                        {"q3g32/bf16", 3, 32, DType::kBF16}, {"q4g128/f32", 4, 128, DType::kF32},
+                        {"dense bf16", 0, 0, DType::kBF16},   {"dense f32", 0, 0, DType::kF32},
+                        {"dense f16", 0, 0, DType::kF16}};
+  const int64_t K = 1028;  // dense: a tail past the 8-lane steps
+  const int64_t T = 9;  // tiles of 3 activation rows, parallel x quantization (T >= 8), a remainder
+  cpu_set_force_scalar(force_scalar);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t k = c.bits ? 1024 : K;
+    const int64_t N = 2003;  // not a multiple of any tile or block
+    TestWeight t = c.bits ? make_quant_weight(N, k, c.bits, c.group, c.dt, true, 77u)
+                          : make_dense_weight(N, k, c.dt, true, 78u);
+    const int64_t min_chunk = cpu::linear_min_chunk_rows(t.w, T);
+    ASSERT_GE(N, 3 * min_chunk) << "the shape must split into several thread chunks";
+    std::vector<float> x = random_floats(size_t(T * k), 9u);
+    std::vector<float> ref;
+    for (int threads : {1, 2, 16}) {
+      auto be = make_cpu_backend(threads);
+      std::vector<float> all = run(*be, t.w, x.data(), T);
+      if (ref.empty()) ref = all;
+      EXPECT_EQ(0, std::memcmp(all.data(), ref.data(), ref.size() * 4)) << threads << " threads";
+      // Each row alone (mat-vec) and in a batch of 2 with another row gives the same bits.
+      for (int64_t r = 0; r < T; ++r) {
+        std::vector<float> one = run(*be, t.w, x.data() + r * k, 1);
+        EXPECT_EQ(0, std::memcmp(one.data(), ref.data() + r * N, size_t(N) * 4)) << "row " << r << " alone, " << threads;
+        std::vector<float> pair(x.begin() + r * k, x.begin() + (r + 1) * k);
+        pair.insert(pair.end(), x.begin() + ((r + 3) % T) * k, x.begin() + ((r + 3) % T + 1) * k);
+        std::vector<float> two = run(*be, t.w, pair.data(), 2);
+        EXPECT_EQ(0, std::memcmp(two.data(), ref.data() + r * N, size_t(N) * 4)) << "row " << r << " in a pair";
+      }
+    }
+  }
+  cpu_set_force_scalar(false);
+}
+
+}  // namespace
+
+TEST(CpuInvariance, LinearRowsIndependentOfBatchAndThreads) { check_invariance(false); }
+TEST(CpuInvariance, LinearRowsIndependentOfBatchAndThreadsScalar) { check_invariance(true); }
+
+}  // namespace anvil::test

@@ -1,0 +1,261 @@
+// The CLI's contract with a new user (issue 8): random sampling unless seeded, every bad flag value
+// refused by name and range, an exact --ctx that ends generation cleanly, synth refusing to
+// overwrite, bench's peak memory, a relocatable binary, and errors that say what was wrong.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "cli_helpers.h"
+
+using anvil::test::anvil_command;
+using anvil::test::run_anvil;
+using anvil::test::run_shell;
+using anvil::test::shell_quote;
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kModel = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+
+nlohmann::json last_json_line(const std::string& out) {
+  auto end = out.find_last_not_of('\n');
+  if (end == std::string::npos) return nlohmann::json();
+  auto start = out.rfind('\n', end);
+  start = start == std::string::npos ? 0 : start + 1;
+  return nlohmann::json::parse(out.substr(start, end - start + 1), nullptr, false);
+}
+
+fs::path temp_dir(const std::string& tag) {
+  fs::path d = fs::temp_directory_path() / ("anvil_" + tag + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  return d;
+}
+}  // namespace
+
+// Defect 1: without --seed every run draws a fresh seed; --json reports it; that seed reproduces the run.
+TEST(CliSeed, RandomUnlessGivenAndReportedForReproduction) {
+  std::vector<std::string> args = {"generate", "-m", kModel, "-p", "class ", "-n", "24", "--temp", "1.0", "--json"};
+  std::set<std::string> outputs;
+  nlohmann::json first;
+  for (int i = 0; i < 3; ++i) {
+    auto r = run_anvil(args);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    auto j = last_json_line(r.out);
+    ASSERT_TRUE(j.contains("seed")) << r.out;
+    outputs.insert(j["ids"].dump());
+    if (i == 0) first = j;
+  }
+  // 24 tokens at temperature 1 from three independent seeds: equal outputs mean the seed is fixed.
+  EXPECT_GT(outputs.size(), 1u) << "three unseeded runs sampled the same tokens";
+  auto again = args;
+  again.insert(again.end(), {"--seed", std::to_string(first["seed"].get<uint64_t>())});
+  auto r = run_anvil(again);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_json_line(r.out)["ids"], first["ids"]);
+  EXPECT_EQ(last_json_line(r.out)["seed"], first["seed"]);
+  // --seed -1 means "random", as in llama.cpp (not 2^64-1).
+  auto m = args;
+  m.insert(m.end(), {"--seed", "-1"});
+  auto a = run_anvil(m), b = run_anvil(m);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_NE(last_json_line(a.out)["seed"], last_json_line(b.out)["seed"]);
+  EXPECT_NE(last_json_line(a.out)["seed"].get<uint64_t>(), UINT64_MAX);
+}
+
+// Defect 2: each bad sampling value is refused, naming the flag as typed and its range.
+TEST(CliSampling, BadValuesAreRefusedByName) {
+  struct Case {
+    std::string flag, value, range;
+  };
+  const Case cases[] = {
+      {"--temp", "-1", ">= 0"},          {"--temp", "nan", ">= 0"},         {"--temp", "inf", ">= 0"},
+      {"--temp", "warm", "not a number"}, {"--top-p", "-0.5", "(0, 1]"},    {"--top-p", "1.5", "(0, 1]"},
+      {"--top-k", "-3", ">= 0"},         {"--top-k", "2.5", "not an integer"}, {"--min-p", "-0.1", "[0, 1)"},
+      {"--repeat-penalty", "-2", "> 0"}, {"--repeat-penalty", "0", "> 0"},  {"--seed", "-2", "-1"},
+      {"--seed", "18446744073709551616", "18446744073709551615"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_anvil({"generate", "-m", kModel, "-p", "x", "-n", "2", c.flag, c.value}, true);
+    EXPECT_EQ(r.exit_code, 1) << c.flag << " " << c.value << ": " << r.out;
+    EXPECT_NE(r.out.find(c.flag), std::string::npos) << c.flag << " " << c.value << ": " << r.out;
+    EXPECT_NE(r.out.find(c.range), std::string::npos) << c.flag << " " << c.value << ": " << r.out;
+  }
+  // The same checks hold in `run`.
+  auto r = run_anvil({"run", "-m", kModel, "-p", "x", "-n", "2", "--top-k", "-3"}, true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("--top-k"), std::string::npos) << r.out;
+  // Edge values inside the ranges are accepted.
+  r = run_anvil({"generate", "-m", kModel, "-p", "x", "-n", "2", "--temp", "0", "--top-p", "1", "--min-p", "0",
+                 "--top-k", "0", "--repeat-penalty", "1", "--seed", "18446744073709551615"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
+// Defects 3 and 4: --ctx is exact, and reaching it ends generation with finish "length", keeping the text.
+TEST(CliContext, ExactLimitEndsWithLengthKeepingTheOutput) {
+  for (int ctx : {1, 5, 20, 33}) {
+    auto r = run_anvil({"generate", "-m", kModel, "--ids", "1", "-n", "100", "--ignore-eos", "--temp", "0", "--ctx",
+                        std::to_string(ctx), "--json"});
+    ASSERT_EQ(r.exit_code, 0) << "--ctx " << ctx << ": " << r.out;
+    auto j = last_json_line(r.out);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["finish_reason"], "length");
+    // The prompt and every decoded token take one position each; the last sampled token needs none.
+    EXPECT_EQ(j["prompt_tokens"].get<int>() + int(j["ids"].size()), ctx + 1) << "--ctx " << ctx;
+    EXPECT_TRUE(j.contains("text"));
+  }
+  // Streaming: the text stays, no error is appended, exit 0.
+  auto r = run_anvil({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "100", "--ignore-eos", "--temp", "0",
+                      "--ctx", "24"},
+                     true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("finish: length"), std::string::npos) << r.out;
+  // A prompt longer than the context is an error that says so.
+  r = run_anvil({"generate", "-m", kModel, "--ids", "1,2,3,4,5", "-n", "4", "--ctx", "3"}, true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("--ctx"), std::string::npos) << r.out;
+}
+
+TEST(CliContext, WarnsAboveMaxPositionEmbeddings) {
+  // The synthetic tiny shape declares max_position_embeddings 40960.
+  auto r = run_anvil({"generate", "--synthetic", "tiny:q4g64", "--ids", "1", "-n", "1", "--ctx", "50000"}, true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: --ctx 50000 is above the model's max_position_embeddings (40960)"),
+            std::string::npos)
+      << r.out;
+  r = run_anvil({"generate", "--synthetic", "tiny:q4g64", "--ids", "1", "-n", "1", "--ctx", "40960"}, true);
+  EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+}
+
+// Defect 5: synth refuses a non-empty --out unless --force.
+TEST(CliSynth, RefusesANonEmptyDirectoryWithoutForce) {
+  fs::path dir = temp_dir("synth_force");
+  fs::create_directories(dir);
+  { std::ofstream(dir / "config.json") << "{\"mine\": true}"; }
+  auto r = run_anvil({"synth", "--shape", "tiny", "--out", dir.string()}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--force"), std::string::npos) << r.out;
+  std::ifstream in(dir / "config.json");
+  std::string kept((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(kept, "{\"mine\": true}");
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+  r = run_anvil({"synth", "--shape", "tiny", "--out", dir.string(), "--force"}, true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+  fs::remove_all(dir);
+}
+
+// Defect 6: bench's peak memory is the model's, not its 1 GiB bandwidth probe's; the header names the device once.
+TEST(CliBench, PeakMemoryExcludesTheBandwidthProbe) {
+  auto r = run_anvil({"bench", "--synthetic", "tiny:q4g64", "--prompt-tokens", "16", "-n", "4", "--runs", "1",
+                      "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  // The tiny model needs tens of MiB (its weights are ~7 MB); the probe alone touches 1024 MiB.
+  EXPECT_LT(j["peak_rss_mib"].get<double>(), 512.0);
+  EXPECT_GT(j["peak_rss_mib"].get<double>(), 1.0);
+  auto t = run_anvil({"bench", "--synthetic", "tiny:q4g64", "--prompt-tokens", "16", "-n", "4", "--runs", "1"});
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  std::istringstream lines(t.out);
+  for (std::string line; std::getline(lines, line);) {
+    auto first = line.find("threads");
+    EXPECT_TRUE(first == std::string::npos || line.find("threads", first + 1) == std::string::npos) << line;
+  }
+}
+
+// Defect 7: the binary carries its default tokenizer: no path into the source tree, and a copy
+// elsewhere still tokenizes a prompt for a synthetic model exactly as the shipped tokenizer does.
+TEST(CliRelocatable, CopiedBinaryRunsSyntheticPrompts) {
+  std::ifstream bin(ANVIL_BINARY, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(bin)), {});
+  EXPECT_EQ(bytes.find(std::string(ANVIL_SOURCE_DIR) + "/tests/data/tokenizer"), std::string::npos)
+      << "the binary looks for its tokenizer in the source tree";
+  fs::path dir = temp_dir("reloc");
+  fs::create_directories(dir / "bin");
+  fs::copy_file(ANVIL_BINARY, dir / "bin" / "anvil");
+  fs::permissions(dir / "bin" / "anvil", fs::perms::owner_all);
+  const std::string env = "XDG_CACHE_HOME=" + shell_quote((dir / "cache").string()) + " ";
+  auto r = run_shell("cd / && " + env + shell_quote((dir / "bin" / "anvil").string()) +
+                     " generate --synthetic tiny:q4g64 -p 'Hello world' --raw -n 3 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = last_json_line(r.out);
+  auto ref = run_anvil({"tokenize", "-m", std::string(ANVIL_TEST_DATA) + "/tokenizer/qwen3", "-p", "Hello world",
+                        "--json"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  EXPECT_EQ(j["prompt_tokens"].get<size_t>(), nlohmann::json::parse(ref.out)["ids"].size());
+  EXPECT_TRUE(fs::exists(dir / "cache" / "anvil"));
+  fs::remove_all(dir);
+}
+
+// Defect 8: a mistyped command is named with the closest one; an empty prompt is called empty.
+TEST(CliErrors, TypoAndEmptyPrompt) {
+  auto r = run_anvil({"genrate", "-m", kModel, "-p", "x"}, true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("unknown command 'genrate'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("did you mean 'generate'"), std::string::npos) << r.out;
+  r = run_anvil({"generate", "-m", kModel, "-p", ""}, true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("the prompt is empty"), std::string::npos) << r.out;
+  r = run_anvil({"generate", "-m", kModel}, true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("no prompt"), std::string::npos) << r.out;
+}
+
+// A prompt from stdin (-p -) or a file (-f) is the same prompt as -p TEXT.
+TEST(CliPrompt, StdinAndFileMatchTheFlag) {
+  const std::string text = "def add(a, b):\n";
+  auto ref = run_anvil({"generate", "-m", kModel, "-p", text, "-n", "8", "--temp", "0", "--json"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  auto want = last_json_line(ref.out)["ids"];
+  auto s = run_shell("printf 'def add(a, b):\\n' | " +
+                     anvil_command({"generate", "-m", kModel, "-p", "-", "-n", "8", "--temp", "0", "--json"}));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(last_json_line(s.out)["ids"], want);
+  fs::path f = temp_dir("prompt_file");
+  { std::ofstream(f) << text; }
+  auto g = run_anvil({"generate", "-m", kModel, "-f", f.string(), "-n", "8", "--temp", "0", "--json"});
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_EQ(last_json_line(g.out)["ids"], want);
+  fs::remove(f);
+  auto both = run_anvil({"generate", "-m", kModel, "-f", "/nonexistent/prompt.txt", "-n", "8"}, true);
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_NE(both.out.find("/nonexistent/prompt.txt"), std::string::npos) << both.out;
+}
+
+// generate sends a text prompt through the model's chat template when it has one; --raw sends it as is.
+TEST(CliPrompt, ChatTemplateByDefaultRawOnRequest) {
+  auto ref = run_anvil({"tokenize", "-m", std::string(ANVIL_TEST_DATA) + "/tokenizer/qwen3", "-p", "Hello", "--json"});
+  ASSERT_EQ(ref.exit_code, 0);
+  const size_t raw_len = nlohmann::json::parse(ref.out)["ids"].size();
+  auto chat = run_anvil({"generate", "--synthetic", "tiny:q4g64", "-p", "Hello", "-n", "1", "--json"});
+  ASSERT_EQ(chat.exit_code, 0) << chat.out;
+  auto jc = last_json_line(chat.out);
+  EXPECT_TRUE(jc["chat_template"].get<bool>());
+  EXPECT_GT(jc["prompt_tokens"].get<size_t>(), raw_len + 4);  // <|im_start|>user\n ... <|im_start|>assistant\n
+  auto raw = run_anvil({"generate", "--synthetic", "tiny:q4g64", "-p", "Hello", "-n", "1", "--raw", "--json"});
+  ASSERT_EQ(raw.exit_code, 0) << raw.out;
+  EXPECT_FALSE(last_json_line(raw.out)["chat_template"].get<bool>());
+  EXPECT_EQ(last_json_line(raw.out)["prompt_tokens"].get<size_t>(), raw_len);
+  // The code model has no template: the prompt goes as is.
+  auto code = run_anvil({"generate", "-m", kModel, "-p", "x", "-n", "1", "--json"});
+  EXPECT_FALSE(last_json_line(code.out)["chat_template"].get<bool>());
+}
+
+// Ctrl-C during generate stops it cleanly: the text so far, then the summary (speed, peak memory).
+TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
+  // The code model loads in milliseconds, so two seconds later it is generating (40000 tokens take longer).
+  const std::string cmd =
+      anvil_command({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ignore-eos", "--ctx", "40010"});
+  // The shell starts anvil in the background, then sends SIGINT once it is generating.
+  // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
+  auto r = run_shell("(" + cmd +
+                     " & pid=$!; sleep 2; kill -INT $pid; (sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                     "wait $pid; rc=$?; kill $killer 2>/dev/null; echo \"rc=$rc\") 2>&1");
+  EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+}

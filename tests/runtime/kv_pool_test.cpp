@@ -1,0 +1,95 @@
+// KV pool and prefix index: a key match alone never serves a page (token ids and parent are
+// compared), eviction takes leaves before their parents (no unreachable entries left holding
+// memory), and refcount misuse stops the process in every build type.
+#include <gtest/gtest.h>
+
+#include "runtime/kv_pool.h"
+
+using namespace anvil;
+
+namespace {
+
+struct Pool {
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  std::unique_ptr<KVPool> pool;
+  explicit Pool(int pages) {
+    KVCacheView v;
+    v.dtype = DType::kF32;
+    v.n_layers = 1;
+    v.n_kv_heads = 1;
+    v.head_dim = 8;
+    v.page_size = 4;
+    v.n_pages = pages;
+    pool = std::make_unique<KVPool>(*be, v);
+    EXPECT_TRUE(pool->init().is_ok());
+  }
+};
+
+const Hash128 kRoot = hash128("root", 4);
+
+}  // namespace
+
+TEST(KVPool, KeyMatchWithOtherTokensOrParentIsAMiss) {
+  Pool p(4);
+  std::vector<int32_t> toks = {1, 2, 3, 4}, other = {1, 2, 3, 5};
+  const Hash128 key = kv_page_key(kRoot, Hash128{}, toks);
+  int32_t page = p.pool->kv_page_alloc();
+  ASSERT_TRUE(p.pool->prefix_insert(key, Hash128{}, toks, page));
+  // A colliding key (forged, or an accident) with other token ids or another parent: not served.
+  EXPECT_EQ(p.pool->prefix_lookup(key, Hash128{}, other), -1);
+  EXPECT_EQ(p.pool->prefix_lookup(key, hash128("x", 1), toks), -1);
+  EXPECT_EQ(p.pool->refcount(page), 2);
+  EXPECT_EQ(p.pool->prefix_lookup(key, Hash128{}, toks), page);
+  EXPECT_EQ(p.pool->refcount(page), 3);
+  // A child whose parent is not indexed would be unreachable: not indexed.
+  int32_t orphan = p.pool->kv_page_alloc();
+  EXPECT_FALSE(p.pool->prefix_insert(kv_page_key(kRoot, hash128("y", 1), toks), hash128("y", 1), toks, orphan));
+  EXPECT_EQ(p.pool->refcount(orphan), 1);
+}
+
+TEST(KVPool, EvictsLeavesBeforeParents) {
+  Pool p(3);
+  std::vector<int32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8};
+  const Hash128 k0 = kv_page_key(kRoot, Hash128{}, t0), k1 = kv_page_key(kRoot, k0, t1);
+  int32_t p0 = p.pool->kv_page_alloc(), p1 = p.pool->kv_page_alloc();
+  ASSERT_TRUE(p.pool->prefix_insert(k0, Hash128{}, t0, p0));
+  ASSERT_TRUE(p.pool->prefix_insert(k1, k0, t1, p1));
+  // The sequence releases its pages root first; the root is then the least recently used.
+  p.pool->kv_page_release(p0);
+  p.pool->kv_page_release(p1);
+  EXPECT_EQ(p.pool->n_free(), 1);
+  int32_t a = p.pool->kv_page_alloc(), b = p.pool->kv_page_alloc();  // the second needs an eviction
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(b, p1) << "the leaf goes first";
+  EXPECT_EQ(p.pool->prefix_entries(), 1u);
+  const int32_t again = p.pool->prefix_lookup(k0, Hash128{}, t0);
+  EXPECT_EQ(again, p0);  // the parent is still reachable
+  p.pool->kv_page_release(again);
+  EXPECT_EQ(p.pool->kv_page_alloc(), p0);  // and goes next
+  EXPECT_EQ(p.pool->prefix_entries(), 0u);
+  EXPECT_EQ(p.pool->kv_page_alloc(), -1);  // nothing left to evict
+  (void)a;
+}
+
+TEST(KVPool, PagesInUseAreNeverEvicted) {
+  Pool p(2);
+  std::vector<int32_t> t0 = {1, 2, 3, 4};
+  const Hash128 k0 = kv_page_key(kRoot, Hash128{}, t0);
+  int32_t p0 = p.pool->kv_page_alloc();
+  ASSERT_TRUE(p.pool->prefix_insert(k0, Hash128{}, t0, p0));
+  int32_t p1 = p.pool->kv_page_alloc();
+  EXPECT_EQ(p.pool->kv_page_alloc(), -1);  // p0 is held by its sequence and the index
+  p.pool->kv_page_release(p0);
+  EXPECT_EQ(p.pool->kv_page_alloc(), p0);
+  (void)p1;
+}
+
+TEST(KVPoolDeathTest, RefcountMisuseAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Pool p(2);
+  int32_t a = p.pool->kv_page_alloc();
+  p.pool->kv_page_release(a);
+  EXPECT_DEATH(p.pool->kv_page_release(a), "release of page 0, which is free");
+  EXPECT_DEATH(p.pool->kv_page_retain(1), "retain of page 1, which is free");
+  EXPECT_DEATH(p.pool->kv_page_retain(7), "out of range");
+}
