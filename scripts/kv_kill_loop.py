@@ -26,7 +26,7 @@ def run(cmd):
 
 code, out = run(base + ["--no-kv-store", "-p", prompt, "-n", str(args.n + 40)])
 gen = json.loads(out.strip().splitlines()[-1])["ids"]
-code, out = run([args.bin, "tokenize", "-m", args.model, "--text", prompt, "--json"])
+code, out = run([args.bin, "tokenize", "-m", args.model, "-p", prompt, "--json"])
 ref = json.loads(out)["ids"] + gen
 
 failures, resumed, empty = 0, 0, 0

@@ -186,8 +186,8 @@ Command reg("bench-kv", "Benchmark the durable KV store: decode overhead on vs o
               auto a = std::make_shared<BenchKvArgs>();
               add_model_options(app, a->model);
               add_kv_store_options(app, a->kv, false);
-              app.add_option("--prompt", a->prompt, "Prompt length in tokens")->capture_default_str();
-              app.add_option("-n", a->n, "Tokens to generate per run")->capture_default_str();
+              app.add_option("--prompt-tokens", a->prompt, "Prompt length in tokens (random ids)")->capture_default_str();
+              app.add_option("-n,--max-tokens", a->n, "Tokens to generate per run")->capture_default_str();
               app.add_option("--pairs", a->pairs, "Timed off/on run pairs after one warm-up pair")
                   ->capture_default_str();
               app.add_option("--open-lookup", a->open_lookup,

@@ -119,6 +119,8 @@ Command reg("kv", "Inspect and maintain the durable KV store: ls, show, rm, gc, 
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<KvArgs>();
               app.require_subcommand(1);
+              app.fallthrough();
+              app.add_option("--kv-store", a->dir, "Store directory (default: ~/.cache/anvil/kv)");
               auto common = [&](CLI::App* sub) {
                 sub->add_option("--kv-store", a->dir, "Store directory (default: ~/.cache/anvil/kv)");
                 sub->add_flag("--json", a->json, "Print JSON");

@@ -68,7 +68,7 @@ std::vector<int> ids_of(const nlohmann::json& j, const char* key = "ids") { retu
 std::vector<int> reference(int n) {
   auto j = run_json(gen("", {"-p", kPrompt, "-n", std::to_string(n)}));
   auto all = ids_of(j, "ids");
-  auto tok = run_anvil({"tokenize", "-m", kModel, "--text", kPrompt, "--json"});
+  auto tok = run_anvil({"tokenize", "-m", kModel, "-p", kPrompt, "--json"});
   auto p = nlohmann::json::parse(tok.out)["ids"].get<std::vector<int>>();
   p.insert(p.end(), all.begin(), all.end());
   return p;
