@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -30,6 +31,11 @@ void Backend::copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src
                                     size_t rows) {
   for (size_t r = 0; r < rows; ++r)
     copy_to_host(static_cast<uint8_t*>(dst) + r * dst_pitch, static_cast<const uint8_t*>(src) + r * src_pitch, width);
+}
+
+void Backend::moe_ffn(Act, const MoEWeights&, Act) {
+  std::fprintf(stderr, "anvil: backend %s has no mixture-of-experts op (moe_ffn) yet\n", name().c_str());
+  std::abort();
 }
 
 }  // namespace anvil

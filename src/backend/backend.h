@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -47,6 +48,23 @@ struct WeightVector {
   DType dtype = DType::kBF16;
   const void* data = nullptr;
 };
+
+// ---- mixture of experts (issue 12) ----
+// The routed FFN of one MoE layer. Expert e is gate[e], up[e]: [ffn, hidden] and down[e]: [hidden, ffn];
+// both checkpoint layouts bind to these per-expert views (MLX stacked switch_mlp tensors are sliced along
+// their leading expert dimension, HF per-expert tensors are used as they are), so a backend may re-pack
+// them on upload (e.g. into one stacked device buffer with a pointer table) as it likes.
+struct MoEWeights {
+  int num_experts = 0, top_k = 0;
+  bool norm_topk_prob = false;            // renormalize the top-k probabilities to sum to 1
+  WeightMatrix router;                    // [num_experts, hidden]; may be quantized at its own bits
+  std::vector<WeightMatrix> gate, up, down;
+  // qwen2_moe's shared expert (shared_up.rows == 0: none): a dense SwiGLU MLP of every token, scaled by
+  // sigmoid(x . shared_gate_w) with shared_gate_w: [1, hidden].
+  WeightMatrix shared_gate, shared_up, shared_down, shared_gate_w;
+  bool has_shared() const { return shared_up.rows > 0; }
+};
+// ---- end mixture of experts ----
 
 // An activation tensor [rows, cols], contiguous, in act_dtype().
 struct Act {
@@ -145,6 +163,21 @@ class Backend {
                          Act out) = 0;
   // Copies activations to host as float32 (the logits for the sampler).   dst: [x.rows * x.cols]
   virtual void to_host_f32(Act x, float* dst) = 0;
+
+  // ---- mixture of experts (issue 12) ----
+  // The whole routed FFN of one MoE layer, for each token t (row of x) independently:
+  //   p = softmax(x_t W_router^T) in fp32;  the top_k experts by p (ties: lower index first), in that
+  //   order; w_i = p_i (or p_i / sum of the k, when norm_topk_prob);
+  //   out_t = sum_i w_i * down_e(silu(gate_e x_t) * up_e x_t)   (i = 0..k-1 in top-k order)
+  //           [+ sigmoid(x_t . shared_gate_w) * shared_down(silu(shared_gate x_t) * shared_up x_t)]
+  // One op so a device backend can run it as a few fused kernels with routing on the device (no host
+  // synchronisation). A token's result must not depend on its batch-mates or the thread count.
+  // x: [T, hidden] -> out: [T, hidden] (out != x).
+  // Not pure so a backend without MoE kernels still builds: has_moe_ffn() says false (Transformer::create
+  // then refuses an MoE model with a clear error) and the default moe_ffn aborts naming the backend.
+  virtual bool has_moe_ffn() const { return false; }
+  virtual void moe_ffn(Act x, const MoEWeights& w, Act out);
+  // ---- end mixture of experts ----
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);

@@ -1,6 +1,7 @@
 // anvil bench: the standard decode/prefill benchmark (the protocol is docs/bench-protocol.md).
 //   prompt: N synthetic ids (seed 0, uniform over the vocabulary), no template; generate M tokens
 //   greedy with EOS suppressed; one warm-up run, then the best of R timed runs in one process.
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -18,13 +19,43 @@ struct BenchArgs {
   ModelOptions model;
   int prompt = 512, n = 128, runs = 3;
   bool json = false;
+  bool profile = false;
 };
+
+// --profile: one more generation through the ProfilingBackend, counting only the decode steps (the
+// totals are reset when the first token, the one prefill produced, arrives). Every op is synchronized
+// and timed, so the per-token sum is a little above the plain decode time.
+struct DecodeProfile {
+  ProfileTotals totals;
+  int steps = 0;
+  double wall_s = 0;
+};
+Result<DecodeProfile> profile_decode(Stack& s, const GenerateRequest& req) {
+  ANVIL_ASSIGN_OR_RETURN(int seq, s.engine->seq_create());
+  DecodeProfile p;
+  int seen = 0;
+  std::chrono::steady_clock::time_point t0;
+  auto r = generate(*s.engine, seq, req, [&](int32_t) {
+    if (seen++ == 0) {
+      s.profiler->reset();
+      t0 = std::chrono::steady_clock::now();
+    }
+    return true;
+  });
+  s.engine->seq_release(seq);
+  if (!r.is_ok()) return r.status();
+  p.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  p.totals = s.profiler->totals();
+  p.steps = int(r->ids.size()) - 1;
+  return p;
+}
 
 int run_bench(BenchArgs& a) {
   if (a.prompt < 1) return fail("--prompt-tokens must be >= 1, got " + std::to_string(a.prompt));
   if (a.n < 2) return fail("-n/--max-tokens must be >= 2, got " + std::to_string(a.n));
   if (a.runs < 1) return fail("--runs must be >= 1, got " + std::to_string(a.runs));
   a.model.no_prefix_cache = true;  // every run must prefill for real
+  a.model.profile = a.profile;
   if (!a.model.ctx_given || a.model.ctx < a.prompt + a.n) {
     a.model.ctx = std::max(a.prompt + a.n, a.model.ctx_given ? a.model.ctx : 0);
     a.model.ctx_given = true;
@@ -73,7 +104,17 @@ int run_bench(BenchArgs& a) {
   const double peak_mib = peak_rss_mib();
   ThreadPool pool(a.model.threads > 0 ? a.model.threads : ThreadPool::default_threads());
   const double ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
-  const int ops_per_token = 1 + c.num_hidden_layers * 12 + 4;
+  // Backend ops per decoded token: embed; per layer norm, q, k, v, rope+append, attention, o, norm and
+  // then gate, up, swiglu, down (dense) or one moe_ffn (MoE), + 2 q/k rmsnorms for olmoe; final add,
+  // norm, lm_head, copy-out.
+  int ops_per_token = 1 + 4;
+  for (int l = 0; l < c.num_hidden_layers; ++l) ops_per_token += 8 + (c.is_moe_layer(l) ? 1 : 4) + (c.qk_norm_full ? 2 : 0);
+  DecodeProfile prof;
+  if (a.profile) {
+    auto p = profile_decode(s, req);
+    if (!p.is_ok()) return fail(p.status().message());
+    prof = *p;
+  }
   if (a.json) {
     nlohmann::ordered_json j;
     j["model"] = s.model->source;
@@ -90,6 +131,17 @@ int run_bench(BenchArgs& a) {
     j["fraction_of_ceiling"] = gbs / ceiling;
     j["ops_per_token"] = ops_per_token;
     j["peak_rss_mib"] = peak_mib;
+    if (a.profile) {
+      nlohmann::ordered_json pj;
+      pj["decode_steps"] = prof.steps;
+      pj["ms_per_token"] = 1e3 * prof.wall_s / std::max(1, prof.steps);
+      for (int c = 0; c < int(ProfileCategory::kCount); ++c)
+        pj[profile_category_name(ProfileCategory(c))] = {
+            {"ms_per_token", 1e3 * prof.totals.seconds[c] / std::max(1, prof.steps)},
+            {"ops_per_token", double(prof.totals.ops[c]) / std::max(1, prof.steps)}};
+      pj["moe_skip_experts"] = moe_skip_experts();
+      j["profile"] = pj;
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("model              %s\n", s.model->source.c_str());
@@ -102,6 +154,20 @@ int run_bench(BenchArgs& a) {
                 100.0 * gbs / ceiling);
     std::printf("ops per token      %d backend ops\n", ops_per_token);
     std::printf("peak memory        %.0f MiB RSS\n", peak_mib);
+    if (a.profile) {
+      double sum = 0;
+      int64_t ops = 0;
+      for (int c = 0; c < int(ProfileCategory::kCount); ++c) sum += prof.totals.seconds[c], ops += prof.totals.ops[c];
+      const int n = std::max(1, prof.steps);
+      std::printf("decode profile     %d steps, %.2f ms/token wall (ops synchronized and timed one by one)%s\n",
+                  prof.steps, 1e3 * prof.wall_s / n,
+                  moe_skip_experts() ? "; ANVIL_MOE_SKIP_EXPERTS=1: routed experts skipped" : "");
+      for (int c = 0; c < int(ProfileCategory::kCount); ++c)
+        std::printf("  %-16s %8.3f ms/token  %5.1f%%  %6.1f ops/token\n", profile_category_name(ProfileCategory(c)),
+                    1e3 * prof.totals.seconds[c] / n, sum > 0 ? 100.0 * prof.totals.seconds[c] / sum : 0.0,
+                    double(prof.totals.ops[c]) / n);
+      std::printf("  %-16s %8.3f ms/token          %6.1f ops/token\n", "total", 1e3 * sum / n, double(ops) / n);
+    }
   }
   return 0;
 }
@@ -117,6 +183,10 @@ Command reg("bench", "Benchmark prefill and decode speed (protocol: docs/bench-p
               app.add_option("--runs", a->runs, "Timed runs (the best is reported) after one warm-up")
                   ->capture_default_str();
               app.add_flag("--json", a->json, "Print JSON");
+              app.add_flag("--profile", a->profile,
+                           "After the timed runs, one more run with every backend op timed: decode time per token "
+                           "split into routing, expert FFN, attention, dense FFN and the rest, with ops per token "
+                           "(ANVIL_MOE_SKIP_EXPERTS=1 skips the routed experts, for attribution)");
               return [a] { return run_bench(*a); };
             });
 

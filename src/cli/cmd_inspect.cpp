@@ -68,6 +68,15 @@ int run_inspect(const InspectArgs& a) {
     j["vocab_size"] = c.vocab_size;
     j["tied_embeddings"] = w.tied;
     j["parameters"] = w.parameter_count();
+    j["active_parameters"] = w.active_parameter_count();
+    if (c.is_moe()) {
+      int moe_layers = 0;
+      for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);
+      j["moe"] = {{"experts", c.num_experts}, {"experts_per_token", c.num_experts_per_tok},
+                  {"expert_intermediate_size", c.moe_intermediate_size},
+                  {"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
+                  {"norm_topk_prob", c.norm_topk_prob}, {"moe_layers", moe_layers}};
+    }
     j["weight_bytes"] = weights;
     j["bytes_per_token"] = per_token;
     j["kv_bytes_per_token"] = kv_per_token;
@@ -81,12 +90,30 @@ int run_inspect(const InspectArgs& a) {
   std::printf("layers           %d, hidden %d, heads %d / kv heads %d, head dim %d, ffn %d, vocab %d\n",
               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
               c.intermediate_size, c.vocab_size);
-  std::printf("features         %s%s%s%s\n", c.qk_norm ? "q/k-norm " : "", c.attention_bias ? "qkv-bias " : "",
+  std::printf("features         %s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
               c.rope_scaling.type.empty() ? "" : ("rope-" + c.rope_scaling.type + " ").c_str(),
               w.tied ? "tied-embeddings" : "separate-lm-head");
   std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(),
               w.layers.empty() ? "-" : quant_desc(w.layers[0].q).c_str(), quant_desc(w.lm_head).c_str());
-  std::printf("parameters       %.3f M\n", w.parameter_count() / 1e6);
+  if (c.is_moe()) {
+    int moe_layers = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);
+    const WeightMatrix* router = nullptr;
+    for (auto& l : w.layers)
+      if (l.moe) {
+        router = &l.experts.router;
+        break;
+      }
+    std::printf("experts          %d per MoE layer (%d of %d layers), %d per token, width %d%s%s; router %s\n",
+                c.num_experts, moe_layers, c.num_hidden_layers, c.num_experts_per_tok, c.moe_intermediate_size,
+                c.norm_topk_prob ? ", top-k renormalized" : "",
+                c.shared_expert_intermediate_size
+                    ? (", shared expert " + std::to_string(c.shared_expert_intermediate_size)).c_str()
+                    : "",
+                router ? quant_desc(*router).c_str() : "-");
+  }
+  std::printf("parameters       %.3f M total, %.3f M active per token\n", w.parameter_count() / 1e6,
+              w.active_parameter_count() / 1e6);
   std::printf("weight bytes     %s\n", human(double(weights)).c_str());
   std::printf("bytes per token  %s read per decoded token (weights; + KV %s per token of context)\n",
               human(double(per_token)).c_str(), human(double(kv_per_token)).c_str());

@@ -56,7 +56,7 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
   if (allow_synthetic)
     app.add_option("--synthetic", o.synthetic,
                    "Build a random-weight model in memory instead: NAME[:QUANT], e.g. qwen3-0.6b:q4g64 "
-                   "(shapes: tiny, qwen3-0.6b, qwen3-8b; QUANT: bf16, q4g64, q8g64, ...)");
+                   "(shapes: tiny, qwen3-0.6b, qwen3-8b, tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L; QUANT: bf16, q4g64, q8g64, ...)");
   app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
   app.add_option("-c,--ctx", o.ctx,
                  "Maximum context length in tokens, prompt and output together, >= 1 (default: 4096, or the "
@@ -199,7 +199,19 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
                  s.ctx, max_pos, max_pos);
   s.backend = make_cpu_backend(o.threads > 0 ? o.threads : ThreadPool::default_threads());
   ANVIL_ASSIGN_OR_RETURN(ModelWeights dw, upload_weights(s.model->weights, *s.backend));
-  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *s.backend, o.batch));
+  Backend* run_on = s.backend.get();
+  if (o.profile) {  // attribute time per category: linears by the weight they read
+    s.profiler = std::make_unique<ProfilingBackend>(*s.backend);
+    for (const LayerWeights& l : dw.layers) {
+      for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o})
+        s.profiler->set_linear_category(m->data, ProfileCategory::kAttention);
+      if (!l.moe)
+        for (const WeightMatrix* m : {&l.gate, &l.up, &l.down})
+          s.profiler->set_linear_category(m->data, ProfileCategory::kDenseFfn);
+    }
+    run_on = s.profiler.get();
+  }
+  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *run_on, o.batch));
   eo.page_size = o.page_size;
   eo.max_context = s.ctx;
   eo.max_seqs = max_seqs;

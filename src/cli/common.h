@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/profile_backend.h"
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "runtime/engine.h"
@@ -34,6 +35,7 @@ struct ModelOptions {
   int page_size = 16;
   std::string kv_dtype = "bf16";
   bool no_prefix_cache = false;
+  bool profile = false;   // anvil bench --profile: run through a ProfilingBackend (Stack::profiler)
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic = true);
 
@@ -60,6 +62,7 @@ Result<std::optional<std::string>> read_prompt(const PromptOptions& o);
 struct Stack {
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<ProfilingBackend> profiler;  // with ModelOptions::profile: wraps backend, feeds the model
   std::unique_ptr<Transformer> transformer;
   std::unique_ptr<Engine> engine;
   int ctx = 0;  // the context limit in force, in tokens (exact)

@@ -20,8 +20,18 @@ const char* arch_name(Arch a) {
     case Arch::kQwen3: return "qwen3";
     case Arch::kQwen2: return "qwen2";
     case Arch::kLlama: return "llama";
+    case Arch::kQwen3Moe: return "qwen3_moe";
+    case Arch::kQwen2Moe: return "qwen2_moe";
+    case Arch::kOlmoe: return "olmoe";
+    case Arch::kMixtral: return "mixtral";
   }
   return "?";
+}
+
+bool ModelConfig::is_moe_layer(int layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
 }
 
 QuantSpec QuantConfig::for_module(const std::string& module_path) const {
@@ -31,7 +41,7 @@ QuantSpec QuantConfig::for_module(const std::string& module_path) const {
 
 namespace {
 
-constexpr const char* kSupportedArchs = "qwen3, qwen2, llama";
+constexpr const char* kSupportedArchs = "qwen3, qwen2, llama, qwen3_moe, qwen2_moe, olmoe, mixtral";
 
 // Field access with the file label and the field path carried along for error messages.
 class Fields {
@@ -124,6 +134,10 @@ bool arch_from_model_type(const std::string& t, Arch* out) {
   if (t == "qwen3") *out = Arch::kQwen3;
   else if (t == "qwen2") *out = Arch::kQwen2;
   else if (t == "llama") *out = Arch::kLlama;
+  else if (t == "qwen3_moe") *out = Arch::kQwen3Moe;
+  else if (t == "qwen2_moe") *out = Arch::kQwen2Moe;
+  else if (t == "olmoe") *out = Arch::kOlmoe;
+  else if (t == "mixtral") *out = Arch::kMixtral;
   else return false;
   return true;
 }
@@ -132,6 +146,10 @@ bool arch_from_class(const std::string& c, Arch* out) {
   if (c == "Qwen3ForCausalLM") *out = Arch::kQwen3;
   else if (c == "Qwen2ForCausalLM") *out = Arch::kQwen2;
   else if (c == "LlamaForCausalLM") *out = Arch::kLlama;
+  else if (c == "Qwen3MoeForCausalLM") *out = Arch::kQwen3Moe;
+  else if (c == "Qwen2MoeForCausalLM") *out = Arch::kQwen2Moe;
+  else if (c == "OlmoeForCausalLM") *out = Arch::kOlmoe;
+  else if (c == "MixtralForCausalLM") *out = Arch::kMixtral;
   else return false;
   return true;
 }
@@ -246,6 +264,59 @@ Status parse_quant(const Fields& f, const std::string& label, ModelConfig* c) {
   return Status::ok();
 }
 
+// The mixture-of-experts block. Defaults are those of transformers' config classes (Qwen3MoeConfig,
+// Qwen2MoeConfig, OlmoeConfig, MixtralConfig) for fields a checkpoint may omit; the expert count, top-k
+// and the expert width are required. router_aux_loss_coef / output_router_logits only matter for training.
+Status parse_moe(const Fields& f, const std::string& label, ModelConfig* c) {
+  // Mixtral names the count num_local_experts, the others num_experts; transformers >= 5 writes
+  // num_local_experts for every family, so either is accepted.
+  const char* experts_key = f.has("num_experts") ? "num_experts" : "num_local_experts";
+  ANVIL_RETURN_IF_ERROR(f.get_int(experts_key, &c->num_experts, true, true));
+  ANVIL_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", &c->num_experts_per_tok, true, true));
+  if (c->num_experts_per_tok > c->num_experts)
+    return f.error("num_experts_per_tok", "must be at most " + std::string(experts_key) + " (" +
+                                              std::to_string(c->num_experts) + "), got " +
+                                              std::to_string(c->num_experts_per_tok));
+  switch (c->arch) {
+    case Arch::kQwen3Moe:
+    case Arch::kQwen2Moe:
+      ANVIL_RETURN_IF_ERROR(f.get_int("moe_intermediate_size", &c->moe_intermediate_size, true, true));
+      ANVIL_RETURN_IF_ERROR(f.get_bool("norm_topk_prob", &c->norm_topk_prob));
+      ANVIL_RETURN_IF_ERROR(f.get_int("decoder_sparse_step", &c->decoder_sparse_step, false, true));
+      if (const json* m = f.get("mlp_only_layers")) {
+        if (!m->is_array()) return f.wrong_type("mlp_only_layers", "a list of layer indices");
+        for (const json& x : *m) {
+          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c->num_hidden_layers)
+            return f.wrong_type("mlp_only_layers", ("a list of layer indices in [0, " +
+                                                    std::to_string(c->num_hidden_layers) + ")").c_str());
+          c->mlp_only_layers.push_back(x.get<int>());
+        }
+      }
+      if (c->arch == Arch::kQwen2Moe) {
+        ANVIL_RETURN_IF_ERROR(f.get_int("shared_expert_intermediate_size", &c->shared_expert_intermediate_size,
+                                        true, false));
+        if (c->shared_expert_intermediate_size < 0)
+          return f.wrong_type("shared_expert_intermediate_size", "a non-negative integer");
+      }
+      break;
+    case Arch::kOlmoe:
+      c->moe_intermediate_size = c->intermediate_size;  // OLMoE's experts use intermediate_size
+      ANVIL_RETURN_IF_ERROR(f.get_bool("norm_topk_prob", &c->norm_topk_prob));
+      if (f.has("clip_qkv"))
+        return f.unsupported_value("clip_qkv", "q/k/v clipping is not supported (expected null)");
+      break;
+    case Arch::kMixtral:
+      // Mixtral takes the softmax over the top-k router logits: the same as the full softmax renormalized.
+      c->moe_intermediate_size = c->intermediate_size;
+      c->norm_topk_prob = true;
+      break;
+    default:
+      break;
+  }
+  (void)label;
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& label) {
@@ -303,6 +374,31 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
       break;
     case Arch::kLlama:
       ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
+      break;
+    case Arch::kQwen3Moe:
+      c.qk_norm = true;
+      ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
+      break;
+    case Arch::kQwen2Moe:
+      // q/k/v biases, as Qwen2; transformers >= 5 names the switch qkv_bias (default true).
+      c.attention_bias = true;
+      ANVIL_RETURN_IF_ERROR(f.get_bool("qkv_bias", &c.attention_bias));
+      break;
+    case Arch::kOlmoe:
+      c.qk_norm_full = true;
+      ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
+      break;
+    case Arch::kMixtral:
+      // Sliding-window attention is not implemented; real Mixtral configs say null.
+      if (f.has("sliding_window"))
+        return f.unsupported_value("sliding_window", "sliding-window attention is not supported (expected null)");
+      break;
+  }
+  switch (c.arch) {
+    case Arch::kQwen3Moe: case Arch::kQwen2Moe: case Arch::kOlmoe: case Arch::kMixtral:
+      ANVIL_RETURN_IF_ERROR(parse_moe(f, label, &c));
+      break;
+    default:
       break;
   }
 

@@ -1,4 +1,5 @@
-// config.json -> ModelConfig for the qwen3, qwen2 and llama families, every required field checked.
+// config.json -> ModelConfig for the qwen3, qwen2 and llama families and the mixture-of-experts
+// families qwen3_moe, qwen2_moe, olmoe and mixtral, every required field checked.
 // Errors name the file and the field: "config.json: field 'num_attention_heads': expected a positive integer".
 #pragma once
 #include <map>
@@ -11,7 +12,7 @@
 
 namespace anvil {
 
-enum class Arch { kQwen3, kQwen2, kLlama };
+enum class Arch { kQwen3, kQwen2, kLlama, kQwen3Moe, kQwen2Moe, kOlmoe, kMixtral };
 const char* arch_name(Arch a);
 
 // MLX affine quantization of one module: w = scales * q + biases, per group of `group_size` inputs.
@@ -55,10 +56,23 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have a bias (qwen2: true)
   bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (qwen3)
+  bool qk_norm_full = false;    // RMSNorm over the whole q (k) projection before RoPE (olmoe)
   std::vector<int> eos_token_ids;
   int bos_token_id = -1;
   DType torch_dtype = DType::kBF16;
   QuantConfig quant;
+
+  // Mixture of experts; num_experts == 0 means dense. Values as transformers' config classes give them.
+  int num_experts = 0;           // num_experts (qwen*_moe, olmoe) or num_local_experts (mixtral)
+  int num_experts_per_tok = 0;   // top-k
+  int moe_intermediate_size = 0; // per-expert FFN width (olmoe, mixtral: intermediate_size)
+  int shared_expert_intermediate_size = 0;  // qwen2_moe's always-on shared expert (0 = none)
+  // Renormalize the top-k probabilities to sum to 1 (mixtral's softmax over the top-k logits is the same).
+  bool norm_topk_prob = false;
+  int decoder_sparse_step = 1;   // layer l is MoE when (l + 1) % step == 0 and l not in mlp_only_layers
+  std::vector<int> mlp_only_layers;
+  bool is_moe() const { return num_experts > 0; }
+  bool is_moe_layer(int layer) const;
 };
 
 // Parses config.json text; `label` names the file in errors.

@@ -86,6 +86,11 @@ std::string synth_config_json(const SynthShape& sh, const SynthQuant& q) {
   }
   if (q.bits) {
     j["quantization"] = {{"group_size", q.group_size}, {"bits", q.bits}};
+    // As mlx-community Qwen3-MoE checkpoints: the router (mlp.gate) stays 8-bit through a per-module override.
+    if (sh.moe())
+      for (int l = 0; l < sh.layers; ++l)
+        j["quantization"]["model.layers." + std::to_string(l) + ".mlp.gate"] = {{"group_size", q.group_size},
+                                                                                {"bits", 8}};
     j["quantization_config"] = j["quantization"];
   }
   return j.dump(2) + "\n";
@@ -208,7 +213,9 @@ Result<std::unique_ptr<SynthModel>> synth_build(const SynthShape& sh, const Synt
     b.linear(p + "self_attn.v_proj", KD, sh.hidden, q);
     b.linear(p + "self_attn.o_proj", sh.hidden, QD, q);
     if (sh.moe()) {
-      b.linear(p + "mlp.gate", sh.experts, sh.hidden, q);  // the router
+      SynthQuant rq = q;  // the router: 8-bit when the model is quantized (see synth_config_json)
+      if (q.bits) rq.bits = 8;
+      b.linear(p + "mlp.gate", sh.experts, sh.hidden, rq);
       b.linear(p + "mlp.switch_mlp.gate_proj", sh.moe_ffn, sh.hidden, q, sh.experts);
       b.linear(p + "mlp.switch_mlp.up_proj", sh.moe_ffn, sh.hidden, q, sh.experts);
       b.linear(p + "mlp.switch_mlp.down_proj", sh.hidden, sh.moe_ffn, q, sh.experts);

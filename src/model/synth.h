@@ -20,13 +20,14 @@ struct SynthShape {
   int layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
   bool tied;
   // Mixture of experts (qwen3_moe): 0 experts = dense. Experts are written stacked, MLX style:
-  // mlp.switch_mlp.{gate,up,down}_proj with a leading expert dimension, plus the router mlp.gate.
+  // mlp.switch_mlp.{gate,up,down}_proj with a leading expert dimension, plus the router mlp.gate
+  // (8-bit in a quantized model, through a per-module override, as mlx-community checkpoints have it).
   int experts = 0, top_k = 0, moe_ffn = 0;
   bool moe() const { return experts > 0; }
 };
 
 // The named shapes: tiny, qwen3-0.6b, qwen3-8b (dense Qwen3) and tiny-moe, qwen3-30b-a3b,
-// qwen3-30b-a3b-16L (qwen3_moe; written by `anvil synth`, run once the MoE model lands).
+// qwen3-30b-a3b-16L (qwen3_moe).
 const std::vector<SynthShape>& synth_shapes();
 Result<SynthShape> synth_shape(const std::string& name);
 

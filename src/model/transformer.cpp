@@ -17,6 +17,9 @@ Transformer::~Transformer() {
 Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg, ModelWeights weights,
                                                          Backend& backend, int max_tokens) {
   if (max_tokens <= 0) return invalid_argument("max batch tokens must be positive");
+  if (cfg.is_moe() && !backend.has_moe_ffn())
+    return unsupported("the " + backend.name() + " backend cannot run mixture-of-experts models (" +
+                       cfg.model_type + ") yet");
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));
   ANVIL_RETURN_IF_ERROR(t->alloc_scratch());
   return t;
@@ -82,11 +85,21 @@ Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KV
     be.linear(x, lw.q, q);
     be.linear(x, lw.k, k);
     be.linear(x, lw.v, v);
-    be.qk_norm_rope_kv_append(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch);
+    if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
+      be.rmsnorm(q, lw.q_norm, eps, q);
+      be.rmsnorm(k, lw.k_norm, eps, k);
+      be.qk_norm_rope_kv_append(q, k, v, WeightVector{}, WeightVector{}, eps, inv_freq_, kv, l, batch);
+    } else {
+      be.qk_norm_rope_kv_append(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch);
+    }
     be.attention(q, kv, l, batch, scale, attn);
     be.linear(attn, lw.o, o);
     // MLP sublayer.
     be.add_rmsnorm(h, o, lw.ffn_norm, eps, x);
+    if (lw.moe) {  // mixture of experts: routing, the chosen experts and their weighted sum in one op
+      be.moe_ffn(x, lw.experts, o);
+      continue;
+    }
     be.linear(x, lw.gate, gate);
     be.linear(x, lw.up, up);
     be.swiglu(gate, up, gate);

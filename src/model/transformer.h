@@ -1,6 +1,8 @@
 // The dense decoder-only transformer shared by the qwen3, qwen2 and llama families, written once
 // against the backend op set. Per-family differences are data, not code paths:
-//   qwen3: per-head q/k RMSNorm before RoPE;  qwen2: q/k/v biases;  llama: llama3 RoPE scaling.
+//   qwen3: per-head q/k RMSNorm before RoPE;  qwen2: q/k/v biases;  llama: llama3 RoPE scaling;
+//   mixture of experts (qwen3_moe, qwen2_moe, olmoe, mixtral): the MLP of an MoE layer is one moe_ffn op;
+//   olmoe: q/k RMSNorm over the whole projection (an rmsnorm op on q and k) before RoPE.
 //
 // One forward() call runs a flat batch of tokens that may mix sequences and mix prefill chunks with
 // decode tokens (see BatchView). Per layer:

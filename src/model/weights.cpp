@@ -40,9 +40,47 @@ class Binder {
   // A [rows, cols] linear weight at module path `module` (without the .weight suffix): dense, or
   // MLX affine quantized when module.scales exists.
   Result<WeightMatrix> matrix(const std::string& module, int64_t rows, int64_t cols, bool with_bias) const {
+    return matrix_of(module, find(module + ".weight"), find(module + ".scales"), find(module + ".biases"), rows,
+                     cols, with_bias);
+  }
+
+  // The `experts` [rows, cols] linears stacked along a leading expert dimension at `module` (MLX
+  // switch_mlp: weight [E, rows, cols or packed], scales/biases [E, rows, groups]), as one view per expert.
+  Result<std::vector<WeightMatrix>> stacked(const std::string& module, int64_t experts, int64_t rows,
+                                            int64_t cols) const {
+    const TensorView* w = find(module + ".weight");
+    const TensorView* sc = find(module + ".scales");
+    const TensorView* bi = find(module + ".biases");
+    if (!w) return missing(module + ".weight", "[" + std::to_string(experts) + ", " + std::to_string(rows) +
+                                                   ", ...] stacked expert weights");
+    for (const TensorView* t : {w, sc, bi})
+      if (t && (t->shape.size() != 3 || t->shape[0] != experts))
+        return invalid_argument(label_ + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) +
+                                ", expected a leading expert dimension of " + std::to_string(experts) +
+                                " (3-D stacked experts)");
+    auto slice = [](const TensorView* t, int64_t e, TensorView* out) -> const TensorView* {
+      if (!t) return nullptr;
+      *out = *t;
+      out->shape = {t->shape[1], t->shape[2]};
+      const size_t per = t->nbytes / size_t(t->shape[0]);
+      out->data = static_cast<const uint8_t*>(t->data) + size_t(e) * per;
+      out->nbytes = per;
+      return out;
+    };
+    std::vector<WeightMatrix> out;
+    out.reserve(size_t(experts));
+    for (int64_t e = 0; e < experts; ++e) {
+      TensorView ws, ss, bs;
+      ANVIL_ASSIGN_OR_RETURN(WeightMatrix m, matrix_of(module, slice(w, e, &ws), slice(sc, e, &ss), slice(bi, e, &bs),
+                                                       rows, cols, false));
+      out.push_back(m);
+    }
+    return out;
+  }
+
+  Result<WeightMatrix> matrix_of(const std::string& module, const TensorView* w, const TensorView* scales,
+                                 const TensorView* biases, int64_t rows, int64_t cols, bool with_bias) const {
     const std::string wname = module + ".weight";
-    const TensorView* w = find(wname);
-    const TensorView* scales = find(module + ".scales");
     QuantSpec spec = cfg_.quant.for_module(module);
     WeightMatrix m;
     m.rows = rows;
@@ -53,7 +91,6 @@ class Binder {
       return missing(wname, exp);
     }
     if (scales) {
-      const TensorView* biases = find(module + ".biases");
       if (!biases) return missing(module + ".biases", "the affine biases of a quantized module");
       if (w->dtype != DType::kU32)
         return invalid_argument(label_ + ": tensor '" + wname + "' is quantized (has .scales) but has dtype " +
@@ -124,6 +161,48 @@ class Binder {
   std::string label_;
 };
 
+// The routed experts of layer prefix `p` (e.g. "model.layers.3."): router, experts in either layout, and
+// qwen2_moe's shared expert.
+Status bind_moe(const ModelConfig& cfg, const Binder& b, const std::string& p, MoEWeights* m) {
+  const int64_t H = cfg.hidden_size, F = cfg.moe_intermediate_size, E = cfg.num_experts;
+  const bool mixtral = cfg.arch == Arch::kMixtral;
+  const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  m->num_experts = cfg.num_experts;
+  m->top_k = cfg.num_experts_per_tok;
+  m->norm_topk_prob = cfg.norm_topk_prob;
+  ANVIL_ASSIGN_OR_RETURN(m->router, b.matrix(block + "gate", E, H, false));
+  if (b.find(block + "switch_mlp.gate_proj.weight")) {  // MLX: stacked along a leading expert dimension
+    ANVIL_ASSIGN_OR_RETURN(m->gate, b.stacked(block + "switch_mlp.gate_proj", E, F, H));
+    ANVIL_ASSIGN_OR_RETURN(m->up, b.stacked(block + "switch_mlp.up_proj", E, F, H));
+    ANVIL_ASSIGN_OR_RETURN(m->down, b.stacked(block + "switch_mlp.down_proj", E, H, F));
+  } else {  // Hugging Face: one module per expert (Mixtral names them w1 = gate, w3 = up, w2 = down)
+    const char* gn = mixtral ? "w1" : "gate_proj";
+    const char* un = mixtral ? "w3" : "up_proj";
+    const char* dn = mixtral ? "w2" : "down_proj";
+    if (!b.find(block + "experts.0." + gn + ".weight"))
+      return b.missing(block + "experts.0." + gn + ".weight",
+                       "the experts of an MoE layer, per expert (" + block + "experts.N." + gn + ") or stacked (" +
+                           block + "switch_mlp.gate_proj)");
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = block + "experts." + std::to_string(e) + ".";
+      ANVIL_ASSIGN_OR_RETURN(WeightMatrix g, b.matrix(ep + gn, F, H, false));
+      ANVIL_ASSIGN_OR_RETURN(WeightMatrix u, b.matrix(ep + un, F, H, false));
+      ANVIL_ASSIGN_OR_RETURN(WeightMatrix d, b.matrix(ep + dn, H, F, false));
+      m->gate.push_back(g);
+      m->up.push_back(u);
+      m->down.push_back(d);
+    }
+  }
+  if (cfg.shared_expert_intermediate_size > 0) {
+    const int64_t S = cfg.shared_expert_intermediate_size;
+    ANVIL_ASSIGN_OR_RETURN(m->shared_gate, b.matrix(block + "shared_expert.gate_proj", S, H, false));
+    ANVIL_ASSIGN_OR_RETURN(m->shared_up, b.matrix(block + "shared_expert.up_proj", S, H, false));
+    ANVIL_ASSIGN_OR_RETURN(m->shared_down, b.matrix(block + "shared_expert.down_proj", H, S, false));
+    ANVIL_ASSIGN_OR_RETURN(m->shared_gate_w, b.matrix(block + "shared_expert_gate", 1, H, false));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lookup, const std::string& label) {
@@ -151,29 +230,74 @@ Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lo
     if (cfg.qk_norm) {
       ANVIL_ASSIGN_OR_RETURN(lw.q_norm, b.vector(p + "self_attn.q_norm.weight", cfg.head_dim));
       ANVIL_ASSIGN_OR_RETURN(lw.k_norm, b.vector(p + "self_attn.k_norm.weight", cfg.head_dim));
+    } else if (cfg.qk_norm_full) {
+      ANVIL_ASSIGN_OR_RETURN(lw.q_norm, b.vector(p + "self_attn.q_norm.weight", QD));
+      ANVIL_ASSIGN_OR_RETURN(lw.k_norm, b.vector(p + "self_attn.k_norm.weight", KD));
     }
     const bool qkv_bias = cfg.attention_bias;
     ANVIL_ASSIGN_OR_RETURN(lw.q, b.matrix(p + "self_attn.q_proj", QD, H, qkv_bias));
     ANVIL_ASSIGN_OR_RETURN(lw.k, b.matrix(p + "self_attn.k_proj", KD, H, qkv_bias));
     ANVIL_ASSIGN_OR_RETURN(lw.v, b.matrix(p + "self_attn.v_proj", KD, H, qkv_bias));
     // Llama's and Qwen3's attention_bias also covers o_proj; Qwen2 has biases on q/k/v only.
-    bool o_bias = cfg.attention_bias && cfg.arch != Arch::kQwen2;
+    bool o_bias = cfg.attention_bias && cfg.arch != Arch::kQwen2 && cfg.arch != Arch::kQwen2Moe;
     ANVIL_ASSIGN_OR_RETURN(lw.o, b.matrix(p + "self_attn.o_proj", H, QD, o_bias));
-    ANVIL_ASSIGN_OR_RETURN(lw.gate, b.matrix(p + "mlp.gate_proj", F, H, false));
-    ANVIL_ASSIGN_OR_RETURN(lw.up, b.matrix(p + "mlp.up_proj", F, H, false));
-    ANVIL_ASSIGN_OR_RETURN(lw.down, b.matrix(p + "mlp.down_proj", H, F, false));
+    if (cfg.is_moe_layer(l)) {
+      lw.moe = true;
+      ANVIL_RETURN_IF_ERROR(bind_moe(cfg, b, p, &lw.experts));
+    } else {
+      ANVIL_ASSIGN_OR_RETURN(lw.gate, b.matrix(p + "mlp.gate_proj", F, H, false));
+      ANVIL_ASSIGN_OR_RETURN(lw.up, b.matrix(p + "mlp.up_proj", F, H, false));
+      ANVIL_ASSIGN_OR_RETURN(lw.down, b.matrix(p + "mlp.down_proj", H, F, false));
+    }
     mw.layers.push_back(lw);
   }
   return mw;
 }
 
 static size_t vec_bytes(const WeightVector& v) { return v.data ? size_t(v.n) * dtype_size(v.dtype) : 0; }
+static int64_t mat_params(const WeightMatrix& m) { return m.rows * m.cols + (m.bias ? m.rows : 0); }
+
+namespace {
+// Per layer: bytes and parameters of everything but the routed experts, and of the routed experts
+// (all of them, and the share one token reads: top_k of num_experts).
+struct LayerCost {
+  size_t bytes = 0, expert_bytes = 0;
+  int64_t params = 0, expert_params = 0;
+  double active_fraction = 1.0;
+};
+LayerCost layer_cost(const LayerWeights& l) {
+  LayerCost c;
+  for (const WeightVector* v : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm}) {
+    c.bytes += vec_bytes(*v);
+    c.params += v->data ? v->n : 0;
+  }
+  std::vector<const WeightMatrix*> mats = {&l.q, &l.k, &l.v, &l.o};
+  if (l.moe) {
+    const MoEWeights& m = l.experts;
+    for (const WeightMatrix* x : {&m.router, &m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_gate_w})
+      if (x->data) mats.push_back(x);
+    for (const auto* list : {&m.gate, &m.up, &m.down})
+      for (const WeightMatrix& x : *list) {
+        c.expert_bytes += x.bytes();
+        c.expert_params += mat_params(x);
+      }
+    c.active_fraction = m.num_experts ? double(m.top_k) / m.num_experts : 0.0;
+  } else {
+    mats.insert(mats.end(), {&l.gate, &l.up, &l.down});
+  }
+  for (const WeightMatrix* m : mats) {
+    c.bytes += m->bytes();
+    c.params += mat_params(*m);
+  }
+  return c;
+}
+}  // namespace
 
 size_t ModelWeights::bytes_per_token() const {
   size_t n = 0;
   for (auto& l : layers) {
-    n += vec_bytes(l.attn_norm) + vec_bytes(l.ffn_norm) + vec_bytes(l.q_norm) + vec_bytes(l.k_norm);
-    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) n += m->bytes();
+    LayerCost c = layer_cost(l);
+    n += c.bytes + size_t(double(c.expert_bytes) * c.active_fraction + 0.5);
   }
   n += vec_bytes(final_norm) + lm_head.bytes();
   n += embed.rows ? embed.bytes() / size_t(embed.rows) : 0;  // one embedding row
@@ -183,21 +307,30 @@ size_t ModelWeights::bytes_per_token() const {
 size_t ModelWeights::total_bytes() const {
   size_t n = 0;
   for (auto& l : layers) {
-    n += vec_bytes(l.attn_norm) + vec_bytes(l.ffn_norm) + vec_bytes(l.q_norm) + vec_bytes(l.k_norm);
-    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) n += m->bytes();
+    LayerCost c = layer_cost(l);
+    n += c.bytes + c.expert_bytes;
   }
   n += vec_bytes(final_norm) + embed.bytes() + (tied ? 0 : lm_head.bytes());
   return n;
 }
 
 int64_t ModelWeights::parameter_count() const {
-  auto mat = [](const WeightMatrix& m) { return m.rows * m.cols + (m.bias ? m.rows : 0); };
   int64_t n = 0;
   for (auto& l : layers) {
-    n += l.attn_norm.n + l.ffn_norm.n + (l.q_norm.data ? l.q_norm.n : 0) + (l.k_norm.data ? l.k_norm.n : 0);
-    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) n += mat(*m);
+    LayerCost c = layer_cost(l);
+    n += c.params + c.expert_params;
   }
-  n += final_norm.n + mat(embed) + (tied ? 0 : mat(lm_head));
+  n += final_norm.n + mat_params(embed) + (tied ? 0 : mat_params(lm_head));
+  return n;
+}
+
+int64_t ModelWeights::active_parameter_count() const {
+  int64_t n = 0;
+  for (auto& l : layers) {
+    LayerCost c = layer_cost(l);
+    n += c.params + int64_t(double(c.expert_params) * c.active_fraction + 0.5);
+  }
+  n += final_norm.n + mat_params(embed) + (tied ? 0 : mat_params(lm_head));
   return n;
 }
 
@@ -218,7 +351,18 @@ Result<ModelWeights> upload_weights(const ModelWeights& host, Backend& backend) 
   ANVIL_RETURN_IF_ERROR(up_v(d.final_norm));
   for (auto& l : d.layers) {
     for (WeightVector* v : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm}) ANVIL_RETURN_IF_ERROR(up_v(*v));
-    for (WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) ANVIL_RETURN_IF_ERROR(up_m(*m));
+    for (WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o}) ANVIL_RETURN_IF_ERROR(up_m(*m));
+    if (!l.moe) {
+      for (WeightMatrix* m : {&l.gate, &l.up, &l.down}) ANVIL_RETURN_IF_ERROR(up_m(*m));
+      continue;
+    }
+    MoEWeights& m = l.experts;
+    ANVIL_RETURN_IF_ERROR(up_m(m.router));
+    for (auto* list : {&m.gate, &m.up, &m.down})
+      for (WeightMatrix& x : *list) ANVIL_RETURN_IF_ERROR(up_m(x));
+    if (m.has_shared())
+      for (WeightMatrix* x : {&m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_gate_w})
+        ANVIL_RETURN_IF_ERROR(up_m(*x));
   }
   return d;
 }

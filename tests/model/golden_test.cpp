@@ -4,7 +4,9 @@
 // logits of one teacher-forced forward over prompt k, computed in float32 by transformers or mlx-lm) and,
 // for the tiny random models, the checkpoint itself. The two trained anvil-tiny-code models are read from
 // ANVIL_SHARED_DIR (meta.json "shared_model"); without it those tests skip. scripts/make_golden_fixtures.py
-// makes all of it; scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
+// makes all of it (scripts/make_moe_golden_fixtures.py the mixture-of-experts models: <arch>-bf16 with
+// per-expert HF tensors against transformers, <arch>-q4 with stacked 4-bit experts and an 8-bit router
+// against mlx-lm, for qwen3_moe, qwen2_moe, olmoe and mixtral); scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
 //
 // The engine is driven as a user would:
 //   anvil generate -m DIR --ids 1,2,3 -n 0 --dump-logits OUT.npy                 -> logits [T, vocab]
@@ -17,7 +19,8 @@
 //  * f32 KV cache (TeacherForcedLogitsF32KVMatchReference): nothing rounds to bf16, only reordered fp32
 //    arithmetic remains. Dense and 3/6-bit models (the fp32 matmul path): 7.6e-7..2.5e-6, bound
 //    kF32KVFp32Limit = 1e-5. 4/8-bit models (the int16-activation kernel: x rounded to 1/32767 of its
-//    group's max): 1.7e-4..6.7e-4, bound kF32KVInt16Limit = 2e-3.
+//    group's max): 1.7e-4..6.7e-4, bound kF32KVInt16Limit = 2e-3. The 8 MoE fixtures land inside the same
+//    bounds: bf16 6.8e-7..2.0e-6, q4 (int16 router and experts) 2.7e-4..7.8e-4; bf16 KV 3.6e-3..1.3e-2.
 //  * bf16 KV cache (the default; TeacherForcedLogitsMatchReference): K and V are rounded to bf16, the
 //    activations stay fp32: 1.8e-3..1.1e-2 (qwen3-mixed prompt 1), bound kBF16KVLimit = 3e-2.
 //  The old bound max(5e-3, 2 * bf16_rel_err) (0.018..0.24) assumed bf16 activations, which the CPU
@@ -239,7 +242,10 @@ TEST(GoldenFixtures, AllModelsPresentAndConsistent) {
   const std::vector<std::string> expected = {
       "anvil-tiny-code", "anvil-tiny-code-q4", "llama-bf16", "qwen2-bf16", "qwen3-bf16-tied",
       "qwen3-bf16-untied", "qwen3-mixed", "qwen3-q3g64", "qwen3-q4g32", "qwen3-q4g64", "qwen3-q6g32",
-      "qwen3-q8g64"};
+      "qwen3-q8g64",
+      // mixture of experts (scripts/make_moe_golden_fixtures.py)
+      "qwen3-moe-bf16", "qwen3-moe-q4", "qwen2-moe-bf16", "qwen2-moe-q4", "olmoe-bf16", "olmoe-q4", "mixtral-bf16",
+      "mixtral-q4"};
   const auto have = golden_models();
   for (const auto& m : expected)
     EXPECT_NE(std::find(have.begin(), have.end(), m), have.end()) << "missing golden fixture " << m;

@@ -220,6 +220,20 @@ class CpuBackend final : public Backend {
                        static_cast<float*>(out.data));
   }
 
+  bool has_moe_ffn() const override { return true; }
+  void moe_ffn(Act x, const MoEWeights& w, Act out) override {
+    check_f32(x, "moe_ffn", "x");
+    check_f32(out, "moe_ffn", "out");
+    if (w.num_experts <= 0 || w.top_k <= 0 || w.top_k > w.num_experts ||
+        w.gate.size() != size_t(w.num_experts) || w.up.size() != size_t(w.num_experts) ||
+        w.down.size() != size_t(w.num_experts))
+      die("moe_ffn: expected num_experts gate/up/down matrices and 0 < top_k <= num_experts");
+    if (x.cols != w.router.cols || w.router.rows != w.num_experts || out.cols != x.cols || out.rows != x.rows ||
+        x.data == out.data)
+      die("moe_ffn: expected x and out [T, hidden] (distinct) and a router [num_experts, hidden]");
+    cpu::moe_ffn_f32(pool_, static_cast<const float*>(x.data), x.rows, w, static_cast<float*>(out.data));
+  }
+
   void to_host_f32(Act x, float* dst) override {
     check_f32(x, "to_host_f32", "x");
     std::memcpy(dst, x.data, size_t(x.rows * x.cols) * 4);

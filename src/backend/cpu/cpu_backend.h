@@ -19,4 +19,19 @@ bool cpu_use_avx2();
 // buffer of `bytes` (make it far larger than the last-level cache, e.g. 1 GiB); best of a few runs.
 double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes);
 
+// Mixture of experts: where the CPU's moe_ffn spends its time, for `anvil bench --profile`. Counting is
+// off until cpu_moe_profile(true); the totals accumulate over every call since the last reset.
+struct MoEPhaseTimes {
+  double route_s = 0;    // router linear + softmax + top-k
+  double experts_s = 0;  // the chosen experts' FFNs, the weighted sum and the shared expert
+  int64_t calls = 0;
+};
+void cpu_moe_profile(bool on);
+MoEPhaseTimes cpu_moe_phase_times();
+void cpu_moe_profile_reset();
+// ANVIL_MOE_SKIP_EXPERTS=1 (read once at start-up; off by default): moe_ffn computes the router and the
+// shared expert but skips the routed experts, as if their output were zero. For attribution only: it
+// changes the model's output.
+bool moe_skip_experts();
+
 }  // namespace anvil

@@ -72,4 +72,14 @@ void qk_norm_rope_kv_append_f32(ThreadPool& pool, float* q, const float* k, cons
 void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheView& kv, int layer,
                    const BatchView& batch, float scale, float* out);
 
+// ---- mixture of experts (cpu_moe.cpp) ----
+// Routing of one token: p = softmax(logits[0..E)) in fp32; idx[0..k) = the top-k experts by p (ties to
+// the lower index) in descending order; wt = their p, divided by their sum when `norm`.
+void moe_route(const float* logits, int E, int k, bool norm, int* idx, float* wt);
+// Backend::moe_ffn: x [T, hidden] -> out [T, hidden] (see backend.h). The fast path groups tokens by
+// expert and streams only the chosen experts' rows.
+void moe_ffn_f32(ThreadPool& pool, const float* x, int64_t T, const MoEWeights& w, float* out);
+// The same op computed naively (per token, dequantized rows, double accumulation): the reference.
+void moe_ffn_reference_f32(const float* x, int64_t T, const MoEWeights& w, float* out);
+
 }  // namespace anvil::cpu

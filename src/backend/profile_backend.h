@@ -1,0 +1,92 @@
+// A Backend decorator for `anvil bench --profile`: forwards every op to the wrapped backend and
+// attributes its wall time (synchronized before and after, so device backends time the op itself) and
+// its call count to a category: routing, expert FFN, attention, dense FFN or the rest. A linear is
+// classified by the weight it reads (set_linear_category), moe_ffn is split into routing and experts by
+// the CPU backend's phase counters (on other backends all of it counts as experts).
+// Timing every op adds a synchronization per op: use it for attribution, not for the headline figures.
+#pragma once
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace anvil {
+
+enum class ProfileCategory { kRouting, kExperts, kAttention, kDenseFfn, kRest, kCount };
+const char* profile_category_name(ProfileCategory c);
+
+struct ProfileTotals {
+  double seconds[int(ProfileCategory::kCount)] = {};
+  int64_t ops[int(ProfileCategory::kCount)] = {};
+};
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : in_(inner) {}
+  // Linears reading weight data `data` count as category c (default: kRest).
+  void set_linear_category(const void* data, ProfileCategory c) { linear_cat_[data] = c; }
+  void reset() { totals_ = ProfileTotals{}; }
+  const ProfileTotals& totals() const { return totals_; }
+
+  std::string name() const override { return in_.name(); }
+  DType act_dtype() const override { return in_.act_dtype(); }
+  Result<void*> alloc(size_t bytes) override { return in_.alloc(bytes); }
+  void free(void* p) override { in_.free(p); }
+  void copy_to_device(void* d, const void* s, size_t n) override { in_.copy_to_device(d, s, n); }
+  void copy_to_host(void* d, const void* s, size_t n) override { in_.copy_to_host(d, s, n); }
+  void copy_device(void* d, const void* s, size_t n) override { in_.copy_device(d, s, n); }
+  Result<WeightMatrix> upload_weight(const WeightMatrix& w) override { return in_.upload_weight(w); }
+  Result<WeightVector> upload_vector(const WeightVector& v) override { return in_.upload_vector(v); }
+  void synchronize() override { in_.synchronize(); }
+
+  void embed(const WeightMatrix& t, const int32_t* ids, Act out) override {
+    timed(ProfileCategory::kRest, [&] { in_.embed(t, ids, out); });
+  }
+  void rmsnorm(Act x, const WeightVector& w, float eps, Act out) override {
+    timed(ProfileCategory::kRest, [&] { in_.rmsnorm(x, w, eps, out); });
+  }
+  void add_rmsnorm(Act r, Act x, const WeightVector& w, float eps, Act out) override {
+    timed(ProfileCategory::kRest, [&] { in_.add_rmsnorm(r, x, w, eps, out); });
+  }
+  void linear(Act x, const WeightMatrix& w, Act out) override {
+    auto it = linear_cat_.find(w.data);
+    timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second, [&] { in_.linear(x, w, out); });
+  }
+  void swiglu(Act g, Act u, Act out) override {
+    timed(ProfileCategory::kDenseFfn, [&] { in_.swiglu(g, u, out); });
+  }
+  void add(Act a, Act b) override {
+    timed(ProfileCategory::kRest, [&] { in_.add(a, b); });
+  }
+  void qk_norm_rope_kv_append(Act q, Act k, Act v, const WeightVector& qn, const WeightVector& kn, float eps,
+                              const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& b) override {
+    timed(ProfileCategory::kAttention,
+          [&] { in_.qk_norm_rope_kv_append(q, k, v, qn, kn, eps, inv_freq, kv, layer, b); });
+  }
+  void attention(Act q, const KVCacheView& kv, int layer, const BatchView& b, float scale, Act out) override {
+    timed(ProfileCategory::kAttention, [&] { in_.attention(q, kv, layer, b, scale, out); });
+  }
+  void to_host_f32(Act x, float* dst) override {
+    timed(ProfileCategory::kRest, [&] { in_.to_host_f32(x, dst); });
+  }
+  bool has_moe_ffn() const override { return in_.has_moe_ffn(); }
+  void moe_ffn(Act x, const MoEWeights& w, Act out) override;
+
+ private:
+  template <class F>
+  void timed(ProfileCategory c, F&& f) {
+    in_.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    in_.synchronize();
+    totals_.seconds[int(c)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++totals_.ops[int(c)];
+  }
+
+  Backend& in_;
+  std::map<const void*, ProfileCategory> linear_cat_;
+  ProfileTotals totals_;
+};
+
+}  // namespace anvil
