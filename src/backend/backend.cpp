@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace anvil {
 
@@ -20,6 +21,20 @@ size_t WeightMatrix::bytes() const {
 
 void Backend::linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) {
   for (size_t i = 0; i < ws.size() && i < outs.size(); ++i) linear(x, *ws[i], outs[i]);
+}
+
+Result<void*> Backend::alloc_host_staging(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) return Status(StatusCode::kOutOfMemory, "host staging: could not allocate " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+void Backend::free_host_staging(void* p) { std::free(p); }
+
+void Backend::copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                    size_t rows) {
+  for (size_t r = 0; r < rows; ++r)
+    copy_to_host(static_cast<uint8_t*>(dst) + r * dst_pitch, static_cast<const uint8_t*>(src) + r * src_pitch, width);
 }
 
 void Backend::moe_ffn(Act, const MoEWeights&, Act) {

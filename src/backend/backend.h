@@ -149,6 +149,19 @@ class Backend {
   // Kernels launched (or recorded into a graph) so far; 0 where not counted (CPU).
   virtual uint64_t launch_count() const { return 0; }
 
+  // ---- device -> host staging for the durable KV store (called from the store's writer thread) ----
+  // Host memory that copy_2d_to_host_async can target at full speed (CUDA: pinned).
+  virtual Result<void*> alloc_host_staging(size_t bytes);
+  virtual void free_host_staging(void* p);
+  // Queues a copy of `rows` rows of `width` bytes from device memory (rows `src_pitch` apart) to
+  // host staging (rows `dst_pitch` apart), ordered on a copy stream of its own so the decode stream
+  // is not stalled; wait_host_copies() blocks until every queued copy is done. The source must not
+  // be written until then (the store copies only immutable rows). The default is a synchronous
+  // copy_to_host per row: correct for any backend; CUDA overrides it with cudaMemcpy2DAsync.
+  virtual void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                     size_t rows);
+  virtual void wait_host_copies() {}
+
   // ---- ops ----
   // out[t, :] = row ids[t] of table (dequantized).   ids: [out.rows]
   virtual void embed(const WeightMatrix& table, const int32_t* ids, Act out) = 0;

@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/interrupt.h"
+#include "cli/kv_options.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "format/npy.h"
@@ -17,6 +18,7 @@ namespace {
 struct GenerateArgs {
   ModelOptions model;
   SamplingOptions sampling;
+  KVStoreFlags kv;
   PromptOptions prompt;
   std::string ids, dump_logits, system;
   std::vector<std::string> stops;
@@ -29,9 +31,11 @@ int run_generate(GenerateArgs& a) {
   auto prompt_text = read_prompt(a.prompt);
   if (!prompt_text.is_ok()) return fail(prompt_text.status().message());
   const bool have_text = prompt_text->has_value();
-  if (have_text == !a.ids.empty())
-    return fail(have_text ? "give the prompt once: -p/--prompt TEXT (or -f FILE) or --ids 1,2,3, not both"
-                          : "no prompt: give -p/--prompt TEXT, -p - (stdin), -f/--file FILE, or --ids 1,2,3");
+  const bool continuing = a.kv.resume || !a.kv.fork.empty();  // the session has a prompt; one given is appended
+  if (have_text && !a.ids.empty())
+    return fail("give the prompt once: -p/--prompt TEXT (or -f FILE) or --ids 1,2,3, not both");
+  if (!have_text && a.ids.empty() && !continuing)
+    return fail("no prompt: give -p/--prompt TEXT, -p - (stdin), -f/--file FILE, or --ids 1,2,3");
   if (a.n < 0) return fail("-n/--max-tokens must be >= 0, got " + std::to_string(a.n));
   if (a.chat && a.raw) return fail("--chat and --raw contradict each other: give one");
   if ((a.chat || !a.system.empty()) && !a.ids.empty()) return fail("--chat/--system need a text prompt (-p or -f)");
@@ -44,6 +48,15 @@ int run_generate(GenerateArgs& a) {
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   const std::string tok_dir = tokenizer_dir_of(s);
+  auto attached = attach_kv_store(a.kv, s);
+  if (!attached.is_ok()) return fail(attached.status().message());
+  AttachedStore& store = *attached;  // declared after the stack: detached and flushed before it goes
+  SessionPlan plan;
+  if (store) {
+    auto p = plan_session(a.kv, store.get());
+    if (!p.is_ok()) return fail(p.status().message());
+    plan = std::move(p).value();
+  }
 
   // The chat template by default for text (as mlx-lm does), when the model has one.
   const bool chat = have_text && !a.raw && (a.chat || !a.system.empty() || has_chat_template(tok_dir));
@@ -58,9 +71,11 @@ int run_generate(GenerateArgs& a) {
     prompt = std::move(p).value();
     if (prompt.empty()) return fail("the prompt encodes to no tokens: nothing to generate from");
   } else {
-    auto p = parse_ids(a.ids);
-    if (!p.is_ok()) return fail(p.status().message());
-    prompt = std::move(p).value();
+    if (!a.ids.empty()) {
+      auto p = parse_ids(a.ids);
+      if (!p.is_ok()) return fail(p.status().message());
+      prompt = std::move(p).value();
+    }
     // Text for --json and --stop when a tokenizer is at hand; ids alone otherwise.
     auto t = TextOutput::open(tok_dir, false, a.show_reasoning, a.stops);
     if (t.is_ok()) text = std::move(t).value();
@@ -82,6 +97,10 @@ int run_generate(GenerateArgs& a) {
     }
   }
 
+  // A resumed or forked session continues from its tokens; the prompt (if any) is appended.
+  if (!plan.history.empty()) prompt.insert(prompt.begin(), plan.history.begin(), plan.history.end());
+  if (prompt.empty()) return fail("the session has no tokens and no prompt was given");
+
   GenerateRequest req;
   req.prompt = prompt;
   req.max_new_tokens = a.n;
@@ -90,10 +109,17 @@ int run_generate(GenerateArgs& a) {
   req.ignore_eos = a.ignore_eos;
   auto seq = s.engine->seq_create();
   if (!seq.is_ok()) return fail(seq.status().message());
+  if (!plan.name.empty()) {
+    Status st = store->session_begin(plan.name, *seq, prompt, s.ctx + 1);
+    if (!st.is_ok()) return fail(st.message());
+  }
   const bool print_ids = !a.json && !have_text;
   std::string all_text, all_reasoning;
   install_sigint_handler();
   auto on_token = [&](int32_t id) -> bool {
+    if (!plan.name.empty())  // the sampled id has no KV yet: n_kv still ends before it
+      store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq),
+                          s.engine->pool());
     if (print_ids) {
       std::printf("%d ", id);
       std::fflush(stdout);
@@ -113,11 +139,17 @@ int run_generate(GenerateArgs& a) {
     return !interrupted();
   };
   auto r = generate(*s.engine, *seq, req, on_token);
+  int durable = -1;
+  if (!plan.name.empty()) {  // even after an error: what was generated is recorded
+    auto d = store->session_end(s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq), s.engine->pool());
+    if (d.is_ok()) durable = *d;
+  }
   if (!r.is_ok()) {
     if (!a.json) std::printf("\n");  // the error must not continue the streamed line
     return fail(r.status().message());
   }
   const bool still_thinking = text && text->in_reasoning();
+  const int store_tokens = s.engine->seq_store_tokens(*seq);
   if (text) {
     TextOutput::Chunk c = text->flush();
     all_text += c.content;
@@ -142,6 +174,15 @@ int run_generate(GenerateArgs& a) {
     j["finish_reason"] = finish;
     j["prompt_tokens"] = r->prompt_tokens;
     j["cached_prompt_tokens"] = r->reused_tokens;
+    if (store) j["store_prompt_tokens"] = store_tokens;
+    if (!plan.name.empty()) {
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), r->ids.begin(), r->ids.end());
+      j["session"] = plan.name;
+      j["session_ids"] = all;
+      j["session_durable_tokens"] = durable;
+    }
+    if (store && a.kv.profile) j["kv_store"] = kv_profile_json(*store.get());
     j["chat_template"] = chat;
     j["seed"] = req.sampling.seed;
     j["timings"] = {{"prefill_s", r->prefill_s}, {"decode_s", r->decode_s},
@@ -159,6 +200,7 @@ int run_generate(GenerateArgs& a) {
                    "hidden reasoning (--show-reasoning prints it; raise -n, or --no-thinking)\n",
                    r->ids.size());
   }
+  if (store && a.kv.profile) print_kv_profile(*store.get(), store_tokens, stderr);
   return finish == "interrupted" ? 130 : 0;
 }
 
@@ -173,6 +215,7 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
                              "Maximum tokens to generate, >= 0; hidden <think> reasoning counts too")
                   ->capture_default_str();
               add_sampling_options(app, a->sampling);
+              add_kv_store_options(app, a->kv);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
               app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)")
                   ->expected(1)

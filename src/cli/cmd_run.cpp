@@ -15,6 +15,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/kv_options.h"
 #include "cli/interrupt.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
@@ -26,6 +27,7 @@ namespace {
 struct RunArgs {
   ModelOptions model;
   SamplingOptions sampling;
+  KVStoreFlags kv;
   PromptOptions prompt;
   std::string system;
   int n = 1024;
@@ -85,6 +87,15 @@ int run_chat(RunArgs& a) {
   if (!chat)
     std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)\n",
                  dir.c_str());
+  auto attached = attach_kv_store(a.kv, s);
+  if (!attached.is_ok()) return fail(attached.status().message());
+  AttachedStore& store = *attached;  // declared after the stack: detached and flushed before it goes
+  SessionPlan plan;
+  if (store) {
+    auto p = plan_session(a.kv, store.get());
+    if (!p.is_ok()) return fail(p.status().message());
+    plan = std::move(p).value();
+  }
 
   install_sigint_handler();
 
@@ -102,6 +113,17 @@ int run_chat(RunArgs& a) {
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
   const size_t first_turn = messages.size();
   std::vector<int32_t> document;  // completion mode
+  if (plan.resumed) {  // a session keeps the conversation in its meta
+    auto m = nlohmann::ordered_json::parse(plan.meta, nullptr, false);
+    if (!m.is_object() || !m.contains("messages") || !m.contains("document"))
+      return fail("session '" + a.kv.session + "' was not recorded by anvil run (use anvil generate --resume)");
+    messages = m["messages"];
+    document = m["document"].get<std::vector<int32_t>>();
+    std::printf("(resumed session %s: %zu messages)\n", plan.name.c_str(), messages.size());
+  }
+  auto session_meta = [&] {
+    return nlohmann::ordered_json{{"messages", messages}, {"document", document}}.dump();
+  };
   int seq = -1;
   if (interactive)
     std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
@@ -169,6 +191,10 @@ int run_chat(RunArgs& a) {
     seq = *new_seq;
     req.prompt = *prompt;
     req.sampling.seed = session_seed + turn_no++;
+    if (!plan.name.empty()) {
+      Status st = store->session_begin(plan.name, seq, req.prompt, s.ctx + 1, session_meta());
+      if (!st.is_ok()) return fail(st.message());
+    }
     text.begin_answer();
     clear_interrupted();
     std::string answer;
@@ -189,6 +215,9 @@ int run_chat(RunArgs& a) {
       answer += c.content;
     };
     auto on_token = [&](int32_t id) -> bool {
+      if (!plan.name.empty())
+        store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(seq), s.engine->seq_tail_page(seq),
+                            s.engine->pool());
       if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) return false;
       answer_ids.push_back(id);
       emit(text.push(id));
@@ -200,6 +229,7 @@ int run_chat(RunArgs& a) {
     if (dimmed) std::fputs(dim_off, stdout);
     std::printf("\n");
     if (!r.is_ok()) {
+      if (!plan.name.empty()) (void)store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
       std::fprintf(stderr, "anvil: error: %s\n", r.status().message().c_str());
       if (!interactive) return 1;
       if (chat) messages.erase(messages.end() - 1);
@@ -217,6 +247,12 @@ int run_chat(RunArgs& a) {
     clear_interrupted();
     if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});
     else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
+    if (!plan.name.empty()) {
+      auto d = store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
+                                  session_meta());
+      if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", plan.name.c_str(), d.status().message().c_str());
+    }
+    if (store && a.kv.profile) print_kv_profile(*store.get(), s.engine->seq_store_tokens(seq), stderr);
     if (!interactive) break;
   }
   if (seq >= 0) s.engine->seq_release(seq);
@@ -233,6 +269,7 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
                              "Maximum tokens per answer, >= 1; the <think> reasoning counts too")
                   ->capture_default_str();
               add_sampling_options(app, a->sampling);
+              add_kv_store_options(app, a->kv);
               add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning,
                            "Print the <think> reasoning even when the output is not a terminal (on a terminal it is "

@@ -14,6 +14,7 @@ Result<std::unique_ptr<Engine>> Engine::create(Transformer& model, const Hash128
 }
 
 Engine::~Engine() {
+  if (store_) store_->reap(*pool_, true);  // the store's writer may still be copying pool pages
   for (int i = 0; i < int(seqs_.size()); ++i)
     if (seqs_[i].live) seq_release(i);
   Backend& be = model_.backend();
@@ -76,6 +77,10 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
                             std::to_string(opts_.max_context) + " (raise --ctx)");
   while (int(s.pages.size()) < need) {
     int32_t p = pool_->kv_page_alloc();
+    if (p < 0 && store_) {  // pages the store still holds for copying come back first
+      store_->reap(*pool_, true);
+      p = pool_->kv_page_alloc();
+    }
     if (p < 0)
       return Status(StatusCode::kOutOfMemory, "KV cache is full: " + std::to_string(pool_->n_pages()) +
                                                   " pages of " + std::to_string(P) + " tokens are all in use");
@@ -88,11 +93,11 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
 // Takes pages from the prefix index for the longest run of full pages of s.tokens it knows,
 // always leaving at least one token to compute (its logits are needed).
 void Engine::reuse_prefix(Seq& s) {
-  if (!opts_.prefix_cache || s.n_kv != 0 || !s.pages.empty()) return;
+  if ((!opts_.prefix_cache && !store_) || s.n_kv != 0 || !s.pages.empty()) return;
   const int P = opts_.page_size;
   const int max_full = (int(s.tokens.size()) - 1) / P;
   Hash128 parent{};
-  for (int i = 0; i < max_full; ++i) {
+  for (int i = 0; opts_.prefix_cache && i < max_full; ++i) {
     auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
     const Hash128 key = kv_page_key(root_, parent, page_tokens);
     int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
@@ -102,18 +107,42 @@ void Engine::reuse_prefix(Seq& s) {
     s.n_kv += P;
     parent = key;
   }
+  if (store_) {
+    // The durable store continues where memory ended: full pages (validated, installed only once
+    // loaded), then a session's partial tail.
+    const int have = int(s.pages.size());
+    const int n = store_->restore_pages(s.tokens, have, parent, max_full - have, *pool_, &s.pages, &s.page_key);
+    for (int i = have; i < have + n; ++i) {  // restored pages join the memory index
+      if (opts_.prefix_cache)
+        pool_->prefix_insert(s.page_key[i], i == 0 ? Hash128{} : s.page_key[i - 1],
+                             std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P), s.pages[i]);
+      parent = s.page_key[i];
+    }
+    s.n_kv += n * P;
+    s.from_store = n * P;
+    int32_t tail = -1;
+    const int m = store_->restore_tail(s.tokens, s.n_kv, parent, int(s.tokens.size()) - 1 - s.n_kv, *pool_, &tail);
+    if (m > 0) {
+      s.pages.push_back(tail);
+      s.page_key.push_back(Hash128{});
+      s.n_kv += m;
+      s.from_store += m;
+    }
+  }
   s.reused = s.n_kv;
 }
 
 void Engine::publish_full_pages(Seq& s) {
-  if (!opts_.prefix_cache) return;
+  if (!opts_.prefix_cache && !store_) return;
   const int P = opts_.page_size;
   for (int i = 0; i < s.n_kv / P; ++i) {
     if (!s.page_key[i].is_zero()) continue;
     const Hash128 parent = i == 0 ? Hash128{} : s.page_key[i - 1];
     auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
     s.page_key[i] = kv_page_key(root_, parent, page_tokens);
-    pool_->prefix_insert(s.page_key[i], parent, page_tokens, s.pages[i]);
+    if (opts_.prefix_cache) pool_->prefix_insert(s.page_key[i], parent, page_tokens, s.pages[i]);
+    // Computed here (restored and reused pages have their key already): hand it to the store.
+    if (store_) store_->page_full(int(&s - seqs_.data()), s.page_key[i], parent, i * P, page_tokens, s.pages[i], *pool_);
   }
 }
 
@@ -150,6 +179,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
                       std::vector<float>* all_logits) {
   if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("extend: no such sequence");
   if (tokens.empty()) return invalid_argument("extend: no tokens");
+  if (store_) store_->reap(*pool_, false);
   Seq& s = seqs_[seq];
   const int V = model_.config().vocab_size;
   for (int32_t t : tokens)
@@ -160,7 +190,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
   // from the prefix index or allocated here, and n_kv (a reused prefix advances it before the
   // pages for the rest are known to exist).
   const size_t old_tokens = s.tokens.size(), old_pages = s.pages.size();
-  const int old_n_kv = s.n_kv, old_reused = s.reused;
+  const int old_n_kv = s.n_kv, old_reused = s.reused, old_from_store = s.from_store;
   auto roll_back = [&] {
     for (size_t i = old_pages; i < s.pages.size(); ++i) pool_->kv_page_release(s.pages[i]);
     s.pages.resize(old_pages);
@@ -168,6 +198,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     s.tokens.resize(old_tokens);
     s.n_kv = old_n_kv;
     s.reused = old_reused;
+    s.from_store = old_from_store;
   };
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   if (!all_logits) reuse_prefix(s);
@@ -228,6 +259,7 @@ Status Engine::decode_impl(std::span<const int> seqs, std::span<const int32_t> t
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("decode: one token per sequence");
   if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
   const int V = model_.config().vocab_size;
+  if (store_) store_->reap(*pool_, false);
   // Per-step index vectors are members reused across calls: no allocation per decode step.
   std::vector<int>& order = scratch_.order;
   std::vector<int32_t>&ids = scratch_.ids, &sidx = scratch_.sidx, &pos = scratch_.pos;

@@ -11,6 +11,7 @@
 
 #include "model/transformer.h"
 #include "runtime/kv_pool.h"
+#include "runtime/page_store.h"
 
 namespace anvil {
 
@@ -38,6 +39,21 @@ class Engine {
   void seq_release(int seq);
   const std::vector<int32_t>& seq_tokens(int seq) const { return seqs_[seq].tokens; }
   int seq_cached_tokens(int seq) const { return seqs_[seq].reused; }  // prompt tokens served from the prefix index
+  int seq_store_tokens(int seq) const { return seqs_[seq].from_store; }  // ... of which from the durable store
+  int seq_kv(int seq) const { return seqs_[seq].n_kv; }                 // positions with KV
+  // The pool page holding position n_kv (the partially filled tail), or -1.
+  int32_t seq_tail_page(int seq) const {
+    const Seq& s = seqs_[seq];
+    size_t i = size_t(s.n_kv / opts_.page_size);
+    return i < s.pages.size() ? s.pages[i] : -1;
+  }
+
+  // Attaches a durable page store (src/kvstore/): full pages are handed to it as they fill, and a
+  // new sequence's prefix is restored from it where the in-memory index has no page. Its
+  // fingerprint() must be this engine's cache_root().
+  void set_page_store(PageStore* store) { store_ = store; }
+  PageStore* page_store() const { return store_; }
+  const Hash128& cache_root() const { return root_; }
 
   // Appends `tokens` to the sequence and computes their KV. Writes the logits of the last token to
   // last_logits ([vocab]) and, when all_logits is set, of every new token ([n, vocab]).
@@ -76,6 +92,7 @@ class Engine {
     std::vector<Hash128> page_key;  // chain key of each full page (zero until computed)
     int n_kv = 0;
     int reused = 0;
+    int from_store = 0;
   };
   Engine(Transformer& model, const Hash128& fp, const EngineOptions& opts)
       : model_(model), root_(kv_cache_root(fp, opts.kv_dtype, opts.page_size)), opts_(opts) {}
@@ -108,6 +125,7 @@ class Engine {
   int32_t* pos_dev_ = nullptr;
   int32_t* seq_dev_ = nullptr;
   int32_t* table_dev_ = nullptr;
+  PageStore* store_ = nullptr;
 };
 
 }  // namespace anvil

@@ -87,6 +87,16 @@ class CpuBackend final : public Backend {
   void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_device(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  // The store's writer thread copies an immutable page while decode runs: a plain memcpy per row.
+  void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                             size_t rows) override {
+    if (dst_pitch == width && src_pitch == width) {
+      std::memcpy(dst, src, width * rows);
+      return;
+    }
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<uint8_t*>(dst) + r * dst_pitch, static_cast<const uint8_t*>(src) + r * src_pitch, width);
+  }
 
   Result<WeightMatrix> upload_weight(const WeightMatrix& w) override {
     if (w.rows <= 0 || w.cols <= 0 || !w.data)

@@ -1,0 +1,145 @@
+// anvil kv ls|show|rm|gc|verify|export: look after the durable KV store (src/kvstore/).
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/kv_options.h"
+#include "kvstore/kvstore.h"
+
+namespace anvil::cli {
+namespace {
+
+struct KvArgs {
+  std::string dir, name, out, max;
+  bool json = false;
+  CLI::App *ls = nullptr, *show = nullptr, *rm = nullptr, *gc = nullptr, *verify = nullptr, *exp = nullptr;
+};
+
+std::string when(int64_t us) {
+  std::time_t t = std::time_t(us / 1000000);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+  return b;
+}
+
+std::string mib(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / (1 << 20));
+  return b;
+}
+
+int run_kv(KvArgs& a) {
+  KVStoreOptions o;
+  o.dir = a.dir.empty() ? default_kv_store_dir() : a.dir;
+  if (!a.max.empty()) {
+    auto m = parse_size(a.max);
+    if (!m.is_ok()) return fail("--max: " + m.status().message());
+    o.max_bytes = *m;
+  }
+  auto opened = KVStore::open(o);
+  if (!opened.is_ok()) return fail(opened.status().message());
+  KVStore& st = **opened;
+  if (a.ls->parsed()) {
+    StoreStats s = st.stats();
+    auto sessions = st.list_sessions();
+    if (a.json) {
+      nlohmann::ordered_json j;
+      j["dir"] = o.dir;
+      j["pages"] = s.pages;
+      j["page_bytes"] = s.page_bytes;
+      j["segments"] = s.segments;
+      j["segment_file_bytes"] = s.segment_file_bytes;
+      j["sessions"] = nlohmann::json::array();
+      for (auto& x : sessions)
+        j["sessions"].push_back({{"name", x.name}, {"tokens", x.tokens.size()}, {"durable_tokens", x.durable_pos},
+                                 {"updated", when(x.updated_us)}});
+      std::printf("%s\n", j.dump().c_str());
+      return 0;
+    }
+    std::printf("%s: %lld pages (%s), %lld segments (%s on disk), %zu sessions\n", o.dir.c_str(),
+                (long long)s.pages, mib(s.page_bytes).c_str(), (long long)s.segments,
+                mib(s.segment_file_bytes).c_str(), sessions.size());
+    for (auto& x : sessions)
+      std::printf("  %-24s %7zu tokens, %7d durable, updated %s UTC\n", x.name.c_str(), x.tokens.size(), x.durable_pos,
+                  when(x.updated_us).c_str());
+    return 0;
+  }
+  if (a.show->parsed()) {
+    auto s = st.get_session(a.name);
+    if (!s.is_ok()) return fail(s.status().message());
+    if (!*s) return fail("no session named '" + a.name + "' in " + o.dir);
+    const SessionInfo& x = **s;
+    nlohmann::ordered_json j;
+    j["name"] = x.name;
+    j["fingerprint"] = x.fingerprint.hex();
+    j["tokens"] = x.tokens.size();
+    j["durable_tokens"] = x.durable_pos;
+    j["tail"] = {{"first_pos", x.tail_first}, {"tokens", x.tail_n}};
+    j["updated"] = when(x.updated_us);
+    j["ids"] = x.tokens;
+    std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
+    return 0;
+  }
+  if (a.rm->parsed()) {
+    Status s = st.remove_session(a.name);
+    if (!s.is_ok()) return fail(s.message());
+    std::printf("removed session %s (its pages stay until gc evicts them)\n", a.name.c_str());
+    return 0;
+  }
+  if (a.gc->parsed()) {
+    const int64_t before = st.stats().pages;
+    auto r = st.gc();
+    if (!r.is_ok()) return fail(r.status().message());
+    StoreStats s = st.stats();
+    std::printf("gc: evicted %lld pages, reclaimed %s; now %lld pages, %s on disk\n", (long long)(before - s.pages),
+                mib(*r).c_str(), (long long)s.pages, mib(s.segment_file_bytes).c_str());
+    return 0;
+  }
+  if (a.verify->parsed()) {
+    std::vector<std::string> problems;
+    int64_t n = 0;
+    Status s = st.verify(&problems, &n);
+    if (!s.is_ok()) return fail(s.message());
+    for (auto& p : problems) std::printf("%s\n", p.c_str());
+    std::printf("verify: %lld records checked, %zu problems\n", (long long)n, problems.size());
+    return problems.empty() ? 0 : 1;
+  }
+  if (a.exp->parsed()) {
+    if (a.out.empty()) return fail("export: give -o FILE.safetensors");
+    Status s = st.export_session(a.name, a.out);
+    if (!s.is_ok()) return fail(s.message());
+    std::printf("wrote %s\n", a.out.c_str());
+    return 0;
+  }
+  return fail("kv: give a subcommand: ls, show, rm, gc, verify or export");
+}
+
+Command reg("kv", "Inspect and maintain the durable KV store: ls, show, rm, gc, verify, export", 60,
+            [](CLI::App& app) -> std::function<int()> {
+              auto a = std::make_shared<KvArgs>();
+              app.require_subcommand(1);
+              app.fallthrough();
+              app.add_option("--kv-store", a->dir, "Store directory (default: ~/.cache/anvil/kv)");
+              auto common = [&](CLI::App* sub) {
+                sub->add_option("--kv-store", a->dir, "Store directory (default: ~/.cache/anvil/kv)");
+                sub->add_flag("--json", a->json, "Print JSON");
+                return sub;
+              };
+              a->ls = common(app.add_subcommand("ls", "List the store's sessions and size"));
+              a->show = common(app.add_subcommand("show", "Show one session (its tokens, durable position)"));
+              a->show->add_option("name", a->name, "Session name")->required();
+              a->rm = common(app.add_subcommand("rm", "Remove a session (its pages become evictable)"));
+              a->rm->add_option("name", a->name, "Session name")->required();
+              a->gc = common(app.add_subcommand("gc", "Evict LRU unreferenced pages under the cap; compact segments"));
+              a->gc->add_option("--max", a->max, "Size cap for this gc (default 8G)");
+              a->verify = common(app.add_subcommand(
+                  "verify", "Check the catalog and every record's checksum; exit 1 when anything is wrong"));
+              a->exp = common(app.add_subcommand("export", "Write one session's KV as a standalone safetensors file"));
+              a->exp->add_option("name", a->name, "Session name")->required();
+              a->exp->add_option("-o,--out", a->out, "Output .safetensors file")->required();
+              return [a] { return run_kv(*a); };
+            });
+
+}  // namespace
+}  // namespace anvil::cli

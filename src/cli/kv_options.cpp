@@ -1,0 +1,132 @@
+#include "cli/kv_options.h"
+
+namespace anvil::cli {
+
+void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags) {
+  app.add_option("--kv-store", f.dir,
+                 "Durable KV store directory (default: $XDG_CACHE_HOME/anvil/kv or ~/.cache/anvil/kv)");
+  app.add_flag("--no-kv-store", f.off, "Do not persist or restore KV pages");
+  app.add_option("--kv-store-max", f.max, "Size cap of the store (LRU eviction of unreferenced pages)")
+      ->capture_default_str();
+  app.add_option("--kv-durability", f.durability,
+                 "none (no fsync), interval (fsync+commit every --kv-flush-ms), sync (after every page)")
+      ->capture_default_str();
+  app.add_option("--kv-flush-ms", f.flush_ms, "Flush the store at least this often")->capture_default_str();
+  app.add_option("--kv-flush-pages", f.flush_pages, "... or after this many pages")->capture_default_str();
+  app.add_option("--kv-queue", f.queue_pages, "Pages the store's writer queue holds")->capture_default_str();
+  if (session_flags) {
+    app.add_option("--session", f.session, "Record this run as session NAME in the store");
+    app.add_flag("--resume", f.resume, "Continue session NAME (the prompt, if any, is appended)");
+    app.add_option("--fork", f.fork, "Start a new session NEW from session NAME's tokens (NAME is unchanged)");
+  }
+  app.add_flag("--profile", f.profile, "Print the store's counters to stderr at the end");
+}
+
+Result<KVStoreOptions> kv_store_options(const KVStoreFlags& f) {
+  KVStoreOptions o;
+  o.dir = f.dir.empty() ? default_kv_store_dir() : f.dir;
+  auto max = parse_size(f.max);
+  if (!max.is_ok()) return invalid_argument("--kv-store-max: " + max.status().message());
+  o.max_bytes = *max;
+  ANVIL_ASSIGN_OR_RETURN(o.durability, parse_durability(f.durability));
+  if (f.flush_ms < 1) return invalid_argument("--kv-flush-ms must be >= 1");
+  if (f.flush_pages < 1) return invalid_argument("--kv-flush-pages must be >= 1");
+  if (f.queue_pages < 2) return invalid_argument("--kv-queue must be >= 2");
+  o.flush_ms = f.flush_ms;
+  o.flush_pages = f.flush_pages;
+  o.queue_pages = f.queue_pages;
+  return o;
+}
+
+AttachedStore::~AttachedStore() {
+  if (!store_) return;
+  store_->flush();
+  if (engine_) {
+    store_->reap(engine_->pool(), true);
+    engine_->set_page_store(nullptr);
+  }
+}
+
+Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
+  AttachedStore a;
+  if (f.off) {
+    if (!f.session.empty() || f.resume || !f.fork.empty())
+      return invalid_argument("--session/--resume/--fork need the KV store (drop --no-kv-store)");
+    return a;
+  }
+  ANVIL_ASSIGN_OR_RETURN(KVStoreOptions o, kv_store_options(f));
+  auto st = KVStore::open(o);
+  if (!st.is_ok()) return st.status().with_context("--kv-store " + o.dir);
+  a.store_ = std::move(st).value();
+  const KVCacheView& kv = s.engine->pool().view();
+  ANVIL_RETURN_IF_ERROR(a.store_->attach(*s.backend, kv, s.engine->cache_root()));
+  s.engine->set_page_store(a.store_.get());
+  a.engine_ = s.engine.get();
+  return a;
+}
+
+Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
+  SessionPlan p;
+  if (f.session.empty()) {
+    if (f.resume || !f.fork.empty()) return invalid_argument("--resume and --fork need --session NAME");
+    return p;
+  }
+  if (f.resume && !f.fork.empty()) return invalid_argument("give one of --resume and --fork NEW");
+  ANVIL_ASSIGN_OR_RETURN(auto info, store->get_session(f.session));
+  if (f.resume || !f.fork.empty()) {
+    if (!info) return not_found("no session named '" + f.session + "' in " + store->dir());
+    if (info->fingerprint != store->fingerprint())
+      return invalid_argument("session '" + f.session +
+                              "' was recorded with another model or KV layout (--kv-dtype, --page-size)");
+    p.history = info->tokens;
+    p.meta = info->meta;
+    p.resumed = true;
+    if (!f.fork.empty()) {
+      ANVIL_RETURN_IF_ERROR(store->fork_session(f.session, f.fork));
+      p.name = f.fork;
+    } else {
+      p.name = f.session;
+    }
+  } else {
+    if (info)
+      return invalid_argument("session '" + f.session +
+                              "' already exists: --resume to continue it, --fork NEW to branch from it, or "
+                              "`anvil kv rm " + f.session + "`");
+    p.name = f.session;
+  }
+  return p;
+}
+
+nlohmann::ordered_json kv_profile_json(const KVStore& store) {
+  const KVStoreCounters& c = store.counters();
+  const double wall = store.attached_seconds();
+  nlohmann::ordered_json j;
+  j["pages_enqueued"] = c.pages_enqueued.load();
+  j["pages_written"] = c.pages_written.load();
+  j["pages_deduplicated"] = c.pages_deduped.load();
+  j["pages_dropped"] = c.pages_dropped.load();
+  j["tails_written"] = c.tails_written.load();
+  j["bytes_written"] = c.bytes_written.load();
+  j["fsyncs"] = c.fsyncs.load();
+  j["transactions"] = c.transactions.load();
+  j["write_errors"] = c.write_errors.load();
+  j["queue_high_water"] = c.queue_high_water.load();
+  j["writer_busy_pct"] = wall > 0 ? 100.0 * double(c.writer_busy_ns.load()) * 1e-9 / wall : 0.0;
+  j["decode_blocked_ms"] = double(c.decode_blocked_ns.load()) * 1e-6;
+  j["restored_pages"] = c.restored_pages.load();
+  j["restored_bytes"] = c.restored_bytes.load();
+  j["restore_ms"] = double(c.restore_ns.load()) * 1e-6;
+  j["restore_misses"] = c.restore_misses.load();
+  j["restore_corrupt"] = c.restore_corrupt.load();
+  j["pages_evicted"] = c.pages_evicted.load();
+  return j;
+}
+
+void print_kv_profile(const KVStore& store, int store_prompt_tokens, std::FILE* out) {
+  auto j = kv_profile_json(store);
+  std::fprintf(out, "[anvil] kv store %s\n", store.dir().c_str());
+  std::fprintf(out, "  prompt tokens from the store   %d\n", store_prompt_tokens);
+  for (auto& [k, v] : j.items()) std::fprintf(out, "  %-30s %s\n", k.c_str(), v.dump().c_str());
+}
+
+}  // namespace anvil::cli

@@ -1,0 +1,54 @@
+// The store's SQLite catalog: schema, segment bookkeeping, LRU eviction and segment compaction.
+// Shared by the writer thread (its own connection) and by maintenance (anvil kv, on the caller's
+// connection). Every multi-row change is one transaction (BEGIN IMMEDIATE: two processes serialize
+// on SQLite's lock, waiting up to the busy timeout).
+//
+// Tables
+//   segments(id, committed_end, live_bytes, sealed, owner_pid)   one row per segment file
+//   pages(key, parent, fingerprint, first_pos, tokens, segment, offset, length, checksum, last_used)
+//   sessions(name, fingerprint, tokens, durable_pos, tail_*, updated, meta)
+//   session_pages(session, idx, key)   the full pages a session references (never evicted)
+//   meta(k, v)                         format_version
+#pragma once
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvstore/env.h"
+#include "kvstore/sqlite_db.h"
+
+namespace anvil {
+
+inline constexpr int kCatalogVersion = 1;
+
+// WAL, synchronous=NORMAL, the tables (idempotent).
+Status catalog_init(SqliteDb& db);
+
+std::string segment_file(const std::string& dir, int64_t id);
+bool parse_segment_file(const std::string& name, int64_t* id);
+
+// A new segment of this process: a catalog row, the file created and flocked.
+struct NewSegment {
+  int64_t id = 0;
+  std::unique_ptr<AppendFile> file;
+};
+Result<NewSegment> segment_create(SqliteDb& db, Env* env, const std::string& dir);
+
+Result<int64_t> catalog_int(SqliteDb& db, const std::string& sql);
+// Bytes of live records (pages and session tails).
+Result<int64_t> catalog_live_bytes(SqliteDb& db);
+
+// Deletes the least recently used pages that no session references and `pinned` does not claim,
+// until the live bytes are <= target. Returns the pages evicted.
+Result<int64_t> evict_lru(SqliteDb& db, uint64_t target, const std::function<bool(const Hash128&)>& pinned);
+
+// Rewrites the live records of sealed segments that are at most half live into a new segment and
+// removes the old files; removes segment files the catalog does not know and no process holds.
+// Returns the bytes reclaimed on disk.
+Result<int64_t> compact_segments(SqliteDb& db, Env* env, const std::string& dir, const std::set<int64_t>& own);
+
+int64_t now_us();
+
+}  // namespace anvil

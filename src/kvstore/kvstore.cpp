@@ -1,0 +1,601 @@
+// KVStore: open + recovery, the decode-thread side (ring, reap), restores, and sessions.
+// The writer thread is writer.cpp; gc/verify/export are maintenance.cpp.
+#include "kvstore/kvstore.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kvstore/catalog.h"
+#include "runtime/kv_pool.h"
+
+#include "kvstore/writer.h"
+
+namespace anvil {
+
+using Clock = std::chrono::steady_clock;
+
+Result<Durability> parse_durability(const std::string& s) {
+  if (s == "none") return Durability::kNone;
+  if (s == "interval") return Durability::kInterval;
+  if (s == "sync") return Durability::kSync;
+  return invalid_argument("--kv-durability must be none, interval or sync, got '" + s + "'");
+}
+
+Result<uint64_t> parse_size(const std::string& s) {
+  if (s.empty()) return invalid_argument("empty size");
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  uint64_t mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "K" || unit == "KiB" || unit == "k") mul = 1ull << 10;
+  else if (unit == "M" || unit == "MiB") mul = 1ull << 20;
+  else if (unit == "G" || unit == "GiB") mul = 1ull << 30;
+  else if (unit == "T" || unit == "TiB") mul = 1ull << 40;
+  else return invalid_argument("size '" + s + "': expected a number with an optional K, M, G or T suffix");
+  if (!(v >= 0)) return invalid_argument("size '" + s + "' must be >= 0");
+  return uint64_t(v * double(mul));
+}
+
+std::string default_kv_store_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/anvil/kv";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/anvil/kv";
+  return ".anvil-kv";
+}
+
+KVStore::KVStore(const KVStoreOptions& o) : opts_(o) {}
+
+Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
+  if (opts.dir.empty()) return invalid_argument("--kv-store: empty directory");
+  if (opts.queue_pages < 2) return invalid_argument("kv store queue must hold at least 2 pages");
+  if (opts.flush_ms < 1 || opts.flush_pages < 1) return invalid_argument("kv store flush interval must be >= 1");
+  std::unique_ptr<KVStore> s(new KVStore(opts));
+  s->env_ = opts.env ? opts.env : Env::posix();
+  ANVIL_RETURN_IF_ERROR(s->env_->create_dirs(opts.dir).with_context("--kv-store"));
+  ANVIL_RETURN_IF_ERROR(s->open_catalog());
+  ANVIL_RETURN_IF_ERROR(s->recover_segments());
+  ANVIL_RETURN_IF_ERROR(s->prepare_reader());
+  return s;
+}
+
+Status KVStore::open_catalog() {
+  const std::string path = opts_.dir + "/catalog.db";
+  Status st = db_.open(path, opts_.busy_timeout_ms);
+  if (st.is_ok()) st = catalog_init(db_);
+  if (st.is_ok()) {
+    // "The catalog is checked": a cheap structural check (integrity_check is kv verify's).
+    auto q = catalog_int(db_, "SELECT 1 FROM pragma_quick_check WHERE quick_check = 'ok'");
+    if (!q.is_ok()) st = q.status();
+    else if (*q != 1) st = corrupt("catalog " + path + " failed PRAGMA quick_check");
+  }
+  if (st.is_ok() || st.code() != StatusCode::kCorrupt) return st;
+  // A corrupt catalog: every page in it is a miss anyway. Keep it for inspection, start afresh.
+  db_.~SqliteDb();
+  new (&db_) SqliteDb();
+  const std::string aside = path + ".corrupt-" + std::to_string(now_us());
+  std::fprintf(stderr, "[anvil] kv store: %s; moved aside to %s, starting an empty catalog\n", st.message().c_str(),
+               aside.c_str());
+  std::rename(path.c_str(), aside.c_str());
+  for (const char* sfx : {"-wal", "-shm"}) (void)env_->remove(path + sfx);
+  ANVIL_RETURN_IF_ERROR(db_.open(path, opts_.busy_timeout_ms));
+  return catalog_init(db_);
+}
+
+// Invariant 2: bytes past committed_end of a segment whose writer is gone are truncated; such a
+// segment is sealed (a new process always starts a segment of its own).
+Status KVStore::recover_segments() {
+  std::vector<std::pair<int64_t, int64_t>> open_segs;
+  {
+    SqliteStmt q;
+    ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT id, committed_end FROM segments WHERE sealed = 0"));
+    while (true) {
+      ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
+      if (!row) break;
+      open_segs.push_back({q.col_int(0), q.col_int(1)});
+    }
+  }
+  for (auto [id, end] : open_segs) {
+    const std::string path = segment_file(opts_.dir, id);
+    // No file yet: another process may be between creating the row and the file; leave it.
+    if (!env_->exists(path) || env_->locked_by_other(path)) continue;  // a live process appends to it
+    ANVIL_ASSIGN_OR_RETURN(uint64_t size, env_->file_size(path));
+    if (size > uint64_t(end)) ANVIL_RETURN_IF_ERROR(env_->truncate(path, uint64_t(end)));
+    ANVIL_RETURN_IF_ERROR(db_.exec("UPDATE segments SET sealed = 1 WHERE id = " + std::to_string(id) +
+                                   " AND sealed = 0"));
+  }
+  return Status::ok();
+}
+
+Status KVStore::prepare_reader() {
+  ANVIL_RETURN_IF_ERROR(q_page_.prepare(db_,
+      "SELECT parent, tokens, segment, offset, length, checksum, first_pos FROM pages WHERE key = ?"));
+  ANVIL_RETURN_IF_ERROR(q_tail_.prepare(db_,
+      "SELECT tokens, tail_segment, tail_offset, tail_length, tail_checksum, tail_n FROM sessions "
+      "WHERE tail_parent = ? AND tail_first = ? AND fingerprint = ? AND tail_n > 0 ORDER BY updated DESC"));
+  return Status::ok();
+}
+
+std::string KVStore::segment_path(int64_t id) const { return segment_file(opts_.dir, id); }
+
+Status KVStore::attach(Backend& backend, const KVCacheView& kv, const Hash128& fingerprint) {
+  if (writer_) return internal_error("kv store: attached twice");
+  backend_ = &backend;
+  kv_base_ = kv.base;
+  layout_ = PageLayout{kv.dtype, kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.page_size};
+  page_bytes_ = kv.page_bytes();
+  fingerprint_ = fingerprint;
+  const size_t Q = size_t(opts_.queue_pages);
+  ring_.assign(Q, Desc{});
+  ring_tokens_.assign(Q * size_t(kv.page_size), 0);
+  released_.reserve(Q + 4);
+  released_swap_.reserve(Q + 4);
+  writer_ = std::make_unique<Writer>(*this);
+  ANVIL_RETURN_IF_ERROR(writer_->init());
+  attached_at_ = Clock::now();
+  writer_thread_ = std::thread([this] { writer_->run(); });
+  return Status::ok();
+}
+
+KVStore::~KVStore() {
+  if (writer_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_writer_.notify_all();
+    writer_thread_.join();
+  }
+}
+
+void KVStore::abandon() {
+  if (!writer_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = abandon_ = true;
+  }
+  cv_writer_.notify_all();
+  writer_thread_.join();
+}
+
+double KVStore::attached_seconds() const {
+  if (!writer_) return 0;
+  return std::chrono::duration<double>(Clock::now() - attached_at_).count();
+}
+
+// Decode thread (invariant 4). Returns false when the descriptor was not queued.
+bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block) {
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lk(mu_);
+  const size_t Q = ring_.size();
+  if (count_ == Q) {
+    if (!block) {
+      counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      return false;
+    }
+    cv_space_.wait(lk, [&] { return count_ < Q || stop_; });
+  }
+  const size_t slot = (head_ + count_) % Q;
+  ring_[slot] = d;
+  std::copy(tokens.begin(), tokens.end(), ring_tokens_.begin() + slot * size_t(layout_.page_size));
+  ++count_;
+  if (int64_t(count_) > counters_.queue_high_water.load()) counters_.queue_high_water = int64_t(count_);
+  if (d.page >= 0) ++retained_;
+  lk.unlock();
+  cv_writer_.notify_one();
+  counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  return true;
+}
+
+void KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
+                        std::span<const int32_t> tokens, int32_t page, KVPool& pool) {
+  if (!writer_) return;
+  Desc d;
+  d.kind = Desc::kPage;
+  d.page = page;
+  d.n = int32_t(tokens.size());
+  d.first_pos = first_pos;
+  d.key = key;
+  d.parent = parent;
+  bool is_session;
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    is_session = sess_active_ && seq == sess_seq_;
+  }
+  d.session = is_session;
+  pool.kv_page_retain(page);  // invariant 5: until the writer has copied it
+  ++counters_.pages_enqueued;
+  if (!push(d, tokens, is_session)) {
+    pool.kv_page_release(page);
+    ++counters_.pages_dropped;
+  }
+}
+
+void KVStore::reap(KVPool& pool, bool wait) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (wait) cv_done_.wait(lk, [&] { return int64_t(released_.size()) == retained_; });
+    released_swap_.swap(released_);
+    retained_ -= int64_t(released_swap_.size());
+  }
+  for (int32_t p : released_swap_) pool.kv_page_release(p);
+  released_swap_.clear();
+}
+
+void KVStore::flush() {
+  if (!writer_) return;
+  Desc d;
+  d.kind = Desc::kFlush;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ticket = ++next_ticket_;
+  }
+  d.ticket = ticket;
+  push(d, {}, true);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_done_.wait(lk, [&] { return done_ticket_ >= ticket; });
+}
+
+Result<ReadFile*> KVStore::segment_reader(int64_t seg) {
+  auto it = readers_.find(seg);
+  if (it != readers_.end()) return it->second.get();
+  ANVIL_ASSIGN_OR_RETURN(auto f, env_->open_read(segment_path(seg)));
+  ReadFile* p = f.get();
+  readers_[seg] = std::move(f);
+  return p;
+}
+
+Result<const uint8_t*> KVStore::read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
+                                            const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                                            PageMeta* meta) {
+  const std::string label = segment_path(seg) + "@" + std::to_string(off);
+  if (len <= 0 || len > int64_t(page_bytes_ + (1 << 20))) return corrupt(label + ": implausible record length");
+  ANVIL_ASSIGN_OR_RETURN(ReadFile * f, segment_reader(seg));
+  read_buf_.resize(size_t(len));
+  ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(off), read_buf_.data(), read_buf_.size()));
+  if (record_checksum(read_buf_.data(), read_buf_.size()) != sum) return corrupt(label + ": record checksum mismatch");
+  const uint8_t* data = nullptr;
+  // The catalog's checksum just covered every byte; the record's own data checksum is for
+  // standalone readers and kv verify.
+  ANVIL_RETURN_IF_ERROR(
+      page_record_parse(read_buf_.data(), read_buf_.size(), layout_, fingerprint_, meta, &data, label, false));
+  if (meta->key != key || meta->parent != parent || meta->first_pos != first_pos ||
+      !std::equal(meta->tokens.begin(), meta->tokens.end(), tokens.begin(), tokens.end()))
+    return corrupt(label + ": record identity (key, parent, position or token ids) differs from the request");
+  return data;
+}
+
+int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent_key, int max_pages,
+                           KVPool& pool, std::vector<int32_t>* pages, std::vector<Hash128>* keys) {
+  if (!writer_ || max_pages <= 0) return 0;
+  const auto t0 = Clock::now();
+  const int P = layout_.page_size;
+  Hash128 parent = parent_key;
+  int n = 0;
+  std::vector<int32_t> loaded;
+  std::vector<Hash128> loaded_keys;
+  for (int i = first; i < first + max_pages; ++i) {
+    auto toks = tokens.subspan(size_t(i) * P, size_t(P));
+    const Hash128 key = kv_page_key(fingerprint_, parent, toks);
+    q_page_.bind(1, key);
+    auto row = q_page_.step();
+    if (!row.is_ok() || !*row) {
+      q_page_.reset();
+      ++counters_.restore_misses;
+      break;
+    }
+    // The catalog's copy of the identity first (invariant 3): a key match alone is never trusted.
+    const bool ident_ok = q_page_.col_hash(0) == parent && q_page_.col_bytes(1) == toks.size_bytes() &&
+                          std::memcmp(q_page_.col_blob(1), toks.data(), toks.size_bytes()) == 0 &&
+                          q_page_.col_int(6) == int64_t(i) * P;
+    const int64_t seg = q_page_.col_int(2), off = q_page_.col_int(3), len = q_page_.col_int(4);
+    const uint64_t sum = uint64_t(q_page_.col_int(5));
+    q_page_.reset();
+    if (!ident_ok) {  // the same key with other tokens: a collision (or a forged row); never used
+      ++counters_.restore_corrupt;
+      break;
+    }
+    {
+      std::lock_guard<std::mutex> lk(pin_mu_);
+      pinned_.insert(key);
+    }
+    PageMeta meta;
+    auto data = read_record(seg, off, len, sum, key, parent, i * P, toks, &meta);
+    int32_t page = -1;
+    if (data.is_ok()) page = pool.kv_page_alloc();
+    if (page >= 0) {
+      backend_->copy_to_device(page_base_mut(page), *data, page_bytes_);
+      counters_.restored_bytes += int64_t(page_bytes_);
+    }
+    {
+      std::lock_guard<std::mutex> lk(pin_mu_);
+      pinned_.erase(pinned_.find(key));
+      if (page >= 0) touched_.push_back({key, now_us()});
+    }
+    if (!data.is_ok()) {
+      ++counters_.restore_corrupt;
+      std::lock_guard<std::mutex> lk(pin_mu_);
+      const bool lost = data.status().code() == StatusCode::kNotFound;
+      bad_.push_back({key, seg, lost ? -1 : off});
+      if (lost) lost_segs_.insert(seg);
+      else bad_locs_.insert({seg, off});
+      break;
+    }
+    if (page < 0) break;  // pool full: the rest is recomputed
+    loaded.push_back(page);
+    loaded_keys.push_back(key);
+    parent = key;
+    ++n;
+  }
+  // Installed only now, after every page of the run loaded and validated.
+  backend_->synchronize();
+  pages->insert(pages->end(), loaded.begin(), loaded.end());
+  keys->insert(keys->end(), loaded_keys.begin(), loaded_keys.end());
+  counters_.restored_pages += n;
+  counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  return n;
+}
+
+int KVStore::restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
+                          KVPool& pool, int32_t* page_out) {
+  if (!writer_ || max_tokens <= 0) return 0;
+  const auto t0 = Clock::now();
+  q_tail_.bind(1, parent);
+  q_tail_.bind(2, int64_t(first_pos));
+  q_tail_.bind(3, fingerprint_);
+  struct Cand {
+    int64_t seg, off, len;
+    uint64_t sum;
+    int n;
+  };
+  std::optional<Cand> best;
+  while (true) {
+    auto row = q_tail_.step();
+    if (!row.is_ok() || !*row) break;
+    const int n = int(q_tail_.col_int(5));
+    const size_t sess_len = q_tail_.col_bytes(0) / 4;
+    if (n > max_tokens || size_t(first_pos + n) > sess_len) continue;
+    // The session's own token ids over the tail must equal the request's.
+    const int32_t* st = static_cast<const int32_t*>(q_tail_.col_blob(0));
+    if (!std::equal(st, st + first_pos + n, tokens.begin())) continue;
+    if (!best || n > best->n)
+      best = Cand{q_tail_.col_int(1), q_tail_.col_int(2), q_tail_.col_int(3), uint64_t(q_tail_.col_int(4)), n};
+  }
+  q_tail_.reset();
+  if (!best) return 0;
+  PageMeta meta;
+  auto toks = tokens.subspan(size_t(first_pos), size_t(best->n));
+  auto data = read_record(best->seg, best->off, best->len, best->sum, Hash128{}, parent, first_pos, toks, &meta);
+  if (!data.is_ok()) {
+    ++counters_.restore_corrupt;
+    return 0;
+  }
+  int32_t page = pool.kv_page_alloc();
+  if (page < 0) return 0;
+  const size_t src_blk = layout_.block_bytes(best->n), dst_blk = layout_.block_bytes(layout_.page_size);
+  uint8_t* dst = static_cast<uint8_t*>(page_base_mut(page));
+  for (size_t b = 0; b < layout_.n_blocks(); ++b) backend_->copy_to_device(dst + b * dst_blk, *data + b * src_blk, src_blk);
+  backend_->synchronize();
+  counters_.restored_bytes += int64_t(layout_.data_bytes(best->n));
+  counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  *page_out = page;
+  return best->n;
+}
+
+// ---- sessions ----
+
+Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name) {
+  SqliteStmt q;
+  ANVIL_RETURN_IF_ERROR(q.prepare(db_,
+      "SELECT fingerprint, tokens, durable_pos, COALESCE(tail_first, 0), COALESCE(tail_n, 0), updated, meta "
+      "FROM sessions WHERE name = ?"));
+  q.bind(1, name);
+  ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
+  if (!row) return std::optional<SessionInfo>();
+  SessionInfo s;
+  s.name = name;
+  s.fingerprint = q.col_hash(0);
+  const int32_t* t = static_cast<const int32_t*>(q.col_blob(1));
+  s.tokens.assign(t, t + q.col_bytes(1) / 4);
+  s.durable_pos = int(q.col_int(2));
+  s.tail_first = int(q.col_int(3));
+  s.tail_n = int(q.col_int(4));
+  s.updated_us = q.col_int(5);
+  s.meta = q.col_text(6);
+  return std::optional<SessionInfo>(std::move(s));
+}
+
+std::vector<SessionInfo> KVStore::list_sessions() {
+  std::vector<SessionInfo> out;
+  SqliteStmt q;
+  if (!q.prepare(db_, "SELECT name FROM sessions ORDER BY name").is_ok()) return out;
+  std::vector<std::string> names;
+  while (true) {
+    auto r = q.step();
+    if (!r.is_ok() || !*r) break;
+    names.push_back(q.col_text(0));
+  }
+  for (auto& n : names) {
+    auto s = get_session(n);
+    if (s.is_ok() && *s) out.push_back(**s);
+  }
+  return out;
+}
+
+Status KVStore::fork_session(const std::string& from, const std::string& to) {
+  if (from == to) return invalid_argument("--fork: the new session must have another name than '" + from + "'");
+  ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
+  auto fail = [&](Status s) {
+    (void)db_.exec("ROLLBACK");
+    return s;
+  };
+  SqliteStmt exists, copy, copy_pages, add_live;
+  Status st = exists.prepare(db_, "SELECT COUNT(*) FROM sessions WHERE name = ?");
+  if (!st.is_ok()) return fail(st);
+  exists.bind(1, to);
+  auto r = exists.step();
+  if (!r.is_ok()) return fail(r.status());
+  if (exists.col_int(0) > 0) return fail(invalid_argument("--fork: session '" + to + "' already exists"));
+  exists.reset();
+  st = copy.prepare(db_,
+      "INSERT INTO sessions(name, fingerprint, tokens, durable_pos, tail_segment, tail_offset, tail_length, "
+      "tail_checksum, tail_first, tail_n, tail_parent, updated, meta) SELECT ?, fingerprint, tokens, durable_pos, "
+      "tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n, tail_parent, ?, meta "
+      "FROM sessions WHERE name = ?");
+  if (!st.is_ok()) return fail(st);
+  copy.bind(1, to);
+  copy.bind(2, now_us());
+  copy.bind(3, from);
+  st = copy.run();
+  if (!st.is_ok()) return fail(st);
+  if (sqlite3_changes(db_.handle()) != 1) return fail(not_found("no session named '" + from + "' in " + opts_.dir));
+  st = copy_pages.prepare(db_, "INSERT INTO session_pages(session, idx, key) SELECT ?, idx, key FROM session_pages WHERE session = ?");
+  if (!st.is_ok()) return fail(st);
+  copy_pages.bind(1, to);
+  copy_pages.bind(2, from);
+  st = copy_pages.run();
+  if (!st.is_ok()) return fail(st);
+  return db_.exec("COMMIT");
+}
+
+Status KVStore::remove_session(const std::string& name) {
+  ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
+  SqliteStmt tail, dead, del, del_pages;
+  Status st = tail.prepare(db_, "SELECT tail_segment, COALESCE(tail_length, 0) FROM sessions WHERE name = ?");
+  if (st.is_ok()) {
+    tail.bind(1, name);
+    auto r = tail.step();
+    if (!r.is_ok()) st = r.status();
+    else if (!*r) st = not_found("no session named '" + name + "' in " + opts_.dir);
+  }
+  if (st.is_ok()) {
+    const int64_t seg = tail.col_int(0), len = tail.col_int(1);
+    tail.reset();
+    st = dead.prepare(db_, "UPDATE segments SET live_bytes = MAX(0, live_bytes - ?) WHERE id = ?");
+    if (st.is_ok()) {
+      dead.bind(1, len);
+      dead.bind(2, seg);
+      st = dead.run();
+    }
+  }
+  if (st.is_ok()) st = del.prepare(db_, "DELETE FROM sessions WHERE name = ?");
+  if (st.is_ok()) {
+    del.bind(1, name);
+    st = del.run();
+  }
+  if (st.is_ok()) st = del_pages.prepare(db_, "DELETE FROM session_pages WHERE session = ?");
+  if (st.is_ok()) {
+    del_pages.bind(1, name);
+    st = del_pages.run();
+  }
+  if (!st.is_ok()) {
+    (void)db_.exec("ROLLBACK");
+    return st;
+  }
+  return db_.exec("COMMIT");
+}
+
+Status KVStore::session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
+                              const std::string& meta) {
+  if (!writer_) return internal_error("kv store: session_begin before attach");
+  if (name.empty()) return invalid_argument("--session: empty name");
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  if (sess_active_) return invalid_argument("kv store: a session is already being recorded");
+  sess_tokens_.clear();
+  sess_tokens_.reserve(size_t(std::max<int>(max_tokens, int(tokens.size()))) + 1);
+  sess_tokens_.assign(tokens.begin(), tokens.end());
+  sess_name_ = name;
+  sess_meta_ = meta;
+  ++sess_gen_;
+  sess_seq_ = seq;
+  sess_active_ = true;
+  sess_last_tail_ = Clock::now();
+  return Status::ok();
+}
+
+void KVStore::session_note(std::span<const int32_t> new_tokens, int n_kv, int32_t tail_page, KVPool& pool) {
+  const auto t0 = Clock::now();
+  bool due;
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    if (!sess_active_) return;
+    for (int32_t t : new_tokens)
+      if (sess_tokens_.size() < sess_tokens_.capacity()) sess_tokens_.push_back(t);  // never reallocates
+    due = t0 - sess_last_tail_ >= std::chrono::milliseconds(opts_.flush_ms);
+    if (due) sess_last_tail_ = t0;
+  }
+  counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (!due) return;
+  const int P = layout_.page_size;
+  Desc d;
+  d.kind = Desc::kTail;
+  d.session = 1;
+  d.n = n_kv % P;
+  d.first_pos = n_kv - d.n;
+  d.page = d.n > 0 ? tail_page : -1;
+  std::span<const int32_t> toks;
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    // The parent is the chain key of the page before the tail; the writer fills it from the
+    // session's tokens, so the decode thread computes nothing here.
+    toks = std::span<const int32_t>(sess_tokens_).subspan(size_t(d.first_pos), size_t(d.n));
+  }
+  if (d.page >= 0) pool.kv_page_retain(d.page);
+  if (!push(d, toks, false) && d.page >= 0) pool.kv_page_release(d.page);  // ring full: next interval
+}
+
+Result<int> KVStore::session_end(int n_kv, int32_t tail_page, KVPool& pool, const std::string& meta) {
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    if (!sess_active_) return internal_error("kv store: no session is being recorded");
+    if (!meta.empty()) sess_meta_ = meta;
+    sess_last_tail_ = Clock::time_point{};  // force the final tail now
+  }
+  // Blocks on a full ring rather than lose the final state.
+  const int P = layout_.page_size;
+  Desc d;
+  d.kind = Desc::kTail;
+  d.session = 1;
+  d.n = n_kv % P;
+  d.first_pos = n_kv - d.n;
+  d.page = d.n > 0 ? tail_page : -1;
+  std::vector<int32_t> toks;
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    toks.assign(sess_tokens_.begin() + d.first_pos, sess_tokens_.begin() + d.first_pos + d.n);
+  }
+  if (d.page >= 0) pool.kv_page_retain(d.page);
+  push(d, toks, true);
+  flush();
+  reap(pool, true);
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  sess_active_ = false;
+  sess_seq_ = -1;
+  return sess_final_durable_;
+}
+
+StoreStats KVStore::stats() {
+  StoreStats s;
+  auto get = [&](const char* sql) {
+    auto r = catalog_int(db_, sql);
+    return r.is_ok() ? *r : int64_t(0);
+  };
+  s.pages = get("SELECT COUNT(*) FROM pages");
+  s.page_bytes = get("SELECT COALESCE(SUM(length), 0) FROM pages");
+  s.sessions = get("SELECT COUNT(*) FROM sessions");
+  s.segments = get("SELECT COUNT(*) FROM segments");
+  auto names = env_->list_dir(opts_.dir);
+  if (names.is_ok())
+    for (auto& n : *names) {
+      int64_t id;
+      if (!parse_segment_file(n, &id)) continue;
+      auto sz = env_->file_size(opts_.dir + "/" + n);
+      if (sz.is_ok()) s.segment_file_bytes += int64_t(*sz);
+    }
+  return s;
+}
+
+}  // namespace anvil

@@ -1,0 +1,256 @@
+// The durable KV store: every full KV page (and a session's partial tail page) persisted during
+// decode at ~zero cost to the decode thread, keyed by its chain key, restorable after a restart.
+//
+// On disk (one directory, shared by any number of processes):
+//   catalog.db      SQLite, WAL, synchronous=NORMAL: pages, segments, sessions, session_pages, meta
+//   seg-NNNNNNNN.kv append-only segment files of page records (page_record.h: safetensors blobs)
+//
+// Invariants
+//  1. Data before metadata: a catalog row references only segment bytes that were fdatasynced
+//     before the transaction that inserted it committed (durability none skips the sync, and says
+//     so). A segment's committed_end covers exactly the bytes some committed row may reference.
+//  2. Segments are append-only while open, and each is written by exactly one process, which holds
+//     its flock for as long as it appends. Bytes past committed_end belong to no one: recovery
+//     (KVStore::open -> recover_segments) truncates them in every segment whose owner is gone.
+//  3. A record is trusted only after three checks: the catalog's XXH3 of the record, the record's
+//     own XXH3 of its data, and its metadata (fingerprint, key, parent, token ids) equal to what the
+//     reader expected. A failed check is a miss (counted), never an error and never wrong KV.
+//  4. The decode thread never allocates, does I/O or touches SQLite for the store: page_full and
+//     session_note take a mutex, retain the pool page and write a descriptor into a preallocated
+//     ring. Only a named session may block it (back-pressure, counted in decode_blocked_ns); an
+//     anonymous page that finds the ring full is dropped (a future miss, counted).
+//  5. A pool page handed to the writer is retained until the writer has copied it to staging; the
+//     decode thread takes it back in reap(). Full pages are immutable, and of a session's tail the
+//     writer copies only the rows below the tail's fill mark, which are never written again.
+//  6. A page key is stored once: the writer skips keys the catalog already has (INSERT OR IGNORE
+//     covers two processes racing), so bytes written track unique KV.
+//  7. Eviction (LRU under max_bytes) removes only pages that no session references and no reader of
+//     this process has pinned; compaction moves live records out of mostly-dead sealed segments
+//     before deleting them. A reader that loses a race with another process's GC gets a miss.
+//  8. A session's row (its token ids: the truth; KV is a cache of them) and its durable position
+//     (tokens whose KV is committed for every layer) are rewritten at every flush.
+//
+// A page's life (the function behind each transition):
+//
+//   [full in pool] --page_full--> enqueued --Writer::write_page--> written (appended, in the OS cache)
+//        enqueued --(ring full, not a session)--> dropped          |
+//                                                                  v  Writer::flush: fdatasync
+//                                   committed <--Writer::flush: COMMIT-- synced
+//                                       |  ^  restore_pages: read, check, install in the pool (pinned)
+//                                       v
+//                 evicted (row deleted) --compact_segments--> reclaimed (segment rewritten/removed)
+//        (Writer::evict_lru under max_bytes; KVStore::remove_session makes pages unreferenced)
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kvstore/env.h"
+#include "kvstore/page_record.h"
+#include "kvstore/sqlite_db.h"
+#include "runtime/page_store.h"
+
+namespace anvil {
+
+enum class Durability { kNone, kInterval, kSync };
+Result<Durability> parse_durability(const std::string& s);
+
+struct KVStoreOptions {
+  std::string dir;
+  uint64_t max_bytes = 8ull << 30;     // size cap; LRU eviction of unreferenced pages above it
+  Durability durability = Durability::kInterval;
+  int flush_ms = 100;                  // interval durability: flush at least this often ...
+  int flush_pages = 64;                // ... or after this many records
+  int queue_pages = 256;               // ring capacity (descriptors)
+  uint64_t segment_bytes = 256ull << 20;
+  int busy_timeout_ms = 10000;         // SQLite lock wait (two processes on one store)
+  Env* env = nullptr;                  // nullptr: the real file system
+};
+
+// Always on; --profile prints them.
+struct KVStoreCounters {
+  std::atomic<int64_t> pages_enqueued{0}, pages_written{0}, pages_deduped{0}, pages_dropped{0};
+  std::atomic<int64_t> tails_written{0}, bytes_written{0}, fsyncs{0}, transactions{0}, write_errors{0};
+  std::atomic<int64_t> queue_high_water{0}, writer_busy_ns{0}, decode_blocked_ns{0};
+  std::atomic<int64_t> restored_pages{0}, restored_bytes{0}, restore_misses{0}, restore_corrupt{0};
+  std::atomic<int64_t> restore_ns{0}, pages_evicted{0};
+};
+
+struct SessionInfo {
+  std::string name;
+  Hash128 fingerprint;
+  std::vector<int32_t> tokens;
+  int durable_pos = 0;
+  int tail_first = 0, tail_n = 0;
+  int64_t updated_us = 0;
+  std::string meta;  // free-form (anvil run keeps its conversation here)
+};
+
+struct StoreStats {
+  int64_t pages = 0, page_bytes = 0, sessions = 0, segments = 0, segment_file_bytes = 0;
+};
+
+class KVStore : public PageStore {
+ public:
+  // Opens (creating) the store and recovers it: see invariant 2. A corrupt catalog is moved aside
+  // and a fresh one started (every page becomes a miss).
+  static Result<std::unique_ptr<KVStore>> open(const KVStoreOptions& opts);
+  ~KVStore() override;  // flushes and stops the writer
+
+  // Binds the store to one model's KV layout and starts the writer thread. `fingerprint` is the
+  // engine's cache root (kv_cache_root: every weight byte, the config, KV dtype, page size, layout).
+  Status attach(Backend& backend, const KVCacheView& layout, const Hash128& fingerprint);
+  // Blocks until every descriptor queued so far is committed (or failed).
+  void flush();
+
+  // ---- PageStore ----
+  const Hash128& fingerprint() const override { return fingerprint_; }
+  void page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                 int32_t page, KVPool& pool) override;
+  int restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent, int max_pages, KVPool& pool,
+                    std::vector<int32_t>* pages, std::vector<Hash128>* keys) override;
+  int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
+                   KVPool& pool, int32_t* page) override;
+  void reap(KVPool& pool, bool wait) override;
+
+  // ---- sessions ----
+  Result<std::optional<SessionInfo>> get_session(const std::string& name);
+  std::vector<SessionInfo> list_sessions();
+  // Copies session `from` (its tokens, tail and page references) to a new session `to`.
+  Status fork_session(const std::string& from, const std::string& to);
+  Status remove_session(const std::string& name);
+  // Starts recording sequence `seq` as session `name`, whose tokens so far are `tokens` (max_tokens
+  // bounds its length: the token buffer is allocated here, not on the decode path).
+  Status session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
+                       const std::string& meta = "");
+  // Decode thread, after each token: records it and, once per flush interval, queues the tail page
+  // (pool page `tail_page` holding positions [n_kv - n_kv % P, n_kv)).
+  void session_note(std::span<const int32_t> new_tokens, int n_kv, int32_t tail_page, KVPool& pool);
+  // Queues the final tail, waits until it is committed, stops recording. Returns the durable position.
+  Result<int> session_end(int n_kv, int32_t tail_page, KVPool& pool, const std::string& meta = "");
+
+  // ---- maintenance (anvil kv) ----
+  StoreStats stats();
+  // Evicts LRU unreferenced pages until the store is under max_bytes (or `target` bytes when
+  // given), then compacts segments that are mostly dead. Returns the bytes reclaimed on disk.
+  Result<int64_t> gc(std::optional<uint64_t> target = std::nullopt);
+  // PRAGMA integrity_check, every record's checksums and metadata, every segment's length.
+  // Appends one line per problem; ok when none.
+  Status verify(std::vector<std::string>* problems, int64_t* records_checked);
+  // Writes session `name`'s KV (every full page in order, then its tail) as one safetensors file:
+  // layer.<l>.k/v [n_kv_heads, durable_pos, head_dim] plus its tokens in the metadata. Needs only
+  // the catalog: the layout comes from the records themselves.
+  Status export_session(const std::string& name, const std::string& path);
+
+  // Tests: stops the writer the way a crash would, without its final flush (records appended but
+  // not yet synced and committed stay so). The store is unusable afterwards; destroy it.
+  void abandon();
+
+  const KVStoreCounters& counters() const { return counters_; }
+  // Descriptors waiting in the ring now.
+  size_t queued() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return count_;
+  }
+  // Seconds since attach (for writer busy %).
+  double attached_seconds() const;
+  const std::string& dir() const { return opts_.dir; }
+  const KVStoreOptions& options() const { return opts_; }
+
+ private:
+  class Writer;
+  friend class Writer;
+  struct Desc {
+    enum Kind : int32_t { kPage, kTail, kFlush } kind = kPage;
+    int32_t page = -1;
+    int32_t n = 0;          // tokens in the page (P for a full page)
+    int32_t first_pos = 0;
+    int32_t session = 0;    // 1: a session's page (never dropped)
+    Hash128 key, parent;
+    uint64_t ticket = 0;    // kFlush
+  };
+  explicit KVStore(const KVStoreOptions& o);
+  Status open_catalog();
+  Status recover_segments();
+  std::string segment_path(int64_t id) const;
+  Status prepare_reader();
+  bool push(const Desc& d, std::span<const int32_t> tokens, bool block);
+  Result<ReadFile*> segment_reader(int64_t seg);
+  // Reads and validates one record into read_buf_; returns its data pointer.
+  Result<const uint8_t*> read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
+                                     const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                                     PageMeta* meta);
+
+  KVStoreOptions opts_;
+  Env* env_ = nullptr;
+  SqliteDb db_;  // the caller's connection: restore lookups, sessions, maintenance
+  SqliteStmt q_page_, q_tail_, q_seg_;
+  std::map<int64_t, std::unique_ptr<ReadFile>> readers_;
+  std::vector<uint8_t> read_buf_;
+
+  Backend* backend_ = nullptr;
+  void* kv_base_ = nullptr;  // the pool's storage (KVCacheView::base)
+  const void* page_base(int32_t p) const { return static_cast<const uint8_t*>(kv_base_) + size_t(p) * page_bytes_; }
+  void* page_base_mut(int32_t p) { return static_cast<uint8_t*>(kv_base_) + size_t(p) * page_bytes_; }
+  PageLayout layout_;
+  Hash128 fingerprint_;
+  size_t page_bytes_ = 0;
+  std::chrono::steady_clock::time_point attached_at_;
+
+  // The ring (invariant 4): capacity opts_.queue_pages; tokens of slot i at ring_tokens_[i * P].
+  std::mutex mu_;
+  std::condition_variable cv_writer_, cv_space_, cv_done_;
+  std::vector<Desc> ring_;
+  std::vector<int32_t> ring_tokens_;
+  size_t head_ = 0, count_ = 0;
+  bool stop_ = false, abandon_ = false;
+  uint64_t next_ticket_ = 0, done_ticket_ = 0;
+  // Pages the writer has copied, waiting for the decode thread to release them (reap()).
+  std::vector<int32_t> released_, released_swap_;
+  int64_t retained_ = 0;
+
+  // The recorded session (one per process for now; the server will need several).
+  std::mutex sess_mu_;
+  bool sess_active_ = false;
+  int sess_seq_ = -1;
+  std::string sess_name_, sess_meta_;
+  uint64_t sess_gen_ = 0;  // bumped by session_begin: the writer's per-session caches restart
+  std::vector<int32_t> sess_tokens_;
+  std::chrono::steady_clock::time_point sess_last_tail_;
+  int sess_final_durable_ = 0;
+
+  // Keys pinned by a restore in progress (invariant 7); shared with the writer's GC.
+  std::mutex pin_mu_;
+  std::multiset<Hash128> pinned_;
+  std::vector<std::pair<Hash128, int64_t>> touched_;  // LRU hits for the writer to record
+  // Rows that failed a read (invariant 3), for the writer to delete so the recomputed page is
+  // stored again: (key, segment, offset); offset -1 = the whole segment file is gone.
+  struct BadRow {
+    Hash128 key;
+    int64_t seg, off;
+  };
+  std::vector<BadRow> bad_;
+  std::set<std::pair<int64_t, int64_t>> bad_locs_;  // (segment, offset) of bad_ rows
+  std::set<int64_t> lost_segs_;                      // segments whose file is gone
+
+  std::unique_ptr<Writer> writer_;
+  std::thread writer_thread_;
+  KVStoreCounters counters_;
+};
+
+// Where the store lives by default: $XDG_CACHE_HOME/anvil/kv, else ~/.cache/anvil/kv.
+std::string default_kv_store_dir();
+
+// "8G", "512M", "100000" (bytes): for --kv-store-max.
+Result<uint64_t> parse_size(const std::string& s);
+
+}  // namespace anvil

@@ -1,0 +1,63 @@
+// A thin RAII layer over SQLite for the store's catalog: a connection and reusable prepared
+// statements. Errors come back as Status naming the statement and SQLite's message.
+#pragma once
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <string>
+
+#include "base/hash128.h"
+#include "base/status.h"
+
+namespace anvil {
+
+class SqliteDb {
+ public:
+  SqliteDb() = default;
+  ~SqliteDb();
+  SqliteDb(const SqliteDb&) = delete;
+  SqliteDb& operator=(const SqliteDb&) = delete;
+  // Opens (creating) the database; sets the busy timeout so concurrent processes wait for a lock
+  // instead of failing.
+  Status open(const std::string& path, int busy_timeout_ms);
+  Status exec(const std::string& sql);
+  sqlite3* handle() const { return db_; }
+  Status error(const std::string& what) const;
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+class SqliteStmt {
+ public:
+  SqliteStmt() = default;
+  ~SqliteStmt();
+  SqliteStmt(const SqliteStmt&) = delete;
+  SqliteStmt& operator=(const SqliteStmt&) = delete;
+  Status prepare(SqliteDb& db, const std::string& sql);
+  // Binding (1-based, as SQLite). Blobs and text are copied (SQLITE_TRANSIENT).
+  void bind(int i, int64_t v) { sqlite3_bind_int64(st_, i, v); }
+  void bind(int i, const std::string& text) { sqlite3_bind_text(st_, i, text.data(), int(text.size()), SQLITE_TRANSIENT); }
+  void bind_blob(int i, const void* p, size_t n) { sqlite3_bind_blob(st_, i, p, int(n), SQLITE_TRANSIENT); }
+  void bind(int i, const Hash128& h) { bind_blob(i, &h, sizeof h); }
+  // One step: true with a row, false when done; errors as Status.
+  Result<bool> step();
+  // Runs to completion (INSERT/UPDATE/DELETE), then resets.
+  Status run();
+  void reset() {
+    sqlite3_reset(st_);
+    sqlite3_clear_bindings(st_);
+  }
+  int64_t col_int(int i) const { return sqlite3_column_int64(st_, i); }
+  std::string col_text(int i) const;
+  const void* col_blob(int i) const { return sqlite3_column_blob(st_, i); }
+  size_t col_bytes(int i) const { return size_t(sqlite3_column_bytes(st_, i)); }
+  Hash128 col_hash(int i) const;
+
+ private:
+  SqliteDb* db_ = nullptr;
+  sqlite3_stmt* st_ = nullptr;
+  std::string sql_;
+};
+
+}  // namespace anvil

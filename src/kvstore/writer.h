@@ -1,0 +1,488 @@
+// The store's writer thread: drains the descriptor ring, copies each page from the device into
+// host staging, appends its record to this process's segment, and at each flush fdatasyncs the
+// segment and then commits the rows that reference it in one transaction (group commit).
+// The class is KVStore's private part; only kvstore.cpp includes this file.
+#pragma once
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "kvstore/catalog.h"
+#include "kvstore/kvstore.h"
+#include "runtime/kv_pool.h"
+
+namespace anvil {
+
+class KVStore::Writer {
+  using Clock = std::chrono::steady_clock;
+ public:
+  explicit Writer(KVStore& s) : s_(s) {}
+  ~Writer() {
+    if (stage_) s_.backend_->free_host_staging(stage_);
+    XXH3_freeState(xxh_);
+  }
+
+  Status init() {
+    ANVIL_RETURN_IF_ERROR(db_.open(s_.opts_.dir + "/catalog.db", s_.opts_.busy_timeout_ms));
+    ANVIL_RETURN_IF_ERROR(db_.exec("PRAGMA synchronous=NORMAL"));
+    ANVIL_RETURN_IF_ERROR(has_page_.prepare(db_, "SELECT segment, offset FROM pages WHERE key = ?"));
+    ANVIL_RETURN_IF_ERROR(ins_page_.prepare(db_,
+        "INSERT OR IGNORE INTO pages(key, parent, fingerprint, first_pos, tokens, segment, offset, length, checksum, "
+        "last_used) VALUES(?,?,?,?,?,?,?,?,?,?)"));
+    ANVIL_RETURN_IF_ERROR(add_live_.prepare(db_, "UPDATE segments SET live_bytes = live_bytes + ? WHERE id = ?"));
+    ANVIL_RETURN_IF_ERROR(set_end_.prepare(db_, "UPDATE segments SET committed_end = ? WHERE id = ?"));
+    ANVIL_RETURN_IF_ERROR(seal_.prepare(db_, "UPDATE segments SET sealed = 1, committed_end = ? WHERE id = ?"));
+    ANVIL_RETURN_IF_ERROR(touch_.prepare(db_, "UPDATE pages SET last_used = ? WHERE key = ?"));
+    ANVIL_RETURN_IF_ERROR(old_tail_.prepare(db_, "SELECT tail_segment, tail_length FROM sessions WHERE name = ?"));
+    ANVIL_RETURN_IF_ERROR(put_session_.prepare(db_,
+        "INSERT INTO sessions(name, fingerprint, tokens, durable_pos, tail_segment, tail_offset, tail_length, "
+        "tail_checksum, tail_first, tail_n, tail_parent, updated, meta) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?) "
+        "ON CONFLICT(name) DO UPDATE SET fingerprint=excluded.fingerprint, tokens=excluded.tokens, "
+        "durable_pos=excluded.durable_pos, tail_segment=excluded.tail_segment, tail_offset=excluded.tail_offset, "
+        "tail_length=excluded.tail_length, tail_checksum=excluded.tail_checksum, tail_first=excluded.tail_first, "
+        "tail_n=excluded.tail_n, tail_parent=excluded.tail_parent, updated=excluded.updated, meta=excluded.meta"));
+    ANVIL_RETURN_IF_ERROR(put_sess_page_.prepare(db_,
+        "INSERT OR REPLACE INTO session_pages(session, idx, key) VALUES(?,?,?)"));
+    ANVIL_RETURN_IF_ERROR(trim_sess_pages_.prepare(db_, "DELETE FROM session_pages WHERE session = ? AND idx >= ?"));
+    ANVIL_ASSIGN_OR_RETURN(stage_, s_.backend_->alloc_host_staging(s_.page_bytes_));
+    return Status::ok();
+  }
+
+  void run() {
+    std::vector<int32_t> tokens(size_t(s_.layout_.page_size));
+    while (true) {
+      Desc d;
+      bool have = false, stopping = false;
+      {
+        std::unique_lock<std::mutex> lk(s_.mu_);
+        auto has_work = [&] { return s_.count_ > 0 || s_.stop_; };
+        if (pending_records_ > 0 || sess_dirty_) {
+          auto deadline = first_pending_ + std::chrono::milliseconds(s_.opts_.flush_ms);
+          s_.cv_writer_.wait_until(lk, deadline, has_work);
+        } else {
+          s_.cv_writer_.wait(lk, has_work);
+        }
+        if (s_.count_ > 0) {
+          const size_t slot = s_.head_;
+          d = s_.ring_[slot];
+          std::copy_n(s_.ring_tokens_.begin() + slot * tokens.size(), tokens.size(), tokens.begin());
+          s_.head_ = (s_.head_ + 1) % s_.ring_.size();
+          --s_.count_;
+          have = true;
+          s_.cv_space_.notify_all();
+        } else if (s_.stop_) {
+          stopping = true;
+          if (s_.abandon_) return;  // a simulated crash: no final flush
+        }
+      }
+      const auto t0 = Clock::now();
+      bool flush_now = stopping;
+      if (have) {
+        if (pending_records_ == 0 && !sess_dirty_) first_pending_ = t0;
+        if (d.kind == Desc::kPage) write_page(d, tokens.data());
+        else if (d.kind == Desc::kTail) write_tail(d, tokens.data());
+        if (d.kind == Desc::kFlush) {
+          flush_now = true;
+          ticket_ = std::max(ticket_, d.ticket);
+        }
+        if (s_.opts_.durability == Durability::kSync || pending_records_ >= s_.opts_.flush_pages) flush_now = true;
+      }
+      if (!flush_now && (pending_records_ > 0 || sess_dirty_) &&
+          t0 - first_pending_ >= std::chrono::milliseconds(s_.opts_.flush_ms))
+        flush_now = true;
+      if (flush_now) flush();
+      s_.counters_.writer_busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      if (stopping) return;
+    }
+  }
+
+ private:
+  // Takes the retained pool page back to the decode thread (released in KVStore::reap).
+  void give_back(int32_t page) {
+    if (page < 0) return;
+    std::lock_guard<std::mutex> lk(s_.mu_);
+    s_.released_.push_back(page);
+    s_.cv_done_.notify_all();
+  }
+
+  Status ensure_segment() {
+    if (seg_) return Status::ok();
+    ANVIL_ASSIGN_OR_RETURN(NewSegment ns, segment_create(db_, s_.env_, s_.opts_.dir));
+    seg_ = std::move(ns.file);
+    seg_id_ = ns.id;
+    committed_end_ = 0;
+    return Status::ok();
+  }
+
+  // Appends header + staged data as one record of the current segment.
+  Result<std::pair<int64_t, uint64_t>> append_record(const PageMeta& meta, size_t data_bytes) {
+    ANVIL_RETURN_IF_ERROR(ensure_segment());
+    std::string header = page_record_header(s_.layout_, meta, stage_, data_bytes);
+    XXH3_64bits_reset(xxh_);
+    XXH3_64bits_update(xxh_, header.data(), header.size());
+    XXH3_64bits_update(xxh_, stage_, data_bytes);
+    const uint64_t sum = XXH3_64bits_digest(xxh_);
+    const int64_t off = int64_t(seg_->size());
+    ANVIL_RETURN_IF_ERROR(seg_->append(header.data(), header.size()));
+    ANVIL_RETURN_IF_ERROR(seg_->append(stage_, data_bytes));
+    s_.counters_.bytes_written += int64_t(header.size() + data_bytes);
+    return std::make_pair(off, sum);
+  }
+
+  // True when the catalog (or this batch) has a sound copy of the page: a row whose record failed
+  // a read, or lies in a lost segment, is deleted at the next commit and does not count.
+  bool known(const Hash128& key) {
+    if (pending_keys_.count(key)) return true;
+    has_page_.bind(1, key);
+    auto r = has_page_.step();
+    bool found = r.is_ok() && *r;
+    const int64_t seg = found ? has_page_.col_int(0) : 0, off = found ? has_page_.col_int(1) : 0;
+    has_page_.reset();
+    if (!found) return false;
+    std::lock_guard<std::mutex> lk(s_.pin_mu_);
+    return !s_.lost_segs_.count(seg) && !s_.bad_locs_.count({seg, off});
+  }
+
+  void write_page(const Desc& d, const int32_t* tokens) {
+    if (known(d.key)) {  // invariant 6
+      give_back(d.page);
+      ++s_.counters_.pages_deduped;
+      return;
+    }
+    const PageLayout& L = s_.layout_;
+    const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
+    s_.backend_->copy_2d_to_host_async(stage_, s_.page_bytes_, src, s_.page_bytes_, s_.page_bytes_, 1);
+    s_.backend_->wait_host_copies();
+    give_back(d.page);
+    PageMeta meta;
+    meta.fingerprint = s_.fingerprint_;
+    meta.key = d.key;
+    meta.parent = d.parent;
+    meta.first_pos = d.first_pos;
+    meta.tokens.assign(tokens, tokens + d.n);
+    auto r = append_record(meta, L.data_bytes(d.n));
+    if (!r.is_ok()) return write_failed(r.status());
+    pending_.push_back({d.key, d.parent, d.first_pos, std::move(meta.tokens), r->first,
+                        int64_t(seg_->size()) - r->first, r->second});
+    pending_keys_.insert(d.key);
+    ++pending_records_;
+    ++s_.counters_.pages_written;
+  }
+
+  void write_tail(const Desc& d, const int32_t* tokens) {
+    const PageLayout& L = s_.layout_;
+    sess_dirty_ = true;
+    if (d.page < 0) {  // the session's tokens only: its KV ends on a page boundary
+      tail_.valid = false;
+      return;
+    }
+    // The tail's parent: the chain key of the session's page before it.
+    std::vector<int32_t> toks;
+    {
+      std::lock_guard<std::mutex> lk(s_.sess_mu_);
+      sync_session_name();
+      toks.assign(s_.sess_tokens_.begin(), s_.sess_tokens_.begin() + std::min<size_t>(d.first_pos, s_.sess_tokens_.size()));
+    }
+    extend_session_keys(toks, d.first_pos / L.page_size);
+    const Hash128 parent = d.first_pos ? sess_keys_[size_t(d.first_pos / L.page_size) - 1] : Hash128{};
+    // Only the rows below the fill mark: the decode thread may be writing row d.n (invariant 5).
+    const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
+    s_.backend_->copy_2d_to_host_async(stage_, L.block_bytes(d.n), src, L.block_bytes(L.page_size), L.block_bytes(d.n),
+                                       L.n_blocks());
+    s_.backend_->wait_host_copies();
+    give_back(d.page);
+    PageMeta meta;
+    meta.fingerprint = s_.fingerprint_;
+    meta.parent = parent;
+    meta.first_pos = d.first_pos;
+    meta.tokens.assign(tokens, tokens + d.n);
+    auto r = append_record(meta, L.data_bytes(d.n));
+    if (!r.is_ok()) return write_failed(r.status());
+    tail_ = Tail{true, seg_id_, r->first, int64_t(seg_->size()) - r->first, r->second, d.first_pos, d.n, parent};
+    tail_committed_ = false;
+    ++pending_records_;
+    ++s_.counters_.tails_written;
+  }
+
+  // A failed append or sync: the batch's records are abandoned (their pages become misses, a
+  // session's durable position does not advance), the segment is cut back to its committed end
+  // and sealed, and the next record starts a new segment.
+  void write_failed(const Status& st) {
+    ++s_.counters_.write_errors;
+    if (!warned_) {
+      std::fprintf(stderr, "[anvil] kv store: %s (pages of this batch are not persisted)\n", st.message().c_str());
+      warned_ = true;
+    }
+    pending_.clear();
+    pending_keys_.clear();
+    pending_records_ = 0;
+    if (tail_.valid && !tail_committed_) tail_.valid = false;
+    if (seg_) {
+      (void)seg_->truncate(uint64_t(committed_end_));
+      seal_.bind(1, committed_end_);
+      seal_.bind(2, seg_id_);
+      (void)seal_.run();
+      seg_.reset();
+    }
+  }
+
+  // With sess_mu_ held: a new session name starts its key cache afresh.
+  void sync_session_name() {
+    if (s_.sess_gen_ == sess_gen_) return;
+    sess_gen_ = s_.sess_gen_;
+    sess_name_ = s_.sess_name_;
+    tail_.valid = false;
+    sess_keys_.clear();
+    sess_present_ = 0;
+    sess_pages_written_ = 0;
+  }
+
+  void extend_session_keys(const std::vector<int32_t>& toks, int full) {
+    const int P = s_.layout_.page_size;
+    full = std::min(full, int(toks.size()) / P);
+    while (int(sess_keys_.size()) < full) {
+      const size_t i = sess_keys_.size();
+      Hash128 parent = i ? sess_keys_[i - 1] : Hash128{};
+      sess_keys_.push_back(kv_page_key(s_.fingerprint_, parent, std::span<const int32_t>(toks).subspan(i * P, P)));
+    }
+  }
+
+  // The session's durable position: its leading full pages that are committed, plus the tail when
+  // it continues them.
+  int session_durable(const std::vector<int32_t>& toks) {
+    const int P = s_.layout_.page_size;
+    const int full = int(toks.size()) / P;
+    extend_session_keys(toks, full);
+    while (sess_present_ < full && known(sess_keys_[size_t(sess_present_)])) ++sess_present_;
+    int d = sess_present_ * P;
+    if (tail_.valid && tail_.first == d) d += tail_.n;
+    return std::min(d, int(toks.size()));
+  }
+
+  // Deletes rows whose records failed a read (bad_), before this batch inserts their replacements.
+  Status drop_bad_rows(const std::vector<BadRow>& bad) {
+    for (const BadRow& b : bad) {
+      std::string where = b.off < 0 ? "segment = " + std::to_string(b.seg)
+                                    : "segment = " + std::to_string(b.seg) + " AND offset = " + std::to_string(b.off);
+      ANVIL_ASSIGN_OR_RETURN(int64_t bytes, catalog_int(db_, "SELECT COALESCE(SUM(length), 0) FROM pages WHERE " + where));
+      SqliteStmt del;
+      ANVIL_RETURN_IF_ERROR(del.prepare(db_, "DELETE FROM pages WHERE " + where + (b.off < 0 ? "" : " AND key = ?")));
+      if (b.off >= 0) del.bind(1, b.key);
+      ANVIL_RETURN_IF_ERROR(del.run());
+      ANVIL_RETURN_IF_ERROR(db_.exec("UPDATE segments SET live_bytes = MAX(0, live_bytes - " + std::to_string(bytes) +
+                                     ") WHERE id = " + std::to_string(b.seg)));
+    }
+    return Status::ok();
+  }
+
+  Status commit() {
+    ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
+    const int64_t now = now_us();
+    int64_t live_added = 0;
+    {
+      std::vector<BadRow> bad;
+      {
+        std::lock_guard<std::mutex> lk(s_.pin_mu_);
+        bad.swap(s_.bad_);
+        s_.bad_locs_.clear();
+        s_.lost_segs_.clear();
+      }
+      ANVIL_RETURN_IF_ERROR(drop_bad_rows(bad));
+    }
+    for (const Pending& p : pending_) {
+      ins_page_.bind(1, p.key);
+      ins_page_.bind(2, p.parent);
+      ins_page_.bind(3, s_.fingerprint_);
+      ins_page_.bind(4, int64_t(p.first_pos));
+      ins_page_.bind_blob(5, p.tokens.data(), p.tokens.size() * 4);
+      ins_page_.bind(6, seg_id_);
+      ins_page_.bind(7, p.off);
+      ins_page_.bind(8, p.len);
+      ins_page_.bind(9, int64_t(p.sum));
+      ins_page_.bind(10, now);
+      ANVIL_RETURN_IF_ERROR(ins_page_.run());
+      if (sqlite3_changes(db_.handle()) == 1) live_added += p.len;  // else another process stored it first
+    }
+    {
+      std::vector<std::pair<Hash128, int64_t>> touched;
+      {
+        std::lock_guard<std::mutex> lk(s_.pin_mu_);
+        touched.swap(s_.touched_);
+      }
+      for (auto& [k, t] : touched) {
+        touch_.bind(1, t);
+        touch_.bind(2, k);
+        ANVIL_RETURN_IF_ERROR(touch_.run());
+      }
+    }
+    if (sess_dirty_) {
+      std::vector<int32_t> toks;
+      std::string name, meta;
+      {
+        std::lock_guard<std::mutex> lk(s_.sess_mu_);
+        sync_session_name();
+        toks = s_.sess_tokens_;
+        name = s_.sess_name_;
+        meta = s_.sess_meta_;
+      }
+      const int durable = session_durable(toks);
+      // Bytes of the tail this row replaces become dead.
+      old_tail_.bind(1, name);
+      ANVIL_ASSIGN_OR_RETURN(bool had, old_tail_.step());
+      int64_t old_seg = had ? old_tail_.col_int(0) : 0, old_len = had ? old_tail_.col_int(1) : 0;
+      old_tail_.reset();
+      const bool new_tail = tail_.valid && !tail_committed_;
+      put_session_.bind(1, name);
+      put_session_.bind(2, s_.fingerprint_);
+      put_session_.bind_blob(3, toks.data(), toks.size() * 4);
+      put_session_.bind(4, int64_t(durable));
+      if (tail_.valid) {
+        put_session_.bind(5, tail_.seg);
+        put_session_.bind(6, tail_.off);
+        put_session_.bind(7, tail_.len);
+        put_session_.bind(8, int64_t(tail_.sum));
+        put_session_.bind(9, int64_t(tail_.first));
+        put_session_.bind(10, int64_t(tail_.n));
+        put_session_.bind(11, tail_.parent);
+      }
+      put_session_.bind(12, now);
+      put_session_.bind(13, meta);
+      ANVIL_RETURN_IF_ERROR(put_session_.run());
+      if (new_tail) {
+        live_added += tail_.len;
+        if (had && old_len > 0) {
+          add_live_.bind(1, -old_len);
+          add_live_.bind(2, old_seg);
+          ANVIL_RETURN_IF_ERROR(add_live_.run());
+        }
+      }
+      for (; sess_pages_written_ < int(sess_keys_.size()); ++sess_pages_written_) {
+        put_sess_page_.bind(1, name);
+        put_sess_page_.bind(2, int64_t(sess_pages_written_));
+        put_sess_page_.bind(3, sess_keys_[size_t(sess_pages_written_)]);
+        ANVIL_RETURN_IF_ERROR(put_sess_page_.run());
+      }
+      trim_sess_pages_.bind(1, name);
+      trim_sess_pages_.bind(2, int64_t(sess_keys_.size()));
+      ANVIL_RETURN_IF_ERROR(trim_sess_pages_.run());
+      std::lock_guard<std::mutex> lk(s_.sess_mu_);
+      s_.sess_final_durable_ = durable;
+    }
+    if (seg_) {
+      set_end_.bind(1, int64_t(seg_->size()));
+      set_end_.bind(2, seg_id_);
+      ANVIL_RETURN_IF_ERROR(set_end_.run());
+      if (live_added) {
+        add_live_.bind(1, live_added);
+        add_live_.bind(2, seg_id_);
+        ANVIL_RETURN_IF_ERROR(add_live_.run());
+      }
+    }
+    return db_.exec("COMMIT");
+  }
+
+  void flush() {
+    if (pending_records_ > 0 && s_.opts_.durability != Durability::kNone) {
+      Status st = seg_->sync();  // invariant 1: data durable before the rows that reference it
+      ++s_.counters_.fsyncs;
+      if (!st.is_ok()) write_failed(st);
+    }
+    bool touched;
+    {
+      std::lock_guard<std::mutex> lk(s_.pin_mu_);
+      touched = !s_.touched_.empty() || !s_.bad_.empty();
+    }
+    if (pending_records_ > 0 || sess_dirty_ || touched) {
+      Status st = commit();
+      ++s_.counters_.transactions;
+      if (!st.is_ok()) {
+        (void)db_.exec("ROLLBACK");
+        ++s_.counters_.write_errors;
+        if (!warned_) {
+          std::fprintf(stderr, "[anvil] kv store: catalog commit failed: %s\n", st.message().c_str());
+          warned_ = true;
+        }
+      } else {
+        if (seg_) committed_end_ = int64_t(seg_->size());
+        if (tail_.valid) tail_committed_ = true;
+      }
+    }
+    pending_.clear();
+    pending_keys_.clear();
+    pending_records_ = 0;
+    sess_dirty_ = false;
+    if (seg_ && seg_->size() >= s_.opts_.segment_bytes) {  // roll over: seal this segment
+      seal_.bind(1, committed_end_);
+      seal_.bind(2, seg_id_);
+      if (seal_.run().is_ok()) seg_.reset();
+    }
+    maybe_gc();
+    std::lock_guard<std::mutex> lk(s_.mu_);
+    s_.done_ticket_ = std::max(s_.done_ticket_, ticket_);
+    s_.cv_done_.notify_all();
+  }
+
+  void maybe_gc() {
+    auto live = catalog_live_bytes(db_);
+    if (!live.is_ok() || uint64_t(*live) <= s_.opts_.max_bytes) return;
+    // Evict to 90% of the cap so eviction runs in batches, not at every flush.
+    auto pinned = [this](const Hash128& k) {
+      std::lock_guard<std::mutex> lk(s_.pin_mu_);
+      return s_.pinned_.count(k) > 0 || pending_keys_.count(k) > 0;
+    };
+    auto n = evict_lru(db_, s_.opts_.max_bytes / 10 * 9, pinned);
+    if (n.is_ok()) s_.counters_.pages_evicted += *n;
+    std::set<int64_t> own;
+    if (seg_) own.insert(seg_id_);
+    (void)compact_segments(db_, s_.env_, s_.opts_.dir, own);
+  }
+
+  struct Pending {
+    Hash128 key, parent;
+    int first_pos;
+    std::vector<int32_t> tokens;
+    int64_t off, len;
+    uint64_t sum;
+  };
+  struct Tail {
+    bool valid = false;
+    int64_t seg = 0, off = 0, len = 0;
+    uint64_t sum = 0;
+    int first = 0, n = 0;
+    Hash128 parent;
+  };
+
+  KVStore& s_;
+  SqliteDb db_;
+  SqliteStmt has_page_, ins_page_, add_live_, set_end_, seal_, touch_, old_tail_, put_session_, put_sess_page_,
+      trim_sess_pages_;
+  void* stage_ = nullptr;
+  XXH3_state_t* xxh_ = XXH3_createState();
+  std::unique_ptr<AppendFile> seg_;
+  int64_t seg_id_ = 0, committed_end_ = 0;
+  std::vector<Pending> pending_;
+  std::set<Hash128> pending_keys_;
+  int pending_records_ = 0;
+  Clock::time_point first_pending_;
+  uint64_t ticket_ = 0;
+  bool warned_ = false;
+  // The recorded session.
+  bool sess_dirty_ = false;
+  Tail tail_;
+  bool tail_committed_ = false;
+  std::string sess_name_;
+  uint64_t sess_gen_ = 0;
+  std::vector<Hash128> sess_keys_;
+  int sess_present_ = 0, sess_pages_written_ = 0;
+
+ public:
+  void mark_session_dirty() { sess_dirty_ = true; }
+  int64_t segment_id() const { return seg_ ? seg_id_ : -1; }
+};
+
+}  // namespace anvil

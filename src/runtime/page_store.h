@@ -1,0 +1,40 @@
+// The engine's narrow hook into a durable page store (src/kvstore/ implements it). The engine calls
+// it on its own (decode) thread: page_full when a page of a sequence becomes full and immutable,
+// restore_* while building a new sequence's prefix, reap to take back pages the store retained.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/hash128.h"
+
+namespace anvil {
+
+class KVPool;
+
+// A full page's durable identity is the engine's page key (runtime/kv_pool.h: kv_page_key, rooted
+// at kv_cache_root of the model fingerprint and the KV layout); the store's fingerprint() is that root.
+
+class PageStore {
+ public:
+  virtual ~PageStore() = default;
+  // The fingerprint every page key of this store is chained from.
+  virtual const Hash128& fingerprint() const = 0;
+  // Pool page `page` of sequence `seq` now holds positions [first_pos, first_pos + P) = `tokens` and
+  // will not change. Must not allocate or do I/O: it retains the page and queues a descriptor.
+  virtual void page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
+                         std::span<const int32_t> tokens, int32_t page, KVPool& pool) = 0;
+  // Loads consecutive full pages of `tokens` starting at page index `first` (whose parent key is
+  // `parent`), at most max_pages, into pages from the pool. Appends them and their keys; returns
+  // how many. Each is validated before it is returned; a missing or bad page ends the run.
+  virtual int restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent, int max_pages,
+                            KVPool& pool, std::vector<int32_t>* pages, std::vector<Hash128>* keys) = 0;
+  // A partial page (a session's persisted tail) holding positions [first_pos, first_pos + n) of
+  // `tokens`, n <= max_tokens: returns n (the page in *page) or 0.
+  virtual int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
+                           KVPool& pool, int32_t* page) = 0;
+  // Releases the pages the store has finished copying; with wait, first waits for all of them.
+  virtual void reap(KVPool& pool, bool wait) = 0;
+};
+
+}  // namespace anvil

@@ -1,0 +1,296 @@
+// The durable KV store as a user meets it through `anvil generate` and `anvil kv`: sessions resume
+// token-for-token like an uninterrupted run, prompts are served from the store after a restart,
+// corruption and lost files fall back to recomputing with the same output, generation killed with
+// SIGKILL leaves a store that verifies and resumes exactly, and two processes share one store.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "cli_helpers.h"
+
+using anvil::test::run_anvil;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kModel = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+const std::string kPrompt = "def fibonacci(n):\n";
+
+nlohmann::json last_json(const std::string& out) {
+  auto end = out.find_last_not_of('\n');
+  if (end == std::string::npos) return nlohmann::json();
+  auto start = out.rfind('\n', end);
+  start = start == std::string::npos ? 0 : start + 1;
+  return nlohmann::json::parse(out.substr(start, end - start + 1), nullptr, false);
+}
+
+struct StoreDir {
+  std::string path;
+  StoreDir() {
+    path = (fs::temp_directory_path() / ("anvil_kvcli_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(path);
+  }
+  ~StoreDir() { fs::remove_all(path); }
+};
+
+std::vector<std::string> gen(const std::string& store, std::vector<std::string> extra) {
+  std::vector<std::string> a = {"generate", "-m", kModel, "--temp", "0", "--json", "--ignore-eos"};
+  if (store.empty()) a.push_back("--no-kv-store");
+  else {
+    a.push_back("--kv-store");
+    a.push_back(store);
+  }
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+nlohmann::json run_json(const std::vector<std::string>& args) {
+  auto r = run_anvil(args, false);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  auto j = last_json(r.out);
+  EXPECT_TRUE(j.is_object()) << r.out;
+  return j;
+}
+
+std::vector<int> ids_of(const nlohmann::json& j, const char* key = "ids") { return j[key].get<std::vector<int>>(); }
+
+// The uninterrupted greedy run: prompt ids followed by n generated ids.
+std::vector<int> reference(int n) {
+  auto j = run_json(gen("", {"-p", kPrompt, "-n", std::to_string(n)}));
+  auto all = ids_of(j, "ids");
+  auto tok = run_anvil({"tokenize", "-m", kModel, "-p", kPrompt, "--json"});
+  auto p = nlohmann::json::parse(tok.out)["ids"].get<std::vector<int>>();
+  p.insert(p.end(), all.begin(), all.end());
+  return p;
+}
+
+pid_t spawn(const std::vector<std::string>& args, const std::string& out_file) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(out_file.c_str(), "w", stdout);
+    (void)f;
+    std::freopen("/dev/null", "w", stderr);
+    std::vector<char*> argv;
+    std::string bin = ANVIL_BINARY;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (auto& s : copy) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+TEST(KvStoreCli, ResumedSessionMatchesUninterruptedRun) {
+  StoreDir d;
+  const auto ref = reference(40);
+  auto a = run_json(gen(d.path, {"-p", kPrompt, "-n", "13", "--session", "s"}));
+  EXPECT_EQ(a["session"], "s");
+  auto sa = ids_of(a, "session_ids");
+  ASSERT_EQ(sa.size(), ref.size() - 27);
+  EXPECT_TRUE(std::equal(sa.begin(), sa.end(), ref.begin()));
+  // The last sampled id has no KV yet; everything before it is durable at exit.
+  EXPECT_EQ(a["session_durable_tokens"].get<int>(), int(sa.size()) - 1);
+  auto b = run_json(gen(d.path, {"--session", "s", "--resume", "-n", "27", "--profile"}));
+  EXPECT_EQ(b["store_prompt_tokens"].get<int>(), int(sa.size()) - 1) << "full pages and the partial tail restored";
+  EXPECT_EQ(ids_of(b, "session_ids"), ref) << "greedy resume continues token for token";
+  EXPECT_EQ(b["kv_store"]["restore_corrupt"].get<int>(), 0);
+  // A resumed session without the store's KV (recomputed) gives the same tokens too.
+  auto c = run_json(gen(d.path, {"--session", "s", "--fork", "t", "-n", "5"}));
+  auto sc = ids_of(c, "session_ids");
+  ASSERT_EQ(sc.size(), ref.size() + 5);
+  EXPECT_TRUE(std::equal(ref.begin(), ref.end(), sc.begin()));
+  auto show = run_json({"kv", "show", "s", "--kv-store", d.path, "--json"});
+  EXPECT_EQ(show["ids"].get<std::vector<int>>(), ref) << "--fork leaves the original session unchanged";
+  // Existing session without --resume/--fork: refused with a clear message.
+  auto dup = run_anvil(gen(d.path, {"-p", kPrompt, "--session", "s"}), true);
+  EXPECT_NE(dup.exit_code, 0);
+  EXPECT_NE(dup.out.find("already exists"), std::string::npos) << dup.out;
+  auto missing = run_anvil(gen(d.path, {"--session", "nope", "--resume"}), true);
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.out.find("no session named 'nope'"), std::string::npos) << missing.out;
+  auto ls = run_anvil({"kv", "ls", "--kv-store", d.path, "--json"});
+  EXPECT_EQ(nlohmann::json::parse(ls.out)["sessions"].size(), 2u);
+}
+
+TEST(KvStoreCli, PromptServedFromStoreAfterRestartSameOutput) {
+  StoreDir d;
+  std::string ids;
+  for (int i = 0; i < 40; ++i) ids += (i ? "," : "") + std::to_string(100 + i * 17);
+  auto off = run_json(gen("", {"--ids", ids, "-n", "12"}));
+  auto first = run_json(gen(d.path, {"--ids", ids, "-n", "12"}));
+  EXPECT_EQ(first["store_prompt_tokens"].get<int>(), 0);
+  auto second = run_json(gen(d.path, {"--ids", ids, "-n", "12"}));
+  EXPECT_EQ(second["store_prompt_tokens"].get<int>(), 32) << "two full pages; the last token is always computed";
+  EXPECT_EQ(ids_of(second), ids_of(off));
+  EXPECT_EQ(ids_of(first), ids_of(off));
+  auto v = run_anvil({"kv", "verify", "--kv-store", d.path});
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+}
+
+TEST(KvStoreCli, CorruptOrLostFilesAreRecomputedWithSameOutput) {
+  StoreDir d;
+  std::string ids;
+  for (int i = 0; i < 60; ++i) ids += (i ? "," : "") + std::to_string(7 + i * 31);
+  auto off = run_json(gen("", {"--ids", ids, "-n", "10"}));
+  run_json(gen(d.path, {"--ids", ids, "-n", "10"}));
+  // Flip bytes in the middle of every segment.
+  for (auto& e : fs::directory_iterator(d.path)) {
+    if (e.path().extension() != ".kv") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = fs::file_size(e.path());
+    for (auto at : {size / 3, size / 2, size * 3 / 4}) {
+      f.seekp(std::streamoff(at));
+      f.put('\x7f');
+    }
+  }
+  auto bad = run_anvil({"kv", "verify", "--kv-store", d.path});
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  auto j = run_json(gen(d.path, {"--ids", ids, "-n", "10", "--profile"}));
+  EXPECT_EQ(ids_of(j), ids_of(off));
+  EXPECT_GE(j["kv_store"]["restore_corrupt"].get<int>(), 1);
+  // Truncated segments, then deleted segments, then a deleted catalog: same output each time.
+  for (int round = 0; round < 3; ++round) {
+    for (auto& e : fs::directory_iterator(d.path)) {
+      if (round == 0 && e.path().extension() == ".kv") fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
+      if (round == 1 && e.path().extension() == ".kv") fs::remove(e.path());
+      if (round == 2 && e.path().filename().string().rfind("catalog.db", 0) == 0) fs::remove(e.path());
+    }
+    auto r = run_json(gen(d.path, {"--ids", ids, "-n", "10"}));
+    EXPECT_EQ(ids_of(r), ids_of(off)) << "round " << round;
+  }
+  auto again = run_json(gen(d.path, {"--ids", ids, "-n", "10"}));
+  EXPECT_EQ(again["store_prompt_tokens"].get<int>(), 48) << "the store heals: recomputed pages are stored again";
+  EXPECT_EQ(ids_of(again), ids_of(off));
+}
+
+// kill -9 at random points of a session's generation; each time the store verifies and resuming
+// continues exactly like the uninterrupted run. (scripts/bench_kv_kill.sh runs many more.)
+TEST(KvStoreCli, KillNineThenVerifyAndResume) {
+  StoreDir d;
+  const int n = 400;
+  const auto ref = reference(n + 40);
+  std::mt19937 rng(1234);
+  const int iterations = 3;
+  int resumed = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const std::string name = "k" + std::to_string(it);
+    const std::string out = d.path + ".out";
+    fs::create_directories(d.path);
+    pid_t pid = spawn(gen(d.path, {"-p", kPrompt, "-n", std::to_string(n), "--session", name, "--kv-flush-ms", "10"}),
+                      out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 600));
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    auto v = run_anvil({"kv", "verify", "--kv-store", d.path});
+    ASSERT_EQ(v.exit_code, 0) << "iteration " << it << ": " << v.out;
+    auto show = run_anvil({"kv", "show", name, "--kv-store", d.path, "--json"});
+    if (show.exit_code != 0) continue;  // killed before its first flush: nothing recorded
+    auto recorded = nlohmann::json::parse(show.out)["ids"].get<std::vector<int>>();
+    ASSERT_LE(recorded.size(), ref.size());
+    EXPECT_TRUE(std::equal(recorded.begin(), recorded.end(), ref.begin())) << "iteration " << it;
+    auto j = run_json(gen(d.path, {"--session", name, "--resume", "-n", "20"}));
+    auto all = ids_of(j, "session_ids");
+    ASSERT_LE(all.size(), ref.size());
+    EXPECT_TRUE(std::equal(all.begin(), all.end(), ref.begin())) << "iteration " << it << ": resumed at "
+                                                                  << recorded.size();
+    ++resumed;
+  }
+  EXPECT_GT(resumed, 0) << "every kill landed before the first flush: the test checked nothing";
+  auto v = run_anvil({"kv", "verify", "--kv-store", d.path});
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+}
+
+TEST(KvStoreCli, TwoProcessesShareOneStore) {
+  StoreDir d;
+  fs::create_directories(d.path);
+  std::string a, b;
+  for (int i = 0; i < 50; ++i) {
+    a += (i ? "," : "") + std::to_string(11 + i * 13);
+    b += (i ? "," : "") + std::to_string(19 + i * 29);
+  }
+  pid_t pa = spawn(gen(d.path, {"--ids", a, "-n", "60", "--session", "A"}), d.path + "/../a.out");
+  pid_t pb = spawn(gen(d.path, {"--ids", b, "-n", "60", "--session", "B"}), d.path + "/../b.out");
+  int sa = 0, sb = 0;
+  waitpid(pa, &sa, 0);
+  waitpid(pb, &sb, 0);
+  EXPECT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
+  EXPECT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+  auto v = run_anvil({"kv", "verify", "--kv-store", d.path});
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  auto ja = run_json(gen(d.path, {"--ids", a, "-n", "4"}));
+  auto jb = run_json(gen(d.path, {"--ids", b, "-n", "4"}));
+  EXPECT_EQ(ja["store_prompt_tokens"].get<int>(), 48);
+  EXPECT_EQ(jb["store_prompt_tokens"].get<int>(), 48);
+  auto ls = nlohmann::json::parse(run_anvil({"kv", "ls", "--kv-store", d.path, "--json"}).out);
+  EXPECT_EQ(ls["sessions"].size(), 2u);
+  fs::remove(d.path + "/../a.out");
+  fs::remove(d.path + "/../b.out");
+}
+
+TEST(KvStoreCli, ExportIsAStandaloneSafetensorsFile) {
+  if (std::system("python3 -c 'import safetensors, numpy' 2>/dev/null") != 0)
+    GTEST_SKIP() << "python3 with safetensors and numpy is not installed";
+  StoreDir d;
+  auto j = run_json(gen(d.path, {"-p", kPrompt, "-n", "30", "--session", "e"}));
+  const int durable = j["session_durable_tokens"].get<int>();
+  const std::string out = d.path + "/e.safetensors";
+  auto e = run_anvil({"kv", "export", "e", "-o", out, "--kv-store", d.path});
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  const std::string py = "python3 -c \"from safetensors import safe_open; f = safe_open('" + out +
+                         "', 'np'); print(f.get_slice('layer.0.k').get_shape()[1], f.metadata()['kv_tokens'])\"";
+  FILE* p = popen(py.c_str(), "r");
+  char buf[256] = {0};
+  size_t n = fread(buf, 1, sizeof buf - 1, p);
+  pclose(p);
+  EXPECT_EQ(std::string(buf, n), std::to_string(durable) + " " + std::to_string(durable) + "\n");
+}
+
+TEST(KvStoreCli, RunResumesItsConversation) {
+  StoreDir d;
+  auto a = run_anvil({"run", "-m", kModel, "-p", "hello", "-n", "10", "--temp", "0", "--kv-store", d.path, "--session",
+                      "r"},
+                     true);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  auto b = run_anvil({"run", "-m", kModel, "-p", "more", "-n", "10", "--temp", "0", "--kv-store", d.path, "--session",
+                      "r", "--resume", "--profile"},
+                     true);
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_NE(b.out.find("(resumed session r"), std::string::npos) << b.out;
+  auto at = b.out.find("prompt tokens from the store");
+  ASSERT_NE(at, std::string::npos) << b.out;
+  EXPECT_GT(std::atoi(b.out.c_str() + b.out.find_first_of("0123456789", at)), 0)
+      << "the earlier turn's KV came from the store: " << b.out;
+}
+
+TEST(KvStoreCli, ResumeWithAnExtraPromptAppendsIt) {
+  StoreDir d;
+  const std::string x = "5,17,29,41,53,65,77,89,101,113,125,137,149,161,173,185,197,209,221,233";
+  auto a = run_json(gen(d.path, {"--ids", x, "-n", "6", "--session", "p"}));
+  auto first = ids_of(a, "session_ids");
+  auto b = run_json(gen(d.path, {"--ids", "300,301,302", "-n", "6", "--session", "p", "--resume"}));
+  auto all = ids_of(b, "session_ids");
+  std::vector<int> expect_prefix = first;
+  for (int t : {300, 301, 302}) expect_prefix.push_back(t);
+  ASSERT_EQ(all.size(), expect_prefix.size() + 6);
+  EXPECT_TRUE(std::equal(expect_prefix.begin(), expect_prefix.end(), all.begin()));
+  std::string csv;
+  for (int t : expect_prefix) csv += (csv.empty() ? "" : ",") + std::to_string(t);
+  auto plain = run_json(gen("", {"--ids", csv, "-n", "6"}));
+  EXPECT_EQ(ids_of(b), ids_of(plain)) << "the same as sending the whole history as a prompt";
+  EXPECT_GT(b["store_prompt_tokens"].get<int>(), 0);
+}

@@ -1,0 +1,522 @@
+// The durable KV store against a real KV pool on the CPU backend: round trips across reopen,
+// identity checks (a key match alone is never trusted), corruption and missing files as misses,
+// recovery, injected I/O faults (short write, ENOSPC, failed fsync, crash), the bounded queue's
+// drop/back-pressure rules, sessions with a partial tail, GC and compaction.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "kvstore/catalog.h"
+#include "kvstore/fault_env.h"
+#include "kvstore/kvstore.h"
+#include "runtime/kv_pool.h"
+
+namespace anvil {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int P = 4;  // page size (tokens)
+
+struct Rig {
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  std::unique_ptr<KVPool> pool;
+  Hash128 fp = hash128("test-model", 10);
+  FaultEnv env;
+  std::string dir;
+  explicit Rig(DType dt = DType::kBF16) {
+    KVCacheView v;
+    v.dtype = dt;
+    v.n_layers = 2;
+    v.n_kv_heads = 2;
+    v.head_dim = 8;
+    v.page_size = P;
+    v.n_pages = 64;
+    pool = std::make_unique<KVPool>(*be, v);
+    EXPECT_TRUE(pool->init().is_ok());
+    dir = fs::temp_directory_path() / ("anvil_kv_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+  }
+  ~Rig() { fs::remove_all(dir); }
+  KVStoreOptions opts() {
+    KVStoreOptions o;
+    o.dir = dir;
+    o.env = &env;
+    o.flush_ms = 5;
+    return o;
+  }
+  std::unique_ptr<KVStore> open(KVStoreOptions o) {
+    auto s = KVStore::open(o);
+    EXPECT_TRUE(s.is_ok()) << s.status().message();
+    EXPECT_TRUE((*s)->attach(*be, pool->view(), fp).is_ok());
+    return std::move(s).value();
+  }
+  std::unique_ptr<KVStore> open() { return open(opts()); }
+  size_t page_bytes() const { return pool->view().page_bytes(); }
+  uint8_t* page_ptr(int32_t p) { return static_cast<uint8_t*>(pool->view().base) + size_t(p) * page_bytes(); }
+  // A page's bytes: a pattern of (its first token, position in the page).
+  void fill(int32_t page, int32_t seed) {
+    uint8_t* b = page_ptr(page);
+    for (size_t i = 0; i < page_bytes(); ++i) b[i] = uint8_t((seed * 131 + i * 7) & 0xff);
+  }
+  bool same(int32_t page, int32_t seed) {
+    uint8_t* b = page_ptr(page);
+    for (size_t i = 0; i < page_bytes(); ++i)
+      if (b[i] != uint8_t((seed * 131 + i * 7) & 0xff)) return false;
+    return true;
+  }
+  // Writes pages [first, first + n) of the chain over `tokens` (sequence `seq`), as the engine does.
+  void write(KVStore& st, const std::vector<int32_t>& tokens, int first, int n, int seq = 0) {
+    Hash128 parent;
+    for (int i = 0; i < first + n; ++i) {
+      auto toks = std::span<const int32_t>(tokens).subspan(size_t(i) * P, P);
+      Hash128 key = kv_page_key(fp, parent, toks);
+      if (i >= first) {
+        int32_t page = pool->kv_page_alloc();
+        fill(page, tokens[size_t(i) * P]);
+        st.page_full(seq, key, parent, i * P, toks, page, *pool);
+        pool->kv_page_release(page);  // the sequence lets go; the store's retain keeps it alive
+      }
+      parent = key;
+    }
+  }
+  // Restores as much of the chain as the store has; checks each page's bytes; releases them.
+  int restore(KVStore& st, const std::vector<int32_t>& tokens, int max_pages) {
+    std::vector<int32_t> pages;
+    std::vector<Hash128> keys;
+    int n = st.restore_pages(tokens, 0, Hash128{}, max_pages, *pool, &pages, &keys);
+    EXPECT_EQ(size_t(n), pages.size());
+    for (int i = 0; i < n; ++i) {
+      EXPECT_TRUE(same(pages[size_t(i)], tokens[size_t(i) * P])) << "page " << i << " restored with wrong bytes";
+      pool->kv_page_release(pages[size_t(i)]);
+    }
+    return n;
+  }
+  std::string only_segment() {
+    for (auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".kv") return e.path().string();
+    return "";
+  }
+};
+
+std::vector<int32_t> chain_tokens(int n_pages, int base) {
+  std::vector<int32_t> t(size_t(n_pages) * P + 1);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t(base + i * 3);
+  return t;
+}
+
+int64_t verify_problems(KVStore& st) {
+  std::vector<std::string> problems;
+  int64_t n = 0;
+  EXPECT_TRUE(st.verify(&problems, &n).is_ok());
+  for (auto& p : problems) std::printf("  verify: %s\n", p.c_str());
+  return int64_t(problems.size());
+}
+
+TEST(KVStore, PagesSurviveReopenAndAreWrittenOnce) {
+  Rig r;
+  auto toks = chain_tokens(5, 100);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 5);
+    r.write(*st, toks, 0, 5);  // the same pages again: deduplicated, not rewritten
+    st->flush();
+    st->reap(*r.pool, true);
+    EXPECT_EQ(st->counters().pages_written.load(), 5);
+    EXPECT_EQ(st->counters().pages_deduped.load(), 5);
+    // Bytes written track unique KV: 5 pages plus small headers.
+    EXPECT_LE(st->counters().bytes_written.load(), int64_t(5 * r.page_bytes() * 105 / 100 + 5 * 4096));
+  }
+  EXPECT_EQ(r.pool->n_free(), r.pool->n_pages()) << "every retained page was given back";
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, toks, 5), 5);
+  EXPECT_EQ(st->counters().restored_pages.load(), 5);
+  // A different continuation shares the first pages only.
+  auto other = toks;
+  other[size_t(3) * P + 1] += 1;  // page 3 differs
+  EXPECT_EQ(r.restore(*st, other, 5), 3);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStore, KeyMatchWithOtherTokensIsRejected) {
+  Rig r;
+  auto a = chain_tokens(1, 100), b = chain_tokens(1, 500);
+  auto st = r.open();
+  // A record whose key claims tokens b but holds tokens a (what a hash collision would look like).
+  Hash128 key_b = kv_page_key(r.fp, Hash128{}, std::span<const int32_t>(b).first(P));
+  int32_t page = r.pool->kv_page_alloc();
+  r.fill(page, a[0]);
+  st->page_full(0, key_b, Hash128{}, 0, std::span<const int32_t>(a).first(P), page, *r.pool);
+  r.pool->kv_page_release(page);
+  st->flush();
+  st->reap(*r.pool, true);
+  EXPECT_EQ(r.restore(*st, b, 1), 0);
+  EXPECT_EQ(st->counters().restore_corrupt.load(), 1);
+  EXPECT_GT(verify_problems(*st), 0) << "verify recomputes the chain key from the record's tokens";
+}
+
+TEST(KVStore, OtherFingerprintMisses) {
+  Rig r;
+  auto toks = chain_tokens(2, 7);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 2);
+  }
+  r.fp = hash128("another-model", 13);
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, toks, 2), 0);
+}
+
+TEST(KVStore, FlippedByteTruncatedOrDeletedSegmentIsAMiss) {
+  Rig r;
+  auto toks = chain_tokens(4, 9);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 4);
+  }
+  const std::string seg = r.only_segment();
+  ASSERT_FALSE(seg.empty());
+  const auto size = fs::file_size(seg);
+  {  // flip one byte inside the third record's data
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(size * 5 / 8));
+    char c;
+    f.read(&c, 1);
+    f.seekp(std::streamoff(size * 5 / 8));
+    c ^= 0x40;
+    f.write(&c, 1);
+  }
+  {
+    auto st = r.open();
+    EXPECT_EQ(r.restore(*st, toks, 4), 2) << "pages before the corrupt one are used, the rest recomputed";
+    EXPECT_EQ(st->counters().restore_corrupt.load(), 1);
+    EXPECT_GT(verify_problems(*st), 0);
+  }
+  fs::resize_file(seg, size / 4 + 10);  // truncated inside the second record
+  {
+    auto st = r.open();
+    EXPECT_EQ(r.restore(*st, toks, 4), 1);
+    EXPECT_GT(verify_problems(*st), 0);
+  }
+  fs::remove(seg);
+  {
+    auto st = r.open();
+    EXPECT_EQ(r.restore(*st, toks, 4), 0);
+    EXPECT_GT(verify_problems(*st), 0);
+    // The recomputed pages are stored again: the lost segment's rows were dropped.
+    r.write(*st, toks, 0, 4);
+    st->flush();
+    st->reap(*r.pool, true);
+  }
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, toks, 4), 4);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStore, DeletedOrGarbageCatalogStartsEmpty) {
+  Rig r;
+  auto toks = chain_tokens(2, 11);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 2);
+  }
+  for (const char* f : {"catalog.db", "catalog.db-wal", "catalog.db-shm"}) fs::remove(r.dir + "/" + f);
+  {
+    auto st = r.open();
+    EXPECT_EQ(r.restore(*st, toks, 2), 0);
+    auto g = st->gc();  // the old segment is an orphan now: gc removes it
+    ASSERT_TRUE(g.is_ok());
+    EXPECT_GT(*g, 0);
+  }
+  {
+    std::ofstream(r.dir + "/catalog.db", std::ios::binary | std::ios::trunc) << std::string(8192, 'x');
+    fs::remove(r.dir + "/catalog.db-wal");
+    fs::remove(r.dir + "/catalog.db-shm");
+  }
+  auto st = r.open();  // a garbage catalog is moved aside, not an error
+  r.write(*st, toks, 0, 2);
+  st->flush();
+  st->reap(*r.pool, true);
+  EXPECT_EQ(r.restore(*st, toks, 2), 2);
+}
+
+TEST(KVStore, RecoveryTruncatesUncommittedBytes) {
+  Rig r;
+  auto toks = chain_tokens(3, 5);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 3);
+  }
+  const std::string seg = r.only_segment();
+  const auto committed = fs::file_size(seg);
+  {
+    std::ofstream f(seg, std::ios::binary | std::ios::app);
+    f << std::string(1000, '\x5a');  // a half-written record of a crashed writer
+  }
+  auto st = r.open();
+  EXPECT_EQ(fs::file_size(seg), committed);
+  EXPECT_EQ(r.restore(*st, toks, 3), 3);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+// A write fault abandons its batch: nothing of it is committed, earlier and later batches are
+// intact, and the store verifies clean.
+void fault_case(const std::function<void(FaultEnv&)>& inject, const std::function<void(FaultEnv&)>& clear = nullptr) {
+  Rig r;
+  auto a = chain_tokens(2, 1000), b = chain_tokens(2, 2000), c = chain_tokens(2, 3000);
+  {
+    auto o = r.opts();
+    o.flush_pages = 1000;
+    o.flush_ms = 100000;
+    auto st = r.open(o);
+    r.write(*st, a, 0, 2);
+    st->flush();
+    inject(r.env);
+    r.write(*st, b, 0, 2);
+    st->flush();
+    if (clear) clear(r.env);
+    r.write(*st, c, 0, 2);
+    st->flush();
+    st->reap(*r.pool, true);
+    EXPECT_GE(st->counters().write_errors.load(), 1);
+  }
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, a, 2), 2);
+  EXPECT_EQ(r.restore(*st, b, 2), 0);
+  EXPECT_EQ(r.restore(*st, c, 2), 2);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStoreFaults, ShortWrite) { fault_case([](FaultEnv& e) { e.fail_next_append_short(); }); }
+TEST(KVStoreFaults, NoSpaceLeft) {
+  fault_case([](FaultEnv& e) { e.set_space_left(100); }, [](FaultEnv& e) { e.set_space_left(-1); });
+}
+TEST(KVStoreFaults, FailedFsyncCommitsNothing) { fault_case([](FaultEnv& e) { e.fail_syncs(1); }); }
+
+TEST(KVStoreFaults, NoSpaceThenSpaceAgain) {
+  Rig r;
+  auto a = chain_tokens(3, 77);
+  {
+    auto st = r.open();
+    r.env.set_space_left(0);
+    r.write(*st, a, 0, 3);
+    st->flush();
+    r.env.set_space_left(-1);
+    r.write(*st, a, 0, 3);  // the failed pages are not in the catalog, so they are written now
+    st->flush();
+    st->reap(*r.pool, true);
+  }
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, a, 3), 3);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStoreFaults, CrashDropsUnsyncedBytesCommittedPagesSurvive) {
+  Rig r;
+  auto a = chain_tokens(2, 10), b = chain_tokens(3, 20);
+  {
+    auto o = r.opts();
+    o.flush_pages = 1000;
+    o.flush_ms = 100000;
+    auto st = r.open(o);
+    r.write(*st, a, 0, 2);
+    st->flush();  // synced + committed
+    r.write(*st, b, 0, 3);
+    for (int i = 0; i < 2000 && st->counters().pages_written.load() < 5; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(st->counters().pages_written.load(), 5) << "b's records appended, not yet synced";
+    st->abandon();  // the process dies here ...
+    ASSERT_TRUE(r.env.crash().is_ok());  // ... and the machine loses what was not synced
+    st->reap(*r.pool, false);
+  }
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, a, 2), 2);
+  EXPECT_EQ(r.restore(*st, b, 3), 0);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStoreFaults, DurabilityNoneCrashIsStillNeverWrongKV) {
+  Rig r;
+  auto a = chain_tokens(3, 10);
+  {
+    auto o = r.opts();
+    o.durability = Durability::kNone;  // rows are committed without an fsync of their data
+    auto st = r.open(o);
+    r.write(*st, a, 0, 3);
+    st->flush();
+    EXPECT_EQ(st->counters().fsyncs.load(), 0);
+    st->abandon();
+    ASSERT_TRUE(r.env.crash().is_ok());
+    st->reap(*r.pool, false);
+  }
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, a, 3), 0) << "the rows reference lost bytes: misses, not garbage";
+  EXPECT_GT(verify_problems(*st), 0);
+}
+
+TEST(KVStore, FullQueueDropsAnonymousPagesButBlocksASession) {
+  Rig r;
+  auto o = r.opts();
+  o.queue_pages = 2;
+  auto st = r.open(o);
+  r.env.hold_appends(true);  // a stalled disk
+  auto a = chain_tokens(7, 100);
+  r.write(*st, a, 0, 1);
+  for (int i = 0; i < 5000 && st->queued() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(st->queued(), 0u) << "the writer took the first page and is stuck writing it";
+  r.write(*st, a, 1, 6);  // the ring holds 2: the other 4 are dropped
+  EXPECT_EQ(st->counters().pages_dropped.load(), 4);
+  // A session's page waits for room instead.
+  auto s = chain_tokens(1, 900);
+  ASSERT_TRUE(st->session_begin("s", /*seq=*/7, s, 64).is_ok());
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    r.write(*st, s, 0, 1, /*seq=*/7);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(done.load()) << "a session page must not be dropped; dropped " << st->counters().pages_dropped.load()
+                            << " enq " << st->counters().pages_enqueued.load() << " hw " << st->counters().queue_high_water.load();
+  r.env.hold_appends(false);
+  t.join();
+  EXPECT_TRUE(done.load());
+  auto d = st->session_end(P, -1, *r.pool);
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(*d, P);
+  EXPECT_GT(st->counters().decode_blocked_ns.load(), 100'000'000);
+}
+
+TEST(KVStore, SessionTailRestoresExactRows) {
+  Rig r;
+  auto toks = chain_tokens(3, 40);  // 13 tokens: 3 full pages + 1
+  toks.push_back(999);
+  toks.push_back(998);              // 15 tokens
+  const int n_kv = 14;              // KV for 14 of them: the tail page holds 2
+  {
+    auto st = r.open();
+    ASSERT_TRUE(st->session_begin("chat", 0, toks, 64, "meta!").is_ok());
+    r.write(*st, toks, 0, 3);
+    int32_t tail = r.pool->kv_page_alloc();
+    r.fill(tail, 4242);
+    auto d = st->session_end(n_kv, tail, *r.pool);
+    ASSERT_TRUE(d.is_ok());
+    EXPECT_EQ(*d, n_kv);
+    r.pool->kv_page_release(tail);
+  }
+  auto st = r.open();
+  auto info = st->get_session("chat");
+  ASSERT_TRUE(info.is_ok() && *info);
+  EXPECT_EQ((*info)->tokens, toks);
+  EXPECT_EQ((*info)->durable_pos, n_kv);
+  EXPECT_EQ((*info)->meta, "meta!");
+  std::vector<int32_t> pages;
+  std::vector<Hash128> keys;
+  ASSERT_EQ(st->restore_pages(toks, 0, Hash128{}, 3, *r.pool, &pages, &keys), 3);
+  int32_t tp = -1;
+  ASSERT_EQ(st->restore_tail(toks, 3 * P, keys.back(), int(toks.size()) - 1 - 3 * P, *r.pool, &tp), 2);
+  // Rows 0..1 of every (layer, k/v, head) block equal the original; the page is otherwise fresh.
+  const PageLayout L{DType::kBF16, 2, 2, 8, P};
+  std::vector<uint8_t> want(r.page_bytes());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = uint8_t((4242 * 131 + i * 7) & 0xff);
+  for (size_t b = 0; b < L.n_blocks(); ++b)
+    EXPECT_EQ(std::memcmp(r.page_ptr(tp) + b * L.block_bytes(P), want.data() + b * L.block_bytes(P), L.block_bytes(2)), 0);
+  // A request whose tokens differ inside the tail gets no tail.
+  auto other = toks;
+  other[13] += 1;
+  int32_t tp2 = -1;
+  EXPECT_EQ(st->restore_tail(other, 3 * P, keys.back(), 2, *r.pool, &tp2), 0);
+  // Fork: the new session shares everything; removing the original keeps the fork's pages.
+  ASSERT_TRUE(st->fork_session("chat", "chat2").is_ok());
+  EXPECT_FALSE(st->fork_session("chat", "chat2").is_ok());
+  ASSERT_TRUE(st->remove_session("chat").is_ok());
+  auto f = st->get_session("chat2");
+  ASSERT_TRUE(f.is_ok() && *f);
+  EXPECT_EQ((*f)->tokens, toks);
+  ASSERT_TRUE(st->gc(0).is_ok());
+  for (int32_t p : pages) r.pool->kv_page_release(p);
+  r.pool->kv_page_release(tp);
+  EXPECT_EQ(r.restore(*st, toks, 3), 3) << "pages a session references are never evicted";
+  const std::string out = r.dir + "/export.safetensors";
+  ASSERT_TRUE(st->export_session("chat2", out).is_ok());
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStore, GcEvictsLeastRecentlyUsedAndCompacts) {
+  Rig r;
+  auto o = r.opts();
+  o.segment_bytes = 1;  // a segment per flush, so old ones are sealed and compactable
+  std::vector<std::vector<int32_t>> chains;
+  {
+    auto st = r.open(o);
+    for (int c = 0; c < 6; ++c) {
+      chains.push_back(chain_tokens(2, 10000 * (c + 1)));
+      r.write(*st, chains.back(), 0, 2);
+      st->flush();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // distinct last_used
+    }
+    st->reap(*r.pool, true);
+    EXPECT_EQ(r.restore(*st, chains[0], 2), 2);  // chain 0 is used again: most recent now
+    st->flush();
+  }
+  const auto before = fs::directory_iterator(r.dir);
+  auto st = r.open(o);
+  const StoreStats s0 = st->stats();
+  EXPECT_EQ(s0.pages, 12);
+  auto reclaimed = st->gc(uint64_t(s0.page_bytes / 2));
+  ASSERT_TRUE(reclaimed.is_ok()) << reclaimed.status().message();
+  const StoreStats s1 = st->stats();
+  EXPECT_LE(s1.page_bytes, s0.page_bytes / 2);
+  EXPECT_GT(*reclaimed, 0);
+  EXPECT_LT(s1.segment_file_bytes, s0.segment_file_bytes);
+  EXPECT_EQ(r.restore(*st, chains[0], 2), 2) << "recently used: kept";
+  EXPECT_EQ(r.restore(*st, chains[1], 2), 0) << "least recently used: evicted";
+  EXPECT_EQ(r.restore(*st, chains[5], 2), 2);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+TEST(KVStore, RecordIsReadableBySafetensorsPython) {
+  if (std::system("python3 -c 'import safetensors, numpy' 2>/dev/null") != 0)
+    GTEST_SKIP() << "python3 with safetensors and numpy is not installed";
+  Rig r(DType::kF32);
+  auto toks = chain_tokens(1, 321);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 1);
+  }
+  const std::string seg = r.only_segment();
+  // The segment holds exactly one record; numpy checks layer 1's V against the fill pattern.
+  const std::string py =
+      "import sys, numpy as np\n"
+      "from safetensors.numpy import load\n"
+      "from safetensors import safe_open\n"
+      "d = load(open(sys.argv[1], 'rb').read())\n"
+      "assert sorted(d) == ['layer.0.k', 'layer.0.v', 'layer.1.k', 'layer.1.v'], sorted(d)\n"
+      "v = d['layer.1.v']\n"
+      "assert v.shape == (2, 4, 8) and v.dtype == np.float32, (v.shape, v.dtype)\n"
+      "page = np.array([(321 * 131 + i * 7) & 0xff for i in range(2 * 2 * 2 * 4 * 8 * 4)], np.uint8)\n"
+      "want = page.view(np.float32).reshape(2, 2, 2, 4, 8)[1, 1]\n"
+      "assert np.array_equal(v.view(np.uint32), want.view(np.uint32))\n"
+      "m = safe_open(sys.argv[1], 'np').metadata()\n"
+      "assert m['anvil.format'] == 'kv-page' and m['tokens'] == '321,324,327,330', m\n"
+      "print('ok')\n";
+  const std::string script = r.dir + "/check.py";
+  std::ofstream(script) << py;
+  FILE* p = popen(("python3 " + script + " " + seg + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  std::string out;
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_EQ(out, "ok\n");
+}
+
+}  // namespace
+}  // namespace anvil
