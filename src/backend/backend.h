@@ -213,6 +213,10 @@ class Backend {
   // Not pure so a backend without MoE kernels still builds: has_moe_ffn() says false (Transformer::create
   // then refuses an MoE model with a clear error) and the default moe_ffn aborts naming the backend.
   virtual bool has_moe_ffn() const { return false; }
+  // Whether the durable KV store may copy pages out of this backend's KV pool from its writer
+  // thread (the staging copies below). The CUDA backend says no until it overrides them with a
+  // stream of its own (a copy from another thread would break the decode graph's capture).
+  virtual bool supports_page_store() const { return true; }
   virtual void moe_ffn(Act x, const MoEWeights& w, Act out);
   // ---- end mixture of experts ----
 };

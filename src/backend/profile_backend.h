@@ -87,6 +87,7 @@ class ProfilingBackend final : public Backend {
     timed(ProfileCategory::kRest, [&] { in_.to_host_f32(x, dst); });
   }
   bool has_moe_ffn() const override { return in_.has_moe_ffn(); }
+  bool supports_page_store() const override { return in_.supports_page_store(); }
   void moe_ffn(Act x, const MoEWeights& w, Act out) override;
 
  private:

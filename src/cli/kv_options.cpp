@@ -1,5 +1,7 @@
 #include "cli/kv_options.h"
 
+#include <cstdio>
+
 namespace anvil::cli {
 
 void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags) {
@@ -52,6 +54,15 @@ Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
   if (f.off) {
     if (!f.session.empty() || f.resume || !f.fork.empty())
       return invalid_argument("--session/--resume/--fork need the KV store (drop --no-kv-store)");
+    return a;
+  }
+  if (!s.backend->supports_page_store()) {
+    // The store's device->host path exists for the CPU backend only (so far): a named session or
+    // an explicit --kv-store is refused; the default store is simply off, said once.
+    if (!f.session.empty() || f.resume || !f.fork.empty() || !f.dir.empty())
+      return unsupported("the durable KV store does not run on " + s.backend->name() +
+                         " yet; use --device cpu for --kv-store/--session/--resume/--fork");
+    std::fprintf(stderr, "[anvil] KV store: off (not supported on %s yet)\n", s.backend->name().c_str());
     return a;
   }
   ANVIL_ASSIGN_OR_RETURN(KVStoreOptions o, kv_store_options(f));

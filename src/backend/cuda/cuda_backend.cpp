@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
+  bool supports_page_store() const override { return false; }  // staging copies not overridden yet
   DType act_dtype() const override { return DType::kBF16; }
 
   // ---- memory ----
