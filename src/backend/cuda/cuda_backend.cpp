@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/moe_runner.h"
 
 namespace anvil {
 namespace {
@@ -359,6 +360,32 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(tmp[i]);
   }
 
+  // ---- mixture of experts (moe.cu, planned by moe_runner.cpp) ----
+  bool has_moe_ffn() const override { return true; }
+  void moe_ffn(Act x, const MoEWeights& w, Act out) override {
+    if (!bf16(x, "moe_ffn", "x") || !bf16(out, "moe_ffn", "out") || !same_shape(x, out, "moe_ffn")) return;
+    if (!expect(x.data != out.data && x.cols == w.router.cols,
+                "moe_ffn: expected x and out [T, hidden] (distinct) and a router [num_experts, hidden]"))
+      return;
+    Prof pr(this, "moe");
+    for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kMoEMaxChunk) {
+      const int64_t n = std::min(cuda::kMoEMaxChunk, x.rows - t0);
+      const Act xc = x.slice_rows(t0, n);
+      cuda::MoEPlan plan;
+      if (!record(moe_.prepare(w, n, &plan))) return;
+      if (plan.shared && !plan.shared_fused) {  // the shared expert through the dense ops
+        const Act sh{plan.shared_h, n, plan.S, DType::kBF16};
+        linear_swiglu(xc, w.shared_gate, w.shared_up, sh);
+        if (check_linear(sh, w.shared_down, Act{plan.shared_out, n, plan.H, DType::kBF16}, "moe_ffn (shared)"))
+          run_linear(sh, w.shared_down, Act{plan.shared_out, n, plan.H, DType::kBF16});
+      }
+      uint64_t kernels = 0;
+      const Status st = moe_.run(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &kernels);
+      launches_ += kernels;
+      if (!record(st)) return;
+    }
+  }
+
   // ---- profiling (cuda_set_profiling / cuda_profile_report) ----
   void set_profiling(bool on) {
     profiling_ = on;
@@ -440,6 +467,10 @@ class CudaBackend final : public Backend {
     if (e == cudaSuccess) return true;
     if (err_.is_ok()) err_ = internal_error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
     return false;
+  }
+  bool record(const Status& s) {
+    if (!s.is_ok() && err_.is_ok()) err_ = s;
+    return s.is_ok();
   }
   bool launched(cudaError_t e, const char* op) {
     ++launches_;
@@ -540,6 +571,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   bool use_cublas_ = true;
   std::vector<void*> retired_;
+  cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> prof_events_;
   std::vector<std::string> prof_marks_;

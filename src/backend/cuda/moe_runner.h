@@ -1,0 +1,83 @@
+// Internal to src/backend/cuda/: the host side of the CUDA moe_ffn. It checks a layer's MoEWeights
+// against what the kernels take, keeps each layer's device table of per-expert pointers, owns the
+// workspace, and enqueues the kernels of moe.h. The backend (cuda_backend.cpp) calls prepare() then,
+// when the shared expert is not fused, runs it through its dense ops into the plan's buffers, then run().
+//
+// Graph safety: prepare() never enqueues on the compute stream (tables and zeroed counters go through a
+// private stream it waits for), buffers are only ever retired, not freed, while the runner lives (a
+// captured graph may still use them), and every launch shape depends only on T and the weights' shapes.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/moe.h"
+
+namespace anvil::cuda {
+
+// The most tokens one pass takes; the backend splits a longer batch (bounds the prefill workspace:
+// T*k rows of fp32 expert outputs).
+constexpr int64_t kMoEMaxChunk = 1024;
+
+struct MoEPlan {
+  int64_t T = 0, H = 0, F = 0, S = 0;
+  bool decode = false;        // T <= kMoEDecodeMaxTokens: the mat-vec kernels, 3 launches
+  bool skip_experts = false;  // ANVIL_MOE_SKIP_EXPERTS
+  bool shared = false;        // the layer has a shared expert
+  bool shared_fused = false;  // ... computed inside moe_gate_up / moe_down (decode, same formats)
+  // Not fused: the caller writes silu(shared_gate x) * shared_up x into shared_h (bf16 [T, S]) and
+  // shared_down of that into shared_out (bf16 [T, H]) before run().
+  void* shared_h = nullptr;
+  void* shared_out = nullptr;
+  // Device tables [gate | up | down], E + 1 entries each (entry E: the shared expert when fusable).
+  const ExpertPtrs* tables = nullptr;
+  MoEMats gate, up, down;
+  // Workspace carve-up (device).
+  float* logits = nullptr;
+  int* counters = nullptr;
+  int32_t* idx = nullptr;
+  float* wt = nullptr;
+  float* coef = nullptr;
+  void* h = nullptr;   // bf16 [T*k, F]
+  void* hs = nullptr;  // bf16 [T, S] (fused shared expert)
+  int32_t *offsets = nullptr, *tile_start = nullptr, *order = nullptr, *pos_of = nullptr;
+  float* y = nullptr;  // f32 [T*k, H] (prefill)
+};
+
+class MoERunner {
+ public:
+  MoERunner() = default;
+  MoERunner(const MoERunner&) = delete;
+  MoERunner& operator=(const MoERunner&) = delete;
+  ~MoERunner();
+
+  // Validates `w` for T tokens (1 <= T <= kMoEMaxChunk) and fills *plan: formats the kernels take
+  // (experts and router 4/8-bit MLX or dense bf16/f16/f32, widths multiples of 32, no biases), the
+  // device pointer table (uploaded once per layer), workspace sized for T. Errors name what was wrong.
+  Status prepare(const MoEWeights& w, int64_t T, MoEPlan* plan);
+  // Enqueues routing, experts and the weighted sum for x [T, H] -> out [T, H] (bf16) on `s`; adds the
+  // kernels launched to *launches.
+  Status run(const void* x, const MoEWeights& w, const MoEPlan& plan, void* out, cudaStream_t s,
+             uint64_t* launches);
+
+ private:
+  Status grow(void** buf, size_t* have, size_t need, bool zero);
+  Status side_stream();
+
+  struct Table {
+    std::vector<ExpertPtrs> host;
+    ExpertPtrs* dev = nullptr;
+  };
+  std::unordered_map<const void*, Table> tables_;  // keyed by the router's device data
+  void* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  void* counters_ = nullptr;
+  size_t counters_bytes_ = 0;
+  std::vector<void*> retired_;
+  cudaStream_t side_ = nullptr;
+};
+
+}  // namespace anvil::cuda
