@@ -367,22 +367,24 @@ class CudaBackend final : public Backend {
     if (!expect(x.data != out.data && x.cols == w.router.cols,
                 "moe_ffn: expected x and out [T, hidden] (distinct) and a router [num_experts, hidden]"))
       return;
-    Prof pr(this, "moe");
     for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kMoEMaxChunk) {
       const int64_t n = std::min(cuda::kMoEMaxChunk, x.rows - t0);
       const Act xc = x.slice_rows(t0, n);
       cuda::MoEPlan plan;
       if (!record(moe_.prepare(w, n, &plan))) return;
-      if (plan.shared && !plan.shared_fused) {  // the shared expert through the dense ops
-        const Act sh{plan.shared_h, n, plan.S, DType::kBF16};
-        linear_swiglu(xc, w.shared_gate, w.shared_up, sh);
-        if (check_linear(sh, w.shared_down, Act{plan.shared_out, n, plan.H, DType::kBF16}, "moe_ffn (shared)"))
-          run_linear(sh, w.shared_down, Act{plan.shared_out, n, plan.H, DType::kBF16});
+      Status st;
+      {
+        Prof pr(this, "moe_route");
+        st = moe_.route(xc.data, w, plan, st_, &launches_);
       }
-      uint64_t kernels = 0;
-      const Status st = moe_.run(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &kernels);
-      launches_ += kernels;
       if (!record(st)) return;
+      if (plan.shared && !plan.shared_fused) {  // the shared expert through the dense ops
+        const Act sh{plan.shared_h, n, plan.S, DType::kBF16}, so{plan.shared_out, n, plan.H, DType::kBF16};
+        linear_swiglu(xc, w.shared_gate, w.shared_up, sh);
+        if (check_linear(sh, w.shared_down, so, "moe_ffn (shared expert)")) run_linear(sh, w.shared_down, so);
+      }
+      Prof pr(this, "moe_experts");
+      if (!record(moe_.experts(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &launches_))) return;
     }
   }
 

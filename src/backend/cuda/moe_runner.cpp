@@ -227,20 +227,21 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   return Status::ok();
 }
 
-Status MoERunner::run(const void* x, const MoEWeights& w, const MoEPlan& p, void* out, cudaStream_t s,
-                      uint64_t* launches) {
-  const int E = w.num_experts, k = w.top_k, T = int(p.T);
-  const int n_slots = p.skip_experts ? 0 : k;
-
+Status MoERunner::route(const void* x, const MoEWeights& w, const MoEPlan& p, cudaStream_t s, uint64_t* launches) {
   MoERouteArgs ra;
-  ra.x = x, ra.T = T, ra.H = p.H;
   ra.router = devmat(w.router);
   if (p.shared) ra.shared_gate = devmat(w.shared_gate_w);
-  ra.E = E, ra.k = k, ra.norm_topk = w.norm_topk_prob;
+  ra.E = w.num_experts, ra.k = w.top_k, ra.norm_topk = w.norm_topk_prob;
   ra.logits = p.logits, ra.counters = p.counters, ra.idx = p.idx, ra.wt = p.wt, ra.shared_coef = p.coef;
+  ra.x = x, ra.T = int(p.T), ra.H = p.H;
   ++*launches;
-  ANVIL_RETURN_IF_ERROR(launch_status(moe_route(ra, s), "moe_route"));
+  return launch_status(moe_route(ra, s), "moe_route");
+}
 
+Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, void* out, cudaStream_t s,
+                          uint64_t* launches) {
+  const int E = w.num_experts, k = w.top_k, T = int(p.T);
+  const int n_slots = p.skip_experts ? 0 : k;
   if (p.decode) {
     MoEGateUpArgs ga;
     ga.x = x, ga.T = T, ga.k = k, ga.E = E, ga.idx = p.idx;

@@ -1,7 +1,8 @@
 // Internal to src/backend/cuda/: the host side of the CUDA moe_ffn. It checks a layer's MoEWeights
 // against what the kernels take, keeps each layer's device table of per-expert pointers, owns the
 // workspace, and enqueues the kernels of moe.h. The backend (cuda_backend.cpp) calls prepare() then,
-// when the shared expert is not fused, runs it through its dense ops into the plan's buffers, then run().
+// route(), then (when the shared expert is not fused) its dense ops into the plan's buffers, then
+// experts().
 //
 // Graph safety: prepare() never enqueues on the compute stream (tables and zeroed counters go through a
 // private stream it waits for), buffers are only ever retired, not freed, while the runner lives (a
@@ -58,10 +59,12 @@ class MoERunner {
   // (experts and router 4/8-bit MLX or dense bf16/f16/f32, widths multiples of 32, no biases), the
   // device pointer table (uploaded once per layer), workspace sized for T. Errors name what was wrong.
   Status prepare(const MoEWeights& w, int64_t T, MoEPlan* plan);
-  // Enqueues routing, experts and the weighted sum for x [T, H] -> out [T, H] (bf16) on `s`; adds the
-  // kernels launched to *launches.
-  Status run(const void* x, const MoEWeights& w, const MoEPlan& plan, void* out, cudaStream_t s,
-             uint64_t* launches);
+  // Enqueues the routing of x [T, H] (bf16) on `s` (ids, weights and the shared expert's gate into the
+  // plan's workspace), then the experts and the weighted sum into out [T, H] (bf16). Each adds the kernels
+  // it launched to *launches. Two calls so a profiler can time them apart.
+  Status route(const void* x, const MoEWeights& w, const MoEPlan& plan, cudaStream_t s, uint64_t* launches);
+  Status experts(const void* x, const MoEWeights& w, const MoEPlan& plan, void* out, cudaStream_t s,
+                 uint64_t* launches);
 
  private:
   Status grow(void** buf, size_t* have, size_t need, bool zero);
