@@ -102,7 +102,7 @@ Status MoERunner::grow(void** buf, size_t* have, size_t need, bool zero) {
   return Status::ok();
 }
 
-Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
+Status moe_plan(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   const int E = w.num_experts, k = w.top_k;
   if (T < 1 || T > kMoEMaxChunk) return invalid_argument("moe_ffn: 1.." + num(kMoEMaxChunk) + " tokens per pass");
   if (E < 1 || E > kMoEMaxExperts)
@@ -131,7 +131,6 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   p.decode = T <= kMoEDecodeMaxTokens;
   p.skip_experts = moe_skip_experts();
   p.shared = w.has_shared();
-  bool fusable = false;
   if (p.shared) {
     const int64_t S = w.shared_up.rows;
     p.S = S;
@@ -142,13 +141,41 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
     const WeightMatrix& sg = w.shared_gate_w;
     if (!dense_dtype(sg.dtype) || sg.bias || (sg.quantized() && (sg.bits < 2 || sg.bits > 8 || !sg.scales)))
       return unsupported("moe_ffn on CUDA: the shared expert gate must be dense or 2..8-bit MLX without a bias");
-    fusable = S % 32 == 0 && check_matrix(w.shared_gate, S, H, "").is_ok() &&
-              check_matrix(w.shared_up, S, H, "").is_ok() && check_matrix(w.shared_down, H, S, "").is_ok() &&
-              same_format(w.shared_gate, w.gate[0]) && same_format(w.shared_up, w.gate[0]) &&
-              same_format(w.shared_down, w.down[0]);
-    p.shared_fused = fusable && p.decode;
+    p.shared_fusable = S % 32 == 0 && check_matrix(w.shared_gate, S, H, "").is_ok() &&
+                       check_matrix(w.shared_up, S, H, "").is_ok() && check_matrix(w.shared_down, H, S, "").is_ok() &&
+                       same_format(w.shared_gate, w.gate[0]) && same_format(w.shared_up, w.gate[0]) &&
+                       same_format(w.shared_down, w.down[0]);
+    p.shared_fused = p.shared_fusable && p.decode;
   }
 
+  // Workspace.
+  const int64_t A = T * k, S = p.S;
+  const bool unfused_shared = p.shared && !p.shared_fused;
+  const size_t parts[MoEPlan::kParts] = {
+      size_t(T * E) * 4,                          // logits
+      size_t(A) * 4,                              // idx
+      size_t(A) * 4,                              // wt
+      size_t(T) * 4,                              // coef
+      size_t(A * F) * 2,                          // h
+      p.shared_fused ? size_t(T * S) * 2 : 0,     // hs
+      unfused_shared ? size_t(T * S) * 2 : 0,     // shared_h
+      unfused_shared ? size_t(T * H) * 2 : 0,     // shared_out
+      p.decode ? 0 : size_t(E + 1) * 4,           // offsets
+      p.decode ? 0 : size_t(E + 1) * 4,           // tile_start
+      p.decode ? 0 : size_t(A) * 4,               // order
+      p.decode ? 0 : size_t(A) * 4,               // pos_of
+      p.decode ? 0 : size_t(A * H) * 4};          // y
+  p.workspace_bytes = 0;
+  for (int i = 0; i < MoEPlan::kParts; ++i) p.workspace_bytes += up256(p.part_bytes[i] = parts[i]);
+  *plan = p;
+  return Status::ok();
+}
+
+Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
+  ANVIL_RETURN_IF_ERROR(moe_plan(w, T, plan));
+  MoEPlan& p = *plan;
+  const int E = w.num_experts;
+  const bool fusable = p.shared_fusable;
   // The layer's pointer table: [gate | up | down] x (E + 1); entry E is the shared expert when fusable.
   thread_local std::vector<ExpertPtrs> host;
   host.assign(size_t(3 * (E + 1)), ExpertPtrs{});
@@ -183,31 +210,13 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   p.up = mats(tb.dev + (E + 1), w.up[0]);
   p.down = mats(tb.dev + 2 * (E + 1), w.down[0]);
 
-  // Workspace.
-  const int64_t A = T * k, S = p.S;
-  const bool unfused_shared = p.shared && !p.shared_fused;
-  size_t sizes[13] = {size_t(T * E) * 4,                                 // logits
-                      size_t(A) * 4,                                     // idx
-                      size_t(A) * 4,                                     // wt
-                      size_t(T) * 4,                                     // coef
-                      size_t(A * F) * 2,                                 // h
-                      p.shared_fused ? size_t(T * S) * 2 : 0,            // hs
-                      unfused_shared ? size_t(T * S) * 2 : 0,            // shared_h
-                      unfused_shared ? size_t(T * H) * 2 : 0,            // shared_out
-                      p.decode ? 0 : size_t(E + 1) * 4,                  // offsets
-                      p.decode ? 0 : size_t(E + 1) * 4,                  // tile_start
-                      p.decode ? 0 : size_t(A) * 4,                      // order
-                      p.decode ? 0 : size_t(A) * 4,                      // pos_of
-                      p.decode ? 0 : size_t(A * H) * 4};                 // y
-  size_t total = 0;
-  for (size_t s : sizes) total += up256(s);
-  ANVIL_RETURN_IF_ERROR(grow(&ws_, &ws_bytes_, total, false));
+  ANVIL_RETURN_IF_ERROR(grow(&ws_, &ws_bytes_, p.workspace_bytes, false));
   ANVIL_RETURN_IF_ERROR(grow(&counters_, &counters_bytes_, size_t((T + 7) / 8) * 4, true));
   uint8_t* base = static_cast<uint8_t*>(ws_);
-  void* part[13];
-  for (int i = 0; i < 13; ++i) {
-    part[i] = sizes[i] ? base : nullptr;
-    base += up256(sizes[i]);
+  void* part[MoEPlan::kParts];
+  for (int i = 0; i < MoEPlan::kParts; ++i) {
+    part[i] = p.part_bytes[i] ? base : nullptr;
+    base += up256(p.part_bytes[i]);
   }
   p.logits = static_cast<float*>(part[0]);
   p.idx = static_cast<int32_t*>(part[1]);
@@ -223,7 +232,6 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   p.pos_of = static_cast<int32_t*>(part[11]);
   p.y = static_cast<float*>(part[12]);
   p.counters = static_cast<int*>(counters_);
-  *plan = p;
   return Status::ok();
 }
 

@@ -28,7 +28,8 @@ struct MoEPlan {
   bool decode = false;        // T <= kMoEDecodeMaxTokens: the mat-vec kernels, 3 launches
   bool skip_experts = false;  // ANVIL_MOE_SKIP_EXPERTS
   bool shared = false;        // the layer has a shared expert
-  bool shared_fused = false;  // ... computed inside moe_gate_up / moe_down (decode, same formats)
+  bool shared_fusable = false;  // ... of the routed experts' formats (a table entry of its own)
+  bool shared_fused = false;    // ... computed inside moe_gate_up / moe_down (fusable, at decode)
   // Not fused: the caller writes silu(shared_gate x) * shared_up x into shared_h (bf16 [T, S]) and
   // shared_down of that into shared_out (bf16 [T, H]) before run().
   void* shared_h = nullptr;
@@ -36,7 +37,11 @@ struct MoEPlan {
   // Device tables [gate | up | down], E + 1 entries each (entry E: the shared expert when fusable).
   const ExpertPtrs* tables = nullptr;
   MoEMats gate, up, down;
-  // Workspace carve-up (device).
+  // Workspace: the bytes of each part below (logits .. y, in that order; 0 = unused), 256-aligned in one buffer.
+  static constexpr int kParts = 13;
+  size_t part_bytes[kParts] = {};
+  size_t workspace_bytes = 0;
+  // Workspace carve-up (device; prepare() only).
   float* logits = nullptr;
   int* counters = nullptr;
   int32_t* idx = nullptr;
@@ -48,6 +53,12 @@ struct MoEPlan {
   float* y = nullptr;  // f32 [T*k, H] (prefill)
 };
 
+// Host only (no CUDA call, so it is testable anywhere): validates `w` for T tokens (1 <= T <=
+// kMoEMaxChunk) — experts and router 4/8-bit MLX or dense bf16/f16/f32, one format for all gate/up and one
+// for all down, widths multiples of 32, no biases — and fills the path (decode, shared expert fused) and
+// the workspace sizes of *plan. Errors name the matrix and what was expected.
+Status moe_plan(const MoEWeights& w, int64_t T, MoEPlan* plan);
+
 class MoERunner {
  public:
   MoERunner() = default;
@@ -55,9 +66,8 @@ class MoERunner {
   MoERunner& operator=(const MoERunner&) = delete;
   ~MoERunner();
 
-  // Validates `w` for T tokens (1 <= T <= kMoEMaxChunk) and fills *plan: formats the kernels take
-  // (experts and router 4/8-bit MLX or dense bf16/f16/f32, widths multiples of 32, no biases), the
-  // device pointer table (uploaded once per layer), workspace sized for T. Errors name what was wrong.
+  // moe_plan(), then the device side of *plan: the layer's pointer table (uploaded once per layer) and
+  // the workspace sized for T.
   Status prepare(const MoEWeights& w, int64_t T, MoEPlan* plan);
   // Enqueues the routing of x [T, H] (bf16) on `s` (ids, weights and the shared expert's gate into the
   // plan's workspace), then the experts and the weighted sum into out [T, H] (bf16). Each adds the kernels
