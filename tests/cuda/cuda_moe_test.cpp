@@ -7,22 +7,25 @@
 // go to the lower index, a captured graph re-routes new inputs on the device, the decode kernel count,
 // and unsupported weights are refused with an error naming them. Skips where no GPU is usable.
 //
-// Bounds (rel_err over the compared tokens' rows, cuda_test_util.h) are derived from the dense CUDA ops'
-// bounds, which the H200 measured (cuda_ops_test.cpp: mat-vec <= 2.5e-3 under a 4e-3 bound, GEMM <= 3.5e-3
-// under 6e-3): one expert is linear_swiglu then a linear with h rounded to bf16 between them, as the dense
-// MLP on CUDA is, and the weighted sum of k experts adds no rounding (fp32, one bf16 rounding at the end);
-// so the two ops' bounds add: decode 2 x 4e-3, prefill (weights rounded to bf16 for the tensor cores)
-// 2 x 6e-3. These kernels were written in a session without a GPU: the first GPU run prints every
-// measured rel_err ("[ cuda-err ]"), and the bounds should then be re-derived from those numbers.
+// Bounds (rel_err over the compared tokens' rows, cuda_test_util.h) come from the dense CUDA ops' errors
+// measured on the H200 (docs/benchmarks.md, max over shapes): linear_swiglu 3.9e-3, a mat-vec 2.4e-3,
+// tensor-core paths with bf16-rounded weights 2.4e-3. One expert is exactly a linear_swiglu (h rounded to
+// bf16, as the dense MLP on CUDA) followed by a linear, and the weighted sum of the k experts adds no
+// rounding (fp32, one bf16 rounding of the output), so the two ops' errors add: 6.3e-3. Bound 8e-3 at
+// decode (CUDA-core mat-vecs on exact weights); 1.2e-2 for prefill, whose two grouped GEMMs both round
+// the dequantized weights to bf16 for the tensor cores (the ~1.5-2x margin the op tests keep).
+// These kernels were written in a session without a GPU: the first GPU run prints every measured
+// rel_err ("[ cuda-err ]"); re-derive the bounds from those numbers then.
 //
 // Routing near-ties: a token whose k-th and (k+1)-th router probabilities (from the CPU's fp32 logits)
-// are within 1e-4 relative may legitimately pick the other expert on a different summation order; its
-// row is left out of the comparison (counted and printed; at most a tenth of the tokens may be).
+// are within 3e-4 relative may legitimately pick the other expert; its row is left out of the comparison
+// (counted and printed; at most a tenth of the tokens may be). Why 3e-4: the relative gap of two
+// probabilities is the difference of their logits, and the CPU's router logits carry the error of its
+// int16 quantization of x (AVX2 path: ~5e-5 per element of |x| <= 3, ~3e-5 on a 2048-wide logit with
+// weights ~1/sqrt(2048)); the CUDA ones only fp32 summation order (~1e-6). 3e-4 is 10x the larger.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
-#include "backend/cpu/cpu_kernels.h"
 #include "cuda_test_util.h"
 
 namespace anvil::cuda_test {
@@ -30,7 +33,7 @@ namespace {
 
 constexpr double kMoEDecodeBound = 8e-3;
 constexpr double kMoEPrefillBound = 1.2e-2;
-constexpr double kTieMargin = 1e-4;
+constexpr double kTieMargin = 3e-4;
 
 struct MoECase {
   int E, k;
