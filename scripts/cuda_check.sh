@@ -50,7 +50,7 @@ if [ "$what" = moe ]; then
   b --synthetic qwen3-30b-a3b:q4g64 --runs 2                      # the full model (target 1,250 tok/s)
   b --synthetic qwen3-30b-a3b-16L:q4g64 --profile --runs 1        # kernels per token, time per category
   ANVIL_MOE_SKIP_EXPERTS=1 b --synthetic qwen3-30b-a3b-16L:q4g64 --runs 1
-  ./build-gpu/anvil bench --device cpu --synthetic qwen3-30b-a3b-16L:q4g64 --runs 1 > "$OUT/bench_moe_cpu.log" 2>&1
+  timeout 300 ./build-gpu/anvil bench --device cpu --synthetic qwen3-30b-a3b-16L:q4g64 --runs 1 > "$OUT/bench_moe_cpu.log" 2>&1  # same machine, for comparison
   echo "=== MoE failures ==="; grep -hE "FAILED|Failure|error:" "$OUT/cuda_moe.log" "$OUT/golden_cuda_moe.log" | head -30
   echo "=== MoE errors (every case) ==="; grep -h "cuda-err\|cuda-moe" "$OUT/cuda_moe.log" | head -80
   echo "=== MoE golden ==="; grep -h "golden   \]" "$OUT/golden_cuda_moe.log" | head -20
