@@ -108,6 +108,15 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
   return p;
 }
 
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s) {
+  StoreSession r;
+  ANVIL_ASSIGN_OR_RETURN(r.store, attach_kv_store(f, s));
+  if (r.store) {
+    ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get()));
+  }
+  return r;
+}
+
 nlohmann::ordered_json kv_profile_json(const KVStore& store) {
   const KVStoreCounters& c = store.counters();
   const double wall = store.attached_seconds();
