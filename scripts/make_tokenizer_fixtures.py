@@ -230,7 +230,7 @@ def post_processor_cases():
         ("bert", "comp-bpe", json.loads(processors.BertProcessing(("</s>", 2), ("<s>", 1)).__getstate__()), None),
         ("roberta", "comp-bpe", json.loads(processors.RobertaProcessing(("</s>", 2), ("<s>", 1)).__getstate__()), None),
         ("nested-sequence", "comp-bpe", {"type": "Sequence", "processors": [
-            template("<s> $A", [("<s>", [1])]),
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
             {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                                                  "use_regex": False}, template("<sep> $A </s>", [("<sep>", [420]), ("</s>", [2])])]}]},
          None),

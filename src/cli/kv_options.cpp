@@ -109,8 +109,9 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
 }
 
 Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s) {
-  StoreSession r;
-  ANVIL_ASSIGN_OR_RETURN(r.store, attach_kv_store(f, s));
+  auto attached = attach_kv_store(f, s);
+  if (!attached.is_ok()) return attached.status();
+  StoreSession r{std::move(attached).value(), {}};  // AttachedStore moves by construction only
   if (r.store) {
     ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get()));
   }

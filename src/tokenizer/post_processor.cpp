@@ -91,6 +91,12 @@ Result<PostProcessor> PostProcessor::from_json(const json& j, int vocab_size) {
     return invalid_argument(w + ": post-processor \"" + type + "\" is not supported (supported: TemplateProcessing, "
                             "BertProcessing, RobertaProcessing, ByteLevel, Sequence)");
   }
+  // tokenizers hands the next processor of a Sequence the previous one's output as separate pieces
+  // (one encoding per template piece), so a second token-adding step sees a pair or panics; real
+  // files chain ByteLevel with one template at most.
+  if (p.steps_.size() > 1)
+    return invalid_argument(where + ": a Sequence with more than one token-adding processor (" +
+                            std::to_string(p.steps_.size()) + ") is not supported");
   return p;
 }
 

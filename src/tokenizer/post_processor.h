@@ -9,7 +9,9 @@
 //   BertProcessing      cls $A sep
 //   RobertaProcessing   cls $A sep (add_prefix_space/trim_offsets only change offsets)
 //   ByteLevel           nothing (offsets only): Qwen2/Qwen3, GPT-2
-//   Sequence            each processor in turn, the output of one the input of the next
+//   Sequence            its processors in turn; at most one of them may add tokens (tokenizers
+//                       passes a template's output on as separate pieces, which a second
+//                       template would treat as a pair: refused)
 // Any other type is refused at load, naming it.
 //
 // transformers (5.x, TokenizersBackend) replaces this processor with "[bos] $A [eos]" built from

@@ -108,6 +108,11 @@ TEST(TokenizerPostProcessor, RefusesWhatItCannotApply) {
                "post_processor.single[0]: special token \"<s>\" is not in post_processor.special_tokens");
   expect_error({{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, {{"type", "Bogus"}}}}},
                "post_processor.processors[1]: post-processor \"Bogus\"");
+  // tokenizers feeds a template's output pieces to the next processor as a pair (or panics).
+  expect_error({{"type", "Sequence"},
+                {"processors", {{{"type", "BertProcessing"}, {"cls", {"<s>", 1}}, {"sep", {"</s>", 2}}},
+                                {{"type", "TemplateProcessing"}, {"single", {seq_a}}, {"special_tokens", json::object()}}}}},
+               "a Sequence with more than one token-adding processor (2) is not supported");
   // The accepted forms load.
   EXPECT_TRUE(load_with_post_processor(nullptr).is_ok());
   EXPECT_TRUE(load_with_post_processor({{"type", "ByteLevel"}, {"add_prefix_space", false}}).is_ok());
