@@ -235,7 +235,6 @@ def post_processor_cases():
                                                  "use_regex": False}, template("<sep> $A </s>", [("<sep>", [420]), ("</s>", [2])])]}]},
          None),
         ("multi-id-special", "gpt2-style", template("PFX $A", [("PFX", [0, 700])]), None),
-        ("sequence-twice", "comp-bpe", template("$A <sep> $A", [("<sep>", [420])]), None),
         # tokenizer_config.json flags, as transformers 5.x applies them.
         ("cfg-bos", "sp-llama", keep, {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>"}),
         ("cfg-bos-eos", "sp-llama", keep, {"add_bos_token": True, "add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>"}),

@@ -1,5 +1,7 @@
 #include "tokenizer/post_processor.h"
 
+#include <algorithm>
+
 namespace anvil::tok {
 
 namespace {
@@ -85,6 +87,10 @@ Result<PostProcessor> PostProcessor::from_json(const json& j, int vocab_size) {
           return invalid_argument(pw + ": expected {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": {\"id\": \"A\"}}");
         }
       }
+      // tokenizers repeats (or drops) the sequence even with add_special_tokens=False, which
+      // encode() without special tokens does not reproduce; no real template does this.
+      if (std::count_if(step.begin(), step.end(), [](const Piece& x) { return x.is_sequence; }) != 1)
+        return invalid_argument(w + ".single: the template must hold sequence $A exactly once");
       p.steps_.push_back(std::move(step));
       continue;
     }
@@ -123,14 +129,9 @@ std::vector<int32_t> PostProcessor::apply(std::vector<int32_t> ids) const {
 }
 
 bool PostProcessor::adds_tokens() const {
-  for (const Step& step : steps_) {
-    int seqs = 0;
-    for (const Piece& piece : step) {
+  for (const Step& step : steps_)
+    for (const Piece& piece : step)
       if (!piece.is_sequence && !piece.ids.empty()) return true;
-      seqs += piece.is_sequence;
-    }
-    if (seqs != 1) return true;
-  }
   return false;
 }
 

@@ -5,7 +5,7 @@
 //
 // Supported, as tokenizers 0.23 applies them to a single sequence:
 //   TemplateProcessing  its "single" template: SpecialToken pieces (each may stand for several ids,
-//                       from "special_tokens") and the $A sequence, in order
+//                       from "special_tokens") around the $A sequence, which must appear once
 //   BertProcessing      cls $A sep
 //   RobertaProcessing   cls $A sep (add_prefix_space/trim_offsets only change offsets)
 //   ByteLevel           nothing (offsets only): Qwen2/Qwen3, GPT-2
@@ -38,7 +38,7 @@ class PostProcessor {
 
   // ids -> the post-processed ids (add_special_tokens=True).
   std::vector<int32_t> apply(std::vector<int32_t> ids) const;
-  // True when apply() can change the ids (some step adds a token or repeats the sequence).
+  // True when apply() can change the ids (some step adds a token).
   bool adds_tokens() const;
 
  private:

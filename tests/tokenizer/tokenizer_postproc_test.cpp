@@ -108,6 +108,8 @@ TEST(TokenizerPostProcessor, RefusesWhatItCannotApply) {
                "post_processor.single[0]: special token \"<s>\" is not in post_processor.special_tokens");
   expect_error({{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, {{"type", "Bogus"}}}}},
                "post_processor.processors[1]: post-processor \"Bogus\"");
+  expect_error({{"type", "TemplateProcessing"}, {"single", {seq_a, seq_a}}, {"special_tokens", json::object()}},
+               "post_processor.single: the template must hold sequence $A exactly once");
   // tokenizers feeds a template's output pieces to the next processor as a pair (or panics).
   expect_error({{"type", "Sequence"},
                 {"processors", {{{"type", "BertProcessing"}, {"cls", {"<s>", 1}}, {"sep", {"</s>", 2}}},
