@@ -326,14 +326,14 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     // A client that goes away is noticed within ~100 ms and its sequence cancelled (its pages
     // freed); its socket is looked up only once the request has run that long.
     int fd = -2;
+    auto next_probe = clock::now() + std::chrono::milliseconds(100);
     for (;;) {
       std::vector<JobEvent> evs;
-      if (!job->wait(&evs, std::chrono::milliseconds(100))) {
-        if (!job->cancelled()) {
-          if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
-          if (fd >= 0 && peer_closed(fd)) job->cancel();
-        }
-        continue;
+      job->wait(&evs, std::chrono::milliseconds(100));
+      if (clock::now() >= next_probe && !job->cancelled()) {
+        next_probe = clock::now() + std::chrono::milliseconds(100);
+        if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
+        if (fd >= 0 && peer_closed(fd)) job->cancel();
       }
       for (const JobEvent& e : evs) {
         if (e.kind == JobEvent::kDelta) {

@@ -194,6 +194,9 @@ void Scheduler::loop() {
       // run_step() failed the jobs it could not run; nothing else to do here.
     }
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
+    // Going idle: take back the pages the store's writer still holds for copying (otherwise they
+    // stay out of the pool until the next step), so an idle server's pages are all free or cached.
+    if (active_.empty() && opts_.store) opts_.store->reap(engine_.pool(), true);
     pages_used_.store(engine_.pool().n_pages() - engine_.pool().n_free());
     prefix_pages_.store(int64_t(engine_.pool().prefix_entries()));
     running_.store(int(active_.size()));  // last: wait_idle() sees the page counts of this step
