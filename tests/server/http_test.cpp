@@ -221,7 +221,8 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
       {"/v1/completions", R"({"prompt":")" + long_prompt + R"("})", 400, "prompt"},
       {"/v1/completions", R"({"prompt":[1, 999999]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt":"x","n":3})", 400, "n"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"s1"})", 400, "session"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"../etc"})", 400, "session"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":7})", 400, "session"},
   };
   for (const Case& k : cases) {
     auto r = c.Post(k.path.c_str(), auth(), k.body, "application/json");
