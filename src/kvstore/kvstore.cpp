@@ -166,13 +166,14 @@ double KVStore::attached_seconds() const {
 }
 
 // Decode thread (invariant 4). Returns false when the descriptor was not queued.
-bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block) {
+bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked) {
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   const size_t Q = ring_.size();
   if (count_ == Q) {
     if (!block) {
-      counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      if (count_blocked)
+        counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
       return false;
     }
     cv_space_.wait(lk, [&] { return count_ < Q || stop_; });
@@ -185,7 +186,8 @@ bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block) {
   if (d.page >= 0) ++retained_;
   lk.unlock();
   cv_writer_.notify_one();
-  counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (count_blocked)
+    counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   return true;
 }
 
@@ -610,7 +612,7 @@ Result<int> KVStore::session_finish(const std::string& name, const std::string& 
   Desc d;
   d.kind = Desc::kEnd;
   d.session = int32_t(id);
-  push(d, {}, true);
+  push(d, {}, true, /*count_blocked=*/false);  // any thread, not the decode one
   flush();  // commits the final tail, the tokens and the meta in one transaction
   std::lock_guard<std::mutex> lk(sess_mu_);
   auto it = recs_.find(id);

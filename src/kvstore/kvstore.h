@@ -200,7 +200,8 @@ class KVStore : public PageStore {
   Status recover_segments();
   std::string segment_path(int64_t id) const;
   Status prepare_reader();
-  bool push(const Desc& d, std::span<const int32_t> tokens, bool block);
+  // count_blocked: the caller is the decode thread (its time here is decode_blocked_ns).
+  bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true);
   Result<ReadFile*> segment_reader(int64_t seg);
   // Reads and validates one record into read_buf_; returns its data pointer.
   Result<const uint8_t*> read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,

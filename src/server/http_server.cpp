@@ -440,7 +440,13 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     return send_error(res, api_error(409, "session", "session '" + name + "' is in use by a running request",
                                      "session_busy"));
   Status st;
-  sched->call([&] { st = opts.store->remove_session(name); });
+  sched->call([&] {
+    // Only this model's sessions are visible here (as in the list); another model's is not found.
+    auto s = opts.store->get_session(name);
+    if (!s.is_ok()) st = s.status();
+    else if (!*s || (*s)->fingerprint != opts.store->fingerprint()) st = not_found("no session named '" + name + "'");
+    else st = opts.store->remove_session(name);
+  });
   sessions.release(name);
   if (st.code() == StatusCode::kNotFound)
     return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
