@@ -259,7 +259,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       if (!r.forced_tool.empty()) forced += r.forced_tool + "\", \"arguments\": ";
       *text += forced;
     }
-    prompt = tok.encode(*text);
+    prompt = tok.encode(*text, /*add_special_tokens=*/false);  // the template wrote BOS itself
   } else if (r.prompt_is_ids) {
     for (size_t i = 0; i < r.prompt_ids.size(); ++i)
       if (r.prompt_ids[i] >= V)
@@ -268,7 +268,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                                              " is outside the vocabulary [0, " + std::to_string(V) + ")"));
     prompt = r.prompt_ids;
   } else {
-    prompt = tok.encode(r.prompt_text);
+    // BOS as transformers' tokenizer(prompt) adds it; not in the middle of a session's document.
+    prompt = tok.encode(r.prompt_text, r.add_special_tokens && !sinfo);
   }
   if (!chat && sinfo) prompt.insert(prompt.begin(), sinfo->tokens.begin(), sinfo->tokens.end());  // the document goes on
   if (prompt.empty()) return send_error(res, api_error(400, prompt_param, "the prompt encodes to no tokens"));
@@ -477,7 +478,15 @@ void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Res
     if (!b[key].is_string()) return send_error(res, api_error(400, key, std::string("'") + key + "' must be a string"));
     text = b[key].get<std::string>();
   }
-  std::vector<int32_t> ids = tok.encode(text);
+  // A text gets the tokenizer's BOS/EOS only when asked (llama-server's "add_special", vLLM's
+  // "add_special_tokens"); rendered messages never do (the template holds them).
+  bool add_special = false;
+  for (const char* key : {"add_special", "add_special_tokens"}) {
+    if (!b.contains(key)) continue;
+    if (!b[key].is_boolean()) return send_error(res, api_error(400, key, std::string("'") + key + "' must be a boolean"));
+    add_special = b[key].get<bool>() && !b.contains("messages");
+  }
+  std::vector<int32_t> ids = tok.encode(text, add_special);
   ojson tokens = ojson::array();
   for (int32_t id : ids) {
     if (with_pieces) tokens.push_back({{"id", id}, {"piece", tok.decode(std::span<const int32_t>(&id, 1))}});
