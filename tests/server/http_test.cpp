@@ -1,6 +1,7 @@
 // `anvil serve` as a client sees it, over loopback HTTP: every endpoint, the bad-input classes,
 // auth, CORS, limits, 32 concurrent streams that each get what they get alone, a client that
-// disconnects mid-stream, SIGTERM draining, and the official openai Python client.
+// disconnects mid-stream or while waiting for a non-streaming reply, tool_choice required/named,
+// SIGTERM draining, and the official openai Python client. The store and sessions: session_test.cpp.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
