@@ -28,6 +28,25 @@ constexpr float kMinRelLogit = -31.0f;
 // A row's weights sum to at most vocab * 2^44, which must fit in 63 bits.
 constexpr int kMaxVocab = 1 << 19;
 
+ANVIL_HD double bits_to_double(uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(b));
+#else
+  double d;
+  std::memcpy(&d, &b, sizeof d);
+  return d;
+#endif
+}
+ANVIL_HD uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+#endif
+}
+
 // Host arithmetic: plain operators (anvil_core is compiled with -ffp-contract=off).
 struct HostOps {
   static double add(double a, double b) { return a + b; }
@@ -44,15 +63,21 @@ ANVIL_HD double det_exp_impl(double x) {
   if (x > 709.0) x = 709.0;
   const double n = Ops::rint(Ops::mul(x, 0x1.71547652b82fep+0));  // x / ln 2
   const double r = Ops::add(Ops::add(x, -Ops::mul(n, 0x1.62e42fee00000p-1)), -Ops::mul(n, 0x1.a39ef35793c76p-33));
-  constexpr double c[13] = {0x1.0p+0, 0x1.0p+0, 0x1.0p-1, 0x1.5555555555555p-3, 0x1.5555555555555p-5,
-                            0x1.1111111111111p-7, 0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-13,
-                            0x1.a01a01a01a01ap-16, 0x1.71de3a556c734p-19, 0x1.27e4fb7789f5cp-22,
-                            0x1.ae64567f544e4p-26, 0x1.1eed8eff8d898p-29};
-  double p = c[12];
-  for (int k = 11; k >= 0; --k) p = Ops::add(Ops::mul(p, r), c[k]);
-  const uint64_t bits = uint64_t(int64_t(n) + 1023) << 52;  // 2^n, n in [-1022, 1023]
-  double scale;
-  std::memcpy(&scale, &bits, sizeof scale);
+  // 1/k! for k = 12 .. 0 (correctly rounded), Horner from the highest degree.
+  double p = 0x1.1eed8eff8d898p-29;
+  p = Ops::add(Ops::mul(p, r), 0x1.ae64567f544e4p-26);
+  p = Ops::add(Ops::mul(p, r), 0x1.27e4fb7789f5cp-22);
+  p = Ops::add(Ops::mul(p, r), 0x1.71de3a556c734p-19);
+  p = Ops::add(Ops::mul(p, r), 0x1.a01a01a01a01ap-16);
+  p = Ops::add(Ops::mul(p, r), 0x1.a01a01a01a01ap-13);
+  p = Ops::add(Ops::mul(p, r), 0x1.6c16c16c16c17p-10);
+  p = Ops::add(Ops::mul(p, r), 0x1.1111111111111p-7);
+  p = Ops::add(Ops::mul(p, r), 0x1.5555555555555p-5);
+  p = Ops::add(Ops::mul(p, r), 0x1.5555555555555p-3);
+  p = Ops::add(Ops::mul(p, r), 0x1.0p-1);
+  p = Ops::add(Ops::mul(p, r), 0x1.0p+0);
+  p = Ops::add(Ops::mul(p, r), 0x1.0p+0);
+  const double scale = bits_to_double(uint64_t(int64_t(n) + 1023) << 52);  // 2^n, n in [-1022, 1023]
   return Ops::mul(p, scale);
 }
 
@@ -76,8 +101,7 @@ ANVIL_HD uint64_t draw_target(uint64_t u53, uint64_t total) {
 // they compare equal.
 ANVIL_HD uint32_t order_key(float v) {
   if (v == 0.0f) v = 0.0f;
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
+  const uint32_t b = float_bits(v);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
