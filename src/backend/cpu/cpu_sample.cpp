@@ -2,7 +2,7 @@
 // kernel (src/backend/cuda/sample_rows.cu) step by step, so the algorithm the GPU runs is checked
 // against the host Sampler wherever the tests run. The Sampler sorts; a GPU block cannot sort 152k
 // logits per token cheaply, so both device samplers select by radix descent instead:
-//   1. apply the row's count updates; penalty, suppression, temperature (NaN -> -inf), row max m;
+//   1. apply the row's count updates; suppression, penalty, temperature (NaN -> -inf), row max m;
 //   2. compact the candidates: tokens with logit - m >= kMinRelLogit (every token with a nonzero
 //      fixed-point weight; the rest can change no decision, see base/sample_math.h);
 //   3. top-k: the k-th largest value by a 4-pass radix select on order_key over the candidates
@@ -57,12 +57,13 @@ uint64_t descend(const std::vector<Cand>& c, int bits, KeyFn key, WFn weight, Pr
 
 int32_t sample_row(float* l, int64_t V, const SampleRowParams& p, const int32_t* suppress, int n_suppress,
                    const int32_t* counts) {
-  // 1. Processors in the Sampler's order: penalty, suppression, temperature.
+  // 1. Suppression, then the penalty and (below) the temperature: the Sampler penalizes before it
+  // suppresses, but -inf stays -inf under both, and the CUDA kernel fuses the rest into one pass.
+  for (int j = 0; j < n_suppress; ++j)
+    if (suppress[j] >= 0 && suppress[j] < V) l[suppress[j]] = -INFINITY;
   if (counts && p.repetition_penalty != 1.0f)
     for (int64_t i = 0; i < V; ++i)
       if (counts[i] > 0) l[i] = l[i] < 0.0f ? l[i] * p.repetition_penalty : l[i] / p.repetition_penalty;
-  for (int j = 0; j < n_suppress; ++j)
-    if (suppress[j] >= 0 && suppress[j] < V) l[suppress[j]] = -INFINITY;
   if (p.temperature == 0.0f) {  // greedy: the first maximum, NaN never
     int32_t best = -1;
     float bv = -INFINITY;

@@ -2,8 +2,8 @@
 // no host round trip. One 1024-thread block per row; the algorithm is the CPU reference's
 // (src/backend/cpu/cpu_sample.cpp, which states it), step for step:
 //   passes over the row's [vocab] logits in global memory (L2-resident, ~600 KB for Qwen3): count
-//   updates, penalty/temperature (in place), suppression, the maximum (or the argmax for a greedy
-//   row), and the compaction of the candidates (logit - max >= kMinRelLogit) with their fixed-point
+//   updates and suppression, penalty/temperature in place with the maximum (or the argmax for a
+//   greedy row), and the compaction of the candidates (logit - max >= kMinRelLogit) with their fixed-point
 //   weights into the row's scratch; then top-k, top-p and the draw as 8-bit radix descents over the
 //   candidates only (typically hundreds to a few thousand), each pass one shared-memory histogram.
 // Why the ids are exactly the host's: every float op the decision depends on is the same IEEE op
@@ -81,13 +81,8 @@ __device__ float block_max(float v, float* part) {
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   return bi < 0 || v > bv || (v == bv && i < bi);
 }
-__device__ int block_argmax(const float* l, int64_t V, float* pv, int* pi) {
-  float bv = -FLT_MAX;
-  int bi = -1;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = l[i];
-    if (v > -INFINITY && better(v, int(i), bv, bi)) bv = v, bi = int(i);
-  }
+// Reduces each thread's (bv, bi) candidate over the block; every thread gets the winner's id.
+__device__ int block_argmax(float bv, int bi, float* pv, int* pi) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(kFull, bv, o);
@@ -151,8 +146,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t
   Cand* c = scratch + int64_t(r) * V;
   int32_t* cnt = p.count_row >= 0 && counts ? counts + int64_t(p.count_row) * V : nullptr;
 
-  // 1. The row's count updates, then the processors (penalty, temperature; suppression after them,
-  // which is the Sampler's order since -inf / T = -inf).
+  // 1. The row's count updates, then suppression and the processors (penalty, temperature) in one
+  // pass that also finds the maximum.
   if (cnt && offsets) {
     for (int u = offsets[r] + tid; u < offsets[r + 1]; u += blockDim.x) {
       const int32_t e = updates[u], id = (e > 0 ? e : -e) - 1;
@@ -160,29 +155,34 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t
     }
     __syncthreads();
   }
-  const bool pen = cnt && p.repetition_penalty != 1.0f, greedy = p.temperature == 0.0f;
-  for (int64_t i = tid; i < V; i += blockDim.x) {
-    float v = l[i];
-    if (pen && cnt[i] > 0) v = v < 0.0f ? __fmul_rn(v, p.repetition_penalty) : __fdiv_rn(v, p.repetition_penalty);
-    if (!greedy) {
-      if (p.temperature != 1.0f) v = __fdiv_rn(v, p.temperature);
-      if (isnan(v)) v = -INFINITY;
-    }
-    l[i] = v;
-  }
-  __syncthreads();
+  // Suppression first: -inf stays -inf under the penalty (a finite positive factor) and the
+  // temperature, so this equals the Sampler's penalty -> suppression -> temperature, and the pass
+  // below can take the maximum (or, greedy, the argmax) as it goes.
   for (int j = tid; j < n_suppress; j += blockDim.x)
     if (suppress[j] >= 0 && suppress[j] < V) l[suppress[j]] = -INFINITY;
   __syncthreads();
+  const bool pen = cnt && p.repetition_penalty != 1.0f, greedy = p.temperature == 0.0f;
+  float m = -INFINITY, bv = -FLT_MAX;
+  int bi = -1;
+  for (int64_t i = tid; i < V; i += blockDim.x) {
+    float v = l[i];
+    if (pen && cnt[i] > 0) v = v < 0.0f ? __fmul_rn(v, p.repetition_penalty) : __fdiv_rn(v, p.repetition_penalty);
+    if (greedy) {  // the first maximum; NaN and -inf never
+      if (v > -INFINITY && better(v, int(i), bv, bi)) bv = v, bi = int(i);
+    } else {
+      if (p.temperature != 1.0f) v = __fdiv_rn(v, p.temperature);
+      if (isnan(v)) v = -INFINITY;
+      m = fmaxf(m, v);
+    }
+    l[i] = v;
+  }
   if (greedy) {
-    const int best = block_argmax(l, V, part_f, part_i);
+    const int best = block_argmax(bv, bi, part_f, part_i);
     if (tid == 0) ids[r] = best;
     return;
   }
 
   // 2. The maximum; +inf logits share the mass equally.
-  float m = -INFINITY;
-  for (int64_t i = tid; i < V; i += blockDim.x) m = fmaxf(m, l[i]);
   m = block_max(m, part_f);
   if (m == -INFINITY) {
     if (tid == 0) ids[r] = -1;
