@@ -57,7 +57,8 @@ class CudaSample : public CudaFixture {
     sp.push_back(-1), up.push_back(0);
     Guarded gs = dev_bytes(sp.data(), sp.size() * 4), gu = dev_bytes(up.data(), up.size() * 4);
     Guarded go = dev_bytes(offsets.data(), offsets.size() * 4);
-    Guarded gsc = guarded(gpu_->sample_scratch_bytes(R, V)), gi = dev_out(size_t(R) * 4);
+    const std::vector<int32_t> poison(size_t(R), -7);  // not -1: a row never written must not pass as "no token"
+    Guarded gsc = guarded(gpu_->sample_scratch_bytes(R, V)), gi = dev_bytes(poison.data(), size_t(R) * 4);
     SampleArgs d;
     d.params = static_cast<const SampleRowParams*>(gp.data());
     d.suppress = static_cast<const int32_t*>(gs.data()), d.n_suppress = int(suppress.size());
