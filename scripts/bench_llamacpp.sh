@@ -2,7 +2,7 @@
 # Same-machine comparison with llama.cpp (CPU), for docs/benchmarks.md. Not part of the tests.
 #
 # 1. Downloads the llama-cpp-python source distribution from PyPI (it carries llama.cpp's sources)
-#    and builds llama-bench and llama-quantize for this CPU (-march=native, all cores).
+#    and builds llama-bench and llama-quantize for this CPU (scripts/llamacpp_build.sh).
 # 2. Writes the synthetic qwen3-0.6b checkpoint as bf16 with `anvil synth` (the same random-weight
 #    model `anvil bench --synthetic qwen3-0.6b:...` builds), converts it to GGUF with llama.cpp's
 #    convert_hf_to_gguf.py and quantizes it to Q4_0 twice: --pure (every tensor Q4_0: 4.5 bits per
@@ -16,22 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${1:-/tmp/anvil-llamacpp}"
-VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
-ANVIL=./build/anvil
-[ -x "$ANVIL" ] || { echo "error: $ANVIL not found; run scripts/build.sh first" >&2; exit 1; }
 mkdir -p "$WORK"
-
-SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
-if [ ! -d "$SRC" ]; then
-  python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK"
-  tar xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
-fi
-BIN="$SRC/build/bin"
-if [ ! -x "$BIN/llama-bench" ]; then
-  cmake -S "$SRC" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-  cmake --build "$SRC/build" -j"$(nproc)" --target llama-bench llama-quantize
-fi
+. scripts/llamacpp_build.sh   # sets SRC, BIN
 
 MODEL="$WORK/qwen3-0.6b-bf16"
 [ -f "$MODEL/config.json" ] || "$ANVIL" synth --shape qwen3-0.6b --quant bf16 --out "$MODEL"

@@ -14,6 +14,7 @@ struct SynthArgs {
   std::string shape, quant = "q4g64", out, tokenizer;
   uint64_t seed = 0;
   bool force = false;
+  bool config_only = false;
 };
 
 int run_synth(const SynthArgs& a) {
@@ -34,6 +35,13 @@ int run_synth(const SynthArgs& a) {
   if (tok.empty())
     std::fprintf(stderr, "anvil: warning: the Qwen3 tokenizer files were not found; writing no tokenizer "
                          "(pass --tokenizer DIR)\n");
+  if (a.config_only) {
+    Status st = synth_write_config(synth_config_json(*shape, *q), a.out, tok);
+    if (!st.is_ok()) return fail(st.message());
+    std::printf("wrote %s (%s, %s): config and tokenizer only, no weights\n", a.out.c_str(), a.shape.c_str(),
+                q->name().c_str());
+    return 0;
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::fprintf(stderr, "[anvil] building %s %s ...\n", a.shape.c_str(), q->name().c_str());
   auto m = synth_build(*shape, *q, a.seed);
@@ -54,6 +62,9 @@ Command reg("synth", "Write a random-weight checkpoint for a benchmark shape (no
                   ->capture_default_str();
               app.add_option("--out", a->out, "Output directory (new or empty)")->required();
               app.add_flag("--force", a->force, "Write into --out even when it is not empty (overwriting files)");
+              app.add_flag("--config-only", a->config_only,
+                           "Write config.json, generation_config.json and the tokenizer, no weights (for tools "
+                           "that generate the weights themselves, e.g. scripts/bench_llamacpp_moe.sh)");
               app.add_option("--seed", a->seed, "Random seed")->capture_default_str();
               app.add_option("--tokenizer", a->tokenizer, "Directory with tokenizer.json/tokenizer_config.json to copy "
                                                           "(default: the Qwen3 tokenizer shipped with anvil)");

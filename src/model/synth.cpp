@@ -230,15 +230,26 @@ Result<std::unique_ptr<SynthModel>> synth_build(const SynthShape& sh, const Synt
   return m;
 }
 
-Status synth_write(const SynthModel& m, const std::string& dir, const std::string& tokenizer_dir, size_t shard_bytes) {
+Status synth_write_config(const std::string& config_json, const std::string& dir, const std::string& tokenizer_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return io_error(dir + ": cannot create directory: " + ec.message());
-  ANVIL_RETURN_IF_ERROR(write_file_atomic(dir + "/config.json", m.config_json.data(), m.config_json.size()));
+  ANVIL_RETURN_IF_ERROR(write_file_atomic(dir + "/config.json", config_json.data(), config_json.size()));
   nlohmann::ordered_json gen = {{"bos_token_id", 151643}, {"eos_token_id", {151645, 151643}}};
   std::string gen_text = gen.dump(2) + "\n";
   ANVIL_RETURN_IF_ERROR(write_file_atomic(dir + "/generation_config.json", gen_text.data(), gen_text.size()));
+  if (!tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(fs::path(tokenizer_dir) / f, fs::path(dir) / f, fs::copy_options::overwrite_existing, ec);
+      if (ec) return io_error(std::string(f) + ": cannot copy from " + tokenizer_dir + ": " + ec.message());
+    }
+  }
+  return Status::ok();
+}
+
+Status synth_write(const SynthModel& m, const std::string& dir, const std::string& tokenizer_dir, size_t shard_bytes) {
+  ANVIL_RETURN_IF_ERROR(synth_write_config(m.config_json, dir, tokenizer_dir));
   // Group tensors into shards in order.
   std::vector<std::vector<const TensorView*>> shards(1);
   size_t cur = 0;
@@ -267,12 +278,6 @@ Status synth_write(const SynthModel& m, const std::string& dir, const std::strin
     nlohmann::ordered_json idx = {{"metadata", {{"total_size", m.total_bytes()}}}, {"weight_map", weight_map}};
     std::string text = idx.dump(2) + "\n";
     ANVIL_RETURN_IF_ERROR(write_file_atomic(dir + "/model.safetensors.index.json", text.data(), text.size()));
-  }
-  if (!tokenizer_dir.empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-      fs::copy_file(fs::path(tokenizer_dir) / f, fs::path(dir) / f, fs::copy_options::overwrite_existing, ec);
-      if (ec) return io_error(std::string(f) + ": cannot copy from " + tokenizer_dir + ": " + ec.message());
-    }
   }
   return Status::ok();
 }

@@ -56,6 +56,11 @@ struct SynthModel {
 // Builds the model in memory (deterministic for a seed).
 Result<std::unique_ptr<SynthModel>> synth_build(const SynthShape& shape, const SynthQuant& q, uint64_t seed = 0);
 
+// Writes config.json (the given text), generation_config.json and, when tokenizer_dir is non-empty,
+// the tokenizer files found there into `dir`: a checkpoint without its weights, for tools that
+// generate the weights themselves (scripts/bench_llamacpp_moe.sh).
+Status synth_write_config(const std::string& config_json, const std::string& dir, const std::string& tokenizer_dir);
+
 // Writes config.json, generation_config.json and safetensors shards (at most shard_bytes each, with
 // model.safetensors.index.json when there is more than one) into `dir`, plus the tokenizer files
 // found in tokenizer_dir when it is non-empty.

@@ -128,6 +128,32 @@ TEST(CliSynth, WritesALoadableCheckpoint) {
   EXPECT_NE(r.out.find("qwen3-0.6b"), std::string::npos) << r.out;
 }
 
+// --config-only: the shape's config and the tokenizer, no weights (what scripts/bench_llamacpp_moe.sh
+// hands to llama.cpp's converter), for a shape far too large to build in memory as bf16 here.
+TEST(CliSynth, ConfigOnlyWritesNoWeights) {
+  fs::path dir = fs::temp_directory_path() / ("anvil_synth_cfg_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  auto r = run_anvil({"synth", "--shape", "qwen3-30b-a3b-16L", "--quant", "bf16", "--config-only", "--out",
+                      dir.string()}, true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream f(dir / "config.json");
+  auto cfg = nlohmann::json::parse(f);
+  EXPECT_EQ(cfg["model_type"], "qwen3_moe");
+  EXPECT_EQ(cfg["num_hidden_layers"], 16);
+  EXPECT_EQ(cfg["num_experts"], 128);
+  EXPECT_EQ(cfg["num_experts_per_tok"], 8);
+  EXPECT_EQ(cfg["moe_intermediate_size"], 768);
+  EXPECT_FALSE(cfg.contains("quantization")) << "bf16 has no quantization block";
+  EXPECT_TRUE(fs::exists(dir / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(dir / "generation_config.json"));
+  for (auto& e : fs::directory_iterator(dir))
+    EXPECT_NE(e.path().extension(), ".safetensors") << e.path();
+  // Without weights it is not a loadable model, and loading says so instead of crashing.
+  auto g = run_anvil({"inspect", "-m", dir.string()}, true);
+  EXPECT_NE(g.exit_code, 0) << g.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliGenerate, StopStringEndsGenerationAndIsNotPrinted) {
   auto full = run_anvil({"generate", "-m", kModel, "-p", "def add(a, b):\n", "-n", "40", "--temp", "0", "--json"});
   ASSERT_EQ(full.exit_code, 0);
