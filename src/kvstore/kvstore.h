@@ -185,6 +185,9 @@ class KVStore : public PageStore {
   Status prepare_reader();
   bool push(const Desc& d, std::span<const int32_t> tokens, bool block);
   Result<ReadFile*> segment_reader(int64_t seg);
+  struct RestoreItem;
+  Status load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page, int slot,
+                          std::vector<uint8_t>* hdr, const uint8_t** data);
   // Reads and validates one record into read_buf_; returns its data pointer.
   Result<const uint8_t*> read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
                                      const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
@@ -196,6 +199,8 @@ class KVStore : public PageStore {
   SqliteStmt q_page_, q_tail_, q_seg_;
   std::map<int64_t, std::unique_ptr<ReadFile>> readers_;
   std::vector<uint8_t> read_buf_;
+  // restore.cpp: two staging slots (device backends).
+  void* staging_[2] = {nullptr, nullptr};
 
   Backend* backend_ = nullptr;
   void* kv_base_ = nullptr;  // the pool's storage (KVCacheView::base)

@@ -1,7 +1,8 @@
 #include "kvstore/page_record.h"
 
-#include <xxhash.h>
+#include "kvstore/checksum.h"
 
+#include <cctype>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -46,6 +47,10 @@ bool tokens_from_string(const std::string& s, std::vector<int32_t>* out) {
 }
 
 std::string page_record_header(const PageLayout& L, const PageMeta& meta, const void* data, size_t data_bytes) {
+  return page_record_header_for_sum(L, meta, XXH3_64bits(data, data_bytes));
+}
+
+std::string page_record_header_for_sum(const PageLayout& L, const PageMeta& meta, uint64_t data_sum) {
   const int n = int(meta.tokens.size());
   const size_t blk = L.block_bytes(n);
   nlohmann::ordered_json h;
@@ -66,7 +71,7 @@ std::string page_record_header(const PageLayout& L, const PageMeta& meta, const 
                        {"first_pos", std::to_string(meta.first_pos)},
                        {"page_size", std::to_string(L.page_size)},
                        {"tokens", tokens_to_string(meta.tokens)},
-                       {"data_xxh3", hex64(XXH3_64bits(data, data_bytes))}};
+                       {"data_xxh3", hex64(data_sum)}};
   std::string json = h.dump();
   while ((8 + json.size()) % 8) json += ' ';
   std::string out(8, '\0');
@@ -126,6 +131,21 @@ Status page_record_parse(const uint8_t* rec, size_t n, const PageLayout& L, cons
   if (check_data_sum && hex64(XXH3_64bits(base, expect_off)) != *sum) return corrupt(label + ": data checksum mismatch");
   *data = base;
   return Status::ok();
+}
+
+bool page_record_header_matches(const uint8_t* hdr, size_t n, const PageLayout& L, const PageMeta& expected) {
+  // The checksum field's value is the only part that depends on the data; mask it on both sides.
+  static constexpr char kField[] = "\"data_xxh3\":\"";
+  const std::string want = page_record_header_for_sum(L, expected, 0);
+  if (want.size() != n) return false;
+  const size_t at = want.rfind(kField);
+  if (at == std::string::npos) return false;
+  const size_t v = at + sizeof(kField) - 1;  // the 16 hex digits
+  if (std::memcmp(hdr, want.data(), v) != 0 || std::memcmp(hdr + v + 16, want.data() + v + 16, n - v - 16) != 0)
+    return false;
+  for (size_t i = v; i < v + 16; ++i)
+    if (!std::isxdigit(hdr[i])) return false;
+  return true;
 }
 
 Status page_record_layout(const uint8_t* rec, size_t n, PageLayout* L, Hash128* fingerprint, const std::string& label) {
