@@ -12,6 +12,16 @@ It writes:
   gpt2-prefix-space/          the same with ByteLevel add_prefix_space=True
   corpus.jsonl                the conformance corpus (long entries are described, not stored: see
                               build_long below; the C++ test rebuilds them with the same generator)
+  postproc/cases.jsonl        special tokens (encode(text, add_special_tokens=True)): per case, a base
+                              tokenizer from this directory, an optional replacement "post_processor"
+                              (Llama 3's, Mistral's, Bert/Roberta, Sequence, multi-id specials) and an
+                              optional tokenizer_config.json; the ids of a few corpus texts with and
+                              without special tokens. Reference: `tokenizers` for the post-processor
+                              cases; transformers' AutoTokenizer for the cases with a config (where
+                              tokenizer.json has no post-processor, with add_bos_token/add_eos_token
+                              applied by transformers' update_post_processor, as 4.x's
+                              LlamaTokenizerFast did: 5.x ignores the flags). Re-run only these with
+                                  python3 scripts/make_tokenizer_fixtures.py --post-processors
   expected_<name>.jsonl       per corpus entry: tokenizers' encode(text, add_special_tokens=False).ids,
                               decode(ids) and decode(ids, skip_special_tokens=True); long entries
                               store a count and FNV-1a 64 hashes instead; plus "random_*" lines with
@@ -23,7 +33,7 @@ import random
 import shutil
 import sys
 
-from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "tokenizer")
@@ -193,7 +203,108 @@ def write_expected(name, tok, corpus, rng):
     print("wrote", path, os.path.getsize(path), "bytes")
 
 
+POSTPROC_TEXTS = ["empty", "ascii_prose", "leading_trailing", "cjk", "special_llama", "special_qwen"]
+
+
+def template(single, specials):
+    """A TemplateProcessing as JSON; `specials`: [(name, [ids])]."""
+    p = processors.TemplateProcessing(single=single, special_tokens=[
+        {"id": n, "ids": ids, "tokens": [n] * len(ids)} for n, ids in specials])
+    return json.loads(p.__getstate__())
+
+
+def post_processor_cases():
+    """(name, base dir, post_processor override or "keep", tokenizer_config dict or None)."""
+    keep = "keep"
+    llama3_pp = json.loads(processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                      special_tokens=[("<|begin_of_text|>", 0)])]).__getstate__())
+    mistral_pp = template("<s> $A", [("<s>", [1])])
+    cases = [(name, name, keep, None) for name in
+             ("qwen3", "tiny-code", "llama3-style", "gpt2-style", "gpt2-prefix-space", "sp-llama", "comp-bpe")]
+    cases += [
+        ("llama3-bos-sequence", "llama3-style", llama3_pp, None),
+        ("mistral-bos", "sp-llama", mistral_pp, None),
+        ("sp-bos-eos", "sp-llama", template("<s> $A </s>", [("<s>", [1]), ("</s>", [2])]), None),
+        ("bert", "comp-bpe", json.loads(processors.BertProcessing(("</s>", 2), ("<s>", 1)).__getstate__()), None),
+        ("roberta", "comp-bpe", json.loads(processors.RobertaProcessing(("</s>", 2), ("<s>", 1)).__getstate__()), None),
+        ("nested-sequence", "comp-bpe", {"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                                 "use_regex": False}, template("<sep> $A </s>", [("<sep>", [420]), ("</s>", [2])])]}]},
+         None),
+        ("multi-id-special", "gpt2-style", template("PFX $A", [("PFX", [0, 700])]), None),
+        # tokenizer_config.json flags, as transformers 5.x applies them.
+        ("cfg-bos", "sp-llama", keep, {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>"}),
+        ("cfg-bos-eos", "sp-llama", keep, {"add_bos_token": True, "add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>"}),
+        ("cfg-no-flags", "sp-llama", keep, {"bos_token": "<s>", "eos_token": "</s>"}),
+        ("cfg-eos-only", "sp-llama", keep, {"add_eos_token": True, "bos_token": "<s>", "eos_token": "</s>"}),
+        ("cfg-json-beats-flags", "sp-llama", mistral_pp, {"add_bos_token": False, "bos_token": "<s>", "eos_token": "</s>"}),
+        ("cfg-json-stands", "llama3-style", llama3_pp, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),
+        ("cfg-bos-null", "sp-llama", keep, {"add_bos_token": True, "bos_token": None, "eos_token": "</s>"}),
+        ("cfg-qwen3", "qwen3", keep, "qwen3/tokenizer_config.json"),
+        ("cfg-tiny-code", "tiny-code", keep, "tiny-code/tokenizer_config.json"),
+    ]
+    return cases
+
+
+def write_post_processor_fixtures():
+    import tempfile
+    texts = dict(CORPUS)
+    out_dir = os.path.join(OUT, "postproc")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "cases.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for name, base_name, pp, cfg in post_processor_cases():
+            with open(os.path.join(OUT, base_name, "tokenizer.json"), encoding="utf-8") as tf:
+                d = json.load(tf)
+            if pp != "keep":
+                d["post_processor"] = pp
+            tok = Tokenizer.from_str(json.dumps(d))
+            rec = {"name": name, "base": base_name}
+            if pp != "keep":
+                rec["post_processor"] = pp
+            if cfg is None:
+                rec["reference"] = "tokenizers " + __import__("tokenizers").__version__
+                enc = lambda t: tok.encode(t, add_special_tokens=True).ids  # noqa: E731
+            else:
+                import transformers
+                from transformers import AutoTokenizer
+                if isinstance(cfg, str):
+                    with open(os.path.join(OUT, cfg), encoding="utf-8") as cf:
+                        cfg = json.load(cf)
+                    cfg.pop("chat_template", None)
+                else:
+                    # The generic fast tokenizer: it reads tokenizer.json as is (LlamaTokenizer would
+                    # rebuild the pipeline from its own defaults).
+                    cfg = dict(cfg, tokenizer_class="PreTrainedTokenizerFast")
+                rec["tokenizer_config"] = cfg
+                rec["reference"] = "transformers " + transformers.__version__
+                tmp = tempfile.mkdtemp()
+                with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as tf:
+                    tf.write(json.dumps(d, ensure_ascii=False))
+                with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as cf:
+                    json.dump(cfg, cf, ensure_ascii=False)
+                hf = AutoTokenizer.from_pretrained(tmp)
+                shutil.rmtree(tmp)
+                if d.get("post_processor") is None:
+                    # transformers 5 drops the flags when there is a tokenizer.json; 4.x's
+                    # LlamaTokenizerFast (and llama.cpp's converter) applied them to a file without a
+                    # post-processor: transformers' own update_post_processor builds that template.
+                    hf._add_bos_token = bool(cfg.get("add_bos_token"))
+                    hf._add_eos_token = bool(cfg.get("add_eos_token"))
+                    hf.update_post_processor()
+                enc = lambda t: hf(t)["input_ids"]  # noqa: E731
+            rec["texts"] = [{"name": t, "ids": enc(texts[t]), "plain_ids": tok.encode(texts[t], add_special_tokens=False).ids}
+                            for t in POSTPROC_TEXTS]
+            f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+    print("wrote", path, os.path.getsize(path), "bytes")
+
+
 def main():
+    if "--post-processors" in sys.argv:
+        return write_post_processor_fixtures()
     os.makedirs(OUT, exist_ok=True)
     for src, dst in [("qwen3-tokenizer", "qwen3"), ("anvil-tiny-code", "tiny-code")]:
         os.makedirs(os.path.join(OUT, dst), exist_ok=True)
@@ -228,6 +339,7 @@ def main():
     toks["gpt2-prefix-space"] = Tokenizer.from_file(p)
     for name, tok in toks.items():
         write_expected(name, tok, corpus, random.Random(1234))
+    write_post_processor_fixtures()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ struct GenerateArgs {
   std::string ids, dump_logits, system;
   std::vector<std::string> stops;
   int n = 128;
-  bool json = false, ignore_eos = false, chat = false, raw = false, show_reasoning = false;
+  bool json = false, ignore_eos = false, chat = false, raw = false, show_reasoning = false, no_special_tokens = false;
   std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
 };
 
@@ -48,15 +48,10 @@ int run_generate(GenerateArgs& a) {
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   const std::string tok_dir = tokenizer_dir_of(s);
-  auto attached = attach_kv_store(a.kv, s);
-  if (!attached.is_ok()) return fail(attached.status().message());
-  AttachedStore& store = *attached;  // declared after the stack: detached and flushed before it goes
-  SessionPlan plan;
-  if (store) {
-    auto p = plan_session(a.kv, store.get());
-    if (!p.is_ok()) return fail(p.status().message());
-    plan = std::move(p).value();
-  }
+  auto opened = open_store_session(a.kv, s);  // declared after the stack: detached and flushed before it goes
+  if (!opened.is_ok()) return fail(opened.status().message());
+  AttachedStore& store = opened->store;
+  const SessionPlan& plan = opened->plan;
 
   // The chat template by default for text (as mlx-lm does), when the model has one.
   const bool chat = have_text && !a.raw && (a.chat || !a.system.empty() || has_chat_template(tok_dir));
@@ -66,7 +61,10 @@ int run_generate(GenerateArgs& a) {
     auto t = TextOutput::open(tok_dir, chat, a.show_reasoning, a.stops);
     if (!t.is_ok()) return fail(t.status().message());
     text = std::move(t).value();
-    auto p = chat ? text->encode_chat(a.system, **prompt_text, a.thinking) : text->encode(**prompt_text);
+    // A raw prompt starts with the tokenizer's BOS (post-processor / add_bos_token), as
+    // transformers and llama.cpp do; not when it is appended to a session's tokens.
+    const bool add_special = !a.no_special_tokens && !continuing;
+    auto p = chat ? text->encode_chat(a.system, **prompt_text, a.thinking) : text->encode(**prompt_text, add_special);
     if (!p.is_ok()) return fail(p.status().message());
     prompt = std::move(p).value();
     if (prompt.empty()) return fail("the prompt encodes to no tokens: nothing to generate from");
@@ -221,6 +219,9 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
                   ->expected(1)
                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
               app.add_flag("--raw", a->raw, "Send the prompt as is, without the chat template");
+              app.add_flag("--no-special-tokens", a->no_special_tokens,
+                           "Encode a raw prompt without the tokenizer's special tokens (BOS/EOS of its post-processor "
+                           "or add_bos_token): add_special_tokens=False");
               app.add_flag("--chat", a->chat, "Require the chat template (an error when the model has none)");
               app.add_option("--system", a->system, "System message (through the chat template)");
               add_thinking_flags(app, &a->thinking);

@@ -32,7 +32,7 @@ struct RunArgs {
   std::string system;
   int n = 1024;
   std::optional<bool> thinking;  // --thinking / --no-thinking; unset: the template's default
-  bool show_reasoning = false, hide_reasoning = false;
+  bool show_reasoning = false, hide_reasoning = false, no_special_tokens = false;
 };
 
 // Reads one line from stdin; false on EOF. An interrupted read (Ctrl-C at the prompt) returns an
@@ -87,15 +87,10 @@ int run_chat(RunArgs& a) {
   if (!chat)
     std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)\n",
                  dir.c_str());
-  auto attached = attach_kv_store(a.kv, s);
-  if (!attached.is_ok()) return fail(attached.status().message());
-  AttachedStore& store = *attached;  // declared after the stack: detached and flushed before it goes
-  SessionPlan plan;
-  if (store) {
-    auto p = plan_session(a.kv, store.get());
-    if (!p.is_ok()) return fail(p.status().message());
-    plan = std::move(p).value();
-  }
+  auto opened = open_store_session(a.kv, s);  // declared after the stack: detached and flushed before it goes
+  if (!opened.is_ok()) return fail(opened.status().message());
+  AttachedStore& store = opened->store;
+  const SessionPlan& plan = opened->plan;
 
   install_sigint_handler();
 
@@ -165,7 +160,8 @@ int run_chat(RunArgs& a) {
         messages.erase(messages.begin() + first_turn, next_user);
       }
     } else {
-      auto ids = text.encode((document.empty() ? "" : "\n") + line);
+      // The document starts with the tokenizer's BOS (if it has one); later lines continue it.
+      auto ids = document.empty() ? text.encode(line, !a.no_special_tokens) : text.encode("\n" + line, false);
       if (ids.is_ok()) {
         document.insert(document.end(), ids->begin(), ids->end());
         if (int(document.size()) + answer_room > s.ctx) {
@@ -275,6 +271,8 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
                            "Print the <think> reasoning even when the output is not a terminal (on a terminal it is "
                            "shown dimmed by default)");
               app.add_flag("--hide-reasoning", a->hide_reasoning, "Do not print the <think> reasoning");
+              app.add_flag("--no-special-tokens", a->no_special_tokens,
+                           "Completion mode: do not start the text with the tokenizer's BOS (add_special_tokens=False)");
               return [a] { return run_chat(*a); };
             });
 

@@ -51,8 +51,11 @@ int run_serve(ServeArgs& a) {
   auto tok = Tokenizer::load(dir + "/tokenizer.json");
   if (!tok.is_ok()) return fail(tok.status().message());
   TokenizerConfig cfg;
-  if (auto c = load_tokenizer_config(dir); c.is_ok()) cfg = *c;
-  else std::fprintf(stderr, "[anvil] no usable tokenizer_config.json (%s): chat completions are off\n",
+  if (auto c = load_tokenizer_config(dir); c.is_ok()) {
+    cfg = *c;
+    // add_bos_token/add_eos_token decide a text completion prompt's BOS/EOS.
+    if (Status st = apply_special_token_flags(cfg, tok->get()); !st.is_ok()) return fail(st.message());
+  } else std::fprintf(stderr, "[anvil] no usable tokenizer_config.json (%s): chat completions are off\n",
                     c.status().message().c_str());
 
   server::ServerOptions& so = a.server;

@@ -1,5 +1,7 @@
 // anvil tokenize: prints the token ids of a text (-p TEXT, -f FILE, else all of stdin) under a model's
-// tokenizer.json, exactly as Hugging Face tokenizers' encode(text, add_special_tokens=False).
+// tokenizer.json, exactly as Hugging Face tokenizers' encode(text, add_special_tokens=False);
+// --add-special-tokens: with the special tokens a raw prompt gets (BOS/EOS; tokenizer_config.json's
+// add_bos_token/add_eos_token apply as in transformers), i.e. what `anvil generate --raw` feeds.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -10,6 +12,7 @@
 #include "cli/common.h"
 #include "format/hf_cache.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
 
 namespace anvil::cli {
 namespace {
@@ -17,7 +20,7 @@ namespace {
 struct TokenizeArgs {
   std::string model;
   PromptOptions text;
-  bool json = false;
+  bool json = false, add_special = false;
 };
 
 // -m: a model directory holding tokenizer.json, or a Hugging Face repo id in the local cache.
@@ -31,6 +34,11 @@ int run_tokenize(const TokenizeArgs& a) {
   if (!fs::is_regular_file(tj, ec)) return fail(tj.string() + ": file not found (the model directory has no tokenizer.json)");
   auto tok = Tokenizer::load(tj.string());
   if (!tok.is_ok()) return fail(tok.status().message());
+  if (a.add_special && fs::exists(dir / "tokenizer_config.json", ec)) {
+    auto cfg = load_tokenizer_config(dir.string());
+    if (!cfg.is_ok()) return fail(cfg.status().message());
+    if (Status st = apply_special_token_flags(*cfg, tok->get()); !st.is_ok()) return fail(st.message());
+  }
 
   // Unlike a prompt, an empty text is fine here: it has no tokens.
   std::string text;
@@ -42,7 +50,7 @@ int run_tokenize(const TokenizeArgs& a) {
   } else {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  const std::vector<int32_t> ids = (*tok)->encode(text);
+  const std::vector<int32_t> ids = (*tok)->encode(text, a.add_special);
 
   std::string out = a.json ? "{\"ids\": [" : "";
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -60,6 +68,8 @@ Command reg("tokenize", "Print the token ids of a text under a model's tokenizer
   add_prompt_options(sub, a->text, "Text to tokenize (default: all of stdin)");
   sub.add_option_function<std::string>("--text", [a](const std::string& v) { a->text.text = v; })
       ->group("");  // the old spelling, hidden
+  sub.add_flag("--add-special-tokens", a->add_special,
+               "Add the special tokens a raw prompt gets (BOS/EOS), as encode(text, add_special_tokens=True)");
   sub.add_flag("--json", a->json, "Print {\"ids\": [...]} instead of space-separated ids");
   return [a]() { return run_tokenize(*a); };
 });

@@ -108,6 +108,16 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
   return p;
 }
 
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s) {
+  auto attached = attach_kv_store(f, s);
+  if (!attached.is_ok()) return attached.status();
+  StoreSession r{std::move(attached).value(), {}};  // AttachedStore moves by construction only
+  if (r.store) {
+    ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get()));
+  }
+  return r;
+}
+
 nlohmann::ordered_json kv_profile_json(const KVStore& store) {
   const KVStoreCounters& c = store.counters();
   const double wall = store.attached_seconds();

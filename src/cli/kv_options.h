@@ -59,6 +59,14 @@ struct SessionPlan {
 };
 Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store);
 
+// attach_kv_store, then plan_session when a store is open: what a model-running subcommand does
+// before its first sequence. Declare the result after the stack (the store goes first).
+struct StoreSession {
+  AttachedStore store;
+  SessionPlan plan;
+};
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s);
+
 // --profile: the store's counters, one line each, to `out`; and the same as JSON.
 void print_kv_profile(const KVStore& store, int store_prompt_tokens, std::FILE* out);
 nlohmann::ordered_json kv_profile_json(const KVStore& store);

@@ -18,8 +18,13 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
                      ": give the prompt as token ids with --ids");
   auto t = std::unique_ptr<TextOutput>(new TextOutput());
   ANVIL_ASSIGN_OR_RETURN(t->tok_, Tokenizer::load(path));
-  if (chat) {
+  // The config decides the raw prompt's BOS/EOS (add_bos_token/add_eos_token) even without chat.
+  const bool has_config = std::filesystem::exists(dir + "/tokenizer_config.json");
+  if (has_config || chat) {
     ANVIL_ASSIGN_OR_RETURN(t->cfg_, load_tokenizer_config(dir));
+  }
+  if (has_config) ANVIL_RETURN_IF_ERROR(apply_special_token_flags(t->cfg_, t->tok_.get()));
+  if (chat) {
     if (t->cfg_.chat_template.empty())
       return not_found(dir + "/tokenizer_config.json has no chat_template: drop --chat to use the prompt as is");
   }
@@ -29,7 +34,9 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
   return t;
 }
 
-Result<std::vector<int32_t>> TextOutput::encode(const std::string& text) const { return tok_->encode(text); }
+Result<std::vector<int32_t>> TextOutput::encode(const std::string& text, bool add_special_tokens) const {
+  return tok_->encode(text, add_special_tokens);
+}
 
 Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::ordered_json& messages,
                                                          std::optional<bool> thinking) {
@@ -37,7 +44,7 @@ Result<std::vector<int32_t>> TextOutput::encode_messages(const nlohmann::ordered
                          apply_chat_template(cfg_, messages, nlohmann::ordered_json(), true, thinking));
   prompt_opens_reasoning_ = prompt_opens_reasoning(prompt);
   begin_answer();
-  return tok_->encode(prompt);
+  return tok_->encode(prompt, /*add_special_tokens=*/false);  // the template wrote BOS itself
 }
 
 Result<std::vector<int32_t>> TextOutput::encode_chat(const std::string& system, const std::string& user,

@@ -28,10 +28,14 @@ class TextOutput {
   struct Chunk {
     std::string reasoning, content;
   };
-  // tokenizer.json (and, for chat, tokenizer_config.json) from `dir`.
+  // tokenizer.json and tokenizer_config.json (required for chat; its add_bos_token/add_eos_token
+  // apply when present) from `dir`.
   static Result<std::unique_ptr<TextOutput>> open(const std::string& dir, bool chat, bool show_reasoning,
                                                   std::vector<std::string> stops);
-  Result<std::vector<int32_t>> encode(const std::string& text) const;
+  // A raw prompt. add_special_tokens: the tokenizer's post-processor tokens (BOS for Llama 2/3,
+  // Mistral), as transformers' tokenizer(text) and llama.cpp add them; not for text that continues
+  // a sequence.
+  Result<std::vector<int32_t>> encode(const std::string& text, bool add_special_tokens) const;
   // One user turn (plus an optional system message) through the chat template. `thinking` is
   // passed as enable_thinking only when set (--thinking/--no-thinking); unset, the template's own
   // default applies. Also resets the answer stream (begin_answer).

@@ -393,6 +393,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   } else {
     return bad("prompt", "'prompt' must be a string, an array of strings or an array of token ids, got " + type_name(*p));
   }
+  if (auto e = get_bool(b, "add_special_tokens", &r->add_special_tokens)) return e;
   int64_t lp = 0;
   bool lp_given = false;
   if (auto e = get_int(b, "logprobs", 0, 20, &lp, &lp_given)) return e;

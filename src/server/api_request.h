@@ -48,6 +48,7 @@ struct ApiRequest {
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
   bool prompt_is_ids = false;
+  bool add_special_tokens = true;  // a text prompt gets the tokenizer's BOS/EOS (vLLM's parameter)
   // both
   std::optional<int> max_tokens;
   GenerationParams gen;  // prompt and max_tokens filled in later

@@ -157,7 +157,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                        "this model has no chat template (tokenizer_config.json); use /v1/completions"));
     auto text = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
     if (!text.is_ok()) return send_error(res, api_error(400, "messages", text.status().message()));
-    prompt = tok.encode(*text);
+    prompt = tok.encode(*text, /*add_special_tokens=*/false);  // the template wrote BOS itself
     size_t end = text->find_last_not_of(" \n");
     starts_in_reasoning = split_reasoning && end != std::string::npos && end + 1 >= 7 &&
                           text->compare(end + 1 - 7, 7, "<think>") == 0;
@@ -169,7 +169,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                                              " is outside the vocabulary [0, " + std::to_string(V) + ")"));
     prompt = r.prompt_ids;
   } else {
-    prompt = tok.encode(r.prompt_text);
+    prompt = tok.encode(r.prompt_text, r.add_special_tokens);  // BOS as transformers' tokenizer(prompt) adds it
   }
   if (prompt.empty()) return send_error(res, api_error(400, prompt_param, "the prompt encodes to no tokens"));
   if (int(prompt.size()) >= ctx)
@@ -300,7 +300,15 @@ void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Res
     if (!b[key].is_string()) return send_error(res, api_error(400, key, std::string("'") + key + "' must be a string"));
     text = b[key].get<std::string>();
   }
-  std::vector<int32_t> ids = tok.encode(text);
+  // A text gets the tokenizer's BOS/EOS only when asked (llama-server's "add_special", vLLM's
+  // "add_special_tokens"); rendered messages never do (the template holds them).
+  bool add_special = false;
+  for (const char* key : {"add_special", "add_special_tokens"}) {
+    if (!b.contains(key)) continue;
+    if (!b[key].is_boolean()) return send_error(res, api_error(400, key, std::string("'") + key + "' must be a boolean"));
+    add_special = b[key].get<bool>() && !b.contains("messages");
+  }
+  std::vector<int32_t> ids = tok.encode(text, add_special);
   ojson tokens = ojson::array();
   for (int32_t id : ids) {
     if (with_pieces) tokens.push_back({{"id", id}, {"piece", tok.decode(std::span<const int32_t>(&id, 1))}});

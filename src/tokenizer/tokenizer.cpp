@@ -124,6 +124,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
     t->token_bytes_.resize(t->token_text_.size());
     for (size_t id = 0; id < t->token_text_.size(); ++id) t->token_bytes_[id] = decoded_bytes(t->token_text_[id]);
   }
+  {
+    const nlohmann::json post = j.value("post_processor", nlohmann::json());
+    auto p = tok::PostProcessor::from_json(post, t->vocab_size_);
+    if (!p) return fail(p.status());
+    t->post_ = std::move(p).value();
+    t->has_json_post_ = !post.is_null();
+  }
   t->raw_matcher_ = tok::AddedTokenMatcher(std::move(raw_pat), std::move(raw_tok));
   t->normalized_matcher_ = tok::AddedTokenMatcher(std::move(norm_pat), std::move(norm_tok));
   return t;
@@ -148,7 +155,12 @@ void Tokenizer::encode_plain(std::string_view text, bool at_origin, std::vector<
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int32_t> ids = encode_text(text);
+  return add_special_tokens ? post_.apply(std::move(ids)) : ids;
+}
+
+std::vector<int32_t> Tokenizer::encode_text(std::string_view text) const {
   std::string repaired;
   if (!tok::is_valid_utf8(text)) {
     repaired = tok::utf8_lossy(text);

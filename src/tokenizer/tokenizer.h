@@ -1,11 +1,11 @@
 // A BPE tokenizer loaded from a Hugging Face tokenizer.json: byte-level BPE (Qwen2/Qwen3, Llama 3,
 // GPT-2, DeepSeek) and SentencePiece-style BPE (Llama 2, Mistral, Mixtral: Metaspace or
 // Prepend+Replace, byte fallback). encode() matches tokenizers' Tokenizer.encode(text,
-// add_special_tokens=False).ids exactly; decode() matches tokenizers' decode.
+// add_special_tokens).ids exactly; decode() matches tokenizers' decode.
 //
 // Pipeline: added tokens (raw text) -> normalizer (per piece) -> added tokens (normalized) ->
 // pre-tokenizer -> BPE per pre-token (cached); decoding: ids -> token strings -> decoder
-// (decoder.h). The BPE alphabet is bytes when the pre-tokenizer has a ByteLevel step, else
+// (decoder.h); with add_special_tokens, the post-processor adds BOS/EOS (post_processor.h). The BPE alphabet is bytes when the pre-tokenizer has a ByteLevel step, else
 // Unicode scalars (bpe.h). Anything in tokenizer.json that this pipeline cannot reproduce exactly
 // is rejected at load with an error naming the field.
 #pragma once
@@ -23,6 +23,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/normalizer.h"
+#include "tokenizer/post_processor.h"
 #include "tokenizer/pretokenizer.h"
 
 namespace anvil {
@@ -35,7 +36,10 @@ class Tokenizer {
 
   // Added/special tokens written in the text are recognized. Invalid UTF-8 in `text` is first
   // replaced by U+FFFD (tokenizers only accepts valid strings). Thread-safe.
-  std::vector<int32_t> encode(std::string_view text) const;
+  // add_special_tokens: the post-processor's tokens too (BOS for Llama/Mistral), as for a raw
+  // prompt; a chat-template-rendered prompt already holds them and is encoded without
+  // (transformers' apply_chat_template does the same).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
   // Ids that are not in the vocabulary are skipped, as tokenizers does.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
@@ -49,15 +53,24 @@ class Tokenizer {
   const std::string* token_text(int32_t id) const;
   const tok::Decoder& decoder() const { return decoder_; }
   const std::vector<tok::AddedToken>& added_tokens() const { return added_; }
+  // tokenizer.json's post_processor, or the one set below.
+  const tok::PostProcessor& post_processor() const { return post_; }
+  // transformers' override from tokenizer_config.json's add_bos_token/add_eos_token (see
+  // tokenizer_config.h: apply_special_token_flags). Not thread-safe: call before sharing.
+  void set_post_processor(tok::PostProcessor p) { post_ = std::move(p); }
+  bool has_json_post_processor() const { return has_json_post_; }
 
  private:
   Tokenizer() = default;
+  std::vector<int32_t> encode_text(std::string_view text) const;  // add_special_tokens=False
   // `text` has no raw-text added tokens; `at_origin`: it starts at offset 0 of encode()'s input.
   void encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& out) const;
 
   tok::Normalizer normalizer_;
   tok::PreTokenizer pretokenizer_;
   tok::Decoder decoder_;
+  tok::PostProcessor post_;
+  bool has_json_post_ = false;  // tokenizer.json's "post_processor" is not null
   std::unique_ptr<tok::BpeModel> model_;
   std::vector<tok::AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_by_content_;

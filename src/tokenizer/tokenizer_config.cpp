@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace anvil {
 
@@ -74,12 +76,18 @@ Result<TokenizerConfig> load_tokenizer_config(const std::string& dir) {
   ANVIL_ASSIGN_OR_RETURN(ojson j, read_json(path));
   if (!j.is_object()) return corrupt(path + ": expected a JSON object");
   TokenizerConfig cfg;
+  cfg.config_path = path;
   ANVIL_RETURN_IF_ERROR(read_token(j, "bos_token", &cfg.bos_token, &cfg.has_bos_token, path));
   ANVIL_RETURN_IF_ERROR(read_token(j, "eos_token", &cfg.eos_token, &cfg.has_eos_token, path));
   ANVIL_RETURN_IF_ERROR(read_token(j, "pad_token", &cfg.pad_token, &cfg.has_pad_token, path));
   ANVIL_RETURN_IF_ERROR(read_token(j, "unk_token", &cfg.unk_token, &cfg.has_unk_token, path));
-  if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) cfg.add_bos_token = j["add_bos_token"].get<bool>();
-  if (j.contains("add_eos_token") && j["add_eos_token"].is_boolean()) cfg.add_eos_token = j["add_eos_token"].get<bool>();
+  for (auto [key, value] : {std::pair{"add_bos_token", &cfg.add_bos_token}, std::pair{"add_eos_token", &cfg.add_eos_token}}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;
+    if (!it->is_boolean() && !it->is_null())
+      return corrupt(path + ": field '" + key + "' must be true, false or null, got " + it->dump());
+    *value = it->is_boolean() && it->get<bool>();
+  }
 
   const std::string jinja_path = (fs::path(dir) / "chat_template.jinja").string();
   const std::string json_path = (fs::path(dir) / "chat_template.json").string();
@@ -162,6 +170,30 @@ Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const ojson&
 
   ANVIL_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::compile(source));
   return tmpl.render(ctx);
+}
+
+}  // namespace anvil
+
+namespace anvil {
+
+Status apply_special_token_flags(const TokenizerConfig& cfg, Tokenizer* tok) {
+  if (tok->has_json_post_processor()) return Status::ok();
+  // transformers' update_post_processor: a flag whose token is null is dropped silently; a token
+  // that is not in the vocabulary would be added as a new one there (an id the model has no
+  // embedding for), so it is an error here.
+  auto id_of = [&](bool add, bool has, const std::string& token, const char* flag,
+                   const char* field) -> Result<std::optional<int32_t>> {
+    if (!add || !has) return std::optional<int32_t>();
+    auto id = tok->token_to_id(token);
+    if (!id)
+      return invalid_argument(cfg.config_path + ": " + flag + " is true but " + field + " \"" + token +
+                              "\" is not in tokenizer.json's vocabulary");
+    return std::optional<int32_t>(*id);
+  };
+  ANVIL_ASSIGN_OR_RETURN(auto bos, id_of(cfg.add_bos_token, cfg.has_bos_token, cfg.bos_token, "add_bos_token", "bos_token"));
+  ANVIL_ASSIGN_OR_RETURN(auto eos, id_of(cfg.add_eos_token, cfg.has_eos_token, cfg.eos_token, "add_eos_token", "eos_token"));
+  tok->set_post_processor(tok::PostProcessor::from_flags(bos, eos));
+  return Status::ok();
 }
 
 }  // namespace anvil

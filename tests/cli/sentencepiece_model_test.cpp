@@ -154,3 +154,33 @@ TEST(SentencePieceModel, RunTwoTurnsFromStdin) {
   EXPECT_NE(out.find("> ", a2 + 2), std::string::npos) << "no prompt after the second answer:\n" << out;
   EXPECT_TRUE(anvil::tok::is_valid_utf8(out));
 }
+
+// A raw prompt gets the BOS that tokenizer_config.json's add_bos_token asks for (its tokenizer.json
+// has no post-processor, as LlamaConverter writes it): `tokenize --add-special-tokens` is <s> + the
+// plain ids, generate --raw feeds exactly those (same greedy continuation as --ids with them), and
+// --no-special-tokens feeds the plain ids. The chat path adds none (GenerateChatEndToEnd: its
+// prompt is the template's, which starts with <s> once).
+TEST(SentencePieceModel, RawPromptStartsWithBos) {
+  auto plain = run_anvil({"tokenize", "-m", kModel, "--text", kQuestion, "--json"}, true);
+  auto with = run_anvil({"tokenize", "-m", kModel, "--text", kQuestion, "--json", "--add-special-tokens"}, true);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  ASSERT_EQ(with.exit_code, 0) << with.out;
+  auto plain_ids = nlohmann::json::parse(plain.out)["ids"];
+  auto with_ids = nlohmann::json::parse(with.out)["ids"];
+  nlohmann::json want = nlohmann::json::array({1});
+  for (const auto& i : plain_ids) want.push_back(i);
+  EXPECT_EQ(with_ids, want);
+
+  auto raw = run_anvil({"generate", "-m", kModel, "--raw", "-p", kQuestion, "-n", "12", "--temp", "0", "--json"});
+  ASSERT_EQ(raw.exit_code, 0) << raw.out;
+  const auto jr = last_json_line(raw.out);
+  EXPECT_EQ(jr["prompt_tokens"].get<size_t>(), want.size());
+  auto by_ids = run_anvil({"generate", "-m", kModel, "--ids", csv(want), "-n", "12", "--temp", "0", "--json"});
+  ASSERT_EQ(by_ids.exit_code, 0) << by_ids.out;
+  EXPECT_EQ(last_json_line(by_ids.out)["ids"], jr["ids"]);
+
+  auto off = run_anvil({"generate", "-m", kModel, "--raw", "--no-special-tokens", "-p", kQuestion, "-n", "1", "--temp",
+                        "0", "--json"});
+  ASSERT_EQ(off.exit_code, 0) << off.out;
+  EXPECT_EQ(last_json_line(off.out)["prompt_tokens"].get<size_t>(), plain_ids.size());
+}
