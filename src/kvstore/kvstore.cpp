@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvstore/catalog.h"
+#include "kvstore/checksum.h"
 #include "runtime/kv_pool.h"
 
 #include "kvstore/writer.h"
@@ -46,7 +47,7 @@ std::string default_kv_store_dir() {
   return ".anvil-kv";
 }
 
-KVStore::KVStore(const KVStoreOptions& o) : opts_(o) {}
+KVStore::KVStore(const KVStoreOptions& o) : opts_(o), restore_xxh_(XXH3_createState()) {}
 
 Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
   if (opts.dir.empty()) return invalid_argument("--kv-store: empty directory");
@@ -150,6 +151,7 @@ KVStore::~KVStore() {
   }
   for (void* s : staging_)
     if (s) backend_->free_host_staging(s);
+  XXH3_freeState(restore_xxh_);
 }
 
 void KVStore::abandon() {

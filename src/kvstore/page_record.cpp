@@ -50,10 +50,19 @@ std::string page_record_header(const PageLayout& L, const PageMeta& meta, const 
   return page_record_header_for_sum(L, meta, XXH3_64bits(data, data_bytes));
 }
 
-std::string page_record_header_for_sum(const PageLayout& L, const PageMeta& meta, uint64_t data_sum) {
-  const int n = int(meta.tokens.size());
+// The header's tensor entries: "{" and every entry, without the closing brace. They are the same for
+// every record of one layout and length, and building them is most of a header's cost (56 entries
+// for qwen3-0.6b; the restore builds the expected header of every page it reads), so each thread
+// keeps the last one.
+static const std::string& tensor_section(const PageLayout& L, int n) {
+  thread_local PageLayout last{};
+  thread_local int last_n = -1;
+  thread_local std::string s;
+  if (n == last_n && last.dtype == L.dtype && last.n_layers == L.n_layers && last.n_kv_heads == L.n_kv_heads &&
+      last.head_dim == L.head_dim)
+    return s;
   const size_t blk = L.block_bytes(n);
-  nlohmann::ordered_json h;
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
   size_t off = 0;
   const std::string dt(dtype_name(L.dtype));
   for (int l = 0; l < L.n_layers; ++l)
@@ -63,16 +72,32 @@ std::string page_record_header_for_sum(const PageLayout& L, const PageMeta& meta
           {"dtype", dt}, {"shape", {L.n_kv_heads, n, L.head_dim}}, {"data_offsets", {off, off + bytes}}};
       off += bytes;
     }
-  h["__metadata__"] = {{"anvil.format", "kv-page"},
-                       {"anvil.format_version", std::to_string(kPageRecordVersion)},
-                       {"fingerprint", meta.fingerprint.hex()},
-                       {"key", meta.key.hex()},
-                       {"parent", meta.parent.hex()},
-                       {"first_pos", std::to_string(meta.first_pos)},
-                       {"page_size", std::to_string(L.page_size)},
-                       {"tokens", tokens_to_string(meta.tokens)},
-                       {"data_xxh3", hex64(data_sum)}};
-  std::string json = h.dump();
+  s = h.dump();
+  s.pop_back();  // the closing brace: __metadata__ follows
+  last = L;
+  last_n = n;
+  return s;
+}
+
+std::string page_record_header_for_sum(const PageLayout& L, const PageMeta& meta, uint64_t data_sum) {
+  const std::string& tensors = tensor_section(L, int(meta.tokens.size()));
+  const nlohmann::ordered_json md = {{"anvil.format", "kv-page"},
+                                     {"anvil.format_version", std::to_string(kPageRecordVersion)},
+                                     {"fingerprint", meta.fingerprint.hex()},
+                                     {"key", meta.key.hex()},
+                                     {"parent", meta.parent.hex()},
+                                     {"first_pos", std::to_string(meta.first_pos)},
+                                     {"page_size", std::to_string(L.page_size)},
+                                     {"tokens", tokens_to_string(meta.tokens)},
+                                     {"data_xxh3", hex64(data_sum)}};
+  // The same bytes as dumping one ordered object {tensors..., "__metadata__": md}.
+  std::string json;
+  json.reserve(tensors.size() + 512 + meta.tokens.size() * 7);
+  json += tensors;
+  if (tensors.size() > 1) json += ',';
+  json += "\"__metadata__\":";
+  json += md.dump();
+  json += '}';
   while ((8 + json.size()) % 8) json += ' ';
   std::string out(8, '\0');
   uint64_t len = json.size();

@@ -4,10 +4,9 @@
 //
 // Restore bandwidth (docs/benchmarks.md): each record is read once, straight into its KV page on
 // the CPU backend (on a device backend into one of two pinned staging slots, the host->device copy
-// of page i overlapping the read of page i+1); its checksum runs on another thread while the next
-// record is read, and its header is compared with the expected one instead of being parsed.
+// of page i overlapping the read of page i+1), checksummed chunk by chunk while in cache, and its
+// header compared with the expected one instead of being parsed.
 #include <cstring>
-#include <future>
 
 #include "kvstore/catalog.h"
 #include "kvstore/checksum.h"
@@ -54,12 +53,14 @@ struct KVStore::RestoreItem {
   uint64_t sum = 0;
 };
 
-// Reads one full-page record into pool page `page` and checks its header (invariant 3; its checksum
-// is the caller's, on another thread). The data goes straight into the page where the backend's
-// memory is host memory (CPU), else into staging slot `slot`, from which an asynchronous
-// host->device copy takes it. The header goes to *hdr; *data points at the data as read.
+// Reads one full-page record into pool page `page` and checks it (invariant 3). The data goes
+// straight into the page where the backend's memory is host memory (CPU), else into staging slot
+// `slot`, from which an asynchronous host->device copy takes it. The checksum is computed chunk by
+// chunk right after each chunk is read, while the bytes are still in this core's cache: one pass
+// over memory (the read itself) instead of three (read, checksum, copy). A checksum thread
+// overlapping the reads was tried and measured slower (docs/benchmarks.md).
 Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page,
-                                 int slot, std::vector<uint8_t>* hdr, const uint8_t** data) {
+                                 int slot, std::vector<uint8_t>* hdr) {
   const std::string label = segment_path(it.seg) + "@" + std::to_string(it.off);
   const int64_t hdr_len = it.len - int64_t(page_bytes_);
   if (hdr_len < 16 || hdr_len > (1 << 20)) return corrupt(label + ": implausible record length");
@@ -78,8 +79,15 @@ Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span
     }
     dst = static_cast<uint8_t*>(staging_[slot]);
   }
-  ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(it.off + hdr_len), dst, page_bytes_));
-  *data = dst;
+  XXH3_64bits_reset(restore_xxh_);
+  XXH3_64bits_update(restore_xxh_, hdr->data(), hdr->size());
+  constexpr size_t kChunk = 256 << 10;  // well inside L2: hashed before it is evicted
+  for (size_t c = 0; c < page_bytes_; c += kChunk) {
+    const size_t m = std::min(kChunk, page_bytes_ - c);
+    ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(it.off + hdr_len) + c, dst + c, m));
+    XXH3_64bits_update(restore_xxh_, dst + c, m);
+  }
+  if (XXH3_64bits_digest(restore_xxh_) != it.sum) return corrupt(label + ": record checksum mismatch");
   PageMeta want;
   want.fingerprint = fingerprint_;
   want.key = it.key;
@@ -105,17 +113,6 @@ Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span
     backend_->copy_to_device_async(page_base_mut(page), dst, page_bytes_);
   }
   return Status::ok();
-}
-
-// XXH3-64 of a record read in two parts (its header, then its data).
-static uint64_t record_checksum_2(const std::vector<uint8_t>* hdr, const uint8_t* data, size_t n) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, hdr->data(), hdr->size());
-  XXH3_64bits_update(st, data, n);
-  const uint64_t sum = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return sum;
 }
 
 int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent_key, int max_pages,
@@ -158,26 +155,17 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
     std::lock_guard<std::mutex> lk(pin_mu_);
     for (auto& it : run) pinned_.insert(it.key);
   }
-  // 2. Read each record into a fresh pool page; its checksum is computed on a thread of its own
-  //    while the next record is read (at most two in flight: a staging slot is reused only after
-  //    the record in it was hashed). The first failure ends the run.
+  // 2. Read and check each record into a fresh pool page; the first failure ends the run.
   std::vector<int32_t> loaded;
-  std::vector<std::vector<uint8_t>> hdrs(run.size());
-  std::vector<std::future<uint64_t>> sums;
   loaded.reserve(run.size());
-  sums.reserve(run.size());
-  std::vector<uint64_t> got_sums(run.size(), 0);
   size_t failed_at = run.size();
   Status failed;
-  size_t gotten = 0;  // sums[0, gotten) are collected
   for (size_t j = 0; j < run.size(); ++j) {
-    for (; gotten + 2 <= j; ++gotten) got_sums[gotten] = sums[gotten].get();
     const RestoreItem& it = run[j];
     const int i = first + int(j);
     const int32_t page = pool.kv_page_alloc();
     if (page < 0) break;  // pool full: the rest is recomputed
-    const uint8_t* data = nullptr;
-    Status st = load_page_record(it, i * P, tokens.subspan(size_t(i) * P, size_t(P)), page, int(j % 2), &hdrs[j], &data);
+    Status st = load_page_record(it, i * P, tokens.subspan(size_t(i) * P, size_t(P)), page, int(j % 2), &hdr_buf_);
     if (!st.is_ok()) {
       pool.kv_page_release(page);
       failed_at = j;
@@ -185,15 +173,7 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
       break;
     }
     loaded.push_back(page);
-    sums.push_back(std::async(std::launch::async, record_checksum_2, &hdrs[j], data, page_bytes_));
   }
-  for (; gotten < sums.size(); ++gotten) got_sums[gotten] = sums[gotten].get();
-  for (size_t j = 0; j < loaded.size(); ++j)
-    if (got_sums[j] != run[j].sum) {
-      failed_at = j;
-      failed = corrupt(segment_path(run[j].seg) + "@" + std::to_string(run[j].off) + ": record checksum mismatch");
-      break;
-    }
   if (failed_at < run.size()) {
     const RestoreItem& it = run[failed_at];
     ++counters_.restore_corrupt;

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "kvstore/catalog.h"
 #include "kvstore/fault_env.h"
 #include "kvstore/kvstore.h"
@@ -569,6 +571,38 @@ TEST(KVPageRecord, HeaderMatchesOnlyTheExpectedHeader) {
   bad[bad.find("\"data_xxh3\":\"") + 13] = 'z';  // not a hex digit
   EXPECT_FALSE(matches(bad, m));
   EXPECT_FALSE(matches(h.substr(0, h.size() - 1), m));
+}
+
+}  // namespace
+}  // namespace anvil
+
+namespace anvil {
+namespace {
+
+// page_record_header builds its tensor entries once per layout and splices the metadata in: the
+// bytes must be those of dumping the whole header as one JSON object (what records already in
+// stores were written as), for full and partial pages alike.
+TEST(KVPageRecord, HeaderIsTheWholeObjectDumped) {
+  PageLayout L{DType::kBF16, 3, 2, 8, P};
+  for (int n : {P, 2, P}) {
+    PageMeta m;
+    m.fingerprint = hash128("fp", 2);
+    m.key = hash128("k", 1);
+    m.first_pos = 4;
+    for (int i = 0; i < n; ++i) m.tokens.push_back(100 + i);
+    std::vector<uint8_t> data(L.data_bytes(n), 3);
+    const std::string h = page_record_header(L, m, data.data(), data.size());
+    uint64_t len;
+    std::memcpy(&len, h.data(), 8);
+    ASSERT_EQ(len + 8, h.size());
+    auto j = nlohmann::ordered_json::parse(h.substr(8));
+    ASSERT_TRUE(j.is_object());
+    EXPECT_EQ(j.size(), size_t(2 * L.n_layers + 1));
+    std::string dumped = j.dump();
+    while ((8 + dumped.size()) % 8) dumped += ' ';
+    EXPECT_EQ(dumped, h.substr(8)) << "n = " << n;
+    EXPECT_EQ(j["layer.2.v"]["shape"], nlohmann::json({2, n, 8}));
+  }
 }
 
 }  // namespace
