@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|store]   (default all)
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store]   (default all)
 # store: the durable KV store's experimental CUDA path (ANVIL_CUDA_PAGE_STORE=1, issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
 # Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix).
+# moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
+# rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
+# benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
+# per token, ANVIL_MOE_SKIP_EXPERTS=1 for attribution).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/cuda-out}
@@ -44,6 +48,40 @@ if [ "$what" = store ]; then
   grep -E "Failure|FAILED|error" "$OUT/store_tests.log" | head -20
   cat "$OUT/store_bench.log"
   printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [ "$what" = moe ]; then
+  ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaMoE.*:CudaModel.MoE*' > "$OUT/cuda_moe.log" 2>&1
+  summary+=("cuda MoE tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_moe.log" | tr '\n' ' ')")
+  ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' > "$OUT/golden_cuda_moe.log" 2>&1
+  summary+=("MoE golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda_moe.log" | tr '\n' ' ')")
+  mutate_moe() {  # sed expression on moe.cu; the MoE tests must then fail
+    cp src/backend/cuda/moe.cu /tmp/moe.bak && sed -i "$1" src/backend/cuda/moe.cu &&
+      cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
+    ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaMoE.*' > /tmp/mutant.log 2>&1
+    echo "mutation [$1]: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)')"
+    cp /tmp/moe.bak src/backend/cuda/moe.cu
+  }
+  {
+    mutate_moe 's/(ov == bv \&\& ob < be)/(ov == bv \&\& ob > be)/'        # ties to the higher index
+    mutate_moe 's/acc += coef \* chunk_dot/acc += chunk_dot/'                  # weighted sum dropped
+    mutate_moe 's/const int64_t src = SWIGLU ? a.order\[p0 + r\] \/ a.k/const int64_t src = SWIGLU ? a.order[p0 + r] % a.k/'  # prefill gather
+  } 2>&1 | tee "$OUT/mutations_moe.log"
+  cmake --build build-gpu -j16 > /dev/null 2>&1
+  b() { echo "### ${ANVIL_MOE_SKIP_EXPERTS:+ANVIL_MOE_SKIP_EXPERTS=1 }anvil bench $*" | tee -a "$OUT/bench_moe.log"; timeout 300 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench_moe.log" 2>&1; echo "rc=$?" >> "$OUT/bench_moe.log"; }
+  b --synthetic qwen3-30b-a3b-16L:q4g64 --runs 2                  # decode at 512 + pp512 (targets 2,000 / 30,000 tok/s)
+  b --synthetic qwen3-30b-a3b:q4g64 --runs 2                      # the full model (target 1,250 tok/s)
+  b --synthetic qwen3-30b-a3b-16L:q4g64 --profile --runs 1        # kernels per token, time per category
+  ANVIL_MOE_SKIP_EXPERTS=1 b --synthetic qwen3-30b-a3b-16L:q4g64 --runs 1
+  timeout 300 ./build-gpu/anvil bench --device cpu --synthetic qwen3-30b-a3b-16L:q4g64 --runs 1 > "$OUT/bench_moe_cpu.log" 2>&1  # same machine, for comparison
+  echo "=== MoE failures ==="; grep -hE "FAILED|Failure|error:" "$OUT/cuda_moe.log" "$OUT/golden_cuda_moe.log" | head -30
+  echo "=== MoE errors (every case) ==="; grep -h "cuda-err\|cuda-moe" "$OUT/cuda_moe.log" | head -80
+  echo "=== MoE golden ==="; grep -h "golden   \]" "$OUT/golden_cuda_moe.log" | head -20
+  echo "=== MoE mutations ==="; cat "$OUT/mutations_moe.log"
+  echo "=== MoE bench ==="; grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^  [a-z_ ]+ |rc=|error|fail" "$OUT/bench_moe.log"
+  grep -hE "^prefill|^decode " "$OUT/bench_moe_cpu.log" | sed 's/^/cpu: /'
+  printf '%s\n' "${summary[@]}"
+  echo "total $(( $(date +%s) - t0 )) s"
   exit 0
 fi
 if [ "$what" != bench ]; then

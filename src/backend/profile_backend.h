@@ -2,7 +2,7 @@
 // attributes its wall time (synchronized before and after, so device backends time the op itself) and
 // its call count to a category: routing, expert FFN, attention, dense FFN or the rest. A linear is
 // classified by the weight it reads (set_linear_category), moe_ffn is split into routing and experts by
-// the CPU backend's phase counters (on other backends all of it counts as experts).
+// the backends' phase counters (cpu_backend.h; the CPU and CUDA backends report them).
 // Timing every op adds a synchronization per op: use it for attribution, not for the headline figures.
 #pragma once
 #include <chrono>

@@ -116,7 +116,7 @@ int run_generate(GenerateArgs& a) {
   install_sigint_handler();
   auto on_token = [&](int32_t id) -> bool {
     if (!plan.name.empty())  // the sampled id has no KV yet: n_kv still ends before it
-      store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq),
+      store->session_note(*seq, std::span<const int32_t>(&id, 1), s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq),
                           s.engine->pool());
     if (print_ids) {
       std::printf("%d ", id);
@@ -139,7 +139,7 @@ int run_generate(GenerateArgs& a) {
   auto r = generate(*s.engine, *seq, req, on_token);
   int durable = -1;
   if (!plan.name.empty()) {  // even after an error: what was generated is recorded
-    auto d = store->session_end(s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq), s.engine->pool());
+    auto d = store->session_end(*seq, s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq), s.engine->pool());
     if (d.is_ok()) durable = *d;
   }
   if (!r.is_ok()) {

@@ -212,7 +212,7 @@ int run_chat(RunArgs& a) {
     };
     auto on_token = [&](int32_t id) -> bool {
       if (!plan.name.empty())
-        store->session_note(std::span<const int32_t>(&id, 1), s.engine->seq_kv(seq), s.engine->seq_tail_page(seq),
+        store->session_note(seq, std::span<const int32_t>(&id, 1), s.engine->seq_kv(seq), s.engine->seq_tail_page(seq),
                             s.engine->pool());
       if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) return false;
       answer_ids.push_back(id);
@@ -225,7 +225,7 @@ int run_chat(RunArgs& a) {
     if (dimmed) std::fputs(dim_off, stdout);
     std::printf("\n");
     if (!r.is_ok()) {
-      if (!plan.name.empty()) (void)store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
+      if (!plan.name.empty()) (void)store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
       std::fprintf(stderr, "anvil: error: %s\n", r.status().message().c_str());
       if (!interactive) return 1;
       if (chat) messages.erase(messages.end() - 1);
@@ -244,7 +244,7 @@ int run_chat(RunArgs& a) {
     if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});
     else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
     if (!plan.name.empty()) {
-      auto d = store->session_end(s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
+      auto d = store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
                                   session_meta());
       if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", plan.name.c_str(), d.status().message().c_str());
     }

@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/kv_options.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer_config.h"
 
@@ -19,6 +20,7 @@ namespace {
 struct ServeArgs {
   ModelOptions model;
   SamplingOptions sampling;
+  KVStoreFlags kv;
   server::ServerOptions server;
   int parallel = 8;
   std::string alias;
@@ -45,6 +47,11 @@ int run_serve(ServeArgs& a) {
   auto stack = build_stack(a.model, a.parallel);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
+  // The durable KV store, as for generate/run: every sequence's full pages are persisted and a
+  // prompt's known prefix is restored from it, across restarts; sessions live in it.
+  auto attached = attach_kv_store(a.kv, s);
+  if (!attached.is_ok()) return fail(attached.status().message());
+  AttachedStore& store = *attached;  // declared after the stack, before the server: flushed after it stops
   const std::string dir = tokenizer_dir_of(s);
   if (dir.empty() || !std::filesystem::exists(dir + "/tokenizer.json"))
     return fail("the server needs a tokenizer: no tokenizer.json in " + (dir.empty() ? s.model->source : dir));
@@ -62,6 +69,7 @@ int run_serve(ServeArgs& a) {
   so.max_body_bytes = a.max_body_mb << 20;
   so.chat_page = !a.no_chat_page;
   so.eos_ids = s.model->config.eos_token_ids;
+  so.store = store.get();
   auto sampling = resolve_sampling(a.sampling, s.model->dir);
   if (!sampling.is_ok()) return fail(sampling.status().message());
   so.defaults.sampling = *sampling;
@@ -83,8 +91,9 @@ int run_serve(ServeArgs& a) {
   auto port = srv.start();
   if (!port.is_ok()) return fail(port.status().message());
   std::thread http([&] { srv.serve(); });
-  std::fprintf(stderr, "[anvil] serving %s as '%s' on http://%s:%d (%d parallel, context %d)\n",
-               s.model->source.c_str(), so.defaults.model_id.c_str(), so.host.c_str(), *port, a.parallel, s.ctx);
+  std::fprintf(stderr, "[anvil] serving %s as '%s' on http://%s:%d (%d parallel, context %d, KV store %s)\n",
+               s.model->source.c_str(), so.defaults.model_id.c_str(), so.host.c_str(), *port, a.parallel, s.ctx,
+               store ? store->dir().c_str() : "off");
   std::printf("listening on http://%s:%d\n", so.host.c_str(), *port);
   std::fflush(stdout);
   int sig = 0;
@@ -93,6 +102,12 @@ int run_serve(ServeArgs& a) {
                so.shutdown_timeout_s);
   srv.shutdown();
   http.join();
+  if (store) {  // every session turn has finished; what the writer still holds is committed now
+    store->flush();
+    std::fprintf(stderr, "[anvil] kv store flushed (%lld pages written)\n",
+                 static_cast<long long>(store->counters().pages_written.load()));
+    if (a.kv.profile) print_kv_profile(*store.get(), 0, stderr);
+  }
   std::fprintf(stderr, "[anvil] stopped\n");
   return 0;
 }
@@ -104,6 +119,7 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               app.add_option("--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length")
                   ->each([a](const std::string&) { a->model.ctx_given = true; });
               add_sampling_options(app, a->sampling);
+              add_kv_store_options(app, a->kv, /*session_flags=*/false);  // sessions are per request
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
               app.add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();
               app.add_option("--parallel", a->parallel, "Sequences decoded together (-np)")->capture_default_str();

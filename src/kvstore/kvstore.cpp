@@ -170,13 +170,14 @@ double KVStore::attached_seconds() const {
 }
 
 // Decode thread (invariant 4). Returns false when the descriptor was not queued.
-bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block) {
+bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked) {
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   const size_t Q = ring_.size();
   if (count_ == Q) {
     if (!block) {
-      counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      if (count_blocked)
+        counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
       return false;
     }
     cv_space_.wait(lk, [&] { return count_ < Q || stop_; });
@@ -189,7 +190,8 @@ bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block) {
   if (d.page >= 0) ++retained_;
   lk.unlock();
   cv_writer_.notify_one();
-  counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (count_blocked)
+    counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   return true;
 }
 
@@ -206,9 +208,10 @@ void KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int 
   bool is_session;
   {
     std::lock_guard<std::mutex> lk(sess_mu_);
-    is_session = sess_active_ && seq == sess_seq_;
+    const SessRec* r = rec_of_seq(seq);
+    is_session = r != nullptr;
+    d.session = r ? int32_t(r->id) : 0;
   }
-  d.session = is_session;
   pool.kv_page_retain(page);  // invariant 5: until the writer has copied it
   ++counters_.pages_enqueued;
   if (!push(d, tokens, is_session)) {
@@ -356,83 +359,138 @@ Status KVStore::remove_session(const std::string& name) {
   return db_.exec("COMMIT");
 }
 
+KVStore::SessRec* KVStore::rec_of_seq(int seq) {
+  if (seq < 0) return nullptr;
+  for (auto& [id, r] : recs_)
+    if (r->seq == seq && !r->closed) return r.get();
+  return nullptr;
+}
+
+KVStore::SessRec* KVStore::rec_named(const std::string& name) {
+  for (auto& [id, r] : recs_)
+    if (r->name == name) return r.get();
+  return nullptr;
+}
+
+bool KVStore::session_recording(const std::string& name) {
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  return rec_named(name) != nullptr;
+}
+
 Status KVStore::session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
                               const std::string& meta) {
   if (!writer_) return internal_error("kv store: session_begin before attach");
   if (name.empty()) return invalid_argument("--session: empty name");
   std::lock_guard<std::mutex> lk(sess_mu_);
-  if (sess_active_) return invalid_argument("kv store: a session is already being recorded");
-  sess_tokens_.clear();
-  sess_tokens_.reserve(size_t(std::max<int>(max_tokens, int(tokens.size()))) + 1);
-  sess_tokens_.assign(tokens.begin(), tokens.end());
-  sess_name_ = name;
-  sess_meta_ = meta;
-  ++sess_gen_;
-  sess_seq_ = seq;
-  sess_active_ = true;
-  sess_last_tail_ = Clock::now();
+  if (rec_named(name)) return invalid_argument("session '" + name + "' is already being recorded");
+  if (rec_of_seq(seq)) return internal_error("kv store: sequence " + std::to_string(seq) + " already records a session");
+  auto r = std::make_unique<SessRec>();
+  r->id = ++next_rec_id_;
+  if (r->id == 0) r->id = ++next_rec_id_;  // 0 means "no session" in a descriptor
+  r->name = name;
+  r->meta = meta;
+  r->seq = seq;
+  r->tokens.reserve(size_t(std::max<int>(max_tokens, int(tokens.size()))) + 1);
+  r->tokens.assign(tokens.begin(), tokens.end());
+  r->last_tail = Clock::now();
+  recs_[r->id] = std::move(r);
   return Status::ok();
 }
 
-void KVStore::session_note(std::span<const int32_t> new_tokens, int n_kv, int32_t tail_page, KVPool& pool) {
+Status KVStore::session_rebind(const std::string& name, int seq) {
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  SessRec* r = rec_named(name);
+  if (!r || r->closed) return internal_error("kv store: session '" + name + "' is not being recorded");
+  if (seq >= 0 && rec_of_seq(seq)) return internal_error("kv store: sequence " + std::to_string(seq) + " already records a session");
+  r->seq = seq;
+  return Status::ok();
+}
+
+bool KVStore::push_tail(const SessRec& r, int n_kv, int32_t tail_page, KVPool& pool, bool block) {
+  const int P = layout_.page_size;
+  Desc d;
+  d.kind = Desc::kTail;
+  d.session = int32_t(r.id);
+  d.n = n_kv % P;
+  d.first_pos = n_kv - d.n;
+  d.page = d.n > 0 ? tail_page : -1;
+  // The parent is the chain key of the page before the tail; the writer computes it from the
+  // session's tokens, so the decode thread computes nothing here. Only the decode thread appends
+  // to r.tokens (this thread), so reading them unlocked is safe.
+  const size_t first = std::min<size_t>(size_t(d.first_pos), r.tokens.size());
+  auto toks = std::span<const int32_t>(r.tokens).subspan(first, std::min<size_t>(size_t(d.n), r.tokens.size() - first));
+  if (d.page >= 0) pool.kv_page_retain(d.page);
+  if (push(d, toks, block)) return true;
+  if (d.page >= 0) pool.kv_page_release(d.page);  // ring full: the next interval tries again
+  return false;
+}
+
+void KVStore::session_note(int seq, std::span<const int32_t> new_tokens, int n_kv, int32_t tail_page, KVPool& pool) {
   const auto t0 = Clock::now();
+  SessRec* r;
   bool due;
   {
     std::lock_guard<std::mutex> lk(sess_mu_);
-    if (!sess_active_) return;
+    r = rec_of_seq(seq);
+    if (!r) return;
     for (int32_t t : new_tokens)
-      if (sess_tokens_.size() < sess_tokens_.capacity()) sess_tokens_.push_back(t);  // never reallocates
-    due = t0 - sess_last_tail_ >= std::chrono::milliseconds(opts_.flush_ms);
-    if (due) sess_last_tail_ = t0;
+      if (r->tokens.size() < r->tokens.capacity()) r->tokens.push_back(t);  // never reallocates
+    due = t0 - r->last_tail >= std::chrono::milliseconds(opts_.flush_ms);
+    if (due) r->last_tail = t0;
   }
   counters_.decode_blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  if (!due) return;
-  const int P = layout_.page_size;
-  Desc d;
-  d.kind = Desc::kTail;
-  d.session = 1;
-  d.n = n_kv % P;
-  d.first_pos = n_kv - d.n;
-  d.page = d.n > 0 ? tail_page : -1;
-  std::span<const int32_t> toks;
-  {
-    std::lock_guard<std::mutex> lk(sess_mu_);
-    // The parent is the chain key of the page before the tail; the writer fills it from the
-    // session's tokens, so the decode thread computes nothing here.
-    toks = std::span<const int32_t>(sess_tokens_).subspan(size_t(d.first_pos), size_t(d.n));
-  }
-  if (d.page >= 0) pool.kv_page_retain(d.page);
-  if (!push(d, toks, false) && d.page >= 0) pool.kv_page_release(d.page);  // ring full: next interval
+  // r stays valid: only session_finish erases a recording, and only after session_close, which
+  // runs on this thread.
+  if (due) push_tail(*r, n_kv, tail_page, pool, false);
 }
 
-Result<int> KVStore::session_end(int n_kv, int32_t tail_page, KVPool& pool, const std::string& meta) {
+Status KVStore::session_close(const std::string& name, int n_kv, int32_t tail_page, KVPool& pool) {
+  SessRec* r;
   {
     std::lock_guard<std::mutex> lk(sess_mu_);
-    if (!sess_active_) return internal_error("kv store: no session is being recorded");
-    if (!meta.empty()) sess_meta_ = meta;
-    sess_last_tail_ = Clock::time_point{};  // force the final tail now
+    r = rec_named(name);
+    if (!r || r->closed) return internal_error("kv store: session '" + name + "' is not being recorded");
+    r->closed = true;
+    r->seq = -1;
   }
-  // Blocks on a full ring rather than lose the final state.
-  const int P = layout_.page_size;
+  n_kv = std::min<int>(n_kv, int(r->tokens.size()));
+  push_tail(*r, n_kv, tail_page, pool, true);  // blocks on a full ring rather than lose the final state
+  return Status::ok();
+}
+
+Result<int> KVStore::session_finish(const std::string& name, const std::string& meta) {
+  uint32_t id;
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    SessRec* r = rec_named(name);
+    if (!r || !r->closed) return internal_error("kv store: session '" + name + "' was not closed");
+    if (!meta.empty()) r->meta = meta;
+    id = r->id;
+  }
   Desc d;
-  d.kind = Desc::kTail;
-  d.session = 1;
-  d.n = n_kv % P;
-  d.first_pos = n_kv - d.n;
-  d.page = d.n > 0 ? tail_page : -1;
-  std::vector<int32_t> toks;
+  d.kind = Desc::kEnd;
+  d.session = int32_t(id);
+  push(d, {}, true, /*count_blocked=*/false);  // any thread, not the decode one
+  flush();  // commits the final tail, the tokens and the meta in one transaction
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  auto it = recs_.find(id);
+  const int durable = it->second->final_durable;
+  recs_.erase(it);
+  return durable;
+}
+
+Result<int> KVStore::session_end(int seq, int n_kv, int32_t tail_page, KVPool& pool, const std::string& meta) {
+  std::string name;
   {
     std::lock_guard<std::mutex> lk(sess_mu_);
-    toks.assign(sess_tokens_.begin() + d.first_pos, sess_tokens_.begin() + d.first_pos + d.n);
+    SessRec* r = rec_of_seq(seq);
+    if (!r) return internal_error("kv store: sequence " + std::to_string(seq) + " records no session");
+    name = r->name;
   }
-  if (d.page >= 0) pool.kv_page_retain(d.page);
-  push(d, toks, true);
-  flush();
+  ANVIL_RETURN_IF_ERROR(session_close(name, n_kv, tail_page, pool));
+  auto d = session_finish(name, meta);
   reap(pool, true);
-  std::lock_guard<std::mutex> lk(sess_mu_);
-  sess_active_ = false;
-  sess_seq_ = -1;
-  return sess_final_durable_;
+  return d;
 }
 
 StoreStats KVStore::stats() {

@@ -29,6 +29,9 @@
 //     before deleting them. A reader that loses a race with another process's GC gets a miss.
 //  8. A session's row (its token ids: the truth; KV is a cache of them) and its durable position
 //     (tokens whose KV is committed for every layer) are rewritten at every flush.
+//  9. Any number of sessions may be recorded at once (the server records one per running request),
+//     each under a distinct name and bound to at most one engine sequence at a time; a recording
+//     lives from session_begin until session_finish has seen its last state committed.
 //
 // A page's life (the function behind each transition):
 //
@@ -131,14 +134,28 @@ class KVStore : public PageStore {
   Status fork_session(const std::string& from, const std::string& to);
   Status remove_session(const std::string& name);
   // Starts recording sequence `seq` as session `name`, whose tokens so far are `tokens` (max_tokens
-  // bounds its length: the token buffer is allocated here, not on the decode path).
+  // bounds its length: the token buffer is allocated here, not on the decode path). Refused while
+  // `name` is already being recorded or `seq` already records another session (invariant 9).
   Status session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
                        const std::string& meta = "");
-  // Decode thread, after each token: records it and, once per flush interval, queues the tail page
-  // (pool page `tail_page` holding positions [n_kv - n_kv % P, n_kv)).
-  void session_note(std::span<const int32_t> new_tokens, int n_kv, int32_t tail_page, KVPool& pool);
-  // Queues the final tail, waits until it is committed, stops recording. Returns the durable position.
-  Result<int> session_end(int n_kv, int32_t tail_page, KVPool& pool, const std::string& meta = "");
+  // Decode thread, after each token of sequence `seq`: records it and, once per flush interval,
+  // queues the tail page (pool page `tail_page` holding positions [n_kv - n_kv % P, n_kv)). A
+  // sequence that records no session is ignored.
+  void session_note(int seq, std::span<const int32_t> new_tokens, int n_kv, int32_t tail_page, KVPool& pool);
+  // Moves session `name`'s recording to sequence `seq` (-1: detached, as while its request is
+  // preempted; its tokens are kept and recording continues once it is bound again).
+  Status session_rebind(const std::string& name, int seq);
+  // Decode thread: queues the session's final tail (blocking on a full ring rather than lose it)
+  // and stops taking notes; the sequence may be released right after. Never waits for the disk.
+  Status session_close(const std::string& name, int n_kv, int32_t tail_page, KVPool& pool);
+  // Any thread, after session_close: sets the session's meta (when not empty), waits until its
+  // last state is committed and forgets the recording. Returns the durable position.
+  Result<int> session_finish(const std::string& name, const std::string& meta = "");
+  // session_close + session_finish + taking the copied pages back (reap): for a caller that owns
+  // the pool and may block (anvil generate / run).
+  Result<int> session_end(int seq, int n_kv, int32_t tail_page, KVPool& pool, const std::string& meta = "");
+  // True while `name` is being recorded (between session_begin and session_finish).
+  bool session_recording(const std::string& name);
 
   // ---- maintenance (anvil kv) ----
   StoreStats stats();
@@ -172,11 +189,11 @@ class KVStore : public PageStore {
   class Writer;
   friend class Writer;
   struct Desc {
-    enum Kind : int32_t { kPage, kTail, kFlush } kind = kPage;
+    enum Kind : int32_t { kPage, kTail, kFlush, kEnd } kind = kPage;  // kEnd: a session's last commit
     int32_t page = -1;
     int32_t n = 0;          // tokens in the page (P for a full page)
     int32_t first_pos = 0;
-    int32_t session = 0;    // 1: a session's page (never dropped)
+    int32_t session = 0;    // a recording id (SessRec::id): a session's page, never dropped; 0: none
     Hash128 key, parent;
     uint64_t ticket = 0;    // kFlush
   };
@@ -185,7 +202,8 @@ class KVStore : public PageStore {
   Status recover_segments();
   std::string segment_path(int64_t id) const;
   Status prepare_reader();
-  bool push(const Desc& d, std::span<const int32_t> tokens, bool block);
+  // count_blocked: the caller is the decode thread (its time here is decode_blocked_ns).
+  bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true);
   Result<ReadFile*> segment_reader(int64_t seg);
   struct RestoreItem;
   Status load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page, int slot,
@@ -227,15 +245,24 @@ class KVStore : public PageStore {
   std::vector<int32_t> released_, released_swap_;
   int64_t retained_ = 0;
 
-  // The recorded session (one per process for now; the server will need several).
+  // Sessions being recorded (invariant 9), by recording id (the descriptor's `session`). The
+  // decode thread finds a sequence's recording by a scan: there are at most a few dozen.
+  struct SessRec {
+    uint32_t id = 0;
+    std::string name, meta;
+    int seq = -1;                 // the engine sequence it records; -1: detached or closed
+    bool closed = false;          // session_close ran: no more notes, the final tail is queued
+    std::vector<int32_t> tokens;  // capacity reserved by session_begin: session_note never reallocates
+    std::chrono::steady_clock::time_point last_tail;
+    int final_durable = 0;        // set by the writer's commit
+  };
+  SessRec* rec_of_seq(int seq);                  // with sess_mu_ held; nullptr when none
+  SessRec* rec_named(const std::string& name);   // with sess_mu_ held
+  // Queues the tail descriptor of `r` (page -1: its KV ends on a page boundary).
+  bool push_tail(const SessRec& r, int n_kv, int32_t tail_page, KVPool& pool, bool block);
   std::mutex sess_mu_;
-  bool sess_active_ = false;
-  int sess_seq_ = -1;
-  std::string sess_name_, sess_meta_;
-  uint64_t sess_gen_ = 0;  // bumped by session_begin: the writer's per-session caches restart
-  std::vector<int32_t> sess_tokens_;
-  std::chrono::steady_clock::time_point sess_last_tail_;
-  int sess_final_durable_ = 0;
+  std::map<uint32_t, std::unique_ptr<SessRec>> recs_;
+  uint32_t next_rec_id_ = 0;
 
   // Keys pinned by a restore in progress (invariant 7); shared with the writer's GC.
   std::mutex pin_mu_;

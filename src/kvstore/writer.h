@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "kvstore/catalog.h"
@@ -61,7 +62,7 @@ class KVStore::Writer {
       {
         std::unique_lock<std::mutex> lk(s_.mu_);
         auto has_work = [&] { return s_.count_ > 0 || s_.stop_; };
-        if (pending_records_ > 0 || sess_dirty_) {
+        if (pending_records_ > 0 || any_dirty_) {
           auto deadline = first_pending_ + std::chrono::milliseconds(s_.opts_.flush_ms);
           s_.cv_writer_.wait_until(lk, deadline, has_work);
         } else {
@@ -83,16 +84,17 @@ class KVStore::Writer {
       const auto t0 = Clock::now();
       bool flush_now = stopping;
       if (have) {
-        if (pending_records_ == 0 && !sess_dirty_) first_pending_ = t0;
+        if (pending_records_ == 0 && !any_dirty_) first_pending_ = t0;
         if (d.kind == Desc::kPage) write_page(d, tokens.data());
         else if (d.kind == Desc::kTail) write_tail(d, tokens.data());
+        else if (d.kind == Desc::kEnd) end_session(d);
         if (d.kind == Desc::kFlush) {
           flush_now = true;
           ticket_ = std::max(ticket_, d.ticket);
         }
         if (s_.opts_.durability == Durability::kSync || pending_records_ >= s_.opts_.flush_pages) flush_now = true;
       }
-      if (!flush_now && (pending_records_ > 0 || sess_dirty_) &&
+      if (!flush_now && (pending_records_ > 0 || any_dirty_) &&
           t0 - first_pending_ >= std::chrono::milliseconds(s_.opts_.flush_ms))
         flush_now = true;
       if (flush_now) flush();
@@ -175,22 +177,58 @@ class KVStore::Writer {
     ++s_.counters_.pages_written;
   }
 
+  // The writer's state of one recorded session (by recording id).
+  struct Tail {
+    bool valid = false;
+    int64_t seg = 0, off = 0, len = 0;
+    uint64_t sum = 0;
+    int first = 0, n = 0;
+    Hash128 parent;
+  };
+  struct WSess {
+    bool dirty = false, ending = false;
+    Tail tail;
+    bool tail_committed = false;
+    std::vector<Hash128> keys;  // chain keys of the session's full pages, as far as computed
+    int present = 0, pages_written = 0;
+  };
+  WSess& wsess(int32_t id) {
+    any_dirty_ = true;
+    WSess& w = ws_[uint32_t(id)];
+    w.dirty = true;
+    return w;
+  }
+  // The recording's tokens (a copy; empty when it is gone).
+  bool session_tokens(uint32_t id, size_t max_n, std::vector<int32_t>* toks, std::string* name = nullptr,
+                      std::string* meta = nullptr) {
+    std::lock_guard<std::mutex> lk(s_.sess_mu_);
+    auto it = s_.recs_.find(id);
+    if (it == s_.recs_.end()) return false;
+    const auto& t = it->second->tokens;
+    toks->assign(t.begin(), t.begin() + std::min(max_n, t.size()));
+    if (name) *name = it->second->name;
+    if (meta) *meta = it->second->meta;
+    return true;
+  }
+
+  void end_session(const Desc& d) { wsess(d.session).ending = true; }
+
   void write_tail(const Desc& d, const int32_t* tokens) {
     const PageLayout& L = s_.layout_;
-    sess_dirty_ = true;
+    WSess& w = wsess(d.session);
     if (d.page < 0) {  // the session's tokens only: its KV ends on a page boundary
-      tail_.valid = false;
+      w.tail.valid = false;
       return;
     }
     // The tail's parent: the chain key of the session's page before it.
     std::vector<int32_t> toks;
-    {
-      std::lock_guard<std::mutex> lk(s_.sess_mu_);
-      sync_session_name();
-      toks.assign(s_.sess_tokens_.begin(), s_.sess_tokens_.begin() + std::min<size_t>(d.first_pos, s_.sess_tokens_.size()));
+    session_tokens(uint32_t(d.session), size_t(d.first_pos), &toks);
+    extend_session_keys(w, toks, d.first_pos / L.page_size);
+    if (d.first_pos && int(w.keys.size()) < d.first_pos / L.page_size) {  // the recording is gone
+      give_back(d.page);
+      return;
     }
-    extend_session_keys(toks, d.first_pos / L.page_size);
-    const Hash128 parent = d.first_pos ? sess_keys_[size_t(d.first_pos / L.page_size) - 1] : Hash128{};
+    const Hash128 parent = d.first_pos ? w.keys[size_t(d.first_pos / L.page_size) - 1] : Hash128{};
     // Only the rows below the fill mark: the decode thread may be writing row d.n (invariant 5).
     const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
     s_.backend_->copy_2d_to_host_async(stage_, L.block_bytes(d.n), src, L.block_bytes(L.page_size), L.block_bytes(d.n),
@@ -205,8 +243,8 @@ class KVStore::Writer {
     meta.tokens.assign(tokens, tokens + d.n);
     auto r = append_record(meta, L.data_bytes(d.n));
     if (!r.is_ok()) return write_failed(r.status());
-    tail_ = Tail{true, seg_id_, r->first, int64_t(seg_->size()) - r->first, r->second, d.first_pos, d.n, parent};
-    tail_committed_ = false;
+    w.tail = Tail{true, seg_id_, r->first, int64_t(seg_->size()) - r->first, r->second, d.first_pos, d.n, parent};
+    w.tail_committed = false;
     ++pending_records_;
     ++s_.counters_.tails_written;
   }
@@ -233,7 +271,8 @@ class KVStore::Writer {
     pending_.clear();
     pending_keys_.clear();
     pending_records_ = 0;
-    if (tail_.valid && !tail_committed_) tail_.valid = false;
+    for (auto& [id, w] : ws_)
+      if (w.tail.valid && !w.tail_committed) w.tail.valid = false;
     if (seg_) {
       (void)seg_->truncate(uint64_t(committed_end_));
       seal_.bind(1, committed_end_);
@@ -243,37 +282,79 @@ class KVStore::Writer {
     }
   }
 
-  // With sess_mu_ held: a new session name starts its key cache afresh.
-  void sync_session_name() {
-    if (s_.sess_gen_ == sess_gen_) return;
-    sess_gen_ = s_.sess_gen_;
-    sess_name_ = s_.sess_name_;
-    tail_.valid = false;
-    sess_keys_.clear();
-    sess_present_ = 0;
-    sess_pages_written_ = 0;
-  }
-
-  void extend_session_keys(const std::vector<int32_t>& toks, int full) {
+  void extend_session_keys(WSess& w, const std::vector<int32_t>& toks, int full) {
     const int P = s_.layout_.page_size;
     full = std::min(full, int(toks.size()) / P);
-    while (int(sess_keys_.size()) < full) {
-      const size_t i = sess_keys_.size();
-      Hash128 parent = i ? sess_keys_[i - 1] : Hash128{};
-      sess_keys_.push_back(kv_page_key(s_.fingerprint_, parent, std::span<const int32_t>(toks).subspan(i * P, P)));
+    while (int(w.keys.size()) < full) {
+      const size_t i = w.keys.size();
+      Hash128 parent = i ? w.keys[i - 1] : Hash128{};
+      w.keys.push_back(kv_page_key(s_.fingerprint_, parent, std::span<const int32_t>(toks).subspan(i * P, P)));
     }
   }
 
   // The session's durable position: its leading full pages that are committed, plus the tail when
   // it continues them.
-  int session_durable(const std::vector<int32_t>& toks) {
+  int session_durable(WSess& w, const std::vector<int32_t>& toks) {
     const int P = s_.layout_.page_size;
     const int full = int(toks.size()) / P;
-    extend_session_keys(toks, full);
-    while (sess_present_ < full && known(sess_keys_[size_t(sess_present_)])) ++sess_present_;
-    int d = sess_present_ * P;
-    if (tail_.valid && tail_.first == d) d += tail_.n;
+    extend_session_keys(w, toks, full);
+    while (w.present < full && known(w.keys[size_t(w.present)])) ++w.present;
+    int d = w.present * P;
+    if (w.tail.valid && w.tail.first == d) d += w.tail.n;
     return std::min(d, int(toks.size()));
+  }
+
+  // Rewrites the row of every session that changed since the last commit (invariant 8).
+  Status commit_sessions(int64_t now, int64_t* live_added) {
+    for (auto& [id, w] : ws_) {
+      if (!w.dirty) continue;
+      std::vector<int32_t> toks;
+      std::string name, meta;
+      if (!session_tokens(id, SIZE_MAX, &toks, &name, &meta)) continue;
+      const int durable = session_durable(w, toks);
+      // Bytes of the tail this row replaces become dead.
+      old_tail_.bind(1, name);
+      ANVIL_ASSIGN_OR_RETURN(bool had, old_tail_.step());
+      int64_t old_seg = had ? old_tail_.col_int(0) : 0, old_len = had ? old_tail_.col_int(1) : 0;
+      old_tail_.reset();
+      const bool new_tail = w.tail.valid && !w.tail_committed;
+      put_session_.bind(1, name);
+      put_session_.bind(2, s_.fingerprint_);
+      put_session_.bind_blob(3, toks.data(), toks.size() * 4);
+      put_session_.bind(4, int64_t(durable));
+      if (w.tail.valid) {
+        put_session_.bind(5, w.tail.seg);
+        put_session_.bind(6, w.tail.off);
+        put_session_.bind(7, w.tail.len);
+        put_session_.bind(8, int64_t(w.tail.sum));
+        put_session_.bind(9, int64_t(w.tail.first));
+        put_session_.bind(10, int64_t(w.tail.n));
+        put_session_.bind(11, w.tail.parent);
+      }  // else NULL: bindings are cleared after every run
+      put_session_.bind(12, now);
+      put_session_.bind(13, meta);
+      ANVIL_RETURN_IF_ERROR(put_session_.run());
+      if (new_tail) {
+        *live_added += w.tail.len;
+        if (had && old_len > 0) {
+          add_live_.bind(1, -old_len);
+          add_live_.bind(2, old_seg);
+          ANVIL_RETURN_IF_ERROR(add_live_.run());
+        }
+      }
+      for (; w.pages_written < int(w.keys.size()); ++w.pages_written) {
+        put_sess_page_.bind(1, name);
+        put_sess_page_.bind(2, int64_t(w.pages_written));
+        put_sess_page_.bind(3, w.keys[size_t(w.pages_written)]);
+        ANVIL_RETURN_IF_ERROR(put_sess_page_.run());
+      }
+      trim_sess_pages_.bind(1, name);
+      trim_sess_pages_.bind(2, int64_t(w.keys.size()));
+      ANVIL_RETURN_IF_ERROR(trim_sess_pages_.run());
+      std::lock_guard<std::mutex> lk(s_.sess_mu_);
+      if (auto it = s_.recs_.find(id); it != s_.recs_.end()) it->second->final_durable = durable;
+    }
+    return Status::ok();
   }
 
   // Deletes rows whose records failed a read (bad_), before this batch inserts their replacements.
@@ -332,59 +413,7 @@ class KVStore::Writer {
         ANVIL_RETURN_IF_ERROR(touch_.run());
       }
     }
-    if (sess_dirty_) {
-      std::vector<int32_t> toks;
-      std::string name, meta;
-      {
-        std::lock_guard<std::mutex> lk(s_.sess_mu_);
-        sync_session_name();
-        toks = s_.sess_tokens_;
-        name = s_.sess_name_;
-        meta = s_.sess_meta_;
-      }
-      const int durable = session_durable(toks);
-      // Bytes of the tail this row replaces become dead.
-      old_tail_.bind(1, name);
-      ANVIL_ASSIGN_OR_RETURN(bool had, old_tail_.step());
-      int64_t old_seg = had ? old_tail_.col_int(0) : 0, old_len = had ? old_tail_.col_int(1) : 0;
-      old_tail_.reset();
-      const bool new_tail = tail_.valid && !tail_committed_;
-      put_session_.bind(1, name);
-      put_session_.bind(2, s_.fingerprint_);
-      put_session_.bind_blob(3, toks.data(), toks.size() * 4);
-      put_session_.bind(4, int64_t(durable));
-      if (tail_.valid) {
-        put_session_.bind(5, tail_.seg);
-        put_session_.bind(6, tail_.off);
-        put_session_.bind(7, tail_.len);
-        put_session_.bind(8, int64_t(tail_.sum));
-        put_session_.bind(9, int64_t(tail_.first));
-        put_session_.bind(10, int64_t(tail_.n));
-        put_session_.bind(11, tail_.parent);
-      }
-      put_session_.bind(12, now);
-      put_session_.bind(13, meta);
-      ANVIL_RETURN_IF_ERROR(put_session_.run());
-      if (new_tail) {
-        live_added += tail_.len;
-        if (had && old_len > 0) {
-          add_live_.bind(1, -old_len);
-          add_live_.bind(2, old_seg);
-          ANVIL_RETURN_IF_ERROR(add_live_.run());
-        }
-      }
-      for (; sess_pages_written_ < int(sess_keys_.size()); ++sess_pages_written_) {
-        put_sess_page_.bind(1, name);
-        put_sess_page_.bind(2, int64_t(sess_pages_written_));
-        put_sess_page_.bind(3, sess_keys_[size_t(sess_pages_written_)]);
-        ANVIL_RETURN_IF_ERROR(put_sess_page_.run());
-      }
-      trim_sess_pages_.bind(1, name);
-      trim_sess_pages_.bind(2, int64_t(sess_keys_.size()));
-      ANVIL_RETURN_IF_ERROR(trim_sess_pages_.run());
-      std::lock_guard<std::mutex> lk(s_.sess_mu_);
-      s_.sess_final_durable_ = durable;
-    }
+    ANVIL_RETURN_IF_ERROR(commit_sessions(now, &live_added));
     if (seg_) {
       set_end_.bind(1, int64_t(seg_->size()));
       set_end_.bind(2, seg_id_);
@@ -409,7 +438,7 @@ class KVStore::Writer {
       std::lock_guard<std::mutex> lk(s_.pin_mu_);
       touched = !s_.touched_.empty() || !s_.bad_.empty();
     }
-    if (pending_records_ > 0 || sess_dirty_ || touched) {
+    if (pending_records_ > 0 || any_dirty_ || touched) {
       Status st = commit();
       ++s_.counters_.transactions;
       if (!st.is_ok()) {
@@ -421,13 +450,18 @@ class KVStore::Writer {
         }
       } else {
         if (seg_) committed_end_ = int64_t(seg_->size());
-        if (tail_.valid) tail_committed_ = true;
+        for (auto& [id, w] : ws_)
+          if (w.tail.valid) w.tail_committed = true;
       }
     }
     pending_.clear();
     pending_keys_.clear();
     pending_records_ = 0;
-    sess_dirty_ = false;
+    any_dirty_ = false;
+    for (auto it = ws_.begin(); it != ws_.end();) {  // an ended session's state goes with its last commit
+      it->second.dirty = false;
+      it = it->second.ending ? ws_.erase(it) : std::next(it);
+    }
     if (seg_ && seg_->size() >= s_.opts_.segment_bytes) {  // roll over: seal this segment
       seal_.bind(1, committed_end_);
       seal_.bind(2, seg_id_);
@@ -461,14 +495,6 @@ class KVStore::Writer {
     int64_t off, len;
     uint64_t sum;
   };
-  struct Tail {
-    bool valid = false;
-    int64_t seg = 0, off = 0, len = 0;
-    uint64_t sum = 0;
-    int first = 0, n = 0;
-    Hash128 parent;
-  };
-
   KVStore& s_;
   SqliteDb db_;
   SqliteStmt has_page_, ins_page_, add_live_, set_end_, seal_, touch_, old_tail_, put_session_, put_sess_page_,
@@ -484,17 +510,11 @@ class KVStore::Writer {
   Clock::time_point first_pending_;
   uint64_t ticket_ = 0;
   bool warned_ = false;
-  // The recorded session.
-  bool sess_dirty_ = false;
-  Tail tail_;
-  bool tail_committed_ = false;
-  std::string sess_name_;
-  uint64_t sess_gen_ = 0;
-  std::vector<Hash128> sess_keys_;
-  int sess_present_ = 0, sess_pages_written_ = 0;
+  // The recorded sessions.
+  std::map<uint32_t, WSess> ws_;
+  bool any_dirty_ = false;  // some ws_ entry is dirty
 
  public:
-  void mark_session_dirty() { sess_dirty_ = true; }
   int64_t segment_id() const { return seg_ ? seg_id_ : -1; }
 };
 

@@ -43,6 +43,7 @@ Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits)
   if (total > model_.max_tokens())
     return invalid_argument("step: " + std::to_string(total) + " tokens exceed the forward's limit of " +
                             std::to_string(model_.max_tokens()));
+  if (store_) store_->reap(*pool_, false);  // pages the store's writer has copied come back
   for (const StepItem& it : items) ANVIL_RETURN_IF_ERROR(ensure_pages(seqs_[it.seq], seqs_[it.seq].n_kv + it.n_tokens));
 
   std::vector<int> order;

@@ -1,5 +1,7 @@
 #include "server/api_request.h"
 
+#include <cctype>
+
 #include <cmath>
 
 namespace anvil::server {
@@ -158,8 +160,10 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
   }
   if (auto e = get_bool(b, "ignore_eos", &g.ignore_eos)) return e;
   if (const ojson* s = field(b, "session")) {
-    if (!s->is_string() || s->get<std::string>().empty())
-      return bad("session", "'session' must be a non-empty string, got " + type_name(*s));
+    if (!s->is_string()) return bad("session", "'session' must be a string, got " + type_name(*s));
+    if (!valid_session_name(s->get<std::string>()))
+      return bad("session", "'session' must be 1 to 128 characters of A-Z a-z 0-9 . _ - (not starting with . or -), "
+                            "got '" + s->get<std::string>().substr(0, 200) + "'");
     r->session = s->get<std::string>();
   }
   if (const ojson* rf = field(b, "response_format")) {
@@ -247,24 +251,34 @@ std::optional<ApiError> parse_messages(const ojson& b, ApiRequest* r) {
 }
 
 std::optional<ApiError> parse_tools(const ojson& b, ApiRequest* r) {
-  std::string choice = "auto";
+  std::string choice = "auto", named;
   if (const ojson* tc = field(b, "tool_choice")) {
     if (tc->is_string()) {
       choice = tc->get<std::string>();
-      if (choice == "required")
-        return bad("tool_choice", "'tool_choice' 'required' is not supported (anvil has no constrained decoding); use 'auto'");
-      if (choice != "auto" && choice != "none")
-        return bad("tool_choice", "'tool_choice' must be 'auto' or 'none', got '" + choice + "'");
+      if (choice != "auto" && choice != "none" && choice != "required")
+        return bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+                                  "\"function\": {\"name\": ...}}, got '" + choice + "'");
     } else if (tc->is_object()) {
-      return bad("tool_choice",
-                 "'tool_choice' naming a function is not supported (anvil has no constrained decoding); use 'auto'");
+      if (!tc->contains("type") || (*tc)["type"] != "function")
+        return bad("tool_choice", "'tool_choice.type' must be 'function'");
+      if (!tc->contains("function") || !(*tc)["function"].is_object() || !(*tc)["function"].contains("name") ||
+          !(*tc)["function"]["name"].is_string() || (*tc)["function"]["name"].get<std::string>().empty())
+        return bad("tool_choice", "'tool_choice.function.name' must be a non-empty string");
+      choice = "function";
+      named = (*tc)["function"]["name"].get<std::string>();
     } else {
-      return bad("tool_choice", "'tool_choice' must be a string, got " + type_name(*tc));
+      return bad("tool_choice", "'tool_choice' must be a string or an object, got " + type_name(*tc));
     }
   }
   const ojson* tools = field(b, "tools");
-  if (!tools) return std::nullopt;
+  if (!tools || (tools->is_array() && tools->empty())) {
+    if (choice == "required" || choice == "function")
+      return bad("tool_choice", "'tool_choice' " + (named.empty() ? std::string("'required'") : "'" + named + "'") +
+                                    " needs 'tools' to choose from");
+    if (!tools) return std::nullopt;
+  }
   if (!tools->is_array()) return bad("tools", "'tools' must be an array, got " + type_name(*tools));
+  bool found = false;
   for (size_t i = 0; i < tools->size(); ++i) {
     const ojson& t = (*tools)[i];
     std::string w = "tools[" + std::to_string(i) + "]";
@@ -276,9 +290,20 @@ std::optional<ApiError> parse_tools(const ojson& b, ApiRequest* r) {
       return bad("tools", "'" + w + ".function.name' must be a non-empty string");
     if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null())
       return bad("tools", "'" + w + ".function.parameters' must be an object (a JSON Schema)");
+    if (f["name"] == named) found = true;
   }
+  if (choice == "function" && !found)
+    return bad("tool_choice", "'tool_choice' names function '" + named + "', which is not in 'tools'");
+  r->tool_choice = choice;
   if (tools->empty() || choice == "none") return std::nullopt;  // vLLM: tools left out of the prompt for "none"
-  r->tools = *tools;
+  if (choice == "function") {  // as vLLM: the prompt offers only the named tool
+    r->tools = ojson::array();
+    for (const ojson& t : *tools)
+      if (t["function"]["name"] == named) r->tools.push_back(t);
+    r->forced_tool = named;
+  } else {
+    r->tools = *tools;
+  }
   r->parse_tool_calls = true;
   return std::nullopt;
 }
@@ -292,6 +317,13 @@ ojson error_body(const ApiError& e) {
   err["param"] = e.param.empty() ? ojson() : ojson(e.param);
   err["code"] = e.code.empty() ? ojson() : ojson(e.code);
   return ojson{{"error", err}};
+}
+
+bool valid_session_name(std::string_view s) {
+  if (s.empty() || s.size() > 128 || s[0] == '.' || s[0] == '-') return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
 }
 
 bool is_valid_utf8(std::string_view s) {

@@ -4,7 +4,7 @@
 // Accepted (chat and completions): model, max_tokens / max_completion_tokens, temperature, top_p,
 // top_k, min_p, seed, stop, presence_penalty, frequency_penalty, repetition_penalty, n (= 1),
 // stream, stream_options.include_usage, ignore_eos (vLLM/llama-server extension), session;
-// chat: messages, tools, tool_choice ("auto" / "none"), logprobs, top_logprobs,
+// chat: messages, tools, tool_choice ("auto" / "none" / "required" / a named function), logprobs, top_logprobs,
 // chat_template_kwargs, reasoning_effort is ignored; completions: prompt (string, [string],
 // token ids), logprobs (0..20), echo=false. Unknown fields are ignored, as OpenAI's SDKs send
 // extras; fields whose meaning anvil cannot honour are refused rather than silently ignored.
@@ -44,6 +44,8 @@ struct ApiRequest {
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::optional<bool> enable_thinking;  // unset: the template's own default
   bool parse_tool_calls = false;
+  std::string tool_choice = "auto";  // auto, none, required, function (forced_tool names it)
+  std::string forced_tool;           // tool_choice naming a function: tools holds only it
   // completions
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
@@ -64,5 +66,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
 // The body as a JSON object, or the error (invalid UTF-8, malformed JSON, not an object).
 std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::ordered_json* out);
 bool is_valid_utf8(std::string_view s);
+// A session name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-' (it appears in URLs).
+bool valid_session_name(std::string_view s);
 
 }  // namespace anvil::server

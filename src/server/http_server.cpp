@@ -12,7 +12,9 @@
 
 #include "server/chat_output.h"
 #include "server/chat_page.h"
+#include "server/connection_probe.h"
 #include "server/openai_reply.h"
+#include "server/sessions.h"
 
 namespace anvil::server {
 
@@ -91,6 +93,7 @@ std::string endpoint_label(const std::string& path) {
   if (path == "/chat/completions") return "/v1/chat/completions";
   if (path == "/completions") return "/v1/completions";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  if (path == "/v1/sessions" || path.rfind("/v1/sessions/", 0) == 0) return "/v1/sessions";
   return "other";
 }
 
@@ -120,6 +123,7 @@ struct HttpServer::Impl {
   // Streaming responses still writing. httplib stops calling a stream's content provider once the
   // server stops, so shutdown() waits for these to reach their last event first.
   std::atomic<int> open_streams{0};
+  SessionLocks sessions;
 
   Impl(ServerOptions o, Engine& e, const Tokenizer& t, TokenizerConfig c, Metrics& m)
       : opts(std::move(o)), engine(e), tok(t), cfg(std::move(c)), metrics(m) {
@@ -130,6 +134,8 @@ struct HttpServer::Impl {
   void routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
+  void handle_sessions(const httplib::Request& req, httplib::Response& res);
+  void handle_session(const httplib::Request& req, httplib::Response& res, bool remove);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   ojson model_json() const {
     return ojson{{"id", opts.defaults.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "anvil"},
@@ -138,18 +144,98 @@ struct HttpServer::Impl {
 };
 
 
+namespace {
+// One request's hold on a session (sessions.h): the name's lock from validation to the end of the
+// turn, and the end of its recording (KVStore::session_finish, which waits for the commit, so a
+// reply that is complete is durable). Ending it without a successful reply keeps the session's
+// conversation as it was (its tokens keep whatever was generated: tokens are the truth).
+struct SessionTurn {
+  SessionLocks* locks = nullptr;
+  KVStore* store = nullptr;
+  std::string name;
+  bool chat = false;
+  std::shared_ptr<Job> job;
+  ojson messages;         // chat: the stored messages + this request's
+  std::string keep_meta;  // the meta recorded when the turn does not succeed
+  bool ended = false;
+
+  // `reply`: the finished reply (kDone), or nullptr (an error, or the client went away).
+  void end(const Reply* reply) {
+    if (ended) return;
+    ended = true;
+    if (job) {
+      if (!job->wait_ended(std::chrono::milliseconds(0))) job->cancel();
+      while (!job->wait_ended(std::chrono::seconds(1))) {
+      }  // the scheduler ends every job (its invariant 3), also when it stops
+      if (job->session_recorded()) {
+        std::string meta = keep_meta;
+        if (chat && reply && reply->finish != "cancelled" && reply->violation.empty()) {
+          ojson m = messages;
+          m.push_back(reply->assistant_message());
+          meta = chat_session_meta(m);
+        }
+        auto d = store->session_finish(name, meta);
+        if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", name.c_str(), d.status().message().c_str());
+      }
+    }
+    locks->release(name);
+  }
+  ~SessionTurn() { end(nullptr); }
+};
+}  // namespace
+
 void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
   if (draining.load())
     return send_error(res, api_error(503, "", "the server is shutting down", "server_busy", "server_error"));
   ApiRequest r;
   auto err = chat ? parse_chat_request(req.body, opts.defaults, &r) : parse_completion_request(req.body, opts.defaults, &r);
   if (err) return send_error(res, *err);
-  if (!r.session.empty())
-    return send_error(res, api_error(400, "session", "'session' needs the durable KV store, which this build does not have yet"));
+  std::shared_ptr<SessionTurn> turn;
+  std::optional<SessionInfo> sinfo;
+  if (!r.session.empty()) {
+    if (!opts.store)
+      return send_error(res, api_error(400, "session",
+                                       "'session' needs the durable KV store, and this server runs without one "
+                                       "(--no-kv-store, or a device the store does not support yet)"));
+    if (!sessions.try_acquire(r.session))
+      return send_error(res, api_error(409, "session", "session '" + r.session +
+                                                           "' is in use by another request; send the next turn when "
+                                                           "that one has finished",
+                                       "session_busy"));
+    turn = std::make_shared<SessionTurn>();
+    turn->locks = &sessions;
+    turn->store = opts.store;
+    turn->name = r.session;
+    turn->chat = chat;
+    Result<std::optional<SessionInfo>> got = std::optional<SessionInfo>();
+    sched->call([&] { got = opts.store->get_session(r.session); });
+    if (!got.is_ok()) return send_error(res, api_error(500, "session", got.status().message(), "", "server_error"));
+    sinfo = *got;
+    if (sinfo && sinfo->fingerprint != opts.store->fingerprint())
+      return send_error(res, api_error(400, "session", "session '" + r.session +
+                                                           "' was recorded with another model or KV layout (--kv-dtype, "
+                                                           "--page-size)"));
+    if (chat) {
+      ojson stored = ojson::array();
+      if (sinfo)
+        if (auto e = session_messages(*sinfo, &stored)) return send_error(res, *e);
+      turn->keep_meta = sinfo ? sinfo->meta : chat_session_meta(stored);
+      for (const ojson& m : r.messages) stored.push_back(m);
+      r.messages = stored;
+      turn->messages = std::move(stored);
+    } else {
+      if (sinfo && is_chat_session(*sinfo))
+        return send_error(res, api_error(400, "session", "session '" + r.session +
+                                                             "' holds a conversation: continue it with "
+                                                             "/v1/chat/completions"));
+      turn->keep_meta = sinfo ? sinfo->meta : "";
+    }
+  }
   const int ctx = opts.defaults.max_context;
   const int V = engine.model().config().vocab_size;
   std::vector<int32_t> prompt;
   bool starts_in_reasoning = false;
+  std::string forced;  // text the answer starts with (tool_choice required / named)
   const char* prompt_param = chat ? "messages" : "prompt";
   if (chat) {
     if (!has_template)
@@ -157,10 +243,23 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                        "this model has no chat template (tokenizer_config.json); use /v1/completions"));
     auto text = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
     if (!text.is_ok()) return send_error(res, api_error(400, "messages", text.status().message()));
-    prompt = tok.encode(*text, /*add_special_tokens=*/false);  // the template wrote BOS itself
     size_t end = text->find_last_not_of(" \n");
     starts_in_reasoning = split_reasoning && end != std::string::npos && end + 1 >= 7 &&
                           text->compare(end + 1 - 7, 7, "<think>") == 0;
+    if (r.tool_choice == "required" || r.tool_choice == "function") {
+      // As vLLM and llama-server do for Qwen/Hermes templates, but by prefilling instead of a
+      // grammar: the answer starts inside a tool call ("required": the model picks the function;
+      // named: the function is given too), and the reply is checked to be a valid call.
+      if (!tok.token_to_id("<tool_call>") || text->find("<tool_call>") == std::string::npos)
+        return send_error(res, api_error(400, "tool_choice",
+                                         "'tool_choice' '" + (r.forced_tool.empty() ? r.tool_choice : r.forced_tool) +
+                                             "' needs a chat template that asks for Qwen/Hermes-style <tool_call> "
+                                             "blocks; this model's does not (use 'auto')"));
+      forced = std::string(starts_in_reasoning ? "</think>\n\n" : "") + "<tool_call>\n{\"name\": \"";
+      if (!r.forced_tool.empty()) forced += r.forced_tool + "\", \"arguments\": ";
+      *text += forced;
+    }
+    prompt = tok.encode(*text, /*add_special_tokens=*/false);  // the template wrote BOS itself
   } else if (r.prompt_is_ids) {
     for (size_t i = 0; i < r.prompt_ids.size(); ++i)
       if (r.prompt_ids[i] >= V)
@@ -169,8 +268,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                                              " is outside the vocabulary [0, " + std::to_string(V) + ")"));
     prompt = r.prompt_ids;
   } else {
-    prompt = tok.encode(r.prompt_text, r.add_special_tokens);  // BOS as transformers' tokenizer(prompt) adds it
+    // BOS as transformers' tokenizer(prompt) adds it; not in the middle of a session's document.
+    prompt = tok.encode(r.prompt_text, r.add_special_tokens && !sinfo);
   }
+  if (!chat && sinfo) prompt.insert(prompt.begin(), sinfo->tokens.begin(), sinfo->tokens.end());  // the document goes on
   if (prompt.empty()) return send_error(res, api_error(400, prompt_param, "the prompt encodes to no tokens"));
   if (int(prompt.size()) >= ctx)
     return send_error(res, api_error(400, prompt_param,
@@ -187,6 +288,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                      "context_length_exceeded"));
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
+  if (turn) {
+    g.session = r.session;
+    g.session_meta = turn->keep_meta;
+  }
   g.max_tokens = r.max_tokens.value_or(room);
   if (!r.seed_given && !opts.seed_fixed) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   if (Status st = validate(g.sampling); !st.is_ok()) return send_error(res, api_error(400, "", st.message()));
@@ -195,6 +300,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     metrics.rejected_busy++;
     return send_error(res, api_error(503, "", st.message(), "server_busy", "server_error"));
   }
+  if (turn) turn->job = job;
 
   auto reply = std::make_shared<Reply>();
   reply->chat = chat;
@@ -206,17 +312,42 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   reply->created = unix_now();
   reply->job = job;
   reply->tok = &tok;
-  if (chat) reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls);
+  if (chat) {
+    reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls);
+    if (!forced.empty()) {
+      (void)reply->out->push(forced);  // an open tool call: nothing to show yet
+      reply->tool_required = true;
+      if (!r.forced_tool.empty()) reply->allowed_tools = {r.forced_tool};
+      else
+        for (const ojson& t : r.tools) reply->allowed_tools.push_back(t["function"]["name"].get<std::string>());
+    }
+  }
 
   if (!r.stream) {
+    // A client that goes away is noticed within ~100 ms and its sequence cancelled (its pages
+    // freed); its socket is looked up only once the request has run that long.
+    int fd = -2;
+    auto next_probe = clock::now() + std::chrono::milliseconds(100);
     for (;;) {
       std::vector<JobEvent> evs;
-      job->wait(&evs, std::chrono::milliseconds(1000));
+      job->wait(&evs, std::chrono::milliseconds(100));
+      if (clock::now() >= next_probe && !job->cancelled()) {
+        next_probe = clock::now() + std::chrono::milliseconds(100);
+        if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
+        if (fd >= 0 && peer_closed(fd)) job->cancel();
+      }
       for (const JobEvent& e : evs) {
-        if (e.kind == JobEvent::kDelta) reply->on_delta(e);
-        else if (e.kind == JobEvent::kError) return send_error(res, status_error(e.error));
-        else {
+        if (e.kind == JobEvent::kDelta) {
+          reply->on_delta(e);
+        } else if (e.kind == JobEvent::kError) {
+          if (turn) turn->end(nullptr);
+          return send_error(res, status_error(e.error));
+        } else {
           reply->on_done(e.finish_reason);
+          if (turn) turn->end(reply.get());
+          if (!reply->violation.empty())
+            return send_error(res, api_error(500, "tool_choice", reply->violation, "tool_choice_not_followed",
+                                             "server_error"));
           return send_json(res, 200, reply->response());
         }
       }
@@ -230,7 +361,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   auto last_write = std::make_shared<clock::time_point>(clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [reply, started, last_write](size_t, httplib::DataSink& sink) -> bool {
+      [reply, started, last_write, turn](size_t, httplib::DataSink& sink) -> bool {
         auto write = [&](const std::string& s) {
           if (s.empty()) return true;
           *last_write = clock::now();
@@ -259,7 +390,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
             out = reply->on_delta(e);
           } else if (e.kind == JobEvent::kDone) {
             out = reply->on_done(e.finish_reason);
+            if (turn) turn->end(reply.get());  // the last chunk goes out once the turn is durable
           } else {
+            if (turn) turn->end(nullptr);
             ApiError ae = status_error(e.error);
             out = "data: " + dump(error_body(ae)) + "\n\ndata: [DONE]\n\n";
           }
@@ -271,10 +404,55 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
         }
         return true;
       },
-      [this, reply](bool success) {
+      [this, reply, turn](bool success) {
         if (!success) reply->job->cancel();
+        if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
         open_streams--;
       });
+}
+
+void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Response& res) {
+  if (!opts.store)
+    return send_error(res, api_error(400, "", "sessions need the durable KV store, and this server runs without one"));
+  std::vector<SessionInfo> all;
+  sched->call([&] { all = opts.store->list_sessions(); });
+  ojson data = ojson::array();
+  for (const SessionInfo& s : all)
+    if (s.fingerprint == opts.store->fingerprint()) data.push_back(session_json(s, false));  // this model's only
+  send_json(res, 200, {{"object", "list"}, {"data", data}});
+}
+
+void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Response& res, bool remove) {
+  const std::string name = req.matches[1];
+  if (!valid_session_name(name))
+    return send_error(res, api_error(400, "session", "'" + name.substr(0, 200) +
+                                                         "' is not a session name (1 to 128 of A-Z a-z 0-9 . _ -)"));
+  if (!opts.store)
+    return send_error(res, api_error(400, "session", "sessions need the durable KV store, and this server runs without one"));
+  Result<std::optional<SessionInfo>> got = std::optional<SessionInfo>();
+  if (!remove) {
+    sched->call([&] { got = opts.store->get_session(name); });
+    if (!got.is_ok()) return send_error(res, api_error(500, "session", got.status().message(), "", "server_error"));
+    if (!*got || (*got)->fingerprint != opts.store->fingerprint())
+      return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
+    return send_json(res, 200, session_json(**got, true));
+  }
+  if (!sessions.try_acquire(name))
+    return send_error(res, api_error(409, "session", "session '" + name + "' is in use by a running request",
+                                     "session_busy"));
+  Status st;
+  sched->call([&] {
+    // Only this model's sessions are visible here (as in the list); another model's is not found.
+    auto s = opts.store->get_session(name);
+    if (!s.is_ok()) st = s.status();
+    else if (!*s || (*s)->fingerprint != opts.store->fingerprint()) st = not_found("no session named '" + name + "'");
+    else st = opts.store->remove_session(name);
+  });
+  sessions.release(name);
+  if (st.code() == StatusCode::kNotFound)
+    return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
+  if (!st.is_ok()) return send_error(res, api_error(500, "session", st.message(), "", "server_error"));
+  send_json(res, 200, {{"id", name}, {"object", "session"}, {"deleted", true}});
 }
 
 void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
@@ -408,6 +586,9 @@ void HttpServer::Impl::routes() {
   svr.Post("/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, false); });
   svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_tokenize(q, s); });
   svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_detokenize(q, s); });
+  svr.Get("/v1/sessions", [this](const httplib::Request& q, httplib::Response& s) { handle_sessions(q, s); });
+  svr.Get(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
+  svr.Delete(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
     send_json(s, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
   });
@@ -442,6 +623,7 @@ Result<int> HttpServer::start() {
   SchedulerOptions so;
   so.max_queue = m.opts.max_queue;
   so.eos_ids = m.opts.eos_ids;
+  so.store = m.opts.store;
   m.sched = std::make_unique<Scheduler>(m.engine, m.tok, *metrics_, so);
   Scheduler* sched = m.sched.get();
   metrics_->add_gauge("anvil_requests_running", "Requests holding a sequence slot", [sched] { return sched->running(); });
@@ -451,6 +633,35 @@ Result<int> HttpServer::start() {
                       [sched] { return double(sched->kv_pages_used()); });
   metrics_->add_gauge("anvil_kv_prefix_cache_pages", "Pages in the prefix index",
                       [sched] { return double(sched->kv_prefix_pages()); });
+  if (KVStore* st = m.opts.store) {
+    // The store's counters (KVStoreCounters), always on: what persistence costs and what it saves.
+    const KVStoreCounters& c = st->counters();
+    auto add = [&](const char* name, const char* help, const std::atomic<int64_t>& v, double scale = 1) {
+      metrics_->add_counter(name, help, [&v, scale] { return double(v.load()) * scale; });
+    };
+    add("anvil_kv_store_pages_enqueued_total", "Full KV pages handed to the store's writer", c.pages_enqueued);
+    add("anvil_kv_store_pages_written_total", "KV pages appended to the store", c.pages_written);
+    add("anvil_kv_store_pages_deduplicated_total", "KV pages the store already had", c.pages_deduped);
+    add("anvil_kv_store_pages_dropped_total", "KV pages dropped because the writer's queue was full", c.pages_dropped);
+    add("anvil_kv_store_tails_written_total", "Session tail (partial) pages written", c.tails_written);
+    add("anvil_kv_store_bytes_written_total", "Bytes appended to the store's segments", c.bytes_written);
+    add("anvil_kv_store_fsyncs_total", "fdatasync calls of the store's writer", c.fsyncs);
+    add("anvil_kv_store_transactions_total", "Catalog transactions committed (group commits)", c.transactions);
+    add("anvil_kv_store_write_errors_total", "Failed appends, syncs or commits", c.write_errors);
+    add("anvil_kv_store_writer_busy_seconds_total", "Time the store's writer thread spent working", c.writer_busy_ns, 1e-9);
+    add("anvil_kv_store_decode_blocked_seconds_total",
+        "Time the scheduler thread spent in the store's enqueue (back-pressure included)", c.decode_blocked_ns, 1e-9);
+    add("anvil_kv_store_pages_restored_total", "KV pages restored from the store into the pool", c.restored_pages);
+    add("anvil_kv_store_restored_bytes_total", "Bytes of KV restored from the store", c.restored_bytes);
+    add("anvil_kv_store_restore_seconds_total", "Time spent restoring pages (read, check, copy)", c.restore_ns, 1e-9);
+    add("anvil_kv_store_restore_misses_total", "Prefix pages looked up in the store and not found", c.restore_misses);
+    add("anvil_kv_store_restore_corrupt_total", "Store records that failed a check (recomputed instead)", c.restore_corrupt);
+    add("anvil_kv_store_pages_evicted_total", "Pages evicted under --kv-store-max", c.pages_evicted);
+    metrics_->add_gauge("anvil_kv_store_queue_high_water", "Most descriptors ever waiting in the writer's queue",
+                        [&c] { return double(c.queue_high_water.load()); });
+    metrics_->add_gauge("anvil_kv_store_queue_depth", "Descriptors waiting in the writer's queue now",
+                        [st] { return double(st->queued()); });
+  }
   const int threads = m.opts.http_threads > 0 ? m.opts.http_threads
                                               : m.engine.options().max_seqs + m.opts.max_queue + 8;
   m.svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };

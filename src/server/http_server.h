@@ -27,6 +27,7 @@ struct ServerOptions {
   RequestDefaults defaults;
   bool seed_fixed = false;     // requests without "seed" use defaults.sampling.seed (else a random one each)
   std::vector<int32_t> eos_ids;
+  KVStore* store = nullptr;    // the durable KV store attached to the engine (sessions, metrics), or none
 };
 
 class HttpServer {

@@ -25,6 +25,10 @@ struct GenerationParams {
   std::vector<std::string> stop;
   int top_logprobs = -1;  // -1: no logprobs; else the number of alternatives per token (0..20)
   bool ignore_eos = false;
+  // Non-empty: record this request's sequence as durable session `session` (the prompt already
+  // holds the session's earlier tokens); see Scheduler and docs/api.md, "Sessions".
+  std::string session;
+  std::string session_meta;  // the session's meta while this turn is recorded
 };
 
 struct TokenLogprob {
@@ -62,10 +66,15 @@ class Job {
   void push(JobEvent e) {
     {
       std::lock_guard<std::mutex> lk(mu_);
+      if (e.kind != JobEvent::kDelta) ended_ = true;
       events_.push_back(std::move(e));
     }
     cv_.notify_all();
   }
+  // The scheduler began recording params.session (set before any event; the recording is closed
+  // before the terminal event, and the HTTP side then calls KVStore::session_finish).
+  void set_session_recorded() { session_recorded_.store(true); }
+  bool session_recorded() const { return session_recorded_.load(); }
   void set_prompt_stats(int prompt_tokens, int cached_tokens) {
     std::lock_guard<std::mutex> lk(mu_);
     prompt_tokens_ = prompt_tokens;
@@ -85,12 +94,19 @@ class Job {
     events_.clear();
     return true;
   }
+  // Waits until the terminal event has been pushed (consumed or not); false on timeout.
+  bool wait_ended(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return ended_; });
+  }
   int prompt_tokens() const { std::lock_guard<std::mutex> lk(mu_); return prompt_tokens_; }
   int cached_tokens() const { std::lock_guard<std::mutex> lk(mu_); return cached_tokens_; }
   int completion_tokens() const { std::lock_guard<std::mutex> lk(mu_); return completion_tokens_; }
 
  private:
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> session_recorded_{false};
+  bool ended_ = false;  // guarded by mu_
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<JobEvent> events_;

@@ -55,6 +55,11 @@ void Metrics::add_gauge(const std::string& name, const std::string& help, std::f
   gauges_[name] = {help, std::move(value)};
 }
 
+void Metrics::add_counter(const std::string& name, const std::string& help, std::function<double()> value) {
+  std::lock_guard<std::mutex> lk(mu_);
+  counters_[name] = {help, std::move(value)};
+}
+
 std::string Metrics::render() const {
   std::string o;
   auto counter = [&](const char* name, const char* help, uint64_t v) {
@@ -71,6 +76,9 @@ std::string Metrics::render() const {
   counter("anvil_prompt_tokens_total", "Prompt tokens of admitted requests", prompt_tokens.load());
   counter("anvil_prompt_tokens_cached_total", "Prompt tokens whose KV came from the prefix cache",
           cached_prompt_tokens.load());
+  counter("anvil_prompt_tokens_from_store_total",
+          "Prompt tokens whose KV was restored from the durable store (part of the cached ones)",
+          store_prompt_tokens.load());
   counter("anvil_generation_tokens_total", "Generated tokens", generation_tokens.load());
   counter("anvil_preemptions_total", "Sequences preempted (KV pages taken back, recomputed later)", preemptions.load());
   counter("anvil_cancelled_total", "Requests cancelled (client gone, or shutdown)", cancelled.load());
@@ -85,6 +93,8 @@ std::string Metrics::render() const {
        "# TYPE anvil_request_duration_seconds histogram\n";
   e2e.render("anvil_request_duration_seconds", &o);
   std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [name, c] : counters_)
+    o += "# HELP " + name + " " + c.first + "\n# TYPE " + name + " counter\n" + name + " " + num(c.second()) + "\n";
   for (auto& [name, g] : gauges_)
     o += "# HELP " + name + " " + g.first + "\n# TYPE " + name + " gauge\n" + name + " " + num(g.second()) + "\n";
   return o;

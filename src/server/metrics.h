@@ -31,17 +31,19 @@ class Metrics {
   Metrics();
   // One finished HTTP request to a counted endpoint.
   void count_request(const std::string& endpoint, int status);
-  std::atomic<uint64_t> prompt_tokens{0}, cached_prompt_tokens{0}, generation_tokens{0};
+  std::atomic<uint64_t> prompt_tokens{0}, cached_prompt_tokens{0}, store_prompt_tokens{0}, generation_tokens{0};
   std::atomic<uint64_t> preemptions{0}, cancelled{0}, rejected_busy{0};
   Histogram ttft, itl, e2e;
   // Gauges: name -> (help, sampler), rendered in name order.
   void add_gauge(const std::string& name, const std::string& help, std::function<double()> value);
+  // A counter kept elsewhere (the KV store's), sampled when rendered.
+  void add_counter(const std::string& name, const std::string& help, std::function<double()> value);
   std::string render() const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
-  std::map<std::string, std::pair<std::string, std::function<double()>>> gauges_;
+  std::map<std::string, std::pair<std::string, std::function<double()>>> gauges_, counters_;
 };
 
 }  // namespace anvil::server

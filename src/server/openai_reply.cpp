@@ -1,5 +1,7 @@
 #include "server/openai_reply.h"
 
+#include <algorithm>
+
 namespace anvil::server {
 
 namespace {
@@ -80,10 +82,10 @@ std::string Reply::on_delta(const JobEvent& e) {
   if (chat) {
     ChatOutput::Delta d = out->push(e.text);
     ojson lp = logprobs ? chat_logprobs(e.tokens) : ojson();
+    content += d.content;  // kept while streaming too: a session records the whole message
+    reasoning += d.reasoning;
+    for (auto& c : d.tool_calls) calls.push_back(c);
     if (!stream) {
-      content += d.content;
-      reasoning += d.reasoning;
-      for (auto& c : d.tool_calls) calls.push_back(c);
       if (logprobs) for (auto& x : lp) lp_chat.push_back(x);
       return "";
     }
@@ -123,16 +125,19 @@ std::string Reply::on_done(const std::string& reason) {
   std::string sse;
   if (chat) {
     ChatOutput::Delta d = out->flush();
-    if (!stream) {
-      content += d.content;
-      reasoning += d.reasoning;
-      for (auto& c : d.tool_calls) calls.push_back(c);
-    } else {
-      sse += chat_delta_sse(d, ojson());
-    }
-    if ((stream ? n_calls > 0 : !calls.empty()) && finish == "stop") finish = "tool_calls";
+    content += d.content;
+    reasoning += d.reasoning;
+    for (auto& c : d.tool_calls) calls.push_back(c);
+    if (stream) sse += chat_delta_sse(d, ojson());
+    if (!calls.empty() && finish == "stop") finish = "tool_calls";
+    violation = tool_choice_violation();
   }
   if (!stream) return "";
+  if (!violation.empty()) {  // the last chunk is the error instead of a finish_reason
+    ojson err = {{"error", {{"message", violation}, {"type", "server_error"}, {"param", "tool_choice"},
+                            {"code", "tool_choice_not_followed"}}}};
+    return sse + "data: " + dump(err) + "\n\ndata: [DONE]\n\n";
+  }
   if (chat) sse += "data: " + dump(chunk({{"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
   else sse += "data: " + dump(chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
   if (include_usage) {
@@ -142,6 +147,26 @@ std::string Reply::on_done(const std::string& reason) {
     sse += "data: " + dump(u) + "\n\n";
   }
   return sse + "data: [DONE]\n\n";
+}
+
+std::string Reply::tool_choice_violation() const {
+  if (!tool_required || finish == "length" || finish == "cancelled") return "";  // cut short: not the model's choice
+  if (calls.empty())
+    return "tool_choice asked for a tool call, but the model's reply has no valid <tool_call> block (its text: " +
+           content.substr(0, 200) + ")";
+  for (const ToolCall& c : calls)
+    if (std::find(allowed_tools.begin(), allowed_tools.end(), c.name) == allowed_tools.end())
+      return "tool_choice allows only " + (allowed_tools.size() == 1 ? "'" + allowed_tools[0] + "'" : "the given tools") +
+             ", but the model called '" + c.name + "'";
+  return "";
+}
+
+ojson Reply::assistant_message() const {
+  ojson msg = ojson::object();
+  msg["role"] = "assistant";
+  msg["content"] = content;
+  if (!calls.empty()) msg["tool_calls"] = tool_calls_json(calls, 0, false);
+  return msg;
 }
 
 ojson Reply::response() const {

@@ -38,6 +38,10 @@ struct Reply {
   size_t text_offset = 0;
   int n_calls = 0;
   std::string finish;
+  // tool_choice "required" or a named function: the reply must call one of allowed_tools.
+  bool tool_required = false;
+  std::vector<std::string> allowed_tools;
+  std::string violation;  // set by on_done: why the reply does not follow tool_choice ("" when it does)
 
   // Event handlers: the SSE text to write now ("" when nothing; always "" when not streaming).
   std::string on_delta(const JobEvent& e);
@@ -45,8 +49,12 @@ struct Reply {
   ojson response() const;                            // the non-streaming body, after on_done
   ojson chunk(ojson choice) const;                   // one chunk object around `choice`
   ojson usage() const;
+  // The reply as a message of the conversation (content and tool_calls; the reasoning is left out,
+  // as chat templates drop it from earlier turns): what a session records.
+  ojson assistant_message() const;
 
  private:
+  std::string tool_choice_violation() const;
   ojson chat_logprobs(const std::vector<TokenInfo>& toks) const;
   void completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o);
   static ojson tool_calls_json(const std::vector<ToolCall>& calls, int first_index, bool with_index);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <future>
 #include <random>
 #include <unordered_map>
 
@@ -18,6 +20,7 @@ struct Scheduler::Active {
   int64_t order = 0;                  // admission order; the newest is preempted first
   std::vector<int32_t> tokens;        // while queued after preemption: prompt + generated (the last pending)
   bool admitted_once = false;
+  bool session_open = false;          // recording job->params.session (KVStore::session_begin .. close)
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> dec;
   std::unique_ptr<StopMatcher> stop;
@@ -36,7 +39,13 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, Sch
 
 Scheduler::~Scheduler() { stop(); }
 
-void Scheduler::start() { thread_ = std::thread([this] { loop(); }); }
+void Scheduler::start() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    thread_done_ = false;
+  }
+  thread_ = std::thread([this] { loop(); });
+}
 
 Status Scheduler::submit(std::shared_ptr<Job> job) {
   if (draining_.load()) return Status(StatusCode::kOutOfMemory, "the server is shutting down");
@@ -79,7 +88,49 @@ void Scheduler::stop() {
     std::lock_guard<std::mutex> lk(mu_);
     left.swap(queue_);
   }
+  for (auto& a : left) close_session(*a);
   for (auto& a : left) emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+}
+
+void Scheduler::call(const std::function<void()>& fn) {
+  std::promise<void> done;
+  auto ran = done.get_future();
+  bool queued = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!thread_done_) {
+      calls_.push_back([&] {
+        fn();
+        done.set_value();
+      });
+      queued = true;
+    }
+  }
+  if (!queued) {
+    std::lock_guard<std::mutex> lk(inline_call_mu_);
+    fn();
+    return;
+  }
+  cv_.notify_all();
+  ran.wait();  // the loop runs every queued call, also on its way out
+}
+
+void Scheduler::run_calls() {
+  std::deque<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    calls.swap(calls_);
+  }
+  for (auto& c : calls) c();
+}
+
+void Scheduler::close_session(Active& a) {
+  if (!a.session_open || !opts_.store) return;
+  a.session_open = false;
+  const int n_kv = a.seq >= 0 ? engine_.seq_kv(a.seq) : 0;
+  const int32_t tail = a.seq >= 0 ? engine_.seq_tail_page(a.seq) : -1;
+  Status st = opts_.store->session_close(a.job->params.session, n_kv, tail, engine_.pool());
+  if (!st.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", a.job->params.session.c_str(), st.message().c_str());
 }
 
 void Scheduler::emit(Job& job, JobEvent e) {
@@ -102,17 +153,20 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   }
   if (reason == "cancelled") metrics_.cancelled++;
   metrics_.e2e.observe(std::chrono::duration<double>(clock::now() - a.job->submitted).count());
+  close_session(a);  // before the terminal event: the HTTP side then finishes the recording
   release(a);  // first: a client that sees the end also sees the pages back
   emit(*a.job, {JobEvent::kDone, {}, {}, reason, {}});
 }
 
 void Scheduler::fail(Active& a, const Status& st) {
+  close_session(a);
   release(a);
   emit(*a.job, {JobEvent::kError, {}, {}, {}, st});
 }
 
 void Scheduler::preempt(Active& a) {
   a.tokens = engine_.seq_tokens(a.seq);
+  if (a.session_open) (void)opts_.store->session_rebind(a.job->params.session, -1);
   release(a);
   metrics_.preemptions++;
 }
@@ -122,13 +176,14 @@ void Scheduler::loop() {
     std::vector<std::unique_ptr<Active>> incoming;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty(); });
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty() || !calls_.empty(); });
       if (stop_) break;
       while (!queue_.empty() && int(active_.size() + incoming.size()) < engine_.options().max_seqs) {
         incoming.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
     }
+    run_calls();
     admit(incoming);
     // Cancelled jobs leave at the step boundary.
     for (auto& a : active_)
@@ -139,17 +194,28 @@ void Scheduler::loop() {
       // run_step() failed the jobs it could not run; nothing else to do here.
     }
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
+    // Going idle: take back the pages the store's writer still holds for copying (otherwise they
+    // stay out of the pool until the next step), so an idle server's pages are all free or cached.
+    if (active_.empty() && opts_.store) opts_.store->reap(engine_.pool(), true);
     pages_used_.store(engine_.pool().n_pages() - engine_.pool().n_free());
     prefix_pages_.store(int64_t(engine_.pool().prefix_entries()));
     running_.store(int(active_.size()));  // last: wait_idle() sees the page counts of this step
     cv_.notify_all();  // wait_idle()
   }
   for (auto& a : active_) {
+    close_session(*a);
     emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
     release(*a);
   }
   active_.clear();
   running_.store(0);
+  std::deque<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    thread_done_ = true;  // call() runs on its caller's thread from now on
+    calls.swap(calls_);
+  }
+  for (auto& c : calls) c();
 }
 
 void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
@@ -157,6 +223,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
     Active& a = *ap;
     if (a.job->cancelled()) {
       metrics_.cancelled++;
+      close_session(a);
       emit(*a.job, {JobEvent::kDone, {}, {}, "cancelled", {}});
       continue;
     }
@@ -174,6 +241,23 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
       fail(a, st);
       continue;
     }
+    if (resume && a.session_open) {
+      if (Status sr = opts_.store->session_rebind(a.job->params.session, a.seq); !sr.is_ok()) {
+        fail(a, sr);
+        continue;
+      }
+    }
+    if (!resume && !a.job->params.session.empty() && opts_.store) {
+      // The recording starts with the whole prompt (the session's earlier tokens + this turn).
+      Status ss = opts_.store->session_begin(a.job->params.session, a.seq, engine_.seq_tokens(a.seq),
+                                             engine_.options().max_context + 1, a.job->params.session_meta);
+      if (!ss.is_ok()) {
+        fail(a, ss);
+        continue;
+      }
+      a.session_open = true;
+      a.job->set_session_recorded();
+    }
     if (!resume) {
       const GenerationParams& p = a.job->params;
       a.admitted_once = true;
@@ -185,6 +269,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
       a.job->set_prompt_stats(int(p.prompt.size()), cached);
       metrics_.prompt_tokens += p.prompt.size();
       metrics_.cached_prompt_tokens += uint64_t(cached);
+      metrics_.store_prompt_tokens += uint64_t(engine_.seq_store_tokens(a.seq));
     }
     a.tokens.clear();
     active_.push_back(std::move(ap));
@@ -308,6 +393,10 @@ void Scheduler::on_logits(Active& a, float* logits) {
     fail(a, invalid_argument("sampling: every token was filtered out (check top_k / top_p / min_p)"));
     return;
   }
+  // A session records every sampled token, the end-of-sequence one too (as anvil generate does).
+  if (a.session_open)
+    opts_.store->session_note(a.seq, std::span<const int32_t>(&id, 1), engine_.seq_kv(a.seq),
+                              engine_.seq_tail_page(a.seq), engine_.pool());
   const auto now = clock::now();
   if (a.generated == 0)
     metrics_.ttft.observe(std::chrono::duration<double>(now - a.job->submitted).count());

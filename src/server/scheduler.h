@@ -17,14 +17,22 @@
 //  2. Every active sequence has >= 1 pending token (its prompt rest, or its last sampled token).
 //  3. A job gets exactly one terminal event (kDone or kError), after which its sequence is
 //     released; a cancelled job is dropped at the next step boundary (its pages freed).
+//  4. With a durable store, full pages of every sequence are persisted (Engine::step hands them to
+//     it) and a new sequence's prefix is restored from it. A job naming a session is recorded as
+//     that session from admission (KVStore::session_begin) to its end (session_close, before the
+//     terminal event); a preempted job's recording is detached and bound again on readmission.
+//  5. The store's catalog connection is this thread's too: other threads reach the store's
+//     sessions through call().
 #pragma once
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "kvstore/kvstore.h"
 #include "runtime/engine.h"
 #include "server/job.h"
 #include "server/metrics.h"
@@ -36,6 +44,7 @@ struct SchedulerOptions {
   int max_queue = 64;       // jobs waiting for a slot; more are refused (503)
   int step_tokens = 0;      // token budget of one step; 0 = the model's max tokens per forward
   std::vector<int32_t> eos_ids;
+  KVStore* store = nullptr;  // the durable store attached to the engine, or none
 };
 
 class Scheduler {
@@ -53,6 +62,9 @@ class Scheduler {
   bool wait_idle(std::chrono::steady_clock::time_point deadline);
   // Ends every job (kError "server is shutting down") and stops the thread.
   void stop();
+  // Runs fn on the scheduler thread between two steps and waits for it (invariant 5); once the
+  // thread has stopped, on the caller's thread (one caller at a time).
+  void call(const std::function<void()>& fn);
 
   int queued() const;
   int running() const { return running_.load(); }
@@ -72,6 +84,8 @@ class Scheduler {
   void preempt(Active& a);
   void on_logits(Active& a, float* row);
   void emit(Job& job, JobEvent e);
+  void close_session(Active& a);
+  void run_calls();
 
   Engine& engine_;
   const Tokenizer& tok_;
@@ -84,6 +98,9 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Active>> queue_;  // guarded by mu_; preempted jobs go to the front
   bool stop_ = false;                           // guarded by mu_
+  bool thread_done_ = true;                     // guarded by mu_: the loop is not running (call() runs inline)
+  std::deque<std::function<void()>> calls_;     // guarded by mu_
+  std::mutex inline_call_mu_;                   // call() after the thread stopped
   std::atomic<bool> draining_{false};
   std::atomic<int> running_{0};
   std::atomic<int64_t> pages_used_{0}, prefix_pages_{0};

@@ -193,7 +193,18 @@ TEST(KvStoreCli, KillNineThenVerifyAndResume) {
     fs::create_directories(d.path);
     pid_t pid = spawn(gen(d.path, {"-p", kPrompt, "-n", std::to_string(n), "--session", name, "--kv-flush-ms", "10"}),
                       out);
-    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 600));
+    if (it > 0) {
+      // Later iterations kill after the session's first commit, so the test still resumes something on
+      // a loaded machine (where starting the process alone can take longer than the random delay);
+      // iteration 0 kills at a random time from the start and may land before the first flush.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (std::chrono::steady_clock::now() < deadline &&
+             run_anvil({"kv", "show", name, "--kv-store", d.path, "--json"}).exit_code != 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 600));
+    }
     kill(pid, SIGKILL);
     int st = 0;
     waitpid(pid, &st, 0);

@@ -155,7 +155,7 @@ TEST_F(CudaKVStore, SessionTailRestoresItsFilledRows) {
     const int32_t page = pool.kv_page_alloc();
     be_->copy_to_device(static_cast<uint8_t*>(v.base) + size_t(page) * pb, bytes.data(), pb);
     ASSERT_TRUE((*st)->session_begin("t", 0, toks, 64).is_ok());
-    auto durable = (*st)->session_end(n, page, pool);
+    auto durable = (*st)->session_end(0, n, page, pool);
     ASSERT_TRUE(durable.is_ok());
     EXPECT_EQ(*durable, n);
     pool.kv_page_release(page);

@@ -20,52 +20,6 @@ constexpr double kGemvBound = 4e-3;         // fp32 accumulation + output roundi
 constexpr double kGemmBound = 6e-3;         // + bf16 dequantized weights (measured <= 3.5e-3)
 constexpr double kAttentionBound = 8e-3;    // bf16 q/k/v inputs and output, fp32 softmax (measured <= 4e-3)
 
-// Host storage of a random weight matrix in the given format.
-struct HostWeight {
-  std::vector<uint32_t> q;
-  std::vector<uint16_t> dense16, scales, biases, bias;
-  std::vector<float> dense32;
-  WeightMatrix w;
-};
-
-HostWeight make_weight(std::mt19937& rng, int64_t rows, int64_t cols, int bits, int group, DType dt, bool with_bias) {
-  HostWeight h;
-  h.w.rows = rows, h.w.cols = cols, h.w.bits = bits, h.w.group_size = group, h.w.dtype = dt;
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const float wscale = 1.0f / std::sqrt(float(cols));
-  if (bits) {
-    h.q.resize(size_t(rows * cols * bits / 32));
-    for (auto& x : h.q) x = uint32_t(rng());
-    const size_t ng = size_t(rows * (cols / group));
-    h.scales.resize(ng), h.biases.resize(ng);
-    const float levels = float((1 << bits) - 1);
-    for (size_t g = 0; g < ng; ++g) {
-      const float s = wscale * (0.5f + std::abs(nd(rng))) * 3.0f / levels;
-      h.scales[g] = f32_to_bf16(s);
-      h.biases[g] = f32_to_bf16(-s * levels / 2 + 0.1f * wscale * nd(rng));
-    }
-    h.w.data = h.q.data(), h.w.scales = h.scales.data(), h.w.biases = h.biases.data();
-  } else if (dt == DType::kF32) {
-    h.dense32.resize(size_t(rows * cols));
-    for (auto& x : h.dense32) x = wscale * nd(rng);
-    h.w.data = h.dense32.data();
-  } else {
-    h.dense16.resize(size_t(rows * cols));
-    for (auto& x : h.dense16) x = dt == DType::kBF16 ? f32_to_bf16(wscale * nd(rng)) : f32_to_f16(wscale * nd(rng));
-    h.w.data = h.dense16.data();
-  }
-  if (with_bias) {
-    h.bias.resize(size_t(rows));
-    for (auto& x : h.bias) x = f32_to_bf16(0.1f * nd(rng));
-    h.w.bias = h.bias.data(), h.w.bias_dtype = DType::kBF16;
-  }
-  return h;
-}
-
-std::string fmt_name(int bits, int group, DType dt) {
-  return bits ? "q" + std::to_string(bits) + "g" + std::to_string(group) : std::string(dtype_name(dt));
-}
-
 class CudaOps : public CudaFixture {
  protected:
   // CPU reference of linear on float inputs x [T, cols].

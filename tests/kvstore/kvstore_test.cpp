@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -389,7 +390,7 @@ TEST(KVStore, FullQueueDropsAnonymousPagesButBlocksASession) {
   r.env.hold_appends(false);
   t.join();
   EXPECT_TRUE(done.load());
-  auto d = st->session_end(P, -1, *r.pool);
+  auto d = st->session_end(7, P, -1, *r.pool);
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(*d, P);
   EXPECT_GT(st->counters().decode_blocked_ns.load(), 100'000'000);
@@ -407,7 +408,7 @@ TEST(KVStore, SessionTailRestoresExactRows) {
     r.write(*st, toks, 0, 3);
     int32_t tail = r.pool->kv_page_alloc();
     r.fill(tail, 4242);
-    auto d = st->session_end(n_kv, tail, *r.pool);
+    auto d = st->session_end(0, n_kv, tail, *r.pool);
     ASSERT_TRUE(d.is_ok());
     EXPECT_EQ(*d, n_kv);
     r.pool->kv_page_release(tail);
@@ -518,6 +519,71 @@ TEST(KVStore, RecordIsReadableBySafetensorsPython) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   EXPECT_EQ(pclose(p), 0) << out;
   EXPECT_EQ(out, "ok\n");
+}
+
+// The server records one session per running request: several at once, interleaved, each with its
+// own tokens, tail and meta; a preempted request's recording is detached and bound again.
+TEST(KVStore, SessionsRecordedAtOnceStayApart) {
+  Rig r;
+  auto a = chain_tokens(3, 40), b = chain_tokens(2, 700);  // 13 and 9 tokens
+  const int kv_a = 13, kv_b = 9;                           // 3 and 2 full pages + 1 row each
+  {
+    auto st = r.open();
+    ASSERT_TRUE(st->session_begin("a", 0, a, 64).is_ok());
+    ASSERT_TRUE(st->session_begin("b", 1, b, 64).is_ok());
+    EXPECT_FALSE(st->session_begin("a", 2, b, 64).is_ok()) << "one name, one recording";
+    EXPECT_FALSE(st->session_begin("c", 1, b, 64).is_ok()) << "one sequence, one recording";
+    EXPECT_TRUE(st->session_recording("a"));
+    r.write(*st, a, 0, 2, 0);
+    r.write(*st, b, 0, 2, 1);
+    r.write(*st, a, 2, 1, 0);
+    const int32_t t14 = 14, t9 = 900;
+    st->session_note(0, std::span<const int32_t>(&t14, 1), kv_a, -1, *r.pool);  // a: 14 tokens
+    // b is preempted: detached, a note to its old sequence is not b's; bound to sequence 5 again.
+    ASSERT_TRUE(st->session_rebind("b", -1).is_ok());
+    st->session_note(1, std::span<const int32_t>(&t9, 1), 8, -1, *r.pool);
+    ASSERT_TRUE(st->session_rebind("b", 5).is_ok());
+    st->session_note(5, std::span<const int32_t>(&t9, 1), kv_b, -1, *r.pool);  // b: 10 tokens
+    int32_t tail_a = r.pool->kv_page_alloc(), tail_b = r.pool->kv_page_alloc();
+    r.fill(tail_a, 1111);
+    r.fill(tail_b, 2222);
+    ASSERT_TRUE(st->session_close("b", kv_b, tail_b, *r.pool).is_ok());
+    ASSERT_TRUE(st->session_close("a", kv_a, tail_a, *r.pool).is_ok());
+    EXPECT_FALSE(st->session_close("a", kv_a, tail_a, *r.pool).is_ok()) << "closed twice";
+    auto db = st->session_finish("b", "meta-b");
+    auto da = st->session_finish("a", "meta-a");
+    ASSERT_TRUE(da.is_ok() && db.is_ok());
+    EXPECT_EQ(*da, kv_a);
+    EXPECT_EQ(*db, kv_b);
+    EXPECT_FALSE(st->session_recording("a"));
+    st->reap(*r.pool, true);
+    r.pool->kv_page_release(tail_a);
+    r.pool->kv_page_release(tail_b);
+  }
+  auto st = r.open();
+  auto ia = st->get_session("a"), ib = st->get_session("b");
+  ASSERT_TRUE(ia.is_ok() && *ia && ib.is_ok() && *ib);
+  auto want_a = a, want_b = b;
+  want_a.push_back(14);
+  want_b.push_back(900);
+  EXPECT_EQ((*ia)->tokens, want_a);
+  EXPECT_EQ((*ib)->tokens, want_b) << "the note to b's old sequence must not count";
+  EXPECT_EQ((*ia)->durable_pos, kv_a);
+  EXPECT_EQ((*ib)->durable_pos, kv_b);
+  EXPECT_EQ((*ia)->meta, "meta-a");
+  EXPECT_EQ((*ib)->meta, "meta-b");
+  // Each tail holds its own rows.
+  for (auto [toks, kv, seed] : {std::tuple{want_a, kv_a, 1111}, std::tuple{want_b, kv_b, 2222}}) {
+    std::vector<int32_t> pages;
+    std::vector<Hash128> keys;
+    const int full = kv / P;
+    ASSERT_EQ(st->restore_pages(toks, 0, Hash128{}, full, *r.pool, &pages, &keys), full);
+    int32_t tp = -1;
+    ASSERT_EQ(st->restore_tail(toks, full * P, keys.back(), int(toks.size()) - 1 - full * P, *r.pool, &tp), kv % P);
+    EXPECT_EQ(r.page_ptr(tp)[0], uint8_t((seed * 131) & 0xff));
+    for (int32_t p : pages) r.pool->kv_page_release(p);
+    r.pool->kv_page_release(tp);
+  }
 }
 
 }  // namespace

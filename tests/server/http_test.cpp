@@ -1,6 +1,7 @@
 // `anvil serve` as a client sees it, over loopback HTTP: every endpoint, the bad-input classes,
 // auth, CORS, limits, 32 concurrent streams that each get what they get alone, a client that
-// disconnects mid-stream, SIGTERM draining, and the official openai Python client.
+// disconnects mid-stream or while waiting for a non-streaming reply, tool_choice required/named,
+// SIGTERM draining, and the official openai Python client. The store and sessions: session_test.cpp.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -221,7 +222,8 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
       {"/v1/completions", R"({"prompt":")" + long_prompt + R"("})", 400, "prompt"},
       {"/v1/completions", R"({"prompt":[1, 999999]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt":"x","n":3})", 400, "n"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"s1"})", 400, "session"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"../etc"})", 400, "session"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":7})", 400, "session"},
   };
   for (const Case& k : cases) {
     auto r = c.Post(k.path.c_str(), auth(), k.body, "application/json");
@@ -325,6 +327,80 @@ TEST_F(Http, DisconnectMidStreamCancelsAndFreesPages) {
   EXPECT_EQ(metric("anvil_kv_pages_used"), metric("anvil_kv_prefix_cache_pages"));
   // Far fewer than 400 tokens were generated.
   EXPECT_EQ(server_ != nullptr, true);
+}
+
+// A non-streaming client that goes away: noticed while its request runs (there is no write to
+// fail until the end), its sequence cancelled and its pages freed long before max_tokens.
+TEST_F(Http, DisconnectWhileWaitingForANonStreamingReplyCancels) {
+  const double cancelled_before = metric("anvil_cancelled_total");
+  const double generated_before = metric("anvil_generation_tokens_total");
+  const int max_tokens = 480;  // ~3 s of the tiny model on 2 cores, measured
+  {
+    RawConnection conn(server_->port());
+    json body = {{"model", kModel}, {"prompt", "Write forever"}, {"max_tokens", max_tokens}, {"ignore_eos", true}};
+    std::string b = body.dump();
+    ASSERT_TRUE(conn.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + std::string(kKey) +
+                              "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(b.size()) +
+                              "\r\n\r\n" + b));
+    for (int i = 0; i < 100 && metric("anvil_generation_tokens_total") <= generated_before; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GT(metric("anvil_generation_tokens_total"), generated_before) << "the request never started";
+    conn.close();
+  }
+  for (int i = 0; i < 100 && metric("anvil_requests_running") != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(metric("anvil_requests_running"), 0);
+  EXPECT_EQ(metric("anvil_cancelled_total"), cancelled_before + 1);
+  EXPECT_LT(metric("anvil_generation_tokens_total") - generated_before, max_tokens) << "it ran to the end";
+  EXPECT_EQ(metric("anvil_kv_pages_used"), metric("anvil_kv_prefix_cache_pages"));
+}
+
+// tool_choice "required" / a named function: the answer is prefilled with the opening of a Qwen
+// <tool_call> block (and the name), and a named choice offers the template only that tool. The
+// prompt the server ran is checked by its token count against /tokenize of the same conversation.
+TEST_F(Http, ToolChoiceRequiredAndNamedStartTheAnswerInsideACall) {
+  auto tool = [](const std::string& name) {
+    return json{{"type", "function"},
+                {"function", {{"name", name}, {"description", "d"}, {"parameters", {{"type", "object"}}}}}};
+  };
+  json tools = {tool("get_weather"), tool("get_time")};
+  json msgs = {{{"role", "user"}, {"content", "What time is it in Paris?"}}};
+  auto count = [&](const json& body) {
+    int st = 0;
+    auto t = post("/tokenize", body, &st);
+    EXPECT_EQ(st, 200) << t;
+    return t["count"].get<int>();
+  };
+  auto text_count = [&](const std::string& text) { return count({{"content", text}}); };
+  auto run = [&](const json& choice, int* status) {
+    json b = {{"model", kModel}, {"messages", msgs}, {"tools", tools}, {"max_tokens", 3}, {"temperature", 0}};
+    if (!choice.is_null()) b["tool_choice"] = choice;
+    return post("/v1/chat/completions", b, status);
+  };
+  int st = 0;
+  auto autoc = run("auto", &st);
+  ASSERT_EQ(st, 200) << autoc;
+  EXPECT_EQ(autoc["usage"]["prompt_tokens"], count({{"messages", msgs}, {"tools", tools}}));
+  auto req = run("required", &st);
+  ASSERT_EQ(st, 200) << req;  // 3 tokens: cut short, so not checked against tool_choice
+  EXPECT_EQ(req["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(req["usage"]["prompt_tokens"],
+            count({{"messages", msgs}, {"tools", tools}}) + text_count("<tool_call>\n{\"name\": \""));
+  auto named = run({{"type", "function"}, {"function", {{"name", "get_time"}}}}, &st);
+  ASSERT_EQ(st, 200) << named;
+  EXPECT_EQ(named["usage"]["prompt_tokens"],
+            count({{"messages", msgs}, {"tools", json::array({tool("get_time")})}}) +
+                text_count("<tool_call>\n{\"name\": \"get_time\", \"arguments\": "));
+  // Choices that cannot be honoured are refused, naming tool_choice.
+  for (const json& bad : {json{{"type", "function"}, {"function", {{"name", "get_stock"}}}}, json("sometimes"),
+                          json{{"type", "function"}}, json(3)}) {
+    auto e = run(bad, &st);
+    EXPECT_EQ(st, 400) << bad;
+    EXPECT_EQ(e["error"]["param"], "tool_choice") << e;
+  }
+  auto e = post("/v1/chat/completions", {{"messages", msgs}, {"tool_choice", "required"}, {"max_tokens", 2}}, &st);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(e["error"]["param"], "tool_choice");
 }
 
 namespace {

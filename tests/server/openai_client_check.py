@@ -73,6 +73,42 @@ r2 = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, te
 check(r2.usage.prompt_tokens > r.usage.prompt_tokens + 20, "tools reach the chat template")
 check(r2.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tools request finishes")
 
+# tool_choice naming a function (the answer is prefilled with the call's opening; 3 tokens cut it short).
+r3 = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, temperature=0, tools=tools,
+                                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
+check(r3.usage.prompt_tokens > r2.usage.prompt_tokens and r3.choices[0].finish_reason == "length",
+      "named tool_choice starts the answer inside a call")
+try:
+    client.chat.completions.create(model=model, messages=msgs, tools=tools,
+                                   tool_choice={"type": "function", "function": {"name": "nope"}})
+    check(False, "tool_choice naming an unknown function rejected")
+except openai.BadRequestError as e:
+    check(e.param == "tool_choice", "unknown tool_choice function -> param tool_choice")
+
+# A session through extra_body: the second turn sends only its message and continues the first.
+import json, os, time, urllib.request
+name = f"openai-check-{os.getpid()}-{int(time.time())}"
+t1 = client.chat.completions.create(model=model, max_tokens=4, temperature=0, extra_body={"session": name},
+                                    messages=[{"role": "user", "content": "Remember the number 7."}])
+t2 = client.chat.completions.create(model=model, max_tokens=4, temperature=0, extra_body={"session": name},
+                                    messages=[{"role": "user", "content": "Which number?"}])
+check(t2.usage.prompt_tokens > t1.usage.prompt_tokens + t1.usage.completion_tokens, "session: turn 2 holds turn 1")
+check(t2.usage.prompt_tokens_details.cached_tokens > 0, "session: turn 1's KV is reused")
+def http(method, path):
+    req = urllib.request.Request(base + path, method=method, headers={"Authorization": "Bearer " + key})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+listed = [x for x in http("GET", "/v1/sessions")[1]["data"] if x["id"] == name]
+check(len(listed) == 1 and listed[0]["messages"] == 4, f"session listed with 4 messages: {listed}")
+check(http("DELETE", "/v1/sessions/" + name)[0] == 200, "session deleted")
+try:
+    client.chat.completions.create(model=model, messages=msgs, extra_body={"session": "no spaces"})
+    check(False, "bad session name rejected")
+except openai.BadRequestError as e:
+    check(e.param == "session", "bad session name -> param session")
+
 # Completions.
 r = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6, temperature=0, logprobs=1)
 check(r.object == "text_completion" and r.usage.completion_tokens <= 6, "completion object")

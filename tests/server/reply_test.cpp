@@ -152,3 +152,45 @@ TEST(Reply, WithoutToolsTheTagsAreContent) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(j["choices"][0]["message"]["content"], "<tool_call>{\"name\": \"f\"}</tool_call>");
 }
+
+// tool_choice required / named (http_server.cpp): the answer is prefilled with the opening of a
+// call, which the parser is fed first; a reply that ends (stop) without a valid call of an allowed
+// function does not follow tool_choice, streamed or not; one cut short by max_tokens is left alone.
+TEST(Reply, ForcedToolCallIsParsedFromThePrefillAndValidated) {
+  const std::string forced = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": ";
+  for (bool stream : {false, true}) {
+    auto run = [&](const std::vector<std::string>& allowed, const std::vector<std::string>& pieces,
+                   const std::string& reason, std::string* sse) {
+      auto r = make_reply(true, stream, true);
+      r->out->push(forced);
+      r->tool_required = true;
+      r->allowed_tools = allowed;
+      sse->clear();
+      for (auto& p : pieces) *sse += r->on_delta(delta(p));
+      *sse += r->on_done(reason);
+      return r;
+    };
+    std::string sse;
+    auto ok = run({"get_time"}, {"{\"city\": ", "\"Paris\"}}", "\n</tool_call>"}, "stop", &sse);
+    EXPECT_EQ(ok->violation, "") << stream;
+    ASSERT_EQ(ok->calls.size(), 1u);
+    EXPECT_EQ(ok->calls[0].name, "get_time");
+    EXPECT_EQ(ok->calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(ok->finish, "tool_calls");
+    EXPECT_EQ(ok->assistant_message()["tool_calls"][0]["function"]["name"], "get_time");
+    auto bad = run({"get_time"}, {"the time is noon"}, "stop", &sse);
+    EXPECT_NE(bad->violation.find("no valid <tool_call>"), std::string::npos) << bad->violation;
+    if (stream) {
+      bool done = false;
+      auto evs = parse_sse(sse, &done);
+      ASSERT_FALSE(evs.empty());
+      EXPECT_EQ(evs.back()["error"]["code"], "tool_choice_not_followed");
+      EXPECT_TRUE(done);
+    }
+    auto other = run({"get_weather"}, {"{}}\n</tool_call>"}, "stop", &sse);  // prefilled get_time, allowed get_weather
+    EXPECT_NE(other->violation.find("called 'get_time'"), std::string::npos) << other->violation;
+    auto cut = run({"get_time"}, {"{\"ci"}, "length", &sse);
+    EXPECT_EQ(cut->violation, "");
+    EXPECT_EQ(cut->finish, "length");
+  }
+}

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
+
+#include <unistd.h>
 
 #include "model/loader.h"
 #include "runtime/engine.h"
@@ -354,4 +357,59 @@ TEST(Scheduler, LogprobsAreTheRawDistribution) {
   EXPECT_EQ(got[0].top[0].id, best);
   EXPECT_GE(got[0].top[0].logprob, got[0].top[1].logprob);
   EXPECT_GE(got[0].top[1].logprob, got[0].top[2].logprob);
+}
+
+// Sessions recorded while a full pool preempts them: a preempted job's recording is detached and
+// bound to its new sequence on readmission, so each session ends up with exactly its prompt and
+// every token it sampled, durable up to the last one (whose KV was never computed).
+TEST(Scheduler, SessionsRecordAcrossPreemption) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_sched_sess_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  Stack s = make_stack(64, 4, /*kv_pages=*/12, /*prefix_cache=*/false);  // as FullPoolPreemptsAndKeepsOutputs
+  KVStoreOptions so;
+  so.dir = dir;
+  so.flush_ms = 5;
+  auto opened = KVStore::open(so);
+  ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+  std::unique_ptr<KVStore> store = std::move(opened).value();
+  ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
+  s.engine->set_page_store(store.get());
+  Metrics m;
+  auto opts = sched_opts();
+  opts.store = store.get();
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<Outcome> out;
+  {
+    Scheduler sch(*s.engine, *s.tok, m, opts);
+    for (int i = 0; i < 4; ++i) {
+      auto p = greedy(random_ids(40, 200 + i), 30);
+      p.session = "s" + std::to_string(i);
+      jobs.push_back(std::make_shared<Job>(p));
+      ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
+    }
+    sch.start();
+    for (auto& j : jobs) {
+      out.push_back(collect(*j));
+      EXPECT_TRUE(j->session_recorded());
+      auto d = store->session_finish(j->params.session, "m");  // what the HTTP side does at the end
+      ASSERT_TRUE(d.is_ok()) << d.status().message();
+    }
+    EXPECT_GT(m.preemptions.load(), 0u) << "the pool was meant to be too small for all four";
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(out[i].finish, "length") << out[i].error.message();
+    auto info = store->get_session(jobs[i]->params.session);
+    ASSERT_TRUE(info.is_ok() && *info);
+    std::vector<int32_t> want = jobs[i]->params.prompt;
+    want.insert(want.end(), out[i].ids.begin(), out[i].ids.end());
+    EXPECT_EQ((*info)->tokens, want) << "session " << i;
+    EXPECT_EQ((*info)->durable_pos, int(want.size()) - 1) << "session " << i;
+    EXPECT_EQ((*info)->meta, "m");
+  }
+  store->flush();
+  store->reap(s.engine->pool(), true);
+  s.engine->set_page_store(nullptr);
+  store.reset();
+  fs::remove_all(dir);
 }

@@ -29,6 +29,10 @@ struct MoEPhaseTimes {
 void cpu_moe_profile(bool on);
 MoEPhaseTimes cpu_moe_phase_times();
 void cpu_moe_profile_reset();
+// The same counters for a device backend's moe_ffn (CUDA): while counting is on, it synchronizes around its
+// routing kernel and reports both phases here.
+bool moe_phase_profiling();
+void moe_phase_add(double route_s, double experts_s);
 // ANVIL_MOE_SKIP_EXPERTS=1 (read once at start-up; off by default): moe_ffn computes the router and the
 // shared expert but skips the routed experts, as if their output were zero. For attribution only: it
 // changes the model's output.

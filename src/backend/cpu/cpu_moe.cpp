@@ -40,6 +40,12 @@ void cpu_moe_profile(bool on) { g_profile.store(on); }
 MoEPhaseTimes cpu_moe_phase_times() {
   return MoEPhaseTimes{g_route_ns.load() * 1e-9, g_experts_ns.load() * 1e-9, g_calls.load()};
 }
+bool moe_phase_profiling() { return g_profile.load(std::memory_order_relaxed); }
+void moe_phase_add(double route_s, double experts_s) {
+  g_route_ns += int64_t(route_s * 1e9);
+  g_experts_ns += int64_t(experts_s * 1e9);
+  ++g_calls;
+}
 void cpu_moe_profile_reset() {
   g_route_ns = 0;
   g_experts_ns = 0;

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -22,6 +23,8 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_page_copy.h"
+#include "backend/cpu/cpu_backend.h"  // moe_phase_profiling / moe_phase_add
+#include "backend/cuda/moe_runner.h"
 
 namespace anvil {
 namespace {
@@ -383,6 +386,41 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(tmp[i]);
   }
 
+  // ---- mixture of experts (moe.cu, planned by moe_runner.cpp) ----
+  bool has_moe_ffn() const override { return true; }
+  void moe_ffn(Act x, const MoEWeights& w, Act out) override {
+    if (!bf16(x, "moe_ffn", "x") || !bf16(out, "moe_ffn", "out") || !same_shape(x, out, "moe_ffn")) return;
+    if (!expect(x.data != out.data && x.cols == w.router.cols,
+                "moe_ffn: expected x and out [T, hidden] (distinct) and a router [num_experts, hidden]"))
+      return;
+    for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kMoEMaxChunk) {
+      const int64_t n = std::min(cuda::kMoEMaxChunk, x.rows - t0);
+      const Act xc = x.slice_rows(t0, n);
+      cuda::MoEPlan plan;
+      if (!record(moe_.prepare(w, n, &plan))) return;
+      // bench --profile: the routing timed apart (synchronized; never while capturing).
+      const bool phases = moe_phase_profiling() && !capturing_;
+      const auto t_begin = phases ? phase_clock() : 0.0;
+      Status st;
+      {
+        Prof pr(this, "moe_route");
+        st = moe_.route(xc.data, w, plan, st_, &launches_);
+      }
+      if (!record(st)) return;
+      const auto t_routed = phases ? phase_clock() : 0.0;
+      if (plan.shared && !plan.shared_fused) {  // the shared expert through the dense ops
+        const Act sh{plan.shared_h, n, plan.S, DType::kBF16}, so{plan.shared_out, n, plan.H, DType::kBF16};
+        linear_swiglu(xc, w.shared_gate, w.shared_up, sh);
+        if (check_linear(sh, w.shared_down, so, "moe_ffn (shared expert)")) run_linear(sh, w.shared_down, so);
+      }
+      {
+        Prof pr(this, "moe_experts");
+        if (!record(moe_.experts(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &launches_))) return;
+      }
+      if (phases) moe_phase_add(t_routed - t_begin, phase_clock() - t_routed);
+    }
+  }
+
   // ---- profiling (cuda_set_profiling / cuda_profile_report) ----
   void set_profiling(bool on) {
     profiling_ = on;
@@ -464,6 +502,15 @@ class CudaBackend final : public Backend {
     if (e == cudaSuccess) return true;
     if (err_.is_ok()) err_ = internal_error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
     return false;
+  }
+  // Seconds on a steady clock once the stream has drained (moe_ffn's phase timing).
+  double phase_clock() {
+    ok(cudaStreamSynchronize(st_), "moe_ffn profiling");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  bool record(const Status& s) {
+    if (!s.is_ok() && err_.is_ok()) err_ = s;
+    return s.is_ok();
   }
   bool launched(cudaError_t e, const char* op) {
     ++launches_;
@@ -565,6 +612,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   bool use_cublas_ = true;
   std::vector<void*> retired_;
+  cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> prof_events_;
   std::vector<std::string> prof_marks_;

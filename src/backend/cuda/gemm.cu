@@ -15,7 +15,7 @@
 #include <cublas_v2.h>
 #include <mma.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dequant.cuh"
 
 namespace anvil::cuda {
 namespace {
@@ -23,36 +23,10 @@ namespace {
 constexpr int BM = 64, BN = 64, BK = 32, LDS = BK + 8;  // +8 bf16: rows 80 bytes apart, fewer conflicts
 constexpr int LDC = BN + 4;
 
-__device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
-  switch (e) {
-    case Elem::kF32: return static_cast<const float*>(p)[i];
-    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
-}
-
 // Dequantizes elements [k0, k0+32) of weight row `row` into dst[0..32) (bf16).
 template <int BITS>
 __device__ __forceinline__ void dequant_chunk(const DevMatrix& w, int64_t row, int64_t k0, __nv_bfloat16* dst) {
-  if constexpr (BITS > 0) {
-    const uint32_t* p = static_cast<const uint32_t*>(w.data) + (row * w.cols + k0) / 32 * BITS;
-    uint32_t wd[BITS];
-#pragma unroll
-    for (int i = 0; i < BITS; ++i) wd[i] = __ldg(p + i);
-    const int64_t g = row * (w.cols / w.group) + k0 / w.group;
-    const float s = load_any(w.scales, g, w.dtype), b = load_any(w.biases, g, w.dtype);
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      const int bit = e * BITS, wi = bit >> 5, sh = bit & 31;
-      uint32_t q = wd[wi] >> sh;
-      if (sh + BITS > 32) q |= wd[wi + 1] << (32 - sh);
-      q &= (1u << BITS) - 1u;
-      dst[e] = __float2bfloat16_rn(fmaf(s, float(q), b));
-    }
-  } else {
-#pragma unroll 8
-    for (int e = 0; e < 32; ++e) dst[e] = __float2bfloat16_rn(load_any(w.data, row * w.cols + k0 + e, w.dtype));
-  }
+  dequant_chunk_bf16<BITS>(w.data, w.scales, w.biases, w.dtype, w.cols, w.group, row, k0, dst);
 }
 
 template <int BITS>

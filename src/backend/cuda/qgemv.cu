@@ -11,7 +11,7 @@
 // Dense matrices whose cols are not a multiple of 32 take the scalar kernel at the end.
 #include <cstdlib>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dequant.cuh"
 
 namespace anvil::cuda {
 namespace {
@@ -32,63 +32,6 @@ struct GemvParams {
   int64_t K = 0;
   bool out_f32 = false;
 };
-
-template <int FMT>
-__host__ __device__ constexpr int chunk_words() {
-  return FMT <= 8 ? FMT : (FMT == 32 ? 32 : 16);
-}
-
-__device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
-  switch (e) {
-    case Elem::kF32: return static_cast<const float*>(p)[i];
-    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[W]) {
-  if constexpr (W % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < W / 4; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-    }
-  } else if constexpr (W % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < W / 2; ++i) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
-      w[2 * i] = v.x, w[2 * i + 1] = v.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < W; ++i) w[i] = __ldg(p + i);
-  }
-}
-
-// Element e (0..31, a compile-time constant after unrolling) of a chunk: q for quantized formats.
-template <int FMT, int W>
-__device__ __forceinline__ float chunk_elem(const uint32_t (&w)[W], int e) {
-  if constexpr (FMT <= 8) {
-    const int bit = e * FMT, wi = bit >> 5, sh = bit & 31;
-    uint32_t q = w[wi] >> sh;
-    if (sh + FMT > 32) q |= w[wi + 1] << (32 - sh);
-    return float(q & ((1u << FMT) - 1u));
-  } else if constexpr (FMT == 16) {
-    return (e & 1) ? bf16_hi(w[e >> 1]) : bf16_lo(w[e >> 1]);
-  } else if constexpr (FMT == 17) {
-    const __half2 h = *reinterpret_cast<const __half2*>(&w[e >> 1]);
-    return __half2float((e & 1) ? __high2half(h) : __low2half(h));
-  } else {
-    return __uint_as_float(w[e]);
-  }
-}
-
-// Bytes of one weight row.
-template <int FMT>
-__device__ __forceinline__ int64_t row_words(int64_t K) {
-  return K / 32 * chunk_words<FMT>();
-}
 
 template <int FMT, int R, int TT, bool SWIGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvParams p) {

@@ -1,0 +1,494 @@
+// The mixture-of-experts kernels (see moe.h for the call sequence). Everything a decode step needs is
+// on the device: the routing writes the chosen expert ids and weights to device memory and the expert
+// kernels read them, so a captured decode graph replays the whole MoE block, routing included.
+//
+// Decode kernels (moe_gate_up, moe_down) are mat-vecs in the style of qgemv.cu: one warp owns one
+// output row of one (token, slot) pair (gate/up) or of one token (down), its lanes stride over
+// 32-element chunks of the weight row (one MLX group scale and bias per chunk, applied as
+// s * dot(q, x) + b * sum(x)). Each chosen expert's rows are read once per token that chose it — at
+// batch 1 that is exactly top_k experts' bytes. moe_down loops over the token's slots in top-k order
+// and weights each slot's partial dot products, so the weighted sum costs no extra pass.
+//
+// Prefill kernels: the assignments are grouped by expert (moe_group), then one launch computes every
+// (expert, 64-row tile of its tokens) x (64 output columns) tile on the tensor cores (WMMA bf16 ->
+// fp32, weights dequantized into shared memory as gemm.cu does), gate and up together with SwiGLU;
+// a second one does the down projection into fp32 rows; moe_combine sums each token's slots in top-k
+// order. The grids are sized for the worst case (moe_max_tiles); surplus blocks exit at once.
+#include <cmath>
+#include <mma.h>
+
+#include "backend/cuda/dequant.cuh"
+#include "backend/cuda/moe.h"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int kWarps = 4;     // warps per block of the mat-vec style kernels
+constexpr int kRouteTok = 8;  // tokens per routing block: each router row is read once per 8 tokens
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
+// x chunk c of a bf16 row as 32 floats, and their sum.
+__device__ __forceinline__ float load_x_chunk(const uint16_t* row, int64_t c, float (&xf)[32]) {
+  uint32_t xw[16];
+  load_words<16>(reinterpret_cast<const uint32_t*>(row + c * 32), xw);
+  float sx = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    xf[2 * e] = bf16_lo(xw[e]);
+    xf[2 * e + 1] = bf16_hi(xw[e]);
+    sx += xf[2 * e] + xf[2 * e + 1];
+  }
+  return sx;
+}
+
+// dot(weight chunk c of row `row`, xf) with the chunk's affine scale and bias applied.
+template <int FMT>
+__device__ __forceinline__ float chunk_dot(const ExpertPtrs& p, int64_t row, int64_t cols, int group, Elem dt,
+                                           int64_t c, const float (&xf)[32], float sx) {
+  constexpr int W = chunk_words<FMT>();
+  uint32_t wq[W];
+  load_words<W>(static_cast<const uint32_t*>(p.data) + row * row_words<FMT>(cols) + c * W, wq);
+  float d = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 32; ++e) d = fmaf(chunk_elem<FMT, W>(wq, e), xf[e], d);
+  if constexpr (FMT <= 8) {
+    const int64_t g = row * (cols / group) + c * 32 / group;
+    return load_any(p.scales, g, dt) * d + load_any(p.biases, g, dt) * sx;
+  } else {
+    return d;
+  }
+}
+
+// Element (row, col) of any weight (MLX affine 2..8 bits or dense): the shared expert's 1-row gate.
+__device__ float weight_elem(const DevMatrix& w, int64_t row, int64_t col) {
+  if (!w.bits) return load_any(w.data, row * w.cols + col, w.dtype);
+  const uint32_t* d = static_cast<const uint32_t*>(w.data) + row * (w.cols * w.bits / 32);
+  const int64_t bit = col * w.bits;
+  const int sh = int(bit & 31);
+  uint32_t q = d[bit >> 5] >> sh;
+  if (sh + w.bits > 32) q |= d[(bit >> 5) + 1] << (32 - sh);
+  q &= (1u << w.bits) - 1u;
+  const int64_t g = row * (w.cols / w.group) + col / w.group;
+  return load_any(w.scales, g, w.dtype) * float(q) + load_any(w.biases, g, w.dtype);
+}
+
+// ---- routing ----
+// Grid (ceil(E / kWarps), ceil(T / kRouteTok)). Warp w of block (bx, by) computes router row
+// bx*kWarps + w for the block's 8 tokens into a.logits. The last block of a token tile to finish (a
+// counter per tile, reset by that block) then routes the tile's tokens: one warp per token, exactly
+// the CPU's rule (cpu_moe.cpp moe_route): p = softmax(logits) in fp32, k passes of an argmax over the
+// untaken experts (ties to the lower index), optional renormalization summed in top-k order.
+template <int FMT>
+__global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
+  pdl_begin();
+  __shared__ float sp[kWarps][kMoEMaxExperts];
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t0 = blockIdx.y * kRouteTok, nt = min(kRouteTok, a.T - t0);
+  const int64_t K = a.H, nchunks = K / 32;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  const int r = blockIdx.x * kWarps + warp;
+  if (r < a.E) {
+    const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
+    float acc[kRouteTok];
+#pragma unroll
+    for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
+    for (int64_t c = lane; c < nchunks; c += 32) {
+#pragma unroll
+      for (int t = 0; t < kRouteTok; ++t) {
+        if (t < nt) {
+          float xf[32];
+          const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
+          acc[t] += chunk_dot<FMT>(w, r, K, a.router.group, a.router.dtype, c, xf, sx);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kRouteTok; ++t) {
+      const float v = warp_sum(acc[t]);
+      if (lane == 0 && t < nt) a.logits[int64_t(t0 + t) * a.E + r] = v;
+    }
+  }
+  __threadfence();  // this block's logits visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.y], 1) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x == 0) a.counters[blockIdx.y] = 0;  // every other block of the tile has counted
+  __threadfence();
+
+  float* p = sp[warp];
+  for (int t = warp; t < nt; t += kWarps) {
+    const int tok = t0 + t;
+    float mx = -INFINITY;
+    for (int e = lane; e < a.E; e += 32) {
+      const float l = __ldcg(a.logits + int64_t(tok) * a.E + e);  // L2: written by other blocks
+      p[e] = l;
+      mx = fmaxf(mx, l);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < a.E; e += 32) sum += (p[e] = expf(p[e] - mx));
+    sum = warp_sum(sum);
+    for (int e = lane; e < a.E; e += 32) p[e] /= sum;
+    __syncwarp();
+    constexpr float kTaken = -2.0f;  // probabilities are >= 0
+    int my_e = 0;
+    float my_w = 0.0f;
+    for (int i = 0; i < a.k; ++i) {
+      int be = -1;
+      float bv = 0.0f;
+      for (int e = lane; e < a.E; e += 32) {  // ascending e: strict > keeps the lowest index of a tie
+        const float v = p[e];
+        if (v != kTaken && (be < 0 || v > bv)) be = e, bv = v;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, be, o);
+        if (ob >= 0 && (be < 0 || ov > bv || (ov == bv && ob < be))) be = ob, bv = ov;
+      }
+      if (lane == i) my_e = be, my_w = bv;
+      if (be >= 0 && lane == (be & 31)) p[be] = kTaken;
+      __syncwarp();
+    }
+    if (a.norm_topk) {
+      float s = 0.0f;  // summed in top-k order, as the CPU does
+      for (int i = 0; i < a.k; ++i) s += __shfl_sync(0xffffffffu, my_w, i);
+      my_w /= s;
+    }
+    if (lane < a.k) {
+      a.idx[int64_t(tok) * a.k + lane] = my_e;
+      a.wt[int64_t(tok) * a.k + lane] = my_w;
+    }
+    if (a.shared_gate.data) {
+      float d = 0.0f;
+      for (int64_t c = lane; c < K; c += 32)
+        d = fmaf(weight_elem(a.shared_gate, 0, c), bf16_bits_to_f32(x[int64_t(tok) * K + c]), d);
+      d = warp_sum(d);
+      if (lane == 0) a.shared_coef[tok] = 1.0f / (1.0f + expf(-d));
+    }
+    __syncwarp();
+  }
+}
+
+// ---- decode experts ----
+// One warp per output row: warps [0, T*k*F) are (pair a = t*k + s, row) of the routed experts,
+// then [.., + T*S) (token, row) of the shared expert (ptrs[E]).
+template <int FMT>
+__global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(MoEGateUpArgs a) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t F = a.gate.rows, K = a.gate.cols, S = a.shared_rows;
+  const int64_t routed = a.routed ? int64_t(a.T) * a.k * F : 0;
+  int64_t row, t, out_row, rows;
+  int e;
+  __nv_bfloat16* out;
+  if (gw < routed) {
+    const int64_t pair = gw / F;
+    row = gw % F, t = pair / a.k, e = a.idx[pair];
+    out = static_cast<__nv_bfloat16*>(a.h), out_row = pair, rows = F;
+  } else {
+    const int64_t j = gw - routed;
+    if (S == 0 || j >= int64_t(a.T) * S) return;
+    row = j % S, t = j / S, e = a.E;
+    out = static_cast<__nv_bfloat16*>(a.hs), out_row = t, rows = S;
+  }
+  const ExpertPtrs g = a.gate.ptrs[e], u = a.up.ptrs[e];
+  const uint16_t* xt = static_cast<const uint16_t*>(a.x) + t * K;
+  float ag = 0.0f, au = 0.0f;
+  for (int64_t c = lane; c < K / 32; c += 32) {
+    float xf[32];
+    const float sx = load_x_chunk(xt, c, xf);
+    ag += chunk_dot<FMT>(g, row, K, a.gate.group, a.gate.dtype, c, xf, sx);
+    au += chunk_dot<FMT>(u, row, K, a.up.group, a.up.dtype, c, xf, sx);
+  }
+  ag = warp_sum(ag);
+  au = warp_sum(au);
+  if (lane == 0) out[out_row * rows + row] = __float2bfloat16_rn(silu_mul(ag, au));
+}
+
+// One warp per (token t, output row): its lanes stride over the (slot, chunk) items of the token's
+// n_slots experts and then the shared expert's chunks, each partial dot product scaled by its slot's
+// weight, so the warp's one reduction is the weighted sum.
+template <int FMT>
+__global__ void __launch_bounds__(kWarps * 32) down_kernel(MoEDownArgs a) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t H = a.down.rows, F = a.down.cols, S = a.shared_cols;
+  const int64_t t = gw / H, row = gw % H;
+  if (t >= a.T) return;
+  const int64_t nF = F / 32, nS = S / 32, routed = int64_t(a.n_slots) * nF;
+  const uint16_t* h = static_cast<const uint16_t*>(a.h);
+  float acc = 0.0f;
+  for (int64_t it = lane; it < routed + nS; it += 32) {
+    int64_t c, cols;
+    int e;
+    float coef;
+    const uint16_t* hv;
+    if (it < routed) {
+      const int64_t pair = t * a.k + it / nF;
+      c = it % nF, cols = F, e = a.idx[pair], coef = a.wt[pair], hv = h + pair * F;
+    } else {
+      c = it - routed, cols = S, e = a.E, coef = a.shared_coef[t];
+      hv = static_cast<const uint16_t*>(a.hs) + t * S;
+    }
+    float xf[32];
+    const float sx = load_x_chunk(hv, c, xf);
+    acc += coef * chunk_dot<FMT>(a.down.ptrs[e], row, cols, a.down.group, a.down.dtype, c, xf, sx);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    if (a.shared_out)
+      acc += a.shared_coef[t] * __bfloat162float(static_cast<const __nv_bfloat16*>(a.shared_out)[t * H + row]);
+    static_cast<__nv_bfloat16*>(a.out)[t * H + row] = __float2bfloat16_rn(acc);
+  }
+}
+
+// ---- prefill ----
+// One block: a histogram of the assignments per expert, a scan into row offsets and tile starts, then
+// a scatter. Positions within an expert follow the atomics' order; that changes nothing a token gets,
+// since every row of a GEMM tile is computed independently of the others.
+__global__ void __launch_bounds__(1024) group_kernel(MoEGroupArgs a) {
+  pdl_begin();
+  __shared__ int cnt[kMoEMaxExperts], fill[kMoEMaxExperts];
+  for (int e = threadIdx.x; e < a.E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.A; i += blockDim.x) atomicAdd(&cnt[a.idx[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int off = 0, ts = 0;
+    for (int e = 0; e < a.E; ++e) {
+      a.offsets[e] = off, a.tile_start[e] = ts, fill[e] = off;
+      off += cnt[e];
+      ts += (cnt[e] + kMoETileRows - 1) / kMoETileRows;
+    }
+    a.offsets[a.E] = off, a.tile_start[a.E] = ts;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.A; i += blockDim.x) {
+    const int pos = atomicAdd(&fill[a.idx[i]], 1);
+    a.order[pos] = i;
+    a.pos_of[i] = pos;
+  }
+}
+
+constexpr int BM = kMoETileRows, BN = 64, BK = 32, LDS = BK + 8, LDC = BN + 4;
+
+// Block (bx, by): output columns [bx*64, +64) of grid tile `by`, i.e. of the by - tile_start[e]'th
+// 64-row tile of expert e's positions. 4 warps, each a 32x32 quarter as 2x2 WMMA fragments per
+// matrix (gate and up for SWIGLU). Per K step of 32: threads dequantize one 32-element chunk of a
+// weight row each (gate rows by threads 0..63, up rows by 64..127) and copy the 64 x 32 x tile.
+template <int BITS, bool SWIGLU>
+__global__ void __launch_bounds__(128) grouped_kernel(MoEGroupedArgs a) {
+  pdl_begin();
+  using namespace nvcuda;
+  constexpr int M = SWIGLU ? 2 : 1;
+  __shared__ __align__(128) unsigned char smem[M * BM * LDC * sizeof(float)];
+  static_assert((BM + M * BN) * LDS * 2 <= M * BM * LDC * 4, "the K-loop tiles fit in the epilogue buffer");
+  __nv_bfloat16* Xs = reinterpret_cast<__nv_bfloat16*>(smem);  // [BM][LDS]
+  __nv_bfloat16* Ws = Xs + BM * LDS;                            // [M][BN][LDS]
+  float* Cs = reinterpret_cast<float*>(smem);                   // [M][BM][LDC], after the K loop
+  const int tile = blockIdx.y;
+  if (tile >= a.tile_start[a.E]) return;
+  int lo = 0, hi = a.E;  // the expert owning this tile: the last e with tile_start[e] <= tile
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (a.tile_start[mid] <= tile) lo = mid;
+    else hi = mid;
+  }
+  const int e = lo;
+  const int p0 = a.offsets[e] + (tile - a.tile_start[e]) * BM;
+  const int np = min(BM, a.offsets[e + 1] - p0);
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int64_t n0 = int64_t(blockIdx.x) * BN, K = a.w.cols, N = a.w.rows;
+  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+  // The two x rows (of the tile's 64) whose 16-byte pieces this thread copies: r = tid/4 and r + 32.
+  const uint16_t* xsrc[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = tid / 4 + 32 * j;
+    xsrc[j] = nullptr;
+    if (r < np) {
+      const int64_t src = SWIGLU ? a.order[p0 + r] / a.k : p0 + r;
+      xsrc[j] = static_cast<const uint16_t*>(a.x) + src * K;
+    }
+  }
+  const ExpertPtrs wp = a.w.ptrs[e];
+  ExpertPtrs up{};
+  if constexpr (SWIGLU) up = a.up.ptrs[e];
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[M][2][2];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[m][i][j], 0.0f);
+
+  for (int64_t k0 = 0; k0 < K; k0 += BK) {
+    // Weights: thread i < 64*M dequantizes row n0 + i%64 of matrix i/64.
+    if (tid < 64 * M) {
+      const int m = tid / 64, rr = tid % 64;
+      const int64_t row = n0 + rr;
+      const ExpertPtrs& p = m == 0 ? wp : up;
+      const MoEMats& mm = m == 0 ? a.w : a.up;
+      __nv_bfloat16 tmp[32];
+      if (row < N) {
+        dequant_chunk_bf16<BITS>(p.data, p.scales, p.biases, mm.dtype, K, mm.group, row, k0, tmp);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 32; ++q) tmp[q] = __float2bfloat16_rn(0.0f);
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        *reinterpret_cast<uint4*>(Ws + (m * BN + rr) * LDS + q * 8) = *reinterpret_cast<const uint4*>(tmp + q * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = tid / 4 + 32 * j, q = tid % 4;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (xsrc[j]) v = __ldg(reinterpret_cast<const uint4*>(xsrc[j] + k0) + q);
+      *reinterpret_cast<uint4*>(Xs + r * LDS + q * 8) = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], Xs + (wm + i * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], Ws + (m * BN + wn + j * 16) * LDS + kk, LDS);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[m][i][j], fa[i], fb[j], acc[m][i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::store_matrix_sync(Cs + m * BM * LDC + (wm + i * 16) * LDC + wn + j * 16, acc[m][i][j], LDC,
+                                wmma::mem_row_major);
+  __syncthreads();
+  for (int i = tid; i < BM * BN; i += 128) {
+    const int r = i / BN, c = i % BN;
+    const int64_t n = n0 + c;
+    if (r >= np || n >= N) continue;
+    const int64_t pos = p0 + r;
+    if constexpr (SWIGLU) {
+      static_cast<__nv_bfloat16*>(a.out)[pos * N + n] =
+          __float2bfloat16_rn(silu_mul(Cs[r * LDC + c], Cs[BM * LDC + r * LDC + c]));
+    } else {
+      static_cast<float*>(a.out)[pos * N + n] = Cs[r * LDC + c];
+    }
+  }
+}
+
+// out[t, n] = sum over the token's slots in top-k order of wt * y[pos_of[slot], n] (+ shared), bf16.
+__global__ void combine_kernel(MoECombineArgs a) {
+  pdl_begin();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(a.T) * a.H) return;
+  const int64_t t = i / a.H, n = i % a.H;
+  float acc = 0.0f;
+  for (int s = 0; s < a.n_slots; ++s) {
+    const int64_t pair = t * a.k + s;
+    acc += a.wt[pair] * a.y[int64_t(a.pos_of[pair]) * a.H + n];
+  }
+  if (a.shared_out) acc += a.shared_coef[t] * __bfloat162float(static_cast<const __nv_bfloat16*>(a.shared_out)[i]);
+  static_cast<__nv_bfloat16*>(a.out)[i] = __float2bfloat16_rn(acc);
+}
+
+unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWarps); }
+
+}  // namespace
+
+cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
+  if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
+    return cudaErrorInvalidValue;
+  const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), unsigned((a.T + kRouteTok - 1) / kRouteTok));
+  const dim3 block(kWarps * 32);
+  switch (moe_fmt(a.router.bits, a.router.dtype)) {
+    case 4: launch_k(route_kernel<4>, grid, block, 0, s, a); break;
+    case 8: launch_k(route_kernel<8>, grid, block, 0, s, a); break;
+    case 16: launch_k(route_kernel<16>, grid, block, 0, s, a); break;
+    case 17: launch_k(route_kernel<17>, grid, block, 0, s, a); break;
+    case 32: launch_k(route_kernel<32>, grid, block, 0, s, a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {
+  const int64_t warps = (a.routed ? int64_t(a.T) * a.k * a.gate.rows : 0) + int64_t(a.T) * a.shared_rows;
+  if (warps == 0) return cudaSuccess;
+  const dim3 grid(blocks_for(warps)), block(kWarps * 32);
+  switch (a.gate.fmt) {
+    case 4: launch_k(gate_up_kernel<4>, grid, block, 0, s, a); break;
+    case 8: launch_k(gate_up_kernel<8>, grid, block, 0, s, a); break;
+    case 16: launch_k(gate_up_kernel<16>, grid, block, 0, s, a); break;
+    case 17: launch_k(gate_up_kernel<17>, grid, block, 0, s, a); break;
+    case 32: launch_k(gate_up_kernel<32>, grid, block, 0, s, a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t moe_down(const MoEDownArgs& a, cudaStream_t s) {
+  const dim3 grid(blocks_for(int64_t(a.T) * a.down.rows)), block(kWarps * 32);
+  switch (a.down.fmt) {
+    case 4: launch_k(down_kernel<4>, grid, block, 0, s, a); break;
+    case 8: launch_k(down_kernel<8>, grid, block, 0, s, a); break;
+    case 16: launch_k(down_kernel<16>, grid, block, 0, s, a); break;
+    case 17: launch_k(down_kernel<17>, grid, block, 0, s, a); break;
+    case 32: launch_k(down_kernel<32>, grid, block, 0, s, a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t moe_group(const MoEGroupArgs& a, cudaStream_t s) {
+  if (a.E < 1 || a.E > kMoEMaxExperts) return cudaErrorInvalidValue;
+  launch_k(group_kernel, dim3(1), dim3(1024), 0, s, a);
+  return cudaGetLastError();
+}
+
+namespace {
+template <bool SWIGLU>
+cudaError_t grouped(const MoEGroupedArgs& a, cudaStream_t s) {
+  const dim3 grid(unsigned((a.w.rows + BN - 1) / BN), unsigned(moe_max_tiles(a.A, a.E))), block(128);
+  // Dense weights of any dtype go through BITS 0 (converted element by element).
+  switch (a.w.fmt) {
+    case 4: launch_k(grouped_kernel<4, SWIGLU>, grid, block, 0, s, a); break;
+    case 8: launch_k(grouped_kernel<8, SWIGLU>, grid, block, 0, s, a); break;
+    case 16:
+    case 17:
+    case 32: launch_k(grouped_kernel<0, SWIGLU>, grid, block, 0, s, a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t moe_grouped_gate_up(const MoEGroupedArgs& a, cudaStream_t s) { return grouped<true>(a, s); }
+cudaError_t moe_grouped_down(const MoEGroupedArgs& a, cudaStream_t s) { return grouped<false>(a, s); }
+
+cudaError_t moe_combine(const MoECombineArgs& a, cudaStream_t s) {
+  const int64_t n = int64_t(a.T) * a.H;
+  launch_k(combine_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a);
+  return cudaGetLastError();
+}
+
+}  // namespace anvil::cuda

@@ -1,0 +1,17 @@
+// Finds out whether the client of a non-streaming request is still there. cpp-httplib 0.11 (the
+// Debian package) does not give a handler its socket, so connection_socket() finds it among this
+// process's descriptors by the request's addresses (local port + peer address and port identify a
+// TCP connection); peer_closed() then peeks at it without consuming anything.
+#pragma once
+#include <string>
+
+namespace anvil::server {
+
+// The socket of the connection from remote_addr:remote_port to local_port, or -1. The descriptor
+// stays valid while the request's handler runs (httplib closes it after the handler returns).
+int connection_socket(const std::string& remote_addr, int remote_port, int local_port);
+// True when the peer has closed the connection (EOF or an error). A client that half-closes its
+// side after sending the request counts as gone: HTTP clients do not do that.
+bool peer_closed(int fd);
+
+}  // namespace anvil::server

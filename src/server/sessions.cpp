@@ -1,0 +1,56 @@
+#include "server/sessions.h"
+
+namespace anvil::server {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+ojson parse_meta(const SessionInfo& s) { return ojson::parse(s.meta, nullptr, false); }
+}  // namespace
+
+bool is_chat_session(const SessionInfo& s) {
+  ojson m = parse_meta(s);
+  return m.is_object() && m.contains("messages") && m["messages"].is_array();
+}
+
+std::optional<ApiError> session_messages(const SessionInfo& s, ojson* messages) {
+  ojson m = parse_meta(s);
+  if (!m.is_object() || !m.contains("messages") || !m["messages"].is_array()) {
+    ApiError e;
+    e.param = "session";
+    e.message = "session '" + s.name + "' holds a completion document (" + std::to_string(s.tokens.size()) +
+                " tokens), not a conversation: continue it with /v1/completions";
+    return e;
+  }
+  if (m.contains("document") && m["document"].is_array() && !m["document"].empty()) {
+    ApiError e;
+    e.param = "session";
+    e.message = "session '" + s.name + "' was recorded by anvil run in completion mode (no chat template)";
+    return e;
+  }
+  *messages = m["messages"];
+  return std::nullopt;
+}
+
+std::string chat_session_meta(const ojson& messages) {
+  return ojson{{"messages", messages}, {"document", ojson::array()}}.dump(-1, ' ', false,
+                                                                         nlohmann::json::error_handler_t::replace);
+}
+
+ojson session_json(const SessionInfo& s, bool detail) {
+  ojson j = ojson::object();
+  j["id"] = s.name;
+  j["object"] = "session";
+  const bool chat = is_chat_session(s);
+  j["type"] = chat ? "chat" : "completion";
+  j["tokens"] = s.tokens.size();
+  j["durable_tokens"] = s.durable_pos;  // tokens whose KV is committed in the store
+  j["updated"] = s.updated_us / 1000000;
+  if (chat) {
+    ojson m = parse_meta(s);
+    j["messages"] = detail ? m["messages"] : ojson(m["messages"].size());
+  }
+  return j;
+}
+
+}  // namespace anvil::server

@@ -1,0 +1,55 @@
+// Sessions in the server: a request naming "session" continues a conversation (chat) or a document
+// (completions) recorded in the durable KV store, and its turn is recorded back (docs/api.md).
+//
+// What a session holds: its token ids (the truth; its KV pages are a cache of them) and a meta text.
+// A chat session's meta is {"messages": [...], "document": []}, the format anvil run records, so a
+// conversation started in `anvil run --session` continues over HTTP and back. A chat request sends
+// only its new messages; the server renders the stored messages + the new ones through the chat
+// template (the stored tokens' pages make that prefix a cache hit) and, when the turn succeeds,
+// records the new messages and the reply. A completion session (anvil generate's, or one started
+// with /v1/completions) has no messages: the prompt is appended to its tokens.
+//
+// One request at a time per session: SessionLocks hands a name to one request; a second gets 409.
+#pragma once
+#include <mutex>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "kvstore/kvstore.h"
+#include "server/api_request.h"
+
+namespace anvil::server {
+
+class SessionLocks {
+ public:
+  bool try_acquire(const std::string& name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return busy_.insert(name).second;
+  }
+  void release(const std::string& name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    busy_.erase(name);
+  }
+  bool busy(const std::string& name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return busy_.count(name) > 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::string> busy_;
+};
+
+// A stored session's conversation: its messages, or an ApiError (param "session") when it is a
+// completion session. A session that does not exist yet has none.
+std::optional<ApiError> session_messages(const SessionInfo& s, nlohmann::ordered_json* messages);
+// True when the session holds a conversation (its meta has "messages").
+bool is_chat_session(const SessionInfo& s);
+// The meta a chat session records: anvil run's format.
+std::string chat_session_meta(const nlohmann::ordered_json& messages);
+// GET /v1/sessions entry; with `detail`, the messages too.
+nlohmann::ordered_json session_json(const SessionInfo& s, bool detail);
+
+}  // namespace anvil::server

@@ -1,0 +1,210 @@
+// The durable KV store inside `anvil serve`: a prompt served before a restart is a cache hit after
+// it (usage and /metrics), and sessions (chat and completion) are created, continued, listed and
+// deleted, across a restart too. One store directory, two server processes one after the other.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "server_process.h"
+
+using anvil::test::RawConnection;
+using anvil::test::ServerProcess;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Srv {
+  std::unique_ptr<ServerProcess> p;
+  explicit Srv(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"--synthetic", "tiny", "-c", "512", "-np", "4", "-t", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    p = std::make_unique<ServerProcess>(args);
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", p->port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  json post(const std::string& path, const json& body, int* status) const {
+    auto r = client().Post(path.c_str(), body.dump(), "application/json");
+    *status = r ? r->status : -1;
+    return r ? json::parse(r->body, nullptr, false) : json();
+  }
+  json get(const std::string& path, int* status) const {
+    auto r = client().Get(path.c_str());
+    *status = r ? r->status : -1;
+    return r ? json::parse(r->body, nullptr, false) : json();
+  }
+  int del(const std::string& path, json* body = nullptr) const {
+    auto r = client().Delete(path.c_str());
+    if (r && body) *body = json::parse(r->body, nullptr, false);
+    return r ? r->status : -1;
+  }
+  double metric(const std::string& name) const {
+    auto r = client().Get("/metrics");
+    if (!r) return -1;
+    std::smatch m;
+    std::regex re("\n" + name + " ([0-9.e+-]+)\n");
+    std::string body = "\n" + r->body;
+    return std::regex_search(body, m, re) ? std::stod(m[1]) : -1;
+  }
+};
+
+json chat(const std::string& user, const std::string& session, int max_tokens = 6) {
+  json b = {{"messages", {{{"role", "user"}, {"content", user}}}}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  if (!session.empty()) b["session"] = session;
+  return b;
+}
+
+json find_session(const json& list, const std::string& name) {
+  for (const json& s : list["data"])
+    if (s["id"] == name) return s;
+  return json();
+}
+
+// A prompt of several full 16-token pages.
+const std::string kDoc =
+    "The durable store keeps every full page of key and value vectors on disk, so that a prompt seen before "
+    "a restart is not computed again after it. This sentence only makes the prompt long enough.";
+
+}  // namespace
+
+TEST(ServeStore, RestartKeepsPrefixCacheAndSessions) {
+  const std::string dir = (fs::temp_directory_path() / ("anvil_serve_store_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const std::vector<std::string> store = {"--kv-store", dir};
+  json first, doc_before, conv_before;
+  int st = 0;
+  {
+    Srv a(store);
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    first = a.post("/v1/completions", {{"prompt", kDoc}, {"max_tokens", 8}, {"temperature", 0}}, &st);
+    ASSERT_EQ(st, 200) << first;
+    EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "a fresh store";
+    // A chat session: two turns; the second sends only its new message.
+    auto t1 = a.post("/v1/chat/completions", chat("Hello, who are you?", "conv"), &st);
+    ASSERT_EQ(st, 200) << t1;
+    auto t2 = a.post("/v1/chat/completions", chat("Tell me more.", "conv"), &st);
+    ASSERT_EQ(st, 200) << t2;
+    EXPECT_GT(t2["usage"]["prompt_tokens"].get<int>(), t1["usage"]["prompt_tokens"].get<int>() + 5)
+        << "the second turn's prompt holds the first";
+    EXPECT_GT(t2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+    // A completion session: the prompt is appended to its tokens.
+    auto d1 = a.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0},
+                                         {"session", "doc"}, {"ignore_eos", true}}, &st);
+    ASSERT_EQ(st, 200) << d1;
+    auto list = a.get("/v1/sessions", &st);
+    ASSERT_EQ(st, 200) << list;
+    doc_before = find_session(list, "doc");
+    conv_before = find_session(list, "conv");
+    ASSERT_FALSE(doc_before.is_null() || conv_before.is_null()) << list;
+    EXPECT_EQ(doc_before["type"], "completion");
+    EXPECT_EQ(doc_before["tokens"], d1["usage"]["prompt_tokens"].get<int>() + 6);  // every sampled token
+    EXPECT_EQ(doc_before["durable_tokens"], doc_before["tokens"].get<int>() - 1);  // the last has no KV yet
+    EXPECT_EQ(conv_before["type"], "chat");
+    EXPECT_EQ(conv_before["messages"], 4);
+    EXPECT_EQ(conv_before["tokens"], t2["usage"]["prompt_tokens"].get<int>() + t2["usage"]["completion_tokens"].get<int>());
+    // Sessions of the wrong kind, and a name in use, are refused naming the parameter.
+    auto e = a.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}, {"session", "conv"}}, &st);
+    EXPECT_EQ(st, 400);
+    EXPECT_EQ(e["error"]["param"], "session");
+    e = a.post("/v1/chat/completions", chat("x", "doc", 1), &st);
+    EXPECT_EQ(st, 400);
+    EXPECT_EQ(e["error"]["param"], "session");
+    e = a.post("/v1/chat/completions", chat("x", "no/slash", 1), &st);
+    EXPECT_EQ(st, 400);
+    EXPECT_EQ(e["error"]["param"], "session");
+    {
+      RawConnection conn(a.p->port());
+      std::string b = chat("Write a long story", "busy", 400).dump();
+      ASSERT_TRUE(conn.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b));
+      for (int i = 0; i < 100 && a.metric("anvil_requests_running") < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      e = a.post("/v1/chat/completions", chat("me too", "busy", 1), &st);
+      EXPECT_EQ(st, 409) << e;
+      EXPECT_EQ(e["error"]["code"], "session_busy");
+      EXPECT_EQ(a.del("/v1/sessions/busy"), 409);
+    }  // the client goes away: its turn is cancelled and the session freed
+    for (int i = 0; i < 100; ++i) {
+      a.post("/v1/chat/completions", chat("again", "busy", 1), &st);
+      if (st != 409) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(st, 200);
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  {
+    Srv b(store);
+    ASSERT_TRUE(b.p->ok()) << b.p->startup_output();
+    // The same prompt after the restart: its full pages come from the store, the output is the same.
+    auto again = b.post("/v1/completions", {{"prompt", kDoc}, {"max_tokens", 8}, {"temperature", 0}}, &st);
+    ASSERT_EQ(st, 200) << again;
+    const int n = again["usage"]["prompt_tokens"];
+    const int cached = again["usage"]["prompt_tokens_details"]["cached_tokens"];
+    EXPECT_EQ(cached, (n - 1) / 16 * 16) << "every full page but the one holding the last token";
+    EXPECT_GE(cached, 32);
+    EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);
+    EXPECT_GE(b.metric("anvil_kv_store_pages_restored_total"), cached / 16);
+    EXPECT_GE(b.metric("anvil_prompt_tokens_from_store_total"), cached);
+    EXPECT_GE(b.metric("anvil_prompt_tokens_cached_total"), cached);
+    for (const char* m : {"anvil_kv_store_pages_written_total", "anvil_kv_store_bytes_written_total",
+                          "anvil_kv_store_fsyncs_total", "anvil_kv_store_transactions_total",
+                          "anvil_kv_store_queue_high_water", "anvil_kv_store_writer_busy_seconds_total",
+                          "anvil_kv_store_decode_blocked_seconds_total"})
+      EXPECT_GE(b.metric(m), 0) << m << " missing";
+    // The sessions survived, as they were.
+    auto list = b.get("/v1/sessions", &st);
+    ASSERT_EQ(st, 200);
+    EXPECT_EQ(find_session(list, "doc")["tokens"], doc_before["tokens"]);
+    EXPECT_EQ(find_session(list, "conv")["tokens"], conv_before["tokens"]);
+    // The completion session goes on from its stored KV: all of it (full pages and its tail).
+    auto d2 = b.post("/v1/completions", {{"prompt", " and then"}, {"max_tokens", 4}, {"temperature", 0},
+                                         {"session", "doc"}}, &st);
+    ASSERT_EQ(st, 200) << d2;
+    EXPECT_GT(d2["usage"]["prompt_tokens"].get<int>(), doc_before["tokens"].get<int>());
+    EXPECT_EQ(d2["usage"]["prompt_tokens_details"]["cached_tokens"], doc_before["durable_tokens"]);
+    // The conversation goes on: a third turn over the two recorded ones.
+    auto t3 = b.post("/v1/chat/completions", chat("And then?", "conv"), &st);
+    ASSERT_EQ(st, 200) << t3;
+    EXPECT_GT(t3["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+    auto conv = b.get("/v1/sessions/conv", &st);
+    ASSERT_EQ(st, 200);
+    ASSERT_EQ(conv["messages"].size(), 6u) << conv;
+    EXPECT_EQ(conv["messages"][0]["content"], "Hello, who are you?");
+    EXPECT_EQ(conv["messages"][2]["content"], "Tell me more.");
+    EXPECT_EQ(conv["messages"][4]["content"], "And then?");
+    EXPECT_EQ(conv["messages"][5]["role"], "assistant");
+    EXPECT_EQ(conv["messages"][5]["content"], t3["choices"][0]["message"]["content"]);
+    // Delete: once, then 404; a bad name is 400.
+    json body;
+    EXPECT_EQ(b.del("/v1/sessions/conv", &body), 200);
+    EXPECT_EQ(body["deleted"], true);
+    EXPECT_EQ(b.del("/v1/sessions/conv", &body), 404);
+    EXPECT_EQ(body["error"]["code"], "session_not_found");
+    b.get("/v1/sessions/conv", &st);
+    EXPECT_EQ(st, 404);
+    EXPECT_EQ(b.del("/v1/sessions/.hidden"), 400);
+    EXPECT_TRUE(find_session(b.get("/v1/sessions", &st), "conv").is_null());
+    EXPECT_EQ(b.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ServeStore, WithoutTheStoreSessionsAreRefused) {
+  Srv s({"--no-kv-store"});
+  ASSERT_TRUE(s.p->ok()) << s.p->startup_output();
+  int st = 0;
+  auto e = s.post("/v1/chat/completions", chat("hi", "conv", 1), &st);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(e["error"]["param"], "session");
+  s.get("/v1/sessions", &st);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(s.metric("anvil_kv_store_pages_written_total"), -1) << "no store counters without a store";
+  EXPECT_EQ(s.p->terminate(30), 0);
+}
