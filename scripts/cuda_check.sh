@@ -88,6 +88,9 @@ if [ "$what" != bench ]; then
   (cd build-gpu && ctest -L cuda --output-on-failure -j4 --timeout 300) > "$OUT/cuda_tests.log" 2>&1
   summary+=("ctest -L cuda: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/cuda_tests.log" | tail -1)")
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.*" > "$OUT/cuda_ops_verbose.log" 2>&1
+  # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
+  ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaSample*" > "$OUT/cuda_sample.log" 2>&1
+  summary+=("device sampler: rc=$? $(grep -E '^\[  (PASSED|FAILED)|agree on' "$OUT/cuda_sample.log" | tr '\n' ' ')")
   ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/golden_cuda.log" 2>&1
   summary+=("golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda.log" | tr '\n' ' ')")
   # Each failed greedy model: where CUDA and CPU (teacher-forced over the reference path) pick what.
@@ -113,6 +116,8 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
     mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
+    mutate src/backend/cuda/sample_rows.cu 's/| static_cast<uint32_t>(c.id);/| (0xffffffffu - static_cast<uint32_t>(c.id));/' 'CudaSample.Rows*'
+    mutate src/backend/cuda/sample_rows.cu 's/atomicAdd(\&cnt\[id\], e > 0 ? 1 : -1)/atomicAdd(\&cnt[id], 1)/' 'CudaSample.Steps*'
   } 2>&1 | tee "$OUT/mutations.log"
   cmake --build build-gpu -j16 > /dev/null 2>&1
 fi
@@ -149,7 +154,7 @@ if [ "$what" != tests ]; then
   echo "bench done at $(( $(date +%s) - t0 )) s"
 fi
 echo "=== failures ==="
-grep -hE "FAILED|Failure|error:" "$OUT"/cuda_tests.log "$OUT"/golden_cuda.log 2>/dev/null | head -40
+grep -hE "FAILED|Failure|error:" "$OUT"/cuda_tests.log "$OUT"/golden_cuda.log "$OUT"/cuda_sample.log 2>/dev/null | head -40
 echo "=== errors (max rel_err per op family) ==="
 grep -h "cuda-err" "$OUT"/cuda_ops_verbose.log 2>/dev/null | awk '{k=$3" "$4; e=$(NF-2); if (!(k in m) || e+0>m[k]+0) m[k]=e} END {for (k in m) print k, m[k]}' | sort | head -40
 echo "=== golden (cuda) ==="

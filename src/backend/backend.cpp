@@ -42,4 +42,9 @@ void Backend::moe_ffn(Act, const MoEWeights&, Act) {
   std::abort();
 }
 
+void Backend::sample_rows(Act, const SampleArgs&, int32_t*) {
+  std::fprintf(stderr, "anvil: backend %s has no device sampler (sample_rows)\n", name().c_str());
+  std::abort();
+}
+
 }  // namespace anvil

@@ -114,6 +114,33 @@ struct BatchView {
   const int32_t* seq_host = nullptr;    // [n_tokens], host
 };
 
+// ---- sampling on the device (issue 9) ----
+// One row's sampling parameters for Backend::sample_rows (runtime/sampler.h SamplingParams, which
+// validated them), plus this step's random number.
+struct SampleRowParams {
+  float temperature = 0.0f;         // 0: greedy (argmax after penalty and suppression)
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t top_k = 0;
+  int32_t count_row = -1;           // row of SampleArgs::counts with this sequence's history; -1: no penalty
+  uint64_t random = 0;              // 53 random bits: Sampler::next_random53() of the row's sampler
+};
+// Everything sample_rows reads besides the logits, in backend memory. counts[row, vocab] holds, per
+// sequence, how often each id occurs in its repetition-penalty window; row r first applies its
+// updates[update_offsets[r] .. update_offsets[r+1]) (+(id+1) counts one more id, -(id+1) one fewer)
+// to counts[params[r].count_row], so the history is maintained on the device step by step.
+struct SampleArgs {
+  const SampleRowParams* params = nullptr;  // [R]
+  const int32_t* suppress = nullptr;        // never sampled (e.g. EOS when ignored)
+  int n_suppress = 0;
+  int32_t* counts = nullptr;
+  const int32_t* updates = nullptr;
+  const int32_t* update_offsets = nullptr;  // [R + 1]
+  void* scratch = nullptr;                  // sample_scratch_bytes(R, vocab)
+};
+// ---- end sampling on the device ----
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -211,6 +238,14 @@ class Backend {
   // suppress[0..n_suppress) (e.g. EOS when it is ignored), ties to the lowest id, NaN never chosen
   // (-1 when no token is possible). suppress and ids: backend memory.
   virtual void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) = 0;
+  // Full sampling on the device (issue 9): ids[r] = the token runtime/sampler.h's Sampler picks for
+  // row r of logits (F32 [R, vocab], overwritten with the processed logits) with params[r], the
+  // history counted in counts (after the row's updates), a.suppress, and params[r].random as the
+  // draw's 53 random bits (-1 when no token is possible). Exactly the Sampler's token, bit for bit
+  // (base/sample_math.h says why that holds). vocab <= sampling::kMaxVocab.
+  virtual bool has_sample_rows() const { return false; }
+  virtual size_t sample_scratch_bytes(int rows, int64_t vocab) const { return 0; }
+  virtual void sample_rows(Act logits, const SampleArgs& a, int32_t* ids);
   // Copies activations to host as float32 (the logits for the sampler).   dst: [x.rows * x.cols]
   virtual void to_host_f32(Act x, float* dst) = 0;
 

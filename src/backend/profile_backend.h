@@ -69,6 +69,11 @@ class ProfilingBackend final : public Backend {
   void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) override {
     timed(ProfileCategory::kRest, [&] { in_.argmax_rows(logits, suppress, n_suppress, ids); });
   }
+  bool has_sample_rows() const override { return in_.has_sample_rows(); }
+  size_t sample_scratch_bytes(int rows, int64_t vocab) const override { return in_.sample_scratch_bytes(rows, vocab); }
+  void sample_rows(Act logits, const SampleArgs& a, int32_t* ids) override {
+    timed(ProfileCategory::kRest, [&] { in_.sample_rows(logits, a, ids); });
+  }
   void swiglu(Act g, Act u, Act out) override {
     timed(ProfileCategory::kDenseFfn, [&] { in_.swiglu(g, u, out); });
   }

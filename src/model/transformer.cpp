@@ -157,11 +157,30 @@ Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KV
 Status Transformer::forward_greedy(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                                    const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
                                    int32_t* out_ids) {
+  return forward_on_device(ids, batch, kv, logit_rows, suppress, nullptr, out_ids);
+}
+
+Status Transformer::forward_sample(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                                   const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
+                                   const SampleArgs& args, int32_t* out_ids) {
+  if (!backend_.has_sample_rows()) return unsupported("the " + backend_.name() + " backend has no device sampler");
+  return forward_on_device(ids, batch, kv, logit_rows, suppress, &args, out_ids);
+}
+
+Status Transformer::forward_on_device(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                                      const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
+                                      const SampleArgs* sample, int32_t* out_ids) {
   ANVIL_RETURN_IF_ERROR(check_batch(ids, batch, logit_rows));
   if (suppress.size() > size_t(kMaxSuppress))
     return invalid_argument("forward_greedy: at most " + std::to_string(kMaxSuppress) + " suppressed tokens");
   const int T = batch.n_tokens, R = int(logit_rows.size());
   if (R == 0) return invalid_argument("forward_greedy: no logit rows");
+  SampleArgs sa;
+  if (sample) {
+    sa = *sample;
+    sa.suppress = suppress_dev_;
+    sa.n_suppress = int(suppress.size());
+  }
   Backend& be = backend_;
   // Inputs first, outside any graph: a replay reads these buffers.
   be.copy_to_device(ids_dev_, ids, size_t(T) * sizeof(int32_t));
@@ -173,7 +192,8 @@ Status Transformer::forward_greedy(const int32_t* ids, const BatchView& batch, c
   }
   auto body = [&] {
     run_layers(batch, kv);
-    be.argmax_rows(run_head(T, R, identity), suppress_dev_, int(suppress.size()), out_ids_dev_);
+    if (sample) be.sample_rows(run_head(T, R, identity), sa, out_ids_dev_);
+    else be.argmax_rows(run_head(T, R, identity), suppress_dev_, int(suppress.size()), out_ids_dev_);
   };
   const char* no_graph = std::getenv("ANVIL_NO_GRAPH");
   const bool use_graph = be.graphs_supported() && identity && R == T && !(no_graph && *no_graph && *no_graph != '0');
@@ -183,7 +203,12 @@ Status Transformer::forward_greedy(const int32_t* ids, const BatchView& batch, c
                               uint64_t(reinterpret_cast<uintptr_t>(kv.base)), uint64_t(kv.n_pages),
                               uint64_t(reinterpret_cast<uintptr_t>(batch.pos)),
                               uint64_t(reinterpret_cast<uintptr_t>(batch.seq)),
-                              uint64_t(reinterpret_cast<uintptr_t>(batch.page_table)), uint64_t(suppress.size())};
+                              uint64_t(reinterpret_cast<uintptr_t>(batch.page_table)), uint64_t(suppress.size()),
+                              // the sampler's buffers (0 for greedy): a different set is a different graph
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.params)), uint64_t(reinterpret_cast<uintptr_t>(sa.counts)),
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.updates)),
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.update_offsets)),
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.scratch))};
     uint64_t key = 1469598103934665603ull;
     for (uint64_t p : parts) key = (key ^ p) * 1099511628211ull;
     if (!be.graph_launch(key)) {

@@ -44,6 +44,12 @@ class Transformer {
   // batch shape, captured on first use and replayed after (ANVIL_NO_GRAPH=1 turns that off).
   Status forward_greedy(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                         const std::vector<int>& logit_rows, std::span<const int32_t> suppress, int32_t* out_ids);
+  // The same again with the full sampler on the backend (Backend::sample_rows, issue 9): out_ids[i]
+  // is the token row logit_rows[i] samples with args.params[i] (device memory, as are args' buffers;
+  // args.suppress/n_suppress are replaced by `suppress`, like forward_greedy's). Graphs as above.
+  Status forward_sample(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                        const std::vector<int>& logit_rows, std::span<const int32_t> suppress, const SampleArgs& args,
+                        int32_t* out_ids);
   // Graphs captured so far (0 without graph support).
   int graphs_captured() const { return int(graph_keys_.size()); }
 
@@ -56,6 +62,10 @@ class Transformer {
   // Enqueues final norm + lm_head for the logit rows (gathered through rows_dev_ unless `identity`):
   // returns the F32 logits [R, vocab].
   Act run_head(int T, int R, bool identity);
+  // forward_greedy (sample == nullptr) and forward_sample.
+  Status forward_on_device(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
+                           const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
+                           const SampleArgs* sample, int32_t* out_ids);
   Act act(void* p, int64_t rows, int64_t cols) const { return Act{p, rows, cols, backend_.act_dtype()}; }
 
   ModelConfig cfg_;

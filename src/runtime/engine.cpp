@@ -20,6 +20,7 @@ Engine::~Engine() {
   Backend& be = model_.backend();
   for (void* p : {(void*)pos_dev_, (void*)seq_dev_, (void*)table_dev_})
     if (p) be.free(p);
+  sample_state_free();
 }
 
 Status Engine::init() {
@@ -171,6 +172,8 @@ Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t
   b.page_table = table_dev_;
   b.pos_host = pos.data();
   b.seq_host = seq_idx.data();
+  if (greedy && greedy->sample)
+    return model_.forward_sample(ids.data(), b, pool_->view(), logit_rows, greedy->suppress, *greedy->sample, greedy->ids);
   if (greedy) return model_.forward_greedy(ids.data(), b, pool_->view(), logit_rows, greedy->suppress, greedy->ids);
   return model_.forward(ids.data(), b, pool_->view(), logit_rows, logits);
 }

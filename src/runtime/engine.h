@@ -12,6 +12,7 @@
 #include "model/transformer.h"
 #include "runtime/kv_pool.h"
 #include "runtime/page_store.h"
+#include "runtime/sampler.h"
 
 namespace anvil {
 
@@ -66,6 +67,16 @@ class Engine {
   Status decode_greedy(std::span<const int> seqs, std::span<const int32_t> tokens, std::span<const int32_t> suppress,
                        std::vector<int32_t>* next);
 
+  // The same step with the full sampler on the backend (engine_sample.cpp, Backend::sample_rows):
+  // (*next)[i] is the token seqs[i] samples with params[i] and the 53 random bits random[i] (its
+  // Sampler's next_random53()), never one of `suppress` (-1: no token possible). Exactly the token
+  // the host Sampler picks from decode()'s logits with the sequence's tokens as history. The
+  // repetition-penalty history lives on the device as per-sequence token counts, updated by the
+  // tokens each step adds (and drops from the window); only the ids come back.
+  Status decode_sample(std::span<const int> seqs, std::span<const int32_t> tokens,
+                       std::span<const SamplingParams> params, std::span<const uint64_t> random,
+                       std::span<const int32_t> suppress, std::vector<int32_t>* next);
+
   // Continuous batching (engine_step.cpp). A sequence's tokens may run ahead of its KV: append()
   // adds pending tokens, step() computes KV for chunks of pending tokens of several sequences in
   // one forward, so prefill chunks and decode tokens share a step.
@@ -93,6 +104,8 @@ class Engine {
     int n_kv = 0;
     int reused = 0;
     int from_store = 0;
+    int sample_counted = -1;  // decode_sample: tokens whose window is in the device counts (-1: none)
+    int sample_window = 0;    // ... and the window they were counted with
   };
   Engine(Transformer& model, const Hash128& fp, const EngineOptions& opts)
       : model_(model), root_(kv_cache_root(fp, opts.kv_dtype, opts.page_size)), opts_(opts) {}
@@ -103,6 +116,7 @@ class Engine {
   struct Greedy {
     std::span<const int32_t> suppress;
     int32_t* ids;
+    const SampleArgs* sample = nullptr;  // decode_sample: the full sampler instead of argmax
   };
   // Runs one forward over tokens (seq_of[t], pos_of[t]); `seqs` lists the distinct sequences in order.
   // With `greedy`, samples on the backend into greedy->ids instead of returning logits.
@@ -126,6 +140,18 @@ class Engine {
   int32_t* seq_dev_ = nullptr;
   int32_t* table_dev_ = nullptr;
   PageStore* store_ = nullptr;
+  struct SampleState {  // decode_sample's buffers (engine_sample.cpp), allocated on first use
+    SampleRowParams* params = nullptr;  // [max_seqs]
+    int32_t* counts = nullptr;          // [max_seqs, vocab], row = sequence id
+    int32_t* updates = nullptr;         // [update_cap]
+    int32_t* offsets = nullptr;         // [max_seqs + 1]
+    void* scratch = nullptr;
+    size_t update_cap = 0;
+    std::vector<SampleRowParams> host_params;
+    std::vector<int32_t> host_updates, host_offsets, zeros;
+  } samp_;
+  Status sample_state_init();
+  void sample_state_free();
 };
 
 }  // namespace anvil

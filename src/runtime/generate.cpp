@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 namespace anvil {
+
+bool device_sampler_enabled() {
+  const char* e = std::getenv("ANVIL_CUDA_DEVICE_SAMPLER");
+  return e && *e && *e != '0';
+}
 
 Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& req, const TokenCallback& on_token) {
   ANVIL_RETURN_IF_ERROR(validate(req.sampling));
@@ -24,10 +30,14 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   // Greedy without a penalty needs no logits on the host: after the first token, the backend samples
   // (Engine::decode_greedy) and only the token id comes back.
   const bool device_greedy = req.sampling.temperature == 0 && req.sampling.repetition_penalty == 1.0f;
+  // Any other sampling on the backend too (Engine::decode_sample) when ANVIL_CUDA_DEVICE_SAMPLER=1 and
+  // the backend has the op; off by default until the CUDA kernel has been verified on a GPU.
+  const bool device_sample = !device_greedy && device_sampler_enabled() && engine.model().backend().has_sample_rows();
   const std::vector<int32_t> suppressed = req.ignore_eos ? req.eos_ids : std::vector<int32_t>{};
   std::vector<int32_t> next;
   for (int i = 0; i < req.max_new_tokens; ++i) {
-    int32_t id = (device_greedy && i > 0) ? next[0] : sampler.sample(logits.data(), V, engine.seq_tokens(seq));
+    int32_t id = ((device_greedy || device_sample) && i > 0) ? next[0]
+                                                               : sampler.sample(logits.data(), V, engine.seq_tokens(seq));
     if (id < 0) return invalid_argument("sampling: every token was filtered out (check --top-k/--top-p/--min-p)");
     t_last = clock::now();
     if (i == 0) t_first = t_last;
@@ -46,7 +56,13 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
     // decoding `id` would need one more position than --ctx allows.
     if (int(engine.seq_tokens(seq).size()) + 1 > engine.options().max_context) break;
     int s = seq;
-    if (device_greedy)
+    if (device_sample) {
+      // The draw uses the next number of this sampler's stream, as sampler.sample() would have.
+      const uint64_t u = req.sampling.temperature > 0 ? sampler.next_random53() : 0;
+      ANVIL_RETURN_IF_ERROR(engine.decode_sample(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1),
+                                                 std::span<const SamplingParams>(&req.sampling, 1),
+                                                 std::span<const uint64_t>(&u, 1), suppressed, &next));
+    } else if (device_greedy)
       ANVIL_RETURN_IF_ERROR(engine.decode_greedy(std::span<const int>(&s, 1), std::span<const int32_t>(&id, 1),
                                                  suppressed, &next));
     else

@@ -32,4 +32,9 @@ using TokenCallback = std::function<bool(int32_t)>;
 
 Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& req, const TokenCallback& on_token);
 
+// ANVIL_CUDA_DEVICE_SAMPLER=1: generate() samples every decode step on the backend
+// (Engine::decode_sample) where the backend has the op (CUDA; the CPU backend's reference op too,
+// which the tests use), not only greedy steps. Off by default until verified on the GPU.
+bool device_sampler_enabled();
+
 }  // namespace anvil

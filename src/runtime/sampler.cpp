@@ -6,6 +6,8 @@
 #include <limits>
 #include <string>
 
+#include "base/sample_math.h"
+
 namespace anvil {
 
 namespace {
@@ -104,15 +106,15 @@ void Sampler::select_top_k(const float* logits, int vocab) {
     if (logits[i] >= kth && logits[i] != kNegInf) cand_.push_back(i);
 }
 
-void Sampler::apply_top_p(const float* logits, double total) {
+void Sampler::apply_top_p(const float* logits, uint64_t total) {
   // Descending by logit; among ties the higher id first, so that the lower id sits lower in
   // transformers' ascending order and is removed first.
   auto before = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a > b); };
   const float max_logit = max_logit_;
-  const float threshold = float(1.0 - double(params_.top_p));
+  const float threshold = sampling::top_p_threshold(params_.top_p);
   const size_t n = cand_.size();
   size_t sorted = 0, keep = n, chunk = std::min(n, kTopPFirstChunk);
-  double above = 0.0;  // mass of the tokens before position j in descending order
+  uint64_t above = 0;  // fixed-point mass of the tokens before position j in descending order
   while (true) {
     if (chunk < n) {
       std::nth_element(cand_.begin() + sorted, cand_.begin() + chunk, cand_.end(), before);
@@ -122,11 +124,11 @@ void Sampler::apply_top_p(const float* logits, double total) {
     }
     for (size_t j = sorted; j < chunk; ++j) {
       // Ascending cumulative probability of token j = mass of token j and everything below it.
-      if (j > 0 && float((total - above) / total) <= threshold) {
+      if (j > 0 && sampling::top_p_reached(total, above, threshold)) {
         keep = j;
         break;
       }
-      above += std::exp(double(logits[cand_[j]] - max_logit));
+      above += sampling::weight_fixed(sampling::det_exp(double(logits[cand_[j]] - max_logit)));
     }
     if (keep != n || chunk == n) break;
     sorted = chunk;
@@ -135,7 +137,7 @@ void Sampler::apply_top_p(const float* logits, double total) {
   cand_.resize(keep);
 }
 
-double Sampler::filter(float* logits, int vocab, std::span<const int32_t> history) {
+uint64_t Sampler::filter(float* logits, int vocab, std::span<const int32_t> history) {
   penalize_and_suppress(logits, vocab, history);
   const float temperature = params_.temperature;
   float m = kNegInf;
@@ -147,7 +149,8 @@ double Sampler::filter(float* logits, int vocab, std::span<const int32_t> histor
   }
   cand_.clear();
   w_.clear();
-  if (m == kNegInf) return 0.0;
+  q_.clear();
+  if (m == kNegInf) return 0;
   if (std::isinf(m)) {  // +inf logits: they share all the mass equally
     for (int i = 0; i < vocab; ++i) logits[i] = std::isinf(logits[i]) && logits[i] > 0 ? 0.0f : kNegInf;
     m = 0.0f;
@@ -160,27 +163,30 @@ double Sampler::filter(float* logits, int vocab, std::span<const int32_t> histor
     for (int i = 0; i < vocab; ++i)
       if (logits[i] != kNegInf) cand_.push_back(i);
   }
-  double total = 0.0;
   if (params_.top_p < 1.0f) {
-    for (int32_t c : cand_) total += std::exp(double(logits[c] - m));
+    uint64_t total = 0;  // exact: integer weights, any summation order gives the same total
+    for (int32_t c : cand_) total += sampling::weight_fixed(sampling::det_exp(double(logits[c] - m)));
     apply_top_p(logits, total);
   }
   // The most probable token survives top-k and top-p, so its weight is exp(0) = 1 and min-p's
   // "p < min_p * p_max" is "weight < min_p", independent of the normalization.
   const double min_p = params_.min_p;
   size_t kept = 0;
-  total = 0.0;
+  uint64_t total = 0;
   w_.resize(cand_.size());
+  q_.resize(cand_.size());
   for (size_t j = 0; j < cand_.size(); ++j) {
-    const double w = std::exp(double(logits[cand_[j]] - m));
+    const double w = sampling::det_exp(double(logits[cand_[j]] - m));
     if (min_p > 0.0 && w < min_p) continue;
     cand_[kept] = cand_[j];
     w_[kept] = w;
-    total += w;
+    q_[kept] = sampling::weight_fixed(w);
+    total += q_[kept];
     ++kept;
   }
   cand_.resize(kept);
   w_.resize(kept);
+  q_.resize(kept);
   return total;
 }
 
@@ -189,20 +195,16 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> histo
     penalize_and_suppress(logits, vocab, history);
     return argmax(logits, vocab);
   }
-  const double total = filter(logits, vocab, history);
-  if (cand_.empty() || !(total > 0.0)) return -1;
-  // 53 random bits -> a double in [0, 1), identical on every platform.
-  const double u = double(rng_() >> 11) * 0x1.0p-53;
-  const double target = u * total;
-  double acc = 0.0;
-  size_t last_positive = 0;
+  const uint64_t total = filter(logits, vocab, history);
+  if (cand_.empty() || total == 0) return -1;
+  // 53 random bits; the target is floor(u * total) in integers, identical on every platform.
+  const uint64_t target = sampling::draw_target(next_random53(), total);
+  uint64_t acc = 0;
   for (size_t j = 0; j < cand_.size(); ++j) {
-    if (w_[j] <= 0.0) continue;
-    acc += w_[j];
-    last_positive = j;
+    acc += q_[j];
     if (acc > target) return cand_[j];
   }
-  return cand_[last_positive];  // rounding left target just above the summed mass
+  return -1;  // unreachable: target < total
 }
 
 std::vector<float> Sampler::probabilities(float* logits, int vocab, std::span<const int32_t> history) {
@@ -213,8 +215,9 @@ std::vector<float> Sampler::probabilities(float* logits, int vocab, std::span<co
     if (a >= 0) probs[size_t(a)] = 1.0f;
     return probs;
   }
-  const double total = filter(logits, vocab, history);
-  if (!(total > 0.0)) return probs;
+  if (filter(logits, vocab, history) == 0) return probs;
+  double total = 0.0;
+  for (double w : w_) total += w;
   for (size_t j = 0; j < cand_.size(); ++j) probs[size_t(cand_[j])] = float(w_[j] / total);
   return probs;
 }

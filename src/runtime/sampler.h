@@ -14,7 +14,11 @@
 //    torch's order among ties is unspecified, ours stays deterministic;
 //  - min-p removes tokens whose probability < min_p * the top probability.
 // The draw: u = (mt19937_64() >> 11) * 2^-53 in [0, 1), inverse CDF over the surviving tokens in a
-// fixed order, so a seed gives the same tokens on every platform (up to libm exp rounding).
+// fixed order. Weights and masses (top-p's and the draw's) use base/sample_math.h: a deterministic
+// exp and 44-bit fixed-point weights summed as integers, so a seed gives the same tokens on every
+// platform and on every backend's on-device sampler (Backend::sample_rows), bit for bit. Tokens
+// whose weight is below 2^-44 of the top token's are never drawn (probabilities() still reports
+// their exact share).
 //
 // Cost for vocab V: greedy is one pass (no sort). Sampling is O(V) passes plus a sort of only the
 // candidates that top-p needs (top-k selected by a heap / nth_element, top-p sorted incrementally).
@@ -62,18 +66,24 @@ class Sampler {
   // Also modifies logits in place; does not advance the PRNG.
   std::vector<float> probabilities(float* logits, int vocab, std::span<const int32_t> history);
 
+  // The next 53-bit random number of this sampler's stream (what sample() draws with); the device
+  // sampler is handed it per step, so it draws exactly what this sampler would.
+  uint64_t next_random53() { return rng_() >> 11; }
+  const std::vector<int32_t>& suppressed() const { return suppressed_; }
+
   // Tokens that are never produced (e.g. EOS when ignoring it): their logits become -inf.
   void set_suppressed(std::vector<int32_t> ids) { suppressed_ = std::move(ids); }
   const SamplingParams& params() const { return params_; }
 
  private:
   // Runs the processors; leaves the survivors in cand_ (in draw order) with weights w_ (unnormalized,
-  // exp(logit - max)) and returns their sum; 0 when no token survives. Greedy: not used.
-  double filter(float* logits, int vocab, std::span<const int32_t> history);
+  // exp(logit - max)) and their fixed-point q_, and returns the sum of q_; 0 when no token survives.
+  // Greedy: not used.
+  uint64_t filter(float* logits, int vocab, std::span<const int32_t> history);
   void penalize_and_suppress(float* logits, int vocab, std::span<const int32_t> history);
   int32_t argmax(const float* logits, int vocab) const;
   void select_top_k(const float* logits, int vocab);
-  void apply_top_p(const float* logits, double total);
+  void apply_top_p(const float* logits, uint64_t total);
 
   SamplingParams params_;
   std::vector<int32_t> suppressed_;
@@ -83,6 +93,7 @@ class Sampler {
   uint32_t epoch_ = 0;
   std::vector<int32_t> cand_;
   std::vector<double> w_;
+  std::vector<uint64_t> q_;
   std::vector<float> heap_;
   float max_logit_ = 0.0f;  // max processed logit of the current call (weights are exp(logit - max))
 

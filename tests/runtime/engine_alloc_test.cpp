@@ -45,24 +45,36 @@ TEST(EngineAlloc, DecodeStepsInsideAPageDoNotAllocate) {
     // Warm-up steps size every reused buffer (and the sequences' token vectors, whose amortised
     // growth is the only other allocation a step could make).
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.engine->decode(seqs, toks, &logits).is_ok());
-    long grow = 0;
-    for (int k = 0; k < 2; ++k) {
-      const auto& t = f.engine->seq_tokens(seqs[k]);
-      if (t.capacity() < t.size() + 8) ++grow;  // the next 8 push_backs may reallocate once
-    }
-    g_allocs = 0;
-    g_counting = true;
-    for (int i = 0; i < 8; ++i) {
-      toks[0] = 3 + i;
-      toks[1] = 40 + i;
-      Status st = f.engine->decode(seqs, toks, &logits);
-      if (!st.is_ok()) {
-        g_counting = false;
-        FAIL() << st.message();
+    // Three windows of 4 steps (the page has room for 12 more tokens). A pool thread's per-thread
+    // scratch grows the first time that thread runs a given op, and which thread claims which chunk
+    // is dynamic, so on a busy machine a worker may first run an op inside a window: such growth is
+    // bounded and happens once. An allocation per step shows in every window; require one window
+    // without any.
+    std::string windows;
+    bool clean = false;
+    for (int w = 0; w < 3; ++w) {
+      long grow = 0;
+      for (int k = 0; k < 2; ++k) {
+        const auto& t = f.engine->seq_tokens(seqs[k]);
+        if (t.capacity() < t.size() + 4) ++grow;  // the next 4 push_backs may reallocate once
       }
+      g_allocs = 0;
+      g_counting = true;
+      for (int i = 0; i < 4; ++i) {
+        toks[0] = 3 + w * 4 + i;
+        toks[1] = 40 + w * 4 + i;
+        Status st = f.engine->decode(seqs, toks, &logits);
+        if (!st.is_ok()) {
+          g_counting = false;
+          FAIL() << st.message();
+        }
+      }
+      g_counting = false;
+      windows += " " + std::to_string(g_allocs.load());
+      clean = clean || g_allocs.load() <= grow;
     }
-    g_counting = false;
-    EXPECT_LE(g_allocs.load(), grow) << spec << ": 8 batched decode steps allocated " << g_allocs.load() << " times";
+    EXPECT_TRUE(clean) << spec << ": every window of 4 batched decode steps allocated; allocations per window:"
+                       << windows;
   }
 }
 

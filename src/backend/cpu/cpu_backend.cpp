@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "base/sample_math.h"
 
 namespace anvil {
 
@@ -202,6 +203,12 @@ class CpuBackend final : public Backend {
     }
   }
 
+  bool has_sample_rows() const override { return true; }
+  void sample_rows(Act logits, const SampleArgs& a, int32_t* ids) override {
+    check_f32(logits, "sample_rows", "logits");
+    if (logits.cols > sampling::kMaxVocab) die("sample_rows: vocab " + std::to_string(logits.cols) + " above the limit");
+    cpu::sample_rows(logits, a, ids);
+  }
   void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) override {
     check_f32(logits, "argmax_rows", "logits");
     for (int64_t r = 0; r < logits.rows; ++r) {

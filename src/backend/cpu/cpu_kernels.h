@@ -19,6 +19,10 @@ inline float weight_bias(const WeightMatrix& w, int64_t r) {
   return w.bias ? load_float(w.bias, w.bias_dtype, size_t(r)) : 0.0f;
 }
 
+// ---- sampling (cpu_sample.cpp) ----
+// Backend::sample_rows: the reference of the on-device sampler (host memory throughout).
+void sample_rows(const Act& logits, const SampleArgs& a, int32_t* ids);
+
 // ---- linear ----
 // out[rows, w.rows] = x[rows, w.cols] w^T (+ bias).
 void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatrix& w, float* out);

@@ -15,16 +15,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unordered_map>
 
+#include "backend/cpu/cpu_backend.h"  // moe_phase_profiling / moe_phase_add
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_page_copy.h"
-#include "backend/cpu/cpu_backend.h"  // moe_phase_profiling / moe_phase_add
 #include "backend/cuda/moe_runner.h"
+#include "base/sample_math.h"
 
 namespace anvil {
 namespace {
@@ -376,6 +378,24 @@ class CudaBackend final : public Backend {
     launched(cuda::argmax_rows(static_cast<const float*>(logits.data), int(logits.rows), logits.cols, suppress,
                                n_suppress, ids, st_),
              "argmax_rows");
+  }
+  bool has_sample_rows() const override { return true; }
+  size_t sample_scratch_bytes(int rows, int64_t vocab) const override { return cuda::sample_scratch_bytes(rows, vocab); }
+  void sample_rows(Act logits, const SampleArgs& a, int32_t* ids) override {
+    static_assert(sizeof(SampleRowParams) == sizeof(cuda::SampleRowDev) &&
+                  offsetof(SampleRowParams, top_k) == offsetof(cuda::SampleRowDev, top_k) &&
+                  offsetof(SampleRowParams, random) == offsetof(cuda::SampleRowDev, random));
+    if (!expect(logits.dtype == DType::kF32, "sample_rows: logits must be F32") ||
+        !expect(logits.cols <= sampling::kMaxVocab, "sample_rows: vocab " + std::to_string(logits.cols) +
+                                                        " above the limit " + std::to_string(sampling::kMaxVocab)) ||
+        !expect(a.params && a.scratch && (a.n_suppress == 0 || a.suppress),
+                "sample_rows: params, scratch and suppress must be set"))
+      return;
+    Prof pr(this, "sample");
+    launched(cuda::sample_rows(static_cast<float*>(logits.data), int(logits.rows), logits.cols,
+                               reinterpret_cast<const cuda::SampleRowDev*>(a.params), a.suppress, a.n_suppress,
+                               a.counts, a.updates, a.update_offsets, a.scratch, ids, st_),
+             "sample_rows");
   }
   void to_host_f32(Act x, float* dst) override {
     const size_t n = size_t(x.rows * x.cols);

@@ -92,4 +92,17 @@ cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, 
 cudaError_t argmax_rows(const float* logits, int rows, int64_t vocab, const int32_t* suppress, int n_suppress,
                         int32_t* ids, cudaStream_t s);
 
+// ---- sample_rows.cu: the full sampler on the device (backend.h Backend::sample_rows) ----
+// backend.h SampleRowParams, field for field (cuda_backend.cpp checks the layout).
+struct SampleRowDev {
+  float temperature, top_p, min_p, repetition_penalty;
+  int32_t top_k, count_row;
+  uint64_t random;
+};
+size_t sample_scratch_bytes(int rows, int64_t vocab);
+// logits: F32 [rows, vocab], overwritten with the processed logits. One block per row.
+cudaError_t sample_rows(float* logits, int rows, int64_t vocab, const SampleRowDev* params, const int32_t* suppress,
+                        int n_suppress, int32_t* counts, const int32_t* updates, const int32_t* update_offsets,
+                        void* scratch, int32_t* ids, cudaStream_t s);
+
 }  // namespace anvil::cuda

@@ -1,0 +1,162 @@
+// The CUDA sample_rows kernel against the host Sampler (runtime/sampler.h), the reference: the same
+// token id, exactly, for every row. Exact equality is the contract, not a tolerance: both sides make
+// the same IEEE float/double operations in the same order (base/sample_math.h's det_exp without
+// FMA contraction, integer fixed-point masses whose sums do not depend on order), so no tie at a
+// top-p boundary or draw boundary can resolve differently. The CPU reference op (cpu_sample.cpp)
+// is compared too, and the device's penalty counts after their updates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "base/sample_math.h"
+#include "cuda_test_util.h"
+#include "runtime/sampler.h"
+
+namespace anvil::cuda_test {
+namespace {
+
+class CudaSample : public CudaFixture {
+ protected:
+  // Logits of one row: kind 0 normal, 1 heavy ties, 2 peaked with NaN/-inf/-0, 3 +inf entries,
+  // 4 nothing possible but suppressed ids.
+  std::vector<float> row(int64_t V, int kind) {
+    std::normal_distribution<float> nd(0.0f, 2.5f);
+    std::vector<float> l(static_cast<size_t>(V));
+    for (auto& x : l) x = nd(rng_);
+    if (kind == 1)
+      for (auto& x : l) x = std::round(x * 2.0f) / 2.0f;
+    if (kind == 2) {
+      for (int i = 0; i < 20; ++i) l[size_t(rng_() % V)] += 12.0f;
+      l[size_t(rng_() % V)] = NAN;
+      l[size_t(rng_() % V)] = -INFINITY;
+      l[3] = -0.0f, l[4] = 0.0f;
+    }
+    if (kind == 3) l[size_t(rng_() % V)] = INFINITY, l[size_t(rng_() % V)] = INFINITY;
+    if (kind == 4)
+      for (int64_t i = 0; i < V; ++i) l[size_t(i)] = i < 3 ? 5.0f : -INFINITY;
+    return l;
+  }
+
+  // Samples R rows on both backends; the rows' histories are given as count updates applied to
+  // counts rows 0..R-1 (the device keeps its counts across calls: dev_counts persists).
+  void run(int64_t V, const std::vector<SampleRowParams>& rp, const std::vector<float>& logits,
+           const std::vector<int32_t>& suppress, const std::vector<int32_t>& updates,
+           const std::vector<int32_t>& offsets, std::vector<int32_t>* cpu_counts, Guarded* dev_counts,
+           std::vector<int32_t>* cpu_ids, std::vector<int32_t>* gpu_ids) {
+    const int R = int(rp.size());
+    auto cl = logits;
+    SampleArgs a;
+    a.params = rp.data(), a.suppress = suppress.data(), a.n_suppress = int(suppress.size());
+    a.counts = cpu_counts->data(), a.updates = updates.data(), a.update_offsets = offsets.data();
+    cpu_ids->assign(size_t(R), -7);
+    cpu_->sample_rows(Act{cl.data(), R, V, DType::kF32}, a, cpu_ids->data());
+
+    Guarded gl = dev_bytes(logits.data(), logits.size() * 4), gp = dev_bytes(rp.data(), rp.size() * sizeof rp[0]);
+    std::vector<int32_t> sp = suppress, up = updates;  // one spare element: never an empty buffer
+    sp.push_back(-1), up.push_back(0);
+    Guarded gs = dev_bytes(sp.data(), sp.size() * 4), gu = dev_bytes(up.data(), up.size() * 4);
+    Guarded go = dev_bytes(offsets.data(), offsets.size() * 4);
+    const std::vector<int32_t> poison(size_t(R), -7);  // not -1: a row never written must not pass as "no token"
+    Guarded gsc = guarded(gpu_->sample_scratch_bytes(R, V)), gi = dev_bytes(poison.data(), size_t(R) * 4);
+    SampleArgs d;
+    d.params = static_cast<const SampleRowParams*>(gp.data());
+    d.suppress = static_cast<const int32_t*>(gs.data()), d.n_suppress = int(suppress.size());
+    d.counts = static_cast<int32_t*>(dev_counts->data());
+    d.updates = static_cast<const int32_t*>(gu.data()), d.update_offsets = static_cast<const int32_t*>(go.data());
+    d.scratch = gsc.data();
+    gpu_->sample_rows(Act{gl.data(), R, V, DType::kF32}, d, static_cast<int32_t*>(gi.data()));
+    gpu_ids->assign(size_t(R), -7);
+    gpu_->copy_to_host(gpu_ids->data(), gi.data(), size_t(R) * 4);
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    read(gi, DType::kF32, "sample_rows ids");  // guard bytes around the ids untouched
+    std::vector<int32_t> gc(cpu_counts->size());
+    gpu_->copy_to_host(gc.data(), dev_counts->data(), gc.size() * 4);
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    EXPECT_EQ(gc, *cpu_counts) << "device penalty counts differ after the updates";
+  }
+};
+
+TEST_F(CudaSample, RowsEqualHostSamplerExactly) {
+  struct Combo { float t; int k; float top_p, min_p, pen; int window; };
+  std::vector<Combo> combos;
+  for (float t : {0.0f, 0.6f, 1.0f, 1.7f})
+    for (int k : {0, 1, 7, 60})
+      for (float top_p : {1.0f, 0.9f, 0.3f, 1e-9f})
+        for (float min_p : {0.0f, 0.05f})
+          combos.push_back({t, k, top_p, min_p, (k + int(t * 10)) % 3 == 0 ? 1.0f : 1.3f, k % 2 ? 4 : 0});
+  const std::vector<int32_t> suppress = {0, 1, 2, 2999};
+  int compared = 0, off_argmax = 0;
+  for (int64_t V : {int64_t(3001), int64_t(151936)}) {
+    const int R = 16;  // rows per call, each with its own parameters
+    for (size_t c0 = 0; c0 < combos.size(); c0 += R) {
+      std::vector<SampleRowParams> rp;
+      std::vector<float> logits;
+      std::vector<int32_t> updates, offsets = {0}, want;
+      for (int r = 0; r < R; ++r) {
+        const Combo& c = combos[(c0 + size_t(r)) % combos.size()];
+        SamplingParams p;
+        p.temperature = c.t, p.top_k = c.k, p.top_p = c.top_p, p.min_p = c.min_p;
+        p.repetition_penalty = c.pen, p.repetition_window = c.window, p.seed = rng_();
+        std::vector<int32_t> history;
+        for (int i = 0; i < 12; ++i) history.push_back(int32_t(rng_() % 40));
+        auto l = row(V, (r + int(c0 / R)) % 5);
+        Sampler host(p);
+        host.set_suppressed(suppress);
+        auto hl = l;
+        want.push_back(host.sample(hl.data(), int(V), history));
+        off_argmax += want.back() > 0 && want.back() != int32_t(std::max_element(hl.begin(), hl.end()) - hl.begin());
+        logits.insert(logits.end(), l.begin(), l.end());
+        for (int32_t t : history) updates.push_back(t + 1);
+        if (c.window > 0)
+          for (size_t i = 0; i + size_t(c.window) < history.size(); ++i) updates.push_back(-(history[i] + 1));
+        offsets.push_back(int32_t(updates.size()));
+        rp.push_back({p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, r, Sampler(p).next_random53()});
+      }
+      std::vector<int32_t> cpu_counts(size_t(R) * V, 0), cpu_ids, gpu_ids;
+      Guarded dc = dev_bytes(cpu_counts.data(), cpu_counts.size() * 4);
+      run(V, rp, logits, suppress, updates, offsets, &cpu_counts, &dc, &cpu_ids, &gpu_ids);
+      ASSERT_EQ(cpu_ids, want) << "vocab " << V << " combos from " << c0;
+      ASSERT_EQ(gpu_ids, want) << "vocab " << V << " combos from " << c0;
+      compared += R;
+    }
+  }
+  EXPECT_GT(off_argmax, 30);
+  std::printf("  %d rows equal on the GPU, the CPU reference and the host Sampler (%d off the argmax)\n", compared,
+              off_argmax);
+}
+
+// A generation: the counts live on the device across steps, updated by one add and (with a window)
+// one removal per step, and every step's token equals the host Sampler's over the same history and
+// the same random stream.
+TEST_F(CudaSample, StepsKeepCountsAndRandomStream) {
+  const int64_t V = 151936;
+  SamplingParams p;
+  p.temperature = 0.8f, p.top_k = 40, p.top_p = 0.9f, p.repetition_penalty = 1.5f, p.repetition_window = 6;
+  p.seed = 77;
+  Sampler host(p), stream(p);
+  std::vector<int32_t> history = {10, 11, 12};
+  std::vector<int32_t> cpu_counts(size_t(V), 0), cpu_ids, gpu_ids;
+  Guarded dc = dev_bytes(cpu_counts.data(), cpu_counts.size() * 4);
+  size_t counted = 0;
+  // Logits that favour recent tokens, so the penalty decides often.
+  for (int step = 0; step < 40; ++step) {
+    auto l = row(V, 0);
+    for (int32_t t : history) l[size_t(t)] += 6.0f;
+    std::vector<int32_t> updates;
+    for (size_t i = counted; i < history.size(); ++i) updates.push_back(history[i] + 1);
+    const size_t lo_old = counted > 6 ? counted - 6 : 0, lo_new = history.size() > 6 ? history.size() - 6 : 0;
+    for (size_t i = lo_old; i < lo_new; ++i) updates.push_back(-(history[i] + 1));
+    counted = history.size();
+    const std::vector<int32_t> offsets = {0, int32_t(updates.size())};
+    SampleRowParams rp{p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, 0, stream.next_random53()};
+    run(V, {rp}, l, {}, updates, offsets, &cpu_counts, &dc, &cpu_ids, &gpu_ids);
+    const int32_t want = host.sample(l.data(), int(V), history);
+    ASSERT_EQ(cpu_ids[0], want) << "step " << step;
+    ASSERT_EQ(gpu_ids[0], want) << "step " << step;
+    history.push_back(want);
+  }
+}
+
+}  // namespace
+}  // namespace anvil::cuda_test

@@ -1,0 +1,139 @@
+// Engine::decode_sample (the sampler on the backend, with the penalty history kept as device counts)
+// against the host path it replaces: decode() logits + one host Sampler per sequence, with the
+// sequence's tokens as history. Runs on the CPU backend, whose sample_rows is the reference of the
+// CUDA kernel, so the engine's side (count updates across steps and windows, sequence slots
+// reused, the random stream, batching rows with different parameters) is checked everywhere.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "engine_test_util.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+
+namespace anvil::testing {
+namespace {
+
+std::vector<SamplingParams> configs() {
+  std::vector<SamplingParams> out(4);
+  out[0].temperature = 0.8f, out[0].top_k = 40, out[0].top_p = 0.9f, out[0].repetition_penalty = 1.3f,
+  out[0].repetition_window = 6, out[0].seed = 1;
+  out[1].temperature = 1.2f, out[1].min_p = 0.05f, out[1].seed = 2;
+  out[2].temperature = 0.0f, out[2].repetition_penalty = 1.5f, out[2].repetition_window = 3;  // greedy + penalty
+  out[3].temperature = 1.0f, out[3].top_p = 0.95f, out[3].repetition_penalty = 0.4f, out[3].repetition_window = 4,
+  out[3].seed = 3;
+  return out;
+}
+
+// Decodes `steps` tokens for each of the sequences (batched together) on both paths and returns the
+// device path's tokens; the host path's must be equal.
+void run_both(Engine& host_e, Engine& dev_e, const std::vector<std::vector<int32_t>>& prompts,
+              const std::vector<SamplingParams>& ps, int steps, const std::vector<int32_t>& suppress) {
+  const size_t n = prompts.size();
+  std::vector<int> hs, ds;
+  std::vector<Sampler> host_s, dev_s;  // dev_s only supplies the random stream
+  std::vector<int32_t> ht, dt;
+  for (size_t i = 0; i < n; ++i) {
+    auto a = host_e.seq_create(), b = dev_e.seq_create();
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    hs.push_back(*a), ds.push_back(*b);
+    host_s.emplace_back(ps[i]), dev_s.emplace_back(ps[i]);
+    host_s.back().set_suppressed(suppress), dev_s.back().set_suppressed(suppress);
+    std::vector<float> hl, dl;
+    ASSERT_TRUE(host_e.extend(*a, prompts[i], &hl).is_ok());
+    ASSERT_TRUE(dev_e.extend(*b, prompts[i], &dl).is_ok());
+    ht.push_back(host_s.back().sample(hl.data(), int(hl.size()), host_e.seq_tokens(*a)));
+    dt.push_back(dev_s.back().sample(dl.data(), int(dl.size()), dev_e.seq_tokens(*b)));
+    ASSERT_EQ(ht.back(), dt.back());
+  }
+  const int V = host_e.model().config().vocab_size;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<float> logits;
+    ASSERT_TRUE(host_e.decode(hs, ht, &logits).is_ok());
+    std::vector<uint64_t> u(n);
+    for (size_t i = 0; i < n; ++i) u[i] = ps[i].temperature > 0 ? dev_s[i].next_random53() : 0;
+    std::vector<int32_t> next;
+    Status st = dev_e.decode_sample(ds, dt, ps, u, suppress, &next);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    for (size_t i = 0; i < n; ++i) {
+      ht[i] = host_s[i].sample(logits.data() + i * size_t(V), V, host_e.seq_tokens(hs[i]));
+      ASSERT_EQ(next[i], ht[i]) << "sequence " << i << " step " << step;
+    }
+    dt = next;
+  }
+  for (size_t i = 0; i < n; ++i) host_e.seq_release(hs[i]), dev_e.seq_release(ds[i]);
+}
+
+TEST(EngineSample, DecodeSampleEqualsHostSampler) {
+  FixtureOptions o;
+  auto h = make_engine(o), d = make_engine(o);
+  ASSERT_TRUE(h.engine && d.engine);
+  const int V = h.vocab();
+  const auto ps = configs();
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < ps.size(); ++i) prompts.push_back(random_ids(5 + int(i) * 7, 40 + i, V));
+  run_both(*h.engine, *d.engine, prompts, ps, 20, {});
+  // Again in the same slots with other prompts: the counts rows of the released sequences must start
+  // over, and a suppressed token is honoured.
+  std::vector<std::vector<int32_t>> prompts2;
+  for (size_t i = 0; i < ps.size(); ++i) prompts2.push_back(random_ids(9, 90 + i, V));
+  run_both(*h.engine, *d.engine, prompts2, {ps[3], ps[2], ps[1], ps[0]}, 12, {7, 11});
+}
+
+// generate() with ANVIL_CUDA_DEVICE_SAMPLER=1 takes the device path and gives the host path's tokens.
+TEST(EngineSample, GenerateWithTheSwitchEqualsHostPath) {
+  FixtureOptions o;
+  auto f = make_engine(o);
+  ASSERT_TRUE(f.engine);
+  for (const SamplingParams& p : configs()) {
+    GenerateRequest req;
+    req.prompt = random_ids(11, 5, f.vocab());
+    req.max_new_tokens = 16;
+    req.sampling = p;
+    req.eos_ids = {3};
+    req.ignore_eos = true;
+    auto once = [&](bool device) {
+      if (device) setenv("ANVIL_CUDA_DEVICE_SAMPLER", "1", 1);
+      else unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
+      auto s = f.engine->seq_create();
+      EXPECT_TRUE(s.is_ok());
+      auto r = generate(*f.engine, *s, req, nullptr);
+      f.engine->seq_release(*s);
+      unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      return r.is_ok() ? r->ids : std::vector<int32_t>{};
+    };
+    const auto host = once(false), dev = once(true);
+    EXPECT_EQ(host.size(), 16u);
+    EXPECT_EQ(dev, host) << "T=" << p.temperature;
+  }
+  EXPECT_TRUE(device_sampler_enabled() == false);
+}
+
+TEST(EngineSample, BadArgumentsAreErrors) {
+  FixtureOptions o;
+  auto f = make_engine(o);
+  ASSERT_TRUE(f.engine);
+  auto s = f.engine->seq_create();
+  ASSERT_TRUE(s.is_ok());
+  std::vector<float> l;
+  ASSERT_TRUE(f.engine->extend(*s, random_ids(4, 1, f.vocab()), &l).is_ok());
+  const int seq = *s;
+  const int32_t tok = 5;
+  SamplingParams bad;
+  bad.top_p = 0.0f;
+  const uint64_t u = 0;
+  std::vector<int32_t> next;
+  Status st = f.engine->decode_sample({&seq, 1}, {&tok, 1}, {&bad, 1}, {&u, 1}, {}, &next);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("top_p"), std::string::npos) << st.message();
+  const int missing = 3;
+  SamplingParams ok;
+  st = f.engine->decode_sample({&missing, 1}, {&tok, 1}, {&ok, 1}, {&u, 1}, {}, &next);
+  EXPECT_FALSE(st.is_ok());
+  st = f.engine->decode_sample({&seq, 1}, {&tok, 1}, {}, {}, {}, &next);
+  EXPECT_FALSE(st.is_ok());
+}
+
+}  // namespace
+}  // namespace anvil::testing
