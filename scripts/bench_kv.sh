@@ -6,11 +6,13 @@
 #     (sequential read of the store's segment files, host memcpy = the CPU "host->device" copy);
 #  3. open + first lookup of a store holding 100,000 pages.
 # Usage: scripts/bench_kv.sh [MODEL_SPEC] (default qwen3-0.6b:q4g64); PROMPT=4096, PAIRS=3 and
-# STEPS=123 (which of the three to run) by default.
+# STEPS=123 (which of the three to run) by default; STEPS=4: the in-process restore bandwidth
+# (anvil bench-kv --restore-pages, CPU) against its two ceilings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${ANVIL:-build/anvil}
 MODEL=${1:-qwen3-0.6b:q4g64}
+DEVICE=${DEVICE:-cpu}   # cuda: the experimental CUDA store (needs ANVIL_CUDA_PAGE_STORE=1)
 PROMPT=${PROMPT:-4096}
 OUT=${OUT:-/tmp/anvil-bench-kv}
 mkdir -p "$OUT"
@@ -18,7 +20,7 @@ echo "== commit $(git rev-parse --short HEAD), $(date -u +%F), $(nproc) cores"
 STEPS=${STEPS:-123}
 if [[ $STEPS == *1* ]]; then
 echo "== 1. decode overhead (store on vs off, back to back)"
-"$BIN" bench-kv --synthetic "$MODEL" --pairs "${PAIRS:-3}" --json --kv-store "$OUT/overhead" | tee "$OUT/overhead.json"
+"$BIN" bench-kv --device "$DEVICE" --synthetic "$MODEL" --pairs "${PAIRS:-3}" --json --kv-store "$OUT/overhead" | tee "$OUT/overhead.json"
 fi
 if [[ $STEPS == *2* ]]; then
 echo "== 2. TTFT restore vs recompute, ${PROMPT}-token prompt"
@@ -26,9 +28,9 @@ STORE="$OUT/ttft"
 rm -rf "$STORE"
 IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(151936)) for _ in range($PROMPT)))")
 CTX=$((PROMPT + 64))
-"$BIN" generate --synthetic "$MODEL" --ids "$IDS" -n 1 --ctx $CTX --no-kv-store --json | tail -1 > "$OUT/recompute.json"
-"$BIN" generate --synthetic "$MODEL" --ids "$IDS" -n 1 --ctx $CTX --kv-store "$STORE" --json | tail -1 > "$OUT/first.json"
-"$BIN" generate --synthetic "$MODEL" --ids "$IDS" -n 1 --ctx $CTX --kv-store "$STORE" --json --profile | tail -1 > "$OUT/restore.json"
+"$BIN" generate --device "$DEVICE" --synthetic "$MODEL" --ids "$IDS" -n 1 --ctx $CTX --no-kv-store --json | tail -1 > "$OUT/recompute.json"
+"$BIN" generate --device "$DEVICE" --synthetic "$MODEL" --ids "$IDS" -n 1 --ctx $CTX --kv-store "$STORE" --json | tail -1 > "$OUT/first.json"
+"$BIN" generate --device "$DEVICE" --synthetic "$MODEL" --ids "$IDS" -n 1 --ctx $CTX --kv-store "$STORE" --json --profile | tail -1 > "$OUT/restore.json"
 python3 - "$OUT" "$STORE" <<'PY'
 import json, sys, os, time, glob
 import numpy as np
@@ -37,13 +39,14 @@ rc = json.load(open(out + "/recompute.json")); rs = json.load(open(out + "/resto
 t_rc, t_rs = rc["timings"]["prefill_s"], rs["timings"]["prefill_s"]
 kv = rs["kv_store"]
 bw = kv["restored_bytes"] / (kv["restore_ms"] / 1e3) / 1e9 if kv["restore_ms"] else 0
+buf = bytearray(1 << 24)  # one reused buffer: a fresh one per read would time page faults too
 t = time.time(); n = 0
 for f in sorted(glob.glob(store + "/seg-*.kv")):
-    with open(f, "rb") as fh:
+    with open(f, "rb", buffering=0) as fh:
         while True:
-            b = fh.read(1 << 24)
-            if not b: break
-            n += len(b)
+            r = fh.readinto(buf)
+            if not r: break
+            n += r
 read_gbs = n / (time.time() - t) / 1e9
 a = np.ones(1 << 28, np.uint8); b = np.empty_like(a)
 t = time.time()
@@ -55,6 +58,10 @@ print(json.dumps({"prompt_tokens": rc["prompt_tokens"], "ttft_recompute_s": t_rc
                   "restore_ms": kv["restore_ms"], "restore_gb_s": bw, "segment_read_gb_s_warm_cache": read_gbs,
                   "host_copy_gb_s": copy_gbs}, indent=1))
 PY
+fi
+if [[ $STEPS == *4* ]]; then
+echo "== 4. restore bandwidth in one process (256 pages of qwen3-0.6b KV, page cache warm)"
+"$BIN" bench-kv --restore-pages 256 --reps 3 --json --kv-store "$OUT/restore"
 fi
 if [[ $STEPS == *3* ]]; then
 echo "== 3. open + first lookup with 100,000 pages"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|moe]   (default all)
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store]   (default all)
+# store: the durable KV store's experimental CUDA path (ANVIL_CUDA_PAGE_STORE=1, issue 10): its GPU
+# tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
+# 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
 # Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
@@ -27,6 +30,26 @@ rc=$?
 echo "build rc=$rc in $(( $(date +%s) - t0 )) s"
 [ $rc -ne 0 ] && { tail -40 "$OUT/build.log"; exit 1; }
 summary=()
+if [ "$what" = store ]; then
+  export ANVIL_CUDA_PAGE_STORE=1
+  ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaKVStore.*' > "$OUT/store_tests.log" 2>&1
+  summary+=("store tests (CudaKVStore.*): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/store_tests.log" | tr '\n' ' ')")
+  for B in 1 32; do
+    echo "### bench-kv --seqs $B" >> "$OUT/store_bench.log"
+    timeout 580 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B --pairs 3 --json \
+      --kv-store "$OUT/kv-overhead-$B" >> "$OUT/store_bench.log" 2>&1
+    echo "rc=$?" >> "$OUT/store_bench.log"
+  done
+  echo "### TTFT 16384 restore vs recompute" >> "$OUT/store_bench.log"
+  ANVIL="./build-gpu/anvil" DEVICE=cuda PROMPT=16384 STEPS=2 OUT="$OUT/kv" timeout 580 \
+    bash scripts/bench_kv.sh qwen3-8b:q4g64 >> "$OUT/store_bench.log" 2>&1
+  echo "rc=$?" >> "$OUT/store_bench.log"
+  echo "=== store ==="
+  grep -E "Failure|FAILED|error" "$OUT/store_tests.log" | head -20
+  cat "$OUT/store_bench.log"
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
 if [ "$what" = moe ]; then
   ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaMoE.*:CudaModel.MoE*' > "$OUT/cuda_moe.log" 2>&1
   summary+=("cuda MoE tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_moe.log" | tr '\n' ' ')")

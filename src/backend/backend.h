@@ -187,7 +187,20 @@ class Backend {
   // copy_to_host per row: correct for any backend; CUDA overrides it with cudaMemcpy2DAsync.
   virtual void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                                      size_t rows);
-  virtual void wait_host_copies() {}
+  // An asynchronous failure of one of those copies is returned here (the staging bytes are then
+  // not the device's).
+  virtual Status wait_host_copies() { return Status::ok(); }
+  // ---- host -> device for the store's restores (called from the thread that runs the engine) ----
+  // True where device memory is host memory (CPU): the store reads records straight into KV pages.
+  virtual bool device_memory_is_host() const { return false; }
+  // Queues a copy from host staging (alloc_host_staging) to device memory, ordered before any work
+  // enqueued on the compute stream after it. The source must stay unchanged until
+  // wait_device_copies() returns, which blocks until every copy queued so far has finished reading
+  // it (and reports an asynchronous failure). Default: copy_to_device + synchronize.
+  virtual void copy_to_device_async(void* dst, const void* src_staging, size_t bytes) {
+    copy_to_device(dst, src_staging, bytes);
+  }
+  virtual Status wait_device_copies() { return synchronize(); }
 
   // ---- ops ----
   // out[t, :] = row ids[t] of table (dequantized).   ids: [out.rows]

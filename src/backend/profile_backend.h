@@ -93,6 +93,19 @@ class ProfilingBackend final : public Backend {
   }
   bool has_moe_ffn() const override { return in_.has_moe_ffn(); }
   bool supports_page_store() const override { return in_.supports_page_store(); }
+  // The store's staging copies run on the wrapped backend's own streams (not timed: not decode ops).
+  Result<void*> alloc_host_staging(size_t bytes) override { return in_.alloc_host_staging(bytes); }
+  void free_host_staging(void* p) override { in_.free_host_staging(p); }
+  void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                             size_t rows) override {
+    in_.copy_2d_to_host_async(dst, dst_pitch, src, src_pitch, width, rows);
+  }
+  Status wait_host_copies() override { return in_.wait_host_copies(); }
+  bool device_memory_is_host() const override { return in_.device_memory_is_host(); }
+  void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    in_.copy_to_device_async(dst, src, bytes);
+  }
+  Status wait_device_copies() override { return in_.wait_device_copies(); }
   void moe_ffn(Act x, const MoEWeights& w, Act out) override;
 
  private:

@@ -2,7 +2,12 @@
 //   default        decode with the store off and on, back to back in one process (off, on, off, on,
 //                  ...; each run a fresh random prompt so every page is new and persisted): median and
 //                  p99 per-token time of each, bytes written against the unique KV they carry.
+//                  --seqs B decodes B sequences together (the per-token time is per step).
 //   --open-lookup N  a store of N small pages: time to open it (recovery included) and restore one.
+//   --restore-pages N  restore bandwidth: N full pages of qwen3-0.6b's KV layout stored, the store
+//                  reopened, all N restored in one chain; beside it the two ceilings measured in the
+//                  same process: sequential read of the segment files (page cache warm, as the
+//                  restore reads them) and the backend's host->device copy (CPU: memcpy).
 // Time to first token after a restart needs two processes: scripts/bench_kv.sh runs them.
 #include <algorithm>
 #include <chrono>
@@ -10,6 +15,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "cli/command.h"
 #include "cli/common.h"
@@ -24,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 struct BenchKvArgs {
   ModelOptions model;
   KVStoreFlags kv;
-  int prompt = 512, n = 128, pairs = 3;
+  int prompt = 512, n = 128, pairs = 3, batch = 1;
   int64_t open_lookup = 0;
+  int restore_pages = 0, reps = 3;
   bool json = false;
 };
 
@@ -110,10 +119,121 @@ int bench_open_lookup(BenchKvArgs& a) {
   return got == 8 ? 0 : 1;
 }
 
+int bench_restore(BenchKvArgs& a) {
+  const std::string dir = a.kv.dir.empty() ? "/tmp/anvil-bench-kv-restore" : a.kv.dir;
+  std::filesystem::remove_all(dir);
+  const int N = a.restore_pages;
+  auto be = make_cpu_backend(1);
+  KVCacheView v;  // qwen3-0.6b: 28 layers, 8 KV heads of 128, BF16, 16-token pages (1.75 MiB a page)
+  v.dtype = DType::kBF16;
+  v.n_layers = 28;
+  v.n_kv_heads = 8;
+  v.head_dim = 128;
+  v.page_size = 16;
+  v.n_pages = N + 1;
+  KVPool pool(*be, v);
+  if (!pool.init().is_ok()) return fail("pool of " + std::to_string(N + 1) + " pages");
+  const size_t page_bytes = v.page_bytes();
+  const Hash128 fp = hash128("bench-restore", 13);
+  KVStoreOptions o;
+  o.dir = dir;
+  o.queue_pages = 64;
+  std::mt19937 rng(3);
+  std::vector<int32_t> toks(size_t(N) * 16 + 1);
+  for (auto& t : toks) t = int32_t(rng() % 150000);
+  {
+    auto st = KVStore::open(o);
+    if (!st.is_ok()) return fail(st.status().message());
+    if (Status s = (*st)->attach(*be, pool.view(), fp); !s.is_ok()) return fail(s.message());
+    Hash128 parent;
+    for (int p = 0; p < N; ++p) {
+      auto span = std::span<const int32_t>(toks).subspan(size_t(p) * 16, 16);
+      Hash128 key = kv_page_key(fp, parent, span);
+      int32_t page = pool.kv_page_alloc();
+      while (page < 0) {
+        (*st)->reap(pool, true);
+        page = pool.kv_page_alloc();
+      }
+      uint32_t* w = static_cast<uint32_t*>(pool.view().base) + size_t(page) * page_bytes / 4;
+      for (size_t i = 0; i < page_bytes / 4; ++i) w[i] = rng();
+      (*st)->page_full(0, key, parent, p * 16, span, page, pool);
+      pool.kv_page_release(page);
+      (*st)->reap(pool, false);
+      parent = key;
+    }
+    (*st)->flush();
+    (*st)->reap(pool, true);
+  }
+  const double bytes = double(N) * double(page_bytes);
+  // Each repetition times the restore (in a reopened store: a restart; timed to completion,
+  // restore_pages synchronizes before it returns; open + attach are not part of it) and then, right
+  // after it, the two ceilings: on a shared machine only figures taken back to back compare.
+  std::vector<std::string> segs;
+  double seg_bytes = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".kv") {
+      segs.push_back(e.path().string());
+      seg_bytes += double(e.file_size());
+    }
+  std::vector<uint8_t> buf(16u << 20);
+  std::vector<uint8_t> host(page_bytes * 8, 1);
+  auto rate = [](double bytes, Clock::time_point t) {
+    return bytes / std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  int got = 0;
+  std::vector<double> restore_r, read_r, h2d_r, ratio_r;
+  for (int r = 0; r < a.reps; ++r) {
+    auto st = KVStore::open(o);
+    if (!st.is_ok()) return fail(st.status().message());
+    if (Status s = (*st)->attach(*be, pool.view(), fp); !s.is_ok()) return fail(s.message());
+    std::vector<int32_t> pages;
+    std::vector<Hash128> keys;
+    auto t = Clock::now();
+    got = (*st)->restore_pages(toks, 0, Hash128{}, N, pool, &pages, &keys);
+    restore_r.push_back(rate(bytes, t));
+    for (int32_t p : pages) pool.kv_page_release(p);
+    if (got != N) return fail("restored " + std::to_string(got) + " of " + std::to_string(N) + " pages");
+    // Ceiling 1: sequential read of every segment file, 16 MiB preads into one reused buffer.
+    t = Clock::now();
+    for (auto& f : segs) {
+      int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return fail("open " + f);
+      off_t off = 0;
+      ssize_t n;
+      while ((n = ::pread(fd, buf.data(), buf.size(), off)) > 0) off += n;
+      ::close(fd);
+    }
+    read_r.push_back(rate(seg_bytes, t));
+    // Ceiling 2: host -> device copy of the same bytes (a host buffer into the pool's pages).
+    t = Clock::now();
+    for (int p = 0; p < N; ++p)
+      be->copy_to_device(static_cast<uint8_t*>(pool.view().base) + size_t(p) * page_bytes,
+                         host.data() + size_t(p % 8) * page_bytes, page_bytes);
+    if (!be->synchronize().is_ok()) return fail("synchronize");
+    h2d_r.push_back(rate(bytes, t));
+    ratio_r.push_back(restore_r.back() / std::min(read_r.back(), h2d_r.back()));
+    std::fprintf(stderr, "[anvil] rep %d: restore %.3f GB/s, read %.3f GB/s, host->device %.3f GB/s: %.0f%%\n", r + 1,
+                 restore_r.back() / 1e9, read_r.back() / 1e9, h2d_r.back() / 1e9, 100 * ratio_r.back());
+  }
+  nlohmann::ordered_json j;
+  j["pages"] = N;
+  j["page_bytes"] = page_bytes;
+  j["restored_pages"] = got;
+  j["reps"] = a.reps;
+  j["restore_gb_s_median"] = percentile(restore_r, 0.5) / 1e9;
+  j["segment_read_gb_s_median"] = percentile(read_r, 0.5) / 1e9;
+  j["host_to_device_gb_s_median"] = percentile(h2d_r, 0.5) / 1e9;
+  j["restore_over_lower_ceiling_median"] = percentile(ratio_r, 0.5);
+  j["restore_over_lower_ceiling_best"] = percentile(ratio_r, 1.0);
+  std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
+  return got == N ? 0 : 1;
+}
+
 int bench_overhead(BenchKvArgs& a) {
   a.model.no_prefix_cache = true;  // every run prefills and persists new pages
   if (a.model.ctx < a.prompt + a.n) a.model.ctx = a.prompt + a.n;
-  auto stack = build_stack(a.model);
+  if (a.batch < 1) return fail("--seqs must be >= 1");
+  auto stack = build_stack(a.model, a.batch);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   if (a.kv.dir.empty()) a.kv.dir = "/tmp/anvil-bench-kv-overhead";
@@ -136,18 +256,43 @@ int bench_overhead(BenchKvArgs& a) {
     const int on = run % 2;
     const bool warm = run < 2;
     s.engine->set_page_store(on ? store.get() : nullptr);
-    req.prompt.assign(size_t(a.prompt), 0);
-    for (auto& t : req.prompt) t = int32_t(rng() % uint64_t(c.vocab_size));
-    auto seq = s.engine->seq_create();
-    if (!seq.is_ok()) return fail(seq.status().message());
     std::vector<Clock::time_point> stamps;
     stamps.reserve(size_t(a.n));
-    auto r = generate(*s.engine, *seq, req, [&](int32_t) {
-      stamps.push_back(Clock::now());
-      return true;
-    });
-    if (!r.is_ok()) return fail(r.status().message());
-    s.engine->seq_release(*seq);
+    if (a.batch == 1) {
+      req.prompt.assign(size_t(a.prompt), 0);
+      for (auto& t : req.prompt) t = int32_t(rng() % uint64_t(c.vocab_size));
+      auto seq = s.engine->seq_create();
+      if (!seq.is_ok()) return fail(seq.status().message());
+      auto r = generate(*s.engine, *seq, req, [&](int32_t) {
+        stamps.push_back(Clock::now());
+        return true;
+      });
+      if (!r.is_ok()) return fail(r.status().message());
+      s.engine->seq_release(*seq);
+    } else {
+      // `batch` sequences, each with its own random prompt, decoded together: one stamp per step.
+      std::vector<int> seqs;
+      std::vector<int32_t> toks, next;
+      std::vector<float> logits;
+      for (int b = 0; b < a.batch; ++b) {
+        auto seq = s.engine->seq_create();
+        if (!seq.is_ok()) return fail(seq.status().message());
+        std::vector<int32_t> prompt(size_t(a.prompt));
+        for (auto& t : prompt) t = int32_t(rng() % uint64_t(c.vocab_size));
+        // The prompt but its last token, which the first decode step appends.
+        if (Status st = s.engine->extend(*seq, std::span<const int32_t>(prompt).first(prompt.size() - 1), &logits);
+            !st.is_ok())
+          return fail(st.message());
+        seqs.push_back(*seq);
+        toks.push_back(prompt.back());
+      }
+      for (int i = 0; i < a.n; ++i) {
+        if (Status st = s.engine->decode_greedy(seqs, toks, {}, &next); !st.is_ok()) return fail(st.message());
+        toks = next;
+        stamps.push_back(Clock::now());
+      }
+      for (int q : seqs) s.engine->seq_release(q);
+    }
     if (on) {  // the next (off) run starts with an idle writer and every pool page back
       store->flush();
       store->reap(s.engine->pool(), true);
@@ -163,6 +308,7 @@ int bench_overhead(BenchKvArgs& a) {
   nlohmann::ordered_json j;
   j["model"] = s.model->source;
   j["backend"] = s.backend->name();
+  j["batch"] = a.batch;
   j["prompt_tokens"] = a.prompt;
   j["generated_tokens"] = a.n;
   j["pairs"] = a.pairs;
@@ -188,12 +334,22 @@ Command reg("bench-kv", "Benchmark the durable KV store: decode overhead on vs o
               add_kv_store_options(app, a->kv, false);
               app.add_option("--prompt-tokens", a->prompt, "Prompt length in tokens (random ids)")->capture_default_str();
               app.add_option("-n,--max-tokens", a->n, "Tokens to generate per run")->capture_default_str();
+              app.add_option("--seqs", a->batch, "Sequences decoded together (per-token time = per step)")
+                  ->capture_default_str();
               app.add_option("--pairs", a->pairs, "Timed off/on run pairs after one warm-up pair")
                   ->capture_default_str();
               app.add_option("--open-lookup", a->open_lookup,
                              "Instead: fill a store with this many small pages, then time open + first lookup");
+              app.add_option("--restore-pages", a->restore_pages,
+                             "Instead: store this many qwen3-0.6b-sized pages, reopen, time restoring them "
+                             "against the read and host->device ceilings");
+              app.add_option("--reps", a->reps, "--restore-pages: repetitions (medians reported)")
+                  ->capture_default_str();
               app.add_flag("--json", a->json, "Print one line of JSON");
-              return [a] { return a->open_lookup > 0 ? bench_open_lookup(*a) : bench_overhead(*a); };
+              return [a] {
+                if (a->restore_pages > 0) return bench_restore(*a);
+                return a->open_lookup > 0 ? bench_open_lookup(*a) : bench_overhead(*a);
+              };
             });
 
 }  // namespace

@@ -1,5 +1,5 @@
 // KVStore: open + recovery, the decode-thread side (ring, reap), restores, and sessions.
-// The writer thread is writer.cpp; gc/verify/export are maintenance.cpp.
+// The writer thread is writer.h; restores are restore.cpp; gc/verify/export are maintenance.cpp.
 #include "kvstore/kvstore.h"
 
 #include <unistd.h>
@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvstore/catalog.h"
+#include "kvstore/checksum.h"
 #include "runtime/kv_pool.h"
 
 #include "kvstore/writer.h"
@@ -46,7 +47,7 @@ std::string default_kv_store_dir() {
   return ".anvil-kv";
 }
 
-KVStore::KVStore(const KVStoreOptions& o) : opts_(o) {}
+KVStore::KVStore(const KVStoreOptions& o) : opts_(o), restore_xxh_(XXH3_createState()) {}
 
 Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
   if (opts.dir.empty()) return invalid_argument("--kv-store: empty directory");
@@ -148,6 +149,9 @@ KVStore::~KVStore() {
     cv_writer_.notify_all();
     writer_thread_.join();
   }
+  for (void* s : staging_)
+    if (s) backend_->free_host_staging(s);
+  XXH3_freeState(restore_xxh_);
 }
 
 void KVStore::abandon() {
@@ -240,152 +244,6 @@ void KVStore::flush() {
   push(d, {}, true);
   std::unique_lock<std::mutex> lk(mu_);
   cv_done_.wait(lk, [&] { return done_ticket_ >= ticket; });
-}
-
-Result<ReadFile*> KVStore::segment_reader(int64_t seg) {
-  auto it = readers_.find(seg);
-  if (it != readers_.end()) return it->second.get();
-  ANVIL_ASSIGN_OR_RETURN(auto f, env_->open_read(segment_path(seg)));
-  ReadFile* p = f.get();
-  readers_[seg] = std::move(f);
-  return p;
-}
-
-Result<const uint8_t*> KVStore::read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
-                                            const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
-                                            PageMeta* meta) {
-  const std::string label = segment_path(seg) + "@" + std::to_string(off);
-  if (len <= 0 || len > int64_t(page_bytes_ + (1 << 20))) return corrupt(label + ": implausible record length");
-  ANVIL_ASSIGN_OR_RETURN(ReadFile * f, segment_reader(seg));
-  read_buf_.resize(size_t(len));
-  ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(off), read_buf_.data(), read_buf_.size()));
-  if (record_checksum(read_buf_.data(), read_buf_.size()) != sum) return corrupt(label + ": record checksum mismatch");
-  const uint8_t* data = nullptr;
-  // The catalog's checksum just covered every byte; the record's own data checksum is for
-  // standalone readers and kv verify.
-  ANVIL_RETURN_IF_ERROR(
-      page_record_parse(read_buf_.data(), read_buf_.size(), layout_, fingerprint_, meta, &data, label, false));
-  if (meta->key != key || meta->parent != parent || meta->first_pos != first_pos ||
-      !std::equal(meta->tokens.begin(), meta->tokens.end(), tokens.begin(), tokens.end()))
-    return corrupt(label + ": record identity (key, parent, position or token ids) differs from the request");
-  return data;
-}
-
-int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent_key, int max_pages,
-                           KVPool& pool, std::vector<int32_t>* pages, std::vector<Hash128>* keys) {
-  if (!writer_ || max_pages <= 0) return 0;
-  const auto t0 = Clock::now();
-  const int P = layout_.page_size;
-  Hash128 parent = parent_key;
-  int n = 0;
-  std::vector<int32_t> loaded;
-  std::vector<Hash128> loaded_keys;
-  for (int i = first; i < first + max_pages; ++i) {
-    auto toks = tokens.subspan(size_t(i) * P, size_t(P));
-    const Hash128 key = kv_page_key(fingerprint_, parent, toks);
-    q_page_.bind(1, key);
-    auto row = q_page_.step();
-    if (!row.is_ok() || !*row) {
-      q_page_.reset();
-      ++counters_.restore_misses;
-      break;
-    }
-    // The catalog's copy of the identity first (invariant 3): a key match alone is never trusted.
-    const bool ident_ok = q_page_.col_hash(0) == parent && q_page_.col_bytes(1) == toks.size_bytes() &&
-                          std::memcmp(q_page_.col_blob(1), toks.data(), toks.size_bytes()) == 0 &&
-                          q_page_.col_int(6) == int64_t(i) * P;
-    const int64_t seg = q_page_.col_int(2), off = q_page_.col_int(3), len = q_page_.col_int(4);
-    const uint64_t sum = uint64_t(q_page_.col_int(5));
-    q_page_.reset();
-    if (!ident_ok) {  // the same key with other tokens: a collision (or a forged row); never used
-      ++counters_.restore_corrupt;
-      break;
-    }
-    {
-      std::lock_guard<std::mutex> lk(pin_mu_);
-      pinned_.insert(key);
-    }
-    PageMeta meta;
-    auto data = read_record(seg, off, len, sum, key, parent, i * P, toks, &meta);
-    int32_t page = -1;
-    if (data.is_ok()) page = pool.kv_page_alloc();
-    if (page >= 0) {
-      backend_->copy_to_device(page_base_mut(page), *data, page_bytes_);
-      counters_.restored_bytes += int64_t(page_bytes_);
-    }
-    {
-      std::lock_guard<std::mutex> lk(pin_mu_);
-      pinned_.erase(pinned_.find(key));
-      if (page >= 0) touched_.push_back({key, now_us()});
-    }
-    if (!data.is_ok()) {
-      ++counters_.restore_corrupt;
-      std::lock_guard<std::mutex> lk(pin_mu_);
-      const bool lost = data.status().code() == StatusCode::kNotFound;
-      bad_.push_back({key, seg, lost ? -1 : off});
-      if (lost) lost_segs_.insert(seg);
-      else bad_locs_.insert({seg, off});
-      break;
-    }
-    if (page < 0) break;  // pool full: the rest is recomputed
-    loaded.push_back(page);
-    loaded_keys.push_back(key);
-    parent = key;
-    ++n;
-  }
-  // Installed only now, after every page of the run loaded and validated.
-  backend_->synchronize();
-  pages->insert(pages->end(), loaded.begin(), loaded.end());
-  keys->insert(keys->end(), loaded_keys.begin(), loaded_keys.end());
-  counters_.restored_pages += n;
-  counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  return n;
-}
-
-int KVStore::restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
-                          KVPool& pool, int32_t* page_out) {
-  if (!writer_ || max_tokens <= 0) return 0;
-  const auto t0 = Clock::now();
-  q_tail_.bind(1, parent);
-  q_tail_.bind(2, int64_t(first_pos));
-  q_tail_.bind(3, fingerprint_);
-  struct Cand {
-    int64_t seg, off, len;
-    uint64_t sum;
-    int n;
-  };
-  std::optional<Cand> best;
-  while (true) {
-    auto row = q_tail_.step();
-    if (!row.is_ok() || !*row) break;
-    const int n = int(q_tail_.col_int(5));
-    const size_t sess_len = q_tail_.col_bytes(0) / 4;
-    if (n > max_tokens || size_t(first_pos + n) > sess_len) continue;
-    // The session's own token ids over the tail must equal the request's.
-    const int32_t* st = static_cast<const int32_t*>(q_tail_.col_blob(0));
-    if (!std::equal(st, st + first_pos + n, tokens.begin())) continue;
-    if (!best || n > best->n)
-      best = Cand{q_tail_.col_int(1), q_tail_.col_int(2), q_tail_.col_int(3), uint64_t(q_tail_.col_int(4)), n};
-  }
-  q_tail_.reset();
-  if (!best) return 0;
-  PageMeta meta;
-  auto toks = tokens.subspan(size_t(first_pos), size_t(best->n));
-  auto data = read_record(best->seg, best->off, best->len, best->sum, Hash128{}, parent, first_pos, toks, &meta);
-  if (!data.is_ok()) {
-    ++counters_.restore_corrupt;
-    return 0;
-  }
-  int32_t page = pool.kv_page_alloc();
-  if (page < 0) return 0;
-  const size_t src_blk = layout_.block_bytes(best->n), dst_blk = layout_.block_bytes(layout_.page_size);
-  uint8_t* dst = static_cast<uint8_t*>(page_base_mut(page));
-  for (size_t b = 0; b < layout_.n_blocks(); ++b) backend_->copy_to_device(dst + b * dst_blk, *data + b * src_blk, src_blk);
-  backend_->synchronize();
-  counters_.restored_bytes += int64_t(layout_.data_bytes(best->n));
-  counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  *page_out = page;
-  return best->n;
 }
 
 // ---- sessions ----

@@ -62,6 +62,8 @@
 #include "kvstore/sqlite_db.h"
 #include "runtime/page_store.h"
 
+struct XXH3_state_s;  // xxhash.h's streaming state
+
 namespace anvil {
 
 enum class Durability { kNone, kInterval, kSync };
@@ -203,6 +205,9 @@ class KVStore : public PageStore {
   // count_blocked: the caller is the decode thread (its time here is decode_blocked_ns).
   bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true);
   Result<ReadFile*> segment_reader(int64_t seg);
+  struct RestoreItem;
+  Status load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page, int slot,
+                          std::vector<uint8_t>* hdr);
   // Reads and validates one record into read_buf_; returns its data pointer.
   Result<const uint8_t*> read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
                                      const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
@@ -214,6 +219,10 @@ class KVStore : public PageStore {
   SqliteStmt q_page_, q_tail_, q_seg_;
   std::map<int64_t, std::unique_ptr<ReadFile>> readers_;
   std::vector<uint8_t> read_buf_;
+  // restore.cpp: a record's header, two staging slots (device backends), the running checksum.
+  std::vector<uint8_t> hdr_buf_;
+  void* staging_[2] = {nullptr, nullptr};
+  XXH3_state_s* restore_xxh_ = nullptr;
 
   Backend* backend_ = nullptr;
   void* kv_base_ = nullptr;  // the pool's storage (KVCacheView::base)

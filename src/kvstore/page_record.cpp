@@ -1,7 +1,8 @@
 #include "kvstore/page_record.h"
 
-#include <xxhash.h>
+#include "kvstore/checksum.h"
 
+#include <cctype>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -46,9 +47,22 @@ bool tokens_from_string(const std::string& s, std::vector<int32_t>* out) {
 }
 
 std::string page_record_header(const PageLayout& L, const PageMeta& meta, const void* data, size_t data_bytes) {
-  const int n = int(meta.tokens.size());
+  return page_record_header_for_sum(L, meta, XXH3_64bits(data, data_bytes));
+}
+
+// The header's tensor entries: "{" and every entry, without the closing brace. They are the same for
+// every record of one layout and length, and building them is most of a header's cost (56 entries
+// for qwen3-0.6b; the restore builds the expected header of every page it reads), so each thread
+// keeps the last one.
+static const std::string& tensor_section(const PageLayout& L, int n) {
+  thread_local PageLayout last{};
+  thread_local int last_n = -1;
+  thread_local std::string s;
+  if (n == last_n && last.dtype == L.dtype && last.n_layers == L.n_layers && last.n_kv_heads == L.n_kv_heads &&
+      last.head_dim == L.head_dim)
+    return s;
   const size_t blk = L.block_bytes(n);
-  nlohmann::ordered_json h;
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
   size_t off = 0;
   const std::string dt(dtype_name(L.dtype));
   for (int l = 0; l < L.n_layers; ++l)
@@ -58,16 +72,32 @@ std::string page_record_header(const PageLayout& L, const PageMeta& meta, const 
           {"dtype", dt}, {"shape", {L.n_kv_heads, n, L.head_dim}}, {"data_offsets", {off, off + bytes}}};
       off += bytes;
     }
-  h["__metadata__"] = {{"anvil.format", "kv-page"},
-                       {"anvil.format_version", std::to_string(kPageRecordVersion)},
-                       {"fingerprint", meta.fingerprint.hex()},
-                       {"key", meta.key.hex()},
-                       {"parent", meta.parent.hex()},
-                       {"first_pos", std::to_string(meta.first_pos)},
-                       {"page_size", std::to_string(L.page_size)},
-                       {"tokens", tokens_to_string(meta.tokens)},
-                       {"data_xxh3", hex64(XXH3_64bits(data, data_bytes))}};
-  std::string json = h.dump();
+  s = h.dump();
+  s.pop_back();  // the closing brace: __metadata__ follows
+  last = L;
+  last_n = n;
+  return s;
+}
+
+std::string page_record_header_for_sum(const PageLayout& L, const PageMeta& meta, uint64_t data_sum) {
+  const std::string& tensors = tensor_section(L, int(meta.tokens.size()));
+  const nlohmann::ordered_json md = {{"anvil.format", "kv-page"},
+                                     {"anvil.format_version", std::to_string(kPageRecordVersion)},
+                                     {"fingerprint", meta.fingerprint.hex()},
+                                     {"key", meta.key.hex()},
+                                     {"parent", meta.parent.hex()},
+                                     {"first_pos", std::to_string(meta.first_pos)},
+                                     {"page_size", std::to_string(L.page_size)},
+                                     {"tokens", tokens_to_string(meta.tokens)},
+                                     {"data_xxh3", hex64(data_sum)}};
+  // The same bytes as dumping one ordered object {tensors..., "__metadata__": md}.
+  std::string json;
+  json.reserve(tensors.size() + 512 + meta.tokens.size() * 7);
+  json += tensors;
+  if (tensors.size() > 1) json += ',';
+  json += "\"__metadata__\":";
+  json += md.dump();
+  json += '}';
   while ((8 + json.size()) % 8) json += ' ';
   std::string out(8, '\0');
   uint64_t len = json.size();
@@ -126,6 +156,21 @@ Status page_record_parse(const uint8_t* rec, size_t n, const PageLayout& L, cons
   if (check_data_sum && hex64(XXH3_64bits(base, expect_off)) != *sum) return corrupt(label + ": data checksum mismatch");
   *data = base;
   return Status::ok();
+}
+
+bool page_record_header_matches(const uint8_t* hdr, size_t n, const PageLayout& L, const PageMeta& expected) {
+  // The checksum field's value is the only part that depends on the data; mask it on both sides.
+  static constexpr char kField[] = "\"data_xxh3\":\"";
+  const std::string want = page_record_header_for_sum(L, expected, 0);
+  if (want.size() != n) return false;
+  const size_t at = want.rfind(kField);
+  if (at == std::string::npos) return false;
+  const size_t v = at + sizeof(kField) - 1;  // the 16 hex digits
+  if (std::memcmp(hdr, want.data(), v) != 0 || std::memcmp(hdr + v + 16, want.data() + v + 16, n - v - 16) != 0)
+    return false;
+  for (size_t i = v; i < v + 16; ++i)
+    if (!std::isxdigit(hdr[i])) return false;
+  return true;
 }
 
 Status page_record_layout(const uint8_t* rec, size_t n, PageLayout* L, Hash128* fingerprint, const std::string& label) {

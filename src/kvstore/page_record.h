@@ -42,6 +42,16 @@ struct PageMeta {
 // bytes, laid out as above). The record is header + data.
 std::string page_record_header(const PageLayout& layout, const PageMeta& meta, const void* data, size_t data_bytes);
 
+// The same header for data whose XXH3-64 is data_sum.
+std::string page_record_header_for_sum(const PageLayout& layout, const PageMeta& meta, uint64_t data_sum);
+
+// True when `hdr` (n bytes: the length prefix and the JSON) is byte for byte the header this
+// version writes for `expected`, apart from the data checksum's 16 hex digits. The restore reads a
+// record's data straight into a KV page, apart from its header, and checks the header this way
+// instead of parsing it: a header that passes is one page_record_parse accepts with exactly the
+// expected metadata and layout. One that does not (another writer's formatting) is parsed in full.
+bool page_record_header_matches(const uint8_t* hdr, size_t n, const PageLayout& layout, const PageMeta& expected);
+
 // XXH3-64 of a byte range (the catalog's record checksum).
 uint64_t record_checksum(const void* data, size_t n);
 

@@ -4,7 +4,7 @@
 // The class is KVStore's private part; only kvstore.cpp includes this file.
 #pragma once
 #include <unistd.h>
-#include <xxhash.h>
+#include "kvstore/checksum.h"
 
 #include <algorithm>
 #include <chrono>
@@ -159,8 +159,9 @@ class KVStore::Writer {
     const PageLayout& L = s_.layout_;
     const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
     s_.backend_->copy_2d_to_host_async(stage_, s_.page_bytes_, src, s_.page_bytes_, s_.page_bytes_, 1);
-    s_.backend_->wait_host_copies();
+    const Status copied = s_.backend_->wait_host_copies();
     give_back(d.page);
+    if (!copied.is_ok()) return copy_failed(copied);
     PageMeta meta;
     meta.fingerprint = s_.fingerprint_;
     meta.key = d.key;
@@ -232,8 +233,9 @@ class KVStore::Writer {
     const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
     s_.backend_->copy_2d_to_host_async(stage_, L.block_bytes(d.n), src, L.block_bytes(L.page_size), L.block_bytes(d.n),
                                        L.n_blocks());
-    s_.backend_->wait_host_copies();
+    const Status copied = s_.backend_->wait_host_copies();
     give_back(d.page);
+    if (!copied.is_ok()) return copy_failed(copied);
     PageMeta meta;
     meta.fingerprint = s_.fingerprint_;
     meta.parent = parent;
@@ -245,6 +247,16 @@ class KVStore::Writer {
     w.tail_committed = false;
     ++pending_records_;
     ++s_.counters_.tails_written;
+  }
+
+  // A failed device->host copy: the staging bytes are not the page's, so nothing is written (a
+  // page becomes a future miss; a session's durable position does not advance).
+  void copy_failed(const Status& st) {
+    ++s_.counters_.write_errors;
+    if (!copy_error_reported_) {
+      std::fprintf(stderr, "[anvil] kv store: %s; the page is not saved\n", st.message().c_str());
+      copy_error_reported_ = true;
+    }
   }
 
   // A failed append or sync: the batch's records are abandoned (their pages become misses, a
@@ -489,6 +501,7 @@ class KVStore::Writer {
       trim_sess_pages_;
   void* stage_ = nullptr;
   XXH3_state_t* xxh_ = XXH3_createState();
+  bool copy_error_reported_ = false;
   std::unique_ptr<AppendFile> seg_;
   int64_t seg_id_ = 0, committed_end_ = 0;
   std::vector<Pending> pending_;

@@ -99,6 +99,9 @@ class CpuBackend final : public Backend {
       std::memcpy(static_cast<uint8_t*>(dst) + r * dst_pitch, static_cast<const uint8_t*>(src) + r * src_pitch, width);
   }
 
+  bool device_memory_is_host() const override { return true; }
+  Status wait_device_copies() override { return Status::ok(); }
+
   Result<WeightMatrix> upload_weight(const WeightMatrix& w) override {
     if (w.rows <= 0 || w.cols <= 0 || !w.data)
       return invalid_argument("weight: expected rows > 0, cols > 0 and data, got [" + std::to_string(w.rows) + ", " +

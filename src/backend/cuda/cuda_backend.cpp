@@ -24,6 +24,7 @@
 #include "backend/cpu/cpu_backend.h"  // moe_phase_profiling / moe_phase_add
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_page_copy.h"
 #include "backend/cuda/moe_runner.h"
 #include "base/sample_math.h"
 
@@ -64,6 +65,7 @@ class CudaBackend final : public Backend {
   Status init() {
     if (!ok(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream")) return err_;
     if (!ok(cudaMallocHost(&pinned_, kPinnedBytes), "pinned staging buffer")) return err_;
+    ANVIL_RETURN_IF_ERROR(copier_.init(dev_, st_));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuda: cublasCreate failed");
     const char* e = std::getenv("ANVIL_CUDA_NO_CUBLAS");
     use_cublas_ = !(e && *e && *e != '0');
@@ -83,7 +85,23 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
-  bool supports_page_store() const override { return false; }  // staging copies not overridden yet
+  // The store's copies (cuda_page_copy.h) are experimental and unverified on a GPU: off unless
+  // ANVIL_CUDA_PAGE_STORE=1.
+  bool supports_page_store() const override {
+    const char* e = std::getenv("ANVIL_CUDA_PAGE_STORE");
+    return e && std::string(e) == "1";
+  }
+  Result<void*> alloc_host_staging(size_t bytes) override { return copier_.alloc_host(bytes); }
+  void free_host_staging(void* p) override { copier_.free_host(p); }
+  void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                             size_t rows) override {
+    (void)copier_.copy_2d_to_host_async(dst, dst_pitch, src, src_pitch, width, rows);  // sticky: wait returns it
+  }
+  Status wait_host_copies() override { return copier_.wait_host_copies(); }
+  void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    (void)copier_.copy_to_device_async(dst, src, bytes);  // sticky: wait_device_copies returns it
+  }
+  Status wait_device_copies() override { return copier_.wait_device_copies(); }
   DType act_dtype() const override { return DType::kBF16; }
 
   // ---- memory ----
@@ -195,7 +213,11 @@ class CudaBackend final : public Backend {
   bool graphs_supported() const override { return !profiling_; }
   Status graph_capture_begin() override {
     if (!err_.is_ok()) return err_;
-    if (!ok(cudaStreamBeginCapture(st_, cudaStreamCaptureModeRelaxed), "graph capture")) return err_;
+    copier_.capture_mu().lock();  // until graph_capture_end: the store's writer records no event meanwhile
+    if (!ok(cudaStreamBeginCapture(st_, cudaStreamCaptureModeRelaxed), "graph capture")) {
+      copier_.capture_mu().unlock();
+      return err_;
+    }
     capturing_ = true;
     capture_launches_ = launches_;
     cuda::set_pdl_capture(true);
@@ -203,9 +225,11 @@ class CudaBackend final : public Backend {
   }
   Status graph_capture_end(uint64_t key) override {
     cudaGraph_t g = nullptr;
+    const bool was_capturing = capturing_;
     capturing_ = false;
     cuda::set_pdl_capture(false);
     const bool ended = ok(cudaStreamEndCapture(st_, &g), "graph capture");
+    if (was_capturing) copier_.capture_mu().unlock();
     if (!ended || !err_.is_ok()) {
       if (g) cudaGraphDestroy(g);
       return err_;
@@ -594,6 +618,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t st_ = nullptr;
   Status err_;
+  cuda::PageCopier copier_;  // the KV store's copy streams
   void* pinned_ = nullptr;
   bool capturing_ = false;
   uint64_t launches_ = 0, capture_launches_ = 0;

@@ -1,0 +1,106 @@
+// See cuda_page_copy.h: the store's device<->host page copies on their own streams, event-ordered
+// against the compute stream.
+#include "backend/cuda/cuda_page_copy.h"
+
+#include <string>
+
+namespace anvil::cuda {
+
+PageCopier::~PageCopier() {
+  if (d2h_) cudaStreamSynchronize(d2h_);
+  if (h2d_) cudaStreamSynchronize(h2d_);
+  for (cudaEvent_t e : {d2h_after_, h2d_after_, compute_after_})
+    if (e) cudaEventDestroy(e);
+  if (d2h_) cudaStreamDestroy(d2h_);
+  if (h2d_) cudaStreamDestroy(h2d_);
+}
+
+Status PageCopier::check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  cudaGetLastError();
+  return internal_error(std::string("cuda kv page copy: ") + what + ": " + cudaGetErrorString(e));
+}
+
+Status PageCopier::init(int device, cudaStream_t compute) {
+  device_ = device;
+  compute_ = compute;
+  return Status::ok();
+}
+
+// Streams and events are made on first use (most runs never touch the store), by whichever thread
+// comes first; cudaSetDevice because the writer thread starts on device 0.
+Status PageCopier::ready() {
+  std::lock_guard<std::mutex> lk(init_mu_);
+  ANVIL_RETURN_IF_ERROR(check(cudaSetDevice(device_), "cudaSetDevice"));
+  if (ready_) return Status::ok();
+  ANVIL_RETURN_IF_ERROR(check(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking), "d2h stream"));
+  ANVIL_RETURN_IF_ERROR(check(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking), "h2d stream"));
+  for (cudaEvent_t* e : {&d2h_after_, &h2d_after_, &compute_after_})
+    ANVIL_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "event"));
+  ready_ = true;
+  return Status::ok();
+}
+
+Result<void*> PageCopier::alloc_host(size_t bytes) {
+  ANVIL_RETURN_IF_ERROR(ready());
+  void* p = nullptr;
+  cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(StatusCode::kOutOfMemory, "cuda kv page copy: could not pin " + std::to_string(bytes) +
+                                                " bytes of host staging (" + cudaGetErrorString(e) + ")");
+  }
+  return p;
+}
+
+void PageCopier::free_host(void* p) {
+  if (p) cudaFreeHost(p);
+}
+
+Status PageCopier::copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                         size_t rows) {
+  if (!d2h_error_.is_ok()) return d2h_error_;
+  Status st = ready();
+  if (st.is_ok()) {
+    std::lock_guard<std::mutex> lk(capture_mu_);  // never recorded into a graph being captured
+    st = check(cudaEventRecord(d2h_after_, compute_), "record compute event");
+  }
+  if (st.is_ok()) st = check(cudaStreamWaitEvent(d2h_, d2h_after_, 0), "d2h wait");
+  if (st.is_ok() && rows && width)
+    st = check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToHost, d2h_),
+               "cudaMemcpy2DAsync device->host");
+  if (!st.is_ok()) d2h_error_ = st;
+  return st;
+}
+
+Status PageCopier::wait_host_copies() {
+  if (!d2h_error_.is_ok()) return d2h_error_;
+  if (!d2h_) return Status::ok();
+  Status st = check(cudaSetDevice(device_), "cudaSetDevice");
+  if (st.is_ok()) st = check(cudaStreamSynchronize(d2h_), "device->host copy");
+  if (!st.is_ok()) d2h_error_ = st;
+  return st;
+}
+
+Status PageCopier::copy_to_device_async(void* dst, const void* src, size_t bytes) {
+  if (!h2d_error_.is_ok()) return h2d_error_;
+  Status st = ready();
+  if (st.is_ok()) st = check(cudaEventRecord(h2d_after_, compute_), "record compute event");
+  if (st.is_ok()) st = check(cudaStreamWaitEvent(h2d_, h2d_after_, 0), "h2d wait");
+  if (st.is_ok() && bytes)
+    st = check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h2d_), "cudaMemcpyAsync host->device");
+  if (st.is_ok()) st = check(cudaEventRecord(compute_after_, h2d_), "record h2d event");
+  if (st.is_ok()) st = check(cudaStreamWaitEvent(compute_, compute_after_, 0), "compute wait");
+  if (!st.is_ok()) h2d_error_ = st;
+  return st;
+}
+
+Status PageCopier::wait_device_copies() {
+  if (!h2d_error_.is_ok()) return h2d_error_;
+  if (!h2d_) return Status::ok();
+  Status st = check(cudaStreamSynchronize(h2d_), "host->device copy");
+  if (!st.is_ok()) h2d_error_ = st;
+  return st;
+}
+
+}  // namespace anvil::cuda

@@ -1,0 +1,260 @@
+// KVStore restores: a run of full pages found in the catalog is read, checked (invariant 3) and
+// landed in fresh pool pages, and handed to the engine only when the whole run succeeded; a
+// session's partial tail page likewise. Anything missing or bad is a miss, never an error.
+//
+// Restore bandwidth (docs/benchmarks.md): each record is read once, straight into its KV page on
+// the CPU backend (on a device backend into one of two pinned staging slots, the host->device copy
+// of page i overlapping the read of page i+1), checksummed chunk by chunk while in cache, and its
+// header compared with the expected one instead of being parsed.
+#include <cstring>
+
+#include "kvstore/catalog.h"
+#include "kvstore/checksum.h"
+#include "kvstore/kvstore.h"
+#include "runtime/kv_pool.h"
+
+namespace anvil {
+
+using Clock = std::chrono::steady_clock;
+
+Result<ReadFile*> KVStore::segment_reader(int64_t seg) {
+  auto it = readers_.find(seg);
+  if (it != readers_.end()) return it->second.get();
+  ANVIL_ASSIGN_OR_RETURN(auto f, env_->open_read(segment_path(seg)));
+  ReadFile* p = f.get();
+  readers_[seg] = std::move(f);
+  return p;
+}
+
+Result<const uint8_t*> KVStore::read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
+                                            const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                                            PageMeta* meta) {
+  const std::string label = segment_path(seg) + "@" + std::to_string(off);
+  if (len <= 0 || len > int64_t(page_bytes_ + (1 << 20))) return corrupt(label + ": implausible record length");
+  ANVIL_ASSIGN_OR_RETURN(ReadFile * f, segment_reader(seg));
+  read_buf_.resize(size_t(len));
+  ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(off), read_buf_.data(), read_buf_.size()));
+  if (record_checksum(read_buf_.data(), read_buf_.size()) != sum) return corrupt(label + ": record checksum mismatch");
+  const uint8_t* data = nullptr;
+  // The catalog's checksum just covered every byte; the record's own data checksum is for
+  // standalone readers and kv verify.
+  ANVIL_RETURN_IF_ERROR(
+      page_record_parse(read_buf_.data(), read_buf_.size(), layout_, fingerprint_, meta, &data, label, false));
+  if (meta->key != key || meta->parent != parent || meta->first_pos != first_pos ||
+      !std::equal(meta->tokens.begin(), meta->tokens.end(), tokens.begin(), tokens.end()))
+    return corrupt(label + ": record identity (key, parent, position or token ids) differs from the request");
+  return data;
+}
+
+// One record of a run being restored: where the catalog says it is.
+struct KVStore::RestoreItem {
+  Hash128 key, parent;
+  int64_t seg = 0, off = 0, len = 0;
+  uint64_t sum = 0;
+};
+
+// Reads one full-page record into pool page `page` and checks it (invariant 3). The data goes
+// straight into the page where the backend's memory is host memory (CPU), else into staging slot
+// `slot`, from which an asynchronous host->device copy takes it. The checksum is computed chunk by
+// chunk right after each chunk is read, while the bytes are still in this core's cache: one pass
+// over memory (the read itself) instead of three (read, checksum, copy). A checksum thread
+// overlapping the reads was tried and measured slower (docs/benchmarks.md).
+Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page,
+                                 int slot, std::vector<uint8_t>* hdr) {
+  const std::string label = segment_path(it.seg) + "@" + std::to_string(it.off);
+  const int64_t hdr_len = it.len - int64_t(page_bytes_);
+  if (hdr_len < 16 || hdr_len > (1 << 20)) return corrupt(label + ": implausible record length");
+  ANVIL_ASSIGN_OR_RETURN(ReadFile * f, segment_reader(it.seg));
+  hdr->resize(size_t(hdr_len));
+  ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(it.off), hdr->data(), hdr->size()));
+  const bool direct = backend_->device_memory_is_host();
+  uint8_t* dst;
+  if (direct) {
+    dst = static_cast<uint8_t*>(page_base_mut(page));
+  } else {
+    if (!staging_[0]) {
+      for (void*& s : staging_) {
+        ANVIL_ASSIGN_OR_RETURN(s, backend_->alloc_host_staging(page_bytes_));
+      }
+    }
+    dst = static_cast<uint8_t*>(staging_[slot]);
+  }
+  XXH3_64bits_reset(restore_xxh_);
+  XXH3_64bits_update(restore_xxh_, hdr->data(), hdr->size());
+  constexpr size_t kChunk = 256 << 10;  // well inside L2: hashed before it is evicted
+  for (size_t c = 0; c < page_bytes_; c += kChunk) {
+    const size_t m = std::min(kChunk, page_bytes_ - c);
+    ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(it.off + hdr_len) + c, dst + c, m));
+    XXH3_64bits_update(restore_xxh_, dst + c, m);
+  }
+  if (XXH3_64bits_digest(restore_xxh_) != it.sum) return corrupt(label + ": record checksum mismatch");
+  PageMeta want;
+  want.fingerprint = fingerprint_;
+  want.key = it.key;
+  want.parent = it.parent;
+  want.first_pos = first_pos;
+  want.tokens.assign(toks.begin(), toks.end());
+  if (!page_record_header_matches(hdr->data(), hdr->size(), layout_, want)) {
+    // Not this version's exact header: parse the whole record the general way.
+    read_buf_.resize(size_t(it.len));
+    std::memcpy(read_buf_.data(), hdr->data(), hdr->size());
+    std::memcpy(read_buf_.data() + hdr->size(), dst, page_bytes_);
+    PageMeta meta;
+    const uint8_t* d = nullptr;
+    ANVIL_RETURN_IF_ERROR(
+        page_record_parse(read_buf_.data(), read_buf_.size(), layout_, fingerprint_, &meta, &d, label, false));
+    if (meta.key != it.key || meta.parent != it.parent || meta.first_pos != first_pos || meta.tokens != want.tokens)
+      return corrupt(label + ": record identity (key, parent, position or token ids) differs from the request");
+  }
+  if (!direct) {
+    // At most one copy in flight: the previous record's copy ran while this one was read; wait for
+    // it (its slot is the one read next) and queue this one.
+    ANVIL_RETURN_IF_ERROR(backend_->wait_device_copies());
+    backend_->copy_to_device_async(page_base_mut(page), dst, page_bytes_);
+  }
+  return Status::ok();
+}
+
+int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent_key, int max_pages,
+                           KVPool& pool, std::vector<int32_t>* pages, std::vector<Hash128>* keys) {
+  if (!writer_ || max_pages <= 0) return 0;
+  const auto t0 = Clock::now();
+  const int P = layout_.page_size;
+  // 1. The catalog: the run of pages that are stored, their identity as the catalog has it first
+  //    (invariant 3: a key match alone is never trusted). Primary-key probes only.
+  std::vector<RestoreItem> run;
+  Hash128 parent = parent_key;
+  for (int i = first; i < first + max_pages; ++i) {
+    auto toks = tokens.subspan(size_t(i) * P, size_t(P));
+    const Hash128 key = kv_page_key(fingerprint_, parent, toks);
+    q_page_.bind(1, key);
+    auto row = q_page_.step();
+    if (!row.is_ok() || !*row) {
+      q_page_.reset();
+      ++counters_.restore_misses;
+      break;
+    }
+    const bool ident_ok = q_page_.col_hash(0) == parent && q_page_.col_bytes(1) == toks.size_bytes() &&
+                          std::memcmp(q_page_.col_blob(1), toks.data(), toks.size_bytes()) == 0 &&
+                          q_page_.col_int(6) == int64_t(i) * P;
+    RestoreItem it{key, parent, q_page_.col_int(2), q_page_.col_int(3), q_page_.col_int(4),
+                   uint64_t(q_page_.col_int(5))};
+    q_page_.reset();
+    if (!ident_ok) {  // the same key with other tokens: a collision (or a forged row); never used
+      ++counters_.restore_corrupt;
+      break;
+    }
+    run.push_back(it);
+    parent = key;
+  }
+  if (run.empty()) {
+    counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    return 0;
+  }
+  {
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    for (auto& it : run) pinned_.insert(it.key);
+  }
+  // 2. Read and check each record into a fresh pool page; the first failure ends the run.
+  std::vector<int32_t> loaded;
+  loaded.reserve(run.size());
+  size_t failed_at = run.size();
+  Status failed;
+  for (size_t j = 0; j < run.size(); ++j) {
+    const RestoreItem& it = run[j];
+    const int i = first + int(j);
+    const int32_t page = pool.kv_page_alloc();
+    if (page < 0) break;  // pool full: the rest is recomputed
+    Status st = load_page_record(it, i * P, tokens.subspan(size_t(i) * P, size_t(P)), page, int(j % 2), &hdr_buf_);
+    if (!st.is_ok()) {
+      pool.kv_page_release(page);
+      failed_at = j;
+      failed = st;
+      break;
+    }
+    loaded.push_back(page);
+  }
+  if (failed_at < run.size()) {
+    const RestoreItem& it = run[failed_at];
+    ++counters_.restore_corrupt;
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    const bool lost = failed.code() == StatusCode::kNotFound;
+    bad_.push_back({it.key, it.seg, lost ? -1 : it.off});
+    if (lost) lost_segs_.insert(it.seg);
+    else bad_locs_.insert({it.seg, it.off});
+  }
+  // 3. Installed only now, after every page of the run loaded, validated and (on a device) landed.
+  Status done = backend_->wait_device_copies();
+  if (done.is_ok()) done = backend_->synchronize();
+  const size_t n = done.is_ok() ? std::min(failed_at, loaded.size()) : 0;
+  if (!done.is_ok()) ++counters_.restore_corrupt;
+  for (size_t j = n; j < loaded.size(); ++j) pool.kv_page_release(loaded[j]);
+  {
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    const int64_t now = now_us();
+    for (size_t j = 0; j < run.size(); ++j) {
+      pinned_.erase(pinned_.find(run[j].key));
+      if (j < n) touched_.push_back({run[j].key, now});
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    pages->push_back(loaded[j]);
+    keys->push_back(run[j].key);
+  }
+  counters_.restored_pages += int64_t(n);
+  counters_.restored_bytes += int64_t(n) * int64_t(page_bytes_);
+  counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  return int(n);
+}
+
+int KVStore::restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
+                          KVPool& pool, int32_t* page_out) {
+  if (!writer_ || max_tokens <= 0) return 0;
+  const auto t0 = Clock::now();
+  q_tail_.bind(1, parent);
+  q_tail_.bind(2, int64_t(first_pos));
+  q_tail_.bind(3, fingerprint_);
+  struct Cand {
+    int64_t seg, off, len;
+    uint64_t sum;
+    int n;
+  };
+  std::optional<Cand> best;
+  while (true) {
+    auto row = q_tail_.step();
+    if (!row.is_ok() || !*row) break;
+    const int n = int(q_tail_.col_int(5));
+    const size_t sess_len = q_tail_.col_bytes(0) / 4;
+    if (n > max_tokens || size_t(first_pos + n) > sess_len) continue;
+    // The session's own token ids over the tail must equal the request's.
+    const int32_t* st = static_cast<const int32_t*>(q_tail_.col_blob(0));
+    if (!std::equal(st, st + first_pos + n, tokens.begin())) continue;
+    if (!best || n > best->n)
+      best = Cand{q_tail_.col_int(1), q_tail_.col_int(2), q_tail_.col_int(3), uint64_t(q_tail_.col_int(4)), n};
+  }
+  q_tail_.reset();
+  if (!best) return 0;
+  PageMeta meta;
+  auto toks = tokens.subspan(size_t(first_pos), size_t(best->n));
+  auto data = read_record(best->seg, best->off, best->len, best->sum, Hash128{}, parent, first_pos, toks, &meta);
+  if (!data.is_ok()) {
+    ++counters_.restore_corrupt;
+    return 0;
+  }
+  int32_t page = pool.kv_page_alloc();
+  if (page < 0) return 0;
+  const size_t src_blk = layout_.block_bytes(best->n), dst_blk = layout_.block_bytes(layout_.page_size);
+  uint8_t* dst = static_cast<uint8_t*>(page_base_mut(page));
+  for (size_t b = 0; b < layout_.n_blocks(); ++b) backend_->copy_to_device(dst + b * dst_blk, *data + b * src_blk, src_blk);
+  if (!backend_->synchronize().is_ok()) {
+    pool.kv_page_release(page);
+    ++counters_.restore_corrupt;
+    return 0;
+  }
+  counters_.restored_bytes += int64_t(layout_.data_bytes(best->n));
+  counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  *page_out = page;
+  return best->n;
+}
+
+}  // namespace anvil
