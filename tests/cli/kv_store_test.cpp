@@ -235,8 +235,8 @@ TEST(KvStoreCli, TwoProcessesShareOneStore) {
     a += (i ? "," : "") + std::to_string(11 + i * 13);
     b += (i ? "," : "") + std::to_string(19 + i * 29);
   }
-  pid_t pa = spawn(gen(d.path, {"--ids", a, "-n", "60", "--session", "A"}), d.path + "/../a.out");
-  pid_t pb = spawn(gen(d.path, {"--ids", b, "-n", "60", "--session", "B"}), d.path + "/../b.out");
+  pid_t pa = spawn(gen(d.path, {"--ids", a, "-n", "60", "--session", "A"}), d.path + ".a.out");
+  pid_t pb = spawn(gen(d.path, {"--ids", b, "-n", "60", "--session", "B"}), d.path + ".b.out");
   int sa = 0, sb = 0;
   waitpid(pa, &sa, 0);
   waitpid(pb, &sb, 0);
@@ -250,8 +250,8 @@ TEST(KvStoreCli, TwoProcessesShareOneStore) {
   EXPECT_EQ(jb["store_prompt_tokens"].get<int>(), 48);
   auto ls = nlohmann::json::parse(run_anvil({"kv", "ls", "--kv-store", d.path, "--json"}).out);
   EXPECT_EQ(ls["sessions"].size(), 2u);
-  fs::remove(d.path + "/../a.out");
-  fs::remove(d.path + "/../b.out");
+  fs::remove(d.path + ".a.out");
+  fs::remove(d.path + ".b.out");
 }
 
 TEST(KvStoreCli, ExportIsAStandaloneSafetensorsFile) {
