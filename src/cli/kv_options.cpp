@@ -61,7 +61,8 @@ Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
     // an explicit --kv-store is refused; the default store is simply off, said once.
     if (!f.session.empty() || f.resume || !f.fork.empty() || !f.dir.empty())
       return unsupported("the durable KV store does not run on " + s.backend->name() +
-                         " yet; use --device cpu for --kv-store/--session/--resume/--fork");
+                         " yet; use --device cpu for --kv-store/--session/--resume/--fork (on CUDA, "
+                         "ANVIL_CUDA_PAGE_STORE=1 enables the experimental, unverified path)");
     std::fprintf(stderr, "[anvil] KV store: off (not supported on %s yet)\n", s.backend->name().c_str());
     return a;
   }
