@@ -181,7 +181,7 @@ int bench_restore(BenchKvArgs& a) {
     return bytes / std::chrono::duration<double>(Clock::now() - t).count();
   };
   int got = 0;
-  std::vector<double> restore_r, read_r, h2d_r, ratio_r;
+  std::vector<double> restore_r, read_r, read_pool_r, h2d_r, ratio_r;
   for (int r = 0; r < a.reps; ++r) {
     auto st = KVStore::open(o);
     if (!st.is_ok()) return fail(st.status().message());
@@ -204,6 +204,27 @@ int bench_restore(BenchKvArgs& a) {
       ::close(fd);
     }
     read_r.push_back(rate(seg_bytes, t));
+    // Ceiling 1b: the same sequential read landing where a restore's bytes land, in the pool's pages
+    // (N pages of memory, far larger than the caches) instead of one cache-resident 16 MiB buffer: what
+    // the store's read rate is for a real destination. Reported beside the ratio, not in it.
+    t = Clock::now();
+    {
+      uint8_t* dst = static_cast<uint8_t*>(pool.view().base);
+      const size_t cap = size_t(N) * page_bytes;
+      size_t at = 0;
+      for (auto& f : segs) {
+        int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return fail("open " + f);
+        off_t off = 0;
+        ssize_t n;
+        while (at < cap && (n = ::pread(fd, dst + at, std::min(buf.size(), cap - at), off)) > 0) {
+          off += n;
+          at += size_t(n);
+        }
+        ::close(fd);
+      }
+      read_pool_r.push_back(rate(double(at), t));
+    }
     // Ceiling 2: host -> device copy of the same bytes (a host buffer into the pool's pages).
     t = Clock::now();
     for (int p = 0; p < N; ++p)
@@ -212,8 +233,11 @@ int bench_restore(BenchKvArgs& a) {
     if (!be->synchronize().is_ok()) return fail("synchronize");
     h2d_r.push_back(rate(bytes, t));
     ratio_r.push_back(restore_r.back() / std::min(read_r.back(), h2d_r.back()));
-    std::fprintf(stderr, "[anvil] rep %d: restore %.3f GB/s, read %.3f GB/s, host->device %.3f GB/s: %.0f%%\n", r + 1,
-                 restore_r.back() / 1e9, read_r.back() / 1e9, h2d_r.back() / 1e9, 100 * ratio_r.back());
+    std::fprintf(stderr,
+                 "[anvil] rep %d: restore %.3f GB/s, read %.3f GB/s, host->device %.3f GB/s: %.0f%% "
+                 "(read into the pool's pages %.3f GB/s: %.0f%%)\n",
+                 r + 1, restore_r.back() / 1e9, read_r.back() / 1e9, h2d_r.back() / 1e9, 100 * ratio_r.back(),
+                 read_pool_r.back() / 1e9, 100 * restore_r.back() / read_pool_r.back());
   }
   nlohmann::ordered_json j;
   j["pages"] = N;
@@ -222,6 +246,7 @@ int bench_restore(BenchKvArgs& a) {
   j["reps"] = a.reps;
   j["restore_gb_s_median"] = percentile(restore_r, 0.5) / 1e9;
   j["segment_read_gb_s_median"] = percentile(read_r, 0.5) / 1e9;
+  j["segment_read_into_pool_gb_s_median"] = percentile(read_pool_r, 0.5) / 1e9;
   j["host_to_device_gb_s_median"] = percentile(h2d_r, 0.5) / 1e9;
   j["restore_over_lower_ceiling_median"] = percentile(ratio_r, 0.5);
   j["restore_over_lower_ceiling_best"] = percentile(ratio_r, 1.0);
