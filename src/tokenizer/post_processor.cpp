@@ -32,10 +32,10 @@ Result<PostProcessor> PostProcessor::from_json(const json& j, int vocab_size) {
   if (j.is_null()) return p;
   const std::string where = "post_processor";
   // Nested Sequences flatten: each step applies to the previous step's output.
-  std::vector<std::pair<const json*, std::string>> todo{{&j, where}};
-  for (size_t k = 0; k < todo.size(); ++k) {
-    const json& e = *todo[k].first;
-    const std::string w = todo[k].second;  // a copy: todo grows below
+  std::vector<std::pair<const json*, std::string>> pending{{&j, where}};
+  for (size_t k = 0; k < pending.size(); ++k) {
+    const json& e = *pending[k].first;
+    const std::string w = pending[k].second;  // a copy: pending grows below
     if (!e.is_object() || !e.contains("type") || !e["type"].is_string())
       return invalid_argument(w + ": expected an object with a \"type\"");
     const std::string type = e["type"].get<std::string>();
@@ -46,7 +46,7 @@ Result<PostProcessor> PostProcessor::from_json(const json& j, int vocab_size) {
       std::vector<std::pair<const json*, std::string>> inner;
       for (size_t i = 0; i < e["processors"].size(); ++i)
         inner.push_back({&e["processors"][i], w + ".processors[" + std::to_string(i) + "]"});
-      todo.insert(todo.begin() + std::ptrdiff_t(k) + 1, inner.begin(), inner.end());
+      pending.insert(pending.begin() + std::ptrdiff_t(k) + 1, inner.begin(), inner.end());
       continue;
     }
     if (type == "BertProcessing" || type == "RobertaProcessing") {

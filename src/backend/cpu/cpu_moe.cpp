@@ -105,32 +105,41 @@ void group_by_expert(const int* idx, int64_t T, int k, int E, Grouping* g) {
   }
 }
 
+// Rows quantized to int16 for the AVX2 kernel (one QuantizedX per row), in per-thread buffers reused
+// across calls. Used for the tokens' x (gate/up) and for the SwiGLU outputs (down).
+struct QuantizedRows {
+  std::vector<int16_t> q;
+  std::vector<float> scale, sum;
+  std::vector<QuantizedX> rows;
+  // src: [n, cols]; groups of `group` columns at `bits`. Returns rows.data().
+  QuantizedX* quantize(ThreadPool& pool, const float* src, int64_t n, int64_t cols, int bits, int64_t group) {
+    const int64_t ng = cols / group;
+    q.resize(size_t(n * cols));
+    scale.resize(size_t(n * ng));
+    sum.resize(size_t(n * ng));
+    rows.resize(size_t(n));
+    int16_t* qp = q.data();
+    float *sp = scale.data(), *mp = sum.data();
+    QuantizedX* rp = rows.data();
+    auto run = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        quantize_x_int16_avx2(src + t * cols, cols, bits, group, qp + t * cols, sp + t * ng, mp + t * ng);
+        rp[t] = QuantizedX{qp + t * cols, sp + t * ng, mp + t * ng};
+      }
+    };
+    if (n >= 8) pool.parallel_for(n, 4, run);
+    else run(0, n);
+    return rp;
+  }
+};
+
 // Expert outputs Y[pos, H] for every assignment, AVX2 integer kernel. x: [T, H].
 void experts_avx2(ThreadPool& pool, const float* x, int64_t T, const MoEWeights& w, const Grouping& g, float* Y) {
   const int k = w.top_k, E = w.num_experts;
   const int64_t H = w.gate[0].cols, F = w.gate[0].rows, A = T * k;
-  const int gb = w.gate[0].bits, dbits = w.down[0].bits;
-  const int64_t gG = w.gate[0].group_size, dG = w.down[0].group_size;
-  const int64_t gng = H / gG, dng = F / dG;
   // x quantized once per token for every gate/up matrix.
-  thread_local std::vector<int16_t> xq, hq;
-  thread_local std::vector<float> xsc, xsm, hsc, hsm;
-  thread_local std::vector<QuantizedX> xs_tok, hs_pos;
-  xq.resize(size_t(T * H));
-  xsc.resize(size_t(T * gng));
-  xsm.resize(size_t(T * gng));
-  xs_tok.resize(size_t(T));
-  int16_t* xqp = xq.data();
-  float *xscp = xsc.data(), *xsmp = xsm.data();
-  QuantizedX* xst = xs_tok.data();
-  auto quant_x = [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      quantize_x_int16_avx2(x + t * H, H, gb, gG, xqp + t * H, xscp + t * gng, xsmp + t * gng);
-      xst[t] = QuantizedX{xqp + t * H, xscp + t * gng, xsmp + t * gng};
-    }
-  };
-  if (T >= 8) pool.parallel_for(T, 4, quant_x);
-  else quant_x(0, T);
+  thread_local QuantizedRows xquant, hquant;
+  const QuantizedX* xst = xquant.quantize(pool, x, T, H, w.gate[0].bits, w.gate[0].group_size);
 
   // Per assignment position: its token's quantized x, in expert-sorted order (tiles are contiguous).
   thread_local std::vector<QuantizedX> xs_pos;
@@ -167,21 +176,7 @@ void experts_avx2(ThreadPool& pool, const float* x, int64_t T, const MoEWeights&
   });
 
   // The SwiGLU outputs quantized for the down projections, one row per assignment.
-  hq.resize(size_t(A * F));
-  hsc.resize(size_t(A * dng));
-  hsm.resize(size_t(A * dng));
-  hs_pos.resize(size_t(A));
-  int16_t* hqp = hq.data();
-  float *hscp = hsc.data(), *hsmp = hsm.data();
-  QuantizedX* hsp = hs_pos.data();
-  auto quant_h = [&](int64_t b, int64_t e) {
-    for (int64_t p = b; p < e; ++p) {
-      quantize_x_int16_avx2(G + p * F, F, dbits, dG, hqp + p * F, hscp + p * dng, hsmp + p * dng);
-      hsp[p] = QuantizedX{hqp + p * F, hscp + p * dng, hsmp + p * dng};
-    }
-  };
-  if (A >= 8) pool.parallel_for(A, 4, quant_h);
-  else quant_h(0, A);
+  const QuantizedX* hsp = hquant.quantize(pool, G, A, F, w.down[0].bits, w.down[0].group_size);
 
   const int64_t hblocks = (H + kRows - 1) / kRows;
   pool.parallel_for(na * hblocks, 1, [&](int64_t b, int64_t e) {
