@@ -256,14 +256,9 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_synthetic(o.synthetic));
   }
   // auto must pick a device that can run this model: a backend without MoE kernels gives way to the
-  // CPU for MoE models; an explicit --device is left to Transformer::create's error. The CUDA MoE
-  // kernels (backend/cuda/moe.cu) are not yet verified on a GPU: auto keeps MoE models on the CPU
-  // until they are, while --device cuda runs them.
-  const bool cuda_moe_unverified = s.backend->name().rfind("cuda", 0) == 0;
-  if (o.device == "auto" && s.model->config.is_moe() && (!s.backend->has_moe_ffn() || cuda_moe_unverified)) {
-    std::fprintf(stderr,
-                 "[anvil] device auto: the MoE kernels of %s are not verified yet; using the CPU for this MoE "
-                 "model (--device cuda runs them)\n",
+  // CPU for MoE models; an explicit --device is left to Transformer::create's error.
+  if (o.device == "auto" && s.model->config.is_moe() && !s.backend->has_moe_ffn()) {
+    std::fprintf(stderr, "[anvil] device auto: the %s backend has no MoE kernels; using the CPU for this MoE model\n",
                  s.backend->name().c_str());
     ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend("cpu", o.threads));
   }

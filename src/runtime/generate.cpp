@@ -6,9 +6,11 @@
 
 namespace anvil {
 
-bool device_sampler_enabled() {
+bool device_sampler_enabled(const Backend& backend) {
+  if (!backend.has_sample_rows()) return false;
   const char* e = std::getenv("ANVIL_CUDA_DEVICE_SAMPLER");
-  return e && *e && *e != '0';
+  if (e && *e) return *e != '0';
+  return backend.name().rfind("cuda", 0) == 0;  // the CPU's op is a reference, slower than the host Sampler
 }
 
 Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& req, const TokenCallback& on_token) {
@@ -30,9 +32,9 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   // Greedy without a penalty needs no logits on the host: after the first token, the backend samples
   // (Engine::decode_greedy) and only the token id comes back.
   const bool device_greedy = req.sampling.temperature == 0 && req.sampling.repetition_penalty == 1.0f;
-  // Any other sampling on the backend too (Engine::decode_sample) when ANVIL_CUDA_DEVICE_SAMPLER=1 and
-  // the backend has the op; off by default until the CUDA kernel has been verified on a GPU.
-  const bool device_sample = !device_greedy && device_sampler_enabled() && engine.model().backend().has_sample_rows();
+  // Any other sampling on the backend too (Engine::decode_sample): by default on CUDA, where it saves
+  // copying a [vocab] logits row back per token; ANVIL_CUDA_DEVICE_SAMPLER=0/1 forces it off/on.
+  const bool device_sample = !device_greedy && device_sampler_enabled(engine.model().backend());
   const std::vector<int32_t> suppressed = req.ignore_eos ? req.eos_ids : std::vector<int32_t>{};
   std::vector<int32_t> next;
   for (int i = 0; i < req.max_new_tokens; ++i) {

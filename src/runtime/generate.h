@@ -32,9 +32,10 @@ using TokenCallback = std::function<bool(int32_t)>;
 
 Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& req, const TokenCallback& on_token);
 
-// ANVIL_CUDA_DEVICE_SAMPLER=1: generate() samples every decode step on the backend
-// (Engine::decode_sample) where the backend has the op (CUDA; the CPU backend's reference op too,
-// which the tests use), not only greedy steps. Off by default until verified on the GPU.
-bool device_sampler_enabled();
+// Whether generate() samples every decode step on the backend (Engine::decode_sample), not only
+// greedy steps: by default on CUDA (verified on the H200 to give the host Sampler's ids exactly), off
+// on the CPU, whose op is the slower reference. ANVIL_CUDA_DEVICE_SAMPLER=0 or 1 forces it off or on
+// (on: the CPU backend's reference op too, which the tests use) where the backend has the op.
+bool device_sampler_enabled(const Backend& backend);
 
 }  // namespace anvil

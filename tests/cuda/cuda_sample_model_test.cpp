@@ -51,7 +51,7 @@ Stack make_stack() {
 }
 
 std::vector<int32_t> run(Stack& s, const SamplingParams& p, bool device) {
-  if (device) setenv("ANVIL_CUDA_DEVICE_SAMPLER", "1", 1);
+  setenv("ANVIL_CUDA_DEVICE_SAMPLER", device ? "1" : "0", 1);
   GenerateRequest req;
   for (int i = 0; i < 21; ++i) req.prompt.push_back((i * 7919 + 13) % 151936);
   req.max_new_tokens = 40;

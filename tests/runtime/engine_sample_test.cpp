@@ -94,7 +94,7 @@ TEST(EngineSample, GenerateWithTheSwitchEqualsHostPath) {
     req.ignore_eos = true;
     auto once = [&](bool device) {
       if (device) setenv("ANVIL_CUDA_DEVICE_SAMPLER", "1", 1);
-      else unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
+      else setenv("ANVIL_CUDA_DEVICE_SAMPLER", "0", 1);
       auto s = f.engine->seq_create();
       EXPECT_TRUE(s.is_ok());
       auto r = generate(*f.engine, *s, req, nullptr);
@@ -107,7 +107,10 @@ TEST(EngineSample, GenerateWithTheSwitchEqualsHostPath) {
     EXPECT_EQ(host.size(), 16u);
     EXPECT_EQ(dev, host) << "T=" << p.temperature;
   }
-  EXPECT_TRUE(device_sampler_enabled() == false);
+  EXPECT_FALSE(device_sampler_enabled(f.engine->model().backend())) << "off by default on the CPU";
+  setenv("ANVIL_CUDA_DEVICE_SAMPLER", "1", 1);
+  EXPECT_TRUE(device_sampler_enabled(f.engine->model().backend()));
+  unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
 }
 
 TEST(EngineSample, BadArgumentsAreErrors) {
