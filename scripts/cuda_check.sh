@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|moe|store]   (default all)
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve]   (default all)
+# serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
+# the same prefix after a restart.
 # store: the durable KV store's experimental CUDA path (ANVIL_CUDA_PAGE_STORE=1, issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
@@ -36,18 +38,46 @@ if [ "$what" = store ]; then
   summary+=("store tests (CudaKVStore.*): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/store_tests.log" | tr '\n' ' ')")
   for B in 1 32; do
     echo "### bench-kv --seqs $B" >> "$OUT/store_bench.log"
-    timeout 580 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B --pairs 3 --json \
+    timeout ${STORE_BENCH_S:-150} ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B --pairs 3 --json \
       --kv-store "$OUT/kv-overhead-$B" >> "$OUT/store_bench.log" 2>&1
     echo "rc=$?" >> "$OUT/store_bench.log"
   done
   echo "### TTFT 16384 restore vs recompute" >> "$OUT/store_bench.log"
-  ANVIL="./build-gpu/anvil" DEVICE=cuda PROMPT=16384 STEPS=2 OUT="$OUT/kv" timeout 580 \
+  ANVIL="./build-gpu/anvil" DEVICE=cuda PROMPT=16384 STEPS=2 OUT="$OUT/kv" timeout ${STORE_TTFT_S:-200} \
     bash scripts/bench_kv.sh qwen3-8b:q4g64 >> "$OUT/store_bench.log" 2>&1
   echo "rc=$?" >> "$OUT/store_bench.log"
   echo "=== store ==="
   grep -E "Failure|FAILED|error" "$OUT/store_tests.log" | head -20
   cat "$OUT/store_bench.log"
   printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [ "$what" = serve ]; then
+  # The server on CUDA (issue 13): N concurrent streams through scripts/bench_serve.py, then the
+  # repeated 4,096-token prefix, again after a restart (served from the durable store).
+  export ANVIL_CUDA_PAGE_STORE=1
+  M=${SERVE_MODEL:-qwen3-8b:q4g64}
+  start_server() {
+    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 --kv-store "$OUT/serve-kv" \
+      > "$OUT/serve_$1.log" 2>&1 &
+    SP=$!; port=
+    for _ in $(seq 240); do
+      port=$(grep -oE 'listening on http://[^ ]+:[0-9]+' "$OUT/serve_$1.log" | grep -oE '[0-9]+$')
+      [ -n "$port" ] && break; kill -0 $SP 2>/dev/null || break; sleep 0.5
+    done
+    echo "server $1: port ${port:-none} after $(( $(date +%s) - t0 )) s"
+  }
+  start_server 1
+  [ -n "$port" ] && timeout ${SERVE_S:-240} python3 scripts/bench_serve.py --port "$port" --streams ${SERVE_STREAMS:-1,32,64} \
+    --prompt 256 --max 128 --prefix 4096 --deadline $(( ${SERVE_S:-240} - 10 )) > "$OUT/serve_bench.log" 2>&1
+  echo "bench rc=$?"; kill $SP; wait $SP
+  start_server 2
+  echo "### after a restart" >> "$OUT/serve_bench.log"
+  [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
+    >> "$OUT/serve_bench.log" 2>&1
+  kill $SP; wait $SP
+  cat "$OUT/serve_bench.log"; tail -5 "$OUT/serve_1.log"
+  echo "total $(( $(date +%s) - t0 )) s"
   exit 0
 fi
 if [ "$what" = moe ]; then
