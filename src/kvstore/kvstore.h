@@ -206,8 +206,13 @@ class KVStore : public PageStore {
   bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true);
   Result<ReadFile*> segment_reader(int64_t seg);
   struct RestoreItem;
+  // One restoring thread's buffers: its checksum state, the record header, the general-parse fallback.
+  struct RestoreScratch {
+    XXH3_state_s* xxh = nullptr;
+    std::vector<uint8_t> hdr, rec;
+  };
   Status load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page, int slot,
-                          std::vector<uint8_t>* hdr);
+                          RestoreScratch& scratch);
   // Reads and validates one record into read_buf_; returns its data pointer.
   Result<const uint8_t*> read_record(int64_t seg, int64_t off, int64_t len, uint64_t sum, const Hash128& key,
                                      const Hash128& parent, int first_pos, std::span<const int32_t> tokens,

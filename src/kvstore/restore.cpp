@@ -6,7 +6,11 @@
 // the CPU backend (on a device backend into one of two pinned staging slots, the host->device copy
 // of page i overlapping the read of page i+1), checksummed chunk by chunk while in cache, and its
 // header compared with the expected one instead of being parsed.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "kvstore/catalog.h"
 #include "kvstore/checksum.h"
@@ -46,6 +50,23 @@ Result<const uint8_t*> KVStore::read_record(int64_t seg, int64_t off, int64_t le
   return data;
 }
 
+namespace {
+
+// Threads that read one run of records at once: several only where pages are host memory and the
+// run is long enough to share (ANVIL_KV_RESTORE_THREADS overrides, for measuring; 1 is serial).
+int restore_threads_for(bool host_memory, size_t pages) {
+  static const int forced = [] {
+    const char* e = std::getenv("ANVIL_KV_RESTORE_THREADS");
+    return e && *e ? std::max(1, std::atoi(e)) : 0;
+  }();
+  if (!host_memory || pages < 4) return 1;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int want = forced ? forced : std::min(hw, 4);
+  return std::max(1, std::min<int>(want, int(pages / 2)));
+}
+
+}  // namespace
+
 // One record of a run being restored: where the catalog says it is.
 struct KVStore::RestoreItem {
   Hash128 key, parent;
@@ -60,7 +81,8 @@ struct KVStore::RestoreItem {
 // over memory (the read itself) instead of three (read, checksum, copy). A checksum thread
 // overlapping the reads was tried and measured slower (docs/benchmarks.md).
 Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page,
-                                 int slot, std::vector<uint8_t>* hdr) {
+                                 int slot, RestoreScratch& scratch) {
+  std::vector<uint8_t>* hdr = &scratch.hdr;
   const std::string label = segment_path(it.seg) + "@" + std::to_string(it.off);
   const int64_t hdr_len = it.len - int64_t(page_bytes_);
   if (hdr_len < 16 || hdr_len > (1 << 20)) return corrupt(label + ": implausible record length");
@@ -79,15 +101,16 @@ Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span
     }
     dst = static_cast<uint8_t*>(staging_[slot]);
   }
-  XXH3_64bits_reset(restore_xxh_);
-  XXH3_64bits_update(restore_xxh_, hdr->data(), hdr->size());
+  XXH3_state_s* xxh = scratch.xxh;
+  XXH3_64bits_reset(xxh);
+  XXH3_64bits_update(xxh, hdr->data(), hdr->size());
   constexpr size_t kChunk = 256 << 10;  // well inside L2: hashed before it is evicted
   for (size_t c = 0; c < page_bytes_; c += kChunk) {
     const size_t m = std::min(kChunk, page_bytes_ - c);
     ANVIL_RETURN_IF_ERROR(f->read_at(uint64_t(it.off + hdr_len) + c, dst + c, m));
-    XXH3_64bits_update(restore_xxh_, dst + c, m);
+    XXH3_64bits_update(xxh, dst + c, m);
   }
-  if (XXH3_64bits_digest(restore_xxh_) != it.sum) return corrupt(label + ": record checksum mismatch");
+  if (XXH3_64bits_digest(xxh) != it.sum) return corrupt(label + ": record checksum mismatch");
   PageMeta want;
   want.fingerprint = fingerprint_;
   want.key = it.key;
@@ -96,13 +119,13 @@ Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span
   want.tokens.assign(toks.begin(), toks.end());
   if (!page_record_header_matches(hdr->data(), hdr->size(), layout_, want)) {
     // Not this version's exact header: parse the whole record the general way.
-    read_buf_.resize(size_t(it.len));
-    std::memcpy(read_buf_.data(), hdr->data(), hdr->size());
-    std::memcpy(read_buf_.data() + hdr->size(), dst, page_bytes_);
+    std::vector<uint8_t>& rec = scratch.rec;
+    rec.resize(size_t(it.len));
+    std::memcpy(rec.data(), hdr->data(), hdr->size());
+    std::memcpy(rec.data() + hdr->size(), dst, page_bytes_);
     PageMeta meta;
     const uint8_t* d = nullptr;
-    ANVIL_RETURN_IF_ERROR(
-        page_record_parse(read_buf_.data(), read_buf_.size(), layout_, fingerprint_, &meta, &d, label, false));
+    ANVIL_RETURN_IF_ERROR(page_record_parse(rec.data(), rec.size(), layout_, fingerprint_, &meta, &d, label, false));
     if (meta.key != it.key || meta.parent != it.parent || meta.first_pos != first_pos || meta.tokens != want.tokens)
       return corrupt(label + ": record identity (key, parent, position or token ids) differs from the request");
   }
@@ -160,20 +183,62 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
   loaded.reserve(run.size());
   size_t failed_at = run.size();
   Status failed;
-  for (size_t j = 0; j < run.size(); ++j) {
-    const RestoreItem& it = run[j];
-    const int i = first + int(j);
-    const int32_t page = pool.kv_page_alloc();
-    if (page < 0) break;  // pool full: the rest is recomputed
-    Status st = load_page_record(it, i * P, tokens.subspan(size_t(i) * P, size_t(P)), page, int(j % 2), &hdr_buf_);
-    if (!st.is_ok()) {
-      pool.kv_page_release(page);
-      failed_at = j;
-      failed = st;
-      break;
+  RestoreScratch main_scratch{restore_xxh_, std::move(hdr_buf_), {}};
+  const int threads = restore_threads_for(backend_->device_memory_is_host(), run.size());
+  if (threads > 1) {
+    // Host memory (CPU backend): the records are independent, so several threads read them at once,
+    // each into its own pages (one core's copy out of the page cache is bounded by the misses it can
+    // keep in flight, well below the memory system's rate). Pool pages and segment readers are
+    // taken here first; the threads touch only their records, pages and scratch.
+    for (size_t j = 0; j < run.size(); ++j) {
+      const int32_t page = pool.kv_page_alloc();
+      if (page < 0) break;  // pool full: the rest is recomputed
+      loaded.push_back(page);
     }
-    loaded.push_back(page);
+    std::vector<Status> st(loaded.size());
+    for (size_t j = 0; j < loaded.size(); ++j) {
+      auto r = segment_reader(run[j].seg);
+      if (!r.is_ok()) st[j] = r.status();
+    }
+    auto work = [&](int w, RestoreScratch& scratch) {
+      for (size_t j = size_t(w); j < loaded.size(); j += size_t(threads)) {
+        if (!st[j].is_ok()) continue;
+        const int i = first + int(j);
+        st[j] = load_page_record(run[j], i * P, tokens.subspan(size_t(i) * P, size_t(P)), loaded[j], 0, scratch);
+      }
+    };
+    std::vector<RestoreScratch> scratch(size_t(threads - 1));
+    std::vector<std::thread> pool_threads;
+    for (int w = 1; w < threads; ++w) {
+      scratch[size_t(w - 1)].xxh = XXH3_createState();
+      pool_threads.emplace_back(work, w, std::ref(scratch[size_t(w - 1)]));
+    }
+    work(0, main_scratch);
+    for (auto& t : pool_threads) t.join();
+    for (auto& s : scratch) XXH3_freeState(s.xxh);
+    for (size_t j = 0; j < st.size(); ++j)
+      if (!st[j].is_ok()) {
+        failed_at = j;
+        failed = st[j];
+        break;
+      }
+  } else {
+    for (size_t j = 0; j < run.size(); ++j) {
+      const RestoreItem& it = run[j];
+      const int i = first + int(j);
+      const int32_t page = pool.kv_page_alloc();
+      if (page < 0) break;  // pool full: the rest is recomputed
+      Status st = load_page_record(it, i * P, tokens.subspan(size_t(i) * P, size_t(P)), page, int(j % 2), main_scratch);
+      if (!st.is_ok()) {
+        pool.kv_page_release(page);
+        failed_at = j;
+        failed = st;
+        break;
+      }
+      loaded.push_back(page);
+    }
   }
+  hdr_buf_ = std::move(main_scratch.hdr);
   if (failed_at < run.size()) {
     const RestoreItem& it = run[failed_at];
     ++counters_.restore_corrupt;
