@@ -32,7 +32,7 @@ Result<void*> Backend::alloc_host_staging(size_t bytes) {
 void Backend::free_host_staging(void* p) { std::free(p); }
 
 void Backend::copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                                    size_t rows) {
+                                    size_t rows, uint64_t) {
   for (size_t r = 0; r < rows; ++r)
     copy_to_host(static_cast<uint8_t*>(dst) + r * dst_pitch, static_cast<const uint8_t*>(src) + r * src_pitch, width);
 }

@@ -180,13 +180,19 @@ class Backend {
   // Host memory that copy_2d_to_host_async can target at full speed (CUDA: pinned).
   virtual Result<void*> alloc_host_staging(size_t bytes);
   virtual void free_host_staging(void* p);
+  // Marks the point in the compute order after all work enqueued so far (called by the thread that
+  // runs the engine, when it hands a page to the store); a copy queued with the returned fence
+  // waits for that point only, not for work enqueued later. 0: no fence (the default: a backend
+  // whose work is done when its calls return).
+  virtual uint64_t record_fence() { return 0; }
   // Queues a copy of `rows` rows of `width` bytes from device memory (rows `src_pitch` apart) to
   // host staging (rows `dst_pitch` apart), ordered on a copy stream of its own so the decode stream
-  // is not stalled; wait_host_copies() blocks until every queued copy is done. The source must not
-  // be written until then (the store copies only immutable rows). The default is a synchronous
-  // copy_to_host per row: correct for any backend; CUDA overrides it with cudaMemcpy2DAsync.
+  // is not stalled, after `after_fence` (record_fence; 0: after all work enqueued so far);
+  // wait_host_copies() blocks until every queued copy is done. The source must not be written
+  // until then (the store copies only immutable rows). The default is a synchronous copy_to_host
+  // per row: correct for any backend; CUDA overrides it with cudaMemcpy2DAsync.
   virtual void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                                     size_t rows);
+                                     size_t rows, uint64_t after_fence);
   // An asynchronous failure of one of those copies is returned here (the staging bytes are then
   // not the device's).
   virtual Status wait_host_copies() { return Status::ok(); }

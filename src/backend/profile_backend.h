@@ -96,9 +96,10 @@ class ProfilingBackend final : public Backend {
   // The store's staging copies run on the wrapped backend's own streams (not timed: not decode ops).
   Result<void*> alloc_host_staging(size_t bytes) override { return in_.alloc_host_staging(bytes); }
   void free_host_staging(void* p) override { in_.free_host_staging(p); }
+  uint64_t record_fence() override { return in_.record_fence(); }
   void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                             size_t rows) override {
-    in_.copy_2d_to_host_async(dst, dst_pitch, src, src_pitch, width, rows);
+                             size_t rows, uint64_t after_fence) override {
+    in_.copy_2d_to_host_async(dst, dst_pitch, src, src_pitch, width, rows, after_fence);
   }
   Status wait_host_copies() override { return in_.wait_host_copies(); }
   bool device_memory_is_host() const override { return in_.device_memory_is_host(); }

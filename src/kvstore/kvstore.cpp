@@ -213,6 +213,7 @@ void KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int 
     d.session = r ? int32_t(r->id) : 0;
   }
   pool.kv_page_retain(page);  // invariant 5: until the writer has copied it
+  d.fence = backend_->record_fence();  // the copy waits for the step that completed the page only
   ++counters_.pages_enqueued;
   if (!push(d, tokens, is_session)) {
     pool.kv_page_release(page);
@@ -419,7 +420,10 @@ bool KVStore::push_tail(const SessRec& r, int n_kv, int32_t tail_page, KVPool& p
   // to r.tokens (this thread), so reading them unlocked is safe.
   const size_t first = std::min<size_t>(size_t(d.first_pos), r.tokens.size());
   auto toks = std::span<const int32_t>(r.tokens).subspan(first, std::min<size_t>(size_t(d.n), r.tokens.size() - first));
-  if (d.page >= 0) pool.kv_page_retain(d.page);
+  if (d.page >= 0) {
+    pool.kv_page_retain(d.page);
+    d.fence = backend_->record_fence();
+  }
   if (push(d, toks, block)) return true;
   if (d.page >= 0) pool.kv_page_release(d.page);  // ring full: the next interval tries again
   return false;

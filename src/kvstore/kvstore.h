@@ -196,6 +196,7 @@ class KVStore : public PageStore {
     int32_t session = 0;    // a recording id (SessRec::id): a session's page, never dropped; 0: none
     Hash128 key, parent;
     uint64_t ticket = 0;    // kFlush
+    uint64_t fence = 0;     // kPage/kTail: Backend::record_fence() when the page was handed over
   };
   explicit KVStore(const KVStoreOptions& o);
   Status open_catalog();

@@ -158,7 +158,7 @@ class KVStore::Writer {
     }
     const PageLayout& L = s_.layout_;
     const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
-    s_.backend_->copy_2d_to_host_async(stage_, s_.page_bytes_, src, s_.page_bytes_, s_.page_bytes_, 1);
+    s_.backend_->copy_2d_to_host_async(stage_, s_.page_bytes_, src, s_.page_bytes_, s_.page_bytes_, 1, d.fence);
     const Status copied = s_.backend_->wait_host_copies();
     give_back(d.page);
     if (!copied.is_ok()) return copy_failed(copied);
@@ -232,7 +232,7 @@ class KVStore::Writer {
     // Only the rows below the fill mark: the decode thread may be writing row d.n (invariant 5).
     const uint8_t* src = static_cast<const uint8_t*>(s_.page_base(d.page));
     s_.backend_->copy_2d_to_host_async(stage_, L.block_bytes(d.n), src, L.block_bytes(L.page_size), L.block_bytes(d.n),
-                                       L.n_blocks());
+                                       L.n_blocks(), d.fence);
     const Status copied = s_.backend_->wait_host_copies();
     give_back(d.page);
     if (!copied.is_ok()) return copy_failed(copied);

@@ -387,9 +387,10 @@ TEST_F(CudaOps, GraphReplayEqualsDirectAndFollowsNewInputs) {
 
 TEST_F(CudaOps, FreeingUploadedWeightsReturnsTheMemory) {
   HostWeight hw = make_weight(rng_, 4096, 4096, 4, 64, DType::kBF16, false);  // ~9 MB
-  // The first uploads grow the context once (measured on the H200: ~620 MB, the driver's staging for
-  // pageable copies and the allocator's own pools), which is not a leak: count from after a warm-up.
-  for (int i = 0; i < 3; ++i) {
+  // Freed memory does not all show as free at once: measured on the H200, free memory stays ~620 MB
+  // lower after 3 or after 200 upload/free rounds of this 9 MB weight (the driver keeps a bounded
+  // amount for reuse). A leak grows with the rounds: count only the second 200, after 100 first.
+  for (int i = 0; i < 100; ++i) {
     auto dw = gpu_->upload_weight(hw.w);
     ASSERT_TRUE(dw.is_ok());
     gpu_->free_weight(*dw);

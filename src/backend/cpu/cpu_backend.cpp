@@ -90,7 +90,7 @@ class CpuBackend final : public Backend {
   void copy_device(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   // The store's writer thread copies an immutable page while decode runs: a plain memcpy per row.
   void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                             size_t rows) override {
+                             size_t rows, uint64_t) override {
     if (dst_pitch == width && src_pitch == width) {
       std::memcpy(dst, src, width * rows);
       return;

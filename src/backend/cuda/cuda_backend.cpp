@@ -93,9 +93,10 @@ class CudaBackend final : public Backend {
   }
   Result<void*> alloc_host_staging(size_t bytes) override { return copier_.alloc_host(bytes); }
   void free_host_staging(void* p) override { copier_.free_host(p); }
+  uint64_t record_fence() override { return copier_.record_fence(); }
   void copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                             size_t rows) override {
-    (void)copier_.copy_2d_to_host_async(dst, dst_pitch, src, src_pitch, width, rows);  // sticky: wait returns it
+                             size_t rows, uint64_t after_fence) override {
+    (void)copier_.copy_2d_to_host_async(dst, dst_pitch, src, src_pitch, width, rows, after_fence);  // sticky: wait returns it
   }
   Status wait_host_copies() override { return copier_.wait_host_copies(); }
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {

@@ -11,6 +11,8 @@ PageCopier::~PageCopier() {
   if (h2d_) cudaStreamSynchronize(h2d_);
   for (cudaEvent_t e : {d2h_after_, h2d_after_, compute_after_})
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : fences_)
+    if (e) cudaEventDestroy(e);
   if (d2h_) cudaStreamDestroy(d2h_);
   if (h2d_) cudaStreamDestroy(h2d_);
 }
@@ -37,6 +39,7 @@ Status PageCopier::ready() {
   ANVIL_RETURN_IF_ERROR(check(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking), "h2d stream"));
   for (cudaEvent_t* e : {&d2h_after_, &h2d_after_, &compute_after_})
     ANVIL_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "event"));
+  for (cudaEvent_t& e : fences_) ANVIL_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event"));
   ready_ = true;
   return Status::ok();
 }
@@ -57,15 +60,32 @@ void PageCopier::free_host(void* p) {
   if (p) cudaFreeHost(p);
 }
 
+uint64_t PageCopier::record_fence() {
+  if (!ready().is_ok()) return 0;
+  // Never into a graph being captured (the capture holds the lock on this same thread: try_lock).
+  std::unique_lock<std::mutex> lk(capture_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return 0;
+  const uint64_t id = fence_next_.load(std::memory_order_relaxed) + 1;
+  if (cudaEventRecord(fences_[id % kFences], compute_) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  fence_next_.store(id, std::memory_order_release);
+  return id;
+}
+
 Status PageCopier::copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                                         size_t rows) {
+                                         size_t rows, uint64_t after_fence) {
   if (!d2h_error_.is_ok()) return d2h_error_;
   Status st = ready();
-  if (st.is_ok()) {
+  cudaEvent_t after = d2h_after_;
+  if (st.is_ok() && after_fence != 0 && after_fence <= fence_next_.load(std::memory_order_acquire)) {
+    after = fences_[after_fence % kFences];  // recorded at that point or, if re-recorded since, later
+  } else if (st.is_ok()) {
     std::lock_guard<std::mutex> lk(capture_mu_);  // never recorded into a graph being captured
     st = check(cudaEventRecord(d2h_after_, compute_), "record compute event");
   }
-  if (st.is_ok()) st = check(cudaStreamWaitEvent(d2h_, d2h_after_, 0), "d2h wait");
+  if (st.is_ok()) st = check(cudaStreamWaitEvent(d2h_, after, 0), "d2h wait");
   if (st.is_ok() && rows && width)
     st = check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToHost, d2h_),
                "cudaMemcpy2DAsync device->host");

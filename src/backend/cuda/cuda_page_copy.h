@@ -2,11 +2,17 @@
 // (src/kvstore/), on streams of their own so that neither a save nor a restore stalls the decode
 // stream, and ordered against it with events:
 //
-//   save (the store's writer thread):   compute --event--> d2h stream: cudaMemcpy2DAsync -> pinned
-//     The event is recorded on the compute stream when the writer queues the copy, so the copy runs
-//     after every kernel enqueued before it, in particular the steps that wrote the page (the decode
-//     thread enqueued them before it handed the page to the store). The compute stream never waits
-//     for the copy; the page stays retained by the store until wait_host_copies() has returned.
+//   save (the store's writer thread):   compute --fence--> d2h stream: cudaMemcpy2DAsync -> pinned
+//     The fence is an event the engine's thread records on the compute stream when it hands the
+//     page to the store (record_fence), right after enqueuing the step that completed the page, so
+//     the copy runs after the kernels that wrote it and not after work enqueued later: a long
+//     prefill enqueues its chunks far ahead of the GPU, and an event recorded by the writer at copy
+//     time would hold every copy until the whole prefill ran (measured on the H200: nothing written
+//     during a 16k-token prefill, the queue full, the rest dropped). Fences live in a ring of
+//     events; one re-recorded before its copy was queued only waits longer (a later point of the
+//     same stream), never less. Without a fence (0) the writer records the event itself, as before.
+//     The compute stream never waits for the copy; the page stays retained by the store until
+//     wait_host_copies() has returned.
 //   restore (the engine's thread):      compute --event--> h2d stream: cudaMemcpyAsync <- pinned
 //                                       h2d stream --event--> compute
 //     The first event keeps the copy behind kernels still reading the (reused) pool page; the second
@@ -15,12 +21,15 @@
 // A graph capture on the compute stream (relaxed mode) would take in an event recorded on it from
 // another thread, so the capture holds capture_mu() and the writer records its event under it.
 //
-// EXPERIMENTAL, UNVERIFIED: compiled, never run on a GPU yet. CudaBackend::supports_page_store()
-// returns true only with ANVIL_CUDA_PAGE_STORE=1; scripts/cuda_check.sh's store section tests it.
+// CudaBackend::supports_page_store() returns true only with ANVIL_CUDA_PAGE_STORE=1;
+// scripts/cuda_check.sh's store section runs its tests and benchmarks on the GPU machine.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 
 #include "base/status.h"
@@ -40,9 +49,12 @@ class PageCopier {
   Result<void*> alloc_host(size_t bytes);
   void free_host(void* p);
 
+  // Engine thread: a fence after everything enqueued on the compute stream so far (0 if none could
+  // be recorded: the copy then falls back to an event of its own).
+  uint64_t record_fence();
   // Writer thread.
   Status copy_2d_to_host_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
-                               size_t rows);
+                               size_t rows, uint64_t after_fence);
   Status wait_host_copies();
   // Engine thread.
   Status copy_to_device_async(void* dst, const void* src, size_t bytes);
@@ -59,6 +71,9 @@ class PageCopier {
   cudaStream_t d2h_ = nullptr, h2d_ = nullptr;
   cudaEvent_t d2h_after_ = nullptr;                            // compute -> d2h (writer thread)
   cudaEvent_t h2d_after_ = nullptr, compute_after_ = nullptr;  // compute -> h2d, h2d -> compute
+  static constexpr size_t kFences = 512;
+  std::array<cudaEvent_t, kFences> fences_{};
+  std::atomic<uint64_t> fence_next_{0};
   std::mutex capture_mu_;
   std::mutex init_mu_;
   bool ready_ = false;
