@@ -241,8 +241,10 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     if (last_chunk && last_logits)
       last_logits->assign(chunk_logits.end() - V, chunk_logits.end());
     s.n_kv += n;
+    // Every chunk: the store's writer copies a long prompt's pages while later chunks compute
+    // (handed over only at the end, a 16k-token prompt's 1,024 pages overflowed its queue).
+    publish_full_pages(s);
   }
-  publish_full_pages(s);
   return Status::ok();
 }
 
