@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${ANVIL:-build/anvil}
 MODEL=${1:-qwen3-0.6b:q4g64}
-DEVICE=${DEVICE:-cpu}   # cuda: the experimental CUDA store (needs ANVIL_CUDA_PAGE_STORE=1)
+DEVICE=${DEVICE:-cpu}   # cuda: the store on the GPU (the H200 figures in docs/benchmarks.md)
 PROMPT=${PROMPT:-4096}
 OUT=${OUT:-/tmp/anvil-bench-kv}
 mkdir -p "$OUT"

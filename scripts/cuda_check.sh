@@ -4,7 +4,7 @@
 #   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve]   (default all)
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
 # the same prefix after a restart.
-# store: the durable KV store's experimental CUDA path (ANVIL_CUDA_PAGE_STORE=1, issue 10): its GPU
+# store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
 # Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix).

@@ -57,13 +57,13 @@ Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
     return a;
   }
   if (!s.backend->supports_page_store()) {
-    // The store's device->host path exists for the CPU backend only (so far): a named session or
-    // an explicit --kv-store is refused; the default store is simply off, said once.
+    // A backend without the store's device->host path (or CUDA with ANVIL_CUDA_PAGE_STORE=0): a
+    // named session or an explicit --kv-store is refused; the default store is simply off, said once.
     if (!f.session.empty() || f.resume || !f.fork.empty() || !f.dir.empty())
-      return unsupported("the durable KV store does not run on " + s.backend->name() +
-                         " yet; use --device cpu for --kv-store/--session/--resume/--fork (on CUDA, "
-                         "ANVIL_CUDA_PAGE_STORE=1 enables the experimental, unverified path)");
-    std::fprintf(stderr, "[anvil] KV store: off (not supported on %s yet)\n", s.backend->name().c_str());
+      return unsupported("the durable KV store is off on " + s.backend->name() +
+                         "; use --device cpu for --kv-store/--session/--resume/--fork (on CUDA, unset "
+                         "ANVIL_CUDA_PAGE_STORE=0)");
+    std::fprintf(stderr, "[anvil] KV store: off (not supported on %s)\n", s.backend->name().c_str());
     return a;
   }
   ANVIL_ASSIGN_OR_RETURN(KVStoreOptions o, kv_store_options(f));

@@ -7,7 +7,7 @@
 //  - `anvil generate --device cuda` with a session resumed in a new process continues token for
 //    token like an uninterrupted CUDA run, and a prompt served from the store after a restart gives
 //    the same tokens as recomputing it.
-// The CUDA path is experimental: it is on only with ANVIL_CUDA_PAGE_STORE=1, which these tests set.
+// The CUDA path is on by default (ANVIL_CUDA_PAGE_STORE=0 turns it off); these tests set it to 1.
 // Without a usable GPU every test skips and says why.
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -85,11 +85,12 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
-  // The store's copies (cuda_page_copy.h) are experimental and unverified on a GPU: off unless
-  // ANVIL_CUDA_PAGE_STORE=1.
+  // The store's copies (cuda_page_copy.h), verified on the H200 (tests and benchmarks in
+  // docs/benchmarks.md); ANVIL_CUDA_PAGE_STORE=0 turns them off (the default store is then off on
+  // CUDA and an explicit --kv-store/--session is refused).
   bool supports_page_store() const override {
     const char* e = std::getenv("ANVIL_CUDA_PAGE_STORE");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }
   Result<void*> alloc_host_staging(size_t bytes) override { return copier_.alloc_host(bytes); }
   void free_host_staging(void* p) override { copier_.free_host(p); }
