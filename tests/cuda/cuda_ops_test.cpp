@@ -387,26 +387,29 @@ TEST_F(CudaOps, GraphReplayEqualsDirectAndFollowsNewInputs) {
 
 TEST_F(CudaOps, FreeingUploadedWeightsReturnsTheMemory) {
   HostWeight hw = make_weight(rng_, 4096, 4096, 4, 64, DType::kBF16, false);  // ~9 MB
-  // Freed memory does not all show as free at once: measured on the H200, free memory stays ~620 MB
-  // lower after 3 or after 200 upload/free rounds of this 9 MB weight (the driver keeps a bounded
-  // amount for reuse). A leak grows with the rounds: count only the second 200, after 100 first.
-  for (int i = 0; i < 100; ++i) {
-    auto dw = gpu_->upload_weight(hw.w);
-    ASSERT_TRUE(dw.is_ok());
-    gpu_->free_weight(*dw);
+  // cudaMemGetInfo counts every process on the GPU: on the H200, with ctest running other CUDA
+  // tests beside this one, free memory fell by 550-630 MB during these rounds whatever came first.
+  // A leak is in every attempt (200 rounds leak >= 64 MB if a round leaks 320 KB; nothing freed
+  // would be 1.8 GB); another process's allocation is not: one clean attempt of three passes. The
+  // CUDA tests also share a ctest resource lock (tests/CMakeLists.txt), so they run one at a time.
+  double grew[3] = {0, 0, 0};
+  bool clean = false;
+  for (int attempt = 0; attempt < 3 && !clean; ++attempt) {
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    size_t free0 = 0, free1 = 0, total = 0;
+    ASSERT_TRUE(cuda_memory_info(0, &free0, &total).is_ok());
+    for (int i = 0; i < 200; ++i) {
+      auto dw = gpu_->upload_weight(hw.w);
+      ASSERT_TRUE(dw.is_ok());
+      gpu_->free_weight(*dw);
+    }
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    ASSERT_TRUE(cuda_memory_info(0, &free1, &total).is_ok());
+    grew[attempt] = double(free0) - double(free1);
+    clean = grew[attempt] < 64.0 * (1 << 20);
   }
-  ASSERT_TRUE(gpu_->synchronize().is_ok());
-  size_t free0 = 0, total = 0;
-  ASSERT_TRUE(cuda_memory_info(0, &free0, &total).is_ok());
-  for (int i = 0; i < 200; ++i) {  // 1.8 GB if nothing were freed
-    auto dw = gpu_->upload_weight(hw.w);
-    ASSERT_TRUE(dw.is_ok());
-    gpu_->free_weight(*dw);
-  }
-  ASSERT_TRUE(gpu_->synchronize().is_ok());
-  size_t free1 = 0;
-  ASSERT_TRUE(cuda_memory_info(0, &free1, &total).is_ok());
-  EXPECT_LT(double(free0) - double(free1), 64.0 * (1 << 20)) << "device memory grew by " << (double(free0) - double(free1)) / 1e6 << " MB";
+  EXPECT_TRUE(clean) << "device memory grew by " << grew[0] / 1e6 << ", " << grew[1] / 1e6 << " and " << grew[2] / 1e6
+                     << " MB over three attempts of 200 upload/free rounds";
 }
 
 }  // namespace
