@@ -7,7 +7,8 @@
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
-# Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix).
+# Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
+# (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -170,6 +171,16 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 -n 8 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+  elif [ "$BENCH_SET" = batch ]; then
+    # Batched decode (the server's case): a 32-sequence step through the prefill GEMM (default) and
+    # as chunked 8-row mat-vecs (ANVIL_CUDA_GEMV_MAX_T=32, off until verified); the op test first.
+    ANVIL_CUDA_GEMV_MAX_T=32 ./build-gpu/tests/anvil_test_cuda --gtest_filter='*Chunked*' >> "$OUT/bench.log" 2>&1
+    echo "chunked op test rc=$?" >> "$OUT/bench.log"
+    for v in 8 32; do
+      echo "### ANVIL_CUDA_GEMV_MAX_T=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
+      ANVIL_CUDA_GEMV_MAX_T=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
+        --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
+    done
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile

@@ -141,6 +141,50 @@ TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
     }
 }
 
+// ANVIL_CUDA_GEMV_MAX_T=32 (off by default until this has passed on a GPU): batches of 9..32 rows
+// run as 8-row mat-vec launches instead of the prefill GEMM. Each chunk writes its own rows of every
+// output: a wrong offset shows as rows equal to another chunk's or left as the guard pattern.
+TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
+  setenv("ANVIL_CUDA_GEMV_MAX_T", "32", 1);
+  auto made = make_cuda_backend(0);
+  unsetenv("ANVIL_CUDA_GEMV_MAX_T");
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  Backend& g = **made;
+  const int64_t H = 256;
+  for (const Fmt& f : {Fmt{4, 64, DType::kBF16}, Fmt{8, 32, DType::kBF16}, Fmt{0, 0, DType::kBF16}})
+    for (int64_t T : {9, 16, 21, 32}) {
+      const std::string base = fmt_name(f.bits, f.group, f.dt) + " T=" + std::to_string(T) + " chunked";
+      HostWeight q = make_weight(rng_, 515, H, f.bits, f.group, f.dt, true);
+      HostWeight k = make_weight(rng_, 128, H, f.bits, f.group, f.dt, false);
+      auto dq = g.upload_weight(q.w), dk = g.upload_weight(k.w);
+      ASSERT_TRUE(dq.is_ok() && dk.is_ok());
+      const auto x = randn(size_t(T * H));
+      Guarded gx = dev_bf16(x), o1 = dev_out(size_t(T * 515) * 2);
+      g.linear(Act{gx.data(), T, H, DType::kBF16}, *dq, Act{o1.data(), T, 515, DType::kBF16});
+      ASSERT_TRUE(g.synchronize().is_ok());
+      expect_close(read(o1, DType::kBF16, "linear"), cpu_linear(x, T, q.w), kGemmBound, "linear " + base);
+      Guarded oq = dev_out(size_t(T * 515) * 2), ok = dev_out(size_t(T * 128) * 2);
+      const WeightMatrix* ws[2] = {&*dq, &*dk};
+      const Act outs[2] = {Act{oq.data(), T, 515, DType::kBF16}, Act{ok.data(), T, 128, DType::kBF16}};
+      g.linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+      ASSERT_TRUE(g.synchronize().is_ok());
+      expect_close(read(oq, DType::kBF16, "q"), cpu_linear(x, T, q.w), kGemmBound, "linear_multi q " + base);
+      expect_close(read(ok, DType::kBF16, "k"), cpu_linear(x, T, k.w), kGemmBound, "linear_multi k " + base);
+      HostWeight gw = make_weight(rng_, 300, H, f.bits, f.group, f.dt, false);
+      HostWeight uw = make_weight(rng_, 300, H, f.bits, f.group, f.dt, false);
+      auto dg = g.upload_weight(gw.w), du = g.upload_weight(uw.w);
+      ASSERT_TRUE(dg.is_ok() && du.is_ok());
+      std::vector<float> ref(size_t(T * 300));
+      std::vector<float> xin = x;
+      cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, gw.w, uw.w, Act{ref.data(), T, 300, DType::kF32});
+      Guarded os = dev_out(size_t(T * 300) * 2);
+      g.linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, 300, DType::kBF16});
+      ASSERT_TRUE(g.synchronize().is_ok());
+      expect_close(read(os, DType::kBF16, "swiglu"), ref, kGemmBound * 1.5, "linear_swiglu " + base);
+      for (auto* w : {&*dq, &*dk, &*dg, &*du}) g.free_weight(*w);
+    }
+}
+
 TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
   for (int64_t rows : {1, 5, 64})
     for (int64_t cols : {64, 1000, 4096}) {

@@ -69,6 +69,13 @@ class CudaBackend final : public Backend {
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuda: cublasCreate failed");
     const char* e = std::getenv("ANVIL_CUDA_NO_CUBLAS");
     use_cublas_ = !(e && *e && *e != '0');
+    // Batches of 9..63 rows (batched decode: the server) go to the prefill GEMM, which re-dequantizes
+    // every weight tile per step: a 32-sequence qwen3-8b q4g64 step took 68.6 ms on the H200 against
+    // 3.56 ms at batch 1. ANVIL_CUDA_GEMV_MAX_T=N (up to 63) runs such batches as mat-vecs of 8 rows
+    // at a time instead (weights read N/8 times, no dequantized copy). UNVERIFIED on a GPU yet, so
+    // off by default; scripts/cuda_check.sh runs the op tests and the batch-32 benchmark with it.
+    if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
+      gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
   }
   ~CudaBackend() override {
@@ -290,7 +297,7 @@ class CudaBackend final : public Backend {
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
       return;
-    bool fusable = x.rows <= cuda::kGemvMaxTokens;
+    bool fusable = x.rows <= gemv_max_t_;
     for (size_t i = 0; i < ws.size(); ++i) {
       if (!check_linear(x, *ws[i], outs[i], "linear_multi")) return;
       fusable &= cuda::gemv_fusable(dev(*ws[0]), dev(*ws[i])) && outs[i].dtype == DType::kBF16;
@@ -301,16 +308,27 @@ class CudaBackend final : public Backend {
       return;
     }
     DevMatrix d[3];
-    void* o[3];
-    for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]), o[i] = outs[i].data;
-    launched(cuda::gemv(d, o, int(ws.size()), x.data, int(x.rows), false, st_), "linear_multi");
+    for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]);
+    for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kGemvMaxTokens) {  // one launch for T <= 8
+      const int n = int(std::min<int64_t>(cuda::kGemvMaxTokens, x.rows - t0));
+      void* o[3];
+      for (size_t i = 0; i < ws.size(); ++i) o[i] = static_cast<uint8_t*>(outs[i].data) + size_t(t0 * outs[i].cols) * 2;
+      launched(cuda::gemv(d, o, int(ws.size()), static_cast<const uint8_t*>(x.data) + size_t(t0 * x.cols) * 2, n, false,
+                          st_),
+               "linear_multi");
+    }
   }
   void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
     if (!check_linear(x, gate, out, "linear_swiglu") || !check_linear(x, up, out, "linear_swiglu")) return;
     if (!bf16(out, "linear_swiglu", "out")) return;
     Prof pr(this, "mlp_gate_up");
-    if (x.rows <= cuda::kGemvMaxTokens && cuda::gemv_fusable(dev(gate), dev(up))) {
-      launched(cuda::gemv_swiglu(dev(gate), dev(up), x.data, int(x.rows), out.data, st_), "linear_swiglu");
+    if (x.rows <= gemv_max_t_ && cuda::gemv_fusable(dev(gate), dev(up))) {
+      for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kGemvMaxTokens) {  // one launch for T <= 8
+        const int n = int(std::min<int64_t>(cuda::kGemvMaxTokens, x.rows - t0));
+        launched(cuda::gemv_swiglu(dev(gate), dev(up), static_cast<const uint8_t*>(x.data) + size_t(t0 * x.cols) * 2, n,
+                                   static_cast<uint8_t*>(out.data) + size_t(t0 * out.cols) * 2, st_),
+                 "linear_swiglu");
+      }
       return;
     }
     const size_t bytes = size_t(out.rows * out.cols) * 2;
@@ -572,7 +590,7 @@ class CudaBackend final : public Backend {
         launched(cuda::gemm_cublas(cublas_, wdeq_, d, x.data, int(x.rows), out.data, f32, st_), "linear (cuBLAS)");
       return;
     }
-    if (x.rows > cuda::kGemvMaxTokens && w.cols % 32 == 0) {
+    if (x.rows > gemv_max_t_ && w.cols % 32 == 0) {
       launched(cuda::gemm(d, x.data, int(x.rows), out.data, f32, st_), "linear (gemm)");
       return;
     }
@@ -633,6 +651,7 @@ class CudaBackend final : public Backend {
   size_t wdeq_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
   bool use_cublas_ = true;
+  int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;
