@@ -35,6 +35,10 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, Sch
   step_tokens_ = engine_.model().max_tokens();
   if (opts_.step_tokens > 0) step_tokens_ = std::min(step_tokens_, opts_.step_tokens);
   pages_total_ = engine_.pool().n_pages();
+  // Sampling (and the log-probabilities' normalizer) is host work per row; with many streams it is
+  // spread over a few threads that sleep between steps (no spinning: the engine's own CPU threads
+  // are idle while this runs, and a CUDA step waits for it).
+  sample_pool_ = std::make_unique<ThreadPool>(std::max(1, std::min(8, ThreadPool::default_threads())), 0);
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -353,19 +357,24 @@ bool Scheduler::run_step() {
     return false;
   }
   const size_t V = size_t(engine_.model().config().vocab_size);
-  size_t row = 0;
-  for (size_t i = 0; i < run.size(); ++i) {
-    if (!run[i].want_logits) continue;
-    on_logits(*run_owner[i], logits_.data() + row * V);
-    ++row;
-  }
+  std::vector<Active*> rows;
+  for (size_t i = 0; i < run.size(); ++i)
+    if (run[i].want_logits) rows.push_back(run_owner[i]);
+  std::vector<Sampled> sampled(rows.size());
+  // Each row reads its logits and its own Active (sampler, counts, scratch) and the engine's token
+  // list of its sequence, which nothing changes until on_token below: rows are independent.
+  sample_pool_->parallel_for(int64_t(rows.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) sampled[size_t(r)] = sample_row(*rows[size_t(r)], logits_.data() + size_t(r) * V);
+  });
+  for (size_t r = 0; r < rows.size(); ++r) on_token(*rows[r], std::move(sampled[r]));
   return true;
 }
 
-void Scheduler::on_logits(Active& a, float* logits) {
+Scheduler::Sampled Scheduler::sample_row(Active& a, float* logits) {
   const GenerationParams& p = a.job->params;
   const int V = engine_.model().config().vocab_size;
-  TokenInfo info;
+  Sampled out;
+  TokenInfo& info = out.info;
   // Log-probabilities are of the raw model distribution (what OpenAI and vLLM report), so take
   // the top alternatives and the normalizer before any processor touches the logits.
   double lse = 0;
@@ -389,6 +398,16 @@ void Scheduler::on_logits(Active& a, float* logits) {
   if (p.presence_penalty != 0 || p.frequency_penalty != 0)
     for (auto& [id, c] : a.counts) logits[id] -= p.presence_penalty + p.frequency_penalty * float(c);
   const int32_t id = a.sampler->sample(logits, V, engine_.seq_tokens(a.seq));
+  out.id = id;
+  info.id = id;
+  if (id >= 0 && p.top_logprobs >= 0) info.logprob = float(a.scratch[size_t(id)] - lse);
+  return out;
+}
+
+void Scheduler::on_token(Active& a, Sampled s) {
+  const GenerationParams& p = a.job->params;
+  const int32_t id = s.id;
+  TokenInfo& info = s.info;
   if (id < 0) {
     fail(a, invalid_argument("sampling: every token was filtered out (check top_k / top_p / min_p)"));
     return;
@@ -413,8 +432,6 @@ void Scheduler::on_logits(Active& a, float* logits) {
     return;
   }
   ++a.counts[id];
-  info.id = id;
-  if (p.top_logprobs >= 0) info.logprob = float(a.scratch[size_t(id)] - lse);
   std::string text = a.stop->push(a.dec->push(id));
   JobEvent e{JobEvent::kDelta, std::move(text), {}, {}, {}};
   e.tokens.push_back(std::move(info));

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "kvstore/kvstore.h"
 #include "runtime/engine.h"
 #include "server/job.h"
@@ -82,7 +83,14 @@ class Scheduler {
   void fail(Active& a, const Status& st);
   void release(Active& a);
   void preempt(Active& a);
-  void on_logits(Active& a, float* row);
+  // One sampled row: what sample_row computes from the logits (in parallel over the step's rows,
+  // each row touching only its own Active), then on_token applies it (serially, in row order).
+  struct Sampled {
+    int32_t id = -1;
+    TokenInfo info;  // id, logprob and top alternatives when asked for
+  };
+  Sampled sample_row(Active& a, float* row);
+  void on_token(Active& a, Sampled s);
   void emit(Job& job, JobEvent e);
   void close_session(Active& a);
   void run_calls();
@@ -106,6 +114,7 @@ class Scheduler {
   std::atomic<int64_t> pages_used_{0}, prefix_pages_{0};
 
   // Scheduler thread only.
+  std::unique_ptr<ThreadPool> sample_pool_;  // sample_row over a step's rows (a row of a 152k vocabulary: ~1 ms)
   std::vector<std::unique_ptr<Active>> active_;
   int64_t admit_counter_ = 0;
   int64_t step_no_ = 0;
