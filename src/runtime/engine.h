@@ -94,6 +94,12 @@ class Engine {
   // One forward over every item (distinct sequences, sum of n_tokens <= the model's max tokens,
   // at most max_seqs items). logits: [items wanting logits, vocab], in item order.
   Status step(std::span<const StepItem> items, std::vector<float>* logits);
+  // The same step sampling on the backend (engine_sample.cpp): (*next)[r] is the token the r-th item
+  // wanting logits samples with params[r] and random[r], never one of `suppress` (-1: none
+  // possible); exactly the token the host Sampler picks from step()'s logits row r with the
+  // sequence's tokens as history. Only the ids come back.
+  Status step_sample(std::span<const StepItem> items, std::span<const SamplingParams> params,
+                     std::span<const uint64_t> random, std::span<const int32_t> suppress, std::vector<int32_t>* next);
 
  private:
   struct Seq {
@@ -151,6 +157,13 @@ class Engine {
     std::vector<int32_t> host_updates, host_offsets, zeros;
   } samp_;
   Status sample_state_init();
+  Status sample_upload(std::span<const int> seqs, std::span<const int32_t> extra, std::span<const SamplingParams> params,
+                       std::span<const uint64_t> random, SampleArgs* out);
+  void sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params);
+  // step()/step_sample(): checks the items, takes their pages and runs one forward (logits, or
+  // sampled ids with `greedy`), then advances the sequences.
+  Status step_impl(std::span<const StepItem> items, std::vector<float>* logits, const Greedy* greedy,
+                   std::vector<int>* sample_seqs);
   void sample_state_free();
 };
 

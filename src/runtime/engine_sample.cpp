@@ -54,6 +54,21 @@ Status Engine::decode_sample(std::span<const int> seqs, std::span<const int32_t>
   for (int sq : seqs)
     if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live)
       return invalid_argument("decode: no such sequence: " + std::to_string(sq));
+  SampleArgs args;
+  ANVIL_RETURN_IF_ERROR(sample_upload(seqs, tokens, params, random, &args));
+  next->resize(seqs.size());
+  Greedy g{suppress, next->data(), &args};
+  ANVIL_RETURN_IF_ERROR(decode_impl(seqs, tokens, nullptr, &g));
+  sample_committed(seqs, params);
+  return Status::ok();
+}
+
+// The rows' parameters and count updates, uploaded. Row i samples for sequence seqs[i], whose
+// history after this step is its tokens plus extra[i] (decode: the token the step appends) or just
+// its tokens (extra empty: step(), whose tokens are already appended).
+Status Engine::sample_upload(std::span<const int> seqs, std::span<const int32_t> extra,
+                             std::span<const SamplingParams> params, std::span<const uint64_t> random,
+                             SampleArgs* out) {
   ANVIL_RETURN_IF_ERROR(sample_state_init());
   Backend& be = model_.backend();
   const int64_t V = model_.config().vocab_size;
@@ -68,9 +83,9 @@ Status Engine::decode_sample(std::span<const int> seqs, std::span<const int32_t>
     if (p.repetition_penalty != 1.0f) {
       Seq& s = seqs_[seqs[i]];
       rp.count_row = seqs[i];
-      // The history after this step: the sequence's tokens and tokens[i].
-      const int h = int(s.tokens.size()) + 1, W = p.repetition_window;
-      auto tok = [&](int j) { return j < int(s.tokens.size()) ? s.tokens[size_t(j)] : tokens[i]; };
+      // The history after this step: the sequence's tokens (and extra[i]).
+      const int h = int(s.tokens.size()) + (extra.empty() ? 0 : 1), W = p.repetition_window;
+      auto tok = [&](int j) { return j < int(s.tokens.size()) ? s.tokens[size_t(j)] : extra[i]; };
       auto lo = [W](int n) { return W > 0 ? std::max(0, n - W) : 0; };
       if (s.sample_counted < 0 || s.sample_window != W || s.sample_counted > h) {
         be.copy_to_device(samp_.counts + size_t(seqs[i]) * V, samp_.zeros.data(), size_t(V) * 4);
@@ -89,22 +104,22 @@ Status Engine::decode_sample(std::span<const int> seqs, std::span<const int32_t>
   be.copy_to_device(samp_.offsets, samp_.host_offsets.data(), samp_.host_offsets.size() * 4);
   if (!samp_.host_updates.empty())
     be.copy_to_device(samp_.updates, samp_.host_updates.data(), samp_.host_updates.size() * 4);
-  SampleArgs args;
-  args.params = samp_.params;
-  args.counts = samp_.counts;
-  args.updates = samp_.updates;
-  args.update_offsets = samp_.offsets;
-  args.scratch = samp_.scratch;
-  next->resize(R);
-  Greedy g{suppress, next->data(), &args};
-  ANVIL_RETURN_IF_ERROR(decode_impl(seqs, tokens, nullptr, &g));
-  for (size_t i = 0; i < R; ++i)
+  out->params = samp_.params;
+  out->counts = samp_.counts;
+  out->updates = samp_.updates;
+  out->update_offsets = samp_.offsets;
+  out->scratch = samp_.scratch;
+  return Status::ok();
+}
+
+// After a successful step: the device counts of these sequences now cover all their tokens.
+void Engine::sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params) {
+  for (size_t i = 0; i < seqs.size(); ++i)
     if (params[i].repetition_penalty != 1.0f) {
       Seq& s = seqs_[seqs[i]];
-      s.sample_counted = int(s.tokens.size());  // decode_impl appended tokens[i]
+      s.sample_counted = int(s.tokens.size());  // the step's tokens are appended by now
       s.sample_window = params[i].repetition_window;
     }
-  return Status::ok();
 }
 
 }  // namespace anvil

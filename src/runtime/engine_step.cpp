@@ -23,6 +23,11 @@ Status Engine::seq_append(int seq, std::span<const int32_t> tokens) {
 }
 
 Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits) {
+  return step_impl(items, logits, nullptr, nullptr);
+}
+
+Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* logits, const Greedy* greedy,
+                         std::vector<int>* sample_seqs) {
   if (items.empty()) return invalid_argument("step: no items");
   if (int(items.size()) > opts_.max_seqs)
     return invalid_argument("step: " + std::to_string(items.size()) + " sequences, the engine allows " +
@@ -43,6 +48,12 @@ Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits)
   if (total > model_.max_tokens())
     return invalid_argument("step: " + std::to_string(total) + " tokens exceed the forward's limit of " +
                             std::to_string(model_.max_tokens()));
+  if (sample_seqs) {  // step_sample's first pass: the items that sample, in order; nothing taken yet
+    sample_seqs->clear();
+    for (const StepItem& it : items)
+      if (it.want_logits) sample_seqs->push_back(it.seq);
+    return Status::ok();
+  }
   if (store_) store_->reap(*pool_, false);  // pages the store's writer has copied come back
   for (const StepItem& it : items) ANVIL_RETURN_IF_ERROR(ensure_pages(seqs_[it.seq], seqs_[it.seq].n_kv + it.n_tokens));
 
@@ -60,13 +71,33 @@ Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits)
     }
     if (items[i].want_logits) rows.push_back(int(ids.size()) - 1);
   }
-  logits->resize(rows.size() * size_t(V));
-  ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, logits->data()));
+  if (rows.empty() && greedy) return invalid_argument("step_sample: no item wants a token");
+  if (!greedy) logits->resize(rows.size() * size_t(V));
+  ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, greedy ? nullptr : logits->data(), greedy));
   for (const StepItem& it : items) {
     Seq& s = seqs_[it.seq];
     s.n_kv += it.n_tokens;
     publish_full_pages(s);
   }
+  return Status::ok();
+}
+
+Status Engine::step_sample(std::span<const StepItem> items, std::span<const SamplingParams> params,
+                           std::span<const uint64_t> random, std::span<const int32_t> suppress,
+                           std::vector<int32_t>* next) {
+  std::vector<int> seqs;
+  // First pass: validation and the sequences that sample (no pages taken, no forward).
+  ANVIL_RETURN_IF_ERROR(step_impl(items, nullptr, nullptr, &seqs));
+  if (params.size() != seqs.size() || random.size() != seqs.size())
+    return invalid_argument("step_sample: one parameter set and one random number per item that wants a token");
+  if (seqs.empty()) return invalid_argument("step_sample: no item wants a token");
+  for (const SamplingParams& p : params) ANVIL_RETURN_IF_ERROR(validate(p));
+  SampleArgs args;
+  ANVIL_RETURN_IF_ERROR(sample_upload(seqs, {}, params, random, &args));
+  next->resize(seqs.size());
+  Greedy g{suppress, next->data(), &args};
+  ANVIL_RETURN_IF_ERROR(step_impl(items, nullptr, &g, nullptr));
+  sample_committed(seqs, params);
   return Status::ok();
 }
 

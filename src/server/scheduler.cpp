@@ -7,6 +7,7 @@
 #include <random>
 #include <unordered_map>
 
+#include "runtime/generate.h"
 #include "tokenizer/stop_strings.h"
 #include "tokenizer/stream_decoder.h"
 
@@ -351,6 +352,7 @@ bool Scheduler::run_step() {
       }
     }
   if (run.empty()) return true;
+  if (const int dev = sample_on_device(run, run_owner); dev != 0) return dev > 0;
   Status st = engine_.step(run, &logits_);
   if (!st.is_ok()) {
     for (Active* a : run_owner) fail(*a, st.with_context("forward pass"));
@@ -368,6 +370,45 @@ bool Scheduler::run_step() {
   });
   for (size_t r = 0; r < rows.size(); ++r) on_token(*rows[r], std::move(sampled[r]));
   return true;
+}
+
+// The whole step sampled on the backend (Engine::step_sample): where the backend samples on the
+// device by default (CUDA; device_sampler_enabled), and no row needs the full logits on the host
+// (log-probabilities, presence/frequency penalties) and every row suppresses the same tokens. Only
+// the sampled ids come back; each row draws the next number of its Sampler's stream, so the tokens
+// are the ones the host path would sample. Returns 0 (nothing done) where it does not apply, 1 when
+// the step ran, -1 when it failed (every owner failed with the error).
+int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner) {
+  if (!device_sampler_enabled(engine_.model().backend())) return 0;
+  std::vector<Active*> rows;
+  std::vector<SamplingParams> params;
+  std::vector<uint64_t> random;
+  int ignore_eos = -1;
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (!run[i].want_logits) continue;
+    const GenerationParams& p = owner[i]->job->params;
+    if (p.top_logprobs >= 0 || p.presence_penalty != 0 || p.frequency_penalty != 0) return 0;
+    if (ignore_eos >= 0 && ignore_eos != int(p.ignore_eos)) return 0;
+    ignore_eos = int(p.ignore_eos);
+    rows.push_back(owner[i]);
+    params.push_back(p.sampling);
+  }
+  if (rows.empty()) return 0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    random.push_back(params[r].temperature > 0 ? rows[r]->sampler->next_random53() : 0);
+  const std::vector<int32_t> none;
+  Status st = engine_.step_sample(run, params, random, ignore_eos == 1 ? opts_.eos_ids : none, &sampled_ids_);
+  if (!st.is_ok()) {
+    for (Active* a : owner) fail(*a, st.with_context("forward pass"));
+    return -1;
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    Sampled s;
+    s.id = sampled_ids_[r];
+    s.info.id = s.id;
+    on_token(*rows[r], std::move(s));
+  }
+  return 1;
 }
 
 Scheduler::Sampled Scheduler::sample_row(Active& a, float* logits) {

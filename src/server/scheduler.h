@@ -90,6 +90,7 @@ class Scheduler {
     TokenInfo info;  // id, logprob and top alternatives when asked for
   };
   Sampled sample_row(Active& a, float* row);
+  int sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner);
   void on_token(Active& a, Sampled s);
   void emit(Job& job, JobEvent e);
   void close_session(Active& a);
@@ -114,7 +115,8 @@ class Scheduler {
   std::atomic<int64_t> pages_used_{0}, prefix_pages_{0};
 
   // Scheduler thread only.
-  std::unique_ptr<ThreadPool> sample_pool_;  // sample_row over a step's rows (a row of a 152k vocabulary: ~1 ms)
+  std::unique_ptr<ThreadPool> sample_pool_;
+  std::vector<int32_t> sampled_ids_;  // sample_on_device's ids  // sample_row over a step's rows (a row of a 152k vocabulary: ~1 ms)
   std::vector<std::unique_ptr<Active>> active_;
   int64_t admit_counter_ = 0;
   int64_t step_no_ = 0;

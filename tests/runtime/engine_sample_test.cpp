@@ -80,6 +80,83 @@ TEST(EngineSample, DecodeSampleEqualsHostSampler) {
   run_both(*h.engine, *d.engine, prompts2, {ps[3], ps[2], ps[1], ps[0]}, 12, {7, 11});
 }
 
+// Engine::step_sample (continuous batching, the server's path) against step() + host Samplers: steps
+// that mix a prompt chunk that wants no token, prompts finishing, and decode tokens; sequences
+// joining late and leaving early, so the count rows and their windows change between steps.
+TEST(EngineSample, StepSampleEqualsHostSamplerOverMixedSteps) {
+  FixtureOptions o;
+  auto h = make_engine(o), d = make_engine(o);
+  ASSERT_TRUE(h.engine && d.engine);
+  const int V = h.vocab();
+  const auto ps = configs();
+  const std::vector<int32_t> suppress = {5};
+  struct Side {
+    Engine* e;
+    std::vector<int> seq;
+    std::vector<Sampler> s;
+  } host{h.engine.get(), {}, {}}, dev{d.engine.get(), {}, {}};
+  for (Side* side : {&host, &dev})
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto q = side->e->seq_create();
+      ASSERT_TRUE(q.is_ok());
+      side->seq.push_back(*q);
+      side->s.emplace_back(ps[i]);
+      side->s.back().set_suppressed(suppress);
+    }
+  // Sequence i joins at step i (its prompt of 4 + 3i tokens; sequence 3's in two chunks), and
+  // sequence 1 leaves after step 9.
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < ps.size(); ++i) prompts.push_back(random_ids(4 + 3 * int(i), 300 + i, V));
+  int compared = 0;
+  for (int step = 0; step < 24; ++step) {
+    std::vector<Engine::StepItem> items;
+    std::vector<size_t> who;  // the sequence index of each item that wants a token
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (step < int(i) || (i == 1 && step > 9)) continue;
+      if (step == int(i)) {
+        ASSERT_TRUE(host.e->seq_append(host.seq[i], prompts[i]).is_ok());
+        ASSERT_TRUE(dev.e->seq_append(dev.seq[i], prompts[i]).is_ok());
+      }
+      const int pending = host.e->seq_pending(host.seq[i]);
+      ASSERT_EQ(pending, dev.e->seq_pending(dev.seq[i]));
+      const int n = (i == 3 && step == 3) ? pending - 4 : pending;  // a chunk that does not finish the prompt
+      items.push_back({int(i), n, n == pending});
+      if (n == pending) who.push_back(i);
+    }
+    if (who.empty()) continue;
+    auto with_seqs = [&](const Side& side) {
+      std::vector<Engine::StepItem> v = items;
+      for (auto& it : v) it.seq = side.seq[size_t(it.seq)];
+      return v;
+    };
+    std::vector<float> logits;
+    ASSERT_TRUE(host.e->step(with_seqs(host), &logits).is_ok());
+    std::vector<SamplingParams> rp;
+    std::vector<uint64_t> u;
+    for (size_t i : who) {
+      rp.push_back(ps[i]);
+      u.push_back(ps[i].temperature > 0 ? dev.s[i].next_random53() : 0);
+    }
+    std::vector<int32_t> next;
+    Status st = dev.e->step_sample(with_seqs(dev), rp, u, suppress, &next);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    ASSERT_EQ(next.size(), who.size());
+    for (size_t r = 0; r < who.size(); ++r) {
+      const size_t i = who[r];
+      const int32_t want = host.s[i].sample(logits.data() + r * size_t(V), V, host.e->seq_tokens(host.seq[i]));
+      ASSERT_EQ(next[r], want) << "sequence " << i << " step " << step;
+      ASSERT_NE(next[r], 5) << "a suppressed token";
+      ASSERT_TRUE(host.e->seq_append(host.seq[i], std::span<const int32_t>(&want, 1)).is_ok());
+      ASSERT_TRUE(dev.e->seq_append(dev.seq[i], std::span<const int32_t>(&want, 1)).is_ok());
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 60);
+  std::vector<int32_t> next;
+  EXPECT_FALSE(dev.e->step_sample(std::vector<Engine::StepItem>{{dev.seq[0], 1, true}}, {}, {}, {}, &next).is_ok())
+      << "one parameter set per sampling item";
+}
+
 // generate() with ANVIL_CUDA_DEVICE_SAMPLER=1 takes the device path and gives the host path's tokens.
 TEST(EngineSample, GenerateWithTheSwitchEqualsHostPath) {
   FixtureOptions o;

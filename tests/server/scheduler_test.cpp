@@ -194,6 +194,50 @@ TEST(Scheduler, ConcurrentGreedyRequestsMatchAlone) {
   EXPECT_EQ(m.generation_tokens.load(), uint64_t(kJobs * 12));
 }
 
+// The device sampler in the scheduler (Engine::step_sample; by default on CUDA, forced here on the
+// CPU backend's reference op): concurrent seeded requests with different sampling settings, prompts
+// prefilled in chunks beside running streams, give exactly the tokens of the host path; a request
+// asking for logprobs (full logits on the host) sends its steps down the host path, same tokens.
+TEST(Scheduler, DeviceSamplerGivesTheHostPathsTokens) {
+  std::vector<GenerationParams> params;
+  for (int i = 0; i < 6; ++i) {
+    GenerationParams p = greedy(random_ids(9 + 13 * i, 700 + i), 14);
+    p.sampling.temperature = i == 0 ? 0.0f : 0.7f + 0.1f * float(i);
+    p.sampling.top_k = i % 2 ? 50 : 0;
+    p.sampling.top_p = i == 3 ? 0.9f : 1.0f;
+    p.sampling.repetition_penalty = i >= 4 ? 1.25f : 1.0f;
+    p.sampling.seed = uint64_t(40 + i);
+    params.push_back(p);
+  }
+  auto run = [&](const char* device_sampler, bool with_logprobs) {
+    setenv("ANVIL_CUDA_DEVICE_SAMPLER", device_sampler, 1);
+    Stack s = make_stack(32, 8);
+    Metrics m;
+    Scheduler sch(*s.engine, *s.tok, m, sched_opts(24));
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (size_t i = 0; i < params.size(); ++i) {
+      GenerationParams p = params[i];
+      if (with_logprobs && i == 2) p.top_logprobs = 0;
+      jobs.push_back(std::make_shared<Job>(p));
+      EXPECT_TRUE(sch.submit(jobs.back()).is_ok());
+    }
+    sch.start();
+    std::vector<std::vector<int32_t>> ids;
+    for (auto& j : jobs) {
+      Outcome o = collect(*j);
+      EXPECT_EQ(o.finish, "length") << o.error.message();
+      ids.push_back(o.ids);
+    }
+    sch.stop();
+    unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
+    return ids;
+  };
+  const auto host = run("0", false);
+  for (auto& v : host) ASSERT_EQ(v.size(), 14u);
+  EXPECT_EQ(run("1", false), host) << "device sampler";
+  EXPECT_EQ(run("1", true), host) << "device sampler with one request asking for logprobs";
+}
+
 // With a 16-token step budget, a 300-token prompt is prefilled over ~20 steps while a running
 // stream keeps getting one token per step: the short request finishes before the long one's
 // first token. (Prefilling the whole prompt in one step would give the long one its first token
