@@ -191,6 +191,11 @@ TEST_F(CudaMoE, MatchesCpuOverExpertsTopKFormatsAndBatch) {
       {60, 4, 256, 128, 4, 64, bf, 8, 256, 4, false},      // qwen2_moe: shared expert fused at decode
       {60, 4, 256, 128, 4, 64, bf, 8, 192, 0, false},      // shared expert in bf16: through the dense ops
       {128, 8, 2048, 768, 4, 64, bf, 8, 0, 0, true},       // one qwen3-30b-a3b layer
+      // The other MLX widths (mlx-community also ships 2/3/5/6-bit MoE models); a 3-bit router too.
+      {8, 2, 256, 128, 3, 64, bf, 3, 0, 0, true},
+      {8, 2, 256, 128, 6, 32, bf, 8, 0, 0, true},
+      {8, 2, 256, 128, 5, 64, bf, 8, 256, 5, false},       // with a fused 5-bit shared expert
+      {8, 2, 256, 128, 2, 64, bf, 8, 0, 0, true},
   };
   for (const MoECase& c : cases) {
     MoELayer& l = make_layer(c);
@@ -291,14 +296,19 @@ TEST_F(CudaMoE, AtMostFourKernelsPerBlockAtDecode) {
 }
 
 TEST_F(CudaMoE, UnsupportedWeightsAreRefusedByName) {
-  // 3-bit experts (the MoE kernels take 4/8-bit and dense): a clear error from synchronize(), not garbage.
-  MoELayer& l = make_layer({8, 2, 256, 128, 3, 64, DType::kBF16, 8, 0, 0, true});
+  // Experts with a bias (no MoE architecture has one): a clear error from synchronize(), not garbage.
+  MoELayer& l = make_layer({8, 2, 256, 128, 4, 64, DType::kBF16, 8, 0, 0, true});
+  MoEWeights w = l.dev;
+  WeightMatrix g0 = w.gate[0];
+  g0.bias = g0.data;  // any non-null pointer: refused before anything reads it
+  g0.bias_dtype = DType::kBF16;
+  w.gate[0] = g0;
   const auto x = randn(256);
   Guarded gx = dev_bf16(x), go = dev_out(256 * 2);
-  gpu_->moe_ffn(Act{gx.data(), 1, 256, DType::kBF16}, l.dev, Act{go.data(), 1, 256, DType::kBF16});
+  gpu_->moe_ffn(Act{gx.data(), 1, 256, DType::kBF16}, w, Act{go.data(), 1, 256, DType::kBF16});
   const Status st = gpu_->synchronize();
   ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("3-bit"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("bias"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("expert 0 gate"), std::string::npos) << st.message();
 }
 

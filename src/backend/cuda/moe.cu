@@ -421,7 +421,11 @@ cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), unsigned((a.T + kRouteTok - 1) / kRouteTok));
   const dim3 block(kWarps * 32);
   switch (moe_fmt(a.router.bits, a.router.dtype)) {
+    case 2: launch_k(route_kernel<2>, grid, block, 0, s, a); break;
+    case 3: launch_k(route_kernel<3>, grid, block, 0, s, a); break;
     case 4: launch_k(route_kernel<4>, grid, block, 0, s, a); break;
+    case 5: launch_k(route_kernel<5>, grid, block, 0, s, a); break;
+    case 6: launch_k(route_kernel<6>, grid, block, 0, s, a); break;
     case 8: launch_k(route_kernel<8>, grid, block, 0, s, a); break;
     case 16: launch_k(route_kernel<16>, grid, block, 0, s, a); break;
     case 17: launch_k(route_kernel<17>, grid, block, 0, s, a); break;
@@ -436,7 +440,11 @@ cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {
   if (warps == 0) return cudaSuccess;
   const dim3 grid(blocks_for(warps)), block(kWarps * 32);
   switch (a.gate.fmt) {
+    case 2: launch_k(gate_up_kernel<2>, grid, block, 0, s, a); break;
+    case 3: launch_k(gate_up_kernel<3>, grid, block, 0, s, a); break;
     case 4: launch_k(gate_up_kernel<4>, grid, block, 0, s, a); break;
+    case 5: launch_k(gate_up_kernel<5>, grid, block, 0, s, a); break;
+    case 6: launch_k(gate_up_kernel<6>, grid, block, 0, s, a); break;
     case 8: launch_k(gate_up_kernel<8>, grid, block, 0, s, a); break;
     case 16: launch_k(gate_up_kernel<16>, grid, block, 0, s, a); break;
     case 17: launch_k(gate_up_kernel<17>, grid, block, 0, s, a); break;
@@ -449,7 +457,11 @@ cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {
 cudaError_t moe_down(const MoEDownArgs& a, cudaStream_t s) {
   const dim3 grid(blocks_for(int64_t(a.T) * a.down.rows)), block(kWarps * 32);
   switch (a.down.fmt) {
+    case 2: launch_k(down_kernel<2>, grid, block, 0, s, a); break;
+    case 3: launch_k(down_kernel<3>, grid, block, 0, s, a); break;
     case 4: launch_k(down_kernel<4>, grid, block, 0, s, a); break;
+    case 5: launch_k(down_kernel<5>, grid, block, 0, s, a); break;
+    case 6: launch_k(down_kernel<6>, grid, block, 0, s, a); break;
     case 8: launch_k(down_kernel<8>, grid, block, 0, s, a); break;
     case 16: launch_k(down_kernel<16>, grid, block, 0, s, a); break;
     case 17: launch_k(down_kernel<17>, grid, block, 0, s, a); break;
@@ -471,7 +483,11 @@ cudaError_t grouped(const MoEGroupedArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned((a.w.rows + BN - 1) / BN), unsigned(moe_max_tiles(a.A, a.E))), block(128);
   // Dense weights of any dtype go through BITS 0 (converted element by element).
   switch (a.w.fmt) {
+    case 2: launch_k(grouped_kernel<2, SWIGLU>, grid, block, 0, s, a); break;
+    case 3: launch_k(grouped_kernel<3, SWIGLU>, grid, block, 0, s, a); break;
     case 4: launch_k(grouped_kernel<4, SWIGLU>, grid, block, 0, s, a); break;
+    case 5: launch_k(grouped_kernel<5, SWIGLU>, grid, block, 0, s, a); break;
+    case 6: launch_k(grouped_kernel<6, SWIGLU>, grid, block, 0, s, a); break;
     case 8: launch_k(grouped_kernel<8, SWIGLU>, grid, block, 0, s, a); break;
     case 16:
     case 17:

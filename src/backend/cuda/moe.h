@@ -37,7 +37,7 @@ struct ExpertPtrs {
 struct MoEMats {
   const ExpertPtrs* ptrs = nullptr;  // device memory
   int64_t rows = 0, cols = 0;
-  int fmt = 0;  // dequant.cuh format code: 4 or 8 (MLX affine), 16 bf16, 17 f16, 32 f32
+  int fmt = 0;  // dequant.cuh format code: 2..6 or 8 (MLX affine), 16 bf16, 17 f16, 32 f32
   int group = 0;
   Elem dtype = Elem::kBF16;  // scales/biases (quantized) or elements (dense)
 };
@@ -47,8 +47,9 @@ inline int moe_fmt(int bits, Elem dtype) {
   if (bits) return bits;
   return dtype == Elem::kBF16 ? 16 : dtype == Elem::kF16 ? 17 : 32;
 }
-// Formats the MoE kernels are compiled for (experts and router).
-inline bool moe_fmt_supported(int fmt) { return fmt == 4 || fmt == 8 || fmt == 16 || fmt == 17 || fmt == 32; }
+// Formats the MoE kernels are compiled for (experts and router): MLX affine 2, 3, 4, 5, 6 and 8
+// bits (every width mlx-lm writes) and dense bf16/f16/f32.
+inline bool moe_fmt_supported(int fmt) { return (fmt >= 2 && fmt <= 6) || fmt == 8 || fmt == 16 || fmt == 17 || fmt == 32; }
 
 struct MoERouteArgs {
   const void* x = nullptr;  // bf16 [T, H]

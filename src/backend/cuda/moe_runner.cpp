@@ -34,7 +34,7 @@ Status check_matrix(const WeightMatrix& m, int64_t rows, int64_t cols, const std
     return unsupported("moe_ffn: " + what + " dtype " + std::string(dtype_name(m.dtype)) + " (expected BF16/F16/F32)");
   if (!moe_fmt_supported(fmt_of(m)))
     return unsupported("moe_ffn on CUDA: " + what + " is " + num(m.bits) +
-                       "-bit; the MoE kernels take 4- or 8-bit MLX or dense weights");
+                       "-bit; the MoE kernels take 2- to 6- or 8-bit MLX or dense weights");
   if (m.quantized() && m.group_size != 32 && m.group_size != 64 && m.group_size != 128)
     return unsupported("moe_ffn: " + what + " group_size must be 32, 64 or 128, got " + num(m.group_size));
   if (m.bias) return unsupported("moe_ffn on CUDA: " + what + " has a bias (no MoE architecture here has one)");

@@ -54,7 +54,7 @@ struct MoEPlan {
 };
 
 // Host only (no CUDA call, so it is testable anywhere): validates `w` for T tokens (1 <= T <=
-// kMoEMaxChunk) — experts and router 4/8-bit MLX or dense bf16/f16/f32, one format for all gate/up and one
+// kMoEMaxChunk) — experts and router 2..6- or 8-bit MLX or dense bf16/f16/f32, one format for all gate/up and one
 // for all down, widths multiples of 32, no biases — and fills the path (decode, shared expert fused) and
 // the workspace sizes of *plan. Errors name the matrix and what was expected.
 Status moe_plan(const MoEWeights& w, int64_t T, MoEPlan* plan);
