@@ -71,9 +71,10 @@ class CudaBackend final : public Backend {
     use_cublas_ = !(e && *e && *e != '0');
     // Batches of 9..63 rows (batched decode: the server) go to the prefill GEMM, which re-dequantizes
     // every weight tile per step: a 32-sequence qwen3-8b q4g64 step took 68.6 ms on the H200 against
-    // 3.56 ms at batch 1. ANVIL_CUDA_GEMV_MAX_T=N (up to 63) runs such batches as mat-vecs of 8 rows
-    // at a time instead (weights read N/8 times, no dequantized copy). UNVERIFIED on a GPU yet, so
-    // off by default; scripts/cuda_check.sh runs the op tests and the batch-32 benchmark with it.
+    // 3.56 ms at batch 1. ANVIL_CUDA_GEMV_MAX_T=N (up to 63) runs such batches through the mat-vec
+    // kernels instead: q4 on the tensor cores up to 32 tokens per launch (weights read once), other
+    // formats 8 per launch. UNVERIFIED on a GPU yet, so off by default; scripts/cuda_check.sh
+    // (BENCH_SET=batch) runs the op test and the batch-32 benchmark with it.
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -308,27 +309,16 @@ class CudaBackend final : public Backend {
       return;
     }
     DevMatrix d[3];
-    for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]);
-    for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kGemvMaxTokens) {  // one launch for T <= 8
-      const int n = int(std::min<int64_t>(cuda::kGemvMaxTokens, x.rows - t0));
-      void* o[3];
-      for (size_t i = 0; i < ws.size(); ++i) o[i] = static_cast<uint8_t*>(outs[i].data) + size_t(t0 * outs[i].cols) * 2;
-      launched(cuda::gemv(d, o, int(ws.size()), static_cast<const uint8_t*>(x.data) + size_t(t0 * x.cols) * 2, n, false,
-                          st_),
-               "linear_multi");
-    }
+    void* o[3];
+    for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]), o[i] = outs[i].data;
+    launched(cuda::gemv(d, o, int(ws.size()), x.data, int(x.rows), false, st_), "linear_multi");
   }
   void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
     if (!check_linear(x, gate, out, "linear_swiglu") || !check_linear(x, up, out, "linear_swiglu")) return;
     if (!bf16(out, "linear_swiglu", "out")) return;
     Prof pr(this, "mlp_gate_up");
     if (x.rows <= gemv_max_t_ && cuda::gemv_fusable(dev(gate), dev(up))) {
-      for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kGemvMaxTokens) {  // one launch for T <= 8
-        const int n = int(std::min<int64_t>(cuda::kGemvMaxTokens, x.rows - t0));
-        launched(cuda::gemv_swiglu(dev(gate), dev(up), static_cast<const uint8_t*>(x.data) + size_t(t0 * x.cols) * 2, n,
-                                   static_cast<uint8_t*>(out.data) + size_t(t0 * out.cols) * 2, st_),
-                 "linear_swiglu");
-      }
+      launched(cuda::gemv_swiglu(dev(gate), dev(up), x.data, int(x.rows), out.data, st_), "linear_swiglu");
       return;
     }
     const size_t bytes = size_t(out.rows * out.cols) * 2;
@@ -594,12 +584,8 @@ class CudaBackend final : public Backend {
       launched(cuda::gemm(d, x.data, int(x.rows), out.data, f32, st_), "linear (gemm)");
       return;
     }
-    for (int64_t t0 = 0; t0 < x.rows; t0 += cuda::kGemvMaxTokens) {
-      const int n = int(std::min<int64_t>(cuda::kGemvMaxTokens, x.rows - t0));
-      void* o = static_cast<uint8_t*>(out.data) + size_t(t0 * out.cols) * dtype_size(out.dtype);
-      launched(cuda::gemv(&d, &o, 1, static_cast<const uint8_t*>(x.data) + size_t(t0 * x.cols) * 2, n, f32, st_),
-               "linear (gemv)");
-    }
+    void* o = out.data;
+    launched(cuda::gemv(&d, &o, 1, x.data, int(x.rows), f32, st_), "linear (gemv)");  // chunks T itself
   }
   // Grows a backend-owned buffer to at least `need` bytes. The old one is retired, not freed: a
   // captured graph may still read it.

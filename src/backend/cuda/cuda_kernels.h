@@ -28,10 +28,13 @@ struct DevMatrix {
 // captured; see cuda_common.cuh).
 void set_pdl_capture(bool on);
 
-// ---- qgemv.cu: mat-vec for small batches (T <= kGemvMaxTokens), weight-bandwidth bound ----
+// ---- qgemv.cu: mat-vec for small batches, weight-bandwidth bound ----
+// Tokens per launch: kGemvMaxTokens for the CUDA-core kernels, kTcMaxTokens for the tensor-core q4
+// one (gemv_tc_ok); gemv()/gemv_swiglu() split a larger T into launches of those sizes.
 constexpr int kGemvMaxTokens = 8;
-// outs[i][T, ws[i].rows] = x[T, K] ws[i]^T (+ bias) for i < n (n <= 3, one launch when the matrices
-// share a format). out_f32: outputs are F32 instead of bf16.
+constexpr int kTcMaxTokens = 32;
+// outs[i][T, ws[i].rows] = x[T, K] ws[i]^T (+ bias) for i < n (n <= 3, one launch per token chunk
+// when the matrices share a format). out_f32: outputs are F32 instead of bf16.
 cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s);
 // out[T, F] = silu(x gate^T) * (x up^T), gate and up read in the same pass.
 cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,

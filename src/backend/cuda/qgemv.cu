@@ -9,6 +9,7 @@
 // instead of one per element).
 // Format codes (FMT): 2..8 = MLX affine bits; 16 = dense bf16; 17 = dense f16; 32 = dense f32.
 // Dense matrices whose cols are not a multiple of 32 take the scalar kernel at the end.
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/dequant.cuh"
@@ -230,7 +231,47 @@ static bool use_tc(const DevMatrix& w) {
   return gemv_tc_ok(w) && !(e && *e && *e != '0');
 }
 
+namespace {
+
+// Launches of at most `per` tokens (the tensor-core q4 kernel takes kTcMaxTokens, the CUDA-core
+// ones kGemvMaxTokens); each launch's x and outputs start at its first token.
+template <typename F>
+cudaError_t in_chunks(int T, int per, const void* x, int64_t K, F&& launch) {
+  for (int t0 = 0; t0 < T; t0 += per) {
+    const int n = std::min(per, T - t0);
+    cudaError_t e = launch(t0, n, static_cast<const uint8_t*>(x) + size_t(t0) * size_t(K) * 2);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s);
+cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s);
+
+}  // namespace
+
 cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s) {
+  const int per = use_tc(ws[0]) ? kTcMaxTokens : kGemvMaxTokens;
+  if (T <= per) return gemv_one(ws, outs, n, x, T, out_f32, s);
+  return in_chunks(T, per, x, ws[0].cols, [&](int t0, int m, const void* xc) {
+    void* o[3];
+    for (int i = 0; i < n; ++i) o[i] = static_cast<uint8_t*>(outs[i]) + size_t(t0) * size_t(ws[i].rows) * (out_f32 ? 4 : 2);
+    return gemv_one(ws, o, n, xc, m, out_f32, s);
+  });
+}
+
+cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
+                        cudaStream_t s) {
+  const int per = use_tc(gate) ? kTcMaxTokens : kGemvMaxTokens;
+  if (T <= per) return gemv_swiglu_one(gate, up, x, T, out, s);
+  return in_chunks(T, per, x, gate.cols, [&](int t0, int m, const void* xc) {
+    return gemv_swiglu_one(gate, up, xc, m, static_cast<uint8_t*>(out) + size_t(t0) * size_t(gate.rows) * 2, s);
+  });
+}
+
+namespace {
+
+cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s) {
   if (use_tc(ws[0])) return gemv_tc(ws, outs, n, nullptr, x, T, out_f32, s);
   GemvParams p;
   p.x = static_cast<const uint16_t*>(x);
@@ -252,8 +293,7 @@ cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, i
   return dispatch<false>(p, fmt, R, warps, s);
 }
 
-cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
-                        cudaStream_t s) {
+cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s) {
   if (use_tc(gate)) return gemv_tc(&gate, &out, 1, &up, x, T, false, s);
   GemvParams p;
   p.x = static_cast<const uint16_t*>(x);
@@ -268,5 +308,7 @@ cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* 
   const int64_t warps = (gate.rows + R - 1) / R;
   return dispatch<true>(p, fmt, R, warps, s);
 }
+
+}  // namespace
 
 }  // namespace anvil::cuda

@@ -108,7 +108,9 @@ __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
   }
 }
 
-template <bool SWIGLU, int kWarps, int kUnroll>
+// NT n8-tiles of tokens: tokens 8*nt + g for nt < NT share each dequantized A fragment (NT > 1:
+// batches of 9..32 rows read the weights once; see kTcMaxTokens).
+template <bool SWIGLU, int kWarps, int kUnroll, int NT>
 __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -121,13 +123,16 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   const int64_t r0 = (tile - m.tile_begin) * 16;
   const int64_t ra = min(r0 + g, m.rows - 1), rb = min(r0 + g + 8, m.rows - 1);
   const int64_t K = p.K, steps = K / 128;
-  const bool has_x = g < p.T;
 
-  float d[4] = {0, 0, 0, 0}, du[4] = {0, 0, 0, 0};
+  float d[NT][4], du[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f, du[nt][i] = 0.0f;
   for (int64_t st0 = warp; st0 < steps; st0 += kWarps * kUnroll) {
     // All loads of kUnroll steps first (2-3 KB per warp in flight), then their mmas.
     Step s[kUnroll], su[kUnroll];
-    uint32_t xw[kUnroll][16];
+    uint32_t xw[kUnroll][NT][16];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t st = st0 + int64_t(u) * kWarps;
@@ -135,44 +140,55 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
       const int64_t k = st * 128 + c * 32;
       s[u] = load_step(m, ra, rb, k, K, p.group);
       if constexpr (SWIGLU) su[u] = load_step(p.up, ra, rb, k, K, p.group);
-      if (has_x) {
-        const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * K + k);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint4 v = __ldg(xp + i);
-          xw[u][4 * i] = v.x, xw[u][4 * i + 1] = v.y, xw[u][4 * i + 2] = v.z, xw[u][4 * i + 3] = v.w;
+      for (int nt = 0; nt < NT; ++nt) {
+        const int tok = 8 * nt + g;
+        if (tok < p.T) {
+          const uint4* xp = reinterpret_cast<const uint4*>(p.x + tok * K + k);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint4 v = __ldg(xp + i);
+            xw[u][nt][4 * i] = v.x, xw[u][nt][4 * i + 1] = v.y, xw[u][nt][4 * i + 2] = v.z, xw[u][nt][4 * i + 3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) xw[u][nt][i] = 0;
         }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) xw[u][i] = 0;
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (st0 + int64_t(u) * kWarps >= steps) break;
-      step_mma(d, s[u], xw[u]);
-      if constexpr (SWIGLU) step_mma(du, su[u], xw[u]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        step_mma(d[nt], s[u], xw[u][nt]);
+        if constexpr (SWIGLU) step_mma(du[nt], su[u], xw[u][nt]);
+      }
     }
   }
 
-  // Sum the warps' accumulators; warp 0 writes. d[0..1]: row g, tokens 2c, 2c+1; d[2..3]: row g+8.
-  __shared__ float red[kWarps][2][32][4];
+  // Sum the warps' accumulators; warp 0 writes. d[nt][0..1]: row g, tokens 8nt + 2c, 8nt + 2c + 1;
+  // d[nt][2..3]: row g+8.
+  __shared__ float red[kWarps][SWIGLU ? 2 : 1][NT][32][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    red[warp][0][lane][i] = d[i];
-    if constexpr (SWIGLU) red[warp][1][lane][i] = du[i];
-  }
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      red[warp][0][nt][lane][i] = d[nt][i];
+      if constexpr (SWIGLU) red[warp][SWIGLU ? 1 : 0][nt][lane][i] = du[nt][i];
+    }
   __syncthreads();
   if (warp != 0) return;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int j = 0; j < 4 * NT; ++j) {
+    const int nt = j / 4, i = j % 4;
     float v = 0, u = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      v += red[w][0][lane][i];
-      if constexpr (SWIGLU) u += red[w][1][lane][i];
+      v += red[w][0][nt][lane][i];
+      if constexpr (SWIGLU) u += red[w][SWIGLU ? 1 : 0][nt][lane][i];
     }
-    const int t = 2 * c + (i & 1);
+    const int t = 8 * nt + 2 * c + (i & 1);
     const int64_t row = r0 + g + (i >> 1) * 8;
     if (t >= p.T || row >= m.rows) continue;
     if constexpr (SWIGLU) {
@@ -185,10 +201,10 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   }
 }
 
-template <int W, int U>
+template <int W, int U, int NT = 1>
 cudaError_t tc_launch(bool swiglu, dim3 grid, cudaStream_t s, const TcParams& p) {
-  if (swiglu) launch_k(qgemv4_tc_kernel<true, W, U>, grid, dim3(W * 32), 0, s, p);
-  else launch_k(qgemv4_tc_kernel<false, W, U>, grid, dim3(W * 32), 0, s, p);
+  if (swiglu) launch_k(qgemv4_tc_kernel<true, W, U, NT>, grid, dim3(W * 32), 0, s, p);
+  else launch_k(qgemv4_tc_kernel<false, W, U, NT>, grid, dim3(W * 32), 0, s, p);
   return cudaGetLastError();
 }
 
@@ -233,6 +249,10 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
     return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : 0;
   }();
   const dim3 grid(static_cast<unsigned>(tiles));
+  // 9..32 tokens: one pass over the weights, 2 or 4 token tiles per A fragment (one step in flight
+  // per warp: the activations of 4 tiles take 64 registers).
+  if (T > 16) return tc_launch<8, 1, 4>(up != nullptr, grid, s, p);
+  if (T > 8) return tc_launch<8, 1, 2>(up != nullptr, grid, s, p);
   switch (shape) {
     case 1: return tc_launch<4, 4>(up != nullptr, grid, s, p);
     case 2: return tc_launch<16, 1>(up != nullptr, grid, s, p);
