@@ -17,6 +17,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/cuda-out}
 mkdir -p "$OUT"
+# Stores written by the benchmarks (gigabytes) stay out of $OUT, which the device tool sends back.
+KV_TMP=${KV_TMP:-/tmp/anvil-cuda-check-kv}
+mkdir -p "$KV_TMP"
 what=${1:-all}
 BENCH_SET=${BENCH_SET:-quick}
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -40,11 +43,11 @@ if [ "$what" = store ]; then
   for B in 1 32; do
     echo "### bench-kv --seqs $B" >> "$OUT/store_bench.log"
     timeout ${STORE_BENCH_S:-150} ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B --pairs 3 --json \
-      --kv-store "$OUT/kv-overhead-$B" >> "$OUT/store_bench.log" 2>&1
+      --kv-store "$KV_TMP/kv-overhead-$B" >> "$OUT/store_bench.log" 2>&1
     echo "rc=$?" >> "$OUT/store_bench.log"
   done
   echo "### TTFT 16384 restore vs recompute" >> "$OUT/store_bench.log"
-  ANVIL="./build-gpu/anvil" DEVICE=cuda PROMPT=16384 STEPS=2 OUT="$OUT/kv" timeout ${STORE_TTFT_S:-200} \
+  ANVIL="./build-gpu/anvil" DEVICE=cuda PROMPT=16384 STEPS=2 OUT="$KV_TMP/kv" timeout ${STORE_TTFT_S:-200} \
     bash scripts/bench_kv.sh qwen3-8b:q4g64 >> "$OUT/store_bench.log" 2>&1
   echo "rc=$?" >> "$OUT/store_bench.log"
   echo "=== store ==="
@@ -59,7 +62,7 @@ if [ "$what" = serve ]; then
   export ANVIL_CUDA_PAGE_STORE=1
   M=${SERVE_MODEL:-qwen3-8b:q4g64}
   start_server() {
-    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 --kv-store "$OUT/serve-kv" \
+    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 --kv-store "$KV_TMP/serve-kv" \
       > "$OUT/serve_$1.log" 2>&1 &
     SP=$!; port=
     for _ in $(seq 240); do
