@@ -9,7 +9,7 @@ p50/p99, inter-token latency p50/p99. With --prefix, also the
 repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it.
 
 Stdlib only. Every request has a timeout; the whole run stops after --deadline seconds.
-  python3 scripts/bench_serve.py --port 8080 --streams 1,8,32 --prompt 256 --max 128
+  python3 scripts/bench_serve.py --port 8080 --streams 1,8,32 --prompt 256 --max 128 [--no-logprobs]
 """
 import argparse
 import http.client
@@ -28,10 +28,15 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+LOGPROBS = True  # main() sets it from --no-logprobs
+
+
 def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out):
     """One streamed completion; appends (t_submit, [token arrival times], error) to out."""
-    body = json.dumps({"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                       "stream": True, "logprobs": 0})  # logprobs: one chunk per token, even an empty-text one
+    req = {"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    if LOGPROBS:
+        req["logprobs"] = 0  # one chunk per token, even an empty-text one
+    body = json.dumps(req)
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = "Bearer " + key
@@ -62,6 +67,8 @@ def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out):
                     if ch.get("logprobs") and ch["logprobs"]["tokens"]:
                         now = time.perf_counter()
                         times.extend([now] * len(ch["logprobs"]["tokens"]))
+                    elif not LOGPROBS and ch.get("text"):
+                        times.append(time.perf_counter())  # a text chunk (a token, or a few held back)
         c.close()
     except Exception as e:  # a failed stream is reported, not fatal
         err = repr(e)
@@ -130,7 +137,12 @@ def main():
     ap.add_argument("--vocab", type=int, default=0, help="ids are drawn below this (default: from /tokenize)")
     ap.add_argument("--timeout", type=float, default=300, help="per request, seconds")
     ap.add_argument("--deadline", type=float, default=1800, help="whole run, seconds")
+    ap.add_argument("--no-logprobs", action="store_true",
+                    help="do not ask for logprobs (the server may then sample on the device); tokens are then "
+                         "counted as text chunks, which can merge a token whose text is held back")
     args = ap.parse_args()
+    global LOGPROBS
+    LOGPROBS = not args.no_logprobs
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("bench_serve.py talks to loopback servers only")
     vocab = args.vocab

@@ -72,8 +72,9 @@ if [ "$what" = serve ]; then
     echo "server $1: port ${port:-none} after $(( $(date +%s) - t0 )) s"
   }
   start_server 1
+  # --no-logprobs: the steps can sample on the device (a request with logprobs needs host logits).
   [ -n "$port" ] && timeout ${SERVE_S:-240} python3 scripts/bench_serve.py --port "$port" --streams ${SERVE_STREAMS:-1,32,64} \
-    --prompt 256 --max 128 --prefix 4096 --deadline $(( ${SERVE_S:-240} - 10 )) > "$OUT/serve_bench.log" 2>&1
+    --prompt 256 --max 128 --prefix 4096 --no-logprobs --deadline $(( ${SERVE_S:-240} - 10 )) > "$OUT/serve_bench.log" 2>&1
   echo "bench rc=$?"; kill $SP; wait $SP
   start_server 2
   echo "### after a restart" >> "$OUT/serve_bench.log"
