@@ -123,6 +123,11 @@ if [ "$what" != bench ]; then
   (cd build-gpu && ctest -L cuda --output-on-failure -j4 --timeout 300) > "$OUT/cuda_tests.log" 2>&1
   summary+=("ctest -L cuda: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/cuda_tests.log" | tail -1)")
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.*" > "$OUT/cuda_ops_verbose.log" 2>&1
+  # The q4 mat-vec's weight prefetch before the PDL wait (ANVIL_CUDA_PREFETCH=1, off until measured):
+  # the linear ops and decode through the graph (where PDL is on) against eager decode.
+  ANVIL_CUDA_PREFETCH=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Linear*:CudaOps.Batches*:CudaModel.*" \
+    > "$OUT/cuda_prefetch.log" 2>&1
+  summary+=("prefetch (ANVIL_CUDA_PREFETCH=1): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_prefetch.log" | tr '\n' ' ')")
   # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaSample*" > "$OUT/cuda_sample.log" 2>&1
   summary+=("device sampler: rc=$? $(grep -E '^\[  (PASSED|FAILED)|agree on' "$OUT/cuda_sample.log" | tr '\n' ' ')")
@@ -164,10 +169,12 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "ncu rc=$?"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
-    ANVIL_CUDA_NO_PDL=1 b --synthetic qwen3-8b:q4g64 --runs 2
+    ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
+    b --synthetic qwen3-0.6b:q4g64 --runs 2
+    ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
   elif [ "$BENCH_SET" = variants ]; then
     # The q4 tensor-core mat-vec's block shapes (warps x steps in flight), and prefill through
     # cuBLAS (dequantize + GEMM) against the WMMA kernel at 512 and 4096 tokens.

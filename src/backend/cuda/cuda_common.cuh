@@ -67,11 +67,19 @@ __device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, in
 // written before the wait, so ordering is as strict as plain launches; what is gained is the next
 // kernel's launch and block scheduling overlapping this one's tail. ANVIL_CUDA_NO_PDL=1 launches
 // plainly. Without the launch attribute, griddepcontrol.wait returns at once.
-__device__ __forceinline__ void pdl_begin() {
+__device__ __forceinline__ void pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_launch();
+  pdl_wait();
 }
 
 // PDL is used only while a decode graph is being captured (the backend sets the flag around the

@@ -45,6 +45,7 @@ struct TcParams {
   int64_t K;
   int group;
   bool out_f32;
+  bool prefetch;  // the first steps' weights are loaded before waiting for the previous kernel
 };
 
 __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
@@ -112,7 +113,7 @@ __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
 // batches of 9..32 rows read the weights once; see kTcMaxTokens).
 template <bool SWIGLU, int kWarps, int kUnroll, int NT>
 __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
-  pdl_begin();
+  pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
@@ -129,17 +130,33 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f, du[nt][i] = 0.0f;
+  Step s[kUnroll], su[kUnroll];
+  // With PDL in a decode graph this block may start while the previous kernel still runs: weights
+  // are never written by a kernel, so the first steps' weights can be in flight before the wait
+  // (only the activations must wait). ANVIL_CUDA_PREFETCH=1 (unmeasured yet: off by default).
+  if (p.prefetch) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t st = warp + int64_t(u) * kWarps;
+      if (st >= steps) break;
+      s[u] = load_step(m, ra, rb, st * 128 + c * 32, K, p.group);
+      if constexpr (SWIGLU) su[u] = load_step(p.up, ra, rb, st * 128 + c * 32, K, p.group);
+    }
+  }
+  pdl_wait();
   for (int64_t st0 = warp; st0 < steps; st0 += kWarps * kUnroll) {
     // All loads of kUnroll steps first (2-3 KB per warp in flight), then their mmas.
-    Step s[kUnroll], su[kUnroll];
     uint32_t xw[kUnroll][NT][16];
+    const bool have = p.prefetch && st0 == warp;  // this round's weights were prefetched
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t st = st0 + int64_t(u) * kWarps;
       if (st >= steps) break;
       const int64_t k = st * 128 + c * 32;
-      s[u] = load_step(m, ra, rb, k, K, p.group);
-      if constexpr (SWIGLU) su[u] = load_step(p.up, ra, rb, k, K, p.group);
+      if (!have) {
+        s[u] = load_step(m, ra, rb, k, K, p.group);
+        if constexpr (SWIGLU) su[u] = load_step(p.up, ra, rb, k, K, p.group);
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = 8 * nt + g;
@@ -242,6 +259,11 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   p.K = ws[0].cols;
   p.group = ws[0].group;
   p.out_f32 = out_f32;
+  static const bool prefetch = [] {
+    const char* e = std::getenv("ANVIL_CUDA_PREFETCH");
+    return e && *e == '1';
+  }();
+  p.prefetch = prefetch;
   if (up) p.up = seg_of(*up, nullptr);
   static const int shape = [] {
     const char* e = std::getenv("ANVIL_QGEMV_TC");
