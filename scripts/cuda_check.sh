@@ -46,6 +46,10 @@ if [ "$what" = store ]; then
       --kv-store "$KV_TMP/kv-overhead-$B" >> "$OUT/store_bench.log" 2>&1
     echo "rc=$?" >> "$OUT/store_bench.log"
   done
+  echo "### restore bandwidth (bench-kv --restore-pages 256): restore vs segment read and pinned host->device" >> "$OUT/store_bench.log"
+  timeout 120 ./build-gpu/anvil bench-kv --device cuda --restore-pages 256 --reps 3 --json \
+    --kv-store "$KV_TMP/restore" >> "$OUT/store_bench.log" 2>&1
+  echo "rc=$?" >> "$OUT/store_bench.log"
   echo "### TTFT 16384 restore vs recompute" >> "$OUT/store_bench.log"
   ANVIL="./build-gpu/anvil" DEVICE=cuda PROMPT=16384 STEPS=2 OUT="$KV_TMP/kv" timeout ${STORE_TTFT_S:-200} \
     bash scripts/bench_kv.sh qwen3-8b:q4g64 >> "$OUT/store_bench.log" 2>&1

@@ -7,9 +7,11 @@
 //   --restore-pages N  restore bandwidth: N full pages of qwen3-0.6b's KV layout stored, the store
 //                  reopened, all N restored in one chain; beside it the two ceilings measured in the
 //                  same process: sequential read of the segment files (page cache warm, as the
-//                  restore reads them) and the backend's host->device copy (CPU: memcpy).
+//                  restore reads them) and the backend's host->device copy (CPU: memcpy; CUDA:
+//                  asynchronous copies from pinned memory into the device pool). --device picks it.
 // Time to first token after a restart needs two processes: scripts/bench_kv.sh runs them.
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -123,7 +125,12 @@ int bench_restore(BenchKvArgs& a) {
   const std::string dir = a.kv.dir.empty() ? "/tmp/anvil-bench-kv-restore" : a.kv.dir;
   std::filesystem::remove_all(dir);
   const int N = a.restore_pages;
-  auto be = make_cpu_backend(1);
+  // --device (auto: CUDA where a GPU is usable): on CUDA the pool is device memory, the restore goes
+  // through pinned staging, and the host->device ceiling copies from pinned memory.
+  auto be_or = make_backend(a.model.device, 1);
+  if (!be_or.is_ok()) return fail(be_or.status().message());
+  std::unique_ptr<Backend> be = std::move(*be_or);
+  const bool host_pool = be->device_memory_is_host();
   KVCacheView v;  // qwen3-0.6b: 28 layers, 8 KV heads of 128, BF16, 16-token pages (1.75 MiB a page)
   v.dtype = DType::kBF16;
   v.n_layers = 28;
@@ -139,6 +146,7 @@ int bench_restore(BenchKvArgs& a) {
   o.dir = dir;
   o.queue_pages = 64;
   std::mt19937 rng(3);
+  std::vector<uint32_t> fill(page_bytes / 4);
   std::vector<int32_t> toks(size_t(N) * 16 + 1);
   for (auto& t : toks) t = int32_t(rng() % 150000);
   {
@@ -154,8 +162,10 @@ int bench_restore(BenchKvArgs& a) {
         (*st)->reap(pool, true);
         page = pool.kv_page_alloc();
       }
-      uint32_t* w = static_cast<uint32_t*>(pool.view().base) + size_t(page) * page_bytes / 4;
-      for (size_t i = 0; i < page_bytes / 4; ++i) w[i] = rng();
+      for (auto& x : fill) x = rng();
+      be->copy_to_device(static_cast<uint8_t*>(pool.view().base) + size_t(page) * page_bytes, fill.data(),
+                         fill.size() * 4);
+      if (!be->synchronize().is_ok()) return fail("synchronize");
       (*st)->page_full(0, key, parent, p * 16, span, page, pool);
       pool.kv_page_release(page);
       (*st)->reap(pool, false);
@@ -176,7 +186,18 @@ int bench_restore(BenchKvArgs& a) {
       seg_bytes += double(e.file_size());
     }
   std::vector<uint8_t> buf(16u << 20);
-  std::vector<uint8_t> host(page_bytes * 8, 1);
+  // The host->device ceiling's source: 8 pages of the memory a restore copies from (CUDA: pinned).
+  uint8_t* host = nullptr;
+  std::vector<uint8_t> host_vec;
+  if (host_pool) {
+    host_vec.assign(page_bytes * 8, 1);
+    host = host_vec.data();
+  } else {
+    auto h = be->alloc_host_staging(page_bytes * 8);
+    if (!h.is_ok()) return fail(h.status().message());
+    host = static_cast<uint8_t*>(*h);
+    std::memset(host, 1, page_bytes * 8);
+  }
   auto rate = [](double bytes, Clock::time_point t) {
     return bytes / std::chrono::duration<double>(Clock::now() - t).count();
   };
@@ -208,7 +229,7 @@ int bench_restore(BenchKvArgs& a) {
     // (N pages of memory, far larger than the caches) instead of one cache-resident 16 MiB buffer: what
     // the store's read rate is for a real destination. Reported beside the ratio, not in it.
     t = Clock::now();
-    {
+    if (host_pool) {
       uint8_t* dst = static_cast<uint8_t*>(pool.view().base);
       const size_t cap = size_t(N) * page_bytes;
       size_t at = 0;
@@ -225,28 +246,35 @@ int bench_restore(BenchKvArgs& a) {
       }
       read_pool_r.push_back(rate(double(at), t));
     }
-    // Ceiling 2: host -> device copy of the same bytes (a host buffer into the pool's pages).
+    // Ceiling 2: host -> device copy of the same bytes into the pool's pages (CUDA: asynchronous
+    // copies from pinned memory, as a restore's).
     t = Clock::now();
-    for (int p = 0; p < N; ++p)
-      be->copy_to_device(static_cast<uint8_t*>(pool.view().base) + size_t(p) * page_bytes,
-                         host.data() + size_t(p % 8) * page_bytes, page_bytes);
+    for (int p = 0; p < N; ++p) {
+      uint8_t* dst = static_cast<uint8_t*>(pool.view().base) + size_t(p) * page_bytes;
+      if (host_pool) be->copy_to_device(dst, host + size_t(p % 8) * page_bytes, page_bytes);
+      else be->copy_to_device_async(dst, host + size_t(p % 8) * page_bytes, page_bytes);
+    }
+    if (!host_pool && !be->wait_device_copies().is_ok()) return fail("host->device copies");
     if (!be->synchronize().is_ok()) return fail("synchronize");
     h2d_r.push_back(rate(bytes, t));
     ratio_r.push_back(restore_r.back() / std::min(read_r.back(), h2d_r.back()));
-    std::fprintf(stderr,
-                 "[anvil] rep %d: restore %.3f GB/s, read %.3f GB/s, host->device %.3f GB/s: %.0f%% "
-                 "(read into the pool's pages %.3f GB/s: %.0f%%)\n",
-                 r + 1, restore_r.back() / 1e9, read_r.back() / 1e9, h2d_r.back() / 1e9, 100 * ratio_r.back(),
-                 read_pool_r.back() / 1e9, 100 * restore_r.back() / read_pool_r.back());
+    std::fprintf(stderr, "[anvil] rep %d: restore %.3f GB/s, read %.3f GB/s, host->device %.3f GB/s: %.0f%%", r + 1,
+                 restore_r.back() / 1e9, read_r.back() / 1e9, h2d_r.back() / 1e9, 100 * ratio_r.back());
+    if (host_pool)
+      std::fprintf(stderr, " (read into the pool's pages %.3f GB/s: %.0f%%)", read_pool_r.back() / 1e9,
+                   100 * restore_r.back() / read_pool_r.back());
+    std::fprintf(stderr, "\n");
   }
+  if (!host_pool) be->free_host_staging(host);
   nlohmann::ordered_json j;
+  j["backend"] = be->name();
   j["pages"] = N;
   j["page_bytes"] = page_bytes;
   j["restored_pages"] = got;
   j["reps"] = a.reps;
   j["restore_gb_s_median"] = percentile(restore_r, 0.5) / 1e9;
   j["segment_read_gb_s_median"] = percentile(read_r, 0.5) / 1e9;
-  j["segment_read_into_pool_gb_s_median"] = percentile(read_pool_r, 0.5) / 1e9;
+  if (host_pool) j["segment_read_into_pool_gb_s_median"] = percentile(read_pool_r, 0.5) / 1e9;
   j["host_to_device_gb_s_median"] = percentile(h2d_r, 0.5) / 1e9;
   j["restore_over_lower_ceiling_median"] = percentile(ratio_r, 0.5);
   j["restore_over_lower_ceiling_best"] = percentile(ratio_r, 1.0);
