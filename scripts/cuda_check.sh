@@ -179,6 +179,11 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
     b --synthetic qwen3-0.6b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
+    # Prefill chunk size: every chunk dequantizes each weight matrix once for cuBLAS (--batch 256 by
+    # default): one 512-token chunk, and 4096 tokens in 256- vs 2048-token chunks.
+    b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
+    b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+    b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
   elif [ "$BENCH_SET" = variants ]; then
     # The q4 tensor-core mat-vec's block shapes (warps x steps in flight), and prefill through
     # cuBLAS (dequantize + GEMM) against the WMMA kernel at 512 and 4096 tokens.
