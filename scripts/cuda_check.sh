@@ -159,6 +159,8 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemv_tc.cu 's/sh + 4, s.sa/sh + 8, s.sa/' 'CudaOps.Linear*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/const int tok = 8 \* nt + g;/const int tok = 8 * (nt \& 1) + g;/' 'CudaOps.Batches*'
     mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
     mutate src/backend/cuda/sample_rows.cu 's/| static_cast<uint32_t>(c.id);/| (0xffffffffu - static_cast<uint32_t>(c.id));/' 'CudaSample.Rows*'
     mutate src/backend/cuda/sample_rows.cu 's/atomicAdd(\&cnt\[id\], e > 0 ? 1 : -1)/atomicAdd(\&cnt[id], 1)/' 'CudaSample.Steps*'
@@ -173,7 +175,7 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "ncu rc=$?"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -184,6 +186,7 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
+    ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1   # tensor-core prefill attention
   elif [ "$BENCH_SET" = variants ]; then
     # The q4 tensor-core mat-vec's block shapes (warps x steps in flight), and prefill through
     # cuBLAS (dequantize + GEMM) against the WMMA kernel at 512 and 4096 tokens.

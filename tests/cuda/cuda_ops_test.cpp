@@ -252,6 +252,16 @@ struct AttnCase {
 
 TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   const int P = 16, L = 2, layer = 1, max_pages = 80;
+  // A second backend with ANVIL_CUDA_FA=1: prefill chunks of >= 64 tokens of one sequence through
+  // the tensor-core kernel (attention_prefill.cu; head_dim 32/64/128), the rest as before. Its bound
+  // is provisional (P is rounded to bf16 before P V, about 2^-9 relative per weight) until the first
+  // GPU run has measured it; the measured rel_err is printed like every other.
+  const double kPrefillTcBound = 8e-3;
+  setenv("ANVIL_CUDA_FA", "1", 1);
+  auto fa_made = make_cuda_backend(0);
+  unsetenv("ANVIL_CUDA_FA");
+  ASSERT_TRUE(fa_made.is_ok()) << fa_made.status().message();
+  Backend& fa = **fa_made;
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
                             AttnCase{6, 2, 32}, AttnCase{8, 8, 256}}) {
     const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" + std::to_string(c.D);
@@ -321,6 +331,10 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
       expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
       expect_close(read(go, DType::kBF16, "attention"), ref, kAttentionBound, "attention " + what);
+      Guarded gfa = dev_out(size_t(T * QD) * 2);
+      fa.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gfa.data(), T, QD, DType::kBF16});
+      ASSERT_TRUE(fa.synchronize().is_ok()) << fa.synchronize().message();
+      expect_close(read(gfa, DType::kBF16, "attention fa"), ref, kPrefillTcBound, "attention ANVIL_CUDA_FA=1 " + what);
     }
     // The whole cache (both layers' K and V; layer 0 must stay untouched = zeros on both).
     std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());

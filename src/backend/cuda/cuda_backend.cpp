@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
     // kernels instead: q4 on the tensor cores up to 32 tokens per launch (weights read once), other
     // formats 8 per launch. UNVERIFIED on a GPU yet, so off by default; scripts/cuda_check.sh
     // (BENCH_SET=batch) runs the op test and the batch-32 benchmark with it.
+    if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '1') fa_ = true;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -366,6 +367,13 @@ class CudaBackend final : public Backend {
     if (!expect(q.cols % kv.head_dim == 0 && n_heads % kv.n_kv_heads == 0 && q.rows == batch.n_tokens,
                 "attention: q must be [T, n_heads*head_dim] with n_heads a multiple of n_kv_heads"))
       return;
+    if (fa_ && batch.n_tokens >= 64 && cuda::attention_prefill_ok(kv.head_dim) && one_run(batch)) {
+      Prof pr(this, "attention");
+      launched(cuda::attention_prefill(q.data, n_heads, kvdev(kv), layer, bdev(batch), batch.pos_host[0], scale,
+                                       out.data, st_),
+               "attention (prefill, tensor cores)");
+      return;
+    }
     const int splits =
         cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_);
     const size_t need = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits) * 4;
@@ -637,6 +645,15 @@ class CudaBackend final : public Backend {
   size_t wdeq_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
   bool use_cublas_ = true;
+  bool fa_ = false;  // ANVIL_CUDA_FA=1: prefill chunks through attention_prefill.cu (unverified yet)
+  // A prefill chunk of one sequence at consecutive positions (what attention_prefill takes), by the
+  // batch's host mirrors.
+  static bool one_run(const BatchView& b) {
+    if (!b.pos_host || !b.seq_host) return false;
+    for (int t = 1; t < b.n_tokens; ++t)
+      if (b.seq_host[t] != b.seq_host[0] || b.pos_host[t] != b.pos_host[0] + t) return false;
+    return true;
+  }
   int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream

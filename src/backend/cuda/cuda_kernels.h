@@ -88,6 +88,11 @@ size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits
 int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms);
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                       int n_splits, float* workspace, void* out, cudaStream_t s);
+// attention_prefill.cu: causal attention on the tensor cores for T tokens of ONE sequence at the
+// consecutive positions p0, p0+1, ... (a prefill chunk), head_dim 32, 64 or 128 (attention_prefill_ok).
+bool attention_prefill_ok(int head_dim);
+cudaError_t attention_prefill(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, int p0,
+                              float scale, void* out, cudaStream_t s);
 
 // ---- sample.cu ----
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
