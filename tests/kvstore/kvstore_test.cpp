@@ -223,6 +223,42 @@ TEST(KVStore, FlippedByteTruncatedOrDeletedSegmentIsAMiss) {
   EXPECT_EQ(verify_problems(*st), 0);
 }
 
+// A long run is read by several threads where pages are host memory (restore.cpp): a corrupt record
+// in the middle still ends the run there, the pages read after it by other threads are given back,
+// and every restored page holds its own bytes.
+TEST(KVStore, LongRunWithACorruptRecordStopsThereAndLeaksNoPage) {
+  Rig r;
+  auto toks = chain_tokens(20, 500);
+  {
+    auto st = r.open();
+    r.write(*st, toks, 0, 20);
+    st->flush();
+    st->reap(*r.pool, true);
+  }
+  const std::string seg = r.only_segment();
+  ASSERT_FALSE(seg.empty());
+  const auto size = fs::file_size(seg);
+  {  // one byte inside record 13 of 20 (records are equal-sized and in order)
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = std::streamoff(size * 13 / 20 + size / 40);
+    f.seekp(at);
+    char c;
+    f.read(&c, 1);
+    f.seekp(at);
+    c ^= 0x10;
+    f.write(&c, 1);
+  }
+  const int64_t free_before = r.pool->n_free();
+  {
+    auto st = r.open();
+    EXPECT_EQ(r.restore(*st, toks, 20), 13) << "the pages before the corrupt record, each with its own bytes";
+    EXPECT_EQ(st->counters().restore_corrupt.load(), 1);
+    EXPECT_EQ(r.pool->n_free(), free_before) << "pages read past the corrupt one are given back";
+    EXPECT_EQ(r.restore(*st, toks, 12), 12) << "a shorter run of good records";
+  }
+  EXPECT_EQ(r.pool->n_free(), r.pool->n_pages());
+}
+
 TEST(KVStore, DeletedOrGarbageCatalogStartsEmpty) {
   Rig r;
   auto toks = chain_tokens(2, 11);
