@@ -72,3 +72,41 @@ TEST(CpuInvariance, LinearRowsIndependentOfBatchAndThreads) { check_invariance(f
 TEST(CpuInvariance, LinearRowsIndependentOfBatchAndThreadsScalar) { check_invariance(true); }
 
 }  // namespace anvil::test
+
+namespace anvil::test {
+namespace {
+
+// The AVX-512 VNNI form of the quantized mat-vec (cpu_qdot_avx2.cpp) gives the AVX2 kernel's results
+// bit for bit, for every format it takes, an odd number of groups (the single-block tail), batches of
+// 1..4 rows and more (several passes), so which one a machine runs never changes an output.
+TEST(CpuInvariance, Avx512MatVecEqualsAvx2BitForBit) {
+  cpu_set_avx512(true);
+  if (!cpu_use_avx512()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI (or no AVX2): nothing to compare";
+  struct F {
+    int bits, group;
+    DType dt;
+  };
+  int compared = 0;
+  for (const F& f : {F{4, 64, DType::kBF16}, F{4, 128, DType::kF16}, F{8, 32, DType::kBF16}, F{8, 64, DType::kF32},
+                     F{8, 128, DType::kBF16}, F{4, 32, DType::kBF16}})
+    for (int64_t K : {int64_t(1024), int64_t(64 * 17), int64_t(128 * 9)}) {  // even and odd group counts
+      if (K % f.group != 0 || K % (16 * (16 / f.bits)) != 0) continue;
+      SCOPED_TRACE("q" + std::to_string(f.bits) + "g" + std::to_string(f.group) + " K=" + std::to_string(K));
+      TestWeight t = make_quant_weight(301, K, f.bits, f.group, f.dt, true, 91u + unsigned(K));
+      for (int64_t T : {1, 2, 3, 4, 7}) {
+        std::vector<float> x = random_floats(size_t(T * K), 5u + unsigned(T));
+        auto be = make_cpu_backend(2);
+        cpu_set_avx512(false);
+        const std::vector<float> ref = run(*be, t.w, x.data(), T);
+        cpu_set_avx512(true);
+        const std::vector<float> got = run(*be, t.w, x.data(), T);
+        EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * 4)) << "T=" << T;
+        ++compared;
+      }
+    }
+  cpu_set_avx512(true);
+  EXPECT_GT(compared, 40);
+}
+
+}  // namespace
+}  // namespace anvil::test

@@ -324,6 +324,28 @@ bool cpu_use_avx2() {
   return f == 0 && cpu_has_avx2();
 }
 
+namespace {
+std::atomic<int> g_avx512{-1};  // -1: not yet read from ANVIL_CPU_AVX512
+}
+
+void cpu_set_avx512(bool on) { g_avx512.store(on ? 1 : 0); }
+
+bool cpu_use_avx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }();
+  int f = g_avx512.load(std::memory_order_relaxed);
+  if (f < 0) {
+    const char* e = std::getenv("ANVIL_CPU_AVX512");
+    int expected = -1;
+    g_avx512.compare_exchange_strong(expected, (e && std::strcmp(e, "0") == 0) ? 0 : 1);
+    f = g_avx512.load();
+  }
+  return f == 1 && has && cpu_use_avx2();
+}
+
 std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 
 }  // namespace anvil

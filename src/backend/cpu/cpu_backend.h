@@ -14,6 +14,11 @@ bool cpu_has_avx2();
 void cpu_set_force_scalar(bool on);
 // True when the AVX2 kernels are in use: cpu_has_avx2() and not forced scalar.
 bool cpu_use_avx2();
+// True when the quantized mat-vec also uses its AVX-512 VNNI form (bit for bit the AVX2 kernel's
+// results, more multiply-adds per instruction): cpu_use_avx2(), the CPU has AVX-512 F/BW/VL/VNNI, and
+// it is not switched off (ANVIL_CPU_AVX512=0 at start-up, or cpu_set_avx512(false) in tests).
+bool cpu_use_avx512();
+void cpu_set_avx512(bool on);
 
 // This machine's memory read bandwidth in GB/s (1e9 bytes/s): all of `pool`'s threads read a
 // buffer of `bytes` (make it far larger than the last-level cache, e.g. 1 GiB); best of a few runs.

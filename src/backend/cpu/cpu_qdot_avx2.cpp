@@ -16,9 +16,11 @@
 
 #include <algorithm>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 
 #define ANVIL_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ANVIL_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 namespace anvil::cpu {
 namespace {
@@ -148,15 +150,157 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
   }
 }
 
+// GCC 12's AVX-512 insert/extract intrinsics start from an undefined vector and warn about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The x lanes of two blocks, one per 256-bit half.
+ANVIL_AVX512 inline __m512i x2(const int16_t* xq, int64_t e0, int64_t e1) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + e0));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + e1));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// The same mat-vec with AVX-512 VNNI, for groups of at least one 32-byte block (every format but
+// 4-bit group 32): a 64-byte load holds two consecutive blocks, whose 16-bit lanes are unpacked as
+// above and multiplied into int32 lanes by one vpdpwssd per activation row (the x of the two blocks
+// joined in one register). Bit for bit the AVX2 kernel's results: the int32 sums are exact, each
+// 256-bit half is one block's (or one group's), and the halves reach the fp32 accumulator in the AVX2
+// kernel's order (a group's blocks summed as integers first; consecutive groups one after the other).
+template <int kBits, int kGroup, int NX>
+ANVIL_AVX512 void qgemv_rows_512_t(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out,
+                                   int64_t ldo) {
+  constexpr int E = 16 / kBits;
+  constexpr int B = 16 * E;
+  constexpr int kChunk = 64;
+  constexpr int kBlocksPerGroup = kGroup / B;
+  static_assert(kGroup >= B && (kBlocksPerGroup == 1 || kBlocksPerGroup % 2 == 0), "two blocks per 64-byte load");
+  const int64_t cols = w.cols, ng = cols / kGroup, rb = cols * kBits / 8;
+  const __m512i mask = _mm512_set1_epi16(int16_t((1 << kBits) - 1));
+  const __m256i mask256 = _mm256_set1_epi16(int16_t((1 << kBits) - 1));
+  alignas(32) float comb[NX][kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
+    const int64_t gbase = r * ng;
+    __m256 acc[NX];
+    float btail[NX];
+    for (int x = 0; x < NX; ++x) {
+      acc[x] = _mm256_setzero_ps();
+      btail[x] = 0.0f;
+    }
+    for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
+      const int n = int(std::min<int64_t>(kChunk, ng - g0));
+      int g = 0;
+      __m256 bacc[NX];
+      for (int x = 0; x < NX; ++x) bacc[x] = _mm256_setzero_ps();
+      for (; g + 8 <= n; g += 8) {
+        const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
+        const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
+        for (int x = 0; x < NX; ++x) {
+          _mm256_store_ps(comb[x] + g, _mm256_mul_ps(s, _mm256_loadu_ps(xs[x].xscale + g0 + g)));
+          bacc[x] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[x].xsum + g0 + g), bacc[x]);
+        }
+      }
+      for (; g < n; ++g) {
+        const float s = load_float(w.scales, w.dtype, size_t(gbase + g0 + g));
+        const float b = load_float(w.biases, w.dtype, size_t(gbase + g0 + g));
+        for (int x = 0; x < NX; ++x) {
+          comb[x][g] = s * xs[x].xscale[g0 + g];
+          btail[x] += b * xs[x].xsum[g0 + g];
+        }
+      }
+      for (int x = 0; x < NX; ++x) btail[x] += hsum(bacc[x]);
+      if constexpr (kBlocksPerGroup >= 2) {
+        for (g = 0; g < n; ++g) {
+          const int64_t ge = (g0 + g) * kGroup;
+          const uint8_t* wp = row + ge * kBits / 8;
+          _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
+          __m512i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+          for (int b = 0; b < kBlocksPerGroup; b += 2) {
+            const __m512i v = _mm512_loadu_si512(wp + b * 32);
+#pragma GCC unroll 4
+            for (int j = 0; j < E; ++j) {
+              __m512i qj = j == 0 ? v : _mm512_srli_epi16(v, kBits * j);
+              if (j != E - 1) qj = _mm512_and_si512(qj, mask);
+#pragma GCC unroll 4
+              for (int x = 0; x < NX; ++x)
+                iacc[x] = _mm512_dpwssd_epi32(iacc[x], qj, x2(xs[x].xq, ge + b * B + j * 16, ge + (b + 1) * B + j * 16));
+            }
+          }
+          for (int x = 0; x < NX; ++x) {
+            const __m256i s32 = _mm256_add_epi32(_mm512_castsi512_si256(iacc[x]), _mm512_extracti64x4_epi64(iacc[x], 1));
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(comb[x][g]), acc[x]);
+          }
+        }
+      } else {
+        // One block per group: groups g and g+1 in one load, each half reaching acc in turn.
+        for (g = 0; g + 2 <= n; g += 2) {
+          const int64_t ge = (g0 + g) * kGroup;
+          const uint8_t* wp = row + ge * kBits / 8;
+          _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
+          const __m512i v = _mm512_loadu_si512(wp);
+          __m512i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int j = 0; j < E; ++j) {
+            __m512i qj = j == 0 ? v : _mm512_srli_epi16(v, kBits * j);
+            if (j != E - 1) qj = _mm512_and_si512(qj, mask);
+#pragma GCC unroll 4
+            for (int x = 0; x < NX; ++x) iacc[x] = _mm512_dpwssd_epi32(iacc[x], qj, x2(xs[x].xq, ge + j * 16, ge + B + j * 16));
+          }
+          for (int x = 0; x < NX; ++x) {
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(iacc[x])), _mm256_set1_ps(comb[x][g]),
+                                     acc[x]);
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(iacc[x], 1)),
+                                     _mm256_set1_ps(comb[x][g + 1]), acc[x]);
+          }
+        }
+        for (; g < n; ++g) {  // an odd last group: one block, as the AVX2 kernel does it
+          const int64_t ge = (g0 + g) * kGroup;
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ge * kBits / 8));
+          __m256i iacc[NX];
+          for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
+          for (int j = 0; j < E; ++j) {
+            __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, kBits * j);
+            if (j != E - 1) qj = _mm256_and_si256(qj, mask256);
+            for (int x = 0; x < NX; ++x) {
+              const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + j * 16));
+              iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+            }
+          }
+          for (int x = 0; x < NX; ++x)
+            acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[x]), _mm256_set1_ps(comb[x][g]), acc[x]);
+        }
+      }
+    }
+    const float bias = weight_bias(w, r);
+    for (int x = 0; x < NX; ++x) out[x * ldo + r] = hsum(acc[x]) + btail[x] + bias;
+  }
+}
+
+#pragma GCC diagnostic pop
+
 template <int NX>
 void qgemv_dispatch(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out, int64_t ldo) {
+  const bool v512 = cpu_use_avx512();
   switch (w.bits * 1000 + w.group_size) {
     case 4032: qgemv_rows_t<4, 32, NX>(w, r0, r1, xs, out, ldo); break;
-    case 4064: qgemv_rows_t<4, 64, NX>(w, r0, r1, xs, out, ldo); break;
-    case 4128: qgemv_rows_t<4, 128, NX>(w, r0, r1, xs, out, ldo); break;
-    case 8032: qgemv_rows_t<8, 32, NX>(w, r0, r1, xs, out, ldo); break;
-    case 8064: qgemv_rows_t<8, 64, NX>(w, r0, r1, xs, out, ldo); break;
-    case 8128: qgemv_rows_t<8, 128, NX>(w, r0, r1, xs, out, ldo); break;
+    case 4064:
+      v512 ? qgemv_rows_512_t<4, 64, NX>(w, r0, r1, xs, out, ldo) : qgemv_rows_t<4, 64, NX>(w, r0, r1, xs, out, ldo);
+      break;
+    case 4128:
+      v512 ? qgemv_rows_512_t<4, 128, NX>(w, r0, r1, xs, out, ldo) : qgemv_rows_t<4, 128, NX>(w, r0, r1, xs, out, ldo);
+      break;
+    case 8032:
+      v512 ? qgemv_rows_512_t<8, 32, NX>(w, r0, r1, xs, out, ldo) : qgemv_rows_t<8, 32, NX>(w, r0, r1, xs, out, ldo);
+      break;
+    case 8064:
+      v512 ? qgemv_rows_512_t<8, 64, NX>(w, r0, r1, xs, out, ldo) : qgemv_rows_t<8, 64, NX>(w, r0, r1, xs, out, ldo);
+      break;
+    case 8128:
+      v512 ? qgemv_rows_512_t<8, 128, NX>(w, r0, r1, xs, out, ldo) : qgemv_rows_t<8, 128, NX>(w, r0, r1, xs, out, ldo);
+      break;
     default: break;  // callers check qdot_avx2_supported() first
   }
 }
