@@ -152,7 +152,10 @@ void experts_avx2(ThreadPool& pool, const float* x, int64_t T, const MoEWeights&
   for (int e = 0; e < E; ++e)
     if (g.offset[size_t(e) + 1] > g.offset[size_t(e)]) active.push_back(e);
   const int64_t na = int64_t(active.size());
-  auto tile_of = [](int64_t n) { return n <= 4 ? n : int64_t(3); };
+  // Rows per kernel pass, as linear_quant_avx2 picks them: 4 with the AVX-512 form, else 3 (the
+  // experts here are 4/8-bit with groups of 64 or more, or 4-bit group 32, which stays AVX2).
+  const bool wide = cpu_use_avx512() && !(w.gate[0].bits == 4 && w.gate[0].group_size == 32);
+  auto tile_of = [wide](int64_t n) { return n <= 4 ? n : int64_t(wide ? 4 : 3); };
   constexpr int64_t kRows = 64;
 
   float* G = scratch(2, size_t(A * F)).data();
