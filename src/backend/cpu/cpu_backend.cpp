@@ -73,8 +73,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()) {}
 
   std::string name() const override {
-    return std::string("cpu (") + (cpu_use_avx2() ? "avx2" : "scalar") + ", " + std::to_string(pool_.size()) +
-           " threads)";
+    return std::string("cpu (") + (cpu_use_avx512() ? "avx2+avx512vnni" : cpu_use_avx2() ? "avx2" : "scalar") + ", " +
+           std::to_string(pool_.size()) + " threads)";
   }
   DType act_dtype() const override { return DType::kF32; }
 
