@@ -148,10 +148,13 @@ void experts_avx2(ThreadPool& pool, const float* x, int64_t T, const MoEWeights&
 
   // Work items: (expert, block of rows). Blocks of ~64 rows keep an item's gate+up rows (~150 KB at
   // q4, hidden 2048) L2-resident while every tile of the expert's tokens passes over them.
-  std::vector<int> active;
+  thread_local std::vector<int> active_buf;  // kept between calls: no allocation per token
+  active_buf.clear();
   for (int e = 0; e < E; ++e)
-    if (g.offset[size_t(e) + 1] > g.offset[size_t(e)]) active.push_back(e);
-  const int64_t na = int64_t(active.size());
+    if (g.offset[size_t(e) + 1] > g.offset[size_t(e)]) active_buf.push_back(e);
+  const int64_t na = int64_t(active_buf.size());
+  // The pool's threads see their own thread_local: they read this thread's list through a pointer.
+  const int* active = active_buf.data();
   // Rows per kernel pass, as linear_quant_avx2 picks them: 4 with the AVX-512 form, else 3 (the
   // experts here are 4/8-bit with groups of 64 or more, or 4-bit group 32, which stays AVX2).
   const bool wide = cpu_use_avx512() && !(w.gate[0].bits == 4 && w.gate[0].group_size == 32);
@@ -164,7 +167,7 @@ void experts_avx2(ThreadPool& pool, const float* x, int64_t T, const MoEWeights&
   const QuantizedX* xsp = xs_pos.data();
   pool.parallel_for(na * fblocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t item = b; item < e; ++item) {
-      const int ex = active[size_t(item / fblocks)];
+      const int ex = active[item / fblocks];
       const int64_t r0 = (item % fblocks) * kRows, r1 = std::min(F, r0 + kRows);
       const int64_t p0 = g.offset[size_t(ex)], p1 = g.offset[size_t(ex) + 1];
       const int64_t tile = tile_of(p1 - p0);
@@ -184,7 +187,7 @@ void experts_avx2(ThreadPool& pool, const float* x, int64_t T, const MoEWeights&
   const int64_t hblocks = (H + kRows - 1) / kRows;
   pool.parallel_for(na * hblocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t item = b; item < e; ++item) {
-      const int ex = active[size_t(item / hblocks)];
+      const int ex = active[item / hblocks];
       const int64_t r0 = (item % hblocks) * kRows, r1 = std::min(H, r0 + kRows);
       const int64_t p0 = g.offset[size_t(ex)], p1 = g.offset[size_t(ex) + 1];
       const int64_t tile = tile_of(p1 - p0);
