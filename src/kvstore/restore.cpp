@@ -7,6 +7,7 @@
 // of page i overlapping the read of page i+1), checksummed chunk by chunk while in cache, and its
 // header compared with the expected one instead of being parsed.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -185,59 +186,50 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
   Status failed;
   RestoreScratch main_scratch{restore_xxh_, std::move(hdr_buf_), {}};
   const int threads = restore_threads_for(backend_->device_memory_is_host(), run.size());
-  if (threads > 1) {
-    // Host memory (CPU backend): the records are independent, so several threads read them at once,
-    // each into its own pages (one core's copy out of the page cache is bounded by the misses it can
-    // keep in flight, well below the memory system's rate). Pool pages and segment readers are
-    // taken here first; the threads touch only their records, pages and scratch.
-    for (size_t j = 0; j < run.size(); ++j) {
-      const int32_t page = pool.kv_page_alloc();
-      if (page < 0) break;  // pool full: the rest is recomputed
-      loaded.push_back(page);
-    }
-    std::vector<Status> st(loaded.size());
-    for (size_t j = 0; j < loaded.size(); ++j) {
-      auto r = segment_reader(run[j].seg);
-      if (!r.is_ok()) st[j] = r.status();
-    }
-    auto work = [&](int w, RestoreScratch& scratch) {
-      for (size_t j = size_t(w); j < loaded.size(); j += size_t(threads)) {
-        if (!st[j].is_ok()) continue;
-        const int i = first + int(j);
-        st[j] = load_page_record(run[j], i * P, tokens.subspan(size_t(i) * P, size_t(P)), loaded[j], 0, scratch);
-      }
-    };
-    std::vector<RestoreScratch> scratch(size_t(threads - 1));
-    std::vector<std::thread> pool_threads;
-    for (int w = 1; w < threads; ++w) {
-      scratch[size_t(w - 1)].xxh = XXH3_createState();
-      pool_threads.emplace_back(work, w, std::ref(scratch[size_t(w - 1)]));
-    }
-    work(0, main_scratch);
-    for (auto& t : pool_threads) t.join();
-    for (auto& s : scratch) XXH3_freeState(s.xxh);
-    for (size_t j = 0; j < st.size(); ++j)
-      if (!st[j].is_ok()) {
-        failed_at = j;
-        failed = st[j];
-        break;
-      }
-  } else {
-    for (size_t j = 0; j < run.size(); ++j) {
-      const RestoreItem& it = run[j];
-      const int i = first + int(j);
-      const int32_t page = pool.kv_page_alloc();
-      if (page < 0) break;  // pool full: the rest is recomputed
-      Status st = load_page_record(it, i * P, tokens.subspan(size_t(i) * P, size_t(P)), page, int(j % 2), main_scratch);
-      if (!st.is_ok()) {
-        pool.kv_page_release(page);
-        failed_at = j;
-        failed = st;
-        break;
-      }
-      loaded.push_back(page);
-    }
+  // Pool pages and segment readers are taken here first. With host memory (CPU backend) several
+  // threads then read the records at once, each into its own pages (one core's copy out of the page
+  // cache is bounded by the misses it can keep in flight, well below the memory system's rate);
+  // they touch only their records, pages and scratch. A device backend reads on this thread alone,
+  // through the two staging slots. No record past the first failure is read.
+  for (size_t j = 0; j < run.size(); ++j) {
+    const int32_t page = pool.kv_page_alloc();
+    if (page < 0) break;  // pool full: the rest is recomputed
+    loaded.push_back(page);
   }
+  std::vector<Status> st(loaded.size());
+  for (size_t j = 0; j < loaded.size(); ++j) {
+    auto r = segment_reader(run[j].seg);
+    if (!r.is_ok()) st[j] = r.status();
+  }
+  std::atomic<size_t> stop{loaded.size()};  // the first failing record seen so far
+  auto work = [&](int w, RestoreScratch& scratch) {
+    for (size_t j = size_t(w); j < stop.load(std::memory_order_relaxed); j += size_t(threads)) {
+      const int i = first + int(j);
+      if (st[j].is_ok())
+        st[j] = load_page_record(run[j], i * P, tokens.subspan(size_t(i) * P, size_t(P)), loaded[j], int(j % 2),
+                                 scratch);
+      if (!st[j].is_ok()) {
+        size_t cur = stop.load();
+        while (j < cur && !stop.compare_exchange_weak(cur, j)) {
+        }
+      }
+    }
+  };
+  std::vector<RestoreScratch> scratch(size_t(threads - 1));
+  std::vector<std::thread> pool_threads;
+  for (int w = 1; w < threads; ++w) {
+    scratch[size_t(w - 1)].xxh = XXH3_createState();
+    pool_threads.emplace_back(work, w, std::ref(scratch[size_t(w - 1)]));
+  }
+  work(0, main_scratch);
+  for (auto& t : pool_threads) t.join();
+  for (auto& sc : scratch) XXH3_freeState(sc.xxh);
+  for (size_t j = 0; j < st.size(); ++j)
+    if (!st[j].is_ok()) {
+      failed_at = j;
+      failed = st[j];
+      break;
+    }
   hdr_buf_ = std::move(main_scratch.hdr);
   if (failed_at < run.size()) {
     const RestoreItem& it = run[failed_at];
