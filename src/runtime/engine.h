@@ -5,6 +5,7 @@
 // chain key (kv_page_key, rooted at kv_cache_root of the model fingerprint and the KV layout), so a
 // new sequence whose prompt starts with known pages skips their prefill.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -160,10 +161,11 @@ class Engine {
   Status sample_upload(std::span<const int> seqs, std::span<const int32_t> extra, std::span<const SamplingParams> params,
                        std::span<const uint64_t> random, SampleArgs* out);
   void sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params);
-  // step()/step_sample(): checks the items, takes their pages and runs one forward (logits, or
-  // sampled ids with `greedy`), then advances the sequences.
-  Status step_impl(std::span<const StepItem> items, std::vector<float>* logits, const Greedy* greedy,
-                   std::vector<int>* sample_seqs);
+  // step()/step_sample(): checks the items, takes their pages and runs one forward, then advances
+  // the sequences. With `sample` (step_sample), called once the items are known valid and before any
+  // page is taken, the forward samples on the backend (its Greedy) instead of returning logits.
+  Status step_impl(std::span<const StepItem> items, std::vector<float>* logits,
+                   const std::function<Status(Greedy*)>& sample);
   void sample_state_free();
 };
 

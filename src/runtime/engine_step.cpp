@@ -23,11 +23,11 @@ Status Engine::seq_append(int seq, std::span<const int32_t> tokens) {
 }
 
 Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits) {
-  return step_impl(items, logits, nullptr, nullptr);
+  return step_impl(items, logits, {});
 }
 
-Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* logits, const Greedy* greedy,
-                         std::vector<int>* sample_seqs) {
+Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* logits,
+                         const std::function<Status(Greedy*)>& sample) {
   if (items.empty()) return invalid_argument("step: no items");
   if (int(items.size()) > opts_.max_seqs)
     return invalid_argument("step: " + std::to_string(items.size()) + " sequences, the engine allows " +
@@ -48,11 +48,12 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
   if (total > model_.max_tokens())
     return invalid_argument("step: " + std::to_string(total) + " tokens exceed the forward's limit of " +
                             std::to_string(model_.max_tokens()));
-  if (sample_seqs) {  // step_sample's first pass: the items that sample, in order; nothing taken yet
-    sample_seqs->clear();
-    for (const StepItem& it : items)
-      if (it.want_logits) sample_seqs->push_back(it.seq);
-    return Status::ok();
+  // step_sample: the sampler's state for these (now valid) sequences, before any page is taken.
+  Greedy g;
+  const Greedy* greedy = nullptr;
+  if (sample) {
+    ANVIL_RETURN_IF_ERROR(sample(&g));
+    greedy = &g;
   }
   if (store_) store_->reap(*pool_, false);  // pages the store's writer has copied come back
   for (const StepItem& it : items) ANVIL_RETURN_IF_ERROR(ensure_pages(seqs_[it.seq], seqs_[it.seq].n_kv + it.n_tokens));
@@ -71,7 +72,6 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
     }
     if (items[i].want_logits) rows.push_back(int(ids.size()) - 1);
   }
-  if (rows.empty() && greedy) return invalid_argument("step_sample: no item wants a token");
   if (!greedy) logits->resize(rows.size() * size_t(V));
   ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, greedy ? nullptr : logits->data(), greedy));
   for (const StepItem& it : items) {
@@ -85,18 +85,20 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
 Status Engine::step_sample(std::span<const StepItem> items, std::span<const SamplingParams> params,
                            std::span<const uint64_t> random, std::span<const int32_t> suppress,
                            std::vector<int32_t>* next) {
-  std::vector<int> seqs;
-  // First pass: validation and the sequences that sample (no pages taken, no forward).
-  ANVIL_RETURN_IF_ERROR(step_impl(items, nullptr, nullptr, &seqs));
+  std::vector<int> seqs;  // the items that sample, in order (step_impl checks them)
+  for (const StepItem& it : items)
+    if (it.want_logits) seqs.push_back(it.seq);
   if (params.size() != seqs.size() || random.size() != seqs.size())
     return invalid_argument("step_sample: one parameter set and one random number per item that wants a token");
   if (seqs.empty()) return invalid_argument("step_sample: no item wants a token");
   for (const SamplingParams& p : params) ANVIL_RETURN_IF_ERROR(validate(p));
   SampleArgs args;
-  ANVIL_RETURN_IF_ERROR(sample_upload(seqs, {}, params, random, &args));
-  next->resize(seqs.size());
-  Greedy g{suppress, next->data(), &args};
-  ANVIL_RETURN_IF_ERROR(step_impl(items, nullptr, &g, nullptr));
+  ANVIL_RETURN_IF_ERROR(step_impl(items, nullptr, [&](Greedy* g) -> Status {
+    ANVIL_RETURN_IF_ERROR(sample_upload(seqs, {}, params, random, &args));
+    next->resize(seqs.size());
+    *g = Greedy{suppress, next->data(), &args};
+    return Status::ok();
+  }));
   sample_committed(seqs, params);
   return Status::ok();
 }
