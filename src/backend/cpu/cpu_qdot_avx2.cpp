@@ -46,6 +46,36 @@ ANVIL_AVX2 inline __m256 load8(const void* p, DType dt, int64_t i) {
   return _mm256_cvtph_ps(h);
 }
 
+// For groups [g0, g0 + n) of weight row `gbase / ng`: the combined scales scale_g * xscale_g of every
+// activation row into comb, and the affine bias term sum_g bias_g * xsum_g added to btail (reduced to
+// a scalar per staged chunk, so no register stays tied up by it across the main loop: NX = 4 would
+// otherwise spill, -30% for prefill). Shared by the AVX2 and AVX-512 kernels: the same operations in
+// the same order, so both give the same bits.
+template <int NX, int kChunk>
+ANVIL_AVX2 inline void stage_groups(const WeightMatrix& w, int64_t gbase, int64_t g0, int n, const QuantizedX* xs,
+                                    float (&comb)[NX][kChunk], float (&btail)[NX]) {
+  int g = 0;
+  __m256 bacc[NX];
+  for (int x = 0; x < NX; ++x) bacc[x] = _mm256_setzero_ps();
+  for (; g + 8 <= n; g += 8) {
+    const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
+    const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
+    for (int x = 0; x < NX; ++x) {
+      _mm256_store_ps(comb[x] + g, _mm256_mul_ps(s, _mm256_loadu_ps(xs[x].xscale + g0 + g)));
+      bacc[x] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[x].xsum + g0 + g), bacc[x]);
+    }
+  }
+  for (; g < n; ++g) {
+    const float s = load_float(w.scales, w.dtype, size_t(gbase + g0 + g));
+    const float b = load_float(w.biases, w.dtype, size_t(gbase + g0 + g));
+    for (int x = 0; x < NX; ++x) {
+      comb[x][g] = s * xs[x].xscale[g0 + g];
+      btail[x] += b * xs[x].xsum[g0 + g];
+    }
+  }
+  for (int x = 0; x < NX; ++x) btail[x] += hsum(bacc[x]);
+}
+
 // NX activation rows (1..4) share one pass over the weights: each extracted q vector is multiplied
 // against all of them, so batches (batched decode, prefill) read W once per 4 rows, not once per row.
 // One weight row at a time, front to back: the rows of a thread's chunk are then one sequential
@@ -63,8 +93,6 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
     const int64_t gbase = r * ng;
-    // The affine bias term is reduced to a scalar per staged chunk, so no register stays tied up
-    // by it across the main loop (NX = 4 would otherwise spill: -30% for prefill).
     __m256 acc[NX];
     float btail[NX];
     for (int x = 0; x < NX; ++x) {
@@ -73,26 +101,8 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
     }
     for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
       const int n = int(std::min<int64_t>(kChunk, ng - g0));
+      stage_groups<NX, kChunk>(w, gbase, g0, n, xs, comb, btail);
       int g = 0;
-      __m256 bacc[NX];
-      for (int x = 0; x < NX; ++x) bacc[x] = _mm256_setzero_ps();
-      for (; g + 8 <= n; g += 8) {
-        const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
-        const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
-        for (int x = 0; x < NX; ++x) {
-          _mm256_store_ps(comb[x] + g, _mm256_mul_ps(s, _mm256_loadu_ps(xs[x].xscale + g0 + g)));
-          bacc[x] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[x].xsum + g0 + g), bacc[x]);
-        }
-      }
-      for (; g < n; ++g) {
-        const float s = load_float(w.scales, w.dtype, size_t(gbase + g0 + g));
-        const float b = load_float(w.biases, w.dtype, size_t(gbase + g0 + g));
-        for (int x = 0; x < NX; ++x) {
-          comb[x][g] = s * xs[x].xscale[g0 + g];
-          btail[x] += b * xs[x].xsum[g0 + g];
-        }
-      }
-      for (int x = 0; x < NX; ++x) btail[x] += hsum(bacc[x]);
       if constexpr (kGroup >= B) {
         constexpr int kBlocksPerGroup = kGroup / B;
         for (g = 0; g < n; ++g) {
@@ -189,26 +199,8 @@ ANVIL_AVX512 void qgemv_rows_512_t(const WeightMatrix& w, int64_t r0, int64_t r1
     }
     for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
       const int n = int(std::min<int64_t>(kChunk, ng - g0));
+      stage_groups<NX, kChunk>(w, gbase, g0, n, xs, comb, btail);
       int g = 0;
-      __m256 bacc[NX];
-      for (int x = 0; x < NX; ++x) bacc[x] = _mm256_setzero_ps();
-      for (; g + 8 <= n; g += 8) {
-        const __m256 s = load8(w.scales, w.dtype, gbase + g0 + g);
-        const __m256 b = load8(w.biases, w.dtype, gbase + g0 + g);
-        for (int x = 0; x < NX; ++x) {
-          _mm256_store_ps(comb[x] + g, _mm256_mul_ps(s, _mm256_loadu_ps(xs[x].xscale + g0 + g)));
-          bacc[x] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[x].xsum + g0 + g), bacc[x]);
-        }
-      }
-      for (; g < n; ++g) {
-        const float s = load_float(w.scales, w.dtype, size_t(gbase + g0 + g));
-        const float b = load_float(w.biases, w.dtype, size_t(gbase + g0 + g));
-        for (int x = 0; x < NX; ++x) {
-          comb[x][g] = s * xs[x].xscale[g0 + g];
-          btail[x] += b * xs[x].xsum[g0 + g];
-        }
-      }
-      for (int x = 0; x < NX; ++x) btail[x] += hsum(bacc[x]);
       if constexpr (kBlocksPerGroup >= 2) {
         for (g = 0; g < n; ++g) {
           const int64_t ge = (g0 + g) * kGroup;
