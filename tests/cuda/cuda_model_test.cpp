@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_model_stack.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -13,35 +14,8 @@
 namespace anvil {
 namespace {
 
-struct Stack {
-  std::unique_ptr<LoadedModel> model;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Transformer> tf;
-  std::unique_ptr<Engine> engine;
-};
-
-Stack make_stack(const std::string& synth, int ctx) {
-  Stack s;
-  auto b = make_cuda_backend(0);
-  if (!b.is_ok()) return s;
-  s.backend = std::move(*b);
-  auto m = load_synthetic(synth);
-  EXPECT_TRUE(m.is_ok()) << m.status().message();
-  s.model = std::move(m).value();
-  auto w = upload_weights(s.model->weights, *s.backend);
-  EXPECT_TRUE(w.is_ok()) << w.status().message();
-  auto tf = Transformer::create(s.model->config, *w, *s.backend, 64);
-  EXPECT_TRUE(tf.is_ok()) << tf.status().message();
-  s.tf = std::move(tf).value();
-  EngineOptions o;
-  o.max_context = ctx;
-  o.max_seqs = 1;
-  o.prefix_cache = false;
-  auto e = Engine::create(*s.tf, s.model->fingerprint, o);
-  EXPECT_TRUE(e.is_ok()) << e.status().message();
-  s.engine = std::move(e).value();
-  return s;
-}
+using Stack = CudaModelStack;
+Stack make_stack(const std::string& synth, int ctx) { return make_cuda_model_stack(synth, ctx, 1); }
 
 std::vector<int32_t> run(Stack& s, const std::vector<int32_t>& prompt, int n) {
   GenerateRequest req;
