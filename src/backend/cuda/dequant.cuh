@@ -49,6 +49,21 @@ __device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[W]) 
   }
 }
 
+// Activation chunk c (32 elements) of a bf16 row as floats, and their sum (the affine bias term
+// multiplies it): shared by the mat-vec and the MoE kernels.
+__device__ __forceinline__ float load_x_chunk(const uint16_t* row, int64_t c, float (&xf)[32]) {
+  uint32_t xw[16];
+  load_words<16>(reinterpret_cast<const uint32_t*>(row + c * 32), xw);
+  float sx = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    xf[2 * e] = bf16_lo(xw[e]);
+    xf[2 * e + 1] = bf16_hi(xw[e]);
+    sx += xf[2 * e] + xf[2 * e + 1];
+  }
+  return sx;
+}
+
 // Element e (0..31, a compile-time constant after unrolling) of a chunk: q for quantized formats,
 // the value itself for dense ones.
 template <int FMT, int W>

@@ -28,20 +28,6 @@ constexpr int kRouteTok = 8;  // tokens per routing block: each router row is re
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
-// x chunk c of a bf16 row as 32 floats, and their sum.
-__device__ __forceinline__ float load_x_chunk(const uint16_t* row, int64_t c, float (&xf)[32]) {
-  uint32_t xw[16];
-  load_words<16>(reinterpret_cast<const uint32_t*>(row + c * 32), xw);
-  float sx = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    xf[2 * e] = bf16_lo(xw[e]);
-    xf[2 * e + 1] = bf16_hi(xw[e]);
-    sx += xf[2 * e] + xf[2 * e + 1];
-  }
-  return sx;
-}
-
 // dot(weight chunk c of row `row`, xf) with the chunk's affine scale and bias applied.
 template <int FMT>
 __device__ __forceinline__ float chunk_dot(const ExpertPtrs& p, int64_t row, int64_t cols, int group, Elem dt,

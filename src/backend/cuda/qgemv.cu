@@ -82,16 +82,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvParams p) {
 #pragma unroll
     for (int t = 0; t < TT; ++t) {
       if (t < p.T) {
-        uint32_t xw[16];
-        load_words<16>(reinterpret_cast<const uint32_t*>(p.x + t * K + c * 32), xw);
         float xf[32];
-        float sx = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          xf[2 * e] = bf16_lo(xw[e]);
-          xf[2 * e + 1] = bf16_hi(xw[e]);
-          sx += xf[2 * e] + xf[2 * e + 1];
-        }
+        const float sx = load_x_chunk(p.x + t * K, c, xf);
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
