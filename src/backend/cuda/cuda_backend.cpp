@@ -24,6 +24,7 @@
 #include "backend/cpu/cpu_backend.h"  // moe_phase_profiling / moe_phase_add
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/dev_matrix.h"
 #include "backend/cuda/cuda_page_copy.h"
 #include "backend/cuda/moe_runner.h"
 #include "base/sample_math.h"
@@ -33,6 +34,7 @@ namespace {
 
 using cuda::DevMatrix;
 using cuda::Elem;
+using cuda::elem_unchecked;
 
 std::string mib(size_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
 
@@ -45,15 +47,7 @@ Result<Elem> elem_of(DType d) {
   }
 }
 
-Elem elem_unchecked(DType d) { return d == DType::kF32 ? Elem::kF32 : d == DType::kF16 ? Elem::kF16 : Elem::kBF16; }
-
-DevMatrix dev(const WeightMatrix& w) {
-  DevMatrix m;
-  m.data = w.data, m.scales = w.scales, m.biases = w.biases, m.bias = w.bias;
-  m.rows = w.rows, m.cols = w.cols, m.bits = w.bits, m.group = w.group_size;
-  m.dtype = elem_unchecked(w.dtype), m.bias_dtype = elem_unchecked(w.bias_dtype);
-  return m;
-}
+DevMatrix dev(const WeightMatrix& w) { return cuda::dev_matrix(w); }
 
 class CudaBackend final : public Backend {
  public:

@@ -1,6 +1,7 @@
 // The host side of the CUDA moe_ffn (see moe_runner.h): validation, per-layer pointer tables, the
 // workspace, and the launch sequence of moe.h.
 #include "backend/cuda/moe_runner.h"
+#include "backend/cuda/dev_matrix.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,11 +14,9 @@ namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
 
-Elem elem(DType d) { return d == DType::kF32 ? Elem::kF32 : d == DType::kF16 ? Elem::kF16 : Elem::kBF16; }
-
 bool dense_dtype(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
 
-int fmt_of(const WeightMatrix& m) { return moe_fmt(m.bits, elem(m.dtype)); }
+int fmt_of(const WeightMatrix& m) { return moe_fmt(m.bits, elem_unchecked(m.dtype)); }
 
 bool same_format(const WeightMatrix& a, const WeightMatrix& b) {
   return a.bits == b.bits && a.dtype == b.dtype && (a.bits == 0 || a.group_size == b.group_size);
@@ -47,17 +46,10 @@ MoEMats mats(const ExpertPtrs* table, const WeightMatrix& m) {
   s.rows = m.rows, s.cols = m.cols;
   s.fmt = fmt_of(m);
   s.group = m.group_size;
-  s.dtype = elem(m.dtype);
+  s.dtype = elem_unchecked(m.dtype);
   return s;
 }
 
-DevMatrix devmat(const WeightMatrix& w) {
-  DevMatrix m;
-  m.data = w.data, m.scales = w.scales, m.biases = w.biases, m.bias = w.bias;
-  m.rows = w.rows, m.cols = w.cols, m.bits = w.bits, m.group = w.group_size;
-  m.dtype = elem(w.dtype), m.bias_dtype = elem(w.bias_dtype);
-  return m;
-}
 
 Status launch_status(cudaError_t e, const char* kernel) {
   if (e == cudaSuccess) return Status::ok();
@@ -237,8 +229,8 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
 
 Status MoERunner::route(const void* x, const MoEWeights& w, const MoEPlan& p, cudaStream_t s, uint64_t* launches) {
   MoERouteArgs ra;
-  ra.router = devmat(w.router);
-  if (p.shared) ra.shared_gate = devmat(w.shared_gate_w);
+  ra.router = dev_matrix(w.router);
+  if (p.shared) ra.shared_gate = dev_matrix(w.shared_gate_w);
   ra.E = w.num_experts, ra.k = w.top_k, ra.norm_topk = w.norm_topk_prob;
   ra.logits = p.logits, ra.counters = p.counters, ra.idx = p.idx, ra.wt = p.wt, ra.shared_coef = p.coef;
   ra.x = x, ra.T = int(p.T), ra.H = p.H;
