@@ -40,6 +40,7 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, Sch
   // spread over a few threads that sleep between steps (no spinning: the engine's own CPU threads
   // are idle while this runs, and a CUDA step waits for it).
   sample_pool_ = std::make_unique<ThreadPool>(std::max(1, std::min(8, ThreadPool::default_threads())), 0);
+  device_sample_ = device_sampler_enabled(engine_.model().backend());  // read once, not per step
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -379,7 +380,7 @@ bool Scheduler::run_step() {
 // are the ones the host path would sample. Returns 0 (nothing done) where it does not apply, 1 when
 // the step ran, -1 when it failed (every owner failed with the error).
 int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner) {
-  if (!device_sampler_enabled(engine_.model().backend())) return 0;
+  if (!device_sample_) return 0;
   std::vector<Active*> rows;
   std::vector<SamplingParams> params;
   std::vector<uint64_t> random;

@@ -116,7 +116,8 @@ class Scheduler {
 
   // Scheduler thread only.
   std::unique_ptr<ThreadPool> sample_pool_;
-  std::vector<int32_t> sampled_ids_;  // sample_on_device's ids  // sample_row over a step's rows (a row of a 152k vocabulary: ~1 ms)
+  std::vector<int32_t> sampled_ids_;  // sample_on_device's ids
+  bool device_sample_ = false;        // device_sampler_enabled() for this engine's backend  // sample_row over a step's rows (a row of a 152k vocabulary: ~1 ms)
   std::vector<std::unique_ptr<Active>> active_;
   int64_t admit_counter_ = 0;
   int64_t step_no_ = 0;
