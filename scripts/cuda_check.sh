@@ -149,7 +149,8 @@ if [ "$what" != bench ]; then
 fi
 # MUTATE=1: break a kernel on purpose, rebuild the CUDA tests, check they fail, restore.
 if [ "${MUTATE:-0}" = 1 ]; then
-  mutate() {  # file, sed expression, test filter
+  mutate() {  # file, sed expression, test filter (MUTATE_ONLY=REGEX: only the expressions it matches)
+    [ -n "${MUTATE_ONLY:-}" ] && ! grep -qE "$MUTATE_ONLY" <<< "$2" && return
     cp "$1" /tmp/mutant.bak && sed -i "$2" "$1" && cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
     ./build-gpu/tests/anvil_test_cuda --gtest_filter="$3" > /tmp/mutant.log 2>&1
     echo "mutation [$2] in $1: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)') $(grep -m1 -E 'rel_err|Which is|nan' /tmp/mutant.log | head -c 160)"
@@ -157,6 +158,7 @@ if [ "${MUTATE:-0}" = 1 ]; then
   }
   {
     mutate src/backend/cuda/qgemv_tc.cu 's/sh + 4, s.sa/sh + 8, s.sa/' 'CudaOps.Linear*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/xp\[e0 \/ 2 + 2\]/xp[e0 \/ 2 + 1]/' 'CudaOps.Linear*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
@@ -167,12 +169,16 @@ if [ "${MUTATE:-0}" = 1 ]; then
   } 2>&1 | tee "$OUT/mutations.log"
   cmake --build build-gpu -j16 > /dev/null 2>&1
 fi
-# NCU=1: per-kernel time, DRAM throughput and occupancy of one decode layer of qwen3-8b q4g64.
+# NCU=1: per-kernel time, DRAM throughput and occupancy of decode kernels (qwen3-8b and 0.6b q4g64;
+# the launches skipped land in the decode graph's replays).
 if [ "${NCU:-0}" = 1 ]; then
-  timeout 240 ncu --clock-control none --launch-skip 1500 --launch-count 24 \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
-    ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:q4g64 --prompt 16 -n 32 --runs 1 > "$OUT/ncu.log" 2>&1
-  echo "ncu rc=$?"
+  for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do
+    echo "### ncu $m"
+    timeout 200 ncu --clock-control none --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-40} \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 16 -n 32 --runs 1 2>&1
+    echo "ncu rc=$?"
+  done > "$OUT/ncu.log" 2>&1
 fi
 if [ "$what" != tests ]; then
   b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
@@ -204,6 +210,12 @@ if [ "$what" != tests ]; then
       ANVIL_CUDA_GEMV_MAX_T=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
         --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
     done
+  elif [ "$BENCH_SET" = gemv ]; then
+    # The staged q4 decode mat-vec (default) against its variants and the unstaged kernel (8x2).
+    b --synthetic qwen3-8b:q4g64 --runs 2
+    b --synthetic qwen3-0.6b:q4g64 --runs 2
+    for v in xs1 x1 8x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
+    ANVIL_QGEMV_TC=8x2 b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile
@@ -226,7 +238,7 @@ grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
 echo "=== golden diag ==="
 grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
 echo "=== ncu ==="
-grep -E "^  [a-z_]|gpu__time_duration|dram__throughput|warps_active" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -100
+grep -E "^###|^  [a-z_]|gpu__time_duration|dram__|warps_active|launch__|ncu rc" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -${NCU_LINES:-400}
 echo "=== cli ==="
 cat "$OUT/cli.log" 2>/dev/null
 echo "=== mutations ==="

@@ -23,8 +23,10 @@
 namespace anvil::cuda {
 namespace {
 
-// Block shape: kWarps warps split K; each issues kUnroll steps' loads before their mmas. 8 x 2 is
-// the default; ANVIL_QGEMV_TC=WxU picks another compiled shape (4x4, 16x1, 16x2) for measuring.
+// Block shape: kWarps warps split K; each issues kUnroll steps' loads before their mmas.
+// ANVIL_QGEMV_TC picks another compiled variant for measuring: for the first kernel below 8x2 (its
+// default), 4x4, 16x1, 16x2; for the staged decode kernel (the default for T <= 8) xs1 (one step
+// in flight with the up matrix) and x1 (one step in flight everywhere).
 
 struct TcSeg {
   const uint32_t* w;
@@ -218,6 +220,158 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   }
 }
 
+// Decode's variant (T <= 8 and the activations fit in 48 KB of shared memory): the same steps and
+// mmas, laid out for bandwidth. Measured on the H200 (ncu, qwen3-8b q4g64), the kernel above held
+// 92-127 registers per thread (16 warps per SM) and moved 0.8-1.7 TB/s. Here:
+// - the activations are staged once per block in shared memory and read just before each step's
+//   mmas, so no registers hold them across the loads' latency;
+// - the warps per 16-row tile (W) are picked per matrix so that the grid has ~32 warps per SM of
+//   work (narrow matrices split K over 16 warps), and the register cap allows that occupancy;
+// - the first U steps' weights are loaded before griddepcontrol.wait (weights are never written
+//   by a kernel), so in a decode graph they are in flight while the previous kernel drains.
+// step_mma with the lane's 32 activations read from shared memory mma by mma (two words each), so
+// they occupy no registers across the step; `xp` null: this lane's token is padding (zeros).
+__device__ __forceinline__ void step_mma_smem(float (&d)[4], const Step& s, const uint32_t* xp) {
+  const uint32_t wa[4] = {s.wa.x, s.wa.y, s.wa.z, s.wa.w}, wb[4] = {s.wb.x, s.wb.y, s.wb.z, s.wb.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int word = j >> 1, sh = (j & 1) * 8;
+    const uint32_t a0 = dq_pair(wa[word], sh, s.sa, s.ba), a2 = dq_pair(wa[word], sh + 4, s.sa, s.ba);
+    const uint32_t a1 = dq_pair(wb[word], sh, s.sb, s.bb), a3 = dq_pair(wb[word], sh + 4, s.sb, s.bb);
+    const int e0 = 8 * word + 2 * (j & 1);
+    const uint32_t lo0 = xp ? xp[e0 / 2] : 0u, lo4 = xp ? xp[e0 / 2 + 2] : 0u;
+    mma_bf16(d, a0, a1, a2, a3, __byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
+  }
+}
+
+// One step's loads with the rows' offsets computed once per warp (32-bit indices inside a row keep
+// the register count down).
+struct RowOff {
+  int64_t wa, wb, ga, gb;  // uint4 index of rows ra/rb; group index of their first groups
+};
+__device__ __forceinline__ Step load_step_off(const TcSeg& m, const RowOff& o, int k, int gshift) {
+  Step s;
+  const uint4* w = reinterpret_cast<const uint4*>(m.w);
+  s.wa = __ldg(w + o.wa + (k >> 5));
+  s.wb = __ldg(w + o.wb + (k >> 5));
+  const int gi = k >> gshift;
+  s.sa = __bfloat162bfloat162(m.scales[o.ga + gi]);
+  s.ba = __bfloat162bfloat162(m.biases[o.ga + gi]);
+  s.sb = __bfloat162bfloat162(m.scales[o.gb + gi]);
+  s.bb = __bfloat162bfloat162(m.biases[o.gb + gi]);
+  return s;
+}
+
+template <bool SWIGLU, int W, int U, int REGS>
+__global__ void __maxnreg__(REGS) qgemv4_tcx_kernel(TcParams p) {
+  extern __shared__ __align__(16) uint32_t xs[];  // [T][K/2] bf16 pairs
+  pdl_launch();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t tile = blockIdx.x;
+  int si = 0;
+  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
+  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
+  const TcSeg& m = p.seg[si];
+  const int64_t r0 = (tile - m.tile_begin) * 16;
+  const int64_t ra = min(r0 + g, m.rows - 1), rb = min(r0 + g + 8, m.rows - 1);
+  const int64_t K = p.K;
+  const int steps = int(K / 128);
+  const int gshift = p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
+  const RowOff off{ra * (K / 32), rb * (K / 32), ra * (K >> gshift), rb * (K >> gshift)};
+
+  Step s[U], su[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int st = warp + u * W;
+    if (st < steps) {
+      s[u] = load_step_off(m, off, st * 128 + c * 32, gshift);
+      if constexpr (SWIGLU) su[u] = load_step_off(p.up, off, st * 128 + c * 32, gshift);
+    }
+  }
+  pdl_wait();
+  const int64_t nvec = int64_t(p.T) * K / 8;
+  for (int64_t i = threadIdx.x; i < nvec; i += W * 32)
+    reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(p.x) + i);
+  __syncthreads();
+
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, du[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const bool has_tok = g < p.T;
+  const uint32_t* xrow = xs + (has_tok ? g : 0) * int(K / 2);
+  for (int st0 = warp; st0 < steps; st0 += W * U) {
+    if (st0 != warp) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int st = st0 + u * W;
+        if (st >= steps) break;
+        s[u] = load_step_off(m, off, st * 128 + c * 32, gshift);
+        if constexpr (SWIGLU) su[u] = load_step_off(p.up, off, st * 128 + c * 32, gshift);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int st = st0 + u * W;
+      if (st >= steps) break;
+      const uint32_t* xp = has_tok ? xrow + (st * 128 + c * 32) / 2 : nullptr;
+      step_mma_smem(d, s[u], xp);
+      if constexpr (SWIGLU) step_mma_smem(du, su[u], xp);
+    }
+  }
+
+  __shared__ float red[W][SWIGLU ? 2 : 1][32][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    red[warp][0][lane][i] = d[i];
+    if constexpr (SWIGLU) red[warp][SWIGLU ? 1 : 0][lane][i] = du[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v = 0, u = 0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      v += red[w][0][lane][i];
+      if constexpr (SWIGLU) u += red[w][SWIGLU ? 1 : 0][lane][i];
+    }
+    const int t = 2 * c + (i & 1);
+    const int64_t row = r0 + g + (i >> 1) * 8;
+    if (t >= p.T || row >= m.rows) continue;
+    if constexpr (SWIGLU) {
+      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
+    } else {
+      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
+      if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+      else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+// Warps per tile for the staged kernel: enough (tile, warp) pairs for ~32 warps per SM, at most one
+// warp per step of K.
+template <int UN, int US>
+cudaError_t tcx_launch(bool swiglu, int64_t tiles, int64_t steps, size_t smem, cudaStream_t s, const TcParams& p) {
+  const dim3 grid(static_cast<unsigned>(tiles));
+  const int64_t want = 132 * 32;
+  int W = tiles * 8 >= want ? 8 : 16;
+  while (W > 4 && W > steps) W /= 2;
+  // Register caps: the most that compiles without spills for U = 2 (80, and 96 with the up matrix).
+  if (swiglu) {
+    switch (W) {
+      case 4: launch_k(qgemv4_tcx_kernel<true, 4, US, 96>, grid, dim3(128), smem, s, p); break;
+      case 8: launch_k(qgemv4_tcx_kernel<true, 8, US, 96>, grid, dim3(256), smem, s, p); break;
+      default: launch_k(qgemv4_tcx_kernel<true, 16, US, 96>, grid, dim3(512), smem, s, p); break;
+    }
+  } else {
+    switch (W) {
+      case 4: launch_k(qgemv4_tcx_kernel<false, 4, UN, 80>, grid, dim3(128), smem, s, p); break;
+      case 8: launch_k(qgemv4_tcx_kernel<false, 8, UN, 80>, grid, dim3(256), smem, s, p); break;
+      default: launch_k(qgemv4_tcx_kernel<false, 16, UN, 80>, grid, dim3(512), smem, s, p); break;
+    }
+  }
+  return cudaGetLastError();
+}
+
 template <int W, int U, int NT = 1>
 cudaError_t tc_launch(bool swiglu, dim3 grid, cudaStream_t s, const TcParams& p) {
   if (swiglu) launch_k(qgemv4_tc_kernel<true, W, U, NT>, grid, dim3(W * 32), 0, s, p);
@@ -268,9 +422,17 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   static const int shape = [] {
     const char* e = std::getenv("ANVIL_QGEMV_TC");
     const std::string v = e ? e : "";
-    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : 0;
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : 0;
   }();
   const dim3 grid(static_cast<unsigned>(tiles));
+  // Decode (T <= 8): the staged kernel when the activations fit in 48 KB of shared memory.
+  const size_t smem = size_t(T) * size_t(p.K) * 2;
+  if (T <= 8 && smem <= 48 * 1024 && (shape == 0 || shape >= 5)) {
+    const int64_t steps = p.K / 128;
+    if (shape == 5) return tcx_launch<2, 1>(up != nullptr, tiles, steps, smem, s, p);
+    if (shape == 6) return tcx_launch<1, 1>(up != nullptr, tiles, steps, smem, s, p);
+    return tcx_launch<2, 2>(up != nullptr, tiles, steps, smem, s, p);
+  }
   // 9..32 tokens: one pass over the weights, 2 or 4 token tiles per A fragment (one step in flight
   // per warp: the activations of 4 tiles take 64 registers).
   if (T > 16) return tc_launch<8, 1, 4>(up != nullptr, grid, s, p);
