@@ -347,6 +347,184 @@ __global__ void __maxnreg__(REGS) qgemv4_tcx_kernel(TcParams p) {
   }
 }
 
+// The decode default (T <= 8): weights streamed through shared memory with cp.async.
+//
+// ncu on the H200 showed the register-fed kernels above at 16-24 warps per SM with 1-2 KB of loads in
+// flight per warp: 0.8-1.7 TB/s, bounded by the bytes in flight (Little's law: ~4 TB/s at ~1 us of
+// latency needs ~30 KB in flight per SM, all the time). Here each lane copies its own 32 bytes per
+// step (rows g and g+8) into a per-warp ring of S steps in shared memory, so S steps per warp are
+// in flight without holding registers; a lane reads back only what it copied itself, so waiting
+// for its own copy groups is enough (no barrier). The tile's scales and biases (16 rows) are
+// copied once, the activations staged once per block; the steps' mmas are those of step_mma_smem.
+// The weights and scales are copied before griddepcontrol.wait (no kernel writes them).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared memory of one block: ring [W][S][M][2 rows][32 lanes] x 16 B | scales and biases
+// [M][2][16 rows][ng] bf16 | activations [T][K] bf16.
+__host__ __device__ constexpr size_t async_ring_bytes(int W, int S, int M) { return size_t(W) * S * M * 2 * 32 * 16; }
+inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group) {
+  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(K / group) * 2 + size_t(T) * size_t(K) * 2;
+}
+
+template <bool SWIGLU, int W, int S>
+__global__ void __launch_bounds__(W * 32) qgemv4_async_kernel(TcParams p) {
+  constexpr int M = SWIGLU ? 2 : 1;
+  extern __shared__ __align__(16) uint8_t smem[];
+  pdl_launch();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t tile = blockIdx.x;
+  int si = 0;
+  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
+  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
+  const TcSeg& m = p.seg[si];
+  const int64_t r0 = (tile - m.tile_begin) * 16;
+  const int K = int(p.K), steps = K / 128;
+  const int gshift = p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
+  const int ng = K >> gshift;  // groups per row (a multiple of 8: the host checks)
+  uint4* ring = reinterpret_cast<uint4*>(smem);
+  __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem + async_ring_bytes(W, S, M));
+  uint32_t* xs = reinterpret_cast<uint32_t*>(sc + size_t(M) * 2 * 16 * ng);
+
+  // The tile's scales and biases: [array = matrix*2 + (0 scales, 1 biases)][row][ng].
+  const int pieces = ng / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < M * 2 * 16 * pieces; i += W * 32) {
+    const int piece = i % pieces, r = (i / pieces) % 16, arr = i / (pieces * 16);
+    const TcSeg& mm = (arr >> 1) ? p.up : m;
+    const __nv_bfloat16* src = ((arr & 1) ? mm.biases : mm.scales) + min(r0 + r, m.rows - 1) * int64_t(ng);
+    cp_async16(sc + (size_t(arr) * 16 + r) * ng + piece * 8, src + piece * 8);
+  }
+  const int64_t oa = min(r0 + g, m.rows - 1) * (K / 32), ob = min(r0 + g + 8, m.rows - 1) * (K / 32);
+  const int n = steps > warp ? (steps - warp + W - 1) / W : 0;  // this warp's steps: warp, warp + W, ...
+  uint4* my = ring + size_t(warp) * S * M * 2 * 32;
+  auto issue = [&](int i) {
+    const int kq = ((warp + i * W) * 128 + c * 32) >> 5;  // 16-byte piece within a row
+    uint4* slot = my + (i % S) * M * 2 * 32;
+    cp_async16(slot + lane, reinterpret_cast<const uint4*>(m.w) + oa + kq);
+    cp_async16(slot + 32 + lane, reinterpret_cast<const uint4*>(m.w) + ob + kq);
+    if constexpr (SWIGLU) {
+      cp_async16(slot + 64 + lane, reinterpret_cast<const uint4*>(p.up.w) + oa + kq);
+      cp_async16(slot + 96 + lane, reinterpret_cast<const uint4*>(p.up.w) + ob + kq);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < S; ++i) {
+    if (i < n) issue(i);
+    cp_async_commit();  // group i (group 0 also holds the scales)
+  }
+  pdl_wait();
+  const int nvec = p.T * K / 8;
+  for (int i = threadIdx.x; i < nvec; i += W * 32)
+    reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(p.x) + i);
+  cp_async_wait<S - 1>();  // this thread's group 0; the barrier makes every thread's visible
+  __syncthreads();
+
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, du[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint32_t* xrow = g < p.T ? xs + g * (K / 2) : nullptr;
+  for (int i = 0; i < n; ++i) {
+    cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
+    const int k = (warp + i * W) * 128 + c * 32, gi = k >> gshift;
+    const uint4* slot = my + (i % S) * M * 2 * 32;
+    const uint32_t* xp = xrow ? xrow + k / 2 : nullptr;
+    Step st;
+    st.wa = slot[lane];
+    st.wb = slot[32 + lane];
+    st.sa = __bfloat162bfloat162(sc[(0 * 16 + g) * ng + gi]);
+    st.ba = __bfloat162bfloat162(sc[(1 * 16 + g) * ng + gi]);
+    st.sb = __bfloat162bfloat162(sc[(0 * 16 + g + 8) * ng + gi]);
+    st.bb = __bfloat162bfloat162(sc[(1 * 16 + g + 8) * ng + gi]);
+    step_mma_smem(d, st, xp);
+    if constexpr (SWIGLU) {
+      Step su;
+      su.wa = slot[64 + lane];
+      su.wb = slot[96 + lane];
+      su.sa = __bfloat162bfloat162(sc[(2 * 16 + g) * ng + gi]);
+      su.ba = __bfloat162bfloat162(sc[(3 * 16 + g) * ng + gi]);
+      su.sb = __bfloat162bfloat162(sc[(2 * 16 + g + 8) * ng + gi]);
+      su.bb = __bfloat162bfloat162(sc[(3 * 16 + g + 8) * ng + gi]);
+      step_mma_smem(du, su, xp);
+    }
+    // The slot just read is refilled only after its words were consumed by the mmas above.
+    if (i + S < n) issue(i + S);
+    cp_async_commit();
+  }
+
+  __shared__ float red[W][M][32][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    red[warp][0][lane][i] = d[i];
+    if constexpr (SWIGLU) red[warp][M - 1][lane][i] = du[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v = 0, u = 0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      v += red[w][0][lane][i];
+      if constexpr (SWIGLU) u += red[w][M - 1][lane][i];
+    }
+    const int t = 2 * c + (i & 1);
+    const int64_t row = r0 + g + (i >> 1) * 8;
+    if (t >= p.T || row >= m.rows) continue;
+    if constexpr (SWIGLU) {
+      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
+    } else {
+      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
+      if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+      else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+constexpr size_t kAsyncMaxSmem = 160 * 1024;
+
+template <bool SW, int W, int S>
+cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
+  if (attr != cudaSuccess) return attr;
+  launch_k(qgemv4_async_kernel<SW, W, S>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  return cudaGetLastError();
+}
+
+// Whether the streamed kernel takes this call, and how: 4 warps per tile (8 when there are fewer
+// tiles than two per SM, so narrow matrices still have enough in flight), rings of 8 steps (4 with
+// the up matrix, whose steps are twice the bytes).
+bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, int* W, int* S, size_t* smem) {
+  const int64_t K = p.K;
+  if (T > 8 || K > (int64_t(1) << 30) || (K / p.group) % 8 != 0) return false;
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  for (int i = 0; i < n_mats; ++i)
+    if (!aligned(p.seg[i].w) || !aligned(p.seg[i].scales) || !aligned(p.seg[i].biases)) return false;
+  if (swiglu && (!aligned(p.up.w) || !aligned(p.up.scales) || !aligned(p.up.biases))) return false;
+  int64_t tiles = 0;
+  for (int i = 0; i < n_mats; ++i) tiles += (p.seg[i].rows + 15) / 16;
+  *W = tiles < 2 * 132 ? 8 : 4;
+  *S = swiglu ? 4 : 8;
+  const int M = swiglu ? 2 : 1;
+  *smem = async_smem_bytes(*W, *S, M, T, K, p.group);
+  if (*smem > kAsyncMaxSmem) {
+    *W = 4;
+    *smem = async_smem_bytes(*W, *S, M, T, K, p.group);
+  }
+  return *smem <= kAsyncMaxSmem;
+}
+
+cudaError_t async_launch(bool swiglu, int W, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
+  if (swiglu) return W == 8 ? async_launch_one<true, 8, 4>(tiles, smem, s, p) : async_launch_one<true, 4, 4>(tiles, smem, s, p);
+  return W == 8 ? async_launch_one<false, 8, 8>(tiles, smem, s, p) : async_launch_one<false, 4, 8>(tiles, smem, s, p);
+}
+
 // Warps per tile for the staged kernel: enough (tile, warp) pairs for ~32 warps per SM, at most one
 // warp per step of K.
 template <int UN, int US>
@@ -422,16 +600,20 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   static const int shape = [] {
     const char* e = std::getenv("ANVIL_QGEMV_TC");
     const std::string v = e ? e : "";
-    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : 0;
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : 0;
   }();
   const dim3 grid(static_cast<unsigned>(tiles));
-  // Decode (T <= 8): the staged kernel when the activations fit in 48 KB of shared memory.
+  // Decode (T <= 8): the streamed kernel; the staged one when its activations fit in 48 KB.
+  int aw = 0, as = 0;
+  size_t asmem = 0;
+  if (shape == 0 && async_ok(p, n, T, up != nullptr, &aw, &as, &asmem))
+    return async_launch(up != nullptr, aw, tiles, asmem, s, p);
   const size_t smem = size_t(T) * size_t(p.K) * 2;
-  if (T <= 8 && smem <= 48 * 1024 && (shape == 0 || shape >= 5)) {
+  if (T <= 8 && smem <= 48 * 1024 && (shape == 0 || shape >= 5 && shape <= 7)) {
     const int64_t steps = p.K / 128;
     if (shape == 5) return tcx_launch<2, 1>(up != nullptr, tiles, steps, smem, s, p);
     if (shape == 6) return tcx_launch<1, 1>(up != nullptr, tiles, steps, smem, s, p);
-    return tcx_launch<2, 2>(up != nullptr, tiles, steps, smem, s, p);
+    return tcx_launch<2, 2>(up != nullptr, tiles, steps, smem, s, p);  // x2, or no streamed launch
   }
   // 9..32 tokens: one pass over the weights, 2 or 4 token tiles per A fragment (one step in flight
   // per warp: the activations of 4 tiles take 64 registers).
