@@ -26,7 +26,8 @@ namespace {
 // Block shape: kWarps warps split K; each issues kUnroll steps' loads before their mmas.
 // ANVIL_QGEMV_TC picks another compiled variant for measuring: for the first kernel below 8x2 (its
 // default), 4x4, 16x1, 16x2; for the staged decode kernel (the default for T <= 8) xs1 (one step
-// in flight with the up matrix) and x1 (one step in flight everywhere).
+// in flight with the up matrix) and x1 (one step in flight everywhere); for the streamed kernel (the
+// default for T <= 8) blk (each warp takes consecutive steps).
 
 struct TcSeg {
   const uint32_t* w;
@@ -374,7 +375,7 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group)
   return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(K / group) * 2 + size_t(T) * size_t(K) * 2;
 }
 
-template <bool SWIGLU, int W, int S>
+template <bool SWIGLU, int W, int S, bool BLOCKED>
 __global__ void __launch_bounds__(W * 32) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -403,10 +404,14 @@ __global__ void __launch_bounds__(W * 32) qgemv4_async_kernel(TcParams p) {
     cp_async16(sc + (size_t(arr) * 16 + r) * ng + piece * 8, src + piece * 8);
   }
   const int64_t oa = min(r0 + g, m.rows - 1) * (K / 32), ob = min(r0 + g + 8, m.rows - 1) * (K / 32);
-  const int n = steps > warp ? (steps - warp + W - 1) / W : 0;  // this warp's steps: warp, warp + W, ...
+  // This warp's steps: warp, warp + W, ... (BLOCKED: a run of consecutive steps, longer contiguous
+  // reads per row).
+  const int per = (steps + W - 1) / W;
+  const int n = BLOCKED ? max(0, min(per, steps - warp * per)) : (steps > warp ? (steps - warp + W - 1) / W : 0);
+  auto step_of = [&](int i) { return BLOCKED ? warp * per + i : warp + i * W; };
   uint4* my = ring + size_t(warp) * S * M * 2 * 32;
   auto issue = [&](int i) {
-    const int kq = ((warp + i * W) * 128 + c * 32) >> 5;  // 16-byte piece within a row
+    const int kq = (step_of(i) * 128 + c * 32) >> 5;  // 16-byte piece within a row
     uint4* slot = my + (i % S) * M * 2 * 32;
     cp_async16(slot + lane, reinterpret_cast<const uint4*>(m.w) + oa + kq);
     cp_async16(slot + 32 + lane, reinterpret_cast<const uint4*>(m.w) + ob + kq);
@@ -431,7 +436,7 @@ __global__ void __launch_bounds__(W * 32) qgemv4_async_kernel(TcParams p) {
   const uint32_t* xrow = g < p.T ? xs + g * (K / 2) : nullptr;
   for (int i = 0; i < n; ++i) {
     cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
-    const int k = (warp + i * W) * 128 + c * 32, gi = k >> gshift;
+    const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
     const uint4* slot = my + (i % S) * M * 2 * 32;
     const uint32_t* xp = xrow ? xrow + k / 2 : nullptr;
     Step st;
@@ -488,12 +493,12 @@ __global__ void __launch_bounds__(W * 32) qgemv4_async_kernel(TcParams p) {
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S>
+template <bool SW, int W, int S, bool BL>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, BL>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S, BL>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
 }
 
@@ -520,9 +525,14 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, int* W, int* S,
   return *smem <= kAsyncMaxSmem;
 }
 
-cudaError_t async_launch(bool swiglu, int W, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  if (swiglu) return W == 8 ? async_launch_one<true, 8, 4>(tiles, smem, s, p) : async_launch_one<true, 4, 4>(tiles, smem, s, p);
-  return W == 8 ? async_launch_one<false, 8, 8>(tiles, smem, s, p) : async_launch_one<false, 4, 8>(tiles, smem, s, p);
+template <bool BL>
+cudaError_t async_launch_bl(bool swiglu, int W, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
+  if (swiglu)
+    return W == 8 ? async_launch_one<true, 8, 4, BL>(tiles, smem, s, p) : async_launch_one<true, 4, 4, BL>(tiles, smem, s, p);
+  return W == 8 ? async_launch_one<false, 8, 8, BL>(tiles, smem, s, p) : async_launch_one<false, 4, 8, BL>(tiles, smem, s, p);
+}
+cudaError_t async_launch(bool swiglu, bool blocked, int W, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
+  return blocked ? async_launch_bl<true>(swiglu, W, tiles, smem, s, p) : async_launch_bl<false>(swiglu, W, tiles, smem, s, p);
 }
 
 // Warps per tile for the staged kernel: enough (tile, warp) pairs for ~32 warps per SM, at most one
@@ -600,14 +610,14 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   static const int shape = [] {
     const char* e = std::getenv("ANVIL_QGEMV_TC");
     const std::string v = e ? e : "";
-    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : 0;
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : v == "blk" ? 8 : 0;
   }();
   const dim3 grid(static_cast<unsigned>(tiles));
   // Decode (T <= 8): the streamed kernel; the staged one when its activations fit in 48 KB.
   int aw = 0, as = 0;
   size_t asmem = 0;
-  if (shape == 0 && async_ok(p, n, T, up != nullptr, &aw, &as, &asmem))
-    return async_launch(up != nullptr, aw, tiles, asmem, s, p);
+  if ((shape == 0 || shape == 8) && async_ok(p, n, T, up != nullptr, &aw, &as, &asmem))
+    return async_launch(up != nullptr, shape == 8, aw, tiles, asmem, s, p);
   const size_t smem = size_t(T) * size_t(p.K) * 2;
   if (T <= 8 && smem <= 48 * 1024 && (shape == 0 || shape >= 5 && shape <= 7)) {
     const int64_t steps = p.K / 128;
