@@ -159,7 +159,8 @@ if [ "${MUTATE:-0}" = 1 ]; then
   {
     mutate src/backend/cuda/qgemv_tc.cu 's/sh + 4, s.sa/sh + 8, s.sa/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_tc.cu 's/xp\[e0 \/ 2 + 2\]/xp[e0 \/ 2 + 1]/' 'CudaOps.Linear*'
-    mutate src/backend/cuda/qgemv_tc.cu 's/st.sb = __bfloat162bfloat162(sc\[(0 \* 16 + g + 8)/st.sb = __bfloat162bfloat162(sc[(0 * 16 + g)/' 'CudaOps.Linear*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/st\[mi\].sb = __bfloat162bfloat162(sc\[(2 \* mi \* 16 + g + 8)/st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g)/' 'CudaOps.Linear*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/lo4 = __ldg(xw + chunk \* 16 + e0 \/ 2 + 2)/lo4 = __ldg(xw + chunk * 16 + e0 \/ 2 + 1)/' 'CudaOps.Linear*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
@@ -215,7 +216,8 @@ if [ "$what" != tests ]; then
     # The staged q4 decode mat-vec (default) against its variants and the unstaged kernel (8x2).
     b --synthetic qwen3-8b:q4g64 --runs 2
     b --synthetic qwen3-0.6b:q4g64 --runs 2
-    for v in x2 8x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
+    for v in occ x2 8x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
+    ANVIL_QGEMV_TC=occ b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
     ANVIL_QGEMV_TC=8x2 b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
