@@ -161,6 +161,8 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemv_tc.cu 's/xp\[e0 \/ 2 + 2\]/xp[e0 \/ 2 + 1]/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_tc.cu 's/st\[mi\].sb = __bfloat162bfloat162(sc\[(2 \* mi \* 16 + g + 8)/st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g)/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_tc.cu 's/lo4 = __ldg(xw + chunk \* 16 + e0 \/ 2 + 2)/lo4 = __ldg(xw + chunk * 16 + e0 \/ 2 + 1)/' 'CudaOps.Linear*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/const float inv = tok_inv\[t\];/const float inv = tok_inv[0];/' 'CudaOps.Fused*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/if (p.residual) \*ob = __float2bfloat16_rn(__bfloat162float(\*ob) + /if (p.residual) *ob = __float2bfloat16_rn(/' 'CudaOps.Fused*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
@@ -183,7 +185,7 @@ if [ "${NCU:-0}" = 1 ]; then
   done > "$OUT/ncu.log" 2>&1
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_NO_FUSE:+ANVIL_CUDA_NO_FUSE=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -219,6 +221,14 @@ if [ "$what" != tests ]; then
     for v in occ x2 8x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
     ANVIL_QGEMV_TC=occ b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
     ANVIL_QGEMV_TC=8x2 b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
+  elif [ "$BENCH_SET" = fuse ]; then
+    # The norm and residual add fused into the q4 mat-vecs (default) against separate kernels.
+    b --synthetic qwen3-8b:q4g64 --runs 2
+    ANVIL_CUDA_NO_FUSE=1 b --synthetic qwen3-8b:q4g64 --runs 2
+    b --synthetic qwen3-0.6b:q4g64 --runs 2
+    ANVIL_CUDA_NO_FUSE=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
+    b --synthetic qwen3-8b:bf16 --runs 1
+    b --synthetic qwen3-8b:q4g64 --prompt 4096 --runs 1
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile

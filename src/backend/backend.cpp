@@ -23,6 +23,23 @@ void Backend::linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::
   for (size_t i = 0; i < ws.size() && i < outs.size(); ++i) linear(x, *ws[i], outs[i]);
 }
 
+void Backend::rmsnorm_linear_multi(Act h, const WeightVector& norm, float eps, Act x,
+                                   std::span<const WeightMatrix* const> ws, std::span<const Act> outs) {
+  rmsnorm(h, norm, eps, x);
+  linear_multi(x, ws, outs);
+}
+
+void Backend::rmsnorm_linear_swiglu(Act h, const WeightVector& norm, float eps, Act x, const WeightMatrix& gate,
+                                    const WeightMatrix& up, Act out) {
+  rmsnorm(h, norm, eps, x);
+  linear_swiglu(x, gate, up, out);
+}
+
+void Backend::linear_add(Act x, const WeightMatrix& w, Act h, Act scratch) {
+  linear(x, w, scratch);
+  add(h, scratch);
+}
+
 Result<void*> Backend::alloc_host_staging(size_t bytes) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (!p) return Status(StatusCode::kOutOfMemory, "host staging: could not allocate " + std::to_string(bytes) + " bytes");

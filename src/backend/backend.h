@@ -220,6 +220,21 @@ class Backend {
   // outs[i] = x ws[i]^T for every i, in one pass where the backend can (q/k/v share x; CUDA runs
   // them as one launch when the matrices share a format). Reference: linear() per output.
   virtual void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs);
+  // The norm before a sublayer fused into its input projections, and the output projection fused
+  // with the residual add (decode on CUDA: two kernels per layer fewer). The transformer uses them
+  // for a layer only when fuses_norm_linear() says the backend runs them fused for these matrices
+  // at T rows; otherwise it keeps rmsnorm / add_rmsnorm / linear. The defaults compose the plain
+  // ops and are the reference.
+  virtual bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const { return false; }
+  // x = rmsnorm(h) * norm (a backend that fuses may leave x unwritten); outs[i] = x ws[i]^T.
+  virtual void rmsnorm_linear_multi(Act h, const WeightVector& norm, float eps, Act x,
+                                    std::span<const WeightMatrix* const> ws, std::span<const Act> outs);
+  // x = rmsnorm(h) * norm (may be left unwritten); out = silu(x gate^T) * (x up^T).
+  virtual void rmsnorm_linear_swiglu(Act h, const WeightVector& norm, float eps, Act x, const WeightMatrix& gate,
+                                     const WeightMatrix& up, Act out);
+  // h += x W^T, the product rounded to act_dtype() first (as linear() into scratch, then add());
+  // scratch [x.rows, W.rows] may be used.
+  virtual void linear_add(Act x, const WeightMatrix& w, Act h, Act scratch);
   // out = silu(x gate^T) * (x up^T): the MLP's gate and up projections and SwiGLU in one op.
   //   x: [T, hidden], gate/up: [ffn, hidden], out: [T, ffn]
   virtual void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) = 0;

@@ -90,14 +90,25 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       attn = act(attn_, T, QD), o = act(o_, T, H), gate = act(gate_, T, F);
 
   be.embed(w_.embed, ids_dev_, h);
+  // `pending`: o holds the previous sublayer's output, not yet added to h (the plain path fuses
+  // that add into the next norm; the fused path adds it in the output projection's kernel).
+  bool pending = false;
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     const LayerWeights& lw = w_.layers[l];
-    // Attention sublayer. For l > 0 the residual add of the previous MLP is fused into the norm.
-    if (l == 0) be.rmsnorm(h, lw.attn_norm, eps, x);
-    else be.add_rmsnorm(h, o, lw.attn_norm, eps, x);
+    const WeightMatrix* all_w[7] = {&lw.q, &lw.k, &lw.v, &lw.o, &lw.gate, &lw.up, &lw.down};
+    const bool fused = !lw.moe && be.fuses_norm_linear(T, all_w);
     const WeightMatrix* qkv_w[3] = {&lw.q, &lw.k, &lw.v};
     const Act qkv_out[3] = {q, k, v};
-    be.linear_multi(x, qkv_w, qkv_out);
+    // Attention sublayer.
+    if (fused) {
+      if (pending) be.add(h, o);
+      pending = false;
+      be.rmsnorm_linear_multi(h, lw.attn_norm, eps, x, qkv_w, qkv_out);
+    } else {
+      if (pending) be.add_rmsnorm(h, o, lw.attn_norm, eps, x);
+      else be.rmsnorm(h, lw.attn_norm, eps, x);
+      be.linear_multi(x, qkv_w, qkv_out);
+    }
     if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
       be.rmsnorm(q, lw.q_norm, eps, q);
       be.rmsnorm(k, lw.k_norm, eps, k);
@@ -106,9 +117,16 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       be.qk_norm_rope_kv_append(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch);
     }
     be.attention(q, kv, l, batch, scale, attn);
-    be.linear(attn, lw.o, o);
     // MLP sublayer.
+    if (fused) {
+      be.linear_add(attn, lw.o, h, o);
+      be.rmsnorm_linear_swiglu(h, lw.ffn_norm, eps, x, lw.gate, lw.up, gate);
+      be.linear_add(gate, lw.down, h, o);
+      continue;
+    }
+    be.linear(attn, lw.o, o);
     be.add_rmsnorm(h, o, lw.ffn_norm, eps, x);
+    pending = true;
     if (lw.moe) {  // mixture of experts: routing, the chosen experts and their weighted sum in one op
       be.moe_ffn(x, lw.experts, o);
       continue;
@@ -116,7 +134,7 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     be.linear_swiglu(x, lw.gate, lw.up, gate);
     be.linear(gate, lw.down, o);
   }
-  be.add(h, o);
+  if (pending) be.add(h, o);
 }
 
 Act Transformer::run_head(int T, int R, bool identity) {

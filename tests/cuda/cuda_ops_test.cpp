@@ -142,6 +142,85 @@ TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
     }
 }
 
+// The fused decode forms (backend.h): RMSNorm inside the q4 mat-vec (rmsnorm_linear_multi,
+// rmsnorm_linear_swiglu) and the residual add in its epilogue (linear_add), against the CPU
+// backend's composition (rmsnorm then linear; linear then add). The bounds are those of the plain
+// q4 linear: the fused kernel rounds the normalized rows to bf16 exactly as rmsnorm() writes them.
+TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
+  for (const Fmt& f : {Fmt{4, 32, DType::kBF16}, Fmt{4, 64, DType::kBF16}, Fmt{4, 128, DType::kBF16}})
+    for (int64_t T : {1, 3, 8}) {
+      const int64_t H = 1024, F = 2048;
+      const std::string base = fmt_name(f.bits, f.group, f.dt) + " T=" + std::to_string(T);
+      HostWeight q = make_weight(rng_, 515, H, f.bits, f.group, f.dt, false);
+      HostWeight k = make_weight(rng_, 128, H, f.bits, f.group, f.dt, false);
+      HostWeight v = make_weight(rng_, 67, H, f.bits, f.group, f.dt, true);
+      HostWeight g = make_weight(rng_, F, H, f.bits, f.group, f.dt, false);
+      HostWeight u = make_weight(rng_, F, H, f.bits, f.group, f.dt, false);
+      HostWeight o = make_weight(rng_, H, F, f.bits, f.group, f.dt, false);
+      auto dq = gpu_->upload_weight(q.w), dk = gpu_->upload_weight(k.w), dv = gpu_->upload_weight(v.w);
+      auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w), dob = gpu_->upload_weight(o.w);
+      ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok() && dg.is_ok() && du.is_ok() && dob.is_ok());
+      const WeightMatrix* all[6] = {&*dq, &*dk, &*dv, &*dg, &*du, &*dob};
+      ASSERT_TRUE(gpu_->fuses_norm_linear(T, all)) << "the fused path must be what this test runs: " << base;
+      // h exactly representable in bf16, so the GPU's input equals the CPU's.
+      auto h = randn(size_t(T * H), 3.0f);
+      for (auto& e : h) e = bf16_to_f32(f32_to_bf16(e));
+      auto nv = randn(size_t(H));
+      std::vector<uint16_t> nb(nv.size());
+      for (size_t i = 0; i < nv.size(); ++i) nb[i] = f32_to_bf16(nv[i]);
+      WeightVector hn{H, DType::kBF16, nb.data()};
+      auto dn = gpu_->upload_vector(hn);
+      ASSERT_TRUE(dn.is_ok());
+      std::vector<float> xn(h.size());
+      cpu_->rmsnorm(Act{h.data(), T, H, DType::kF32}, hn, 1e-6f, Act{xn.data(), T, H, DType::kF32});
+
+      Guarded gh = dev_bf16(h), gx = dev_out(size_t(T * H) * 2);
+      Guarded oq = dev_out(size_t(T * 515) * 2), ok = dev_out(size_t(T * 128) * 2), ov = dev_out(size_t(T * 67) * 2);
+      const WeightMatrix* ws[3] = {&*dq, &*dk, &*dv};
+      const Act outs[3] = {Act{oq.data(), T, 515, DType::kBF16}, Act{ok.data(), T, 128, DType::kBF16},
+                           Act{ov.data(), T, 67, DType::kBF16}};
+      gpu_->rmsnorm_linear_multi(Act{gh.data(), T, H, DType::kBF16}, *dn, 1e-6f, Act{gx.data(), T, H, DType::kBF16}, ws,
+                                 outs);
+      Guarded os = dev_out(size_t(T * F) * 2);
+      gpu_->rmsnorm_linear_swiglu(Act{gh.data(), T, H, DType::kBF16}, *dn, 1e-6f, Act{gx.data(), T, H, DType::kBF16},
+                                  *dg, *du, Act{os.data(), T, F, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      expect_close(read(oq, DType::kBF16, "q"), cpu_linear(xn, T, q.w), kGemmBound, "rmsnorm_linear_multi q " + base);
+      expect_close(read(ok, DType::kBF16, "k"), cpu_linear(xn, T, k.w), kGemmBound, "rmsnorm_linear_multi k " + base);
+      expect_close(read(ov, DType::kBF16, "v"), cpu_linear(xn, T, v.w), kGemmBound, "rmsnorm_linear_multi v " + base);
+      std::vector<float> sref(size_t(T * F));
+      cpu_->linear_swiglu(Act{xn.data(), T, H, DType::kF32}, g.w, u.w, Act{sref.data(), T, F, DType::kF32});
+      const auto sgpu = read(os, DType::kBF16, "swiglu");
+      expect_close(sgpu, sref, kGemmBound * 1.5, "rmsnorm_linear_swiglu " + base);
+
+      // linear_add: h += (swiglu output) o^T, from the GPU's own swiglu output so both sides add
+      // the same product to the same h.
+      Guarded gs = dev_bf16(sgpu), gscratch = dev_out(size_t(T * H) * 2);
+      gpu_->linear_add(Act{gs.data(), T, F, DType::kBF16}, *dob, Act{gh.data(), T, H, DType::kBF16},
+                       Act{gscratch.data(), T, H, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      std::vector<float> href = h;
+      const auto prod = cpu_linear(sgpu, T, o.w);
+      for (size_t i = 0; i < href.size(); ++i) href[i] += prod[i];
+      expect_close(read(gh, DType::kBF16, "linear_add h"), href, kGemmBound, "linear_add " + base);
+      for (auto* w : all) gpu_->free_weight(*w);
+      gpu_->free_vector(*dn);
+    }
+  // What does not fuse keeps the plain ops: dense weights, and more rows than a mat-vec takes.
+  HostWeight dense = make_weight(rng_, 64, 1024, 0, 0, DType::kBF16, false);
+  HostWeight q4 = make_weight(rng_, 64, 1024, 4, 64, DType::kBF16, false);
+  auto dd = gpu_->upload_weight(dense.w), d4 = gpu_->upload_weight(q4.w);
+  ASSERT_TRUE(dd.is_ok() && d4.is_ok());
+  const WeightMatrix* wd[1] = {&*dd};
+  const WeightMatrix* w4[1] = {&*d4};
+  EXPECT_FALSE(gpu_->fuses_norm_linear(1, wd));
+  EXPECT_TRUE(gpu_->fuses_norm_linear(1, w4));
+  EXPECT_FALSE(gpu_->fuses_norm_linear(9, w4));
+  EXPECT_FALSE(cpu_->fuses_norm_linear(1, w4));
+  gpu_->free_weight(*dd);
+  gpu_->free_weight(*d4);
+}
+
 // ANVIL_CUDA_GEMV_MAX_T=32 (off by default until this has passed on a GPU): batches of 9..32 rows
 // run as 8-row mat-vec launches instead of the prefill GEMM. Each chunk writes its own rows of every
 // output: a wrong offset shows as rows equal to another chunk's or left as the guard pattern.

@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
     // formats 8 per launch. UNVERIFIED on a GPU yet, so off by default; scripts/cuda_check.sh
     // (BENCH_SET=batch) runs the op test and the batch-32 benchmark with it.
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '1') fa_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_NO_FUSE"); f && *f == '1') no_fuse_ = true;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -322,6 +323,58 @@ class CudaBackend final : public Backend {
     run_linear(x, gate, out);
     run_linear(x, up, u);
     launched(cuda::swiglu(out.data, u.data, out.data, out.rows * out.cols, st_), "swiglu");
+  }
+  // The fused decode forms (backend.h): the streamed q4 mat-vec normalizes h itself, and the output
+  // projections add into h in their epilogue. Whatever the streamed kernel does not take runs the
+  // reference composition.
+  bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const override {
+    if (T < 1 || T > cuda::kGemvMaxTokens || no_fuse_) return false;
+    for (const WeightMatrix* w : ws) {
+      const DevMatrix d = dev(*w);
+      if (!cuda::gemv_tc_fusable(&d, 1, nullptr, int(T))) return false;
+    }
+    return true;
+  }
+  void rmsnorm_linear_multi(Act h, const WeightVector& norm, float eps, Act x, std::span<const WeightMatrix* const> ws,
+                            std::span<const Act> outs) override {
+    DevMatrix d[3];
+    void* o[3];
+    bool fuse = bf16(h, "rmsnorm_linear_multi", "h") && norm.n == h.cols && ws.size() == outs.size() &&
+                !ws.empty() && ws.size() <= 3;
+    for (size_t i = 0; fuse && i < ws.size(); ++i) {
+      if (!check_linear(h, *ws[i], outs[i], "rmsnorm_linear_multi")) return;
+      d[i] = dev(*ws[i]), o[i] = outs[i].data;
+      fuse &= outs[i].dtype == DType::kBF16;
+    }
+    fuse = fuse && h.rows <= cuda::kGemvMaxTokens && cuda::gemv_tc_fusable(d, int(ws.size()), nullptr, int(h.rows));
+    if (!fuse) return Backend::rmsnorm_linear_multi(h, norm, eps, x, ws, outs);
+    Prof pr(this, "linear");
+    const cuda::GemvFuse f{norm.data, elem_unchecked(norm.dtype), eps, false};
+    launched(cuda::gemv_tc_fused(d, o, int(ws.size()), nullptr, h.data, int(h.rows), f, st_), "rmsnorm_linear_multi");
+  }
+  void rmsnorm_linear_swiglu(Act h, const WeightVector& norm, float eps, Act x, const WeightMatrix& gate,
+                             const WeightMatrix& up, Act out) override {
+    if (!check_linear(h, gate, out, "rmsnorm_linear_swiglu") || !check_linear(h, up, out, "rmsnorm_linear_swiglu"))
+      return;
+    const DevMatrix dg = dev(gate), du = dev(up);
+    if (norm.n != h.cols || out.dtype != DType::kBF16 || h.rows > cuda::kGemvMaxTokens ||
+        !cuda::gemv_tc_fusable(&dg, 1, &du, int(h.rows)))
+      return Backend::rmsnorm_linear_swiglu(h, norm, eps, x, gate, up, out);
+    Prof pr(this, "mlp_gate_up");
+    void* o = out.data;
+    const cuda::GemvFuse f{norm.data, elem_unchecked(norm.dtype), eps, false};
+    launched(cuda::gemv_tc_fused(&dg, &o, 1, &du, h.data, int(h.rows), f, st_), "rmsnorm_linear_swiglu");
+  }
+  void linear_add(Act x, const WeightMatrix& w, Act h, Act scratch) override {
+    if (!check_linear(x, w, h, "linear_add") || !bf16(h, "linear_add", "h")) return;
+    const DevMatrix d = dev(w);
+    if (x.rows > cuda::kGemvMaxTokens || !cuda::gemv_tc_fusable(&d, 1, nullptr, int(x.rows)))
+      return Backend::linear_add(x, w, h, scratch);
+    Prof pr(this, "linear");
+    void* o = h.data;
+    cuda::GemvFuse f;
+    f.residual = true;
+    launched(cuda::gemv_tc_fused(&d, &o, 1, nullptr, x.data, int(x.rows), f, st_), "linear_add");
   }
   void swiglu(Act gate, Act up, Act out) override {
     if (!bf16(gate, "swiglu", "gate") || !bf16(up, "swiglu", "up") || !bf16(out, "swiglu", "out") ||
@@ -649,6 +702,7 @@ class CudaBackend final : public Backend {
     return true;
   }
   int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
+  bool no_fuse_ = false;  // ANVIL_CUDA_NO_FUSE=1: decode keeps the separate norm and add kernels
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;

@@ -46,6 +46,19 @@ bool gemv_fusable(const DevMatrix& a, const DevMatrix& b);
 bool gemv_tc_ok(const DevMatrix& w);
 cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
                     bool out_f32, cudaStream_t s);
+// The streamed q4 kernel's fusions (decode, T <= 8): norm_w set: x is the residual stream h and each
+// row is RMS-normalized (times norm_w) before the product, as rmsnorm() would write it; residual:
+// outs[i] is h and receives h + bf16(product) instead of the product (not with `up`).
+struct GemvFuse {
+  const void* norm_w = nullptr;
+  Elem norm_dtype = Elem::kBF16;
+  float eps = 0.0f;
+  bool residual = false;
+};
+// Whether gemv_tc_fused() takes these matrices (and `up`, or null) at T tokens.
+bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T);
+cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
+                          const GemvFuse& f, cudaStream_t s);
 
 // ---- gemm.cu: tensor-core GEMM for prefill (any T), weights dequantized tile by tile ----
 cudaError_t gemm(const DevMatrix& w, const void* x, int T, void* out, bool out_f32, cudaStream_t s);

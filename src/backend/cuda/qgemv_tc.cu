@@ -49,6 +49,11 @@ struct TcParams {
   int group;
   bool out_f32;
   bool prefetch;  // the first steps' weights are loaded before waiting for the previous kernel
+  // The streamed kernel's fusions (GemvFuse): RMSNorm of each x row before use, and the residual add.
+  const void* norm_w = nullptr;
+  Elem norm_dtype = Elem::kBF16;
+  float eps = 0.0f;
+  bool residual = false;
 };
 
 __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
@@ -445,12 +450,40 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
   pdl_wait();
   // Activations in fragment order: for each 32-element chunk, mma j's (b0, b1) =
   // ((x[e0], x[e0+4]), (x[e0+1], x[e0+5])) with e0 = 8*(j/2) + 2*(j%2), as step_mma builds them.
+  // With a fused norm (p.norm_w), x is the residual stream h and each row is first normalized
+  // exactly as rmsnorm_kernel does: bf16(h * rsqrt(mean(h^2) + eps) * w).
+  __shared__ float tok_inv[8];
+  if (p.norm_w) {
+    if (threadIdx.x < 8) tok_inv[threadIdx.x] = 0.0f;
+    __syncthreads();
+    for (int t = 0; t < p.T; ++t) {
+      float ss = 0.0f;
+      for (int i = threadIdx.x; i < K / 8; i += W * 32) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t) * K) + i);
+        const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss += bf16_lo(vw[e]) * bf16_lo(vw[e]) + bf16_hi(vw[e]) * bf16_hi(vw[e]);
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) atomicAdd(&tok_inv[t], ss);
+    }
+    __syncthreads();
+    if (threadIdx.x < p.T) tok_inv[threadIdx.x] = rsqrtf(tok_inv[threadIdx.x] / float(K) + p.eps);
+    __syncthreads();
+  }
   uint2* xf = reinterpret_cast<uint2*>(xs);
   const int nfrag = p.T * K / 4;
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(p.x);
   for (int i = threadIdx.x; i < nfrag; i += W * 32) {
     const int j = i & 7, chunk = i >> 3, e0 = 8 * (j >> 1) + 2 * (j & 1);
-    const uint32_t lo0 = __ldg(xw + chunk * 16 + e0 / 2), lo4 = __ldg(xw + chunk * 16 + e0 / 2 + 2);
+    uint32_t lo0 = __ldg(xw + chunk * 16 + e0 / 2), lo4 = __ldg(xw + chunk * 16 + e0 / 2 + 2);
+    if (p.norm_w) {
+      const int t = chunk / (K / 32), k0 = (chunk % (K / 32)) * 32 + e0;
+      const float inv = tok_inv[t];
+      auto nrm = [&](float v, int k) { return __float2bfloat16_rn(v * inv * load_bias(p.norm_w, k, p.norm_dtype)); };
+      lo0 = bf2_as_u32(__halves2bfloat162(nrm(bf16_lo(lo0), k0), nrm(bf16_hi(lo0), k0 + 1)));
+      lo4 = bf2_as_u32(__halves2bfloat162(nrm(bf16_lo(lo4), k0 + 4), nrm(bf16_hi(lo4), k0 + 5)));
+    }
     xf[i] = make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
   }
   cp_async_wait<S - 1>();  // this thread's group 0; the barrier makes every thread's visible
@@ -502,8 +535,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
       static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
     } else {
       if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
-      if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
-      else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
+      __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
+      if (p.residual) *ob = __float2bfloat16_rn(__bfloat162float(*ob) + __bfloat162float(__float2bfloat16_rn(v)));
+      else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+      else *ob = __float2bfloat16_rn(v);
     }
   }
 }
@@ -614,15 +649,27 @@ bool gemv_tc_ok(const DevMatrix& w) {
   return w.bits == 4 && w.cols % 128 == 0 && w.dtype == Elem::kBF16 && (w.group == 32 || w.group == 64 || w.group == 128);
 }
 
-cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
-                    bool out_f32, cudaStream_t s) {
+namespace {
+
+// ANVIL_QGEMV_TC, read once (see the top of this file).
+int tc_shape() {
+  static const int shape = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_TC");
+    const std::string v = e ? e : "";
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : v == "occ" ? 8 : 0;
+  }();
+  return shape;
+}
+
+TcParams make_params(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
+                     bool out_f32, int64_t* tiles) {
   TcParams p;
   p.n_seg = n;
-  int64_t tiles = 0;
+  *tiles = 0;
   for (int i = 0; i < n; ++i) {
-    p.seg[i] = seg_of(ws[i], outs[i]);
-    p.seg[i].tile_begin = tiles;
-    tiles += (ws[i].rows + 15) / 16;
+    p.seg[i] = seg_of(ws[i], outs ? outs[i] : nullptr);
+    p.seg[i].tile_begin = *tiles;
+    *tiles += (ws[i].rows + 15) / 16;
   }
   p.x = static_cast<const __nv_bfloat16*>(x);
   p.T = T;
@@ -635,11 +682,41 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   }();
   p.prefetch = prefetch;
   if (up) p.up = seg_of(*up, nullptr);
-  static const int shape = [] {
-    const char* e = std::getenv("ANVIL_QGEMV_TC");
-    const std::string v = e ? e : "";
-    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : v == "occ" ? 8 : 0;
-  }();
+  return p;
+}
+
+}  // namespace
+
+bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T) {
+  if (n < 1 || n > 3 || (tc_shape() != 0 && tc_shape() != 8)) return false;
+  for (int i = 0; i < n; ++i)
+    if (!gemv_tc_ok(ws[i]) || ws[i].cols != ws[0].cols || ws[i].group != ws[0].group) return false;
+  if (up && (!gemv_tc_ok(*up) || up->cols != ws[0].cols || up->group != ws[0].group || up->rows != ws[0].rows))
+    return false;
+  int64_t tiles = 0;
+  const TcParams p = make_params(ws, nullptr, n, up, nullptr, T, false, &tiles);
+  AsyncShape as;
+  return async_ok(p, n, T, up != nullptr, tc_shape() == 8, &as);
+}
+
+cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
+                          const GemvFuse& f, cudaStream_t s) {
+  int64_t tiles = 0;
+  TcParams p = make_params(ws, outs, n, up, x, T, false, &tiles);
+  p.norm_w = f.norm_w;
+  p.norm_dtype = f.norm_dtype;
+  p.eps = f.eps;
+  p.residual = f.residual && !up;
+  AsyncShape as;
+  if (!async_ok(p, n, T, up != nullptr, tc_shape() == 8, &as)) return cudaErrorInvalidValue;
+  return async_launch(up != nullptr, as, tiles, s, p);
+}
+
+cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
+                    bool out_f32, cudaStream_t s) {
+  int64_t tiles = 0;
+  TcParams p = make_params(ws, outs, n, up, x, T, out_f32, &tiles);
+  const int shape = tc_shape();
   const dim3 grid(static_cast<unsigned>(tiles));
   // Decode (T <= 8): the streamed kernel; the staged one when its activations fit in 48 KB.
   AsyncShape as;
