@@ -161,7 +161,7 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemv_tc.cu 's/xp\[e0 \/ 2 + 2\]/xp[e0 \/ 2 + 1]/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_tc.cu 's/st\[mi\].sb = __bfloat162bfloat162(sc\[(2 \* mi \* 16 + g + 8)/st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g)/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_tc.cu 's/lo4 = __ldg(xw + chunk \* 16 + e0 \/ 2 + 2)/lo4 = __ldg(xw + chunk * 16 + e0 \/ 2 + 1)/' 'CudaOps.Linear*'
-    mutate src/backend/cuda/qgemv_tc.cu 's/const float inv = tok_inv\[t\];/const float inv = tok_inv[0];/' 'CudaOps.Fused*'
+    mutate src/backend/cuda/qgemv_tc.cu 's/const float inv = rsqrtf(tok_ss\[t\]/const float inv = rsqrtf(tok_ss[0]/' 'CudaOps.Fused*'
     mutate src/backend/cuda/qgemv_tc.cu 's/if (p.residual) \*ob = __float2bfloat16_rn(__bfloat162float(\*ob) + /if (p.residual) *ob = __float2bfloat16_rn(/' 'CudaOps.Fused*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'

@@ -145,7 +145,8 @@ TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
 // The fused decode forms (backend.h): RMSNorm inside the q4 mat-vec (rmsnorm_linear_multi,
 // rmsnorm_linear_swiglu) and the residual add in its epilogue (linear_add), against the CPU
 // backend's composition (rmsnorm then linear; linear then add). The bounds are those of the plain
-// q4 linear: the fused kernel rounds the normalized rows to bf16 exactly as rmsnorm() writes them.
+// q4 linear: the fused kernel rounds h * w to bf16 and scales each dot product by the row's
+// 1/rms, one bf16 rounding of the input as in the unfused path (measured <= 3.1e-3 on the H200).
 TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
   for (const Fmt& f : {Fmt{4, 32, DType::kBF16}, Fmt{4, 64, DType::kBF16}, Fmt{4, 128, DType::kBF16}})
     for (int64_t T : {1, 3, 8}) {

@@ -447,44 +447,39 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
     if (i < n) issue(i);
     cp_async_commit();  // group i (group 0 also holds the scales)
   }
+  __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
+  if (threadIdx.x < 8) tok_ss[threadIdx.x] = 0.0f;
+  __syncthreads();
   pdl_wait();
   // Activations in fragment order: for each 32-element chunk, mma j's (b0, b1) =
   // ((x[e0], x[e0+4]), (x[e0+1], x[e0+5])) with e0 = 8*(j/2) + 2*(j%2), as step_mma builds them.
-  // With a fused norm (p.norm_w), x is the residual stream h and each row is first normalized
-  // exactly as rmsnorm_kernel does: bf16(h * rsqrt(mean(h^2) + eps) * w).
-  __shared__ float tok_inv[8];
-  if (p.norm_w) {
-    if (threadIdx.x < 8) tok_inv[threadIdx.x] = 0.0f;
-    __syncthreads();
-    for (int t = 0; t < p.T; ++t) {
-      float ss = 0.0f;
-      for (int i = threadIdx.x; i < K / 8; i += W * 32) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t) * K) + i);
-        const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ss += bf16_lo(vw[e]) * bf16_lo(vw[e]) + bf16_hi(vw[e]) * bf16_hi(vw[e]);
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) atomicAdd(&tok_inv[t], ss);
-    }
-    __syncthreads();
-    if (threadIdx.x < p.T) tok_inv[threadIdx.x] = rsqrtf(tok_inv[threadIdx.x] / float(K) + p.eps);
-    __syncthreads();
-  }
+  // With a fused norm (p.norm_w), x is the residual stream h. RMSNorm is a per-row scalar, so
+  // W (h * inv * w) = inv * W (h * w): the fragments hold bf16(h * w), the same pass sums h^2 per
+  // row, and the epilogue multiplies each dot product by its row's inv = rsqrt(mean(h^2) + eps).
+  // One pass over h and no barrier before the steps (a first version normalized first, as
+  // rmsnorm() writes x: two passes and two more barriers per block, and slower on qwen3-8b).
   uint2* xf = reinterpret_cast<uint2*>(xs);
-  const int nfrag = p.T * K / 4;
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(p.x);
-  for (int i = threadIdx.x; i < nfrag; i += W * 32) {
-    const int j = i & 7, chunk = i >> 3, e0 = 8 * (j >> 1) + 2 * (j & 1);
-    uint32_t lo0 = __ldg(xw + chunk * 16 + e0 / 2), lo4 = __ldg(xw + chunk * 16 + e0 / 2 + 2);
-    if (p.norm_w) {
-      const int t = chunk / (K / 32), k0 = (chunk % (K / 32)) * 32 + e0;
-      const float inv = tok_inv[t];
-      auto nrm = [&](float v, int k) { return __float2bfloat16_rn(v * inv * load_bias(p.norm_w, k, p.norm_dtype)); };
-      lo0 = bf2_as_u32(__halves2bfloat162(nrm(bf16_lo(lo0), k0), nrm(bf16_hi(lo0), k0 + 1)));
-      lo4 = bf2_as_u32(__halves2bfloat162(nrm(bf16_lo(lo4), k0 + 4), nrm(bf16_hi(lo4), k0 + 5)));
+  for (int t = 0; t < p.T; ++t) {
+    float ss = 0.0f;
+    for (int f = threadIdx.x; f < K / 4; f += W * 32) {
+      const int i = t * (K / 4) + f;
+      const int j = i & 7, chunk = i >> 3, e0 = 8 * (j >> 1) + 2 * (j & 1);
+      uint32_t lo0 = __ldg(xw + chunk * 16 + e0 / 2), lo4 = __ldg(xw + chunk * 16 + e0 / 2 + 2);
+      if (p.norm_w) {
+        const int k0 = (chunk % (K / 32)) * 32 + e0;
+        const float h0 = bf16_lo(lo0), h1 = bf16_hi(lo0), h4 = bf16_lo(lo4), h5 = bf16_hi(lo4);
+        ss += h0 * h0 + h1 * h1 + h4 * h4 + h5 * h5;
+        auto nw = [&](float v, int k) { return __float2bfloat16_rn(v * load_bias(p.norm_w, k, p.norm_dtype)); };
+        lo0 = bf2_as_u32(__halves2bfloat162(nw(h0, k0), nw(h1, k0 + 1)));
+        lo4 = bf2_as_u32(__halves2bfloat162(nw(h4, k0 + 4), nw(h5, k0 + 5)));
+      }
+      xf[i] = make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
     }
-    xf[i] = make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
+    if (p.norm_w) {
+      ss = warp_sum(ss);
+      if (lane == 0) atomicAdd(&tok_ss[t], ss);
+    }
   }
   cp_async_wait<S - 1>();  // this thread's group 0; the barrier makes every thread's visible
   __syncthreads();
@@ -531,6 +526,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
     const int t = 2 * c + (i & 1);
     const int64_t row = r0 + g + (i >> 1) * 8;
     if (t >= p.T || row >= m.rows) continue;
+    if (p.norm_w) {
+      const float inv = rsqrtf(tok_ss[t] / float(K) + p.eps);
+      v *= inv, u *= inv;
+    }
     if constexpr (SWIGLU) {
       static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
     } else {
