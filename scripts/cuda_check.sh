@@ -185,7 +185,7 @@ if [ "${NCU:-0}" = 1 ]; then
   done > "$OUT/ncu.log" 2>&1
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_NO_FUSE:+ANVIL_CUDA_NO_FUSE=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -222,11 +222,11 @@ if [ "$what" != tests ]; then
     ANVIL_QGEMV_TC=occ b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
     ANVIL_QGEMV_TC=8x2 b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
   elif [ "$BENCH_SET" = fuse ]; then
-    # The norm and residual add fused into the q4 mat-vecs (default) against separate kernels.
+    # The norm and residual add fused into the q4 mat-vecs (ANVIL_CUDA_FUSE=1) against separate kernels.
     b --synthetic qwen3-8b:q4g64 --runs 2
-    ANVIL_CUDA_NO_FUSE=1 b --synthetic qwen3-8b:q4g64 --runs 2
+    ANVIL_CUDA_FUSE=1 b --synthetic qwen3-8b:q4g64 --runs 2
     b --synthetic qwen3-0.6b:q4g64 --runs 2
-    ANVIL_CUDA_NO_FUSE=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
+    ANVIL_CUDA_FUSE=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
     b --synthetic qwen3-8b:bf16 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 --runs 1
   elif [ "$BENCH_SET" = profile ]; then

@@ -70,7 +70,7 @@ class CudaBackend final : public Backend {
     // formats 8 per launch. UNVERIFIED on a GPU yet, so off by default; scripts/cuda_check.sh
     // (BENCH_SET=batch) runs the op test and the batch-32 benchmark with it.
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '1') fa_ = true;
-    if (const char* f = std::getenv("ANVIL_CUDA_NO_FUSE"); f && *f == '1') no_fuse_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -326,9 +326,10 @@ class CudaBackend final : public Backend {
   }
   // The fused decode forms (backend.h): the streamed q4 mat-vec normalizes h itself, and the output
   // projections add into h in their epilogue. Whatever the streamed kernel does not take runs the
-  // reference composition.
+  // reference composition. The ops always fuse what they can; whether the transformer calls them
+  // (fuses_norm_linear) is the ANVIL_CUDA_FUSE switch.
   bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const override {
-    if (T < 1 || T > cuda::kGemvMaxTokens || no_fuse_) return false;
+    if (T < 1 || T > cuda::kGemvMaxTokens || !fuse_) return false;
     for (const WeightMatrix* w : ws) {
       const DevMatrix d = dev(*w);
       if (!cuda::gemv_tc_fusable(&d, 1, nullptr, int(T))) return false;
@@ -702,7 +703,9 @@ class CudaBackend final : public Backend {
     return true;
   }
   int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
-  bool no_fuse_ = false;  // ANVIL_CUDA_NO_FUSE=1: decode keeps the separate norm and add kernels
+  // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
+  // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
+  bool fuse_ = false;
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;
