@@ -8,7 +8,9 @@
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
 # Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
-# (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T).
+# (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
+# mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
+# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -185,7 +187,7 @@ if [ "${NCU:-0}" = 1 ]; then
   done > "$OUT/ncu.log" 2>&1
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -229,6 +231,16 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_FUSE=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
     b --synthetic qwen3-8b:bf16 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 --runs 1
+  elif [ "$BENCH_SET" = ring ]; then
+    # The streamed q4 mat-vec's warps per tile and ring depth (ANVIL_QGEMV_RING=W,S): each shape's
+    # op tests first (the shape is fixed per process), then decode on both dense models.
+    b --synthetic qwen3-8b:q4g64 -n 64 --runs 2
+    b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 2
+    for r in 4,4 4,6 8,4 8,6 8,8; do
+      ANVIL_QGEMV_RING=$r ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.Linear*:CudaOps.Fused*' > /tmp/ring.log 2>&1
+      echo "### ANVIL_QGEMV_RING=$r op tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/ring.log | tr '\n' ' ')" >> "$OUT/bench.log"
+      for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do ANVIL_QGEMV_RING=$r b --synthetic $m -n 64 --runs 2; done
+    done
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile

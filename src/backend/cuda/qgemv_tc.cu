@@ -15,6 +15,7 @@
 // 32-bit word j/2 of each lane's 16 bytes, nibble pairs (s, s+4) as the lop3 trick yields them, and
 // B is built from the same activation elements. The warps' fp32 accumulators are summed in shared
 // memory at the end. Every weight byte is read exactly once.
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -560,11 +561,25 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
 //   twice the bytes);
 // - wide ("occ"): 8 warps per tile, rings of 4 steps (2 with the up matrix), registers capped for 4
 //   blocks per SM: the same bytes in flight per block, twice the warps to issue the dequantization.
+// ANVIL_QGEMV_RING=W,S (for measuring, not yet measured): every streamed launch uses W warps per tile
+// (4 or 8) and rings of S steps (4, 6 or 8; half that with the up matrix), no register cap.
 struct AsyncShape {
   int W = 4, S = 8;
-  bool wide = false;
+  bool wide = false, forced = false;
   size_t smem = 0;
 };
+bool ring_override(int* W, int* S) {
+  static const std::pair<int, int> v = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_RING");
+    int w = 0, st = 0;
+    if (e && std::sscanf(e, "%d,%d", &w, &st) == 2 && (w == 4 || w == 8) && (st == 4 || st == 6 || st == 8))
+      return std::make_pair(w, st);
+    return std::make_pair(0, 0);
+  }();
+  if (v.first == 0) return false;
+  *W = v.first, *S = v.second;
+  return true;
+}
 bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, AsyncShape* a) {
   const int64_t K = p.K;
   if (T > 8 || K > (int64_t(1) << 30) || (K / p.group) % 8 != 0) return false;
@@ -576,6 +591,12 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, Asyn
   for (int i = 0; i < n_mats; ++i) tiles += (p.seg[i].rows + 15) / 16;
   const int M = swiglu ? 2 : 1;
   a->wide = wide;
+  if (!wide && ring_override(&a->W, &a->S)) {
+    a->forced = true;
+    if (swiglu) a->S /= 2;
+    a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
+    return a->smem <= kAsyncMaxSmem;
+  }
   if (wide) {
     a->W = 8, a->S = swiglu ? 2 : 4;
   } else {
@@ -589,7 +610,24 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, Asyn
   return a->smem <= kAsyncMaxSmem;
 }
 
+template <bool SW, int W>
+cudaError_t async_launch_forced(int S, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
+  constexpr int m = SW ? 2 : 1;  // the up matrix halves the ring
+  switch (S * m) {
+    case 4: return async_launch_one<SW, W, 4 / m, 1>(tiles, smem, s, p);
+    case 6: return async_launch_one<SW, W, 6 / m, 1>(tiles, smem, s, p);
+    default: return async_launch_one<SW, W, 8 / m, 1>(tiles, smem, s, p);
+  }
+}
+
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p) {
+  if (a.forced) {
+    if (swiglu)
+      return a.W == 8 ? async_launch_forced<true, 8>(a.S, tiles, a.smem, s, p)
+                      : async_launch_forced<true, 4>(a.S, tiles, a.smem, s, p);
+    return a.W == 8 ? async_launch_forced<false, 8>(a.S, tiles, a.smem, s, p)
+                    : async_launch_forced<false, 4>(a.S, tiles, a.smem, s, p);
+  }
   if (a.wide)
     return swiglu ? async_launch_one<true, 8, 2, 4>(tiles, a.smem, s, p) : async_launch_one<false, 8, 4, 4>(tiles, a.smem, s, p);
   if (swiglu)
