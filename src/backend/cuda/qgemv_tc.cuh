@@ -1,0 +1,116 @@
+// Internal to src/backend/cuda/: what the q4 tensor-core mat-vec kernels share (qgemv_tc.cu: the
+// register-fed and staged kernels and the dispatch; qgemv_stream.cu: the streamed decode kernel).
+// The layout of a step, the nibble-pair dequantization and the mma are described at the top of
+// qgemv_tc.cu.
+#pragma once
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda::tc {
+
+struct TcSeg {
+  const uint32_t* w;
+  const __nv_bfloat16* scales;
+  const __nv_bfloat16* biases;
+  const void* bias;
+  Elem bias_dtype;
+  int64_t rows;
+  void* out;
+  int64_t tile_begin;  // first 16-row tile (block) of this matrix
+};
+struct TcParams {
+  TcSeg seg[3];
+  int n_seg;
+  TcSeg up;  // SWIGLU: the up matrix, same shape as seg[0]
+  const __nv_bfloat16* x;
+  int T;
+  int64_t K;
+  int group;
+  bool out_f32;
+  bool prefetch;  // the first steps' weights are loaded before waiting for the previous kernel
+  // The streamed kernel's fusions (GemvFuse): RMSNorm of each x row before use, and the residual add.
+  const void* norm_w = nullptr;
+  Elem norm_dtype = Elem::kBF16;
+  float eps = 0.0f;
+  bool residual = false;
+};
+
+__device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Nibbles (s, s+4) of w as the bf16 pair (s*q0 + b, s*q1 + b).
+__device__ __forceinline__ uint32_t dq_pair(uint32_t w, int shift, __nv_bfloat162 s2, __nv_bfloat162 b2) {
+  const uint32_t p = ((w >> shift) & 0x000F000Fu) | 0x43004300u;  // bf16 pair (128 + q0, 128 + q1), exact
+  const __nv_bfloat162 q = __hsub2(u32_as_bf2(p), __floats2bfloat162_rn(128.0f, 128.0f));
+  return bf2_as_u32(__hfma2(q, s2, b2));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct Step {
+  uint4 wa, wb;  // rows g and g+8
+  __nv_bfloat162 sa, ba, sb, bb;
+};
+
+__device__ __forceinline__ Step load_step(const TcSeg& m, int64_t ra, int64_t rb, int64_t k, int64_t K, int group) {
+  Step s;
+  s.wa = __ldg(reinterpret_cast<const uint4*>(m.w + (ra * K + k) / 8));
+  s.wb = __ldg(reinterpret_cast<const uint4*>(m.w + (rb * K + k) / 8));
+  const int64_t ga = ra * (K / group) + k / group, gb = rb * (K / group) + k / group;
+  s.sa = __bfloat162bfloat162(m.scales[ga]);
+  s.ba = __bfloat162bfloat162(m.biases[ga]);
+  s.sb = __bfloat162bfloat162(m.scales[gb]);
+  s.bb = __bfloat162bfloat162(m.biases[gb]);
+  return s;
+}
+
+// The 8 mmas of one step: A from the step's weights, B from xw (token g's 32 activations).
+__device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uint32_t (&xw)[16]) {
+  const uint32_t wa[4] = {s.wa.x, s.wa.y, s.wa.z, s.wa.w}, wb[4] = {s.wb.x, s.wb.y, s.wb.z, s.wb.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int word = j >> 1, sh = (j & 1) * 8;  // pairs (0,4),(1,5) then (2,6),(3,7)
+    const uint32_t a0 = dq_pair(wa[word], sh, s.sa, s.ba), a2 = dq_pair(wa[word], sh + 4, s.sa, s.ba);
+    const uint32_t a1 = dq_pair(wb[word], sh, s.sb, s.bb), a3 = dq_pair(wb[word], sh + 4, s.sb, s.bb);
+    // Elements of the 32: e0 = 8*word + 2*(j&1): a0 holds (e0, e0+4), a2 holds (e0+1, e0+5).
+    const int e0 = 8 * word + 2 * (j & 1);
+    const uint32_t lo0 = xw[e0 / 2], lo4 = xw[e0 / 2 + 2];
+    const uint32_t b0 = __byte_perm(lo0, lo4, 0x5410);  // (x[e0], x[e0+4])
+    const uint32_t b1 = __byte_perm(lo0, lo4, 0x7632);  // (x[e0+1], x[e0+5])
+    mma_bf16(d, a0, a1, a2, a3, b0, b1);
+  }
+}
+
+__device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+// ---- qgemv_stream.cu ----
+// Whether the streamed kernel takes this call, and how (AsyncShape). Two shapes, picked by
+// ANVIL_QGEMV_TC for measuring:
+// - deep (default): 4 warps per tile (8 when there are fewer tiles than two per SM, so narrow
+//   matrices still have enough in flight), rings of 8 steps (4 with the up matrix, whose steps are
+//   twice the bytes);
+// - wide ("occ"): 8 warps per tile, rings of 4 steps (2 with the up matrix), registers capped for 4
+//   blocks per SM: the same bytes in flight per block, twice the warps to issue the dequantization.
+// ANVIL_QGEMV_RING=W,S (for measuring, not yet measured): every streamed launch uses W warps per tile
+// (4 or 8) and rings of S steps (4, 6 or 8; half that with the up matrix), no register cap.
+struct AsyncShape {
+  int W = 4, S = 8;
+  bool wide = false, forced = false;
+  size_t smem = 0;
+};
+bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, AsyncShape* a);
+cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p);
+
+}  // namespace anvil::cuda::tc
