@@ -4,7 +4,8 @@
 // positions round-robin in batches of NB (NB K rows and V rows loaded before any is used, so several
 // loads are in flight), each warp keeping an online softmax (max, sum, accumulator) per head in fp32;
 // lane l holds dims [l*DL, l*DL + DL). The warps' states merge in shared memory into one partial per
-// (token, head, split); a second kernel merges the splits and writes bf16.
+// (token, head, split); a second kernel merges the splits and writes bf16. With one split (prefill,
+// large batches, short contexts) the first kernel writes the bf16 output itself.
 // Split boundaries are computed on the device from pos[t], so the launch shape depends only on
 // (T, n_splits): a captured decode graph replays correctly as the context grows.
 #include <algorithm>
@@ -33,10 +34,12 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&f)[DL])
 }
 
 // Partial layout per (token, head, split): [m, l, acc[D]] (acc unnormalized, scores in log2 units).
+// out non-null (only with n_splits == 1: prefill, large batches, short contexts): the merged state
+// is the answer, written as bf16 exactly as attn_combine_kernel would (acc / l), and no partial.
 template <int DL, int GMAX>
 __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
                                                                  int layer, BatchDev b, float scale_log2,
-                                                                 int n_splits, float* ws) {
+                                                                 int n_splits, float* ws, __nv_bfloat16* out) {
   pdl_begin();
   // NB positions per warp per iteration (2*NB K/V row loads in flight). 8 measured slower on the
   // H200 (more registers, no gain in loads in flight).
@@ -129,6 +132,10 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
       L += sm[w][g][1] * c;
       A += sacc[w][g][d] * c;
     }
+    if (out) {
+      out[(int64_t(t) * n_heads + kh * G + g) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+      continue;
+    }
     float* part = ws + ((int64_t(t) * n_heads + kh * G + g) * n_splits + s) * (D + 2);
     if (d == 0) part[0] = M, part[1] = L;
     part[2 + d] = A;
@@ -172,10 +179,12 @@ template <int DL, int GMAX>
 cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                    int n_splits, float* ws, void* out, cudaStream_t s) {
   const dim3 grid(unsigned(n_splits), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
-  launch_k(attn_split_kernel<DL, GMAX>, dim3(grid), dim3(kWarps * 32), 0, s, static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer,
-                                                           b, scale * 1.4426950408889634f, n_splits, ws);
+  // One split: the split kernel writes the output itself (no workspace round trip, one launch).
+  __nv_bfloat16* direct = n_splits == 1 ? static_cast<__nv_bfloat16*>(out) : nullptr;
+  launch_k(attn_split_kernel<DL, GMAX>, dim3(grid), dim3(kWarps * 32), 0, s, static_cast<const __nv_bfloat16*>(q),
+           n_heads, kv, layer, b, scale * 1.4426950408889634f, n_splits, ws, direct);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || direct) return e;
   launch_k(attn_combine_kernel, dim3(unsigned(int64_t(b.n_tokens) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, 
       ws, n_heads, kv.head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();

@@ -429,7 +429,7 @@ class CudaBackend final : public Backend {
     Prof pr(this, "attention");
     launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
              "attention");
-    launches_ += 1;  // two kernels
+    if (splits > 1) launches_ += 1;  // the split kernel and the combine (one split: one kernel)
   }
   void gather_rows(Act src, const int32_t* rows, Act dst) override {
     if (!expect(src.dtype == dst.dtype && src.cols == dst.cols, "gather_rows: src and dst must match in dtype and cols"))
