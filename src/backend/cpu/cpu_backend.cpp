@@ -70,7 +70,14 @@ void row_scale_weight(const float* x, float inv, const WeightVector& w, int64_t 
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()) {}
+  explicit CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()) {
+    // ANVIL_CPU_FUSED_FLOW=1 (for tests): the transformer takes its fused layer flow (the one the
+    // CUDA backend runs with ANVIL_CUDA_FUSE=1) on the CPU, through the fused ops' reference
+    // compositions; the result must equal the plain flow's bit for bit.
+    const char* e = std::getenv("ANVIL_CPU_FUSED_FLOW");
+    fused_flow_ = e && *e == '1';
+  }
+  bool fuses_norm_linear(int64_t, std::span<const WeightMatrix* const>) const override { return fused_flow_; }
 
   std::string name() const override {
     return std::string("cpu (") + (cpu_use_avx512() ? "avx2+avx512vnni" : cpu_use_avx2() ? "avx2" : "scalar") + ", " +
@@ -299,6 +306,7 @@ class CpuBackend final : public Backend {
       die(std::string(op) + ": the CPU KV cache dtype must be F32 or BF16, got " + std::string(dtype_name(kv.dtype)));
   }
   ThreadPool pool_;
+  bool fused_flow_ = false;
   std::vector<float> swiglu_scratch_;  // linear_swiglu's up projection
 };
 
