@@ -208,13 +208,13 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
   elif [ "$BENCH_SET" = batch ]; then
-    # Batched decode (the server's case): a 32-sequence step through the prefill GEMM (default) and
-    # as chunked 8-row mat-vecs (ANVIL_CUDA_GEMV_MAX_T=32, off until verified); the op test first.
+    # Batched decode (the server's case): a 32-sequence step through the q4 tensor-core mat-vec (the
+    # default since 2026-12-01) and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0); the op test first.
     ANVIL_CUDA_GEMV_MAX_T=32 ./build-gpu/tests/anvil_test_cuda --gtest_filter='*Chunked*' >> "$OUT/bench.log" 2>&1
     echo "chunked op test rc=$?" >> "$OUT/bench.log"
-    for v in 8 32; do
-      echo "### ANVIL_CUDA_GEMV_MAX_T=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
-      ANVIL_CUDA_GEMV_MAX_T=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
+    for v in 1 0; do
+      echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
+      ANVIL_CUDA_TC_BATCH=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
         --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
     done
   elif [ "$BENCH_SET" = gemv ]; then

@@ -63,14 +63,19 @@ class CudaBackend final : public Backend {
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuda: cublasCreate failed");
     const char* e = std::getenv("ANVIL_CUDA_NO_CUBLAS");
     use_cublas_ = !(e && *e && *e != '0');
-    // Batches of 9..63 rows (batched decode: the server) go to the prefill GEMM, which re-dequantizes
-    // every weight tile per step: a 32-sequence qwen3-8b q4g64 step took 68.6 ms on the H200 against
-    // 3.56 ms at batch 1. ANVIL_CUDA_GEMV_MAX_T=N (up to 63) runs such batches through the mat-vec
-    // kernels instead: q4 on the tensor cores up to 32 tokens per launch (weights read once), other
-    // formats 8 per launch. UNVERIFIED on a GPU yet, so off by default; scripts/cuda_check.sh
-    // (BENCH_SET=batch) runs the op test and the batch-32 benchmark with it.
+    // Batches of 9..63 rows (batched decode: the server; short prompts). The prefill WMMA GEMM
+    // (gemm.cu) walks K in 32-element steps, each a dependent global load and two barriers: ~128
+    // serialized steps per matrix at K = 4096, and a 32-sequence qwen3-8b q4g64 step took 68.6 ms
+    // on the H200 against 3.56 ms at batch 1. So by default 9..32 rows whose weights take the q4
+    // tensor-core mat-vec run there instead (2 or 4 token tiles per dequantized fragment: the
+    // weights are read once per launch). It is verified on the H200 (2026-12-01:
+    // CudaOps.BatchesUpTo32AsChunkedMatVecsMatchCpu), but its speed against the GEMM is not measured
+    // yet (scripts/cuda_check.sh BENCH_SET=batch). ANVIL_CUDA_TC_BATCH=0 restores the GEMM.
+    // ANVIL_CUDA_GEMV_MAX_T=N (up to 63) sends every format's batches of up to N rows to the
+    // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '1') fa_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
+    if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -294,7 +299,7 @@ class CudaBackend final : public Backend {
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
       return;
-    bool fusable = x.rows <= gemv_max_t_;
+    bool fusable = matvec_rows(x.rows, dev(*ws[0]));
     for (size_t i = 0; i < ws.size(); ++i) {
       if (!check_linear(x, *ws[i], outs[i], "linear_multi")) return;
       fusable &= cuda::gemv_fusable(dev(*ws[0]), dev(*ws[i])) && outs[i].dtype == DType::kBF16;
@@ -313,7 +318,7 @@ class CudaBackend final : public Backend {
     if (!check_linear(x, gate, out, "linear_swiglu") || !check_linear(x, up, out, "linear_swiglu")) return;
     if (!bf16(out, "linear_swiglu", "out")) return;
     Prof pr(this, "mlp_gate_up");
-    if (x.rows <= gemv_max_t_ && cuda::gemv_fusable(dev(gate), dev(up))) {
+    if (matvec_rows(x.rows, dev(gate)) && cuda::gemv_fusable(dev(gate), dev(up))) {
       launched(cuda::gemv_swiglu(dev(gate), dev(up), x.data, int(x.rows), out.data, st_), "linear_swiglu");
       return;
     }
@@ -627,6 +632,11 @@ class CudaBackend final : public Backend {
     return expect(kv.dtype == DType::kBF16, std::string(op) + ": the CUDA KV cache must be BF16 (--kv-dtype bf16)") &&
            expect(layer >= 0 && layer < kv.n_layers, std::string(op) + ": layer out of range");
   }
+  // Whether T rows of a linear with these weights run as mat-vecs (else the prefill GEMM below 64
+  // rows): up to gemv_max_t_ rows for every format, up to 32 for the q4 tensor-core kernel.
+  bool matvec_rows(int64_t T, const DevMatrix& d) const {
+    return T <= gemv_max_t_ || (tc_batch_ && T <= cuda::kTcMaxTokens && cuda::gemv_uses_tc(d));
+  }
   void run_linear(const Act& x, const WeightMatrix& w, const Act& out) {
     const bool f32 = out.dtype == DType::kF32;
     const DevMatrix d = dev(w);
@@ -636,7 +646,7 @@ class CudaBackend final : public Backend {
         launched(cuda::gemm_cublas(cublas_, wdeq_, d, x.data, int(x.rows), out.data, f32, st_), "linear (cuBLAS)");
       return;
     }
-    if (x.rows > gemv_max_t_ && w.cols % 32 == 0) {
+    if (!matvec_rows(x.rows, d) && w.cols % 32 == 0) {
       launched(cuda::gemm(d, x.data, int(x.rows), out.data, f32, st_), "linear (gemm)");
       return;
     }
@@ -703,6 +713,7 @@ class CudaBackend final : public Backend {
     return true;
   }
   int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
+  bool tc_batch_ = true;  // 9..32 rows of q4 tensor-core weights run as mat-vecs (ANVIL_CUDA_TC_BATCH=0: GEMM)
   // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
   // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
   bool fuse_ = false;

@@ -44,6 +44,9 @@ bool gemv_fusable(const DevMatrix& a, const DevMatrix& b);
 // qgemv_tc.cu: the tensor-core 4-bit mat-vec that gemv()/gemv_swiglu() use for q4 matrices with
 // bf16 scales and cols % 128 == 0 (ANVIL_CUDA_NO_TC=1 forces the CUDA-core kernels, for comparison).
 bool gemv_tc_ok(const DevMatrix& w);
+// Whether gemv()/gemv_swiglu() take w through the tensor-core kernel (gemv_tc_ok and not
+// ANVIL_CUDA_NO_TC): then up to kTcMaxTokens rows read the weights once per launch.
+bool gemv_uses_tc(const DevMatrix& w);
 cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
                     bool out_f32, cudaStream_t s);
 // The streamed q4 kernel's fusions (decode, T <= 8): norm_w set: x is the residual stream h and each

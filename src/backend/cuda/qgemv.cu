@@ -223,6 +223,8 @@ static bool use_tc(const DevMatrix& w) {
   return gemv_tc_ok(w) && !(e && *e && *e != '0');
 }
 
+bool gemv_uses_tc(const DevMatrix& w) { return use_tc(w); }
+
 namespace {
 
 // Launches of at most `per` tokens (the tensor-core q4 kernel takes kTcMaxTokens, the CUDA-core
