@@ -63,6 +63,25 @@ class ProfilingBackend final : public Backend {
   void linear_swiglu(Act x, const WeightMatrix& g, const WeightMatrix& u, Act out) override {
     timed(ProfileCategory::kDenseFfn, [&] { in_.linear_swiglu(x, g, u, out); });
   }
+  // The fused layer forms (backend.h) are forwarded, so a profile shows the flow the backend runs:
+  // the norm is counted with the projection it is fused into, the residual add with its linear.
+  bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const override {
+    return in_.fuses_norm_linear(T, ws);
+  }
+  void rmsnorm_linear_multi(Act h, const WeightVector& n, float eps, Act x, std::span<const WeightMatrix* const> ws,
+                            std::span<const Act> outs) override {
+    auto it = ws.empty() ? linear_cat_.end() : linear_cat_.find(ws[0]->data);
+    timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second,
+          [&] { in_.rmsnorm_linear_multi(h, n, eps, x, ws, outs); });
+  }
+  void rmsnorm_linear_swiglu(Act h, const WeightVector& n, float eps, Act x, const WeightMatrix& g,
+                             const WeightMatrix& u, Act out) override {
+    timed(ProfileCategory::kDenseFfn, [&] { in_.rmsnorm_linear_swiglu(h, n, eps, x, g, u, out); });
+  }
+  void linear_add(Act x, const WeightMatrix& w, Act h, Act scratch) override {
+    auto it = linear_cat_.find(w.data);
+    timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second, [&] { in_.linear_add(x, w, h, scratch); });
+  }
   void gather_rows(Act src, const int32_t* rows, Act dst) override {
     timed(ProfileCategory::kRest, [&] { in_.gather_rows(src, rows, dst); });
   }
