@@ -167,6 +167,7 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemv_stream.cu 's/if (p.residual) \*ob = __float2bfloat16_rn(__bfloat162float(\*ob) + /if (p.residual) *ob = __float2bfloat16_rn(/' 'CudaOps.Fused*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention.cu 's/out\[(int64_t(t) \* n_heads + kh \* G + g) \* D + d\]/out[(int64_t(t) * n_heads + kh * G) * D + d]/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/attention.cu 's/atomicAdd(counter, 1u) == unsigned(n_splits - 1)/atomicAdd(counter, 1u) == unsigned(n_splits - 2)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
     mutate src/backend/cuda/qgemv_tc.cu 's/const int tok = 8 \* nt + g;/const int tok = 8 * (nt \& 1) + g;/' 'CudaOps.Batches*'

@@ -8,6 +8,7 @@
 // dequantized weights to bf16 for the tensor cores. A wrong index, group or bit order gives O(1).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "cuda_test_util.h"
@@ -350,6 +351,13 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   unsetenv("ANVIL_CUDA_FA");
   ASSERT_TRUE(fa_made.is_ok()) << fa_made.status().message();
   Backend& fa = **fa_made;
+  // A third with ANVIL_CUDA_ATTN_FUSED=1: the splits merged by the split kernel's last block, with
+  // the combine kernel's arithmetic, so its output must equal the default's bit for bit.
+  setenv("ANVIL_CUDA_ATTN_FUSED", "1", 1);
+  auto af_made = make_cuda_backend(0);
+  unsetenv("ANVIL_CUDA_ATTN_FUSED");
+  ASSERT_TRUE(af_made.is_ok()) << af_made.status().message();
+  Backend& af = **af_made;
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
                             AttnCase{6, 2, 32}, AttnCase{8, 8, 256}}) {
     const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" + std::to_string(c.D);
@@ -423,6 +431,14 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       fa.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gfa.data(), T, QD, DType::kBF16});
       ASSERT_TRUE(fa.synchronize().is_ok()) << fa.synchronize().message();
       expect_close(read(gfa, DType::kBF16, "attention fa"), ref, kPrefillTcBound, "attention ANVIL_CUDA_FA=1 " + what);
+      Guarded gaf = dev_out(size_t(T * QD) * 2);
+      for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be back at zero after a launch
+        af.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gaf.data(), T, QD, DType::kBF16});
+        ASSERT_TRUE(af.synchronize().is_ok()) << af.synchronize().message();
+        const auto fused = read(gaf, DType::kBF16, "attention fused merge"), plain = read(go, DType::kBF16, "attention");
+        EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), fused.size() * sizeof(float)))
+            << "ANVIL_CUDA_ATTN_FUSED=1 differs from the two-kernel attention: " << what << " launch " << rep;
+      }
     }
     // The whole cache (both layers' K and V; layer 0 must stay untouched = zeros on both).
     std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());

@@ -33,13 +33,51 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&f)[DL])
   }
 }
 
+// The merge of one (token, head)'s splits by one block of blockDim.x threads: the split weights
+// w_s = exp2(m_s - M) (0 for empty splits) are formed in parallel into shared memory `w`
+// ([n_splits]), then thread d sums w_s * acc_s[d] over the splits with independent loads (no
+// data-dependent branch in the loop, so they pipeline). Partials are read through L2 (__ldcg): in
+// the fused form they were written by other blocks of the same kernel.
+__device__ __forceinline__ void combine_splits(const float* part, int D, int n_splits, float* w,
+                                               __nv_bfloat16* out) {
+  float mx = -FLT_MAX;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
+    if (__ldcg(part + s * (D + 2) + 1) > 0.0f) mx = fmaxf(mx, __ldcg(part + s * (D + 2)));
+  __shared__ float red[32];
+  mx = warp_max(mx);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  mx = -FLT_MAX;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) mx = fmaxf(mx, red[i]);
+  float l = 0.0f;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float ls = __ldcg(part + s * (D + 2) + 1);
+    const float c = ls > 0.0f ? exp2f(__ldcg(part + s * (D + 2)) - mx) : 0.0f;
+    w[s] = c;
+    l += ls * c;
+  }
+  const float L = block_sum(l);  // its barriers also publish w[]
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float A = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) A = fmaf(w[s], __ldcg(part + s * (D + 2) + 2 + d), A);
+    out[d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+  }
+  __syncthreads();  // w[] and red[] are reused by a following call
+}
+
 // Partial layout per (token, head, split): [m, l, acc[D]] (acc unnormalized, scores in log2 units).
 // out non-null (only with n_splits == 1: prefill, large batches, short contexts): the merged state
 // is the answer, written as bf16 exactly as attn_combine_kernel would (acc / l), and no partial.
+// done non-null (ANVIL_CUDA_ATTN_FUSED=1, n_splits > 1): the last block to finish among the splits
+// of a (token, kv head) merges them for its G heads (combine_splits, the same arithmetic as the
+// combine kernel) into out_final, then resets its counter to 0 for the next launch; no second
+// kernel. done[T * n_kv_heads] must be zero before the first launch.
 template <int DL, int GMAX>
 __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
                                                                  int layer, BatchDev b, float scale_log2,
-                                                                 int n_splits, float* ws, __nv_bfloat16* out) {
+                                                                 int n_splits, float* ws, __nv_bfloat16* out,
+                                                                 unsigned* done, __nv_bfloat16* out_final) {
   pdl_begin();
   // NB positions per warp per iteration (2*NB K/V row loads in flight). 8 measured slower on the
   // H200 (more registers, no gain in loads in flight).
@@ -140,51 +178,43 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
     if (d == 0) part[0] = M, part[1] = L;
     part[2 + d] = A;
   }
+  if (!done) return;
+  __threadfence();  // this block's partials are visible device-wide before it counts itself
+  __syncthreads();
+  __shared__ bool last;
+  unsigned* counter = done + int64_t(t) * kv.n_kv_heads + kh;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == unsigned(n_splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  extern __shared__ float wsplit[];  // [n_splits]
+  for (int g = 0; g < G; ++g) {
+    const int64_t th = int64_t(t) * n_heads + kh * G + g;
+    combine_splits(ws + th * n_splits * (D + 2), D, n_splits, wsplit, out_final + th * D);
+  }
+  if (threadIdx.x == 0) *counter = 0u;
 }
 
-// One block per (token, head): the split weights w_s = exp2(m_s - M) (0 for empty splits) are
-// formed in parallel into shared memory, then thread d sums w_s * acc_s[d] over the splits with
-// independent loads (no data-dependent branch in the loop, so they pipeline).
+// One block per (token, head).
 __global__ void attn_combine_kernel(const float* ws, int n_heads, int D, int n_splits, __nv_bfloat16* out) {
   pdl_begin();
   extern __shared__ float w[];  // [n_splits]
   const int64_t th = blockIdx.x;  // token * n_heads + head
-  const float* part = ws + th * n_splits * (D + 2);
-  float mx = -FLT_MAX;
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
-    if (part[s * (D + 2) + 1] > 0.0f) mx = fmaxf(mx, part[s * (D + 2)]);
-  __shared__ float red[32];
-  mx = warp_max(mx);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  mx = -FLT_MAX;
-  for (int i = 0; i < int(blockDim.x >> 5); ++i) mx = fmaxf(mx, red[i]);
-  float l = 0.0f;
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-    const float ls = part[s * (D + 2) + 1];
-    const float c = ls > 0.0f ? exp2f(part[s * (D + 2)] - mx) : 0.0f;
-    w[s] = c;
-    l += ls * c;
-  }
-  const float L = block_sum(l);  // its barriers also publish w[]
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float A = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < n_splits; ++s) A = fmaf(w[s], part[s * (D + 2) + 2 + d], A);
-    out[th * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
-  }
+  combine_splits(ws + th * n_splits * (D + 2), D, n_splits, w, out + th * D);
 }
 
 template <int DL, int GMAX>
 cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
-                   int n_splits, float* ws, void* out, cudaStream_t s) {
+                   int n_splits, float* ws, unsigned* done, void* out, cudaStream_t s) {
   const dim3 grid(unsigned(n_splits), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
   // One split: the split kernel writes the output itself (no workspace round trip, one launch).
   __nv_bfloat16* direct = n_splits == 1 ? static_cast<__nv_bfloat16*>(out) : nullptr;
-  launch_k(attn_split_kernel<DL, GMAX>, dim3(grid), dim3(kWarps * 32), 0, s, static_cast<const __nv_bfloat16*>(q),
-           n_heads, kv, layer, b, scale * 1.4426950408889634f, n_splits, ws, direct);
+  unsigned* fused = n_splits > 1 ? done : nullptr;
+  launch_k(attn_split_kernel<DL, GMAX>, dim3(grid), dim3(kWarps * 32), fused ? size_t(n_splits) * sizeof(float) : 0,
+           s, static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, n_splits, ws,
+           direct, fused, static_cast<__nv_bfloat16*>(out));
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || direct) return e;
+  if (e != cudaSuccess || direct || fused) return e;
   launch_k(attn_combine_kernel, dim3(unsigned(int64_t(b.n_tokens) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, 
       ws, n_heads, kv.head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
@@ -205,19 +235,19 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
 }
 
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
-                      int n_splits, float* ws, void* out, cudaStream_t s) {
+                      int n_splits, float* ws, unsigned* done, void* out, cudaStream_t s) {
   const int G = n_heads / kv.n_kv_heads;
   const int D = kv.head_dim;
   const int DL = D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : 8;
   if (G > 8 || D > 256 || D % DL != 0) return cudaErrorInvalidValue;
-  if (DL == 1) return G <= 4 ? launch<1, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
-                             : launch<1, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
-  if (DL == 2) return G <= 4 ? launch<2, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
-                             : launch<2, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
-  if (DL == 4) return G <= 4 ? launch<4, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
-                             : launch<4, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
-  if (DL == 8) return G <= 4 ? launch<8, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
-                             : launch<8, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  if (DL == 1) return G <= 4 ? launch<1, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s)
+                             : launch<1, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s);
+  if (DL == 2) return G <= 4 ? launch<2, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s)
+                             : launch<2, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s);
+  if (DL == 4) return G <= 4 ? launch<4, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s)
+                             : launch<4, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s);
+  if (DL == 8) return G <= 4 ? launch<8, 4>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s)
+                             : launch<8, 8>(q, n_heads, kv, layer, b, scale, n_splits, ws, done, out, s);
   return cudaErrorInvalidValue;
 }
 

@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '1') fa_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
@@ -429,12 +430,19 @@ class CudaBackend final : public Backend {
     }
     const int splits =
         cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_);
-    const size_t need = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits) * 4;
-    if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, need)) return;
+    // The workspace: the splits' partials, then (ANVIL_CUDA_ATTN_FUSED=1) one counter per (token, kv
+    // head) for the in-kernel merge, zeroed whenever the buffer is new (the kernel leaves them zero).
+    const size_t floats = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits);
+    const size_t counters = attn_fused_ ? size_t(batch.n_tokens) * size_t(kv.n_kv_heads) : 0;
+    float* before = attn_ws_;
+    if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, (floats + counters) * 4)) return;
+    if (attn_fused_ && attn_ws_ != before) ok(cudaMemsetAsync(attn_ws_, 0, attn_ws_bytes_, st_), "attention workspace");
+    unsigned* done = attn_fused_ ? reinterpret_cast<unsigned*>(attn_ws_ + floats) : nullptr;
     Prof pr(this, "attention");
-    launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
+    launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, done, out.data,
+                             st_),
              "attention");
-    if (splits > 1) launches_ += 1;  // the split kernel and the combine (one split: one kernel)
+    if (splits > 1 && !done) launches_ += 1;  // the split kernel and the combine
   }
   void gather_rows(Act src, const int32_t* rows, Act dst) override {
     if (!expect(src.dtype == dst.dtype && src.cols == dst.cols, "gather_rows: src and dst must match in dtype and cols"))
@@ -717,6 +725,9 @@ class CudaBackend final : public Backend {
   // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
   // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
   bool fuse_ = false;
+  // ANVIL_CUDA_ATTN_FUSED=1: decode attention merges its splits in the split kernel's last block
+  // (one launch per layer fewer). Written 2026-12-01 and not yet run on a GPU: off until it has.
+  bool attn_fused_ = false;
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;

@@ -102,8 +102,10 @@ size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits
 // How many splits a batch gets: enough (token, kv head, split) blocks to fill the GPU for decode,
 // 1 for long prefill batches. Depends only on the launch shape, so a captured graph stays valid.
 int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms);
+// done: null, or T * n_kv_heads zeroed counters: then with n_splits > 1 the last split block of each
+// (token, kv head) merges the splits itself (one launch instead of two; left zeroed for the next).
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
-                      int n_splits, float* workspace, void* out, cudaStream_t s);
+                      int n_splits, float* workspace, unsigned* done, void* out, cudaStream_t s);
 // attention_prefill.cu: causal attention on the tensor cores for T tokens of ONE sequence at the
 // consecutive positions p0, p0+1, ... (a prefill chunk), head_dim 32, 64 or 128 (attention_prefill_ok).
 bool attention_prefill_ok(int head_dim);
