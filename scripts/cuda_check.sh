@@ -10,7 +10,8 @@
 # Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
-# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels).
+# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), pending (everything of 2026-12-01 not yet
+# measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -189,7 +190,7 @@ if [ "${NCU:-0}" = 1 ]; then
   done > "$OUT/ncu.log" 2>&1
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -242,6 +243,22 @@ if [ "$what" != tests ]; then
       ANVIL_QGEMV_RING=$r ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.Linear*:CudaOps.Fused*' > /tmp/ring.log 2>&1
       echo "### ANVIL_QGEMV_RING=$r op tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/ring.log | tr '\n' ' ')" >> "$OUT/bench.log"
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do ANVIL_QGEMV_RING=$r b --synthetic $m -n 64 --runs 2; done
+    done
+  elif [ "$BENCH_SET" = pending ]; then
+    # Everything written on 2026-12-01 whose speed is not measured yet, in one call: the attention
+    # merge in the split kernel, the fused layers with it, prefill attention on the tensor cores, and
+    # the 32-sequence step through the q4 mat-vec against the GEMM.
+    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do
+      b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_ATTN_FUSED=1 b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_ATTN_FUSED=1 ANVIL_CUDA_FUSE=1 b --synthetic $m -n 64 --runs 2
+    done
+    b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+    ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+    for v in 1 0; do
+      echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
+      ANVIL_CUDA_TC_BATCH=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
+        --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
     done
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
