@@ -255,6 +255,10 @@ if [ "$what" != tests ]; then
     done
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+    # Prefill chunk size on CUDA: every chunk dequantizes each matrix once for cuBLAS (--batch 256
+    # by default), so larger chunks amortize it.
+    b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
+    ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
     for v in 1 0; do
       echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
       ANVIL_CUDA_TC_BATCH=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
