@@ -30,7 +30,7 @@ __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[
 
 // The decode default (T <= 8): weights streamed through shared memory with cp.async.
 //
-// ncu on the H200 showed the register-fed kernels above at 16-24 warps per SM with 1-2 KB of loads in
+// ncu on the H200 showed the register-fed kernels (qgemv_tc.cu) at 16-24 warps per SM with 1-2 KB of loads in
 // flight per warp: 0.8-1.7 TB/s, bounded by the bytes in flight (Little's law: ~4 TB/s at ~1 us of
 // latency needs ~30 KB in flight per SM, all the time). Here each lane copies its own 32 bytes per
 // step (rows g and g+8) into a per-warp ring of S steps in shared memory, so S steps per warp are
