@@ -62,14 +62,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
   pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int64_t tile = blockIdx.x;
-  int si = 0;
-  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
-  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
-  const TcSeg& m = p.seg[si];
-  const int64_t r0 = (tile - m.tile_begin) * 16;
+  int64_t r0 = 0;
+  const TcSeg& m = tile_seg(p, blockIdx.x, &r0);
   const int K = int(p.K), steps = K / 128;
-  const int gshift = p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
+  const int gshift = group_shift(p.group);
   const int ng = K >> gshift;  // groups per row (a multiple of 8: the host checks)
   uint4* ring = reinterpret_cast<uint4*>(smem);
   __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem + async_ring_bytes(W, S, M));
@@ -164,39 +160,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
     cp_async_commit();
   }
 
-  __shared__ float red[W][M][32][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    red[warp][0][lane][i] = d[0][i];
-    if constexpr (SWIGLU) red[warp][M - 1][lane][i] = d[M - 1][i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v = 0, u = 0;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      v += red[w][0][lane][i];
-      if constexpr (SWIGLU) u += red[w][M - 1][lane][i];
-    }
-    const int t = 2 * c + (i & 1);
-    const int64_t row = r0 + g + (i >> 1) * 8;
-    if (t >= p.T || row >= m.rows) continue;
-    if (p.norm_w) {
-      const float inv = rsqrtf(tok_ss[t] / float(K) + p.eps);
-      v *= inv, u *= inv;
-    }
-    if constexpr (SWIGLU) {
-      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
-    } else {
-      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
-      __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
-      if (p.residual) *ob = __float2bfloat16_rn(__bfloat162float(*ob) + __bfloat162float(__float2bfloat16_rn(v)));
-      else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
-      else *ob = __float2bfloat16_rn(v);
-    }
-  }
+  finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss, [&](int mi, int, int i) { return d[mi][i]; });
 }
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;

@@ -44,12 +44,8 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
   pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int64_t tile = blockIdx.x;
-  int si = 0;
-  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
-  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
-  const TcSeg& m = p.seg[si];
-  const int64_t r0 = (tile - m.tile_begin) * 16;
+  int64_t r0 = 0;
+  const TcSeg& m = tile_seg(p, blockIdx.x, &r0);
   const int64_t ra = min(r0 + g, m.rows - 1), rb = min(r0 + g + 8, m.rows - 1);
   const int64_t K = p.K, steps = K / 128;
 
@@ -112,38 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv4_tc_kernel(TcParams p) {
     }
   }
 
-  // Sum the warps' accumulators; warp 0 writes. d[nt][0..1]: row g, tokens 8nt + 2c, 8nt + 2c + 1;
-  // d[nt][2..3]: row g+8.
-  __shared__ float red[kWarps][SWIGLU ? 2 : 1][NT][32][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      red[warp][0][nt][lane][i] = d[nt][i];
-      if constexpr (SWIGLU) red[warp][SWIGLU ? 1 : 0][nt][lane][i] = du[nt][i];
-    }
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int j = 0; j < 4 * NT; ++j) {
-    const int nt = j / 4, i = j % 4;
-    float v = 0, u = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      v += red[w][0][nt][lane][i];
-      if constexpr (SWIGLU) u += red[w][SWIGLU ? 1 : 0][nt][lane][i];
-    }
-    const int t = 8 * nt + 2 * c + (i & 1);
-    const int64_t row = r0 + g + (i >> 1) * 8;
-    if (t >= p.T || row >= m.rows) continue;
-    if constexpr (SWIGLU) {
-      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
-    } else {
-      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
-      if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
-      else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
-    }
-  }
+  finish_tile<SWIGLU, kWarps, NT>(p, m, r0, nullptr, [&](int mi, int nt, int i) { return mi ? du[nt][i] : d[nt][i]; });
 }
 
 // Decode's variant (T <= 8 and the activations fit in 48 KB of shared memory): the same steps and
@@ -194,16 +159,12 @@ __global__ void __maxnreg__(REGS) qgemv4_tcx_kernel(TcParams p) {
   pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int64_t tile = blockIdx.x;
-  int si = 0;
-  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
-  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
-  const TcSeg& m = p.seg[si];
-  const int64_t r0 = (tile - m.tile_begin) * 16;
+  int64_t r0 = 0;
+  const TcSeg& m = tile_seg(p, blockIdx.x, &r0);
   const int64_t ra = min(r0 + g, m.rows - 1), rb = min(r0 + g + 8, m.rows - 1);
   const int64_t K = p.K;
   const int steps = int(K / 128);
-  const int gshift = p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
+  const int gshift = group_shift(p.group);
   const RowOff off{ra * (K / 32), rb * (K / 32), ra * (K >> gshift), rb * (K >> gshift)};
 
   Step s[U], su[U];
@@ -244,33 +205,7 @@ __global__ void __maxnreg__(REGS) qgemv4_tcx_kernel(TcParams p) {
     }
   }
 
-  __shared__ float red[W][SWIGLU ? 2 : 1][32][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    red[warp][0][lane][i] = d[i];
-    if constexpr (SWIGLU) red[warp][SWIGLU ? 1 : 0][lane][i] = du[i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v = 0, u = 0;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      v += red[w][0][lane][i];
-      if constexpr (SWIGLU) u += red[w][SWIGLU ? 1 : 0][lane][i];
-    }
-    const int t = 2 * c + (i & 1);
-    const int64_t row = r0 + g + (i >> 1) * 8;
-    if (t >= p.T || row >= m.rows) continue;
-    if constexpr (SWIGLU) {
-      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
-    } else {
-      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
-      if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
-      else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
-    }
-  }
+  finish_tile<SWIGLU, W, 1>(p, m, r0, nullptr, [&](int mi, int, int i) { return mi ? du[i] : d[i]; });
 }
 
 // Warps per tile for the staged kernel: enough (tile, warp) pairs for ~32 warps per SM, at most one

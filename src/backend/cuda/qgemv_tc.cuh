@@ -95,6 +95,69 @@ __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
   }
 }
 
+// Block `tile`'s matrix (the launch's segments are consecutive runs of 16-row tiles) and the first
+// of its 16 rows there.
+__device__ __forceinline__ const TcSeg& tile_seg(const TcParams& p, int64_t tile, int64_t* r0) {
+  int si = 0;
+  if (p.n_seg > 1 && tile >= p.seg[1].tile_begin) si = 1;
+  if (p.n_seg > 2 && tile >= p.seg[2].tile_begin) si = 2;
+  *r0 = (tile - p.seg[si].tile_begin) * 16;
+  return p.seg[si];
+}
+
+// log2 of an MLX group size (32, 64 or 128).
+__device__ __forceinline__ int group_shift(int group) { return group == 32 ? 5 : group == 64 ? 6 : 7; }
+
+// The end of every q4 tensor-core kernel: the W warps' fp32 accumulators, acc(matrix, tile, i) for
+// the NT token tiles (matrix 1: the up matrix with SWIGLU), are summed through shared memory and
+// warp 0 writes the block's outputs. acc's element i of tile nt is row g (+8 for i >= 2) and token
+// 8*nt + 2c + (i & 1). The value written: silu(gate) * up with SWIGLU (into seg[0].out); else the
+// dot product (+ bias) as F32 or bf16, or with p.residual added to the bf16 residual it overwrites.
+// tok_ss (the streamed kernel's fused norm, p.norm_w set): per-token sums of h^2; each dot product
+// is then scaled by that token's 1/rms first.
+template <bool SWIGLU, int W, int NT, class Acc>
+__device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, int64_t r0, const float* tok_ss,
+                                            Acc&& acc) {
+  constexpr int M = SWIGLU ? 2 : 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  __shared__ float red[W][M][NT][32][4];
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][mi][nt][lane][i] = acc(mi, nt, i);
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int j = 0; j < 4 * NT; ++j) {
+    const int nt = j / 4, i = j % 4;
+    float v = 0, u = 0;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      v += red[w][0][nt][lane][i];
+      if constexpr (SWIGLU) u += red[w][M - 1][nt][lane][i];
+    }
+    const int t = 8 * nt + 2 * c + (i & 1);
+    const int64_t row = r0 + g + (i >> 1) * 8;
+    if (t >= p.T || row >= m.rows) continue;
+    if (tok_ss && p.norm_w) {
+      const float inv = rsqrtf(tok_ss[t] / float(p.K) + p.eps);
+      v *= inv, u *= inv;
+    }
+    if constexpr (SWIGLU) {
+      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
+    } else {
+      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
+      __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
+      if (p.residual) *ob = __float2bfloat16_rn(__bfloat162float(*ob) + __bfloat162float(__float2bfloat16_rn(v)));
+      else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+      else *ob = __float2bfloat16_rn(v);
+    }
+  }
+}
+
 // ---- qgemv_stream.cu ----
 // Whether the streamed kernel takes this call, and how (AsyncShape). Two shapes, picked by
 // ANVIL_QGEMV_TC for measuring:
