@@ -191,6 +191,15 @@ if [ "${NCU:-0}" = 1 ]; then
 fi
 if [ "$what" != tests ]; then
   b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
+  # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
+  batch32() {
+    for v in 1 0; do
+      echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
+      ANVIL_CUDA_TC_BATCH=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
+        --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
+    done
+  }
   if [ "$BENCH_SET" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -214,11 +223,7 @@ if [ "$what" != tests ]; then
     # default since 2026-12-01) and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0); the op test first.
     ANVIL_CUDA_GEMV_MAX_T=32 ./build-gpu/tests/anvil_test_cuda --gtest_filter='*Chunked*' >> "$OUT/bench.log" 2>&1
     echo "chunked op test rc=$?" >> "$OUT/bench.log"
-    for v in 1 0; do
-      echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
-      ANVIL_CUDA_TC_BATCH=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
-        --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
-    done
+    batch32
   elif [ "$BENCH_SET" = gemv ]; then
     # The staged q4 decode mat-vec (default) against its variants and the unstaged kernel (8x2).
     b --synthetic qwen3-8b:q4g64 --runs 2
@@ -259,11 +264,7 @@ if [ "$what" != tests ]; then
     # by default), so larger chunks amortize it.
     b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
-    for v in 1 0; do
-      echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
-      ANVIL_CUDA_TC_BATCH=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
-        --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
-    done
+    batch32
   elif [ "$BENCH_SET" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile
