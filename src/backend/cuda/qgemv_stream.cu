@@ -55,8 +55,10 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group)
   return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(K / group) * 2 + size_t(T) * size_t(K) * 2;
 }
 
-template <bool SWIGLU, int W, int S, int MINB>
-__global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) {
+// The explicit minimum of 1 block per SM matters: without it ptxas picks fewer registers (48 instead of
+// 64 here) and spills in some shapes.
+template <bool SWIGLU, int W, int S>
+__global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_launch();
@@ -165,12 +167,12 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S, int MINB>
+template <bool SW, int W, int S>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, MINB>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S, MINB>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
 }
 
@@ -189,7 +191,7 @@ bool ring_override(int* W, int* S) {
 
 }  // namespace
 
-bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, AsyncShape* a) {
+bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) {
   const int64_t K = p.K;
   if (T > 8 || K > (int64_t(1) << 30) || (K / p.group) % 8 != 0) return false;
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
@@ -199,20 +201,11 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, Asyn
   int64_t tiles = 0;
   for (int i = 0; i < n_mats; ++i) tiles += (p.seg[i].rows + 15) / 16;
   const int M = swiglu ? 2 : 1;
-  a->wide = wide;
-  if (!wide && ring_override(&a->W, &a->S)) {
-    a->forced = true;
-    if (swiglu) a->S /= 2;
-    a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
-    return a->smem <= kAsyncMaxSmem;
-  }
-  if (wide) {
-    a->W = 8, a->S = swiglu ? 2 : 4;
-  } else {
-    a->W = tiles < 2 * 132 ? 8 : 4, a->S = swiglu ? 4 : 8;
-  }
+  const bool forced = ring_override(&a->W, &a->S);
+  if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
+  a->S /= M;
   a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
-  if (a->smem > kAsyncMaxSmem && !wide && a->W == 8) {
+  if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
     a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
   }
@@ -222,31 +215,21 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, Asyn
 namespace {
 
 template <bool SW, int W>
-cudaError_t async_launch_forced(int S, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
+cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
   constexpr int m = SW ? 2 : 1;  // the up matrix halves the ring
   switch (S * m) {
-    case 4: return async_launch_one<SW, W, 4 / m, 1>(tiles, smem, s, p);
-    case 6: return async_launch_one<SW, W, 6 / m, 1>(tiles, smem, s, p);
-    default: return async_launch_one<SW, W, 8 / m, 1>(tiles, smem, s, p);
+    case 4: return async_launch_one<SW, W, 4 / m>(tiles, smem, s, p);
+    case 6: return async_launch_one<SW, W, 6 / m>(tiles, smem, s, p);
+    default: return async_launch_one<SW, W, 8 / m>(tiles, smem, s, p);
   }
 }
 
 }  // namespace
 
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p) {
-  if (a.forced) {
-    if (swiglu)
-      return a.W == 8 ? async_launch_forced<true, 8>(a.S, tiles, a.smem, s, p)
-                      : async_launch_forced<true, 4>(a.S, tiles, a.smem, s, p);
-    return a.W == 8 ? async_launch_forced<false, 8>(a.S, tiles, a.smem, s, p)
-                    : async_launch_forced<false, 4>(a.S, tiles, a.smem, s, p);
-  }
-  if (a.wide)
-    return swiglu ? async_launch_one<true, 8, 2, 4>(tiles, a.smem, s, p) : async_launch_one<false, 8, 4, 4>(tiles, a.smem, s, p);
   if (swiglu)
-    return a.W == 8 ? async_launch_one<true, 8, 4, 1>(tiles, a.smem, s, p) : async_launch_one<true, 4, 4, 1>(tiles, a.smem, s, p);
-  return a.W == 8 ? async_launch_one<false, 8, 8, 1>(tiles, a.smem, s, p) : async_launch_one<false, 4, 8, 1>(tiles, a.smem, s, p);
+    return a.W == 8 ? async_launch_w<true, 8>(a.S, tiles, a.smem, s, p) : async_launch_w<true, 4>(a.S, tiles, a.smem, s, p);
+  return a.W == 8 ? async_launch_w<false, 8>(a.S, tiles, a.smem, s, p) : async_launch_w<false, 4>(a.S, tiles, a.smem, s, p);
 }
-
 
 }  // namespace anvil::cuda::tc

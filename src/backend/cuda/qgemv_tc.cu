@@ -34,8 +34,8 @@ namespace {
 // Block shape: kWarps warps split K; each issues kUnroll steps' loads before their mmas.
 // ANVIL_QGEMV_TC picks another compiled variant for measuring: for the first kernel below 8x2 (its
 // default), 4x4, 16x1, 16x2; for the staged decode kernel (the default for T <= 8) xs1 (one step
-// in flight with the up matrix) and x1 (one step in flight everywhere); for the streamed kernel (the
-// default for T <= 8, in qgemv_stream.cu) occ (8 warps per tile with shallower rings: see async_ok).
+// in flight with the up matrix) and x1 (one step in flight everywhere). The streamed kernel (the
+// default for T <= 8, in qgemv_stream.cu) has its own sweep switch, ANVIL_QGEMV_RING (see async_ok).
 
 // NT n8-tiles of tokens: tokens 8*nt + g for nt < NT share each dequantized A fragment (NT > 1:
 // batches of 9..32 rows read the weights once; see kTcMaxTokens).
@@ -266,7 +266,7 @@ int tc_shape() {
   static const int shape = [] {
     const char* e = std::getenv("ANVIL_QGEMV_TC");
     const std::string v = e ? e : "";
-    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : v == "occ" ? 8 : 0;
+    return v == "4x4" ? 1 : v == "16x1" ? 2 : v == "16x2" ? 3 : v == "8x2" ? 4 : v == "xs1" ? 5 : v == "x1" ? 6 : v == "x2" ? 7 : 0;
   }();
   return shape;
 }
@@ -298,7 +298,7 @@ TcParams make_params(const DevMatrix* ws, void* const* outs, int n, const DevMat
 }  // namespace
 
 bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T) {
-  if (n < 1 || n > 3 || (tc_shape() != 0 && tc_shape() != 8)) return false;
+  if (n < 1 || n > 3 || tc_shape() != 0) return false;
   for (int i = 0; i < n; ++i)
     if (!gemv_tc_ok(ws[i]) || ws[i].cols != ws[0].cols || ws[i].group != ws[0].group) return false;
   if (up && (!gemv_tc_ok(*up) || up->cols != ws[0].cols || up->group != ws[0].group || up->rows != ws[0].rows))
@@ -306,7 +306,7 @@ bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T) {
   int64_t tiles = 0;
   const TcParams p = make_params(ws, nullptr, n, up, nullptr, T, false, &tiles);
   AsyncShape as;
-  return async_ok(p, n, T, up != nullptr, tc_shape() == 8, &as);
+  return async_ok(p, n, T, up != nullptr, &as);
 }
 
 cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
@@ -318,7 +318,7 @@ cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const D
   p.eps = f.eps;
   p.residual = f.residual && !up;
   AsyncShape as;
-  if (!async_ok(p, n, T, up != nullptr, tc_shape() == 8, &as)) return cudaErrorInvalidValue;
+  if (!async_ok(p, n, T, up != nullptr, &as)) return cudaErrorInvalidValue;
   return async_launch(up != nullptr, as, tiles, s, p);
 }
 
@@ -330,7 +330,7 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   const dim3 grid(static_cast<unsigned>(tiles));
   // Decode (T <= 8): the streamed kernel; the staged one when its activations fit in 48 KB.
   AsyncShape as;
-  if ((shape == 0 || shape == 8) && async_ok(p, n, T, up != nullptr, shape == 8, &as))
+  if (shape == 0 && async_ok(p, n, T, up != nullptr, &as))
     return async_launch(up != nullptr, as, tiles, s, p);
   const size_t smem = size_t(T) * size_t(p.K) * 2;
   if (T <= 8 && smem <= 48 * 1024 && (shape == 0 || shape >= 5 && shape <= 7)) {

@@ -159,21 +159,17 @@ __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, i
 }
 
 // ---- qgemv_stream.cu ----
-// Whether the streamed kernel takes this call, and how (AsyncShape). Two shapes, picked by
-// ANVIL_QGEMV_TC for measuring:
-// - deep (default): 4 warps per tile (8 when there are fewer tiles than two per SM, so narrow
-//   matrices still have enough in flight), rings of 8 steps (4 with the up matrix, whose steps are
-//   twice the bytes);
-// - wide ("occ"): 8 warps per tile, rings of 4 steps (2 with the up matrix), registers capped for 4
-//   blocks per SM: the same bytes in flight per block, twice the warps to issue the dequantization.
-// ANVIL_QGEMV_RING=W,S (for measuring, not yet measured): every streamed launch uses W warps per tile
-// (4 or 8) and rings of S steps (4, 6 or 8; half that with the up matrix), no register cap.
+// Whether the streamed kernel takes this call, and how (AsyncShape): 4 warps per tile (8 when there
+// are fewer tiles than two per SM, so narrow matrices still have enough in flight), rings of 8 steps
+// (4 with the up matrix, whose steps are twice the bytes). ANVIL_QGEMV_RING=W,S (for measuring, not
+// yet measured) makes every streamed launch use W warps per tile (4 or 8) and rings of S steps (4, 6
+// or 8; half that with the up matrix). A variant with 8 warps, half-depth rings and a 64-register cap
+// measured 285 against 299 tok/s (docs/benchmarks.md) and was removed.
 struct AsyncShape {
-  int W = 4, S = 8;
-  bool wide = false, forced = false;
+  int W = 4, S = 8;  // S: ring depth in steps (already halved with the up matrix)
   size_t smem = 0;
 };
-bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, bool wide, AsyncShape* a);
+bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a);
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p);
 
 }  // namespace anvil::cuda::tc
