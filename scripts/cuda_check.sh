@@ -7,7 +7,7 @@
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
-# Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
+# QUICK_TESTS=FILTER: only those CUDA tests instead of the whole pass. Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), pending (everything of 2026-12-01 not yet
@@ -126,7 +126,11 @@ if [ "$what" = moe ]; then
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0
 fi
-if [ "$what" != bench ]; then
+if [ "$what" != bench ] && [ -n "${QUICK_TESTS:-}" ]; then
+  # QUICK_TESTS=FILTER: only these CUDA tests (a re-check after a fix, leaving device time for the rest).
+  ./build-gpu/tests/anvil_test_cuda --gtest_filter="$QUICK_TESTS" > "$OUT/cuda_quick.log" 2>&1
+  summary+=("quick tests ($QUICK_TESTS): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_quick.log" | tr '\n' ' ')")
+elif [ "$what" != bench ]; then
   (cd build-gpu && ctest -L cuda --output-on-failure -j4 --timeout 300) > "$OUT/cuda_tests.log" 2>&1
   summary+=("ctest -L cuda: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/cuda_tests.log" | tail -1)")
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.*" > "$OUT/cuda_ops_verbose.log" 2>&1
@@ -154,7 +158,9 @@ fi
 if [ "${MUTATE:-0}" = 1 ]; then
   mutate() {  # file, sed expression, test filter (MUTATE_ONLY=REGEX: only the expressions it matches)
     [ -n "${MUTATE_ONLY:-}" ] && ! grep -qE "$MUTATE_ONLY" <<< "$2" && return
-    cp "$1" /tmp/mutant.bak && sed -i "$2" "$1" && cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
+    cp "$1" /tmp/mutant.bak && sed -i "$2" "$1"
+    if cmp -s "$1" /tmp/mutant.bak; then echo "mutation [$2] in $1: DID NOT APPLY (the code moved: fix the expression)"; return; fi
+    cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
     ./build-gpu/tests/anvil_test_cuda --gtest_filter="$3" > /tmp/mutant.log 2>&1
     echo "mutation [$2] in $1: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)') $(grep -m1 -E 'rel_err|Which is|nan' /tmp/mutant.log | head -c 160)"
     cp /tmp/mutant.bak "$1"
@@ -164,8 +170,8 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemv_tc.cu 's/xp\[e0 \/ 2 + 2\]/xp[e0 \/ 2 + 1]/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_stream.cu 's/st\[mi\].sb = __bfloat162bfloat162(sc\[(2 \* mi \* 16 + g + 8)/st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g)/' 'CudaOps.Linear*'
     mutate src/backend/cuda/qgemv_stream.cu 's/lo4 = __ldg(xw + chunk \* 16 + e0 \/ 2 + 2)/lo4 = __ldg(xw + chunk * 16 + e0 \/ 2 + 1)/' 'CudaOps.Linear*'
-    mutate src/backend/cuda/qgemv_stream.cu 's/const float inv = rsqrtf(tok_ss\[t\]/const float inv = rsqrtf(tok_ss[0]/' 'CudaOps.Fused*'
-    mutate src/backend/cuda/qgemv_stream.cu 's/if (p.residual) \*ob = __float2bfloat16_rn(__bfloat162float(\*ob) + /if (p.residual) *ob = __float2bfloat16_rn(/' 'CudaOps.Fused*'
+    mutate src/backend/cuda/qgemv_tc.cuh 's/const float inv = rsqrtf(tok_ss\[t\]/const float inv = rsqrtf(tok_ss[0]/' 'CudaOps.Fused*'
+    mutate src/backend/cuda/qgemv_tc.cuh 's/if (p.residual) \*ob = __float2bfloat16_rn(__bfloat162float(\*ob) + /if (p.residual) *ob = __float2bfloat16_rn(/' 'CudaOps.Fused*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention.cu 's/out\[(int64_t(t) \* n_heads + kh \* G + g) \* D + d\]/out[(int64_t(t) * n_heads + kh * G) * D + d]/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention.cu 's/atomicAdd(counter, 1u) == unsigned(n_splits - 1)/atomicAdd(counter, 1u) == unsigned(n_splits - 2)/' 'CudaOps.Rope*'
@@ -278,7 +284,7 @@ if [ "$what" != tests ]; then
   echo "bench done at $(( $(date +%s) - t0 )) s"
 fi
 echo "=== failures ==="
-grep -hE "FAILED|Failure|error:" "$OUT"/cuda_tests.log "$OUT"/golden_cuda.log "$OUT"/cuda_sample.log 2>/dev/null | head -40
+grep -hE "FAILED|Failure|error:|differs" "$OUT"/cuda_tests.log "$OUT"/cuda_quick.log "$OUT"/golden_cuda.log "$OUT"/cuda_sample.log 2>/dev/null | head -40
 echo "=== errors (max rel_err per op family) ==="
 grep -h "cuda-err" "$OUT"/cuda_ops_verbose.log 2>/dev/null | awk '{k=$3" "$4; e=$(NF-2); if (!(k in m) || e+0>m[k]+0) m[k]=e} END {for (k in m) print k, m[k]}' | sort | head -40
 echo "=== golden (cuda) ==="

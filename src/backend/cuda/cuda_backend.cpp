@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
     for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (void* p : retired_) cudaFree(p);
     if (attn_ws_) cudaFree(attn_ws_);
+    if (attn_done_) cudaFree(attn_done_);
     if (mlp_scratch_) cudaFree(mlp_scratch_);
     if (wdeq_) cudaFree(wdeq_);
     if (cublas_) cublasDestroy(cublas_);
@@ -430,14 +431,19 @@ class CudaBackend final : public Backend {
     }
     const int splits =
         cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_);
-    // The workspace: the splits' partials, then (ANVIL_CUDA_ATTN_FUSED=1) one counter per (token, kv
-    // head) for the in-kernel merge, zeroed whenever the buffer is new (the kernel leaves them zero).
+    // The workspace holds the splits' partials. ANVIL_CUDA_ATTN_FUSED=1 adds one counter per (token,
+    // kv head) for the in-kernel merge, in a buffer of its own (a region of the workspace would move
+    // with T and land on old partials): zeroed whenever it is new, and the kernel leaves them zero.
     const size_t floats = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits);
-    const size_t counters = attn_fused_ ? size_t(batch.n_tokens) * size_t(kv.n_kv_heads) : 0;
-    float* before = attn_ws_;
-    if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, (floats + counters) * 4)) return;
-    if (attn_fused_ && attn_ws_ != before) ok(cudaMemsetAsync(attn_ws_, 0, attn_ws_bytes_, st_), "attention workspace");
-    unsigned* done = attn_fused_ ? reinterpret_cast<unsigned*>(attn_ws_ + floats) : nullptr;
+    if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, floats * 4)) return;
+    unsigned* done = nullptr;
+    if (attn_fused_ && splits > 1) {
+      void* before = attn_done_;
+      if (!grow(&attn_done_, &attn_done_bytes_, size_t(batch.n_tokens) * size_t(kv.n_kv_heads) * 4)) return;
+      if (attn_done_ != before && !ok(cudaMemsetAsync(attn_done_, 0, attn_done_bytes_, st_), "attention counters"))
+        return;
+      done = static_cast<unsigned*>(attn_done_);
+    }
     Prof pr(this, "attention");
     launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, done, out.data,
                              st_),
@@ -705,6 +711,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<uint64_t, Graph> graphs_;
   float* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
+  void* attn_done_ = nullptr;  // ANVIL_CUDA_ATTN_FUSED=1: the split counters (see attention())
+  size_t attn_done_bytes_ = 0;
   void* mlp_scratch_ = nullptr;
   size_t mlp_scratch_bytes_ = 0;
   void* wdeq_ = nullptr;  // prefill: the current matrix dequantized to bf16 for cuBLAS
