@@ -7,11 +7,13 @@
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
-# QUICK_TESTS=FILTER: only those CUDA tests instead of the whole pass. Bench sets: BENCH_SET=quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
+# QUICK_TESTS=FILTER: only those CUDA tests instead of the whole pass. Bench sets (BENCH_SET, several
+# space-separated): quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), pending (everything of 2026-12-01 not yet
-# measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step).
+# measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
+# prefill chunk --batch against the prompt length).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -120,7 +122,7 @@ if [ "$what" = moe ]; then
   echo "=== MoE errors (every case) ==="; grep -h "cuda-err\|cuda-moe" "$OUT/cuda_moe.log" | head -80
   echo "=== MoE golden ==="; grep -h "golden   \]" "$OUT/golden_cuda_moe.log" | head -20
   echo "=== MoE mutations ==="; cat "$OUT/mutations_moe.log"
-  echo "=== MoE bench ==="; grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^  [a-z_ ]+ |rc=|error|fail" "$OUT/bench_moe.log"
+  echo "=== MoE bench ==="; grep -hE "^##|^model|^prefill|^decode |^bytes|^achieved|^ops per|^  [a-z_ ]+ |rc=|error|fail" "$OUT/bench_moe.log"
   grep -hE "^prefill|^decode " "$OUT/bench_moe_cpu.log" | sed 's/^/cpu: /'
   printf '%s\n' "${summary[@]}"
   echo "total $(( $(date +%s) - t0 )) s"
@@ -206,7 +208,20 @@ if [ "$what" != tests ]; then
         --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
     done
   }
-  if [ "$BENCH_SET" = quick ]; then
+  prefill_set() {
+    # The prefill chunk (--batch; CUDA's default 2048) against the prompt length, with the default
+    # tensor-core prefill attention, and the split kernels (ANVIL_CUDA_FA=0) at the default chunk.
+    for B in 256 512 1024 2048; do b --synthetic qwen3-8b:q4g64 --batch $B -n 8 --runs 1; done
+    for B in 1024 2048 4096; do b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch $B -n 8 --runs 1; done
+    ANVIL_CUDA_FA=0 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
+    for B in 256 2048; do b --synthetic qwen3-0.6b:q4g64 --batch $B -n 8 --runs 1; b --synthetic qwen3-8b:bf16 --batch $B -n 8 --runs 1; done
+    b --synthetic qwen3-8b:q4g64 --prompt 16384 -n 8 --runs 1
+  }
+  for set in $BENCH_SET; do  # one or more sets, space-separated
+  echo "## BENCH_SET $set" >> "$OUT/bench.log"
+  if [ "$set" = prefill ]; then
+    prefill_set
+  elif [ "$set" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2
     b --synthetic qwen3-0.6b:q4g64 --runs 2
@@ -217,26 +232,26 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1   # tensor-core prefill attention
-  elif [ "$BENCH_SET" = variants ]; then
+  elif [ "$set" = variants ]; then
     # The q4 tensor-core mat-vec's block shapes (warps x steps in flight), and prefill through
     # cuBLAS (dequantize + GEMM) against the WMMA kernel at 512 and 4096 tokens.
     for v in 8x2 16x1 16x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
     ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 -n 8 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     ANVIL_CUDA_NO_CUBLAS=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
-  elif [ "$BENCH_SET" = batch ]; then
+  elif [ "$set" = batch ]; then
     # Batched decode (the server's case): a 32-sequence step through the q4 tensor-core mat-vec (the
     # default since 2026-12-01) and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0); the op test first.
     ANVIL_CUDA_GEMV_MAX_T=32 ./build-gpu/tests/anvil_test_cuda --gtest_filter='*Chunked*' >> "$OUT/bench.log" 2>&1
     echo "chunked op test rc=$?" >> "$OUT/bench.log"
     batch32
-  elif [ "$BENCH_SET" = gemv ]; then
+  elif [ "$set" = gemv ]; then
     # The staged q4 decode mat-vec (default) against its variants and the unstaged kernel (8x2).
     b --synthetic qwen3-8b:q4g64 --runs 2
     b --synthetic qwen3-0.6b:q4g64 --runs 2
     for v in x2 8x2; do ANVIL_QGEMV_TC=$v b --synthetic qwen3-8b:q4g64 -n 64 --runs 1; done
     ANVIL_QGEMV_TC=8x2 b --synthetic qwen3-0.6b:q4g64 -n 64 --runs 1
-  elif [ "$BENCH_SET" = fuse ]; then
+  elif [ "$set" = fuse ]; then
     # The norm and residual add fused into the q4 mat-vecs (ANVIL_CUDA_FUSE=1) against separate kernels.
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_FUSE=1 b --synthetic qwen3-8b:q4g64 --runs 2
@@ -244,7 +259,7 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_FUSE=1 b --synthetic qwen3-0.6b:q4g64 --runs 2
     b --synthetic qwen3-8b:bf16 --runs 1
     b --synthetic qwen3-8b:q4g64 --prompt 4096 --runs 1
-  elif [ "$BENCH_SET" = ring ]; then
+  elif [ "$set" = ring ]; then
     # The streamed q4 mat-vec's warps per tile and ring depth (ANVIL_QGEMV_RING=W,S): each shape's
     # op tests first (the shape is fixed per process), then decode on both dense models.
     b --synthetic qwen3-8b:q4g64 -n 64 --runs 2
@@ -254,7 +269,7 @@ if [ "$what" != tests ]; then
       echo "### ANVIL_QGEMV_RING=$r op tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/ring.log | tr '\n' ' ')" >> "$OUT/bench.log"
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do ANVIL_QGEMV_RING=$r b --synthetic $m -n 64 --runs 2; done
     done
-  elif [ "$BENCH_SET" = pending ]; then
+  elif [ "$set" = pending ]; then
     # Everything written on 2026-12-01 whose speed is not measured yet, in one call: the attention
     # merge in the split kernel, the fused layers with it, prefill attention on the tensor cores, and
     # the 32-sequence step through the q4 mat-vec against the GEMM.
@@ -270,7 +285,7 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
     batch32
-  elif [ "$BENCH_SET" = profile ]; then
+  elif [ "$set" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile
   else
@@ -281,6 +296,7 @@ if [ "$what" != tests ]; then
     done
     b --synthetic qwen3-8b:q4g64 --profile --runs 1
   fi
+  done
   echo "bench done at $(( $(date +%s) - t0 )) s"
 fi
 echo "=== failures ==="
@@ -298,6 +314,6 @@ cat "$OUT/cli.log" 2>/dev/null
 echo "=== mutations ==="
 cat "$OUT/mutations.log" 2>/dev/null
 echo "=== bench ==="
-grep -hE "^###|^model|^prefill|^decode |^bytes|^achieved|^ops per|^peak|^  [a-z_]+ |rc=|error|fail" "$OUT"/bench.log 2>/dev/null
+grep -hE "^##|^model|^prefill|^decode |^bytes|^achieved|^ops per|^peak|^  [a-z_]+ |rc=|error|fail" "$OUT"/bench.log 2>/dev/null
 printf '%s\n' "${summary[@]}"
 echo "total $(( $(date +%s) - t0 )) s"

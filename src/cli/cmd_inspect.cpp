@@ -52,9 +52,9 @@ int run_inspect(const InspectArgs& a) {
   const size_t weights = w.total_bytes();
   const size_t per_token = w.bytes_per_token();
   const size_t kv_total = kv_per_token * size_t(a.ctx) * size_t(a.seqs);
-  // Activation scratch of one forward of `batch` tokens (float32 on CPU): h, x, q, k, v, attn, o,
-  // gate, up, logits (see Transformer::alloc_scratch).
-  const size_t batch = 256;
+  // Activation scratch of one forward of --batch's default tokens (float32 on CPU): h, x, q, k, v,
+  // attn, o, gate, up, logits (see Transformer::alloc_scratch).
+  const size_t batch = kCpuDefaultBatch;
   const size_t QD = size_t(c.num_attention_heads) * c.head_dim, KD = size_t(c.num_key_value_heads) * c.head_dim;
   const size_t act = batch * 4 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size) +
                                   size_t(c.vocab_size));
@@ -70,7 +70,7 @@ int run_inspect(const InspectArgs& a) {
     auto devs = cuda::list_devices(&err);
     if (!devs.empty() && cuda_memory_info(0, &gpu_free, &gpu_total).is_ok()) {
       gpu_name = devs[0].name;
-      const size_t act_gpu = batch * (2 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size)) +
+      const size_t act_gpu = size_t(kCudaDefaultBatch) * (2 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size)) +
                                       4 * size_t(c.vocab_size));
       const size_t margin = size_t(256) << 20;
       const size_t kv_gpu_per_token = kv_per_token / kv_elem * 2 * size_t(a.seqs);

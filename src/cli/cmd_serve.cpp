@@ -33,7 +33,7 @@ int run_serve(ServeArgs& a) {
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be in [0, 65535]");
   if (a.server.max_queue < 0) return fail("--max-queue must be >= 0");
   if (a.max_body_mb < 1) return fail("--max-body must be >= 1 (MiB)");
-  if (a.model.batch < a.parallel)
+  if (a.model.batch > 0 && a.model.batch < a.parallel)
     return fail("--batch (" + std::to_string(a.model.batch) + ") must be at least --parallel (" +
                 std::to_string(a.parallel) + "): one step decodes every running sequence");
   // Block the stop signals in every thread; this one waits for them (no work in a signal handler).

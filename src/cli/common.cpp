@@ -67,7 +67,9 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
                  "Maximum context length in tokens, prompt and output together, >= 1 (default: 4096, or the "
                  "model's max_position_embeddings when smaller)")
       ->each([&o](const std::string&) { o.ctx_given = true; });
-  app.add_option("--batch", o.batch, "Maximum tokens per forward pass (prefill chunk)")->capture_default_str();
+  app.add_option("--batch", o.batch,
+                 "Maximum tokens per forward pass (prefill chunk); default " + std::to_string(kCudaDefaultBatch) +
+                     " on CUDA, " + std::to_string(kCpuDefaultBatch) + " on the CPU (0: that default)");
   app.add_option("--page-size", o.page_size, "KV cache page size in tokens")->capture_default_str();
   app.add_option("--kv-dtype", o.kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "Do not reuse KV pages across sequences");
@@ -175,7 +177,7 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
 // and says what context would fit: weights + KV pool (bf16, max_seqs sequences of --ctx tokens) +
 // activations for --batch tokens + one dequantized layer matrix (prefill through cuBLAS) + a fixed
 // 256 MiB margin (CUDA context, attention workspace).
-static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o, int ctx, int max_seqs) {
+static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o, int batch, int ctx, int max_seqs) {
   size_t free_b = 0, total_b = 0;
   ANVIL_RETURN_IF_ERROR(cuda_memory_info(0, &free_b, &total_b));
   const ModelConfig& c = m.config;
@@ -183,7 +185,7 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
   const double kv_per_token = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2 * max_seqs;
   const int64_t pages = (int64_t(ctx) + o.page_size - 1) / o.page_size;
   const double kv = kv_per_token * double(pages * o.page_size);
-  const double acts = double(o.batch) * (2.0 * (4.0 * c.hidden_size + 3.0 * c.num_attention_heads * c.head_dim +
+  const double acts = double(batch) * (2.0 * (4.0 * c.hidden_size + 3.0 * c.num_attention_heads * c.head_dim +
                                                2.0 * c.intermediate_size) + 4.0 * c.vocab_size);
   const double margin = 256.0 * (1 << 20);
   const double deq = 2.0 * c.intermediate_size * c.hidden_size;  // prefill: one layer matrix as bf16 for cuBLAS
@@ -240,7 +242,7 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
   if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores), got " + std::to_string(o.threads));
-  if (o.batch < 1) return invalid_argument("--batch must be >= 1, got " + std::to_string(o.batch));
+  if (o.batch < 0) return invalid_argument("--batch must be >= 1 (0: the device's default), got " + std::to_string(o.batch));
   if (o.ctx_given && o.ctx < 1) return invalid_argument("--ctx must be >= 1, got " + std::to_string(o.ctx));
   if (o.page_size < 1) return invalid_argument("--page-size must be >= 1, got " + std::to_string(o.page_size));
   EngineOptions eo;
@@ -271,8 +273,9 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
                  "were never trained and the output may degrade\n",
                  s.ctx, max_pos, max_pos);
   const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
+  const int batch = o.batch > 0 ? o.batch : default_batch(on_cuda, max_seqs);
 #ifdef ANVIL_HAVE_CUDA
-  if (on_cuda) ANVIL_RETURN_IF_ERROR(cuda_memory_preflight(*s.model, o, s.ctx, max_seqs));
+  if (on_cuda) ANVIL_RETURN_IF_ERROR(cuda_memory_preflight(*s.model, o, batch, s.ctx, max_seqs));
 #endif
   UploadProgress progress;
   if (on_cuda) {
@@ -297,7 +300,7 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     }
     run_on = s.profiler.get();
   }
-  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *run_on, o.batch));
+  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *run_on, batch));
   eo.page_size = o.page_size;
   eo.max_context = s.ctx;
   eo.max_seqs = max_seqs;

@@ -8,6 +8,7 @@
 // valid range.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,14 @@ namespace anvil::cli {
 // The default context when --ctx is not given: this, or the model's max_position_embeddings when smaller.
 inline constexpr int kDefaultContext = 4096;
 
+// --batch's default per device (prefill chunk, tokens per forward). The CUDA prefill dequantizes
+// each q4 matrix once per chunk for cuBLAS, so larger chunks amortize it: on the H200, qwen3-8b q4g64
+// pp4096 ran at 5.8k tok/s in 256-token chunks and 9.7k in 2048-token chunks (docs/benchmarks.md).
+inline constexpr int kCpuDefaultBatch = 256, kCudaDefaultBatch = 2048;
+inline int default_batch(bool on_cuda, int max_seqs) {
+  return std::max(on_cuda ? kCudaDefaultBatch : kCpuDefaultBatch, max_seqs);
+}
+
 struct ModelOptions {
   std::string model;      // -m
   std::string synthetic;  // --synthetic NAME[:QUANT]
@@ -32,7 +41,7 @@ struct ModelOptions {
   int threads = 0;        // 0 = all cores
   int ctx = 0;            // --ctx, when ctx_given; else kDefaultContext capped by the model
   bool ctx_given = false;
-  int batch = 256;        // max tokens per forward (prefill chunk)
+  int batch = 0;          // max tokens per forward (prefill chunk); 0 = default_batch() for the device
   int page_size = 16;
   std::string kv_dtype = "bf16";
   bool no_prefix_cache = false;

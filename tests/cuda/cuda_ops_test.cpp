@@ -341,16 +341,17 @@ struct AttnCase {
 
 TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   const int P = 16, L = 2, layer = 1, max_pages = 80;
-  // A second backend with ANVIL_CUDA_FA=1: prefill chunks of >= 64 tokens of one sequence through
-  // the tensor-core kernel (attention_prefill.cu; head_dim 32/64/128), the rest as before. Its bound
-  // is provisional (P is rounded to bf16 before P V, about 2^-9 relative per weight) until the first
-  // GPU run has measured it; the measured rel_err is printed like every other.
+  // By default (gpu_) prefill chunks of >= 64 tokens of one sequence go through the tensor-core
+  // kernel (attention_prefill.cu; head_dim 32/64/128). A second backend with ANVIL_CUDA_FA=0 runs
+  // every step through the split kernels, so both are compared with the CPU on every step. The bound
+  // of the tensor-core kernel: P is rounded to bf16 before P V (about 2^-9 relative per weight); the
+  // H200 measured at most 2.8e-3 (2026-12-01), within the 8e-3 of the split kernels.
   const double kPrefillTcBound = 8e-3;
-  setenv("ANVIL_CUDA_FA", "1", 1);
-  auto fa_made = make_cuda_backend(0);
+  setenv("ANVIL_CUDA_FA", "0", 1);
+  auto split_made = make_cuda_backend(0);
   unsetenv("ANVIL_CUDA_FA");
-  ASSERT_TRUE(fa_made.is_ok()) << fa_made.status().message();
-  Backend& fa = **fa_made;
+  ASSERT_TRUE(split_made.is_ok()) << split_made.status().message();
+  Backend& split = **split_made;
   // A third with ANVIL_CUDA_ATTN_FUSED=1: the splits merged by the split kernel's last block, with
   // the combine kernel's arithmetic, so its output must equal the default's bit for bit.
   setenv("ANVIL_CUDA_ATTN_FUSED", "1", 1);
@@ -426,11 +427,11 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
       const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
       expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
-      expect_close(read(go, DType::kBF16, "attention"), ref, kAttentionBound, "attention " + what);
-      Guarded gfa = dev_out(size_t(T * QD) * 2);
-      fa.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gfa.data(), T, QD, DType::kBF16});
-      ASSERT_TRUE(fa.synchronize().is_ok()) << fa.synchronize().message();
-      expect_close(read(gfa, DType::kBF16, "attention fa"), ref, kPrefillTcBound, "attention ANVIL_CUDA_FA=1 " + what);
+      expect_close(read(go, DType::kBF16, "attention"), ref, kPrefillTcBound, "attention " + what);
+      Guarded gsp = dev_out(size_t(T * QD) * 2);
+      split.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gsp.data(), T, QD, DType::kBF16});
+      ASSERT_TRUE(split.synchronize().is_ok()) << split.synchronize().message();
+      expect_close(read(gsp, DType::kBF16, "attention split"), ref, kAttentionBound, "attention ANVIL_CUDA_FA=0 " + what);
       Guarded gaf = dev_out(size_t(T * QD) * 2);
       for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be back at zero after a launch
         af.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gaf.data(), T, QD, DType::kBF16});

@@ -5,8 +5,8 @@
 // shared memory, the online softmax per row in fp32 (scores in log2 units, the running max and sum
 // kept per row; the previous output rows rescaled), P rounded to bf16, O += P V by WMMA with the fp32
 // output tile held in shared memory. The last step divides by the row sum and writes bf16.
-// UNVERIFIED on a GPU yet: used only with ANVIL_CUDA_FA=1 (cuda_backend.cpp); the split kernel of
-// attention.cu stays the default until tests/cuda/cuda_ops_test.cpp's comparison has passed.
+// The default for prefill chunks (cuda_backend.cpp; ANVIL_CUDA_FA=0 sends them to attention.cu's
+// split kernels). tests/cuda/cuda_ops_test.cpp compares both with the CPU on every chunk.
 #include <mma.h>
 
 #include <cfloat>

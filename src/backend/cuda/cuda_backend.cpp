@@ -69,11 +69,11 @@ class CudaBackend final : public Backend {
     // on the H200 against 3.56 ms at batch 1. So by default 9..32 rows whose weights take the q4
     // tensor-core mat-vec run there instead (2 or 4 token tiles per dequantized fragment: the
     // weights are read once per launch). It is verified on the H200 (2026-12-01:
-    // CudaOps.BatchesUpTo32AsChunkedMatVecsMatchCpu), but its speed against the GEMM is not measured
-    // yet (scripts/cuda_check.sh BENCH_SET=batch). ANVIL_CUDA_TC_BATCH=0 restores the GEMM.
+    // CudaOps.BatchesUpTo32AsChunkedMatVecsMatchCpu) and the same 32-sequence step takes 12.4 ms
+    // there. ANVIL_CUDA_TC_BATCH=0 restores the GEMM.
     // ANVIL_CUDA_GEMV_MAX_T=N (up to 63) sends every format's batches of up to N rows to the
     // mat-vecs (other formats then run 8 rows per launch).
-    if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '1') fa_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
@@ -719,7 +719,9 @@ class CudaBackend final : public Backend {
   size_t wdeq_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
   bool use_cublas_ = true;
-  bool fa_ = false;  // ANVIL_CUDA_FA=1: prefill chunks through attention_prefill.cu (unverified yet)
+  // Prefill chunks through attention_prefill.cu (ANVIL_CUDA_FA=0: the split kernels). On the H200
+  // it took qwen3-8b q4g64 pp4096 from 3.2k to 5.8k tok/s (docs/benchmarks.md, 2026-12-01).
+  bool fa_ = true;
   // A prefill chunk of one sequence at consecutive positions (what attention_prefill takes), by the
   // batch's host mirrors.
   static bool one_run(const BatchView& b) {
@@ -734,7 +736,8 @@ class CudaBackend final : public Backend {
   // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
   bool fuse_ = false;
   // ANVIL_CUDA_ATTN_FUSED=1: decode attention merges its splits in the split kernel's last block
-  // (one launch per layer fewer). Written 2026-12-01 and not yet run on a GPU: off until it has.
+  // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
+  // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.
   bool attn_fused_ = false;
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
