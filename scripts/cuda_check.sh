@@ -180,6 +180,9 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc + x0 \* fs/x1 * fc - x0 * fs/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
     mutate src/backend/cuda/qgemv_tc.cu 's/const int tok = 8 \* nt + g;/const int tok = 8 * (nt \& 1) + g;/' 'CudaOps.Batches*'
+    mutate src/backend/cuda/qgemm_batch.cu 's/(j ^ (g \& 3))) \* 4 + c\]/(j ^ (g \& 1))) * 4 + c]/' 'CudaOps.Batched*'
+    mutate src/backend/cuda/qgemm_batch.cu 's/== gridDim.y - 1;/== gridDim.y - 2;/' 'CudaOps.Batched*'
+    mutate src/backend/cuda/qgemm_batch.cu 's/o\[j \* 4\] = make_uint2/o[(j ^ 1) * 4] = make_uint2/' 'CudaOps.Batched*'
     mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
     mutate src/backend/cuda/sample_rows.cu 's/| static_cast<uint32_t>(c.id);/| (0xffffffffu - static_cast<uint32_t>(c.id));/' 'CudaSample.Rows*'
     mutate src/backend/cuda/sample_rows.cu 's/atomicAdd(\&cnt\[id\], e > 0 ? 1 : -1)/atomicAdd(\&cnt[id], 1)/' 'CudaSample.Steps*'
@@ -221,6 +224,17 @@ if [ "$what" != tests ]; then
   echo "## BENCH_SET $set" >> "$OUT/bench.log"
   if [ "$set" = prefill ]; then
     prefill_set
+  elif [ "$set" = batchk ]; then
+    # The q4 batch kernel (qgemm_batch.cu) against the register-fed kernel (ANVIL_CUDA_BATCH_GEMV=0)
+    # at 16, 32 and 64 sequences; then batch-1 decode, which it must not touch.
+    for B in 16 32 64; do
+      for v in 1 0; do
+        echo "### ANVIL_CUDA_BATCH_GEMV=$v bench-kv --seqs $B (store_off = plain decode)" >> "$OUT/bench.log"
+        ANVIL_CUDA_BATCH_GEMV=$v timeout 150 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B \
+          --pairs 1 --json --kv-store /tmp/anvil-batch-kv >> "$OUT/bench.log" 2>&1; rm -rf /tmp/anvil-batch-kv
+      done
+    done
+    b --synthetic qwen3-8b:q4g64 -n 64 --runs 2
   elif [ "$set" = quick ]; then
     b --synthetic qwen3-8b:q4g64 --runs 2
     ANVIL_CUDA_PREFETCH=1 b --synthetic qwen3-8b:q4g64 --runs 2

@@ -274,6 +274,78 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
     }
 }
 
+// Batches of 9..64 rows of q4 weights: the batch kernel (qgemm_batch.cu, the default) and, with
+// ANVIL_CUDA_BATCH_GEMV=0, the register-fed kernel it replaced, both against the CPU. The shapes
+// reach each of its paths: K = 256 with groups of 64 or 128 (K/group % 8 != 0: the fallback),
+// one split (K = 256, group 32), K split over 2 blocks (K = 2048, 515 rows = 9 row blocks) and over
+// 4 (K = 4096, 128 rows), three segments whose row blocks end mid-block (515, 128, 67 rows), gate
+// and up, a bias, F32 output; T = 9..64 covers 2, 4 and 8 token tiles with padding tokens. Every
+// call runs twice: the split sums are added in a fixed order and the counters must be back at zero,
+// so the second output must equal the first bit for bit.
+TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
+  setenv("ANVIL_CUDA_BATCH_GEMV", "0", 1);
+  auto made = make_cuda_backend(0);
+  unsetenv("ANVIL_CUDA_BATCH_GEMV");
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  Backend& legacy = **made;
+  struct Case {
+    int group;
+    int64_t K;
+  };
+  for (const Case& cs : {Case{32, 256}, Case{64, 256}, Case{128, 256}, Case{32, 2048}, Case{64, 2048}, Case{128, 2048},
+                         Case{64, 4096}})
+    for (int64_t T : {9, 16, 17, 32, 33, 64}) {
+      const int64_t K = cs.K;
+      const std::string base = "q4g" + std::to_string(cs.group) + " K=" + std::to_string(K) + " T=" + std::to_string(T);
+      HostWeight q = make_weight(rng_, 515, K, 4, cs.group, DType::kBF16, true);
+      HostWeight k = make_weight(rng_, 128, K, 4, cs.group, DType::kBF16, false);
+      HostWeight v = make_weight(rng_, 67, K, 4, cs.group, DType::kBF16, false);
+      HostWeight gw = make_weight(rng_, 300, K, 4, cs.group, DType::kBF16, false);
+      HostWeight uw = make_weight(rng_, 300, K, 4, cs.group, DType::kBF16, false);
+      const auto x = randn(size_t(T * K));
+      const auto ref_q = cpu_linear(x, T, q.w), ref_k = cpu_linear(x, T, k.w), ref_v = cpu_linear(x, T, v.w);
+      std::vector<float> ref_s(size_t(T * 300));
+      std::vector<float> xin = x;
+      cpu_->linear_swiglu(Act{xin.data(), T, K, DType::kF32}, gw.w, uw.w, Act{ref_s.data(), T, 300, DType::kF32});
+      for (Backend* be : {gpu_.get(), &legacy}) {
+        const std::string what = base + (be == &legacy ? " ANVIL_CUDA_BATCH_GEMV=0" : "");
+        auto dq = be->upload_weight(q.w), dk = be->upload_weight(k.w), dv = be->upload_weight(v.w);
+        auto dg = be->upload_weight(gw.w), du = be->upload_weight(uw.w);
+        ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok() && dg.is_ok() && du.is_ok());
+        Guarded gx = dev_bf16(x);
+        std::vector<float> first[5];
+        for (int rep = 0; rep < 2; ++rep) {
+          Guarded oq = dev_out(size_t(T * 515) * 2), ok = dev_out(size_t(T * 128) * 2), ov = dev_out(size_t(T * 67) * 2);
+          const WeightMatrix* ws[3] = {&*dq, &*dk, &*dv};
+          const Act outs[3] = {Act{oq.data(), T, 515, DType::kBF16}, Act{ok.data(), T, 128, DType::kBF16},
+                               Act{ov.data(), T, 67, DType::kBF16}};
+          be->linear_multi(Act{gx.data(), T, K, DType::kBF16}, ws, outs);
+          Guarded of = dev_out(size_t(T * 128) * 4);
+          be->linear(Act{gx.data(), T, K, DType::kBF16}, *dk, Act{of.data(), T, 128, DType::kF32});
+          Guarded os = dev_out(size_t(T * 300) * 2);
+          be->linear_swiglu(Act{gx.data(), T, K, DType::kBF16}, *dg, *du, Act{os.data(), T, 300, DType::kBF16});
+          ASSERT_TRUE(be->synchronize().is_ok()) << be->synchronize().message();
+          std::vector<float> got[5] = {read(oq, DType::kBF16, "q"), read(ok, DType::kBF16, "k"),
+                                       read(ov, DType::kBF16, "v"), read(of, DType::kF32, "k f32"),
+                                       read(os, DType::kBF16, "swiglu")};
+          if (rep == 0) {
+            expect_close(got[0], ref_q, kGemmBound, "linear_multi q (bias) " + what);
+            expect_close(got[1], ref_k, kGemmBound, "linear_multi k " + what);
+            expect_close(got[2], ref_v, kGemmBound, "linear_multi v " + what);
+            expect_close(got[3], ref_k, kGemmBound, "linear k -> F32 " + what);
+            expect_close(got[4], ref_s, kGemmBound * 1.5, "linear_swiglu " + what);
+            for (int i = 0; i < 5; ++i) first[i] = std::move(got[i]);
+          } else {
+            for (int i = 0; i < 5; ++i)
+              EXPECT_EQ(0, std::memcmp(first[i].data(), got[i].data(), got[i].size() * sizeof(float)))
+                  << "output " << i << " differs between two identical calls: " << what;
+          }
+        }
+        for (auto* w : {&*dq, &*dk, &*dv, &*dg, &*du}) be->free_weight(*w);
+      }
+    }
+}
+
 TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
   for (int64_t rows : {1, 5, 64})
     for (int64_t cols : {64, 1000, 4096}) {

@@ -77,6 +77,7 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
+    if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -87,6 +88,8 @@ class CudaBackend final : public Backend {
     for (void* p : retired_) cudaFree(p);
     if (attn_ws_) cudaFree(attn_ws_);
     if (attn_done_) cudaFree(attn_done_);
+    for (void* b : {bx_, static_cast<void*>(bpart_), bdone_})
+      if (b) cudaFree(b);
     if (mlp_scratch_) cudaFree(mlp_scratch_);
     if (wdeq_) cudaFree(wdeq_);
     if (cublas_) cublasDestroy(cublas_);
@@ -314,14 +317,18 @@ class CudaBackend final : public Backend {
     DevMatrix d[3];
     void* o[3];
     for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]), o[i] = outs[i].data;
-    launched(cuda::gemv(d, o, int(ws.size()), x.data, int(x.rows), false, st_), "linear_multi");
+    launched(cuda::gemv(d, o, int(ws.size()), x.data, int(x.rows), false, st_,
+                        batch_scratch(d, int(ws.size()), nullptr, x.rows)),
+             "linear_multi");
   }
   void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
     if (!check_linear(x, gate, out, "linear_swiglu") || !check_linear(x, up, out, "linear_swiglu")) return;
     if (!bf16(out, "linear_swiglu", "out")) return;
     Prof pr(this, "mlp_gate_up");
     if (matvec_rows(x.rows, dev(gate)) && cuda::gemv_fusable(dev(gate), dev(up))) {
-      launched(cuda::gemv_swiglu(dev(gate), dev(up), x.data, int(x.rows), out.data, st_), "linear_swiglu");
+      const DevMatrix dg = dev(gate), du = dev(up);
+      launched(cuda::gemv_swiglu(dg, du, x.data, int(x.rows), out.data, st_, batch_scratch(&dg, 1, &du, x.rows)),
+               "linear_swiglu");
       return;
     }
     const size_t bytes = size_t(out.rows * out.cols) * 2;
@@ -646,15 +653,34 @@ class CudaBackend final : public Backend {
     return expect(kv.dtype == DType::kBF16, std::string(op) + ": the CUDA KV cache must be BF16 (--kv-dtype bf16)") &&
            expect(layer >= 0 && layer < kv.n_layers, std::string(op) + ": layer out of range");
   }
-  // Whether T rows of a linear with these weights run as mat-vecs (else the prefill GEMM below 64
-  // rows): up to gemv_max_t_ rows for every format, up to 32 for the q4 tensor-core kernel.
+  // Whether T rows of a linear with these weights run as mat-vecs (else the prefill GEMM): up to
+  // gemv_max_t_ rows for every format, up to 64 for the q4 tensor-core kernels.
   bool matvec_rows(int64_t T, const DevMatrix& d) const {
     return T <= gemv_max_t_ || (tc_batch_ && T <= cuda::kTcMaxTokens && cuda::gemv_uses_tc(d));
+  }
+  // The scratch of the q4 batch kernel (qgemm_batch.cu) for 9..64 rows of these matrices, grown
+  // to what it needs (its counters zeroed when new); null: the call runs without it.
+  const cuda::GemvScratch* batch_scratch(const DevMatrix* ws, int n, const DevMatrix* up, int64_t T) {
+    cuda::GemvScratch need;
+    if (!batch_gemv_ || T <= cuda::kGemvMaxTokens || T > cuda::kTcMaxTokens ||
+        !cuda::gemv_batch_need(ws, n, up, int(T), &need))
+      return nullptr;
+    if (!grow(&bx_, &bx_bytes_, need.xperm_bytes)) return nullptr;
+    if (need.part_floats && !grow(reinterpret_cast<void**>(&bpart_), &bpart_bytes_, need.part_floats * 4)) return nullptr;
+    if (need.n_done) {
+      void* before = bdone_;
+      if (!grow(&bdone_, &bdone_bytes_, need.n_done * 4)) return nullptr;
+      if (bdone_ != before && !ok(cudaMemsetAsync(bdone_, 0, bdone_bytes_, st_), "batch mat-vec counters")) return nullptr;
+    }
+    bscratch_.xperm = bx_, bscratch_.xperm_bytes = bx_bytes_;
+    bscratch_.part = bpart_, bscratch_.part_floats = bpart_bytes_ / 4;
+    bscratch_.done = static_cast<unsigned*>(bdone_), bscratch_.n_done = bdone_bytes_ / 4;
+    return &bscratch_;
   }
   void run_linear(const Act& x, const WeightMatrix& w, const Act& out) {
     const bool f32 = out.dtype == DType::kF32;
     const DevMatrix d = dev(w);
-    if (use_cublas_ && x.rows >= cuda::kCublasMinTokens && w.cols % 32 == 0) {
+    if (use_cublas_ && x.rows >= cuda::kCublasMinTokens && w.cols % 32 == 0 && !matvec_rows(x.rows, d)) {
       if (!grow(&wdeq_, &wdeq_bytes_, size_t(w.rows * w.cols) * 2)) return;
       if (launched(cuda::dequant_bf16(d, wdeq_, st_), "linear (dequantize)"))
         launched(cuda::gemm_cublas(cublas_, wdeq_, d, x.data, int(x.rows), out.data, f32, st_), "linear (cuBLAS)");
@@ -665,7 +691,8 @@ class CudaBackend final : public Backend {
       return;
     }
     void* o = out.data;
-    launched(cuda::gemv(&d, &o, 1, x.data, int(x.rows), f32, st_), "linear (gemv)");  // chunks T itself
+    launched(cuda::gemv(&d, &o, 1, x.data, int(x.rows), f32, st_, batch_scratch(&d, 1, nullptr, x.rows)),
+             "linear (gemv)");  // chunks T itself
   }
   // Grows a backend-owned buffer to at least `need` bytes. The old one is retired, not freed: a
   // captured graph may still read it.
@@ -711,6 +738,16 @@ class CudaBackend final : public Backend {
   std::unordered_map<uint64_t, Graph> graphs_;
   float* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
+  // The q4 batch kernel's scratch (batch_scratch): fragment-order activations, split-K partials,
+  // counters. ANVIL_CUDA_BATCH_GEMV=0: 9..64 rows run the register-fed kernel instead.
+  bool batch_gemv_ = true;
+  void* bx_ = nullptr;
+  size_t bx_bytes_ = 0;
+  float* bpart_ = nullptr;
+  size_t bpart_bytes_ = 0;
+  void* bdone_ = nullptr;
+  size_t bdone_bytes_ = 0;
+  cuda::GemvScratch bscratch_;
   void* attn_done_ = nullptr;  // ANVIL_CUDA_ATTN_FUSED=1: the split counters (see attention())
   size_t attn_done_bytes_ = 0;
   void* mlp_scratch_ = nullptr;

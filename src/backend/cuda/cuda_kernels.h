@@ -32,13 +32,29 @@ void set_pdl_capture(bool on);
 // Tokens per launch: kGemvMaxTokens for the CUDA-core kernels, kTcMaxTokens for the tensor-core q4
 // one (gemv_tc_ok); gemv()/gemv_swiglu() split a larger T into launches of those sizes.
 constexpr int kGemvMaxTokens = 8;
-constexpr int kTcMaxTokens = 32;
+constexpr int kTcMaxTokens = 64;
+// Scratch for the q4 tensor-core kernel at 9..64 rows (qgemm_batch.cu): the activations in mma
+// fragment order, fp32 partial sums of a split K, and one counter per 64-row block, zero before
+// the first launch (the kernel leaves them zero). Without it (null, or smaller than
+// gemv_batch_need says) those rows run the register-fed kernel, 32 at a time.
+struct GemvScratch {
+  void* xperm = nullptr;
+  size_t xperm_bytes = 0;
+  float* part = nullptr;
+  size_t part_floats = 0;
+  unsigned* done = nullptr;
+  size_t n_done = 0;
+};
+// The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not
+// take it.
+bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, GemvScratch* need);
 // outs[i][T, ws[i].rows] = x[T, K] ws[i]^T (+ bias) for i < n (n <= 3, one launch per token chunk
 // when the matrices share a format). out_f32: outputs are F32 instead of bf16.
-cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s);
+cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
+                 const GemvScratch* scratch = nullptr);
 // out[T, F] = silu(x gate^T) * (x up^T), gate and up read in the same pass.
 cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
-                        cudaStream_t s);
+                        cudaStream_t s, const GemvScratch* scratch = nullptr);
 // Whether gemv()/gemv_swiglu() take these matrices in one launch (same bits, group, dtype, cols).
 bool gemv_fusable(const DevMatrix& a, const DevMatrix& b);
 // qgemv_tc.cu: the tensor-core 4-bit mat-vec that gemv()/gemv_swiglu() use for q4 matrices with
@@ -48,7 +64,7 @@ bool gemv_tc_ok(const DevMatrix& w);
 // ANVIL_CUDA_NO_TC): then up to kTcMaxTokens rows read the weights once per launch.
 bool gemv_uses_tc(const DevMatrix& w);
 cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
-                    bool out_f32, cudaStream_t s);
+                    bool out_f32, cudaStream_t s, const GemvScratch* scratch = nullptr);
 // The streamed q4 kernel's fusions (decode, T <= 8): norm_w set: x is the residual stream h and each
 // row is RMS-normalized (times norm_w) before the product, as rmsnorm() would write it; residual:
 // outs[i] is h and receives h + bf16(product) instead of the product (not with `up`).

@@ -239,34 +239,39 @@ cudaError_t in_chunks(int T, int per, const void* x, int64_t K, F&& launch) {
   return cudaSuccess;
 }
 
-cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s);
-cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s);
+cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
+                     const GemvScratch* scratch);
+cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s,
+                            const GemvScratch* scratch);
 
 }  // namespace
 
-cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s) {
+cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
+                 const GemvScratch* scratch) {
   const int per = use_tc(ws[0]) ? kTcMaxTokens : kGemvMaxTokens;
-  if (T <= per) return gemv_one(ws, outs, n, x, T, out_f32, s);
+  if (T <= per) return gemv_one(ws, outs, n, x, T, out_f32, s, scratch);
   return in_chunks(T, per, x, ws[0].cols, [&](int t0, int m, const void* xc) {
     void* o[3];
     for (int i = 0; i < n; ++i) o[i] = static_cast<uint8_t*>(outs[i]) + size_t(t0) * size_t(ws[i].rows) * (out_f32 ? 4 : 2);
-    return gemv_one(ws, o, n, xc, m, out_f32, s);
+    return gemv_one(ws, o, n, xc, m, out_f32, s, scratch);
   });
 }
 
 cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
-                        cudaStream_t s) {
+                        cudaStream_t s, const GemvScratch* scratch) {
   const int per = use_tc(gate) ? kTcMaxTokens : kGemvMaxTokens;
-  if (T <= per) return gemv_swiglu_one(gate, up, x, T, out, s);
+  if (T <= per) return gemv_swiglu_one(gate, up, x, T, out, s, scratch);
   return in_chunks(T, per, x, gate.cols, [&](int t0, int m, const void* xc) {
-    return gemv_swiglu_one(gate, up, xc, m, static_cast<uint8_t*>(out) + size_t(t0) * size_t(gate.rows) * 2, s);
+    return gemv_swiglu_one(gate, up, xc, m, static_cast<uint8_t*>(out) + size_t(t0) * size_t(gate.rows) * 2, s,
+                           scratch);
   });
 }
 
 namespace {
 
-cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s) {
-  if (use_tc(ws[0])) return gemv_tc(ws, outs, n, nullptr, x, T, out_f32, s);
+cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
+                     const GemvScratch* scratch) {
+  if (use_tc(ws[0])) return gemv_tc(ws, outs, n, nullptr, x, T, out_f32, s, scratch);
   GemvParams p;
   p.x = static_cast<const uint16_t*>(x);
   p.T = T;
@@ -287,8 +292,9 @@ cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* 
   return dispatch<false>(p, fmt, R, warps, s);
 }
 
-cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s) {
-  if (use_tc(gate)) return gemv_tc(&gate, &out, 1, &up, x, T, false, s);
+cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s,
+                            const GemvScratch* scratch) {
+  if (use_tc(gate)) return gemv_tc(&gate, &out, 1, &up, x, T, false, s, scratch);
   GemvParams p;
   p.x = static_cast<const uint16_t*>(x);
   p.T = T;

@@ -38,15 +38,6 @@ __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[
 // for its own copy groups is enough (no barrier). The tile's scales and biases (16 rows) are
 // copied once, the activations staged once per block in mma fragment order (step_mma_frag).
 // The weights and scales are copied before griddepcontrol.wait (no kernel writes them).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Shared memory of one block: ring [W][S][M][2 rows][32 lanes] x 16 B | scales and biases
 // [M][2][16 rows][ng] bf16 | activations [T][K] bf16.

@@ -21,6 +21,7 @@
 // shared memory, steps in registers: when the streamed one cannot take the call) and the first,
 // register-fed one (9-32 tokens, and the fallback). gemv_tc() at the end picks.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -322,11 +323,46 @@ cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const D
   return async_launch(up != nullptr, as, tiles, s, p);
 }
 
+bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, GemvScratch* need) {
+  if (T <= 8 || T > kTcMaxTokens || n < 1 || n > 3 || tc_shape() != 0) return false;
+  for (int i = 0; i < n; ++i)
+    if (!gemv_tc_ok(ws[i]) || ws[i].cols != ws[0].cols || ws[i].group != ws[0].group) return false;
+  if (up && (!gemv_tc_ok(*up) || up->cols != ws[0].cols || up->group != ws[0].group || up->rows != ws[0].rows))
+    return false;
+  int64_t tiles = 0;
+  // x is not known here: any 16-byte-aligned pointer stands for it (the backend's activations are).
+  alignas(16) static const uint8_t probe[16] = {};
+  const TcParams p = make_params(ws, nullptr, n, up, probe, T, false, &tiles);
+  BatchPlan b;
+  if (!batch_plan(p, n, T, up != nullptr, &b)) return false;
+  *need = GemvScratch{};
+  need->xperm_bytes = b.xperm_bytes, need->part_floats = b.part_floats, need->n_done = b.n_done;
+  return true;
+}
+
 cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
-                    bool out_f32, cudaStream_t s) {
+                    bool out_f32, cudaStream_t s, const GemvScratch* scratch) {
   int64_t tiles = 0;
   TcParams p = make_params(ws, outs, n, up, x, T, out_f32, &tiles);
   const int shape = tc_shape();
+  // 9..64 tokens with scratch: the batch kernel (qgemm_batch.cu).
+  BatchPlan bp;
+  if (T > 8 && scratch && shape == 0 && batch_plan(p, n, T, up != nullptr, &bp) && scratch->xperm &&
+      scratch->xperm_bytes >= bp.xperm_bytes && (bp.ksplit == 1 || (scratch->part && scratch->done &&
+      scratch->part_floats >= bp.part_floats && scratch->n_done >= bp.n_done)))
+    return batch_launch(up != nullptr, bp, *scratch, s, p);
+  // Without it, more than 32 tokens run 32 at a time through the register-fed kernel below.
+  if (T > 32) {
+    const size_t ob = out_f32 ? 4 : 2;
+    for (int t0 = 0; t0 < T; t0 += 32) {
+      void* o[3];
+      for (int i = 0; i < n; ++i) o[i] = static_cast<uint8_t*>(outs[i]) + size_t(t0) * size_t(ws[i].rows) * ob;
+      const cudaError_t e = gemv_tc(ws, o, n, up, static_cast<const uint8_t*>(x) + size_t(t0) * size_t(p.K) * 2,
+                                    std::min(32, T - t0), out_f32, s, nullptr);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
   const dim3 grid(static_cast<unsigned>(tiles));
   // Decode (T <= 8): the streamed kernel; the staged one when its activations fit in 48 KB.
   AsyncShape as;

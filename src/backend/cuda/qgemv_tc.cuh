@@ -53,6 +53,18 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// cp.async: 16 bytes global -> shared without registers; commit closes a group, wait<N> returns
+// when at most N of this thread's groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 struct Step {
   uint4 wa, wb;  // rows g and g+8
   __nv_bfloat162 sa, ba, sb, bb;
@@ -171,5 +183,21 @@ struct AsyncShape {
 };
 bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a);
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p);
+
+// ---- qgemm_batch.cu ----
+// Batches of 9..64 rows: 64-row blocks of 4 warps walking K together through a shared ring, K split
+// over blocks when there are few rows (see the top of qgemm_batch.cu). batch_plan says whether it
+// takes the call and how, with the scratch it needs (GemvScratch's sizes).
+struct BatchPlan {
+  int NT = 2;       // token tiles of 8
+  int sps = 0;      // steps (128 elements of K) per split
+  int ksplit = 1;   // splits of K (gridDim.y)
+  int ngp = 0;      // staged scales' row stride
+  int64_t nblk = 0; // 64-row blocks over the segments
+  size_t smem = 0;
+  size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
+};
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b);
+cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p);
 
 }  // namespace anvil::cuda::tc

@@ -1,0 +1,336 @@
+// The q4 tensor-core product for batches of 9..64 rows (batched decode: the server's steps, short
+// prompts): gemv_tc's path there when the caller gives it scratch memory (GemvScratch).
+//
+// Why: the register-fed kernel (qgemv_tc.cu) gives each warp a 16-row tile and re-reads every
+// token's activations from L2 for every tile: T/4 bytes of activations per byte of weights, and a
+// 32-sequence qwen3-8b q4g64 step took 12.4 ms on the H200 (2,587 tok/s) where reading the weights
+// once takes ~1.5 ms. Here a block of 4 warps owns 64 rows, and the warps walk K together, step
+// (128 elements) by step, through a ring of kBS stages in shared memory filled by cp.async. A stage
+// holds each warp's weights (every lane copies its own 16 bytes of rows g and g+8, as in the
+// streamed decode kernel) and the step's activations for all tokens, copied once per block and
+// shared by the 4 warps. The activations are first rewritten in mma fragment order by
+// permute_x_kernel, so a stage is a plain 16-byte copy; in shared memory a token's 8 fragments are
+// XOR-swizzled by (token & 3), so the 16 lanes of a half-warp read 16 different bank pairs.
+// The step's A fragments (dequantized weights, qgemv_tc.cuh) are built once and used for all NT
+// token tiles of 8 (up to 64 tokens).
+//
+// K is split over gridDim.y blocks when there are fewer than two 64-row blocks per SM. A split's
+// steps are a multiple of 8 (the block's scales are copied in 16-byte pieces, K/group % 8 == 0),
+// its fp32 partial sums go to GemvScratch::part, and the last block of a row block to finish
+// (a counter per row block; the block resets it to 0) adds the splits in split order, so the
+// result does not depend on which block finishes last, and writes the outputs.
+#include <algorithm>
+
+#include "backend/cuda/qgemv_tc.cuh"
+
+namespace anvil::cuda::tc {
+namespace {
+
+constexpr int kBW = 4;             // warps per block, one 16-row tile each
+constexpr int kBRows = 16 * kBW;   // rows per block
+constexpr int kBS = 4;             // ring stages (kBS - 1 in flight while one is used)
+constexpr size_t kBSmemSoft = 113 * 1024;  // two blocks per SM
+constexpr size_t kBSmemMax = 200 * 1024;
+
+// x [T][K] bf16 -> out [TP][K/128 steps][8 mmas j][4 lanes c] uint2 (fragment order: mma j's (b0, b1)
+// for lane c of token t, as step_mma builds them); tokens T..TP-1 are zeros.
+__global__ void permute_x_kernel(const __nv_bfloat16* x, int T, int TP, int K, uint2* out) {
+  pdl_launch();
+  pdl_wait();
+  const int chunks = K / 32;  // per token: step * 4 + c
+  const int64_t total = int64_t(TP) * chunks;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(q / chunks), ch = int(q % chunks);
+    uint32_t w[16];
+    if (t < T) {
+      const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(ch) * 32);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = __ldg(src + i);
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) w[i] = 0u;
+    }
+    uint2* o = out + (int64_t(t) * (K / 128) + (ch >> 2)) * 32 + (ch & 3);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int e0 = 8 * (j >> 1) + 2 * (j & 1);
+      const uint32_t lo0 = w[e0 / 2], lo4 = w[e0 / 2 + 2];
+      o[j * 4] = make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
+    }
+  }
+}
+
+struct BatchArgs {
+  const uint4* xperm;  // permute_x_kernel's output
+  int sps;             // steps per split (a multiple of 8 unless one split takes all)
+  int ngp;             // row stride of the staged scales (the most groups a split spans + 8)
+  int64_t part_rows;   // rows of the partial-sum layout: row blocks * 64
+  float* part;         // [split][M][TP][part_rows] (gridDim.y > 1)
+  unsigned* done;      // [row blocks], zero between launches
+};
+
+// One output element: silu(gate) * up with SWIGLU (into seg[0].out), else the dot product (+ bias)
+// as F32 or bf16 (finish_tile's arithmetic).
+template <bool SWIGLU>
+__device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int64_t row, int t, float v, float u) {
+  if constexpr (SWIGLU) {
+    static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
+  } else {
+    if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
+    if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+    else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
+  }
+}
+
+template <bool SWIGLU, int NT>
+__global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
+  constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
+  constexpr int WB = M * kBW * 64;  // uint4 of weights per stage: [M][warp][2 rows][32 lanes]
+  constexpr int AB = TP * 16;       // uint4 of activations per stage: [TP][8 j][4 c] uint2
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint4* ring = reinterpret_cast<uint4*>(smem);
+  __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(ring + kBS * (WB + AB));  // [M*2][64 rows][ngp]
+  pdl_launch();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t blk = blockIdx.x;
+  int si = 0;  // tile_begin counts 64-row blocks here
+  if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
+  if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
+  const TcSeg& m = p.seg[si];
+  const int64_t rb0 = (blk - m.tile_begin) * kBRows;
+  const int K = int(p.K), steps = K / 128;
+  const int gshift = group_shift(p.group), ng = K >> gshift;
+  const int s_begin = int(blockIdx.y) * a.sps;
+  const int n = min(steps, s_begin + a.sps) - s_begin;
+  const int g_begin = (s_begin * 128) >> gshift, ngr = (n * 128) >> gshift;
+
+  // The block's scales and biases over its steps (part of cp.async group 0).
+  const int pieces = ngr / 8;
+  for (int i = threadIdx.x; i < M * 2 * kBRows * pieces; i += kBW * 32) {
+    const int piece = i % pieces, r = (i / pieces) % kBRows, arr = i / (pieces * kBRows);
+    const TcSeg& mm = (arr >> 1) ? p.up : m;
+    const __nv_bfloat16* src =
+        ((arr & 1) ? mm.biases : mm.scales) + min(rb0 + r, m.rows - 1) * int64_t(ng) + g_begin + piece * 8;
+    cp_async16(sc + (size_t(arr) * kBRows + r) * a.ngp + piece * 8, src);
+  }
+  const int64_t wr = rb0 + warp * 16;
+  const int64_t oa = min(wr + g, m.rows - 1) * (K / 32), ob = min(wr + g + 8, m.rows - 1) * (K / 32);
+  auto issue_w = [&](int i) {  // this lane's weight bytes of step s_begin + i
+    uint4* st = ring + (i % kBS) * (WB + AB) + warp * M * 64;
+    const int kq = ((s_begin + i) * 128 + c * 32) >> 5;
+    cp_async16(st + lane, reinterpret_cast<const uint4*>(m.w) + oa + kq);
+    cp_async16(st + 32 + lane, reinterpret_cast<const uint4*>(m.w) + ob + kq);
+    if constexpr (SWIGLU) {
+      cp_async16(st + 64 + lane, reinterpret_cast<const uint4*>(p.up.w) + oa + kq);
+      cp_async16(st + 96 + lane, reinterpret_cast<const uint4*>(p.up.w) + ob + kq);
+    }
+  };
+  auto issue_x = [&](int i) {  // the block's activations of step s_begin + i, swizzled
+    uint4* st = ring + (i % kBS) * (WB + AB) + WB;
+    const uint4* src = a.xperm + int64_t(s_begin + i) * 16;
+    for (int q = threadIdx.x; q < TP * 16; q += kBW * 32) {
+      const int t = q >> 4, jj = (q >> 1) & 7, cp = q & 1;
+      cp_async16(st + t * 16 + (jj ^ (t & 3)) * 2 + cp, src + int64_t(t) * steps * 16 + jj * 2 + cp);
+    }
+  };
+  // Weights (never written by a kernel) before the wait for the previous kernel, activations after.
+  // Groups: W0 .. W(kBS-2), X0 .. X(kBS-2), then one per step; at step i, wait<kBS-2> leaves only
+  // the newest kBS-2 groups in flight, so stage i (W and X) has landed.
+#pragma unroll
+  for (int i = 0; i < kBS - 1; ++i) {
+    if (i < n) issue_w(i);
+    cp_async_commit();
+  }
+  pdl_wait();
+#pragma unroll
+  for (int i = 0; i < kBS - 1; ++i) {
+    if (i < n) issue_x(i);
+    cp_async_commit();
+  }
+
+  float d[M][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[mi][nt][i] = 0.0f;
+  const int wrow = warp * 16 + g;
+  for (int i = 0; i < n; ++i) {
+    cp_async_wait<kBS - 2>();
+    __syncthreads();  // every thread's copies of stage i landed; every warp is done with stage i-1
+    if (i + kBS - 1 < n) {
+      issue_w(i + kBS - 1);  // into stage i-1's slot
+      issue_x(i + kBS - 1);
+    }
+    cp_async_commit();
+    const uint4* st = ring + (i % kBS) * (WB + AB);
+    const uint4* wsl = st + warp * M * 64;
+    const uint2* xs = reinterpret_cast<const uint2*>(st + WB);
+    const int gi = (((s_begin + i) * 128 + c * 32) >> gshift) - g_begin;
+    Step s[M];
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi) {
+      s[mi].wa = wsl[64 * mi + lane];
+      s[mi].wb = wsl[64 * mi + 32 + lane];
+      s[mi].sa = __bfloat162bfloat162(sc[(size_t(2 * mi) * kBRows + wrow) * a.ngp + gi]);
+      s[mi].ba = __bfloat162bfloat162(sc[(size_t(2 * mi + 1) * kBRows + wrow) * a.ngp + gi]);
+      s[mi].sb = __bfloat162bfloat162(sc[(size_t(2 * mi) * kBRows + wrow + 8) * a.ngp + gi]);
+      s[mi].bb = __bfloat162bfloat162(sc[(size_t(2 * mi + 1) * kBRows + wrow + 8) * a.ngp + gi]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int word = j >> 1, sh = (j & 1) * 8;
+      uint32_t af[M][4];
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
+        const uint32_t wb = word == 0 ? s[mi].wb.x : word == 1 ? s[mi].wb.y : word == 2 ? s[mi].wb.z : s[mi].wb.w;
+        af[mi][0] = dq_pair(wa, sh, s[mi].sa, s[mi].ba);
+        af[mi][1] = dq_pair(wb, sh, s[mi].sb, s[mi].bb);
+        af[mi][2] = dq_pair(wa, sh + 4, s[mi].sa, s[mi].ba);
+        af[mi][3] = dq_pair(wb, sh + 4, s[mi].sb, s[mi].bb);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 b = xs[((8 * nt + g) * 8 + (j ^ (g & 3))) * 4 + c];
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi) mma_bf16(d[mi][nt], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
+      }
+    }
+  }
+
+  // acc element i of tile nt: row g (+8 for i >= 2) of this warp's tile, token 8*nt + 2c + (i & 1).
+  if (gridDim.y == 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = 8 * nt + 2 * c + (i & 1);
+        const int64_t row = wr + g + (i >> 1) * 8;
+        if (t < p.T && row < m.rows) store_out<SWIGLU>(p, m, row, t, d[0][nt][i], d[M - 1][nt][i]);
+      }
+    return;
+  }
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = 8 * nt + 2 * c + (i & 1);
+        if (t >= p.T) continue;
+        const int64_t prow = blk * kBRows + wrow + (i >> 1) * 8;
+        a.part[((int64_t(blockIdx.y) * M + mi) * TP + t) * a.part_rows + prow] = d[mi][nt][i];
+      }
+  __threadfence();  // this block's partials are visible device-wide before it counts itself
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(a.done + blk, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < kBRows * p.T; e += kBW * 32) {
+    const int lr = e % kBRows, t = e / kBRows;
+    const int64_t row = rb0 + lr;
+    if (row >= m.rows) continue;
+    float v = 0.0f, u = 0.0f;
+    for (int sp = 0; sp < int(gridDim.y); ++sp) {
+      v += __ldcg(a.part + ((int64_t(sp) * M) * TP + t) * a.part_rows + blk * kBRows + lr);
+      if constexpr (SWIGLU) u += __ldcg(a.part + ((int64_t(sp) * M + 1) * TP + t) * a.part_rows + blk * kBRows + lr);
+    }
+    store_out<SWIGLU>(p, m, row, t, v, u);
+  }
+  if (threadIdx.x == 0) a.done[blk] = 0u;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+
+size_t plan_smem(int M, int TP, int sps, int group, int* ngp) {
+  *ngp = sps * 128 / group + 8;
+  return size_t(kBS) * (size_t(M) * kBW * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * kBRows * size_t(*ngp) * 2;
+}
+
+template <bool SW, int NT>
+cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
+  if (attr != cudaSuccess) return attr;
+  launch_k(qgemm4_batch_kernel<SW, NT>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(kBW * 32), b.smem, s, p, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b) {
+  const int64_t K = p.K;
+  if (T < 1 || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  for (int i = 0; i < n_mats; ++i)
+    if (!aligned(p.seg[i].w) || !aligned(p.seg[i].scales) || !aligned(p.seg[i].biases)) return false;
+  if (swiglu && (!aligned(p.up.w) || !aligned(p.up.scales) || !aligned(p.up.biases))) return false;
+  if (!aligned(p.x)) return false;
+  const int M = swiglu ? 2 : 1;
+  b->NT = T <= 16 ? 2 : T <= 32 ? 4 : 8;
+  const int TP = 8 * b->NT;
+  b->nblk = 0;
+  for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + kBRows - 1) / kBRows;
+  const int steps = int(K / 128);
+  // Splits: enough blocks for two per SM; a split's steps a multiple of 8 unless one takes all.
+  const int64_t want = std::max<int64_t>(1, (2 * sm_count() + b->nblk - 1) / b->nblk);
+  int sps = int((steps + want - 1) / want);
+  if (sps < steps) sps = std::min(steps, (sps + 7) / 8 * 8);
+  b->smem = plan_smem(M, TP, sps, p.group, &b->ngp);
+  while (b->smem > kBSmemSoft && sps > 8) {
+    sps = (sps - 1) / 8 * 8;  // the next lower multiple of 8
+    b->smem = plan_smem(M, TP, sps, p.group, &b->ngp);
+  }
+  if (b->smem > kBSmemMax) return false;
+  b->sps = sps;
+  b->ksplit = (steps + sps - 1) / sps;
+  b->xperm_bytes = size_t(TP) * size_t(K) * 2;
+  b->part_floats = b->ksplit > 1 ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * kBRows : 0;
+  b->n_done = b->ksplit > 1 ? size_t(b->nblk) : 0;
+  return true;
+}
+
+cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p) {
+  // Segments by 64-row blocks instead of 16-row tiles.
+  int64_t blocks = 0;
+  for (int i = 0; i < p.n_seg; ++i) {
+    p.seg[i].tile_begin = blocks;
+    blocks += (p.seg[i].rows + kBRows - 1) / kBRows;
+  }
+  const int TP = 8 * b.NT;
+  const int64_t chunks = int64_t(TP) * (p.K / 32);
+  launch_k(permute_x_kernel, dim3(unsigned(std::min<int64_t>((chunks + 255) / 256, 4 * sm_count()))), dim3(256), 0, s,
+           p.x, p.T, TP, int(p.K), static_cast<uint2*>(sc.xperm));
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  BatchArgs a;
+  a.xperm = static_cast<const uint4*>(sc.xperm);
+  a.sps = b.sps;
+  a.ngp = b.ngp;
+  a.part_rows = b.nblk * kBRows;
+  a.part = sc.part;
+  a.done = sc.done;
+  switch (b.NT) {
+    case 2: return swiglu ? batch_launch_nt<true, 2>(b, s, p, a) : batch_launch_nt<false, 2>(b, s, p, a);
+    case 4: return swiglu ? batch_launch_nt<true, 4>(b, s, p, a) : batch_launch_nt<false, 4>(b, s, p, a);
+    default: return swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);
+  }
+}
+
+}  // namespace anvil::cuda::tc
