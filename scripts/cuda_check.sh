@@ -181,7 +181,7 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/attention_prefill.cu 's/kp <= qpos/kp < qpos/' 'CudaOps.Rope*'
     mutate src/backend/cuda/qgemv_tc.cu 's/const int tok = 8 \* nt + g;/const int tok = 8 * (nt \& 1) + g;/' 'CudaOps.Batches*'
     mutate src/backend/cuda/qgemm_batch.cu 's/(j ^ (g \& 3))) \* 4 + c\]/(j ^ (g \& 1))) * 4 + c]/' 'CudaOps.Batched*'
-    mutate src/backend/cuda/qgemm_batch.cu 's/== gridDim.y - 1;/== gridDim.y - 2;/' 'CudaOps.Batched*'
+    mutate src/backend/cuda/qgemm_batch.cu 's/for (int sp = 0; sp < int(gridDim.y)/for (int sp = 1; sp < int(gridDim.y)/' 'CudaOps.Batched*'
     mutate src/backend/cuda/qgemm_batch.cu 's/o\[j \* 4\] = make_uint2/o[(j ^ 1) * 4] = make_uint2/' 'CudaOps.Batched*'
     mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
     mutate src/backend/cuda/sample_rows.cu 's/| static_cast<uint32_t>(c.id);/| (0xffffffffu - static_cast<uint32_t>(c.id));/' 'CudaSample.Rows*'
@@ -199,6 +199,16 @@ if [ "${NCU:-0}" = 1 ]; then
       ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 16 -n 32 --runs 1 2>&1
     echo "ncu rc=$?"
   done > "$OUT/ncu.log" 2>&1
+fi
+# NCU_BATCH=1: the same for a 32-sequence qwen3-8b q4g64 decode step (bench-kv --seqs 32): the batch
+# mat-vec, its activation permute and the decode attention (none of them run in the prefill).
+if [ "${NCU_BATCH:-0}" = 1 ]; then
+  timeout 200 ncu --clock-control none -k regex:"qgemm4_batch|permute_x|attn_split|attn_combine" \
+    --launch-skip ${NCU_SKIP:-40} --launch-count ${NCU_COUNT:-30} \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
+    ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 --pairs 1 --json --kv-store /tmp/anvil-ncu-kv \
+    > "$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?" >> "$OUT/ncu.log"; rm -rf /tmp/anvil-ncu-kv
 fi
 if [ "$what" != tests ]; then
   b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
@@ -224,6 +234,18 @@ if [ "$what" != tests ]; then
   echo "## BENCH_SET $set" >> "$OUT/bench.log"
   if [ "$set" = prefill ]; then
     prefill_set
+  elif [ "$set" = batchtune ]; then
+    # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F: ring stages, shared-memory aim,
+    # blocks per SM): its tests under each, then 32- and 64-sequence steps.
+    for cfg in 4,113,2 3,113,2 6,200,1 4,113,4 3,75,3; do
+      ANVIL_QGEMM_BATCH=$cfg ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.Batched*' > /tmp/bt.log 2>&1
+      echo "### ANVIL_QGEMM_BATCH=$cfg tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/bt.log | tr '\n' ' ')" >> "$OUT/bench.log"
+      for B in 32 64; do
+        echo "### ANVIL_QGEMM_BATCH=$cfg bench-kv --seqs $B" >> "$OUT/bench.log"
+        ANVIL_QGEMM_BATCH=$cfg timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B \
+          --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
+      done
+    done
   elif [ "$set" = batchk ]; then
     # The q4 batch kernel (qgemm_batch.cu) against the register-fed kernel (ANVIL_CUDA_BATCH_GEMV=0)
     # at 16, 32 and 64 sequences; then batch-1 decode, which it must not touch.
@@ -322,7 +344,7 @@ grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
 echo "=== golden diag ==="
 grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
 echo "=== ncu ==="
-grep -E "^###|^  [a-z_]|gpu__time_duration|dram__|warps_active|launch__|ncu rc" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -${NCU_LINES:-400}
+grep -E "^###|^  [a-z_]|gpu__time_duration|dram__|warps_active|launch__|hmma|bank_conflicts|lts__|inst_executed|ncu rc" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -${NCU_LINES:-400}
 echo "=== cli ==="
 cat "$OUT/cli.log" 2>/dev/null
 echo "=== mutations ==="

@@ -20,6 +20,8 @@
 // (a counter per row block; the block resets it to 0) adds the splits in split order, so the
 // result does not depend on which block finishes last, and writes the outputs.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "backend/cuda/qgemv_tc.cuh"
 
@@ -28,9 +30,28 @@ namespace {
 
 constexpr int kBW = 4;             // warps per block, one 16-row tile each
 constexpr int kBRows = 16 * kBW;   // rows per block
-constexpr int kBS = 4;             // ring stages (kBS - 1 in flight while one is used)
-constexpr size_t kBSmemSoft = 113 * 1024;  // two blocks per SM
 constexpr size_t kBSmemMax = 200 * 1024;
+
+// The launch shape: ring stages S (S - 1 in flight while one is used), the shared memory a block
+// aims to stay under (113 KB: two blocks per SM), and the blocks aimed for per SM (K is split until
+// there are that many). ANVIL_QGEMM_BATCH=S,KB,F overrides them (S 3, 4 or 6), for measuring.
+struct Tune {
+  int S = 4;
+  size_t soft = 113 * 1024;
+  int per_sm = 2;
+};
+const Tune& tune() {
+  static const Tune t = [] {
+    Tune v;
+    const char* e = std::getenv("ANVIL_QGEMM_BATCH");
+    int s = 0, kb = 0, f = 0;
+    if (e && std::sscanf(e, "%d,%d,%d", &s, &kb, &f) == 3 && (s == 3 || s == 4 || s == 6) && kb >= 16 && kb <= 200 &&
+        f >= 1 && f <= 16)
+      v.S = s, v.soft = size_t(kb) * 1024, v.per_sm = f;
+    return v;
+  }();
+  return t;
+}
 
 // x [T][K] bf16 -> out [TP][K/128 steps][8 mmas j][4 lanes c] uint2 (fragment order: mma j's (b0, b1)
 // for lane c of token t, as step_mma builds them); tokens T..TP-1 are zeros.
@@ -85,7 +106,7 @@ __device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int
   }
 }
 
-template <bool SWIGLU, int NT>
+template <bool SWIGLU, int NT, int kBS>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
   constexpr int WB = M * kBW * 64;  // uint4 of weights per stage: [M][warp][2 rows][32 lanes]
@@ -258,18 +279,26 @@ int sm_count() {
   return n;
 }
 
-size_t plan_smem(int M, int TP, int sps, int group, int* ngp) {
+size_t plan_smem(int S, int M, int TP, int sps, int group, int* ngp) {
   *ngp = sps * 128 / group + 8;
-  return size_t(kBS) * (size_t(M) * kBW * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * kBRows * size_t(*ngp) * 2;
+  return size_t(S) * (size_t(M) * kBW * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * kBRows * size_t(*ngp) * 2;
 }
 
-template <bool SW, int NT>
-cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT>,
+template <bool SW, int NT, int S>
+cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemm4_batch_kernel<SW, NT>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(kBW * 32), b.smem, s, p, a);
+  launch_k(qgemm4_batch_kernel<SW, NT, S>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(kBW * 32), b.smem, s, p, a);
   return cudaGetLastError();
+}
+template <bool SW, int NT>
+cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  switch (b.S) {
+    case 3: return batch_launch_s<SW, NT, 3>(b, s, p, a);
+    case 6: return batch_launch_s<SW, NT, 6>(b, s, p, a);
+    default: return batch_launch_s<SW, NT, 4>(b, s, p, a);
+  }
 }
 
 }  // namespace
@@ -289,13 +318,15 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + kBRows - 1) / kBRows;
   const int steps = int(K / 128);
   // Splits: enough blocks for two per SM; a split's steps a multiple of 8 unless one takes all.
-  const int64_t want = std::max<int64_t>(1, (2 * sm_count() + b->nblk - 1) / b->nblk);
+  const Tune& tn = tune();
+  b->S = tn.S;
+  const int64_t want = std::max<int64_t>(1, (int64_t(tn.per_sm) * sm_count() + b->nblk - 1) / b->nblk);
   int sps = int((steps + want - 1) / want);
   if (sps < steps) sps = std::min(steps, (sps + 7) / 8 * 8);
-  b->smem = plan_smem(M, TP, sps, p.group, &b->ngp);
-  while (b->smem > kBSmemSoft && sps > 8) {
+  b->smem = plan_smem(b->S, M, TP, sps, p.group, &b->ngp);
+  while (b->smem > tn.soft && sps > 8) {
     sps = (sps - 1) / 8 * 8;  // the next lower multiple of 8
-    b->smem = plan_smem(M, TP, sps, p.group, &b->ngp);
+    b->smem = plan_smem(b->S, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
   b->sps = sps;

@@ -190,6 +190,7 @@ cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaSt
 // takes the call and how, with the scratch it needs (GemvScratch's sizes).
 struct BatchPlan {
   int NT = 2;       // token tiles of 8
+  int S = 4;        // ring stages
   int sps = 0;      // steps (128 elements of K) per split
   int ksplit = 1;   // splits of K (gridDim.y)
   int ngp = 0;      // staged scales' row stride
