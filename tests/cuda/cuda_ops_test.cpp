@@ -274,12 +274,12 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
     }
 }
 
-// Batches of 9..64 rows of q4 weights: the batch kernel (qgemm_batch.cu, the default) and, with
-// ANVIL_CUDA_BATCH_GEMV=0, the register-fed kernel it replaced, both against the CPU. The shapes
+// Batches of 9..64 rows of q4 weights: from 17 rows the batch kernel (qgemm_batch.cu, the default)
+// and, with ANVIL_CUDA_BATCH_GEMV=0, the register-fed kernel (which keeps 9..16), against the CPU. The shapes
 // reach each of its paths: K = 256 with groups of 64 or 128 (K/group % 8 != 0: the fallback),
 // one split (K = 256, group 32), K split over 2 blocks (K = 2048, 515 rows = 9 row blocks) and over
 // 4 (K = 4096, 128 rows), three segments whose row blocks end mid-block (515, 128, 67 rows), gate
-// and up, a bias, F32 output; T = 9..64 covers 2, 4 and 8 token tiles with padding tokens. Every
+// and up, a bias, F32 output; T = 17..64 covers 4 and 8 token tiles with padding tokens. Every
 // call runs twice: the split sums are added in a fixed order and the counters must be back at zero,
 // so the second output must equal the first bit for bit.
 TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {

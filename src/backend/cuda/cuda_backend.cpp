@@ -658,11 +658,11 @@ class CudaBackend final : public Backend {
   bool matvec_rows(int64_t T, const DevMatrix& d) const {
     return T <= gemv_max_t_ || (tc_batch_ && T <= cuda::kTcMaxTokens && cuda::gemv_uses_tc(d));
   }
-  // The scratch of the q4 batch kernel (qgemm_batch.cu) for 9..64 rows of these matrices, grown
+  // The scratch of the q4 batch kernel (qgemm_batch.cu) for 17..64 rows of these matrices, grown
   // to what it needs (its counters zeroed when new); null: the call runs without it.
   const cuda::GemvScratch* batch_scratch(const DevMatrix* ws, int n, const DevMatrix* up, int64_t T) {
     cuda::GemvScratch need;
-    if (!batch_gemv_ || T <= cuda::kGemvMaxTokens || T > cuda::kTcMaxTokens ||
+    if (!batch_gemv_ || T < cuda::kBatchMinTokens || T > cuda::kTcMaxTokens ||
         !cuda::gemv_batch_need(ws, n, up, int(T), &need))
       return nullptr;
     if (!grow(&bx_, &bx_bytes_, need.xperm_bytes)) return nullptr;
@@ -739,7 +739,7 @@ class CudaBackend final : public Backend {
   float* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
   // The q4 batch kernel's scratch (batch_scratch): fragment-order activations, split-K partials,
-  // counters. ANVIL_CUDA_BATCH_GEMV=0: 9..64 rows run the register-fed kernel instead.
+  // counters. ANVIL_CUDA_BATCH_GEMV=0: 17..64 rows run the register-fed kernel instead.
   bool batch_gemv_ = true;
   void* bx_ = nullptr;
   size_t bx_bytes_ = 0;

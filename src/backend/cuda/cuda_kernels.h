@@ -33,7 +33,10 @@ void set_pdl_capture(bool on);
 // one (gemv_tc_ok); gemv()/gemv_swiglu() split a larger T into launches of those sizes.
 constexpr int kGemvMaxTokens = 8;
 constexpr int kTcMaxTokens = 64;
-// Scratch for the q4 tensor-core kernel at 9..64 rows (qgemm_batch.cu): the activations in mma
+// From this many rows (to kTcMaxTokens) q4 tensor-core matrices take the batch kernel
+// (qgemm_batch.cu) when given scratch; below, the register-fed kernel (faster at 16 on the H200).
+constexpr int kBatchMinTokens = 17;
+// Scratch for the q4 batch kernel (qgemm_batch.cu): the activations in mma
 // fragment order, fp32 partial sums of a split K, and one counter per 64-row block, zero before
 // the first launch (the kernel leaves them zero). Without it (null, or smaller than
 // gemv_batch_need says) those rows run the register-fed kernel, 32 at a time.

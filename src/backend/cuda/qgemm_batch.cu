@@ -1,5 +1,7 @@
-// The q4 tensor-core product for batches of 9..64 rows (batched decode: the server's steps, short
-// prompts): gemv_tc's path there when the caller gives it scratch memory (GemvScratch).
+// The q4 tensor-core product for batches of 17..64 rows (batched decode: the server's steps, short
+// prompts): gemv_tc's path there when the caller gives it scratch memory (GemvScratch). At 16
+// sequences the register-fed kernel was faster on the H200 (a qwen3-8b q4g64 step 6.1 against 7.1
+// ms), from 32 this one (10.9 against 12.4 ms; 64: 15.2 against 22.5): kBatchMinTokens.
 //
 // Why: the register-fed kernel (qgemv_tc.cu) gives each warp a 16-row tile and re-reads every
 // token's activations from L2 for every tile: T/4 bytes of activations per byte of weights, and a
@@ -305,14 +307,14 @@ cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& 
 
 bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b) {
   const int64_t K = p.K;
-  if (T < 1 || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
+  if (T < kBatchMinTokens || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   for (int i = 0; i < n_mats; ++i)
     if (!aligned(p.seg[i].w) || !aligned(p.seg[i].scales) || !aligned(p.seg[i].biases)) return false;
   if (swiglu && (!aligned(p.up.w) || !aligned(p.up.scales) || !aligned(p.up.biases))) return false;
   if (!aligned(p.x)) return false;
   const int M = swiglu ? 2 : 1;
-  b->NT = T <= 16 ? 2 : T <= 32 ? 4 : 8;
+  b->NT = T <= 32 ? 4 : 8;
   const int TP = 8 * b->NT;
   b->nblk = 0;
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + kBRows - 1) / kBRows;
@@ -358,7 +360,6 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   a.part = sc.part;
   a.done = sc.done;
   switch (b.NT) {
-    case 2: return swiglu ? batch_launch_nt<true, 2>(b, s, p, a) : batch_launch_nt<false, 2>(b, s, p, a);
     case 4: return swiglu ? batch_launch_nt<true, 4>(b, s, p, a) : batch_launch_nt<false, 4>(b, s, p, a);
     default: return swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);
   }

@@ -324,7 +324,7 @@ cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const D
 }
 
 bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, GemvScratch* need) {
-  if (T <= 8 || T > kTcMaxTokens || n < 1 || n > 3 || tc_shape() != 0) return false;
+  if (T < kBatchMinTokens || T > kTcMaxTokens || n < 1 || n > 3 || tc_shape() != 0) return false;
   for (int i = 0; i < n; ++i)
     if (!gemv_tc_ok(ws[i]) || ws[i].cols != ws[0].cols || ws[i].group != ws[0].group) return false;
   if (up && (!gemv_tc_ok(*up) || up->cols != ws[0].cols || up->group != ws[0].group || up->rows != ws[0].rows))
@@ -345,9 +345,9 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   int64_t tiles = 0;
   TcParams p = make_params(ws, outs, n, up, x, T, out_f32, &tiles);
   const int shape = tc_shape();
-  // 9..64 tokens with scratch: the batch kernel (qgemm_batch.cu).
+  // 17..64 tokens with scratch: the batch kernel (qgemm_batch.cu).
   BatchPlan bp;
-  if (T > 8 && scratch && shape == 0 && batch_plan(p, n, T, up != nullptr, &bp) && scratch->xperm &&
+  if (T >= kBatchMinTokens && scratch && shape == 0 && batch_plan(p, n, T, up != nullptr, &bp) && scratch->xperm &&
       scratch->xperm_bytes >= bp.xperm_bytes && (bp.ksplit == 1 || (scratch->part && scratch->done &&
       scratch->part_floats >= bp.part_floats && scratch->n_done >= bp.n_done)))
     return batch_launch(up != nullptr, bp, *scratch, s, p);

@@ -185,7 +185,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a);
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p);
 
 // ---- qgemm_batch.cu ----
-// Batches of 9..64 rows: 64-row blocks of 4 warps walking K together through a shared ring, K split
+// Batches of kBatchMinTokens..64 rows: 64-row blocks of 4 warps walking K together through a shared ring, K split
 // over blocks when there are few rows (see the top of qgemm_batch.cu). batch_plan says whether it
 // takes the call and how, with the scratch it needs (GemvScratch's sizes).
 struct BatchPlan {
