@@ -63,14 +63,14 @@ class CudaBackend final : public Backend {
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuda: cublasCreate failed");
     const char* e = std::getenv("ANVIL_CUDA_NO_CUBLAS");
     use_cublas_ = !(e && *e && *e != '0');
-    // Batches of 9..63 rows (batched decode: the server; short prompts). The prefill WMMA GEMM
+    // Batches of 9..64 rows (batched decode: the server; short prompts). The prefill WMMA GEMM
     // (gemm.cu) walks K in 32-element steps, each a dependent global load and two barriers: ~128
     // serialized steps per matrix at K = 4096, and a 32-sequence qwen3-8b q4g64 step took 68.6 ms
-    // on the H200 against 3.56 ms at batch 1. So by default 9..32 rows whose weights take the q4
-    // tensor-core mat-vec run there instead (2 or 4 token tiles per dequantized fragment: the
-    // weights are read once per launch). It is verified on the H200 (2026-12-01:
-    // CudaOps.BatchesUpTo32AsChunkedMatVecsMatchCpu) and the same 32-sequence step takes 12.4 ms
-    // there. ANVIL_CUDA_TC_BATCH=0 restores the GEMM.
+    // on the H200 against 3.56 ms at batch 1. So by default rows whose weights take the q4 tensor
+    // cores run as mat-vecs: 9..16 through the register-fed kernel (2 token tiles per dequantized
+    // fragment), 17..64 through the batch kernel (qgemm_batch.cu; batch_scratch). On the H200 the
+    // 32-sequence step takes 10.9 ms, the 64-sequence one 15.2 ms (2026-12-01).
+    // ANVIL_CUDA_TC_BATCH=0 restores the GEMM (and cuBLAS from 64 rows).
     // ANVIL_CUDA_GEMV_MAX_T=N (up to 63) sends every format's batches of up to N rows to the
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
@@ -768,7 +768,7 @@ class CudaBackend final : public Backend {
     return true;
   }
   int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
-  bool tc_batch_ = true;  // 9..32 rows of q4 tensor-core weights run as mat-vecs (ANVIL_CUDA_TC_BATCH=0: GEMM)
+  bool tc_batch_ = true;  // 9..64 rows of q4 tensor-core weights run as mat-vecs (ANVIL_CUDA_TC_BATCH=0: GEMM)
   // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
   // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
   bool fuse_ = false;
