@@ -11,7 +11,8 @@
 # space-separated): quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
-# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), pending (everything of 2026-12-01 not yet
+# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=1), batchk / batchtune
+# (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
@@ -183,6 +184,9 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemm_batch.cu 's/(j ^ (g \& 3))) \* 4 + c\]/(j ^ (g \& 1))) * 4 + c]/' 'CudaOps.Batched*'
     mutate src/backend/cuda/qgemm_batch.cu 's/for (int sp = 0; sp < int(gridDim.y)/for (int sp = 1; sp < int(gridDim.y)/' 'CudaOps.Batched*'
     mutate src/backend/cuda/qgemm_batch.cu 's/o\[j \* 4\] = make_uint2/o[(j ^ 1) * 4] = make_uint2/' 'CudaOps.Batched*'
+    mutate src/backend/cuda/attention_decode_tc.cu 's/mma_bf16(acc\[nd + 1\], pa0, pa1, pa2, pa3, bf\[2\], bf\[3\])/mma_bf16(acc[nd + 1], pa0, pa1, pa2, pa3, bf[3], bf[2])/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/attention_decode_tc.cu 's/2 \* c + (i \& 1) < p_end;/2 * c + (i \& 1) <= p_end;/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/attention_decode_tc.cu 's/mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));/mx1 = fmaxf(mx1, 0.0f);/' 'CudaOps.Rope*'
     mutate src/backend/cuda/sample.cu 's/(v == bv && i < bi)/(v == bv \&\& i > bi)/' 'CudaOps.Gather*'
     mutate src/backend/cuda/sample_rows.cu 's/| static_cast<uint32_t>(c.id);/| (0xffffffffu - static_cast<uint32_t>(c.id));/' 'CudaSample.Rows*'
     mutate src/backend/cuda/sample_rows.cu 's/atomicAdd(\&cnt\[id\], e > 0 ? 1 : -1)/atomicAdd(\&cnt[id], 1)/' 'CudaSample.Steps*'
@@ -211,7 +215,7 @@ if [ "${NCU_BATCH:-0}" = 1 ]; then
   echo "ncu rc=$?" >> "$OUT/ncu.log"; rm -rf /tmp/anvil-ncu-kv
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   batch32() {
@@ -234,6 +238,20 @@ if [ "$what" != tests ]; then
   echo "## BENCH_SET $set" >> "$OUT/bench.log"
   if [ "$set" = prefill ]; then
     prefill_set
+  elif [ "$set" = attntc ]; then
+    # Decode attention on the tensor cores (ANVIL_CUDA_ATTN_TC=1) against the split kernels: batch 1
+    # at 512 and 4,096 tokens of context, and the 32-sequence step.
+    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do
+      b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_ATTN_TC=1 b --synthetic $m -n 64 --runs 2
+    done
+    b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
+    ANVIL_CUDA_ATTN_TC=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
+    for v in 0 1; do
+      echo "### ANVIL_CUDA_ATTN_TC=$v bench-kv --seqs 32" >> "$OUT/bench.log"
+      ANVIL_CUDA_ATTN_TC=$v timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
+        --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
+    done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F: ring stages, shared-memory aim,
     # blocks per SM): its tests under each, then 32- and 64-sequence steps.

@@ -431,9 +431,23 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   unsetenv("ANVIL_CUDA_ATTN_FUSED");
   ASSERT_TRUE(af_made.is_ok()) << af_made.status().message();
   Backend& af = **af_made;
+  // A fourth with ANVIL_CUDA_ATTN_TC=1 (and FA=0, so every step reaches it): decode attention on the
+  // tensor cores (attention_decode_tc.cu: head_dim 64 or 128, up to 16 query heads per kv head;
+  // other shapes fall back to the split kernels). Its bound is provisional until the H200 has
+  // measured it: P is rounded to bf16 before P V, as in the prefill kernel.
+  setenv("ANVIL_CUDA_ATTN_TC", "1", 1);
+  setenv("ANVIL_CUDA_FA", "0", 1);
+  auto atc_made = make_cuda_backend(0);
+  unsetenv("ANVIL_CUDA_ATTN_TC");
+  unsetenv("ANVIL_CUDA_FA");
+  ASSERT_TRUE(atc_made.is_ok()) << atc_made.status().message();
+  Backend& atc = **atc_made;
+  // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes.
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
-                            AttnCase{6, 2, 32}, AttnCase{8, 8, 256}}) {
+                            AttnCase{6, 2, 32}, AttnCase{8, 8, 256}, AttnCase{32, 2, 128}, AttnCase{12, 1, 64}}) {
     const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" + std::to_string(c.D);
+    const bool split_ok = c.n_heads / c.n_kv <= 8;  // the split kernels' limit
+    const bool tc_ok = c.n_heads / c.n_kv <= 16 && (c.D == 64 || c.D == 128);
     KVCacheView kv;
     kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
     kv.n_pages = 3 * max_pages;
@@ -494,11 +508,19 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       std::vector<float> ref(size_t(T * QD));
       const float scale = 1.0f / std::sqrt(float(c.D));
       cpu_->attention(Act{q.data(), T, QD, DType::kF32}, kv, layer, cb, scale, Act{ref.data(), T, QD, DType::kF32});
+      const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
+      ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
+      expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
+      if (tc_ok) {
+        Guarded gtc = dev_out(size_t(T * QD) * 2);
+        atc.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gtc.data(), T, QD, DType::kBF16});
+        ASSERT_TRUE(atc.synchronize().is_ok()) << atc.synchronize().message();
+        expect_close(read(gtc, DType::kBF16, "attention tc"), ref, kPrefillTcBound, "attention ANVIL_CUDA_ATTN_TC=1 " + what);
+      }
+      if (!split_ok) continue;
       Guarded go = dev_out(size_t(T * QD) * 2);
       gpu_->attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{go.data(), T, QD, DType::kBF16});
       ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
-      const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
-      expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
       expect_close(read(go, DType::kBF16, "attention"), ref, kPrefillTcBound, "attention " + what);
       Guarded gsp = dev_out(size_t(T * QD) * 2);
       split.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gsp.data(), T, QD, DType::kBF16});

@@ -215,12 +215,17 @@ cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const
            direct, fused, static_cast<__nv_bfloat16*>(out));
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || direct || fused) return e;
-  launch_k(attn_combine_kernel, dim3(unsigned(int64_t(b.n_tokens) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, 
-      ws, n_heads, kv.head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
+  return attention_combine(ws, b.n_tokens, n_heads, kv.head_dim, n_splits, out, s);
 }
 
 }  // namespace
+
+cudaError_t attention_combine(const float* ws, int T, int n_heads, int head_dim, int n_splits, void* out,
+                              cudaStream_t s) {
+  launch_k(attn_combine_kernel, dim3(unsigned(int64_t(T) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, ws,
+           n_heads, head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
 
 size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits) {
   return size_t(T) * n_heads * n_splits * (head_dim + 2);

@@ -76,6 +76,7 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '1') attn_tc_ = true;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
@@ -452,6 +453,12 @@ class CudaBackend final : public Backend {
       done = static_cast<unsigned*>(attn_done_);
     }
     Prof pr(this, "attention");
+    if (attn_tc_ && cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim)) {
+      launched(cuda::attention_tc(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
+               "attention (tensor cores)");
+      if (splits > 1) launches_ += 1;  // the split kernel and the combine
+      return;
+    }
     launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, done, out.data,
                              st_),
              "attention");
@@ -776,6 +783,9 @@ class CudaBackend final : public Backend {
   // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
   // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.
   bool attn_fused_ = false;
+  // ANVIL_CUDA_ATTN_TC=1: decode attention on the tensor cores (attention_decode_tc.cu). Written
+  // 2026-12-01 and not yet run on a GPU: off until CudaOps.RopeKvAppendAndAttentionMatchCpu has passed.
+  bool attn_tc_ = false;
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;

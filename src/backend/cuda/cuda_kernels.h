@@ -125,6 +125,14 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms);
 // (token, kv head) merges the splits itself (one launch instead of two; left zeroed for the next).
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                       int n_splits, float* workspace, unsigned* done, void* out, cudaStream_t s);
+// The split merge alone (attention()'s second kernel): ws holds n_splits partials per (token, head).
+cudaError_t attention_combine(const float* ws, int T, int n_heads, int head_dim, int n_splits, void* out,
+                              cudaStream_t s);
+// attention_decode_tc.cu: the same blocks and partials with the arithmetic on the tensor cores
+// (ANVIL_CUDA_ATTN_TC=1; up to 16 query heads per kv head, head_dim 64 or 128: attention_tc_ok).
+bool attention_tc_ok(int n_heads, int n_kv_heads, int head_dim);
+cudaError_t attention_tc(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                         int n_splits, float* workspace, void* out, cudaStream_t s);
 // attention_prefill.cu: causal attention on the tensor cores for T tokens of ONE sequence at the
 // consecutive positions p0, p0+1, ... (a prefill chunk), head_dim 32, 64 or 128 (attention_prefill_ok).
 bool attention_prefill_ok(int head_dim);
