@@ -70,8 +70,10 @@ int run_inspect(const InspectArgs& a) {
     auto devs = cuda::list_devices(&err);
     if (!devs.empty() && cuda_memory_info(0, &gpu_free, &gpu_total).is_ok()) {
       gpu_name = devs[0].name;
-      const size_t act_gpu = size_t(kCudaDefaultBatch) * (2 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size)) +
-                                      4 * size_t(c.vocab_size));
+      const int gpu_batch = default_batch(true, a.seqs);
+      const size_t act_gpu =
+          size_t(gpu_batch) * 2 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size)) +
+          size_t(logit_rows_for(gpu_batch, a.seqs)) * 4 * size_t(c.vocab_size);
       const size_t margin = size_t(256) << 20;
       const size_t kv_gpu_per_token = kv_per_token / kv_elem * 2 * size_t(a.seqs);
       gpu_need = weights + kv_gpu_per_token * size_t(a.ctx) + act_gpu + margin;

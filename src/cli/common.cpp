@@ -185,8 +185,9 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
   const double kv_per_token = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2 * max_seqs;
   const int64_t pages = (int64_t(ctx) + o.page_size - 1) / o.page_size;
   const double kv = kv_per_token * double(pages * o.page_size);
-  const double acts = double(batch) * (2.0 * (4.0 * c.hidden_size + 3.0 * c.num_attention_heads * c.head_dim +
-                                               2.0 * c.intermediate_size) + 4.0 * c.vocab_size);
+  const double acts = double(batch) * 2.0 * (4.0 * c.hidden_size + 3.0 * c.num_attention_heads * c.head_dim +
+                                             2.0 * c.intermediate_size) +
+                      double(logit_rows_for(batch, max_seqs)) * 4.0 * c.vocab_size;
   const double margin = 256.0 * (1 << 20);
   const double deq = 2.0 * c.intermediate_size * c.hidden_size;  // prefill: one layer matrix as bf16 for cuBLAS
   const double need = weights + kv + acts + deq + margin;
@@ -300,7 +301,7 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     }
     run_on = s.profiler.get();
   }
-  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *run_on, batch));
+  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *run_on, batch, logit_rows_for(batch, max_seqs)));
   eo.page_size = o.page_size;
   eo.max_context = s.ctx;
   eo.max_seqs = max_seqs;

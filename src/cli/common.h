@@ -33,6 +33,9 @@ inline constexpr int kCpuDefaultBatch = 256, kCudaDefaultBatch = 2048;
 inline int default_batch(bool on_cuda, int max_seqs) {
   return std::max(on_cuda ? kCudaDefaultBatch : kCpuDefaultBatch, max_seqs);
 }
+// Rows of one forward that get logits (fp32 [rows, vocab] of scratch): one per sequence of a step,
+// and at least 256 (--dump-logits' chunks), never more than --batch.
+inline int logit_rows_for(int batch, int max_seqs) { return std::min(batch, std::max(max_seqs, 256)); }
 
 struct ModelOptions {
   std::string model;      // -m

@@ -10,7 +10,7 @@
 namespace anvil {
 
 Transformer::Transformer(const ModelConfig& cfg, ModelWeights w, Backend& backend, int max_tokens)
-    : cfg_(cfg), w_(std::move(w)), backend_(backend), max_tokens_(max_tokens) {}
+    : cfg_(cfg), w_(std::move(w)), backend_(backend), max_tokens_(max_tokens), max_logit_rows_(max_tokens) {}
 
 Transformer::~Transformer() {
   for (void* p : owned_) backend_.free(p);
@@ -18,12 +18,14 @@ Transformer::~Transformer() {
 }
 
 Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg, ModelWeights weights,
-                                                         Backend& backend, int max_tokens) {
+                                                         Backend& backend, int max_tokens, int max_logit_rows) {
   if (max_tokens <= 0) return invalid_argument("max batch tokens must be positive");
+  if (max_logit_rows < 0) return invalid_argument("max logit rows must be >= 0");
   if (cfg.is_moe() && !backend.has_moe_ffn())
     return unsupported("the " + backend.name() + " backend cannot run mixture-of-experts models (" +
                        cfg.model_type + ") yet");
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));
+  if (max_logit_rows > 0) t->max_logit_rows_ = std::min(max_logit_rows, max_tokens);
   ANVIL_RETURN_IF_ERROR(t->alloc_scratch());
   return t;
 }
@@ -48,7 +50,7 @@ Status Transformer::alloc_scratch() {
   ANVIL_RETURN_IF_ERROR(get(&o_, T * H * es));
   ANVIL_RETURN_IF_ERROR(get(&gate_, T * F * es));
   ANVIL_RETURN_IF_ERROR(get(&up_, T * F * es));
-  ANVIL_RETURN_IF_ERROR(get(&logits_, T * V * sizeof(float)));  // logits are F32 on every backend
+  ANVIL_RETURN_IF_ERROR(get(&logits_, size_t(max_logit_rows_) * V * sizeof(float)));  // F32 on every backend
   void* p;
   ANVIL_RETURN_IF_ERROR(get(&p, T * sizeof(int32_t)));
   ids_dev_ = static_cast<int32_t*>(p);
@@ -76,6 +78,9 @@ Status Transformer::check_batch(const int32_t* ids, const BatchView& batch, cons
                               std::to_string(cfg_.vocab_size) + ")");
   for (int r : logit_rows)
     if (r < 0 || r >= T) return invalid_argument("forward: logit row out of range");
+  if (int(logit_rows.size()) > max_logit_rows_)
+    return invalid_argument("forward: logits for " + std::to_string(logit_rows.size()) + " rows; at most " +
+                            std::to_string(max_logit_rows_) + " per call");
   return Status::ok();
 }
 

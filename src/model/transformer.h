@@ -23,15 +23,18 @@ namespace anvil {
 class Transformer {
  public:
   // `weights` must already live on `backend` (upload_weights); the transformer owns them from here and
-  // frees them with itself. max_tokens bounds one forward() call's batch.
+  // frees them with itself. max_tokens bounds one forward() call's batch, max_logit_rows (0: max_tokens)
+  // the rows of one call that want logits (its fp32 [rows, vocab] scratch: 1.2 GB for 2048 rows of a
+  // 152k vocabulary, so a server sizes it by its sequences instead).
   static Result<std::unique_ptr<Transformer>> create(const ModelConfig& cfg, ModelWeights weights, Backend& backend,
-                                                     int max_tokens);
+                                                     int max_tokens, int max_logit_rows = 0);
   ~Transformer();
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   Backend& backend() { return backend_; }
   int max_tokens() const { return max_tokens_; }
+  int max_logit_rows() const { return max_logit_rows_; }
 
   // Runs the batch; token ids ids[t] (host memory). Writes float32 logits [logit_rows.size(), vocab]
   // to `logits` for the batch rows listed in logit_rows (host memory, ascending).
@@ -72,6 +75,7 @@ class Transformer {
   ModelWeights w_;
   Backend& backend_;
   int max_tokens_;
+  int max_logit_rows_;
   std::vector<float> inv_freq_host_;
   float* inv_freq_ = nullptr;  // on the backend
   int32_t* ids_dev_ = nullptr;
@@ -85,7 +89,7 @@ class Transformer {
   void* o_ = nullptr;     // [T, hidden]
   void* gate_ = nullptr;  // [T, ffn]
   void* up_ = nullptr;    // [T, ffn]
-  void* logits_ = nullptr;  // [T, vocab] F32
+  void* logits_ = nullptr;  // [max_logit_rows, vocab] F32
   int32_t* rows_dev_ = nullptr;     // [T] logit rows
   int32_t* out_ids_dev_ = nullptr;  // [T] sampled ids
   int32_t* suppress_dev_ = nullptr; // [kMaxSuppress]

@@ -212,7 +212,8 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
   }
   if (all_logits) all_logits->assign(tokens.size() * size_t(V), 0.0f);
   const int first_new = int(s.tokens.size() - tokens.size());
-  const int chunk = model_.max_tokens();
+  // Every token's logits: chunks of at most the rows the model keeps logits for.
+  const int chunk = all_logits ? std::min(model_.max_tokens(), model_.max_logit_rows()) : model_.max_tokens();
   std::vector<float> chunk_logits;
   while (s.n_kv < int(s.tokens.size())) {
     int n = std::min(chunk, int(s.tokens.size()) - s.n_kv);

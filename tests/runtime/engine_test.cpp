@@ -22,14 +22,14 @@ struct Fixture {
 };
 
 Fixture make(int max_tokens, bool prefix_cache, int page_size = 16, DType kv = DType::kF32,
-             const std::string& spec = "tiny:q4g64", int threads = 2) {
+             const std::string& spec = "tiny:q4g64", int threads = 2, int max_logit_rows = 0) {
   Fixture f;
   auto m = load_synthetic(spec);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   f.model = std::move(m).value();
   f.backend = make_cpu_backend(threads);
   auto w = upload_weights(f.model->weights, *f.backend);
-  auto tf = Transformer::create(f.model->config, *w, *f.backend, max_tokens);
+  auto tf = Transformer::create(f.model->config, *w, *f.backend, max_tokens, max_logit_rows);
   EXPECT_TRUE(tf.is_ok());
   f.tf = std::move(tf).value();
   EngineOptions o;
@@ -65,6 +65,36 @@ TEST(Engine, ChunkedPrefillMatchesOneShot) {
   ASSERT_TRUE(small.engine->extend(s2, ids, nullptr, &b).is_ok());
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+}
+
+// A transformer that keeps logits for fewer rows than its batch (what a server on CUDA does: 2048
+// tokens per forward, logits for its sequences only): every token's logits come in chunks of that
+// many rows, bit for bit the same; a forward that asks for more rows is refused, naming the limit.
+TEST(Engine, LogitRowsCapChunksEveryTokenLogits) {
+  auto ids = random_ids(70, 1);
+  Fixture full = make(128, false), capped = make(128, false, 16, DType::kF32, "tiny:q4g64", 2, 8);
+  EXPECT_EQ(capped.tf->max_logit_rows(), 8);
+  EXPECT_EQ(full.tf->max_logit_rows(), 128);
+  std::vector<float> a, b, last_a, last_b;
+  int s1 = *full.engine->seq_create(), s2 = *capped.engine->seq_create();
+  ASSERT_TRUE(full.engine->extend(s1, ids, &last_a, &a).is_ok());
+  ASSERT_TRUE(capped.engine->extend(s2, ids, &last_b, &b).is_ok());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  EXPECT_EQ(0, std::memcmp(last_a.data(), last_b.data(), last_a.size() * 4));
+  // Nine rows of logits from one forward: more than the 8 kept.
+  std::vector<int32_t> pos(9), seq(9, 0), table(64, 0);
+  for (int i = 0; i < 9; ++i) pos[i] = i;
+  BatchView bv;
+  bv.n_tokens = 9, bv.n_seqs = 1, bv.max_pages = 64;
+  bv.pos = bv.pos_host = pos.data(), bv.seq = bv.seq_host = seq.data(), bv.page_table = table.data();
+  std::vector<int> rows(9);
+  for (int i = 0; i < 9; ++i) rows[i] = i;
+  std::vector<float> out(size_t(9) * size_t(capped.model->config.vocab_size));
+  KVCacheView kv;  // not reached: the batch is refused first
+  Status st = capped.tf->forward(ids.data(), bv, kv, rows, out.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("at most 8"), std::string::npos) << st.message();
 }
 
 TEST(Engine, DecodeMatchesTeacherForcing) {
