@@ -207,9 +207,9 @@ fi
 # NCU_BATCH=1: the same for a 32-sequence qwen3-8b q4g64 decode step (bench-kv --seqs 32): the batch
 # mat-vec, its activation permute and the decode attention (none of them run in the prefill).
 if [ "${NCU_BATCH:-0}" = 1 ]; then
-  timeout 200 ncu --clock-control none -k regex:"qgemm4_batch|permute_x|attn_split|attn_combine" \
+  timeout 200 ncu --clock-control none -k regex:"qgemm4_batch|permute_x|attn_split|attn_combine|attn_tc" \
     --launch-skip ${NCU_SKIP:-40} --launch-count ${NCU_COUNT:-30} \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,smsp__inst_executed.sum --section WarpStateStats \
     ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 --pairs 1 --json --kv-store /tmp/anvil-ncu-kv \
     > "$OUT/ncu.log" 2>&1
   echo "ncu rc=$?" >> "$OUT/ncu.log"; rm -rf /tmp/anvil-ncu-kv
@@ -362,7 +362,7 @@ grep -h "golden   \]" "$OUT"/golden_cuda.log 2>/dev/null | head -30
 echo "=== golden diag ==="
 grep -hE "^##|differs|rel_err" "$OUT"/golden_diag.log 2>/dev/null | head -30
 echo "=== ncu ==="
-grep -E "^###|^  [a-z_]|gpu__time_duration|dram__|warps_active|launch__|hmma|bank_conflicts|lts__|inst_executed|ncu rc" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -${NCU_LINES:-400}
+grep -E "^###|^  [a-z_]|gpu__time_duration|dram__|warps_active|launch__|hmma|bank_conflicts|lts__|inst_executed|stalled|Warp Cycles|spends|ncu rc" "$OUT/ncu.log" 2>/dev/null | sed -E 's/\(anvil::[^)]*\)//; s/, Context.*//; s/  +/ /g' | head -${NCU_LINES:-400}
 echo "=== cli ==="
 cat "$OUT/cli.log" 2>/dev/null
 echo "=== mutations ==="
