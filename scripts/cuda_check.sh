@@ -253,9 +253,10 @@ if [ "$what" != tests ]; then
         --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
     done
   elif [ "$set" = batchtune ]; then
-    # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F: ring stages, shared-memory aim,
-    # blocks per SM): its tests under each, then 32- and 64-sequence steps.
-    for cfg in 4,113,2 3,113,2 6,200,1 4,113,4 3,75,3; do
+    # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W]: ring stages, shared-memory aim,
+    # blocks per SM, warps per block; BATCH_CFGS lists them): its tests under each, then 32- and
+    # 64-sequence steps.
+    for cfg in ${BATCH_CFGS:-4,113,2 4,113,2,8 3,113,2,8 4,200,1,8 3,75,3}; do
       ANVIL_QGEMM_BATCH=$cfg ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.Batched*' > /tmp/bt.log 2>&1
       echo "### ANVIL_QGEMM_BATCH=$cfg tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/bt.log | tr '\n' ' ')" >> "$OUT/bench.log"
       for B in 32 64; do

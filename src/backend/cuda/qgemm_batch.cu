@@ -6,7 +6,8 @@
 // Why: the register-fed kernel (qgemv_tc.cu) gives each warp a 16-row tile and re-reads every
 // token's activations from L2 for every tile: T/4 bytes of activations per byte of weights, and a
 // 32-sequence qwen3-8b q4g64 step took 12.4 ms on the H200 (2,587 tok/s) where reading the weights
-// once takes ~1.5 ms. Here a block of 4 warps owns 64 rows, and the warps walk K together, step
+// once takes ~1.5 ms. Here a block of 4 warps owns 64 rows (W warps, 16W rows, with
+// ANVIL_QGEMM_BATCH's fourth field), and the warps walk K together, step
 // (128 elements) by step, through a ring of kBS stages in shared memory filled by cp.async. A stage
 // holds each warp's weights (every lane copies its own 16 bytes of rows g and g+8, as in the
 // streamed decode kernel) and the step's activations for all tokens, copied once per block and
@@ -30,26 +31,27 @@
 namespace anvil::cuda::tc {
 namespace {
 
-constexpr int kBW = 4;             // warps per block, one 16-row tile each
-constexpr int kBRows = 16 * kBW;   // rows per block
 constexpr size_t kBSmemMax = 200 * 1024;
 
 // The launch shape: ring stages S (S - 1 in flight while one is used), the shared memory a block
-// aims to stay under (113 KB: two blocks per SM), and the blocks aimed for per SM (K is split until
-// there are that many). ANVIL_QGEMM_BATCH=S,KB,F overrides them (S 3, 4 or 6), for measuring.
+// aims to stay under (113 KB: two blocks per SM), the blocks aimed for per SM (K is split until
+// there are that many) and the warps per block W (16 rows each). ANVIL_QGEMM_BATCH=S,KB,F[,W]
+// overrides them (S 3, 4 or 6; W 4 or 8), for measuring.
 struct Tune {
   int S = 4;
   size_t soft = 113 * 1024;
   int per_sm = 2;
+  int W = 4;
 };
 const Tune& tune() {
   static const Tune t = [] {
     Tune v;
     const char* e = std::getenv("ANVIL_QGEMM_BATCH");
-    int s = 0, kb = 0, f = 0;
-    if (e && std::sscanf(e, "%d,%d,%d", &s, &kb, &f) == 3 && (s == 3 || s == 4 || s == 6) && kb >= 16 && kb <= 200 &&
-        f >= 1 && f <= 16)
-      v.S = s, v.soft = size_t(kb) * 1024, v.per_sm = f;
+    int s = 0, kb = 0, f = 0, w = 4;
+    const int got = e ? std::sscanf(e, "%d,%d,%d,%d", &s, &kb, &f, &w) : 0;
+    if ((got == 3 || got == 4) && (s == 3 || s == 4 || s == 6) && kb >= 16 && kb <= 200 && f >= 1 && f <= 16 &&
+        (w == 4 || w == 8))
+      v.S = s, v.soft = size_t(kb) * 1024, v.per_sm = f, v.W = w;
     return v;
   }();
   return t;
@@ -108,9 +110,10 @@ __device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int
   }
 }
 
-template <bool SWIGLU, int NT, int kBS>
+template <bool SWIGLU, int NT, int kBS, int kBW>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
+  constexpr int kBRows = 16 * kBW;  // rows per block: one 16-row tile per warp
   constexpr int WB = M * kBW * 64;  // uint4 of weights per stage: [M][warp][2 rows][32 lanes]
   constexpr int AB = TP * 16;       // uint4 of activations per stage: [TP][8 j][4 c] uint2
   extern __shared__ __align__(16) uint8_t smem[];
@@ -281,26 +284,30 @@ int sm_count() {
   return n;
 }
 
-size_t plan_smem(int S, int M, int TP, int sps, int group, int* ngp) {
+size_t plan_smem(int S, int W, int M, int TP, int sps, int group, int* ngp) {
   *ngp = sps * 128 / group + 8;
-  return size_t(S) * (size_t(M) * kBW * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * kBRows * size_t(*ngp) * 2;
+  return size_t(S) * (size_t(M) * W * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * 16 * W * size_t(*ngp) * 2;
 }
 
-template <bool SW, int NT, int S>
+template <bool SW, int NT, int S, int W>
 cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemm4_batch_kernel<SW, NT, S>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(kBW * 32), b.smem, s, p, a);
+  launch_k(qgemm4_batch_kernel<SW, NT, S, W>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s, p, a);
   return cudaGetLastError();
+}
+template <bool SW, int NT, int W>
+cudaError_t batch_launch_w(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  switch (b.S) {
+    case 3: return batch_launch_s<SW, NT, 3, W>(b, s, p, a);
+    case 6: return batch_launch_s<SW, NT, 6, W>(b, s, p, a);
+    default: return batch_launch_s<SW, NT, 4, W>(b, s, p, a);
+  }
 }
 template <bool SW, int NT>
 cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  switch (b.S) {
-    case 3: return batch_launch_s<SW, NT, 3>(b, s, p, a);
-    case 6: return batch_launch_s<SW, NT, 6>(b, s, p, a);
-    default: return batch_launch_s<SW, NT, 4>(b, s, p, a);
-  }
+  return b.W == 8 ? batch_launch_w<SW, NT, 8>(b, s, p, a) : batch_launch_w<SW, NT, 4>(b, s, p, a);
 }
 
 }  // namespace
@@ -317,24 +324,25 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   b->NT = T <= 32 ? 4 : 8;
   const int TP = 8 * b->NT;
   b->nblk = 0;
-  for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + kBRows - 1) / kBRows;
+  const Tune& tn = tune();
+  b->S = tn.S, b->W = tn.W;
+  const int rows = 16 * b->W;  // per block
+  for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
   // Splits: enough blocks for two per SM; a split's steps a multiple of 8 unless one takes all.
-  const Tune& tn = tune();
-  b->S = tn.S;
   const int64_t want = std::max<int64_t>(1, (int64_t(tn.per_sm) * sm_count() + b->nblk - 1) / b->nblk);
   int sps = int((steps + want - 1) / want);
   if (sps < steps) sps = std::min(steps, (sps + 7) / 8 * 8);
-  b->smem = plan_smem(b->S, M, TP, sps, p.group, &b->ngp);
+  b->smem = plan_smem(b->S, b->W, M, TP, sps, p.group, &b->ngp);
   while (b->smem > tn.soft && sps > 8) {
     sps = (sps - 1) / 8 * 8;  // the next lower multiple of 8
-    b->smem = plan_smem(b->S, M, TP, sps, p.group, &b->ngp);
+    b->smem = plan_smem(b->S, b->W, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
   b->sps = sps;
   b->ksplit = (steps + sps - 1) / sps;
   b->xperm_bytes = size_t(TP) * size_t(K) * 2;
-  b->part_floats = b->ksplit > 1 ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * kBRows : 0;
+  b->part_floats = b->ksplit > 1 ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * rows : 0;
   b->n_done = b->ksplit > 1 ? size_t(b->nblk) : 0;
   return true;
 }
@@ -344,7 +352,7 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   int64_t blocks = 0;
   for (int i = 0; i < p.n_seg; ++i) {
     p.seg[i].tile_begin = blocks;
-    blocks += (p.seg[i].rows + kBRows - 1) / kBRows;
+    blocks += (p.seg[i].rows + 16 * b.W - 1) / (16 * b.W);
   }
   const int TP = 8 * b.NT;
   const int64_t chunks = int64_t(TP) * (p.K / 32);
@@ -356,7 +364,7 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   a.xperm = static_cast<const uint4*>(sc.xperm);
   a.sps = b.sps;
   a.ngp = b.ngp;
-  a.part_rows = b.nblk * kBRows;
+  a.part_rows = b.nblk * 16 * b.W;
   a.part = sc.part;
   a.done = sc.done;
   switch (b.NT) {
