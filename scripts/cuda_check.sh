@@ -71,26 +71,38 @@ if [ "$what" = serve ]; then
   # repeated 4,096-token prefix, again after a restart (served from the durable store).
   export ANVIL_CUDA_PAGE_STORE=1
   M=${SERVE_MODEL:-qwen3-8b:q4g64}
-  start_server() {
-    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 --kv-store "$KV_TMP/serve-kv" \
-      > "$OUT/serve_$1.log" 2>&1 &
+  start_server() {  # name [extra flags; default: the durable store]
+    local name=$1; shift
+    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 ${@:---kv-store $KV_TMP/serve-kv} \
+      > "$OUT/serve_$name.log" 2>&1 &
     SP=$!; port=
     for _ in $(seq 240); do
-      port=$(grep -oE 'listening on http://[^ ]+:[0-9]+' "$OUT/serve_$1.log" | grep -oE '[0-9]+$')
+      port=$(grep -oE 'listening on http://[^ ]+:[0-9]+' "$OUT/serve_$name.log" | grep -oE '[0-9]+$')
       [ -n "$port" ] && break; kill -0 $SP 2>/dev/null || break; sleep 0.5
     done
-    echo "server $1: port ${port:-none} after $(( $(date +%s) - t0 )) s"
+    echo "server $name: port ${port:-none} after $(( $(date +%s) - t0 )) s"
+  }
+  metrics() {  # the prefix-cache counters: did the repeat hit memory, the store, or neither?
+    python3 -c "import urllib.request,sys; t=urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode(); print('\n'.join(l for l in t.splitlines() if l.startswith('anvil_prompt_tokens')))" \
+      >> "$OUT/serve_bench.log" 2>&1
   }
   start_server 1
   # --no-logprobs: the steps can sample on the device (a request with logprobs needs host logits).
   [ -n "$port" ] && timeout ${SERVE_S:-240} python3 scripts/bench_serve.py --port "$port" --streams ${SERVE_STREAMS:-1,32,64} \
     --prompt 256 --max 128 --prefix 4096 --no-logprobs --deadline $(( ${SERVE_S:-240} - 10 )) > "$OUT/serve_bench.log" 2>&1
-  echo "bench rc=$?"; kill $SP; wait $SP
+  echo "bench rc=$?"; metrics; kill $SP; wait $SP
   start_server 2
   echo "### after a restart" >> "$OUT/serve_bench.log"
   [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
     >> "$OUT/serve_bench.log" 2>&1
-  kill $SP; wait $SP
+  metrics; kill $SP; wait $SP
+  # The same repeated prefix in a server without the store (the in-memory prefix cache alone), with
+  # and without logprobs (the first text chunk can come tokens after the first token).
+  start_server 3 --alias no-store
+  echo "### no store" >> "$OUT/serve_bench.log"
+  [ -n "$port" ] && for lp in --no-logprobs ""; do timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 \
+    --max 8 --prefix 4096 $lp >> "$OUT/serve_bench.log" 2>&1; done
+  metrics; kill $SP; wait $SP
   cat "$OUT/serve_bench.log"; tail -5 "$OUT/serve_1.log"
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0
