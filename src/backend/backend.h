@@ -105,7 +105,8 @@ struct KVCacheView {
 // arrays) for backends that plan a launch on the host; the kernels themselves read pos / seq.
 struct BatchView {
   int n_tokens = 0;
-  int n_seqs = 0;
+  int n_seqs = 0;  // rows of page_table; every one has at least one token in the batch (so n_tokens
+                   // == n_seqs is a decode step: one token per sequence, at its last position)
   int max_pages = 0;
   const int32_t* pos = nullptr;         // [n_tokens]
   const int32_t* seq = nullptr;         // [n_tokens]

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
                                                                  int layer, BatchDev b, float scale_log2,
                                                                  int n_splits, float* ws, __nv_bfloat16* out,
                                                                  unsigned* done, __nv_bfloat16* out_final) {
-  pdl_begin();
+  pdl_launch();
   // NB positions per warp per iteration (2*NB K/V row loads in flight). 8 measured slower on the
   // H200 (more registers, no gain in loads in flight).
   constexpr int NB = 4;
@@ -92,20 +92,17 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
   const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
 
-  float qf[GMAX][DL], acc[GMAX][DL], m[GMAX], l[GMAX];
-#pragma unroll
-  for (int g = 0; g < GMAX; ++g) {
-    m[g] = -FLT_MAX, l[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < DL; ++j) acc[g][j] = 0.0f, qf[g][j] = 0.0f;
-    if (g < G && active) load_row<DL>(q + (int64_t(t) * n_heads + kh * G + g) * D + lane * DL, qf[g]);
-  }
-
-  for (int base = p_begin + warp * NB; base < p_end; base += kWarps * NB) {
-    float kf[NB][DL], vf[NB][DL];
+  // K/V rows of positions p .. p + NB - 1 into kf, vf (zeros past p_end). In a decode step (one
+  // token per sequence: n_tokens == n_seqs) only row len - 1 was written by this step (by the
+  // previous kernel, rope_kv); every other row, like the positions and the page table (written by
+  // the host before the step), can be read before the wait for that kernel, so the first batch of
+  // each warp is loaded before it and only the new row after.
+  float kf[NB][DL], vf[NB][DL];
+  auto load_kv = [&](int base, int skip) {
 #pragma unroll
     for (int u = 0; u < NB; ++u) {
       const int p = base + u;
+      if (p == skip) continue;
 #pragma unroll
       for (int j = 0; j < DL; ++j) kf[u][j] = vf[u][j] = 0.0f;
       if (p < p_end && active) {
@@ -117,6 +114,44 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
                      vf[u]);
       }
     }
+  };
+  const int base0 = p_begin + warp * NB;
+  const bool early = b.n_tokens == b.n_seqs;
+  if (early) {
+#pragma unroll
+    for (int u = 0; u < NB; ++u)
+#pragma unroll
+      for (int j = 0; j < DL; ++j) kf[u][j] = vf[u][j] = 0.0f;
+    load_kv(base0, len - 1);
+  }
+  pdl_wait();
+  if (early) {
+    const int u = len - 1 - base0;  // the new row, if it is in this warp's first batch
+    if (u >= 0 && u < NB && len - 1 < p_end && active) {
+      const int64_t page = pages[(len - 1) / kv.page_size];
+      const int slot = (len - 1) % kv.page_size;
+#pragma unroll
+      for (int uu = 0; uu < NB; ++uu)
+        if (uu == u) {
+          load_row<DL>(kvb + kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + lane * DL,
+                       kf[uu]);
+          load_row<DL>(kvb + kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + lane * DL,
+                       vf[uu]);
+        }
+    }
+  }
+
+  float qf[GMAX][DL], acc[GMAX][DL], m[GMAX], l[GMAX];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    m[g] = -FLT_MAX, l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DL; ++j) acc[g][j] = 0.0f, qf[g][j] = 0.0f;
+    if (g < G && active) load_row<DL>(q + (int64_t(t) * n_heads + kh * G + g) * D + lane * DL, qf[g]);
+  }
+
+  for (int base = base0; base < p_end; base += kWarps * NB) {
+    if (!early || base != base0) load_kv(base, -1);
 #pragma unroll
     for (int g = 0; g < GMAX; ++g) {
       if (g >= G) break;

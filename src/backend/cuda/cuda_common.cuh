@@ -63,10 +63,13 @@ __device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, in
 
 // Programmatic dependent launch: every kernel is launched with programmatic stream serialization
 // and begins with pdl_begin(): it lets the next kernel in the stream (or graph) be scheduled now,
-// then waits until the previous kernel has finished and its writes are visible. Nothing is read or
-// written before the wait, so ordering is as strict as plain launches; what is gained is the next
-// kernel's launch and block scheduling overlapping this one's tail. ANVIL_CUDA_NO_PDL=1 launches
-// plainly. Without the launch attribute, griddepcontrol.wait returns at once.
+// then waits until the previous kernel has finished and its writes are visible. What is gained is
+// the next kernel's launch and block scheduling overlapping this one's tail. Before the wait a
+// kernel may read only what no kernel of the step writes: weights, and the step's inputs the host
+// wrote before launching it (positions, sequence ids, page table), and, in a decode step, the KV
+// rows of earlier positions (the q4 mat-vecs, the norms, rope_kv and the split attention do).
+// ANVIL_CUDA_NO_PDL=1 launches plainly. Without the launch attribute, griddepcontrol.wait returns
+// at once.
 __device__ __forceinline__ void pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -45,11 +45,49 @@ __global__ void embed_kernel(DevMatrix w, const int32_t* ids, __nv_bfloat16* out
   }
 }
 
+// Rows of up to kNormRegs * blockDim.x elements keep the row and the norm weight in registers: the
+// weight (never written by a kernel) is loaded before the wait for the previous kernel, and the row
+// is read once. Same arithmetic as the loop below, so the same bits.
+constexpr int kNormRegs = 8;
+
 template <bool RESIDUAL>
 __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, const void* w, Elem wd, float eps,
                                int cols, __nv_bfloat16* out) {
-  pdl_begin();
+  pdl_launch();
   const int64_t r = blockIdx.x;
+  if (cols <= kNormRegs * int(blockDim.x)) {
+    float wv[kNormRegs], hv[kNormRegs];
+#pragma unroll
+    for (int k = 0; k < kNormRegs; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      wv[k] = i < cols ? load_any(w, i, wd) : 0.0f;
+    }
+    pdl_wait();
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kNormRegs; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      hv[k] = 0.0f;
+      if (i >= cols) continue;
+      if constexpr (RESIDUAL) {
+        const __nv_bfloat16 sum = __float2bfloat16_rn(__bfloat162float(residual[r * cols + i]) +
+                                                      __bfloat162float(x[r * cols + i]));
+        residual[r * cols + i] = sum;
+        hv[k] = __bfloat162float(sum);
+      } else {
+        hv[k] = __bfloat162float(x[r * cols + i]);
+      }
+      ss += hv[k] * hv[k];
+    }
+    const float inv = rsqrtf(block_sum(ss) / float(cols) + eps);
+#pragma unroll
+    for (int k = 0; k < kNormRegs; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < cols) out[r * cols + i] = __float2bfloat16_rn(hv[k] * inv * wv[k]);
+    }
+    return;
+  }
+  pdl_wait();
   const __nv_bfloat16* src = RESIDUAL ? residual + r * cols : x + r * cols;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {

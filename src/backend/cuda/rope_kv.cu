@@ -21,7 +21,11 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
 __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n_heads,
                                       const void* q_norm, const void* k_norm, Elem nd, float eps,
                                       const float* inv_freq, KVDev kv, int layer, BatchDev b) {
-  pdl_begin();
+  // Before the wait for the previous kernel: what does not depend on it (positions and page table,
+  // written by the host before the step; the norm weights and inv_freq, never written by a kernel):
+  // the angles' double-precision sincos, the norm weights and the destination row. Same
+  // arithmetic as before, in another order, so the same bits.
+  pdl_launch();
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int per_tok = n_heads + kv.n_kv_heads;
@@ -33,6 +37,29 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
   const __nv_bfloat16* src = is_q ? q + (int64_t(t) * n_heads + h) * D : k + (int64_t(t) * kv.n_kv_heads + kh) * D;
   const void* nw = is_q ? q_norm : k_norm;
   const int32_t pos = b.pos[t];
+  float fc[kMaxPairsPerLane], fs[kMaxPairsPerLane], w0[kMaxPairsPerLane], w1[kMaxPairsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    fc[j] = fs[j] = w0[j] = w1[j] = 0.0f;
+    if (i < half) {
+      double sn, cs;
+      sincos(double(pos) * double(inv_freq[i]), &sn, &cs);
+      fc[j] = float(cs), fs[j] = float(sn);
+      if (nw) w0[j] = load_any(nw, i, nd), w1[j] = load_any(nw, i + half, nd);
+    }
+  }
+  __nv_bfloat16 *dst, *vdst = nullptr;
+  if (is_q) {
+    dst = q + (int64_t(t) * n_heads + h) * D;
+  } else {
+    const int64_t page = b.page_table[int64_t(b.seq[t]) * b.max_pages + pos / kv.page_size];
+    const int slot = pos % kv.page_size;
+    dst = static_cast<__nv_bfloat16*>(kv.base) +
+          kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+    vdst = static_cast<__nv_bfloat16*>(kv.base) + kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+  }
+  pdl_wait();
 
   float a[kMaxPairsPerLane], c[kMaxPairsPerLane];
   float ss = 0.0f;
@@ -49,16 +76,7 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
   float inv = 1.0f;
   if (nw) inv = rsqrtf(warp_sum(ss) / float(D) + eps);
 
-  __nv_bfloat16* dst;
-  if (is_q) {
-    dst = q + (int64_t(t) * n_heads + h) * D;
-  } else {
-    const int64_t page = b.page_table[int64_t(b.seq[t]) * b.max_pages + pos / kv.page_size];
-    const int slot = pos % kv.page_size;
-    dst = static_cast<__nv_bfloat16*>(kv.base) +
-          kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
-    __nv_bfloat16* vdst = static_cast<__nv_bfloat16*>(kv.base) +
-                          kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+  if (!is_q) {
     const __nv_bfloat16* vsrc = v + (int64_t(t) * kv.n_kv_heads + kh) * D;
     for (int i = lane; i < D; i += 32) vdst[i] = vsrc[i];
   }
@@ -68,14 +86,11 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
     if (i < half) {
       float x0 = a[j], x1 = c[j];
       if (nw) {
-        x0 = x0 * inv * load_any(nw, i, nd);
-        x1 = x1 * inv * load_any(nw, i + half, nd);
+        x0 = x0 * inv * w0[j];
+        x1 = x1 * inv * w1[j];
       }
-      double sn, cs;
-      sincos(double(pos) * double(inv_freq[i]), &sn, &cs);
-      const float fc = float(cs), fs = float(sn);
-      dst[i] = __float2bfloat16_rn(x0 * fc - x1 * fs);
-      dst[i + half] = __float2bfloat16_rn(x1 * fc + x0 * fs);
+      dst[i] = __float2bfloat16_rn(x0 * fc[j] - x1 * fs[j]);
+      dst[i + half] = __float2bfloat16_rn(x1 * fc[j] + x0 * fs[j]);
     }
   }
 }
