@@ -31,9 +31,12 @@ def pct(xs, p):
 LOGPROBS = True  # main() sets it from --no-logprobs
 
 
-def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out):
-    """One streamed completion; appends (t_submit, [token arrival times], error) to out."""
+def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None):
+    """One streamed completion; appends (t_submit, [token arrival times], error) to out, and the
+    final chunk's usage to `usage` when given."""
     req = {"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    if usage is not None:
+        req["stream_options"] = {"include_usage": True}
     if LOGPROBS:
         req["logprobs"] = 0  # one chunk per token, even an empty-text one
     body = json.dumps(req)
@@ -62,6 +65,10 @@ def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out):
                     j = json.loads(line[6:])
                     if "error" in j:
                         err = j["error"]["message"]
+                        continue
+                    if usage is not None and j.get("usage"):
+                        usage.append(j["usage"])
+                    if not j.get("choices"):
                         continue
                     ch = j["choices"][0]
                     if ch.get("logprobs") and ch["logprobs"]["tokens"]:
@@ -111,18 +118,20 @@ def run_level(args, n, vocab):
 def prefix_case(args, vocab):
     rng = random.Random(1234)
     shared = [rng.randrange(1000, vocab) for _ in range(args.prefix)]
-    out = []
+    out, cached = [], []
     for k in range(2):
-        res = []
+        res, usage = [], []
         stream_one(args.host, args.port, args.api_key, shared + [rng.randrange(1000, vocab) for _ in range(16)], 8,
-                   args.timeout, res)
+                   args.timeout, res, usage)
         t0, ts, err = res[0]
         if err or not ts:
             print("prefix case failed:", err)
             return
         out.append(ts[0] - t0)
+        details = (usage[-1].get("prompt_tokens_details") or {}) if usage else {}
+        cached.append(details.get("cached_tokens", "?"))
     print(f"prefix={args.prefix} ttft_first={out[0] * 1e3:.1f}ms ttft_repeat={out[1] * 1e3:.1f}ms "
-          f"ratio={out[1] / out[0]:.3f}", flush=True)
+          f"ratio={out[1] / out[0]:.3f} cached_tokens={cached[0]}/{cached[1]}", flush=True)
 
 
 def main():
