@@ -287,6 +287,12 @@ class Backend {
   // thread (the staging copies below). The CUDA backend says no until it overrides them with a
   // stream of its own (a copy from another thread would break the decode graph's capture).
   virtual bool supports_page_store() const { return true; }
+  // Why this backend's attention (q/k norm + RoPE + attention) cannot take a model with these heads,
+  // or "" when it can. Transformer::create refuses such a model with the reason, before any step.
+  virtual std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const {
+    (void)n_heads, (void)n_kv_heads, (void)head_dim;
+    return {};
+  }
   virtual void moe_ffn(Act x, const MoEWeights& w, Act out);
   // ---- end mixture of experts ----
 };

@@ -112,6 +112,9 @@ class ProfilingBackend final : public Backend {
   }
   bool has_moe_ffn() const override { return in_.has_moe_ffn(); }
   bool supports_page_store() const override { return in_.supports_page_store(); }
+  std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const override {
+    return in_.attention_unsupported(n_heads, n_kv_heads, head_dim);
+  }
   // The store's staging copies run on the wrapped backend's own streams (not timed: not decode ops).
   Result<void*> alloc_host_staging(size_t bytes) override { return in_.alloc_host_staging(bytes); }
   void free_host_staging(void* p) override { in_.free_host_staging(p); }

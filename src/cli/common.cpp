@@ -265,6 +265,15 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
                  s.backend->name().c_str());
     ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend("cpu", o.threads));
   }
+  if (o.device == "auto") {
+    const ModelConfig& c = s.model->config;
+    if (const std::string why = s.backend->attention_unsupported(c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        !why.empty()) {
+      std::fprintf(stderr, "[anvil] device auto: the %s backend cannot run this model's attention (%s); using the CPU\n",
+                   s.backend->name().c_str(), why.c_str());
+      ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend("cpu", o.threads));
+    }
+  }
   const int max_pos = s.model->config.max_position_embeddings;  // 0: the config does not say
   s.ctx = o.ctx;
   if (!o.ctx_given) s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;

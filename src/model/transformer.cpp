@@ -24,6 +24,10 @@ Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg,
   if (cfg.is_moe() && !backend.has_moe_ffn())
     return unsupported("the " + backend.name() + " backend cannot run mixture-of-experts models (" +
                        cfg.model_type + ") yet");
+  if (const std::string why =
+          backend.attention_unsupported(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+      !why.empty())
+    return unsupported("the " + backend.name() + " backend cannot run this model's attention: " + why);
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));
   if (max_logit_rows > 0) t->max_logit_rows_ = std::min(max_logit_rows, max_tokens);
   ANVIL_RETURN_IF_ERROR(t->alloc_scratch());

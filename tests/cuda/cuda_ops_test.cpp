@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "cuda_test_util.h"
+#include "model/transformer.h"
 
 namespace anvil::cuda_test {
 namespace {
@@ -667,6 +668,36 @@ TEST_F(CudaOps, FreeingUploadedWeightsReturnsTheMemory) {
   }
   EXPECT_TRUE(clean) << "device memory grew by " << grew[0] / 1e6 << ", " << grew[1] / 1e6 << " and " << grew[2] / 1e6
                      << " MB over three attempts of 200 upload/free rounds";
+}
+
+// A model whose heads the CUDA attention kernels cannot take is refused when the transformer is made,
+// with the reason, instead of failing at its first step: more than 8 query heads per kv head (16 with
+// ANVIL_CUDA_ATTN_TC=1 and head_dim 64 or 128), head_dim odd or above 256.
+TEST_F(CudaOps, AttentionShapesBeyondTheKernelsAreRefusedAtLoad) {
+  EXPECT_EQ(gpu_->attention_unsupported(32, 8, 128), "");
+  EXPECT_EQ(gpu_->attention_unsupported(16, 2, 64), "");
+  EXPECT_EQ(gpu_->attention_unsupported(40, 8, 80), "");
+  const std::string g16 = gpu_->attention_unsupported(64, 4, 128);
+  EXPECT_NE(g16.find("16 query heads per kv head"), std::string::npos) << g16;
+  EXPECT_NE(gpu_->attention_unsupported(8, 8, 300), "");
+  EXPECT_NE(gpu_->attention_unsupported(8, 8, 63), "");
+  EXPECT_NE(gpu_->attention_unsupported(12, 5, 64), "");
+  setenv("ANVIL_CUDA_ATTN_TC", "1", 1);
+  auto tc = make_cuda_backend(0);
+  unsetenv("ANVIL_CUDA_ATTN_TC");
+  ASSERT_TRUE(tc.is_ok()) << tc.status().message();
+  EXPECT_EQ((*tc)->attention_unsupported(64, 4, 128), "");
+  EXPECT_NE((*tc)->attention_unsupported(64, 2, 128), "");  // 32 per kv head
+  EXPECT_NE((*tc)->attention_unsupported(64, 4, 96), "");   // 16 per kv head, head_dim 96
+  // Transformer::create says so before it touches the (here empty) weights.
+  ModelConfig cfg;
+  cfg.model_type = "qwen3";
+  cfg.num_attention_heads = 64, cfg.num_key_value_heads = 4, cfg.head_dim = 128;
+  cfg.hidden_size = 1024, cfg.intermediate_size = 2048, cfg.vocab_size = 1000, cfg.num_hidden_layers = 1;
+  auto t = Transformer::create(cfg, ModelWeights{}, *gpu_, 8);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(t.status().message().find("cannot run this model's attention"), std::string::npos) << t.status().message();
 }
 
 }  // namespace

@@ -507,6 +507,20 @@ class CudaBackend final : public Backend {
 
   // ---- mixture of experts (moe.cu, planned by moe_runner.cpp) ----
   bool has_moe_ffn() const override { return true; }
+  // The limits of rope_kv.cu and attention.cu (and attention_decode_tc.cu with ANVIL_CUDA_ATTN_TC=1).
+  std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const override {
+    const std::string shape = " (" + std::to_string(n_heads) + " heads, " + std::to_string(n_kv_heads) +
+                              " kv heads, head_dim " + std::to_string(head_dim) + ")";
+    if (n_kv_heads < 1 || n_heads % n_kv_heads != 0) return "the heads are not a multiple of the kv heads" + shape;
+    if (head_dim % 2 != 0 || head_dim > 256) return "head_dim must be even and at most 256" + shape;
+    const int G = n_heads / n_kv_heads;
+    const int DL = head_dim <= 32 ? 1 : head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8;
+    if (head_dim % DL != 0) return "head_dim must be a multiple of " + std::to_string(DL) + shape;
+    if (G > 8 && !(attn_tc_ && cuda::attention_tc_ok(n_heads, n_kv_heads, head_dim)))
+      return std::to_string(G) + " query heads per kv head; its kernels take at most 8" + shape +
+             " (ANVIL_CUDA_ATTN_TC=1 takes up to 16 with head_dim 64 or 128); --device cpu runs it";
+    return {};
+  }
   void moe_ffn(Act x, const MoEWeights& w, Act out) override {
     if (!bf16(x, "moe_ffn", "x") || !bf16(out, "moe_ffn", "out") || !same_shape(x, out, "moe_ffn")) return;
     if (!expect(x.data != out.data && x.cols == w.router.cols,
