@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
+#include <utility>
 
 #include "cuda_test_util.h"
 #include "model/transformer.h"
@@ -24,6 +26,18 @@ constexpr double kAttentionBound = 8e-3;    // bf16 q/k/v inputs and output, fp3
 
 class CudaOps : public CudaFixture {
  protected:
+  // Another CUDA backend, made with these environment switches set (a backend reads them when it is
+  // made), which are unset again; null (and a test failure naming why) if it cannot be made.
+  std::unique_ptr<Backend> backend_with(std::initializer_list<std::pair<const char*, const char*>> env) {
+    for (const auto& [k, v] : env) setenv(k, v, 1);
+    auto made = make_cuda_backend(0);
+    for (const auto& [k, v] : env) unsetenv(k);
+    if (!made.is_ok()) {
+      ADD_FAILURE() << "make_cuda_backend: " << made.status().message();
+      return nullptr;
+    }
+    return std::move(made).value();
+  }
   // CPU reference of linear on float inputs x [T, cols].
   std::vector<float> cpu_linear(const std::vector<float>& x, int64_t T, const WeightMatrix& w) {
     std::vector<float> out(size_t(T * w.rows));
@@ -152,10 +166,8 @@ TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
 TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
   // The transformer takes the fused forms only with ANVIL_CUDA_FUSE=1 (read when a backend is made);
   // the ops themselves fuse whatever the streamed kernel takes, so they are tested on gpu_.
-  setenv("ANVIL_CUDA_FUSE", "1", 1);
-  auto fusing = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_FUSE");
-  ASSERT_TRUE(fusing.is_ok());
+  auto fusing = backend_with({{"ANVIL_CUDA_FUSE", "1"}});
+  ASSERT_TRUE(fusing);
   for (const Fmt& f : {Fmt{4, 32, DType::kBF16}, Fmt{4, 64, DType::kBF16}, Fmt{4, 128, DType::kBF16}})
     for (int64_t T : {1, 3, 8}) {
       const int64_t H = 1024, F = 2048;
@@ -170,7 +182,7 @@ TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
       auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w), dob = gpu_->upload_weight(o.w);
       ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok() && dg.is_ok() && du.is_ok() && dob.is_ok());
       const WeightMatrix* all[6] = {&*dq, &*dk, &*dv, &*dg, &*du, &*dob};
-      ASSERT_TRUE((*fusing)->fuses_norm_linear(T, all)) << "the fused path must be what this test runs: " << base;
+      ASSERT_TRUE(fusing->fuses_norm_linear(T, all)) << "the fused path must be what this test runs: " << base;
       EXPECT_FALSE(gpu_->fuses_norm_linear(T, all)) << "fused layers are off by default";
       // h exactly representable in bf16, so the GPU's input equals the CPU's.
       auto h = randn(size_t(T * H), 3.0f);
@@ -223,9 +235,9 @@ TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
   ASSERT_TRUE(dd.is_ok() && d4.is_ok());
   const WeightMatrix* wd[1] = {&*dd};
   const WeightMatrix* w4[1] = {&*d4};
-  EXPECT_FALSE((*fusing)->fuses_norm_linear(1, wd));
-  EXPECT_TRUE((*fusing)->fuses_norm_linear(1, w4));
-  EXPECT_FALSE((*fusing)->fuses_norm_linear(9, w4));
+  EXPECT_FALSE(fusing->fuses_norm_linear(1, wd));
+  EXPECT_TRUE(fusing->fuses_norm_linear(1, w4));
+  EXPECT_FALSE(fusing->fuses_norm_linear(9, w4));
   EXPECT_FALSE(cpu_->fuses_norm_linear(1, w4));
   gpu_->free_weight(*dd);
   gpu_->free_weight(*d4);
@@ -235,11 +247,9 @@ TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
 // run as 8-row mat-vec launches instead of the prefill GEMM. Each chunk writes its own rows of every
 // output: a wrong offset shows as rows equal to another chunk's or left as the guard pattern.
 TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
-  setenv("ANVIL_CUDA_GEMV_MAX_T", "32", 1);
-  auto made = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_GEMV_MAX_T");
-  ASSERT_TRUE(made.is_ok()) << made.status().message();
-  Backend& g = **made;
+  auto made = backend_with({{"ANVIL_CUDA_GEMV_MAX_T", "32"}});
+  ASSERT_TRUE(made);
+  Backend& g = *made;
   const int64_t H = 256;
   for (const Fmt& f : {Fmt{4, 64, DType::kBF16}, Fmt{8, 32, DType::kBF16}, Fmt{0, 0, DType::kBF16}})
     for (int64_t T : {9, 16, 21, 32}) {
@@ -284,11 +294,9 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // call runs twice: the split sums are added in a fixed order and the counters must be back at zero,
 // so the second output must equal the first bit for bit.
 TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
-  setenv("ANVIL_CUDA_BATCH_GEMV", "0", 1);
-  auto made = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_BATCH_GEMV");
-  ASSERT_TRUE(made.is_ok()) << made.status().message();
-  Backend& legacy = **made;
+  auto made = backend_with({{"ANVIL_CUDA_BATCH_GEMV", "0"}});
+  ASSERT_TRUE(made);
+  Backend& legacy = *made;
   struct Case {
     int group;
     int64_t K;
@@ -420,29 +428,21 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   // of the tensor-core kernel: P is rounded to bf16 before P V (about 2^-9 relative per weight); the
   // H200 measured at most 2.8e-3 (2026-12-01), within the 8e-3 of the split kernels.
   const double kPrefillTcBound = 8e-3;
-  setenv("ANVIL_CUDA_FA", "0", 1);
-  auto split_made = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_FA");
-  ASSERT_TRUE(split_made.is_ok()) << split_made.status().message();
-  Backend& split = **split_made;
+  auto split_made = backend_with({{"ANVIL_CUDA_FA", "0"}});
+  ASSERT_TRUE(split_made);
+  Backend& split = *split_made;
   // A third with ANVIL_CUDA_ATTN_FUSED=1: the splits merged by the split kernel's last block, with
   // the combine kernel's arithmetic, so its output must equal the default's bit for bit.
-  setenv("ANVIL_CUDA_ATTN_FUSED", "1", 1);
-  auto af_made = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_ATTN_FUSED");
-  ASSERT_TRUE(af_made.is_ok()) << af_made.status().message();
-  Backend& af = **af_made;
+  auto af_made = backend_with({{"ANVIL_CUDA_ATTN_FUSED", "1"}});
+  ASSERT_TRUE(af_made);
+  Backend& af = *af_made;
   // A fourth with ANVIL_CUDA_ATTN_TC=1 (and FA=0, so every step reaches it): decode attention on the
   // tensor cores (attention_decode_tc.cu: head_dim 64 or 128, up to 16 query heads per kv head;
   // other shapes fall back to the split kernels). Its bound is provisional until the H200 has
   // measured it: P is rounded to bf16 before P V, as in the prefill kernel.
-  setenv("ANVIL_CUDA_ATTN_TC", "1", 1);
-  setenv("ANVIL_CUDA_FA", "0", 1);
-  auto atc_made = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_ATTN_TC");
-  unsetenv("ANVIL_CUDA_FA");
-  ASSERT_TRUE(atc_made.is_ok()) << atc_made.status().message();
-  Backend& atc = **atc_made;
+  auto atc_made = backend_with({{"ANVIL_CUDA_ATTN_TC", "1"}, {"ANVIL_CUDA_FA", "0"}});
+  ASSERT_TRUE(atc_made);
+  Backend& atc = *atc_made;
   // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes.
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
                             AttnCase{6, 2, 32}, AttnCase{8, 8, 256}, AttnCase{32, 2, 128}, AttnCase{12, 1, 64}}) {
@@ -682,13 +682,11 @@ TEST_F(CudaOps, AttentionShapesBeyondTheKernelsAreRefusedAtLoad) {
   EXPECT_NE(gpu_->attention_unsupported(8, 8, 300), "");
   EXPECT_NE(gpu_->attention_unsupported(8, 8, 63), "");
   EXPECT_NE(gpu_->attention_unsupported(12, 5, 64), "");
-  setenv("ANVIL_CUDA_ATTN_TC", "1", 1);
-  auto tc = make_cuda_backend(0);
-  unsetenv("ANVIL_CUDA_ATTN_TC");
-  ASSERT_TRUE(tc.is_ok()) << tc.status().message();
-  EXPECT_EQ((*tc)->attention_unsupported(64, 4, 128), "");
-  EXPECT_NE((*tc)->attention_unsupported(64, 2, 128), "");  // 32 per kv head
-  EXPECT_NE((*tc)->attention_unsupported(64, 4, 96), "");   // 16 per kv head, head_dim 96
+  auto tc = backend_with({{"ANVIL_CUDA_ATTN_TC", "1"}});
+  ASSERT_TRUE(tc);
+  EXPECT_EQ(tc->attention_unsupported(64, 4, 128), "");
+  EXPECT_NE(tc->attention_unsupported(64, 2, 128), "");  // 32 per kv head
+  EXPECT_NE(tc->attention_unsupported(64, 4, 96), "");   // 16 per kv head, head_dim 96
   // Transformer::create says so before it touches the (here empty) weights.
   ModelConfig cfg;
   cfg.model_type = "qwen3";

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "backend/cuda/attention_merge.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda {
@@ -195,24 +196,9 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
       for (int j = 0; j < DL; ++j) sacc[warp][g][lane * DL + j] = acc[g][j];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    float M = -FLT_MAX;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w][g][0]);
-    float L = 0.0f, A = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = sm[w][g][1] > 0.0f ? exp2f(sm[w][g][0] - M) : 0.0f;
-      L += sm[w][g][1] * c;
-      A += sacc[w][g][d] * c;
-    }
-    if (out) {
-      out[(int64_t(t) * n_heads + kh * G + g) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
-      continue;
-    }
-    float* part = ws + ((int64_t(t) * n_heads + kh * G + g) * n_splits + s) * (D + 2);
-    if (d == 0) part[0] = M, part[1] = L;
-    part[2 + d] = A;
-  }
+  merge_warps_store<kWarps>(
+      G, D, [&](int w, int g) { return sm[w][g][0]; }, [&](int w, int g) { return sm[w][g][1]; },
+      [&](int w, int g, int d) { return sacc[w][g][d]; }, int64_t(t) * n_heads + kh * G, out, ws, n_splits, s);
   if (!done) return;
   __threadfence();  // this block's partials are visible device-wide before it counts itself
   __syncthreads();

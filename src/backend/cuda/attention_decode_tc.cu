@@ -20,6 +20,7 @@
 // XOR-swizzled by (row & 7), so ldmatrix reads 8 rows without bank conflicts.
 #include <cfloat>
 
+#include "backend/cuda/attention_merge.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/qgemv_tc.cuh"
 
@@ -223,25 +224,10 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     row0[0] = acc[nd][0], row0[1] = acc[nd][1], row1[0] = acc[nd][2], row1[1] = acc[nd][3];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < G * D; e += kAW * 32) {
-    const int hg = e / D, d = e % D;
-    float M = -FLT_MAX;
-    for (int w = 0; w < kAW; ++w) M = fmaxf(M, sm[w * 16 + hg]);
-    float L = 0.0f, A = 0.0f;
-    for (int w = 0; w < kAW; ++w) {
-      const float cw = sl[w * 16 + hg] > 0.0f ? exp2f(sm[w * 16 + hg] - M) : 0.0f;
-      L += sl[w * 16 + hg] * cw;
-      A += sa[(w * 16 + hg) * D + d] * cw;
-    }
-    const int64_t th = int64_t(t) * n_heads + kh * G + hg;
-    if (n_splits == 1) {
-      out[th * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
-      continue;
-    }
-    float* part = ws + (th * n_splits + s) * (D + 2);
-    if (d == 0) part[0] = M, part[1] = L;
-    part[2 + d] = A;
-  }
+  merge_warps_store<kAW>(
+      G, D, [&](int w, int hg) { return sm[w * 16 + hg]; }, [&](int w, int hg) { return sl[w * 16 + hg]; },
+      [&](int w, int hg, int d) { return sa[(w * 16 + hg) * D + d]; }, int64_t(t) * n_heads + kh * G,
+      n_splits == 1 ? out : nullptr, ws, n_splits, s);
 }
 
 template <int D, bool R16>

@@ -89,7 +89,7 @@ class CudaBackend final : public Backend {
     for (void* p : retired_) cudaFree(p);
     if (attn_ws_) cudaFree(attn_ws_);
     if (attn_done_) cudaFree(attn_done_);
-    for (void* b : {bx_, static_cast<void*>(bpart_), bdone_})
+    for (void* b : {bscratch_.xperm, static_cast<void*>(bscratch_.part), static_cast<void*>(bscratch_.done)})
       if (b) cudaFree(b);
     if (mlp_scratch_) cudaFree(mlp_scratch_);
     if (wdeq_) cudaFree(wdeq_);
@@ -686,17 +686,20 @@ class CudaBackend final : public Backend {
     if (!batch_gemv_ || T < cuda::kBatchMinTokens || T > cuda::kTcMaxTokens ||
         !cuda::gemv_batch_need(ws, n, up, int(T), &need))
       return nullptr;
-    if (!grow(&bx_, &bx_bytes_, need.xperm_bytes)) return nullptr;
-    if (need.part_floats && !grow(reinterpret_cast<void**>(&bpart_), &bpart_bytes_, need.part_floats * 4)) return nullptr;
+    cuda::GemvScratch& b = bscratch_;
+    if (!grow(&b.xperm, &b.xperm_bytes, need.xperm_bytes)) return nullptr;
+    size_t bytes = b.part_floats * 4;
+    if (need.part_floats && !grow(reinterpret_cast<void**>(&b.part), &bytes, need.part_floats * 4)) return nullptr;
+    b.part_floats = bytes / 4;
     if (need.n_done) {
-      void* before = bdone_;
-      if (!grow(&bdone_, &bdone_bytes_, need.n_done * 4)) return nullptr;
-      if (bdone_ != before && !ok(cudaMemsetAsync(bdone_, 0, bdone_bytes_, st_), "batch mat-vec counters")) return nullptr;
+      void* done = b.done;
+      bytes = b.n_done * 4;
+      if (!grow(&done, &bytes, need.n_done * 4)) return nullptr;
+      const bool fresh = done != b.done;
+      b.done = static_cast<unsigned*>(done), b.n_done = bytes / 4;
+      if (fresh && !ok(cudaMemsetAsync(done, 0, bytes, st_), "batch mat-vec counters")) return nullptr;
     }
-    bscratch_.xperm = bx_, bscratch_.xperm_bytes = bx_bytes_;
-    bscratch_.part = bpart_, bscratch_.part_floats = bpart_bytes_ / 4;
-    bscratch_.done = static_cast<unsigned*>(bdone_), bscratch_.n_done = bdone_bytes_ / 4;
-    return &bscratch_;
+    return &b;
   }
   void run_linear(const Act& x, const WeightMatrix& w, const Act& out) {
     const bool f32 = out.dtype == DType::kF32;
@@ -762,13 +765,7 @@ class CudaBackend final : public Backend {
   // The q4 batch kernel's scratch (batch_scratch): fragment-order activations, split-K partials,
   // counters. ANVIL_CUDA_BATCH_GEMV=0: 17..64 rows run the register-fed kernel instead.
   bool batch_gemv_ = true;
-  void* bx_ = nullptr;
-  size_t bx_bytes_ = 0;
-  float* bpart_ = nullptr;
-  size_t bpart_bytes_ = 0;
-  void* bdone_ = nullptr;
-  size_t bdone_bytes_ = 0;
-  cuda::GemvScratch bscratch_;
+  cuda::GemvScratch bscratch_;  // its buffers, owned here
   void* attn_done_ = nullptr;  // ANVIL_CUDA_ATTN_FUSED=1: the split counters (see attention())
   size_t attn_done_bytes_ = 0;
   void* mlp_scratch_ = nullptr;

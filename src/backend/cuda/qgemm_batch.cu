@@ -97,19 +97,6 @@ struct BatchArgs {
   unsigned* done;      // [row blocks], zero between launches
 };
 
-// One output element: silu(gate) * up with SWIGLU (into seg[0].out), else the dot product (+ bias)
-// as F32 or bf16 (finish_tile's arithmetic).
-template <bool SWIGLU>
-__device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int64_t row, int t, float v, float u) {
-  if constexpr (SWIGLU) {
-    static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
-  } else {
-    if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
-    if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
-    else static_cast<__nv_bfloat16*>(m.out)[t * m.rows + row] = __float2bfloat16_rn(v);
-  }
-}
-
 template <bool SWIGLU, int NT, int kBS, int kBW>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
@@ -315,11 +302,7 @@ cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& 
 bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b) {
   const int64_t K = p.K;
   if (T < kBatchMinTokens || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
-  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  for (int i = 0; i < n_mats; ++i)
-    if (!aligned(p.seg[i].w) || !aligned(p.seg[i].scales) || !aligned(p.seg[i].biases)) return false;
-  if (swiglu && (!aligned(p.up.w) || !aligned(p.up.scales) || !aligned(p.up.biases))) return false;
-  if (!aligned(p.x)) return false;
+  if (!weights_aligned16(p, n_mats, swiglu) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
   const int M = swiglu ? 2 : 1;
   b->NT = T <= 32 ? 4 : 8;
   const int TP = 8 * b->NT;

@@ -185,10 +185,7 @@ bool ring_override(int* W, int* S) {
 bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) {
   const int64_t K = p.K;
   if (T > 8 || K > (int64_t(1) << 30) || (K / p.group) % 8 != 0) return false;
-  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  for (int i = 0; i < n_mats; ++i)
-    if (!aligned(p.seg[i].w) || !aligned(p.seg[i].scales) || !aligned(p.seg[i].biases)) return false;
-  if (swiglu && (!aligned(p.up.w) || !aligned(p.up.scales) || !aligned(p.up.biases))) return false;
+  if (!weights_aligned16(p, n_mats, swiglu)) return false;
   int64_t tiles = 0;
   for (int i = 0; i < n_mats; ++i) tiles += (p.seg[i].rows + 15) / 16;
   const int M = swiglu ? 2 : 1;

@@ -298,12 +298,17 @@ TcParams make_params(const DevMatrix* ws, void* const* outs, int n, const DevMat
 
 }  // namespace
 
-bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T) {
+// Whether one launch of the default tensor-core kernels can take these matrices together: 1..3 q4
+// matrices of one K and group (and `up` of the same shape as the first).
+static bool one_launch(const DevMatrix* ws, int n, const DevMatrix* up) {
   if (n < 1 || n > 3 || tc_shape() != 0) return false;
   for (int i = 0; i < n; ++i)
     if (!gemv_tc_ok(ws[i]) || ws[i].cols != ws[0].cols || ws[i].group != ws[0].group) return false;
-  if (up && (!gemv_tc_ok(*up) || up->cols != ws[0].cols || up->group != ws[0].group || up->rows != ws[0].rows))
-    return false;
+  return !up || (gemv_tc_ok(*up) && up->cols == ws[0].cols && up->group == ws[0].group && up->rows == ws[0].rows);
+}
+
+bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T) {
+  if (!one_launch(ws, n, up)) return false;
   int64_t tiles = 0;
   const TcParams p = make_params(ws, nullptr, n, up, nullptr, T, false, &tiles);
   AsyncShape as;
@@ -324,11 +329,7 @@ cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const D
 }
 
 bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, GemvScratch* need) {
-  if (T < kBatchMinTokens || T > kTcMaxTokens || n < 1 || n > 3 || tc_shape() != 0) return false;
-  for (int i = 0; i < n; ++i)
-    if (!gemv_tc_ok(ws[i]) || ws[i].cols != ws[0].cols || ws[i].group != ws[0].group) return false;
-  if (up && (!gemv_tc_ok(*up) || up->cols != ws[0].cols || up->group != ws[0].group || up->rows != ws[0].rows))
-    return false;
+  if (T < kBatchMinTokens || T > kTcMaxTokens || !one_launch(ws, n, up)) return false;
   int64_t tiles = 0;
   // x is not known here: any 16-byte-aligned pointer stands for it (the backend's activations are).
   alignas(16) static const uint8_t probe[16] = {};

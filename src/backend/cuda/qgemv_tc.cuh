@@ -117,15 +117,38 @@ __device__ __forceinline__ const TcSeg& tile_seg(const TcParams& p, int64_t tile
   return p.seg[si];
 }
 
+// Whether the launch's weights, scales and biases (and up's, with SWIGLU) are 16-byte aligned, as
+// the cp.async kernels copy them.
+inline bool weights_aligned16(const TcParams& p, int n_mats, bool swiglu) {
+  auto a = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  for (int i = 0; i < n_mats; ++i)
+    if (!a(p.seg[i].w) || !a(p.seg[i].scales) || !a(p.seg[i].biases)) return false;
+  return !swiglu || (a(p.up.w) && a(p.up.scales) && a(p.up.biases));
+}
+
+// One output element of a q4 tensor-core launch, from its fp32 dot product(s): silu(gate) * up with
+// SWIGLU (into seg[0].out); else the product (+ bias) as F32 or bf16, or with p.residual added to the
+// bf16 residual it overwrites.
+template <bool SWIGLU>
+__device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int64_t row, int t, float v, float u) {
+  if constexpr (SWIGLU) {
+    static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
+  } else {
+    if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
+    __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
+    if (p.residual) *ob = __float2bfloat16_rn(__bfloat162float(*ob) + __bfloat162float(__float2bfloat16_rn(v)));
+    else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
+    else *ob = __float2bfloat16_rn(v);
+  }
+}
+
 // log2 of an MLX group size (32, 64 or 128).
 __device__ __forceinline__ int group_shift(int group) { return group == 32 ? 5 : group == 64 ? 6 : 7; }
 
 // The end of every q4 tensor-core kernel: the W warps' fp32 accumulators, acc(matrix, tile, i) for
 // the NT token tiles (matrix 1: the up matrix with SWIGLU), are summed through shared memory and
 // warp 0 writes the block's outputs. acc's element i of tile nt is row g (+8 for i >= 2) and token
-// 8*nt + 2c + (i & 1). The value written: silu(gate) * up with SWIGLU (into seg[0].out); else the
-// dot product (+ bias) as F32 or bf16, or with p.residual added to the bf16 residual it overwrites.
-// tok_ss (the streamed kernel's fused norm, p.norm_w set): per-token sums of h^2; each dot product
+// 8*nt + 2c + (i & 1); store_out writes each. tok_ss (the streamed kernel's fused norm, p.norm_w set): per-token sums of h^2; each dot product
 // is then scaled by that token's 1/rms first.
 template <bool SWIGLU, int W, int NT, class Acc>
 __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, int64_t r0, const float* tok_ss,
@@ -158,15 +181,7 @@ __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, i
       const float inv = rsqrtf(tok_ss[t] / float(p.K) + p.eps);
       v *= inv, u *= inv;
     }
-    if constexpr (SWIGLU) {
-      static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
-    } else {
-      if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
-      __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
-      if (p.residual) *ob = __float2bfloat16_rn(__bfloat162float(*ob) + __bfloat162float(__float2bfloat16_rn(v)));
-      else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
-      else *ob = __float2bfloat16_rn(v);
-    }
+    store_out<SWIGLU>(p, m, row, t, v, u);
   }
 }
 

@@ -1,0 +1,39 @@
+// Internal to src/backend/cuda/: the end of a split-KV attention block (attention.cu's split kernel,
+// attention_decode_tc.cu): merging its W warps' online-softmax states and writing the result.
+#pragma once
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace anvil::cuda {
+
+// For each of the block's G heads and each of the D dims (threads of the block striding over them):
+// the warps' states (m_w, l_w, acc_w) merged into (M, L, A) with weights exp2(m_w - M) (0 for an empty
+// warp), then written either as the bf16 output A / L of head th0 + g (out non-null: one split) or as
+// this split's partial [M, L, A[D]] in ws ([head][split][D + 2]). m(w, g), l(w, g), acc(w, g, d)
+// read the states from shared memory, published and synchronized by the caller.
+template <int W, class Mf, class Lf, class Af>
+__device__ __forceinline__ void merge_warps_store(int G, int D, Mf&& m, Lf&& l, Af&& acc, int64_t th0,
+                                                  __nv_bfloat16* out, float* ws, int n_splits, int s) {
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float M = -FLT_MAX;
+    for (int w = 0; w < W; ++w) M = fmaxf(M, m(w, g));
+    float L = 0.0f, A = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      const float c = l(w, g) > 0.0f ? exp2f(m(w, g) - M) : 0.0f;
+      L += l(w, g) * c;
+      A += acc(w, g, d) * c;
+    }
+    const int64_t th = th0 + g;
+    if (out) {
+      out[th * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+      continue;
+    }
+    float* part = ws + (th * n_splits + s) * (D + 2);
+    if (d == 0) part[0] = M, part[1] = L;
+    part[2 + d] = A;
+  }
+}
+
+}  // namespace anvil::cuda
