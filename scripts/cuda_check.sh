@@ -11,7 +11,7 @@
 # space-separated): quick (0.6b + 8b q4g64 at 512, --profile) or full (BENCH.md matrix), batch
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
-# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=1), batchk / batchtune
+# (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length).
@@ -188,7 +188,7 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemv_tc.cuh 's/const float inv = rsqrtf(tok_ss\[t\]/const float inv = rsqrtf(tok_ss[0]/' 'CudaOps.Fused*'
     mutate src/backend/cuda/qgemv_tc.cuh 's/if (p.residual) \*ob = __float2bfloat16_rn(__bfloat162float(\*ob) + /if (p.residual) *ob = __float2bfloat16_rn(/' 'CudaOps.Fused*'
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
-    mutate src/backend/cuda/attention.cu 's/out\[(int64_t(t) \* n_heads + kh \* G + g) \* D + d\]/out[(int64_t(t) * n_heads + kh * G) * D + d]/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/attention_merge.cuh 's/const int64_t th = th0 + g;/const int64_t th = th0;/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention.cu 's/atomicAdd(counter, 1u) == unsigned(n_splits - 1)/atomicAdd(counter, 1u) == unsigned(n_splits - 2)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention.cu 's/if (u >= 0 \&\& u < NB \&\& len - 1 < p_end \&\& active)/if (u >= NB \&\& u < NB \&\& len - 1 < p_end \&\& active)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/norm.cu 's/if (i < cols) out\[r \* cols + i\] = __float2bfloat16_rn(hv\[k\] \* inv \* wv\[k\])/if (i < cols) out[r * cols + i] = __float2bfloat16_rn(hv[k] * inv)/' 'CudaOps.Norms*'
@@ -223,13 +223,13 @@ fi
 if [ "${NCU_BATCH:-0}" = 1 ]; then
   timeout 200 ncu --clock-control none -k regex:"qgemm4_batch|permute_x|attn_split|attn_combine|attn_tc" \
     --launch-skip ${NCU_SKIP:-40} --launch-count ${NCU_COUNT:-30} \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,smsp__inst_executed.sum --section WarpStateStats \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,smsp__inst_executed.sum --section WarpStateStats --section Occupancy --section LaunchStats \
     ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 --pairs 1 --json --kv-store /tmp/anvil-ncu-kv \
     > "$OUT/ncu.log" 2>&1
   echo "ncu rc=$?" >> "$OUT/ncu.log"; rm -rf /tmp/anvil-ncu-kv
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=1 }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   batch32() {
@@ -253,14 +253,14 @@ if [ "$what" != tests ]; then
   if [ "$set" = prefill ]; then
     prefill_set
   elif [ "$set" = attntc ]; then
-    # Decode attention on the tensor cores (ANVIL_CUDA_ATTN_TC=1) against the split kernels: batch 1
+    # Decode attention on the tensor cores (the default) against the split kernels (=0): batch 1
     # at 512 and 4,096 tokens of context, and the 32-sequence step.
     for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do
       b --synthetic $m -n 64 --runs 2
-      ANVIL_CUDA_ATTN_TC=1 b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_ATTN_TC=0 b --synthetic $m -n 64 --runs 2
     done
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
-    ANVIL_CUDA_ATTN_TC=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
+    ANVIL_CUDA_ATTN_TC=0 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     for v in 0 1; do
       echo "### ANVIL_CUDA_ATTN_TC=$v bench-kv --seqs 32" >> "$OUT/bench.log"
       ANVIL_CUDA_ATTN_TC=$v timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
@@ -344,8 +344,8 @@ if [ "$what" != tests ]; then
     # the 32-sequence step through the q4 mat-vec against the GEMM.
     for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do
       b --synthetic $m -n 64 --runs 2
-      ANVIL_CUDA_ATTN_FUSED=1 b --synthetic $m -n 64 --runs 2
-      ANVIL_CUDA_ATTN_FUSED=1 ANVIL_CUDA_FUSE=1 b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_ATTN_TC=0 ANVIL_CUDA_ATTN_FUSED=1 b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_ATTN_TC=0 ANVIL_CUDA_ATTN_FUSED=1 ANVIL_CUDA_FUSE=1 b --synthetic $m -n 64 --runs 2
     done
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1

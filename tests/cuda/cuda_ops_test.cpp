@@ -423,26 +423,32 @@ struct AttnCase {
 TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   const int P = 16, L = 2, layer = 1, max_pages = 80;
   // By default (gpu_) prefill chunks of >= 64 tokens of one sequence go through the tensor-core
-  // kernel (attention_prefill.cu; head_dim 32/64/128). A second backend with ANVIL_CUDA_FA=0 runs
-  // every step through the split kernels, so both are compared with the CPU on every step. The bound
-  // of the tensor-core kernel: P is rounded to bf16 before P V (about 2^-9 relative per weight); the
-  // H200 measured at most 2.8e-3 (2026-12-01), within the 8e-3 of the split kernels.
+  // kernel (attention_prefill.cu; head_dim 32/64/128). Every backend below is compared with the CPU
+  // on every step. The bound of the tensor-core kernels: P is rounded to bf16 before P V (about 2^-9
+  // relative per weight); the H200 measured at most 2.8e-3 (2026-12-01), within the 8e-3 of the
+  // split kernels.
   const double kPrefillTcBound = 8e-3;
-  auto split_made = backend_with({{"ANVIL_CUDA_FA", "0"}});
-  ASSERT_TRUE(split_made);
-  Backend& split = *split_made;
-  // A third with ANVIL_CUDA_ATTN_FUSED=1: the splits merged by the split kernel's last block, with
-  // the combine kernel's arithmetic, so its output must equal the default's bit for bit.
-  auto af_made = backend_with({{"ANVIL_CUDA_ATTN_FUSED", "1"}});
-  ASSERT_TRUE(af_made);
-  Backend& af = *af_made;
-  // A fourth with ANVIL_CUDA_ATTN_TC=1 (and FA=0, so every step reaches it): decode attention on the
-  // tensor cores (attention_decode_tc.cu: head_dim 64 or 128, up to 16 query heads per kv head;
-  // other shapes fall back to the split kernels). Its bound is provisional until the H200 has
-  // measured it: P is rounded to bf16 before P V, as in the prefill kernel.
-  auto atc_made = backend_with({{"ANVIL_CUDA_ATTN_TC", "1"}, {"ANVIL_CUDA_FA", "0"}});
+  // Decode attention runs on the tensor cores by default (attention_decode_tc.cu: head_dim 64 or 128,
+  // up to 16 query heads per kv head; other shapes take the split kernels). A backend with
+  // ANVIL_CUDA_FA=0 sends every step there (prefill chunks too). Its bound: P is rounded to bf16
+  // before P V, as in the prefill kernel; the H200 measured at most 2.78e-3 (2026-12-01).
+  auto atc_made = backend_with({{"ANVIL_CUDA_FA", "0"}});
   ASSERT_TRUE(atc_made);
   Backend& atc = *atc_made;
+  // ANVIL_CUDA_ATTN_TC=0: decode on the split kernels (and prefill chunks on attention_prefill.cu).
+  auto plain_made = backend_with({{"ANVIL_CUDA_ATTN_TC", "0"}});
+  ASSERT_TRUE(plain_made);
+  Backend& plain = *plain_made;
+  // ANVIL_CUDA_FA=0 and ANVIL_CUDA_ATTN_TC=0: every step through the split kernels.
+  auto split_made = backend_with({{"ANVIL_CUDA_FA", "0"}, {"ANVIL_CUDA_ATTN_TC", "0"}});
+  ASSERT_TRUE(split_made);
+  Backend& split = *split_made;
+  // ANVIL_CUDA_ATTN_FUSED=1 (with ANVIL_CUDA_ATTN_TC=0, the kernels it changes): the splits merged by
+  // the split kernel's last block, with the combine kernel's arithmetic, so its output must equal
+  // the two-kernel attention's bit for bit.
+  auto af_made = backend_with({{"ANVIL_CUDA_ATTN_FUSED", "1"}, {"ANVIL_CUDA_ATTN_TC", "0"}});
+  ASSERT_TRUE(af_made);
+  Backend& af = *af_made;
   // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes.
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
                             AttnCase{6, 2, 32}, AttnCase{8, 8, 256}, AttnCase{32, 2, 128}, AttnCase{12, 1, 64}}) {
@@ -512,17 +518,22 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
       ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
       expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
-      if (tc_ok) {
-        Guarded gtc = dev_out(size_t(T * QD) * 2);
-        atc.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gtc.data(), T, QD, DType::kBF16});
-        ASSERT_TRUE(atc.synchronize().is_ok()) << atc.synchronize().message();
-        expect_close(read(gtc, DType::kBF16, "attention tc"), ref, kPrefillTcBound, "attention ANVIL_CUDA_ATTN_TC=1 " + what);
-      }
-      if (!split_ok) continue;
+      // The default backend: the tensor cores where they take the shape, the split kernels otherwise.
       Guarded go = dev_out(size_t(T * QD) * 2);
       gpu_->attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{go.data(), T, QD, DType::kBF16});
       ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
       expect_close(read(go, DType::kBF16, "attention"), ref, kPrefillTcBound, "attention " + what);
+      if (tc_ok) {
+        Guarded gtc = dev_out(size_t(T * QD) * 2);
+        atc.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gtc.data(), T, QD, DType::kBF16});
+        ASSERT_TRUE(atc.synchronize().is_ok()) << atc.synchronize().message();
+        expect_close(read(gtc, DType::kBF16, "attention tc"), ref, kPrefillTcBound, "attention ANVIL_CUDA_FA=0 " + what);
+      }
+      if (!split_ok) continue;
+      Guarded gpl = dev_out(size_t(T * QD) * 2);
+      plain.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gpl.data(), T, QD, DType::kBF16});
+      ASSERT_TRUE(plain.synchronize().is_ok()) << plain.synchronize().message();
+      expect_close(read(gpl, DType::kBF16, "attention plain"), ref, kPrefillTcBound, "attention ANVIL_CUDA_ATTN_TC=0 " + what);
       Guarded gsp = dev_out(size_t(T * QD) * 2);
       split.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gsp.data(), T, QD, DType::kBF16});
       ASSERT_TRUE(split.synchronize().is_ok()) << split.synchronize().message();
@@ -531,8 +542,8 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be back at zero after a launch
         af.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gaf.data(), T, QD, DType::kBF16});
         ASSERT_TRUE(af.synchronize().is_ok()) << af.synchronize().message();
-        const auto fused = read(gaf, DType::kBF16, "attention fused merge"), plain = read(go, DType::kBF16, "attention");
-        EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), fused.size() * sizeof(float)))
+        const auto fused = read(gaf, DType::kBF16, "attention fused merge"), two = read(gpl, DType::kBF16, "attention");
+        EXPECT_EQ(0, std::memcmp(fused.data(), two.data(), fused.size() * sizeof(float)))
             << "ANVIL_CUDA_ATTN_FUSED=1 differs from the two-kernel attention: " << what << " launch " << rep;
       }
     }
@@ -671,26 +682,28 @@ TEST_F(CudaOps, FreeingUploadedWeightsReturnsTheMemory) {
 }
 
 // A model whose heads the CUDA attention kernels cannot take is refused when the transformer is made,
-// with the reason, instead of failing at its first step: more than 8 query heads per kv head (16 with
-// ANVIL_CUDA_ATTN_TC=1 and head_dim 64 or 128), head_dim odd or above 256.
+// with the reason, instead of failing at its first step: more than 16 query heads per kv head (8 with
+// head_dim other than 64 or 128, or with ANVIL_CUDA_ATTN_TC=0), head_dim odd or above 256.
 TEST_F(CudaOps, AttentionShapesBeyondTheKernelsAreRefusedAtLoad) {
   EXPECT_EQ(gpu_->attention_unsupported(32, 8, 128), "");
   EXPECT_EQ(gpu_->attention_unsupported(16, 2, 64), "");
   EXPECT_EQ(gpu_->attention_unsupported(40, 8, 80), "");
-  const std::string g16 = gpu_->attention_unsupported(64, 4, 128);
-  EXPECT_NE(g16.find("16 query heads per kv head"), std::string::npos) << g16;
+  EXPECT_EQ(gpu_->attention_unsupported(64, 4, 128), "");  // 16 per kv head: the tensor-core kernel
+  EXPECT_NE(gpu_->attention_unsupported(64, 2, 128), "");  // 32 per kv head
+  EXPECT_NE(gpu_->attention_unsupported(64, 4, 96), "");   // 16 per kv head, head_dim 96
   EXPECT_NE(gpu_->attention_unsupported(8, 8, 300), "");
   EXPECT_NE(gpu_->attention_unsupported(8, 8, 63), "");
   EXPECT_NE(gpu_->attention_unsupported(12, 5, 64), "");
-  auto tc = backend_with({{"ANVIL_CUDA_ATTN_TC", "1"}});
-  ASSERT_TRUE(tc);
-  EXPECT_EQ(tc->attention_unsupported(64, 4, 128), "");
-  EXPECT_NE(tc->attention_unsupported(64, 2, 128), "");  // 32 per kv head
-  EXPECT_NE(tc->attention_unsupported(64, 4, 96), "");   // 16 per kv head, head_dim 96
+  // With ANVIL_CUDA_ATTN_TC=0 only the split kernels remain: at most 8 per kv head.
+  auto split = backend_with({{"ANVIL_CUDA_ATTN_TC", "0"}});
+  ASSERT_TRUE(split);
+  EXPECT_EQ(split->attention_unsupported(32, 8, 128), "");
+  const std::string g16 = split->attention_unsupported(64, 4, 128);
+  EXPECT_NE(g16.find("16 query heads per kv head"), std::string::npos) << g16;
   // Transformer::create says so before it touches the (here empty) weights.
   ModelConfig cfg;
   cfg.model_type = "qwen3";
-  cfg.num_attention_heads = 64, cfg.num_key_value_heads = 4, cfg.head_dim = 128;
+  cfg.num_attention_heads = 64, cfg.num_key_value_heads = 2, cfg.head_dim = 128;
   cfg.hidden_size = 1024, cfg.intermediate_size = 2048, cfg.vocab_size = 1000, cfg.num_hidden_layers = 1;
   auto t = Transformer::create(cfg, ModelWeights{}, *gpu_, 8);
   ASSERT_FALSE(t.is_ok());

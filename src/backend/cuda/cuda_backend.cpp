@@ -76,7 +76,7 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
-    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '1') attn_tc_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
@@ -507,7 +507,7 @@ class CudaBackend final : public Backend {
 
   // ---- mixture of experts (moe.cu, planned by moe_runner.cpp) ----
   bool has_moe_ffn() const override { return true; }
-  // The limits of rope_kv.cu and attention.cu (and attention_decode_tc.cu with ANVIL_CUDA_ATTN_TC=1).
+  // The limits of rope_kv.cu, attention.cu and attention_decode_tc.cu (off with ANVIL_CUDA_ATTN_TC=0).
   std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const override {
     const std::string shape = " (" + std::to_string(n_heads) + " heads, " + std::to_string(n_kv_heads) +
                               " kv heads, head_dim " + std::to_string(head_dim) + ")";
@@ -518,7 +518,9 @@ class CudaBackend final : public Backend {
     if (head_dim % DL != 0) return "head_dim must be a multiple of " + std::to_string(DL) + shape;
     if (G > 8 && !(attn_tc_ && cuda::attention_tc_ok(n_heads, n_kv_heads, head_dim)))
       return std::to_string(G) + " query heads per kv head; its kernels take at most 8" + shape +
-             " (ANVIL_CUDA_ATTN_TC=1 takes up to 16 with head_dim 64 or 128); --device cpu runs it";
+             (attn_tc_ ? " (16 with head_dim 64 or 128)"
+                       : " (ANVIL_CUDA_ATTN_TC=0 is set; the tensor-core kernel takes 16 with head_dim 64 or 128)") +
+             "; --device cpu runs it";
     return {};
   }
   void moe_ffn(Act x, const MoEWeights& w, Act out) override {
@@ -794,9 +796,10 @@ class CudaBackend final : public Backend {
   // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
   // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.
   bool attn_fused_ = false;
-  // ANVIL_CUDA_ATTN_TC=1: decode attention on the tensor cores (attention_decode_tc.cu). Written
-  // 2026-12-01 and not yet run on a GPU: off until CudaOps.RopeKvAppendAndAttentionMatchCpu has passed.
-  bool attn_tc_ = false;
+  // Decode attention on the tensor cores (attention_decode_tc.cu; ANVIL_CUDA_ATTN_TC=0: the split
+  // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
+  // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).
+  bool attn_tc_ = true;
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;

@@ -129,7 +129,8 @@ cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, co
 cudaError_t attention_combine(const float* ws, int T, int n_heads, int head_dim, int n_splits, void* out,
                               cudaStream_t s);
 // attention_decode_tc.cu: the same blocks and partials with the arithmetic on the tensor cores
-// (ANVIL_CUDA_ATTN_TC=1; up to 16 query heads per kv head, head_dim 64 or 128: attention_tc_ok).
+// (the default; ANVIL_CUDA_ATTN_TC=0 off; up to 16 query heads per kv head, head_dim 64 or 128:
+// attention_tc_ok).
 bool attention_tc_ok(int n_heads, int n_kv_heads, int head_dim);
 cudaError_t attention_tc(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                          int n_splits, float* workspace, void* out, cudaStream_t s);
