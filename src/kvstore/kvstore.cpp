@@ -232,6 +232,19 @@ void KVStore::reap(KVPool& pool, bool wait) {
   released_swap_.clear();
 }
 
+bool KVStore::reap_for(KVPool& pool, std::chrono::milliseconds max_wait) {
+  bool all;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    all = cv_done_.wait_for(lk, max_wait, [&] { return int64_t(released_.size()) == retained_; });
+    released_swap_.swap(released_);
+    retained_ -= int64_t(released_swap_.size());
+  }
+  for (int32_t p : released_swap_) pool.kv_page_release(p);
+  released_swap_.clear();
+  return all;
+}
+
 void KVStore::flush() {
   if (!writer_) return;
   Desc d;

@@ -126,6 +126,7 @@ class KVStore : public PageStore {
   int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
                    KVPool& pool, int32_t* page) override;
   void reap(KVPool& pool, bool wait) override;
+  bool reap_for(KVPool& pool, std::chrono::milliseconds max_wait) override;
 
   // ---- sessions ----
   Result<std::optional<SessionInfo>> get_session(const std::string& name);

@@ -2,6 +2,7 @@
 // it on its own (decode) thread: page_full when a page of a sequence becomes full and immutable,
 // restore_* while building a new sequence's prefix, reap to take back pages the store retained.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -35,6 +36,8 @@ class PageStore {
                            KVPool& pool, int32_t* page) = 0;
   // Releases the pages the store has finished copying; with wait, first waits for all of them.
   virtual void reap(KVPool& pool, bool wait) = 0;
+  // The same, waiting at most `max_wait` for them: true when none is left out.
+  virtual bool reap_for(KVPool& pool, std::chrono::milliseconds max_wait) = 0;
 };
 
 }  // namespace anvil

@@ -288,8 +288,8 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // Batches of 9..64 rows of q4 weights: from 17 rows the batch kernel (qgemm_batch.cu, the default)
 // and, with ANVIL_CUDA_BATCH_GEMV=0, the register-fed kernel (which keeps 9..16), against the CPU. The shapes
 // reach each of its paths: K = 256 with groups of 64 or 128 (K/group % 8 != 0: the fallback),
-// one split (K = 256, group 32), K split over 2 blocks (K = 2048, 515 rows = 9 row blocks) and over
-// 4 (K = 4096, 128 rows), three segments whose row blocks end mid-block (515, 128, 67 rows), gate
+// one split (K = 256, group 32), K split over several blocks (K >= 2048: the few row blocks here
+// give splits of the smallest size, group/16 steps), three segments whose row blocks end mid-block (515, 128, 67 rows), gate
 // and up, a bias, F32 output; T = 17..64 covers 4 and 8 token tiles with padding tokens. Every
 // call runs twice: the split sums are added in a fixed order and the counters must be back at zero,
 // so the second output must equal the first bit for bit.
@@ -301,8 +301,9 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
     int group;
     int64_t K;
   };
+  // K from 2 to 32 steps of 128, 20 of them once (not a power of two).
   for (const Case& cs : {Case{32, 256}, Case{64, 256}, Case{128, 256}, Case{32, 2048}, Case{64, 2048}, Case{128, 2048},
-                         Case{64, 4096}})
+                         Case{64, 2560}, Case{64, 4096}})
     for (int64_t T : {9, 16, 17, 32, 33, 64}) {
       const int64_t K = cs.K;
       const std::string base = "q4g" + std::to_string(cs.group) + " K=" + std::to_string(K) + " T=" + std::to_string(T);

@@ -18,7 +18,8 @@
 // token tiles of 8 (up to 64 tokens).
 //
 // K is split over gridDim.y blocks when there are fewer than two 64-row blocks per SM. A split's
-// steps are a multiple of 8 (the block's scales are copied in 16-byte pieces, K/group % 8 == 0),
+// steps cover a multiple of 8 groups (the block's scales are copied in 16-byte pieces, and
+// K/group % 8 == 0): a multiple of group/16 steps (4 at group 64),
 // its fp32 partial sums go to GemvScratch::part, and the last block of a row block to finish
 // (a counter per row block; the block resets it to 0) adds the splits in split order, so the
 // result does not depend on which block finishes last, and writes the outputs.
@@ -90,7 +91,7 @@ __global__ void permute_x_kernel(const __nv_bfloat16* x, int T, int TP, int K, u
 
 struct BatchArgs {
   const uint4* xperm;  // permute_x_kernel's output
-  int sps;             // steps per split (a multiple of 8 unless one split takes all)
+  int sps;             // steps per split (a multiple of group/16 steps unless one split takes all)
   int ngp;             // row stride of the staged scales (the most groups a split spans + 8)
   int64_t part_rows;   // rows of the partial-sum layout: row blocks * 64
   float* part;         // [split][M][TP][part_rows] (gridDim.y > 1)
@@ -312,13 +313,15 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   const int rows = 16 * b->W;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
-  // Splits: enough blocks for two per SM; a split's steps a multiple of 8 unless one takes all.
+  // Splits: enough blocks for per_sm per SM; a split's steps span a multiple of 8 groups (its scales
+  // are copied 8 at a time from a 16-byte boundary): `unit` steps, unless one split takes all.
+  const int unit = std::max(1, p.group / 16);
   const int64_t want = std::max<int64_t>(1, (int64_t(tn.per_sm) * sm_count() + b->nblk - 1) / b->nblk);
   int sps = int((steps + want - 1) / want);
-  if (sps < steps) sps = std::min(steps, (sps + 7) / 8 * 8);
+  if (sps < steps) sps = std::min(steps, (sps + unit - 1) / unit * unit);
   b->smem = plan_smem(b->S, b->W, M, TP, sps, p.group, &b->ngp);
-  while (b->smem > tn.soft && sps > 8) {
-    sps = (sps - 1) / 8 * 8;  // the next lower multiple of 8
+  while (b->smem > tn.soft && sps > unit) {
+    sps = (sps - 1) / unit * unit;  // the next lower multiple of unit
     b->smem = plan_smem(b->S, b->W, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
