@@ -5,7 +5,8 @@ N concurrent streams, each one /v1/completions request with a PROMPT-token synth
 (deterministic ids, seed = stream index) and MAX generated tokens, greedy, EOS ignored. Prints, per
 N: aggregate decode tok/s (tokens after each stream's first / time from the first first-token to the
 last token), steady-state decode tok/s (only while every stream is decoding), time to first token
-p50/p99, inter-token latency p50/p99. With --prefix, also the
+p50/p99, inter-token latency p50/p99, and its p99 in the steady-state window (without the ramp, where
+every running stream waits through the late starters' prompt chunks). With --prefix, also the
 repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it.
 
 Stdlib only. Every request has a timeout; the whole run stops after --deadline seconds.
@@ -106,10 +107,14 @@ def run_level(args, n, vocab):
     lo, hi = (max(ts[0] for _, ts in ok), min(ts[-1] for _, ts in ok)) if ok else (0, 0)
     inside = sum(sum(1 for t in ts if lo < t <= hi) for _, ts in ok)
     steady = inside / (hi - lo) if hi > lo else float("nan")
+    # Inter-token latency inside that window too: the ramp's prefill steps (every running stream
+    # waits through each chunk of the late starters' prompts) excluded.
+    itl_steady = [b - a for _, ts in ok for a, b in zip(ts, ts[1:]) if lo <= a and b <= hi]
     print(f"streams={n:3d} ok={len(ok):3d} errors={len(errors)} aggregate_decode_tok_s={agg:9.1f} "
           f"steady_decode_tok_s={steady:9.1f} "
           f"ttft_p50={pct(ttft, 50) * 1e3:8.1f}ms ttft_p99={pct(ttft, 99) * 1e3:8.1f}ms "
-          f"itl_p50={pct(itl, 50) * 1e3:7.1f}ms itl_p99={pct(itl, 99) * 1e3:7.1f}ms", flush=True)
+          f"itl_p50={pct(itl, 50) * 1e3:7.1f}ms itl_p99={pct(itl, 99) * 1e3:7.1f}ms "
+          f"steady_itl_p99={pct(itl_steady, 99) * 1e3:7.1f}ms", flush=True)
     for e in errors[:3]:
         print("  error:", e)
     return errors
