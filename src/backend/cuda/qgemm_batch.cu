@@ -36,23 +36,26 @@ constexpr size_t kBSmemMax = 200 * 1024;
 
 // The launch shape: ring stages S (S - 1 in flight while one is used), the shared memory a block
 // aims to stay under (113 KB: two blocks per SM), the blocks aimed for per SM (K is split until
-// there are that many) and the warps per block W (16 rows each). ANVIL_QGEMM_BATCH=S,KB,F[,W]
-// overrides them (S 3, 4 or 6; W 4 or 8), for measuring.
+// there are that many), the warps per block W and the 16-row tiles per warp R (R = 2 shares each
+// activation fragment between two tiles; taken where the accumulators stay at 64 floats, not for
+// gate/up at 33..64 tokens). ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]] overrides them (S 3 or 4; W 4 or 8;
+// R 1 or 2), for measuring.
 struct Tune {
   int S = 4;
   size_t soft = 113 * 1024;
   int per_sm = 2;
   int W = 4;
+  int R = 1;
 };
 const Tune& tune() {
   static const Tune t = [] {
     Tune v;
     const char* e = std::getenv("ANVIL_QGEMM_BATCH");
-    int s = 0, kb = 0, f = 0, w = 4;
-    const int got = e ? std::sscanf(e, "%d,%d,%d,%d", &s, &kb, &f, &w) : 0;
-    if ((got == 3 || got == 4) && (s == 3 || s == 4 || s == 6) && kb >= 16 && kb <= 200 && f >= 1 && f <= 16 &&
-        (w == 4 || w == 8))
-      v.S = s, v.soft = size_t(kb) * 1024, v.per_sm = f, v.W = w;
+    int s = 0, kb = 0, f = 0, w = 4, r = 1;
+    const int got = e ? std::sscanf(e, "%d,%d,%d,%d,%d", &s, &kb, &f, &w, &r) : 0;
+    if (got >= 3 && (s == 3 || s == 4) && kb >= 16 && kb <= 200 && f >= 1 && f <= 16 && (w == 4 || w == 8) &&
+        (r == 1 || r == 2))
+      v.S = s, v.soft = size_t(kb) * 1024, v.per_sm = f, v.W = w, v.R = r;
     return v;
   }();
   return t;
@@ -98,20 +101,26 @@ struct BatchArgs {
   unsigned* done;      // [row blocks], zero between launches
 };
 
-template <bool SWIGLU, int NT, int kBS, int kBW>
+template <bool SWIGLU, int NT, int kBS, int kBW, int RT>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
-  constexpr int kBRows = 16 * kBW;  // rows per block: one 16-row tile per warp
-  constexpr int WB = M * kBW * 64;  // uint4 of weights per stage: [M][warp][2 rows][32 lanes]
-  constexpr int AB = TP * 16;       // uint4 of activations per stage: [TP][8 j][4 c] uint2
+  constexpr int kThreads = kBW * 32;
+  constexpr int kWRows = 16 * RT;       // rows per warp: RT tiles of 16
+  constexpr int kBRows = kWRows * kBW;  // rows per block
+  constexpr int WW = M * RT * 64;       // uint4 of one warp's weights per stage: [M][RT][2 rows][32 lanes]
+  constexpr int WB = kBW * WW;          // every warp's
+  constexpr int AB = TP * 16;           // uint4 of activations per stage: [TP][8 j][4 c] uint2
+  constexpr int SB = WB + AB;           // a stage
+  constexpr int XI = AB / kThreads;     // activation copies per thread per stage
+  static_assert(AB % kThreads == 0 && kThreads % 64 == 0, "the activation copy's thread mapping");
   extern __shared__ __align__(16) uint8_t smem[];
   uint4* ring = reinterpret_cast<uint4*>(smem);
-  __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(ring + kBS * (WB + AB));  // [M*2][64 rows][ngp]
+  __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(ring + kBS * SB);  // [M*2][kBRows][ngp]
   pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t blk = blockIdx.x;
-  int si = 0;  // tile_begin counts 64-row blocks here
+  int si = 0;  // tile_begin counts blocks of kBRows rows here
   if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
   if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
   const TcSeg& m = p.seg[si];
@@ -124,32 +133,44 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
 
   // The block's scales and biases over its steps (part of cp.async group 0).
   const int pieces = ngr / 8;
-  for (int i = threadIdx.x; i < M * 2 * kBRows * pieces; i += kBW * 32) {
+  for (int i = threadIdx.x; i < M * 2 * kBRows * pieces; i += kThreads) {
     const int piece = i % pieces, r = (i / pieces) % kBRows, arr = i / (pieces * kBRows);
     const TcSeg& mm = (arr >> 1) ? p.up : m;
     const __nv_bfloat16* src =
         ((arr & 1) ? mm.biases : mm.scales) + min(rb0 + r, m.rows - 1) * int64_t(ng) + g_begin + piece * 8;
     cp_async16(sc + (size_t(arr) * kBRows + r) * a.ngp + piece * 8, src);
   }
-  const int64_t wr = rb0 + warp * 16;
-  const int64_t oa = min(wr + g, m.rows - 1) * (K / 32), ob = min(wr + g + 8, m.rows - 1) * (K / 32);
+  // This lane's weight rows (g and g + 8 of each of the warp's tiles; past the end: the last row,
+  // its products never stored) from step s_begin, its 16 bytes of a step's 64 per row at chunk c.
+  const int64_t wr = rb0 + warp * kWRows;
+  int64_t roff[RT][2];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) roff[rt][h] = min(wr + rt * 16 + g + 8 * h, m.rows - 1) * (K / 32) + s_begin * 4 + c;
+  const uint4* wsrc[M];
+  wsrc[0] = reinterpret_cast<const uint4*>(m.w);
+  if constexpr (SWIGLU) wsrc[M - 1] = reinterpret_cast<const uint4*>(p.up.w);
   auto issue_w = [&](int i) {  // this lane's weight bytes of step s_begin + i
-    uint4* st = ring + (i % kBS) * (WB + AB) + warp * M * 64;
-    const int kq = ((s_begin + i) * 128 + c * 32) >> 5;
-    cp_async16(st + lane, reinterpret_cast<const uint4*>(m.w) + oa + kq);
-    cp_async16(st + 32 + lane, reinterpret_cast<const uint4*>(m.w) + ob + kq);
-    if constexpr (SWIGLU) {
-      cp_async16(st + 64 + lane, reinterpret_cast<const uint4*>(p.up.w) + oa + kq);
-      cp_async16(st + 96 + lane, reinterpret_cast<const uint4*>(p.up.w) + ob + kq);
-    }
+    uint4* st = ring + (i % kBS) * SB + warp * WW + lane;
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cp_async16(st + (mi * RT + rt) * 64 + h * 32, wsrc[mi] + roff[rt][h] + i * 4);
   };
+  // The activations: thread q copies elements q + k * kThreads of the stage's [TP][8][2] uint4, i.e.
+  // token (q >> 4) + k * kThreads / 16, fragment pair (q >> 1) & 7, half q & 1, whose XOR swizzle
+  // (token & 3) is the same for every k (kThreads / 16 is a multiple of 4).
+  const int xt = threadIdx.x >> 4, xj = (threadIdx.x >> 1) & 7, xh = threadIdx.x & 1;
+  const int xdst = xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
+  const uint4* xsrc = a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
+  const int64_t xstep_t = int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
   auto issue_x = [&](int i) {  // the block's activations of step s_begin + i, swizzled
-    uint4* st = ring + (i % kBS) * (WB + AB) + WB;
-    const uint4* src = a.xperm + int64_t(s_begin + i) * 16;
-    for (int q = threadIdx.x; q < TP * 16; q += kBW * 32) {
-      const int t = q >> 4, jj = (q >> 1) & 7, cp = q & 1;
-      cp_async16(st + t * 16 + (jj ^ (t & 3)) * 2 + cp, src + int64_t(t) * steps * 16 + jj * 2 + cp);
-    }
+    uint4* st = ring + (i % kBS) * SB + WB + xdst;
+#pragma unroll
+    for (int k = 0; k < XI; ++k) cp_async16(st + k * kThreads, xsrc + i * 16 + k * xstep_t);
   };
   // Weights (never written by a kernel) before the wait for the previous kernel, activations after.
   // Groups: W0 .. W(kBS-2), X0 .. X(kBS-2), then one per step; at step i, wait<kBS-2> leaves only
@@ -166,14 +187,21 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     cp_async_commit();
   }
 
-  float d[M][NT][4];
+  float d[M][RT][NT][4];
 #pragma unroll
   for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) d[mi][nt][i] = 0.0f;
-  const int wrow = warp * 16 + g;
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[mi][rt][nt][i] = 0.0f;
+  // Lane (g, c)'s B fragment of mma j, token tile nt: uint2 ((8 nt + g) * 8 + (j ^ (g & 3))) * 4 + c
+  // of the stage's activations = xo[j & 3] + (j & 4) * 4 + nt * 256.
+  int xo[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) xo[q] = g * 32 + (q ^ (g & 3)) * 4 + c;
+  const int wrow = warp * kWRows + g;
   for (int i = 0; i < n; ++i) {
     cp_async_wait<kBS - 2>();
     __syncthreads();  // every thread's copies of stage i landed; every warp is done with stage i-1
@@ -182,65 +210,81 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
       issue_x(i + kBS - 1);
     }
     cp_async_commit();
-    const uint4* st = ring + (i % kBS) * (WB + AB);
-    const uint4* wsl = st + warp * M * 64;
+    const uint4* st = ring + (i % kBS) * SB;
+    const uint4* wsl = st + warp * WW + lane;
     const uint2* xs = reinterpret_cast<const uint2*>(st + WB);
     const int gi = (((s_begin + i) * 128 + c * 32) >> gshift) - g_begin;
-    Step s[M];
+    Step s[M][RT];
 #pragma unroll
-    for (int mi = 0; mi < M; ++mi) {
-      s[mi].wa = wsl[64 * mi + lane];
-      s[mi].wb = wsl[64 * mi + 32 + lane];
-      s[mi].sa = __bfloat162bfloat162(sc[(size_t(2 * mi) * kBRows + wrow) * a.ngp + gi]);
-      s[mi].ba = __bfloat162bfloat162(sc[(size_t(2 * mi + 1) * kBRows + wrow) * a.ngp + gi]);
-      s[mi].sb = __bfloat162bfloat162(sc[(size_t(2 * mi) * kBRows + wrow + 8) * a.ngp + gi]);
-      s[mi].bb = __bfloat162bfloat162(sc[(size_t(2 * mi + 1) * kBRows + wrow + 8) * a.ngp + gi]);
-    }
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const __nv_bfloat16* sca = sc + (size_t(2 * mi) * kBRows + wrow + rt * 16) * a.ngp + gi;
+        const __nv_bfloat16* bia = sca + size_t(kBRows) * a.ngp;
+        s[mi][rt].wa = wsl[(mi * RT + rt) * 64];
+        s[mi][rt].wb = wsl[(mi * RT + rt) * 64 + 32];
+        s[mi][rt].sa = __bfloat162bfloat162(sca[0]);
+        s[mi][rt].ba = __bfloat162bfloat162(bia[0]);
+        s[mi][rt].sb = __bfloat162bfloat162(sca[8 * a.ngp]);
+        s[mi][rt].bb = __bfloat162bfloat162(bia[8 * a.ngp]);
+      }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int word = j >> 1, sh = (j & 1) * 8;
-      uint32_t af[M][4];
+      uint32_t af[M][RT][4];
 #pragma unroll
-      for (int mi = 0; mi < M; ++mi) {
-        const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
-        const uint32_t wb = word == 0 ? s[mi].wb.x : word == 1 ? s[mi].wb.y : word == 2 ? s[mi].wb.z : s[mi].wb.w;
-        af[mi][0] = dq_pair(wa, sh, s[mi].sa, s[mi].ba);
-        af[mi][1] = dq_pair(wb, sh, s[mi].sb, s[mi].bb);
-        af[mi][2] = dq_pair(wa, sh + 4, s[mi].sa, s[mi].ba);
-        af[mi][3] = dq_pair(wb, sh + 4, s[mi].sb, s[mi].bb);
-      }
+      for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          const Step& q = s[mi][rt];
+          const uint32_t wa = word == 0 ? q.wa.x : word == 1 ? q.wa.y : word == 2 ? q.wa.z : q.wa.w;
+          const uint32_t wb = word == 0 ? q.wb.x : word == 1 ? q.wb.y : word == 2 ? q.wb.z : q.wb.w;
+          af[mi][rt][0] = dq_pair(wa, sh, q.sa, q.ba);
+          af[mi][rt][1] = dq_pair(wb, sh, q.sb, q.bb);
+          af[mi][rt][2] = dq_pair(wa, sh + 4, q.sa, q.ba);
+          af[mi][rt][3] = dq_pair(wb, sh + 4, q.sb, q.bb);
+        }
+      const uint2* xj = xs + xo[j & 3] + (j & 4) * 4;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint2 b = xs[((8 * nt + g) * 8 + (j ^ (g & 3))) * 4 + c];
+        const uint2 b = xj[nt * 256];
 #pragma unroll
-        for (int mi = 0; mi < M; ++mi) mma_bf16(d[mi][nt], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
+        for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt)
+            mma_bf16(d[mi][rt][nt], af[mi][rt][0], af[mi][rt][1], af[mi][rt][2], af[mi][rt][3], b.x, b.y);
       }
     }
   }
 
-  // acc element i of tile nt: row g (+8 for i >= 2) of this warp's tile, token 8*nt + 2c + (i & 1).
+  // acc element i of tile (rt, nt): row 16 rt + g (+8 for i >= 2) of this warp's rows, token
+  // 8*nt + 2c + (i & 1).
   if (gridDim.y == 1) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int t = 8 * nt + 2 * c + (i & 1);
-        const int64_t row = wr + g + (i >> 1) * 8;
-        if (t < p.T && row < m.rows) store_out<SWIGLU>(p, m, row, t, d[0][nt][i], d[M - 1][nt][i]);
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int t = 8 * nt + 2 * c + (i & 1);
+          const int64_t row = wr + rt * 16 + g + (i >> 1) * 8;
+          if (t < p.T && row < m.rows) store_out<SWIGLU>(p, m, row, t, d[0][rt][nt][i], d[M - 1][rt][nt][i]);
+        }
     return;
   }
 #pragma unroll
   for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int t = 8 * nt + 2 * c + (i & 1);
-        if (t >= p.T) continue;
-        const int64_t prow = blk * kBRows + wrow + (i >> 1) * 8;
-        a.part[((int64_t(blockIdx.y) * M + mi) * TP + t) * a.part_rows + prow] = d[mi][nt][i];
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int t = 8 * nt + 2 * c + (i & 1);
+          if (t >= p.T) continue;
+          const int64_t prow = blk * kBRows + wrow + rt * 16 + (i >> 1) * 8;
+          a.part[((int64_t(blockIdx.y) * M + mi) * TP + t) * a.part_rows + prow] = d[mi][rt][nt][i];
+        }
   __threadfence();  // this block's partials are visible device-wide before it counts itself
   __syncthreads();
   __shared__ bool last;
@@ -248,7 +292,7 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int e = threadIdx.x; e < kBRows * p.T; e += kBW * 32) {
+  for (int e = threadIdx.x; e < kBRows * p.T; e += kThreads) {
     const int lr = e % kBRows, t = e / kBRows;
     const int64_t row = rb0 + lr;
     if (row >= m.rows) continue;
@@ -272,26 +316,29 @@ int sm_count() {
   return n;
 }
 
-size_t plan_smem(int S, int W, int M, int TP, int sps, int group, int* ngp) {
+size_t plan_smem(int S, int W, int R, int M, int TP, int sps, int group, int* ngp) {
   *ngp = sps * 128 / group + 8;
-  return size_t(S) * (size_t(M) * W * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * 16 * W * size_t(*ngp) * 2;
+  return size_t(S) * (size_t(M) * W * R * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * 16 * W * R * size_t(*ngp) * 2;
 }
 
-template <bool SW, int NT, int S, int W>
-cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W>,
+template <bool SW, int NT, int S, int W, int R>
+cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemm4_batch_kernel<SW, NT, S, W>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s, p, a);
+  launch_k(qgemm4_batch_kernel<SW, NT, S, W, R>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
+           p, a);
   return cudaGetLastError();
+}
+template <bool SW, int NT, int S, int W>
+cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  if constexpr (!(SW && NT == 8))  // R = 2 there would hold 128 accumulators per thread
+    if (b.R == 2) return batch_launch_r<SW, NT, S, W, 2>(b, s, p, a);
+  return batch_launch_r<SW, NT, S, W, 1>(b, s, p, a);
 }
 template <bool SW, int NT, int W>
 cudaError_t batch_launch_w(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  switch (b.S) {
-    case 3: return batch_launch_s<SW, NT, 3, W>(b, s, p, a);
-    case 6: return batch_launch_s<SW, NT, 6, W>(b, s, p, a);
-    default: return batch_launch_s<SW, NT, 4, W>(b, s, p, a);
-  }
+  return b.S == 3 ? batch_launch_s<SW, NT, 3, W>(b, s, p, a) : batch_launch_s<SW, NT, 4, W>(b, s, p, a);
 }
 template <bool SW, int NT>
 cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
@@ -310,7 +357,8 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   b->nblk = 0;
   const Tune& tn = tune();
   b->S = tn.S, b->W = tn.W;
-  const int rows = 16 * b->W;  // per block
+  b->R = swiglu && b->NT == 8 ? 1 : tn.R;
+  const int rows = 16 * b->W * b->R;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
   // Splits: enough blocks for per_sm per SM; a split's steps span a multiple of 8 groups (its scales
@@ -319,10 +367,10 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   const int64_t want = std::max<int64_t>(1, (int64_t(tn.per_sm) * sm_count() + b->nblk - 1) / b->nblk);
   int sps = int((steps + want - 1) / want);
   if (sps < steps) sps = std::min(steps, (sps + unit - 1) / unit * unit);
-  b->smem = plan_smem(b->S, b->W, M, TP, sps, p.group, &b->ngp);
+  b->smem = plan_smem(b->S, b->W, b->R, M, TP, sps, p.group, &b->ngp);
   while (b->smem > tn.soft && sps > unit) {
     sps = (sps - 1) / unit * unit;  // the next lower multiple of unit
-    b->smem = plan_smem(b->S, b->W, M, TP, sps, p.group, &b->ngp);
+    b->smem = plan_smem(b->S, b->W, b->R, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
   b->sps = sps;
@@ -334,11 +382,12 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
 }
 
 cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p) {
-  // Segments by 64-row blocks instead of 16-row tiles.
+  // Segments by blocks (16 W R rows) instead of 16-row tiles.
+  const int rows = 16 * b.W * b.R;
   int64_t blocks = 0;
   for (int i = 0; i < p.n_seg; ++i) {
     p.seg[i].tile_begin = blocks;
-    blocks += (p.seg[i].rows + 16 * b.W - 1) / (16 * b.W);
+    blocks += (p.seg[i].rows + rows - 1) / rows;
   }
   const int TP = 8 * b.NT;
   const int64_t chunks = int64_t(TP) * (p.K / 32);
@@ -350,7 +399,7 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   a.xperm = static_cast<const uint4*>(sc.xperm);
   a.sps = b.sps;
   a.ngp = b.ngp;
-  a.part_rows = b.nblk * 16 * b.W;
+  a.part_rows = b.nblk * rows;
   a.part = sc.part;
   a.done = sc.done;
   switch (b.NT) {

@@ -200,17 +200,18 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a);
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p);
 
 // ---- qgemm_batch.cu ----
-// Batches of kBatchMinTokens..64 rows: blocks of 4 (or 8) warps, 16 rows each, walking K together through a shared ring, K split
+// Batches of kBatchMinTokens..64 rows: blocks of 4 (or 8) warps, 16 (or 32) rows each, walking K together through a shared ring, K split
 // over blocks when there are few rows (see the top of qgemm_batch.cu). batch_plan says whether it
 // takes the call and how, with the scratch it needs (GemvScratch's sizes).
 struct BatchPlan {
   int NT = 2;       // token tiles of 8
   int S = 4;        // ring stages
-  int W = 4;        // warps per block (16 rows each)
+  int W = 4;        // warps per block
+  int R = 1;        // 16-row tiles per warp
   int sps = 0;      // steps (128 elements of K) per split
   int ksplit = 1;   // splits of K (gridDim.y)
   int ngp = 0;      // staged scales' row stride
-  int64_t nblk = 0; // 64-row blocks over the segments
+  int64_t nblk = 0; // blocks (16 W R rows) over the segments
   size_t smem = 0;
   size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
 };
