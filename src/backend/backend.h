@@ -208,6 +208,9 @@ class Backend {
     copy_to_device(dst, src_staging, bytes);
   }
   virtual Status wait_device_copies() { return synchronize(); }
+  // True where several threads may call copy_to_device_async / wait_device_copies at once (each
+  // with staging of its own), so the store reads a restore's records on several threads (CUDA).
+  virtual bool device_copies_concurrent() const { return false; }
 
   // ---- ops ----
   // out[t, :] = row ids[t] of table (dequantized).   ids: [out.rows]

@@ -228,7 +228,7 @@ class KVStore : public PageStore {
   std::vector<uint8_t> read_buf_;
   // restore.cpp: a record's header, two staging slots (device backends), the running checksum.
   std::vector<uint8_t> hdr_buf_;
-  void* staging_[2] = {nullptr, nullptr};
+  std::vector<void*> staging_;  // pinned slots for a device's restores: 2 per restore thread
   XXH3_state_s* restore_xxh_ = nullptr;
 
   Backend* backend_ = nullptr;

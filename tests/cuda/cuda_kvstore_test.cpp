@@ -67,7 +67,9 @@ class CudaKVStore : public ::testing::Test {
 };
 
 TEST_F(CudaKVStore, SavedPagesHoldTheLastQueuedWritesAndRestoreExactly) {
-  const int N = 8;
+  // 24 pages: the restore reads them on several threads (4 on a machine with 4 or more cores), each
+  // through its two staging slots in turn, so every slot is reused while copies are in flight.
+  const int N = 24;
   KVPool pool(*be_, layout(32));
   ASSERT_TRUE(pool.init().is_ok());
   const size_t pb = pool.view().page_bytes();

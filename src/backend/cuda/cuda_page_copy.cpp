@@ -103,6 +103,7 @@ Status PageCopier::wait_host_copies() {
 }
 
 Status PageCopier::copy_to_device_async(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lk(h2d_mu_);  // restore threads queue copies concurrently
   if (!h2d_error_.is_ok()) return h2d_error_;
   Status st = ready();
   if (st.is_ok()) st = check(cudaEventRecord(h2d_after_, compute_), "record compute event");
@@ -116,10 +117,19 @@ Status PageCopier::copy_to_device_async(void* dst, const void* src, size_t bytes
 }
 
 Status PageCopier::wait_device_copies() {
-  if (!h2d_error_.is_ok()) return h2d_error_;
-  if (!h2d_) return Status::ok();
-  Status st = check(cudaStreamSynchronize(h2d_), "host->device copy");
-  if (!st.is_ok()) h2d_error_ = st;
+  cudaStream_t h2d;
+  {
+    std::lock_guard<std::mutex> lk(h2d_mu_);
+    if (!h2d_error_.is_ok()) return h2d_error_;
+    h2d = h2d_;
+  }
+  if (!h2d) return Status::ok();
+  // Outside the lock: other restore threads keep queueing while this one waits.
+  Status st = check(cudaStreamSynchronize(h2d), "host->device copy");
+  if (!st.is_ok()) {
+    std::lock_guard<std::mutex> lk(h2d_mu_);
+    h2d_error_ = st;
+  }
   return st;
 }
 

@@ -17,6 +17,7 @@
 //                                       h2d stream --event--> compute
 //     The first event keeps the copy behind kernels still reading the (reused) pool page; the second
 //     keeps every later kernel behind the copy. wait_device_copies() waits for the h2d stream only.
+//     Several restore threads may queue copies and wait at once (each from staging of its own).
 //
 // A graph capture on the compute stream (relaxed mode) would take in an event recorded on it from
 // another thread, so the capture holds capture_mu() and the writer records its event under it.
@@ -76,6 +77,7 @@ class PageCopier {
   std::atomic<uint64_t> fence_next_{0};
   std::mutex capture_mu_;
   std::mutex init_mu_;
+  std::mutex h2d_mu_;  // copy_to_device_async / wait_device_copies from several restore threads
   bool ready_ = false;
   Status d2h_error_, h2d_error_;  // first failure of each direction; sticky
 };
