@@ -53,15 +53,16 @@ Result<const uint8_t*> KVStore::read_record(int64_t seg, int64_t off, int64_t le
 
 namespace {
 
-// Threads that read one run of records at once: several only where pages are host memory or the
-// backend takes copies from several threads, and the run is long enough to share
-// (ANVIL_KV_RESTORE_THREADS overrides, for measuring; 1 is serial).
-int restore_threads_for(bool concurrent, size_t pages) {
+// Threads that read one run of records at once: several only where pages are host memory (or, with
+// ANVIL_KV_RESTORE_THREADS, where the backend takes copies from several threads: CUDA; written
+// 2026-12-01 and not yet run on a GPU, so a device restores on one thread by default) and the run
+// is long enough to share. ANVIL_KV_RESTORE_THREADS=N sets the count (1 is serial).
+int restore_threads_for(bool host_memory, bool concurrent_copies, size_t pages) {
   static const int forced = [] {
     const char* e = std::getenv("ANVIL_KV_RESTORE_THREADS");
     return e && *e ? std::min(16, std::max(1, std::atoi(e))) : 0;
   }();
-  if (!concurrent || pages < 4) return 1;
+  if (pages < 4 || !(host_memory || (concurrent_copies && forced))) return 1;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   const int want = forced ? forced : std::min(hw, 4);
   return std::max(1, std::min<int>(want, int(pages / 2)));
@@ -183,7 +184,7 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
   Status failed;
   RestoreScratch main_scratch{restore_xxh_, std::move(hdr_buf_), {}};
   const bool direct = backend_->device_memory_is_host();
-  const int threads = restore_threads_for(direct || backend_->device_copies_concurrent(), run.size());
+  const int threads = restore_threads_for(direct, backend_->device_copies_concurrent(), run.size());
   // Pool pages, segment readers and staging are taken here first. Several threads then read the
   // records at once (one core's copy out of the page cache is bounded by the misses it can keep in
   // flight, well below the memory system's rate: on the H200 machine one thread restored 6.3 GB/s

@@ -67,8 +67,9 @@ class CudaKVStore : public ::testing::Test {
 };
 
 TEST_F(CudaKVStore, SavedPagesHoldTheLastQueuedWritesAndRestoreExactly) {
-  // 24 pages: the restore reads them on several threads (4 on a machine with 4 or more cores), each
-  // through its two staging slots in turn, so every slot is reused while copies are in flight.
+  // 24 pages: with ANVIL_KV_RESTORE_THREADS=4 (scripts/cuda_check.sh runs these tests with and
+  // without it) the restore reads them on 4 threads, each through its two staging slots in turn, so
+  // every slot is reused while copies are in flight.
   const int N = 24;
   KVPool pool(*be_, layout(32));
   ASSERT_TRUE(pool.init().is_ok());
