@@ -238,6 +238,22 @@ if [ "${NCU_BATCH:-0}" = 1 ]; then
     > "$OUT/ncu.log" 2>&1
   echo "ncu rc=$?" >> "$OUT/ncu.log"; rm -rf /tmp/anvil-ncu-kv
 fi
+# NCU_STALL=1: why the batch kernel, the decode mat-vec and the decode attention wait: the sampled
+# stall reasons (smsp__pcsamp_warps_issue_stalled_*) and the speed-of-light section (whether L2,
+# L1/shared memory or DRAM is near its peak), for a 32-sequence qwen3-8b q4g64 step and a batch-1
+# decode step.
+if [ "${NCU_STALL:-0}" = 1 ]; then
+  stall_metrics="regex:smsp__pcsamp_warps_issue_stalled_.*,smsp__pcsamp_sample_count,gpu__time_duration.sum,lts__t_bytes.sum,dram__bytes_read.sum"
+  timeout 200 ncu --clock-control none -k regex:"qgemm4_batch|attn_tc" --launch-skip ${NCU_SKIP:-40} --launch-count 6 \
+    --metrics "$stall_metrics" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 --pairs 1 --json --kv-store /tmp/anvil-ncu-kv \
+    > "$OUT/ncu_stall.log" 2>&1
+  echo "ncu rc=$?" >> "$OUT/ncu_stall.log"; rm -rf /tmp/anvil-ncu-kv
+  timeout 200 ncu --clock-control none -k regex:"qgemv|attn_tc|rope|rmsnorm" --launch-skip 3000 --launch-count 12 \
+    --metrics "$stall_metrics" --section SpeedOfLight \
+    ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:q4g64 --prompt 16 -n 32 --runs 1 > "$OUT/ncu_stall_b1.log" 2>&1
+  echo "ncu rc=$?" >> "$OUT/ncu_stall_b1.log"
+fi
 if [ "$what" != tests ]; then
   b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
