@@ -3,7 +3,7 @@
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
 #   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve]   (default all)
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
-# the same prefix after a restart.
+# the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096").
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
@@ -77,7 +77,7 @@ if [ "$what" = serve ]; then
   M=${SERVE_MODEL:-qwen3-8b:q4g64}
   start_server() {  # name [extra flags; default: the durable store]
     local name=$1; shift
-    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 ${@:---kv-store $KV_TMP/serve-kv} \
+    ./build-gpu/anvil serve --device cuda --synthetic "$M" -c 4608 -np 64 --port 0 ${SERVE_EXTRA:-} ${@:---kv-store $KV_TMP/serve-kv} \
       > "$OUT/serve_$name.log" 2>&1 &
     SP=$!; port=
     for _ in $(seq 240); do
