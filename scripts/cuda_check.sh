@@ -14,7 +14,8 @@
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
-# prefill chunk --batch against the prompt length).
+# prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
+# 16,384 tokens of context).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -380,6 +381,10 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
     batch32
+  elif [ "$set" = context ]; then
+    # Decode against context length (issue 9: within 15% at 4,096 and 40% at 16,384 of decode at 512).
+    for P in 512 4096 16384; do b --synthetic qwen3-8b:q4g64 --prompt $P -n 64 --runs 1; done
+    b --synthetic qwen3-0.6b:q4g64 --prompt 16384 -n 64 --runs 1
   elif [ "$set" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile
