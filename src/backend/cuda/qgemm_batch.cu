@@ -6,8 +6,8 @@
 // Why: the register-fed kernel (qgemv_tc.cu) gives each warp a 16-row tile and re-reads every
 // token's activations from L2 for every tile: T/4 bytes of activations per byte of weights, and a
 // 32-sequence qwen3-8b q4g64 step took 12.4 ms on the H200 (2,587 tok/s) where reading the weights
-// once takes ~1.5 ms. Here a block of 4 warps owns 64 rows (W warps, 16W rows, with
-// ANVIL_QGEMM_BATCH's fourth field), and the warps walk K together, step
+// once takes ~1.5 ms. Here a block of 4 warps owns 64 rows (W warps of R 16-row tiles each: 16WR
+// rows, with ANVIL_QGEMM_BATCH's fourth and fifth fields), and the warps walk K together, step
 // (128 elements) by step, through a ring of kBS stages in shared memory filled by cp.async. A stage
 // holds each warp's weights (every lane copies its own 16 bytes of rows g and g+8, as in the
 // streamed decode kernel) and the step's activations for all tokens, copied once per block and
@@ -15,9 +15,10 @@
 // permute_x_kernel, so a stage is a plain 16-byte copy; in shared memory a token's 8 fragments are
 // XOR-swizzled by (token & 3), so the 16 lanes of a half-warp read 16 different bank pairs.
 // The step's A fragments (dequantized weights, qgemv_tc.cuh) are built once and used for all NT
-// token tiles of 8 (up to 64 tokens).
+// token tiles of 8 (up to 64 tokens); with R = 2 each B fragment (activations) serves both tiles.
+// On the H200 no shape beat the default (R = 1, W = 4) at both 32 and 64 sequences: benchmarks.md.
 //
-// K is split over gridDim.y blocks when there are fewer than two 64-row blocks per SM. A split's
+// K is split over gridDim.y blocks when there are fewer than two blocks per SM. A split's
 // steps cover a multiple of 8 groups (the block's scales are copied in 16-byte pieces, and
 // K/group % 8 == 0): a multiple of group/16 steps (4 at group 64),
 // its fp32 partial sums go to GemvScratch::part, and the last block of a row block to finish
