@@ -450,9 +450,11 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   auto af_made = backend_with({{"ANVIL_CUDA_ATTN_FUSED", "1"}, {"ANVIL_CUDA_ATTN_TC", "0"}});
   ASSERT_TRUE(af_made);
   Backend& af = *af_made;
-  // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes.
+  // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes;
+  // h8/kv8 D128 (one query head per kv head, as OLMoE's) uses one row of its fragments.
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
-                            AttnCase{6, 2, 32}, AttnCase{8, 8, 256}, AttnCase{32, 2, 128}, AttnCase{12, 1, 64}}) {
+                            AttnCase{6, 2, 32}, AttnCase{8, 8, 256}, AttnCase{32, 2, 128}, AttnCase{12, 1, 64},
+                            AttnCase{8, 8, 128}}) {
     const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" + std::to_string(c.D);
     const bool split_ok = c.n_heads / c.n_kv <= 8;  // the split kernels' limit
     const bool tc_ok = c.n_heads / c.n_kv <= 16 && (c.D == 64 || c.D == 128);
