@@ -15,7 +15,7 @@
 # (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
-# 16,384 tokens of context).
+# 16,384 tokens of context), l2pf (ANVIL_CUDA_L2PF=1 against none).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -256,7 +256,7 @@ if [ "${NCU_STALL:-0}" = 1 ]; then
   echo "ncu rc=$?" >> "$OUT/ncu_stall_b1.log"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_L2PF:+ANVIL_CUDA_L2PF=$ANVIL_CUDA_L2PF }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   batch32() {
@@ -381,6 +381,18 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
     batch32
+  elif [ "$set" = l2pf ]; then
+    # L2 prefetch of the next mat-vec's weights (ANVIL_CUDA_L2PF=1) against none: batch 1 and the
+    # 32-sequence step.
+    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-8b:bf16; do
+      b --synthetic $m -n 64 --runs 2
+      ANVIL_CUDA_L2PF=1 b --synthetic $m -n 64 --runs 2
+    done
+    for v in 0 1; do
+      echo "### ANVIL_CUDA_L2PF=$v bench-kv --seqs 32" >> "$OUT/bench.log"
+      ANVIL_CUDA_L2PF=$v timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
+        --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
+    done
   elif [ "$set" = context ]; then
     # Decode against context length (issue 9: within 15% at 4,096 and 40% at 16,384 of decode at 512).
     for P in 512 4096 16384; do b --synthetic qwen3-8b:q4g64 --prompt $P -n 64 --runs 1; done

@@ -55,6 +55,7 @@ class CudaBackend final : public Backend {
     name_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
             ", " + std::to_string(prop.multiProcessorCount) + " SMs, " + mib(prop.totalGlobalMem) + ")";
     sms_ = prop.multiProcessorCount;
+    if (prop.l2CacheSize > 0) l2_bytes_ = size_t(prop.l2CacheSize);
   }
   Status init() {
     if (!ok(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream")) return err_;
@@ -77,6 +78,7 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
+    if (const char* f = std::getenv("ANVIL_CUDA_L2PF"); f && *f == '1') l2pf_ = true;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
@@ -302,6 +304,27 @@ class CudaBackend final : public Backend {
     if (!check_linear(x, w, out, "linear")) return;
     Prof pr(this, out.dtype == DType::kF32 ? "lm_head" : "linear");
     run_linear(x, w, out);
+  }
+  void prefetch_weights(int64_t T, std::span<const WeightMatrix* const> ws) override {
+    if (!l2pf_ || T > 64 || ws.empty()) return;
+    cuda::L2Ranges r;
+    uint64_t total = 0;
+    for (const WeightMatrix* w : ws) {
+      if (!w || !w->data) continue;
+      const uint64_t data = w->quantized() ? uint64_t(w->rows) * uint64_t(w->cols) * uint64_t(w->bits) / 8
+                                           : uint64_t(w->rows) * uint64_t(w->cols) * dtype_size(w->dtype);
+      const uint64_t groups = w->quantized() ? uint64_t(w->rows) * uint64_t(w->cols / w->group_size) : 0;
+      const std::pair<const void*, uint64_t> parts[3] = {
+          {w->data, data}, {w->scales, groups * dtype_size(w->dtype)}, {w->biases, groups * dtype_size(w->dtype)}};
+      for (const auto& [p, b] : parts)
+        if (p && b && r.n < cuda::L2Ranges::kMax) r.ptr[r.n] = p, r.bytes[r.n] = b, total += b, ++r.n;
+    }
+    // At most half the L2: of a larger set each range's first part (the mat-vecs take rows in order).
+    const uint64_t cap = l2_bytes_ / 2;
+    if (total > cap)
+      for (int i = 0; i < r.n; ++i) r.bytes[i] = r.bytes[i] * cap / total;
+    Prof pr(this, "prefetch");
+    launched(cuda::l2_prefetch(r, st_), "l2 prefetch");
   }
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
@@ -801,6 +824,10 @@ class CudaBackend final : public Backend {
   // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
   // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).
   bool attn_tc_ = true;
+  // ANVIL_CUDA_L2PF=1: prefetch_weights() launches an L2 prefetch of the named matrices (up to half
+  // the L2) for steps of up to 64 rows. Written 2026-12-01, not yet run on a GPU: off.
+  bool l2pf_ = false;
+  size_t l2_bytes_ = 50u << 20;
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;

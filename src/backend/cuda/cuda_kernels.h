@@ -28,6 +28,15 @@ struct DevMatrix {
 // captured; see cuda_common.cuh).
 void set_pdl_capture(bool on);
 
+// ---- l2_prefetch.cu: weights into L2 ahead of the ops that read them (ANVIL_CUDA_L2PF=1) ----
+struct L2Ranges {
+  static constexpr int kMax = 12;
+  const void* ptr[kMax] = {};
+  uint64_t bytes[kMax] = {};
+  int n = 0;
+};
+cudaError_t l2_prefetch(const L2Ranges& r, cudaStream_t s);
+
 // ---- qgemv.cu: mat-vec for small batches, weight-bandwidth bound ----
 // Tokens per launch: kGemvMaxTokens for the CUDA-core kernels, kTcMaxTokens for the tensor-core q4
 // one (gemv_tc_ok); gemv()/gemv_swiglu() split a larger T into launches of those sizes.
