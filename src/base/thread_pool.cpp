@@ -78,7 +78,7 @@ void ThreadPool::check_contention() {
   const long switches = involuntary_switches();
   if (last_switches_ >= 0) {
     const double dt = std::chrono::duration<double>(now - last_check_).count();
-    spin_enabled_.store(!contended(switches - last_switches_, dt), std::memory_order_relaxed);
+    spin_enabled_.store(!contended(switches - last_switches_, dt, n_threads_), std::memory_order_relaxed);
   }
   last_switches_ = switches;
   last_check_ = now;

@@ -11,15 +11,20 @@
 //    machine a spinning thread takes CPU time from the thread doing the work (measured: +26% decode
 //    idle, -30% next to one busy process). Every 256 jobs the caller sums the involuntary context
 //    switches of the pool's own threads (each reads its getrusage(RUSAGE_THREAD) every 64 jobs);
-//    above kContendedSwitchesPerSec the pool stops spinning until the rate falls again (idle:
-//    ~30/s; next to a busy process: >1000/s). Only the pool's threads count: other threads of the
-//    process (a server's HTTP or writer threads) being preempted says nothing about whether the
-//    pool's spinning steals CPU from its own work.
+//    above kContendedSwitchesPerThreadPerSec per thread the pool stops spinning until the rate
+//    falls again (2 threads: ~30/s in all when idle, >1000/s next to a busy process). The
+//    threshold is per thread: a machine's background preemptions land on as many of the pool's
+//    threads as it has, so a fixed total (200/s until 2026-12-01) would switch spinning off on an
+//    idle many-core machine (16 threads at ~15/s each are already 240/s) and leave every job a
+//    futex wake-up. Only the pool's threads count: other threads of the process (a server's HTTP
+//    or writer threads) being preempted says nothing about whether the pool's spinning steals CPU
+//    from its own work.
 //  - Dynamic chunks: chunks are claimed from an atomic counter, up to 4 per thread, so a thread
 //    that was preempted or started late (a shared machine) does not leave the others idle at the
 //    end of every job. Each output element is still computed by exactly one chunk, so results do
 //    not depend on the thread count or on who ran what.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -63,11 +68,13 @@ class ThreadPool {
   int spin_us() const { return spin_us_; }
   // False while contention for the CPUs has switched spinning off (see above).
   bool spinning() const { return spin_us_ > 0 && spin_enabled_.load(std::memory_order_relaxed); }
-  // The contention rule: involuntary context switches over an interval of `seconds`.
-  static bool contended(long involuntary_switches, double seconds) {
-    return involuntary_switches > 8 && double(involuntary_switches) > kContendedSwitchesPerSec * seconds;
+  // The contention rule: involuntary context switches of a pool of `threads` threads over an
+  // interval of `seconds`.
+  static bool contended(long involuntary_switches, double seconds, int threads) {
+    return involuntary_switches > 8 &&
+           double(involuntary_switches) > kContendedSwitchesPerThreadPerSec * double(std::max(1, threads)) * seconds;
   }
-  static constexpr double kContendedSwitchesPerSec = 200.0;
+  static constexpr double kContendedSwitchesPerThreadPerSec = 100.0;
   // Involuntary context switches of the pool's threads (the calling thread's now, the workers' as
   // of their last report), the count the contention rule reads. Call from the parallel_for caller.
   long involuntary_switches() const;

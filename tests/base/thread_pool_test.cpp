@@ -104,11 +104,16 @@ namespace anvil {
 namespace {
 
 TEST(ThreadPool, ContentionRule) {
-  EXPECT_FALSE(ThreadPool::contended(0, 0.05));
-  EXPECT_FALSE(ThreadPool::contended(3, 0.001));     // a few switches: never enough on their own
-  EXPECT_FALSE(ThreadPool::contended(30, 1.0));      // an idle machine: ~30/s
-  EXPECT_TRUE(ThreadPool::contended(60, 0.05));      // 1200/s: another busy process
-  EXPECT_FALSE(ThreadPool::contended(60, 1.0));
+  EXPECT_FALSE(ThreadPool::contended(0, 0.05, 2));
+  EXPECT_FALSE(ThreadPool::contended(3, 0.001, 2));     // a few switches: never enough on their own
+  EXPECT_FALSE(ThreadPool::contended(30, 1.0, 2));      // 2 threads on an idle machine: ~30/s
+  EXPECT_TRUE(ThreadPool::contended(60, 0.05, 2));      // 1200/s: another busy process
+  EXPECT_FALSE(ThreadPool::contended(60, 1.0, 2));
+  // Per thread: 16 threads with an idle machine's ~15/s each are not contended (a fixed 200/s total
+  // would have switched spinning off), 16 threads preempted ~600 times/s each are.
+  EXPECT_FALSE(ThreadPool::contended(240, 1.0, 16));
+  EXPECT_TRUE(ThreadPool::contended(240, 1.0, 2));
+  EXPECT_TRUE(ThreadPool::contended(480, 0.05, 16));
 }
 
 // With more busy threads than cores the pool stops spinning; once they are gone it spins again.
@@ -174,13 +179,14 @@ TEST(ThreadPool, StopsSpinningUnderContention) {
   const long switches = pool.involuntary_switches() - switches0;
   stop = true;
   for (auto& t : hogs) t.join();
-  if (!stopped && !ThreadPool::contended(switches, seconds))
+  if (!stopped && !ThreadPool::contended(switches, seconds, pool.size()))
     // The pool obeys its rule; whether busy threads push its threads' involuntary switches over the
     // threshold depends on the kernel's scheduler (slice length). Here they did not, so the rule
     // rightly never fired: say so with the figure instead of failing.
     GTEST_SKIP() << "next to " << n_hogs << " busy threads the kernel preempted the pool's threads only "
                  << int(double(switches) / seconds) << " times/s (threshold "
-                 << int(ThreadPool::kContendedSwitchesPerSec) << "/s): the contention rule cannot fire here";
+                 << int(ThreadPool::kContendedSwitchesPerThreadPerSec * pool.size())
+                 << "/s): the contention rule cannot fire here";
   EXPECT_TRUE(stopped) << "the pool kept spinning next to " << n_hogs << " busy threads although its threads were "
                        << "preempted " << int(double(switches) / seconds) << " times/s";
   if (run_jobs_until(true, 10.0)) return;
