@@ -15,7 +15,8 @@
 # (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
-# 16,384 tokens of context), l2pf (ANVIL_CUDA_L2PF=1 against none).
+# 16,384 tokens of context), l2pf (ANVIL_CUDA_L2PF=1 against none), cpu (the CPU backend on 4, 8 and
+# 16 of the machine's cores).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
@@ -392,6 +393,13 @@ if [ "$what" != tests ]; then
       echo "### ANVIL_CUDA_L2PF=$v bench-kv --seqs 32" >> "$OUT/bench.log"
       ANVIL_CUDA_L2PF=$v timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
         --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
+    done
+  elif [ "$set" = cpu ]; then
+    # The GPU machine's 16-core CPU (BENCH.md: anvil flat from 4 to 16 threads while llama.cpp
+    # scales): qwen3-0.6b q4g64 on 4, 8 and 16 threads, with --profile's pool figures.
+    for t in 4 8 16; do
+      echo "### anvil bench --device cpu -t $t" >> "$OUT/bench.log"
+      timeout 200 ./build-gpu/anvil bench --device cpu -t $t --synthetic qwen3-0.6b:q4g64 -n 64 --runs 2 >> "$OUT/bench.log" 2>&1
     done
   elif [ "$set" = context ]; then
     # Decode against context length (issue 9: within 15% at 4,096 and 40% at 16,384 of decode at 512).
