@@ -401,6 +401,10 @@ if [ "$what" != tests ]; then
       echo "### anvil bench --device cpu -t $t" >> "$OUT/bench.log"
       timeout 200 ./build-gpu/anvil bench --device cpu -t $t --synthetic qwen3-0.6b:q4g64 -n 64 --runs 2 >> "$OUT/bench.log" 2>&1
     done
+    # Spinning off (ANVIL_SPIN_US=0): if 16 threads decode the same without it, the pool was not
+    # spinning there (the contention rule tripping on the machine's background preemptions).
+    echo "### ANVIL_SPIN_US=0 anvil bench --device cpu -t 16" >> "$OUT/bench.log"
+    ANVIL_SPIN_US=0 timeout 200 ./build-gpu/anvil bench --device cpu -t 16 --synthetic qwen3-0.6b:q4g64 -n 64 --runs 2 >> "$OUT/bench.log" 2>&1
   elif [ "$set" = context ]; then
     # Decode against context length (issue 9: within 15% at 4,096 and 40% at 16,384 of decode at 512).
     for P in 512 4096 16384; do b --synthetic qwen3-8b:q4g64 --prompt $P -n 64 --runs 1; done
