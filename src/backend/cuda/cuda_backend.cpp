@@ -319,6 +319,7 @@ class CudaBackend final : public Backend {
       for (const auto& [p, b] : parts)
         if (p && b && r.n < cuda::L2Ranges::kMax) r.ptr[r.n] = p, r.bytes[r.n] = b, total += b, ++r.n;
     }
+    if (r.n == 0) return;
     // At most half the L2: of a larger set each range's first part (the mat-vecs take rows in order).
     const uint64_t cap = l2_bytes_ / 2;
     if (total > cap)
