@@ -260,6 +260,15 @@ if [ "$what" != tests ]; then
   b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_L2PF:+ANVIL_CUDA_L2PF=$ANVIL_CUDA_L2PF }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
+  # One decode step of B sequences of qwen3-8b q4g64 under the environment ENV (VAR=VALUE ...):
+  # its store_off line (plain decode, median and p99 per step) goes to bench.log.
+  step() {  # B ENV...
+    local B=$1; shift
+    echo "### $* bench-kv --seqs $B" >> "$OUT/bench.log"
+    env "$@" timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B \
+      --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"
+    rm -rf /tmp/anvil-batch-kv
+  }
   batch32() {
     for v in 1 0; do
       echo "### ANVIL_CUDA_TC_BATCH=$v bench-kv --seqs 32 (store_off = plain decode)" >> "$OUT/bench.log"
@@ -289,23 +298,15 @@ if [ "$what" != tests ]; then
     done
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     ANVIL_CUDA_ATTN_TC=0 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
-    for v in 0 1; do
-      echo "### ANVIL_CUDA_ATTN_TC=$v bench-kv --seqs 32" >> "$OUT/bench.log"
-      ANVIL_CUDA_ATTN_TC=$v timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
-        --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
-    done
+    for v in 0 1; do step 32 ANVIL_CUDA_ATTN_TC=$v; done
   elif [ "$set" = batchtune ]; then
-    # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W]: ring stages, shared-memory aim,
-    # blocks per SM, warps per block; BATCH_CFGS lists them): its tests under each, then 32- and
+    # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
+    # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and
     # 64-sequence steps.
     for cfg in ${BATCH_CFGS:-4,113,2 4,113,2,8 3,113,2,8 4,200,1,8 3,75,3}; do
       ANVIL_QGEMM_BATCH=$cfg ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.Batched*' > /tmp/bt.log 2>&1
       echo "### ANVIL_QGEMM_BATCH=$cfg tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/bt.log | tr '\n' ' ')" >> "$OUT/bench.log"
-      for B in 32 64; do
-        echo "### ANVIL_QGEMM_BATCH=$cfg bench-kv --seqs $B" >> "$OUT/bench.log"
-        ANVIL_QGEMM_BATCH=$cfg timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B \
-          --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
-      done
+      for B in 32 64; do step $B ANVIL_QGEMM_BATCH=$cfg; done
     done
   elif [ "$set" = batchk ]; then
     # The q4 batch kernel (qgemm_batch.cu) against the register-fed kernel (ANVIL_CUDA_BATCH_GEMV=0)
@@ -389,11 +390,7 @@ if [ "$what" != tests ]; then
       b --synthetic $m -n 64 --runs 2
       ANVIL_CUDA_L2PF=1 b --synthetic $m -n 64 --runs 2
     done
-    for v in 0 1; do
-      echo "### ANVIL_CUDA_L2PF=$v bench-kv --seqs 32" >> "$OUT/bench.log"
-      ANVIL_CUDA_L2PF=$v timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 \
-        --pairs 1 --json --kv-store /tmp/anvil-batch-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}' >> "$OUT/bench.log"; rm -rf /tmp/anvil-batch-kv
-    done
+    for v in 0 1; do step 32 ANVIL_CUDA_L2PF=$v; done
   elif [ "$set" = cpu ]; then
     # The GPU machine's 16-core CPU (BENCH.md: anvil flat from 4 to 16 threads while llama.cpp
     # scales): qwen3-0.6b q4g64 on 4, 8 and 16 threads, with --profile's pool figures.

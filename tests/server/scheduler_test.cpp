@@ -404,6 +404,21 @@ TEST(Scheduler, LogprobsAreTheRawDistribution) {
   EXPECT_GE(got[0].top[1].logprob, got[0].top[2].logprob);
 }
 
+// A durable store in `dir` (through `env` when given) attached to s's engine and pool.
+static std::unique_ptr<KVStore> attach_store(Stack& s, const std::string& dir, Env* env = nullptr) {
+  KVStoreOptions so;
+  so.dir = dir;
+  so.flush_ms = 5;
+  so.env = env;
+  auto opened = KVStore::open(so);
+  EXPECT_TRUE(opened.is_ok()) << opened.status().message();
+  if (!opened.is_ok()) return nullptr;
+  std::unique_ptr<KVStore> store = std::move(opened).value();
+  EXPECT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
+  s.engine->set_page_store(store.get());
+  return store;
+}
+
 // Sessions recorded while a full pool preempts them: a preempted job's recording is detached and
 // bound to its new sequence on readmission, so each session ends up with exactly its prompt and
 // every token it sampled, durable up to the last one (whose KV was never computed).
@@ -412,14 +427,8 @@ TEST(Scheduler, SessionsRecordAcrossPreemption) {
   const std::string dir = (fs::temp_directory_path() / ("anvil_sched_sess_" + std::to_string(::getpid()))).string();
   fs::remove_all(dir);
   Stack s = make_stack(64, 4, /*kv_pages=*/12, /*prefix_cache=*/false);  // as FullPoolPreemptsAndKeepsOutputs
-  KVStoreOptions so;
-  so.dir = dir;
-  so.flush_ms = 5;
-  auto opened = KVStore::open(so);
-  ASSERT_TRUE(opened.is_ok()) << opened.status().message();
-  std::unique_ptr<KVStore> store = std::move(opened).value();
-  ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
-  s.engine->set_page_store(store.get());
+  std::unique_ptr<KVStore> store = attach_store(s, dir);
+  ASSERT_TRUE(store);
   Metrics m;
   auto opts = sched_opts();
   opts.store = store.get();
@@ -470,15 +479,8 @@ TEST(Scheduler, IdleReapDoesNotHoldTheNextRequest) {
   fs::remove_all(dir);
   Stack s = make_stack(64, 4);
   FaultEnv env;
-  KVStoreOptions so;
-  so.dir = dir;
-  so.flush_ms = 5;
-  so.env = &env;
-  auto opened = KVStore::open(so);
-  ASSERT_TRUE(opened.is_ok()) << opened.status().message();
-  std::unique_ptr<KVStore> store = std::move(opened).value();
-  ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
-  s.engine->set_page_store(store.get());
+  std::unique_ptr<KVStore> store = attach_store(s, dir, &env);
+  ASSERT_TRUE(store);
   Metrics m;
   auto opts = sched_opts();
   opts.store = store.get();

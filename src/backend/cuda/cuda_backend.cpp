@@ -311,11 +311,8 @@ class CudaBackend final : public Backend {
     uint64_t total = 0;
     for (const WeightMatrix* w : ws) {
       if (!w || !w->data) continue;
-      const uint64_t data = w->quantized() ? uint64_t(w->rows) * uint64_t(w->cols) * uint64_t(w->bits) / 8
-                                           : uint64_t(w->rows) * uint64_t(w->cols) * dtype_size(w->dtype);
-      const uint64_t groups = w->quantized() ? uint64_t(w->rows) * uint64_t(w->cols / w->group_size) : 0;
       const std::pair<const void*, uint64_t> parts[3] = {
-          {w->data, data}, {w->scales, groups * dtype_size(w->dtype)}, {w->biases, groups * dtype_size(w->dtype)}};
+          {w->data, w->data_bytes()}, {w->scales, w->scale_bytes()}, {w->biases, w->scale_bytes()}};
       for (const auto& [p, b] : parts)
         if (p && b && r.n < cuda::L2Ranges::kMax) r.ptr[r.n] = p, r.bytes[r.n] = b, total += b, ++r.n;
     }

@@ -188,15 +188,7 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     cp_async_commit();
   }
 
-  float d[M][RT][NT][4];
-#pragma unroll
-  for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) d[mi][rt][nt][i] = 0.0f;
+  float d[M][RT][NT][4] = {};
   // Lane (g, c)'s B fragment of mma j, token tile nt: uint2 ((8 nt + g) * 8 + (j ^ (g & 3))) * 4 + c
   // of the stage's activations = xo[j & 3] + (j & 4) * 4 + nt * 256.
   int xo[4];
