@@ -15,7 +15,8 @@
 # (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
-# 16,384 tokens of context), l2pf (ANVIL_CUDA_L2PF=1 against none), cpu (the CPU backend on 4, 8 and
+# 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
+# and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
 # 16 of the machine's cores).
 # moe: only the mixture-of-experts step (issue 12): the CUDA MoE kernel tests (verbose, every measured
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
@@ -257,7 +258,7 @@ if [ "${NCU_STALL:-0}" = 1 ]; then
   echo "ncu rc=$?" >> "$OUT/ncu_stall_b1.log"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_L2PF:+ANVIL_CUDA_L2PF=$ANVIL_CUDA_L2PF }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_SKIP:+ANVIL_CUDA_SKIP=$ANVIL_CUDA_SKIP }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   # One decode step of B sequences of qwen3-8b q4g64 under the environment ENV (VAR=VALUE ...):
@@ -383,14 +384,16 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
     ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
     batch32
-  elif [ "$set" = l2pf ]; then
-    # L2 prefetch of the next mat-vec's weights (ANVIL_CUDA_L2PF=1) against none: batch 1 and the
-    # 32-sequence step.
-    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-8b:bf16; do
+  elif [ "$set" = skip ]; then
+    # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
+    # the results are meaningless, the time saved is the point), and the fused norm / residual add.
+    for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
       b --synthetic $m -n 64 --runs 2
-      ANVIL_CUDA_L2PF=1 b --synthetic $m -n 64 --runs 2
+      for f in norm rope_kv attention linear mlp_gate_up norm,rope_kv,attention; do
+        ANVIL_CUDA_SKIP=$f b --synthetic $m -n 64 --runs 2
+      done
+      ANVIL_CUDA_FUSE=1 b --synthetic $m -n 64 --runs 2
     done
-    for v in 0 1; do step 32 ANVIL_CUDA_L2PF=$v; done
   elif [ "$set" = cpu ]; then
     # The GPU machine's 16-core CPU (BENCH.md: anvil flat from 4 to 16 threads while llama.cpp
     # scales): qwen3-0.6b q4g64 on 4, 8 and 16 threads, with --profile's pool figures.

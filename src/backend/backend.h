@@ -227,10 +227,6 @@ class Backend {
   // outs[i] = x ws[i]^T for every i, in one pass where the backend can (q/k/v share x; CUDA runs
   // them as one launch when the matrices share a format). Reference: linear() per output.
   virtual void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs);
-  // A hint: the next ops of a T-row step read these matrices (the transformer says so before the
-  // kernels that read little, so their bytes can be moving closer meanwhile). It changes no result;
-  // the default does nothing (CUDA with ANVIL_CUDA_L2PF=1: an L2 prefetch, l2_prefetch.cu).
-  virtual void prefetch_weights(int64_t T, std::span<const WeightMatrix* const> ws) {}
   // The norm before a sublayer fused into its input projections, and the output projection fused
   // with the residual add (decode on CUDA: two kernels per layer fewer). The transformer uses them
   // for a layer only when fuses_norm_linear() says the backend runs them fused for these matrices

@@ -107,12 +107,8 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     const WeightMatrix* all_w[7] = {&lw.q, &lw.k, &lw.v, &lw.o, &lw.gate, &lw.up, &lw.down};
     const bool fused = !lw.moe && be.fuses_norm_linear(T, all_w);
     const WeightMatrix* qkv_w[3] = {&lw.q, &lw.k, &lw.v};
-    const WeightMatrix* o_w[1] = {&lw.o};
-    const WeightMatrix* gate_up_w[2] = {&lw.gate, &lw.up};
     const Act qkv_out[3] = {q, k, v};
-    // Attention sublayer. The prefetch hints name what the next mat-vec reads, ahead of the kernels
-    // that read little (the norm; rope_kv and attention): Backend::prefetch_weights.
-    be.prefetch_weights(T, qkv_w);
+    // Attention sublayer.
     if (fused) {
       if (pending) be.add(h, o);
       pending = false;
@@ -122,7 +118,6 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       else be.rmsnorm(h, lw.attn_norm, eps, x);
       be.linear_multi(x, qkv_w, qkv_out);
     }
-    be.prefetch_weights(T, o_w);
     if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
       be.rmsnorm(q, lw.q_norm, eps, q);
       be.rmsnorm(k, lw.k_norm, eps, k);
@@ -130,7 +125,6 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     } else {
       be.qk_norm_rope_kv_append(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch);
     }
-    if (!lw.moe) be.prefetch_weights(T, gate_up_w);
     be.attention(q, kv, l, batch, scale, attn);
     // MLP sublayer.
     if (fused) {

@@ -88,7 +88,10 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
   const int D = kv.head_dim, G = n_heads / kv.n_kv_heads;
   const bool active = lane * DL < D;  // D < 32 * DL: the high lanes hold no dims (zeros)
   const int len = b.pos[t] + 1;
-  const int per = (len + n_splits - 1) / n_splits;
+  const int live = live_splits(len, n_splits);
+  if (s >= live) return;
+  if (live == 1) out = out_final, done = nullptr;  // one live split: the answer, written here
+  const int per = (len + live - 1) / live;
   const int p_begin = s * per, p_end = min(len, p_begin + per);
   const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
@@ -204,24 +207,28 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
   __syncthreads();
   __shared__ bool last;
   unsigned* counter = done + int64_t(t) * kv.n_kv_heads + kh;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == unsigned(n_splits - 1);
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == unsigned(live - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
   extern __shared__ float wsplit[];  // [n_splits]
   for (int g = 0; g < G; ++g) {
     const int64_t th = int64_t(t) * n_heads + kh * G + g;
-    combine_splits(ws + th * n_splits * (D + 2), D, n_splits, wsplit, out_final + th * D);
+    combine_splits(ws + th * n_splits * (D + 2), D, live, wsplit, out_final + th * D);
   }
   if (threadIdx.x == 0) *counter = 0u;
 }
 
-// One block per (token, head).
-__global__ void attn_combine_kernel(const float* ws, int n_heads, int D, int n_splits, __nv_bfloat16* out) {
+// One block per (token, head): the live splits' partials (live_splits of the token's context; one
+// live split wrote the output itself).
+__global__ void attn_combine_kernel(const float* ws, const int32_t* pos, int n_heads, int D, int n_splits,
+                                    __nv_bfloat16* out) {
   pdl_begin();
   extern __shared__ float w[];  // [n_splits]
   const int64_t th = blockIdx.x;  // token * n_heads + head
-  combine_splits(ws + th * n_splits * (D + 2), D, n_splits, w, out + th * D);
+  const int live = live_splits(pos[th / n_heads] + 1, n_splits);
+  if (live == 1) return;
+  combine_splits(ws + th * n_splits * (D + 2), D, live, w, out + th * D);
 }
 
 template <int DL, int GMAX>
@@ -236,15 +243,15 @@ cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const
            direct, fused, static_cast<__nv_bfloat16*>(out));
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || direct || fused) return e;
-  return attention_combine(ws, b.n_tokens, n_heads, kv.head_dim, n_splits, out, s);
+  return attention_combine(ws, b.pos, b.n_tokens, n_heads, kv.head_dim, n_splits, out, s);
 }
 
 }  // namespace
 
-cudaError_t attention_combine(const float* ws, int T, int n_heads, int head_dim, int n_splits, void* out,
-                              cudaStream_t s) {
+cudaError_t attention_combine(const float* ws, const int32_t* pos, int T, int n_heads, int head_dim, int n_splits,
+                              void* out, cudaStream_t s) {
   launch_k(attn_combine_kernel, dim3(unsigned(int64_t(T) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, ws,
-           n_heads, head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
+           pos, n_heads, head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 

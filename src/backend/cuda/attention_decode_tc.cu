@@ -73,17 +73,66 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   constexpr int ND = D / 8;    // n8 tiles of the head dimension (O)
   constexpr int TILE = kAP * D;  // bf16 elements of one K (or V) tile
   extern __shared__ __align__(16) uint8_t smem[];
-  pdl_begin();
+  pdl_launch();
   const int s = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int G = n_heads / kv.n_kv_heads;
   const int len = b.pos[t] + 1;
-  const int per = (len + n_splits - 1) / n_splits;
+  const int live = live_splits(len, n_splits);
+  if (s >= live) return;
+  const int per = (len + live - 1) / live;
   const int p_begin = s * per, p_end = min(len, p_begin + per);
   const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + size_t(warp) * kAS * 2 * TILE;
+
+  // This warp's tiles: positions p_begin + 16 * (warp + kAW * i).
+  const int span = max(0, p_end - p_begin);
+  const int tiles = (span + kAP - 1) / kAP;
+  const int n = tiles > warp ? (tiles - warp + kAW - 1) / kAW : 0;
+  auto tile_pos = [&](int i) { return p_begin + kAP * (warp + kAW * i); };
+  // Tile i's K and V rows into its ring slot: kAP rows x CH chunks for K, then the same for V; lane
+  // takes chunks lane, lane + 32, ... Row `skip` is left out; `only` >= 0: that row alone. The page
+  // lookups come first, one per lane (lane r < kAP: row r's K offset, -1 past the split), and reach
+  // the copies by shuffles: a copy is asm with a memory clobber, so a page-table load placed between
+  // two copies would wait behind the first.
+  const int64_t vofs = int64_t(kv.n_kv_heads) * kv.page_size * D;  // a page's V rows after its K rows
+  auto issue = [&](int i, int skip, int only) {
+    __nv_bfloat16* kt = ring + (i % kAS) * 2 * TILE;
+    const int p0 = tile_pos(i);
+    const int pl = p0 + (lane & (kAP - 1));
+    int64_t rb = -1;
+    if (pl < p_end)
+      rb = kv_row(pages[pl / kv.page_size], layer, 0, kh, pl % kv.page_size, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+#pragma unroll
+    for (int e = lane; e < 2 * kAP * CH; e += 32) {
+      const int which = e / (kAP * CH), r = (e / CH) % kAP, ch = e % CH;
+      const int64_t base = __shfl_sync(0xffffffffu, rb, r);
+      __nv_bfloat16* dst = kt + which * TILE + r * D + ((ch ^ (r & 7)) * 8);
+      const int p = p0 + r;
+      if (p == skip || (only >= 0 && p != only)) continue;
+      if (base >= 0) {
+        cp_async16(dst, kvb + base + which * vofs + ch * 8);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);  // zero rows: P = 0 times V = 0
+      }
+    }
+  };
+  // The first kAS - 1 tiles. In a decode step (one token per sequence) only row len - 1 is written
+  // by this step (by rope_kv, the previous kernel); every other row, the positions and the page
+  // table can be read before the wait for it (as in attention.cu's split kernel), so those copies
+  // start before the wait and the new row's after it. They form one copy group, followed by
+  // kAS - 2 empty ones, so the loop's count of groups holds.
+  const bool early = b.n_tokens == b.n_seqs;
+  const int late = early ? len - 1 : -1;
+  if (early)
+    for (int i = 0; i < kAS - 1 && i < n; ++i) issue(i, late, -1);
+  pdl_wait();
+  for (int i = 0; i < kAS - 1 && i < n; ++i) issue(i, -1, early ? late : -1);
+  cp_async_commit();
+#pragma unroll
+  for (int i = 1; i < kAS - 1; ++i) cp_async_commit();
 
   // Q as A fragments: rows g (and g + 8) are query heads kh*G + row; k = dims kb*16 + {2c, 2c+1} (a0,
   // a1) and kb*16 + 8 + {2c, 2c+1} (a2, a3).
@@ -100,34 +149,6 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     }
   }
 
-  // This warp's tiles: positions p_begin + 16 * (warp + kAW * i).
-  const int span = max(0, p_end - p_begin);
-  const int tiles = (span + kAP - 1) / kAP;
-  const int n = tiles > warp ? (tiles - warp + kAW - 1) / kAW : 0;
-  auto tile_pos = [&](int i) { return p_begin + kAP * (warp + kAW * i); };
-  auto issue = [&](int i) {
-    __nv_bfloat16* kt = ring + (i % kAS) * 2 * TILE;
-    const int p0 = tile_pos(i);
-    // kAP rows x CH chunks for K, then the same for V: lane takes chunks lane, lane + 32, ...
-#pragma unroll
-    for (int e = lane; e < 2 * kAP * CH; e += 32) {
-      const int which = e / (kAP * CH), r = (e / CH) % kAP, ch = e % CH;
-      __nv_bfloat16* dst = kt + which * TILE + r * D + ((ch ^ (r & 7)) * 8);
-      const int p = p0 + r;
-      if (p < p_end) {
-        const int64_t page = pages[p / kv.page_size];
-        const int slot = p % kv.page_size;
-        cp_async16(dst, kvb + kv_row(page, layer, which, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + ch * 8);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);  // zero rows: P = 0 times V = 0
-      }
-    }
-  };
-#pragma unroll
-  for (int i = 0; i < kAS - 1; ++i) {
-    if (i < n) issue(i);
-    cp_async_commit();
-  }
 
   float acc[ND][4];
 #pragma unroll
@@ -136,7 +157,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   for (int i = 0; i < n; ++i) {
     cp_async_wait<kAS - 2>();
     __syncwarp();  // every lane's copies of tile i landed; every lane is done with tile i - 1
-    if (i + kAS - 1 < n) issue(i + kAS - 1);
+    if (i + kAS - 1 < n) issue(i + kAS - 1, -1, -1);
     cp_async_commit();
     const __nv_bfloat16* kt = ring + (i % kAS) * 2 * TILE;
     const __nv_bfloat16* vt = kt + TILE;
@@ -228,7 +249,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   merge_warps_store<kAW>(
       G, D, [&](int w, int hg) { return sm[w * 16 + hg]; }, [&](int w, int hg) { return sl[w * 16 + hg]; },
       [&](int w, int hg, int d) { return sa[(w * 16 + hg) * D + d]; }, int64_t(t) * n_heads + kh * G,
-      n_splits == 1 ? out : nullptr, ws, n_splits, s);
+      live == 1 ? out : nullptr, ws, n_splits, s);
 }
 
 template <int D, bool R16>
@@ -243,7 +264,7 @@ cudaError_t launch_tc(const void* q, int n_heads, const KVDev& kv, int layer, co
            layer, b, scale * 1.4426950408889634f, n_splits, ws, static_cast<__nv_bfloat16*>(out));
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || n_splits == 1) return e;
-  return attention_combine(ws, b.n_tokens, n_heads, D, n_splits, out, s);
+  return attention_combine(ws, b.pos, b.n_tokens, n_heads, D, n_splits, out, s);
 }
 
 }  // namespace

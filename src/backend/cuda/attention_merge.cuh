@@ -7,6 +7,18 @@
 
 namespace anvil::cuda {
 
+// The splits of a launch that hold positions for a context of len: at least kMinSplitPositions
+// each (a 16-position tile for each of a block's 4 warps), at most the launch's n_splits. The launch
+// shape comes from the page table's capacity (so a captured graph stays valid as the context grows);
+// this count comes from the context itself, so a short context is not spread over dozens of blocks
+// of one near-empty tile each and their partials (qwen3-0.6b decode at 512 tokens: 66 splits of 8
+// positions, two waves of blocks, ~14 us per layer). Blocks s >= live_splits exit at once, the
+// combine reads only the live partials, and with one live split its block writes the output.
+constexpr int kMinSplitPositions = 64;
+__device__ __forceinline__ int live_splits(int len, int n_splits) {
+  return max(1, min(n_splits, (len + kMinSplitPositions - 1) / kMinSplitPositions));
+}
+
 // For each of the block's G heads and each of the D dims (threads of the block striding over them):
 // the warps' states (m_w, l_w, acc_w) merged into (M, L, A) with weights exp2(m_w - M) (0 for an empty
 // warp), then written either as the bf16 output A / L of head th0 + g (out non-null: one split) or as

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -55,7 +56,6 @@ class CudaBackend final : public Backend {
     name_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
             ", " + std::to_string(prop.multiProcessorCount) + " SMs, " + mib(prop.totalGlobalMem) + ")";
     sms_ = prop.multiProcessorCount;
-    if (prop.l2CacheSize > 0) l2_bytes_ = size_t(prop.l2CacheSize);
   }
   Status init() {
     if (!ok(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream")) return err_;
@@ -78,8 +78,11 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
-    if (const char* f = std::getenv("ANVIL_CUDA_L2PF"); f && *f == '1') l2pf_ = true;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
+    if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
+      skip_ = k;
+      std::fprintf(stderr, "anvil: ANVIL_CUDA_SKIP=%s: those ops launch nothing (for measuring; results are meaningless)\n", k);
+    }
     if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
@@ -284,6 +287,7 @@ class CudaBackend final : public Backend {
   void rmsnorm(Act x, const WeightVector& w, float eps, Act out) override {
     if (!bf16(x, "rmsnorm", "x") || !bf16(out, "rmsnorm", "out") || !same_shape(x, out, "rmsnorm")) return;
     if (!expect(w.n == x.cols, "rmsnorm: weight length must equal cols")) return;
+    if (skip("norm")) return;
     Prof pr(this, "norm");
     launched(cuda::rmsnorm(nullptr, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols), out.data,
                            st_),
@@ -295,6 +299,7 @@ class CudaBackend final : public Backend {
         !same_shape(residual, x, "add_rmsnorm"))
       return;
     if (!expect(w.n == x.cols, "add_rmsnorm: weight length must equal cols")) return;
+    if (skip("norm")) return;
     Prof pr(this, "norm");
     launched(cuda::rmsnorm(residual.data, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols),
                            out.data, st_),
@@ -302,27 +307,9 @@ class CudaBackend final : public Backend {
   }
   void linear(Act x, const WeightMatrix& w, Act out) override {
     if (!check_linear(x, w, out, "linear")) return;
+    if (out.dtype != DType::kF32 && skip("linear")) return;
     Prof pr(this, out.dtype == DType::kF32 ? "lm_head" : "linear");
     run_linear(x, w, out);
-  }
-  void prefetch_weights(int64_t T, std::span<const WeightMatrix* const> ws) override {
-    if (!l2pf_ || T > 64 || ws.empty()) return;
-    cuda::L2Ranges r;
-    uint64_t total = 0;
-    for (const WeightMatrix* w : ws) {
-      if (!w || !w->data) continue;
-      const std::pair<const void*, uint64_t> parts[3] = {
-          {w->data, w->data_bytes()}, {w->scales, w->scale_bytes()}, {w->biases, w->scale_bytes()}};
-      for (const auto& [p, b] : parts)
-        if (p && b && r.n < cuda::L2Ranges::kMax) r.ptr[r.n] = p, r.bytes[r.n] = b, total += b, ++r.n;
-    }
-    if (r.n == 0) return;
-    // At most half the L2: of a larger set each range's first part (the mat-vecs take rows in order).
-    const uint64_t cap = l2_bytes_ / 2;
-    if (total > cap)
-      for (int i = 0; i < r.n; ++i) r.bytes[i] = r.bytes[i] * cap / total;
-    Prof pr(this, "prefetch");
-    launched(cuda::l2_prefetch(r, st_), "l2 prefetch");
   }
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
@@ -332,6 +319,7 @@ class CudaBackend final : public Backend {
       if (!check_linear(x, *ws[i], outs[i], "linear_multi")) return;
       fusable &= cuda::gemv_fusable(dev(*ws[0]), dev(*ws[i])) && outs[i].dtype == DType::kBF16;
     }
+    if (skip("linear")) return;
     Prof pr(this, "linear");
     if (!fusable) {
       for (size_t i = 0; i < ws.size(); ++i) run_linear(x, *ws[i], outs[i]);
@@ -347,6 +335,7 @@ class CudaBackend final : public Backend {
   void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
     if (!check_linear(x, gate, out, "linear_swiglu") || !check_linear(x, up, out, "linear_swiglu")) return;
     if (!bf16(out, "linear_swiglu", "out")) return;
+    if (skip("mlp_gate_up")) return;
     Prof pr(this, "mlp_gate_up");
     if (matvec_rows(x.rows, dev(gate)) && cuda::gemv_fusable(dev(gate), dev(up))) {
       const DevMatrix dg = dev(gate), du = dev(up);
@@ -386,6 +375,7 @@ class CudaBackend final : public Backend {
     }
     fuse = fuse && h.rows <= cuda::kGemvMaxTokens && cuda::gemv_tc_fusable(d, int(ws.size()), nullptr, int(h.rows));
     if (!fuse) return Backend::rmsnorm_linear_multi(h, norm, eps, x, ws, outs);
+    if (skip("linear")) return;
     Prof pr(this, "linear");
     const cuda::GemvFuse f{norm.data, elem_unchecked(norm.dtype), eps, false};
     launched(cuda::gemv_tc_fused(d, o, int(ws.size()), nullptr, h.data, int(h.rows), f, st_), "rmsnorm_linear_multi");
@@ -398,6 +388,7 @@ class CudaBackend final : public Backend {
     if (norm.n != h.cols || out.dtype != DType::kBF16 || h.rows > cuda::kGemvMaxTokens ||
         !cuda::gemv_tc_fusable(&dg, 1, &du, int(h.rows)))
       return Backend::rmsnorm_linear_swiglu(h, norm, eps, x, gate, up, out);
+    if (skip("mlp_gate_up")) return;
     Prof pr(this, "mlp_gate_up");
     void* o = out.data;
     const cuda::GemvFuse f{norm.data, elem_unchecked(norm.dtype), eps, false};
@@ -408,6 +399,7 @@ class CudaBackend final : public Backend {
     const DevMatrix d = dev(w);
     if (x.rows > cuda::kGemvMaxTokens || !cuda::gemv_tc_fusable(&d, 1, nullptr, int(x.rows)))
       return Backend::linear_add(x, w, h, scratch);
+    if (skip("linear")) return;
     Prof pr(this, "linear");
     void* o = h.data;
     cuda::GemvFuse f;
@@ -438,6 +430,7 @@ class CudaBackend final : public Backend {
     if (!expect(q_norm.dtype == k_norm.dtype || !q_norm.data || !k_norm.data,
                 "qk_norm_rope_kv_append: q_norm and k_norm must share a dtype"))
       return;
+    if (skip("rope_kv")) return;
     Prof pr(this, "rope_kv");
     const DType nd = q_norm.data ? q_norm.dtype : k_norm.dtype;
     launched(cuda::qk_norm_rope_kv_append(q.data, k.data, v.data, int(q.cols / kv.head_dim), q_norm.data, k_norm.data,
@@ -452,6 +445,7 @@ class CudaBackend final : public Backend {
     if (!expect(q.cols % kv.head_dim == 0 && n_heads % kv.n_kv_heads == 0 && q.rows == batch.n_tokens,
                 "attention: q must be [T, n_heads*head_dim] with n_heads a multiple of n_kv_heads"))
       return;
+    if (skip("attention")) return;
     if (fa_ && batch.n_tokens >= 64 && cuda::attention_prefill_ok(kv.head_dim) && one_run(batch)) {
       Prof pr(this, "attention");
       launched(cuda::attention_prefill(q.data, n_heads, kvdev(kv), layer, bdev(batch), batch.pos_host[0], scale,
@@ -467,7 +461,8 @@ class CudaBackend final : public Backend {
     const size_t floats = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits);
     if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, floats * 4)) return;
     unsigned* done = nullptr;
-    if (attn_fused_ && splits > 1) {
+    const bool tc = attn_tc_ && cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim);
+    if (attn_fused_ && !tc && splits > 1) {
       void* before = attn_done_;
       if (!grow(&attn_done_, &attn_done_bytes_, size_t(batch.n_tokens) * size_t(kv.n_kv_heads) * 4)) return;
       if (attn_done_ != before && !ok(cudaMemsetAsync(attn_done_, 0, attn_done_bytes_, st_), "attention counters"))
@@ -475,7 +470,11 @@ class CudaBackend final : public Backend {
       done = static_cast<unsigned*>(attn_done_);
     }
     Prof pr(this, "attention");
-    if (attn_tc_ && cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim)) {
+    if (tc) {
+      // The splits' merge stays a second kernel: merged by the last split block instead (as
+      // ANVIL_CUDA_ATTN_FUSED=1 does for attention.cu), qwen3-8b q4g64 decode measured 324 against
+      // 359 tok/s at 512 tokens and 184 against 300 at 4,096 (2026-12-01): that one block's serial
+      // loop over the splits sits on the critical path.
       launched(cuda::attention_tc(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
                "attention (tensor cores)");
       if (splits > 1) launches_ += 1;  // the split kernel and the combine
@@ -829,10 +828,15 @@ class CudaBackend final : public Backend {
   // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
   // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).
   bool attn_tc_ = true;
-  // ANVIL_CUDA_L2PF=1: prefetch_weights() launches an L2 prefetch of the named matrices (up to half
-  // the L2) for steps of up to 64 rows. Written 2026-12-01, not yet run on a GPU: off.
-  bool l2pf_ = false;
-  size_t l2_bytes_ = 50u << 20;
+  // ANVIL_CUDA_SKIP=family,...: for measuring only, the ops of these --profile families (norm,
+  // rope_kv, attention, linear, mlp_gate_up) launch nothing, so the results are meaningless; the
+  // change in decode time is what those kernels cost inside the graph, launch gaps included.
+  std::string skip_;
+  bool skip(const char* family) const {
+    if (skip_.empty()) return false;
+    const std::string f = "," + std::string(family) + ",";
+    return ("," + skip_ + ",").find(f) != std::string::npos;
+  }
   std::vector<void*> retired_;
   cuda::MoERunner moe_;  // destroyed after ~CudaBackend has drained the stream
   bool profiling_ = false;

@@ -28,15 +28,6 @@ struct DevMatrix {
 // captured; see cuda_common.cuh).
 void set_pdl_capture(bool on);
 
-// ---- l2_prefetch.cu: weights into L2 ahead of the ops that read them (ANVIL_CUDA_L2PF=1) ----
-struct L2Ranges {
-  static constexpr int kMax = 12;
-  const void* ptr[kMax] = {};
-  uint64_t bytes[kMax] = {};
-  int n = 0;
-};
-cudaError_t l2_prefetch(const L2Ranges& r, cudaStream_t s);
-
 // ---- qgemv.cu: mat-vec for small batches, weight-bandwidth bound ----
 // Tokens per launch: kGemvMaxTokens for the CUDA-core kernels, kTcMaxTokens for the tensor-core q4
 // one (gemv_tc_ok); gemv()/gemv_swiglu() split a larger T into launches of those sizes.
@@ -134,9 +125,10 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms);
 // (token, kv head) merges the splits itself (one launch instead of two; left zeroed for the next).
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                       int n_splits, float* workspace, unsigned* done, void* out, cudaStream_t s);
-// The split merge alone (attention()'s second kernel): ws holds n_splits partials per (token, head).
-cudaError_t attention_combine(const float* ws, int T, int n_heads, int head_dim, int n_splits, void* out,
-                              cudaStream_t s);
+// The split merge alone (attention()'s second kernel): ws holds n_splits partials per (token, head),
+// of which the first live_splits(pos[t] + 1, n_splits) hold positions (attention_merge.cuh).
+cudaError_t attention_combine(const float* ws, const int32_t* pos, int T, int n_heads, int head_dim, int n_splits,
+                              void* out, cudaStream_t s);
 // attention_decode_tc.cu: the same blocks and partials with the arithmetic on the tensor cores
 // (the default; ANVIL_CUDA_ATTN_TC=0 off; up to 16 query heads per kv head, head_dim 64 or 128:
 // attention_tc_ok).

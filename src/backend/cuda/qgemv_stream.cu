@@ -28,6 +28,17 @@ __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[
   }
 }
 
+// stage_x: 16-byte pieces of x each thread loads before permuting any (all in flight at once).
+constexpr int kStageV = 8;
+
+// bf16(h * w) for the pair h (fused norm: the weight is applied at staging, 1/rms in the epilogue),
+// adding h^2 to ss. The same rounding as the scalar form: the fp32 product rounded to bf16.
+__device__ __forceinline__ uint32_t norm_pair(uint32_t h, uint32_t w, float& ss) {
+  const float h0 = bf16_lo(h), h1 = bf16_hi(h);
+  ss += h0 * h0 + h1 * h1;
+  return bf2_as_u32(__floats2bfloat162_rn(h0 * bf16_lo(w), h1 * bf16_hi(w)));
+}
+
 // The decode default (T <= 8): weights streamed through shared memory with cp.async.
 //
 // ncu on the H200 showed the register-fed kernels (qgemv_tc.cu) at 16-24 warps per SM with 1-2 KB of loads in
@@ -95,38 +106,72 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   }
   __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
   if (threadIdx.x < 8) tok_ss[threadIdx.x] = 0.0f;
+  // The fused norm's weights, loaded before the wait (no kernel writes them) when they are bf16 and
+  // this thread's pieces fit in one pass of stage_x (below).
+  const int kq = K / 8, nq = p.T * kq;  // 16-byte pieces of x: per row, in all
+  const bool wn_vec = p.norm_w && p.norm_dtype == Elem::kBF16 && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
+  const bool wn_pre = wn_vec && nq <= kStageV * W * 32;
+  uint4 wn[kStageV];
+  if (wn_pre) {
+#pragma unroll
+    for (int i = 0; i < kStageV; ++i) {
+      const int q = threadIdx.x + i * W * 32;
+      if (q < nq) wn[i] = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
+    }
+  }
   __syncthreads();
   pdl_wait();
   // Activations in fragment order: for each 32-element chunk, mma j's (b0, b1) =
   // ((x[e0], x[e0+4]), (x[e0+1], x[e0+5])) with e0 = 8*(j/2) + 2*(j%2), as step_mma builds them.
+  // That order keeps every 16-byte piece of x in place (piece q holds fragments 2q and 2q+1), so
+  // each thread loads up to kStageV pieces at once and permutes them in registers: one round trip
+  // to L2 instead of one per fragment (ncu: the staging sat behind the weight copies it follows).
   // With a fused norm (p.norm_w), x is the residual stream h. RMSNorm is a per-row scalar, so
   // W (h * inv * w) = inv * W (h * w): the fragments hold bf16(h * w), the same pass sums h^2 per
   // row, and the epilogue multiplies each dot product by its row's inv = rsqrt(mean(h^2) + eps).
   // One pass over h and no barrier before the steps (a first version normalized first, as
   // rmsnorm() writes x: two passes and two more barriers per block, and slower on qwen3-8b).
-  uint2* xf = reinterpret_cast<uint2*>(xs);
-  const uint32_t* xw = reinterpret_cast<const uint32_t*>(p.x);
-  for (int t = 0; t < p.T; ++t) {
+  const uint4* xv = reinterpret_cast<const uint4*>(p.x);
+  uint4* xq = reinterpret_cast<uint4*>(xs);
+  for (int q0 = threadIdx.x; q0 < nq; q0 += kStageV * W * 32) {
+    uint4 v[kStageV];
+#pragma unroll
+    for (int i = 0; i < kStageV; ++i) {
+      const int q = q0 + i * W * 32;
+      if (q < nq) v[i] = __ldg(xv + q);
+    }
+    int cur = -1;  // the row whose h^2 sum ss holds
     float ss = 0.0f;
-    for (int f = threadIdx.x; f < K / 4; f += W * 32) {
-      const int i = t * (K / 4) + f;
-      const int j = i & 7, chunk = i >> 3, e0 = 8 * (j >> 1) + 2 * (j & 1);
-      uint32_t lo0 = __ldg(xw + chunk * 16 + e0 / 2), lo4 = __ldg(xw + chunk * 16 + e0 / 2 + 2);
+#pragma unroll
+    for (int i = 0; i < kStageV; ++i) {
+      const int q = q0 + i * W * 32;
+      if (q >= nq) break;
+      uint4 a = v[i];
       if (p.norm_w) {
-        const int k0 = (chunk % (K / 32)) * 32 + e0;
-        const float h0 = bf16_lo(lo0), h1 = bf16_hi(lo0), h4 = bf16_lo(lo4), h5 = bf16_hi(lo4);
-        ss += h0 * h0 + h1 * h1 + h4 * h4 + h5 * h5;
-        auto nw = [&](float v, int k) { return __float2bfloat16_rn(v * load_bias(p.norm_w, k, p.norm_dtype)); };
-        lo0 = bf2_as_u32(__halves2bfloat162(nw(h0, k0), nw(h1, k0 + 1)));
-        lo4 = bf2_as_u32(__halves2bfloat162(nw(h4, k0 + 4), nw(h5, k0 + 5)));
+        const int t = q / kq, k = (q % kq) * 8;
+        if (t != cur) {
+          if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
+          cur = t, ss = 0.0f;
+        }
+        uint4 w;
+        if (wn_pre) w = wn[i];
+        else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
+        else {
+          auto pr = [&](int e) {
+            return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
+                                                    load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
+          };
+          w = make_uint4(pr(0), pr(2), pr(4), pr(6));
+        }
+        a = make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
+                       norm_pair(a.w, w.w, ss));
       }
-      xf[i] = make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
+      xq[q] = make_uint4(__byte_perm(a.x, a.z, 0x5410), __byte_perm(a.x, a.z, 0x7632),
+                         __byte_perm(a.y, a.w, 0x5410), __byte_perm(a.y, a.w, 0x7632));
     }
-    if (p.norm_w) {
-      ss = warp_sum(ss);
-      if (lane == 0) atomicAdd(&tok_ss[t], ss);
-    }
+    if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
   }
+  const uint2* xf = reinterpret_cast<const uint2*>(xs);
   cp_async_wait<S - 1>();  // this thread's group 0; the barrier makes every thread's visible
   __syncthreads();
 
@@ -185,7 +230,7 @@ bool ring_override(int* W, int* S) {
 bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) {
   const int64_t K = p.K;
   if (T > 8 || K > (int64_t(1) << 30) || (K / p.group) % 8 != 0) return false;
-  if (!weights_aligned16(p, n_mats, swiglu)) return false;
+  if (!weights_aligned16(p, n_mats, swiglu) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
   int64_t tiles = 0;
   for (int i = 0; i < n_mats; ++i) tiles += (p.seg[i].rows + 15) / 16;
   const int M = swiglu ? 2 : 1;
