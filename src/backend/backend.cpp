@@ -6,16 +6,15 @@
 
 namespace anvil {
 
-size_t WeightMatrix::data_bytes() const {
-  return bits == 0 ? size_t(rows) * size_t(cols) * dtype_size(dtype) : size_t(rows) * size_t(cols) * size_t(bits) / 8;
-}
-
-size_t WeightMatrix::scale_bytes() const {
-  return bits == 0 ? 0 : size_t(rows) * size_t(cols / group_size) * dtype_size(dtype);
-}
-
 size_t WeightMatrix::bytes() const {
-  size_t n = data_bytes() + 2 * scale_bytes();
+  size_t n = 0;
+  if (bits == 0) {
+    n = size_t(rows) * size_t(cols) * dtype_size(dtype);
+  } else {
+    n = size_t(rows) * size_t(cols) * size_t(bits) / 8;
+    size_t groups = size_t(rows) * size_t(cols / group_size);
+    n += 2 * groups * dtype_size(dtype);
+  }
   if (bias) n += size_t(rows) * dtype_size(bias_dtype);
   return n;
 }

@@ -40,9 +40,6 @@ struct WeightMatrix {
   DType bias_dtype = DType::kBF16;
 
   bool quantized() const { return bits != 0; }
-  // Bytes of `data`, and of `scales` (as many again in `biases`; 0 when not quantized).
-  size_t data_bytes() const;
-  size_t scale_bytes() const;
   // Bytes read by one full pass over the matrix (data + scales + biases + bias).
   size_t bytes() const;
 };

@@ -65,7 +65,6 @@ class ProfilingBackend final : public Backend {
   }
   // The fused layer forms (backend.h) are forwarded, so a profile shows the flow the backend runs:
   // the norm is counted with the projection it is fused into, the residual add with its linear.
-  // Ops are timed one by one here, each waited for: a prefetch ahead of them would mean nothing.
   bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const override {
     return in_.fuses_norm_linear(T, ws);
   }
