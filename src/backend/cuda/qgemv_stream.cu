@@ -51,10 +51,15 @@ __device__ __forceinline__ uint32_t norm_pair(uint32_t h, uint32_t w, float& ss)
 // The weights and scales are copied before griddepcontrol.wait (no kernel writes them).
 
 // Shared memory of one block: ring [W][S][M][2 rows][32 lanes] x 16 B | scales and biases
-// [M][2][16 rows][ng] bf16 | activations [T][K] bf16.
+// [M][2][16 rows][padded_groups(ng)] bf16 | activations [T][K] bf16.
+// The staged scales' row stride: ng plus 8 or 16, so that it is 8 mod 16 and the words of rows
+// g = 0..7 (each lane group reads its own row) fall on 8 different banks. Unpadded, a stride of 64
+// or 192 groups (qwen3-8b) put all 8 rows on one bank: 8-way conflicts on every scale load. Padded,
+// qwen3-8b q4g64 decoded at 365-367 against 358 tok/s on the H200 (2026-12-01, session 10).
+__host__ __device__ constexpr int padded_groups(int ng) { return ng + ((ng & 8) ? 16 : 8); }
 __host__ __device__ constexpr size_t async_ring_bytes(int W, int S, int M) { return size_t(W) * S * M * 2 * 32 * 16; }
 inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group) {
-  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(K / group) * 2 + size_t(T) * size_t(K) * 2;
+  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(padded_groups(int(K / group))) * 2 + size_t(T) * size_t(K) * 2;
 }
 
 // The explicit minimum of 1 block per SM matters: without it ptxas picks fewer registers (48 instead of
@@ -73,15 +78,16 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   const int ng = K >> gshift;  // groups per row (a multiple of 8: the host checks)
   uint4* ring = reinterpret_cast<uint4*>(smem);
   __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem + async_ring_bytes(W, S, M));
-  uint32_t* xs = reinterpret_cast<uint32_t*>(sc + size_t(M) * 2 * 16 * ng);
+  const int ngp = padded_groups(ng);
+  uint32_t* xs = reinterpret_cast<uint32_t*>(sc + size_t(M) * 2 * 16 * ngp);
 
-  // The tile's scales and biases: [array = matrix*2 + (0 scales, 1 biases)][row][ng].
+  // The tile's scales and biases: [array = matrix*2 + (0 scales, 1 biases)][row][ngp].
   const int pieces = ng / 8;  // 16-byte pieces per row
   for (int i = threadIdx.x; i < M * 2 * 16 * pieces; i += W * 32) {
     const int piece = i % pieces, r = (i / pieces) % 16, arr = i / (pieces * 16);
     const TcSeg& mm = (arr >> 1) ? p.up : m;
     const __nv_bfloat16* src = ((arr & 1) ? mm.biases : mm.scales) + min(r0 + r, m.rows - 1) * int64_t(ng);
-    cp_async16(sc + (size_t(arr) * 16 + r) * ng + piece * 8, src + piece * 8);
+    cp_async16(sc + (size_t(arr) * 16 + r) * ngp + piece * 8, src + piece * 8);
   }
   const int64_t oa = min(r0 + g, m.rows - 1) * (K / 32), ob = min(r0 + g + 8, m.rows - 1) * (K / 32);
   // This warp's steps: warp, warp + W, ... (a measured variant that gave each warp a run of
@@ -107,7 +113,9 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
   if (threadIdx.x < 8) tok_ss[threadIdx.x] = 0.0f;
   // The fused norm's weights, loaded before the wait (no kernel writes them) when they are bf16 and
-  // this thread's pieces fit in one pass of stage_x (below).
+  // this thread's pieces fit in one pass of stage_x (below). Only the opt-in fused path uses them,
+  // but taking this out (88 registers instead of 120) made plain decode slower on the H200: qwen3-8b
+  // q4g64 352 against 365 tok/s (session 10), so it stays.
   const int kq = K / 8, nq = p.T * kq;  // 16-byte pieces of x: per row, in all
   const bool wn_vec = p.norm_w && p.norm_dtype == Elem::kBF16 && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
   const bool wn_pre = wn_vec && nq <= kStageV * W * 32;
@@ -187,10 +195,10 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     for (int mi = 0; mi < M; ++mi) {
       st[mi].wa = slot[64 * mi + lane];
       st[mi].wb = slot[64 * mi + 32 + lane];
-      st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ng + gi]);
-      st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ng + gi]);
-      st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ng + gi]);
-      st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ng + gi]);
+      st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ngp + gi]);
+      st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
+      st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
+      st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
     }
     step_mma_frag<M>(d, st, xb);
     // The slot just read is refilled only after its words were consumed by the mmas above.
