@@ -124,17 +124,20 @@ if [ "$what" = moe ]; then
   summary+=("cuda MoE tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_moe.log" | tr '\n' ' ')")
   ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' > "$OUT/golden_cuda_moe.log" 2>&1
   summary+=("MoE golden on cuda: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/golden_cuda_moe.log" | tr '\n' ' ')")
-  mutate_moe() {  # sed expression on moe.cu; the MoE tests must then fail
-    cp src/backend/cuda/moe.cu /tmp/moe.bak && sed -i "$1" src/backend/cuda/moe.cu &&
+  mutate_moe() {  # sed expression on moe.cu (or the file $2 of src/backend/cuda); the MoE tests must then fail
+    local f=src/backend/cuda/${2:-moe.cu}
+    cp "$f" /tmp/moe.bak && sed -i "$1" "$f" &&
       cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
     ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaMoE.*' > /tmp/mutant.log 2>&1
-    echo "mutation [$1]: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)')"
-    cp /tmp/moe.bak src/backend/cuda/moe.cu
+    echo "mutation [$1] ${2:-moe.cu}: $( [ $? -ne 0 ] && echo 'tests FAIL (good)' || echo 'tests PASS (bad)')"
+    cp /tmp/moe.bak "$f"
   }
   {
     mutate_moe 's/(ov == bv \&\& ob < be)/(ov == bv \&\& ob > be)/'        # ties to the higher index
     mutate_moe 's/acc += coef \* chunk_dot/acc += chunk_dot/'                  # weighted sum dropped
     mutate_moe 's/const int64_t src = SWIGLU ? a.order\[p0 + r\] \/ a.k/const int64_t src = SWIGLU ? a.order[p0 + r] % a.k/'  # prefill gather
+    mutate_moe 's/acc\[0\]\[j\] = fmaf(wts\[cur\], d\[0\]\[j\], acc\[0\]\[j\]), d/acc[0][j] += d[0][j], d/' moe_stream.cu  # streamed down: weights dropped
+    mutate_moe 's/const int t = int(pair \/ a.k);/const int t = 0;/' moe_stream.cu  # streamed gate/up: every pair reads token 0
   } 2>&1 | tee "$OUT/mutations_moe.log"
   cmake --build build-gpu -j16 > /dev/null 2>&1
   b() { echo "### ${ANVIL_MOE_SKIP_EXPERTS:+ANVIL_MOE_SKIP_EXPERTS=1 }anvil bench $*" | tee -a "$OUT/bench_moe.log"; timeout 300 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench_moe.log" 2>&1; echo "rc=$?" >> "$OUT/bench_moe.log"; }

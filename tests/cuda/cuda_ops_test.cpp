@@ -563,6 +563,39 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   }
 }
 
+// The multi-block argmax (sample.cu): each block's slice, the last block's merge and the per-row
+// counters it resets, over vocab sizes around the slice boundaries, many ties across slices (values
+// from 8 levels), rows with nothing eligible (all -inf / NaN: id -1), and repeated calls on the
+// same scratch.
+TEST_F(CudaOps, ArgmaxAcrossBlocksEqualsCpu) {
+  std::uniform_int_distribution<int> level(0, 7);
+  for (const int64_t V : {int64_t(1), int64_t(7), int64_t(2047), int64_t(2049), int64_t(5000), int64_t(151936),
+                          int64_t(300001)}) {
+    for (const int R : {1, 3, 33}) {
+      std::vector<float> logits(size_t(R) * size_t(V));
+      for (auto& x : logits) x = float(level(rng_));
+      for (int64_t i = 0; i < V; ++i) logits[size_t(i)] = -INFINITY;  // row 0: nothing eligible
+      if (R > 1) logits[size_t(V + V / 2)] = std::nanf("");
+      std::vector<int32_t> suppress;
+      if (V > 10) suppress = {int32_t(V - 1), int32_t(V / 3)};
+      std::vector<int32_t> ref(size_t(R), 0);
+      cpu_->argmax_rows(Act{logits.data(), R, V, DType::kF32}, suppress.data(), int(suppress.size()), ref.data());
+      Guarded gl = dev_bytes(logits.data(), logits.size() * 4);
+      Guarded gs = dev_bytes(suppress.empty() ? ref.data() : suppress.data(), std::max<size_t>(1, suppress.size()) * 4);
+      Guarded gi = dev_out(size_t(R) * 4);
+      for (int rep = 0; rep < 2; ++rep) {
+        gpu_->argmax_rows(Act{gl.data(), R, V, DType::kF32}, static_cast<const int32_t*>(gs.data()),
+                          int(suppress.size()), static_cast<int32_t*>(gi.data()));
+        std::vector<int32_t> got(static_cast<size_t>(R), 0);
+        gpu_->copy_to_host(got.data(), gi.data(), size_t(R) * 4);
+        ASSERT_TRUE(gpu_->synchronize().is_ok());
+        EXPECT_EQ(got, ref) << "vocab " << V << ", " << R << " rows, call " << rep;
+      }
+      EXPECT_EQ(ref[0], -1);
+    }
+  }
+}
+
 TEST_F(CudaOps, GatherAndArgmaxEqualCpuExactly) {
   const int64_t V = 151936;
   const int R = 5;

@@ -97,6 +97,8 @@ class CudaBackend final : public Backend {
     for (void* b : {bscratch_.xperm, static_cast<void*>(bscratch_.part), static_cast<void*>(bscratch_.done)})
       if (b) cudaFree(b);
     if (mlp_scratch_) cudaFree(mlp_scratch_);
+    if (argmax_counters_) cudaFree(argmax_counters_);
+    if (argmax_part_) cudaFree(argmax_part_);
     if (wdeq_) cudaFree(wdeq_);
     if (cublas_) cublasDestroy(cublas_);
     for (auto& e : prof_events_) cudaEventDestroy(e.first), cudaEventDestroy(e.second);
@@ -495,8 +497,20 @@ class CudaBackend final : public Backend {
   void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) override {
     if (!expect(logits.dtype == DType::kF32, "argmax_rows: logits must be F32")) return;
     Prof pr(this, "sample");
-    launched(cuda::argmax_rows(static_cast<const float*>(logits.data), int(logits.rows), logits.cols, suppress,
-                               n_suppress, ids, st_),
+    // The scratch (per-row counters, zeroed when new, and the blocks' partial results) grows to the
+    // largest call; the kernel leaves the counters zero.
+    const int rows = int(logits.rows);
+    void* before = argmax_counters_;
+    if (!grow(&argmax_counters_, &argmax_counters_bytes_, size_t(rows) * 4) ||
+        !grow(&argmax_part_, &argmax_part_bytes_, cuda::argmax_partial_bytes(rows, logits.cols)))
+      return;
+    if (argmax_counters_ != before &&
+        !ok(cudaMemsetAsync(argmax_counters_, 0, argmax_counters_bytes_, st_), "argmax counters"))
+      return;
+    launched(cuda::argmax_rows(static_cast<const float*>(logits.data), rows, logits.cols, suppress, n_suppress,
+                               cuda::argmax_scratch(static_cast<unsigned*>(argmax_counters_), argmax_part_, rows,
+                                                    logits.cols),
+                               ids, st_),
              "argmax_rows");
   }
   bool has_sample_rows() const override { return true; }
@@ -799,6 +813,10 @@ class CudaBackend final : public Backend {
   void* attn_done_ = nullptr;  // ANVIL_CUDA_ATTN_FUSED=1: the split counters (see attention())
   size_t attn_done_bytes_ = 0;
   void* mlp_scratch_ = nullptr;
+  void* argmax_counters_ = nullptr;  // argmax_rows (sample.cu): per-row counters, partial results
+  size_t argmax_counters_bytes_ = 0;
+  void* argmax_part_ = nullptr;
+  size_t argmax_part_bytes_ = 0;
   size_t mlp_scratch_bytes_ = 0;
   void* wdeq_ = nullptr;  // prefill: the current matrix dequantized to bf16 for cuBLAS
   size_t wdeq_bytes_ = 0;

@@ -144,8 +144,18 @@ cudaError_t attention_prefill(const void* q, int n_heads, const KVDev& kv, int l
 // ---- sample.cu ----
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
                         void* dst, cudaStream_t s);
+// argmax_rows' scratch: a counter per row (zero between launches: zero it when allocated, the kernel
+// leaves it zero; a buffer of its own, so that calls with more rows never find another call's partial
+// results in their counters) and each block's partial result (argmax_partial_bytes).
+struct ArgmaxScratch {
+  unsigned* counters = nullptr;
+  float* val = nullptr;
+  int* idx = nullptr;
+};
+size_t argmax_partial_bytes(int rows, int64_t vocab);
+ArgmaxScratch argmax_scratch(unsigned* counters, void* partials, int rows, int64_t vocab);
 cudaError_t argmax_rows(const float* logits, int rows, int64_t vocab, const int32_t* suppress, int n_suppress,
-                        int32_t* ids, cudaStream_t s);
+                        const ArgmaxScratch& ws, int32_t* ids, cudaStream_t s);
 
 // ---- sample_rows.cu: the full sampler on the device (backend.h Backend::sample_rows) ----
 // backend.h SampleRowParams, field for field (cuda_backend.cpp checks the layout).

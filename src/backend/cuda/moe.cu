@@ -424,6 +424,7 @@ cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
 cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {
   const int64_t warps = (a.routed ? int64_t(a.T) * a.k * a.gate.rows : 0) + int64_t(a.T) * a.shared_rows;
   if (warps == 0) return cudaSuccess;
+  if (a.stream && a.routed && a.shared_rows == 0 && a.gate.fmt == 4) return moe_stream_gate_up(a, s);
   const dim3 grid(blocks_for(warps)), block(kWarps * 32);
   switch (a.gate.fmt) {
     case 2: launch_k(gate_up_kernel<2>, grid, block, 0, s, a); break;
@@ -441,6 +442,7 @@ cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {
 }
 
 cudaError_t moe_down(const MoEDownArgs& a, cudaStream_t s) {
+  if (a.stream && a.n_slots == a.k && a.shared_cols == 0 && a.down.fmt == 4) return moe_stream_down(a, s);
   const dim3 grid(blocks_for(int64_t(a.T) * a.down.rows)), block(kWarps * 32);
   switch (a.down.fmt) {
     case 2: launch_k(down_kernel<2>, grid, block, 0, s, a); break;

@@ -76,6 +76,7 @@ struct MoEGateUpArgs {
   int64_t shared_rows = 0;       // S > 0: also the shared expert, ptrs[E], into hs
   void* h = nullptr;             // bf16 [T*k, F]
   void* hs = nullptr;            // bf16 [T, S]
+  bool stream = false;           // the streamed q4 kernel (moe_stream.cu) may take the routed experts
 };
 cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s);
 
@@ -91,8 +92,20 @@ struct MoEDownArgs {
   const float* shared_coef = nullptr;       // [T] (with a shared expert, fused or not)
   const void* shared_out = nullptr;  // bf16 [T, H]: the unfused shared expert's output, or null
   void* out = nullptr;               // bf16 [T, H]
+  bool stream = false;               // the streamed q4 kernel (moe_stream.cu) may take it
 };
 cudaError_t moe_down(const MoEDownArgs& a, cudaStream_t s);
+
+// ---- moe_stream.cu: the streamed q4 expert kernels of a decode step ----
+// Whether they take matrices of this shape and format: 4-bit MLX, group 32/64/128, cols a multiple
+// of 128 with an even number of groups per row, and the block's shared memory within bounds.
+// slots = 0: gate/up (x of cols); else down over slots * cols. The caller also checks that every
+// expert's weights are 16-byte and its scales and biases 4-byte aligned, that x and h are 16-byte
+// aligned and that no shared expert is fused; moe_gate_up / moe_down then use them when
+// `stream` is set and every slot is routed.
+bool moe_stream_shape_ok(const MoEMats& m, int64_t slots);
+cudaError_t moe_stream_gate_up(const MoEGateUpArgs& a, cudaStream_t s);
+cudaError_t moe_stream_down(const MoEDownArgs& a, cudaStream_t s);
 
 // ---- prefill ----
 // Tiles of kMoETileRows rows: the grouped GEMMs' row tile, and the unit of tile_start.

@@ -4,6 +4,7 @@
 #include "backend/cuda/dev_matrix.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -57,6 +58,15 @@ Status launch_status(cudaError_t e, const char* kernel) {
 }
 
 size_t up256(size_t n) { return (n + 255) / 256 * 256; }
+
+// ANVIL_MOE_STREAM=0: decode through moe.cu's warp-per-row kernels instead (for measuring).
+bool moe_stream_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_MOE_STREAM");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -201,6 +211,15 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   p.gate = mats(tb.dev, w.gate[0]);
   p.up = mats(tb.dev + (E + 1), w.up[0]);
   p.down = mats(tb.dev + 2 * (E + 1), w.down[0]);
+  // The streamed q4 expert kernels: their shapes and every routed expert's alignment (cp.async).
+  p.stream = p.decode && !p.shared_fused && moe_stream_enabled() && moe_stream_shape_ok(p.gate, 0) &&
+             moe_stream_shape_ok(p.down, w.top_k);
+  for (int e = 0; p.stream && e < E; ++e)
+    for (int j = 0; j < 3; ++j) {
+      const ExpertPtrs& q = host[size_t(j * (E + 1) + e)];
+      auto at = [](const void* ptr, uintptr_t n) { return reinterpret_cast<uintptr_t>(ptr) % n == 0; };
+      if (!at(q.data, 16) || !at(q.scales, 4) || !at(q.biases, 4)) p.stream = false;
+    }
 
   ANVIL_RETURN_IF_ERROR(grow(&ws_, &ws_bytes_, p.workspace_bytes, false));
   ANVIL_RETURN_IF_ERROR(grow(&counters_, &counters_bytes_, size_t((T + 7) / 8) * 4, true));
@@ -249,6 +268,7 @@ Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, 
     ga.routed = n_slots > 0;
     ga.shared_rows = p.shared_fused ? p.S : 0;
     ga.h = p.h, ga.hs = p.hs;
+    ga.stream = p.stream && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     if (ga.routed || ga.shared_rows) {
       ++*launches;
       ANVIL_RETURN_IF_ERROR(launch_status(moe_gate_up(ga, s), "moe_gate_up"));
@@ -260,6 +280,7 @@ Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, 
     da.shared_coef = p.coef;
     da.shared_out = p.shared && !p.shared_fused ? p.shared_out : nullptr;
     da.out = out;
+    da.stream = ga.stream;
     ++*launches;
     return launch_status(moe_down(da, s), "moe_down");
   }

@@ -30,6 +30,7 @@ struct MoEPlan {
   bool shared = false;        // the layer has a shared expert
   bool shared_fusable = false;  // ... of the routed experts' formats (a table entry of its own)
   bool shared_fused = false;    // ... computed inside moe_gate_up / moe_down (fusable, at decode)
+  bool stream = false;  // decode through the streamed q4 expert kernels (moe_stream.cu; ANVIL_MOE_STREAM=0: off)
   // Not fused: the caller writes silu(shared_gate x) * shared_up x into shared_h (bf16 [T, S]) and
   // shared_down of that into shared_out (bf16 [T, H]) before run().
   void* shared_h = nullptr;

@@ -99,6 +99,24 @@ __device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uin
   }
 }
 
+// The 8 mmas of a step for M matrices (gate and up share each B fragment). xb: this lane's token's
+// chunk of activations pre-permuted into fragment order (mma j's b0, b1 at xb[j]); null: padding.
+template <int M>
+__device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int word = j >> 1, sh = (j & 1) * 8;
+    const uint2 b = xb ? xb[j] : make_uint2(0u, 0u);
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi) {
+      const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
+      const uint32_t wb = word == 0 ? s[mi].wb.x : word == 1 ? s[mi].wb.y : word == 2 ? s[mi].wb.z : s[mi].wb.w;
+      mma_bf16(d[mi], dq_pair(wa, sh, s[mi].sa, s[mi].ba), dq_pair(wb, sh, s[mi].sb, s[mi].bb),
+               dq_pair(wa, sh + 4, s[mi].sa, s[mi].ba), dq_pair(wb, sh + 4, s[mi].sb, s[mi].bb), b.x, b.y);
+    }
+  }
+}
+
 __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
   switch (e) {
     case Elem::kF32: return static_cast<const float*>(p)[i];
