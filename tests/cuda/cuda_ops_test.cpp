@@ -158,6 +158,76 @@ TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
     }
 }
 
+// LM-head-sized launches (thousands of 16-row tiles, as Qwen3's 151,936-row vocabulary is) at
+// T <= 8 through the streamed kernel: one matrix with a partial last tile (groups 32, 64, 128; F32 and
+// bf16 outputs), three matrices in one launch, and gate/up with SwiGLU. Same bounds as the plain q4
+// linear. (A warp-streamed kernel for such launches passed these on the H200 and was slower, so it is
+// gone: docs/benchmarks.md, session 12.)
+TEST_F(CudaOps, LmHeadSizedMatVecMatchesCpu) {
+  for (const int group : {32, 64, 128})
+    for (const int64_t rows : {int64_t(33000), int64_t(40961)}) {
+      const int64_t K = rows == 33000 ? 256 : 1024;
+      HostWeight hw = make_weight(rng_, rows, K, 4, group, DType::kBF16, false);
+      auto dw = gpu_->upload_weight(hw.w);
+      ASSERT_TRUE(dw.is_ok()) << dw.status().message();
+      for (const int64_t T : {1, 3, 8})
+        for (const bool f32 : {true, false}) {
+          const auto x = randn(size_t(T * K));
+          const auto ref = cpu_linear(x, T, hw.w);
+          Guarded gx = dev_bf16(x), go = dev_out(size_t(T * rows) * (f32 ? 4 : 2));
+          const DType od = f32 ? DType::kF32 : DType::kBF16;
+          gpu_->linear(Act{gx.data(), T, K, DType::kBF16}, *dw, Act{go.data(), T, rows, od});
+          ASSERT_TRUE(gpu_->synchronize().is_ok());
+          const std::string what = "linear q4g" + std::to_string(group) + " [" + std::to_string(rows) + "x" +
+                                   std::to_string(K) + "] T=" + std::to_string(T) + (f32 ? " f32" : " bf16");
+          expect_close(read(go, od, what), ref, kGemmBound, what);
+        }
+      gpu_->free_weight(*dw);
+    }
+  const int64_t H = 512;
+  for (const int group : {32, 64})
+    for (const int64_t T : {1, 5}) {
+      const int64_t rows[3] = {20000, 13000, 1000};  // 2,125 tiles in one launch
+      std::vector<HostWeight> hw;
+      std::vector<WeightMatrix> dw;
+      for (int64_t r : rows) {
+        hw.push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
+        auto d = gpu_->upload_weight(hw.back().w);
+        ASSERT_TRUE(d.is_ok());
+        dw.push_back(*d);
+      }
+      const auto x = randn(size_t(T * H));
+      Guarded gx = dev_bf16(x);
+      std::vector<Guarded> go;
+      for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
+      const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
+      const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
+                           Act{go[2].data(), T, rows[2], DType::kBF16}};
+      gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      for (int i = 0; i < 3; ++i) {
+        const std::string what = "linear_multi q4g" + std::to_string(group) + " T=" + std::to_string(T) + " matrix " +
+                                 std::to_string(i);
+        expect_close(read(go[size_t(i)], DType::kBF16, what), cpu_linear(x, T, hw[size_t(i)].w), kGemmBound, what);
+      }
+      HostWeight g = make_weight(rng_, 33000, H, 4, group, DType::kBF16, false);
+      HostWeight u = make_weight(rng_, 33000, H, 4, group, DType::kBF16, false);
+      auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
+      ASSERT_TRUE(dg.is_ok() && du.is_ok());
+      std::vector<float> ref(size_t(T * 33000));
+      std::vector<float> xin = x;
+      cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, 33000, DType::kF32});
+      Guarded os = dev_out(size_t(T * 33000) * 2);
+      gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, 33000, DType::kBF16});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      const std::string what = "linear_swiglu q4g" + std::to_string(group) + " [33000x512] T=" + std::to_string(T);
+      expect_close(read(os, DType::kBF16, what), ref, kGemmBound * 1.5, what);
+      for (auto& w : dw) gpu_->free_weight(w);
+      gpu_->free_weight(*dg);
+      gpu_->free_weight(*du);
+    }
+}
+
 // The fused decode forms (backend.h): RMSNorm inside the q4 mat-vec (rmsnorm_linear_multi,
 // rmsnorm_linear_swiglu) and the residual add in its epilogue (linear_add), against the CPU
 // backend's composition (rmsnorm then linear; linear then add). The bounds are those of the plain
