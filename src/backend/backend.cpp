@@ -59,6 +59,13 @@ void Backend::moe_ffn(Act, const MoEWeights&, Act) {
   std::abort();
 }
 
+void Backend::rope_attention(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm, float eps,
+                             const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch,
+                             float scale, Act out) {
+  qk_norm_rope_kv_append(q, k, v, q_norm, k_norm, eps, inv_freq, kv, layer, batch);
+  attention(q, kv, layer, batch, scale, out);
+}
+
 void Backend::sample_rows(Act, const SampleArgs&, int32_t*) {
   std::fprintf(stderr, "anvil: backend %s has no device sampler (sample_rows)\n", name().c_str());
   std::abort();

@@ -257,6 +257,12 @@ class Backend {
   //   q: [T, n_heads*head_dim] -> out: [T, n_heads*head_dim]
   virtual void attention(Act q, const KVCacheView& kv, int layer, const BatchView& batch, float scale,
                          Act out) = 0;
+  // qk_norm_rope_kv_append, then attention (their arguments as there): one op so that a backend may
+  // run them as one kernel (CUDA does for decode steps: attention_decode_tc.cu). q may be left
+  // rotated or unchanged; k/v are written to the pages as qk_norm_rope_kv_append writes them.
+  virtual void rope_attention(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm, float eps,
+                              const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch,
+                              float scale, Act out);
   // dst[i, :] = src[rows[i], :] for i < dst.rows.   rows: backend memory, each in [0, src.rows)
   virtual void gather_rows(Act src, const int32_t* rows, Act dst) = 0;
   // Greedy sampling on the device: ids[r] = argmax over row r of logits (F32 [R, vocab]), never one of

@@ -107,6 +107,12 @@ class ProfilingBackend final : public Backend {
   void attention(Act q, const KVCacheView& kv, int layer, const BatchView& b, float scale, Act out) override {
     timed(ProfileCategory::kAttention, [&] { in_.attention(q, kv, layer, b, scale, out); });
   }
+  void rope_attention(Act q, Act k, Act v, const WeightVector& qn, const WeightVector& kn, float eps,
+                      const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& b, float scale,
+                      Act out) override {
+    timed(ProfileCategory::kAttention,
+          [&] { in_.rope_attention(q, k, v, qn, kn, eps, inv_freq, kv, layer, b, scale, out); });
+  }
   void to_host_f32(Act x, float* dst) override {
     timed(ProfileCategory::kRest, [&] { in_.to_host_f32(x, dst); });
   }

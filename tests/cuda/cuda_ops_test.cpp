@@ -633,6 +633,115 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   }
 }
 
+// The fused decode attention (rope_attention: q/k norm + RoPE + KV append + tensor-core attention +
+// the splits' merge in thread block clusters, attention_decode_tc.cu) against the CPU's
+// rope_attention (its qk_norm_rope_kv_append, then attention). Contexts are built with both
+// backends' qk_norm_rope_kv_append; then decode steps at positions around pages (16), the 64
+// positions of a split and 16 splits x 64 = 1,024 (beyond it a split holds more than 64 positions),
+// one sequence at a time (clusters of 16 at this page table's size) and all together (clusters of
+// 4 or fewer), with and without q/k norms (OLMoE passes none). The written K/V rows are compared
+// too, and everything else in the cache must stay as it was. Bounds: those of the tensor-core
+// decode attention and of rope_kv (kPrefillTcBound, kElementwiseBound above).
+TEST_F(CudaOps, FusedRopeAttentionMatchesCpu) {
+  auto fused_made = backend_with({{"ANVIL_CUDA_ROPE_ATTN", "1"}});  // opt-in (cuda_backend.cpp says why)
+  ASSERT_TRUE(fused_made);
+  Backend& fused = *fused_made;
+  const int P = 16, L = 2, layer = 1, max_pages = 200;
+  const double kTcBound = 8e-3;
+  const std::vector<int> lens = {1, 2, 15, 16, 17, 63, 64, 65, 129, 700, 1024, 1025, 1601, 3000};
+  const int S = int(lens.size());
+  for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{8, 1, 64}, AttnCase{32, 2, 128},
+                            AttnCase{12, 1, 64}, AttnCase{8, 8, 128}, AttnCase{32, 4, 128}, AttnCase{14, 2, 64}})
+    for (const bool norms : {true, false}) {
+      const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" +
+                             std::to_string(c.D) + (norms ? " norms" : " no norms");
+      KVCacheView kv;
+      kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
+      // Sequence s gets the pages its lens[s] + 1 positions need, scattered (descending over all).
+      std::vector<int32_t> table(size_t(S) * max_pages, 0);
+      int n_pages = 0;
+      for (int s = 0; s < S; ++s) n_pages += (lens[size_t(s)] + P) / P;
+      for (int s = 0, next = n_pages - 1; s < S; ++s)
+        for (int p = 0; p < (lens[size_t(s)] + P) / P; ++p) table[size_t(s) * max_pages + p] = next--;
+      kv.n_pages = n_pages;
+      std::vector<uint16_t> cpu_cache(kv.page_elems() * size_t(kv.n_pages), 0);
+      kv.base = cpu_cache.data();
+      Guarded gcache = guarded(kv.page_bytes() * size_t(kv.n_pages));
+      gpu_->copy_to_device(gcache.data(), cpu_cache.data(), kv.page_bytes() * size_t(kv.n_pages));
+      KVCacheView gkv = kv;
+      gkv.base = gcache.data();
+      Guarded gtable = dev_bytes(table.data(), table.size() * 4);
+      std::vector<float> inv_freq(size_t(c.D / 2));
+      for (int i = 0; i < c.D / 2; ++i) inv_freq[size_t(i)] = std::pow(1e6f, -2.0f * i / c.D);
+      Guarded gfreq = dev_bytes(inv_freq.data(), inv_freq.size() * 4);
+      auto nq = randn(size_t(c.D)), nk = randn(size_t(c.D));
+      std::vector<uint16_t> nqb(nq.size()), nkb(nk.size());
+      for (size_t i = 0; i < nq.size(); ++i) nqb[i] = f32_to_bf16(1.0f + 0.2f * nq[i]), nkb[i] = f32_to_bf16(1.0f + 0.2f * nk[i]);
+      WeightVector qn{c.D, DType::kBF16, nqb.data()}, kn{c.D, DType::kBF16, nkb.data()};
+      auto dqn = gpu_->upload_vector(qn), dkn = gpu_->upload_vector(kn);
+      ASSERT_TRUE(dqn.is_ok() && dkn.is_ok());
+      const WeightVector cqn = norms ? qn : WeightVector{}, ckn = norms ? kn : WeightVector{};
+      const WeightVector gqn = norms ? *dqn : WeightVector{}, gkn = norms ? *dkn : WeightVector{};
+      const int64_t QD = int64_t(c.n_heads) * c.D, KD = int64_t(c.n_kv) * c.D;
+      const float scale = 1.0f / std::sqrt(float(c.D));
+      struct Step {
+        std::vector<int32_t> pos, seq;
+      };
+      auto run = [&](const Step& st, bool decode, const std::string& what) {
+        const int T = int(st.pos.size());
+        auto q = randn(size_t(T * QD)), k = randn(size_t(T * KD)), v = randn(size_t(T * KD));
+        BatchView cb;
+        cb.n_tokens = T, cb.n_seqs = decode ? T : 1, cb.max_pages = max_pages;
+        cb.pos = cb.pos_host = st.pos.data(), cb.seq = cb.seq_host = st.seq.data(), cb.page_table = table.data();
+        Guarded gpos = dev_bytes(st.pos.data(), size_t(T) * 4), gseq = dev_bytes(st.seq.data(), size_t(T) * 4);
+        BatchView gb = cb;
+        gb.pos = static_cast<const int32_t*>(gpos.data()), gb.seq = static_cast<const int32_t*>(gseq.data());
+        gb.page_table = static_cast<const int32_t*>(gtable.data());
+        Guarded gq = dev_bf16(q), gk = dev_bf16(k), gv = dev_bf16(v);
+        const Act cq{q.data(), T, QD, DType::kF32}, ck{k.data(), T, KD, DType::kF32}, cvv{v.data(), T, KD, DType::kF32};
+        const Act gqa{gq.data(), T, QD, DType::kBF16}, gka{gk.data(), T, KD, DType::kBF16}, gva{gv.data(), T, KD, DType::kBF16};
+        if (!decode) {  // context: the KV rows only
+          cpu_->qk_norm_rope_kv_append(cq, ck, cvv, cqn, ckn, 1e-6f, inv_freq.data(), kv, layer, cb);
+          gpu_->qk_norm_rope_kv_append(gqa, gka, gva, gqn, gkn, 1e-6f, static_cast<const float*>(gfreq.data()), gkv,
+                                       layer, gb);
+          ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
+          return;
+        }
+        std::vector<float> ref(size_t(T * QD));
+        cpu_->rope_attention(cq, ck, cvv, cqn, ckn, 1e-6f, inv_freq.data(), kv, layer, cb, scale,
+                             Act{ref.data(), T, QD, DType::kF32});
+        Guarded go = dev_out(size_t(T * QD) * 2);
+        fused.rope_attention(gqa, gka, gva, gqn, gkn, 1e-6f, static_cast<const float*>(gfreq.data()), gkv, layer, gb,
+                             scale, Act{go.data(), T, QD, DType::kBF16});
+        ASSERT_TRUE(fused.synchronize().is_ok()) << fused.synchronize().message();
+        expect_close(read(go, DType::kBF16, "rope_attention " + what), ref, kTcBound, "rope_attention " + cs + " " + what);
+      };
+      // Contexts: sequence s holds lens[s] - 1 positions (in chunks of up to 256).
+      for (int s = 0; s < S; ++s)
+        for (int from = 0; from < lens[size_t(s)] - 1; from += 256) {
+          Step st;
+          for (int i = from; i < std::min(lens[size_t(s)] - 1, from + 256); ++i) st.pos.push_back(i), st.seq.push_back(s);
+          run(st, false, "context");
+        }
+      // Half the sequences decode alone, at len - 1; then every sequence together at its next position.
+      for (int s = 0; s < S; s += 2) run(Step{{lens[size_t(s)] - 1}, {s}}, true, "len " + std::to_string(lens[size_t(s)]));
+      {
+        Step st;
+        for (int s = 0; s < S; ++s) st.pos.push_back(lens[size_t(s)] - (s % 2 == 0 ? 0 : 1)), st.seq.push_back(s);
+        run(st, true, "batch of " + std::to_string(S));
+      }
+      std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());
+      for (size_t i = 0; i < cc.size(); ++i) cc[i] = bf16_to_f32(cpu_cache[i]);
+      std::vector<uint16_t> gcb(cpu_cache.size());
+      gpu_->copy_to_host(gcb.data(), gcache.data(), gcb.size() * 2);
+      for (size_t i = 0; i < gc.size(); ++i) gc[i] = bf16_to_f32(gcb[i]);
+      expect_close(gc, cc, kElementwiseBound, "kv cache " + cs);
+      read(gcache, DType::kBF16, "kv cache guards");
+      gpu_->free_vector(*dqn);
+      gpu_->free_vector(*dkn);
+    }
+}
+
 // The multi-block argmax (sample.cu): each block's slice, the last block's merge and the per-row
 // counters it resets, over vocab sizes around the slice boundaries, many ties across slices (values
 // from 8 levels), rows with nothing eligible (all -inf / NaN: id -1), and repeated calls on the

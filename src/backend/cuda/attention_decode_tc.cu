@@ -19,7 +19,29 @@
 // are zero rows), so warps never wait for each other until the end, where their (max, sum, acc)
 // states merge in shared memory as in the split kernel. The 16-byte chunks of a tile's rows are
 // XOR-swizzled by (row & 7), so ldmatrix reads 8 rows without bank conflicts.
+//
+// The fused decode form (FUSED, rope_attention_tc; opt-in with ANVIL_CUDA_ROPE_ATTN=1) also does
+// rope_kv.cu's work and the splits' merge, so a layer's attention is one kernel instead of three.
+// Why it was tried: inside the decode graph rope_kv cost ~2.9 us and attention with its combine ~10
+// us per layer on the H200 (benchmarks.md, session 9), for a few MB of work. Measured (session 12):
+// 72 kernels fewer per qwen3-8b token but decode within 3% either way at 512 tokens of context, and
+// 11% slower at 16,384 (16 blocks per kv head where the split kernel has 66), so the three dependent
+// kernels' latency was not where the time goes. Here:
+// - each block rotates (and RMS-normalizes) its G query heads in registers while building the A
+//   fragments (the angles once per block in shared memory, in double as rope_kv.cu forms them);
+// - the block whose split holds the new position writes that K/V row to its page (warp 0, before
+//   a barrier; the other warps' copies of the row come after it), every older row is copied before
+//   the wait for the q/k/v projection, since no kernel of the step writes them;
+// - the splits of a (token, kv head) are one thread block cluster: each block leaves its merged
+//   (max, sum, acc) in its shared memory, and after a cluster barrier each block writes 1/cluster of
+//   the heads' dims from all splits' states (distributed shared memory); a second barrier keeps the
+//   states alive until every block has read them. (The last-block merge that was slower, noted in
+//   cuda_backend.cpp, ran the merge serially in one block; here all blocks share it.)
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "backend/cuda/attention_merge.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -56,23 +78,38 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Shared memory of one block: the warps' rings [kAW][kAS][K, V][kAP rows][D] bf16; after the loop the
-// same bytes hold the merge: m, l [kAW][16] and acc [kAW][16][D] fp32.
-__host__ __device__ constexpr size_t tc_attn_smem(int D) {
-  return size_t(kAW) * kAS * 2 * kAP * D * 2 > size_t(kAW) * (32 + 16 * D) * 4
-             ? size_t(kAW) * kAS * 2 * kAP * D * 2
-             : size_t(kAW) * (32 + 16 * D) * 4;
+// same bytes hold the merge: m, l [kAW][16] and acc [kAW][16][D] fp32, then (FUSED) the block's
+// merged state m, l [16] and acc [16][D].
+__host__ __device__ constexpr size_t tc_attn_ring_bytes(int D) { return size_t(kAW) * kAS * 2 * kAP * D * 2; }
+__host__ __device__ constexpr size_t tc_attn_merge_bytes(int D, bool fused) {
+  return (size_t(kAW) + (fused ? 1 : 0)) * (32 + 16 * size_t(D)) * 4;
+}
+__host__ __device__ constexpr size_t tc_attn_smem(int D, bool fused) {
+  return tc_attn_ring_bytes(D) > tc_attn_merge_bytes(D, fused) ? tc_attn_ring_bytes(D) : tc_attn_merge_bytes(D, fused);
 }
 
-// D: head_dim (64 or 128). ROWS16: G > 8 (the A fragments' rows g + 8 carry heads too).
-template <int D, bool ROWS16>
+__device__ __forceinline__ float load_norm(const void* p, int i, Elem e) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+// D: head_dim (64 or 128). ROWS16: G > 8 (the A fragments' rows g + 8 carry heads too). FUSED: the
+// decode form described at the top (q is the projection's raw output, r its k/v and norms; the
+// splits are the block's cluster, n_splits = gridDim.x; ws unused).
+template <int D, bool ROWS16, bool FUSED>
 __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv, int layer,
                                                           BatchDev b, float scale_log2, int n_splits, float* ws,
-                                                          __nv_bfloat16* out) {
+                                                          __nv_bfloat16* out, RopeDev r) {
   constexpr int CH = D / 8;    // 16-byte chunks per row
   constexpr int KB = D / 16;   // k16 blocks of the head dimension (S = Q K^T)
   constexpr int ND = D / 8;    // n8 tiles of the head dimension (O)
   constexpr int TILE = kAP * D;  // bf16 elements of one K (or V) tile
+  constexpr int HALF = D / 2;  // RoPE pairs (i, i + HALF)
   extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float rope_cs[FUSED ? HALF : 1], rope_sn[FUSED ? HALF : 1], qn_w[FUSED ? D : 1];
   pdl_launch();
   const int s = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -80,9 +117,11 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   const int G = n_heads / kv.n_kv_heads;
   const int len = b.pos[t] + 1;
   const int live = live_splits(len, n_splits);
-  if (s >= live) return;
+  // FUSED: a block without positions still takes part in its cluster's barriers (below).
+  if (!FUSED && s >= live) return;
+  const bool active = s < live;
   const int per = (len + live - 1) / live;
-  const int p_begin = s * per, p_end = min(len, p_begin + per);
+  const int p_begin = s * per, p_end = active ? min(len, p_begin + per) : p_begin;
   const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + size_t(warp) * kAS * 2 * TILE;
@@ -120,15 +159,69 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     }
   };
   // The first kAS - 1 tiles. In a decode step (one token per sequence) only row len - 1 is written
-  // by this step (by rope_kv, the previous kernel); every other row, the positions and the page
-  // table can be read before the wait for it (as in attention.cu's split kernel), so those copies
-  // start before the wait and the new row's after it. They form one copy group, followed by
-  // kAS - 2 empty ones, so the loop's count of groups holds.
-  const bool early = b.n_tokens == b.n_seqs;
+  // in this step (by rope_kv, the previous kernel; FUSED: by this kernel); every other row, the
+  // positions and the page table can be read before the wait for the previous kernel (as in
+  // attention.cu's split kernel), so those copies start before the wait and the new row's after it.
+  // They form one copy group, followed by kAS - 2 empty ones, so the loop's count of groups holds.
+  const bool early = FUSED || b.n_tokens == b.n_seqs;
   const int late = early ? len - 1 : -1;
   if (early)
     for (int i = 0; i < kAS - 1 && i < n; ++i) issue(i, late, -1);
+  if constexpr (FUSED) {  // the angles and q's norm weights: inputs no kernel of the step writes
+    for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
+      double sn, cs;
+      sincos(double(len - 1) * double(r.inv_freq[i]), &sn, &cs);
+      rope_cs[i] = float(cs), rope_sn[i] = float(sn);
+    }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) qn_w[i] = r.q_norm ? load_norm(r.q_norm, i, r.norm_dtype) : 1.0f;
+  }
   pdl_wait();
+  if constexpr (FUSED) {
+    // The new K row (RMS-normalized with k_norm, rotated) and V row into the token's page, as
+    // rope_kv.cu writes them: lane l holds the pairs (i, i + HALF) for i = l, l + 32, ...
+    if (active && s == live - 1 && warp == 0) {
+      const int pos = len - 1;
+      const int64_t page = pages[pos / kv.page_size];
+      const int slot = pos % kv.page_size;
+      __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(kv.base) +
+                          kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+      __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(kv.base) +
+                          kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+      const __nv_bfloat16* ks = static_cast<const __nv_bfloat16*>(r.k) + (int64_t(t) * kv.n_kv_heads + kh) * D;
+      const __nv_bfloat16* vs = static_cast<const __nv_bfloat16*>(r.v) + (int64_t(t) * kv.n_kv_heads + kh) * D;
+      constexpr int PL = (HALF + 31) / 32;
+      float a[PL], cc[PL];
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < PL; ++j) {
+        const int i = lane + 32 * j;
+        a[j] = cc[j] = 0.0f;
+        if (i < HALF) {
+          a[j] = __bfloat162float(ks[i]);
+          cc[j] = __bfloat162float(ks[i + HALF]);
+          ss += a[j] * a[j] + cc[j] * cc[j];
+        }
+      }
+      float inv = 1.0f;
+      if (r.k_norm) inv = rsqrtf(warp_sum(ss) / float(D) + r.eps);
+      for (int i = lane; i < D; i += 32) vd[i] = vs[i];
+#pragma unroll
+      for (int j = 0; j < PL; ++j) {
+        const int i = lane + 32 * j;
+        if (i < HALF) {
+          float x0 = a[j], x1 = cc[j];
+          if (r.k_norm) {
+            x0 = x0 * inv * load_norm(r.k_norm, i, r.norm_dtype);
+            x1 = x1 * inv * load_norm(r.k_norm, i + HALF, r.norm_dtype);
+          }
+          kd[i] = __float2bfloat16_rn(x0 * rope_cs[i] - x1 * rope_sn[i]);
+          kd[i + HALF] = __float2bfloat16_rn(x1 * rope_cs[i] + x0 * rope_sn[i]);
+        }
+      }
+      __threadfence();  // the row reaches L2, where the other warps' cp.async (.cg) read it
+    }
+    __syncthreads();  // the angles; the new row is in its page before any warp copies it
+  }
   for (int i = 0; i < kAS - 1 && i < n; ++i) issue(i, -1, early ? late : -1);
   cp_async_commit();
 #pragma unroll
@@ -139,13 +232,61 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   uint32_t qa[KB][4];
   {
     const __nv_bfloat16* q0 = q + (int64_t(t) * n_heads + kh * G) * D;
+    if constexpr (!FUSED) {
 #pragma unroll
-    for (int kb = 0; kb < KB; ++kb) {
-      const int d0 = kb * 16 + 2 * c;
-      qa[kb][0] = g < G ? *reinterpret_cast<const uint32_t*>(q0 + g * D + d0) : 0u;
-      qa[kb][2] = g < G ? *reinterpret_cast<const uint32_t*>(q0 + g * D + d0 + 8) : 0u;
-      qa[kb][1] = ROWS16 && g + 8 < G ? *reinterpret_cast<const uint32_t*>(q0 + (g + 8) * D + d0) : 0u;
-      qa[kb][3] = ROWS16 && g + 8 < G ? *reinterpret_cast<const uint32_t*>(q0 + (g + 8) * D + d0 + 8) : 0u;
+      for (int kb = 0; kb < KB; ++kb) {
+        const int d0 = kb * 16 + 2 * c;
+        qa[kb][0] = g < G ? *reinterpret_cast<const uint32_t*>(q0 + g * D + d0) : 0u;
+        qa[kb][2] = g < G ? *reinterpret_cast<const uint32_t*>(q0 + g * D + d0 + 8) : 0u;
+        qa[kb][1] = ROWS16 && g + 8 < G ? *reinterpret_cast<const uint32_t*>(q0 + (g + 8) * D + d0) : 0u;
+        qa[kb][3] = ROWS16 && g + 8 < G ? *reinterpret_cast<const uint32_t*>(q0 + (g + 8) * D + d0 + 8) : 0u;
+      }
+    } else {
+      // Rows g and g + 8 (fragment words 0, 2 and 1, 3): the lane's dims kb*16 + {2c, 2c+1, 2c+8,
+      // 2c+9} of each; a head's sum of squares is its quad's (lanes 4g..4g+3). The RoPE partner of
+      // dim d < HALF, d + HALF, is the same element of block kb + KB/2, held by the same lane.
+#pragma unroll
+      for (int h = 0; h < (ROWS16 ? 2 : 1); ++h) {
+        const int row = g + 8 * h;
+        float x[KB][4];
+        float ss = 0.0f;
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) {
+          uint32_t w0 = 0u, w1 = 0u;
+          if (row < G) {
+            w0 = *reinterpret_cast<const uint32_t*>(q0 + row * D + kb * 16 + 2 * c);
+            w1 = *reinterpret_cast<const uint32_t*>(q0 + row * D + kb * 16 + 2 * c + 8);
+          }
+          x[kb][0] = bf16_lo(w0), x[kb][1] = bf16_hi(w0), x[kb][2] = bf16_lo(w1), x[kb][3] = bf16_hi(w1);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ss += x[kb][e] * x[kb][e];
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        const float inv = r.q_norm ? rsqrtf(ss / float(D) + r.eps) : 1.0f;
+        float y[KB][4];
+#pragma unroll
+        for (int kb = 0; kb < KB / 2; ++kb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int d = kb * 16 + 2 * c + (e & 1) + 8 * (e >> 1);
+            float x0 = x[kb][e], x1 = x[kb + KB / 2][e];
+            if (r.q_norm) {
+              x0 = x0 * inv * qn_w[d];
+              x1 = x1 * inv * qn_w[d + HALF];
+            }
+            y[kb][e] = x0 * rope_cs[d] - x1 * rope_sn[d];
+            y[kb + KB / 2][e] = x1 * rope_cs[d] + x0 * rope_sn[d];
+          }
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) {
+          qa[kb][h] = pack_bf16(y[kb][0], y[kb][1]);
+          qa[kb][h + 2] = pack_bf16(y[kb][2], y[kb][3]);
+        }
+      }
+      if constexpr (!ROWS16)
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) qa[kb][1] = qa[kb][3] = 0u;
     }
   }
 
@@ -245,25 +386,110 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     row0[0] = acc[nd][0], row0[1] = acc[nd][1], row1[0] = acc[nd][2], row1[1] = acc[nd][3];
   }
   __syncthreads();
-  merge_warps_store<kAW>(
-      G, D, [&](int w, int hg) { return sm[w * 16 + hg]; }, [&](int w, int hg) { return sl[w * 16 + hg]; },
-      [&](int w, int hg, int d) { return sa[(w * 16 + hg) * D + d]; }, int64_t(t) * n_heads + kh * G,
-      live == 1 ? out : nullptr, ws, n_splits, s);
+  auto wm = [&](int w, int hg) { return sm[w * 16 + hg]; };
+  auto wl = [&](int w, int hg) { return sl[w * 16 + hg]; };
+  auto wa = [&](int w, int hg, int d) { return sa[(w * 16 + hg) * D + d]; };
+  if (!FUSED || live == 1) {  // (FUSED, one live split: no block reads another's memory)
+    if (active)
+      merge_warps_store<kAW>(G, D, wm, wl, wa, int64_t(t) * n_heads + kh * G, live == 1 ? out : nullptr, ws, n_splits, s);
+    return;
+  }
+  if constexpr (FUSED) {
+    // This block's state [m, l][16] and acc [16][D] after the warps' own; then each block writes the
+    // dims i = rank * blockDim + tid (stride n_splits * blockDim) of the G heads from the live splits'.
+    float* cm = sa + kAW * 16 * D;
+    float* cl = cm + 16;
+    float* ca = cl + 16;
+    if (active)
+      merge_warps<kAW>(G, D, wm, wl, wa, [&](int hg, int d, float M, float L, float A) {
+        if (d == 0) cm[hg] = M, cl[hg] = L;
+        ca[hg * D + d] = A;
+      });
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int64_t th0 = int64_t(t) * n_heads + kh * G;
+    for (int i = s * blockDim.x + threadIdx.x; i < G * D; i += n_splits * blockDim.x) {
+      const int hg = i / D, d = i % D;
+      float M = -FLT_MAX;
+      for (int sp = 0; sp < live; ++sp) {
+        const float* rm = cluster.map_shared_rank(cm, sp);
+        if (rm[16 + hg] > 0.0f) M = fmaxf(M, rm[hg]);
+      }
+      float L = 0.0f, A = 0.0f;
+      for (int sp = 0; sp < live; ++sp) {
+        const float* rm = cluster.map_shared_rank(cm, sp);
+        const float ls = rm[16 + hg];
+        const float w = ls > 0.0f ? exp2f(rm[hg] - M) : 0.0f;
+        L += ls * w;
+        A += rm[32 + hg * D + d] * w;
+      }
+      out[(th0 + hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+    }
+    cluster.sync();  // no block leaves while another may still read its state
+  }
 }
 
 template <int D, bool R16>
 cudaError_t launch_tc(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                       int n_splits, float* ws, void* out, cudaStream_t s) {
-  constexpr size_t smem = tc_attn_smem(D);
+  constexpr size_t smem = tc_attn_smem(D, false);
   static const cudaError_t attr =
-      cudaFuncSetAttribute(attn_tc_kernel<D, R16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      cudaFuncSetAttribute(attn_tc_kernel<D, R16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (attr != cudaSuccess) return attr;
   const dim3 grid(unsigned(n_splits), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
-  launch_k(attn_tc_kernel<D, R16>, grid, dim3(kAW * 32), smem, s, static_cast<const __nv_bfloat16*>(q), n_heads, kv,
-           layer, b, scale * 1.4426950408889634f, n_splits, ws, static_cast<__nv_bfloat16*>(out));
+  launch_k(attn_tc_kernel<D, R16, false>, grid, dim3(kAW * 32), smem, s, static_cast<const __nv_bfloat16*>(q), n_heads,
+           kv, layer, b, scale * 1.4426950408889634f, n_splits, ws, static_cast<__nv_bfloat16*>(out), RopeDev{});
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || n_splits == 1) return e;
   return attention_combine(ws, b.pos, b.n_tokens, n_heads, D, n_splits, out, s);
+}
+
+// The fused kernel's attributes, set once per instance: its shared memory, and clusters of 16
+// (beyond the portable 8) where the device allows them. The largest cluster size this device
+// schedules for it (0: none).
+template <int D, bool R16>
+int fused_max_cluster() {
+  static const int v = [] {
+    auto* k = attn_tc_kernel<D, R16, true>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(tc_attn_smem(D, true))) != cudaSuccess)
+      return 0;
+    const bool np = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    (void)cudaGetLastError();
+    for (int cs = np ? 16 : 8; cs >= 2; cs /= 2) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(cs), 1, 1);
+      cfg.blockDim = dim3(kAW * 32);
+      cfg.dynamicSmemBytes = tc_attn_smem(D, true);
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = unsigned(cs);
+      at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess && n > 0) return cs;
+      (void)cudaGetLastError();
+    }
+    return 1;
+  }();
+  return v;
+}
+
+template <int D, bool R16>
+cudaError_t launch_fused(const void* q, int n_heads, const RopeDev& r, const KVDev& kv, int layer, const BatchDev& b,
+                         float scale, int cluster, void* out, cudaStream_t s) {
+  if (fused_max_cluster<D, R16>() < cluster) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(cluster), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
+  launch_kc(attn_tc_kernel<D, R16, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
+            static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
+            static_cast<float*>(nullptr), static_cast<__nv_bfloat16*>(out), r);
+  return cudaGetLastError();
+}
+
+int max_cluster_any() {
+  return std::min(std::min(fused_max_cluster<64, false>(), fused_max_cluster<64, true>()),
+                  std::min(fused_max_cluster<128, false>(), fused_max_cluster<128, true>()));
 }
 
 }  // namespace
@@ -282,6 +508,36 @@ cudaError_t attention_tc(const void* q, int n_heads, const KVDev& kv, int layer,
                : launch_tc<64, false>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
   return r16 ? launch_tc<128, true>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
              : launch_tc<128, false>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+}
+
+int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms) {
+  // As many splits as attention_splits gives (blocks to fill the GPU, >= 64 positions each at full
+  // context), as a power of two no larger than the device's cluster limit (16 on the H200);
+  // ANVIL_CUDA_ROPE_ATTN_CLUSTER=N caps it (for measuring).
+  static const int cap = [] {
+    const char* e = std::getenv("ANVIL_CUDA_ROPE_ATTN_CLUSTER");
+    const int v = e && *e ? std::atoi(e) : 16;
+    return v >= 1 ? v : 1;
+  }();
+  const int limit = std::min(cap, max_cluster_any());
+  if (limit < 1) return 0;
+  const int want = attention_splits(T, n_kv_heads, max_positions, n_sms);
+  int cs = 1;
+  while (cs * 2 <= want && cs * 2 <= limit) cs *= 2;
+  return cs;
+}
+
+cudaError_t rope_attention_tc(const void* q, int n_heads, const RopeDev& r, const KVDev& kv, int layer,
+                              const BatchDev& b, float scale, int cluster, void* out, cudaStream_t s) {
+  if (!attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim) || b.n_tokens != b.n_seqs || cluster < 1 ||
+      cluster > 16 || (cluster & (cluster - 1)) != 0)
+    return cudaErrorInvalidValue;
+  const bool r16 = n_heads / kv.n_kv_heads > 8;
+  if (kv.head_dim == 64)
+    return r16 ? launch_fused<64, true>(q, n_heads, r, kv, layer, b, scale, cluster, out, s)
+               : launch_fused<64, false>(q, n_heads, r, kv, layer, b, scale, cluster, out, s);
+  return r16 ? launch_fused<128, true>(q, n_heads, r, kv, layer, b, scale, cluster, out, s)
+             : launch_fused<128, false>(q, n_heads, r, kv, layer, b, scale, cluster, out, s);
 }
 
 }  // namespace anvil::cuda

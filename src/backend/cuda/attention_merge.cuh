@@ -21,12 +21,10 @@ __device__ __forceinline__ int live_splits(int len, int n_splits) {
 
 // For each of the block's G heads and each of the D dims (threads of the block striding over them):
 // the warps' states (m_w, l_w, acc_w) merged into (M, L, A) with weights exp2(m_w - M) (0 for an empty
-// warp), then written either as the bf16 output A / L of head th0 + g (out non-null: one split) or as
-// this split's partial [M, L, A[D]] in ws ([head][split][D + 2]). m(w, g), l(w, g), acc(w, g, d)
-// read the states from shared memory, published and synchronized by the caller.
-template <int W, class Mf, class Lf, class Af>
-__device__ __forceinline__ void merge_warps_store(int G, int D, Mf&& m, Lf&& l, Af&& acc, int64_t th0,
-                                                  __nv_bfloat16* out, float* ws, int n_splits, int s) {
+// warp), handed to sink(g, d, M, L, A). m(w, g), l(w, g), acc(w, g, d) read the states from shared
+// memory, published and synchronized by the caller.
+template <int W, class Mf, class Lf, class Af, class Sink>
+__device__ __forceinline__ void merge_warps(int G, int D, Mf&& m, Lf&& l, Af&& acc, Sink&& sink) {
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
     float M = -FLT_MAX;
@@ -37,15 +35,25 @@ __device__ __forceinline__ void merge_warps_store(int G, int D, Mf&& m, Lf&& l, 
       L += l(w, g) * c;
       A += acc(w, g, d) * c;
     }
+    sink(g, d, M, L, A);
+  }
+}
+
+// merge_warps, written either as the bf16 output A / L of head th0 + g (out non-null: one split) or
+// as this split's partial [M, L, A[D]] in ws ([head][split][D + 2]).
+template <int W, class Mf, class Lf, class Af>
+__device__ __forceinline__ void merge_warps_store(int G, int D, Mf&& m, Lf&& l, Af&& acc, int64_t th0,
+                                                  __nv_bfloat16* out, float* ws, int n_splits, int s) {
+  merge_warps<W>(G, D, m, l, acc, [&](int g, int d, float M, float L, float A) {
     const int64_t th = th0 + g;
     if (out) {
       out[th * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
-      continue;
+      return;
     }
     float* part = ws + (th * n_splits + s) * (D + 2);
     if (d == 0) part[0] = M, part[1] = L;
     part[2 + d] = A;
-  }
+  });
 }
 
 }  // namespace anvil::cuda

@@ -78,6 +78,9 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
+    if (const char* f = std::getenv("ANVIL_CUDA_ROPE_ATTN"); f && *f == '1') rope_attn_ = true;
+    // The fused decode attention's cluster limit, probed once here rather than inside a capture.
+    if (rope_attn_ && cuda::rope_attention_cluster(1, 1, 1 << 20, sms_) < 1) rope_attn_ = false;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
       skip_ = k;
@@ -487,6 +490,39 @@ class CudaBackend final : public Backend {
              "attention");
     if (splits > 1 && !done) launches_ += 1;  // the split kernel and the combine
   }
+  void rope_attention(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm, float eps,
+                      const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch, float scale,
+                      Act out) override {
+    const int n_heads = kv.head_dim > 0 ? int(q.cols / kv.head_dim) : 0;
+    const bool fusable = rope_attn_ && attn_tc_ && batch.n_tokens == batch.n_seqs && batch.n_tokens > 0 &&
+                         kv.head_dim > 0 && q.cols % kv.head_dim == 0 && kv.n_kv_heads > 0 &&
+                         cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim) && !skip("rope_kv") &&
+                         !skip("attention");
+    const int cluster =
+        fusable ? cuda::rope_attention_cluster(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_) : 0;
+    if (cluster < 1) {
+      Backend::rope_attention(q, k, v, q_norm, k_norm, eps, inv_freq, kv, layer, batch, scale, out);
+      return;
+    }
+    if (!bf16(q, "rope_attention", "q") || !bf16(k, "rope_attention", "k") || !bf16(v, "rope_attention", "v") ||
+        !bf16(out, "rope_attention", "out") || !same_shape(q, out, "rope_attention") ||
+        !check_kv(kv, layer, "rope_attention"))
+      return;
+    if (!expect(k.cols == int64_t(kv.n_kv_heads) * kv.head_dim && v.cols == k.cols && q.rows == batch.n_tokens &&
+                    k.rows == q.rows && v.rows == q.rows,
+                "rope_attention: expected q [T, n_heads*head_dim], k/v [T, n_kv_heads*head_dim]"))
+      return;
+    if (!expect(q_norm.dtype == k_norm.dtype || !q_norm.data || !k_norm.data,
+                "rope_attention: q_norm and k_norm must share a dtype"))
+      return;
+    Prof pr(this, "attention");
+    cuda::RopeDev r;
+    r.k = k.data, r.v = v.data, r.q_norm = q_norm.data, r.k_norm = k_norm.data;
+    r.norm_dtype = elem_unchecked(q_norm.data ? q_norm.dtype : k_norm.dtype);
+    r.eps = eps, r.inv_freq = inv_freq;
+    launched(cuda::rope_attention_tc(q.data, n_heads, r, kvdev(kv), layer, bdev(batch), scale, cluster, out.data, st_),
+             "rope_attention (tensor cores, fused)");
+  }
   void gather_rows(Act src, const int32_t* rows, Act dst) override {
     if (!expect(src.dtype == dst.dtype && src.cols == dst.cols, "gather_rows: src and dst must match in dtype and cols"))
       return;
@@ -846,6 +882,13 @@ class CudaBackend final : public Backend {
   // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
   // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).
   bool attn_tc_ = true;
+  // ANVIL_CUDA_ROPE_ATTN=1: decode steps run q/k norm + RoPE + KV append, tensor-core attention and
+  // the splits' merge as one kernel (rope_attention, attention_decode_tc.cu) instead of rope_kv,
+  // attention and combine. Correct on the H200 (CudaOps.FusedRopeAttentionMatchesCpu, golden 38/38)
+  // but no faster there (2026-12-01, tg64 after 512: qwen3-8b q4g64 375.8 vs 371.1 tok/s, qwen3-0.6b
+  // 1,069 vs 1,095, qwen3-30b-a3b-16L 877.8 vs 854.7; after 16,384 tokens 243.5 vs 275.1, with 16
+  // blocks per kv head instead of 66), so opt-in.
+  bool rope_attn_ = false;
   // ANVIL_CUDA_SKIP=family,...: for measuring only, the ops of these --profile families (norm,
   // rope_kv, attention, linear, mlp_gate_up) launch nothing, so the results are meaningless; the
   // change in decode time is what those kernels cost inside the graph, launch gaps included.

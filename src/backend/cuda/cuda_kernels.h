@@ -135,6 +135,24 @@ cudaError_t attention_combine(const float* ws, const int32_t* pos, int T, int n_
 bool attention_tc_ok(int n_heads, int n_kv_heads, int head_dim);
 cudaError_t attention_tc(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                          int n_splits, float* workspace, void* out, cudaStream_t s);
+// The decode form of the two ops above (every token of the batch is its sequence's next position:
+// n_tokens == n_seqs): qk_norm_rope_kv_append and attention_tc in one kernel. Each (token, kv head)
+// gets `cluster` split blocks (1, 2, 4, 8 or 16) in one thread block cluster, which rotate q
+// themselves, write the new K/V row (the block whose split holds it) and merge their splits through
+// distributed shared memory: no workspace, no second kernel. rope_attention_cluster gives the cluster
+// size for a launch shape (as attention_splits does; 0: the fused kernel cannot run here).
+struct RopeDev {
+  const void* k = nullptr;  // [T, n_kv*D] bf16, as produced by the k projection
+  const void* v = nullptr;
+  const void* q_norm = nullptr;  // [D] or null
+  const void* k_norm = nullptr;
+  Elem norm_dtype = Elem::kBF16;
+  float eps = 0.0f;
+  const float* inv_freq = nullptr;  // [D/2]
+};
+int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms);
+cudaError_t rope_attention_tc(const void* q, int n_heads, const RopeDev& r, const KVDev& kv, int layer,
+                              const BatchDev& b, float scale, int cluster, void* out, cudaStream_t s);
 // attention_prefill.cu: causal attention on the tensor cores for T tokens of ONE sequence at the
 // consecutive positions p0, p0+1, ... (a prefill chunk), head_dim 32, 64 or 128 (attention_prefill_ok).
 bool attention_prefill_ok(int head_dim);
