@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve]   (default all)
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue]   (default all)
+# issue: whether the batch-1 decode kernels are bound by instruction issue or by memory: ncu's warp
+# instructions, issue-slot use, DRAM bytes and time per kernel for decode steps of qwen3-8b q4g64
+# and qwen3-30b-a3b-16L q4g64, with the issue-time floor (instructions / (SMs x 4 schedulers x
+# clock)) next to the DRAM floor (bytes / the measured copy bandwidth), summarized by
+# scripts/ncu_issue_summary.py.
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
 # the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096").
 # store: the durable KV store's CUDA path (issue 10): its GPU
@@ -70,6 +75,18 @@ if [ "$what" = store ]; then
   grep -E "Failure|FAILED|error" "$OUT/store_tests.log" | head -20
   cat "$OUT/store_bench.log"
   printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+if [ "$what" = issue ]; then
+  issue_metrics="gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,sm__cycles_elapsed.avg.per_second,launch__grid_size,launch__registers_per_thread"
+  for m in qwen3-8b:q4g64 qwen3-30b-a3b-16L:q4g64; do
+    log="$OUT/ncu_issue_${m%%:*}.log"
+    timeout 240 ncu --clock-control none --launch-skip ${NCU_SKIP:-4000} --launch-count ${NCU_COUNT:-40} --metrics "$issue_metrics" \
+      ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 16 -n 40 --runs 1 > "$log" 2>&1
+    echo "### $m (ncu rc=$?)"
+    python3 scripts/ncu_issue_summary.py "$log"
+  done
+  echo "total $(( $(date +%s) - t0 )) s"
   exit 0
 fi
 if [ "$what" = serve ]; then
