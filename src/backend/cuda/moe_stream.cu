@@ -32,7 +32,10 @@ using tc::cp_async_commit;
 using tc::cp_async_wait;
 using tc::Step;
 
-using tc::cp_async4;
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(src) : "memory");
+}
 
 // The staged scales' row stride (bf16 elements): at least ng + 1 and 8 mod 16, so the 8 rows a
 // warp reads at once fall on 8 different banks (qgemv_stream.cu measured the conflicts' cost).

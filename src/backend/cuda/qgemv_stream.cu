@@ -40,36 +40,15 @@ __device__ __forceinline__ uint32_t norm_pair(uint32_t h, uint32_t w, float& ss)
 // qwen3-8b q4g64 decoded at 365-367 against 358 tok/s on the H200 (2026-12-01, session 10).
 __host__ __device__ constexpr int padded_groups(int ng) { return ng + ((ng & 8) ? 16 : 8); }
 __host__ __device__ constexpr size_t async_ring_bytes(int W, int S, int M) { return size_t(W) * S * M * 2 * 32 * 16; }
-// SAM (GS > 0) adds the activations' per-group sums: [groups][8 tokens] fp32, before x.
-inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group, bool sam = false) {
-  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(padded_groups(int(K / group))) * 2 +
-         (sam ? size_t(K / group) * 8 * 4 : 0) + size_t(T) * size_t(K) * 2;
+inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group) {
+  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(padded_groups(int(K / group))) * 2 + size_t(T) * size_t(K) * 2;
 }
 
-// The raw bf16 pair (128 + q0, 128 + q1) of nibbles (s/4, s/4 + 4) of w: exact, no scale applied.
-__device__ __forceinline__ uint32_t raw_pair(uint32_t w, int shift) {
-  return ((w >> shift) & 0x000F000Fu) | 0x43004300u;
-}
-
-// GS = 0: the kernel described above. GS = log2(group) (5, 6, 7): the scales after the mma
-// (ANVIL_QGEMV_SAM=1, no fused norm). Why: ncu on the H200 (benchmarks.md, session 12) counted ~0.12
-// warp instructions per weight, as long to issue as the weights take to read, with the kernels
-// running for about the sum; ~160 of a step's ~244 instructions dequantize (shift, lop3, hsub2,
-// hfma2 per pair). Here the mma takes the raw values 128 + q straight from one lop3 (exact in bf16),
-// accumulating each group's raw dot products in fp32, and once per group and row
-//   dot += s * raw + (b - 128 s) * X,   X = the group's sum of the token's activations
-// (computed while staging x). An mma's 16 k must then lie in one group, so lane c copies the words
-// 4j + c (j = 0..3: four 4-byte copies per row and step instead of one 16-byte one) and the 32 k of
-// block j are words 4j..4j+3 of the four lanes: one group of 32 or more, with no reads of another
-// lane's copies (which made session 10's variant of this slower). The staged x is the same buffer,
-// read at block j, mma 2c + h. The result is the exact dot product of bf16 activations with the
-// exact affine weights in fp32 (the default path rounds each weight to bf16 first).
 // The explicit minimum of 1 block per SM matters: without it ptxas picks fewer registers (48 instead of
 // 64 here) and spills in some shapes.
-template <bool SWIGLU, int W, int S, int GS = 0>
+template <bool SWIGLU, int W, int S>
 __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
-  constexpr bool SAM = GS > 0;
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -82,8 +61,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   uint4* ring = reinterpret_cast<uint4*>(smem);
   __nv_bfloat16* sc = reinterpret_cast<__nv_bfloat16*>(smem + async_ring_bytes(W, S, M));
   const int ngp = padded_groups(ng);
-  float* xsum = reinterpret_cast<float*>(sc + size_t(M) * 2 * 16 * ngp);  // SAM: [ng][8]
-  uint32_t* xs = reinterpret_cast<uint32_t*>(SAM ? xsum + size_t(ng) * 8 : xsum);
+  uint32_t* xs = reinterpret_cast<uint32_t*>(sc + size_t(M) * 2 * 16 * ngp);
 
   // The tile's scales and biases: [array = matrix*2 + (0 scales, 1 biases)][row][ngp].
   const int pieces = ng / 8;  // 16-byte pieces per row
@@ -100,24 +78,8 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   auto step_of = [&](int i) { return warp + i * W; };
   uint4* my = ring + size_t(warp) * S * M * 2 * 32;
   auto issue = [&](int i) {
-    uint4* slot = my + (i % S) * M * 2 * 32;
-    if constexpr (SAM) {  // words 4j + c of the step, rows g and g + 8, into this lane's 16 bytes
-      const int64_t wq = int64_t(step_of(i)) * 16 + c;
-      const int64_t wa4 = oa * 4 + wq, wb4 = ob * 4 + wq;  // oa, ob are in 16-byte units
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi) {
-        const uint32_t* src = reinterpret_cast<const uint32_t*>(mi ? p.up.w : m.w);
-        uint32_t* da = reinterpret_cast<uint32_t*>(slot + 64 * mi + lane);
-        uint32_t* db = reinterpret_cast<uint32_t*>(slot + 64 * mi + 32 + lane);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          cp_async4(da + j, src + wa4 + 4 * j);
-          cp_async4(db + j, src + wb4 + 4 * j);
-        }
-      }
-      return;
-    }
     const int kq = (step_of(i) * 128 + c * 32) >> 5;  // 16-byte piece within a row
+    uint4* slot = my + (i % S) * M * 2 * 32;
     cp_async16(slot + lane, reinterpret_cast<const uint4*>(m.w) + oa + kq);
     cp_async16(slot + 32 + lane, reinterpret_cast<const uint4*>(m.w) + ob + kq);
     if constexpr (SWIGLU) {
@@ -161,36 +123,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   // rmsnorm() writes x: two passes and two more barriers per block, and slower on qwen3-8b).
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
   uint4* xq = reinterpret_cast<uint4*>(xs);
-  if constexpr (SAM) {
-    // The same pieces and order, walked warp by warp (the loop bound is the same for every lane, as
-    // the group sums' shuffles need), and each group's sum of x per token: a group is 4, 8 or 16
-    // consecutive pieces (never across a token: K / 8 is a multiple of 16), i.e. aligned lanes.
-    constexpr int GP = (1 << GS) / 8;
-    for (int base = warp * 32; base < nq; base += kStageV * W * 32) {
-      uint4 v[kStageV];
-#pragma unroll
-      for (int i = 0; i < kStageV; ++i) {
-        const int q = base + lane + i * W * 32;
-        if (q < nq) v[i] = __ldg(xv + q);
-      }
-#pragma unroll
-      for (int i = 0; i < kStageV; ++i) {
-        const int q = base + lane + i * W * 32;
-        float ps = 0.0f;
-        if (q < nq) {
-          const uint4 a = v[i];
-          ps = ((bf16_lo(a.x) + bf16_hi(a.x)) + (bf16_lo(a.y) + bf16_hi(a.y))) +
-               ((bf16_lo(a.z) + bf16_hi(a.z)) + (bf16_lo(a.w) + bf16_hi(a.w)));
-          xq[q] = make_uint4(__byte_perm(a.x, a.z, 0x5410), __byte_perm(a.x, a.z, 0x7632),
-                             __byte_perm(a.y, a.w, 0x5410), __byte_perm(a.y, a.w, 0x7632));
-        }
-#pragma unroll
-        for (int o = 1; o < GP; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-        if (q < nq && (lane & (GP - 1)) == 0) xsum[((q % kq) >> (GS - 3)) * 8 + q / kq] = ps;
-      }
-    }
-  }
-  for (int q0 = threadIdx.x; !SAM && q0 < nq; q0 += kStageV * W * 32) {
+  for (int q0 = threadIdx.x; q0 < nq; q0 += kStageV * W * 32) {
     uint4 v[kStageV];
 #pragma unroll
     for (int i = 0; i < kStageV; ++i) {
@@ -234,53 +167,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
 
   float d[M][4] = {};
   const uint2* xrow = g < p.T ? xf + g * (K / 4) : nullptr;
-  if constexpr (SAM) {
-    constexpr int BPG = (1 << GS) / 32;  // 32-k blocks per group: 1, 2 or 4
-    const uint4* xr4 = reinterpret_cast<const uint4*>(xrow);
-    const float2* xs2 = reinterpret_cast<const float2*>(xsum);
-    for (int i = 0; i < n; ++i) {
-      cp_async_wait<S - 1>();
-      const int step = step_of(i);
-      const uint4* slot = my + (i % S) * M * 2 * 32;
-      uint4 wa[M], wb[M];
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi) wa[mi] = slot[64 * mi + lane], wb[mi] = slot[64 * mi + 32 + lane];
-      float dg[M][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (j % BPG == 0)
-#pragma unroll
-          for (int mi = 0; mi < M; ++mi) dg[mi][0] = dg[mi][1] = dg[mi][2] = dg[mi][3] = 0.0f;
-        const uint4 b = xr4 ? xr4[(step * 4 + j) * 4 + c] : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int mi = 0; mi < M; ++mi) {
-          const uint32_t w0 = j == 0 ? wa[mi].x : j == 1 ? wa[mi].y : j == 2 ? wa[mi].z : wa[mi].w;
-          const uint32_t w1 = j == 0 ? wb[mi].x : j == 1 ? wb[mi].y : j == 2 ? wb[mi].z : wb[mi].w;
-          mma_bf16(dg[mi], raw_pair(w0, 0), raw_pair(w1, 0), raw_pair(w0, 4), raw_pair(w1, 4), b.x, b.y);
-          mma_bf16(dg[mi], raw_pair(w0, 8), raw_pair(w1, 8), raw_pair(w0, 12), raw_pair(w1, 12), b.z, b.w);
-        }
-        if (j % BPG == BPG - 1) {  // the group's end: scale, bias and the activations' sum
-          const int gi = (step * 128 + 32 * j) >> GS;
-          const float2 X = xs2[gi * 4 + c];  // tokens 2c, 2c + 1
-#pragma unroll
-          for (int mi = 0; mi < M; ++mi) {
-            const float sa = __bfloat162float(sc[(2 * mi * 16 + g) * ngp + gi]);
-            const float ba = __bfloat162float(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
-            const float sb = __bfloat162float(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
-            const float bb = __bfloat162float(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
-            const float ca = fmaf(-128.0f, sa, ba), cb = fmaf(-128.0f, sb, bb);
-            d[mi][0] = fmaf(sa, dg[mi][0], fmaf(ca, X.x, d[mi][0]));
-            d[mi][1] = fmaf(sa, dg[mi][1], fmaf(ca, X.y, d[mi][1]));
-            d[mi][2] = fmaf(sb, dg[mi][2], fmaf(cb, X.x, d[mi][2]));
-            d[mi][3] = fmaf(sb, dg[mi][3], fmaf(cb, X.y, d[mi][3]));
-          }
-        }
-      }
-      if (i + S < n) issue(i + S);
-      cp_async_commit();
-    }
-  }
-  for (int i = 0; !SAM && i < n; ++i) {
+  for (int i = 0; i < n; ++i) {
     cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
     const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
     const uint4* slot = my + (i % S) * M * 2 * 32;
@@ -306,31 +193,13 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S, int GS = 0>
+template <bool SW, int W, int S>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, GS>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S, GS>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
-}
-
-// ANVIL_QGEMV_SAM=1: the scales after the mma (GS > 0 above) where it applies.
-bool sam_on() {
-  static const bool v = [] {
-    const char* e = std::getenv("ANVIL_QGEMV_SAM");
-    return e && *e == '1';
-  }();
-  return v;
-}
-template <bool SW, int W>
-cudaError_t sam_launch(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  constexpr int S = SW ? 4 : 8;
-  switch (p.group) {
-    case 32: return async_launch_one<SW, W, S, 5>(tiles, smem, s, p);
-    case 64: return async_launch_one<SW, W, S, 6>(tiles, smem, s, p);
-    default: return async_launch_one<SW, W, S, 7>(tiles, smem, s, p);
-  }
 }
 
 bool ring_override(int* W, int* S) {
@@ -381,13 +250,6 @@ cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, co
 }  // namespace
 
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p) {
-  if (sam_on() && !p.norm_w && a.S * (swiglu ? 2 : 1) == 8) {
-    const size_t smem = async_smem_bytes(a.W, a.S, swiglu ? 2 : 1, p.T, p.K, p.group, true);
-    if (smem <= kAsyncMaxSmem) {
-      if (swiglu) return a.W == 8 ? sam_launch<true, 8>(tiles, smem, s, p) : sam_launch<true, 4>(tiles, smem, s, p);
-      return a.W == 8 ? sam_launch<false, 8>(tiles, smem, s, p) : sam_launch<false, 4>(tiles, smem, s, p);
-    }
-  }
   if (swiglu)
     return a.W == 8 ? async_launch_w<true, 8>(a.S, tiles, a.smem, s, p) : async_launch_w<true, 4>(a.S, tiles, a.smem, s, p);
   return a.W == 8 ? async_launch_w<false, 8>(a.S, tiles, a.smem, s, p) : async_launch_w<false, 4>(a.S, tiles, a.smem, s, p);

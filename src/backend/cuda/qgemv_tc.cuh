@@ -59,11 +59,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
 }
-// 4 bytes (cp.async.ca: sizes below 16 go through L1).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
