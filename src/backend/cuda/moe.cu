@@ -28,15 +28,6 @@ constexpr int kRouteTok = 8;  // tokens per routing block: each router row is re
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
-// dot(a chunk's words wq, xf), no scale or bias applied.
-template <int FMT, int W>
-__device__ __forceinline__ float chunk_raw_dot(const uint32_t (&wq)[W], const float (&xf)[32]) {
-  float d = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 32; ++e) d = fmaf(chunk_elem<FMT, W>(wq, e), xf[e], d);
-  return d;
-}
-
 // dot(weight chunk c of row `row`, xf) with the chunk's affine scale and bias applied.
 template <int FMT>
 __device__ __forceinline__ float chunk_dot(const ExpertPtrs& p, int64_t row, int64_t cols, int group, Elem dt,
@@ -44,7 +35,9 @@ __device__ __forceinline__ float chunk_dot(const ExpertPtrs& p, int64_t row, int
   constexpr int W = chunk_words<FMT>();
   uint32_t wq[W];
   load_words<W>(static_cast<const uint32_t*>(p.data) + row * row_words<FMT>(cols) + c * W, wq);
-  const float d = chunk_raw_dot<FMT, W>(wq, xf);
+  float d = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 32; ++e) d = fmaf(chunk_elem<FMT, W>(wq, e), xf[e], d);
   if constexpr (FMT <= 8) {
     const int64_t g = row * (cols / group) + c * 32 / group;
     return load_any(p.scales, g, dt) * d + load_any(p.biases, g, dt) * sx;
@@ -72,12 +65,9 @@ __device__ float weight_elem(const DevMatrix& w, int64_t row, int64_t col) {
 // counter per tile, reset by that block) then routes the tile's tokens: one warp per token, exactly
 // the CPU's rule (cpu_moe.cpp moe_route): p = softmax(logits) in fp32, k passes of an argmax over the
 // untaken experts (ties to the lower index), optional renormalization summed in top-k order.
-// The router's weights never change, so each lane loads its first kPre chunks of its row (scales and
-// biases too) before the wait for the previous kernel, whose output x is; K = 2,048 (Qwen3-30B-A3B)
-// is 2 chunks per lane, all of them.
 template <int FMT>
 __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
-  pdl_launch();
+  pdl_begin();
   __shared__ float sp[kWarps][kMoEMaxExperts];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -85,45 +75,12 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
   const int64_t K = a.H, nchunks = K / 32;
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const int r = blockIdx.x * kWarps + warp;
-  const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
-  constexpr int CW = chunk_words<FMT>();
-  constexpr int kPre = CW <= 16 ? 2 : 1;
-  uint32_t pw[kPre][CW];
-  float pscale[kPre], pbias[kPre];
   if (r < a.E) {
-#pragma unroll
-    for (int i = 0; i < kPre; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c < nchunks) {
-        load_words<CW>(static_cast<const uint32_t*>(w.data) + r * row_words<FMT>(K) + c * CW, pw[i]);
-        if constexpr (FMT <= 8) {
-          const int64_t g = r * (K / a.router.group) + c * 32 / a.router.group;
-          pscale[i] = load_any(w.scales, g, a.router.dtype), pbias[i] = load_any(w.biases, g, a.router.dtype);
-        }
-      }
-    }
-  }
-  pdl_wait();
-  if (r < a.E) {
+    const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
     float acc[kRouteTok];
 #pragma unroll
     for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPre; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c >= nchunks) break;
-#pragma unroll
-      for (int t = 0; t < kRouteTok; ++t) {
-        if (t < nt) {
-          float xf[32];
-          const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
-          const float d = chunk_raw_dot<FMT, CW>(pw[i], xf);
-          if constexpr (FMT <= 8) acc[t] += pscale[i] * d + pbias[i] * sx;
-          else acc[t] += d;
-        }
-      }
-    }
-    for (int64_t c = lane + 32 * kPre; c < nchunks; c += 32) {
+    for (int64_t c = lane; c < nchunks; c += 32) {
 #pragma unroll
       for (int t = 0; t < kRouteTok; ++t) {
         if (t < nt) {
