@@ -24,12 +24,13 @@ def main():
     kernels = []
     cur = None
     for line in text.splitlines():
-        h = re.match(r"^  (\S.*?)\s+\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context", line)
+        h = re.match(r"^  (\S.*?)\s+\((\d+, \d+, \d+)\)x\((\d+), \d+, \d+\), Context", line)
         if h:
-            name = h.group(1).replace("(anonymous namespace)::", "")
+            name = re.sub(r"\(anonymous namespace\)::|<?unnamed>::", "", h.group(1))
             name = re.sub(r"^void ", "", name)
             name = re.split(r"[<(]", name)[0].split("::")[-1]
-            cur = {"name": name}
+            grid = h.group(2).replace(", 1, 1", "").replace(" ", "")
+            cur = {"name": f"{name} [{grid}]x{h.group(3)}"}
             kernels.append(cur)
             continue
         mm = re.match(r"^\s+([a-z_]+__[\w.]+)\s+(\S+)?\s+([\d.,]+)\s*$", line)
@@ -43,6 +44,7 @@ def main():
     agg = defaultdict(lambda: defaultdict(float))
     order = []
     for k in kernels:
+        k["name"] += f" {k.get('dram__bytes_read.sum', 0) / 1e6:.0f}MB"
         a = agg[k["name"]]
         if k["name"] not in order:
             order.append(k["name"])
@@ -50,7 +52,7 @@ def main():
         for key, v in k.items():
             if key != "name":
                 a[key] += v
-    print(f"{'kernel':34} {'n':>3} {'time us':>8} {'MB':>7} {'TB/s':>5} {'Kinst':>7} {'issue%':>6} {'warps':>5} "
+    print(f"{'kernel':44} {'n':>3} {'time us':>8} {'MB':>7} {'TB/s':>5} {'Kinst':>7} {'issue%':>6} {'warps':>5} "
           f"{'issue floor us':>14} {'DRAM floor us':>13}")
     tot_t = tot_i = tot_d = 0.0
     for name in order:
@@ -67,9 +69,9 @@ def main():
         tot_t += t * n
         tot_i += fi * n
         tot_d += fd * n
-        print(f"{name[:34]:34} {int(n):3d} {t*1e6:8.2f} {b/1e6:7.2f} {b/t/1e12 if t else 0:5.2f} {inst/1e3:7.1f} "
+        print(f"{name[:44]:44} {int(n):3d} {t*1e6:8.2f} {b/1e6:7.2f} {b/t/1e12 if t else 0:5.2f} {inst/1e3:7.1f} "
               f"{issue:6.1f} {warps:5.2f} {fi:14.2f} {fd:13.2f}")
-    print(f"{'all':34} {len(kernels):3d} {tot_t*1e6:8.1f} {'':7} {'':5} {'':7} {'':6} {'':5} {tot_i:14.1f} {tot_d:13.1f}")
+    print(f"{'all':44} {len(kernels):3d} {tot_t*1e6:8.1f} {'':7} {'':5} {'':7} {'':6} {'':5} {tot_i:14.1f} {tot_d:13.1f}")
 
 
 if __name__ == "__main__":

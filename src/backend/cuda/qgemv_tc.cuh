@@ -38,8 +38,16 @@ __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reint
 __device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
 
 // Nibbles (s, s+4) of w as the bf16 pair (s*q0 + b, s*q1 + b).
+// With ANVIL_CUDA_DQ_LOP3 (CMake option, off: not yet run on a GPU) the mask and the or are one
+// lop3 with both constants in registers: given two immediates, ptxas emits two LOP3 per pair
+// (SASS of the streamed kernel's step: 68 LOP3, 36 with this; the same bits either way).
 __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int shift, __nv_bfloat162 s2, __nv_bfloat162 b2) {
+#if defined(ANVIL_CUDA_DQ_LOP3)
+  uint32_t p;  // bf16 pair (128 + q0, 128 + q1), exact: (w >> shift) & 0x000F000F | 0x43004300
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(w >> shift), "r"(0x000F000Fu), "r"(0x43004300u));
+#else
   const uint32_t p = ((w >> shift) & 0x000F000Fu) | 0x43004300u;  // bf16 pair (128 + q0, 128 + q1), exact
+#endif
   const __nv_bfloat162 q = __hsub2(u32_as_bf2(p), __floats2bfloat162_rn(128.0f, 128.0f));
   return bf2_as_u32(__hfma2(q, s2, b2));
 }
@@ -101,12 +109,13 @@ __device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uin
 
 // The 8 mmas of a step for M matrices (gate and up share each B fragment). xb: this lane's token's
 // chunk of activations pre-permuted into fragment order (mma j's b0, b1 at xb[j]); null: padding.
-template <int M>
+// MAYBE_NULL = false: xb is never null (no predicated loads and register clears).
+template <int M, bool MAYBE_NULL = true>
 __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int word = j >> 1, sh = (j & 1) * 8;
-    const uint2 b = xb ? xb[j] : make_uint2(0u, 0u);
+    const uint2 b = !MAYBE_NULL || xb ? xb[j] : make_uint2(0u, 0u);
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) {
       const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
