@@ -109,13 +109,20 @@ __device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uin
 
 // The 8 mmas of a step for M matrices (gate and up share each B fragment). xb: this lane's token's
 // chunk of activations pre-permuted into fragment order (mma j's b0, b1 at xb[j]); null: padding.
-// MAYBE_NULL = false: xb is never null (no predicated loads and register clears).
+// MAYBE_NULL = false: xb is never null and 16-byte aligned (no predicated loads or register clears;
+// two mmas' fragments per 16-byte load).
 template <int M, bool MAYBE_NULL = true>
 __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
+  uint4 xq[4];
+  if constexpr (!MAYBE_NULL)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xq[i] = reinterpret_cast<const uint4*>(xb)[i];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int word = j >> 1, sh = (j & 1) * 8;
-    const uint2 b = !MAYBE_NULL || xb ? xb[j] : make_uint2(0u, 0u);
+    uint2 b;
+    if constexpr (MAYBE_NULL) b = xb ? xb[j] : make_uint2(0u, 0u);
+    else b = (j & 1) ? make_uint2(xq[j >> 1].z, xq[j >> 1].w) : make_uint2(xq[j >> 1].x, xq[j >> 1].y);
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) {
       const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
