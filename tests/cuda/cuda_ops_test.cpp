@@ -24,6 +24,21 @@ constexpr double kGemvBound = 4e-3;         // fp32 accumulation + output roundi
 constexpr double kGemmBound = 6e-3;         // + bf16 dequantized weights (measured <= 3.5e-3)
 constexpr double kAttentionBound = 8e-3;    // bf16 q/k/v inputs and output, fp32 softmax (measured <= 4e-3)
 
+// A batch's view on the host (cb) and on the device (gb: positions and sequences copied there).
+struct Batch {
+  BatchView cb, gb;
+  Guarded gpos, gseq;
+};
+// What the attention tests set up for a head size D: RoPE frequencies (theta 1e6) on the host and
+// the device, and q/k norm weights near 1 (bf16) on the host and uploaded (filled in place: qn and kn
+// point into nqb and nkb).
+struct RopeNorms {
+  std::vector<float> inv_freq;
+  Guarded gfreq;
+  std::vector<uint16_t> nqb, nkb;
+  WeightVector qn, kn, dqn, dkn;
+};
+
 class CudaOps : public CudaFixture {
  protected:
   // Another CUDA backend, made with these environment switches set (a backend reads them when it is
@@ -37,6 +52,70 @@ class CudaOps : public CudaFixture {
       return nullptr;
     }
     return std::move(made).value();
+  }
+  // A zeroed paged KV cache of kv's shape on the host (host, kv.base) and on the device (gkv).
+  Guarded make_cache(KVCacheView& kv, std::vector<uint16_t>& host, KVCacheView& gkv) {
+    host.assign(kv.page_elems() * size_t(kv.n_pages), 0);
+    kv.base = host.data();
+    Guarded g = guarded(kv.page_bytes() * size_t(kv.n_pages));
+    gpu_->copy_to_device(g.data(), host.data(), kv.page_bytes() * size_t(kv.n_pages));
+    gkv = kv;
+    gkv.base = g.data();
+    return g;
+  }
+  // gate/up [F, H] of the format (bits, group, dt): linear_swiglu on the GPU against the CPU's for x
+  // [T, H] (gx: its bf16 copy on the device).
+  void expect_swiglu(const std::vector<float>& x, const Guarded& gx, int64_t T, int64_t H, int64_t F, int bits,
+                     int group, DType dt, double bound, const std::string& what) {
+    HostWeight g = make_weight(rng_, F, H, bits, group, dt, false);
+    HostWeight u = make_weight(rng_, F, H, bits, group, dt, false);
+    auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
+    ASSERT_TRUE(dg.is_ok() && du.is_ok());
+    std::vector<float> ref(size_t(T * F));
+    std::vector<float> xin = x;
+    cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, F, DType::kF32});
+    Guarded os = dev_out(size_t(T * F) * 2);
+    gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, F, DType::kBF16});
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    expect_close(read(os, DType::kBF16, what), ref, bound, what);
+    gpu_->free_weight(*dg);
+    gpu_->free_weight(*du);
+  }
+  // pos, seq and table must outlive the result (cb points into them; gtable holds the table).
+  Batch make_batch(const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, int n_seqs, int max_pages,
+                   const std::vector<int32_t>& table, const Guarded& gtable) {
+    Batch b;
+    const int T = int(pos.size());
+    b.cb.n_tokens = T, b.cb.n_seqs = n_seqs, b.cb.max_pages = max_pages;
+    b.cb.pos = b.cb.pos_host = pos.data(), b.cb.seq = b.cb.seq_host = seq.data(), b.cb.page_table = table.data();
+    b.gpos = dev_bytes(pos.data(), size_t(T) * 4), b.gseq = dev_bytes(seq.data(), size_t(T) * 4);
+    b.gb = b.cb;
+    b.gb.pos = static_cast<const int32_t*>(b.gpos.data()), b.gb.seq = static_cast<const int32_t*>(b.gseq.data());
+    b.gb.page_table = static_cast<const int32_t*>(gtable.data());
+    return b;
+  }
+  // The whole device cache against the host one (kElementwiseBound), and its guard bytes.
+  void expect_cache_matches(const std::vector<uint16_t>& host, const Guarded& dev, const std::string& what) {
+    std::vector<float> cc(host.size()), gc(host.size());
+    for (size_t i = 0; i < cc.size(); ++i) cc[i] = bf16_to_f32(host[i]);
+    std::vector<uint16_t> gcb(host.size());
+    gpu_->copy_to_host(gcb.data(), dev.data(), gcb.size() * 2);
+    for (size_t i = 0; i < gc.size(); ++i) gc[i] = bf16_to_f32(gcb[i]);
+    expect_close(gc, cc, kElementwiseBound, what);
+    read(dev, DType::kBF16, what + " guards");
+  }
+  void make_rope_norms(int D, RopeNorms* r) {
+    r->inv_freq.resize(size_t(D / 2));
+    for (int i = 0; i < D / 2; ++i) r->inv_freq[size_t(i)] = std::pow(1e6f, -2.0f * i / D);
+    r->gfreq = dev_bytes(r->inv_freq.data(), r->inv_freq.size() * 4);
+    auto nq = randn(size_t(D)), nk = randn(size_t(D));
+    r->nqb.resize(nq.size()), r->nkb.resize(nk.size());
+    for (size_t i = 0; i < nq.size(); ++i)
+      r->nqb[i] = f32_to_bf16(1.0f + 0.2f * nq[i]), r->nkb[i] = f32_to_bf16(1.0f + 0.2f * nk[i]);
+    r->qn = WeightVector{D, DType::kBF16, r->nqb.data()}, r->kn = WeightVector{D, DType::kBF16, r->nkb.data()};
+    auto dqn = gpu_->upload_vector(r->qn), dkn = gpu_->upload_vector(r->kn);
+    ASSERT_TRUE(dqn.is_ok() && dkn.is_ok());
+    r->dqn = *dqn, r->dkn = *dkn;
   }
   // CPU reference of linear on float inputs x [T, cols].
   std::vector<float> cpu_linear(const std::vector<float>& x, int64_t T, const WeightMatrix& w) {
@@ -143,18 +222,8 @@ TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
       expect_close(read(ok, DType::kBF16, "k"), cpu_linear(x, T, k.w), bound, "linear_multi k " + base);
       expect_close(read(ov, DType::kBF16, "v"), cpu_linear(x, T, v.w), bound, "linear_multi v " + base);
 
-      HostWeight g = make_weight(rng_, 300, H, f.bits, f.group, f.dt, false);
-      HostWeight u = make_weight(rng_, 300, H, f.bits, f.group, f.dt, false);
-      auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
-      ASSERT_TRUE(dg.is_ok() && du.is_ok());
-      std::vector<float> ref(size_t(T * 300));
-      std::vector<float> xin = x;
-      cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, 300, DType::kF32});
-      Guarded os = dev_out(size_t(T * 300) * 2);
-      gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, 300, DType::kBF16});
-      ASSERT_TRUE(gpu_->synchronize().is_ok());
-      expect_close(read(os, DType::kBF16, "swiglu"), ref, bound * 1.5, "linear_swiglu " + base);
-      for (auto* w : {&*dq, &*dk, &*dv, &*dg, &*du}) gpu_->free_weight(*w);
+      ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 300, f.bits, f.group, f.dt, bound * 1.5, "linear_swiglu " + base));
+      for (auto* w : {&*dq, &*dk, &*dv}) gpu_->free_weight(*w);
     }
 }
 
@@ -210,21 +279,10 @@ TEST_F(CudaOps, LmHeadSizedMatVecMatchesCpu) {
                                  std::to_string(i);
         expect_close(read(go[size_t(i)], DType::kBF16, what), cpu_linear(x, T, hw[size_t(i)].w), kGemmBound, what);
       }
-      HostWeight g = make_weight(rng_, 33000, H, 4, group, DType::kBF16, false);
-      HostWeight u = make_weight(rng_, 33000, H, 4, group, DType::kBF16, false);
-      auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
-      ASSERT_TRUE(dg.is_ok() && du.is_ok());
-      std::vector<float> ref(size_t(T * 33000));
-      std::vector<float> xin = x;
-      cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, 33000, DType::kF32});
-      Guarded os = dev_out(size_t(T * 33000) * 2);
-      gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, 33000, DType::kBF16});
-      ASSERT_TRUE(gpu_->synchronize().is_ok());
-      const std::string what = "linear_swiglu q4g" + std::to_string(group) + " [33000x512] T=" + std::to_string(T);
-      expect_close(read(os, DType::kBF16, what), ref, kGemmBound * 1.5, what);
+      ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 33000, 4, group, DType::kBF16, kGemmBound * 1.5,
+                                            "linear_swiglu q4g" + std::to_string(group) + " [33000x512] T=" +
+                                                std::to_string(T)));
       for (auto& w : dw) gpu_->free_weight(w);
-      gpu_->free_weight(*dg);
-      gpu_->free_weight(*du);
     }
 }
 
@@ -531,26 +589,19 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
     KVCacheView kv;
     kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
     kv.n_pages = 3 * max_pages;
-    std::vector<uint16_t> cpu_cache(kv.page_elems() * size_t(kv.n_pages), 0);
-    kv.base = cpu_cache.data();
-    Guarded gcache = guarded(kv.page_bytes() * size_t(kv.n_pages));
-    gpu_->copy_to_device(gcache.data(), cpu_cache.data(), kv.page_bytes() * size_t(kv.n_pages));
-    KVCacheView gkv = kv;
-    gkv.base = gcache.data();
+    std::vector<uint16_t> cpu_cache;
+    KVCacheView gkv;
+    Guarded gcache = make_cache(kv, cpu_cache, gkv);
     // Three sequences with scattered (non-contiguous, descending) pages.
     std::vector<int32_t> table(size_t(3) * max_pages);
     for (int s = 0; s < 3; ++s)
       for (int p = 0; p < max_pages; ++p) table[size_t(s) * max_pages + p] = (3 * max_pages - 1) - (p * 3 + s);
     Guarded gtable = dev_bytes(table.data(), table.size() * 4);
-    std::vector<float> inv_freq(size_t(c.D / 2));
-    for (int i = 0; i < c.D / 2; ++i) inv_freq[size_t(i)] = std::pow(1e6f, -2.0f * i / c.D);
-    Guarded gfreq = dev_bytes(inv_freq.data(), inv_freq.size() * 4);
-    auto nq = randn(size_t(c.D)), nk = randn(size_t(c.D));
-    std::vector<uint16_t> nqb(nq.size()), nkb(nk.size());
-    for (size_t i = 0; i < nq.size(); ++i) nqb[i] = f32_to_bf16(1.0f + 0.2f * nq[i]), nkb[i] = f32_to_bf16(1.0f + 0.2f * nk[i]);
-    WeightVector qn{c.D, DType::kBF16, nqb.data()}, kn{c.D, DType::kBF16, nkb.data()};
-    auto dqn = gpu_->upload_vector(qn), dkn = gpu_->upload_vector(kn);
-    ASSERT_TRUE(dqn.is_ok() && dkn.is_ok());
+    RopeNorms rn;
+    ASSERT_NO_FATAL_FAILURE(make_rope_norms(c.D, &rn));
+    const std::vector<float>& inv_freq = rn.inv_freq;
+    const Guarded& gfreq = rn.gfreq;
+    const WeightVector &qn = rn.qn, &kn = rn.kn;
 
     // Steps: prefill seq 0 (37 tokens), seq 1 (16 = exactly one page), seq 2 (1200 tokens in chunks);
     // then one decode batch of the three (positions 37, 16, 1200: a fresh page for seq 1).
@@ -572,18 +623,13 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       const int T = int(st.pos.size());
       const int64_t QD = int64_t(c.n_heads) * c.D, KD = int64_t(c.n_kv) * c.D;
       auto q = randn(size_t(T * QD)), k = randn(size_t(T * KD)), v = randn(size_t(T * KD));
-      BatchView cb;
-      cb.n_tokens = T, cb.n_seqs = 3, cb.max_pages = max_pages;
-      cb.pos = cb.pos_host = st.pos.data(), cb.seq = cb.seq_host = st.seq.data(), cb.page_table = table.data();
-      Guarded gpos = dev_bytes(st.pos.data(), size_t(T) * 4), gseq = dev_bytes(st.seq.data(), size_t(T) * 4);
-      BatchView gb = cb;
-      gb.pos = static_cast<const int32_t*>(gpos.data()), gb.seq = static_cast<const int32_t*>(gseq.data());
-      gb.page_table = static_cast<const int32_t*>(gtable.data());
+      const Batch bt = make_batch(st.pos, st.seq, 3, max_pages, table, gtable);
+      const BatchView &cb = bt.cb, &gb = bt.gb;
       Guarded gq = dev_bf16(q), gk = dev_bf16(k), gv = dev_bf16(v);
       cpu_->qk_norm_rope_kv_append(Act{q.data(), T, QD, DType::kF32}, Act{k.data(), T, KD, DType::kF32},
                                    Act{v.data(), T, KD, DType::kF32}, qn, kn, 1e-6f, inv_freq.data(), kv, layer, cb);
       gpu_->qk_norm_rope_kv_append(Act{gq.data(), T, QD, DType::kBF16}, Act{gk.data(), T, KD, DType::kBF16},
-                                   Act{gv.data(), T, KD, DType::kBF16}, *dqn, *dkn, 1e-6f,
+                                   Act{gv.data(), T, KD, DType::kBF16}, rn.dqn, rn.dkn, 1e-6f,
                                    static_cast<const float*>(gfreq.data()), gkv, layer, gb);
       std::vector<float> ref(size_t(T * QD));
       const float scale = 1.0f / std::sqrt(float(c.D));
@@ -621,15 +667,9 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       }
     }
     // The whole cache (both layers' K and V; layer 0 must stay untouched = zeros on both).
-    std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());
-    for (size_t i = 0; i < cc.size(); ++i) cc[i] = bf16_to_f32(cpu_cache[i]);
-    std::vector<uint16_t> gcb(cpu_cache.size());
-    gpu_->copy_to_host(gcb.data(), gcache.data(), gcb.size() * 2);
-    for (size_t i = 0; i < gc.size(); ++i) gc[i] = bf16_to_f32(gcb[i]);
-    expect_close(gc, cc, kElementwiseBound, "kv cache " + cs);
-    read(gcache, DType::kBF16, "kv cache guards");
-    gpu_->free_vector(*dqn);
-    gpu_->free_vector(*dkn);
+    expect_cache_matches(cpu_cache, gcache, "kv cache " + cs);
+    gpu_->free_vector(rn.dqn);
+    gpu_->free_vector(rn.dkn);
   }
 }
 
@@ -664,24 +704,16 @@ TEST_F(CudaOps, FusedRopeAttentionMatchesCpu) {
       for (int s = 0, next = n_pages - 1; s < S; ++s)
         for (int p = 0; p < (lens[size_t(s)] + P) / P; ++p) table[size_t(s) * max_pages + p] = next--;
       kv.n_pages = n_pages;
-      std::vector<uint16_t> cpu_cache(kv.page_elems() * size_t(kv.n_pages), 0);
-      kv.base = cpu_cache.data();
-      Guarded gcache = guarded(kv.page_bytes() * size_t(kv.n_pages));
-      gpu_->copy_to_device(gcache.data(), cpu_cache.data(), kv.page_bytes() * size_t(kv.n_pages));
-      KVCacheView gkv = kv;
-      gkv.base = gcache.data();
+      std::vector<uint16_t> cpu_cache;
+      KVCacheView gkv;
+      Guarded gcache = make_cache(kv, cpu_cache, gkv);
       Guarded gtable = dev_bytes(table.data(), table.size() * 4);
-      std::vector<float> inv_freq(size_t(c.D / 2));
-      for (int i = 0; i < c.D / 2; ++i) inv_freq[size_t(i)] = std::pow(1e6f, -2.0f * i / c.D);
-      Guarded gfreq = dev_bytes(inv_freq.data(), inv_freq.size() * 4);
-      auto nq = randn(size_t(c.D)), nk = randn(size_t(c.D));
-      std::vector<uint16_t> nqb(nq.size()), nkb(nk.size());
-      for (size_t i = 0; i < nq.size(); ++i) nqb[i] = f32_to_bf16(1.0f + 0.2f * nq[i]), nkb[i] = f32_to_bf16(1.0f + 0.2f * nk[i]);
-      WeightVector qn{c.D, DType::kBF16, nqb.data()}, kn{c.D, DType::kBF16, nkb.data()};
-      auto dqn = gpu_->upload_vector(qn), dkn = gpu_->upload_vector(kn);
-      ASSERT_TRUE(dqn.is_ok() && dkn.is_ok());
-      const WeightVector cqn = norms ? qn : WeightVector{}, ckn = norms ? kn : WeightVector{};
-      const WeightVector gqn = norms ? *dqn : WeightVector{}, gkn = norms ? *dkn : WeightVector{};
+      RopeNorms rn;
+      ASSERT_NO_FATAL_FAILURE(make_rope_norms(c.D, &rn));
+      const std::vector<float>& inv_freq = rn.inv_freq;
+      const Guarded& gfreq = rn.gfreq;
+      const WeightVector cqn = norms ? rn.qn : WeightVector{}, ckn = norms ? rn.kn : WeightVector{};
+      const WeightVector gqn = norms ? rn.dqn : WeightVector{}, gkn = norms ? rn.dkn : WeightVector{};
       const int64_t QD = int64_t(c.n_heads) * c.D, KD = int64_t(c.n_kv) * c.D;
       const float scale = 1.0f / std::sqrt(float(c.D));
       struct Step {
@@ -690,13 +722,8 @@ TEST_F(CudaOps, FusedRopeAttentionMatchesCpu) {
       auto run = [&](const Step& st, bool decode, const std::string& what) {
         const int T = int(st.pos.size());
         auto q = randn(size_t(T * QD)), k = randn(size_t(T * KD)), v = randn(size_t(T * KD));
-        BatchView cb;
-        cb.n_tokens = T, cb.n_seqs = decode ? T : 1, cb.max_pages = max_pages;
-        cb.pos = cb.pos_host = st.pos.data(), cb.seq = cb.seq_host = st.seq.data(), cb.page_table = table.data();
-        Guarded gpos = dev_bytes(st.pos.data(), size_t(T) * 4), gseq = dev_bytes(st.seq.data(), size_t(T) * 4);
-        BatchView gb = cb;
-        gb.pos = static_cast<const int32_t*>(gpos.data()), gb.seq = static_cast<const int32_t*>(gseq.data());
-        gb.page_table = static_cast<const int32_t*>(gtable.data());
+        const Batch bt = make_batch(st.pos, st.seq, decode ? T : 1, max_pages, table, gtable);
+        const BatchView &cb = bt.cb, &gb = bt.gb;
         Guarded gq = dev_bf16(q), gk = dev_bf16(k), gv = dev_bf16(v);
         const Act cq{q.data(), T, QD, DType::kF32}, ck{k.data(), T, KD, DType::kF32}, cvv{v.data(), T, KD, DType::kF32};
         const Act gqa{gq.data(), T, QD, DType::kBF16}, gka{gk.data(), T, KD, DType::kBF16}, gva{gv.data(), T, KD, DType::kBF16};
@@ -730,15 +757,9 @@ TEST_F(CudaOps, FusedRopeAttentionMatchesCpu) {
         for (int s = 0; s < S; ++s) st.pos.push_back(lens[size_t(s)] - (s % 2 == 0 ? 0 : 1)), st.seq.push_back(s);
         run(st, true, "batch of " + std::to_string(S));
       }
-      std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());
-      for (size_t i = 0; i < cc.size(); ++i) cc[i] = bf16_to_f32(cpu_cache[i]);
-      std::vector<uint16_t> gcb(cpu_cache.size());
-      gpu_->copy_to_host(gcb.data(), gcache.data(), gcb.size() * 2);
-      for (size_t i = 0; i < gc.size(); ++i) gc[i] = bf16_to_f32(gcb[i]);
-      expect_close(gc, cc, kElementwiseBound, "kv cache " + cs);
-      read(gcache, DType::kBF16, "kv cache guards");
-      gpu_->free_vector(*dqn);
-      gpu_->free_vector(*dkn);
+      expect_cache_matches(cpu_cache, gcache, "kv cache " + cs);
+      gpu_->free_vector(rn.dqn);
+      gpu_->free_vector(rn.dkn);
     }
 }
 

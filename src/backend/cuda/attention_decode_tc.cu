@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/attention_merge.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -499,15 +500,24 @@ bool attention_tc_ok(int n_heads, int n_kv_heads, int head_dim) {
   return G >= 1 && G <= 16 && n_heads % n_kv_heads == 0 && (head_dim == 64 || head_dim == 128);
 }
 
+namespace {
+template <int D>
+using HeadDim = std::integral_constant<int, D>;
+// f(HeadDim<D>{}, std::bool_constant<R16>{}) for the launch's head_dim (64 or 128) and whether G > 8.
+template <class F>
+cudaError_t by_shape(int n_heads, const KVDev& kv, F&& f) {
+  const bool r16 = n_heads / kv.n_kv_heads > 8;
+  if (kv.head_dim == 64) return r16 ? f(HeadDim<64>{}, std::true_type{}) : f(HeadDim<64>{}, std::false_type{});
+  return r16 ? f(HeadDim<128>{}, std::true_type{}) : f(HeadDim<128>{}, std::false_type{});
+}
+}  // namespace
+
 cudaError_t attention_tc(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                          int n_splits, float* ws, void* out, cudaStream_t s) {
   if (!attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim)) return cudaErrorInvalidValue;
-  const bool r16 = n_heads / kv.n_kv_heads > 8;
-  if (kv.head_dim == 64)
-    return r16 ? launch_tc<64, true>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
-               : launch_tc<64, false>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
-  return r16 ? launch_tc<128, true>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s)
-             : launch_tc<128, false>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  return by_shape(n_heads, kv, [&](auto d, auto r16) {
+    return launch_tc<decltype(d)::value, decltype(r16)::value>(q, n_heads, kv, layer, b, scale, n_splits, ws, out, s);
+  });
 }
 
 int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms) {
@@ -532,12 +542,9 @@ cudaError_t rope_attention_tc(const void* q, int n_heads, const RopeDev& r, cons
   if (!attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim) || b.n_tokens != b.n_seqs || cluster < 1 ||
       cluster > 16 || (cluster & (cluster - 1)) != 0)
     return cudaErrorInvalidValue;
-  const bool r16 = n_heads / kv.n_kv_heads > 8;
-  if (kv.head_dim == 64)
-    return r16 ? launch_fused<64, true>(q, n_heads, r, kv, layer, b, scale, cluster, out, s)
-               : launch_fused<64, false>(q, n_heads, r, kv, layer, b, scale, cluster, out, s);
-  return r16 ? launch_fused<128, true>(q, n_heads, r, kv, layer, b, scale, cluster, out, s)
-             : launch_fused<128, false>(q, n_heads, r, kv, layer, b, scale, cluster, out, s);
+  return by_shape(n_heads, kv, [&](auto d, auto r16) {
+    return launch_fused<decltype(d)::value, decltype(r16)::value>(q, n_heads, r, kv, layer, b, scale, cluster, out, s);
+  });
 }
 
 }  // namespace anvil::cuda
