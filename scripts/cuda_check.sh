@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|lop3]   (default all)
-# lop3: a second build with -DANVIL_CUDA_DQ_LOP3=ON (build-gpu-lop3; the CMake option's kernels were
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|lean]   (default all)
+# lean: a second build with -DANVIL_CUDA_LEAN_Q4=ON (build-gpu-lean; the CMake option's kernels were
 # written without device time): its CUDA op and model tests and golden on CUDA, then decode of
 # qwen3-8b, qwen3-0.6b and qwen3-30b-a3b-16L (q4g64) and the 32-sequence step, both builds in turn.
 # issue: whether the batch-1 decode kernels are bound by instruction issue or by memory: ncu's warp
@@ -80,23 +80,23 @@ if [ "$what" = store ]; then
   printf '%s\n' "${summary[@]}"
   exit 0
 fi
-if [ "$what" = lop3 ]; then
-  cmake -S . -B build-gpu-lop3 -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-    -DANVIL_BUILD_BENCH=OFF -DANVIL_CUDA_DQ_LOP3=ON > "$OUT/build_lop3.log" 2>&1 && cmake --build build-gpu-lop3 -j16 >> "$OUT/build_lop3.log" 2>&1
-  echo "build (lop3) rc=$? in $(( $(date +%s) - t0 )) s"
-  ./build-gpu-lop3/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*' > "$OUT/lop3_tests.log" 2>&1
-  echo "CudaOps.* + CudaModel.* (lop3): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lop3_tests.log" | tr '\n' ' ')"
-  ./build-gpu-lop3/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/lop3_golden.log" 2>&1
-  echo "golden on CUDA (lop3): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lop3_golden.log" | tr '\n' ' ')"
+if [ "$what" = lean ]; then
+  cmake -S . -B build-gpu-lean -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+    -DANVIL_BUILD_BENCH=OFF -DANVIL_CUDA_LEAN_Q4=ON > "$OUT/build_lean.log" 2>&1 && cmake --build build-gpu-lean -j16 >> "$OUT/build_lean.log" 2>&1
+  echo "build (lean) rc=$? in $(( $(date +%s) - t0 )) s"
+  ./build-gpu-lean/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*' > "$OUT/lean_tests.log" 2>&1
+  echo "CudaOps.* + CudaModel.* (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_tests.log" | tr '\n' ' ')"
+  ./build-gpu-lean/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/lean_golden.log" 2>&1
+  echo "golden on CUDA (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_golden.log" | tr '\n' ' ')"
   for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
-    for d in build-gpu build-gpu-lop3; do
+    for d in build-gpu build-gpu-lean; do
       echo "### $d $m: $(timeout 100 ./$d/anvil bench --device cuda --synthetic $m -n 64 --runs 2 2>&1 | grep -E '^decode')"
     done
   done
-  for d in build-gpu build-gpu-lop3; do
+  for d in build-gpu build-gpu-lean; do
     echo "### $d bench-kv --seqs 32: $(timeout 100 ./$d/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 --pairs 1 \
-      --json --kv-store /tmp/anvil-lop3-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}')"
-    rm -rf /tmp/anvil-lop3-kv
+      --json --kv-store /tmp/anvil-lean-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}')"
+    rm -rf /tmp/anvil-lean-kv
   done
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0

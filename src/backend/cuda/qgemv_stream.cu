@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   __syncthreads();
 
   float d[M][4] = {};
-#if defined(ANVIL_CUDA_DQ_LOP3)
+#if defined(ANVIL_CUDA_LEAN_Q4)
   // Lanes g >= T (mma columns no token fills) read token T - 1's activations instead of zeros:
   // those columns are never stored, and an unconditional load saves a predicated load and a
   // register clear per mma (SASS: 8 CS2R per step). With the lop3 above: 244 -> 200 per step.

@@ -38,11 +38,11 @@ __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reint
 __device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
 
 // Nibbles (s, s+4) of w as the bf16 pair (s*q0 + b, s*q1 + b).
-// With ANVIL_CUDA_DQ_LOP3 (CMake option, off: not yet run on a GPU) the mask and the or are one
+// With ANVIL_CUDA_LEAN_Q4 (CMake option, off: not yet run on a GPU) the mask and the or are one
 // lop3 with both constants in registers: given two immediates, ptxas emits two LOP3 per pair
 // (SASS of the streamed kernel's step: 68 LOP3, 36 with this; the same bits either way).
 __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int shift, __nv_bfloat162 s2, __nv_bfloat162 b2) {
-#if defined(ANVIL_CUDA_DQ_LOP3)
+#if defined(ANVIL_CUDA_LEAN_Q4)
   uint32_t p;  // bf16 pair (128 + q0, 128 + q1), exact: (w >> shift) & 0x000F000F | 0x43004300
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(w >> shift), "r"(0x000F000Fu), "r"(0x43004300u));
 #else
