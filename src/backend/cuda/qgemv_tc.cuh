@@ -109,20 +109,33 @@ __device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uin
 
 // The 8 mmas of a step for M matrices (gate and up share each B fragment). xb: this lane's token's
 // chunk of activations pre-permuted into fragment order (mma j's b0, b1 at xb[j]); null: padding.
-// MAYBE_NULL = false: xb is never null and 16-byte aligned (no predicated loads or register clears;
-// two mmas' fragments per 16-byte load).
-template <int M, bool MAYBE_NULL = true>
+template <int M>
 __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
-  uint4 xq[4];
-  if constexpr (!MAYBE_NULL)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) xq[i] = reinterpret_cast<const uint4*>(xb)[i];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int word = j >> 1, sh = (j & 1) * 8;
-    uint2 b;
-    if constexpr (MAYBE_NULL) b = xb ? xb[j] : make_uint2(0u, 0u);
-    else b = (j & 1) ? make_uint2(xq[j >> 1].z, xq[j >> 1].w) : make_uint2(xq[j >> 1].x, xq[j >> 1].y);
+    const uint2 b = xb ? xb[j] : make_uint2(0u, 0u);
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi) {
+      const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
+      const uint32_t wb = word == 0 ? s[mi].wb.x : word == 1 ? s[mi].wb.y : word == 2 ? s[mi].wb.z : s[mi].wb.w;
+      mma_bf16(d[mi], dq_pair(wa, sh, s[mi].sa, s[mi].ba), dq_pair(wb, sh, s[mi].sb, s[mi].bb),
+               dq_pair(wa, sh + 4, s[mi].sa, s[mi].ba), dq_pair(wb, sh + 4, s[mi].sb, s[mi].bb), b.x, b.y);
+    }
+  }
+}
+
+// step_mma_frag for an xb that is never null and 16-byte aligned: no predicated loads or register
+// clears, two mmas' fragments per 16-byte load (ANVIL_CUDA_LEAN_Q4's streamed kernel).
+template <int M>
+__device__ __forceinline__ void step_mma_frag_dense(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
+  uint4 xq[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) xq[i] = reinterpret_cast<const uint4*>(xb)[i];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int word = j >> 1, sh = (j & 1) * 8;
+    const uint2 b = (j & 1) ? make_uint2(xq[j >> 1].z, xq[j >> 1].w) : make_uint2(xq[j >> 1].x, xq[j >> 1].y);
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) {
       const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
