@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
 #if defined(ANVIL_CUDA_LEAN_Q4)
   // Lanes g >= T (mma columns no token fills) read token T - 1's activations instead of zeros:
   // those columns are never stored, and an unconditional load saves a predicated load and a
-  // register clear per mma (SASS: 8 CS2R per step). With dq_pair's lop3: 244 -> 199 per step.
+  // register clear per mma (SASS: 8 CS2R per step). With dq_pair's lop3: 244 -> 196 per step.
   const uint2* xrow = xf + min(g, max(p.T - 1, 0)) * (K / 4);
 #else
   const uint2* xrow = g < p.T ? xf + g * (K / 4) : nullptr;
