@@ -3,7 +3,7 @@
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
 #   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|lean]   (default all)
 # lean: a second build with -DANVIL_CUDA_LEAN_Q4=ON (build-gpu-lean; the CMake option's kernels were
-# written without device time): its CUDA op and model tests and golden on CUDA, then decode of
+# written without device time): its CUDA op, model and MoE tests and golden on CUDA, then decode of
 # qwen3-8b, qwen3-0.6b and qwen3-30b-a3b-16L (q4g64) and the 32-sequence step, both builds in turn.
 # issue: whether the batch-1 decode kernels are bound by instruction issue or by memory: ncu's warp
 # instructions, issue-slot use, DRAM bytes and time per kernel for decode steps of qwen3-8b q4g64
@@ -84,9 +84,9 @@ if [ "$what" = lean ]; then
   cmake -S . -B build-gpu-lean -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
     -DANVIL_BUILD_BENCH=OFF -DANVIL_CUDA_LEAN_Q4=ON > "$OUT/build_lean.log" 2>&1 && cmake --build build-gpu-lean -j16 >> "$OUT/build_lean.log" 2>&1
   echo "build (lean) rc=$? in $(( $(date +%s) - t0 )) s"
-  ./build-gpu-lean/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*' > "$OUT/lean_tests.log" 2>&1
-  echo "CudaOps.* + CudaModel.* (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_tests.log" | tr '\n' ' ')"
-  ./build-gpu-lean/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/lean_golden.log" 2>&1
+  timeout 240 ./build-gpu-lean/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > "$OUT/lean_tests.log" 2>&1
+  echo "CudaOps.* + CudaModel.* + CudaMoE.* (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_tests.log" | tr '\n' ' ')"
+  timeout 150 ./build-gpu-lean/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/lean_golden.log" 2>&1
   echo "golden on CUDA (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_golden.log" | tr '\n' ' ')"
   for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
     for d in build-gpu build-gpu-lean; do
