@@ -154,7 +154,11 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
       st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
       st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
     }
+#if defined(ANVIL_CUDA_LEAN_Q4)
+    tc::step_mma_frag_dense<M>(d, st, xf + (k / 32) * 8);  // every column the token (only column 0 is read)
+#else
     tc::step_mma_frag<M>(d, st, g == 0 ? xf + (k / 32) * 8 : nullptr);
+#endif
     if (i + S < n) issue(i + S);
     cp_async_commit();
   }
@@ -261,7 +265,11 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
     st[0].ba = __bfloat162bfloat162(sc[(16 + g) * ngp + gi]);
     st[0].sb = __bfloat162bfloat162(sc[(g + 8) * ngp + gi]);
     st[0].bb = __bfloat162bfloat162(sc[(16 + g + 8) * ngp + gi]);
+#if defined(ANVIL_CUDA_LEAN_Q4)
+    tc::step_mma_frag_dense<M>(d, st, xf + (kk / 32) * 8);  // every column the token (only column 0 is read)
+#else
     tc::step_mma_frag<M>(d, st, g == 0 ? xf + (kk / 32) * 8 : nullptr);
+#endif
     if (i + S < n) issue(i + S);
     cp_async_commit();
   }
