@@ -126,7 +126,10 @@ __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[
 }
 
 // step_mma_frag for an xb that is never null and 16-byte aligned: no predicated loads or register
-// clears, two mmas' fragments per 16-byte load (ANVIL_CUDA_LEAN_Q4's streamed kernel).
+// clears, two mmas' fragments per 16-byte load (ANVIL_CUDA_LEAN_Q4's streamed kernels). Its mma loop
+// repeats step_mma_frag's on purpose: sharing it through a helper changed the default build's
+// instruction schedule, which is what ran on the H200 (session 12); fold them together when the
+// option becomes the default.
 template <int M>
 __device__ __forceinline__ void step_mma_frag_dense(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
   uint4 xq[4];
