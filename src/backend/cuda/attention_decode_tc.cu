@@ -406,6 +406,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
         if (d == 0) cm[hg] = M, cl[hg] = L;
         ca[hg * D + d] = A;
       });
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
@@ -428,6 +429,9 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
       out[(th0 + hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
     }
     cluster.sync();  // no block leaves while another may still read its state
+#else
+    __trap();  // clusters need sm_90; below it the host launches clusters of 1 (live == 1 above)
+#endif
   }
 }
 
