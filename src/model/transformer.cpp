@@ -121,10 +121,10 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
       be.rmsnorm(q, lw.q_norm, eps, q);
       be.rmsnorm(k, lw.k_norm, eps, k);
-      be.rope_attention(q, k, v, WeightVector{}, WeightVector{}, eps, inv_freq_, kv, l, batch, scale, attn);
-    } else {
-      be.rope_attention(q, k, v, lw.q_norm, lw.k_norm, eps, inv_freq_, kv, l, batch, scale, attn);
     }
+    const WeightVector none{};  // per-head q/k norms (Qwen3), or none
+    be.rope_attention(q, k, v, cfg_.qk_norm_full ? none : lw.q_norm, cfg_.qk_norm_full ? none : lw.k_norm, eps,
+                      inv_freq_, kv, l, batch, scale, attn);
     // MLP sublayer.
     if (fused) {
       be.linear_add(attn, lw.o, h, o);

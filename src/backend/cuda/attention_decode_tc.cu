@@ -46,6 +46,7 @@
 
 #include "backend/cuda/attention_merge.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/qgemv_tc.cuh"
 
 namespace anvil::cuda {
@@ -89,13 +90,6 @@ __host__ __device__ constexpr size_t tc_attn_smem(int D, bool fused) {
   return tc_attn_ring_bytes(D) > tc_attn_merge_bytes(D, fused) ? tc_attn_ring_bytes(D) : tc_attn_merge_bytes(D, fused);
 }
 
-__device__ __forceinline__ float load_norm(const void* p, int i, Elem e) {
-  switch (e) {
-    case Elem::kF32: return static_cast<const float*>(p)[i];
-    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
-}
 
 // D: head_dim (64 or 128). ROWS16: G > 8 (the A fragments' rows g + 8 carry heads too). FUSED: the
 // decode form described at the top (q is the projection's raw output, r its k/v and norms; the
@@ -174,7 +168,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
       sincos(double(len - 1) * double(r.inv_freq[i]), &sn, &cs);
       rope_cs[i] = float(cs), rope_sn[i] = float(sn);
     }
-    for (int i = threadIdx.x; i < D; i += blockDim.x) qn_w[i] = r.q_norm ? load_norm(r.q_norm, i, r.norm_dtype) : 1.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) qn_w[i] = r.q_norm ? load_any(r.q_norm, i, r.norm_dtype) : 1.0f;
   }
   pdl_wait();
   if constexpr (FUSED) {
@@ -212,8 +206,8 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
         if (i < HALF) {
           float x0 = a[j], x1 = cc[j];
           if (r.k_norm) {
-            x0 = x0 * inv * load_norm(r.k_norm, i, r.norm_dtype);
-            x1 = x1 * inv * load_norm(r.k_norm, i + HALF, r.norm_dtype);
+            x0 = x0 * inv * load_any(r.k_norm, i, r.norm_dtype);
+            x1 = x1 * inv * load_any(r.k_norm, i + HALF, r.norm_dtype);
           }
           kd[i] = __float2bfloat16_rn(x0 * rope_cs[i] - x1 * rope_sn[i]);
           kd[i + HALF] = __float2bfloat16_rn(x1 * rope_cs[i] + x0 * rope_sn[i]);

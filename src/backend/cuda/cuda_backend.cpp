@@ -423,23 +423,28 @@ class CudaBackend final : public Backend {
     Prof pr(this, "elementwise");
     launched(cuda::add(a.data, b.data, a.rows * a.cols, st_), "add");
   }
+  // The arguments of qk_norm_rope_kv_append (and rope_attention, named op): bf16 q/k/v of matching
+  // shapes, a usable KV view, q/k norms of one dtype.
+  bool rope_args_ok(const char* op, Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm,
+                    const KVCacheView& kv, int layer, const BatchView& batch) {
+    if (!bf16(q, op, "q") || !bf16(k, op, "k") || !bf16(v, op, "v") || !check_kv(kv, layer, op)) return false;
+    if (!(k.cols == int64_t(kv.n_kv_heads) * kv.head_dim && v.cols == k.cols && q.cols % kv.head_dim == 0 &&
+          q.rows == batch.n_tokens && k.rows == q.rows && v.rows == q.rows))
+      return expect(false, std::string(op) + ": expected q [T, n_heads*head_dim], k/v [T, n_kv_heads*head_dim]");
+    if (!(q_norm.dtype == k_norm.dtype || !q_norm.data || !k_norm.data))
+      return expect(false, std::string(op) + ": q_norm and k_norm must share a dtype");
+    return true;
+  }
+  static cuda::Elem norm_elem(const WeightVector& q_norm, const WeightVector& k_norm) {
+    return elem_unchecked(q_norm.data ? q_norm.dtype : k_norm.dtype);
+  }
   void qk_norm_rope_kv_append(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm, float eps,
                               const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch) override {
-    if (!bf16(q, "qk_norm_rope_kv_append", "q") || !bf16(k, "qk_norm_rope_kv_append", "k") ||
-        !bf16(v, "qk_norm_rope_kv_append", "v") || !check_kv(kv, layer, "qk_norm_rope_kv_append"))
-      return;
-    if (!expect(k.cols == int64_t(kv.n_kv_heads) * kv.head_dim && v.cols == k.cols && q.cols % kv.head_dim == 0 &&
-                    q.rows == batch.n_tokens && k.rows == q.rows && v.rows == q.rows,
-                "qk_norm_rope_kv_append: expected q [T, n_heads*head_dim], k/v [T, n_kv_heads*head_dim]"))
-      return;
-    if (!expect(q_norm.dtype == k_norm.dtype || !q_norm.data || !k_norm.data,
-                "qk_norm_rope_kv_append: q_norm and k_norm must share a dtype"))
-      return;
+    if (!rope_args_ok("qk_norm_rope_kv_append", q, k, v, q_norm, k_norm, kv, layer, batch)) return;
     if (skip("rope_kv")) return;
     Prof pr(this, "rope_kv");
-    const DType nd = q_norm.data ? q_norm.dtype : k_norm.dtype;
     launched(cuda::qk_norm_rope_kv_append(q.data, k.data, v.data, int(q.cols / kv.head_dim), q_norm.data, k_norm.data,
-                                          elem_unchecked(nd), eps, inv_freq, kvdev(kv), layer, bdev(batch), st_),
+                                          norm_elem(q_norm, k_norm), eps, inv_freq, kvdev(kv), layer, bdev(batch), st_),
              "qk_norm_rope_kv_append");
   }
   void attention(Act q, const KVCacheView& kv, int layer, const BatchView& batch, float scale, Act out) override {
@@ -504,21 +509,13 @@ class CudaBackend final : public Backend {
       Backend::rope_attention(q, k, v, q_norm, k_norm, eps, inv_freq, kv, layer, batch, scale, out);
       return;
     }
-    if (!bf16(q, "rope_attention", "q") || !bf16(k, "rope_attention", "k") || !bf16(v, "rope_attention", "v") ||
-        !bf16(out, "rope_attention", "out") || !same_shape(q, out, "rope_attention") ||
-        !check_kv(kv, layer, "rope_attention"))
-      return;
-    if (!expect(k.cols == int64_t(kv.n_kv_heads) * kv.head_dim && v.cols == k.cols && q.rows == batch.n_tokens &&
-                    k.rows == q.rows && v.rows == q.rows,
-                "rope_attention: expected q [T, n_heads*head_dim], k/v [T, n_kv_heads*head_dim]"))
-      return;
-    if (!expect(q_norm.dtype == k_norm.dtype || !q_norm.data || !k_norm.data,
-                "rope_attention: q_norm and k_norm must share a dtype"))
+    if (!rope_args_ok("rope_attention", q, k, v, q_norm, k_norm, kv, layer, batch) ||
+        !bf16(out, "rope_attention", "out") || !same_shape(q, out, "rope_attention"))
       return;
     Prof pr(this, "attention");
     cuda::RopeDev r;
     r.k = k.data, r.v = v.data, r.q_norm = q_norm.data, r.k_norm = k_norm.data;
-    r.norm_dtype = elem_unchecked(q_norm.data ? q_norm.dtype : k_norm.dtype);
+    r.norm_dtype = norm_elem(q_norm, k_norm);
     r.eps = eps, r.inv_freq = inv_freq;
     launched(cuda::rope_attention_tc(q.data, n_heads, r, kvdev(kv), layer, bdev(batch), scale, cluster, out.data, st_),
              "rope_attention (tensor cores, fused)");

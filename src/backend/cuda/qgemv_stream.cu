@@ -178,7 +178,9 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
     const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
     const uint4* slot = my + (i % S) * M * 2 * 32;
-    [[maybe_unused]] const uint2* xb = xrow ? xrow + (k / 32) * 8 : nullptr;
+#if !defined(ANVIL_CUDA_LEAN_Q4)
+    const uint2* xb = xrow ? xrow + (k / 32) * 8 : nullptr;
+#endif
     Step st[M];
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) {
