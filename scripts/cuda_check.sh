@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|lean]   (default all)
-# lean: a second build with -DANVIL_CUDA_LEAN_Q4=ON (build-gpu-lean; the CMake option's kernels were
-# written without device time): its CUDA op, model and MoE tests and golden on CUDA, then decode of
-# qwen3-8b, qwen3-0.6b and qwen3-30b-a3b-16L (q4g64) and the 32-sequence step, both builds in turn.
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|pfprof|ab]   (default all)
+# ab: an experiment against the default build: a second build (build-gpu-b) configured with the
+# extra CMake arguments in AB_FLAGS (e.g. AB_FLAGS='-DCMAKE_CUDA_FLAGS=-DANVIL_EXPERIMENT_X' for code
+# under #if), its CUDA op, model and MoE tests and golden on CUDA, then decode of qwen3-8b,
+# qwen3-0.6b and qwen3-30b-a3b-16L (q4g64) and the 32-sequence step, both builds in turn.
 # issue: whether the batch-1 decode kernels are bound by instruction issue or by memory: ncu's warp
 # instructions, issue-slot use, DRAM bytes and time per kernel for decode steps of qwen3-8b q4g64
 # and qwen3-30b-a3b-16L q4g64, with the issue-time floor (instructions / (SMs x 4 schedulers x
 # clock)) next to the DRAM floor (bytes / the measured copy bandwidth), summarized by
 # scripts/ncu_issue_summary.py.
+# pfprof: where a 512-token prefill's time goes: ncu's time, DRAM bytes and warp instructions of every
+# kernel of `anvil bench --prompt 512 -n 1 --runs 1` (the warm-up and the run: each shape twice) for
+# qwen3-8b q4g64 and qwen3-30b-a3b-16L q4g64, summed per kernel name by scripts/ncu_issue_summary.py
+# (SORT=1: largest total first).
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
 # the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096").
 # store: the durable KV store's CUDA path (issue 10): its GPU
@@ -80,23 +85,24 @@ if [ "$what" = store ]; then
   printf '%s\n' "${summary[@]}"
   exit 0
 fi
-if [ "$what" = lean ]; then
-  cmake -S . -B build-gpu-lean -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-    -DANVIL_BUILD_BENCH=OFF -DANVIL_CUDA_LEAN_Q4=ON > "$OUT/build_lean.log" 2>&1 && cmake --build build-gpu-lean -j16 >> "$OUT/build_lean.log" 2>&1
-  echo "build (lean) rc=$? in $(( $(date +%s) - t0 )) s"
-  timeout 240 ./build-gpu-lean/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > "$OUT/lean_tests.log" 2>&1
-  echo "CudaOps.* + CudaModel.* + CudaMoE.* (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_tests.log" | tr '\n' ' ')"
-  timeout 150 ./build-gpu-lean/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/lean_golden.log" 2>&1
-  echo "golden on CUDA (lean): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/lean_golden.log" | tr '\n' ' ')"
+if [ "$what" = ab ]; then
+  # shellcheck disable=SC2086
+  cmake -S . -B build-gpu-b -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+    -DANVIL_BUILD_BENCH=OFF ${AB_FLAGS:-} > "$OUT/build_b.log" 2>&1 && cmake --build build-gpu-b -j16 >> "$OUT/build_b.log" 2>&1
+  echo "build (b: ${AB_FLAGS:-}) rc=$? in $(( $(date +%s) - t0 )) s"
+  timeout 240 ./build-gpu-b/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > "$OUT/b_tests.log" 2>&1
+  echo "CudaOps.* + CudaModel.* + CudaMoE.* (b): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/b_tests.log" | tr '\n' ' ')"
+  timeout 150 ./build-gpu-b/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/b_golden.log" 2>&1
+  echo "golden on CUDA (b): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/b_golden.log" | tr '\n' ' ')"
   for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
-    for d in build-gpu build-gpu-lean; do
+    for d in build-gpu build-gpu-b; do
       echo "### $d $m: $(timeout 100 ./$d/anvil bench --device cuda --synthetic $m -n 64 --runs 2 2>&1 | grep -E '^decode')"
     done
   done
-  for d in build-gpu build-gpu-lean; do
+  for d in build-gpu build-gpu-b; do
     echo "### $d bench-kv --seqs 32: $(timeout 100 ./$d/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 --pairs 1 \
-      --json --kv-store /tmp/anvil-lean-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}')"
-    rm -rf /tmp/anvil-lean-kv
+      --json --kv-store /tmp/anvil-ab-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}')"
+    rm -rf /tmp/anvil-ab-kv
   done
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0
@@ -109,6 +115,17 @@ if [ "$what" = issue ]; then
       ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 16 -n 40 --runs 1 > "$log" 2>&1
     echo "### $m (ncu rc=$?)"
     python3 scripts/ncu_issue_summary.py "$log"
+  done
+  echo "total $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
+if [ "$what" = pfprof ]; then
+  for m in ${PF_MODELS:-qwen3-8b:q4g64 qwen3-30b-a3b-16L:q4g64}; do
+    log="$OUT/ncu_prefill_${m%%:*}.log"
+    timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum \
+      ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 512 -n 1 --runs 1 > "$log" 2>&1
+    echo "### $m (ncu rc=$?)"
+    SORT=1 python3 scripts/ncu_issue_summary.py "$log" | head -40
   done
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0

@@ -3,7 +3,10 @@
 name, the launches, mean time, DRAM bytes, warp instructions, issue-slot use and the two floors:
   issue floor = warp instructions / (SMs * 4 schedulers * SM clock)  (one instruction per scheduler per cycle)
   DRAM floor  = bytes read / COPY_GBS (the device copy bandwidth anvil bench measures: 4,260 GB/s on the H200)
+With SORT=1 in the environment the kernels are listed by their total time (launches x mean), largest
+first, with that total as a column; else in the order they first ran.
 Usage: ncu_issue_summary.py LOG [SMS=132] [COPY_GBS=4260]"""
+import os
 import re
 import sys
 from collections import defaultdict
@@ -52,7 +55,9 @@ def main():
         for key, v in k.items():
             if key != "name":
                 a[key] += v
-    print(f"{'kernel':44} {'n':>3} {'time us':>8} {'MB':>7} {'TB/s':>5} {'Kinst':>7} {'issue%':>6} {'warps':>5} "
+    if os.environ.get("SORT") == "1":
+        order.sort(key=lambda nm: -agg[nm].get("gpu__time_duration.sum", 0))
+    print(f"{'kernel':44} {'n':>3} {'total us':>9} {'time us':>8} {'MB':>7} {'TB/s':>5} {'Kinst':>7} {'issue%':>6} {'warps':>5} "
           f"{'issue floor us':>14} {'DRAM floor us':>13}")
     tot_t = tot_i = tot_d = 0.0
     for name in order:
@@ -69,9 +74,9 @@ def main():
         tot_t += t * n
         tot_i += fi * n
         tot_d += fd * n
-        print(f"{name[:44]:44} {int(n):3d} {t*1e6:8.2f} {b/1e6:7.2f} {b/t/1e12 if t else 0:5.2f} {inst/1e3:7.1f} "
+        print(f"{name[:44]:44} {int(n):3d} {t*n*1e6:9.1f} {t*1e6:8.2f} {b/1e6:7.2f} {b/t/1e12 if t else 0:5.2f} {inst/1e3:7.1f} "
               f"{issue:6.1f} {warps:5.2f} {fi:14.2f} {fd:13.2f}")
-    print(f"{'all':44} {len(kernels):3d} {tot_t*1e6:8.1f} {'':7} {'':5} {'':7} {'':6} {'':5} {tot_i:14.1f} {tot_d:13.1f}")
+    print(f"{'all':44} {len(kernels):3d} {tot_t*1e6:9.1f} {'':8} {'':7} {'':5} {'':7} {'':6} {'':5} {tot_i:14.1f} {tot_d:13.1f}")
 
 
 if __name__ == "__main__":

@@ -154,11 +154,7 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
       st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
       st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
     }
-#if defined(ANVIL_CUDA_LEAN_Q4)
-    tc::step_mma_frag_dense<M>(d, st, xf + (k / 32) * 8);  // every column the token (only column 0 is read)
-#else
-    tc::step_mma_frag<M>(d, st, g == 0 ? xf + (k / 32) * 8 : nullptr);
-#endif
+    tc::step_mma_frag<M>(d, st, xf + (k / 32) * 8);  // every column the token (only column 0 is read)
     if (i + S < n) issue(i + S);
     cp_async_commit();
   }
@@ -199,7 +195,6 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
   const int64_t oa = min(r0 + g, H - 1) * (F / 32), ob = min(r0 + g + 8, H - 1) * (F / 32);
   const int n = steps > warp ? (steps - warp + W - 1) / W : 0;
   uint4* my = ring + size_t(warp) * S * M * 2 * 32;
-#if defined(ANVIL_CUDA_LEAN_Q4)
   // issue(i) is called for i = 0, 1, 2, ... in order and the loop walks i the same way, so each keeps
   // its step's slot and offset as a running count instead of dividing by sps (a run-time division:
   // ~50 instructions of a step, SASS).
@@ -207,11 +202,6 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
   auto issue = [&](int i) {
     const int s = is, kq = (ir * 128 + c * 32) >> 5;
     for (ir += W; ir >= sps; ir -= sps) ++is;
-#else
-  auto issue = [&](int i) {
-    const int step = warp + i * W, s = step / sps;
-    const int kq = ((step - s * sps) * 128 + c * 32) >> 5;
-#endif
     const uint4* w = static_cast<const uint4*>(ew[s]);
     uint4* slot = my + (i % S) * M * 2 * 32;
     cp_async16(slot + lane, w + oa + kq);
@@ -238,17 +228,11 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
 
   float d[M][4] = {}, acc[M][4] = {};
   int cur = -1;  // the slot d holds
-#if defined(ANVIL_CUDA_LEAN_Q4)
   int ls = warp / sps, lr = warp % sps;  // the loop's step: slot, step within the slot
-#endif
   for (int i = 0; i < n; ++i) {
     cp_async_wait<S - 1>();
-#if defined(ANVIL_CUDA_LEAN_Q4)
     const int step = warp + i * W, s = ls;
     for (lr += W; lr >= sps; lr -= sps) ++ls;
-#else
-    const int step = warp + i * W, s = step / sps;
-#endif
     if (s != cur) {  // the warp's steps ascend: each slot's sum is complete when it moves on
       if (cur >= 0) {
 #pragma unroll
@@ -265,11 +249,7 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
     st[0].ba = __bfloat162bfloat162(sc[(16 + g) * ngp + gi]);
     st[0].sb = __bfloat162bfloat162(sc[(g + 8) * ngp + gi]);
     st[0].bb = __bfloat162bfloat162(sc[(16 + g + 8) * ngp + gi]);
-#if defined(ANVIL_CUDA_LEAN_Q4)
-    tc::step_mma_frag_dense<M>(d, st, xf + (kk / 32) * 8);  // every column the token (only column 0 is read)
-#else
-    tc::step_mma_frag<M>(d, st, g == 0 ? xf + (kk / 32) * 8 : nullptr);
-#endif
+    tc::step_mma_frag<M>(d, st, xf + (kk / 32) * 8);  // every column the token (only column 0 is read)
     if (i + S < n) issue(i + S);
     cp_async_commit();
   }

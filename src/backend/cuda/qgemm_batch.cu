@@ -152,7 +152,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   const uint4* wsrc[M];
   wsrc[0] = reinterpret_cast<const uint4*>(m.w);
   if constexpr (SWIGLU) wsrc[M - 1] = reinterpret_cast<const uint4*>(p.up.w);
-#if defined(ANVIL_CUDA_LEAN_Q4)
   // issue_w and issue_x are called for i = 0, 1, 2, ... in order, so each keeps its next source
   // pointers and ring slot and steps them (SASS: the per-step 64-bit address arithmetic of the
   // copies was ~90 of the loop's 343 instructions at 32 rows).
@@ -177,17 +176,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
         }
     wslot = wslot + 1 == kBS ? 0 : wslot + 1;
   };
-#else
-  auto issue_w = [&](int i) {  // this lane's weight bytes of step s_begin + i
-    uint4* st = ring + (i % kBS) * SB + warp * WW + lane;
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) cp_async16(st + (mi * RT + rt) * 64 + h * 32, wsrc[mi] + roff[rt][h] + i * 4);
-  };
-#endif
   // The activations: thread q copies elements q + k * kThreads of the stage's [TP][8][2] uint4, i.e.
   // token (q >> 4) + k * kThreads / 16, fragment pair (q >> 1) & 7, half q & 1, whose XOR swizzle
   // (token & 3) is the same for every k (kThreads / 16 is a multiple of 4).
@@ -195,7 +183,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   const int xdst = xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
   const uint4* xsrc = a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
   const int64_t xstep_t = int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
-#if defined(ANVIL_CUDA_LEAN_Q4)
   const uint4* xnext[XI];
 #pragma unroll
   for (int k = 0; k < XI; ++k) xnext[k] = xsrc + k * xstep_t;
@@ -209,13 +196,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     }
     xslot = xslot + 1 == kBS ? 0 : xslot + 1;
   };
-#else
-  auto issue_x = [&](int i) {  // the block's activations of step s_begin + i, swizzled
-    uint4* st = ring + (i % kBS) * SB + WB + xdst;
-#pragma unroll
-    for (int k = 0; k < XI; ++k) cp_async16(st + k * kThreads, xsrc + i * 16 + k * xstep_t);
-  };
-#endif
   // Weights (never written by a kernel) before the wait for the previous kernel, activations after.
   // Groups: W0 .. W(kBS-2), X0 .. X(kBS-2), then one per step; at step i, wait<kBS-2> leaves only
   // the newest kBS-2 groups in flight, so stage i (W and X) has landed.

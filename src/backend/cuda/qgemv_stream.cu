@@ -166,21 +166,14 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   __syncthreads();
 
   float d[M][4] = {};
-#if defined(ANVIL_CUDA_LEAN_Q4)
   // Lanes g >= T (mma columns no token fills) read token T - 1's activations instead of zeros:
   // those columns are never stored, and an unconditional load saves a predicated load and a
   // register clear per mma (SASS: 8 CS2R per step). With dq_pair's lop3: 244 -> 196 per step.
   const uint2* xrow = xf + min(g, max(p.T - 1, 0)) * (K / 4);
-#else
-  const uint2* xrow = g < p.T ? xf + g * (K / 4) : nullptr;
-#endif
   for (int i = 0; i < n; ++i) {
     cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
     const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
     const uint4* slot = my + (i % S) * M * 2 * 32;
-#if !defined(ANVIL_CUDA_LEAN_Q4)
-    const uint2* xb = xrow ? xrow + (k / 32) * 8 : nullptr;
-#endif
     Step st[M];
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) {
@@ -191,11 +184,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
       st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
     }
-#if defined(ANVIL_CUDA_LEAN_Q4)
-    step_mma_frag_dense<M>(d, st, xrow + (k / 32) * 8);
-#else
-    step_mma_frag<M>(d, st, xb);
-#endif
+    step_mma_frag<M>(d, st, xrow + (k / 32) * 8);
     // The slot just read is refilled only after its words were consumed by the mmas above.
     if (i + S < n) issue(i + S);
     cp_async_commit();

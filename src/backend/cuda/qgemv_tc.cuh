@@ -38,16 +38,12 @@ __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reint
 __device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
 
 // Nibbles (s, s+4) of w as the bf16 pair (s*q0 + b, s*q1 + b).
-// With ANVIL_CUDA_LEAN_Q4 (CMake option, off: not yet run on a GPU) the mask and the or are one
-// lop3 with both constants in registers: given two immediates, ptxas emits two LOP3 per pair
-// (SASS of the streamed kernel's step: 68 LOP3, 36 with this; the same bits either way).
+// The mask and the or are one lop3 with both constants in registers: given two immediates, ptxas
+// emits two LOP3 per pair (SASS of the streamed kernel's step: 68 LOP3, 36 with this; the same bits
+// either way; +5% qwen3-8b q4g64 decode on the H200 with the other lean loops, session 13).
 __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int shift, __nv_bfloat162 s2, __nv_bfloat162 b2) {
-#if defined(ANVIL_CUDA_LEAN_Q4)
   uint32_t p;  // bf16 pair (128 + q0, 128 + q1), exact: (w >> shift) & 0x000F000F | 0x43004300
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(w >> shift), "r"(0x000F000Fu), "r"(0x43004300u));
-#else
-  const uint32_t p = ((w >> shift) & 0x000F000Fu) | 0x43004300u;  // bf16 pair (128 + q0, 128 + q1), exact
-#endif
   const __nv_bfloat162 q = __hsub2(u32_as_bf2(p), __floats2bfloat162_rn(128.0f, 128.0f));
   return bf2_as_u32(__hfma2(q, s2, b2));
 }
@@ -108,30 +104,11 @@ __device__ __forceinline__ void step_mma(float (&d)[4], const Step& s, const uin
 }
 
 // The 8 mmas of a step for M matrices (gate and up share each B fragment). xb: this lane's token's
-// chunk of activations pre-permuted into fragment order (mma j's b0, b1 at xb[j]); null: padding.
+// chunk of activations pre-permuted into fragment order (mma j's b0, b1 at xb[j]), never null and
+// 16-byte aligned: two mmas' fragments per 16-byte load, no predicated loads or register clears
+// (a lane whose mma column no token fills passes a real token's chunk; that column is never stored).
 template <int M>
 __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int word = j >> 1, sh = (j & 1) * 8;
-    const uint2 b = xb ? xb[j] : make_uint2(0u, 0u);
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi) {
-      const uint32_t wa = word == 0 ? s[mi].wa.x : word == 1 ? s[mi].wa.y : word == 2 ? s[mi].wa.z : s[mi].wa.w;
-      const uint32_t wb = word == 0 ? s[mi].wb.x : word == 1 ? s[mi].wb.y : word == 2 ? s[mi].wb.z : s[mi].wb.w;
-      mma_bf16(d[mi], dq_pair(wa, sh, s[mi].sa, s[mi].ba), dq_pair(wb, sh, s[mi].sb, s[mi].bb),
-               dq_pair(wa, sh + 4, s[mi].sa, s[mi].ba), dq_pair(wb, sh + 4, s[mi].sb, s[mi].bb), b.x, b.y);
-    }
-  }
-}
-
-// step_mma_frag for an xb that is never null and 16-byte aligned: no predicated loads or register
-// clears, two mmas' fragments per 16-byte load (ANVIL_CUDA_LEAN_Q4's streamed kernels). Its mma loop
-// repeats step_mma_frag's on purpose: sharing it through a helper changed the default build's
-// instruction schedule, which is what ran on the H200 (session 12); fold them together when the
-// option becomes the default.
-template <int M>
-__device__ __forceinline__ void step_mma_frag_dense(float (&d)[M][4], const Step (&s)[M], const uint2* xb) {
   uint4 xq[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) xq[i] = reinterpret_cast<const uint4*>(xb)[i];
