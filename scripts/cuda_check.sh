@@ -12,7 +12,7 @@
 # clock)) next to the DRAM floor (bytes / the measured copy bandwidth), summarized by
 # scripts/ncu_issue_summary.py.
 # pfprof: where a 512-token prefill's time goes: ncu's time, DRAM bytes and warp instructions of every
-# kernel of `anvil bench --prompt 512 -n 1 --runs 1` (the warm-up and the run: each shape twice) for
+# kernel of `anvil bench --prompt 512 -n 2 --runs 1` (the warm-up and the run: each shape twice) for
 # qwen3-8b q4g64 and qwen3-30b-a3b-16L q4g64, summed per kernel name by scripts/ncu_issue_summary.py
 # (SORT=1: largest total first).
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
@@ -123,7 +123,7 @@ if [ "$what" = pfprof ]; then
   for m in ${PF_MODELS:-qwen3-8b:q4g64 qwen3-30b-a3b-16L:q4g64}; do
     log="$OUT/ncu_prefill_${m%%:*}.log"
     timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum \
-      ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 512 -n 1 --runs 1 > "$log" 2>&1
+      ./build-gpu/anvil bench --device cuda --synthetic $m --prompt 512 -n 2 --runs 1 > "$log" 2>&1
     echo "### $m (ncu rc=$?)"
     SORT=1 python3 scripts/ncu_issue_summary.py "$log" | head -40
   done

@@ -485,8 +485,10 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
 }
 
 TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
-  for (int64_t rows : {1, 5, 64})
-    for (int64_t cols : {64, 1000, 4096}) {
+  // From 64 rows with cols a multiple of 8 up to 6,144 the norms run one warp per row (norm.cu's
+  // rmsnorm_warp_kernel); 6,152 columns and fewer rows take the block-per-row kernel.
+  for (int64_t rows : {1, 5, 64, 67})
+    for (int64_t cols : {64, 1000, 4096, 5120, 6152}) {
       const std::string sh = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";
       auto x = randn(size_t(rows * cols)), r = randn(size_t(rows * cols), 4.0f), wv = randn(size_t(cols));
       std::vector<uint16_t> wb(wv.size());

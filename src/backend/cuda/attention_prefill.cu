@@ -1,168 +1,258 @@
-// Causal prefill attention on the tensor cores (flash-attention style), for a chunk of one
-// sequence's consecutive positions: block (query tile of 64 tokens, head) keeps its 64 query rows in
-// shared memory and walks the keys 64 at a time up to the tile's last position, straight from the
-// paged cache. Each of the 4 warps owns 16 query rows: S = Q K^T by WMMA (bf16 in, fp32 out) into
-// shared memory, the online softmax per row in fp32 (scores in log2 units, the running max and sum
-// kept per row; the previous output rows rescaled), P rounded to bf16, O += P V by WMMA with the fp32
-// output tile held in shared memory. The last step divides by the row sum and writes bf16.
-// The default for prefill chunks (cuda_backend.cpp; ANVIL_CUDA_FA=0 sends them to attention.cu's
-// split kernels). tests/cuda/cuda_ops_test.cpp compares both with the CPU on every chunk.
-#include <mma.h>
-
+// Causal prefill attention on the tensor cores (FlashAttention-2 style), for a chunk of one
+// sequence's consecutive positions p0 .. p0 + T - 1. Block (head, query tile of 64 tokens): each of
+// its 4 warps owns 16 query rows and keeps everything of them in registers —
+// - Q as m16n8k16 A fragments (rows g and g + 8 of the warp's 16, loaded once);
+// - S = Q K^T for 64 keys at a time (8 n-tiles of fp32 accumulators), K from shared memory by
+//   ldmatrix (a K row's 8 consecutive dims per 16-byte chunk are a B fragment's layout);
+// - the online softmax on those accumulators in fp32, scores in log2 units: a row's 64 scores sit in
+//   the 4 lanes of a quad, so its max is 2 shuffles, and its sum stays per lane until the end;
+// - O += P V with P taken from S's accumulators (the accumulator layout of two n-tiles is an A
+//   fragment's: no data movement), rounded to bf16, and V by ldmatrix.trans;
+// - the fp32 output rows as accumulators, divided by the row sums and written as bf16 at the end.
+// The 4 warps share the key tiles: 64 keys of K and V per stage, straight from the pages by cp.async
+// into a two-stage ring (the next tile is copied while this one is multiplied); rows past the
+// tile's last query position are zeros. The 16-byte chunks of each row are XOR-swizzled by row, so
+// the 8 rows an ldmatrix reads hit 8 different bank groups. Causal masking is applied only on the
+// key tiles that reach past the block's first query position. Query tiles are launched heaviest
+// (latest positions, most keys) first.
+//
+// Why (ncu on the H200, session 13): the WMMA version before it kept S and O in shared memory
+// (fp32 O rescaled row by row in shared memory per key tile, 16 serial row softmaxes per warp with
+// 5-shuffle reductions, key tiles copied with plain loads between barriers) and took 248 us per
+// qwen3-8b layer at 512 tokens: 26% of the 8b's pp512 and the largest kernel of the MoE model's.
+//
+// The default for prefill chunks (cuda_backend.cpp; ANVIL_CUDA_FA=0 sends them to the split
+// kernels). tests/cuda/cuda_ops_test.cpp compares it with the CPU on every chunk.
 #include <cfloat>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/qgemv_tc.cuh"
 
 namespace anvil::cuda {
 namespace {
 
-using namespace nvcuda;
+using tc::cp_async16;
+using tc::cp_async_commit;
+using tc::cp_async_wait;
+using tc::mma_bf16;
 
 constexpr int kQ = 64;  // query rows per block
-constexpr int kK = 64;  // keys per iteration
+constexpr int kK = 64;  // keys per tile
 constexpr int kFaWarps = 4;
+constexpr int kFaThreads = kFaWarps * 32;
 
 template <int D>
 constexpr size_t fa_smem_bytes() {
-  return size_t(kQ) * D * 2          // Q
-         + size_t(kK) * D * 2 * 2    // K, V
-         + size_t(kQ) * kK * 4       // S (fp32)
-         + size_t(kQ) * kK * 2       // P (bf16)
-         + size_t(kQ) * D * 4        // O (fp32)
-         + size_t(kQ) * 2 * 4;       // running max and sum per row
+  return size_t(2) * 2 * kK * D * 2;  // two stages of [K, V][kK rows][D] bf16
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Where logical 16-byte chunk ch of row r of a tile lives: rows of 8+ chunks (D >= 64) XOR the low
+// 3 bits with r & 7; rows of 4 chunks (D = 32, two rows per 128 bytes) with (r >> 1) & 3. Either way
+// 8 consecutive rows' chunk ch fall in 8 different 16-byte bank groups.
+template <int CH>
+__device__ __forceinline__ int swz(int r, int ch) {
+  if constexpr (CH >= 8) return ch ^ (r & 7);
+  else return ch ^ ((r >> 1) & 3);
 }
 
 template <int D>
-__global__ void __launch_bounds__(kFaWarps * 32) fa_prefill_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
-                                                                   int layer, BatchDev b, int p0, float scale_log2,
-                                                                   __nv_bfloat16* out) {
+__global__ void __launch_bounds__(kFaThreads) fa_prefill_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv,
+                                                                int layer, BatchDev b, int p0, float scale_log2,
+                                                                __nv_bfloat16* out) {
+  constexpr int CH = D / 8;    // 16-byte chunks per row
+  constexpr int KB = D / 16;   // k16 blocks of the head dimension (S = Q K^T)
+  constexpr int ND = D / 8;    // n8 tiles of the head dimension (O)
+  constexpr int TILE = kK * D;  // bf16 elements of one K (or V) tile
+  constexpr int RPP = kFaThreads / CH;  // rows one copy pass covers
+  static_assert(kK % RPP == 0, "a tile's rows split evenly over the copy passes");
   pdl_begin();
   extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* Ks = Qs + kQ * D;
-  __nv_bfloat16* Vs = Ks + kK * D;
-  float* S = reinterpret_cast<float*>(Vs + kK * D);
-  __nv_bfloat16* P = reinterpret_cast<__nv_bfloat16*>(S + kQ * kK);
-  float* O = reinterpret_cast<float*>(P + kQ * kK);
-  float* row_m = O + kQ * D;
-  float* row_l = row_m + kQ;
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem);
 
-  const int tile = blockIdx.x, h = blockIdx.y;
+  const int h = blockIdx.x, tile = gridDim.y - 1 - blockIdx.y;  // heaviest query tiles first
   const int T = b.n_tokens, G = n_heads / kv.n_kv_heads, kh = h / G;
   const int t0 = tile * kQ;
   const int rows = min(kQ, T - t0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
   const int32_t* pages = b.page_table + int64_t(b.seq[0]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
-
-  // Q rows (zeros past T), O = 0, m = -inf, l = 0.
-  for (int i = threadIdx.x; i < kQ * D / 8; i += blockDim.x) {
-    const int r = i / (D / 8), c8 = i % (D / 8);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows) v = *reinterpret_cast<const uint4*>(q + (int64_t(t0 + r) * n_heads + h) * D + c8 * 8);
-    *reinterpret_cast<uint4*>(Qs + r * D + c8 * 8) = v;
-  }
-  for (int i = threadIdx.x; i < kQ * D; i += blockDim.x) O[i] = 0.0f;
-  for (int i = threadIdx.x; i < kQ; i += blockDim.x) row_m[i] = -FLT_MAX, row_l[i] = 0.0f;
-  const int last_pos = p0 + t0 + rows - 1;  // the tile's last query position: keys 0..last_pos
+  const int64_t vofs = int64_t(kv.n_kv_heads) * kv.page_size * D;  // a page's V rows after its K rows
+  const int last_pos = p0 + t0 + rows - 1;  // the tile's last query position: keys 0 .. last_pos
   const int n_kb = last_pos / kK + 1;
-  __syncthreads();
+
+  // Key tile kb's K and V rows into ring stage kb & 1: thread copies chunk tid % CH of rows
+  // tid / CH + RPP * j, K and V (zeros past last_pos: P is 0 there, and 0 * V must not be NaN).
+  // The page lookups come first, all of them: a copy is asm with a memory clobber, so a lookup
+  // placed between two copies would wait for the first.
+  const int my_ch = threadIdx.x % CH, my_r = threadIdx.x / CH;
+  auto issue = [&](int kb) {
+    __nv_bfloat16* kt = ring + (kb & 1) * 2 * TILE;
+    int64_t base[kK / RPP];
+#pragma unroll
+    for (int j = 0; j < kK / RPP; ++j) {
+      const int p = kb * kK + my_r + RPP * j;
+      base[j] = p <= last_pos ? kv_row(pages[p / kv.page_size], layer, 0, kh, p % kv.page_size, kv.n_layers,
+                                       kv.n_kv_heads, kv.page_size, D) + my_ch * 8
+                              : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kK / RPP; ++j) {
+      const int r = my_r + RPP * j;
+      const int off = r * D + swz<CH>(r, my_ch) * 8;
+      if (base[j] >= 0) {
+        cp_async16(kt + off, kvb + base[j]);
+        cp_async16(kt + TILE + off, kvb + base[j] + vofs);
+      } else {
+        *reinterpret_cast<uint4*>(kt + off) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(kt + TILE + off) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  issue(0);
+  cp_async_commit();
+
+  // Q as A fragments: rows r0 = warp*16 + g and r0 + 8 of the tile (zeros past T); k = dims
+  // kb*16 + {2c, 2c+1} (a0 row g, a1 row g+8) and kb*16 + 8 + {2c, 2c+1} (a2, a3).
+  const int r0 = warp * 16 + g;
+  uint32_t qa[KB][4];
+  {
+    const __nv_bfloat16* qg = q + (int64_t(t0 + r0) * n_heads + h) * D;
+    const __nv_bfloat16* qg8 = qg + int64_t(8) * n_heads * D;
+    const bool ok0 = r0 < rows, ok1 = r0 + 8 < rows;
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+      const int d0 = kb * 16 + 2 * c;
+      qa[kb][0] = ok0 ? *reinterpret_cast<const uint32_t*>(qg + d0) : 0u;
+      qa[kb][2] = ok0 ? *reinterpret_cast<const uint32_t*>(qg + d0 + 8) : 0u;
+      qa[kb][1] = ok1 ? *reinterpret_cast<const uint32_t*>(qg8 + d0) : 0u;
+      qa[kb][3] = ok1 ? *reinterpret_cast<const uint32_t*>(qg8 + d0 + 8) : 0u;
+    }
+  }
+  const int qpos0 = p0 + t0 + r0, qpos1 = qpos0 + 8;  // the positions of rows g and g + 8
+  const int first_q = p0 + t0;                        // the block's first query position
+
+  float acc[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+  float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.0f, l1 = 0.0f;  // rows g and g + 8 (l: this lane's share)
 
   for (int kb = 0; kb < n_kb; ++kb) {
-    // K and V rows of positions kb*64 .. kb*64+63 (zeros past last_pos).
-    for (int i = threadIdx.x; i < kK * D / 8; i += blockDim.x) {
-      const int j = i / (D / 8), c8 = i % (D / 8);
-      const int p = kb * kK + j;
-      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-      if (p <= last_pos) {
-        const int64_t page = pages[p / kv.page_size];
-        const int slot = p % kv.page_size;
-        kv4 = *reinterpret_cast<const uint4*>(
-            kvb + kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + c8 * 8);
-        vv4 = *reinterpret_cast<const uint4*>(
-            kvb + kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D) + c8 * 8);
-      }
-      *reinterpret_cast<uint4*>(Ks + j * D + c8 * 8) = kv4;
-      *reinterpret_cast<uint4*>(Vs + j * D + c8 * 8) = vv4;
-    }
-    __syncthreads();
+    if (kb + 1 < n_kb) issue(kb + 1);  // its stage was last read in iteration kb - 1 (barrier below)
+    cp_async_commit();
+    cp_async_wait<1>();  // tile kb's group is complete for this thread
+    __syncthreads();     // ... and for every thread
+    const __nv_bfloat16* kt = ring + (kb & 1) * 2 * TILE;
+    const __nv_bfloat16* vt = kt + TILE;
 
-    // S[warp rows] = Q[warp rows] K^T.
-    float* Sw = S + warp * 16 * kK;
+    // S = Q K^T: n-tile nt = keys kb*64 + 8nt .. +7. Per 16 keys and k16 block one ldmatrix.x4:
+    // matrices (keys 0-7 | 8-15) x (k lo | hi).
+    float sc[kK / 8][4];
 #pragma unroll
-    for (int n = 0; n < kK / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
+    for (int nt = 0; nt < kK / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+    {
+      const int mi = lane >> 3, rr = (lane & 7) + 8 * (mi >> 1);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bk;
-        wmma::load_matrix_sync(a, Qs + warp * 16 * D + kk * 16, D);
-        wmma::load_matrix_sync(bk, Ks + n * 16 * D + kk * 16, D);  // K^T: element (k, n) at Ks[n][k]
-        wmma::mma_sync(acc, a, bk, acc);
+      for (int kg = 0; kg < kK / 16; ++kg) {
+        const int r = kg * 16 + rr;
+#pragma unroll
+        for (int kc = 0; kc < KB; ++kc) {
+          uint32_t bf[4];
+          ldsm_x4(bf, kt + r * D + swz<CH>(r, kc * 2 + (mi & 1)) * 8);
+          mma_bf16(sc[2 * kg], qa[kc][0], qa[kc][1], qa[kc][2], qa[kc][3], bf[0], bf[1]);
+          mma_bf16(sc[2 * kg + 1], qa[kc][0], qa[kc][1], qa[kc][2], qa[kc][3], bf[2], bf[3]);
+        }
       }
-      wmma::store_matrix_sync(Sw + n * 16, acc, kK, wmma::mem_row_major);
     }
-    __syncwarp();
+    // Online softmax. sc[nt][i]: row g (i < 2) or g + 8, key kb*64 + 8nt + 2c + (i & 1).
+    const bool masked = kb * kK + kK - 1 > first_q;  // some key of the tile lies after some query row
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < kK / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kp = kb * kK + 8 * nt + 2 * c + (i & 1);
+        const bool valid = !masked || kp <= (i < 2 ? qpos0 : qpos1);
+        sc[nt][i] = valid ? sc[nt][i] * scale_log2 : -FLT_MAX;
+        if (i < 2) mx0 = fmaxf(mx0, sc[nt][i]);
+        else mx1 = fmaxf(mx1, sc[nt][i]);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Key 0 is valid for every row, so after the first tile m is finite and corr well defined.
+    const float corr0 = exp2f(m0 - mx0), corr1 = exp2f(m1 - mx1);
+    m0 = mx0, m1 = mx1;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kK / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float pe = sc[nt][i] > -FLT_MAX ? exp2f(sc[nt][i] - (i < 2 ? mx0 : mx1)) : 0.0f;
+        sc[nt][i] = pe;
+        if (i < 2) s0 += pe;
+        else s1 += pe;
+      }
+    l0 = l0 * corr0 + s0;
+    l1 = l1 * corr1 + s1;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) acc[nd][0] *= corr0, acc[nd][1] *= corr0, acc[nd][2] *= corr1, acc[nd][3] *= corr1;
 
-    // Online softmax of the warp's 16 rows: each lane holds 2 of the 64 keys.
-    __nv_bfloat16* Pw = P + warp * 16 * kK;
-    for (int r = 0; r < 16; ++r) {
-      const int qr = warp * 16 + r;
-      const int qpos = p0 + t0 + qr;
-      float s[2];
-      float mx = -FLT_MAX;
+    // O += P V per 16 keys kg: A = P (n-tiles 2kg, 2kg+1 of S), B = V [keys][dims] by ldmatrix.trans:
+    // matrices (keys 0-7 | 8-15) x (dims lo | hi of an nd pair).
+    {
+      const int mi = lane >> 3, rr = (lane & 7) + 8 * (mi & 1);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = lane * 2 + e;
-        const int kp = kb * kK + j;
-        s[e] = (qr < rows && kp <= qpos) ? Sw[r * kK + j] * scale_log2 : -FLT_MAX;
-        mx = fmaxf(mx, s[e]);
-      }
-      mx = warp_max(mx);
-      const float m_old = row_m[qr];
-      const float m_new = fmaxf(m_old, mx);
-      float sum = 0.0f;
+      for (int kg = 0; kg < kK / 16; ++kg) {
+        const uint32_t pa0 = pack_bf16(sc[2 * kg][0], sc[2 * kg][1]), pa1 = pack_bf16(sc[2 * kg][2], sc[2 * kg][3]);
+        const uint32_t pa2 = pack_bf16(sc[2 * kg + 1][0], sc[2 * kg + 1][1]);
+        const uint32_t pa3 = pack_bf16(sc[2 * kg + 1][2], sc[2 * kg + 1][3]);
+        const int r = kg * 16 + rr;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pe = s[e] == -FLT_MAX ? 0.0f : exp2f(s[e] - m_new);
-        const __nv_bfloat16 pb = __float2bfloat16_rn(pe);
-        Pw[r * kK + lane * 2 + e] = pb;
-        sum += __bfloat162float(pb);  // the sum of what P V adds up
-      }
-      sum = warp_sum(sum);
-      const float alpha = m_old == -FLT_MAX ? 0.0f : exp2f(m_old - m_new);
-      for (int d = lane; d < D; d += 32) O[qr * D + d] *= alpha;
-      if (lane == 0) {
-        row_l[qr] = row_l[qr] * alpha + sum;
-        row_m[qr] = m_new;
+        for (int nd = 0; nd < ND; nd += 2) {
+          uint32_t bf[4];
+          ldsm_x4_t(bf, vt + r * D + swz<CH>(r, nd + (mi >> 1)) * 8);
+          mma_bf16(acc[nd], pa0, pa1, pa2, pa3, bf[0], bf[1]);
+          mma_bf16(acc[nd + 1], pa0, pa1, pa2, pa3, bf[2], bf[3]);
+        }
       }
     }
-    __syncwarp();
-
-    // O[warp rows] += P[warp rows] V.
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, O + warp * 16 * D + n * 16, D, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kK / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> bv;
-        wmma::load_matrix_sync(a, Pw + kk * 16, kK);
-        wmma::load_matrix_sync(bv, Vs + kk * 16 * D + n * 16, D);
-        wmma::mma_sync(acc, a, bv, acc);
-      }
-      wmma::store_matrix_sync(O + warp * 16 * D + n * 16, acc, D, wmma::mem_row_major);
-    }
-    __syncthreads();  // K, V are overwritten next
+    __syncthreads();  // every warp is done with this stage before iteration kb + 1 refills it
   }
+  cp_async_wait<0>();
 
-  for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
-    const int r = i / D, d = i % D;
-    const float l = row_l[r];
-    out[(int64_t(t0 + r) * n_heads + h) * D + d] = __float2bfloat16_rn(l > 0.0f ? O[r * D + d] / l : 0.0f);
+  // The row sums: this lane's share, then the quad's; then the rows, as bf16 pairs.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  __nv_bfloat16* o0 = out + (int64_t(t0 + r0) * n_heads + h) * D + 2 * c;
+  __nv_bfloat16* o1 = o0 + int64_t(8) * n_heads * D;
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) {
+    if (r0 < rows) *reinterpret_cast<uint32_t*>(o0 + nd * 8) = pack_bf16(acc[nd][0] * inv0, acc[nd][1] * inv0);
+    if (r0 + 8 < rows) *reinterpret_cast<uint32_t*>(o1 + nd * 8) = pack_bf16(acc[nd][2] * inv1, acc[nd][3] * inv1);
   }
 }
 
@@ -173,8 +263,8 @@ cudaError_t fa_launch(const void* q, int n_heads, const KVDev& kv, int layer, co
   static const cudaError_t attr =
       cudaFuncSetAttribute(fa_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (attr != cudaSuccess) return attr;
-  const dim3 grid(unsigned((b.n_tokens + kQ - 1) / kQ), unsigned(n_heads));
-  launch_k(fa_prefill_kernel<D>, grid, dim3(kFaWarps * 32), smem, s, static_cast<const __nv_bfloat16*>(q), n_heads, kv,
+  const dim3 grid(unsigned(n_heads), unsigned((b.n_tokens + kQ - 1) / kQ));
+  launch_k(fa_prefill_kernel<D>, grid, dim3(kFaThreads), smem, s, static_cast<const __nv_bfloat16*>(q), n_heads, kv,
            layer, b, p0, scale * 1.4426950408889634f, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }

@@ -80,13 +80,31 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
     float acc[kRouteTok];
 #pragma unroll
     for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
+    // The chunk's weights are unpacked once for the tile's tokens (chunk_dot's arithmetic, in its
+    // order: the same logits bit for bit; ncu on the H200 measured 74 us per qwen3-30b-a3b layer at
+    // 512 tokens when each token unpacked them again).
     for (int64_t c = lane; c < nchunks; c += 32) {
+      constexpr int W = chunk_words<FMT>();
+      uint32_t wq[W];
+      load_words<W>(static_cast<const uint32_t*>(w.data) + r * row_words<FMT>(K) + c * W, wq);
+      float wf[32];
+#pragma unroll
+      for (int e = 0; e < 32; ++e) wf[e] = chunk_elem<FMT, W>(wq, e);
+      float gs = 1.0f, gb = 0.0f;
+      if constexpr (FMT <= 8) {
+        const int64_t gi = r * (K / a.router.group) + c * 32 / a.router.group;
+        gs = load_any(w.scales, gi, a.router.dtype), gb = load_any(w.biases, gi, a.router.dtype);
+      }
 #pragma unroll
       for (int t = 0; t < kRouteTok; ++t) {
         if (t < nt) {
           float xf[32];
           const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
-          acc[t] += chunk_dot<FMT>(w, r, K, a.router.group, a.router.dtype, c, xf, sx);
+          float d = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 32; ++e) d = fmaf(wf[e], xf[e], d);
+          if constexpr (FMT <= 8) acc[t] += gs * d + gb * sx;
+          else acc[t] += d;
         }
       }
     }
