@@ -83,6 +83,41 @@ __device__ __forceinline__ float chunk_elem(const uint32_t (&w)[W], int e) {
   }
 }
 
+// A 32-element chunk's BITS words (already loaded) with its group's scale s and bias b, as bf16:
+// s * q + b in fp32, rounded once. dequant_chunk_bf16 and the MoE grouped GEMM's prefetching loop
+// share it, so both give the same bits.
+template <int BITS>
+__device__ __forceinline__ void dequant_words_bf16(const uint32_t (&wd)[BITS], float s, float b, __nv_bfloat16* dst) {
+#pragma unroll
+  for (int e = 0; e < 32; ++e) {
+    const int bit = e * BITS, wi = bit >> 5, sh = bit & 31;
+    uint32_t q = wd[wi] >> sh;
+    if (sh + BITS > 32) q |= wd[wi + 1] << (32 - sh);
+    q &= (1u << BITS) - 1u;
+    dst[e] = __float2bfloat16_rn(fmaf(s, float(q), b));
+  }
+}
+
+// The same 32 values as dequant_words_bf16, as 16 packed bf16 pairs in registers (element 2i in the
+// low half of o[i]): for stores of 16 bytes without a staging array in local memory.
+template <int BITS>
+__device__ __forceinline__ void dequant_words_packed(const uint32_t (&wd)[BITS], float s, float b, uint32_t (&o)[16]) {
+#pragma unroll
+  for (int e = 0; e < 32; e += 2) {
+    uint32_t q[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int bit = (e + h) * BITS, wi = bit >> 5, sh = bit & 31;
+      q[h] = wd[wi] >> sh;
+      if (sh + BITS > 32) q[h] |= wd[wi + 1] << (32 - sh);
+      q[h] &= (1u << BITS) - 1u;
+    }
+    const __nv_bfloat162 v =
+        __halves2bfloat162(__float2bfloat16_rn(fmaf(s, float(q[0]), b)), __float2bfloat16_rn(fmaf(s, float(q[1]), b)));
+    o[e / 2] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 // Dequantizes elements [k0, k0+32) of row `row` of a [rows, cols] weight into dst[0..32) (bf16).
 // BITS 2..8: MLX affine with `scales`/`biases` [rows, cols/group] of `dtype`; BITS 0: dense `dtype`.
 template <int BITS>
@@ -95,14 +130,7 @@ __device__ __forceinline__ void dequant_chunk_bf16(const void* data, const void*
     for (int i = 0; i < BITS; ++i) wd[i] = __ldg(p + i);
     const int64_t g = row * (cols / group) + k0 / group;
     const float s = load_any(scales, g, dtype), b = load_any(biases, g, dtype);
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      const int bit = e * BITS, wi = bit >> 5, sh = bit & 31;
-      uint32_t q = wd[wi] >> sh;
-      if (sh + BITS > 32) q |= wd[wi + 1] << (32 - sh);
-      q &= (1u << BITS) - 1u;
-      dst[e] = __float2bfloat16_rn(fmaf(s, float(q), b));
-    }
+    dequant_words_bf16<BITS>(wd, s, b, dst);
   } else {
 #pragma unroll 8
     for (int e = 0; e < 32; ++e) dst[e] = __float2bfloat16_rn(load_any(data, row * cols + k0 + e, dtype));

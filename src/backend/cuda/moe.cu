@@ -280,19 +280,28 @@ __global__ void __launch_bounds__(1024) group_kernel(MoEGroupArgs a) {
   }
 }
 
-constexpr int BM = kMoETileRows, BN = 64, BK = 32, LDS = BK + 8, LDC = BN + 4;
+constexpr int BM = kMoETileRows, BN = 64, BK = 64, LDS = BK + 8, LDC = BN + 4;
 
 // Block (bx, by): output columns [bx*64, +64) of grid tile `by`, i.e. of the by - tile_start[e]'th
 // 64-row tile of expert e's positions. 4 warps, each a 32x32 quarter as 2x2 WMMA fragments per
-// matrix (gate and up for SWIGLU). Per K step of 32: threads dequantize one 32-element chunk of a
-// weight row each (gate rows by threads 0..63, up rows by 64..127) and copy the 64 x 32 x tile.
+// matrix (gate and up for SWIGLU). Per K step of 64: threads dequantize two 32-element chunks of a
+// weight row each (gate rows by threads 0..63, up rows by 64..127) and copy the 64 x 64 x tile.
+// The next step's weight words, scales and x pieces are loaded into registers while the current
+// step multiplies (ncu on the H200, session 13: with loads, barrier and compute in series, steps
+// of 32 took 450-680 us per qwen3-30b-a3b gate/up at 512 tokens, latency-bound). A K that is not a
+// multiple of 64 ends with a half step whose other half is zeros.
 template <int BITS, bool SWIGLU>
 __global__ void __launch_bounds__(128) grouped_kernel(MoEGroupedArgs a) {
   pdl_begin();
   using namespace nvcuda;
   constexpr int M = SWIGLU ? 2 : 1;
-  __shared__ __align__(128) unsigned char smem[M * BM * LDC * sizeof(float)];
-  static_assert((BM + M * BN) * LDS * 2 <= M * BM * LDC * 4, "the K-loop tiles fit in the epilogue buffer");
+  constexpr int CPS = BK / 32;   // weight chunks per thread and step
+  constexpr int QPR = BK / 8;    // 16-byte pieces of an x row per step
+  constexpr int RP = 128 / QPR;  // x rows per copy pass
+  constexpr int XN = BM / RP;    // copy passes
+  constexpr int WB = BITS > 0 ? BITS : 1;
+  constexpr size_t kEpi = size_t(M) * BM * LDC * 4, kLoop = size_t(BM + M * BN) * LDS * 2;
+  __shared__ __align__(128) unsigned char smem[kEpi > kLoop ? kEpi : kLoop];
   __nv_bfloat16* Xs = reinterpret_cast<__nv_bfloat16*>(smem);  // [BM][LDS]
   __nv_bfloat16* Ws = Xs + BM * LDS;                            // [M][BN][LDS]
   float* Cs = reinterpret_cast<float*>(smem);                   // [M][BM][LDC], after the K loop
@@ -310,20 +319,83 @@ __global__ void __launch_bounds__(128) grouped_kernel(MoEGroupedArgs a) {
   const int tid = threadIdx.x, warp = tid >> 5;
   const int64_t n0 = int64_t(blockIdx.x) * BN, K = a.w.cols, N = a.w.rows;
   const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-  // The two x rows (of the tile's 64) whose 16-byte pieces this thread copies: r = tid/4 and r + 32.
-  const uint16_t* xsrc[2];
+  // The x rows (of the tile's 64) whose 16-byte piece xq this thread copies: tid / QPR + RP * j.
+  const int xq = tid % QPR;
+  const uint16_t* xsrc[XN];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int r = tid / 4 + 32 * j;
+  for (int j = 0; j < XN; ++j) {
+    const int r = tid / QPR + RP * j;
     xsrc[j] = nullptr;
     if (r < np) {
       const int64_t src = SWIGLU ? a.order[p0 + r] / a.k : p0 + r;
       xsrc[j] = static_cast<const uint16_t*>(a.x) + src * K;
     }
   }
-  const ExpertPtrs wp = a.w.ptrs[e];
-  ExpertPtrs up{};
-  if constexpr (SWIGLU) up = a.up.ptrs[e];
+  // The weight row this thread dequantizes (threads < 64 * M): row n0 + tid % 64 of matrix tid / 64.
+  const bool wthread = tid < 64 * M;
+  const int wmat = tid / 64, wrr = tid % 64;
+  const int64_t wrow = n0 + wrr;
+  const bool wrow_ok = wthread && wrow < N;
+  const ExpertPtrs wpp = wmat == 0 ? a.w.ptrs[e] : (SWIGLU ? a.up.ptrs[e] : ExpertPtrs{});
+  const MoEMats& wmm = wmat == 0 ? a.w : a.up;
+
+  uint32_t wd[CPS][WB];
+  float wsc[CPS], wbi[CPS];
+  uint4 xv[XN];
+  auto fetch = [&](int64_t k0) {  // step k0's global data into registers
+    if constexpr (BITS > 0) {
+      if (wrow_ok) {
+#pragma unroll
+        for (int cc = 0; cc < CPS; ++cc) {
+          const int64_t kc = k0 + cc * 32;
+          if (kc >= K) break;
+          const uint32_t* pw = static_cast<const uint32_t*>(wpp.data) + (wrow * K + kc) / 32 * BITS;
+#pragma unroll
+          for (int i = 0; i < BITS; ++i) wd[cc][i] = __ldg(pw + i);
+          const int64_t g = wrow * (K / wmm.group) + kc / wmm.group;
+          wsc[cc] = load_any(wpp.scales, g, wmm.dtype);
+          wbi[cc] = load_any(wpp.biases, g, wmm.dtype);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < XN; ++j) {
+      xv[j] = make_uint4(0, 0, 0, 0);
+      if (xsrc[j] && k0 + xq * 8 < K) xv[j] = __ldg(reinterpret_cast<const uint4*>(xsrc[j] + k0) + xq);
+    }
+  };
+  auto store = [&](int64_t k0) {  // registers (dequantized) into the shared tiles
+    if (wthread) {
+#pragma unroll
+      for (int cc = 0; cc < CPS; ++cc) {
+        const int64_t kc = k0 + cc * 32;
+        uint4* dst = reinterpret_cast<uint4*>(Ws + (wmat * BN + wrr) * LDS + cc * 32);
+        if constexpr (BITS > 0) {
+          uint32_t o[16];
+          if (wrow_ok && kc < K) {
+            dequant_words_packed<BITS>(wd[cc], wsc[cc], wbi[cc], o);
+          } else {
+#pragma unroll
+            for (int q = 0; q < 16; ++q) o[q] = 0u;
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+        } else {
+          __nv_bfloat16 tmp[32];
+          if (wrow_ok && kc < K) {
+            dequant_chunk_bf16<0>(wpp.data, wpp.scales, wpp.biases, wmm.dtype, K, wmm.group, wrow, kc, tmp);
+          } else {
+#pragma unroll
+            for (int q = 0; q < 32; ++q) tmp[q] = __float2bfloat16_rn(0.0f);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) dst[q] = *reinterpret_cast<const uint4*>(tmp + q * 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < XN; ++j) *reinterpret_cast<uint4*>(Xs + (tid / QPR + RP * j) * LDS + xq * 8) = xv[j];
+  };
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[M][2][2];
 #pragma unroll
@@ -333,32 +405,11 @@ __global__ void __launch_bounds__(128) grouped_kernel(MoEGroupedArgs a) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[m][i][j], 0.0f);
 
+  fetch(0);
   for (int64_t k0 = 0; k0 < K; k0 += BK) {
-    // Weights: thread i < 64*M dequantizes row n0 + i%64 of matrix i/64.
-    if (tid < 64 * M) {
-      const int m = tid / 64, rr = tid % 64;
-      const int64_t row = n0 + rr;
-      const ExpertPtrs& p = m == 0 ? wp : up;
-      const MoEMats& mm = m == 0 ? a.w : a.up;
-      __nv_bfloat16 tmp[32];
-      if (row < N) {
-        dequant_chunk_bf16<BITS>(p.data, p.scales, p.biases, mm.dtype, K, mm.group, row, k0, tmp);
-      } else {
-#pragma unroll
-        for (int q = 0; q < 32; ++q) tmp[q] = __float2bfloat16_rn(0.0f);
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        *reinterpret_cast<uint4*>(Ws + (m * BN + rr) * LDS + q * 8) = *reinterpret_cast<const uint4*>(tmp + q * 8);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = tid / 4 + 32 * j, q = tid % 4;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (xsrc[j]) v = __ldg(reinterpret_cast<const uint4*>(xsrc[j] + k0) + q);
-      *reinterpret_cast<uint4*>(Xs + r * LDS + q * 8) = v;
-    }
+    store(k0);  // the barrier that ended the previous step freed the tiles
     __syncthreads();
+    if (k0 + BK < K) fetch(k0 + BK);  // in flight during this step's mmas
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
