@@ -16,7 +16,8 @@
 # qwen3-8b q4g64 and qwen3-30b-a3b-16L q4g64, summed per kernel name by scripts/ncu_issue_summary.py
 # (SORT=1: largest total first).
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
-# the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096").
+# the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096";
+# RESTORE_ONLY=1: only the restart, over ANVIL_KV_RESTORE_THREADS in RESTORE_THREADS).
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
@@ -150,6 +151,24 @@ if [ "$what" = serve ]; then
     python3 -c "import urllib.request,sys; t=urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode(); print('\n'.join(l for l in t.splitlines() if l.startswith(('anvil_prompt_tokens', 'anvil_kv_', 'anvil_store'))))" \
       >> "$OUT/serve_bench.log" 2>&1
   }
+  if [ "${RESTORE_ONLY:-0}" = 1 ]; then
+    # Only the restart: the 4,096-token prefix stored by one server, then TTFT after a restart with
+    # ANVIL_KV_RESTORE_THREADS in turn over RESTORE_THREADS (default "4 8 12").
+    start_server 1
+    [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
+      --no-logprobs > "$OUT/serve_bench.log" 2>&1
+    kill $SP; wait $SP
+    for th in ${RESTORE_THREADS:-4 8 12}; do
+      ANVIL_KV_RESTORE_THREADS=$th start_server r$th
+      echo "### after a restart, ANVIL_KV_RESTORE_THREADS=$th" >> "$OUT/serve_bench.log"
+      [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
+        --no-logprobs >> "$OUT/serve_bench.log" 2>&1
+      kill $SP; wait $SP
+    done
+    cat "$OUT/serve_bench.log"
+    echo "total $(( $(date +%s) - t0 )) s"
+    exit 0
+  fi
   start_server 1
   # --no-logprobs: the steps can sample on the device (a request with logprobs needs host logits).
   [ -n "$port" ] && timeout ${SERVE_S:-240} python3 scripts/bench_serve.py --port "$port" --streams ${SERVE_STREAMS:-1,32,64} \

@@ -191,6 +191,7 @@ TEST_F(CudaMoE, MatchesCpuOverExpertsTopKFormatsAndBatch) {
       {60, 4, 256, 128, 4, 64, bf, 8, 256, 4, false},      // qwen2_moe: shared expert fused at decode
       {60, 4, 256, 128, 4, 64, bf, 8, 192, 0, false},      // shared expert in bf16: through the dense ops
       {128, 8, 2048, 768, 4, 64, bf, 8, 0, 0, true},       // one qwen3-30b-a3b layer
+      {8, 2, 160, 96, 4, 32, bf, 0, 0, 0, true},          // 4-bit, K % 64 = 32 (gate/up 160, down 96): the grouped GEMM's half step
       // The other MLX widths (mlx-community also ships 2/3/5/6-bit MoE models); a 3-bit router too.
       {8, 2, 256, 128, 3, 64, bf, 3, 0, 0, true},
       {8, 2, 256, 128, 6, 32, bf, 8, 0, 0, true},

@@ -605,8 +605,10 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
     const Guarded& gfreq = rn.gfreq;
     const WeightVector &qn = rn.qn, &kn = rn.kn;
 
-    // Steps: prefill seq 0 (37 tokens), seq 1 (16 = exactly one page), seq 2 (1200 tokens in chunks);
-    // then one decode batch of the three (positions 37, 16, 1200: a fresh page for seq 1).
+    // Steps: prefill seq 0 (37 tokens), seq 1 (16 = exactly one page), seq 2 (1200 tokens in chunks
+    // of 100, then 256 from positions 100, 356, 612 (not multiples of the prefill kernel's 64-key
+    // tiles, nor of a page), then 332); then one decode batch of the three (positions 37, 16,
+    // 1200: a fresh page for seq 1).
     struct Step {
       std::vector<int32_t> pos, seq;
     };
@@ -618,7 +620,9 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
     };
     chunk(0, 0, 37);
     chunk(1, 0, 16);
-    for (int from = 0; from < 1200; from += 256) chunk(2, from, std::min(256, 1200 - from));
+    chunk(2, 0, 100);
+    for (int from = 100; from < 868; from += 256) chunk(2, from, 256);
+    chunk(2, 868, 332);
     steps.push_back(Step{{37, 16, 1200}, {0, 1, 2}});
     for (size_t si = 0; si < steps.size(); ++si) {
       const Step& st = steps[si];
