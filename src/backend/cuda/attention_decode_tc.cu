@@ -55,29 +55,14 @@ namespace {
 using tc::cp_async16;
 using tc::cp_async_commit;
 using tc::cp_async_wait;
+using tc::ldsm_x4;
+using tc::ldsm_x4_t;
 using tc::mma_bf16;
+using tc::pack_bf16;
 
 constexpr int kAW = 4;   // warps per block
 constexpr int kAP = 16;  // positions per warp tile
 constexpr int kAS = 3;   // ring stages per warp
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Shared memory of one block: the warps' rings [kAW][kAS][K, V][kAP rows][D] bf16; after the loop the
 // same bytes hold the merge: m, l [kAW][16] and acc [kAW][16][D] fp32, then (FUSED) the block's
@@ -89,7 +74,6 @@ __host__ __device__ constexpr size_t tc_attn_merge_bytes(int D, bool fused) {
 __host__ __device__ constexpr size_t tc_attn_smem(int D, bool fused) {
   return tc_attn_ring_bytes(D) > tc_attn_merge_bytes(D, fused) ? tc_attn_ring_bytes(D) : tc_attn_merge_bytes(D, fused);
 }
-
 
 // D: head_dim (64 or 128). ROWS16: G > 8 (the A fragments' rows g + 8 carry heads too). FUSED: the
 // decode form described at the top (q is the projection's raw output, r its k/v and norms; the

@@ -35,7 +35,10 @@ namespace {
 using tc::cp_async16;
 using tc::cp_async_commit;
 using tc::cp_async_wait;
+using tc::ldsm_x4;
+using tc::ldsm_x4_t;
 using tc::mma_bf16;
+using tc::pack_bf16;
 
 constexpr int kQ = 64;  // query rows per block
 constexpr int kK = 64;  // keys per tile
@@ -45,24 +48,6 @@ constexpr int kFaThreads = kFaWarps * 32;
 template <int D>
 constexpr size_t fa_smem_bytes() {
   return size_t(2) * 2 * kK * D * 2;  // two stages of [K, V][kK rows][D] bf16
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Where logical 16-byte chunk ch of row r of a tile lives: rows of 8+ chunks (D >= 64) XOR the low

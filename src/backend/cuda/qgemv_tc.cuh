@@ -1,7 +1,8 @@
 // Internal to src/backend/cuda/: what the q4 tensor-core mat-vec kernels share (qgemv_tc.cu: the
 // register-fed and staged kernels and the dispatch; qgemv_stream.cu: the streamed decode kernel).
 // The layout of a step, the nibble-pair dequantization and the mma are described at the top of
-// qgemv_tc.cu.
+// qgemv_tc.cu. The attention kernels on the tensor cores take mma_bf16, the cp.async helpers and the
+// ldmatrix loads from here too.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 
@@ -55,6 +56,26 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ldmatrix (x4, and transposed) from shared memory and a bf16 pair packed from two floats: the
+// fragment loads of the tensor-core attention kernels (attention_decode_tc.cu, attention_prefill.cu).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // cp.async: 16 bytes global -> shared without registers; commit closes a group, wait<N> returns
