@@ -66,6 +66,9 @@ if [ "$what" = store ]; then
   # Restores read on one thread (ANVIL_KV_RESTORE_THREADS=1; up to 4 by default, as above).
   ANVIL_KV_RESTORE_THREADS=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaKVStore.*' > "$OUT/store_tests_mt.log" 2>&1
   summary+=("store tests, ANVIL_KV_RESTORE_THREADS=1: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/store_tests_mt.log" | tr '\n' ' ')")
+  # Each restore thread waiting only for its own slot's last copy (ANVIL_KV_RESTORE_SLOT_WAIT=1, not yet measured).
+  ANVIL_KV_RESTORE_SLOT_WAIT=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaKVStore.*' > "$OUT/store_tests_sw.log" 2>&1
+  summary+=("store tests, ANVIL_KV_RESTORE_SLOT_WAIT=1: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/store_tests_sw.log" | tr '\n' ' ')")
   for B in 1 32; do
     echo "### bench-kv --seqs $B" >> "$OUT/store_bench.log"
     timeout ${STORE_BENCH_S:-150} ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B --pairs 3 --json \
@@ -153,14 +156,16 @@ if [ "$what" = serve ]; then
   }
   if [ "${RESTORE_ONLY:-0}" = 1 ]; then
     # Only the restart: the 4,096-token prefix stored by one server, then TTFT after a restart with
-    # ANVIL_KV_RESTORE_THREADS in turn over RESTORE_THREADS (default "4 8 12").
+    # ANVIL_KV_RESTORE_THREADS in turn over RESTORE_THREADS (default "4 8 16 4s 8s 16s"; a trailing s
+    # adds ANVIL_KV_RESTORE_SLOT_WAIT=1).
     start_server 1
     [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
       --no-logprobs > "$OUT/serve_bench.log" 2>&1
     kill $SP; wait $SP
-    for th in ${RESTORE_THREADS:-4 8 12}; do
-      ANVIL_KV_RESTORE_THREADS=$th start_server r$th
-      echo "### after a restart, ANVIL_KV_RESTORE_THREADS=$th" >> "$OUT/serve_bench.log"
+    for th in ${RESTORE_THREADS:-4 8 16 4s 8s 16s}; do  # Ns: N threads with ANVIL_KV_RESTORE_SLOT_WAIT=1
+      sw=0; [ "${th%s}" != "$th" ] && sw=1
+      ANVIL_KV_RESTORE_SLOT_WAIT=$sw ANVIL_KV_RESTORE_THREADS=${th%s} start_server r$th
+      echo "### after a restart, ANVIL_KV_RESTORE_THREADS=${th%s} ANVIL_KV_RESTORE_SLOT_WAIT=$sw" >> "$OUT/serve_bench.log"
       [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
         --no-logprobs >> "$OUT/serve_bench.log" 2>&1
       kill $SP; wait $SP

@@ -208,6 +208,13 @@ class Backend {
     copy_to_device(dst, src_staging, bytes);
   }
   virtual Status wait_device_copies() { return synchronize(); }
+  // Blocks until the copies queued so far from this staging buffer have finished reading it (and
+  // reports an asynchronous failure), not the copies queued since from other buffers: what a restore
+  // thread needs before it refills one of its own slots. Default: wait_device_copies().
+  virtual Status wait_device_copies_from(const void* src_staging) {
+    (void)src_staging;
+    return wait_device_copies();
+  }
   // True where several threads may call copy_to_device_async / wait_device_copies at once (each
   // with staging of its own), so the store reads a restore's records on several threads (CUDA).
   virtual bool device_copies_concurrent() const { return false; }

@@ -135,6 +135,7 @@ class ProfilingBackend final : public Backend {
     in_.copy_to_device_async(dst, src, bytes);
   }
   Status wait_device_copies() override { return in_.wait_device_copies(); }
+  Status wait_device_copies_from(const void* src) override { return in_.wait_device_copies_from(src); }
   void moe_ffn(Act x, const MoEWeights& w, Act out) override;
 
  private:

@@ -129,6 +129,7 @@ class CudaBackend final : public Backend {
     (void)copier_.copy_to_device_async(dst, src, bytes);  // sticky: wait_device_copies returns it
   }
   Status wait_device_copies() override { return copier_.wait_device_copies(); }
+  Status wait_device_copies_from(const void* src) override { return copier_.wait_device_copies_from(src); }
   bool device_copies_concurrent() const override { return true; }
   DType act_dtype() const override { return DType::kBF16; }
 

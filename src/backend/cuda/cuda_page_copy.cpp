@@ -13,6 +13,7 @@ PageCopier::~PageCopier() {
     if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : fences_)
     if (e) cudaEventDestroy(e);
+  for (auto& [src, e] : h2d_done_) cudaEventDestroy(e);
   if (d2h_) cudaStreamDestroy(d2h_);
   if (h2d_) cudaStreamDestroy(h2d_);
 }
@@ -110,9 +111,37 @@ Status PageCopier::copy_to_device_async(void* dst, const void* src, size_t bytes
   if (st.is_ok()) st = check(cudaStreamWaitEvent(h2d_, h2d_after_, 0), "h2d wait");
   if (st.is_ok() && bytes)
     st = check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h2d_), "cudaMemcpyAsync host->device");
+  if (st.is_ok()) {
+    auto it = h2d_done_.find(src);
+    if (it == h2d_done_.end()) {
+      cudaEvent_t e = nullptr;
+      st = check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+      if (st.is_ok()) it = h2d_done_.emplace(src, e).first;
+    }
+    if (st.is_ok()) st = check(cudaEventRecord(it->second, h2d_), "record staging event");
+  }
   if (st.is_ok()) st = check(cudaEventRecord(compute_after_, h2d_), "record h2d event");
   if (st.is_ok()) st = check(cudaStreamWaitEvent(compute_, compute_after_, 0), "compute wait");
   if (!st.is_ok()) h2d_error_ = st;
+  return st;
+}
+
+Status PageCopier::wait_device_copies_from(const void* src) {
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(h2d_mu_);
+    if (!h2d_error_.is_ok()) return h2d_error_;
+    auto it = h2d_done_.find(src);
+    if (it == h2d_done_.end()) return Status::ok();  // nothing was ever copied from it
+    e = it->second;
+  }
+  // Outside the lock; only the thread that owns `src` records this event.
+  Status st = check(cudaSetDevice(device_), "cudaSetDevice");
+  if (st.is_ok()) st = check(cudaEventSynchronize(e), "host->device copy");
+  if (!st.is_ok()) {
+    std::lock_guard<std::mutex> lk(h2d_mu_);
+    h2d_error_ = st;
+  }
   return st;
 }
 

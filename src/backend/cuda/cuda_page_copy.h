@@ -16,7 +16,8 @@
 //   restore (the engine's thread):      compute --event--> h2d stream: cudaMemcpyAsync <- pinned
 //                                       h2d stream --event--> compute
 //     The first event keeps the copy behind kernels still reading the (reused) pool page; the second
-//     keeps every later kernel behind the copy. wait_device_copies() waits for the h2d stream only.
+//     keeps every later kernel behind the copy. wait_device_copies() waits for the h2d stream only;
+//     wait_device_copies_from(src) for the last copy from one staging buffer (an event per buffer).
 //     Several restore threads may queue copies and wait at once (each from staging of its own).
 //
 // A graph capture on the compute stream (relaxed mode) would take in an event recorded on it from
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
 
 #include "base/status.h"
 
@@ -60,6 +62,9 @@ class PageCopier {
   // Engine thread.
   Status copy_to_device_async(void* dst, const void* src, size_t bytes);
   Status wait_device_copies();
+  // The last copy queued from `src` (an event recorded after it on the h2d stream; each restore
+  // thread copies from staging of its own, so only that thread re-records it).
+  Status wait_device_copies_from(const void* src);
 
   std::mutex& capture_mu() { return capture_mu_; }
 
@@ -78,6 +83,7 @@ class PageCopier {
   std::mutex capture_mu_;
   std::mutex init_mu_;
   std::mutex h2d_mu_;  // copy_to_device_async / wait_device_copies from several restore threads
+  std::unordered_map<const void*, cudaEvent_t> h2d_done_;  // per staging buffer, under h2d_mu_
   bool ready_ = false;
   Status d2h_error_, h2d_error_;  // first failure of each direction; sticky
 };
