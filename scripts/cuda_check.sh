@@ -26,7 +26,8 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
+# (the q4 batch kernel against the register-fed one / its launch shapes), waves (ANVIL_QGEMV_WAVES=1
+# against the default), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
@@ -342,7 +343,7 @@ if [ "${NCU_STALL:-0}" = 1 ]; then
   echo "ncu rc=$?" >> "$OUT/ncu_stall_b1.log"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_SKIP:+ANVIL_CUDA_SKIP=$ANVIL_CUDA_SKIP }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_SKIP:+ANVIL_CUDA_SKIP=$ANVIL_CUDA_SKIP }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_QGEMV_WAVES:+ANVIL_QGEMV_WAVES=$ANVIL_QGEMV_WAVES }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   # One decode step of B sequences of qwen3-8b q4g64 under the environment ENV (VAR=VALUE ...):
@@ -384,6 +385,14 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     ANVIL_CUDA_ATTN_TC=0 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     for v in 0 1; do step 32 ANVIL_CUDA_ATTN_TC=$v; done
+  elif [ "$set" = waves ]; then
+    # ANVIL_QGEMV_WAVES=1 (the streamed mat-vec's warps per block by how well the launch's blocks
+    # fill the GPU's slots over its waves) against the default: its tests, then batch-1 decode.
+    ANVIL_QGEMV_WAVES=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > /tmp/wv.log 2>&1
+    echo "### ANVIL_QGEMV_WAVES=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/wv.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
+      for v in 0 1 0 1; do ANVIL_QGEMV_WAVES=$v b --synthetic $m -n 64 --runs 2; done
+    done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
     # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and

@@ -3,6 +3,8 @@
 // qgemv_tc.cuh.
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "backend/cuda/qgemv_tc.cuh"
@@ -204,6 +206,56 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
   return cudaGetLastError();
 }
 
+// Blocks of one launch shape resident on an SM at once (registers, shared memory, threads; the
+// occupancy calculator, cached per dynamic shared memory size).
+template <bool SW, int W, int S>
+int blocks_per_sm(size_t smem) {
+  static std::mutex mu;
+  static std::unordered_map<size_t, int> cache;
+  std::lock_guard<std::mutex> lk(mu);
+  const auto it = cache.find(smem);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  if (cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kAsyncMaxSmem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv4_async_kernel<SW, W, S>, W * 32, smem) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  cache.emplace(smem, n);
+  return n;
+}
+
+int stream_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+
+// The share of a launch's block slots that its tiles fill: tiles / (waves * resident blocks).
+double wave_fill(int64_t tiles, int per_sm) {
+  if (per_sm <= 0) return 0.0;
+  const int64_t slots = int64_t(per_sm) * stream_sm_count();
+  const int64_t waves = (tiles + slots - 1) / slots;
+  return double(tiles) / double(waves * slots);
+}
+
+// ANVIL_QGEMV_WAVES=1 (off: not yet measured on a GPU): 4 or 8 warps per block by which fills the
+// GPU's block slots better over the launch's waves. qwen3-8b's gate/up (768 tiles) fits 4 blocks of
+// 4 warps per SM (122 registers a thread): 528 slots, so a second wave of 240 blocks runs on less
+// than half of them (73% filled over the two); with 8 warps, 2 per SM: 264 slots, 3 waves, 97%.
+bool waves_rule() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_WAVES");
+    return e && *e == '1';
+  }();
+  return on;
+}
+
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
     const char* e = std::getenv("ANVIL_QGEMV_RING");
@@ -233,6 +285,14 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
     a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
+  }
+  if (!forced && waves_rule()) {  // the default ring depth (8 steps, 4 per matrix with gate/up)
+    const size_t s4 = async_smem_bytes(4, a->S, M, T, K, p.group), s8 = async_smem_bytes(8, a->S, M, T, K, p.group);
+    const int b4 = swiglu ? blocks_per_sm<true, 4, 4>(s4) : blocks_per_sm<false, 4, 8>(s4);
+    const int b8 = s8 > kAsyncMaxSmem ? 0 : swiglu ? blocks_per_sm<true, 8, 4>(s8) : blocks_per_sm<false, 8, 8>(s8);
+    const double f4 = wave_fill(tiles, b4), f8 = wave_fill(tiles, b8);
+    if (f8 > f4 + 0.02) a->W = 8, a->smem = s8;
+    else if (f4 > f8 + 0.02) a->W = 4, a->smem = s4;
   }
   return a->smem <= kAsyncMaxSmem;
 }
