@@ -26,8 +26,8 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), waves (ANVIL_QGEMV_WAVES=1
-# against the default), pending (everything of 2026-12-01 not yet
+# (the q4 batch kernel against the register-fed one / its launch shapes), waves (ANVIL_QGEMV_WAVES=1 and
+# ANVIL_QGEMM_WAVES=1 against the defaults), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
@@ -387,12 +387,15 @@ if [ "$what" != tests ]; then
     for v in 0 1; do step 32 ANVIL_CUDA_ATTN_TC=$v; done
   elif [ "$set" = waves ]; then
     # ANVIL_QGEMV_WAVES=1 (the streamed mat-vec's warps per block by how well the launch's blocks
-    # fill the GPU's slots over its waves) against the default: its tests, then batch-1 decode.
-    ANVIL_QGEMV_WAVES=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > /tmp/wv.log 2>&1
-    echo "### ANVIL_QGEMV_WAVES=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/wv.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    # fill the GPU's slots over its waves) and ANVIL_QGEMM_WAVES=1 (the batch kernel's K split by
+    # waves) against the defaults: the tests with both on, then batch-1 decode and the 32- and
+    # 64-sequence steps, each setting twice, interleaved.
+    ANVIL_QGEMV_WAVES=1 ANVIL_QGEMM_WAVES=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > /tmp/wv.log 2>&1
+    echo "### ANVIL_QGEMV_WAVES=1 ANVIL_QGEMM_WAVES=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/wv.log | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
       for v in 0 1 0 1; do ANVIL_QGEMV_WAVES=$v b --synthetic $m -n 64 --runs 2; done
     done
+    for B in 32 64; do for v in 0 1 0 1; do step $B ANVIL_QGEMM_WAVES=$v; done; done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
     # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and

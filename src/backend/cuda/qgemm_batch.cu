@@ -27,6 +27,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "backend/cuda/qgemv_tc.cuh"
 
@@ -361,6 +364,56 @@ cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& 
   return b.W == 8 ? batch_launch_w<SW, NT, 8>(b, s, p, a) : batch_launch_w<SW, NT, 4>(b, s, p, a);
 }
 
+// Blocks of one batch-kernel instantiation resident on an SM at once (the occupancy calculator),
+// cached per (instantiation, dynamic shared memory).
+template <bool SW, int NT, int S, int W, int R>
+int batch_bps(size_t smem) {
+  static std::mutex mu;
+  static std::map<size_t, int> cache;
+  std::lock_guard<std::mutex> lk(mu);
+  const auto it = cache.find(smem);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  if (cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kBSmemMax)) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  cache.emplace(smem, n);
+  return n;
+}
+template <bool SW, int NT, int S, int W>
+int batch_bps_r(int R, size_t smem) {
+  if constexpr (!(SW && NT == 8))
+    if (R == 2) return batch_bps<SW, NT, S, W, 2>(smem);
+  return batch_bps<SW, NT, S, W, 1>(smem);
+}
+template <bool SW, int NT>
+int batch_bps_nt(int S, int W, int R, size_t smem) {
+  if (W == 8) return S == 3 ? batch_bps_r<SW, NT, 3, 8>(R, smem) : batch_bps_r<SW, NT, 4, 8>(R, smem);
+  return S == 3 ? batch_bps_r<SW, NT, 3, 4>(R, smem) : batch_bps_r<SW, NT, 4, 4>(R, smem);
+}
+int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
+  if (NT == 4) return sw ? batch_bps_nt<true, 4>(S, W, R, smem) : batch_bps_nt<false, 4>(S, W, R, smem);
+  return sw ? batch_bps_nt<true, 8>(S, W, R, smem) : batch_bps_nt<false, 8>(S, W, R, smem);
+}
+
+// ANVIL_QGEMM_WAVES=1 (off: written in session 13 without device time): the K split is chosen by a
+// cost of waves x (steps per split + kWaveFixedSteps), the waves from the blocks the occupancy
+// calculator says fit, instead of "enough blocks for tune().per_sm per SM". By that count the
+// default leaves the last wave of several qwen3-8b matrices at 32 rows mostly empty (q/k/v: 96 row
+// blocks x 3 splits), where a block's time is close to proportional to its steps (latency-bound).
+constexpr int kWaveFixedSteps = 3;  // the ring's fill and the epilogue, in steps (a guess to measure)
+bool batch_waves_rule() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_QGEMM_WAVES");
+    return e && *e == '1';
+  }();
+  return on;
+}
+
 }  // namespace
 
 bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b) {
@@ -389,6 +442,23 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
     b->smem = plan_smem(b->S, b->W, b->R, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
+  if (batch_waves_rule()) {
+    const int64_t sms = sm_count();
+    double best = 0.0;
+    for (int ks = 1; ks <= std::min(steps, 16); ++ks) {
+      int sk = (steps + ks - 1) / ks;
+      if (sk < steps) sk = std::min(steps, (sk + unit - 1) / unit * unit);
+      if ((steps + sk - 1) / sk != ks) continue;  // the same split as a smaller ks
+      int ngk = 0;
+      const size_t smk = plan_smem(b->S, b->W, b->R, M, TP, sk, p.group, &ngk);
+      if (smk > kBSmemMax) continue;
+      const int bps = batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, smk);
+      if (bps <= 0) continue;
+      const int64_t blocks = b->nblk * ks, slots = int64_t(bps) * sms;
+      const double cost = double((blocks + slots - 1) / slots) * double(sk + kWaveFixedSteps);
+      if (best == 0.0 || cost < best) best = cost, sps = sk, b->smem = smk, b->ngp = ngk;
+    }
+  }
   b->sps = sps;
   b->ksplit = (steps + sps - 1) / sps;
   b->xperm_bytes = size_t(TP) * size_t(K) * 2;
