@@ -405,7 +405,8 @@ int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
 // calculator says fit, instead of "enough blocks for tune().per_sm per SM". By that count the
 // default leaves the last wave of several qwen3-8b matrices at 32 rows mostly empty (q/k/v: 96 row
 // blocks x 3 splits), where a block's time is close to proportional to its steps (latency-bound).
-constexpr int kWaveFixedSteps = 3;  // the ring's fill and the epilogue, in steps (a guess to measure)
+constexpr int kWaveFixedSteps = 3;         // the ring's fill and the epilogue, in steps (guesses to measure)
+constexpr double kWaveSplitSteps = 0.5;    // per split: the partial sums written, read and added
 bool batch_waves_rule() {
   static const bool on = [] {
     const char* e = std::getenv("ANVIL_QGEMM_WAVES");
@@ -443,9 +444,12 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   }
   if (b->smem > kBSmemMax) return false;
   if (batch_waves_rule()) {
+    // Splits up to the default's or 4, whichever is more; each costs the last block's sum over the
+    // splits' partials (kWaveSplitSteps).
     const int64_t sms = sm_count();
+    const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
     double best = 0.0;
-    for (int ks = 1; ks <= std::min(steps, 16); ++ks) {
+    for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;
       if (sk < steps) sk = std::min(steps, (sk + unit - 1) / unit * unit);
       if ((steps + sk - 1) / sk != ks) continue;  // the same split as a smaller ks
@@ -455,7 +459,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
       const int bps = batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, smk);
       if (bps <= 0) continue;
       const int64_t blocks = b->nblk * ks, slots = int64_t(bps) * sms;
-      const double cost = double((blocks + slots - 1) / slots) * double(sk + kWaveFixedSteps);
+      const double cost = double((blocks + slots - 1) / slots) * double(sk + kWaveFixedSteps) + kWaveSplitSteps * ks;
       if (best == 0.0 || cost < best) best = cost, sps = sk, b->smem = smk, b->ngp = ngk;
     }
   }
