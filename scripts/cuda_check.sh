@@ -27,7 +27,7 @@
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), waves (ANVIL_QGEMV_WAVES=1 and
-# ANVIL_QGEMM_WAVES=1 against the defaults), pending (everything of 2026-12-01 not yet
+# ANVIL_QGEMM_WAVES=1 against the defaults), chunks (ANVIL_CUDA_STREAM_CHUNKS=1 against the default), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
@@ -396,6 +396,13 @@ if [ "$what" != tests ]; then
       for v in 0 1 0 1; do ANVIL_QGEMV_WAVES=$v b --synthetic $m -n 64 --runs 2; done
     done
     for B in 32 64; do for v in 0 1 0 1; do step $B ANVIL_QGEMM_WAVES=$v; done; done
+  elif [ "$set" = chunks ]; then
+    # ANVIL_CUDA_STREAM_CHUNKS=1 (9..16 rows of q4 weights as launches of 8 through the streamed
+    # kernel) against the default (the register-fed kernel): its tests, then 9-, 12- and 16-sequence
+    # steps, each setting twice, interleaved.
+    ANVIL_CUDA_STREAM_CHUNKS=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > /tmp/sc.log 2>&1
+    echo "### ANVIL_CUDA_STREAM_CHUNKS=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/sc.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for B in 9 12 16; do for v in 0 1 0 1; do step $B ANVIL_CUDA_STREAM_CHUNKS=$v; done; done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
     # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and
