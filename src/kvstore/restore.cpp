@@ -130,15 +130,11 @@ Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span
   if (!direct) {
     // At most one copy in flight per thread: its previous record's copy ran while this one was
     // read; wait for it (its slot, slot ^ 1, is the one this thread reads next) and queue this one.
-    // The wait takes every copy queued so far, other threads' too; with ANVIL_KV_RESTORE_SLOT_WAIT=1
-    // (not yet measured on a GPU) only that slot's last copy, so threads stop waiting for each
-    // other's newest copies (on the H200, 8 and 16 threads restored slower than 4: session 13).
-    static const bool slot_wait = [] {
-      const char* e = std::getenv("ANVIL_KV_RESTORE_SLOT_WAIT");
-      return e && *e == '1';
-    }();
-    ANVIL_RETURN_IF_ERROR(slot_wait ? backend_->wait_device_copies_from(staging_[size_t(slot ^ 1)])
-                                    : backend_->wait_device_copies());
+    // By default the backend waits for every copy queued so far, other threads' too; with
+    // ANVIL_KV_RESTORE_SLOT_WAIT=1 (CUDA, not yet measured) only for that slot's last copy, so
+    // threads stop waiting for each other's newest copies (on the H200, 8 and 16 threads restored
+    // slower than 4: session 13).
+    ANVIL_RETURN_IF_ERROR(backend_->wait_device_copies_from(staging_[size_t(slot ^ 1)]));
     backend_->copy_to_device_async(page_base_mut(page), dst, page_bytes_);
   }
   return Status::ok();

@@ -9,7 +9,7 @@ namespace anvil::cuda {
 
 namespace {
 // Events per staging buffer (wait_device_copies_from) are kept only where the restore asks for them
-// (ANVIL_KV_RESTORE_SLOT_WAIT=1, restore.cpp; off until measured on a GPU), so the default path
+// (ANVIL_KV_RESTORE_SLOT_WAIT=1, read here only; off until measured on a GPU), so the default path
 // stays the one measured on the H200; without them wait_device_copies_from waits for every copy.
 bool per_source_events() {
   static const bool on = [] {

@@ -27,9 +27,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "backend/cuda/qgemv_tc.cuh"
 
@@ -325,16 +322,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   if (threadIdx.x == 0) a.done[blk] = 0u;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return v;
-  }();
-  return n;
-}
-
 size_t plan_smem(int S, int W, int R, int M, int TP, int sps, int group, int* ngp) {
   *ngp = sps * 128 / group + 8;
   return size_t(S) * (size_t(M) * W * R * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * 16 * W * R * size_t(*ngp) * 2;
@@ -364,25 +351,10 @@ cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& 
   return b.W == 8 ? batch_launch_w<SW, NT, 8>(b, s, p, a) : batch_launch_w<SW, NT, 4>(b, s, p, a);
 }
 
-// Blocks of one batch-kernel instantiation resident on an SM at once (the occupancy calculator),
-// cached per (instantiation, dynamic shared memory).
+// Blocks of one batch-kernel instantiation resident on an SM at once (resident_blocks).
 template <bool SW, int NT, int S, int W, int R>
 int batch_bps(size_t smem) {
-  static std::mutex mu;
-  static std::map<size_t, int> cache;
-  std::lock_guard<std::mutex> lk(mu);
-  const auto it = cache.find(smem);
-  if (it != cache.end()) return it->second;
-  int n = 0;
-  if (cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kBSmemMax)) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    n = 0;
-  }
-  cache.emplace(smem, n);
-  return n;
+  return resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem, kBSmemMax);
 }
 template <bool SW, int NT, int S, int W>
 int batch_bps_r(int R, size_t smem) {

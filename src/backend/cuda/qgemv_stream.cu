@@ -3,8 +3,6 @@
 // qgemv_tc.cuh.
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
-#include <unordered_map>
 #include <utility>
 
 #include "backend/cuda/qgemv_tc.cuh"
@@ -206,40 +204,10 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
   return cudaGetLastError();
 }
 
-// Blocks of one launch shape resident on an SM at once (registers, shared memory, threads; the
-// occupancy calculator, cached per dynamic shared memory size).
-template <bool SW, int W, int S>
-int blocks_per_sm(size_t smem) {
-  static std::mutex mu;
-  static std::unordered_map<size_t, int> cache;
-  std::lock_guard<std::mutex> lk(mu);
-  const auto it = cache.find(smem);
-  if (it != cache.end()) return it->second;
-  int n = 0;
-  if (cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kAsyncMaxSmem)) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv4_async_kernel<SW, W, S>, W * 32, smem) != cudaSuccess) {
-    cudaGetLastError();
-    n = 0;
-  }
-  cache.emplace(smem, n);
-  return n;
-}
-
-int stream_sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return v;
-  }();
-  return n;
-}
-
 // The share of a launch's block slots that its tiles fill: tiles / (waves * resident blocks).
 double wave_fill(int64_t tiles, int per_sm) {
   if (per_sm <= 0) return 0.0;
-  const int64_t slots = int64_t(per_sm) * stream_sm_count();
+  const int64_t slots = int64_t(per_sm) * sm_count();
   const int64_t waves = (tiles + slots - 1) / slots;
   return double(tiles) / double(waves * slots);
 }
@@ -288,8 +256,11 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   }
   if (!forced && waves_rule()) {  // the default ring depth (8 steps, 4 per matrix with gate/up)
     const size_t s4 = async_smem_bytes(4, a->S, M, T, K, p.group), s8 = async_smem_bytes(8, a->S, M, T, K, p.group);
-    const int b4 = swiglu ? blocks_per_sm<true, 4, 4>(s4) : blocks_per_sm<false, 4, 8>(s4);
-    const int b8 = s8 > kAsyncMaxSmem ? 0 : swiglu ? blocks_per_sm<true, 8, 4>(s8) : blocks_per_sm<false, 8, 8>(s8);
+    auto bps = [](auto kernel, int W, size_t smem) { return resident_blocks(kernel, W * 32, smem, kAsyncMaxSmem); };
+    const int b4 = swiglu ? bps(qgemv4_async_kernel<true, 4, 4>, 4, s4) : bps(qgemv4_async_kernel<false, 4, 8>, 4, s4);
+    const int b8 = s8 > kAsyncMaxSmem ? 0
+                   : swiglu ? bps(qgemv4_async_kernel<true, 8, 4>, 8, s8)
+                            : bps(qgemv4_async_kernel<false, 8, 8>, 8, s8);
     const double f4 = wave_fill(tiles, b4), f8 = wave_fill(tiles, b8);
     if (f8 > f4 + 0.02) a->W = 8, a->smem = s8;
     else if (f4 > f8 + 0.02) a->W = 4, a->smem = s4;

@@ -4,6 +4,10 @@
 // qgemv_tc.cu. The attention kernels on the tensor cores take mma_bf16, the cp.async helpers and the
 // ldmatrix loads from here too.
 #pragma once
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace anvil::cuda::tc {
@@ -246,6 +250,39 @@ struct AsyncShape {
 };
 bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a);
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p);
+
+// The device's SM count (132 on the H200 if it cannot be read), once per process.
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+
+// Blocks of `kernel` resident on an SM at once with `threads` threads and `smem` bytes of dynamic
+// shared memory (registers, shared memory, threads: the occupancy calculator), after raising its
+// dynamic shared memory limit to max_smem; cached per (kernel, smem); 0 where it cannot tell. For
+// the launch-shape rules that count waves (ANVIL_QGEMV_WAVES, ANVIL_QGEMM_WAVES).
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem, size_t max_smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> cache;
+  const auto fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lk(mu);
+  const auto it = cache.find({fn, smem});
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  cache.emplace(std::make_pair(fn, smem), n);
+  return n;
+}
 
 // ---- qgemm_batch.cu ----
 // Batches of kBatchMinTokens..64 rows: blocks of 4 (or 8) warps, 16 (or 32) rows each, walking K together through a shared ring, K split
