@@ -26,8 +26,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), waves (ANVIL_QGEMV_WAVES=1 and
-# ANVIL_QGEMM_WAVES=1 against the defaults), chunks (ANVIL_CUDA_STREAM_CHUNKS=1 against the default), pending (everything of 2026-12-01 not yet
+# (the q4 batch kernel against the register-fed one / its launch shapes), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
@@ -67,9 +66,6 @@ if [ "$what" = store ]; then
   # Restores read on one thread (ANVIL_KV_RESTORE_THREADS=1; up to 4 by default, as above).
   ANVIL_KV_RESTORE_THREADS=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaKVStore.*' > "$OUT/store_tests_mt.log" 2>&1
   summary+=("store tests, ANVIL_KV_RESTORE_THREADS=1: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/store_tests_mt.log" | tr '\n' ' ')")
-  # Each restore thread waiting only for its own slot's last copy (ANVIL_KV_RESTORE_SLOT_WAIT=1, not yet measured).
-  ANVIL_KV_RESTORE_SLOT_WAIT=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaKVStore.*' > "$OUT/store_tests_sw.log" 2>&1
-  summary+=("store tests, ANVIL_KV_RESTORE_SLOT_WAIT=1: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/store_tests_sw.log" | tr '\n' ' ')")
   for B in 1 32; do
     echo "### bench-kv --seqs $B" >> "$OUT/store_bench.log"
     timeout ${STORE_BENCH_S:-150} ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $B --pairs 3 --json \
@@ -157,19 +153,18 @@ if [ "$what" = serve ]; then
   }
   if [ "${RESTORE_ONLY:-0}" = 1 ]; then
     # Only the restart: the 4,096-token prefix stored by one server, then TTFT after a restart with
-    # ANVIL_KV_RESTORE_THREADS in turn over RESTORE_THREADS (default "4 8 16 4s 8s 16s"; a trailing s
-    # adds ANVIL_KV_RESTORE_SLOT_WAIT=1).
+    # ANVIL_KV_RESTORE_THREADS in turn over RESTORE_THREADS (default "4 8 16"), and the store's
+    # restore counters from /metrics after each.
     start_server 1
     [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
       --no-logprobs > "$OUT/serve_bench.log" 2>&1
     kill $SP; wait $SP
-    for th in ${RESTORE_THREADS:-4 8 16 4s 8s 16s}; do  # Ns: N threads with ANVIL_KV_RESTORE_SLOT_WAIT=1
-      sw=0; [ "${th%s}" != "$th" ] && sw=1
-      ANVIL_KV_RESTORE_SLOT_WAIT=$sw ANVIL_KV_RESTORE_THREADS=${th%s} start_server r$th
-      echo "### after a restart, ANVIL_KV_RESTORE_THREADS=${th%s} ANVIL_KV_RESTORE_SLOT_WAIT=$sw" >> "$OUT/serve_bench.log"
+    for th in ${RESTORE_THREADS:-4 8 16}; do
+      ANVIL_KV_RESTORE_THREADS=$th start_server r$th
+      echo "### after a restart, ANVIL_KV_RESTORE_THREADS=$th" >> "$OUT/serve_bench.log"
       [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
         --no-logprobs >> "$OUT/serve_bench.log" 2>&1
-      kill $SP; wait $SP
+      metrics; kill $SP; wait $SP
     done
     cat "$OUT/serve_bench.log"
     echo "total $(( $(date +%s) - t0 )) s"
@@ -343,7 +338,7 @@ if [ "${NCU_STALL:-0}" = 1 ]; then
   echo "ncu rc=$?" >> "$OUT/ncu_stall_b1.log"
 fi
 if [ "$what" != tests ]; then
-  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_SKIP:+ANVIL_CUDA_SKIP=$ANVIL_CUDA_SKIP }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_QGEMV_WAVES:+ANVIL_QGEMV_WAVES=$ANVIL_QGEMV_WAVES }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_SKIP:+ANVIL_CUDA_SKIP=$ANVIL_CUDA_SKIP }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   # One decode step of B sequences of qwen3-8b q4g64 under the environment ENV (VAR=VALUE ...):
@@ -385,24 +380,6 @@ if [ "$what" != tests ]; then
     b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     ANVIL_CUDA_ATTN_TC=0 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     for v in 0 1; do step 32 ANVIL_CUDA_ATTN_TC=$v; done
-  elif [ "$set" = waves ]; then
-    # ANVIL_QGEMV_WAVES=1 (the streamed mat-vec's warps per block by how well the launch's blocks
-    # fill the GPU's slots over its waves) and ANVIL_QGEMM_WAVES=1 (the batch kernel's K split by
-    # waves) against the defaults: the tests with both on, then batch-1 decode and the 32- and
-    # 64-sequence steps, each setting twice, interleaved.
-    ANVIL_QGEMV_WAVES=1 ANVIL_QGEMM_WAVES=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > /tmp/wv.log 2>&1
-    echo "### ANVIL_QGEMV_WAVES=1 ANVIL_QGEMM_WAVES=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/wv.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
-      for v in 0 1 0 1; do ANVIL_QGEMV_WAVES=$v b --synthetic $m -n 64 --runs 2; done
-    done
-    for B in 32 64; do for v in 0 1 0 1; do step $B ANVIL_QGEMM_WAVES=$v; done; done
-  elif [ "$set" = chunks ]; then
-    # ANVIL_CUDA_STREAM_CHUNKS=1 (9..16 rows of q4 weights as launches of 8 through the streamed
-    # kernel) against the default (the register-fed kernel): its tests, then 9-, 12- and 16-sequence
-    # steps, each setting twice, interleaved.
-    ANVIL_CUDA_STREAM_CHUNKS=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*' > /tmp/sc.log 2>&1
-    echo "### ANVIL_CUDA_STREAM_CHUNKS=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/sc.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for B in 9 12 16; do for v in 0 1 0 1; do step $B ANVIL_CUDA_STREAM_CHUNKS=$v; done; done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
     # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and

@@ -135,6 +135,7 @@ Status KVStore::attach(Backend& backend, const KVCacheView& kv, const Hash128& f
   released_swap_.reserve(Q + 4);
   writer_ = std::make_unique<Writer>(*this);
   ANVIL_RETURN_IF_ERROR(writer_->init());
+  reserve_restore_staging();
   attached_at_ = Clock::now();
   writer_thread_ = std::thread([this] { writer_->run(); });
   return Status::ok();

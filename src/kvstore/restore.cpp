@@ -70,6 +70,20 @@ int restore_threads_for(bool host_memory, bool concurrent_copies, size_t pages) 
 
 }  // namespace
 
+// Pinning host memory is slow (cudaMallocHost of a 2.4 MB qwen3-8b page: ~1 ms), and a restore
+// right after a restart is the one whose time matters most, so attach() pins a device's slots up
+// front; restore_pages still pins any that are missing (ANVIL_KV_RESTORE_THREADS raised, an
+// allocation that failed here).
+void KVStore::reserve_restore_staging() {
+  if (backend_->device_memory_is_host()) return;
+  const int threads = restore_threads_for(false, backend_->device_copies_concurrent(), size_t(1) << 20);
+  for (size_t k = staging_.size(); k < size_t(2 * threads); ++k) {
+    auto s = backend_->alloc_host_staging(page_bytes_);
+    if (!s.is_ok()) return;
+    staging_.push_back(*s);
+  }
+}
+
 // One record of a run being restored: where the catalog says it is.
 struct KVStore::RestoreItem {
   Hash128 key, parent;
@@ -129,11 +143,9 @@ Status KVStore::load_page_record(const RestoreItem& it, int first_pos, std::span
   }
   if (!direct) {
     // At most one copy in flight per thread: its previous record's copy ran while this one was
-    // read; wait for it (its slot, slot ^ 1, is the one this thread reads next) and queue this one.
-    // By default the backend waits for every copy queued so far, other threads' too; with
-    // ANVIL_KV_RESTORE_SLOT_WAIT=1 (CUDA, not yet measured) only for that slot's last copy, so
-    // threads stop waiting for each other's newest copies (on the H200, 8 and 16 threads restored
-    // slower than 4: session 13).
+    // read; wait for that slot's (slot ^ 1, the one this thread reads next) last copy only, not for
+    // other threads' newer ones (on the H200 a 4,096-token restore on 2 threads took 88.9 against
+    // 110.2 ms waiting for every copy; on 4, 58.9-60.3 either way: session 14), and queue this one.
     ANVIL_RETURN_IF_ERROR(backend_->wait_device_copies_from(staging_[size_t(slot ^ 1)]));
     backend_->copy_to_device_async(page_base_mut(page), dst, page_bytes_);
   }

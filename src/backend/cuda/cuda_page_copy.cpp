@@ -2,23 +2,9 @@
 // against the compute stream.
 #include "backend/cuda/cuda_page_copy.h"
 
-#include <cstdlib>
 #include <string>
 
 namespace anvil::cuda {
-
-namespace {
-// Events per staging buffer (wait_device_copies_from) are kept only where the restore asks for them
-// (ANVIL_KV_RESTORE_SLOT_WAIT=1, read here only; off until measured on a GPU), so the default path
-// stays the one measured on the H200; without them wait_device_copies_from waits for every copy.
-bool per_source_events() {
-  static const bool on = [] {
-    const char* e = std::getenv("ANVIL_KV_RESTORE_SLOT_WAIT");
-    return e && *e == '1';
-  }();
-  return on;
-}
-}  // namespace
 
 PageCopier::~PageCopier() {
   if (d2h_) cudaStreamSynchronize(d2h_);
@@ -125,7 +111,7 @@ Status PageCopier::copy_to_device_async(void* dst, const void* src, size_t bytes
   if (st.is_ok()) st = check(cudaStreamWaitEvent(h2d_, h2d_after_, 0), "h2d wait");
   if (st.is_ok() && bytes)
     st = check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h2d_), "cudaMemcpyAsync host->device");
-  if (st.is_ok() && per_source_events()) {
+  if (st.is_ok()) {
     auto it = h2d_done_.find(src);
     if (it == h2d_done_.end()) {
       cudaEvent_t e = nullptr;
@@ -141,7 +127,6 @@ Status PageCopier::copy_to_device_async(void* dst, const void* src, size_t bytes
 }
 
 Status PageCopier::wait_device_copies_from(const void* src) {
-  if (!per_source_events()) return wait_device_copies();
   cudaEvent_t e = nullptr;
   {
     std::lock_guard<std::mutex> lk(h2d_mu_);

@@ -372,20 +372,14 @@ int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
   return sw ? batch_bps_nt<true, 8>(S, W, R, smem) : batch_bps_nt<false, 8>(S, W, R, smem);
 }
 
-// ANVIL_QGEMM_WAVES=1 (off: written in session 13 without device time): the K split is chosen by a
-// cost of waves x (steps per split + kWaveFixedSteps), the waves from the blocks the occupancy
-// calculator says fit, instead of "enough blocks for tune().per_sm per SM". By that count the
-// default leaves the last wave of several qwen3-8b matrices at 32 rows mostly empty (q/k/v: 96 row
-// blocks x 3 splits), where a block's time is close to proportional to its steps (latency-bound).
-constexpr int kWaveFixedSteps = 3;         // the ring's fill and the epilogue, in steps (guesses to measure)
+// The K split is chosen by a cost of waves x (steps per split + kWaveFixedSteps) + kWaveSplitSteps
+// per split, the waves from the blocks the occupancy calculator says fit. The earlier rule ("enough
+// blocks for tune().per_sm per SM") left the last wave of several qwen3-8b matrices at 32 rows
+// mostly empty (q/k/v: 96 row blocks x 3 splits), where a block's time is close to proportional to
+// its steps (latency-bound). Measured on the H200 (session 14, interleaved A/B twice): the qwen3-8b
+// q4g64 step at 32 sequences 7.54 -> 7.41 ms, at 64 sequences 12.50 -> 11.22 ms.
+constexpr int kWaveFixedSteps = 3;         // the ring's fill and the epilogue, in steps
 constexpr double kWaveSplitSteps = 0.5;    // per split: the partial sums written, read and added
-bool batch_waves_rule() {
-  static const bool on = [] {
-    const char* e = std::getenv("ANVIL_QGEMM_WAVES");
-    return e && *e == '1';
-  }();
-  return on;
-}
 
 }  // namespace
 
@@ -415,7 +409,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
     b->smem = plan_smem(b->S, b->W, b->R, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
-  if (batch_waves_rule()) {
+  {
     // Splits up to the default's or 4, whichever is more; each costs the last block's sum over the
     // splits' partials (kWaveSplitSteps).
     const int64_t sms = sm_count();

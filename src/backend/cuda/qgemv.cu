@@ -242,19 +242,6 @@ cudaError_t in_chunks(int T, int per, const void* x, int64_t K, F&& launch) {
 cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
                      const GemvScratch* scratch);
 
-// Tokens per launch of a q4 tensor-core matrix: kTcMaxTokens, except that with
-// ANVIL_CUDA_STREAM_CHUNKS=1 (off: written in session 13 without device time) 9..16 rows run as
-// launches of 8 through the streamed decode kernel, which reads the weights at close to the
-// one-token cost, instead of one launch of the register-fed kernel (a 16-sequence qwen3-8b step:
-// 6.1 ms, against ~2.5 for one token; also the 16-token suffix of a cached prefix).
-int tc_tokens_per_launch(int T) {
-  static const bool chunks = [] {
-    const char* e = std::getenv("ANVIL_CUDA_STREAM_CHUNKS");
-    return e && *e == '1';
-  }();
-  return chunks && T > 8 && T < kBatchMinTokens ? 8 : kTcMaxTokens;
-}
-
 cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s,
                             const GemvScratch* scratch);
 
@@ -262,7 +249,7 @@ cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const vo
 
 cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
                  const GemvScratch* scratch) {
-  const int per = use_tc(ws[0]) ? tc_tokens_per_launch(T) : kGemvMaxTokens;
+  const int per = use_tc(ws[0]) ? kTcMaxTokens : kGemvMaxTokens;
   if (T <= per) return gemv_one(ws, outs, n, x, T, out_f32, s, scratch);
   return in_chunks(T, per, x, ws[0].cols, [&](int t0, int m, const void* xc) {
     void* o[3];
@@ -273,7 +260,7 @@ cudaError_t gemv(const DevMatrix* ws, void* const* outs, int n, const void* x, i
 
 cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out,
                         cudaStream_t s, const GemvScratch* scratch) {
-  const int per = use_tc(gate) ? tc_tokens_per_launch(T) : kGemvMaxTokens;
+  const int per = use_tc(gate) ? kTcMaxTokens : kGemvMaxTokens;
   if (T <= per) return gemv_swiglu_one(gate, up, x, T, out, s, scratch);
   return in_chunks(T, per, x, gate.cols, [&](int t0, int m, const void* xc) {
     return gemv_swiglu_one(gate, up, xc, m, static_cast<uint8_t*>(out) + size_t(t0) * size_t(gate.rows) * 2, s,

@@ -204,26 +204,6 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
   return cudaGetLastError();
 }
 
-// The share of a launch's block slots that its tiles fill: tiles / (waves * resident blocks).
-double wave_fill(int64_t tiles, int per_sm) {
-  if (per_sm <= 0) return 0.0;
-  const int64_t slots = int64_t(per_sm) * sm_count();
-  const int64_t waves = (tiles + slots - 1) / slots;
-  return double(tiles) / double(waves * slots);
-}
-
-// ANVIL_QGEMV_WAVES=1 (off: not yet measured on a GPU): 4 or 8 warps per block by which fills the
-// GPU's block slots better over the launch's waves. qwen3-8b's gate/up (768 tiles) fits 4 blocks of
-// 4 warps per SM (122 registers a thread): 528 slots, so a second wave of 240 blocks runs on less
-// than half of them (73% filled over the two); with 8 warps, 2 per SM: 264 slots, 3 waves, 97%.
-bool waves_rule() {
-  static const bool on = [] {
-    const char* e = std::getenv("ANVIL_QGEMV_WAVES");
-    return e && *e == '1';
-  }();
-  return on;
-}
-
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
     const char* e = std::getenv("ANVIL_QGEMV_RING");
@@ -253,17 +233,6 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
     a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
-  }
-  if (!forced && waves_rule()) {  // the default ring depth (8 steps, 4 per matrix with gate/up)
-    const size_t s4 = async_smem_bytes(4, a->S, M, T, K, p.group), s8 = async_smem_bytes(8, a->S, M, T, K, p.group);
-    auto bps = [](auto kernel, int W, size_t smem) { return resident_blocks(kernel, W * 32, smem, kAsyncMaxSmem); };
-    const int b4 = swiglu ? bps(qgemv4_async_kernel<true, 4, 4>, 4, s4) : bps(qgemv4_async_kernel<false, 4, 8>, 4, s4);
-    const int b8 = s8 > kAsyncMaxSmem ? 0
-                   : swiglu ? bps(qgemv4_async_kernel<true, 8, 4>, 8, s8)
-                            : bps(qgemv4_async_kernel<false, 8, 8>, 8, s8);
-    const double f4 = wave_fill(tiles, b4), f8 = wave_fill(tiles, b8);
-    if (f8 > f4 + 0.02) a->W = 8, a->smem = s8;
-    else if (f4 > f8 + 0.02) a->W = 4, a->smem = s4;
   }
   return a->smem <= kAsyncMaxSmem;
 }

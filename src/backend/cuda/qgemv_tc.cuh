@@ -265,7 +265,7 @@ inline int sm_count() {
 // Blocks of `kernel` resident on an SM at once with `threads` threads and `smem` bytes of dynamic
 // shared memory (registers, shared memory, threads: the occupancy calculator), after raising its
 // dynamic shared memory limit to max_smem; cached per (kernel, smem); 0 where it cannot tell. For
-// the launch-shape rules that count waves (ANVIL_QGEMV_WAVES, ANVIL_QGEMM_WAVES).
+// the batch kernel's K split, which counts waves (qgemm_batch.cu).
 template <class Kernel>
 int resident_blocks(Kernel kernel, int threads, size_t smem, size_t max_smem) {
   static std::mutex mu;
