@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The loops of CUDA kernels in SASS (cuobjdump --dump-sass output), by instruction class: for each
-function matching PATTERN, each backward branch whose body holds an HMMA/IMMA (a matrix main loop)
+function matching PATTERN, each backward branch whose body holds an HMMA/IMMA or IDP (dp4a) (a main loop)
 is listed with its instruction count per opcode. For reading where a mat-vec step's instructions
 go without device time (docs/architecture.md, "Where the time goes").
 Usage: sass_loops.py FILE.sass [PATTERN]"""
@@ -52,10 +52,10 @@ def main():
                 continue
             body = ins[addr_index[target]:i + 1]
             ops = Counter(o.split(".")[0] for _, o, _ in body)
-            if not (ops["HMMA"] or ops["IMMA"]):
+            if not (ops["HMMA"] or ops["IMMA"] or ops["IDP"]):
                 continue
             top = ", ".join(f"{k} {v}" for k, v in ops.most_common(14))
-            print(f"  loop 0x{target:x}..0x{a:x}: {len(body)} instructions, HMMA {ops['HMMA']}: {top}")
+            print(f"  loop 0x{target:x}..0x{a:x}: {len(body)} instructions, HMMA {ops['HMMA']}, IDP {ops['IDP']}: {top}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "backend/cuda/qgemv_tc.cuh"
+#include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda::tc {
 namespace {
@@ -40,13 +40,16 @@ __device__ __forceinline__ uint32_t norm_pair(uint32_t h, uint32_t w, float& ss)
 // qwen3-8b q4g64 decoded at 365-367 against 358 tok/s on the H200 (2026-12-01, session 10).
 __host__ __device__ constexpr int padded_groups(int ng) { return ng + ((ng & 8) ? 16 : 8); }
 __host__ __device__ constexpr size_t async_ring_bytes(int W, int S, int M) { return size_t(W) * S * M * 2 * 32 * 16; }
-inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group) {
-  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(padded_groups(int(K / group))) * 2 + size_t(T) * size_t(K) * 2;
+// INT (one token, qgemv_int.cuh): the activations as int16 byte planes and per-piece floats.
+inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group, bool INT = false) {
+  return async_ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(padded_groups(int(K / group))) * 2 +
+         (INT ? int_x_bytes(K) : size_t(T) * size_t(K) * 2);
 }
 
 // The explicit minimum of 1 block per SM matters: without it ptxas picks fewer registers (48 instead of
 // 64 here) and spills in some shapes.
-template <bool SWIGLU, int W, int S>
+// INT: one token (p.T == 1), multiplied as integers on the CUDA cores (qgemv_int.cuh).
+template <bool SWIGLU, int W, int S, bool INT>
 __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -123,85 +126,171 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   // rmsnorm() writes x: two passes and two more barriers per block, and slower on qwen3-8b).
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
   uint4* xq = reinterpret_cast<uint4*>(xs);
-  for (int q0 = threadIdx.x; q0 < nq; q0 += kStageV * W * 32) {
-    uint4 v[kStageV];
-#pragma unroll
-    for (int i = 0; i < kStageV; ++i) {
-      const int q = q0 + i * W * 32;
-      if (q < nq) v[i] = __ldg(xv + q);
-    }
-    int cur = -1;  // the row whose h^2 sum ss holds
+  // INT: the planes at xs (int_stage_piece), the pieces' (d / 16, sum) after them. The loop runs
+  // whole warps (the quads' shuffles): nq is a multiple of 16, not always of the block's threads.
+  float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xs) + size_t(K) * 2);
+  if constexpr (INT) {
     float ss = 0.0f;
+    for (int q0 = threadIdx.x - lane; q0 < nq; q0 += kStageV * W * 32) {
+      uint4 v[kStageV];
 #pragma unroll
-    for (int i = 0; i < kStageV; ++i) {
-      const int q = q0 + i * W * 32;
-      if (q >= nq) break;
-      uint4 a = v[i];
-      if (p.norm_w) {
-        const int t = q / kq, k = (q % kq) * 8;
-        if (t != cur) {
-          if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
-          cur = t, ss = 0.0f;
-        }
-        uint4 w;
-        if (wn_pre) w = wn[i];
-        else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
-        else {
-          auto pr = [&](int e) {
-            return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
-                                                    load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
-          };
-          w = make_uint4(pr(0), pr(2), pr(4), pr(6));
-        }
-        a = make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
-                       norm_pair(a.w, w.w, ss));
+      for (int i = 0; i < kStageV; ++i) {
+        const int q = q0 + lane + i * W * 32;
+        v[i] = q < nq ? __ldg(xv + q) : make_uint4(0, 0, 0, 0);
       }
-      xq[q] = make_uint4(__byte_perm(a.x, a.z, 0x5410), __byte_perm(a.x, a.z, 0x7632),
-                         __byte_perm(a.y, a.w, 0x5410), __byte_perm(a.y, a.w, 0x7632));
+#pragma unroll
+      for (int i = 0; i < kStageV; ++i) {
+        const int q = q0 + lane + i * W * 32;
+        if (q0 + i * W * 32 >= nq) break;  // the whole warp past the end
+        uint4 a = v[i];
+        if (p.norm_w && q < nq) {
+          const int k = q * 8;
+          uint4 w;
+          if (wn_pre) w = wn[i];
+          else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + q);
+          else {
+            auto pr = [&](int e) {
+              return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
+                                                      load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
+            };
+            w = make_uint4(pr(0), pr(2), pr(4), pr(6));
+          }
+          a = make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
+                         norm_pair(a.w, w.w, ss));
+        }
+        int_stage_piece(a, q < nq, q >> 2, q & 3, xq, xpf);
+      }
     }
-    if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
+    if (p.norm_w) atomicAdd(&tok_ss[0], ss);
+  } else {
+    for (int q0 = threadIdx.x; q0 < nq; q0 += kStageV * W * 32) {
+      uint4 v[kStageV];
+#pragma unroll
+      for (int i = 0; i < kStageV; ++i) {
+        const int q = q0 + i * W * 32;
+        if (q < nq) v[i] = __ldg(xv + q);
+      }
+      int cur = -1;  // the row whose h^2 sum ss holds
+      float ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kStageV; ++i) {
+        const int q = q0 + i * W * 32;
+        if (q >= nq) break;
+        uint4 a = v[i];
+        if (p.norm_w) {
+          const int t = q / kq, k = (q % kq) * 8;
+          if (t != cur) {
+            if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
+            cur = t, ss = 0.0f;
+          }
+          uint4 w;
+          if (wn_pre) w = wn[i];
+          else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
+          else {
+            auto pr = [&](int e) {
+              return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
+                                                      load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
+            };
+            w = make_uint4(pr(0), pr(2), pr(4), pr(6));
+          }
+          a = make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
+                         norm_pair(a.w, w.w, ss));
+        }
+        xq[q] = make_uint4(__byte_perm(a.x, a.z, 0x5410), __byte_perm(a.x, a.z, 0x7632),
+                           __byte_perm(a.y, a.w, 0x5410), __byte_perm(a.y, a.w, 0x7632));
+      }
+      if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
+    }
   }
   const uint2* xf = reinterpret_cast<const uint2*>(xs);
   cp_async_wait<S - 1>();  // this thread's group 0; the barrier makes every thread's visible
   __syncthreads();
 
-  float d[M][4] = {};
-  // Lanes g >= T (mma columns no token fills) read token T - 1's activations instead of zeros:
-  // those columns are never stored, and an unconditional load saves a predicated load and a
-  // register clear per mma (SASS: 8 CS2R per step). With dq_pair's lop3: 244 -> 196 per step.
-  const uint2* xrow = xf + min(g, max(p.T - 1, 0)) * (K / 4);
-  for (int i = 0; i < n; ++i) {
-    cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
-    const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
-    const uint4* slot = my + (i % S) * M * 2 * 32;
-    Step st[M];
+  if constexpr (INT) {
+    // Lane (g, c): rows g and g+8 over its own piece of each step (k = step * 128 + c * 32).
+    const uint4* xi = reinterpret_cast<const uint4*>(xs);
+    float acc[M][2] = {};
+    for (int i = 0; i < n; ++i) {
+      cp_async_wait<S - 1>();
+      const int k = step_of(i) * 128 + c * 32, gi = k >> gshift, P = k >> 5;
+      uint4 x[4];
 #pragma unroll
-    for (int mi = 0; mi < M; ++mi) {
-      st[mi].wa = slot[64 * mi + lane];
-      st[mi].wb = slot[64 * mi + 32 + lane];
-      st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ngp + gi]);
-      st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
-      st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
-      st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
+      for (int j = 0; j < 4; ++j) x[j] = xi[P * 4 + j];
+      const float2 xd = xpf[P];
+      const uint4* slot = my + (i % S) * M * 2 * 32;
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        const uint4 wa = slot[64 * mi + lane], wb = slot[64 * mi + 32 + lane];
+        const float sa = __bfloat162float(sc[(2 * mi * 16 + g) * ngp + gi]);
+        const float ba = __bfloat162float(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
+        const float sb = __bfloat162float(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
+        const float bb = __bfloat162float(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
+        acc[mi][0] = fmaf(ba, xd.y, fmaf(sa, xd.x * float(int_piece_isum16(wa, x)), acc[mi][0]));
+        acc[mi][1] = fmaf(bb, xd.y, fmaf(sb, xd.x * float(int_piece_isum16(wb, x)), acc[mi][1]));
+      }
+      if (i + S < n) issue(i + S);
+      cp_async_commit();
     }
-    step_mma_frag<M>(d, st, xrow + (k / 32) * 8);
-    // The slot just read is refilled only after its words were consumed by the mmas above.
-    if (i + S < n) issue(i + S);
-    cp_async_commit();
+    // The quad's four pieces per step are one row's; lane c = 0 then holds rows g, g+8 for token 0
+    // where finish_tile reads accumulator elements 0 and 2 (the others are tokens >= 1: unused).
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 1);
+        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 2);
+      }
+    finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss,
+                              [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; });
+    return;
+  } else {
+    float d[M][4] = {};
+    // Lanes g >= T (mma columns no token fills) read token T - 1's activations instead of zeros:
+    // those columns are never stored, and an unconditional load saves a predicated load and a
+    // register clear per mma (SASS: 8 CS2R per step). With dq_pair's lop3: 244 -> 196 per step.
+    const uint2* xrow = xf + min(g, max(p.T - 1, 0)) * (K / 4);
+    for (int i = 0; i < n; ++i) {
+      cp_async_wait<S - 1>();  // S + i groups committed: group i is complete
+      const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
+      const uint4* slot = my + (i % S) * M * 2 * 32;
+      Step st[M];
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        st[mi].wa = slot[64 * mi + lane];
+        st[mi].wb = slot[64 * mi + 32 + lane];
+        st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ngp + gi]);
+        st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
+        st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
+        st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
+      }
+      step_mma_frag<M>(d, st, xrow + (k / 32) * 8);
+      // The slot just read is refilled only after its words were consumed by the mmas above.
+      if (i + S < n) issue(i + S);
+      cp_async_commit();
+    }
+    finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss, [&](int mi, int, int i) { return d[mi][i]; });
   }
-
-  finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss, [&](int mi, int, int i) { return d[mi][i]; });
 }
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S>
+template <bool SW, int W, int S, bool INT>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S, INT>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
+}
+
+// ANVIL_QGEMV_INT=1 (off: written in session 14, not yet measured): one token through the integer
+// dot products (qgemv_int.cuh) instead of the tensor cores.
+bool int_rule() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_INT");
+    return e && *e == '1';
+  }();
+  return on;
 }
 
 bool ring_override(int* W, int* S) {
@@ -229,32 +318,37 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   const bool forced = ring_override(&a->W, &a->S);
   if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
   a->S /= M;
-  a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
+  a->integer = T == 1 && int_rule();
+  a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
-    a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group);
+    a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   }
   return a->smem <= kAsyncMaxSmem;
 }
 
 namespace {
 
-template <bool SW, int W>
+template <bool SW, int W, bool INT>
 cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
   constexpr int m = SW ? 2 : 1;  // the up matrix halves the ring
   switch (S * m) {
-    case 4: return async_launch_one<SW, W, 4 / m>(tiles, smem, s, p);
-    case 6: return async_launch_one<SW, W, 6 / m>(tiles, smem, s, p);
-    default: return async_launch_one<SW, W, 8 / m>(tiles, smem, s, p);
+    case 4: return async_launch_one<SW, W, 4 / m, INT>(tiles, smem, s, p);
+    case 6: return async_launch_one<SW, W, 6 / m, INT>(tiles, smem, s, p);
+    default: return async_launch_one<SW, W, 8 / m, INT>(tiles, smem, s, p);
   }
+}
+template <bool SW, int W>
+cudaError_t async_launch_i(const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p) {
+  return a.integer ? async_launch_w<SW, W, true>(a.S, tiles, a.smem, s, p)
+                   : async_launch_w<SW, W, false>(a.S, tiles, a.smem, s, p);
 }
 
 }  // namespace
 
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p) {
-  if (swiglu)
-    return a.W == 8 ? async_launch_w<true, 8>(a.S, tiles, a.smem, s, p) : async_launch_w<true, 4>(a.S, tiles, a.smem, s, p);
-  return a.W == 8 ? async_launch_w<false, 8>(a.S, tiles, a.smem, s, p) : async_launch_w<false, 4>(a.S, tiles, a.smem, s, p);
+  if (swiglu) return a.W == 8 ? async_launch_i<true, 8>(a, tiles, s, p) : async_launch_i<true, 4>(a, tiles, s, p);
+  return a.W == 8 ? async_launch_i<false, 8>(a, tiles, s, p) : async_launch_i<false, 4>(a, tiles, s, p);
 }
 
 }  // namespace anvil::cuda::tc

@@ -1,0 +1,96 @@
+// Internal to src/backend/cuda/: the integer dot products of the streamed q4 mat-vec at one token
+// (qgemv_stream.cu, INT = true): activations as int16 per 32-element piece, the 4-bit weights
+// multiplied with dp4a on the CUDA cores instead of dequantized to bf16 for the tensor cores.
+//
+// Why: at one token the tensor-core step wastes 7 of the mma's 8 columns, and every weight pair is
+// dequantized to bf16 first (lop3, subtract, fma with scale and bias: ~160 of the step's 196
+// instructions; ncu, session 12: the mat-vecs take about issue time + DRAM time). Here a lane
+// multiplies the raw nibbles of its own 32 weights of rows g and g+8 (the same ring, the same
+// 16 bytes per row a lane copies) with the piece's int16 activations, split into a signed high
+// byte and an unsigned low byte, four dp4a per 32-bit word of weights:
+//   lo = w & 0x0F0F0F0F (elements 0, 2, 4, 6), hi = w & 0xF0F0F0F0 (16 x elements 1, 3, 5, 7)
+//   16 * sum(q * x16) = 4096 A(lo, xh_even) + 256 A(hi, xh_odd) + 16 A(lo, xl_even) + A(hi, xl_odd)
+// and the affine weights w = s q + b give the piece's dot product as
+//   s * (d / 16) * (16 * sum(q * x16)) + b * sum(x)
+// with d the piece's activation step (max |x| / 32767) and sum(x) its exact sum: per 32 weights of
+// a row 8 lop3, 16 dp4a, 3 imad, a conversion and 3 float ops (~1 instruction per weight and lane,
+// against ~2.5 for the bf16 dequantization).
+//
+// Precision: x is rounded to 15 bits of its piece's largest magnitude (the bf16 path keeps 8 bits
+// of each element's own), and the weights are used exactly (the bf16 path rounds s q + b to bf16).
+// The integers stay exact: |16 sum(q x16)| <= 16 * 32 * 15 * 32767 < 2^28.
+//
+// Shared memory per piece P of 32 activations: 64 bytes of byte planes, word j (of the piece's 4
+// words of weights) at [P][j] as a uint4 (low bytes of the even elements, of the odd ones, high
+// bytes of the even, of the odd: each 4 elements in the order the weight word's bytes hold them),
+// and a float2 (d / 16, sum of x).
+#pragma once
+#include "backend/cuda/qgemv_tc.cuh"
+
+namespace anvil::cuda::tc {
+
+// Bytes of shared memory the int16 activations of a K-element row take.
+__host__ __device__ constexpr size_t int_x_bytes(int64_t K) { return size_t(K) * 2 + size_t(K / 32) * 8; }
+
+__device__ __forceinline__ uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int32_t dp4a_us(uint32_t a, uint32_t b, int32_t c) {  // a unsigned, b signed bytes
+  int32_t d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Four int16 values' low bytes (unsigned) or high bytes (signed, as two's complement bytes).
+__device__ __forceinline__ uint32_t pack_lo(int a, int b, int c, int d) {
+  return uint32_t(a & 255) | uint32_t(b & 255) << 8 | uint32_t(c & 255) << 16 | uint32_t(d & 255) << 24;
+}
+__device__ __forceinline__ uint32_t pack_hi(int a, int b, int c, int d) {
+  return pack_lo(a >> 8, b >> 8, c >> 8, d >> 8);
+}
+
+// Quantizes 8 consecutive activations (bf16 pairs in a: elements 8j..8j+7 of piece P, j = lane & 3
+// of the 4 lanes that share the piece, which must all call this together, valid or not) into the
+// piece's planes xi[P * 4 + j] and, from the quad's first lane, xf[P] = (d / 16, sum). Every lane of
+// the warp calls it (the quad's max and sum are warp shuffles); invalid lanes pass zeros and store
+// nothing.
+__device__ __forceinline__ void int_stage_piece(uint4 a, bool valid, int64_t P, int j, uint4* xi, float2* xf) {
+  float f[8] = {bf16_lo(a.x), bf16_hi(a.x), bf16_lo(a.y), bf16_hi(a.y),
+                bf16_lo(a.z), bf16_hi(a.z), bf16_lo(a.w), bf16_hi(a.w)};
+  float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(f[e])), sum += f[e];
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
+  int q[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) q[e] = __float2int_rn(f[e] * inv);
+  if (!valid) return;
+  xi[P * 4 + j] = make_uint4(pack_lo(q[0], q[2], q[4], q[6]), pack_lo(q[1], q[3], q[5], q[7]),
+                             pack_hi(q[0], q[2], q[4], q[6]), pack_hi(q[1], q[3], q[5], q[7]));
+  if (j == 0) xf[P] = make_float2(mx / (32767.0f * 16.0f), sum);
+}
+
+// 16 * sum(q * x16) over one piece: the 4 words of weights against the piece's planes.
+__device__ __forceinline__ int32_t int_piece_isum16(const uint4& w, const uint4 (&x)[4]) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  uint32_t el = 0, ol = 0;
+  int32_t eh = 0, oh = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t lo = ws[j] & 0x0F0F0F0Fu, hi = ws[j] & 0xF0F0F0F0u;
+    el = dp4a_uu(lo, x[j].x, el);
+    ol = dp4a_uu(hi, x[j].y, ol);
+    eh = dp4a_us(lo, x[j].z, eh);
+    oh = dp4a_us(hi, x[j].w, oh);
+  }
+  return ((eh * 16 + oh) * 16 + int32_t(el)) * 16 + int32_t(ol);
+}
+
+}  // namespace anvil::cuda::tc
