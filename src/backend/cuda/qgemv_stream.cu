@@ -283,14 +283,20 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
   return cudaGetLastError();
 }
 
-// ANVIL_QGEMV_INT=1 (off: written in session 14, not yet measured): one token through the integer
-// dot products (qgemv_int.cuh) instead of the tensor cores.
-bool int_rule() {
-  static const bool on = [] {
+// One token through the integer dot products (qgemv_int.cuh) where the launch has at least
+// kIntMinWeights weights: on the H200 (session 14, interleaved A/B twice) qwen3-8b q4g64 decoded at
+// 410 against 393 tok/s with every one-token launch integer (its smallest matrix, o, has 2^24
+// weights), but qwen3-0.6b at 1,130 against 1,157 and qwen3-30b-a3b-16L at 925 against 933: its
+// activation staging (a max and a sum per 32 elements, int16 planes) is longer than the bf16
+// permutation, and where a kernel's time is mostly latency after the PDL wait that costs more than
+// the steps save. ANVIL_QGEMV_INT=0 turns it off, =1 on for every one-token launch (measuring).
+constexpr int64_t kIntMinWeights = int64_t(1) << 24;
+bool int_rule(int64_t weights) {
+  static const int mode = [] {
     const char* e = std::getenv("ANVIL_QGEMV_INT");
-    return e && *e == '1';
+    return e && *e == '0' ? 0 : e && *e == '1' ? 1 : 2;
   }();
-  return on;
+  return mode == 1 || (mode == 2 && weights >= kIntMinWeights);
 }
 
 bool ring_override(int* W, int* S) {
@@ -318,7 +324,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   const bool forced = ring_override(&a->W, &a->S);
   if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
   a->S /= M;
-  a->integer = T == 1 && int_rule();
+  a->integer = T == 1 && int_rule(tiles * 16 * K * (swiglu ? 2 : 1));
   a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;

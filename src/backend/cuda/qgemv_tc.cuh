@@ -246,7 +246,7 @@ __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, i
 // measured 285 against 299 tok/s (docs/benchmarks.md) and was removed.
 struct AsyncShape {
   int W = 4, S = 8;  // S: ring depth in steps (already halved with the up matrix)
-  bool integer = false;  // one token through the integer dot products (qgemv_int.cuh, ANVIL_QGEMV_INT=1)
+  bool integer = false;  // one token through the integer dot products (qgemv_int.cuh; large launches)
   size_t smem = 0;
 };
 bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a);
