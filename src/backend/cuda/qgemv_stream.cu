@@ -284,19 +284,22 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
 }
 
 // One token through the integer dot products (qgemv_int.cuh) where the launch has at least
-// kIntMinWeights weights: on the H200 (session 14, interleaved A/B twice) qwen3-8b q4g64 decoded at
-// 410 against 393 tok/s with every one-token launch integer (its smallest matrix, o, has 2^24
-// weights), but qwen3-0.6b at 1,130 against 1,157 and qwen3-30b-a3b-16L at 925 against 933: its
-// activation staging (a max and a sum per 32 elements, int16 planes) is longer than the bf16
-// permutation, and where a kernel's time is mostly latency after the PDL wait that costs more than
-// the steps save. ANVIL_QGEMV_INT=0 turns it off, =1 on for every one-token launch (measuring).
+// kIntMinWeights weights and K >= kIntMinK. On the H200 (session 14, interleaved A/B twice, tests
+// and golden passing either way) qwen3-8b q4g64, whose launches are all such (o, the smallest, has
+// 2^24 weights; K 4,096 or 12,288), decoded at 405-410 against 393-397 tok/s; with every one-token
+// launch integer qwen3-0.6b ran at 1,130 against 1,157 and qwen3-30b-a3b-16L at 925 against 933,
+// and with only their LM heads integer (2^24+ weights, K 1,024 / 2,048) 1,157 against 1,169 and
+// 934 against 939: the activation staging (a max and a sum per 32 elements, int16 planes) is longer
+// than the bf16 permutation, and where a kernel is short or K is small that costs more than the
+// steps save. ANVIL_QGEMV_INT=0 turns it off, =1 on for every one-token launch (measuring).
 constexpr int64_t kIntMinWeights = int64_t(1) << 24;
-bool int_rule(int64_t weights) {
+constexpr int64_t kIntMinK = 4096;
+bool int_rule(int64_t weights, int64_t K) {
   static const int mode = [] {
     const char* e = std::getenv("ANVIL_QGEMV_INT");
     return e && *e == '0' ? 0 : e && *e == '1' ? 1 : 2;
   }();
-  return mode == 1 || (mode == 2 && weights >= kIntMinWeights);
+  return mode == 1 || (mode == 2 && weights >= kIntMinWeights && K >= kIntMinK);
 }
 
 bool ring_override(int* W, int* S) {
@@ -324,7 +327,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   const bool forced = ring_override(&a->W, &a->S);
   if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
   a->S /= M;
-  a->integer = T == 1 && int_rule(tiles * 16 * K * (swiglu ? 2 : 1));
+  a->integer = T == 1 && int_rule(tiles * 16 * K * (swiglu ? 2 : 1), K);
   a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
