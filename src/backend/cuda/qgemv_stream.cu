@@ -1,6 +1,7 @@
 // The streamed q4 mat-vec: the decode default (T <= 8) of gemv_tc (qgemv_tc.cu), weights streamed
 // through shared memory with cp.async. Shared pieces (TcParams, Step, dq_pair, mma_bf16) are in
-// qgemv_tc.cuh.
+// qgemv_tc.cuh. At one token, launches of >= 2^24 weights with K >= 4,096 take the same ring with
+// integer dot products instead of the mma (INT; qgemv_int.cuh, int_rule below).
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
