@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/kv_options.h"
+#include "runtime/warmup.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer_config.h"
 
@@ -26,6 +27,7 @@ struct ServeArgs {
   std::string alias;
   size_t max_body_mb = 8;
   bool no_chat_page = false;
+  bool no_warmup = false;
 };
 
 int run_serve(ServeArgs& a) {
@@ -47,6 +49,16 @@ int run_serve(ServeArgs& a) {
   auto stack = build_stack(a.model, a.parallel);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
+  // On a GPU, one prefill chunk and one decode step before listening (runtime/warmup.h), before the
+  // store is attached so that nothing of it is persisted. The CPU loads nothing lazily: no warm-up.
+  if (!a.no_warmup && !s.backend->device_memory_is_host()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // One full step's chunk (the scheduler's prefill chunks have that shape), within the context.
+    const int chunk = std::min(s.transformer->max_tokens(), s.ctx - 1);
+    if (Status st = warm_up(*s.engine, chunk); !st.is_ok()) return fail(st.message());
+    std::fprintf(stderr, "[anvil] warm-up: %.0f ms\n",
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
   // The durable KV store, as for generate/run: every sequence's full pages are persisted and a
   // prompt's known prefix is restored from it, across restarts; sessions live in it.
   auto attached = attach_kv_store(a.kv, s);
@@ -134,6 +146,8 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
                              "Seconds running requests get to finish after SIGTERM")
                   ->capture_default_str();
               app.add_flag("--no-chat-page", a->no_chat_page, "Do not serve the chat page at /");
+              app.add_flag("--no-warmup", a->no_warmup,
+                           "On a GPU, skip the warm-up pass (one prefill chunk and one decode step) before listening");
               return [a] { return run_serve(*a); };
             });
 

@@ -132,6 +132,12 @@ int32_t KVPool::prefix_lookup(const Hash128& key, const Hash128& parent, std::sp
   return e.page;
 }
 
+size_t KVPool::prefix_evict_unused() {
+  size_t n = 0;
+  while (evict_one()) ++n;  // a parent becomes evictable once its last child is gone
+  return n;
+}
+
 bool KVPool::evict_one() {
   if (lru_.empty()) return false;
   Entry* e = lru_.back();

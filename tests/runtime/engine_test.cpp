@@ -9,6 +9,7 @@
 
 #include "model/loader.h"
 #include "runtime/engine.h"
+#include "runtime/warmup.h"
 
 using namespace anvil;
 
@@ -231,4 +232,38 @@ TEST(KVPool, PageKeyDependsOnRootParentAndTokens) {
   EXPECT_NE(h, kv_page_key(root, Hash128{}, t));
   t[3] = 5;
   EXPECT_NE(h, kv_page_key(root, parent, t));
+}
+
+// The server's warm-up (runtime/warmup.h) leaves the engine as it found it: every page free again,
+// nothing in the prefix index, and the logits of a prompt afterwards bit for bit those of an
+// engine that never ran it. A warm-up longer than a forward is cut to one forward's chunk.
+TEST(Engine, WarmUpLeavesNoPagesAndChangesNoLogits) {
+  auto ids = random_ids(40, 3);
+  Fixture warm = make(64, true), cold = make(64, true);
+  const int64_t free0 = warm.engine->pool().n_free();
+  ASSERT_TRUE(warm_up(*warm.engine, 1000).is_ok());
+  EXPECT_EQ(warm.engine->pool().n_free(), free0);
+  EXPECT_EQ(warm.engine->pool().prefix_entries(), 0u);
+  std::vector<float> a, b;
+  const int s1 = *warm.engine->seq_create(), s2 = *cold.engine->seq_create();
+  ASSERT_TRUE(warm.engine->extend(s1, ids, nullptr, &a).is_ok());
+  ASSERT_TRUE(cold.engine->extend(s2, ids, nullptr, &b).is_ok());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  EXPECT_EQ(warm.engine->seq_cached_tokens(s1), 0);  // nothing of the warm-up was reused
+}
+
+// An index entry a live sequence still uses is never dropped by prefix_evict_unused.
+TEST(KVPool, EvictUnusedKeepsPagesInUse) {
+  Fixture f = make(64, true);
+  auto ids = random_ids(40, 4);
+  const int s = *f.engine->seq_create();
+  ASSERT_TRUE(f.engine->extend(s, ids, nullptr).is_ok());
+  const size_t entries = f.engine->pool().prefix_entries();
+  ASSERT_GT(entries, 0u);
+  EXPECT_EQ(f.engine->pool().prefix_evict_unused(), 0u);  // both full pages are the sequence's
+  EXPECT_EQ(f.engine->pool().prefix_entries(), entries);
+  f.engine->seq_release(s);
+  EXPECT_EQ(f.engine->pool().prefix_evict_unused(), entries);
+  EXPECT_EQ(f.engine->pool().prefix_entries(), 0u);
 }
