@@ -177,7 +177,7 @@ if [ "$what" = serve ]; then
     --prompt 256 --max 128 --prefix 4096 --no-logprobs --deadline $(( ${SERVE_S:-240} - 10 )) > "$OUT/serve_bench.log" 2>&1
   echo "bench rc=$?"; metrics; kill $SP; wait $SP
   start_server 2
-  echo "### after a restart (restore on up to 8 threads, the default)" >> "$OUT/serve_bench.log"
+  echo "### after a restart (restore on up to 16 threads, the default)" >> "$OUT/serve_bench.log"
   [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
     >> "$OUT/serve_bench.log" 2>&1
   metrics; kill $SP; wait $SP
