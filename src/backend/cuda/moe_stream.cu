@@ -145,15 +145,7 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
     const int k = (warp + i * W) * 128 + c * 32, gi = k >> gshift;
     const uint4* slot = my + (i % S) * M * 2 * 32;
     Step st[M];
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi) {
-      st[mi].wa = slot[64 * mi + lane];
-      st[mi].wb = slot[64 * mi + 32 + lane];
-      st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ngp + gi]);
-      st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
-      st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
-      st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
-    }
+    tc::ring_step<M>(st, slot, sc, ngp, g, gi, lane);
     tc::step_mma_frag<M>(d, st, xf + (k / 32) * 8);  // every column the token (only column 0 is read)
     if (i + S < n) issue(i + S);
     cp_async_commit();

@@ -22,6 +22,25 @@ __device__ __forceinline__ uint32_t norm_pair(uint32_t h, uint32_t w, float& ss)
   return bf2_as_u32(__floats2bfloat162_rn(h0 * bf16_lo(w), h1 * bf16_hi(w)));
 }
 
+// Fused norm: the 8 activations a (piece kp of its row, elements 8 kp..8 kp+7) times the norm's
+// weights (wpre: that piece of them loaded before the PDL wait, where wn_pre), h^2 added to ss.
+__device__ __forceinline__ uint4 norm_piece(const TcParams& p, uint4 a, int kp, uint4 wpre, bool wn_pre, bool wn_vec,
+                                            float& ss) {
+  uint4 w;
+  if (wn_pre) w = wpre;
+  else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + kp);
+  else {
+    const int k = kp * 8;
+    auto pr = [&](int e) {
+      return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
+                                              load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
+    };
+    w = make_uint4(pr(0), pr(2), pr(4), pr(6));
+  }
+  return make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
+                    norm_pair(a.w, w.w, ss));
+}
+
 // The decode default (T <= 8): weights streamed through shared memory with cp.async.
 //
 // ncu on the H200 showed the register-fed kernels (qgemv_tc.cu) at 16-24 warps per SM with 1-2 KB of loads in
@@ -145,19 +164,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         if (q0 + i * W * 32 >= nq) break;  // the whole warp past the end
         uint4 a = v[i];
         if (p.norm_w && q < nq) {
-          const int k = q * 8;
-          uint4 w;
-          if (wn_pre) w = wn[i];
-          else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + q);
-          else {
-            auto pr = [&](int e) {
-              return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
-                                                      load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
-            };
-            w = make_uint4(pr(0), pr(2), pr(4), pr(6));
-          }
-          a = make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
-                         norm_pair(a.w, w.w, ss));
+          a = norm_piece(p, a, q, wn[i], wn_pre, wn_vec, ss);
         }
         int_stage_piece(a, q < nq, q >> 2, q & 3, xq, xpf);
       }
@@ -179,23 +186,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         if (q >= nq) break;
         uint4 a = v[i];
         if (p.norm_w) {
-          const int t = q / kq, k = (q % kq) * 8;
+          const int t = q / kq;
           if (t != cur) {
             if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
             cur = t, ss = 0.0f;
           }
-          uint4 w;
-          if (wn_pre) w = wn[i];
-          else if (wn_vec) w = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
-          else {
-            auto pr = [&](int e) {
-              return bf2_as_u32(__floats2bfloat162_rn(load_bias(p.norm_w, k + e, p.norm_dtype),
-                                                      load_bias(p.norm_w, k + e + 1, p.norm_dtype)));
-            };
-            w = make_uint4(pr(0), pr(2), pr(4), pr(6));
-          }
-          a = make_uint4(norm_pair(a.x, w.x, ss), norm_pair(a.y, w.y, ss), norm_pair(a.z, w.z, ss),
-                         norm_pair(a.w, w.w, ss));
+          a = norm_piece(p, a, q % kq, wn[i], wn_pre, wn_vec, ss);
         }
         xq[q] = make_uint4(__byte_perm(a.x, a.z, 0x5410), __byte_perm(a.x, a.z, 0x7632),
                            __byte_perm(a.y, a.w, 0x5410), __byte_perm(a.y, a.w, 0x7632));
@@ -255,15 +251,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       const int k = step_of(i) * 128 + c * 32, gi = k >> gshift;
       const uint4* slot = my + (i % S) * M * 2 * 32;
       Step st[M];
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi) {
-        st[mi].wa = slot[64 * mi + lane];
-        st[mi].wb = slot[64 * mi + 32 + lane];
-        st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ngp + gi]);
-        st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
-        st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
-        st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
-      }
+      ring_step<M>(st, slot, sc, ngp, g, gi, lane);
       step_mma_frag<M>(d, st, xrow + (k / 32) * 8);
       // The slot just read is refilled only after its words were consumed by the mmas above.
       if (i + S < n) issue(i + S);

@@ -151,6 +151,23 @@ __device__ __forceinline__ void step_mma_frag(float (&d)[M][4], const Step (&s)[
   }
 }
 
+// A streamed step's operands for M matrices from a ring slot (the lane's 16 bytes of rows g and g+8
+// of each) and the staged scales and biases ([matrix * 2 + (0 scales, 1 biases)][16 rows][ngp]) of
+// group gi: what qgemv_stream.cu's and moe_stream.cu's loops feed to step_mma_frag.
+template <int M>
+__device__ __forceinline__ void ring_step(Step (&st)[M], const uint4* slot, const __nv_bfloat16* sc, int ngp, int g,
+                                          int gi, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi) {
+    st[mi].wa = slot[64 * mi + lane];
+    st[mi].wb = slot[64 * mi + 32 + lane];
+    st[mi].sa = __bfloat162bfloat162(sc[(2 * mi * 16 + g) * ngp + gi]);
+    st[mi].ba = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
+    st[mi].sb = __bfloat162bfloat162(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
+    st[mi].bb = __bfloat162bfloat162(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
+  }
+}
+
 __device__ __forceinline__ float load_bias(const void* p, int64_t i, Elem e) {
   switch (e) {
     case Elem::kF32: return static_cast<const float*>(p)[i];
