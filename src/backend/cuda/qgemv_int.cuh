@@ -16,6 +16,11 @@
 // a row 8 lop3, 16 dp4a, 3 imad, a conversion and 3 float ops (~1 instruction per weight and lane,
 // against ~2.5 for the bf16 dequantization).
 //
+// Measured (H200, session 14): 129 SASS instructions per streamed step against 196 (gate/up 220
+// against 343); qwen3-8b q4g64 decode 393 -> 405-410 tok/s, smaller launches not faster (where
+// it is used: int_rule in qgemv_stream.cu). Tests: the CUDA op, model and MoE tests and golden
+// pass with every one-token launch on it (ANVIL_QGEMV_INT=1).
+//
 // Precision: x is rounded to 15 bits of its piece's largest magnitude (the bf16 path keeps 8 bits
 // of each element's own), and the weights are used exactly (the bf16 path rounds s q + b to bf16).
 // The integers stay exact: |16 sum(q x16)| <= 16 * 32 * 15 * 32767 < 2^28.
