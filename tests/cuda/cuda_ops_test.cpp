@@ -286,6 +286,61 @@ TEST_F(CudaOps, LmHeadSizedMatVecMatchesCpu) {
     }
 }
 
+// One-token q4 launches of >= 2^24 weights with K >= 4,096 take the integer dot products by default
+// (qgemv_int.cuh: int16 activations per 32 elements, dp4a on the nibbles); the other tests' shapes
+// are smaller and stay on the tensor cores unless ANVIL_QGEMV_INT=1. Here: exactly 2^24 weights
+// (4,096 x 4,096), a K of 12,288 with rows not a multiple of 16, gate/up + SwiGLU, and q/k/v in one
+// launch, every group size, against the CPU; T = 2 (the tensor cores) beside it. The bound is the
+// plain mat-vec's: the integer path rounds x to 15 bits of its piece's largest magnitude, finer than
+// bf16 for all but the piece's smallest elements, and uses the weights exactly. Activations with a
+// wide range (a few large entries) check that one large piece value does not wash out the others.
+TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
+  for (const int group : {32, 64, 128})
+    for (const int64_t T : {1, 2}) {
+      const std::string base = " q4g" + std::to_string(group) + " T=" + std::to_string(T);
+      const double bound = T == 1 ? kGemvBound : kGemmBound;  // T = 2: bf16-rounded weights on the tensor cores
+      for (const auto& [rows, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {1371, 12288}}) {
+        HostWeight hw = make_weight(rng_, rows, K, 4, group, DType::kBF16, false);
+        auto dw = gpu_->upload_weight(hw.w);
+        ASSERT_TRUE(dw.is_ok()) << dw.status().message();
+        auto x = randn(size_t(T * K));
+        for (size_t i = 0; i < x.size(); i += 97) x[i] *= 40.0f;
+        Guarded gx = dev_bf16(x), go = dev_out(size_t(T * rows) * 2);
+        gpu_->linear(Act{gx.data(), T, K, DType::kBF16}, *dw, Act{go.data(), T, rows, DType::kBF16});
+        ASSERT_TRUE(gpu_->synchronize().is_ok());
+        const std::string what = "linear [" + std::to_string(rows) + "x" + std::to_string(K) + "]" + base;
+        expect_close(read(go, DType::kBF16, what), cpu_linear(x, T, hw.w), bound, what);
+        gpu_->free_weight(*dw);
+      }
+      const int64_t H = 4096;
+      auto x = randn(size_t(T * H));
+      Guarded gx = dev_bf16(x);
+      ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 2048, 4, group, DType::kBF16, bound * 1.5,
+                                            "linear_swiglu [2048x4096]" + base));
+      const int64_t rows[3] = {4096, 1024, 1024};  // qwen3-8b's q/k/v: 6,144 rows in one launch
+      std::vector<HostWeight> hw;
+      std::vector<WeightMatrix> dw;
+      for (int64_t r : rows) {
+        hw.push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
+        auto d = gpu_->upload_weight(hw.back().w);
+        ASSERT_TRUE(d.is_ok());
+        dw.push_back(*d);
+      }
+      std::vector<Guarded> go;
+      for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
+      const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
+      const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
+                           Act{go[2].data(), T, rows[2], DType::kBF16}};
+      gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      for (int i = 0; i < 3; ++i) {
+        const std::string what = "linear_multi matrix " + std::to_string(i) + base;
+        expect_close(read(go[size_t(i)], DType::kBF16, what), cpu_linear(x, T, hw[size_t(i)].w), bound, what);
+      }
+      for (auto& w : dw) gpu_->free_weight(w);
+    }
+}
+
 // The fused decode forms (backend.h): RMSNorm inside the q4 mat-vec (rmsnorm_linear_multi,
 // rmsnorm_linear_swiglu) and the residual add in its epilogue (linear_add), against the CPU
 // backend's composition (rmsnorm then linear; linear then add). The bounds are those of the plain
