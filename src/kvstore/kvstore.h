@@ -215,6 +215,7 @@ class KVStore : public PageStore {
   };
   // Pins the staging slots a device's restores use (2 per restore thread) ahead of the first restore.
   void reserve_restore_staging();
+  void pin_staging(size_t slots);
   Status load_page_record(const RestoreItem& it, int first_pos, std::span<const int32_t> toks, int32_t page, int slot,
                           RestoreScratch& scratch);
   // Reads and validates one record into read_buf_; returns its data pointer.

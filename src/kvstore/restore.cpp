@@ -73,18 +73,23 @@ int restore_threads_for(bool host_memory, bool concurrent_copies, size_t pages) 
 
 }  // namespace
 
-// Pinning host memory is slow (cudaMallocHost of a 2.4 MB qwen3-8b page: ~1 ms), and a restore
-// right after a restart is the one whose time matters most, so attach() pins a device's slots up
-// front; restore_pages still pins any that are missing (ANVIL_KV_RESTORE_THREADS raised, an
-// allocation that failed here).
-void KVStore::reserve_restore_staging() {
-  if (backend_->device_memory_is_host()) return;
-  const int threads = restore_threads_for(false, backend_->device_copies_concurrent(), size_t(1) << 20);
-  for (size_t k = staging_.size(); k < size_t(2 * threads); ++k) {
+// Pins staging slots of a page each until there are `slots` (fewer if pinning fails).
+void KVStore::pin_staging(size_t slots) {
+  while (staging_.size() < slots) {
     auto s = backend_->alloc_host_staging(page_bytes_);
     if (!s.is_ok()) return;
     staging_.push_back(*s);
   }
+}
+
+// Pinning host memory is slow (cudaMallocHost of a 2.4 MB qwen3-8b page: ~1 ms), and a restore
+// right after a restart is the one whose time matters most, so attach() pins a device's slots up
+// front (for the most threads a restore takes); restore_pages still pins any that are missing (an
+// allocation that failed here).
+void KVStore::reserve_restore_staging() {
+  if (backend_->device_memory_is_host()) return;
+  const int threads = restore_threads_for(false, backend_->device_copies_concurrent(), size_t(1) << 20);
+  pin_staging(size_t(2 * threads));
 }
 
 // One record of a run being restored: where the catalog says it is.
@@ -210,11 +215,7 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
   // pages, on a device through two pinned staging slots per thread. They touch only their records,
   // pages, slots and scratch. No record past the first failure is read.
   if (!direct) {
-    for (size_t k = staging_.size(); k < size_t(2 * threads); ++k) {
-      auto s = backend_->alloc_host_staging(page_bytes_);
-      if (!s.is_ok()) break;
-      staging_.push_back(*s);
-    }
+    pin_staging(size_t(2 * threads));
     if (staging_.size() < 2) {
       hdr_buf_ = std::move(main_scratch.hdr);
       counters_.restore_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();

@@ -81,6 +81,31 @@ class CudaOps : public CudaFixture {
     gpu_->free_weight(*dg);
     gpu_->free_weight(*du);
   }
+  // linear_multi of three q4 matrices (rows[i] x H, one launch) on x against the CPU, matrix i
+  // named what + " matrix i".
+  void expect_linear_multi_q4(const std::vector<float>& x, const Guarded& gx, int64_t T, int64_t H,
+                              const int64_t (&rows)[3], int group, double bound, const std::string& what) {
+    std::vector<HostWeight> hw;
+    std::vector<WeightMatrix> dw;
+    for (int64_t r : rows) {
+      hw.push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
+      auto d = gpu_->upload_weight(hw.back().w);
+      ASSERT_TRUE(d.is_ok());
+      dw.push_back(*d);
+    }
+    std::vector<Guarded> go;
+    for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
+    const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
+    const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
+                         Act{go[2].data(), T, rows[2], DType::kBF16}};
+    gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    for (int i = 0; i < 3; ++i) {
+      const std::string name = what + " matrix " + std::to_string(i);
+      expect_close(read(go[size_t(i)], DType::kBF16, name), cpu_linear(x, T, hw[size_t(i)].w), bound, name);
+    }
+    for (auto& w : dw) gpu_->free_weight(w);
+  }
   // pos, seq and table must outlive the result (cb points into them; gtable holds the table).
   Batch make_batch(const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, int n_seqs, int max_pages,
                    const std::vector<int32_t>& table, const Guarded& gtable) {
@@ -257,32 +282,13 @@ TEST_F(CudaOps, LmHeadSizedMatVecMatchesCpu) {
   for (const int group : {32, 64})
     for (const int64_t T : {1, 5}) {
       const int64_t rows[3] = {20000, 13000, 1000};  // 2,125 tiles in one launch
-      std::vector<HostWeight> hw;
-      std::vector<WeightMatrix> dw;
-      for (int64_t r : rows) {
-        hw.push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
-        auto d = gpu_->upload_weight(hw.back().w);
-        ASSERT_TRUE(d.is_ok());
-        dw.push_back(*d);
-      }
       const auto x = randn(size_t(T * H));
       Guarded gx = dev_bf16(x);
-      std::vector<Guarded> go;
-      for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
-      const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
-      const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
-                           Act{go[2].data(), T, rows[2], DType::kBF16}};
-      gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
-      ASSERT_TRUE(gpu_->synchronize().is_ok());
-      for (int i = 0; i < 3; ++i) {
-        const std::string what = "linear_multi q4g" + std::to_string(group) + " T=" + std::to_string(T) + " matrix " +
-                                 std::to_string(i);
-        expect_close(read(go[size_t(i)], DType::kBF16, what), cpu_linear(x, T, hw[size_t(i)].w), kGemmBound, what);
-      }
+      const std::string base = " q4g" + std::to_string(group) + " T=" + std::to_string(T);
+      ASSERT_NO_FATAL_FAILURE(expect_linear_multi_q4(x, gx, T, H, rows, group, kGemmBound, "linear_multi" + base));
       ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 33000, 4, group, DType::kBF16, kGemmBound * 1.5,
                                             "linear_swiglu q4g" + std::to_string(group) + " [33000x512] T=" +
                                                 std::to_string(T)));
-      for (auto& w : dw) gpu_->free_weight(w);
     }
 }
 
@@ -318,26 +324,7 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
       ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 2048, 4, group, DType::kBF16, bound * 1.5,
                                             "linear_swiglu [2048x4096]" + base));
       const int64_t rows[3] = {4096, 1024, 1024};  // qwen3-8b's q/k/v: 6,144 rows in one launch
-      std::vector<HostWeight> hw;
-      std::vector<WeightMatrix> dw;
-      for (int64_t r : rows) {
-        hw.push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
-        auto d = gpu_->upload_weight(hw.back().w);
-        ASSERT_TRUE(d.is_ok());
-        dw.push_back(*d);
-      }
-      std::vector<Guarded> go;
-      for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
-      const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
-      const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
-                           Act{go[2].data(), T, rows[2], DType::kBF16}};
-      gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
-      ASSERT_TRUE(gpu_->synchronize().is_ok());
-      for (int i = 0; i < 3; ++i) {
-        const std::string what = "linear_multi matrix " + std::to_string(i) + base;
-        expect_close(read(go[size_t(i)], DType::kBF16, what), cpu_linear(x, T, hw[size_t(i)].w), bound, what);
-      }
-      for (auto& w : dw) gpu_->free_weight(w);
+      ASSERT_NO_FATAL_FAILURE(expect_linear_multi_q4(x, gx, T, H, rows, group, bound, "linear_multi" + base));
     }
 }
 
