@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run every CUDA test (ctest -L cuda), the golden model
 # tests on CUDA, then the benchmarks. Logs go to $OUT (or ./cuda-out); the summary is printed last.
-#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|pfprof|ab]   (default all)
+#   bash scripts/cuda_check.sh [tests|bench|all|moe|store|serve|issue|pfprof|ab|trace]   (default all)
+# trace: the decode step's timeline inside the graph, block by block (src/backend/cuda/trace.h): a
+# build with trace points, one traced replay of each of TRACE_MODELS (default qwen3-8b, qwen3-0.6b,
+# qwen3-30b-a3b-16L, q4g64) under each of TRACE_ENVS (default: "default"; e.g. "ANVIL_CUDA_FUSE=1",
+# several variables joined by +), summarized by scripts/trace_summary.py into $OUT/trace-*.summary.
 # ab: an experiment against the default build: a second build (build-gpu-b) configured with the
 # extra CMake arguments in AB_FLAGS (e.g. AB_FLAGS='-DCMAKE_CUDA_FLAGS=-DANVIL_EXPERIMENT_X' for code
 # under #if), its CUDA op, model and MoE tests and golden on CUDA, then decode of qwen3-8b,
@@ -106,6 +110,37 @@ if [ "$what" = ab ]; then
       --json --kv-store /tmp/anvil-ab-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}')"
     rm -rf /tmp/anvil-ab-kv
   done
+  echo "total $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
+if [ "$what" = trace ]; then
+  # The decode step's timeline inside the graph (src/backend/cuda/trace.h): a build with the trace
+  # points, one traced replay per model, summarized by scripts/trace_summary.py.
+  cmake -S . -B build-gpu-t -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+    -DANVIL_BUILD_BENCH=OFF -DANVIL_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DANVIL_CUDA_TRACE > "$OUT/build_t.log" 2>&1 &&
+    cmake --build build-gpu-t -j16 --target anvil >> "$OUT/build_t.log" 2>&1
+  echo "build (trace) rc=$? in $(( $(date +%s) - t0 )) s"
+  for m in ${TRACE_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64}; do
+    tag=${m%%:*}
+    envs=${TRACE_ENVS:-default}
+    [ "$tag" = qwen3-8b ] && envs=${TRACE_ENVS_8B:-$envs}
+    for env in $envs; do
+      t="$OUT/trace/$tag-$env"
+      mkdir -p "$OUT/trace"
+      # shellcheck disable=SC2046
+      echo "### $m ($env): plain $( ( [ "$env" = default ] || export $(echo "$env" | tr '+' ' ');
+        timeout 100 ./build-gpu/anvil bench --device cuda --synthetic $m -n 64 --runs 2 ) 2>&1 | grep -E '^decode')"
+      # shellcheck disable=SC2046
+      echo "### $m ($env): traced $( ( [ "$env" = default ] || export $(echo "$env" | tr '+' ' '); ANVIL_CUDA_TRACE="$t" \
+        timeout 100 ./build-gpu-t/anvil bench --device cuda --synthetic $m -n 64 --runs 1 ) 2>&1 | grep -E '^decode|trace:')"
+      for f in "$t".*.txt; do
+        [ -f "$f" ] && python3 scripts/trace_summary.py "$f" 2>&1 | tee "${f%.txt}.summary"
+        [ -f "$f" ] && zstd -q -19 --rm "$f"
+      done
+    done
+  done
+  # One file back for all the timelines (the device tool returns a limited number of files).
+  tar -C "$OUT" -cf "$OUT/trace.tar" trace && rm -rf "$OUT/trace"
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0
 fi

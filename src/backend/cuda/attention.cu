@@ -229,6 +229,7 @@ __global__ void attn_combine_kernel(const float* ws, const int32_t* pos, int n_h
   const int live = live_splits(pos[th / n_heads] + 1, n_splits);
   if (live == 1) return;
   combine_splits(ws + th * n_splits * (D + 2), D, live, w, out + th * D);
+  trace::point(9);
 }
 
 template <int DL, int GMAX>

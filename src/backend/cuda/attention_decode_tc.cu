@@ -371,6 +371,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   if (!FUSED || live == 1) {  // (FUSED, one live split: no block reads another's memory)
     if (active)
       merge_warps_store<kAW>(G, D, wm, wl, wa, int64_t(t) * n_heads + kh * G, live == 1 ? out : nullptr, ws, n_splits, s);
+    trace::point(9);
     return;
   }
   if constexpr (FUSED) {
@@ -407,6 +408,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
       out[(th0 + hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
     }
     cluster.sync();  // no block leaves while another may still read its state
+    trace::point(9);
 #else
     __trap();  // clusters need sm_90; below it the host launches clusters of 1 (live == 1 above)
 #endif

@@ -28,6 +28,7 @@
 #include "backend/cuda/dev_matrix.h"
 #include "backend/cuda/cuda_page_copy.h"
 #include "backend/cuda/moe_runner.h"
+#include "backend/cuda/trace.h"
 #include "base/sample_math.h"
 
 namespace anvil {
@@ -249,6 +250,7 @@ class CudaBackend final : public Backend {
     }
     capturing_ = true;
     capture_launches_ = launches_;
+    cuda::trace::capture_begin();
     cuda::set_pdl_capture(true);
     return Status::ok();
   }
@@ -273,12 +275,15 @@ class CudaBackend final : public Backend {
     auto it = graphs_.find(key);
     if (it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
     graphs_[key] = Graph{exec, nodes};
+    cuda::trace::capture_end(key);
     return Status::ok();
   }
   bool graph_launch(uint64_t key) override {
     auto it = graphs_.find(key);
     if (it == graphs_.end()) return false;
+    const bool traced = cuda::trace::before_launch(key, st_);  // ANVIL_CUDA_TRACE (trace.h)
     if (ok(cudaGraphLaunch(it->second.exec, st_), "graph launch")) launches_ += it->second.nodes;
+    if (traced) cuda::trace::after_launch(key, st_);
     return true;
   }
   uint64_t launch_count() const override { return launches_; }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/trace.cuh"
 
 namespace anvil::cuda {
 
@@ -70,15 +71,18 @@ __device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, in
 // rows of earlier positions (the q4 mat-vecs, the norms, rope_kv and the split attention do).
 // ANVIL_CUDA_NO_PDL=1 launches plainly. Without the launch attribute, griddepcontrol.wait returns
 // at once.
+// (With ANVIL_CUDA_TRACE, trace.h, pdl_launch marks a block's start and pdl_wait its release.)
 __device__ __forceinline__ void pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+  trace::point(0);
 }
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  trace::point(1);
 }
 __device__ __forceinline__ void pdl_begin() {
   pdl_launch();
@@ -126,6 +130,7 @@ cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   }
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n);
+  if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 template <typename... KArgs, typename... Args>

@@ -85,6 +85,7 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, 
       const int i = threadIdx.x + k * blockDim.x;
       if (i < cols) out[r * cols + i] = __float2bfloat16_rn(hv[k] * inv * wv[k]);
     }
+    trace::point(9);
     return;
   }
   pdl_wait();
@@ -105,6 +106,7 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, 
   const float inv = rsqrtf(block_sum(ss) / float(cols) + eps);
   for (int i = threadIdx.x; i < cols; i += blockDim.x)
     out[r * cols + i] = __float2bfloat16_rn(__bfloat162float(src[i]) * inv * load_any(w, i, wd));
+  trace::point(9);
 }
 
 // Prefill-sized launches (rows >= kNormWarpRowsMin, the row count from which linear() runs GEMMs):

@@ -202,6 +202,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   const uint2* xf = reinterpret_cast<const uint2*>(xs);
   cp_async_wait<S - 1>();  // this thread's group 0; the barrier makes every thread's visible
   __syncthreads();
+  trace::point(2);
 
   if constexpr (INT) {
     // Lane (g, c): rows g and g+8 over its own piece of each step (k = step * 128 + c * 32).
@@ -228,6 +229,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       if (i + S < n) issue(i + S);
       cp_async_commit();
     }
+    trace::point(3);
     // The quad's four pieces per step are one row's; lane c = 0 then holds rows g, g+8 for token 0
     // where finish_tile reads accumulator elements 0 and 2 (the others are tokens >= 1: unused).
 #pragma unroll
@@ -239,6 +241,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       }
     finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss,
                               [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; });
+    trace::point(9);
     return;
   } else {
     float d[M][4] = {};
@@ -257,7 +260,9 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       if (i + S < n) issue(i + S);
       cp_async_commit();
     }
+    trace::point(3);
     finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss, [&](int mi, int, int i) { return d[mi][i]; });
+    trace::point(9);
   }
 }
 

@@ -93,6 +93,7 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
       dst[i + half] = __float2bfloat16_rn(x1 * fc[j] + x0 * fs[j]);
     }
   }
+  trace::point(9);
 }
 
 }  // namespace
