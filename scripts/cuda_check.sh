@@ -30,7 +30,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=1:
+# (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), pending (everything of 2026-12-01 not yet
 # measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
@@ -417,15 +417,15 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_ATTN_TC=0 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 32 --runs 1
     for v in 0 1; do step 32 ANVIL_CUDA_ATTN_TC=$v; done
   elif [ "$set" = int ]; then
-    # ANVIL_QGEMV_INT=1 (every one-token q4 launch through the integer dot products, qgemv_int.cuh):
-    # the CUDA op, model and MoE tests and golden on CUDA with it, then batch-1 decode of three
-    # models with =0 (none), the default (launches of >= 2^24 weights) and =1, twice, interleaved.
-    ANVIL_QGEMV_INT=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*:CudaSample*' > "$OUT/int_tests.log" 2>&1
-    echo "### ANVIL_QGEMV_INT=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/int_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    ANVIL_QGEMV_INT=1 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/int_golden.log" 2>&1
-    echo "### ANVIL_QGEMV_INT=1 golden rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/int_golden.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    # ANVIL_QGEMV_INT=0 (every one-token q4 launch on the tensor cores instead of the integer dot
+    # products, qgemv_int.cuh): the CUDA op, model and MoE tests and golden on CUDA with it, then
+    # batch-1 decode of three models with =0 and the default, three times, interleaved.
+    ANVIL_QGEMV_INT=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.*:CudaModel.*:CudaMoE.*:CudaSample*' > "$OUT/int_tests.log" 2>&1
+    echo "### ANVIL_QGEMV_INT=0 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/int_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_QGEMV_INT=0 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/int_golden.log" 2>&1
+    echo "### ANVIL_QGEMV_INT=0 golden rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/int_golden.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
-      for v in 0 default 1 0 default 1; do echo "## ANVIL_QGEMV_INT=$v" >> "$OUT/bench.log"; ANVIL_QGEMV_INT=${v#default} b --synthetic $m -n 64 --runs 2; done
+      for v in 0 default 0 default 0 default; do echo "## ANVIL_QGEMV_INT=$v" >> "$OUT/bench.log"; ANVIL_QGEMV_INT=${v#default} b --synthetic $m -n 64 --runs 2; done
     done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory

@@ -293,8 +293,8 @@ TEST_F(CudaOps, LmHeadSizedMatVecMatchesCpu) {
 }
 
 // One-token q4 launches of >= 2^24 weights with K >= 4,096 take the integer dot products by default
-// (qgemv_int.cuh: int16 activations per 32 elements, dp4a on the nibbles); the other tests' shapes
-// are smaller and stay on the tensor cores unless ANVIL_QGEMV_INT=1. Here: exactly 2^24 weights
+// (qgemv_int.cuh: int16 activations per 32 elements, dp4a on the nibbles), as every one-token q4
+// launch does by default (ANVIL_QGEMV_INT=0: the tensor cores). Here: exactly 2^24 weights
 // (4,096 x 4,096), a K of 12,288 with rows not a multiple of 16, gate/up + SwiGLU, and q/k/v in one
 // launch, every group size, against the CPU; T = 2 (the tensor cores) beside it. The bound is the
 // plain mat-vec's: the integer path rounds x to 15 bits of its piece's largest magnitude, finer than
@@ -528,9 +528,10 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
 
 TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
   // From 64 rows with cols a multiple of 8 up to 6,144 the norms run one warp per row (norm.cu's
-  // rmsnorm_warp_kernel); 6,152 columns and fewer rows take the block-per-row kernel.
+  // rmsnorm_warp_kernel); fewer rows with cols a multiple of 8 (up to 8,192) one thread per 8
+  // elements (rmsnorm_vec_kernel); 1,001 columns, and 6,152 from 64 rows, rmsnorm_kernel.
   for (int64_t rows : {1, 5, 64, 67})
-    for (int64_t cols : {64, 1000, 4096, 5120, 6152}) {
+    for (int64_t cols : {64, 1000, 1001, 4096, 5120, 6152}) {
       const std::string sh = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";
       auto x = randn(size_t(rows * cols)), r = randn(size_t(rows * cols), 4.0f), wv = randn(size_t(cols));
       std::vector<uint16_t> wb(wv.size());

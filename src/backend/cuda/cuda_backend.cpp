@@ -301,7 +301,7 @@ class CudaBackend final : public Backend {
     if (skip("norm")) return;
     Prof pr(this, "norm");
     launched(cuda::rmsnorm(nullptr, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols), out.data,
-                           st_),
+                           st_, late_norms()),
              "rmsnorm");
   }
   void add_rmsnorm(Act residual, Act x, const WeightVector& w, float eps, Act out) override {
@@ -313,7 +313,7 @@ class CudaBackend final : public Backend {
     if (skip("norm")) return;
     Prof pr(this, "norm");
     launched(cuda::rmsnorm(residual.data, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols),
-                           out.data, st_),
+                           out.data, st_, late_norms()),
              "add_rmsnorm");
   }
   void linear(Act x, const WeightMatrix& w, Act out) override {
@@ -598,6 +598,7 @@ class CudaBackend final : public Backend {
     return {};
   }
   void moe_ffn(Act x, const MoEWeights& w, Act out) override {
+    moe_seen_ = true;  // late_norms()
     if (!bf16(x, "moe_ffn", "x") || !bf16(out, "moe_ffn", "out") || !same_shape(x, out, "moe_ffn")) return;
     if (!expect(x.data != out.data && x.cols == w.router.cols,
                 "moe_ffn: expected x and out [T, hidden] (distinct) and a router [num_experts, hidden]"))
@@ -885,6 +886,17 @@ class CudaBackend final : public Backend {
   // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
   // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).
   bool attn_tc_ = true;
+  // Decode norms let the next kernel in late (norm.cu rmsnorm_vec_kernel) once an MoE block has run:
+  // measured +6% on qwen3-30b-a3b-16L decode and -1.3..-1.5% on dense models (session 15).
+  // ANVIL_CUDA_NORM_LATE=0 never, =1 always.
+  bool moe_seen_ = false;
+  bool late_norms() const {
+    static const int mode = [] {
+      const char* e = std::getenv("ANVIL_CUDA_NORM_LATE");
+      return e && *e == '0' ? 0 : e && *e == '1' ? 1 : 2;
+    }();
+    return mode == 1 || (mode == 2 && moe_seen_);
+  }
   // ANVIL_CUDA_ROPE_ATTN=1: decode steps run q/k norm + RoPE + KV append, tensor-core attention and
   // the splits' merge as one kernel (rope_attention, attention_decode_tc.cu) instead of rope_kv,
   // attention and combine. Correct on the H200 (CudaOps.FusedRopeAttentionMatchesCpu, golden 38/38)

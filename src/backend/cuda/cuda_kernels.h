@@ -94,8 +94,9 @@ cudaError_t gemm_cublas(void* handle, const void* wd, const DevMatrix& w, const 
 // ---- norm.cu: embedding, norms and element-wise ops ----
 cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, cudaStream_t s);
 // out = rmsnorm(x) * w per row; with residual: residual += x first and the norm reads the sum.
+// late: a decode-sized launch lets the next kernel in (PDL) only once it has its rows (norm.cu).
 cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, float eps, int rows, int cols,
-                    void* out, cudaStream_t s);
+                    void* out, cudaStream_t s, bool late = false);
 cudaError_t add(void* a, const void* b, int64_t n, cudaStream_t s);
 cudaError_t swiglu(const void* gate, const void* up, void* out, int64_t n, cudaStream_t s);
 

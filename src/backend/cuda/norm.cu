@@ -172,6 +172,62 @@ __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_b
   }
 }
 
+// Decode-sized launches (fewer than 64 rows, cols a multiple of 8 up to 8,192; ANVIL_CUDA_NORM_VEC=0
+// falls back to rmsnorm_kernel): one block per row, one thread per 16-byte chunk of 8 elements
+// (cols / 8 threads: 512 for qwen3-8b's 4,096), the weights loaded before the PDL wait. The
+// timeline of the decode graph (trace.h, session 15) had rmsnorm_kernel's 1,024 threads of 2-byte
+// loads at 4.7-6.0 us per norm on qwen3-8b against 1.2-1.7 us on qwen3-0.6b, while the next
+// mat-vec's weight prefetch fills the memory system; this kernel issues a sixteenth of the load
+// requests. Measured on the H200 (one call, A/B): qwen3-8b q4g64 decode 427-429 -> 444 tok/s,
+// qwen3-0.6b 1,166 -> 1,200, qwen3-30b-a3b-16L 950 -> 960.
+// late: the next kernel is let in (griddepcontrol.launch_dependents) only once this block has its
+// row and its sum, so the next kernels' blocks, and their weight copies, start after these loads.
+// The backend sets it once the model has run an MoE block (cuda_backend.cpp): qwen3-30b-a3b-16L
+// 960 -> 1,019 tok/s, while dense models lost 1.3-1.5% with it (qwen3-8b 438, qwen3-0.6b 1,182).
+// The arithmetic is rmsnorm_warp_kernel's (the same bits; the sum of squares in another order than
+// rmsnorm_kernel's).
+template <bool RESIDUAL>
+__global__ void rmsnorm_vec_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, const void* w, Elem wd, float eps,
+                                   int cols, __nv_bfloat16* out, bool late) {
+  if (!late) pdl_launch();
+  const int64_t r = blockIdx.x;
+  const int ch = threadIdx.x, nch = cols / 8;
+  const bool act = ch < nch;
+  float wv[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) wv[e] = act ? load_any(w, int64_t(ch) * 8 + e, wd) : 0.0f;
+  pdl_wait();
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (act) {
+    v = reinterpret_cast<const uint4*>(x + r * cols)[ch];
+    if constexpr (RESIDUAL) {
+      uint4* rs = reinterpret_cast<uint4*>(residual + r * cols);
+      const uint4 a = rs[ch];
+      uint4 sum;
+      sum.x = bf16_pair(bf16_at(a, 0) + bf16_at(v, 0), bf16_at(a, 1) + bf16_at(v, 1));
+      sum.y = bf16_pair(bf16_at(a, 2) + bf16_at(v, 2), bf16_at(a, 3) + bf16_at(v, 3));
+      sum.z = bf16_pair(bf16_at(a, 4) + bf16_at(v, 4), bf16_at(a, 5) + bf16_at(v, 5));
+      sum.w = bf16_pair(bf16_at(a, 6) + bf16_at(v, 6), bf16_at(a, 7) + bf16_at(v, 7));
+      rs[ch] = sum;
+      v = sum;
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss += bf16_at(v, e) * bf16_at(v, e);
+  const float inv = rsqrtf(block_sum(ss) / float(cols) + eps);
+  if (late) pdl_launch();
+  trace::point(2);
+  if (act) {
+    float y[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[e] = bf16_at(v, e) * inv * wv[e];
+    reinterpret_cast<uint4*>(out + r * cols)[ch] =
+        make_uint4(bf16_pair(y[0], y[1]), bf16_pair(y[2], y[3]), bf16_pair(y[4], y[5]), bf16_pair(y[6], y[7]));
+  }
+  trace::point(9);
+}
+
 __global__ void add_kernel(__nv_bfloat16* a, const __nv_bfloat16* b, int64_t n) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -196,7 +252,7 @@ cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, 
 }
 
 cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, float eps, int rows, int cols,
-                    void* out, cudaStream_t s) {
+                    void* out, cudaStream_t s, bool late) {
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (rows >= kNormWarpRowsMin && cols % 8 == 0 && cols <= kNormWarpChunks * 8 * 32 && a16(x) && a16(out) &&
       (!residual || a16(residual))) {
@@ -207,6 +263,20 @@ cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, 
     else
       launch_k(rmsnorm_warp_kernel<false>, grid, block, 0, s, nullptr, static_cast<const __nv_bfloat16*>(x), w, w_dtype,
                eps, rows, cols, static_cast<__nv_bfloat16*>(out));
+    return cudaGetLastError();
+  }
+  static const bool vec = [] {
+    const char* e = std::getenv("ANVIL_CUDA_NORM_VEC");
+    return !(e && *e == '0');
+  }();
+  if (vec && cols % 8 == 0 && cols / 8 <= 1024 && a16(x) && a16(out) && (!residual || a16(residual))) {
+    const int threads = ((cols / 8 + 31) / 32) * 32;
+    if (residual)
+      launch_k(rmsnorm_vec_kernel<true>, dim3(rows), dim3(threads), 0, s, static_cast<__nv_bfloat16*>(residual),
+               static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps, cols, static_cast<__nv_bfloat16*>(out), late);
+    else
+      launch_k(rmsnorm_vec_kernel<false>, dim3(rows), dim3(threads), 0, s, nullptr, static_cast<const __nv_bfloat16*>(x),
+               w, w_dtype, eps, cols, static_cast<__nv_bfloat16*>(out), late);
     return cudaGetLastError();
   }
   const int threads = cols >= 1024 ? 1024 : ((cols + 31) / 32) * 32;

@@ -17,9 +17,8 @@
 // against ~2.5 for the bf16 dequantization).
 //
 // Measured (H200, session 14): 129 SASS instructions per streamed step against 196 (gate/up 220
-// against 343); qwen3-8b q4g64 decode 393 -> 405-410 tok/s, smaller launches not faster (where
-// it is used: int_rule in qgemv_stream.cu). Tests: the CUDA op, model and MoE tests and golden
-// pass with every one-token launch on it (ANVIL_QGEMV_INT=1).
+// against 343); qwen3-8b q4g64 decode 393 -> 405-410 tok/s. Since session 15's leaner staging it
+// takes every one-token launch (int_rule in qgemv_stream.cu; ANVIL_QGEMV_INT=0: the tensor cores).
 //
 // Precision: x is rounded to 15 bits of its piece's largest magnitude (the bf16 path keeps 8 bits
 // of each element's own), and the weights are used exactly (the bf16 path rounds s q + b to bf16).
@@ -48,14 +47,6 @@ __device__ __forceinline__ int32_t dp4a_us(uint32_t a, uint32_t b, int32_t c) { 
   return d;
 }
 
-// Four int16 values' low bytes (unsigned) or high bytes (signed, as two's complement bytes).
-__device__ __forceinline__ uint32_t pack_lo(int a, int b, int c, int d) {
-  return uint32_t(a & 255) | uint32_t(b & 255) << 8 | uint32_t(c & 255) << 16 | uint32_t(d & 255) << 24;
-}
-__device__ __forceinline__ uint32_t pack_hi(int a, int b, int c, int d) {
-  return pack_lo(a >> 8, b >> 8, c >> 8, d >> 8);
-}
-
 // Quantizes 8 consecutive activations (bf16 pairs in a: elements 8j..8j+7 of piece P, j = lane & 3
 // of the 4 lanes that share the piece, which must all call this together, valid or not) into the
 // piece's planes xi[P * 4 + j] and, from the quad's first lane, xf[P] = (d / 16, sum). Every lane of
@@ -72,14 +63,23 @@ __device__ __forceinline__ void int_stage_piece(uint4 a, bool valid, int64_t P, 
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     sum += __shfl_xor_sync(0xffffffffu, sum, o);
   }
-  const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
-  int q[8];
+  // rint(f * inv) is the low 16 bits (two's complement) of f * inv + 1.5 * 2^23 (one fma: where
+  // the ulp is 1, the sum rounds to the nearest integer), so the planes are byte permutations of
+  // the fma results: no conversions, shifts or masks. inv from the fast reciprocal (2 ulp): |f *
+  // inv| stays below 32767.5, so no value leaves int16. The timeline of the decode graph (trace.h,
+  // session 15) had the staging with an IEEE division, float-to-int conversions and shift-and-mask
+  // packing at 2.5 us per block after the PDL wait against 0.7 us for the bf16 staging; this form:
+  // qwen3-8b q4g64 decode 412 -> 430 tok/s on the H200, golden and the op tests passing.
+  const float inv = mx > 0.0f ? __fdividef(32767.0f, mx) : 0.0f;
+  uint32_t q[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) q[e] = __float2int_rn(f[e] * inv);
+  for (int e = 0; e < 8; ++e) q[e] = __float_as_uint(fmaf(f[e], inv, 12582912.0f));
   if (!valid) return;
-  xi[P * 4 + j] = make_uint4(pack_lo(q[0], q[2], q[4], q[6]), pack_lo(q[1], q[3], q[5], q[7]),
-                             pack_hi(q[0], q[2], q[4], q[6]), pack_hi(q[1], q[3], q[5], q[7]));
-  if (j == 0) xf[P] = make_float2(mx / (32767.0f * 16.0f), sum);
+  const uint32_t e01 = __byte_perm(q[0], q[2], 0x5140), e23 = __byte_perm(q[4], q[6], 0x5140);  // lo, hi bytes
+  const uint32_t o01 = __byte_perm(q[1], q[3], 0x5140), o23 = __byte_perm(q[5], q[7], 0x5140);
+  xi[P * 4 + j] = make_uint4(__byte_perm(e01, e23, 0x5410), __byte_perm(o01, o23, 0x5410),
+                             __byte_perm(e01, e23, 0x7632), __byte_perm(o01, o23, 0x7632));
+  if (j == 0) xf[P] = make_float2(mx * (1.0f / (32767.0f * 16.0f)), sum);
 }
 
 // 16 * sum(q * x16) over one piece: the 4 words of weights against the piece's planes.

@@ -1,7 +1,7 @@
 // The streamed q4 mat-vec: the decode default (T <= 8) of gemv_tc (qgemv_tc.cu), weights streamed
 // through shared memory with cp.async. Shared pieces (TcParams, Step, dq_pair, mma_bf16) are in
-// qgemv_tc.cuh. At one token, launches of >= 2^24 weights with K >= 4,096 take the same ring with
-// integer dot products instead of the mma (INT; qgemv_int.cuh, int_rule below).
+// qgemv_tc.cuh. At one token the same ring feeds integer dot products instead of the mma (INT;
+// qgemv_int.cuh, int_rule below).
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -277,23 +277,19 @@ cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const T
   return cudaGetLastError();
 }
 
-// One token through the integer dot products (qgemv_int.cuh) where the launch has at least
-// kIntMinWeights weights and K >= kIntMinK. On the H200 (session 14, interleaved A/B twice, tests
-// and golden passing either way) qwen3-8b q4g64, whose launches are all such (o, the smallest, has
-// 2^24 weights; K 4,096 or 12,288), decoded at 405-410 against 393-397 tok/s; with every one-token
-// launch integer qwen3-0.6b ran at 1,130 against 1,157 and qwen3-30b-a3b-16L at 925 against 933,
-// and with only their LM heads integer (2^24+ weights, K 1,024 / 2,048) 1,157 against 1,169 and
-// 934 against 939: the activation staging (a max and a sum per 32 elements, int16 planes) is longer
-// than the bf16 permutation, and where a kernel is short or K is small that costs more than the
-// steps save. ANVIL_QGEMV_INT=0 turns it off, =1 on for every one-token launch (measuring).
-constexpr int64_t kIntMinWeights = int64_t(1) << 24;
-constexpr int64_t kIntMinK = 4096;
-bool int_rule(int64_t weights, int64_t K) {
-  static const int mode = [] {
+// One token through the integer dot products (qgemv_int.cuh): every one-token launch. Session 14
+// took only launches of >= 2^24 weights with K >= 4,096 (qwen3-8b q4g64 395 -> 407 tok/s, smaller
+// launches slower: the staging, a max and a sum per 32 elements and int16 planes, was longer than
+// the bf16 permutation). With the staging's arithmetic cut (int_stage_piece, session 15), every
+// one-token launch integer measured on the H200 (A/B in one call): qwen3-0.6b q4g64 1,200 against
+// 1,167 tok/s, qwen3-30b-a3b-16L 954 against 950, qwen3-8b unchanged (all its launches already
+// were). ANVIL_QGEMV_INT=0 turns it off (the tensor cores, bf16 activations).
+bool int_rule() {
+  static const bool on = [] {
     const char* e = std::getenv("ANVIL_QGEMV_INT");
-    return e && *e == '0' ? 0 : e && *e == '1' ? 1 : 2;
+    return !(e && *e == '0');
   }();
-  return mode == 1 || (mode == 2 && weights >= kIntMinWeights && K >= kIntMinK);
+  return on;
 }
 
 bool ring_override(int* W, int* S) {
@@ -321,7 +317,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   const bool forced = ring_override(&a->W, &a->S);
   if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
   a->S /= M;
-  a->integer = T == 1 && int_rule(tiles * 16 * K * (swiglu ? 2 : 1), K);
+  a->integer = T == 1 && int_rule();
   a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
