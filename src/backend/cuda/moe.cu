@@ -114,10 +114,12 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
       if (lane == 0 && t < nt) a.logits[int64_t(t0 + t) * a.E + r] = v;
     }
   }
+  trace::point(2);  // trace.h: the router rows done
   __threadfence();  // this block's logits visible device-wide before it is counted
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.y], 1) == int(gridDim.x) - 1;
   __syncthreads();
+  trace::point(3);  // counted
   if (!last) return;
   if (threadIdx.x == 0) a.counters[blockIdx.y] = 0;  // every other block of the tile has counted
   __threadfence();
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
     }
     __syncwarp();
   }
+  trace::point(9);  // (thread 0: warp 0, done with its tokens)
 }
 
 // ---- decode experts ----

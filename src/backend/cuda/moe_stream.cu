@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
   const uint2* xf = reinterpret_cast<const uint2*>(xq);
   cp_async_wait<S - 1>();
   __syncthreads();
+  trace::point(2);  // trace.h: staged
 
   float d[M][4] = {};
   for (int i = 0; i < n; ++i) {
@@ -150,11 +151,13 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
     if (i + S < n) issue(i + S);
     cp_async_commit();
   }
+  trace::point(3);
   finish_col0<W, M>(d, [&](int r, float gv, float uv) {
     const int64_t row = r0 + r;
     if (row < F)
       static_cast<__nv_bfloat16*>(a.h)[pair * F + row] = __float2bfloat16_rn(gv / (1.0f + __expf(-gv)) * uv);
   });
+  trace::point(9);
 }
 
 // down. Grid: T*ceil(H/16) blocks of W warps; S: ring depth in steps.
@@ -217,6 +220,7 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
   const uint2* xf = reinterpret_cast<const uint2*>(xq);
   cp_async_wait<S - 1>();
   __syncthreads();
+  trace::point(2);  // trace.h: staged
 
   float d[M][4] = {}, acc[M][4] = {};
   int cur = -1;  // the slot d holds
@@ -256,6 +260,7 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
       v += a.shared_coef[t] * __bfloat162float(static_cast<const __nv_bfloat16*>(a.shared_out)[t * H + row]);
     static_cast<__nv_bfloat16*>(a.out)[t * H + row] = __float2bfloat16_rn(v);
   });
+  trace::point(9);
 }
 
 constexpr size_t kMaxSmem = 160 * 1024;
