@@ -21,8 +21,10 @@
 //
 // ncu on the H200 (qwen3-30b-a3b, T = 1, before this file): the warp-per-row kernels took 17.6 us
 // (gate/up, 14.2 MB, 0.81 TB/s) and 17.0 us (down, 7.1 MB, 0.42 TB/s) per layer.
+#include <cstdlib>
+
 #include "backend/cuda/moe.h"
-#include "backend/cuda/qgemv_tc.cuh"
+#include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda {
 namespace {
@@ -42,9 +44,10 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 __host__ __device__ constexpr int moe_ngp(int ng) { return ((ng + 8) / 16) * 16 + 8; }
 
 __host__ __device__ constexpr size_t ring_bytes(int W, int S, int M) { return size_t(W) * S * M * 2 * 32 * 16; }
-// Shared memory: ring | scales and biases [M][2][16][ngp] bf16 | x in fragment order [K] bf16.
-size_t stream_smem(int W, int S, int M, int64_t K, int ng) {
-  return ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(moe_ngp(ng)) * 2 + size_t(K) * 2;
+// Shared memory: ring | scales and biases [M][2][16][ngp] bf16 | x in fragment order [K] bf16
+// (INT: x as int16 byte planes and per-piece floats, tc::int_x_bytes).
+size_t stream_smem(int W, int S, int M, int64_t K, int ng, bool INT = false) {
+  return ring_bytes(W, S, M) + size_t(M) * 2 * 16 * size_t(moe_ngp(ng)) * 2 + (INT ? tc::int_x_bytes(K) : size_t(K) * 2);
 }
 
 // One row of x (K bf16, 16-byte aligned) into shared memory in fragment order (qgemv_stream.cu's
@@ -93,7 +96,10 @@ __device__ __forceinline__ void finish_col0(const float (&d)[M][4], Out&& out) {
 }
 
 // gate/up. Grid: T*k*ceil(F/16) blocks of W warps; S: ring depth in steps of both matrices.
-template <int W, int S>
+// INT (ANVIL_MOE_INT=1, not yet measured): the dense one-token kernel's integer dot products
+// (qgemv_int.cuh; every block here multiplies one token's row): x staged as int16 planes, dp4a on
+// the raw nibbles, scale and bias per 32-element piece in fp32.
+template <int W, int S, bool INT>
 __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs a) {
   constexpr int M = 2;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -134,14 +140,70 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
     if (i < n) issue(i);
     cp_async_commit();  // group i (group 0 also holds the scales)
   }
-  stage_row<W * 32>(static_cast<const __nv_bfloat16*>(a.x) + int64_t(t) * K, K, xq);
+  float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xq) + size_t(K) * 2);
+  if constexpr (INT) {
+    // Whole warps (the quads' shuffles in int_stage_piece); K / 8 pieces, a multiple of 16.
+    constexpr int V = 4;
+    const uint4* xv = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.x) + int64_t(t) * K);
+    const int nq = int(K / 8);
+    for (int q0 = threadIdx.x - lane; q0 < nq; q0 += V * W * 32) {
+      uint4 v[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int q = q0 + lane + i * W * 32;
+        v[i] = q < nq ? __ldg(xv + q) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int q = q0 + lane + i * W * 32;
+        if (q0 + i * W * 32 >= nq) break;  // the whole warp past the end
+        tc::int_stage_piece(v[i], q < nq, q >> 2, q & 3, xq, xpf);
+      }
+    }
+  } else {
+    stage_row<W * 32>(static_cast<const __nv_bfloat16*>(a.x) + int64_t(t) * K, K, xq);
+  }
   const uint2* xf = reinterpret_cast<const uint2*>(xq);
   cp_async_wait<S - 1>();
   __syncthreads();
   trace::point(2);  // trace.h: staged
 
   float d[M][4] = {};
-  for (int i = 0; i < n; ++i) {
+  if constexpr (INT) {
+    float acc[M][2] = {};
+    for (int i = 0; i < n; ++i) {
+      cp_async_wait<S - 1>();
+      const int k = (warp + i * W) * 128 + c * 32, gi = k >> gshift, P = k >> 5;
+      uint4 xr[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) xr[j] = xq[P * 4 + j];
+      const float2 xd = xpf[P];
+      const uint4* slot = my + (i % S) * M * 2 * 32;
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        const uint4 wa = slot[64 * mi + lane], wb = slot[64 * mi + 32 + lane];
+        const float sa = __bfloat162float(sc[(2 * mi * 16 + g) * ngp + gi]);
+        const float ba = __bfloat162float(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
+        const float sb = __bfloat162float(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
+        const float bb = __bfloat162float(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
+        acc[mi][0] = fmaf(ba, xd.y, fmaf(sa, xd.x * float(tc::int_piece_isum16(wa, xr)), acc[mi][0]));
+        acc[mi][1] = fmaf(bb, xd.y, fmaf(sb, xd.x * float(tc::int_piece_isum16(wb, xr)), acc[mi][1]));
+      }
+      if (i + S < n) issue(i + S);
+      cp_async_commit();
+    }
+    // A quad's four pieces per step are one row's: sum them; lane c = 0 then holds rows g, g+8,
+    // where finish_col0 reads d[.][0] and d[.][2].
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 1);
+        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 2);
+        d[mi][2 * r] = acc[mi][r];
+      }
+  }
+  for (int i = 0; i < (INT ? 0 : n); ++i) {
     cp_async_wait<S - 1>();
     const int k = (warp + i * W) * 128 + c * 32, gi = k >> gshift;
     const uint4* slot = my + (i % S) * M * 2 * 32;
@@ -301,9 +363,18 @@ cudaError_t moe_stream_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {
   const int64_t tiles = int64_t(a.T) * a.k * ((a.gate.rows + 15) / 16);
   const int ng = int(a.gate.cols / a.gate.group);
   const int W = pick_warps(tiles, kGateUpS, 2, a.gate.cols, ng);
+  static const bool int_on = [] {
+    const char* e = std::getenv("ANVIL_MOE_INT");
+    return e && *e == '1';
+  }();
+  const size_t smem_int = stream_smem(W, kGateUpS, 2, a.gate.cols, ng, true);
+  if (int_on && smem_int <= kMaxSmem) {
+    if (W == 8) return launch_stream(gate_up_stream_kernel<8, kGateUpS, true>, tiles, 8, smem_int, s, a);
+    return launch_stream(gate_up_stream_kernel<4, kGateUpS, true>, tiles, 4, smem_int, s, a);
+  }
   const size_t smem = stream_smem(W, kGateUpS, 2, a.gate.cols, ng);
-  if (W == 8) return launch_stream(gate_up_stream_kernel<8, kGateUpS>, tiles, 8, smem, s, a);
-  return launch_stream(gate_up_stream_kernel<4, kGateUpS>, tiles, 4, smem, s, a);
+  if (W == 8) return launch_stream(gate_up_stream_kernel<8, kGateUpS, false>, tiles, 8, smem, s, a);
+  return launch_stream(gate_up_stream_kernel<4, kGateUpS, false>, tiles, 4, smem, s, a);
 }
 
 cudaError_t moe_stream_down(const MoEDownArgs& a, cudaStream_t s) {
