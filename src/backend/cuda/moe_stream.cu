@@ -173,35 +173,15 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
     float acc[M][2] = {};
     for (int i = 0; i < n; ++i) {
       cp_async_wait<S - 1>();
-      const int k = (warp + i * W) * 128 + c * 32, gi = k >> gshift, P = k >> 5;
-      uint4 xr[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) xr[j] = xq[P * 4 + j];
-      const float2 xd = xpf[P];
-      const uint4* slot = my + (i % S) * M * 2 * 32;
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi) {
-        const uint4 wa = slot[64 * mi + lane], wb = slot[64 * mi + 32 + lane];
-        const float sa = __bfloat162float(sc[(2 * mi * 16 + g) * ngp + gi]);
-        const float ba = __bfloat162float(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
-        const float sb = __bfloat162float(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
-        const float bb = __bfloat162float(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
-        acc[mi][0] = fmaf(ba, xd.y, fmaf(sa, xd.x * float(tc::int_piece_isum16(wa, xr)), acc[mi][0]));
-        acc[mi][1] = fmaf(bb, xd.y, fmaf(sb, xd.x * float(tc::int_piece_isum16(wb, xr)), acc[mi][1]));
-      }
+      const int k = (warp + i * W) * 128 + c * 32;
+      tc::int_ring_step<M>(acc, my + (i % S) * M * 2 * 32, sc, ngp, g, k >> gshift, lane, xq, xpf, k >> 5);
       if (i + S < n) issue(i + S);
       cp_async_commit();
     }
-    // A quad's four pieces per step are one row's: sum them; lane c = 0 then holds rows g, g+8,
-    // where finish_col0 reads d[.][0] and d[.][2].
+    // Lane c = 0 holds rows g, g+8, where finish_col0 reads d[.][0] and d[.][2].
+    tc::int_quad_sum<M>(acc);
 #pragma unroll
-    for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 1);
-        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 2);
-        d[mi][2 * r] = acc[mi][r];
-      }
+    for (int mi = 0; mi < M; ++mi) d[mi][0] = acc[mi][0], d[mi][2] = acc[mi][1];
   }
   for (int i = 0; i < (INT ? 0 : n); ++i) {
     cp_async_wait<S - 1>();

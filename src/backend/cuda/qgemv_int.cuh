@@ -100,4 +100,40 @@ __device__ __forceinline__ int32_t int_piece_isum16(const uint4& w, const uint4 
   return ((eh * 16 + oh) * 16 + int32_t(el)) * 16 + int32_t(ol);
 }
 
+// One streamed step on the integer path for M matrices (qgemv_stream.cu's one-token kernel,
+// moe_stream.cu's expert gate/up): lane (g, c)'s 16 bytes of rows g and g+8 of each matrix from the
+// ring slot, the staged scales and biases of group gi ([matrix * 2 + (0 scales, 1 biases)][16 rows]
+// [ngp] bf16), piece P's planes (xi) and (d / 16, sum) (xpf); acc[m][0] row g, acc[m][1] row g+8.
+template <int M>
+__device__ __forceinline__ void int_ring_step(float (&acc)[M][2], const uint4* slot, const __nv_bfloat16* sc, int ngp,
+                                              int g, int gi, int lane, const uint4* xi, const float2* xpf, int P) {
+  uint4 x[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] = xi[P * 4 + j];
+  const float2 xd = xpf[P];
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi) {
+    const uint4 wa = slot[64 * mi + lane], wb = slot[64 * mi + 32 + lane];
+    const float sa = __bfloat162float(sc[(2 * mi * 16 + g) * ngp + gi]);
+    const float ba = __bfloat162float(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
+    const float sb = __bfloat162float(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
+    const float bb = __bfloat162float(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
+    acc[mi][0] = fmaf(ba, xd.y, fmaf(sa, xd.x * float(int_piece_isum16(wa, x)), acc[mi][0]));
+    acc[mi][1] = fmaf(bb, xd.y, fmaf(sb, xd.x * float(int_piece_isum16(wb, x)), acc[mi][1]));
+  }
+}
+
+// A quad's four pieces per step are one row's: after this every lane holds its rows' sums (lane
+// c = 0 is where the kernels' epilogues read them).
+template <int M>
+__device__ __forceinline__ void int_quad_sum(float (&acc)[M][2]) {
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 1);
+      acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 2);
+    }
+}
+
 }  // namespace anvil::cuda::tc

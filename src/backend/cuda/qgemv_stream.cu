@@ -210,35 +210,15 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     float acc[M][2] = {};
     for (int i = 0; i < n; ++i) {
       cp_async_wait<S - 1>();
-      const int k = step_of(i) * 128 + c * 32, gi = k >> gshift, P = k >> 5;
-      uint4 x[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) x[j] = xi[P * 4 + j];
-      const float2 xd = xpf[P];
-      const uint4* slot = my + (i % S) * M * 2 * 32;
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi) {
-        const uint4 wa = slot[64 * mi + lane], wb = slot[64 * mi + 32 + lane];
-        const float sa = __bfloat162float(sc[(2 * mi * 16 + g) * ngp + gi]);
-        const float ba = __bfloat162float(sc[((2 * mi + 1) * 16 + g) * ngp + gi]);
-        const float sb = __bfloat162float(sc[(2 * mi * 16 + g + 8) * ngp + gi]);
-        const float bb = __bfloat162float(sc[((2 * mi + 1) * 16 + g + 8) * ngp + gi]);
-        acc[mi][0] = fmaf(ba, xd.y, fmaf(sa, xd.x * float(int_piece_isum16(wa, x)), acc[mi][0]));
-        acc[mi][1] = fmaf(bb, xd.y, fmaf(sb, xd.x * float(int_piece_isum16(wb, x)), acc[mi][1]));
-      }
+      const int k = step_of(i) * 128 + c * 32;
+      int_ring_step<M>(acc, my + (i % S) * M * 2 * 32, sc, ngp, g, k >> gshift, lane, xi, xpf, k >> 5);
       if (i + S < n) issue(i + S);
       cp_async_commit();
     }
     trace::point(3);
-    // The quad's four pieces per step are one row's; lane c = 0 then holds rows g, g+8 for token 0
-    // where finish_tile reads accumulator elements 0 and 2 (the others are tokens >= 1: unused).
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 1);
-        acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], 2);
-      }
+    // Lane c = 0 holds rows g, g+8 for token 0 where finish_tile reads accumulator elements 0 and 2
+    // (the others are tokens >= 1: unused).
+    int_quad_sum<M>(acc);
     finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss,
                               [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; });
     trace::point(9);
