@@ -128,6 +128,14 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&p);
 }
 
+// a + b for 8 bf16 pairs in 16 bytes, each sum rounded to bf16 (the residual add of the norms).
+__device__ __forceinline__ uint4 add8(const uint4& a, const uint4& b) {
+  return make_uint4(bf16_pair(bf16_at(a, 0) + bf16_at(b, 0), bf16_at(a, 1) + bf16_at(b, 1)),
+                    bf16_pair(bf16_at(a, 2) + bf16_at(b, 2), bf16_at(a, 3) + bf16_at(b, 3)),
+                    bf16_pair(bf16_at(a, 4) + bf16_at(b, 4), bf16_at(a, 5) + bf16_at(b, 5)),
+                    bf16_pair(bf16_at(a, 6) + bf16_at(b, 6), bf16_at(a, 7) + bf16_at(b, 7)));
+}
+
 template <bool RESIDUAL>
 __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x,
                                                                           const void* w, Elem wd, float eps, int rows,
@@ -147,14 +155,8 @@ __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_b
     if (ch >= nch) break;
     v[j] = xs[ch];
     if constexpr (RESIDUAL) {  // residual += x, rounded to bf16; the norm of the rounded sum
-      const uint4 a = rs[ch];
-      uint4 sum;
-      sum.x = bf16_pair(bf16_at(a, 0) + bf16_at(v[j], 0), bf16_at(a, 1) + bf16_at(v[j], 1));
-      sum.y = bf16_pair(bf16_at(a, 2) + bf16_at(v[j], 2), bf16_at(a, 3) + bf16_at(v[j], 3));
-      sum.z = bf16_pair(bf16_at(a, 4) + bf16_at(v[j], 4), bf16_at(a, 5) + bf16_at(v[j], 5));
-      sum.w = bf16_pair(bf16_at(a, 6) + bf16_at(v[j], 6), bf16_at(a, 7) + bf16_at(v[j], 7));
-      rs[ch] = sum;
-      v[j] = sum;
+      v[j] = add8(rs[ch], v[j]);
+      rs[ch] = v[j];
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += bf16_at(v[j], e) * bf16_at(v[j], e);
@@ -202,14 +204,8 @@ __global__ void rmsnorm_vec_kernel(__nv_bfloat16* residual, const __nv_bfloat16*
     v = reinterpret_cast<const uint4*>(x + r * cols)[ch];
     if constexpr (RESIDUAL) {
       uint4* rs = reinterpret_cast<uint4*>(residual + r * cols);
-      const uint4 a = rs[ch];
-      uint4 sum;
-      sum.x = bf16_pair(bf16_at(a, 0) + bf16_at(v, 0), bf16_at(a, 1) + bf16_at(v, 1));
-      sum.y = bf16_pair(bf16_at(a, 2) + bf16_at(v, 2), bf16_at(a, 3) + bf16_at(v, 3));
-      sum.z = bf16_pair(bf16_at(a, 4) + bf16_at(v, 4), bf16_at(a, 5) + bf16_at(v, 5));
-      sum.w = bf16_pair(bf16_at(a, 6) + bf16_at(v, 6), bf16_at(a, 7) + bf16_at(v, 7));
-      rs[ch] = sum;
-      v = sum;
+      v = add8(rs[ch], v);
+      rs[ch] = v;
     }
   }
   float ss = 0.0f;
