@@ -10,6 +10,7 @@
 // (T, n_splits): a captured decode graph replays correctly as the context grows.
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "backend/cuda/attention_merge.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -264,8 +265,21 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
   // ~4 blocks of 4 warps per SM keep enough K/V loads in flight to approach the copy bandwidth.
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
-  int s = (4 * n_sms + blocks - 1) / blocks;
-  return std::max(1, std::min(s, max_positions / 64));  // >= 64 positions per split at full context
+  // ANVIL_CUDA_ATTN_WAVES=W (1..8, for measuring, not yet measured): W blocks per SM instead of 4.
+  static const int waves = [] {
+    const char* e = std::getenv("ANVIL_CUDA_ATTN_WAVES");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 1 && v <= 8 ? v : 4;
+  }();
+  int s = (waves * n_sms + blocks - 1) / blocks;
+  // >= 64 positions per split at full context. ANVIL_CUDA_ATTN_SPLIT_POS=N (16..65536, for measuring,
+  // not yet measured): at least N, so short contexts take fewer splits (one: no merge kernel).
+  static const int min_pos = [] {
+    const char* e = std::getenv("ANVIL_CUDA_ATTN_SPLIT_POS");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 16 && v <= 65536 ? v : 64;
+  }();
+  return std::max(1, std::min(s, max_positions / min_pos));
 }
 
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,

@@ -14,7 +14,11 @@
 // fp32, weights dequantized into shared memory as gemm.cu does), gate and up together with SwiGLU;
 // a second one does the down projection into fp32 rows; moe_combine sums each token's slots in top-k
 // order. The grids are sized for the worst case (moe_max_tiles); surplus blocks exit at once.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mma.h>
 
 #include "backend/cuda/dequant.cuh"
@@ -60,6 +64,58 @@ __device__ float weight_elem(const DevMatrix& w, int64_t row, int64_t col) {
 }
 
 // ---- routing ----
+// Router row r's logits for the tile's nt tokens (t0..t0+nt-1), summed by the calling warp; lane 0
+// holds them. The chunk's weights are unpacked once for the tile's tokens (chunk_dot's arithmetic, in
+// its order: the same logits bit for bit in both routing kernels; ncu on the H200 measured 74 us per
+// qwen3-30b-a3b layer at 512 tokens when each token unpacked them again).
+template <int FMT>
+__device__ __forceinline__ void router_row(const MoERouteArgs& a, int r, int t0, int nt, float (&acc)[kRouteTok]) {
+  const int lane = threadIdx.x & 31;
+  const int64_t K = a.H, nchunks = K / 32;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
+#pragma unroll
+  for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
+  for (int64_t c = lane; c < nchunks; c += 32) {
+    constexpr int W = chunk_words<FMT>();
+    uint32_t wq[W];
+    load_words<W>(static_cast<const uint32_t*>(w.data) + r * row_words<FMT>(K) + c * W, wq);
+    float wf[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) wf[e] = chunk_elem<FMT, W>(wq, e);
+    float gs = 1.0f, gb = 0.0f;
+    if constexpr (FMT <= 8) {
+      const int64_t gi = r * (K / a.router.group) + c * 32 / a.router.group;
+      gs = load_any(w.scales, gi, a.router.dtype), gb = load_any(w.biases, gi, a.router.dtype);
+    }
+#pragma unroll
+    for (int t = 0; t < kRouteTok; ++t) {
+      if (t < nt) {
+        float xf[32];
+        const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; ++e) d = fmaf(wf[e], xf[e], d);
+        if constexpr (FMT <= 8) acc[t] += gs * d + gb * sx;
+        else acc[t] += d;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRouteTok; ++t) acc[t] = warp_sum(acc[t]);
+}
+
+// The shared expert's gate of token tok: sigmoid(x . shared_gate), by one warp.
+__device__ __forceinline__ void shared_gate_coef(const MoERouteArgs& a, int tok) {
+  const int lane = threadIdx.x & 31;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  float d = 0.0f;
+  for (int64_t c = lane; c < a.H; c += 32)
+    d = fmaf(weight_elem(a.shared_gate, 0, c), bf16_bits_to_f32(x[int64_t(tok) * a.H + c]), d);
+  d = warp_sum(d);
+  if (lane == 0) a.shared_coef[tok] = 1.0f / (1.0f + expf(-d));
+}
+
 // Grid (ceil(E / kWarps), ceil(T / kRouteTok)). Warp w of block (bx, by) computes router row
 // bx*kWarps + w for the block's 8 tokens into a.logits. The last block of a token tile to finish (a
 // counter per tile, reset by that block) then routes the tile's tokens: one warp per token, exactly
@@ -72,47 +128,13 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t0 = blockIdx.y * kRouteTok, nt = min(kRouteTok, a.T - t0);
-  const int64_t K = a.H, nchunks = K / 32;
-  const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const int r = blockIdx.x * kWarps + warp;
   if (r < a.E) {
-    const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
     float acc[kRouteTok];
+    router_row<FMT>(a, r, t0, nt, acc);
 #pragma unroll
-    for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
-    // The chunk's weights are unpacked once for the tile's tokens (chunk_dot's arithmetic, in its
-    // order: the same logits bit for bit; ncu on the H200 measured 74 us per qwen3-30b-a3b layer at
-    // 512 tokens when each token unpacked them again).
-    for (int64_t c = lane; c < nchunks; c += 32) {
-      constexpr int W = chunk_words<FMT>();
-      uint32_t wq[W];
-      load_words<W>(static_cast<const uint32_t*>(w.data) + r * row_words<FMT>(K) + c * W, wq);
-      float wf[32];
-#pragma unroll
-      for (int e = 0; e < 32; ++e) wf[e] = chunk_elem<FMT, W>(wq, e);
-      float gs = 1.0f, gb = 0.0f;
-      if constexpr (FMT <= 8) {
-        const int64_t gi = r * (K / a.router.group) + c * 32 / a.router.group;
-        gs = load_any(w.scales, gi, a.router.dtype), gb = load_any(w.biases, gi, a.router.dtype);
-      }
-#pragma unroll
-      for (int t = 0; t < kRouteTok; ++t) {
-        if (t < nt) {
-          float xf[32];
-          const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
-          float d = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 32; ++e) d = fmaf(wf[e], xf[e], d);
-          if constexpr (FMT <= 8) acc[t] += gs * d + gb * sx;
-          else acc[t] += d;
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kRouteTok; ++t) {
-      const float v = warp_sum(acc[t]);
-      if (lane == 0 && t < nt) a.logits[int64_t(t0 + t) * a.E + r] = v;
-    }
+    for (int t = 0; t < kRouteTok; ++t)
+      if (lane == 0 && t < nt) a.logits[int64_t(t0 + t) * a.E + r] = acc[t];
   }
   trace::point(2);  // trace.h: the router rows done
   __threadfence();  // this block's logits visible device-wide before it is counted
@@ -168,16 +190,135 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
       a.idx[int64_t(tok) * a.k + lane] = my_e;
       a.wt[int64_t(tok) * a.k + lane] = my_w;
     }
-    if (a.shared_gate.data) {
-      float d = 0.0f;
-      for (int64_t c = lane; c < K; c += 32)
-        d = fmaf(weight_elem(a.shared_gate, 0, c), bf16_bits_to_f32(x[int64_t(tok) * K + c]), d);
-      d = warp_sum(d);
-      if (lane == 0) a.shared_coef[tok] = 1.0f / (1.0f + expf(-d));
-    }
+    if (a.shared_gate.data) shared_gate_coef(a, tok);
     __syncwarp();
   }
   trace::point(9);  // (thread 0: warp 0, done with its tokens)
+}
+
+// The routing as one thread block cluster per token tile (ANVIL_MOE_ROUTE_CLUSTER=1, not yet
+// measured; route_kernel is the default). Why: inside the decode graph route_kernel took ~11 us per
+// qwen3-30b-a3b layer on the H200 (session 15's timeline) for a 256 KB router: after the rows, a
+// device-wide fence and counter, then one block reading the logits back from L2 and k serial
+// arg-max passes of one warp per token. Here:
+// - grid (C, ceil(T / 8)), clusters of C = min(8, ceil(E / 16)) blocks of 16 warps along x; warp w of
+//   block b computes router rows b * 16 + w (+ 16 C, ...) for the tile's tokens (router_row: the
+//   same logits bit for bit) and stores them into block 0's shared memory (distributed shared memory);
+// - one cluster barrier (release / acquire) instead of the fence, the counter and the L2 round trip;
+// - block 0 then routes the tile's tokens one after another with all its threads: thread e holds
+//   expert e's logit; the softmax's max and sum are block reductions; expert e's place in the top-k
+//   is its rank (how many experts have a larger probability, or an equal one at a lower index: the
+//   order of the CPU's k arg-max passes, ties to the lower index) found by one pass over the E
+//   probabilities, so the top-k costs E comparisons per thread instead of k dependent warp
+//   reductions; the renormalization is summed in top-k order, as the CPU does.
+constexpr int kRouteCWarps = 16;      // warps per block: one router row each for E <= 16 C
+constexpr int kRouteCMaxCluster = 8;  // the portable cluster size
+
+// p (>= 0, or NaN) ordered as the CPU's arg-max passes take it: NaN below every probability.
+__device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f; }
+
+template <int FMT>
+__global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERouteArgs a) {
+  namespace cg = cooperative_groups;
+  pdl_begin();
+  __shared__ float s_logit[kRouteTok][kMoEMaxExperts];  // block 0's: the tile's logits
+  __shared__ __align__(16) float s_p[kMoEMaxExperts];   // one token's probabilities (-2 past E)
+  __shared__ float s_red[kRouteCWarps];
+  __shared__ int s_sel_e[kMoEMaxTopK];
+  __shared__ float s_sel_w[kMoEMaxTopK];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int C = int(gridDim.x), b = int(blockIdx.x);
+  const int t0 = blockIdx.y * kRouteTok, nt = min(kRouteTok, a.T - t0);
+  float* dst = cluster.map_shared_rank(&s_logit[0][0], 0);
+  for (int r = b * kRouteCWarps + warp; r < a.E; r += C * kRouteCWarps) {
+    float acc[kRouteTok];
+    router_row<FMT>(a, r, t0, nt, acc);
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < kRouteTok; ++t)
+        if (t < nt) dst[t * kMoEMaxExperts + r] = acc[t];
+    }
+  }
+  trace::point(2);  // trace.h: the router rows done
+  cluster.sync();   // every block's logits are in block 0's shared memory
+  trace::point(3);
+  if (cluster.block_rank() != 0) return;
+
+  constexpr int NT = kRouteCWarps * 32;
+  const int tid = threadIdx.x;
+  for (int t = 0; t < nt; ++t) {
+    const int tok = t0 + t;
+    float l[kMoEMaxExperts / NT];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMoEMaxExperts / NT; ++j) {
+      const int e = tid + j * NT;
+      l[j] = e < a.E ? s_logit[t][e] : -INFINITY;
+      mx = fmaxf(mx, l[j]);
+    }
+    mx = warp_max(mx);
+    if (lane == 0) s_red[warp] = mx;
+    __syncthreads();
+    mx = s_red[0];
+#pragma unroll
+    for (int w = 1; w < kRouteCWarps; ++w) mx = fmaxf(mx, s_red[w]);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMoEMaxExperts / NT; ++j) {
+      const int e = tid + j * NT;
+      l[j] = e < a.E ? expf(l[j] - mx) : 0.0f;
+      sum += l[j];
+    }
+    sum = warp_sum(sum);
+    __syncthreads();  // every thread has read s_red's maxima
+    if (lane == 0) s_red[warp] = sum;
+    __syncthreads();
+    sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRouteCWarps; ++w) sum += s_red[w];
+    const int E4 = (a.E + 3) / 4;  // s_p in float4s; the padding (-2) ranks below every expert
+#pragma unroll
+    for (int j = 0; j < kMoEMaxExperts / NT; ++j) {
+      const int e = tid + j * NT;
+      if (e < a.E) s_p[e] = route_key(l[j] = l[j] / sum);
+      else if (e < 4 * E4) s_p[e] = -2.0f;
+    }
+    __syncthreads();
+    const float4* p4 = reinterpret_cast<const float4*>(s_p);
+#pragma unroll
+    for (int j = 0; j < kMoEMaxExperts / NT; ++j) {
+      const int e = tid + j * NT;
+      if (e >= a.E) continue;
+      const float v = s_p[e];
+      int rank = 0;  // independent comparisons, no early exit: the loads pipeline
+#pragma unroll 4
+      for (int o = 0; o < E4; ++o) {
+        const float4 u = p4[o];
+        const int b4 = 4 * o;
+        rank += (u.x > v) + (u.y > v) + (u.z > v) + (u.w > v) +
+                ((u.x == v) & (b4 < e)) + ((u.y == v) & (b4 + 1 < e)) + ((u.z == v) & (b4 + 2 < e)) + ((u.w == v) & (b4 + 3 < e));
+      }
+      if (rank < a.k) s_sel_e[rank] = e, s_sel_w[rank] = l[j];
+    }
+    __syncthreads();
+    if (warp == 0) {
+      float w = lane < a.k ? s_sel_w[lane] : 0.0f;
+      if (a.norm_topk) {
+        float ss = 0.0f;  // summed in top-k order, as the CPU does
+        for (int i = 0; i < a.k; ++i) ss += __shfl_sync(0xffffffffu, w, i);
+        w /= ss;
+      }
+      if (lane < a.k) {
+        a.idx[int64_t(tok) * a.k + lane] = s_sel_e[lane];
+        a.wt[int64_t(tok) * a.k + lane] = w;
+      }
+    }
+    __syncthreads();  // s_p, s_red and the selection are free for the next token
+  }
+  if (a.shared_gate.data)
+    for (int t = warp; t < nt; t += kRouteCWarps) shared_gate_coef(a, t0 + t);
+  trace::point(9);
 }
 
 // ---- decode experts ----
@@ -469,6 +610,15 @@ __global__ void combine_kernel(MoECombineArgs a) {
   static_cast<__nv_bfloat16*>(a.out)[i] = __float2bfloat16_rn(acc);
 }
 
+// ANVIL_MOE_ROUTE_CLUSTER=1: route_cluster_kernel instead of route_kernel (not yet measured).
+bool route_cluster_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_MOE_ROUTE_CLUSTER");
+    return e && *e == '1';
+  }();
+  return on;
+}
+
 unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWarps); }
 
 }  // namespace
@@ -476,7 +626,24 @@ unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWar
 cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
   if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
     return cudaErrorInvalidValue;
-  const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), unsigned((a.T + kRouteTok - 1) / kRouteTok));
+  const unsigned tiles = unsigned((a.T + kRouteTok - 1) / kRouteTok);
+  if (route_cluster_on()) {
+    const int C = std::min(kRouteCMaxCluster, (a.E + kRouteCWarps - 1) / kRouteCWarps);
+    const dim3 grid(unsigned(C), tiles), block(kRouteCWarps * 32);
+    switch (moe_fmt(a.router.bits, a.router.dtype)) {
+      case 2: return launch_kc(route_cluster_kernel<2>, grid, block, 0, s, C, a);
+      case 3: return launch_kc(route_cluster_kernel<3>, grid, block, 0, s, C, a);
+      case 4: return launch_kc(route_cluster_kernel<4>, grid, block, 0, s, C, a);
+      case 5: return launch_kc(route_cluster_kernel<5>, grid, block, 0, s, C, a);
+      case 6: return launch_kc(route_cluster_kernel<6>, grid, block, 0, s, C, a);
+      case 8: return launch_kc(route_cluster_kernel<8>, grid, block, 0, s, C, a);
+      case 16: return launch_kc(route_cluster_kernel<16>, grid, block, 0, s, C, a);
+      case 17: return launch_kc(route_cluster_kernel<17>, grid, block, 0, s, C, a);
+      case 32: return launch_kc(route_cluster_kernel<32>, grid, block, 0, s, C, a);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), tiles);
   const dim3 block(kWarps * 32);
   switch (moe_fmt(a.router.bits, a.router.dtype)) {
     case 2: launch_k(route_kernel<2>, grid, block, 0, s, a); break;
