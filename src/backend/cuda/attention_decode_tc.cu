@@ -76,9 +76,10 @@ __host__ __device__ constexpr size_t tc_attn_smem(int D, bool fused) {
 }
 
 // D: head_dim (64 or 128). ROWS16: G > 8 (the A fragments' rows g + 8 carry heads too). FUSED: the
-// decode form described at the top (q is the projection's raw output, r its k/v and norms; the
-// splits are the block's cluster, n_splits = gridDim.x; ws unused).
-template <int D, bool ROWS16, bool FUSED>
+// decode form described at the top (q is the projection's raw output, r its k/v and norms). CM (with
+// FUSED, or alone: attention_tc_cluster): the splits are the block's cluster, n_splits = gridDim.x,
+// merged in distributed shared memory; ws unused.
+template <int D, bool ROWS16, bool FUSED, bool CM = FUSED>
 __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv, int layer,
                                                           BatchDev b, float scale_log2, int n_splits, float* ws,
                                                           __nv_bfloat16* out, RopeDev r) {
@@ -96,8 +97,8 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   const int G = n_heads / kv.n_kv_heads;
   const int len = b.pos[t] + 1;
   const int live = live_splits(len, n_splits);
-  // FUSED: a block without positions still takes part in its cluster's barriers (below).
-  if (!FUSED && s >= live) return;
+  // CM: a block without positions still takes part in its cluster's barriers (below).
+  if (!CM && s >= live) return;
   const bool active = s < live;
   const int per = (len + live - 1) / live;
   const int p_begin = s * per, p_end = active ? min(len, p_begin + per) : p_begin;
@@ -368,13 +369,13 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   auto wm = [&](int w, int hg) { return sm[w * 16 + hg]; };
   auto wl = [&](int w, int hg) { return sl[w * 16 + hg]; };
   auto wa = [&](int w, int hg, int d) { return sa[(w * 16 + hg) * D + d]; };
-  if (!FUSED || live == 1) {  // (FUSED, one live split: no block reads another's memory)
+  if (!CM || live == 1) {  // (CM, one live split: no block reads another's memory)
     if (active)
       merge_warps_store<kAW>(G, D, wm, wl, wa, int64_t(t) * n_heads + kh * G, live == 1 ? out : nullptr, ws, n_splits, s);
     trace::point(9);
     return;
   }
-  if constexpr (FUSED) {
+  if constexpr (CM) {
     // This block's state [m, l][16] and acc [16][D] after the warps' own; then each block writes the
     // dims i = rank * blockDim + tid (stride n_splits * blockDim) of the G heads from the live splits'.
     float* cm = sa + kAW * 16 * D;
@@ -430,13 +431,13 @@ cudaError_t launch_tc(const void* q, int n_heads, const KVDev& kv, int layer, co
   return attention_combine(ws, b.pos, b.n_tokens, n_heads, D, n_splits, out, s);
 }
 
-// The fused kernel's attributes, set once per instance: its shared memory, and clusters of 16
+// The cluster kernels' attributes, set once per instance: their shared memory, and clusters of 16
 // (beyond the portable 8) where the device allows them. The largest cluster size this device
-// schedules for it (0: none).
-template <int D, bool R16>
+// schedules for it (0: none). FUSED: rope_attention_tc's kernel, else attention_tc_cluster's.
+template <int D, bool R16, bool FUSED = true>
 int fused_max_cluster() {
   static const int v = [] {
-    auto* k = attn_tc_kernel<D, R16, true>;
+    auto* k = attn_tc_kernel<D, R16, FUSED, true>;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(tc_attn_smem(D, true))) != cudaSuccess)
       return 0;
     const bool np = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
@@ -469,6 +470,17 @@ cudaError_t launch_fused(const void* q, int n_heads, const RopeDev& r, const KVD
   launch_kc(attn_tc_kernel<D, R16, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
             static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
             static_cast<float*>(nullptr), static_cast<__nv_bfloat16*>(out), r);
+  return cudaGetLastError();
+}
+
+template <int D, bool R16>
+cudaError_t launch_tc_cluster(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                              int cluster, void* out, cudaStream_t s) {
+  if (fused_max_cluster<D, R16, false>() < cluster) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(cluster), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
+  launch_kc(attn_tc_kernel<D, R16, false, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
+            static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
+            static_cast<float*>(nullptr), static_cast<__nv_bfloat16*>(out), RopeDev{});
   return cudaGetLastError();
 }
 
@@ -519,6 +531,21 @@ int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms) 
   int cs = 1;
   while (cs * 2 <= want && cs * 2 <= limit) cs *= 2;
   return cs;
+}
+
+int attention_tc_cluster_limit() {
+  static const int v = std::min(std::min(fused_max_cluster<64, false, false>(), fused_max_cluster<64, true, false>()),
+                                std::min(fused_max_cluster<128, false, false>(), fused_max_cluster<128, true, false>()));
+  return v;
+}
+
+cudaError_t attention_tc_cluster(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                                 int cluster, void* out, cudaStream_t s) {
+  if (!attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim) || cluster < 2 || cluster > attention_tc_cluster_limit())
+    return cudaErrorInvalidValue;
+  return by_shape(n_heads, kv, [&](auto d, auto r16) {
+    return launch_tc_cluster<decltype(d)::value, decltype(r16)::value>(q, n_heads, kv, layer, b, scale, cluster, out, s);
+  });
 }
 
 cudaError_t rope_attention_tc(const void* q, int n_heads, const RopeDev& r, const KVDev& kv, int layer,

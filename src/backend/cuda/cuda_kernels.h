@@ -136,6 +136,13 @@ cudaError_t attention_combine(const float* ws, const int32_t* pos, int T, int n_
 bool attention_tc_ok(int n_heads, int n_kv_heads, int head_dim);
 cudaError_t attention_tc(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                          int n_splits, float* workspace, void* out, cudaStream_t s);
+// attention_tc with its splits as one thread block cluster per (token, kv head), merged in
+// distributed shared memory as rope_attention_tc merges them: no workspace, no combine kernel.
+// cluster: the splits, 2..attention_tc_cluster_limit() (the largest cluster the device schedules
+// for every head shape; 16 on the H200, 8 where non-portable sizes are refused).
+int attention_tc_cluster_limit();
+cudaError_t attention_tc_cluster(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                                 int cluster, void* out, cudaStream_t s);
 // The decode form of the two ops above (every token of the batch is its sequence's next position:
 // n_tokens == n_seqs): qk_norm_rope_kv_append and attention_tc in one kernel. Each (token, kv head)
 // gets `cluster` split blocks (1, 2, 4, 8 or 16) in one thread block cluster, which rotate q
