@@ -82,8 +82,8 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_ROPE_ATTN"); f && *f == '1') rope_attn_ = true;
     // The fused decode attention's cluster limit, probed once here rather than inside a capture.
     if (rope_attn_ && cuda::rope_attention_cluster(1, 1, 1 << 20, sms_) < 1) rope_attn_ = false;
-    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '1')
-      attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not inside a capture)
+    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '0') attn_cluster_ = false;
+    if (attn_cluster_) attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not in a capture)
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
       skip_ = k;
@@ -489,7 +489,7 @@ class CudaBackend final : public Backend {
     }
     Prof pr(this, "attention");
     if (tc && attn_cluster_ && splits > 1 && splits <= cuda::attention_tc_cluster_limit()) {
-      // ANVIL_CUDA_ATTN_CLUSTER=1 (not yet measured): the splits merged inside their cluster, one kernel.
+      // The splits merged inside their cluster: one kernel (attn_cluster_).
       launched(cuda::attention_tc_cluster(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, out.data, st_),
                "attention (tensor cores, cluster merge)");
       return;
@@ -890,10 +890,12 @@ class CudaBackend final : public Backend {
   // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
   // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.
   bool attn_fused_ = false;
-  // ANVIL_CUDA_ATTN_CLUSTER=1 (not yet measured): decode attention on the tensor cores merges its
-  // splits inside their thread block cluster (attention_tc_cluster) where they fit in one, instead of
-  // the combine kernel.
-  bool attn_cluster_ = false;
+  // Decode attention on the tensor cores merges its splits inside their thread block cluster
+  // (attention_tc_cluster) where they fit in one (up to 16 splits on the H200), instead of the
+  // combine kernel. Measured on the H200 (session 16, interleaved A/B, tg64 best of 2): qwen3-0.6b
+  // q4g64 1,275 and 1,288 against 1,211 and 1,218 tok/s, qwen3-8b 443.7 and 443.9 against 439.3 and
+  // 434.6. ANVIL_CUDA_ATTN_CLUSTER=0: the combine kernel.
+  bool attn_cluster_ = true;
   // Decode attention on the tensor cores (attention_decode_tc.cu; ANVIL_CUDA_ATTN_TC=0: the split
   // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
   // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).

@@ -196,11 +196,14 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
   trace::point(9);  // (thread 0: warp 0, done with its tokens)
 }
 
-// The routing as one thread block cluster per token tile (ANVIL_MOE_ROUTE_CLUSTER=1, not yet
-// measured; route_kernel is the default). Why: inside the decode graph route_kernel took ~11 us per
-// qwen3-30b-a3b layer on the H200 (session 15's timeline) for a 256 KB router: after the rows, a
-// device-wide fence and counter, then one block reading the logits back from L2 and k serial
-// arg-max passes of one warp per token. Here:
+// The routing as one thread block cluster per token tile (the default since session 16;
+// ANVIL_MOE_ROUTE_CLUSTER=0 goes back to route_kernel). Why: inside the decode graph route_kernel
+// took ~11 us per qwen3-30b-a3b layer on the H200 (session 15's timeline) for a 256 KB router: after
+// the rows, a device-wide fence and counter, then one block reading the logits back from L2 and k
+// serial arg-max passes of one warp per token. Measured on the H200 (session 16, interleaved A/B):
+// qwen3-30b-a3b-16L q4g64 decode 1,105 and 1,099 against 1,045 and 1,042 tok/s (a first version
+// whose rank loop stopped early, a dependent shared-memory load per comparison, was 2% slower than
+// route_kernel). Here:
 // - grid (C, ceil(T / 8)), clusters of C = min(8, ceil(E / 16)) blocks of 16 warps along x; warp w of
 //   block b computes router rows b * 16 + w (+ 16 C, ...) for the tile's tokens (router_row: the
 //   same logits bit for bit) and stores them into block 0's shared memory (distributed shared memory);
@@ -610,11 +613,11 @@ __global__ void combine_kernel(MoECombineArgs a) {
   static_cast<__nv_bfloat16*>(a.out)[i] = __float2bfloat16_rn(acc);
 }
 
-// ANVIL_MOE_ROUTE_CLUSTER=1: route_cluster_kernel instead of route_kernel (not yet measured).
+// route_cluster_kernel unless ANVIL_MOE_ROUTE_CLUSTER=0 (route_kernel: the device-wide counter).
 bool route_cluster_on() {
   static const bool on = [] {
     const char* e = std::getenv("ANVIL_MOE_ROUTE_CLUSTER");
-    return e && *e == '1';
+    return !(e && *e == '0');
   }();
   return on;
 }
