@@ -630,7 +630,9 @@ cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
   if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
     return cudaErrorInvalidValue;
   const unsigned tiles = unsigned((a.T + kRouteTok - 1) / kRouteTok);
-  if (route_cluster_on()) {
+  // One tile (decode, up to 8 tokens) in a cluster; longer batches (prefill: many tiles, where the
+  // counter's latency is amortized and block 0 would route 8 tokens one after another) as before.
+  if (route_cluster_on() && a.T <= kRouteTok) {
     const int C = std::min(kRouteCMaxCluster, (a.E + kRouteCWarps - 1) / kRouteCWarps);
     const dim3 grid(unsigned(C), tiles), block(kRouteCWarps * 32);
     switch (moe_fmt(a.router.bits, a.router.dtype)) {
