@@ -88,6 +88,22 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_launch();
   pdl_wait();
 }
+// The wait first, then the next kernel's launch: for a kernel whose dependent reads, before its
+// own wait, what this kernel's prerequisites wrote (the MoE down kernel reads the routing's expert
+// ids, written two kernels before it, while the gate/up kernel between them runs: moe_stream.cu).
+// The dependent starts only once every block of this kernel has passed its wait, so by then the
+// kernels before this one are complete and their writes visible in L2 (read them with ld.global.cg:
+// an SM's L1 may hold an older step's copy).
+__device__ __forceinline__ void pdl_begin_late() {
+  trace::point(0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  trace::point(1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // PDL is used only while a decode graph is being captured (the backend sets the flag around the
 // capture): there it gained 2-4% decode on the H200, while on eager prefill launches it cost 25-30%

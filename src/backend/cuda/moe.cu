@@ -329,7 +329,8 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
 // then [.., + T*S) (token, row) of the shared expert (ptrs[E]).
 template <int FMT>
 __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(MoEGateUpArgs a) {
-  pdl_begin();
+  if (a.late_trigger) pdl_begin_late();
+  else pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t F = a.gate.rows, K = a.gate.cols, S = a.shared_rows;

@@ -77,6 +77,8 @@ struct MoEGateUpArgs {
   void* h = nullptr;             // bf16 [T*k, F]
   void* hs = nullptr;            // bf16 [T, S]
   bool stream = false;           // the streamed q4 kernel (moe_stream.cu) may take the routed experts
+  bool late_trigger = false;     // pdl_begin_late: the next kernel (moe_down with early) may start
+                                 // reading idx / wt before its wait
 };
 cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s);
 
@@ -93,6 +95,9 @@ struct MoEDownArgs {
   const void* shared_out = nullptr;  // bf16 [T, H]: the unfused shared expert's output, or null
   void* out = nullptr;               // bf16 [T, H]
   bool stream = false;               // the streamed q4 kernel (moe_stream.cu) may take it
+  // The previous kernel is moe_gate_up with late_trigger: the streamed kernel reads idx / wt and
+  // copies its experts' weights and scales before its wait (ANVIL_MOE_DOWN_EARLY=1).
+  bool early = false;
 };
 cudaError_t moe_down(const MoEDownArgs& a, cudaStream_t s);
 

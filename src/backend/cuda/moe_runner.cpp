@@ -269,6 +269,14 @@ Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, 
     ga.shared_rows = p.shared_fused ? p.S : 0;
     ga.h = p.h, ga.hs = p.hs;
     ga.stream = p.stream && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    // ANVIL_MOE_DOWN_EARLY=1 (not yet measured): the down kernel copies its experts' weights while
+    // gate/up runs (moe.h MoEDownArgs::early); only where gate/up is the kernel right before it.
+    static const bool down_early = [] {
+      const char* e = std::getenv("ANVIL_MOE_DOWN_EARLY");
+      return e && *e == '1';
+    }();
+    const bool early = down_early && (ga.routed || ga.shared_rows);
+    ga.late_trigger = early;
     if (ga.routed || ga.shared_rows) {
       ++*launches;
       ANVIL_RETURN_IF_ERROR(launch_status(moe_gate_up(ga, s), "moe_gate_up"));
@@ -281,6 +289,7 @@ Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, 
     da.shared_out = p.shared && !p.shared_fused ? p.shared_out : nullptr;
     da.out = out;
     da.stream = ga.stream;
+    da.early = early;
     ++*launches;
     return launch_status(moe_down(da, s), "moe_down");
   }

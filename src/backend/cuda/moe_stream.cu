@@ -105,7 +105,10 @@ template <int W, int S, bool INT>
 __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs a) {
   constexpr int M = 2;
   extern __shared__ __align__(16) uint8_t smem[];
-  pdl_begin();  // the expert ids are the routing's output
+  // The expert ids are the routing's output. late_trigger: the down kernel after this one starts
+  // only once every block here has passed its wait (moe_down's early copies).
+  if (a.late_trigger) pdl_begin_late();
+  else pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t F = a.gate.rows, K = a.gate.cols, tpp = (F + 15) / 16;
@@ -209,7 +212,11 @@ template <int W, int S>
 __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
   constexpr int M = 1;
   extern __shared__ __align__(16) uint8_t smem[];
-  pdl_begin();  // h is the previous kernel's output
+  // h is the previous kernel's output. early (the gate/up kernel before this one let it start only
+  // after its own wait, pdl_begin_late): the routing's idx and wt are final, so the experts'
+  // weights and scales are copied before the wait; only h is staged after it.
+  pdl_launch();
+  if (!a.early) pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t H = a.down.rows, F = a.down.cols, tpr = (H + 15) / 16;
@@ -222,9 +229,9 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
   __shared__ const void* eb[kMoEMaxTopK];
   __shared__ float wts[kMoEMaxTopK];
   if (threadIdx.x < k) {
-    const ExpertPtrs p = a.down.ptrs[a.idx[t * k + threadIdx.x]];
+    const ExpertPtrs p = a.down.ptrs[__ldcg(a.idx + t * k + threadIdx.x)];  // L2: see pdl_begin_late
     ew[threadIdx.x] = p.data, es[threadIdx.x] = p.scales, eb[threadIdx.x] = p.biases;
-    wts[threadIdx.x] = a.wt[t * k + threadIdx.x];
+    wts[threadIdx.x] = __ldcg(a.wt + t * k + threadIdx.x);
   }
   __syncthreads();
   uint4* ring = reinterpret_cast<uint4*>(smem);
@@ -260,6 +267,7 @@ __global__ void __launch_bounds__(W * 32, 1) down_stream_kernel(MoEDownArgs a) {
     if (i < n) issue(i);
     cp_async_commit();
   }
+  if (a.early) pdl_wait();
   stage_row<W * 32>(static_cast<const __nv_bfloat16*>(a.h) + int64_t(t) * k * F, int64_t(k) * F, xq);
   const uint2* xf = reinterpret_cast<const uint2*>(xq);
   cp_async_wait<S - 1>();
