@@ -328,6 +328,70 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
     }
 }
 
+// ANVIL_CUDA_NORM_PLANES=1: a one-row norm also writes its output as the integer mat-vec's int16
+// planes and the mat-vec right after it copies them instead of staging x. The planes are made from
+// the same bf16 values with the same arithmetic, so every output must equal the default path's bit
+// for bit (and the CPU's within the linear bound); a mat-vec on another input, or after another
+// launch, must not take them (the last case below: the norm's planes, then a linear of another x).
+TEST_F(CudaOps, NormPlanesFeedTheOneTokenMatVecBitForBit) {
+  auto pl = backend_with({{"ANVIL_CUDA_NORM_PLANES", "1"}});
+  ASSERT_TRUE(pl);
+  for (const int group : {32, 64, 128})
+    for (const int64_t H : {1024, 4096}) {
+      const int64_t F = 1536, rows[3] = {1024, 256, 256};
+      const std::string base = " q4g" + std::to_string(group) + " H=" + std::to_string(H);
+      HostWeight g = make_weight(rng_, F, H, 4, group, DType::kBF16, false);
+      HostWeight u = make_weight(rng_, F, H, 4, group, DType::kBF16, false);
+      HostWeight qkv[3] = {make_weight(rng_, rows[0], H, 4, group, DType::kBF16, false),
+                           make_weight(rng_, rows[1], H, 4, group, DType::kBF16, false),
+                           make_weight(rng_, rows[2], H, 4, group, DType::kBF16, false)};
+      std::vector<uint16_t> nw(static_cast<size_t>(H));
+      for (auto& v : nw) v = f32_to_bf16(1.0f + 0.1f * randn(1)[0]);
+      WeightVector hn{H, DType::kBF16, nw.data()};
+      auto h0 = randn(size_t(H)), x0 = randn(size_t(H)), other = randn(size_t(H));
+      for (size_t i = 0; i < x0.size(); i += 61) x0[i] *= 30.0f;  // pieces of very different scales
+      // Both backends, the same sequence: add_rmsnorm, linear_swiglu; add_rmsnorm, linear_multi;
+      // add_rmsnorm, linear on another row (no planes for it).
+      std::vector<std::vector<float>> outs[2];
+      for (int b = 0; b < 2; ++b) {
+        Backend& be = b == 0 ? *gpu_ : *pl;
+        auto dg = be.upload_weight(g.w), du = be.upload_weight(u.w);
+        auto d0 = be.upload_weight(qkv[0].w), d1 = be.upload_weight(qkv[1].w), d2 = be.upload_weight(qkv[2].w);
+        auto dn = be.upload_vector(hn);
+        ASSERT_TRUE(dg.is_ok() && du.is_ok() && d0.is_ok() && d1.is_ok() && d2.is_ok() && dn.is_ok());
+        Guarded gh = dev_bf16(h0), gx = dev_bf16(x0), go = dev_bf16(other), gn = dev_out(size_t(H) * 2);
+        Guarded gs = dev_out(size_t(F) * 2), gq = dev_out(size_t(rows[0]) * 2), gk = dev_out(size_t(rows[1]) * 2),
+                gv = dev_out(size_t(rows[2]) * 2), gl = dev_out(size_t(rows[0]) * 2);
+        const Act ah{gh.data(), 1, H, DType::kBF16}, ax{gx.data(), 1, H, DType::kBF16}, an{gn.data(), 1, H, DType::kBF16};
+        be.add_rmsnorm(ah, ax, *dn, 1e-6f, an);
+        be.linear_swiglu(an, *dg, *du, Act{gs.data(), 1, F, DType::kBF16});
+        be.add_rmsnorm(ah, ax, *dn, 1e-6f, an);
+        const WeightMatrix* ws[3] = {&*d0, &*d1, &*d2};
+        const Act os[3] = {{gq.data(), 1, rows[0], DType::kBF16}, {gk.data(), 1, rows[1], DType::kBF16},
+                           {gv.data(), 1, rows[2], DType::kBF16}};
+        be.linear_multi(an, ws, os);
+        be.add_rmsnorm(ah, ax, *dn, 1e-6f, an);
+        be.linear(Act{go.data(), 1, H, DType::kBF16}, *d0, Act{gl.data(), 1, rows[0], DType::kBF16});
+        ASSERT_TRUE(be.synchronize().is_ok());
+        for (const Guarded* o : {&gs, &gq, &gk, &gv, &gl, &gh}) outs[b].push_back(read(*o, DType::kBF16, "planes" + base));
+        for (auto* w : {&*dg, &*du, &*d0, &*d1, &*d2}) be.free_weight(*w);
+        be.free_vector(*dn);
+      }
+      const char* names[] = {"linear_swiglu", "linear_multi q", "linear_multi k", "linear_multi v", "linear (other x)",
+                             "residual"};
+      for (size_t i = 0; i < outs[0].size(); ++i)
+        EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
+            << names[i] << base << ": with the norm's planes the output differs from the staged path's";
+      // And the staged path itself against the CPU (so the equality above is of right outputs).
+      std::vector<float> h(h0), x(x0), n(static_cast<size_t>(H)), ref(static_cast<size_t>(F));
+      cpu_->add_rmsnorm(Act{h.data(), 1, H, DType::kF32}, Act{x.data(), 1, H, DType::kF32}, hn, 1e-6f,
+                        Act{n.data(), 1, H, DType::kF32});
+      for (auto& v : n) v = bf16_round(v);
+      cpu_->linear_swiglu(Act{n.data(), 1, H, DType::kF32}, g.w, u.w, Act{ref.data(), 1, F, DType::kF32});
+      expect_close(outs[1][0], ref, kGemvBound * 1.5, "linear_swiglu after the norm's planes" + base);
+    }
+}
+
 // The fused decode forms (backend.h): RMSNorm inside the q4 mat-vec (rmsnorm_linear_multi,
 // rmsnorm_linear_swiglu) and the residual add in its epilogue (linear_add), against the CPU
 // backend's composition (rmsnorm then linear; linear then add). The bounds are those of the plain

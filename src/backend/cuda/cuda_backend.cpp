@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
     // The fused decode attention's cluster limit, probed once here rather than inside a capture.
     if (rope_attn_ && cuda::rope_attention_cluster(1, 1, 1 << 20, sms_) < 1) rope_attn_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '0') attn_cluster_ = false;
+    if (const char* f = std::getenv("ANVIL_CUDA_NORM_PLANES"); f && *f == '1') norm_planes_ = true;
     if (attn_cluster_) attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not in a capture)
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
@@ -103,6 +104,7 @@ class CudaBackend final : public Backend {
     for (void* b : {bscratch_.xperm, static_cast<void*>(bscratch_.part), static_cast<void*>(bscratch_.done)})
       if (b) cudaFree(b);
     if (mlp_scratch_) cudaFree(mlp_scratch_);
+    if (planes_) cudaFree(planes_);
     if (argmax_counters_) cudaFree(argmax_counters_);
     if (argmax_part_) cudaFree(argmax_part_);
     if (wdeq_) cudaFree(wdeq_);
@@ -302,9 +304,12 @@ class CudaBackend final : public Backend {
     if (!expect(w.n == x.cols, "rmsnorm: weight length must equal cols")) return;
     if (skip("norm")) return;
     Prof pr(this, "norm");
+    bool planes = false;
+    void* pl = planes_buffer(x);
     launched(cuda::rmsnorm(nullptr, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols), out.data,
-                           st_, late_norms()),
+                           st_, late_norms(), pl, &planes),
              "rmsnorm");
+    planes_written(planes, out);
   }
   void add_rmsnorm(Act residual, Act x, const WeightVector& w, float eps, Act out) override {
     if (!bf16(residual, "add_rmsnorm", "residual") || !bf16(x, "add_rmsnorm", "x") ||
@@ -314,9 +319,12 @@ class CudaBackend final : public Backend {
     if (!expect(w.n == x.cols, "add_rmsnorm: weight length must equal cols")) return;
     if (skip("norm")) return;
     Prof pr(this, "norm");
+    bool planes = false;
+    void* pl = planes_buffer(x);
     launched(cuda::rmsnorm(residual.data, x.data, w.data, elem_unchecked(w.dtype), eps, int(x.rows), int(x.cols),
-                           out.data, st_, late_norms()),
+                           out.data, st_, late_norms(), pl, &planes),
              "add_rmsnorm");
+    planes_written(planes, out);
   }
   void linear(Act x, const WeightMatrix& w, Act out) override {
     if (!check_linear(x, w, out, "linear")) return;
@@ -342,7 +350,7 @@ class CudaBackend final : public Backend {
     void* o[3];
     for (size_t i = 0; i < ws.size(); ++i) d[i] = dev(*ws[i]), o[i] = outs[i].data;
     launched(cuda::gemv(d, o, int(ws.size()), x.data, int(x.rows), false, st_,
-                        batch_scratch(d, int(ws.size()), nullptr, x.rows)),
+                        x.rows == 1 ? planes_scratch(x) : batch_scratch(d, int(ws.size()), nullptr, x.rows)),
              "linear_multi");
   }
   void linear_swiglu(Act x, const WeightMatrix& gate, const WeightMatrix& up, Act out) override {
@@ -352,7 +360,8 @@ class CudaBackend final : public Backend {
     Prof pr(this, "mlp_gate_up");
     if (matvec_rows(x.rows, dev(gate)) && cuda::gemv_fusable(dev(gate), dev(up))) {
       const DevMatrix dg = dev(gate), du = dev(up);
-      launched(cuda::gemv_swiglu(dg, du, x.data, int(x.rows), out.data, st_, batch_scratch(&dg, 1, &du, x.rows)),
+      launched(cuda::gemv_swiglu(dg, du, x.data, int(x.rows), out.data, st_,
+                                 x.rows == 1 ? planes_scratch(x) : batch_scratch(&dg, 1, &du, x.rows)),
                "linear_swiglu");
       return;
     }
@@ -766,6 +775,29 @@ class CudaBackend final : public Backend {
   }
   // The scratch of the q4 batch kernel (qgemm_batch.cu) for 17..64 rows of these matrices, grown
   // to what it needs (its counters zeroed when new); null: the call runs without it.
+  // ANVIL_CUDA_NORM_PLANES=1 (not yet measured): a one-row norm also writes its output as the
+  // one-token integer mat-vec's int16 planes (norm.cu, qgemv_int.cuh), and the mat-vec launched right
+  // after it on that output copies them instead of staging x (the staging was 2.5 us of a qwen3-8b
+  // q/k/v block after its PDL release, session 15's timeline; one pass in the norm instead).
+  // planes_buffer: where the norm of x may write them (null: not this time); planes_written: what
+  // it wrote, valid for the very next launch only (launches_ unchanged since) and for that output.
+  void* planes_buffer(const Act& x) {
+    planes_for_ = nullptr;
+    if (!norm_planes_ || x.rows != 1 || x.cols % 32 != 0 || x.cols > 8192) return nullptr;
+    if (!grow(&planes_, &planes_bytes_, cuda::rmsnorm_planes_bytes(int(x.cols)))) return nullptr;
+    return planes_;
+  }
+  void planes_written(bool written, const Act& out) {
+    if (!written) return;
+    planes_for_ = out.data, planes_cols_ = out.cols, planes_at_ = launches_;
+  }
+  const cuda::GemvScratch* planes_scratch(const Act& x) {
+    if (!planes_for_ || planes_for_ != x.data || x.rows != 1 || x.cols != planes_cols_ || launches_ != planes_at_)
+      return nullptr;
+    pscratch_ = cuda::GemvScratch{};
+    pscratch_.xplanes = planes_;
+    return &pscratch_;
+  }
   const cuda::GemvScratch* batch_scratch(const DevMatrix* ws, int n, const DevMatrix* up, int64_t T) {
     cuda::GemvScratch need;
     if (!batch_gemv_ || T < cuda::kBatchMinTokens || T > cuda::kTcMaxTokens ||
@@ -896,6 +928,14 @@ class CudaBackend final : public Backend {
   // q4g64 1,275 and 1,288 against 1,211 and 1,218 tok/s, qwen3-8b 443.7 and 443.9 against 439.3 and
   // 434.6. ANVIL_CUDA_ATTN_CLUSTER=0: the combine kernel.
   bool attn_cluster_ = true;
+  // The one-row norms' int16 planes for the next mat-vec (planes_buffer above).
+  bool norm_planes_ = false;
+  void* planes_ = nullptr;
+  size_t planes_bytes_ = 0;
+  const void* planes_for_ = nullptr;
+  int64_t planes_cols_ = 0;
+  uint64_t planes_at_ = 0;
+  cuda::GemvScratch pscratch_;
   // Decode attention on the tensor cores (attention_decode_tc.cu; ANVIL_CUDA_ATTN_TC=0: the split
   // kernels). On by default since it measured faster on the H200 (2026-12-01): qwen3-8b q4g64 311 vs
   // 286 tok/s, qwen3-0.6b 964 vs 870, the 32-sequence step 8.65 vs 10.86 ms (benchmarks.md).

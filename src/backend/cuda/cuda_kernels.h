@@ -47,6 +47,9 @@ struct GemvScratch {
   size_t part_floats = 0;
   unsigned* done = nullptr;
   size_t n_done = 0;
+  // One row (T = 1): x already as the integer path's int16 planes (rmsnorm() with planes wrote them
+  // from the same bf16 values), so the one-token mat-vec copies them instead of staging x; or null.
+  const void* xplanes = nullptr;
 };
 // The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not
 // take it.
@@ -95,8 +98,12 @@ cudaError_t gemm_cublas(void* handle, const void* wd, const DevMatrix& w, const 
 cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, cudaStream_t s);
 // out = rmsnorm(x) * w per row; with residual: residual += x first and the norm reads the sum.
 // late: a decode-sized launch lets the next kernel in (PDL) only once it has its rows (norm.cu).
+// planes (rows == 1, cols % 32 == 0, the 16-byte-load kernel; else *planes_written = false): also
+// out as the one-token integer mat-vec's int16 planes, rmsnorm_planes_bytes(cols) bytes (qgemv_int.cuh).
 cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, float eps, int rows, int cols,
-                    void* out, cudaStream_t s, bool late = false);
+                    void* out, cudaStream_t s, bool late = false, void* planes = nullptr,
+                    bool* planes_written = nullptr);
+size_t rmsnorm_planes_bytes(int cols);
 cudaError_t add(void* a, const void* b, int64_t n, cudaStream_t s);
 cudaError_t swiglu(const void* gate, const void* up, void* out, int64_t n, cudaStream_t s);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda {
 namespace {
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_b
 // rmsnorm_kernel's).
 template <bool RESIDUAL>
 __global__ void rmsnorm_vec_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, const void* w, Elem wd, float eps,
-                                   int cols, __nv_bfloat16* out, bool late) {
+                                   int cols, __nv_bfloat16* out, bool late, uint4* planes) {
   if (!late) pdl_launch();
   const int64_t r = blockIdx.x;
   const int ch = threadIdx.x, nch = cols / 8;
@@ -218,9 +219,14 @@ __global__ void rmsnorm_vec_kernel(__nv_bfloat16* residual, const __nv_bfloat16*
     float y[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) y[e] = bf16_at(v, e) * inv * wv[e];
-    reinterpret_cast<uint4*>(out + r * cols)[ch] =
-        make_uint4(bf16_pair(y[0], y[1]), bf16_pair(y[2], y[3]), bf16_pair(y[4], y[5]), bf16_pair(y[6], y[7]));
+    v = make_uint4(bf16_pair(y[0], y[1]), bf16_pair(y[2], y[3]), bf16_pair(y[4], y[5]), bf16_pair(y[6], y[7]));
+    reinterpret_cast<uint4*>(out + r * cols)[ch] = v;
   }
+  // The one row also as int16 planes (every lane of the block: the pieces' quads shuffle), from the
+  // bf16 values just written, as the one-token mat-vec would stage them (ANVIL_CUDA_NORM_PLANES).
+  if (planes)
+    tc::int_stage_piece(act ? v : make_uint4(0u, 0u, 0u, 0u), act, ch >> 2, ch & 3, planes,
+                        reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(planes) + size_t(cols) * 2));
   trace::point(9);
 }
 
@@ -247,8 +253,11 @@ cudaError_t embed(const DevMatrix& table, const int32_t* ids, int T, void* out, 
   return cudaGetLastError();
 }
 
+size_t rmsnorm_planes_bytes(int cols) { return tc::int_x_bytes(cols); }
+
 cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, float eps, int rows, int cols,
-                    void* out, cudaStream_t s, bool late) {
+                    void* out, cudaStream_t s, bool late, void* planes, bool* planes_written) {
+  if (planes_written) *planes_written = false;
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (rows >= kNormWarpRowsMin && cols % 8 == 0 && cols <= kNormWarpChunks * 8 * 32 && a16(x) && a16(out) &&
       (!residual || a16(residual))) {
@@ -267,13 +276,16 @@ cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, 
   }();
   if (vec && cols % 8 == 0 && cols / 8 <= 1024 && a16(x) && a16(out) && (!residual || a16(residual))) {
     const int threads = ((cols / 8 + 31) / 32) * 32;
+    uint4* pl = planes && rows == 1 && cols % 32 == 0 && a16(planes) ? static_cast<uint4*>(planes) : nullptr;
     if (residual)
       launch_k(rmsnorm_vec_kernel<true>, dim3(rows), dim3(threads), 0, s, static_cast<__nv_bfloat16*>(residual),
-               static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps, cols, static_cast<__nv_bfloat16*>(out), late);
+               static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps, cols, static_cast<__nv_bfloat16*>(out), late, pl);
     else
       launch_k(rmsnorm_vec_kernel<false>, dim3(rows), dim3(threads), 0, s, nullptr, static_cast<const __nv_bfloat16*>(x),
-               w, w_dtype, eps, cols, static_cast<__nv_bfloat16*>(out), late);
-    return cudaGetLastError();
+               w, w_dtype, eps, cols, static_cast<__nv_bfloat16*>(out), late, pl);
+    const cudaError_t e = cudaGetLastError();
+    if (planes_written) *planes_written = pl && e == cudaSuccess;
+    return e;
   }
   const int threads = cols >= 1024 ? 1024 : ((cols + 31) / 32) * 32;
   if (residual)

@@ -345,6 +345,7 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
                     bool out_f32, cudaStream_t s, const GemvScratch* scratch) {
   int64_t tiles = 0;
   TcParams p = make_params(ws, outs, n, up, x, T, out_f32, &tiles);
+  if (scratch && T == 1) p.xplanes = scratch->xplanes;
   const int shape = tc_shape();
   // 17..64 tokens with scratch: the batch kernel (qgemm_batch.cu).
   BatchPlan bp;

@@ -37,6 +37,9 @@ struct TcParams {
   Elem norm_dtype = Elem::kBF16;
   float eps = 0.0f;
   bool residual = false;
+  // One token on the integer path: x as int16 planes already (GemvScratch::xplanes), copied instead
+  // of staged; or null.
+  const void* xplanes = nullptr;
 };
 
 __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
