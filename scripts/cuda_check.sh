@@ -31,8 +31,8 @@
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
-# one token through the integer dot products, against the tensor cores), pending (everything of 2026-12-01 not yet
-# measured: ANVIL_CUDA_ATTN_FUSED, FUSE with it, FA prefill, the 32-sequence step), prefill (the
+# one token through the integer dot products, against the tensor cores), pending (everything of session 16 not yet
+# measured: ANVIL_CUDA_NORM_PLANES, ANVIL_MOE_DOWN_EARLY, the split rule at 16,384: tests and A/B), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -257,6 +257,7 @@ if [ "$what" = moe ]; then
   }
   {
     mutate_moe 's/(ov == bv \&\& ob < be)/(ov == bv \&\& ob > be)/'        # ties to the higher index
+    mutate_moe 's/(b4 + 1 < e)/(b4 + 1 > e)/'                                  # the cluster routing's ranks: a tie rule broken
     mutate_moe 's/acc += coef \* chunk_dot/acc += chunk_dot/'                  # weighted sum dropped
     mutate_moe 's/const int64_t src = SWIGLU ? a.order\[p0 + r\] \/ a.k/const int64_t src = SWIGLU ? a.order[p0 + r] % a.k/'  # prefill gather
     mutate_moe 's/acc\[0\]\[j\] = fmaf(wts\[cur\], d\[0\]\[j\], acc\[0\]\[j\]), d/acc[0][j] += d[0][j], d/' moe_stream.cu  # streamed down: weights dropped
@@ -328,6 +329,7 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/attention.cu 's/p_end = min(len, p_begin + per)/p_end = min(len - 1, p_begin + per)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_merge.cuh 's/const int64_t th = th0 + g;/const int64_t th = th0;/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention.cu 's/atomicAdd(counter, 1u) == unsigned(n_splits - 1)/atomicAdd(counter, 1u) == unsigned(n_splits - 2)/' 'CudaOps.Rope*'
+    mutate src/backend/cuda/norm.cu 's/act, ch >> 2, ch \& 3, planes,/act, ch >> 2, 0, planes,/' 'CudaOps.NormPlanes*'
     mutate src/backend/cuda/attention.cu 's/if (u >= 0 \&\& u < NB \&\& len - 1 < p_end \&\& active)/if (u >= NB \&\& u < NB \&\& len - 1 < p_end \&\& active)/' 'CudaOps.Rope*'
     mutate src/backend/cuda/norm.cu 's/if (i < cols) out\[r \* cols + i\] = __float2bfloat16_rn(hv\[k\] \* inv \* wv\[k\])/if (i < cols) out[r * cols + i] = __float2bfloat16_rn(hv[k] * inv)/' 'CudaOps.Norms*'
     mutate src/backend/cuda/rope_kv.cu 's/x1 \* fc\[j\] + x0 \* fs\[j\]/x1 * fc[j] - x0 * fs[j]/' 'CudaOps.Rope*'
@@ -505,21 +507,33 @@ if [ "$what" != tests ]; then
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do ANVIL_QGEMV_RING=$r b --synthetic $m -n 64 --runs 2; done
     done
   elif [ "$set" = pending ]; then
-    # Everything written on 2026-12-01 whose speed is not measured yet, in one call: the attention
-    # merge in the split kernel, the fused layers with it, prefill attention on the tensor cores, and
-    # the 32-sequence step through the q4 mat-vec against the GEMM.
-    for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do
-      b --synthetic $m -n 64 --runs 2
-      ANVIL_CUDA_ATTN_TC=0 ANVIL_CUDA_ATTN_FUSED=1 b --synthetic $m -n 64 --runs 2
-      ANVIL_CUDA_ATTN_TC=0 ANVIL_CUDA_ATTN_FUSED=1 ANVIL_CUDA_FUSE=1 b --synthetic $m -n 64 --runs 2
+    # Everything of session 16 not measured yet, in one call: each switch's op, model and MoE tests
+    # and golden on CUDA, then decode against the default, interleaved (tg64, best of 2):
+    # ANVIL_CUDA_NORM_PLANES=1 (the norms write the integer mat-vec's planes), ANVIL_MOE_DOWN_EARLY=1
+    # (the MoE down kernel copies its weights while gate/up runs), both; and the batch-1 split rule
+    # at 16,384 tokens of context (ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule).
+    pt() {  # ENV=VAL test-binary filter tag
+      env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/pending.log 2>&1
+      echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pending.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/pending.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
+    }
+    pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
+    pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
+    pt ANVIL_MOE_DOWN_EARLY=1 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
+    pt ANVIL_MOE_DOWN_EARLY=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden on CUDA"
+    pd() {  # ENV=VAL model [bench args]: one decode figure
+      local e=$1 m=$2; shift 2
+      echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
+    }
+    for i in 1 2; do
+      for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
+        pd ANVIL_CUDA_NORM_PLANES=0 $m; pd ANVIL_CUDA_NORM_PLANES=1 $m
+      done
+      pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b-16L:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
     done
-    b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
-    ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 -n 8 --runs 1
-    # Prefill chunk size on CUDA: every chunk dequantizes each matrix once for cuBLAS (--batch 256
-    # by default), so larger chunks amortize it.
-    b --synthetic qwen3-8b:q4g64 --batch 512 -n 8 --runs 1
-    ANVIL_CUDA_FA=1 b --synthetic qwen3-8b:q4g64 --prompt 4096 --batch 2048 -n 8 --runs 1
-    batch32
+    ANVIL_CUDA_NORM_PLANES=1 pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
+    pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b:q4g64
+    pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 16384; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 16384
+    pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 4096; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 4096
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
     # the results are meaningless, the time saved is the point), and the fused norm / residual add.
