@@ -625,6 +625,9 @@ class CudaBackend final : public Backend {
       const Act xc = x.slice_rows(t0, n);
       cuda::MoEPlan plan;
       if (!record(moe_.prepare(w, n, &plan))) return;
+      // The norm's planes of x (ANVIL_CUDA_NORM_PLANES), taken before the routing launches: only the
+      // expert gate/up reads them, and neither the routing nor anything else writes x or them.
+      const cuda::GemvScratch* xp = n == 1 && x.rows == 1 ? planes_scratch(x) : nullptr;
       // bench --profile: the routing timed apart (synchronized; never while capturing).
       const bool phases = moe_phase_profiling() && !capturing_;
       const auto t_begin = phases ? phase_clock() : 0.0;
@@ -642,7 +645,9 @@ class CudaBackend final : public Backend {
       }
       {
         Prof pr(this, "moe_experts");
-        if (!record(moe_.experts(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &launches_))) return;
+        if (!record(moe_.experts(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &launches_,
+                                 xp ? xp->xplanes : nullptr)))
+          return;
       }
       if (phases) moe_phase_add(t_routed - t_begin, phase_clock() - t_routed);
     }

@@ -79,6 +79,8 @@ struct MoEGateUpArgs {
   bool stream = false;           // the streamed q4 kernel (moe_stream.cu) may take the routed experts
   bool late_trigger = false;     // pdl_begin_late: the next kernel (moe_down with early) may start
                                  // reading idx / wt before its wait
+  const void* xplanes = nullptr; // T == 1: x as the integer path's int16 planes (rmsnorm wrote them),
+                                 // copied by the streamed INT kernel instead of staging x; or null
 };
 cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s);
 

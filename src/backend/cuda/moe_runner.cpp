@@ -258,7 +258,7 @@ Status MoERunner::route(const void* x, const MoEWeights& w, const MoEPlan& p, cu
 }
 
 Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, void* out, cudaStream_t s,
-                          uint64_t* launches) {
+                          uint64_t* launches, const void* xplanes) {
   const int E = w.num_experts, k = w.top_k, T = int(p.T);
   const int n_slots = p.skip_experts ? 0 : k;
   if (p.decode) {
@@ -269,6 +269,7 @@ Status MoERunner::experts(const void* x, const MoEWeights& w, const MoEPlan& p, 
     ga.shared_rows = p.shared_fused ? p.S : 0;
     ga.h = p.h, ga.hs = p.hs;
     ga.stream = p.stream && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    ga.xplanes = T == 1 ? xplanes : nullptr;
     // ANVIL_MOE_DOWN_EARLY=1 (not yet measured): the down kernel copies its experts' weights while
     // gate/up runs (moe.h MoEDownArgs::early); only where gate/up is the kernel right before it.
     static const bool down_early = [] {

@@ -74,8 +74,9 @@ class MoERunner {
   // plan's workspace), then the experts and the weighted sum into out [T, H] (bf16). Each adds the kernels
   // it launched to *launches. Two calls so a profiler can time them apart.
   Status route(const void* x, const MoEWeights& w, const MoEPlan& plan, cudaStream_t s, uint64_t* launches);
+  // xplanes (T == 1, or null): x as the one-token integer path's int16 planes (rmsnorm wrote them).
   Status experts(const void* x, const MoEWeights& w, const MoEPlan& plan, void* out, cudaStream_t s,
-                 uint64_t* launches);
+                 uint64_t* launches, const void* xplanes = nullptr);
 
  private:
   Status grow(void** buf, size_t* have, size_t need, bool zero);

@@ -146,7 +146,12 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
     cp_async_commit();  // group i (group 0 also holds the scales)
   }
   float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xq) + size_t(K) * 2);
-  if constexpr (INT) {
+  if (INT && a.xplanes) {
+    // The norm staged x already (one token): a copy of int_x_bytes(K) bytes.
+    const uint4* src = static_cast<const uint4*>(a.xplanes);
+    const int n16 = int(tc::int_x_bytes(K) / 16);
+    for (int i = threadIdx.x; i < n16; i += W * 32) xq[i] = __ldg(src + i);
+  } else if constexpr (INT) {
     // Whole warps (the quads' shuffles in int_stage_piece); K / 8 pieces, a multiple of 16.
     constexpr int V = 4;
     const uint4* xv = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.x) + int64_t(t) * K);
