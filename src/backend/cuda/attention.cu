@@ -263,10 +263,9 @@ size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits
 
 int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
   // ~4 blocks of 4 warps per SM keep enough K/V loads in flight to approach the copy bandwidth, with
-  // >= 64 positions per split at full context: the rule for batches of at least one wave of
-  // (token, kv head) blocks. Below a wave (batch 1: 8 kv heads), measured on the H200 (session 16,
-  // qwen3-8b q4g64): ~256 positions per split, but no fewer splits than fill one wave of blocks nor
-  // more than the 4 blocks per SM. At 4,096 tokens of context that is 17 splits instead of 66 (392.6
+  // >= 64 positions per split at full context: the rule for batches. At batch 1 (fewer blocks than a
+  // wave; what was measured, on the H200, session 16, qwen3-8b q4g64): ~256 positions per split, but
+  // no fewer splits than fill one wave of blocks nor more than the 4 blocks per SM. At 4,096 tokens of context that is 17 splits instead of 66 (392.6
   // against 380.7 tok/s: each of the 66 had one tile of 16 positions per warp, and the merge reads
   // them all); at 512 it is 9 either way (each one wave's worth); at 16,384, 64 instead of 66.
   // ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule for every batch (for measuring).
@@ -277,7 +276,7 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
   const int most = std::max(1, std::min((4 * n_sms + blocks - 1) / blocks, max_positions / 64));
-  if (!rule || blocks >= n_sms) return most;
+  if (!rule || T != 1 || blocks >= n_sms) return most;
   const int least = (n_sms + blocks - 1) / blocks;
   return std::min(most, std::max(least, max_positions / 256));
 }

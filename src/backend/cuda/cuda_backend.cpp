@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
   }
   Status wait_host_copies() override { return copier_.wait_host_copies(); }
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    planes_for_ = nullptr;
     (void)copier_.copy_to_device_async(dst, src, bytes);  // sticky: wait_device_copies returns it
   }
   Status wait_device_copies() override { return copier_.wait_device_copies(); }
@@ -153,6 +154,7 @@ class CudaBackend final : public Backend {
     if (p) cudaFree(p);
   }
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    planes_for_ = nullptr;
     if (bytes) ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_), "copy_to_device");
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
@@ -168,6 +170,7 @@ class CudaBackend final : public Backend {
       ok(cudaStreamSynchronize(st_), "copy_to_host");
   }
   void copy_device(void* dst, const void* src, size_t bytes) override {
+    planes_for_ = nullptr;  // (a copy may overwrite the norm output whose planes are pending)
     if (bytes) ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_), "copy_device");
   }
 
