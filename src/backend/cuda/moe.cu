@@ -19,10 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 #include <mma.h>
 
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/norm.cuh"
 
 namespace anvil::cuda {
 namespace {
@@ -64,15 +66,35 @@ __device__ float weight_elem(const DevMatrix& w, int64_t row, int64_t col) {
 }
 
 // ---- routing ----
+// load_x_chunk (dequant.cuh) with plain loads, for a row in shared memory: the same values and sum.
+__device__ __forceinline__ float load_x_chunk_plain(const uint16_t* row, int64_t c, float (&xf)[32]) {
+  uint32_t xw[16];
+  const uint4* p = reinterpret_cast<const uint4*>(row + c * 32);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = p[i];
+    xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+  }
+  float sx = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    xf[2 * e] = bf16_lo(xw[e]);
+    xf[2 * e + 1] = bf16_hi(xw[e]);
+    sx += xf[2 * e] + xf[2 * e + 1];
+  }
+  return sx;
+}
+
 // Router row r's logits for the tile's nt tokens (t0..t0+nt-1), summed by the calling warp; lane 0
 // holds them. The chunk's weights are unpacked once for the tile's tokens (chunk_dot's arithmetic, in
 // its order: the same logits bit for bit in both routing kernels; ncu on the H200 measured 74 us per
 // qwen3-30b-a3b layer at 512 tokens when each token unpacked them again).
-template <int FMT>
-__device__ __forceinline__ void router_row(const MoERouteArgs& a, int r, int t0, int nt, float (&acc)[kRouteTok]) {
+// x: a.x, or (XS) the row in shared memory (plain loads; load_x_chunk's read-only path is global only).
+template <int FMT, bool XS = false>
+__device__ __forceinline__ void router_row(const MoERouteArgs& a, const uint16_t* x, int r, int t0, int nt,
+                                           float (&acc)[kRouteTok]) {
   const int lane = threadIdx.x & 31;
   const int64_t K = a.H, nchunks = K / 32;
-  const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
 #pragma unroll
   for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
@@ -92,7 +114,7 @@ __device__ __forceinline__ void router_row(const MoERouteArgs& a, int r, int t0,
     for (int t = 0; t < kRouteTok; ++t) {
       if (t < nt) {
         float xf[32];
-        const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
+        const float sx = XS ? load_x_chunk_plain(x + (t0 + t) * K, c, xf) : load_x_chunk(x + (t0 + t) * K, c, xf);
         float d = 0.0f;
 #pragma unroll
         for (int e = 0; e < 32; ++e) d = fmaf(wf[e], xf[e], d);
@@ -105,10 +127,10 @@ __device__ __forceinline__ void router_row(const MoERouteArgs& a, int r, int t0,
   for (int t = 0; t < kRouteTok; ++t) acc[t] = warp_sum(acc[t]);
 }
 
-// The shared expert's gate of token tok: sigmoid(x . shared_gate), by one warp.
-__device__ __forceinline__ void shared_gate_coef(const MoERouteArgs& a, int tok) {
+// The shared expert's gate of token tok: sigmoid(x . shared_gate), by one warp (x: a.x, or a row in
+// shared memory: plain loads).
+__device__ __forceinline__ void shared_gate_coef(const MoERouteArgs& a, const uint16_t* x, int tok) {
   const int lane = threadIdx.x & 31;
-  const uint16_t* x = static_cast<const uint16_t*>(a.x);
   float d = 0.0f;
   for (int64_t c = lane; c < a.H; c += 32)
     d = fmaf(weight_elem(a.shared_gate, 0, c), bf16_bits_to_f32(x[int64_t(tok) * a.H + c]), d);
@@ -131,7 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
   const int r = blockIdx.x * kWarps + warp;
   if (r < a.E) {
     float acc[kRouteTok];
-    router_row<FMT>(a, r, t0, nt, acc);
+    router_row<FMT>(a, static_cast<const uint16_t*>(a.x), r, t0, nt, acc);
 #pragma unroll
     for (int t = 0; t < kRouteTok; ++t)
       if (lane == 0 && t < nt) a.logits[int64_t(t0 + t) * a.E + r] = acc[t];
@@ -190,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
       a.idx[int64_t(tok) * a.k + lane] = my_e;
       a.wt[int64_t(tok) * a.k + lane] = my_w;
     }
-    if (a.shared_gate.data) shared_gate_coef(a, tok);
+    if (a.shared_gate.data) shared_gate_coef(a, static_cast<const uint16_t*>(a.x), tok);
     __syncwarp();
   }
   trace::point(9);  // (thread 0: warp 0, done with its tokens)
@@ -220,10 +242,31 @@ constexpr int kRouteCMaxCluster = 8;  // the portable cluster size
 // p (>= 0, or NaN) ordered as the CPU's arg-max passes take it: NaN below every probability.
 __device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f; }
 
-template <int FMT>
+// NORM (moe_route_norm_ok, one token): every block first normalizes the token's row itself, as
+// rmsnorm_vec_kernel does (norm.cuh: the same arithmetic, so the same bits), into its shared memory,
+// and reads x from there; block 0 writes the residual and x out after the cluster barrier (when no
+// block reads the old residual any more). One kernel fewer per MoE layer (ANVIL_MOE_NORM_ROUTE=1).
+template <int FMT, bool NORM>
 __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERouteArgs a) {
   namespace cg = cooperative_groups;
-  pdl_begin();
+  __shared__ __align__(16) uint16_t s_x[NORM ? kRouteCWarps * 32 * 8 : 8];  // the normalized row
+  uint4 n_sum = make_uint4(0u, 0u, 0u, 0u), n_out = n_sum;  // NORM: this thread's chunk of both
+  const bool n_act = NORM && threadIdx.x < a.H / 8;
+  if constexpr (NORM) {
+    pdl_launch();
+    float wv[8];  // the norm's weights: no kernel writes them, so before the wait
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wv[e] = n_act ? load_any(a.norm_w, int64_t(threadIdx.x) * 8 + e, a.norm_dtype) : 0.0f;
+    pdl_wait();
+    if (n_act)
+      n_sum = add8(static_cast<const uint4*>(a.residual)[threadIdx.x], static_cast<const uint4*>(a.x_add)[threadIdx.x]);
+    const float inv = vec_norm_inv(n_sum, a.eps, int(a.H));
+    if (n_act) reinterpret_cast<uint4*>(s_x)[threadIdx.x] = n_out = vec_norm_apply(n_sum, inv, wv);
+    __syncthreads();
+  } else {
+    pdl_begin();
+  }
+  const uint16_t* xrow = NORM ? s_x : static_cast<const uint16_t*>(a.x);
   __shared__ float s_logit[kRouteTok][kMoEMaxExperts];  // block 0's: the tile's logits
   __shared__ __align__(16) float s_p[kMoEMaxExperts];   // one token's probabilities (-2 past E)
   __shared__ float s_red[kRouteCWarps];
@@ -236,7 +279,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
   float* dst = cluster.map_shared_rank(&s_logit[0][0], 0);
   for (int r = b * kRouteCWarps + warp; r < a.E; r += C * kRouteCWarps) {
     float acc[kRouteTok];
-    router_row<FMT>(a, r, t0, nt, acc);
+    router_row<FMT, NORM>(a, xrow, r, t0, nt, acc);
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < kRouteTok; ++t)
@@ -244,9 +287,14 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
     }
   }
   trace::point(2);  // trace.h: the router rows done
-  cluster.sync();   // every block's logits are in block 0's shared memory
+  cluster.sync();   // every block's logits are in block 0's shared memory (NORM: every block has read
+                    // the residual)
   trace::point(3);
   if (cluster.block_rank() != 0) return;
+  if (NORM && n_act) {
+    static_cast<uint4*>(a.residual)[threadIdx.x] = n_sum;
+    static_cast<uint4*>(a.x_out)[threadIdx.x] = n_out;
+  }
 
   constexpr int NT = kRouteCWarps * 32;
   const int tid = threadIdx.x;
@@ -320,7 +368,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
     __syncthreads();  // s_p, s_red and the selection are free for the next token
   }
   if (a.shared_gate.data)
-    for (int t = warp; t < nt; t += kRouteCWarps) shared_gate_coef(a, t0 + t);
+    for (int t = warp; t < nt; t += kRouteCWarps) shared_gate_coef(a, xrow, t0 + t);
   trace::point(9);
 }
 
@@ -627,27 +675,35 @@ unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWar
 
 }  // namespace
 
+bool moe_route_norm_ok(int64_t H) { return route_cluster_on() && H % 8 == 0 && H / 8 <= kRouteCWarps * 32; }
+
 cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
   if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
     return cudaErrorInvalidValue;
   const unsigned tiles = unsigned((a.T + kRouteTok - 1) / kRouteTok);
   // One tile (decode, up to 8 tokens) in a cluster; longer batches (prefill: many tiles, where the
   // counter's latency is amortized and block 0 would route 8 tokens one after another) as before.
+  if (a.norm_w && (a.T != 1 || !moe_route_norm_ok(a.H) || !a.residual || !a.x_add || !a.x_out))
+    return cudaErrorInvalidValue;
   if (route_cluster_on() && a.T <= kRouteTok) {
     const int C = std::min(kRouteCMaxCluster, (a.E + kRouteCWarps - 1) / kRouteCWarps);
     const dim3 grid(unsigned(C), tiles), block(kRouteCWarps * 32);
-    switch (moe_fmt(a.router.bits, a.router.dtype)) {
-      case 2: return launch_kc(route_cluster_kernel<2>, grid, block, 0, s, C, a);
-      case 3: return launch_kc(route_cluster_kernel<3>, grid, block, 0, s, C, a);
-      case 4: return launch_kc(route_cluster_kernel<4>, grid, block, 0, s, C, a);
-      case 5: return launch_kc(route_cluster_kernel<5>, grid, block, 0, s, C, a);
-      case 6: return launch_kc(route_cluster_kernel<6>, grid, block, 0, s, C, a);
-      case 8: return launch_kc(route_cluster_kernel<8>, grid, block, 0, s, C, a);
-      case 16: return launch_kc(route_cluster_kernel<16>, grid, block, 0, s, C, a);
-      case 17: return launch_kc(route_cluster_kernel<17>, grid, block, 0, s, C, a);
-      case 32: return launch_kc(route_cluster_kernel<32>, grid, block, 0, s, C, a);
-      default: return cudaErrorInvalidValue;
-    }
+    auto go = [&](auto norm) -> cudaError_t {
+      constexpr bool N = decltype(norm)::value;
+      switch (moe_fmt(a.router.bits, a.router.dtype)) {
+        case 2: return launch_kc(route_cluster_kernel<2, N>, grid, block, 0, s, C, a);
+        case 3: return launch_kc(route_cluster_kernel<3, N>, grid, block, 0, s, C, a);
+        case 4: return launch_kc(route_cluster_kernel<4, N>, grid, block, 0, s, C, a);
+        case 5: return launch_kc(route_cluster_kernel<5, N>, grid, block, 0, s, C, a);
+        case 6: return launch_kc(route_cluster_kernel<6, N>, grid, block, 0, s, C, a);
+        case 8: return launch_kc(route_cluster_kernel<8, N>, grid, block, 0, s, C, a);
+        case 16: return launch_kc(route_cluster_kernel<16, N>, grid, block, 0, s, C, a);
+        case 17: return launch_kc(route_cluster_kernel<17, N>, grid, block, 0, s, C, a);
+        case 32: return launch_kc(route_cluster_kernel<32, N>, grid, block, 0, s, C, a);
+        default: return cudaErrorInvalidValue;
+      }
+    };
+    return a.norm_w ? go(std::true_type{}) : go(std::false_type{});
   }
   const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), tiles);
   const dim3 block(kWarps * 32);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/norm.cuh"
 #include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda {
@@ -209,17 +210,11 @@ __global__ void rmsnorm_vec_kernel(__nv_bfloat16* residual, const __nv_bfloat16*
       rs[ch] = v;
     }
   }
-  float ss = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) ss += bf16_at(v, e) * bf16_at(v, e);
-  const float inv = rsqrtf(block_sum(ss) / float(cols) + eps);
+  const float inv = vec_norm_inv(v, eps, cols);
   if (late) pdl_launch();
   trace::point(2);
   if (act) {
-    float y[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) y[e] = bf16_at(v, e) * inv * wv[e];
-    v = make_uint4(bf16_pair(y[0], y[1]), bf16_pair(y[2], y[3]), bf16_pair(y[4], y[5]), bf16_pair(y[6], y[7]));
+    v = vec_norm_apply(v, inv, wv);
     reinterpret_cast<uint4*>(out + r * cols)[ch] = v;
   }
   // The one row also as int16 planes (every lane of the block: the pieces' quads shuffle), from the
