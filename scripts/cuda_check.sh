@@ -528,7 +528,8 @@ if [ "$what" != tests ]; then
       local e=$1 m=$2; shift 2
       echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
     }
-    for i in 1 2; do
+    # PENDING_ROUNDS (default 2) rounds of the A/B; PENDING_CONTEXT=0 leaves out the long contexts.
+    for i in $(seq 1 "${PENDING_ROUNDS:-2}"); do
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
         pd ANVIL_CUDA_NORM_PLANES=0 $m; pd ANVIL_CUDA_NORM_PLANES=1 $m
       done
@@ -538,8 +539,10 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_NORM_PLANES=1 ANVIL_MOE_DOWN_EARLY=1 pd ANVIL_MOE_NORM_ROUTE=1 qwen3-30b-a3b-16L:q4g64
     ANVIL_CUDA_NORM_PLANES=1 pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
     pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b:q4g64
-    pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 16384; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 16384
-    pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 4096; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 4096
+    if [ "${PENDING_CONTEXT:-1}" = 1 ]; then
+      pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 16384; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 16384
+      pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 4096; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 4096
+    fi
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
     # the results are meaningless, the time saved is the point), and the fused norm / residual add.
