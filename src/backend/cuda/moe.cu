@@ -75,14 +75,7 @@ __device__ __forceinline__ float load_x_chunk_plain(const uint16_t* row, int64_t
     const uint4 v = p[i];
     xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
   }
-  float sx = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    xf[2 * e] = bf16_lo(xw[e]);
-    xf[2 * e + 1] = bf16_hi(xw[e]);
-    sx += xf[2 * e] + xf[2 * e + 1];
-  }
-  return sx;
+  return x_chunk_floats(xw, xf);
 }
 
 // Router row r's logits for the tile's nt tokens (t0..t0+nt-1), summed by the calling warp; lane 0

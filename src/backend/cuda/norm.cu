@@ -121,23 +121,6 @@ constexpr int kNormWarpChunks = 24;  // rows of up to 24 * 8 * 32 = 6,144 elemen
 constexpr int kNormWarpRowsMin = 64;
 constexpr int kNormWarpRows = 4;     // rows (warps) per block
 
-__device__ __forceinline__ float bf16_at(const uint4& v, int e) {
-  const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
-  return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
-}
-__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&p);
-}
-
-// a + b for 8 bf16 pairs in 16 bytes, each sum rounded to bf16 (the residual add of the norms).
-__device__ __forceinline__ uint4 add8(const uint4& a, const uint4& b) {
-  return make_uint4(bf16_pair(bf16_at(a, 0) + bf16_at(b, 0), bf16_at(a, 1) + bf16_at(b, 1)),
-                    bf16_pair(bf16_at(a, 2) + bf16_at(b, 2), bf16_at(a, 3) + bf16_at(b, 3)),
-                    bf16_pair(bf16_at(a, 4) + bf16_at(b, 4), bf16_at(a, 5) + bf16_at(b, 5)),
-                    bf16_pair(bf16_at(a, 6) + bf16_at(b, 6), bf16_at(a, 7) + bf16_at(b, 7)));
-}
-
 template <bool RESIDUAL>
 __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x,
                                                                           const void* w, Elem wd, float eps, int rows,
