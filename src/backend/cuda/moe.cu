@@ -233,7 +233,7 @@ constexpr int kRouteCWarps = 16;      // warps per block: one router row each fo
 constexpr int kRouteCMaxCluster = 8;  // the portable cluster size
 
 // p (>= 0, or NaN) ordered as the CPU's arg-max passes take it: NaN below every probability.
-__device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f; }
+[[maybe_unused]] __device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f; }
 
 // NORM (moe_route_norm_ok, one token): every block first normalizes the token's row itself, as
 // rmsnorm_vec_kernel does (norm.cuh: the same arithmetic, so the same bits), into its shared memory,
@@ -241,6 +241,9 @@ __device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f;
 // block reads the old residual any more). One kernel fewer per MoE layer (ANVIL_MOE_NORM_ROUTE=1).
 template <int FMT, bool NORM>
 __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERouteArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters need sm_90: below it the host takes route_kernel (route_cluster_on)
+#else
   namespace cg = cooperative_groups;
   __shared__ __align__(16) uint16_t s_x[NORM ? kRouteCWarps * 32 * 8 : 8];  // the normalized row
   uint4 n_sum = make_uint4(0u, 0u, 0u, 0u), n_out = n_sum;  // NORM: this thread's chunk of both
@@ -363,6 +366,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
   if (a.shared_gate.data)
     for (int t = warp; t < nt; t += kRouteCWarps) shared_gate_coef(a, xrow, t0 + t);
   trace::point(9);
+#endif
 }
 
 // ---- decode experts ----
@@ -659,7 +663,13 @@ __global__ void combine_kernel(MoECombineArgs a) {
 bool route_cluster_on() {
   static const bool on = [] {
     const char* e = std::getenv("ANVIL_MOE_ROUTE_CLUSTER");
-    return !(e && *e == '0');
+    if (e && *e == '0') return false;
+    int dev = 0, major = 0;  // thread block clusters: compute capability 9.0 and later
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
   }();
   return on;
 }
