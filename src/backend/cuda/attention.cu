@@ -265,9 +265,10 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
   // ~4 blocks of 4 warps per SM keep enough K/V loads in flight to approach the copy bandwidth, with
   // >= 64 positions per split at full context: the rule for batches. At batch 1 (fewer blocks than a
   // wave; what was measured, on the H200, session 16, qwen3-8b q4g64): ~256 positions per split, but
-  // no fewer splits than fill one wave of blocks nor more than the 4 blocks per SM. At 4,096 tokens of context that is 17 splits instead of 66 (392.6
-  // against 380.7 tok/s: each of the 66 had one tile of 16 positions per warp, and the merge reads
-  // them all); at 512 it is 9 either way (each one wave's worth); at 16,384, 64 instead of 66.
+  // no fewer splits than fill one wave of blocks nor more than the 4 blocks per SM. At 4,096 tokens
+  // of context that is 17 splits instead of 66 (392.6 against 380.7 tok/s: each of the 66 had one
+  // tile of 16 positions per warp, and the merge reads them all); at 512 the 64-position floor caps
+  // both rules alike; at 16,384, 64 instead of 66.
   // ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule for every batch (for measuring).
   static const bool rule = [] {
     const char* e = std::getenv("ANVIL_CUDA_ATTN_SPLIT_RULE");

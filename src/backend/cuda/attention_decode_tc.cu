@@ -435,7 +435,7 @@ cudaError_t launch_tc(const void* q, int n_heads, const KVDev& kv, int layer, co
 // (beyond the portable 8) where the device allows them. The largest cluster size this device
 // schedules for it (0: none). FUSED: rope_attention_tc's kernel, else attention_tc_cluster's.
 template <int D, bool R16, bool FUSED = true>
-int fused_max_cluster() {
+int cluster_limit() {
   static const int v = [] {
     auto* k = attn_tc_kernel<D, R16, FUSED, true>;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(tc_attn_smem(D, true))) != cudaSuccess)
@@ -465,7 +465,7 @@ int fused_max_cluster() {
 template <int D, bool R16>
 cudaError_t launch_fused(const void* q, int n_heads, const RopeDev& r, const KVDev& kv, int layer, const BatchDev& b,
                          float scale, int cluster, void* out, cudaStream_t s) {
-  if (fused_max_cluster<D, R16>() < cluster) return cudaErrorInvalidValue;
+  if (cluster_limit<D, R16>() < cluster) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(cluster), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
   launch_kc(attn_tc_kernel<D, R16, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
             static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
@@ -476,7 +476,7 @@ cudaError_t launch_fused(const void* q, int n_heads, const RopeDev& r, const KVD
 template <int D, bool R16>
 cudaError_t launch_tc_cluster(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                               int cluster, void* out, cudaStream_t s) {
-  if (fused_max_cluster<D, R16, false>() < cluster) return cudaErrorInvalidValue;
+  if (cluster_limit<D, R16, false>() < cluster) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(cluster), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
   launch_kc(attn_tc_kernel<D, R16, false, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
             static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
@@ -485,8 +485,8 @@ cudaError_t launch_tc_cluster(const void* q, int n_heads, const KVDev& kv, int l
 }
 
 int max_cluster_any() {
-  return std::min(std::min(fused_max_cluster<64, false>(), fused_max_cluster<64, true>()),
-                  std::min(fused_max_cluster<128, false>(), fused_max_cluster<128, true>()));
+  return std::min(std::min(cluster_limit<64, false>(), cluster_limit<64, true>()),
+                  std::min(cluster_limit<128, false>(), cluster_limit<128, true>()));
 }
 
 }  // namespace
@@ -534,8 +534,8 @@ int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms) 
 }
 
 int attention_tc_cluster_limit() {
-  static const int v = std::min(std::min(fused_max_cluster<64, false, false>(), fused_max_cluster<64, true, false>()),
-                                std::min(fused_max_cluster<128, false, false>(), fused_max_cluster<128, true, false>()));
+  static const int v = std::min(std::min(cluster_limit<64, false, false>(), cluster_limit<64, true, false>()),
+                                std::min(cluster_limit<128, false, false>(), cluster_limit<128, true, false>()));
   return v;
 }
 

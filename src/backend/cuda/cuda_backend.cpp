@@ -802,8 +802,6 @@ class CudaBackend final : public Backend {
   bool matvec_rows(int64_t T, const DevMatrix& d) const {
     return T <= gemv_max_t_ || (tc_batch_ && T <= cuda::kTcMaxTokens && cuda::gemv_uses_tc(d));
   }
-  // The scratch of the q4 batch kernel (qgemm_batch.cu) for 17..64 rows of these matrices, grown
-  // to what it needs (its counters zeroed when new); null: the call runs without it.
   // ANVIL_CUDA_NORM_PLANES=1 (not yet measured): a one-row norm also writes its output as the
   // one-token integer mat-vec's int16 planes (norm.cu, qgemv_int.cuh), and the mat-vec launched right
   // after it on that output copies them instead of staging x (the staging was 2.5 us of a qwen3-8b
@@ -827,6 +825,8 @@ class CudaBackend final : public Backend {
     pscratch_.xplanes = planes_;
     return &pscratch_;
   }
+  // The scratch of the q4 batch kernel (qgemm_batch.cu) for 17..64 rows of these matrices, grown
+  // to what it needs (its counters zeroed when new); null: the call runs without it.
   const cuda::GemvScratch* batch_scratch(const DevMatrix* ws, int n, const DevMatrix* up, int64_t T) {
     cuda::GemvScratch need;
     if (!batch_gemv_ || T < cuda::kBatchMinTokens || T > cuda::kTcMaxTokens ||

@@ -95,11 +95,8 @@ __device__ __forceinline__ void pdl_begin() {
 // kernels before this one are complete and their writes visible in L2 (read them with ld.global.cg:
 // an SM's L1 may hold an older step's copy).
 __device__ __forceinline__ void pdl_begin_late() {
-  trace::point(0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-  trace::point(1);
+  trace::point(0);  // (the start, as pdl_launch marks it)
+  pdl_wait();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

@@ -680,49 +680,47 @@ unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWar
 
 bool moe_route_norm_ok(int64_t H) { return route_cluster_on() && H % 8 == 0 && H / 8 <= kRouteCWarps * 32; }
 
+namespace {
+// f(std::integral_constant<int, FMT>{}) for the router's format (moe_fmt).
+template <class F>
+cudaError_t by_router_fmt(const DevMatrix& m, F&& f) {
+  switch (moe_fmt(m.bits, m.dtype)) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 17: return f(std::integral_constant<int, 17>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+}  // namespace
+
 cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
   if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
+    return cudaErrorInvalidValue;
+  if (a.norm_w && (a.T != 1 || !moe_route_norm_ok(a.H) || !a.residual || !a.x_add || !a.x_out))
     return cudaErrorInvalidValue;
   const unsigned tiles = unsigned((a.T + kRouteTok - 1) / kRouteTok);
   // One tile (decode, up to 8 tokens) in a cluster; longer batches (prefill: many tiles, where the
   // counter's latency is amortized and block 0 would route 8 tokens one after another) as before.
-  if (a.norm_w && (a.T != 1 || !moe_route_norm_ok(a.H) || !a.residual || !a.x_add || !a.x_out))
-    return cudaErrorInvalidValue;
   if (route_cluster_on() && a.T <= kRouteTok) {
     const int C = std::min(kRouteCMaxCluster, (a.E + kRouteCWarps - 1) / kRouteCWarps);
     const dim3 grid(unsigned(C), tiles), block(kRouteCWarps * 32);
-    auto go = [&](auto norm) -> cudaError_t {
-      constexpr bool N = decltype(norm)::value;
-      switch (moe_fmt(a.router.bits, a.router.dtype)) {
-        case 2: return launch_kc(route_cluster_kernel<2, N>, grid, block, 0, s, C, a);
-        case 3: return launch_kc(route_cluster_kernel<3, N>, grid, block, 0, s, C, a);
-        case 4: return launch_kc(route_cluster_kernel<4, N>, grid, block, 0, s, C, a);
-        case 5: return launch_kc(route_cluster_kernel<5, N>, grid, block, 0, s, C, a);
-        case 6: return launch_kc(route_cluster_kernel<6, N>, grid, block, 0, s, C, a);
-        case 8: return launch_kc(route_cluster_kernel<8, N>, grid, block, 0, s, C, a);
-        case 16: return launch_kc(route_cluster_kernel<16, N>, grid, block, 0, s, C, a);
-        case 17: return launch_kc(route_cluster_kernel<17, N>, grid, block, 0, s, C, a);
-        case 32: return launch_kc(route_cluster_kernel<32, N>, grid, block, 0, s, C, a);
-        default: return cudaErrorInvalidValue;
-      }
-    };
-    return a.norm_w ? go(std::true_type{}) : go(std::false_type{});
+    return by_router_fmt(a.router, [&](auto fmt) {
+      constexpr int F = decltype(fmt)::value;
+      return a.norm_w ? launch_kc(route_cluster_kernel<F, true>, grid, block, 0, s, C, a)
+                      : launch_kc(route_cluster_kernel<F, false>, grid, block, 0, s, C, a);
+    });
   }
-  const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), tiles);
-  const dim3 block(kWarps * 32);
-  switch (moe_fmt(a.router.bits, a.router.dtype)) {
-    case 2: launch_k(route_kernel<2>, grid, block, 0, s, a); break;
-    case 3: launch_k(route_kernel<3>, grid, block, 0, s, a); break;
-    case 4: launch_k(route_kernel<4>, grid, block, 0, s, a); break;
-    case 5: launch_k(route_kernel<5>, grid, block, 0, s, a); break;
-    case 6: launch_k(route_kernel<6>, grid, block, 0, s, a); break;
-    case 8: launch_k(route_kernel<8>, grid, block, 0, s, a); break;
-    case 16: launch_k(route_kernel<16>, grid, block, 0, s, a); break;
-    case 17: launch_k(route_kernel<17>, grid, block, 0, s, a); break;
-    case 32: launch_k(route_kernel<32>, grid, block, 0, s, a); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), tiles), block(kWarps * 32);
+  return by_router_fmt(a.router, [&](auto fmt) {
+    launch_k(route_kernel<decltype(fmt)::value>, grid, block, 0, s, a);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t moe_gate_up(const MoEGateUpArgs& a, cudaStream_t s) {

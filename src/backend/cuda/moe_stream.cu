@@ -147,10 +147,7 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
   }
   float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xq) + size_t(K) * 2);
   if (INT && a.xplanes) {
-    // The norm staged x already (one token): a copy of int_x_bytes(K) bytes.
-    const uint4* src = static_cast<const uint4*>(a.xplanes);
-    const int n16 = int(tc::int_x_bytes(K) / 16);
-    for (int i = threadIdx.x; i < n16; i += W * 32) xq[i] = __ldg(src + i);
+    tc::int_copy_planes<W * 32>(a.xplanes, K, xq);  // the norm staged x already (one token)
   } else if constexpr (INT) {
     // Whole warps (the quads' shuffles in int_stage_piece); K / 8 pieces, a multiple of 16.
     constexpr int V = 4;

@@ -36,6 +36,16 @@ namespace anvil::cuda::tc {
 // Bytes of shared memory the int16 activations of a K-element row take.
 __host__ __device__ constexpr size_t int_x_bytes(int64_t K) { return size_t(K) * 2 + size_t(K / 32) * 8; }
 
+// A row's planes and per-piece floats as a producer wrote them (rmsnorm with planes, same layout)
+// into the block's shared memory: int_x_bytes(K) bytes by the block's NT threads.
+template <int NT>
+__device__ __forceinline__ void int_copy_planes(const void* planes, int64_t K, void* xs) {
+  const uint4* src = static_cast<const uint4*>(planes);
+  uint4* dst = static_cast<uint4*>(xs);
+  const int n16 = int(int_x_bytes(K) / 16);
+  for (int i = threadIdx.x; i < n16; i += NT) dst[i] = __ldg(src + i);
+}
+
 __device__ __forceinline__ uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));

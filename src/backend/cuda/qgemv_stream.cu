@@ -150,11 +150,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   // whole warps (the quads' shuffles): nq is a multiple of 16, not always of the block's threads.
   float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xs) + size_t(K) * 2);
   if (INT && p.xplanes && !p.norm_w) {
-    // The producer (rmsnorm with planes) staged x already: a copy of int_x_bytes(K) bytes.
-    const uint4* src = static_cast<const uint4*>(p.xplanes);
-    uint4* dst = reinterpret_cast<uint4*>(xs);
-    const int n16 = int(int_x_bytes(K) / 16);
-    for (int i = threadIdx.x; i < n16; i += W * 32) dst[i] = __ldg(src + i);
+    int_copy_planes<W * 32>(p.xplanes, K, xs);  // the producer (rmsnorm with planes) staged x already
   } else if constexpr (INT) {
     float ss = 0.0f;
     for (int q0 = threadIdx.x - lane; q0 < nq; q0 += kStageV * W * 32) {
