@@ -517,6 +517,7 @@ if [ "$what" != tests ]; then
     pt() {  # ENV=VAL test-binary filter tag
       env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/pending.log 2>&1
       echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pending.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/pending.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
+      grep -E -A3 'Failure$' /tmp/pending.log | head -40 >> "$OUT/bench.log"
     }
     pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
     pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"

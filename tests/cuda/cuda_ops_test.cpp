@@ -328,14 +328,14 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
     }
 }
 
-// ANVIL_CUDA_NORM_PLANES=1: a one-row norm also writes its output as the integer mat-vec's int16
+// The norm planes (default; ANVIL_CUDA_NORM_PLANES=0 off): a one-row norm also writes its output as the integer mat-vec's int16
 // planes and the mat-vec right after it copies them instead of staging x. The planes are made from
 // the same bf16 values with the same arithmetic, so every output must equal the default path's bit
 // for bit (and the CPU's within the linear bound); a mat-vec on another input, or after another
 // launch, must not take them (the last case below: the norm's planes, then a linear of another x).
 TEST_F(CudaOps, NormPlanesFeedTheOneTokenMatVecBitForBit) {
-  auto pl = backend_with({{"ANVIL_CUDA_NORM_PLANES", "1"}});
-  ASSERT_TRUE(pl);
+  auto staged = backend_with({{"ANVIL_CUDA_NORM_PLANES", "0"}}), pl = backend_with({{"ANVIL_CUDA_NORM_PLANES", "1"}});
+  ASSERT_TRUE(staged && pl);
   for (const int group : {32, 64, 128})
     for (const int64_t H : {1024, 4096}) {
       const int64_t F = 1536, rows[3] = {1024, 256, 256};
@@ -350,11 +350,13 @@ TEST_F(CudaOps, NormPlanesFeedTheOneTokenMatVecBitForBit) {
       WeightVector hn{H, DType::kBF16, nw.data()};
       auto h0 = randn(size_t(H)), x0 = randn(size_t(H)), other = randn(size_t(H));
       for (size_t i = 0; i < x0.size(); i += 61) x0[i] *= 30.0f;  // pieces of very different scales
+      for (auto* v : {&h0, &x0})  // the device's inputs exactly, for the CPU reference below
+        for (auto& e : *v) e = bf16_round(e);
       // Both backends, the same sequence: add_rmsnorm, linear_swiglu; add_rmsnorm, linear_multi;
       // add_rmsnorm, linear on another row (no planes for it).
       std::vector<std::vector<float>> outs[2];
       for (int b = 0; b < 2; ++b) {
-        Backend& be = b == 0 ? *gpu_ : *pl;
+        Backend& be = b == 0 ? *staged : *pl;
         auto dg = be.upload_weight(g.w), du = be.upload_weight(u.w);
         auto d0 = be.upload_weight(qkv[0].w), d1 = be.upload_weight(qkv[1].w), d2 = be.upload_weight(qkv[2].w);
         auto dn = be.upload_vector(hn);
@@ -379,13 +381,19 @@ TEST_F(CudaOps, NormPlanesFeedTheOneTokenMatVecBitForBit) {
       }
       const char* names[] = {"linear_swiglu", "linear_multi q", "linear_multi k", "linear_multi v", "linear (other x)",
                              "residual"};
-      for (size_t i = 0; i < outs[0].size(); ++i)
-        EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
-            << names[i] << base << ": with the norm's planes the output differs from the staged path's";
+      for (size_t i = 0; i < outs[0].size(); ++i) {
+        size_t diff = 0, first = 0;
+        for (size_t e = outs[0][i].size(); e-- > 0;)
+          if (std::memcmp(&outs[0][i][e], &outs[1][i][e], sizeof(float)) != 0) ++diff, first = e;
+        EXPECT_EQ(diff, 0u) << names[i] << base << ": with the norm's planes " << diff << " of " << outs[0][i].size()
+                            << " outputs differ from the staged path's, the first at " << first << " ("
+                            << outs[1][i][first] << " against " << outs[0][i][first] << ")";
+      }
       // And the staged path itself against the CPU (so the equality above is of right outputs).
-      std::vector<float> h(h0), x(x0), n(static_cast<size_t>(H)), ref(static_cast<size_t>(F));
-      cpu_->add_rmsnorm(Act{h.data(), 1, H, DType::kF32}, Act{x.data(), 1, H, DType::kF32}, hn, 1e-6f,
-                        Act{n.data(), 1, H, DType::kF32});
+      // The device adds in fp32 and stores the residual as bf16, then normalizes that bf16 row.
+      std::vector<float> h(h0), n(static_cast<size_t>(H)), ref(static_cast<size_t>(F));
+      for (size_t i = 0; i < h.size(); ++i) h[i] = bf16_round(h0[i] + x0[i]);
+      cpu_->rmsnorm(Act{h.data(), 1, H, DType::kF32}, hn, 1e-6f, Act{n.data(), 1, H, DType::kF32});
       for (auto& v : n) v = bf16_round(v);
       cpu_->linear_swiglu(Act{n.data(), 1, H, DType::kF32}, g.w, u.w, Act{ref.data(), 1, F, DType::kF32});
       expect_close(outs[1][0], ref, kGemvBound * 1.5, "linear_swiglu after the norm's planes" + base);

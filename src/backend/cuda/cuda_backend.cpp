@@ -83,7 +83,7 @@ class CudaBackend final : public Backend {
     // The fused decode attention's cluster limit, probed once here rather than inside a capture.
     if (rope_attn_ && cuda::rope_attention_cluster(1, 1, 1 << 20, sms_) < 1) rope_attn_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '0') attn_cluster_ = false;
-    if (const char* f = std::getenv("ANVIL_CUDA_NORM_PLANES"); f && *f == '1') norm_planes_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_NORM_PLANES"); f && *f == '0') norm_planes_ = false;
     if (const char* f = std::getenv("ANVIL_MOE_NORM_ROUTE"); f && *f == '1') moe_norm_route_ = true;
     if (attn_cluster_) attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not in a capture)
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
@@ -802,10 +802,12 @@ class CudaBackend final : public Backend {
   bool matvec_rows(int64_t T, const DevMatrix& d) const {
     return T <= gemv_max_t_ || (tc_batch_ && T <= cuda::kTcMaxTokens && cuda::gemv_uses_tc(d));
   }
-  // ANVIL_CUDA_NORM_PLANES=1 (not yet measured): a one-row norm also writes its output as the
-  // one-token integer mat-vec's int16 planes (norm.cu, qgemv_int.cuh), and the mat-vec launched right
-  // after it on that output copies them instead of staging x (the staging was 2.5 us of a qwen3-8b
-  // q/k/v block after its PDL release, session 15's timeline; one pass in the norm instead).
+  // A one-row norm also writes its output as the one-token integer mat-vec's int16 planes (norm.cu,
+  // qgemv_int.cuh), and the mat-vec launched right after it on that output copies them instead of
+  // staging x (the staging was 2.5 us of a qwen3-8b q/k/v block after its PDL release, session 15's
+  // timeline; one pass in the norm instead). Measured on the H200 (session 17, A/B in one call, tg64
+  // best of 2): qwen3-8b q4g64 434-436 -> 450-452 tok/s, qwen3-0.6b 1,271-1,278 -> 1,290-1,303,
+  // qwen3-30b-a3b-16L 1,096-1,097 -> 1,117. ANVIL_CUDA_NORM_PLANES=0 turns it off.
   // planes_buffer: where the norm of x may write them (null: not this time); planes_written: what
   // it wrote, valid for the very next launch only (launches_ unchanged since) and for that output.
   void* planes_buffer(const Act& x) {
@@ -958,7 +960,7 @@ class CudaBackend final : public Backend {
   // 434.6. ANVIL_CUDA_ATTN_CLUSTER=0: the combine kernel.
   bool attn_cluster_ = true;
   // The one-row norms' int16 planes for the next mat-vec (planes_buffer above).
-  bool norm_planes_ = false;
+  bool norm_planes_ = true;
   bool moe_norm_route_ = false;  // add_rmsnorm_moe_ffn
   void* planes_ = nullptr;
   size_t planes_bytes_ = 0;

@@ -109,7 +109,7 @@ struct MoEDownArgs {
   void* out = nullptr;               // bf16 [T, H]
   bool stream = false;               // the streamed q4 kernel (moe_stream.cu) may take it
   // The previous kernel is moe_gate_up with late_trigger: the streamed kernel reads idx / wt and
-  // copies its experts' weights and scales before its wait (ANVIL_MOE_DOWN_EARLY=1).
+  // copies its experts' weights and scales before its wait (ANVIL_MOE_DOWN_EARLY=0: never).
   bool early = false;
 };
 cudaError_t moe_down(const MoEDownArgs& a, cudaStream_t s);

@@ -43,7 +43,7 @@ __device__ __forceinline__ void int_copy_planes(const void* planes, int64_t K, v
   const uint4* src = static_cast<const uint4*>(planes);
   uint4* dst = static_cast<uint4*>(xs);
   const int n16 = int(int_x_bytes(K) / 16);
-  for (int i = threadIdx.x; i < n16; i += NT) dst[i] = __ldg(src + i);
+  for (int i = threadIdx.x; i < n16; i += NT) dst[i] = __ldcg(src + i);  // L2: written by the kernel just before (PDL)
 }
 
 __device__ __forceinline__ uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
