@@ -32,8 +32,7 @@
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), pending (everything of session 16 not yet
-# measured: ANVIL_CUDA_NORM_PLANES, ANVIL_MOE_DOWN_EARLY, ANVIL_MOE_NORM_ROUTE, the split rule at 16,384: tests
-# and A/B), prefill (the
+# measured: ANVIL_CUDA_NORM_PLANES, ANVIL_MOE_DOWN_EARLY, the split rule at 16,384: tests and A/B), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -511,8 +510,7 @@ if [ "$what" != tests ]; then
     # Everything of session 16 not measured yet, in one call: each switch's op, model and MoE tests
     # and golden on CUDA, then decode against the default, interleaved (tg64, best of 2):
     # ANVIL_CUDA_NORM_PLANES=1 (the norms write the integer mat-vec's planes), ANVIL_MOE_DOWN_EARLY=1
-    # (the MoE down kernel copies its weights while gate/up runs), ANVIL_MOE_NORM_ROUTE=1 (the norm
-    # before an MoE block inside its routing kernel), all three; and the batch-1 split rule
+    # (the MoE down kernel copies its weights while gate/up runs), both; and the batch-1 split rule
     # at 16,384 tokens of context (ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule).
     pt() {  # ENV=VAL test-binary filter tag
       env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/pending.log 2>&1
@@ -522,8 +520,6 @@ if [ "$what" != tests ]; then
     pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
     pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
     pt ANVIL_MOE_DOWN_EARLY=1 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
-    pt ANVIL_MOE_NORM_ROUTE=1 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
-    pt ANVIL_MOE_NORM_ROUTE=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden on CUDA"
     pt ANVIL_MOE_DOWN_EARLY=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden on CUDA"
     pd() {  # ENV=VAL model [bench args]: one decode figure
       local e=$1 m=$2; shift 2
@@ -535,9 +531,7 @@ if [ "$what" != tests ]; then
         pd ANVIL_CUDA_NORM_PLANES=0 $m; pd ANVIL_CUDA_NORM_PLANES=1 $m
       done
       pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b-16L:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
-      pd ANVIL_MOE_NORM_ROUTE=0 qwen3-30b-a3b-16L:q4g64; pd ANVIL_MOE_NORM_ROUTE=1 qwen3-30b-a3b-16L:q4g64
     done
-    ANVIL_CUDA_NORM_PLANES=1 ANVIL_MOE_DOWN_EARLY=1 pd ANVIL_MOE_NORM_ROUTE=1 qwen3-30b-a3b-16L:q4g64
     ANVIL_CUDA_NORM_PLANES=1 pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
     pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b:q4g64
     if [ "${PENDING_CONTEXT:-1}" = 1 ]; then

@@ -59,12 +59,6 @@ void Backend::moe_ffn(Act, const MoEWeights&, Act) {
   std::abort();
 }
 
-void Backend::add_rmsnorm_moe_ffn(Act residual, Act x_in, const WeightVector& w, float eps, Act x,
-                                  const MoEWeights& experts, Act out) {
-  add_rmsnorm(residual, x_in, w, eps, x);
-  moe_ffn(x, experts, out);
-}
-
 void Backend::rope_attention(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm, float eps,
                              const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch,
                              float scale, Act out) {

@@ -310,11 +310,6 @@ class Backend {
     return {};
   }
   virtual void moe_ffn(Act x, const MoEWeights& w, Act out);
-  // The norm before an MoE sublayer and the sublayer: residual += x_in; x = rmsnorm(residual) * w;
-  // out = moe_ffn(x) (out may be x_in). Reference: add_rmsnorm then moe_ffn; the CUDA backend can
-  // normalize inside its routing kernel at decode (ANVIL_MOE_NORM_ROUTE=1).
-  virtual void add_rmsnorm_moe_ffn(Act residual, Act x_in, const WeightVector& w, float eps, Act x,
-                                   const MoEWeights& experts, Act out);
   // ---- end mixture of experts ----
 };
 

@@ -133,12 +133,12 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       continue;
     }
     be.linear(attn, lw.o, o);
+    be.add_rmsnorm(h, o, lw.ffn_norm, eps, x);
     pending = true;
-    if (lw.moe) {  // mixture of experts: the norm, routing, the chosen experts and their weighted sum
-      be.add_rmsnorm_moe_ffn(h, o, lw.ffn_norm, eps, x, lw.experts, o);
+    if (lw.moe) {  // mixture of experts: routing, the chosen experts and their weighted sum in one op
+      be.moe_ffn(x, lw.experts, o);
       continue;
     }
-    be.add_rmsnorm(h, o, lw.ffn_norm, eps, x);
     be.linear_swiglu(x, lw.gate, lw.up, gate);
     be.linear(gate, lw.down, o);
   }

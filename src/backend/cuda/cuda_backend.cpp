@@ -84,7 +84,6 @@ class CudaBackend final : public Backend {
     if (rope_attn_ && cuda::rope_attention_cluster(1, 1, 1 << 20, sms_) < 1) rope_attn_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '0') attn_cluster_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_NORM_PLANES"); f && *f == '0') norm_planes_ = false;
-    if (const char* f = std::getenv("ANVIL_MOE_NORM_ROUTE"); f && *f == '1') moe_norm_route_ = true;
     if (attn_cluster_) attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not in a capture)
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
@@ -618,27 +617,7 @@ class CudaBackend final : public Backend {
              "; --device cpu runs it";
     return {};
   }
-  void moe_ffn(Act x, const MoEWeights& w, Act out) override { moe_ffn_impl(x, w, out, nullptr); }
-  // ANVIL_MOE_NORM_ROUTE=1 (not yet measured): at one token the norm runs inside the routing kernel
-  // (moe.cu route_cluster_kernel NORM), one kernel fewer per MoE layer; otherwise the reference.
-  void add_rmsnorm_moe_ffn(Act residual, Act x_in, const WeightVector& w, float eps, Act x, const MoEWeights& experts,
-                           Act out) override {
-    auto a16 = [](const Act& a) { return reinterpret_cast<uintptr_t>(a.data) % 16 == 0; };
-    if (!moe_norm_route_ || x.rows != 1 || !cuda::moe_route_norm_ok(x.cols) || skip("norm") ||
-        !a16(residual) || !a16(x_in) || !a16(x)) {
-      Backend::add_rmsnorm_moe_ffn(residual, x_in, w, eps, x, experts, out);
-      return;
-    }
-    if (!bf16(residual, "add_rmsnorm_moe_ffn", "residual") || !bf16(x_in, "add_rmsnorm_moe_ffn", "x_in") ||
-        !bf16(x, "add_rmsnorm_moe_ffn", "x") || !same_shape(x, x_in, "add_rmsnorm_moe_ffn") ||
-        !same_shape(residual, x, "add_rmsnorm_moe_ffn") ||
-        !expect(w.n == x.cols, "add_rmsnorm_moe_ffn: weight length must equal cols"))
-      return;
-    const cuda::MoERunner::Norm n{residual.data, x_in.data, w.data, elem_unchecked(w.dtype), eps};
-    moe_ffn_impl(x, experts, out, &n);
-  }
-  // norm: the routing first does add_rmsnorm (one token) and writes x itself.
-  void moe_ffn_impl(Act x, const MoEWeights& w, Act out, const cuda::MoERunner::Norm* norm) {
+  void moe_ffn(Act x, const MoEWeights& w, Act out) override {
     moe_seen_ = true;  // late_norms()
     if (!bf16(x, "moe_ffn", "x") || !bf16(out, "moe_ffn", "out") || !same_shape(x, out, "moe_ffn")) return;
     if (!expect(x.data != out.data && x.cols == w.router.cols,
@@ -651,14 +630,14 @@ class CudaBackend final : public Backend {
       if (!record(moe_.prepare(w, n, &plan))) return;
       // The norm's planes of x (ANVIL_CUDA_NORM_PLANES), taken before the routing launches: only the
       // expert gate/up reads them, and neither the routing nor anything else writes x or them.
-      const cuda::GemvScratch* xp = n == 1 && x.rows == 1 && !norm ? planes_scratch(x) : nullptr;
+      const cuda::GemvScratch* xp = n == 1 && x.rows == 1 ? planes_scratch(x) : nullptr;
       // bench --profile: the routing timed apart (synchronized; never while capturing).
       const bool phases = moe_phase_profiling() && !capturing_;
       const auto t_begin = phases ? phase_clock() : 0.0;
       Status st;
       {
         Prof pr(this, "moe_route");
-        st = moe_.route(xc.data, w, plan, st_, &launches_, norm);
+        st = moe_.route(xc.data, w, plan, st_, &launches_);
       }
       if (!record(st)) return;
       const auto t_routed = phases ? phase_clock() : 0.0;
@@ -961,7 +940,6 @@ class CudaBackend final : public Backend {
   bool attn_cluster_ = true;
   // The one-row norms' int16 planes for the next mat-vec (planes_buffer above).
   bool norm_planes_ = true;
-  bool moe_norm_route_ = false;  // add_rmsnorm_moe_ffn
   void* planes_ = nullptr;
   size_t planes_bytes_ = 0;
   const void* planes_for_ = nullptr;

@@ -49,8 +49,11 @@ __device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[W]) 
   }
 }
 
-// The 32 bf16 of an activation chunk's 16 words as floats; returns their sum (in this order).
-__device__ __forceinline__ float x_chunk_floats(const uint32_t (&xw)[16], float (&xf)[32]) {
+// Activation chunk c (32 elements) of a bf16 row as floats, and their sum (the affine bias term
+// multiplies it): shared by the mat-vec and the MoE kernels.
+__device__ __forceinline__ float load_x_chunk(const uint16_t* row, int64_t c, float (&xf)[32]) {
+  uint32_t xw[16];
+  load_words<16>(reinterpret_cast<const uint32_t*>(row + c * 32), xw);
   float sx = 0.0f;
 #pragma unroll
   for (int e = 0; e < 16; ++e) {
@@ -59,13 +62,6 @@ __device__ __forceinline__ float x_chunk_floats(const uint32_t (&xw)[16], float 
     sx += xf[2 * e] + xf[2 * e + 1];
   }
   return sx;
-}
-// Activation chunk c (32 elements) of a bf16 row in global memory as floats, and their sum (the
-// affine bias term multiplies it): shared by the mat-vec and the MoE kernels.
-__device__ __forceinline__ float load_x_chunk(const uint16_t* row, int64_t c, float (&xf)[32]) {
-  uint32_t xw[16];
-  load_words<16>(reinterpret_cast<const uint32_t*>(row + c * 32), xw);
-  return x_chunk_floats(xw, xf);
 }
 
 // Element e (0..31, a compile-time constant after unrolling) of a chunk: q for quantized formats,

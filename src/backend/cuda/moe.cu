@@ -24,7 +24,6 @@
 
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/norm.cuh"
 
 namespace anvil::cuda {
 namespace {
@@ -66,28 +65,15 @@ __device__ float weight_elem(const DevMatrix& w, int64_t row, int64_t col) {
 }
 
 // ---- routing ----
-// load_x_chunk (dequant.cuh) with plain loads, for a row in shared memory: the same values and sum.
-__device__ __forceinline__ float load_x_chunk_plain(const uint16_t* row, int64_t c, float (&xf)[32]) {
-  uint32_t xw[16];
-  const uint4* p = reinterpret_cast<const uint4*>(row + c * 32);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = p[i];
-    xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-  }
-  return x_chunk_floats(xw, xf);
-}
-
 // Router row r's logits for the tile's nt tokens (t0..t0+nt-1), summed by the calling warp; lane 0
 // holds them. The chunk's weights are unpacked once for the tile's tokens (chunk_dot's arithmetic, in
 // its order: the same logits bit for bit in both routing kernels; ncu on the H200 measured 74 us per
 // qwen3-30b-a3b layer at 512 tokens when each token unpacked them again).
-// x: a.x, or (XS) the row in shared memory (plain loads; load_x_chunk's read-only path is global only).
-template <int FMT, bool XS = false>
-__device__ __forceinline__ void router_row(const MoERouteArgs& a, const uint16_t* x, int r, int t0, int nt,
-                                           float (&acc)[kRouteTok]) {
+template <int FMT>
+__device__ __forceinline__ void router_row(const MoERouteArgs& a, int r, int t0, int nt, float (&acc)[kRouteTok]) {
   const int lane = threadIdx.x & 31;
   const int64_t K = a.H, nchunks = K / 32;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const ExpertPtrs w{a.router.data, a.router.scales, a.router.biases};
 #pragma unroll
   for (int t = 0; t < kRouteTok; ++t) acc[t] = 0.0f;
@@ -107,7 +93,7 @@ __device__ __forceinline__ void router_row(const MoERouteArgs& a, const uint16_t
     for (int t = 0; t < kRouteTok; ++t) {
       if (t < nt) {
         float xf[32];
-        const float sx = XS ? load_x_chunk_plain(x + (t0 + t) * K, c, xf) : load_x_chunk(x + (t0 + t) * K, c, xf);
+        const float sx = load_x_chunk(x + (t0 + t) * K, c, xf);
         float d = 0.0f;
 #pragma unroll
         for (int e = 0; e < 32; ++e) d = fmaf(wf[e], xf[e], d);
@@ -120,10 +106,10 @@ __device__ __forceinline__ void router_row(const MoERouteArgs& a, const uint16_t
   for (int t = 0; t < kRouteTok; ++t) acc[t] = warp_sum(acc[t]);
 }
 
-// The shared expert's gate of token tok: sigmoid(x . shared_gate), by one warp (x: a.x, or a row in
-// shared memory: plain loads).
-__device__ __forceinline__ void shared_gate_coef(const MoERouteArgs& a, const uint16_t* x, int tok) {
+// The shared expert's gate of token tok: sigmoid(x . shared_gate), by one warp.
+__device__ __forceinline__ void shared_gate_coef(const MoERouteArgs& a, int tok) {
   const int lane = threadIdx.x & 31;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
   float d = 0.0f;
   for (int64_t c = lane; c < a.H; c += 32)
     d = fmaf(weight_elem(a.shared_gate, 0, c), bf16_bits_to_f32(x[int64_t(tok) * a.H + c]), d);
@@ -146,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
   const int r = blockIdx.x * kWarps + warp;
   if (r < a.E) {
     float acc[kRouteTok];
-    router_row<FMT>(a, static_cast<const uint16_t*>(a.x), r, t0, nt, acc);
+    router_row<FMT>(a, r, t0, nt, acc);
 #pragma unroll
     for (int t = 0; t < kRouteTok; ++t)
       if (lane == 0 && t < nt) a.logits[int64_t(t0 + t) * a.E + r] = acc[t];
@@ -205,7 +191,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
       a.idx[int64_t(tok) * a.k + lane] = my_e;
       a.wt[int64_t(tok) * a.k + lane] = my_w;
     }
-    if (a.shared_gate.data) shared_gate_coef(a, static_cast<const uint16_t*>(a.x), tok);
+    if (a.shared_gate.data) shared_gate_coef(a, tok);
     __syncwarp();
   }
   trace::point(9);  // (thread 0: warp 0, done with its tokens)
@@ -235,34 +221,13 @@ constexpr int kRouteCMaxCluster = 8;  // the portable cluster size
 // p (>= 0, or NaN) ordered as the CPU's arg-max passes take it: NaN below every probability.
 [[maybe_unused]] __device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f; }
 
-// NORM (moe_route_norm_ok, one token): every block first normalizes the token's row itself, as
-// rmsnorm_vec_kernel does (norm.cuh: the same arithmetic, so the same bits), into its shared memory,
-// and reads x from there; block 0 writes the residual and x out after the cluster barrier (when no
-// block reads the old residual any more). One kernel fewer per MoE layer (ANVIL_MOE_NORM_ROUTE=1).
-template <int FMT, bool NORM>
+template <int FMT>
 __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERouteArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters need sm_90: below it the host takes route_kernel (route_cluster_on)
 #else
   namespace cg = cooperative_groups;
-  __shared__ __align__(16) uint16_t s_x[NORM ? kRouteCWarps * 32 * 8 : 8];  // the normalized row
-  uint4 n_sum = make_uint4(0u, 0u, 0u, 0u), n_out = n_sum;  // NORM: this thread's chunk of both
-  const bool n_act = NORM && threadIdx.x < a.H / 8;
-  if constexpr (NORM) {
-    pdl_launch();
-    float wv[8];  // the norm's weights: no kernel writes them, so before the wait
-#pragma unroll
-    for (int e = 0; e < 8; ++e) wv[e] = n_act ? load_any(a.norm_w, int64_t(threadIdx.x) * 8 + e, a.norm_dtype) : 0.0f;
-    pdl_wait();
-    if (n_act)
-      n_sum = add8(static_cast<const uint4*>(a.residual)[threadIdx.x], static_cast<const uint4*>(a.x_add)[threadIdx.x]);
-    const float inv = vec_norm_inv(n_sum, a.eps, int(a.H));
-    if (n_act) reinterpret_cast<uint4*>(s_x)[threadIdx.x] = n_out = vec_norm_apply(n_sum, inv, wv);
-    __syncthreads();
-  } else {
-    pdl_begin();
-  }
-  const uint16_t* xrow = NORM ? s_x : static_cast<const uint16_t*>(a.x);
+  pdl_begin();
   __shared__ float s_logit[kRouteTok][kMoEMaxExperts];  // block 0's: the tile's logits
   __shared__ __align__(16) float s_p[kMoEMaxExperts];   // one token's probabilities (-2 past E)
   __shared__ float s_red[kRouteCWarps];
@@ -275,7 +240,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
   float* dst = cluster.map_shared_rank(&s_logit[0][0], 0);
   for (int r = b * kRouteCWarps + warp; r < a.E; r += C * kRouteCWarps) {
     float acc[kRouteTok];
-    router_row<FMT, NORM>(a, xrow, r, t0, nt, acc);
+    router_row<FMT>(a, r, t0, nt, acc);
     if (lane == 0) {
 #pragma unroll
       for (int t = 0; t < kRouteTok; ++t)
@@ -283,14 +248,9 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
     }
   }
   trace::point(2);  // trace.h: the router rows done
-  cluster.sync();   // every block's logits are in block 0's shared memory (NORM: every block has read
-                    // the residual)
+  cluster.sync();   // every block's logits are in block 0's shared memory
   trace::point(3);
   if (cluster.block_rank() != 0) return;
-  if (NORM && n_act) {
-    static_cast<uint4*>(a.residual)[threadIdx.x] = n_sum;
-    static_cast<uint4*>(a.x_out)[threadIdx.x] = n_out;
-  }
 
   constexpr int NT = kRouteCWarps * 32;
   const int tid = threadIdx.x;
@@ -364,7 +324,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
     __syncthreads();  // s_p, s_red and the selection are free for the next token
   }
   if (a.shared_gate.data)
-    for (int t = warp; t < nt; t += kRouteCWarps) shared_gate_coef(a, xrow, t0 + t);
+    for (int t = warp; t < nt; t += kRouteCWarps) shared_gate_coef(a, t0 + t);
   trace::point(9);
 #endif
 }
@@ -676,11 +636,6 @@ bool route_cluster_on() {
 
 unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWarps); }
 
-}  // namespace
-
-bool moe_route_norm_ok(int64_t H) { return route_cluster_on() && H % 8 == 0 && H / 8 <= kRouteCWarps * 32; }
-
-namespace {
 // f(std::integral_constant<int, FMT>{}) for the router's format (moe_fmt).
 template <class F>
 cudaError_t by_router_fmt(const DevMatrix& m, F&& f) {
@@ -697,12 +652,11 @@ cudaError_t by_router_fmt(const DevMatrix& m, F&& f) {
     default: return cudaErrorInvalidValue;
   }
 }
+
 }  // namespace
 
 cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
   if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
-    return cudaErrorInvalidValue;
-  if (a.norm_w && (a.T != 1 || !moe_route_norm_ok(a.H) || !a.residual || !a.x_add || !a.x_out))
     return cudaErrorInvalidValue;
   const unsigned tiles = unsigned((a.T + kRouteTok - 1) / kRouteTok);
   // One tile (decode, up to 8 tokens) in a cluster; longer batches (prefill: many tiles, where the
@@ -711,9 +665,7 @@ cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
     const int C = std::min(kRouteCMaxCluster, (a.E + kRouteCWarps - 1) / kRouteCWarps);
     const dim3 grid(unsigned(C), tiles), block(kRouteCWarps * 32);
     return by_router_fmt(a.router, [&](auto fmt) {
-      constexpr int F = decltype(fmt)::value;
-      return a.norm_w ? launch_kc(route_cluster_kernel<F, true>, grid, block, 0, s, C, a)
-                      : launch_kc(route_cluster_kernel<F, false>, grid, block, 0, s, C, a);
+      return launch_kc(route_cluster_kernel<decltype(fmt)::value>, grid, block, 0, s, C, a);
     });
   }
   const dim3 grid(unsigned((a.E + kWarps - 1) / kWarps), tiles), block(kWarps * 32);

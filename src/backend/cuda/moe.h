@@ -64,19 +64,8 @@ struct MoERouteArgs {
   int32_t* idx = nullptr;   // [T, k]
   float* wt = nullptr;      // [T, k]
   float* shared_coef = nullptr;  // [T]: sigmoid(x_t . shared_gate); written when shared_gate.data
-  // With norm_w (one token, moe_route_norm_ok(H)): the routing normalizes its own input, as
-  // add_rmsnorm would, instead of reading x: residual += x_add; x_out = rmsnorm(residual) * norm_w.
-  void* residual = nullptr;     // bf16 [1, H]
-  const void* x_add = nullptr;  // bf16 [1, H]
-  const void* norm_w = nullptr;
-  Elem norm_dtype = Elem::kBF16;
-  float eps = 0.0f;
-  void* x_out = nullptr;        // bf16 [1, H]
 };
 cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s);
-// Whether moe_route can take the norm (norm_w) for a row of H: the cluster routing on, H a multiple of
-// 8 up to 4,096 (a thread of a routing block per 8 elements).
-bool moe_route_norm_ok(int64_t H);
 
 struct MoEGateUpArgs {
   const void* x = nullptr;  // bf16 [T, H]

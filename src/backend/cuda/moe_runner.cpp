@@ -246,18 +246,13 @@ Status MoERunner::prepare(const MoEWeights& w, int64_t T, MoEPlan* plan) {
   return Status::ok();
 }
 
-Status MoERunner::route(const void* x, const MoEWeights& w, const MoEPlan& p, cudaStream_t s, uint64_t* launches,
-                        const Norm* norm) {
+Status MoERunner::route(const void* x, const MoEWeights& w, const MoEPlan& p, cudaStream_t s, uint64_t* launches) {
   MoERouteArgs ra;
   ra.router = dev_matrix(w.router);
   if (p.shared) ra.shared_gate = dev_matrix(w.shared_gate_w);
   ra.E = w.num_experts, ra.k = w.top_k, ra.norm_topk = w.norm_topk_prob;
   ra.logits = p.logits, ra.counters = p.counters, ra.idx = p.idx, ra.wt = p.wt, ra.shared_coef = p.coef;
   ra.x = x, ra.T = int(p.T), ra.H = p.H;
-  if (norm) {
-    ra.residual = norm->residual, ra.x_add = norm->x_add, ra.norm_w = norm->w, ra.norm_dtype = norm->dtype;
-    ra.eps = norm->eps, ra.x_out = const_cast<void*>(x);
-  }
   ++*launches;
   return launch_status(moe_route(ra, s), "moe_route");
 }

@@ -73,17 +73,7 @@ class MoERunner {
   // Enqueues the routing of x [T, H] (bf16) on `s` (ids, weights and the shared expert's gate into the
   // plan's workspace), then the experts and the weighted sum into out [T, H] (bf16). Each adds the kernels
   // it launched to *launches. Two calls so a profiler can time them apart.
-  // norm (one token, moe_route_norm_ok): the routing normalizes its input itself (add_rmsnorm's
-  // residual += x_add; x = rmsnorm(residual) * w, x written for the experts), or null.
-  struct Norm {
-    void* residual;
-    const void* x_add;
-    const void* w;
-    Elem dtype;
-    float eps;
-  };
-  Status route(const void* x, const MoEWeights& w, const MoEPlan& plan, cudaStream_t s, uint64_t* launches,
-               const Norm* norm = nullptr);
+  Status route(const void* x, const MoEWeights& w, const MoEPlan& plan, cudaStream_t s, uint64_t* launches);
   // xplanes (T == 1, or null): x as the one-token integer path's int16 planes (rmsnorm wrote them).
   Status experts(const void* x, const MoEWeights& w, const MoEPlan& plan, void* out, cudaStream_t s,
                  uint64_t* launches, const void* xplanes = nullptr);

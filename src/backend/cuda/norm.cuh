@@ -1,6 +1,5 @@
-// Internal to src/backend/cuda/: the 16-byte pieces of the decode norms (norm.cu rmsnorm_vec_kernel)
-// — bf16 elements of a 16-byte chunk, the residual add, and one row's RMSNorm by one block with a
-// thread per 8 elements — shared with the MoE routing that normalizes its own input (moe.cu).
+// Internal to src/backend/cuda/: the 16-byte pieces of the decode norms (norm.cu) — bf16 elements of
+// a 16-byte chunk, the residual add, and one row's RMSNorm by one block with a thread per 8 elements.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 
