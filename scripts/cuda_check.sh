@@ -31,8 +31,8 @@
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
-# one token through the integer dot products, against the tensor cores), pending (everything of session 16 not yet
-# measured: ANVIL_CUDA_NORM_PLANES, ANVIL_MOE_DOWN_EARLY, the split rule at 16,384: tests and A/B), prefill (the
+# one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
+# sessions 16-17 against their switches: the off paths' tests, then A/B), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -506,37 +506,36 @@ if [ "$what" != tests ]; then
       echo "### ANVIL_QGEMV_RING=$r op tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/ring.log | tr '\n' ' ')" >> "$OUT/bench.log"
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64; do ANVIL_QGEMV_RING=$r b --synthetic $m -n 64 --runs 2; done
     done
-  elif [ "$set" = pending ]; then
-    # Everything of session 16 not measured yet, in one call: each switch's op, model and MoE tests
-    # and golden on CUDA, then decode against the default, interleaved (tg64, best of 2):
-    # ANVIL_CUDA_NORM_PLANES=1 (the norms write the integer mat-vec's planes), ANVIL_MOE_DOWN_EARLY=1
-    # (the MoE down kernel copies its weights while gate/up runs), both; and the batch-1 split rule
-    # at 16,384 tokens of context (ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule).
+  elif [ "$set" = defaults ]; then
+    # The decode defaults chosen in sessions 16-17, each against its switch in one call (tg64, best
+    # of 2, interleaved): the off paths' tests first (ANVIL_CUDA_NORM_PLANES=0: the mat-vecs stage x
+    # themselves; ANVIL_MOE_DOWN_EARLY=0: the MoE down kernel copies nothing before its wait), then
+    # the norm planes, the early down copies, the late norms (ANVIL_CUDA_NORM_LATE: MoE models only)
+    # and the batch-1 split rule at 4,096 and 16,384 tokens (ANVIL_CUDA_ATTN_SPLIT_RULE=0: 4 waves).
     pt() {  # ENV=VAL test-binary filter tag
-      env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/pending.log 2>&1
-      echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pending.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/pending.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
-      grep -E -A3 'Failure$' /tmp/pending.log | head -40 >> "$OUT/bench.log"
+      env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/defaults.log 2>&1
+      echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/defaults.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/defaults.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
+      grep -E -A3 'Failure$' /tmp/defaults.log | head -40 >> "$OUT/bench.log"
     }
-    pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
-    pt ANVIL_CUDA_NORM_PLANES=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
-    pt ANVIL_MOE_DOWN_EARLY=1 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
-    pt ANVIL_MOE_DOWN_EARLY=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden on CUDA"
+    pt ANVIL_CUDA_NORM_PLANES=0 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
+    pt ANVIL_MOE_DOWN_EARLY=0 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
     pd() {  # ENV=VAL model [bench args]: one decode figure
       local e=$1 m=$2; shift 2
       echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
     }
-    # PENDING_ROUNDS (default 2) rounds of the A/B; PENDING_CONTEXT=0 leaves out the long contexts.
-    for i in $(seq 1 "${PENDING_ROUNDS:-2}"); do
+    # DEFAULTS_ROUNDS (default 2) rounds of the A/B; DEFAULTS_CONTEXT=0 leaves out the long contexts.
+    for i in $(seq 1 "${DEFAULTS_ROUNDS:-2}"); do
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
-        pd ANVIL_CUDA_NORM_PLANES=0 $m; pd ANVIL_CUDA_NORM_PLANES=1 $m
+        pd X=default $m; pd ANVIL_CUDA_NORM_PLANES=0 $m
       done
-      pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b-16L:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
+      pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b-16L:q4g64
+      pd ANVIL_CUDA_NORM_LATE=1 qwen3-8b:q4g64; pd ANVIL_CUDA_NORM_LATE=0 qwen3-30b-a3b-16L:q4g64
     done
-    ANVIL_CUDA_NORM_PLANES=1 pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b-16L:q4g64
-    pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b:q4g64; pd ANVIL_MOE_DOWN_EARLY=1 qwen3-30b-a3b:q4g64
-    if [ "${PENDING_CONTEXT:-1}" = 1 ]; then
-      pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 16384; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 16384
-      pd ANVIL_CUDA_ATTN_SPLIT_RULE=1 qwen3-8b:q4g64 --prompt 4096; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt 4096
+    pd X=default qwen3-30b-a3b:q4g64; pd ANVIL_MOE_DOWN_EARLY=0 qwen3-30b-a3b:q4g64
+    if [ "${DEFAULTS_CONTEXT:-1}" = 1 ]; then
+      for P in 4096 16384; do
+        pd X=default qwen3-8b:q4g64 --prompt $P; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt $P
+      done
     fi
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
