@@ -387,6 +387,17 @@ if [ "${NCU_STALL:-0}" = 1 ]; then
 fi
 if [ "$what" != tests ]; then
   b() { echo "### ${ANVIL_CUDA_FA:+ANVIL_CUDA_FA=$ANVIL_CUDA_FA }${ANVIL_CUDA_PREFETCH:+ANVIL_CUDA_PREFETCH=$ANVIL_CUDA_PREFETCH }${ANVIL_CUDA_NO_PDL:+ANVIL_CUDA_NO_PDL=1 }${ANVIL_CUDA_FUSE:+ANVIL_CUDA_FUSE=1 }${ANVIL_CUDA_ATTN_FUSED:+ANVIL_CUDA_ATTN_FUSED=1 }${ANVIL_CUDA_ATTN_TC:+ANVIL_CUDA_ATTN_TC=$ANVIL_CUDA_ATTN_TC }${ANVIL_CUDA_SKIP:+ANVIL_CUDA_SKIP=$ANVIL_CUDA_SKIP }${ANVIL_QGEMV_RING:+ANVIL_QGEMV_RING=$ANVIL_QGEMV_RING }${ANVIL_QGEMV_TC:+ANVIL_QGEMV_TC=$ANVIL_QGEMV_TC }${ANVIL_CUDA_NO_CUBLAS:+ANVIL_CUDA_NO_CUBLAS=1 }anvil bench $*" | tee -a "$OUT/bench.log"; timeout 200 ./build-gpu/anvil bench --device cuda "$@" >> "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"; }
+  # pt ENV=VAL test-binary filter tag: one test run's result line (and its failures) in bench.log;
+  # pd ENV=VAL model [bench args]: one decode figure (tg64, best of 2) in bench.log.
+  pt() {  # ENV=VAL test-binary filter tag
+    env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/set_test.log 2>&1
+    echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/set_test.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/set_test.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
+    grep -E -A3 'Failure$' /tmp/set_test.log | head -40 >> "$OUT/bench.log"
+  }
+  pd() {  # ENV=VAL model [bench args]: one decode figure
+    local e=$1 m=$2; shift 2
+    echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
+  }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   # One decode step of B sequences of qwen3-8b q4g64 under the environment ENV (VAR=VALUE ...):
@@ -513,17 +524,8 @@ if [ "$what" != tests ]; then
     # themselves; ANVIL_MOE_DOWN_EARLY=0: the MoE down kernel copies nothing before its wait), then
     # the norm planes, the early down copies, the late norms (ANVIL_CUDA_NORM_LATE: MoE models only)
     # and the batch-1 split rule at 4,096 and 16,384 tokens (ANVIL_CUDA_ATTN_SPLIT_RULE=0: 4 waves).
-    pt() {  # ENV=VAL test-binary filter tag
-      env "$1" timeout 150 "$2" --gtest_filter="$3" > /tmp/defaults.log 2>&1
-      echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/defaults.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/defaults.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
-      grep -E -A3 'Failure$' /tmp/defaults.log | head -40 >> "$OUT/bench.log"
-    }
     pt ANVIL_CUDA_NORM_PLANES=0 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
     pt ANVIL_MOE_DOWN_EARLY=0 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
-    pd() {  # ENV=VAL model [bench args]: one decode figure
-      local e=$1 m=$2; shift 2
-      echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
-    }
     # DEFAULTS_ROUNDS (default 2) rounds of the A/B; DEFAULTS_CONTEXT=0 leaves out the long contexts.
     for i in $(seq 1 "${DEFAULTS_ROUNDS:-2}"); do
       for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
@@ -541,18 +543,10 @@ if [ "$what" != tests ]; then
   elif [ "$set" = wave ]; then
     # ANVIL_QGEMV_WAVE=1 (qgemv_stream.cu wave_rule): qwen3-8b's one-token gate/up as 2-warp blocks in
     # one wave. Its op and model tests and golden on CUDA, then decode against the default, interleaved.
-    for f in 'CudaOps.Integer*:CudaOps.Linear*:CudaModel.*'; do
-      ANVIL_QGEMV_WAVE=1 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter="$f" > /tmp/wave.log 2>&1
-      echo "### ANVIL_QGEMV_WAVE=1 $f: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/wave.log | tr '\n' ' ')" >> "$OUT/bench.log"
-      grep -E 'linear_swiglu \[12288|Failure$' -A2 /tmp/wave.log | head -20 >> "$OUT/bench.log"
-    done
-    ANVIL_QGEMV_WAVE=1 timeout 200 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/wave.log 2>&1
-    echo "### ANVIL_QGEMV_WAVE=1 golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/wave.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for i in 1 2; do
-      for v in 0 1; do
-        echo "### ANVIL_QGEMV_WAVE=$v qwen3-8b:q4g64: $(ANVIL_QGEMV_WAVE=$v timeout 100 ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:q4g64 -n 64 --runs 2 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
-      done
-    done
+    pt ANVIL_QGEMV_WAVE=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Integer*:CudaOps.Linear*:CudaModel.*' "op and model tests"
+    grep -E -A1 'linear_swiglu \[12288' /tmp/set_test.log | head -8 >> "$OUT/bench.log"
+    pt ANVIL_QGEMV_WAVE=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
+    for i in 1 2; do pd ANVIL_QGEMV_WAVE=0 qwen3-8b:q4g64; pd ANVIL_QGEMV_WAVE=1 qwen3-8b:q4g64; done
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
     # the results are meaningless, the time saved is the point), and the fused norm / residual add.
