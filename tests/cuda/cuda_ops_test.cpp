@@ -333,10 +333,10 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
     }
 }
 
-// The norm planes (default; ANVIL_CUDA_NORM_PLANES=0 off): a one-row norm also writes its output as the integer mat-vec's int16
-// planes and the mat-vec right after it copies them instead of staging x. The planes are made from
-// the same bf16 values with the same arithmetic, so every output must equal the default path's bit
-// for bit (and the CPU's within the linear bound); a mat-vec on another input, or after another
+// The norm planes (the default; ANVIL_CUDA_NORM_PLANES=0 turns them off): a one-row norm also writes
+// its output as the integer mat-vec's int16 planes and the mat-vec right after it copies them instead
+// of staging x. The planes are made from the same bf16 values with the same arithmetic, so every
+// output must equal the staged path's bit for bit (and the CPU's within the linear bound); a mat-vec on another input, or after another
 // launch, must not take them (the last case below: the norm's planes, then a linear of another x).
 TEST_F(CudaOps, NormPlanesFeedTheOneTokenMatVecBitForBit) {
   auto staged = backend_with({{"ANVIL_CUDA_NORM_PLANES", "0"}}), pl = backend_with({{"ANVIL_CUDA_NORM_PLANES", "1"}});
