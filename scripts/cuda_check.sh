@@ -32,8 +32,7 @@
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
-# sessions 16-17 against their switches: the off paths' tests, then A/B), wave (ANVIL_QGEMV_WAVE=1:
-# qwen3-8b's gate/up in one wave of 2-warp blocks; tests and A/B), prefill (the
+# sessions 16-17 against their switches: the off paths' tests, then A/B), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -540,13 +539,6 @@ if [ "$what" != tests ]; then
         pd X=default qwen3-8b:q4g64 --prompt $P; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt $P
       done
     fi
-  elif [ "$set" = wave ]; then
-    # ANVIL_QGEMV_WAVE=1 (qgemv_stream.cu wave_rule): qwen3-8b's one-token gate/up as 2-warp blocks in
-    # one wave. Its op and model tests and golden on CUDA, then decode against the default, interleaved.
-    pt ANVIL_QGEMV_WAVE=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Integer*:CudaOps.Linear*:CudaModel.*' "op and model tests"
-    grep -E -A1 'linear_swiglu \[12288' /tmp/set_test.log | head -8 >> "$OUT/bench.log"
-    pt ANVIL_QGEMV_WAVE=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
-    for i in 1 2; do pd ANVIL_QGEMV_WAVE=0 qwen3-8b:q4g64; pd ANVIL_QGEMV_WAVE=1 qwen3-8b:q4g64; done
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
     # the results are meaningless, the time saved is the point), and the fused norm / residual add.

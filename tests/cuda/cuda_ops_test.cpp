@@ -323,8 +323,7 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
       Guarded gx = dev_bf16(x);
       ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 2048, 4, group, DType::kBF16, bound * 1.5,
                                             "linear_swiglu [2048x4096]" + base));
-      // qwen3-8b's gate/up (768 tiles: more than one wave of 4-warp blocks; with ANVIL_QGEMV_WAVE=1
-      // it runs as 2-warp blocks, one wave: qgemv_stream.cu wave_rule).
+      // qwen3-8b's gate/up (768 tiles: more than one wave of the streamed kernel's 4-warp blocks).
       if (T == 1 && group == 64)
         ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, T, H, 12288, 4, group, DType::kBF16, bound * 1.5,
                                               "linear_swiglu [12288x4096]" + base));

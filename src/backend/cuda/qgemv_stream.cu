@@ -274,25 +274,6 @@ bool int_rule() {
   return on;
 }
 
-// ANVIL_QGEMV_WAVE=1 (off, not yet measured): a one-token gate/up whose tiles need more than one
-// wave of 4-warp blocks runs 2-warp blocks instead where that makes them one wave. qwen3-8b's gate/up
-// (768 tiles) fits 4 blocks per SM (112 registers x 128 threads, ~51 KB of shared memory): 528 at
-// once, so 240 tiles start only as the first ones finish, their weight copies after the PDL release
-// (session 15's timeline). With 2 warps a tile (half the ring, ~35 KB) 6 fit: 792. Each warp then
-// walks twice the steps; the bytes in flight per SM (12 warps x 4 steps x 2 KB) stay above the ~30
-// KB the copy rate needs.
-bool wave_rule() {
-  static const bool on = [] {
-    const char* e = std::getenv("ANVIL_QGEMV_WAVE");
-    return e && *e == '1';
-  }();
-  return on;
-}
-template <int W>
-int swiglu_int_resident(size_t smem) {  // the default ring (8 steps, 4 with the up matrix)
-  return resident_blocks(qgemv4_async_kernel<true, W, 4, true>, W * 32, smem, kAsyncMaxSmem);
-}
-
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
     const char* e = std::getenv("ANVIL_QGEMV_RING");
@@ -324,12 +305,6 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
     a->W = 4;
     a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   }
-  if (!forced && swiglu && a->integer && a->W == 4 && a->S == 4 && wave_rule()) {
-    const size_t s2 = async_smem_bytes(2, a->S, M, T, K, p.group, true);
-    const int64_t sms = sm_count();
-    const int r4 = swiglu_int_resident<4>(a->smem), r2 = swiglu_int_resident<2>(s2);
-    if (r4 > 0 && r2 > 0 && tiles > r4 * sms && tiles <= r2 * sms) a->W = 2, a->smem = s2;
-  }
   return a->smem <= kAsyncMaxSmem;
 }
 
@@ -354,9 +329,7 @@ cudaError_t async_launch_i(const AsyncShape& a, int64_t tiles, cudaStream_t s, c
 
 cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaStream_t s, const TcParams& p) {
   if (swiglu)
-    return a.W == 8   ? async_launch_i<true, 8>(a, tiles, s, p)
-           : a.W == 2 ? async_launch_i<true, 2>(a, tiles, s, p)  // ANVIL_QGEMV_WAVE (wave_rule)
-                      : async_launch_i<true, 4>(a, tiles, s, p);
+    return a.W == 8 ? async_launch_i<true, 8>(a, tiles, s, p) : async_launch_i<true, 4>(a, tiles, s, p);
   return a.W == 8 ? async_launch_i<false, 8>(a, tiles, s, p) : async_launch_i<false, 4>(a, tiles, s, p);
 }
 
