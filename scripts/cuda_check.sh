@@ -32,7 +32,8 @@
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
-# sessions 16-17 against their switches: the off paths' tests, then A/B), prefill (the
+# sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
+# decode step at 8-64 sequences: ANVIL_QGEMM_PLAIN_X=1, ANVIL_CUDA_ATTN_BATCH_SPLITS=N), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -397,6 +398,14 @@ if [ "$what" != tests ]; then
     local e=$1 m=$2; shift 2
     echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
   }
+  # ps "ENV=VAL [ENV=VAL ...]" seqs: the median batched decode step of qwen3-8b q4g64 (bench-kv, store off).
+  ps() {
+    local e=$1 n=$2
+    # shellcheck disable=SC2086
+    echo "### $e seqs $n: $(env $e timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs "$n" \
+      --pairs 1 --json --kv-store /tmp/anvil-ps-kv 2>&1 | grep -E 'run store off')" >> "$OUT/bench.log"
+    rm -rf /tmp/anvil-ps-kv
+  }
   # A 32-sequence decode step of qwen3-8b q4g64 through the q4 tensor-core mat-vec (the default)
   # and through the prefill GEMM (ANVIL_CUDA_TC_BATCH=0).
   # One decode step of B sequences of qwen3-8b q4g64 under the environment ENV (VAR=VALUE ...):
@@ -539,6 +548,20 @@ if [ "$what" != tests ]; then
         pd X=default qwen3-8b:q4g64 --prompt $P; pd ANVIL_CUDA_ATTN_SPLIT_RULE=0 qwen3-8b:q4g64 --prompt $P
       done
     fi
+  elif [ "$set" = batchstep ]; then
+    # The batched decode step (the server's): the batch kernel reading x itself (ANVIL_QGEMM_PLAIN_X=1,
+    # no permute kernel) and decode attention's splits for batches (ANVIL_CUDA_ATTN_BATCH_SPLITS=N);
+    # their tests first, then the step at 16, 32 and 64 sequences, interleaved.
+    pt ANVIL_QGEMM_PLAIN_X=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
+    pt ANVIL_QGEMM_PLAIN_X=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
+    pt ANVIL_CUDA_ATTN_BATCH_SPLITS=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
+    for e in X=default ANVIL_QGEMM_PLAIN_X=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=2 \
+      "ANVIL_QGEMM_PLAIN_X=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=1" X=default "ANVIL_QGEMM_PLAIN_X=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=1"; do
+      ps "$e" 32
+    done
+    for e in X=default ANVIL_QGEMM_PLAIN_X=1; do ps "$e" 64; done
+    for e in X=default ANVIL_CUDA_ATTN_BATCH_SPLITS=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=2 ANVIL_CUDA_ATTN_BATCH_SPLITS=4; do ps "$e" 16; done
+    for e in X=default ANVIL_CUDA_ATTN_BATCH_SPLITS=2 ANVIL_CUDA_ATTN_BATCH_SPLITS=4; do ps "$e" 8; done
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
     # the results are meaningless, the time saved is the point), and the fused norm / residual add.

@@ -274,6 +274,13 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
     const char* e = std::getenv("ANVIL_CUDA_ATTN_SPLIT_RULE");
     return !(e && *e == '0');
   }();
+  // ANVIL_CUDA_ATTN_BATCH_SPLITS=N (for measuring): N splits for every batch of more than one
+  // token, fewer where the context has fewer than 64 positions per split.
+  static const int batch_splits = [] {
+    const char* e = std::getenv("ANVIL_CUDA_ATTN_BATCH_SPLITS");
+    return e ? std::max(0, std::atoi(e)) : 0;
+  }();
+  if (T > 1 && batch_splits > 0) return std::max(1, std::min(batch_splits, max_positions / 64));
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
   const int most = std::max(1, std::min((4 * n_sms + blocks - 1) / blocks, max_positions / 64));
