@@ -33,7 +33,7 @@
 # (the q4 batch kernel against the register-fed one / its launch shapes), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
-# decode step at 8-64 sequences: ANVIL_QGEMM_PLAIN_X=1, ANVIL_CUDA_ATTN_BATCH_SPLITS=N), prefill (the
+# decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -549,19 +549,18 @@ if [ "$what" != tests ]; then
       done
     fi
   elif [ "$set" = batchstep ]; then
-    # The batched decode step (the server's): the batch kernel reading x itself (ANVIL_QGEMM_PLAIN_X=1,
-    # no permute kernel) and decode attention's splits for batches (ANVIL_CUDA_ATTN_BATCH_SPLITS=N);
-    # their tests first, then the step at 16, 32 and 64 sequences, interleaved.
-    pt ANVIL_QGEMM_PLAIN_X=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
-    pt ANVIL_QGEMM_PLAIN_X=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
-    pt ANVIL_CUDA_ATTN_BATCH_SPLITS=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
-    for e in X=default ANVIL_QGEMM_PLAIN_X=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=2 \
-      "ANVIL_QGEMM_PLAIN_X=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=1" X=default "ANVIL_QGEMM_PLAIN_X=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=1"; do
-      ps "$e" 32
+    # The batched decode step (the server's) under decode attention's split rule for batches (the
+    # default: one block per SM on the tensor cores) against the 4-wave rule (ANVIL_CUDA_ATTN_SPLIT_RULE=0)
+    # and forced splits (ANVIL_CUDA_ATTN_BATCH_SPLITS=N): the attention tests under each first, then
+    # the step at 8, 16, 32 and 64 sequences, interleaved.
+    for e in ANVIL_CUDA_ATTN_SPLIT_RULE=0 ANVIL_CUDA_ATTN_BATCH_SPLITS=1; do
+      pt $e ./build-gpu/tests/anvil_test_cuda 'CudaOps.RopeKv*:CudaOps.Fused*:CudaModel.*' "attention and model tests"
     done
-    for e in X=default ANVIL_QGEMM_PLAIN_X=1; do ps "$e" 64; done
-    for e in X=default ANVIL_CUDA_ATTN_BATCH_SPLITS=1 ANVIL_CUDA_ATTN_BATCH_SPLITS=2 ANVIL_CUDA_ATTN_BATCH_SPLITS=4; do ps "$e" 16; done
-    for e in X=default ANVIL_CUDA_ATTN_BATCH_SPLITS=2 ANVIL_CUDA_ATTN_BATCH_SPLITS=4; do ps "$e" 8; done
+    for n in 32 16; do
+      for e in X=default ANVIL_CUDA_ATTN_SPLIT_RULE=0 X=default ANVIL_CUDA_ATTN_SPLIT_RULE=0; do ps "$e" $n; done
+    done
+    for e in X=default ANVIL_CUDA_ATTN_SPLIT_RULE=0; do ps "$e" 8; done
+    ps X=default 64  # one split under either rule
   elif [ "$set" = skip ]; then
     # What each op family costs inside the decode graph (ANVIL_CUDA_SKIP: those ops launch nothing;
     # the results are meaningless, the time saved is the point), and the fused norm / residual add.

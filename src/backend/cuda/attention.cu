@@ -261,14 +261,21 @@ size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits
   return size_t(T) * n_heads * n_splits * (head_dim + 2);
 }
 
-int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
+int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms, bool tc_decode) {
   // ~4 blocks of 4 warps per SM keep enough K/V loads in flight to approach the copy bandwidth, with
-  // >= 64 positions per split at full context: the rule for batches. At batch 1 (fewer blocks than a
-  // wave; what was measured, on the H200, session 16, qwen3-8b q4g64): ~256 positions per split, but
-  // no fewer splits than fill one wave of blocks nor more than the 4 blocks per SM. At 4,096 tokens
-  // of context that is 17 splits instead of 66 (392.6 against 380.7 tok/s: each of the 66 had one
-  // tile of 16 positions per warp, and the merge reads them all); at 512 the 64-position floor caps
-  // both rules alike; at 16,384, 64 instead of 66.
+  // >= 64 positions per split at full context: the rule for prefill batches and the split kernels.
+  // At batch 1 (fewer blocks than a wave; what was measured, on the H200, session 16, qwen3-8b
+  // q4g64): ~256 positions per split, but no fewer splits than fill one wave of blocks nor more than
+  // the 4 blocks per SM. At 4,096 tokens of context that is 17 splits instead of 66 (392.6 against
+  // 380.7 tok/s: each of the 66 had one tile of 16 positions per warp, and the merge reads them all);
+  // at 512 the 64-position floor caps both rules alike; at 16,384, 64 instead of 66.
+  // Decode batches of 2..32 sequences on the tensor cores (tc_decode): just enough splits for one
+  // block per SM (one split from 17 sequences of 8 kv heads on). A block's fixed cost (Q fragments,
+  // the warps' merge, its partials) outweighs the loads in flight more splits add: ncu had the
+  // 32-sequence qwen3-8b step's attention (3 splits) at 58.7 us per layer for 67 MB, ~4,100
+  // instructions per warp. Measured on the H200 (session 18, qwen3-8b q4g64 after 512-token
+  // prompts, ms per step, bench-kv): 32 sequences 7.93 (3 splits, the 4-wave rule) -> 6.79 (1),
+  // 7.12 (2); 16 sequences 5.36 (5) -> 4.82 (2), 4.95 (1); 8 sequences 4.66 (9) -> 4.24 (2), 4.37 (4).
   // ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule for every batch (for measuring).
   static const bool rule = [] {
     const char* e = std::getenv("ANVIL_CUDA_ATTN_SPLIT_RULE");
@@ -284,8 +291,10 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms) {
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
   const int most = std::max(1, std::min((4 * n_sms + blocks - 1) / blocks, max_positions / 64));
-  if (!rule || T != 1 || blocks >= n_sms) return most;
+  if (!rule) return most;
   const int least = (n_sms + blocks - 1) / blocks;
+  if (T > 1) return tc_decode ? std::min(most, least) : most;
+  if (blocks >= n_sms) return most;
   return std::min(most, std::max(least, max_positions / 256));
 }
 

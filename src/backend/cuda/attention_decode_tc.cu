@@ -527,7 +527,7 @@ int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms) 
   }();
   const int limit = std::min(cap, max_cluster_any());
   if (limit < 1) return 0;
-  const int want = attention_splits(T, n_kv_heads, max_positions, n_sms);
+  const int want = attention_splits(T, n_kv_heads, max_positions, n_sms, true);
   int cs = 1;
   while (cs * 2 <= want && cs * 2 <= limit) cs *= 2;
   return cs;

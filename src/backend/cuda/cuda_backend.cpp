@@ -483,15 +483,15 @@ class CudaBackend final : public Backend {
                "attention (prefill, tensor cores)");
       return;
     }
-    const int splits =
-        cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_);
+    const bool tc = attn_tc_ && cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim);
+    const int splits = cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_,
+                                              tc && batch.n_tokens == batch.n_seqs);
     // The workspace holds the splits' partials. ANVIL_CUDA_ATTN_FUSED=1 adds one counter per (token,
     // kv head) for the in-kernel merge, in a buffer of its own (a region of the workspace would move
     // with T and land on old partials): zeroed whenever it is new, and the kernel leaves them zero.
     const size_t floats = cuda::attention_workspace_floats(batch.n_tokens, n_heads, kv.head_dim, splits);
     if (!grow(reinterpret_cast<void**>(&attn_ws_), &attn_ws_bytes_, floats * 4)) return;
     unsigned* done = nullptr;
-    const bool tc = attn_tc_ && cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim);
     if (attn_fused_ && !tc && splits > 1) {
       void* before = attn_done_;
       if (!grow(&attn_done_, &attn_done_bytes_, size_t(batch.n_tokens) * size_t(kv.n_kv_heads) * 4)) return;

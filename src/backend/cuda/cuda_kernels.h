@@ -128,7 +128,9 @@ cudaError_t qk_norm_rope_kv_append(void* q, const void* k, const void* v, int n_
 size_t attention_workspace_floats(int T, int n_heads, int head_dim, int n_splits);
 // How many splits a batch gets: enough (token, kv head, split) blocks to fill the GPU for decode,
 // 1 for long prefill batches. Depends only on the launch shape, so a captured graph stays valid.
-int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms);
+// tc_decode: a decode batch (one token per sequence) on the tensor-core kernel, which takes fewer
+// splits from 2 tokens on (the rule and its measurements are at the definition).
+int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms, bool tc_decode = false);
 // done: null, or T * n_kv_heads zeroed counters: then with n_splits > 1 the last split block of each
 // (token, kv head) merges the splits itself (one launch instead of two; left zeroed for the next).
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,

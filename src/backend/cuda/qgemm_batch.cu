@@ -94,7 +94,7 @@ __global__ void permute_x_kernel(const __nv_bfloat16* x, int T, int TP, int K, u
 }
 
 struct BatchArgs {
-  const uint4* xperm;  // permute_x_kernel's output; PX: x itself ([T][K] bf16)
+  const uint4* xperm;  // permute_x_kernel's output
   int sps;             // steps per split (a multiple of group/16 steps unless one split takes all)
   int ngp;             // row stride of the staged scales (the most groups a split spans + 8)
   int64_t part_rows;   // rows of the partial-sum layout: row blocks * 64
@@ -102,17 +102,7 @@ struct BatchArgs {
   unsigned* done;      // [row blocks], zero between launches
 };
 
-// PX (ANVIL_QGEMM_PLAIN_X=1, being measured): the stages copy x as it is, a token's 128 elements of
-// the step as 16 chunks of 8, and each lane builds its B fragments from one 16-byte shared load per
-// chunk (4 byte permutes for two mmas) instead of permute_x_kernel rewriting x first: one kernel
-// fewer per product (4 per qwen3-8b layer; ~3 us each at 32 sequences in ncu, session 18). Lane
-// (g, c) needs chunk 4c + q of its token for mmas 2q and 2q + 1, so a chunk is stored at
-// chunk ^ (2 * (chunk >> 3 & 1)) ^ (token & 1): the 8 lanes of each quarter-warp (tokens g, g + 1;
-// c = 0..3) then read 8 different 16-byte bank groups, and a copy's 8 consecutive threads (one
-// token, 8 chunks) write 8 different ones.
-__device__ __forceinline__ int px_swz(int chunk, int token) { return chunk ^ (((chunk >> 3) & 1) << 1) ^ (token & 1); }
-
-template <bool SWIGLU, int NT, int kBS, int kBW, int RT, bool PX = false>
+template <bool SWIGLU, int NT, int kBS, int kBW, int RT>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
   constexpr int kThreads = kBW * 32;
@@ -189,18 +179,13 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   // The activations: thread q copies elements q + k * kThreads of the stage's [TP][8][2] uint4, i.e.
   // token (q >> 4) + k * kThreads / 16, fragment pair (q >> 1) & 7, half q & 1, whose XOR swizzle
   // (token & 3) is the same for every k (kThreads / 16 is a multiple of 4).
-  // PX: thread q copies chunk q & 15 of tokens (q >> 4) + k * kThreads / 16 (the same parity for
-  // every k), tokens past T from token T - 1 (their products are never stored).
   const int xt = threadIdx.x >> 4, xj = (threadIdx.x >> 1) & 7, xh = threadIdx.x & 1;
-  const int xdst = PX ? xt * 16 + px_swz(threadIdx.x & 15, xt) : xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
+  const int xdst = xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
   const uint4* xsrc = a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
   const int64_t xstep_t = int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
   const uint4* xnext[XI];
 #pragma unroll
-  for (int k = 0; k < XI; ++k)
-    xnext[k] = PX ? a.xperm + int64_t(min(xt + k * (kThreads / 16), p.T - 1)) * (K / 8) + int64_t(s_begin) * 16 +
-                        (threadIdx.x & 15)
-                  : xsrc + k * xstep_t;
+  for (int k = 0; k < XI; ++k) xnext[k] = xsrc + k * xstep_t;
   int xslot = 0;
   auto issue_x = [&](int) {
     uint4* st = ring + xslot * SB + WB + xdst;
@@ -259,51 +244,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
         s[mi][rt].sb = __bfloat162bfloat162(sca[8 * a.ngp]);
         s[mi][rt].bb = __bfloat162bfloat162(bia[8 * a.ngp]);
       }
-    if constexpr (PX) {
-      // Mmas 2q and 2q + 1 take word q of the lane's 16 bytes per row (shifts 0 and 8) and chunk
-      // 4c + q of each token: words (x0 x1)(x2 x3)(x4 x5)(x6 x7), from which mma 2q's B fragment is
-      // ((x0 x4), (x1 x5)) and mma 2q + 1's ((x2 x6), (x3 x7)), as permute_x_kernel orders them.
-      const uint4* xs4 = st + WB;
-#pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        uint32_t af[2][M][RT][4];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-          for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) {
-              const Step& q = s[mi][rt];
-              const int sh = jj * 8;
-              const uint32_t wa = q4 == 0 ? q.wa.x : q4 == 1 ? q.wa.y : q4 == 2 ? q.wa.z : q.wa.w;
-              const uint32_t wb = q4 == 0 ? q.wb.x : q4 == 1 ? q.wb.y : q4 == 2 ? q.wb.z : q.wb.w;
-              af[jj][mi][rt][0] = dq_pair(wa, sh, q.sa, q.ba);
-              af[jj][mi][rt][1] = dq_pair(wb, sh, q.sb, q.bb);
-              af[jj][mi][rt][2] = dq_pair(wa, sh + 4, q.sa, q.ba);
-              af[jj][mi][rt][3] = dq_pair(wb, sh + 4, q.sb, q.bb);
-            }
-        const int xoff = g * 16 + px_swz(4 * c + q4, g);
-        uint32_t bq[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint4 xv = xs4[nt * 128 + xoff];
-          bq[nt][0] = __byte_perm(xv.x, xv.z, 0x5410), bq[nt][1] = __byte_perm(xv.x, xv.z, 0x7632);
-          bq[nt][2] = __byte_perm(xv.y, xv.w, 0x5410), bq[nt][3] = __byte_perm(xv.y, xv.w, 0x7632);
-        }
-        // Mma 2q for every tile before mma 2q + 1: consecutive mmas into different accumulators.
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-              for (int rt = 0; rt < RT; ++rt)
-                mma_bf16(d[mi][rt][nt], af[jj][mi][rt][0], af[jj][mi][rt][1], af[jj][mi][rt][2], af[jj][mi][rt][3],
-                         bq[nt][2 * jj], bq[nt][2 * jj + 1]);
-      }
-      continue;
-    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int word = j >> 1, sh = (j & 1) * 8;
@@ -387,21 +327,14 @@ size_t plan_smem(int S, int W, int R, int M, int TP, int sps, int group, int* ng
   return size_t(S) * (size_t(M) * W * R * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * 16 * W * R * size_t(*ngp) * 2;
 }
 
-template <bool SW, int NT, int S, int W, int R, bool PX = false>
+template <bool SW, int NT, int S, int W, int R>
 cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R, PX>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemm4_batch_kernel<SW, NT, S, W, R, PX>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem,
-           s, p, a);
+  launch_k(qgemm4_batch_kernel<SW, NT, S, W, R>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
+           p, a);
   return cudaGetLastError();
-}
-// PX: the default shape only (S = 4, W = 4), R = 1 where batch_plan allows no other.
-template <bool SW, int NT>
-cudaError_t batch_launch_px(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  if constexpr (!(SW && NT == 8))
-    if (b.R == 2) return batch_launch_r<SW, NT, 4, 4, 2, true>(b, s, p, a);
-  return batch_launch_r<SW, NT, 4, 4, 1, true>(b, s, p, a);
 }
 template <bool SW, int NT, int S, int W>
 cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
@@ -513,22 +446,6 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
     blocks += (p.seg[i].rows + rows - 1) / rows;
   }
   const int TP = 8 * b.NT;
-  // ANVIL_QGEMM_PLAIN_X=1 (off; being measured): the batch kernel reads x itself (PX above).
-  static const bool plain = [] {
-    const char* e = std::getenv("ANVIL_QGEMM_PLAIN_X");
-    return e && *e == '1';
-  }();
-  if (plain && b.S == 4 && b.W == 4) {
-    BatchArgs a;
-    a.xperm = reinterpret_cast<const uint4*>(p.x);
-    a.sps = b.sps;
-    a.ngp = b.ngp;
-    a.part_rows = b.nblk * rows;
-    a.part = sc.part;
-    a.done = sc.done;
-    if (b.NT == 4) return swiglu ? batch_launch_px<true, 4>(b, s, p, a) : batch_launch_px<false, 4>(b, s, p, a);
-    return swiglu ? batch_launch_px<true, 8>(b, s, p, a) : batch_launch_px<false, 8>(b, s, p, a);
-  }
   const int64_t chunks = int64_t(TP) * (p.K / 32);
   launch_k(permute_x_kernel, dim3(unsigned(std::min<int64_t>((chunks + 255) / 256, 4 * sm_count()))), dim3(256), 0, s,
            p.x, p.T, TP, int(p.K), static_cast<uint2*>(sc.xperm));
