@@ -59,6 +59,7 @@ class CudaOps : public CudaFixture {
     kv.base = host.data();
     Guarded g = guarded(kv.page_bytes() * size_t(kv.n_pages));
     gpu_->copy_to_device(g.data(), host.data(), kv.page_bytes() * size_t(kv.n_pages));
+    settled();  // other backends (streams) read and write it too
     gkv = kv;
     gkv.base = g.data();
     return g;

@@ -100,17 +100,24 @@ class CudaFixture : public ::testing::Test {
     for (auto& x : v) x = bf16_round(d(rng_));
     return v;
   }
+  // The helpers below fill their buffers by copies on gpu_'s stream and wait for them (settled):
+  // tests hand the buffers to other backends (backend_with: other streams), whose kernels would
+  // otherwise race the copies still in flight. A poisoned output's 0xFF fill landing after another
+  // backend's attention kernel had written it made CudaOps.RopeKvAppendAndAttentionMatchCpu fail
+  // once on the H200 (an element "never written"; session 18), when that kernel ran alone (one split).
   // A device buffer of bf16 values (with guards), holding `v`.
   Guarded dev_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> b(v.size());
     for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
     Guarded g = guarded(b.size() * 2);
     gpu_->copy_to_device(g.data(), b.data(), b.size() * 2);
+    settled();
     return g;
   }
   Guarded dev_bytes(const void* src, size_t bytes) {
     Guarded g = guarded(bytes);
     gpu_->copy_to_device(g.data(), src, bytes);
+    settled();
     return g;
   }
   // An output buffer poisoned with 0xFF bytes (bf16 and f32 NaN).
@@ -118,7 +125,12 @@ class CudaFixture : public ::testing::Test {
     Guarded g = guarded(bytes);
     std::vector<uint8_t> nan(bytes, 0xFF);
     gpu_->copy_to_device(g.data(), nan.data(), bytes);
+    settled();
     return g;
+  }
+  void settled() {
+    const Status st = gpu_->synchronize();
+    EXPECT_TRUE(st.is_ok()) << st.message();
   }
   Guarded guarded(size_t bytes) {
     auto p = gpu_->alloc(bytes + 2 * kGuard);
@@ -126,6 +138,7 @@ class CudaFixture : public ::testing::Test {
     Guarded g{gpu_.get(), static_cast<uint8_t*>(*p), bytes};
     std::vector<uint8_t> pat(bytes + 2 * kGuard, kGuardByte);
     gpu_->copy_to_device(g.base, pat.data(), pat.size());
+    settled();
     allocs_.push_back(g);
     return g;
   }
