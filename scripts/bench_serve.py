@@ -9,12 +9,20 @@ p50/p99, inter-token latency p50/p99, and its p99 in the steady-state window (wi
 every running stream waits through the late starters' prompt chunks). With --prefix, also the
 repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it.
 
+The client must not be what it measures: a stream's thread only stamps the arrival time of each
+server-sent event and keeps its bytes (the JSON is parsed after the stream ends), and the streams are
+spread over worker processes (--procs; by default up to 8, about 4 streams each), so that no single
+interpreter lock serializes 32 or 64 readers. Arrival times come from time.perf_counter()
+(CLOCK_MONOTONIC on Linux: one clock for every process).
+
 Stdlib only. Every request has a timeout; the whole run stops after --deadline seconds.
   python3 scripts/bench_serve.py --port 8080 --streams 1,8,32 --prompt 256 --max 128 [--no-logprobs]
 """
 import argparse
 import http.client
 import json
+import multiprocessing
+import os
 import random
 import statistics
 import sys
@@ -32,20 +40,22 @@ def pct(xs, p):
 LOGPROBS = True  # main() sets it from --no-logprobs
 
 
-def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None):
+def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None, logprobs=None):
     """One streamed completion; appends (t_submit, [token arrival times], error) to out, and the
-    final chunk's usage to `usage` when given."""
+    final chunk's usage to `usage` when given. While streaming, only the arrival time and the bytes
+    of each event are kept; they are parsed after the stream ends."""
+    lp = LOGPROBS if logprobs is None else logprobs
     req = {"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     if usage is not None:
         req["stream_options"] = {"include_usage": True}
-    if LOGPROBS:
+    if lp:
         req["logprobs"] = 0  # one chunk per token, even an empty-text one
     body = json.dumps(req)
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = "Bearer " + key
     t0 = time.perf_counter()
-    times, err = [], None
+    events, err = [], None  # (arrival time, event bytes)
     try:
         c = http.client.HTTPConnection(host, port, timeout=timeout)
         c.request("POST", "/v1/completions", body, headers)
@@ -58,42 +68,72 @@ def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None
                 chunk = r.read1(65536)
                 if not chunk:
                     break
+                now = time.perf_counter()
                 buf += chunk
                 while b"\n\n" in buf:
                     line, buf = buf.split(b"\n\n", 1)
-                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                        continue
-                    j = json.loads(line[6:])
-                    if "error" in j:
-                        err = j["error"]["message"]
-                        continue
-                    if usage is not None and j.get("usage"):
-                        usage.append(j["usage"])
-                    if not j.get("choices"):
-                        continue
-                    ch = j["choices"][0]
-                    if ch.get("logprobs") and ch["logprobs"]["tokens"]:
-                        now = time.perf_counter()
-                        times.extend([now] * len(ch["logprobs"]["tokens"]))
-                    elif not LOGPROBS and ch.get("text"):
-                        times.append(time.perf_counter())  # a text chunk (a token, or a few held back)
+                    events.append((now, line))
         c.close()
     except Exception as e:  # a failed stream is reported, not fatal
         err = repr(e)
+    times = []
+    for now, line in events:
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        try:
+            j = json.loads(line[6:])
+        except ValueError as e:
+            err = err or f"bad event {line[:80]!r}: {e}"
+            continue
+        if "error" in j:
+            err = j["error"]["message"]
+            continue
+        if usage is not None and j.get("usage"):
+            usage.append(j["usage"])
+        if not j.get("choices"):
+            continue
+        ch = j["choices"][0]
+        if ch.get("logprobs") and ch["logprobs"]["tokens"]:
+            times.extend([now] * len(ch["logprobs"]["tokens"]))
+        elif not lp and ch.get("text"):
+            times.append(now)  # a text chunk (a token, or a few held back)
     out.append((t0, times, err))
 
 
-def run_level(args, n, vocab):
+def prompt_ids(i, n, vocab):
+    rng = random.Random(i)
+    return [rng.randrange(1000, vocab) for _ in range(n)]
+
+
+def worker(job):
+    """One process's share of the streams, one thread each, released together at `start_at`."""
+    host, port, key, indices, n_prompt, max_tokens, timeout, vocab, logprobs, start_at = job
     results, threads = [], []
-    for i in range(n):
-        rng = random.Random(i)
-        ids = [rng.randrange(1000, vocab) for _ in range(args.prompt)]
-        threads.append(threading.Thread(target=stream_one, args=(args.host, args.port, args.api_key, ids, args.max,
-                                                                 args.timeout, results)))
+    for i in indices:
+        threads.append(threading.Thread(target=stream_one, args=(host, port, key, prompt_ids(i, n_prompt, vocab),
+                                                                 max_tokens, timeout, results, None, logprobs)))
+    time.sleep(max(0.0, start_at - time.perf_counter()))
     for t in threads:
         t.start()
     for t in threads:
-        t.join(args.timeout + 5)
+        t.join(timeout + 5)
+    return list(results)
+
+
+def run_level(args, n, vocab):
+    procs = args.procs if args.procs > 0 else max(1, min(8, (n + 3) // 4, os.cpu_count() or 1))
+    procs = min(procs, n)
+    shares = [list(range(k, n, procs)) for k in range(procs)]
+    start_at = time.perf_counter() + 0.5  # every process has its threads made by then
+    jobs = [(args.host, args.port, args.api_key, sh, args.prompt, args.max, args.timeout, vocab, LOGPROBS, start_at)
+            for sh in shares]
+    results = []
+    if procs == 1:
+        results = worker(jobs[0])
+    else:
+        with multiprocessing.get_context("fork").Pool(procs) as pool:
+            for part in pool.map(worker, jobs):
+                results.extend(part)
     errors = [e for _, _, e in results if e]
     ok = [(t0, ts) for t0, ts, e in results if not e and ts]
     ttft = [ts[0] - t0 for t0, ts in ok]
@@ -150,6 +190,8 @@ def main():
     ap.add_argument("--prefix", type=int, default=0, help="also time a repeated PREFIX-token prompt (0: skip)")
     ap.add_argument("--vocab", type=int, default=0, help="ids are drawn below this (default: from /tokenize)")
     ap.add_argument("--timeout", type=float, default=300, help="per request, seconds")
+    ap.add_argument("--procs", type=int, default=0,
+                    help="worker processes the streams are spread over (0: up to 8, about 4 streams each)")
     ap.add_argument("--deadline", type=float, default=1800, help="whole run, seconds")
     ap.add_argument("--no-logprobs", action="store_true",
                     help="do not ask for logprobs (the server may then sample on the device); tokens are then "
