@@ -276,6 +276,9 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms, bool t
   // instructions per warp. Measured on the H200 (session 18, qwen3-8b q4g64 after 512-token
   // prompts, ms per step, bench-kv): 32 sequences 7.93 (3 splits, the 4-wave rule) -> 6.79 (1),
   // 7.12 (2); 16 sequences 5.36 (5) -> 4.82 (2), 4.95 (1); 8 sequences 4.66 (9) -> 4.24 (2), 4.37 (4).
+  // Not yet measured: few sequences at long contexts (thousands of positions each), where one block
+  // per SM holds fewer loads in flight than the 4-wave rule's four. max_positions is the engine's
+  // context (the page table's fixed stride), not the batch's, so it cannot tell the two apart here.
   // ANVIL_CUDA_ATTN_SPLIT_RULE=0: the 4-wave rule for every batch (for measuring).
   static const bool rule = [] {
     const char* e = std::getenv("ANVIL_CUDA_ATTN_SPLIT_RULE");
