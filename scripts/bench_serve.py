@@ -40,15 +40,14 @@ def pct(xs, p):
 LOGPROBS = True  # main() sets it from --no-logprobs
 
 
-def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None, logprobs=None):
+def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None):
     """One streamed completion; appends (t_submit, [token arrival times], error) to out, and the
     final chunk's usage to `usage` when given. While streaming, only the arrival time and the bytes
     of each event are kept; they are parsed after the stream ends."""
-    lp = LOGPROBS if logprobs is None else logprobs
     req = {"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     if usage is not None:
         req["stream_options"] = {"include_usage": True}
-    if lp:
+    if LOGPROBS:
         req["logprobs"] = 0  # one chunk per token, even an empty-text one
     body = json.dumps(req)
     headers = {"Content-Type": "application/json"}
@@ -95,7 +94,7 @@ def stream_one(host, port, key, prompt_ids, max_tokens, timeout, out, usage=None
         ch = j["choices"][0]
         if ch.get("logprobs") and ch["logprobs"]["tokens"]:
             times.extend([now] * len(ch["logprobs"]["tokens"]))
-        elif not lp and ch.get("text"):
+        elif not LOGPROBS and ch.get("text"):
             times.append(now)  # a text chunk (a token, or a few held back)
     out.append((t0, times, err))
 
@@ -106,12 +105,13 @@ def prompt_ids(i, n, vocab):
 
 
 def worker(job):
-    """One process's share of the streams, one thread each, released together at `start_at`."""
-    host, port, key, indices, n_prompt, max_tokens, timeout, vocab, logprobs, start_at = job
+    """One process's share of the streams, one thread each, released together at `start_at`. The
+    processes are forked after main() set LOGPROBS, so they inherit it."""
+    host, port, key, indices, n_prompt, max_tokens, timeout, vocab, start_at = job
     results, threads = [], []
     for i in indices:
         threads.append(threading.Thread(target=stream_one, args=(host, port, key, prompt_ids(i, n_prompt, vocab),
-                                                                 max_tokens, timeout, results, None, logprobs)))
+                                                                 max_tokens, timeout, results)))
     time.sleep(max(0.0, start_at - time.perf_counter()))
     for t in threads:
         t.start()
@@ -125,7 +125,7 @@ def run_level(args, n, vocab):
     procs = min(procs, n)
     shares = [list(range(k, n, procs)) for k in range(procs)]
     start_at = time.perf_counter() + 0.5  # every process has its threads made by then
-    jobs = [(args.host, args.port, args.api_key, sh, args.prompt, args.max, args.timeout, vocab, LOGPROBS, start_at)
+    jobs = [(args.host, args.port, args.api_key, sh, args.prompt, args.max, args.timeout, vocab, start_at)
             for sh in shares]
     results = []
     if procs == 1:

@@ -57,7 +57,7 @@ class CudaOps : public CudaFixture {
   Guarded make_cache(KVCacheView& kv, std::vector<uint16_t>& host, KVCacheView& gkv) {
     host.assign(kv.page_elems() * size_t(kv.n_pages), 0);
     kv.base = host.data();
-    Guarded g = guarded(kv.page_bytes() * size_t(kv.n_pages));
+    Guarded g = guarded(kv.page_bytes() * size_t(kv.n_pages), false);
     gpu_->copy_to_device(g.data(), host.data(), kv.page_bytes() * size_t(kv.n_pages));
     settled();  // other backends (streams) read and write it too
     gkv = kv;

@@ -109,20 +109,20 @@ class CudaFixture : public ::testing::Test {
   Guarded dev_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> b(v.size());
     for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-    Guarded g = guarded(b.size() * 2);
+    Guarded g = guarded(b.size() * 2, false);
     gpu_->copy_to_device(g.data(), b.data(), b.size() * 2);
     settled();
     return g;
   }
   Guarded dev_bytes(const void* src, size_t bytes) {
-    Guarded g = guarded(bytes);
+    Guarded g = guarded(bytes, false);
     gpu_->copy_to_device(g.data(), src, bytes);
     settled();
     return g;
   }
   // An output buffer poisoned with 0xFF bytes (bf16 and f32 NaN).
   Guarded dev_out(size_t bytes) {
-    Guarded g = guarded(bytes);
+    Guarded g = guarded(bytes, false);
     std::vector<uint8_t> nan(bytes, 0xFF);
     gpu_->copy_to_device(g.data(), nan.data(), bytes);
     settled();
@@ -132,13 +132,14 @@ class CudaFixture : public ::testing::Test {
     const Status st = gpu_->synchronize();
     EXPECT_TRUE(st.is_ok()) << st.message();
   }
-  Guarded guarded(size_t bytes) {
+  // settle = false: the caller copies into the buffer next and waits itself (settled()).
+  Guarded guarded(size_t bytes, bool settle = true) {
     auto p = gpu_->alloc(bytes + 2 * kGuard);
     EXPECT_TRUE(p.is_ok());
     Guarded g{gpu_.get(), static_cast<uint8_t*>(*p), bytes};
     std::vector<uint8_t> pat(bytes + 2 * kGuard, kGuardByte);
     gpu_->copy_to_device(g.base, pat.data(), pat.size());
-    settled();
+    if (settle) settled();
     allocs_.push_back(g);
     return g;
   }
