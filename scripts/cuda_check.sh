@@ -586,6 +586,8 @@ if [ "$what" != tests ]; then
     # Decode against context length (issue 9: within 15% at 4,096 and 40% at 16,384 of decode at 512).
     for P in 512 4096 16384; do b --synthetic qwen3-8b:q4g64 --prompt $P -n 64 --runs 1; done
     b --synthetic qwen3-0.6b:q4g64 --prompt 16384 -n 64 --runs 1
+  elif [ "$set" = none ]; then
+    :  # no benchmarks (NCU_* profiles only)
   elif [ "$set" = profile ]; then
     b --synthetic qwen3-0.6b:q4g64 --profile
     b --synthetic qwen3-8b:q4g64 --profile
