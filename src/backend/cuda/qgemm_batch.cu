@@ -39,10 +39,14 @@ constexpr size_t kBSmemMax = 200 * 1024;
 // aims to stay under (113 KB: two blocks per SM), the blocks aimed for per SM (K is split until
 // there are that many), the warps per block W and the 16-row tiles per warp R (R = 2 shares each
 // activation fragment between two tiles; taken where the accumulators stay at 64 floats, not for
-// gate/up at 33..64 tokens). ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]] overrides them (S 3 or 4; W 4 or 8;
-// R 1 or 2), for measuring.
+// gate/up at 33..64 tokens). The ring: 6 stages up to 32 tokens, 4 beyond. Measured on the H200
+// (session 19, a qwen3-8b q4g64 step, bench-kv, twice each): 32 sequences 6.82 / 6.81 ms with 4
+// stages, 6.70 / 6.72 with 6 (6.69 aiming at 75 KB and 3 blocks per SM; 8 stages 7.49); at 64
+// sequences, where a stage holds 64 tokens' activations, 6 stages fit one block per SM: 13.5 against
+// 11.0 ms. ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]] overrides them (S 3 or 4, or 6 or 8 with
+// W = 4; W 4 or 8; R 1 or 2), for measuring.
 struct Tune {
-  int S = 4;
+  int S = 0;  // 0: 6 stages up to 32 tokens (NT = 4), 4 beyond
   size_t soft = 113 * 1024;
   int per_sm = 2;
   int W = 4;
@@ -54,7 +58,8 @@ const Tune& tune() {
     const char* e = std::getenv("ANVIL_QGEMM_BATCH");
     int s = 0, kb = 0, f = 0, w = 4, r = 1;
     const int got = e ? std::sscanf(e, "%d,%d,%d,%d,%d", &s, &kb, &f, &w, &r) : 0;
-    if (got >= 3 && (s == 3 || s == 4) && kb >= 16 && kb <= 200 && f >= 1 && f <= 16 && (w == 4 || w == 8) &&
+    if (got >= 3 && (s == 3 || s == 4 || ((s == 6 || s == 8) && w == 4)) && kb >= 16 && kb <= 200 && f >= 1 && f <= 16 &&
+        (w == 4 || w == 8) &&
         (r == 1 || r == 2))
       v.S = s, v.soft = size_t(kb) * 1024, v.per_sm = f, v.W = w, v.R = r;
     return v;
@@ -344,6 +349,10 @@ cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p
 }
 template <bool SW, int NT, int W>
 cudaError_t batch_launch_w(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  if constexpr (W == 4) {  // deeper rings (ANVIL_QGEMM_BATCH=6|8,...; measuring) only with 4 warps
+    if (b.S == 6) return batch_launch_s<SW, NT, 6, W>(b, s, p, a);
+    if (b.S == 8) return batch_launch_s<SW, NT, 8, W>(b, s, p, a);
+  }
   return b.S == 3 ? batch_launch_s<SW, NT, 3, W>(b, s, p, a) : batch_launch_s<SW, NT, 4, W>(b, s, p, a);
 }
 template <bool SW, int NT>
@@ -365,6 +374,8 @@ int batch_bps_r(int R, size_t smem) {
 template <bool SW, int NT>
 int batch_bps_nt(int S, int W, int R, size_t smem) {
   if (W == 8) return S == 3 ? batch_bps_r<SW, NT, 3, 8>(R, smem) : batch_bps_r<SW, NT, 4, 8>(R, smem);
+  if (S == 6) return batch_bps_r<SW, NT, 6, 4>(R, smem);
+  if (S == 8) return batch_bps_r<SW, NT, 8, 4>(R, smem);
   return S == 3 ? batch_bps_r<SW, NT, 3, 4>(R, smem) : batch_bps_r<SW, NT, 4, 4>(R, smem);
 }
 int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
@@ -392,7 +403,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   const int TP = 8 * b->NT;
   b->nblk = 0;
   const Tune& tn = tune();
-  b->S = tn.S, b->W = tn.W;
+  b->S = tn.S ? tn.S : b->NT == 4 ? 6 : 4, b->W = tn.W;
   b->R = swiglu && b->NT == 8 ? 1 : tn.R;
   const int rows = 16 * b->W * b->R;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
