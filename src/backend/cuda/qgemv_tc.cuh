@@ -320,6 +320,7 @@ struct BatchPlan {
   int64_t nblk = 0; // blocks (16 W R rows) over the segments
   size_t smem = 0;
   size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
+  bool wg = false;  // ANVIL_QGEMM_WGMMA=1: the wgmma form (qgemm_batch.cu), W = 4, R = 1
 };
 bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b);
 cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p);
