@@ -68,8 +68,32 @@ const Tune& tune() {
   return t;
 }
 
+// A token's 32-element piece at element el0 of its row as 16 words (bf16 pairs); zeros for tokens
+// past T (the padding up to TP).
+__device__ __forceinline__ void load_piece(const __nv_bfloat16* x, int t, int T, int64_t K, int64_t el0,
+                                           uint32_t (&w)[16]) {
+  if (t < T) {
+    const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * K + el0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = __ldg(src + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = 0u;
+  }
+}
+// The activations lane c's A fragments of mma j meet in its piece (as step_mma builds them): .x
+// elements (e0, e0 + 4), .y (e0 + 1, e0 + 5), e0 = 8 (j >> 1) + 2 (j & 1).
+__device__ __forceinline__ uint2 piece_frag(const uint32_t (&w)[16], int j) {
+  const int e0 = 8 * (j >> 1) + 2 * (j & 1);
+  const uint32_t lo0 = w[e0 / 2], lo4 = w[e0 / 2 + 2];
+  return make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
+}
+
 // x [T][K] bf16 -> out [TP][K/128 steps][8 mmas j][4 lanes c] uint2 (fragment order: mma j's (b0, b1)
-// for lane c of token t, as step_mma builds them); tokens T..TP-1 are zeros.
+// for lane c of token t); tokens T..TP-1 are zeros.
 __global__ void permute_x_kernel(const __nv_bfloat16* x, int T, int TP, int K, uint2* out) {
   pdl_launch();
   pdl_wait();
@@ -78,25 +102,22 @@ __global__ void permute_x_kernel(const __nv_bfloat16* x, int T, int TP, int K, u
   for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
     const int t = int(q / chunks), ch = int(q % chunks);
     uint32_t w[16];
-    if (t < T) {
-      const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(ch) * 32);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 v = __ldg(src + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) w[i] = 0u;
-    }
+    load_piece(x, t, T, K, int64_t(ch) * 32, w);
     uint2* o = out + (int64_t(t) * (K / 128) + (ch >> 2)) * 32 + (ch & 3);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e0 = 8 * (j >> 1) + 2 * (j & 1);
-      const uint32_t lo0 = w[e0 / 2], lo4 = w[e0 / 2 + 2];
-      o[j * 4] = make_uint2(__byte_perm(lo0, lo4, 0x5410), __byte_perm(lo0, lo4, 0x7632));
-    }
+    for (int j = 0; j < 8; ++j) o[j * 4] = piece_frag(w, j);
   }
+}
+
+// The 4 bf16 pairs of A fragment j (16 k of rows g and g+8) from a step's weights, scales and biases.
+__device__ __forceinline__ void step_frags(const Step& q, int j, uint32_t (&af)[4]) {
+  const int word = j >> 1, sh = (j & 1) * 8;
+  const uint32_t wa = word == 0 ? q.wa.x : word == 1 ? q.wa.y : word == 2 ? q.wa.z : q.wa.w;
+  const uint32_t wb = word == 0 ? q.wb.x : word == 1 ? q.wb.y : word == 2 ? q.wb.z : q.wb.w;
+  af[0] = dq_pair(wa, sh, q.sa, q.ba);
+  af[1] = dq_pair(wb, sh, q.sb, q.bb);
+  af[2] = dq_pair(wa, sh + 4, q.sa, q.ba);
+  af[3] = dq_pair(wb, sh + 4, q.sb, q.bb);
 }
 
 struct BatchArgs {
@@ -166,32 +187,17 @@ __global__ void permute_x_wg_kernel(const __nv_bfloat16* x, int T, int TP, int K
   const int64_t total = int64_t(TP) * steps;
   for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
     const int t = int(q % TP), st = int(q / TP);
-    uint16_t e[128];
-    if (t < T) {
-      const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(st) * 128);
+    uint32_t w[4][16];  // the step's 4 pieces (lanes c)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const uint4 v = __ldg(src + i);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) e[8 * i + 2 * k] = uint16_t(w[k] & 0xFFFFu), e[8 * i + 2 * k + 1] = uint16_t(w[k] >> 16);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 128; ++i) e[i] = 0;
-    }
+    for (int c = 0; c < 4; ++c) load_piece(x, t, T, K, int64_t(st) * 128 + c * 32, w[c]);
     uint4* o = out + int64_t(st) * 8 * NT * 16 + (t >> 3) * 16 + (t & 7);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int e0 = 8 * (j >> 1) + 2 * (j & 1);
+      uint2 f[4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t w[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          w[c] = uint32_t(e[32 * c + e0 + h]) | (uint32_t(e[32 * c + e0 + h + 4]) << 16);
-        o[(j * NT) * 16 + h * 8] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
+      for (int c = 0; c < 4; ++c) f[c] = piece_frag(w[c], j);
+      o[(j * NT) * 16] = make_uint4(f[0].x, f[1].x, f[2].x, f[3].x);      // k half 0: (e0, e0 + 4) per lane
+      o[(j * NT) * 16 + 8] = make_uint4(f[0].y, f[1].y, f[2].y, f[3].y);  // k half 1: (e0 + 1, e0 + 5)
     }
   }
 }
@@ -346,19 +352,9 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     if constexpr (WG) {
       uint32_t af[8][M][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int word = j >> 1, sh = (j & 1) * 8;
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int mi = 0; mi < M; ++mi) {
-          const Step& q = s[mi][0];
-          const uint32_t wa = word == 0 ? q.wa.x : word == 1 ? q.wa.y : word == 2 ? q.wa.z : q.wa.w;
-          const uint32_t wb = word == 0 ? q.wb.x : word == 1 ? q.wb.y : word == 2 ? q.wb.z : q.wb.w;
-          af[j][mi][0] = dq_pair(wa, sh, q.sa, q.ba);
-          af[j][mi][1] = dq_pair(wb, sh, q.sb, q.bb);
-          af[j][mi][2] = dq_pair(wa, sh + 4, q.sa, q.ba);
-          af[j][mi][3] = dq_pair(wb, sh + 4, q.sb, q.bb);
-        }
-      }
+        for (int mi = 0; mi < M; ++mi) step_frags(s[mi][0], j, af[j][mi]);
 #pragma unroll
       for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -392,20 +388,11 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int word = j >> 1, sh = (j & 1) * 8;
       uint32_t af[M][RT][4];
 #pragma unroll
       for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-        for (int rt = 0; rt < RT; ++rt) {
-          const Step& q = s[mi][rt];
-          const uint32_t wa = word == 0 ? q.wa.x : word == 1 ? q.wa.y : word == 2 ? q.wa.z : q.wa.w;
-          const uint32_t wb = word == 0 ? q.wb.x : word == 1 ? q.wb.y : word == 2 ? q.wb.z : q.wb.w;
-          af[mi][rt][0] = dq_pair(wa, sh, q.sa, q.ba);
-          af[mi][rt][1] = dq_pair(wb, sh, q.sb, q.bb);
-          af[mi][rt][2] = dq_pair(wa, sh + 4, q.sa, q.ba);
-          af[mi][rt][3] = dq_pair(wb, sh + 4, q.sb, q.bb);
-        }
+        for (int rt = 0; rt < RT; ++rt) step_frags(s[mi][rt], j, af[mi][rt]);
       const uint2* xj = xs + xo[j & 3] + (j & 4) * 4;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
