@@ -539,10 +539,13 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // give splits of the smallest size, group/16 steps), three segments whose row blocks end mid-block (515, 128, 67 rows), gate
 // and up, a bias, F32 output; T = 17..64 covers 4 and 8 token tiles with padding tokens. Every
 // call runs twice: the split sums are added in a fixed order and the counters must be back at zero,
-// so the second output must equal the first bit for bit.
+// so the second output must equal the first bit for bit. The split sums go through global memory
+// (ANVIL_QGEMM_CLUSTER=0) or, with up to 8 splits, through a thread block cluster's shared memory
+// (=1): the same sums in the same order, so the two must agree bit for bit as well.
 TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
   auto made = backend_with({{"ANVIL_CUDA_BATCH_GEMV", "0"}});
-  ASSERT_TRUE(made);
+  auto flat = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}}), clustered = backend_with({{"ANVIL_QGEMM_CLUSTER", "1"}});
+  ASSERT_TRUE(made && flat && clustered);
   Backend& legacy = *made;
   struct Case {
     int group;
@@ -564,8 +567,11 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
       std::vector<float> ref_s(size_t(T * 300));
       std::vector<float> xin = x;
       cpu_->linear_swiglu(Act{xin.data(), T, K, DType::kF32}, gw.w, uw.w, Act{ref_s.data(), T, 300, DType::kF32});
-      for (Backend* be : {gpu_.get(), &legacy}) {
-        const std::string what = base + (be == &legacy ? " ANVIL_CUDA_BATCH_GEMV=0" : "");
+      std::vector<float> flat_out[5];  // the ANVIL_QGEMM_CLUSTER=0 backend's
+      for (Backend* be : {flat.get(), clustered.get(), &legacy}) {
+        const std::string what = base + (be == &legacy       ? " ANVIL_CUDA_BATCH_GEMV=0"
+                                         : be == flat.get() ? " ANVIL_QGEMM_CLUSTER=0"
+                                                            : " ANVIL_QGEMM_CLUSTER=1");
         auto dq = be->upload_weight(q.w), dk = be->upload_weight(k.w), dv = be->upload_weight(v.w);
         auto dg = be->upload_weight(gw.w), du = be->upload_weight(uw.w);
         ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok() && dg.is_ok() && du.is_ok());
@@ -591,6 +597,12 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
             expect_close(got[2], ref_v, kGemmBound, "linear_multi v " + what);
             expect_close(got[3], ref_k, kGemmBound, "linear k -> F32 " + what);
             expect_close(got[4], ref_s, kGemmBound * 1.5, "linear_swiglu " + what);
+            if (be == clustered.get())
+              for (int i = 0; i < 5; ++i)
+                EXPECT_EQ(0, std::memcmp(flat_out[i].data(), got[i].data(), got[i].size() * sizeof(float)))
+                    << "output " << i << " differs from ANVIL_QGEMM_CLUSTER=0's: " << what;
+            if (be == flat.get())
+              for (int i = 0; i < 5; ++i) flat_out[i] = got[i];
             for (int i = 0; i < 5; ++i) first[i] = std::move(got[i]);
           } else {
             for (int i = 0; i < 5; ++i)

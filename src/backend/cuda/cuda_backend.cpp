@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
       std::fprintf(stderr, "anvil: ANVIL_CUDA_SKIP=%s: those ops launch nothing (for measuring; results are meaningless)\n", k);
     }
     if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
+    if (const char* c = std::getenv("ANVIL_QGEMM_CLUSTER")) bscratch_.cluster = std::strcmp(c, "1") == 0;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -810,6 +811,7 @@ class CudaBackend final : public Backend {
   // to what it needs (its counters zeroed when new); null: the call runs without it.
   const cuda::GemvScratch* batch_scratch(const DevMatrix* ws, int n, const DevMatrix* up, int64_t T) {
     cuda::GemvScratch need;
+    need.cluster = bscratch_.cluster;
     if (!batch_gemv_ || T < cuda::kBatchMinTokens || T > cuda::kTcMaxTokens ||
         !cuda::gemv_batch_need(ws, n, up, int(T), &need))
       return nullptr;

@@ -117,10 +117,10 @@ inline bool pdl_enabled() {
   return allowed && pdl_in_capture();
 }
 
-// A launch with PDL when pdl_enabled(); with cluster_x > 1, in thread block clusters of cluster_x
-// blocks along x (grid.x a multiple of it).
+// A launch with PDL when pdl_enabled(); with a cluster of more than one block (an int: blocks
+// along x), in thread block clusters of that shape (each grid dimension a multiple of it).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x,
+cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, dim3 cluster,
                       Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -134,11 +134,11 @@ cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-  if (cluster_x > 1) {
+  if (cluster.x * cluster.y * cluster.z > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = unsigned(cluster_x);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
     ++n;
   }
   cfg.attrs = attr;
@@ -148,7 +148,7 @@ cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
 }
 template <typename... KArgs, typename... Args>
 cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  return launch_kc(kernel, grid, block, smem, s, 1, std::forward<Args>(args)...);
+  return launch_kc(kernel, grid, block, smem, s, dim3(1), std::forward<Args>(args)...);
 }
 
 }  // namespace anvil::cuda

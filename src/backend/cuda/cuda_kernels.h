@@ -50,9 +50,13 @@ struct GemvScratch {
   // One row (T = 1): x already as the integer path's int16 planes (rmsnorm() with planes wrote them
   // from the same bf16 values), so the one-token mat-vec copies them instead of staging x; or null.
   const void* xplanes = nullptr;
+  // The batch kernel may add a split row block's partial sums inside a thread block cluster
+  // (qgemm_batch.cu; ANVIL_QGEMM_CLUSTER, read by the backend) instead of through part and done.
+  bool cluster = false;
 };
 // The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not
 // take it.
+// need->cluster is the policy the call will run under (set by the caller).
 bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, GemvScratch* need);
 // outs[i][T, ws[i].rows] = x[T, K] ws[i]^T (+ bias) for i < n (n <= 3, one launch per token chunk
 // when the matrices share a format). out_f32: outputs are F32 instead of bf16.

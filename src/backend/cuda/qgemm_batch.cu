@@ -29,10 +29,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/qgemv_tc.cuh"
 
 namespace anvil::cuda::tc {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr size_t kBSmemMax = 200 * 1024;
 
@@ -127,84 +131,11 @@ struct BatchArgs {
   int64_t part_rows;   // rows of the partial-sum layout: row blocks * 64
   float* part;         // [split][M][TP][part_rows] (gridDim.y > 1)
   unsigned* done;      // [row blocks], zero between launches
+  int cluster;         // 1: the splits of a row block are one thread block cluster (BatchPlan::cluster)
 };
 
-// ---- The wgmma form (ANVIL_QGEMM_WGMMA=1, off until measured on the GPU) ----
-// The block's 4 warps are one warpgroup: per 16-element chunk j of a step, each matrix takes one
-// wgmma.mma_async m64nTPk16 with the dequantized weights as A in registers (the same fragments as
-// mma.sync's: warp w holds rows 16w..16w+15) and the step's activations as B from shared memory,
-// instead of NT mma.sync per warp each fed by a shared-memory load. The activations are staged in
-// wgmma's canonical K-major layout without swizzle: per j, NT core matrices of 8 tokens (16 bytes,
-// 8 k each, per token) by 2 along k, [j][nt][k half][8 tokens][16 bytes], written in that order by
-// permute_x_wg_kernel (the k order inside a chunk is the A fragments' permutation), so a stage is
-// one contiguous copy. The 8 chunks' fragments are built first (they must stay untouched until the
-// wgmma reading them completes), then the 8 M wgmmas are issued, committed and waited for at the
-// step's end (the ring slot is refilled after the next barrier).
-__device__ __forceinline__ uint64_t wg_desc(const void* smem_ptr, uint32_t lbo, uint32_t sbo) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
-  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);  // no swizzle
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from moving or reusing a register across the asynchronous wgmma.
-__device__ __forceinline__ void wg_keep(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-__device__ __forceinline__ void wg_keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// d[4 nt + k] is mma.sync's d[nt][k] (row g (+8 for k >= 2), token 8 nt + 2c + (k & 1)).
-__device__ __forceinline__ void wgmma_n32(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-__device__ __forceinline__ void wgmma_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-      "%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-// x [T][K] bf16 -> out [K/128 steps][8 j][NT][2 k halves][8 tokens] uint4 (8 bf16: logical k
-// 8 h + n of chunk j, n = 2 c + i, holding element 32 c + e0 + h + 4 i of the step, e0 = 8 (j >> 1)
-// + 2 (j & 1): the elements lane c's A fragments hold at those k); tokens T..TP-1 are zeros.
-__global__ void permute_x_wg_kernel(const __nv_bfloat16* x, int T, int TP, int K, uint4* out) {
-  pdl_launch();
-  pdl_wait();
-  const int steps = K / 128, NT = TP / 8;
-  const int64_t total = int64_t(TP) * steps;
-  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
-    const int t = int(q % TP), st = int(q / TP);
-    uint32_t w[4][16];  // the step's 4 pieces (lanes c)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) load_piece(x, t, T, K, int64_t(st) * 128 + c * 32, w[c]);
-    uint4* o = out + int64_t(st) * 8 * NT * 16 + (t >> 3) * 16 + (t & 7);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint2 f[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) f[c] = piece_frag(w[c], j);
-      o[(j * NT) * 16] = make_uint4(f[0].x, f[1].x, f[2].x, f[3].x);      // k half 0: (e0, e0 + 4) per lane
-      o[(j * NT) * 16 + 8] = make_uint4(f[0].y, f[1].y, f[2].y, f[3].y);  // k half 1: (e0 + 1, e0 + 5)
-    }
-  }
-}
-
-template <bool SWIGLU, int NT, int kBS, int kBW, int RT, bool WG = false>
+template <bool SWIGLU, int NT, int kBS, int kBW, int RT>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
-  static_assert(!WG || (kBW == 4 && RT == 1), "the wgmma form: one warpgroup of 16-row tiles");
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
   constexpr int kThreads = kBW * 32;
   constexpr int kWRows = 16 * RT;       // rows per warp: RT tiles of 16
@@ -280,13 +211,11 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   // The activations: thread q copies elements q + k * kThreads of the stage's [TP][8][2] uint4, i.e.
   // token (q >> 4) + k * kThreads / 16, fragment pair (q >> 1) & 7, half q & 1, whose XOR swizzle
   // (token & 3) is the same for every k (kThreads / 16 is a multiple of 4).
-  // (The wgmma form: the stage is the step's contiguous AB uint4, thread q copying q + k * kThreads.)
   const int xt = threadIdx.x >> 4, xj = (threadIdx.x >> 1) & 7, xh = threadIdx.x & 1;
-  const int xdst = WG ? int(threadIdx.x) : xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
-  const uint4* xsrc = WG ? a.xperm + int64_t(s_begin) * AB + threadIdx.x
-                         : a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
-  const int64_t xstep_t = WG ? int64_t(kThreads) : int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
-  constexpr int xadv = WG ? AB : 16;  // source distance of one step
+  const int xdst = xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
+  const uint4* xsrc = a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
+  const int64_t xstep_t = int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
+  constexpr int xadv = 16;  // source distance of one step
   const uint4* xnext[XI];
 #pragma unroll
   for (int k = 0; k < XI; ++k) xnext[k] = xsrc + k * xstep_t;
@@ -324,7 +253,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   const int wrow = warp * kWRows + g;
   for (int i = 0; i < n; ++i) {
     cp_async_wait<kBS - 2>();
-    if constexpr (WG) fence_proxy_async();  // this thread's copies, visible to the wgmma's reads
     __syncthreads();  // every thread's copies of stage i landed; every warp is done with stage i-1
     if (i + kBS - 1 < n) {
       issue_w(i + kBS - 1);  // into stage i-1's slot
@@ -349,43 +277,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
         s[mi][rt].sb = __bfloat162bfloat162(sca[8 * a.ngp]);
         s[mi][rt].bb = __bfloat162bfloat162(bia[8 * a.ngp]);
       }
-    if constexpr (WG) {
-      uint32_t af[8][M][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int mi = 0; mi < M; ++mi) step_frags(s[mi][0], j, af[j][mi]);
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) wg_keep(d[mi][0][nt][k]);
-      wg_fence();
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint64_t desc = wg_desc(st + WB + j * NT * 16, 128, 256);
-#pragma unroll
-        for (int mi = 0; mi < M; ++mi) {
-          if constexpr (NT == 4) wgmma_n32(d[mi][0], af[j][mi], desc);
-          else wgmma_n64(d[mi][0], af[j][mi], desc);
-        }
-      }
-      wg_commit();
-      wg_wait0();
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) wg_keep(af[j][mi][k]);
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) wg_keep(d[mi][0][nt][k]);
-    } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       uint32_t af[M][RT][4];
@@ -404,7 +295,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
             mma_bf16(d[mi][rt][nt], af[mi][rt][0], af[mi][rt][1], af[mi][rt][2], af[mi][rt][3], b.x, b.y);
       }
     }
-    }
   }
 
   // acc element i of tile (rt, nt): row 16 rt + g (+8 for i >= 2) of this warp's rows, token
@@ -422,6 +312,44 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
         }
     return;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.cluster) {
+    // The splits of a row block are one cluster along y: each block leaves its partial sums in its
+    // own shared memory (over the ring, which it is done with), and after a cluster barrier block y
+    // sums its 1/gridDim.y of the row block's (token, row) outputs over the splits in split order,
+    // reading its peers' shared memory, and writes them: the same sums as the path below, without
+    // the round trip through global memory and the one block that adds them all.
+    constexpr int LD = kBRows + 4;  // row stride: the 4 lanes c (tokens 2c) on different banks
+    static_assert(size_t(kBS) * SB * 16 >= size_t(M) * TP * LD * 4, "the partial sums fit in the ring");
+    float* red = reinterpret_cast<float*>(smem);  // [M][TP][LD]
+    __syncthreads();                              // every warp is done with the ring
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            red[(mi * TP + 8 * nt + 2 * c + (i & 1)) * LD + wrow + rt * 16 + (i >> 1) * 8] = d[mi][rt][nt][i];
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    const int ks = int(gridDim.y), E = kBRows * p.T;
+    const int e_end = int(int64_t(E) * (blockIdx.y + 1) / ks);
+    for (int e = int(int64_t(E) * blockIdx.y / ks) + int(threadIdx.x); e < e_end; e += kThreads) {
+      const int lr = e % kBRows, t = e / kBRows;
+      float v = 0.0f, u = 0.0f;
+      for (int sp = 0; sp < ks; ++sp) {
+        const float* r = cl.map_shared_rank(red, sp);
+        v += r[t * LD + lr];
+        if constexpr (SWIGLU) u += r[(TP + t) * LD + lr];
+      }
+      if (rb0 + lr < m.rows) store_out<SWIGLU>(p, m, rb0 + lr, t, v, u);
+    }
+    cl.sync();  // no block leaves while a peer may still read its partial sums
+    return;
+  }
+#endif
 #pragma unroll
   for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -466,22 +394,9 @@ cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p
   static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemm4_batch_kernel<SW, NT, S, W, R>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
-           p, a);
+  launch_kc(qgemm4_batch_kernel<SW, NT, S, W, R>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
+            dim3(1, a.cluster ? unsigned(b.ksplit) : 1u), p, a);
   return cudaGetLastError();
-}
-template <bool SW, int NT, int S>
-cudaError_t wg_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, 4, 1, true>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
-  if (attr != cudaSuccess) return attr;
-  launch_k(qgemm4_batch_kernel<SW, NT, S, 4, 1, true>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(128), b.smem, s,
-           p, a);
-  return cudaGetLastError();
-}
-template <bool SW, int NT>
-cudaError_t wg_launch(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  return b.S == 6 ? wg_launch_s<SW, NT, 6>(b, s, p, a) : wg_launch_s<SW, NT, 4>(b, s, p, a);
 }
 template <bool SW, int NT, int S, int W>
 cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
@@ -534,24 +449,37 @@ int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
 constexpr int kWaveFixedSteps = 3;         // the ring's fill and the epilogue, in steps
 constexpr double kWaveSplitSteps = 0.5;    // per split: the partial sums written, read and added
 
+// A split row block's blocks as one thread block cluster, its partial sums added through
+// distributed shared memory (the kernel's epilogue), where the caller allows it
+// (GemvScratch::cluster), the device has clusters (compute capability 9.0) and there are at most 8
+// splits (the portable cluster size).
+bool clusters_available() {
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+constexpr int kMaxClusterSplits = 8;
+
 }  // namespace
 
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b) {
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, BatchPlan* b) {
   const int64_t K = p.K;
   if (T < kBatchMinTokens || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
   if (!weights_aligned16(p, n_mats, swiglu) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
   const int M = swiglu ? 2 : 1;
+  cluster = cluster && clusters_available();
   b->NT = T <= 32 ? 4 : 8;
   const int TP = 8 * b->NT;
   b->nblk = 0;
   const Tune& tn = tune();
   b->S = tn.S ? tn.S : b->NT == 4 ? 6 : 4, b->W = tn.W;
   b->R = swiglu && b->NT == 8 ? 1 : tn.R;
-  static const bool wg = [] {
-    const char* e = std::getenv("ANVIL_QGEMM_WGMMA");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  if (wg) b->wg = true, b->W = 4, b->R = 1, b->S = b->S == 6 ? 6 : 4;  // the wgmma form: 4 or 6 stages
   const int rows = 16 * b->W * b->R;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
@@ -571,7 +499,8 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
     // Splits up to the default's or 4, whichever is more; each costs the last block's sum over the
     // splits' partials (kWaveSplitSteps).
     const int64_t sms = sm_count();
-    const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
+    int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
+    if (cluster) ks_max = std::min(ks_max, kMaxClusterSplits);
     double best = 0.0;
     for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;
@@ -590,8 +519,9 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b)
   b->sps = sps;
   b->ksplit = (steps + sps - 1) / sps;
   b->xperm_bytes = size_t(TP) * size_t(K) * 2;
-  b->part_floats = b->ksplit > 1 ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * rows : 0;
-  b->n_done = b->ksplit > 1 ? size_t(b->nblk) : 0;
+  b->cluster = b->ksplit > 1 && b->ksplit <= kMaxClusterSplits && cluster;
+  b->part_floats = b->ksplit > 1 && !b->cluster ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * rows : 0;
+  b->n_done = b->ksplit > 1 && !b->cluster ? size_t(b->nblk) : 0;
   return true;
 }
 
@@ -604,22 +534,6 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
     blocks += (p.seg[i].rows + rows - 1) / rows;
   }
   const int TP = 8 * b.NT;
-  if (b.wg) {
-    const int64_t items = int64_t(TP) * (p.K / 128);
-    launch_k(permute_x_wg_kernel, dim3(unsigned(std::min<int64_t>((items + 127) / 128, 4 * sm_count()))), dim3(128), 0, s,
-             p.x, p.T, TP, int(p.K), static_cast<uint4*>(sc.xperm));
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    BatchArgs a;
-    a.xperm = static_cast<const uint4*>(sc.xperm);
-    a.sps = b.sps;
-    a.ngp = b.ngp;
-    a.part_rows = b.nblk * rows;
-    a.part = sc.part;
-    a.done = sc.done;
-    if (b.NT == 4) return swiglu ? wg_launch<true, 4>(b, s, p, a) : wg_launch<false, 4>(b, s, p, a);
-    return swiglu ? wg_launch<true, 8>(b, s, p, a) : wg_launch<false, 8>(b, s, p, a);
-  }
   const int64_t chunks = int64_t(TP) * (p.K / 32);
   launch_k(permute_x_kernel, dim3(unsigned(std::min<int64_t>((chunks + 255) / 256, 4 * sm_count()))), dim3(256), 0, s,
            p.x, p.T, TP, int(p.K), static_cast<uint2*>(sc.xperm));
@@ -632,6 +546,7 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   a.part_rows = b.nblk * rows;
   a.part = sc.part;
   a.done = sc.done;
+  a.cluster = b.cluster ? 1 : 0;
   switch (b.NT) {
     case 4: return swiglu ? batch_launch_nt<true, 4>(b, s, p, a) : batch_launch_nt<false, 4>(b, s, p, a);
     default: return swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);

@@ -320,9 +320,10 @@ struct BatchPlan {
   int64_t nblk = 0; // blocks (16 W R rows) over the segments
   size_t smem = 0;
   size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
-  bool wg = false;  // ANVIL_QGEMM_WGMMA=1: the wgmma form (qgemm_batch.cu), W = 4, R = 1
+  bool cluster = false;  // the splits of a row block are one thread block cluster (ANVIL_QGEMM_CLUSTER=1)
 };
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, BatchPlan* b);
+// cluster: a split row block may add its partial sums in a thread block cluster (GemvScratch::cluster).
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, BatchPlan* b);
 cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p);
 
 }  // namespace anvil::cuda::tc
