@@ -370,16 +370,34 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int e = threadIdx.x; e < kBRows * p.T; e += kThreads) {
-    const int lr = e % kBRows, t = e / kBRows;
-    const int64_t row = rb0 + lr;
-    if (row >= m.rows) continue;
-    float v = 0.0f, u = 0.0f;
-    for (int sp = 0; sp < int(gridDim.y); ++sp) {
-      v += __ldcg(a.part + ((int64_t(sp) * M) * TP + t) * a.part_rows + blk * kBRows + lr);
-      if constexpr (SWIGLU) u += __ldcg(a.part + ((int64_t(sp) * M + 1) * TP + t) * a.part_rows + blk * kBRows + lr);
+  // The sum over the splits, in split order, kCH outputs per thread at a time: every split's partial
+  // of the kCH outputs is loaded before any is added (the sp loop unrolled), so a chunk costs about
+  // one round trip to L2 instead of one per output and split (session 21: the one-output loop was
+  // 6-16 us of a launch, ncu).
+  constexpr int kCH = 8;
+  const int E = kBRows * p.T, ks = int(gridDim.y);
+  const float* pb = a.part + blk * kBRows;
+  for (int e0 = int(threadIdx.x); e0 < E; e0 += kCH * kThreads) {
+    float v[kCH], u[kCH];
+#pragma unroll
+    for (int q = 0; q < kCH; ++q) v[q] = 0.0f, u[q] = 0.0f;
+#pragma unroll 4
+    for (int sp = 0; sp < ks; ++sp)
+#pragma unroll
+      for (int q = 0; q < kCH; ++q) {
+        const int e = e0 + q * kThreads;
+        if (e < E) {
+          const int lr = e % kBRows, t = e / kBRows;
+          v[q] += __ldcg(pb + ((int64_t(sp) * M) * TP + t) * a.part_rows + lr);
+          if constexpr (SWIGLU) u[q] += __ldcg(pb + ((int64_t(sp) * M + 1) * TP + t) * a.part_rows + lr);
+        }
+      }
+#pragma unroll
+    for (int q = 0; q < kCH; ++q) {
+      const int e = e0 + q * kThreads;
+      const int lr = e % kBRows, t = e / kBRows;
+      if (e < E && rb0 + lr < m.rows) store_out<SWIGLU>(p, m, rb0 + lr, t, v[q], u[q]);
     }
-    store_out<SWIGLU>(p, m, row, t, v, u);
   }
   if (threadIdx.x == 0) a.done[blk] = 0u;
 }
@@ -434,6 +452,24 @@ int batch_bps_nt(int S, int W, int R, size_t smem) {
   if (S == 6) return batch_bps_r<SW, NT, 6, 4>(R, smem);
   if (S == 8) return batch_bps_r<SW, NT, 8, 4>(R, smem);
   return S == 3 ? batch_bps_r<SW, NT, 3, 4>(R, smem) : batch_bps_r<SW, NT, 4, 4>(R, smem);
+}
+template <bool SW, int NT, int S, int W>
+int batch_cl_r(int R, size_t smem, int ks) {
+  if constexpr (!(SW && NT == 8))
+    if (R == 2) return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, 2>, W * 32, smem, kBSmemMax, ks);
+  return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, 1>, W * 32, smem, kBSmemMax, ks);
+}
+template <bool SW, int NT>
+int batch_cl_nt(int S, int W, int R, size_t smem, int ks) {
+  if (W == 8) return S == 3 ? batch_cl_r<SW, NT, 3, 8>(R, smem, ks) : batch_cl_r<SW, NT, 4, 8>(R, smem, ks);
+  if (S == 6) return batch_cl_r<SW, NT, 6, 4>(R, smem, ks);
+  if (S == 8) return batch_cl_r<SW, NT, 8, 4>(R, smem, ks);
+  return S == 3 ? batch_cl_r<SW, NT, 3, 4>(R, smem, ks) : batch_cl_r<SW, NT, 4, 4>(R, smem, ks);
+}
+// Clusters of ks split blocks the device holds at once (0: none).
+int batch_clusters(bool sw, int NT, int S, int W, int R, size_t smem, int ks) {
+  if (NT == 4) return sw ? batch_cl_nt<true, 4>(S, W, R, smem, ks) : batch_cl_nt<false, 4>(S, W, R, smem, ks);
+  return sw ? batch_cl_nt<true, 8>(S, W, R, smem, ks) : batch_cl_nt<false, 8>(S, W, R, smem, ks);
 }
 int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
   if (NT == 4) return sw ? batch_bps_nt<true, 4>(S, W, R, smem) : batch_bps_nt<false, 4>(S, W, R, smem);
@@ -499,8 +535,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
     // Splits up to the default's or 4, whichever is more; each costs the last block's sum over the
     // splits' partials (kWaveSplitSteps).
     const int64_t sms = sm_count();
-    int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
-    if (cluster) ks_max = std::min(ks_max, kMaxClusterSplits);
+    const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
     double best = 0.0;
     for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;
@@ -519,7 +554,16 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   b->sps = sps;
   b->ksplit = (steps + sps - 1) / sps;
   b->xperm_bytes = size_t(TP) * size_t(K) * 2;
-  b->cluster = b->ksplit > 1 && b->ksplit <= kMaxClusterSplits && cluster;
+  // Clusters where they cost no wave: the device holds as many of the launch's blocks at once in
+  // clusters as without (on the H200, clusters of 4 of these blocks held fewer: a 64 x 4 launch
+  // took 1.5x as long even without the sums, session 21).
+  b->cluster = false;
+  if (cluster && b->ksplit > 1 && b->ksplit <= kMaxClusterSplits) {
+    const int64_t blocks = b->nblk * b->ksplit;
+    const int64_t flat = int64_t(batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, b->smem)) * sm_count();
+    const int64_t clustered = int64_t(batch_clusters(swiglu, b->NT, b->S, b->W, b->R, b->smem, b->ksplit)) * b->ksplit;
+    b->cluster = clustered > 0 && (blocks + clustered - 1) / clustered <= (blocks + flat - 1) / std::max<int64_t>(1, flat);
+  }
   b->part_floats = b->ksplit > 1 && !b->cluster ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * rows : 0;
   b->n_done = b->ksplit > 1 && !b->cluster ? size_t(b->nblk) : 0;
   return true;

@@ -5,6 +5,7 @@
 // ldmatrix loads from here too.
 #pragma once
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <utility>
 
@@ -302,6 +303,36 @@ int resident_blocks(Kernel kernel, int threads, size_t smem, size_t max_smem) {
     n = 0;
   }
   cache.emplace(std::make_pair(fn, smem), n);
+  return n;
+}
+// Clusters of `cluster_y` blocks along y (threads, smem each) of the kernel that the device holds at
+// once (cudaOccupancyMaxActiveClusters; 0 if none or on error), cached like resident_blocks.
+template <class Kernel>
+int resident_clusters_y(Kernel kernel, int threads, size_t smem, size_t max_smem, int cluster_y) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, size_t, int>, int> cache;
+  const auto fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lk(mu);
+  const auto it = cache.find({fn, smem, cluster_y});
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, unsigned(cluster_y));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1;
+  at[0].val.clusterDim.y = unsigned(cluster_y);
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  cache.emplace(std::make_tuple(fn, smem, cluster_y), n);
   return n;
 }
 
