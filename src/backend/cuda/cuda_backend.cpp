@@ -91,7 +91,10 @@ class CudaBackend final : public Backend {
       std::fprintf(stderr, "anvil: ANVIL_CUDA_SKIP=%s: those ops launch nothing (for measuring; results are meaningless)\n", k);
     }
     if (const char* b = std::getenv("ANVIL_CUDA_BATCH_GEMV"); b && *b == '0') batch_gemv_ = false;
-    if (const char* c = std::getenv("ANVIL_QGEMM_CLUSTER")) bscratch_.cluster = std::strcmp(c, "1") == 0;
+    // The batch kernel's split sums in thread block clusters where they cost no wave (the default;
+    // ANVIL_QGEMM_CLUSTER=0: through global memory).
+    bscratch_.cluster = true;
+    if (const char* c = std::getenv("ANVIL_QGEMM_CLUSTER"); c && *c == '0') bscratch_.cluster = false;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
