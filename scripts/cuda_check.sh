@@ -30,7 +30,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in a thread block cluster, ANVIL_QGEMM_CLUSTER=1, against the default: golden under it, the 32/64-sequence steps, ncu per kernel), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -294,10 +294,11 @@ elif [ "$what" != bench ]; then
   ANVIL_CUDA_PREFETCH=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Linear*:CudaOps.Batches*:CudaModel.*" \
     > "$OUT/cuda_prefetch.log" 2>&1
   summary+=("prefetch (ANVIL_CUDA_PREFETCH=1): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_prefetch.log" | tr '\n' ' ')")
-  # The batch kernel's split sums in a thread block cluster (ANVIL_QGEMM_CLUSTER=1, off until
-  # measured): the model tests (batched decode) under it (CudaOps.Batched* tests both ways itself).
-  ANVIL_QGEMM_CLUSTER=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_cluster.log" 2>&1
-  summary+=("batch kernel, split sums in a cluster (ANVIL_QGEMM_CLUSTER=1): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_cluster.log" | tr '\n' ' ')")
+  # The batch kernel's split sums through global memory in every launch (ANVIL_QGEMM_CLUSTER=0; by
+  # default in clusters where they cost no wave): the model tests (batched decode) under it
+  # (CudaOps.Batched* tests both ways itself).
+  ANVIL_QGEMM_CLUSTER=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_cluster.log" 2>&1
+  summary+=("batch kernel, split sums through global memory (ANVIL_QGEMM_CLUSTER=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_cluster.log" | tr '\n' ' ')")
   # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaSample*" > "$OUT/cuda_sample.log" 2>&1
   summary+=("device sampler: rc=$? $(grep -E '^\[  (PASSED|FAILED)|agree on' "$OUT/cuda_sample.log" | tr '\n' ' ')")
@@ -591,8 +592,8 @@ if [ "$what" != tests ]; then
     for P in 512 4096 16384; do b --synthetic qwen3-8b:q4g64 --prompt $P -n 64 --runs 1; done
     b --synthetic qwen3-0.6b:q4g64 --prompt 16384 -n 64 --runs 1
   elif [ "$set" = cluster ]; then
-    # The batch kernel's split sums in a thread block cluster (ANVIL_QGEMM_CLUSTER=1) against
-    # through global memory (=0): golden on CUDA under it, the batched step at 32 and 64 sequences
+    # The batch kernel's split sums in thread block clusters where they cost no wave (the default, =1)
+    # against through global memory (=0): golden on CUDA under it, the batched step at 32 and 64 sequences
     # (interleaved), then each batch-kernel launch of a 32-sequence step both ways in ncu.
     pt ANVIL_QGEMM_CLUSTER=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
     for c in 0 1; do

@@ -23,7 +23,9 @@
 // K/group % 8 == 0): a multiple of group/16 steps (4 at group 64),
 // its fp32 partial sums go to GemvScratch::part, and the last block of a row block to finish
 // (a counter per row block; the block resets it to 0) adds the splits in split order, so the
-// result does not depend on which block finishes last, and writes the outputs.
+// result does not depend on which block finishes last, and writes the outputs. Where thread block
+// clusters cost no wave (batch_plan), a row block's splits are one cluster instead and add the
+// same sums, in the same order, over distributed shared memory (the kernel's epilogue).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -471,8 +473,10 @@ constexpr double kWaveSplitSteps = 0.5;    // per split: the partial sums writte
 
 // A split row block's blocks as one thread block cluster, its partial sums added through
 // distributed shared memory (the kernel's epilogue), where the caller allows it
-// (GemvScratch::cluster), the device has clusters (compute capability 9.0) and there are at most 8
-// splits (the portable cluster size).
+// (GemvScratch::cluster: the backend's default, ANVIL_QGEMM_CLUSTER=0 turns it off), the device has
+// clusters (compute capability 9.0), there are at most 8 splits (the portable cluster size) and
+// the clusters cost no wave (batch_plan). On the H200, a 32-sequence qwen3-8b q4g64 step took 6.65
+// against 6.85 ms, and a 64-sequence one 10.95 against 11.38 (session 21).
 bool clusters_available() {
   static const bool on = [] {
     int dev = 0, major = 0;
