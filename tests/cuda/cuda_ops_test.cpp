@@ -541,11 +541,13 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // call runs twice: the split sums are added in a fixed order and the counters must be back at zero,
 // so the second output must equal the first bit for bit. The split sums go through global memory
 // (ANVIL_QGEMM_CLUSTER=0) or, with up to 8 splits, through a thread block cluster's shared memory
-// (=1): the same sums in the same order, so the two must agree bit for bit as well.
+// (=1), or with ANVIL_QGEMM_SUM_KERNEL=1 (and clusters off) in a kernel of their own: the same sums
+// in the same order, so all three must agree bit for bit as well.
 TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
   auto made = backend_with({{"ANVIL_CUDA_BATCH_GEMV", "0"}});
   auto flat = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}}), clustered = backend_with({{"ANVIL_QGEMM_CLUSTER", "1"}});
-  ASSERT_TRUE(made && flat && clustered);
+  auto summed = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}, {"ANVIL_QGEMM_SUM_KERNEL", "1"}});
+  ASSERT_TRUE(made && flat && clustered && summed);
   Backend& legacy = *made;
   struct Case {
     int group;
@@ -568,10 +570,11 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
       std::vector<float> xin = x;
       cpu_->linear_swiglu(Act{xin.data(), T, K, DType::kF32}, gw.w, uw.w, Act{ref_s.data(), T, 300, DType::kF32});
       std::vector<float> flat_out[5];  // the ANVIL_QGEMM_CLUSTER=0 backend's
-      for (Backend* be : {flat.get(), clustered.get(), &legacy}) {
-        const std::string what = base + (be == &legacy       ? " ANVIL_CUDA_BATCH_GEMV=0"
-                                         : be == flat.get() ? " ANVIL_QGEMM_CLUSTER=0"
-                                                            : " ANVIL_QGEMM_CLUSTER=1");
+      for (Backend* be : {flat.get(), clustered.get(), summed.get(), &legacy}) {
+        const std::string what = base + (be == &legacy          ? " ANVIL_CUDA_BATCH_GEMV=0"
+                                         : be == flat.get()      ? " ANVIL_QGEMM_CLUSTER=0"
+                                         : be == clustered.get() ? " ANVIL_QGEMM_CLUSTER=1"
+                                                                 : " ANVIL_QGEMM_SUM_KERNEL=1");
         auto dq = be->upload_weight(q.w), dk = be->upload_weight(k.w), dv = be->upload_weight(v.w);
         auto dg = be->upload_weight(gw.w), du = be->upload_weight(uw.w);
         ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok() && dg.is_ok() && du.is_ok());
@@ -597,7 +600,7 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
             expect_close(got[2], ref_v, kGemmBound, "linear_multi v " + what);
             expect_close(got[3], ref_k, kGemmBound, "linear k -> F32 " + what);
             expect_close(got[4], ref_s, kGemmBound * 1.5, "linear_swiglu " + what);
-            if (be == clustered.get())
+            if (be == clustered.get() || be == summed.get())
               for (int i = 0; i < 5; ++i)
                 EXPECT_EQ(0, std::memcmp(flat_out[i].data(), got[i].data(), got[i].size() * sizeof(float)))
                     << "output " << i << " differs from ANVIL_QGEMM_CLUSTER=0's: " << what;

@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
     // ANVIL_QGEMM_CLUSTER=0: through global memory).
     bscratch_.cluster = true;
     if (const char* c = std::getenv("ANVIL_QGEMM_CLUSTER"); c && *c == '0') bscratch_.cluster = false;
+    if (const char* c = std::getenv("ANVIL_QGEMM_SUM_KERNEL"); c && std::strcmp(c, "1") == 0) bscratch_.sum_kernel = true;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();
@@ -814,7 +815,7 @@ class CudaBackend final : public Backend {
   // to what it needs (its counters zeroed when new); null: the call runs without it.
   const cuda::GemvScratch* batch_scratch(const DevMatrix* ws, int n, const DevMatrix* up, int64_t T) {
     cuda::GemvScratch need;
-    need.cluster = bscratch_.cluster;
+    need.cluster = bscratch_.cluster, need.sum_kernel = bscratch_.sum_kernel;
     if (!batch_gemv_ || T < cuda::kBatchMinTokens || T > cuda::kTcMaxTokens ||
         !cuda::gemv_batch_need(ws, n, up, int(T), &need))
       return nullptr;

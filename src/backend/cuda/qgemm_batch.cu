@@ -134,6 +134,7 @@ struct BatchArgs {
   float* part;         // [split][M][TP][part_rows] (gridDim.y > 1)
   unsigned* done;      // [row blocks], zero between launches
   int cluster;         // 1: the splits of a row block are one thread block cluster (BatchPlan::cluster)
+  int sum_kernel;      // 1: split_sum_kernel adds the partials (BatchPlan::sum_kernel)
 };
 
 template <bool SWIGLU, int NT, int kBS, int kBW, int RT>
@@ -365,6 +366,7 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
           const int64_t prow = blk * kBRows + wrow + rt * 16 + (i >> 1) * 8;
           a.part[((int64_t(blockIdx.y) * M + mi) * TP + t) * a.part_rows + prow] = d[mi][rt][nt][i];
         }
+  if (a.sum_kernel) return;  // split_sum_kernel, launched next, adds them
   __threadfence();  // this block's partials are visible device-wide before it counts itself
   __syncthreads();
   __shared__ bool last;
@@ -386,6 +388,46 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     store_out<SWIGLU>(p, m, row, t, v, u);
   }
   if (threadIdx.x == 0) a.done[blk] = 0u;
+}
+
+// ANVIL_QGEMM_SUM_KERNEL=1 (off until measured): the split partials of every row block added by a
+// kernel of its own, one thread per (token, row) across the whole GPU, instead of by the last block
+// of each row block (a fence, a counter, then one block's serial loop: ~6-16 us of a launch on the
+// H200, session 21). The same sums in the same order as that block's, so the same outputs bit for
+// bit; partial row prow = row block * kBRows + local row, as the batch kernel writes them.
+template <bool SWIGLU, int TP, int kBRows>
+__global__ void split_sum_kernel(TcParams p, BatchArgs a, int ks) {
+  pdl_launch();
+  pdl_wait();  // the batch kernel's partials are complete and visible
+  constexpr int M = SWIGLU ? 2 : 1;
+  const int64_t total = a.part_rows * p.T;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(q / a.part_rows);
+    const int64_t prow = q % a.part_rows, blk = prow / kBRows;
+    int si = 0;
+    if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
+    if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
+    const TcSeg& m = p.seg[si];
+    const int64_t row = (blk - m.tile_begin) * kBRows + prow % kBRows;
+    if (row >= m.rows) continue;
+    float v = 0.0f, u = 0.0f;
+#pragma unroll 4
+    for (int sp = 0; sp < ks; ++sp) {
+      v += __ldcg(a.part + ((int64_t(sp) * M) * TP + t) * a.part_rows + prow);
+      if constexpr (SWIGLU) u += __ldcg(a.part + ((int64_t(sp) * M + 1) * TP + t) * a.part_rows + prow);
+    }
+    store_out<SWIGLU>(p, m, row, t, v, u);
+  }
+}
+// rows: the batch kernel's rows per block, 16 W R (64, 128 or 256).
+template <bool SW, int TP>
+cudaError_t sum_launch(int rows, cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
+  const int64_t total = a.part_rows * p.T;
+  const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 8 * sm_count()));
+  if (rows == 128) launch_k(split_sum_kernel<SW, TP, 128>, dim3(grid), dim3(256), 0, s, p, a, ks);
+  else if (rows == 256) launch_k(split_sum_kernel<SW, TP, 256>, dim3(grid), dim3(256), 0, s, p, a, ks);
+  else launch_k(split_sum_kernel<SW, TP, 64>, dim3(grid), dim3(256), 0, s, p, a, ks);
+  return cudaGetLastError();
 }
 
 size_t plan_smem(int S, int W, int R, int M, int TP, int sps, int group, int* ngp) {
@@ -492,7 +534,7 @@ constexpr int kMaxClusterSplits = 8;
 
 }  // namespace
 
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, BatchPlan* b) {
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, bool sum_kernel, BatchPlan* b) {
   const int64_t K = p.K;
   if (T < kBatchMinTokens || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
   if (!weights_aligned16(p, n_mats, swiglu) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
@@ -552,8 +594,9 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
     const int64_t clustered = int64_t(batch_clusters(swiglu, b->NT, b->S, b->W, b->R, b->smem, b->ksplit)) * b->ksplit;
     b->cluster = clustered > 0 && (blocks + clustered - 1) / clustered <= (blocks + flat - 1) / std::max<int64_t>(1, flat);
   }
+  b->sum_kernel = b->ksplit > 1 && !b->cluster && sum_kernel;
   b->part_floats = b->ksplit > 1 && !b->cluster ? size_t(b->ksplit) * M * TP * size_t(b->nblk) * rows : 0;
-  b->n_done = b->ksplit > 1 && !b->cluster ? size_t(b->nblk) : 0;
+  b->n_done = b->ksplit > 1 && !b->cluster && !b->sum_kernel ? size_t(b->nblk) : 0;
   return true;
 }
 
@@ -579,10 +622,14 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   a.part = sc.part;
   a.done = sc.done;
   a.cluster = b.cluster ? 1 : 0;
+  a.sum_kernel = b.sum_kernel ? 1 : 0;
   switch (b.NT) {
-    case 4: return swiglu ? batch_launch_nt<true, 4>(b, s, p, a) : batch_launch_nt<false, 4>(b, s, p, a);
-    default: return swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);
+    case 4: e = swiglu ? batch_launch_nt<true, 4>(b, s, p, a) : batch_launch_nt<false, 4>(b, s, p, a); break;
+    default: e = swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);
   }
+  if (e != cudaSuccess || !b.sum_kernel) return e;
+  if (b.NT == 4) return swiglu ? sum_launch<true, 32>(rows, s, p, a, b.ksplit) : sum_launch<false, 32>(rows, s, p, a, b.ksplit);
+  return swiglu ? sum_launch<true, 64>(rows, s, p, a, b.ksplit) : sum_launch<false, 64>(rows, s, p, a, b.ksplit);
 }
 
 }  // namespace anvil::cuda::tc

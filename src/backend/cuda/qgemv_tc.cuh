@@ -351,10 +351,12 @@ struct BatchPlan {
   int64_t nblk = 0; // blocks (16 W R rows) over the segments
   size_t smem = 0;
   size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
-  bool cluster = false;  // the splits of a row block are one thread block cluster (ANVIL_QGEMM_CLUSTER=1)
+  bool cluster = false;     // the splits of a row block are one thread block cluster (GemvScratch::cluster)
+  bool sum_kernel = false;  // the splits' partials are added by split_sum_kernel (GemvScratch::sum_kernel)
 };
-// cluster: a split row block may add its partial sums in a thread block cluster (GemvScratch::cluster).
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, BatchPlan* b);
+// cluster: a split row block may add its partial sums in a thread block cluster (GemvScratch::cluster);
+// sum_kernel: split launches not in clusters add them in a second kernel (GemvScratch::sum_kernel).
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, bool sum_kernel, BatchPlan* b);
 cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p);
 
 }  // namespace anvil::cuda::tc
