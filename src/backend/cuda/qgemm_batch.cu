@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include <cooperative_groups.h>
 
