@@ -531,6 +531,14 @@ bool clusters_available() {
 }
 constexpr int kMaxClusterSplits = 8;
 
+bool plan_by_measured_costs() {
+  static const bool on = [] {
+    const char* e = std::getenv("ANVIL_QGEMM_PLAN");
+    return e && e[0] == '2' && e[1] == 0;
+  }();
+  return on;
+}
+
 }  // namespace
 
 bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, bool sum_kernel, BatchPlan* b) {
@@ -560,11 +568,11 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
     b->smem = plan_smem(b->S, b->W, b->R, M, TP, sps, p.group, &b->ngp);
   }
   if (b->smem > kBSmemMax) return false;
-  {
-    // Splits up to the default's or 4, whichever is more; each costs the last block's sum over the
-    // splits' partials (kWaveSplitSteps).
-    const int64_t sms = sm_count();
-    const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
+  // Splits up to the default's or 4, whichever is more; each costs the last block's sum over the
+  // splits' partials (kWaveSplitSteps).
+  const int64_t sms = sm_count();
+  const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
+  if (!plan_by_measured_costs() || tn.S) {
     double best = 0.0;
     for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;
@@ -579,6 +587,45 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
       const double cost = double((blocks + slots - 1) / slots) * double(sk + kWaveFixedSteps) + kWaveSplitSteps * ks;
       if (best == 0.0 || cost < best) best = cost, sps = sk, b->smem = smk, b->ngp = ngk;
     }
+  } else {
+    // ANVIL_QGEMM_PLAN=2 (off until measured): the ring depth chosen with the split, and the split
+    // sums charged what ncu measured them to cost (session 21, 32 sequences, a step ~1.1 us): the
+    // last block's sum through global memory ~6 steps per wave of blocks, a cluster's ~2, the sum
+    // kernel ~3 once. A shallower ring fits more blocks per SM; its slower steps are not modelled.
+    // For the qwen3-8b shapes at 32 tokens, with shared memory as the only limit and clusters of 2
+    // fitting, it would pick: q/k/v 4 stages x 4 splits (4 blocks per SM), o as now (6 x 4), gate/up
+    // 3 x 2 in clusters (3 per SM, one wave instead of 3), down 4 x 5 (3 per SM).
+    constexpr double kFlatSumSteps = 6.0, kClusterSumSteps = 2.0, kSumKernelSteps = 3.0;
+    double best = 0.0;
+    const int depths[3] = {b->S, 4, 3};
+    int best_S = b->S;
+    for (const int S : depths) {
+      if (S > b->S) continue;  // (with the default at 4 stages, 4 is evaluated twice: harmless)
+      for (int ks = 1; ks <= ks_max; ++ks) {
+        int sk = (steps + ks - 1) / ks;
+        if (sk < steps) sk = std::min(steps, (sk + unit - 1) / unit * unit);
+        if ((steps + sk - 1) / sk != ks) continue;
+        int ngk = 0;
+        const size_t smk = plan_smem(S, b->W, b->R, M, TP, sk, p.group, &ngk);
+        if (smk > kBSmemMax) continue;
+        const int bps = batch_blocks_per_sm(swiglu, b->NT, S, b->W, b->R, smk);
+        if (bps <= 0) continue;
+        const int64_t blocks = b->nblk * ks, slots = int64_t(bps) * sms;
+        const int64_t waves = (blocks + slots - 1) / slots;
+        double sum_cost = 0.0;
+        if (ks > 1) {
+          bool cl = false;
+          if (cluster && ks <= kMaxClusterSplits) {
+            const int64_t held = int64_t(batch_clusters(swiglu, b->NT, S, b->W, b->R, smk, ks)) * ks;
+            cl = held > 0 && (blocks + held - 1) / held <= waves;
+          }
+          sum_cost = cl ? kClusterSumSteps * double(waves) : sum_kernel ? kSumKernelSteps : kFlatSumSteps * double(waves);
+        }
+        const double cost = double(waves) * double(sk + kWaveFixedSteps) + sum_cost;
+        if (best == 0.0 || cost < best) best = cost, sps = sk, b->smem = smk, b->ngp = ngk, best_S = S;
+      }
+    }
+    b->S = best_S;
   }
   b->sps = sps;
   b->ksplit = (steps + sps - 1) / sps;
