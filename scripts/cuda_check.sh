@@ -30,7 +30,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, off until measured: the same), plan2 (the batch kernel's ring depth and split chosen with the split sums' measured costs, ANVIL_QGEMM_PLAN=2, off until measured: the same), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, now the default, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -299,13 +299,17 @@ elif [ "$what" != bench ]; then
   # (CudaOps.Batched* tests both ways itself).
   ANVIL_QGEMM_CLUSTER=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_cluster.log" 2>&1
   summary+=("batch kernel, split sums through global memory (ANVIL_QGEMM_CLUSTER=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_cluster.log" | tr '\n' ' ')")
-  # The split sums in a kernel of their own (ANVIL_QGEMM_SUM_KERNEL=1, off until measured): the same.
-  ANVIL_QGEMM_SUM_KERNEL=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_sumk.log" 2>&1
-  summary+=("batch kernel, split sums in their own kernel (ANVIL_QGEMM_SUM_KERNEL=1): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_sumk.log" | tr '\n' ' ')")
-  # The batch kernel planned with the split sums' measured costs (ANVIL_QGEMM_PLAN=2, off until
-  # measured): its op tests and the model tests under it.
-  ANVIL_QGEMM_PLAN=2 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Batched*:CudaModel.*" > "$OUT/cuda_plan2.log" 2>&1
-  summary+=("batch kernel, measured-cost plan (ANVIL_QGEMM_PLAN=2): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_plan2.log" | tr '\n' ' ')")
+  # The split sums by the last block of each row block (ANVIL_QGEMM_SUM_KERNEL=0; by default in a
+  # kernel of their own where no cluster adds them): the same.
+  ANVIL_QGEMM_SUM_KERNEL=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_sumk.log" 2>&1
+  summary+=("batch kernel, split sums by the last block (ANVIL_QGEMM_SUM_KERNEL=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_sumk.log" | tr '\n' ' ')")
+  # The batch kernel under one planner at every batch size (ANVIL_QGEMM_PLAN=1: the wave planner,
+  # =2: the measured-cost one; by default the second up to 32 tokens): its op tests and the model
+  # tests under each.
+  for pl in 1 2; do
+    ANVIL_QGEMM_PLAN=$pl ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Batched*:CudaModel.*" > "$OUT/cuda_plan$pl.log" 2>&1
+    summary+=("batch kernel, ANVIL_QGEMM_PLAN=$pl: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_plan$pl.log" | tr '\n' ' ')")
+  done
   # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaSample*" > "$OUT/cuda_sample.log" 2>&1
   summary+=("device sampler: rc=$? $(grep -E '^\[  (PASSED|FAILED)|agree on' "$OUT/cuda_sample.log" | tr '\n' ' ')")
@@ -617,6 +621,28 @@ if [ "$what" != tests ]; then
         ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 32 -n 8 --pairs 1 --json \
         --kv-store /tmp/anvil-ncu-kv 2>&1 | grep -E "qgemm4_batch_kernel<|gpu__time|Cluster Size|Grid Size" \
         | sed -E 's/.*qgemm4_batch_kernel<([^>]*)>.*/\1/; s/  +/ /g' >> "$OUT/bench.log"
+      rm -rf /tmp/anvil-ncu-kv
+    done
+  elif [ "$set" = plan ]; then
+    # Session 22's defaults (the split sums in their own kernel, the measured-cost planner up to 32
+    # tokens) against each planner everywhere (ANVIL_QGEMM_PLAN=1/2), the measured-cost one at the
+    # default ring depth (=3), the sum kernel charged 3 steps (ANVIL_QGEMM_SUMK_STEPS=3) and the
+    # last-block sums (ANVIL_QGEMM_SUM_KERNEL=0): the tests and golden under the defaults, the
+    # steps at 32 and 64 sequences (interleaved), then each batch launch of a 64-sequence step in ncu.
+    pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
+    timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/pl_golden.log 2>&1
+    echo "### default golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pl_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for n in 32 64; do
+      for e in X=default ANVIL_QGEMM_PLAN=1 ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3 ANVIL_QGEMM_SUMK_STEPS=3 ANVIL_QGEMM_SUM_KERNEL=0 \
+               X=default ANVIL_QGEMM_PLAN=1 ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3; do ps "$e" $n; done
+    done
+    for e in X=default ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3; do
+      echo "### ncu $e (64 sequences; per launch: kernel <swiglu, NT, S, W, R>, time, grid, cluster size)" >> "$OUT/bench.log"
+      env $e timeout 120 ncu --clock-control none -k regex:"qgemm4_batch|split_sum" --launch-skip 50 --launch-count 12 \
+        --metrics gpu__time_duration.sum --section LaunchStats \
+        ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 64 -n 8 --pairs 1 --json \
+        --kv-store /tmp/anvil-ncu-kv 2>&1 | grep -E "qgemm4_batch_kernel<|split_sum_kernel<|gpu__time|Cluster Size|Grid Size" \
+        | sed -E 's/.*(qgemm4_batch_kernel|split_sum_kernel)<([^>]*)>.*/\1 \2/; s/  +/ /g' >> "$OUT/bench.log"
       rm -rf /tmp/anvil-ncu-kv
     done
   elif [ "$set" = sumk ]; then

@@ -53,8 +53,8 @@ struct GemvScratch {
   // The batch kernel may add a split row block's partial sums inside a thread block cluster
   // (qgemm_batch.cu; ANVIL_QGEMM_CLUSTER, read by the backend) instead of through part and done.
   bool cluster = false;
-  // ANVIL_QGEMM_SUM_KERNEL=1 (off until measured): split launches not in clusters leave every
-  // partial in part and a second kernel adds them (no done counters, no last block).
+  // Split launches not in clusters leave every partial in part and a second kernel adds them (no
+  // done counters, no last block): the backend's default, ANVIL_QGEMM_SUM_KERNEL=0 turns it off.
   bool sum_kernel = false;
 };
 // The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not

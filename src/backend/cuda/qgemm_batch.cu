@@ -389,8 +389,8 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   if (threadIdx.x == 0) a.done[blk] = 0u;
 }
 
-// ANVIL_QGEMM_SUM_KERNEL=1 (off until measured): the split partials of every row block added by a
-// kernel of its own, one thread per (token, row) across the whole GPU, instead of by the last block
+// The split partials of every row block added by a kernel of its own (the default; see
+// GemvScratch::sum_kernel), one thread per (token, row) across the whole GPU, instead of by the last block
 // of each row block (a fence, a counter, then one block's serial loop: ~6-16 us of a launch on the
 // H200, session 21). The same sums in the same order as that block's, so the same outputs bit for
 // bit; partial row prow = row block * kBRows + local row, as the batch kernel writes them.
@@ -531,12 +531,34 @@ bool clusters_available() {
 }
 constexpr int kMaxClusterSplits = 8;
 
-bool plan_by_measured_costs() {
-  static const bool on = [] {
+// Which planner: ANVIL_QGEMM_PLAN=1 the wave planner at every batch size, =2 the measured-cost
+// planner (below) at every size, =3 the measured-cost planner with the ring depth held at the
+// default (for measuring); unset: the measured-cost planner up to 32 tokens and the wave planner
+// beyond. Why (session 22, H200, qwen3-8b q4g64, split sums in their own kernel): the 32-sequence
+// step took 5.37-5.44 ms under the measured-cost plan against 5.71-5.73 under the wave plan, the
+// 64-sequence step 9.67 against 9.33.
+int plan_mode() {
+  static const int m = [] {
     const char* e = std::getenv("ANVIL_QGEMM_PLAN");
-    return e && e[0] == '2' && e[1] == 0;
+    if (e && (e[0] == '1' || e[0] == '2' || e[0] == '3') && e[1] == 0) return e[0] - '0';
+    return 0;
   }();
-  return on;
+  return m;
+}
+bool plan_by_measured_costs(int NT) {
+  const int m = plan_mode();
+  return m == 0 ? NT == 4 : m >= 2;
+}
+// The sum kernel's cost in the measured-cost plan, in ring steps (~1.1 us each at 32 tokens): ncu
+// timed it at 3.5 us after a plain launch and 6.3 after a SwiGLU one (session 22); launching it
+// costs about a step more. ANVIL_QGEMM_SUMK_STEPS=X overrides (for measuring).
+double sum_kernel_steps(bool swiglu) {
+  static const double v = [] {
+    const char* e = std::getenv("ANVIL_QGEMM_SUMK_STEPS");
+    const double x = e ? std::atof(e) : 0.0;
+    return x > 0.0 && x < 100.0 ? x : 0.0;
+  }();
+  return v > 0.0 ? v : swiglu ? 7.0 : 4.0;
 }
 
 }  // namespace
@@ -572,7 +594,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   // splits' partials (kWaveSplitSteps).
   const int64_t sms = sm_count();
   const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
-  if (!plan_by_measured_costs() || tn.S) {
+  if (!plan_by_measured_costs(b->NT) || tn.S) {
     double best = 0.0;
     for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;
@@ -588,19 +610,21 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
       if (best == 0.0 || cost < best) best = cost, sps = sk, b->smem = smk, b->ngp = ngk;
     }
   } else {
-    // ANVIL_QGEMM_PLAN=2 (off until measured): the ring depth chosen with the split, and the split
-    // sums charged what ncu measured them to cost (session 21, 32 sequences, a step ~1.1 us): the
-    // last block's sum through global memory ~6 steps per wave of blocks, a cluster's ~2, the sum
-    // kernel ~3 once. A shallower ring fits more blocks per SM; its slower steps are not modelled.
+    // The measured-cost planner (plan_mode): the ring depth chosen with the split, and the split
+    // sums charged what ncu measured them to cost (sessions 21-22, 32 sequences, a step ~1.1 us):
+    // the last block's sum through global memory ~6 steps per wave of blocks, a cluster's ~2, the
+    // sum kernel once (sum_kernel_steps). A shallower ring fits more blocks per SM; its slower
+    // steps are not modelled (ANVIL_QGEMM_PLAN=3 holds the depth at the default).
     // For the qwen3-8b shapes at 32 tokens, with shared memory as the only limit and clusters of 2
     // fitting, it would pick: q/k/v 4 stages x 4 splits (4 blocks per SM), o as now (6 x 4), gate/up
     // 3 x 2 in clusters (3 per SM, one wave instead of 3), down 4 x 5 (3 per SM).
-    constexpr double kFlatSumSteps = 6.0, kClusterSumSteps = 2.0, kSumKernelSteps = 3.0;
+    constexpr double kFlatSumSteps = 6.0, kClusterSumSteps = 2.0;
+    const double sumk_steps = sum_kernel_steps(swiglu);
     double best = 0.0;
     const int depths[3] = {b->S, 4, 3};
     int best_S = b->S;
     for (const int S : depths) {
-      if (S > b->S) continue;  // (with the default at 4 stages, 4 is evaluated twice: harmless)
+      if (S > b->S || (plan_mode() == 3 && S != b->S)) continue;  // (at a default of 4 stages, 4 is evaluated twice: harmless)
       for (int ks = 1; ks <= ks_max; ++ks) {
         int sk = (steps + ks - 1) / ks;
         if (sk < steps) sk = std::min(steps, (sk + unit - 1) / unit * unit);
@@ -619,7 +643,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
             const int64_t held = int64_t(batch_clusters(swiglu, b->NT, S, b->W, b->R, smk, ks)) * ks;
             cl = held > 0 && (blocks + held - 1) / held <= waves;
           }
-          sum_cost = cl ? kClusterSumSteps * double(waves) : sum_kernel ? kSumKernelSteps : kFlatSumSteps * double(waves);
+          sum_cost = cl ? kClusterSumSteps * double(waves) : sum_kernel ? sumk_steps : kFlatSumSteps * double(waves);
         }
         const double cost = double(waves) * double(sk + kWaveFixedSteps) + sum_cost;
         if (best == 0.0 || cost < best) best = cost, sps = sk, b->smem = smk, b->ngp = ngk, best_S = S;
