@@ -629,19 +629,25 @@ if [ "$what" != tests ]; then
     # default ring depth (=3), the sum kernel charged 3 steps (ANVIL_QGEMM_SUMK_STEPS=3) and the
     # last-block sums (ANVIL_QGEMM_SUM_KERNEL=0): the tests and golden under the defaults, the
     # steps at 32 and 64 sequences (interleaved), then each batch launch of a 64-sequence step in ncu.
-    pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
-    timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/pl_golden.log 2>&1
-    echo "### default golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pl_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    # (Under `all` the full test pass has run these already.)
+    if [ "$what" = bench ]; then
+      pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
+      timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/pl_golden.log 2>&1
+      echo "### default golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pl_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    fi
     for n in 32 64; do
       for e in X=default ANVIL_QGEMM_PLAN=1 ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3 ANVIL_QGEMM_SUMK_STEPS=3 ANVIL_QGEMM_SUM_KERNEL=0 \
                X=default ANVIL_QGEMM_PLAN=1 ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3; do ps "$e" $n; done
     done
-    for e in X=default ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3; do
-      echo "### ncu $e (64 sequences; per launch: kernel <swiglu, NT, S, W, R>, time, grid, cluster size)" >> "$OUT/bench.log"
-      env $e timeout 120 ncu --clock-control none -k regex:"qgemm4_batch|split_sum" --launch-skip 50 --launch-count 12 \
+    # ncu's whole output stays in ncu_plan.log (PLAN_NCU=0: none).
+    [ "${PLAN_NCU:-1}" = 1 ] && for e in X=default ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_PLAN=3; do
+      echo "### ncu $e (64 sequences; per launch: kernel <swiglu, NT, S, W, R>, time, grid, cluster size)" | tee -a "$OUT/ncu_plan.log" >> "$OUT/bench.log"
+      env $e timeout 150 ncu --clock-control none -k regex:"qgemm4_batch|split_sum" --launch-skip 40 --launch-count 12 \
         --metrics gpu__time_duration.sum --section LaunchStats \
         ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs 64 -n 8 --pairs 1 --json \
-        --kv-store /tmp/anvil-ncu-kv 2>&1 | grep -E "qgemm4_batch_kernel<|split_sum_kernel<|gpu__time|Cluster Size|Grid Size" \
+        --kv-store /tmp/anvil-ncu-kv > /tmp/ncu_plan.log 2>&1
+      echo "ncu rc=$?" >> /tmp/ncu_plan.log; cat /tmp/ncu_plan.log >> "$OUT/ncu_plan.log"
+      grep -E "qgemm4_batch_kernel<|split_sum_kernel<|gpu__time|Cluster Size|Grid Size|ncu rc" /tmp/ncu_plan.log \
         | sed -E 's/.*(qgemm4_batch_kernel|split_sum_kernel)<([^>]*)>.*/\1 \2/; s/  +/ /g' >> "$OUT/bench.log"
       rm -rf /tmp/anvil-ncu-kv
     done
