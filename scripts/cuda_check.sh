@@ -623,6 +623,27 @@ if [ "$what" != tests ]; then
         | sed -E 's/.*qgemm4_batch_kernel<([^>]*)>.*/\1/; s/  +/ /g' >> "$OUT/bench.log"
       rm -rf /tmp/anvil-ncu-kv
     done
+  elif [ "$set" = shape ]; then
+    # The batch kernel's block shape under the default planners (session 23): 8 warps (128 rows per
+    # block, each stage's activations shared by twice the rows) and 2 tiles per warp (each activation
+    # fragment used for two 16-row tiles), at 32 sequences under the measured-cost planner
+    # (ANVIL_QGEMM_PLAN=2 takes the override there), at 64 under the wave planner; SHAPE_CFGS lists
+    # them (ANVIL_QGEMM_BATCH=S,KB,F,W,R): the batch op tests under each, then the steps, interleaved.
+    cfgs=${SHAPE_CFGS:-4,113,2,8,1 4,113,2,4,2 6,113,2,4,2 4,113,2,8,2}
+    for cfg in $cfgs; do
+      for pl in 1 2; do
+        ANVIL_QGEMM_PLAN=$pl ANVIL_QGEMM_BATCH=$cfg timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.Batched*:CudaModel.*' > /tmp/sh.log 2>&1
+        echo "### ANVIL_QGEMM_PLAN=$pl ANVIL_QGEMM_BATCH=$cfg batch op and model tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/sh.log | tr '\n' ' ')" >> "$OUT/bench.log"
+        grep -E -A3 'Failure$' /tmp/sh.log | head -20 >> "$OUT/bench.log"
+      done
+    done
+    for r in 1 2; do
+      ps X=default 32
+      for cfg in $cfgs; do ps "ANVIL_QGEMM_PLAN=2 ANVIL_QGEMM_BATCH=$cfg" 32; done
+    done
+    ps X=default 64
+    for cfg in $cfgs; do ps "ANVIL_QGEMM_PLAN=1 ANVIL_QGEMM_BATCH=$cfg" 64; done
+    ps X=default 64
   elif [ "$set" = plan ]; then
     # Session 22's defaults (the split sums in their own kernel, the measured-cost planner up to 32
     # tokens) against each planner everywhere (ANVIL_QGEMM_PLAN=1/2), the measured-cost one at the

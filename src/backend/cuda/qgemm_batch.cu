@@ -50,7 +50,8 @@ constexpr size_t kBSmemMax = 200 * 1024;
 // stages, 6.70 / 6.72 with 6 (6.69 aiming at 75 KB and 3 blocks per SM; 8 stages 7.49); at 64
 // sequences, where a stage holds 64 tokens' activations, 6 stages fit one block per SM: 13.5 against
 // 11.0 ms. ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]] overrides them (S 3 or 4, or 6 or 8 with
-// W = 4; W 4 or 8; R 1 or 2), for measuring.
+// W = 4; W 4 or 8; R 1 or 2), for measuring: under the wave planner, or with ANVIL_QGEMM_PLAN=2
+// under the measured-cost one, S then the deepest ring it may choose.
 struct Tune {
   int S = 0;  // 0: 6 stages up to 32 tokens (NT = 4), 4 beyond
   size_t soft = 113 * 1024;
@@ -594,7 +595,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   // splits' partials (kWaveSplitSteps).
   const int64_t sms = sm_count();
   const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
-  if (!plan_by_measured_costs(b->NT) || tn.S) {
+  if (!plan_by_measured_costs(b->NT) || (tn.S && plan_mode() != 2)) {
     double best = 0.0;
     for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;
