@@ -21,11 +21,12 @@
 // K is split over gridDim.y blocks when there are fewer than two blocks per SM. A split's
 // steps cover a multiple of 8 groups (the block's scales are copied in 16-byte pieces, and
 // K/group % 8 == 0): a multiple of group/16 steps (4 at group 64),
-// its fp32 partial sums go to GemvScratch::part, and the last block of a row block to finish
-// (a counter per row block; the block resets it to 0) adds the splits in split order, so the
-// result does not depend on which block finishes last, and writes the outputs. Where thread block
-// clusters cost no wave (batch_plan), a row block's splits are one cluster instead and add the
-// same sums, in the same order, over distributed shared memory (the kernel's epilogue).
+// its fp32 partial sums go to GemvScratch::part, and split_sum_kernel (launched next; by default)
+// or the last block of a row block to finish (a counter per row block; the block resets it to 0)
+// adds the splits in split order, so the result does not depend on which block finishes last, and
+// writes the outputs. Where thread block clusters cost no wave (batch_plan), a row block's splits
+// are one cluster instead and add the same sums, in the same order, over distributed shared memory
+// (the kernel's epilogue). The ring depth and the split come from one of two planners (plan_mode).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -537,7 +538,8 @@ constexpr int kMaxClusterSplits = 8;
 // default (for measuring); unset: the measured-cost planner up to 32 tokens and the wave planner
 // beyond. Why (session 22, H200, qwen3-8b q4g64, split sums in their own kernel): the 32-sequence
 // step took 5.37-5.44 ms under the measured-cost plan against 5.71-5.73 under the wave plan, the
-// 64-sequence step 9.67 against 9.33.
+// 64-sequence step 9.67 against 9.33; re-measured in session 23: 5.43-5.47 against 5.74-5.75, and
+// 9.71-9.74 against 9.41-9.44 (the default 5.45 and 9.40-9.45).
 int plan_mode() {
   static const int m = [] {
     const char* e = std::getenv("ANVIL_QGEMM_PLAN");
