@@ -30,7 +30,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, now the default, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, now the default, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R, not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -622,6 +622,32 @@ if [ "$what" != tests ]; then
         --kv-store /tmp/anvil-ncu-kv 2>&1 | grep -E "qgemm4_batch_kernel<|gpu__time|Cluster Size|Grid Size" \
         | sed -E 's/.*qgemm4_batch_kernel<([^>]*)>.*/\1/; s/  +/ /g' >> "$OUT/bench.log"
       rm -rf /tmp/anvil-ncu-kv
+    done
+  elif [ "$set" = gateup ]; then
+    # The gate/up + SwiGLU launches' own block shape (ANVIL_QGEMM_GATEUP=W,R; session 23, not yet run):
+    # 8 warps (128 rows per block) at 32 and 64 sequences, 2 tiles per warp at 32 (R = 2 is not taken
+    # beyond), the rest of the step under the defaults. GATEUP_CFGS lists them: the batch op and model
+    # tests under each, then the steps, interleaved, and the gate/up launches in ncu.
+    cfgs=${GATEUP_CFGS:-8,1 4,2 8,2}
+    for cfg in $cfgs; do pt "ANVIL_QGEMM_GATEUP=$cfg" ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"; done
+    for n in 32 64; do
+      for r in 1 2; do
+        ps X=default $n
+        for cfg in $cfgs; do ps "ANVIL_QGEMM_GATEUP=$cfg" $n; done
+      done
+    done
+    for e in X=default ANVIL_QGEMM_GATEUP=8,1; do
+      for n in 32 64; do
+        echo "### ncu $e ($n sequences; gate/up launches and their sums: kernel <swiglu, NT, S, W, R>, time, grid, cluster size)" >> "$OUT/bench.log"
+        env $e timeout 100 ncu --clock-control none --kernel-name-base demangled -k regex:"qgemm4_batch_kernel<true|split_sum_kernel<true" --launch-skip 10 --launch-count 4 \
+          --metrics gpu__time_duration.sum --section LaunchStats \
+          ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $n -n 8 --pairs 1 --json \
+          --kv-store /tmp/anvil-ncu-kv > /tmp/ncu_gu.log 2>&1
+        echo "ncu rc=$?" >> /tmp/ncu_gu.log
+        grep -E "qgemm4_batch_kernel<|split_sum_kernel<|gpu__time|Cluster Size|Grid Size|ncu rc|ERROR" /tmp/ncu_gu.log \
+          | sed -E 's/.*(qgemm4_batch_kernel|split_sum_kernel)<([^>]*)>.*/\1 \2/; s/  +/ /g' >> "$OUT/bench.log"
+        rm -rf /tmp/anvil-ncu-kv
+      done
     done
   elif [ "$set" = shape ]; then
     # The batch kernel's block shape under the default planners (session 23): 8 warps (128 rows per

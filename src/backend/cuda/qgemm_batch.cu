@@ -75,6 +75,26 @@ const Tune& tune() {
   return t;
 }
 
+// The gate/up + SwiGLU launches' own block shape, for measuring (session 23, not yet run on a GPU):
+// ANVIL_QGEMM_GATEUP=W,R with W 4 or 8 warps and R 1 or 2 tiles per warp (R = 2 only up to 32
+// tokens, where the accumulators stay at 64 floats). gate/up is the largest launch of a batched
+// step (qwen3-8b at 64 sequences: 74 of ~176 us per layer), and the shape runs that changed every
+// launch at once could not tell its share (benchmarks.md, session 23). {0, 0}: the default shape.
+struct GateUpShape {
+  int W = 0, R = 0;
+};
+const GateUpShape& gateup_shape() {
+  static const GateUpShape g = [] {
+    GateUpShape v;
+    const char* e = std::getenv("ANVIL_QGEMM_GATEUP");
+    int w = 0, r = 1;
+    const int got = e ? std::sscanf(e, "%d,%d", &w, &r) : 0;
+    if (got >= 1 && (w == 4 || w == 8) && (r == 1 || r == 2)) v.W = w, v.R = r;
+    return v;
+  }();
+  return g;
+}
+
 // A token's 32-element piece at element el0 of its row as 16 words (bf16 pairs); zeros for tokens
 // past T (the padding up to TP).
 __device__ __forceinline__ void load_piece(const __nv_bfloat16* x, int t, int T, int64_t K, int64_t el0,
@@ -582,6 +602,11 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   // q4g64 step 9.35 / 9.37 -> 8.85 ms on the H200 (session 23; at 32 sequences it lost, 5.42 ->
   // 5.57). An ANVIL_QGEMM_BATCH override keeps its own R.
   b->R = swiglu && b->NT == 8 ? 1 : tn.S ? tn.R : b->NT == 8 ? 2 : 1;
+  if (const GateUpShape& gu = gateup_shape(); swiglu && gu.W) {
+    b->W = gu.W;
+    b->R = b->NT == 8 ? 1 : gu.R;
+    if (b->W == 8) b->S = std::min(b->S, 4);  // 8-warp blocks are built with 3 or 4 stages
+  }
   const int rows = 16 * b->W * b->R;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
