@@ -30,7 +30,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, now the default, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R, not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, now the default, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R, not yet run), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -623,6 +623,23 @@ if [ "$what" != tests ]; then
         | sed -E 's/.*qgemm4_batch_kernel<([^>]*)>.*/\1/; s/  +/ /g' >> "$OUT/bench.log"
       rm -rf /tmp/anvil-ncu-kv
     done
+  elif [ "$set" = l2pf ]; then
+    # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
+    # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's
+    # PDL wait; session 23, not yet run): the op and model tests and golden on CUDA under it, then
+    # decode (tg64, best of 2) of qwen3-8b and qwen3-0.6b q4g64 and the 32-sequence step against the
+    # default, interleaved.
+    pt ANVIL_CUDA_L2_PREFETCH=24 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
+    ANVIL_CUDA_L2_PREFETCH=24 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/l2_golden.log 2>&1
+    echo "### ANVIL_CUDA_L2_PREFETCH=24 golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/l2_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for r in 1 2; do
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=8 ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=24 ANVIL_CUDA_L2_PREFETCH=32 \
+               ANVIL_CUDA_L2_PREFETCH=16,1; do
+        pd $e qwen3-8b:q4g64
+      done
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=2 ANVIL_CUDA_L2_PREFETCH=8; do pd $e qwen3-0.6b:q4g64; done
+    done
+    for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=32; do ps $e 32; done
   elif [ "$set" = gateup ]; then
     # The gate/up + SwiGLU launches' own block shape (ANVIL_QGEMM_GATEUP=W,R; session 23, not yet run):
     # 8 warps (128 rows per block) at 32 and 64 sequences, 2 tiles per warp at 32 (R = 2 is not taken

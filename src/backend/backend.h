@@ -231,6 +231,10 @@ class Backend {
   // outs[i] = x ws[i]^T for every i, in one pass where the backend can (q/k/v share x; CUDA runs
   // them as one launch when the matrices share a format). Reference: linear() per output.
   virtual void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs);
+  // A hint that the next ops read these weights against `rows` activation rows: a backend may start
+  // moving them closer meanwhile (CUDA: into L2 while decode attention runs, ANVIL_CUDA_L2_PREFETCH;
+  // off by default, for measuring). It changes no result; the default does nothing.
+  virtual void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws) {}
   // The norm before a sublayer fused into its input projections, and the output projection fused
   // with the residual add (decode on CUDA: two kernels per layer fewer). The transformer uses them
   // for a layer only when fuses_norm_linear() says the backend runs them fused for these matrices

@@ -122,6 +122,10 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       be.rmsnorm(q, lw.q_norm, eps, q);
       be.rmsnorm(k, lw.k_norm, eps, k);
     }
+    if (!lw.moe) {  // the sublayer's next matrices, which a backend may fetch during attention
+      const WeightMatrix* next[3] = {&lw.o, &lw.gate, &lw.up};
+      be.prefetch_weights(T, next);
+    }
     const WeightVector none{};  // per-head q/k norms (Qwen3), or none
     be.rope_attention(q, k, v, cfg_.qk_norm_full ? none : lw.q_norm, cfg_.qk_norm_full ? none : lw.k_norm, eps,
                       inv_freq_, kv, l, batch, scale, attn);

@@ -67,6 +67,30 @@ TEST(CudaModel, MoEGraphDecodeEqualsDecodeWithoutGraph) {
   EXPECT_EQ(graphed, plain);
 }
 
+TEST(CudaModel, L2PrefetchChangesNoToken) {
+  // ANVIL_CUDA_L2_PREFETCH (Backend::prefetch_weights: a kernel after the q/k/v mat-vec pulls the o,
+  // gate and up weights into L2 while attention runs) reads memory and writes nothing a kernel sees,
+  // so greedy decode through the graph gives the same tokens with it: 1 MB (o whole, then the tails
+  // of gate and up) issued after the kernel's PDL wait, and 64 MB (every byte) issued before it.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 45; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  for (const char* synth : {"tiny:q4g64", "tiny:bf16"}) {
+    Stack ref = make_stack(synth, 512);
+    if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
+    const auto want = run(ref, prompt, 40);
+    ASSERT_EQ(want.size(), 40u) << synth;
+    for (const char* cfg : {"1", "64,1"}) {
+      setenv("ANVIL_CUDA_L2_PREFETCH", cfg, 1);
+      Stack s = make_stack(synth, 512);
+      unsetenv("ANVIL_CUDA_L2_PREFETCH");
+      EXPECT_EQ(run(s, prompt, 40), want) << synth << " ANVIL_CUDA_L2_PREFETCH=" << cfg;
+      EXPECT_TRUE(s.backend->synchronize().is_ok()) << synth << " ANVIL_CUDA_L2_PREFETCH=" << cfg;
+      // The prefetch kernels were launched (one per dense layer of every step up to 64 rows).
+      EXPECT_GT(s.backend->launch_count(), ref.backend->launch_count()) << synth << " ANVIL_CUDA_L2_PREFETCH=" << cfg;
+    }
+  }
+}
+
 TEST(CudaModel, NoDeviceMemoryGrowthOver10000Tokens) {
   Stack s = make_stack("tiny:q4g64", 10240);
   if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();

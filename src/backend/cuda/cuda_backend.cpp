@@ -77,6 +77,11 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
+      int mb = 0, early = 0;
+      if (std::sscanf(f, "%d,%d", &mb, &early) >= 1 && mb > 0 && mb <= 4096)
+        l2_prefetch_bytes_ = uint64_t(mb) << 20, l2_prefetch_early_ = early == 1;
+    }
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_ROPE_ATTN"); f && *f == '1') rope_attn_ = true;
@@ -343,6 +348,39 @@ class CudaBackend final : public Backend {
     if (out.dtype != DType::kF32 && skip("linear")) return;
     Prof pr(this, out.dtype == DType::kF32 ? "lm_head" : "linear");
     run_linear(x, w, out);
+  }
+  // ANVIL_CUDA_L2_PREFETCH=MB[,1] (off by default; for measuring): in decode steps (up to 64 rows)
+  // the kernel of l2_prefetch.cu pulls MB megabytes of the named matrices into L2 while attention
+  // runs: the first (the o projection) whole, then the same share of the tail of each other (gate,
+  // up: the rows their kernel's second wave of blocks reads), data, scales and biases in proportion.
+  // ",1" issues them before the kernel's PDL wait, while the q/k/v mat-vec still runs.
+  void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws) override {
+    if (l2_prefetch_bytes_ == 0 || rows < 1 || rows > 64 || ws.empty() || skip("prefetch")) return;
+    cuda::L2Ranges r;
+    // The last `want` bytes of a region of `total` bytes at p. Regions start 256-byte aligned and
+    // are padded to 256 bytes (upload_weight), so the range may round out to 16 bytes.
+    auto add = [&](const void* p, uint64_t total, uint64_t want) {
+      if (!p || total == 0 || want == 0 || r.n == cuda::L2Ranges::kMax) return;
+      const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+      const uintptr_t begin = (base + total - std::min(want, total)) / 16 * 16, end = (base + total + 15) / 16 * 16;
+      r.ptr[r.n] = reinterpret_cast<const void*>(begin);
+      r.bytes[r.n] = end - begin;
+      ++r.n;
+    };
+    auto tail = [&](const WeightMatrix& w, uint64_t want) {  // want bytes from the end of each part
+      const uint64_t data = w.quantized() ? uint64_t(w.rows) * uint64_t(w.cols) * uint64_t(w.bits) / 8
+                                          : uint64_t(w.rows) * uint64_t(w.cols) * dtype_size(w.dtype);
+      const uint64_t sb = w.quantized() ? uint64_t(w.rows) * uint64_t(w.cols / w.group_size) * dtype_size(w.dtype) : 0;
+      const double f = std::min(1.0, double(want) / double(data + 2 * sb));
+      add(w.data, data, uint64_t(f * double(data)));
+      add(w.scales, sb, uint64_t(f * double(sb)));
+      add(w.biases, sb, uint64_t(f * double(sb)));
+    };
+    const uint64_t first = std::min<uint64_t>(l2_prefetch_bytes_, ws[0]->bytes());
+    tail(*ws[0], first);
+    if (ws.size() > 1)
+      for (size_t i = 1; i < ws.size(); ++i) tail(*ws[i], (l2_prefetch_bytes_ - first) / (ws.size() - 1));
+    launched(cuda::l2_prefetch(r, l2_prefetch_early_, st_), "prefetch_weights");
   }
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
@@ -938,6 +976,10 @@ class CudaBackend final : public Backend {
   // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
   // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
   bool fuse_ = false;
+  // ANVIL_CUDA_L2_PREFETCH=MB[,1]: bytes prefetch_weights pulls into L2 per call (0: off), and
+  // whether before the prefetch kernel's PDL wait.
+  uint64_t l2_prefetch_bytes_ = 0;
+  bool l2_prefetch_early_ = false;
   // ANVIL_CUDA_ATTN_FUSED=1: decode attention merges its splits in the split kernel's last block
   // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
   // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.

@@ -183,6 +183,18 @@ bool attention_prefill_ok(int head_dim);
 cudaError_t attention_prefill(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, int p0,
                               float scale, void* out, cudaStream_t s);
 
+// ---- l2_prefetch.cu ----
+// Byte ranges of device memory to pull into L2 (each start 16-byte aligned, each size a multiple of
+// 16): one small kernel issues cp.async.bulk.prefetch.L2 over them, after its PDL wait (or before it
+// with early), and exits (Backend::prefetch_weights, ANVIL_CUDA_L2_PREFETCH).
+struct L2Ranges {
+  static constexpr int kMax = 12;
+  int n = 0;
+  const void* ptr[kMax] = {};
+  uint64_t bytes[kMax] = {};
+};
+cudaError_t l2_prefetch(const L2Ranges& r, bool early, cudaStream_t s);
+
 // ---- sample.cu ----
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
                         void* dst, cudaStream_t s);

@@ -1,0 +1,64 @@
+// Weights pulled into L2 ahead of the kernels that read them (ANVIL_CUDA_L2_PREFETCH, off by default;
+// Backend::prefetch_weights). In a batch-1 decode layer the memory system is nearly idle while
+// rope_kv, decode attention and its merge run (~13 us per qwen3-8b layer on the H200, the timeline of
+// benchmarks.md session 15), and the mat-vecs after them stream their weights from HBM only once
+// they start: the o projection's blocks and gate/up's first wave fetch during the kernels before
+// them (PDL), its second wave not until the first wave leaves. This kernel sits in the stream after
+// the q/k/v mat-vec and issues cp.async.bulk.prefetch.L2 over byte ranges of the matrices named by
+// the model (the backend picks which: all of o, then the tails of gate and up, the rows their
+// second wave reads), then exits; the prefetches proceed in the memory system while the next
+// kernels run. A prefetch reads memory and writes nothing the kernels see: results are unchanged.
+//
+// Where the prefetches are issued: after the wait for the previous kernel (the default: they do
+// not compete with the q/k/v mat-vec's own weights), or before it (early = 1). The kernel waits
+// either way before it exits, so the kernel after it still sees everything before it complete.
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr uint32_t kPiece = 64 * 1024;  // bytes per prefetch instruction
+
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ void issue(const L2Ranges& r) {
+  // Pieces of kPiece bytes over all ranges, one per thread, grid-strided.
+  int64_t first[L2Ranges::kMax + 1];
+  first[0] = 0;
+  for (int i = 0; i < r.n; ++i) first[i + 1] = first[i] + int64_t((r.bytes[i] + kPiece - 1) / kPiece);
+  const int64_t total = first[r.n];
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
+    int i = 0;
+    while (q >= first[i + 1]) ++i;
+    const uint64_t off = uint64_t(q - first[i]) * kPiece;
+    const uint64_t left = r.bytes[i] - off;
+    prefetch_l2(static_cast<const uint8_t*>(r.ptr[i]) + off, uint32_t(left < kPiece ? left : kPiece));
+  }
+}
+
+__global__ void l2_prefetch_kernel(L2Ranges r, int early) {
+  pdl_launch();
+  if (early) issue(r);
+  pdl_wait();
+  if (!early) issue(r);
+}
+
+}  // namespace
+
+cudaError_t l2_prefetch(const L2Ranges& r, bool early, cudaStream_t s) {
+  if (r.n <= 0) return cudaSuccess;
+  int64_t pieces = 0;
+  for (int i = 0; i < r.n; ++i) pieces += int64_t((r.bytes[i] + kPiece - 1) / kPiece);
+  const unsigned blocks = unsigned(std::min<int64_t>(8, (pieces + 127) / 128));
+  launch_k(l2_prefetch_kernel, dim3(blocks < 1 ? 1 : blocks), dim3(128), 0, s, r, early ? 1 : 0);
+  return cudaGetLastError();
+}
+
+}  // namespace anvil::cuda
