@@ -648,9 +648,12 @@ if [ "$what" != tests ]; then
     cfgs=${GATEUP_CFGS:-8,1 4,2 8,2}
     for cfg in $cfgs; do pt "ANVIL_QGEMM_GATEUP=$cfg" ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"; done
     for n in 32 64; do
-      for r in 1 2; do
+      for r in 1 2 3; do
         ps X=default $n
         for cfg in $cfgs; do ps "ANVIL_QGEMM_GATEUP=$cfg" $n; done
+        # At 32 sequences the last-block sums measured 5.39 against the sum kernel's 5.45 ms once
+        # (session 23): within noise, but the 1% the server's 32-stream figure lacks; re-measured here.
+        [ $n = 32 ] && ps ANVIL_QGEMM_SUM_KERNEL=0 $n
       done
     done
     for e in X=default ANVIL_QGEMM_GATEUP=8,1; do
