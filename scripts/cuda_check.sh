@@ -185,7 +185,7 @@ if [ "$what" = serve ]; then
     echo "server $name: port ${port:-none} after $(( $(date +%s) - t0 )) s"
   }
   metrics() {  # the prefix-cache counters: did the repeat hit memory, the store, or neither?
-    python3 -c "import urllib.request,sys; t=urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode(); print('\n'.join(l for l in t.splitlines() if l.startswith(('anvil_prompt_tokens', 'anvil_kv_', 'anvil_store'))))" \
+    python3 -c "import urllib.request,sys; t=urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode(); print('\n'.join(l for l in t.splitlines() if l.startswith(('anvil_prompt_tokens', 'anvil_kv_', 'anvil_store', 'anvil_step'))))" \
       >> "$OUT/serve_bench.log" 2>&1
   }
   if [ "${RESTORE_ONLY:-0}" = 1 ]; then

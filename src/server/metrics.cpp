@@ -83,6 +83,16 @@ std::string Metrics::render() const {
   counter("anvil_preemptions_total", "Sequences preempted (KV pages taken back, recomputed later)", preemptions.load());
   counter("anvil_cancelled_total", "Requests cancelled (client gone, or shutdown)", cancelled.load());
   counter("anvil_rejected_busy_total", "Requests refused with 503 (queue full or draining)", rejected_busy.load());
+  counter("anvil_steps_total", "Scheduler steps (one forward pass each)", steps.load());
+  auto seconds = [&](const char* name, const char* help, uint64_t ns) {
+    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
+         num(double(ns) * 1e-9) + "\n";
+  };
+  seconds("anvil_step_seconds_total",
+          "Time of the scheduler's steps: admission, building the step, the forward pass, handling its tokens",
+          step_ns.load());
+  seconds("anvil_step_forward_seconds_total", "Time of the steps' forward passes (launch and wait), within the steps'",
+          forward_ns.load());
   o += "# HELP anvil_time_to_first_token_seconds Submit to first generated token\n"
        "# TYPE anvil_time_to_first_token_seconds histogram\n";
   ttft.render("anvil_time_to_first_token_seconds", &o);

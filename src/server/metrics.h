@@ -34,6 +34,12 @@ class Metrics {
   std::atomic<uint64_t> prompt_tokens{0}, cached_prompt_tokens{0}, store_prompt_tokens{0}, generation_tokens{0};
   std::atomic<uint64_t> preemptions{0}, cancelled{0}, rejected_busy{0};
   Histogram ttft, itl, e2e;
+  // The scheduler's steps: how many, the whole of each (the loop's iteration that ran it: new
+  // requests admitted, the step built, the forward, every row's token handled) and the forward pass
+  // within it (Engine::step / step_sample: its launch and the wait for its result), in nanoseconds.
+  // (step - forward) / steps is the host's part of a step, which the GPU waits through. The
+  // scheduler adds an iteration's figures after it, steps last; render() reads steps first.
+  std::atomic<uint64_t> steps{0}, step_ns{0}, forward_ns{0};
   // Gauges: name -> (help, sampler), rendered in name order.
   void add_gauge(const std::string& name, const std::string& help, std::function<double()> value);
   // A counter kept elsewhere (the KV store's), sampled when rendered.

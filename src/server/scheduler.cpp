@@ -189,6 +189,7 @@ void Scheduler::loop() {
         queue_.pop_front();
       }
     }
+    const auto t0 = clock::now();
     run_calls();
     admit(incoming);
     // Cancelled jobs leave at the step boundary.
@@ -196,10 +197,16 @@ void Scheduler::loop() {
       if (a->job->cancelled()) finish(*a, "cancelled");
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
     running_.store(int(active_.size()));
+    forwards_ = 0, forward_ns_ = 0;
     if (!active_.empty() && !run_step()) {
       // run_step() failed the jobs it could not run; nothing else to do here.
     }
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
+    if (forwards_ > 0) {  // a forward pass ran: the iteration was a step (the count last, see Metrics)
+      metrics_.step_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+      metrics_.forward_ns += forward_ns_;
+      metrics_.steps += forwards_;
+    }
     // Going idle: take back the pages the store's writer still holds for copying (otherwise they
     // stay out of the pool until the next step), so an idle server's pages are all free or cached.
     // In short waits, and not past the arrival of work: after a long prompt the writer holds its
@@ -361,7 +368,10 @@ bool Scheduler::run_step() {
     }
   if (run.empty()) return true;
   if (const int dev = sample_on_device(run, run_owner); dev != 0) return dev > 0;
+  const auto f0 = clock::now();
   Status st = engine_.step(run, &logits_);
+  forward_ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - f0).count());
+  ++forwards_;
   if (!st.is_ok()) {
     for (Active* a : run_owner) fail(*a, st.with_context("forward pass"));
     return false;
@@ -405,7 +415,10 @@ int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const 
   for (size_t r = 0; r < rows.size(); ++r)
     random.push_back(params[r].temperature > 0 ? rows[r]->sampler->next_random53() : 0);
   const std::vector<int32_t> none;
+  const auto f0 = clock::now();
   Status st = engine_.step_sample(run, params, random, ignore_eos == 1 ? opts_.eos_ids : none, &sampled_ids_);
+  forward_ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - f0).count());
+  ++forwards_;
   if (!st.is_ok()) {
     for (Active* a : owner) fail(*a, st.with_context("forward pass"));
     return -1;

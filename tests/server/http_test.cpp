@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
+#include <chrono>
 #include <regex>
 #include <thread>
 
@@ -113,6 +114,35 @@ TEST_F(Http, HealthModelsMetricsPage) {
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 200);
   EXPECT_NE(page->body.find("/v1/chat/completions"), std::string::npos);
+}
+
+TEST_F(Http, MetricsCountStepsAndTheirForwardPasses) {
+  // anvil_steps_total counts the scheduler's forward passes; anvil_step_seconds_total is the time of
+  // the iterations that ran them, which contains their forward passes' (anvil_step_forward_...).
+  // Read once the counters stand still (the scheduler idle again: it adds them after an iteration).
+  auto settled = [&](double at_least) {
+    double last = -1;
+    for (int i = 0; i < 200; ++i) {
+      const double v = metric("anvil_steps_total");
+      if (v >= at_least && v == last) return v;
+      last = v;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return last;
+  };
+  const double steps0 = settled(0);
+  const double step0 = metric("anvil_step_seconds_total"), fwd0 = metric("anvil_step_forward_seconds_total");
+  ASSERT_GE(steps0, 0);
+  ASSERT_GE(step0, 0);
+  ASSERT_GE(fwd0, 0);
+  auto r = post("/v1/chat/completions", chat_body("Hi", 6));
+  ASSERT_EQ(r["usage"]["completion_tokens"], 6) << r;
+  // The prompt's forward gives the first token, one more per further token.
+  const double steps1 = settled(steps0 + 6);
+  const double step1 = metric("anvil_step_seconds_total"), fwd1 = metric("anvil_step_forward_seconds_total");
+  EXPECT_GE(steps1 - steps0, 6);
+  EXPECT_GT(fwd1 - fwd0, 0);
+  EXPECT_GE(step1 - step0, fwd1 - fwd0);
 }
 
 TEST_F(Http, TokenizeDetokenizeRoundTrip) {
