@@ -7,7 +7,9 @@ N: aggregate decode tok/s (tokens after each stream's first / time from the firs
 last token), steady-state decode tok/s (only while every stream is decoding), time to first token
 p50/p99, inter-token latency p50/p99, and its p99 in the steady-state window (without the ramp, where
 every running stream waits through the late starters' prompt chunks). With --prefix, also the
-repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it.
+repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it. Where
+the server reports its step counters in /metrics, each level also prints the server's mean step, its
+forward pass and the host's part (the rest) over that level's steps.
 
 The client must not be what it measures: a stream's thread only stamps the arrival time of each
 server-sent event and keeps its bytes (the JSON is parsed after the stream ends), and the streams are
@@ -120,7 +122,28 @@ def worker(job):
     return list(results)
 
 
+def step_counters(args):
+    """The server's step counters from /metrics (steps, their seconds, their forward passes' seconds);
+    None where the server does not report them."""
+    try:
+        c = http.client.HTTPConnection(args.host, args.port, timeout=30)
+        c.request("GET", "/metrics", headers={"Authorization": "Bearer " + args.api_key} if args.api_key else {})
+        text = c.getresponse().read().decode()
+    except (OSError, http.client.HTTPException):
+        return None
+    vals = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ("anvil_steps_total", "anvil_step_seconds_total",
+                                            "anvil_step_forward_seconds_total"):
+            vals[parts[0]] = float(parts[1])
+    if len(vals) != 3:
+        return None
+    return vals["anvil_steps_total"], vals["anvil_step_seconds_total"], vals["anvil_step_forward_seconds_total"]
+
+
 def run_level(args, n, vocab):
+    before = step_counters(args)
     procs = args.procs if args.procs > 0 else max(1, min(8, (n + 3) // 4, os.cpu_count() or 1))
     procs = min(procs, n)
     shares = [list(range(k, n, procs)) for k in range(procs)]
@@ -155,6 +178,14 @@ def run_level(args, n, vocab):
           f"ttft_p50={pct(ttft, 50) * 1e3:8.1f}ms ttft_p99={pct(ttft, 99) * 1e3:8.1f}ms "
           f"itl_p50={pct(itl, 50) * 1e3:7.1f}ms itl_p99={pct(itl, 99) * 1e3:7.1f}ms "
           f"steady_itl_p99={pct(itl_steady, 99) * 1e3:7.1f}ms", flush=True)
+    after = step_counters(args) if before else None
+    if before and after and after[0] > before[0]:
+        # The server's own figures over this level's steps (ramp included): the whole step, its forward
+        # pass, and the rest, the host's part that the device waits through.
+        k = after[0] - before[0]
+        step, fwd = (after[1] - before[1]) / k, (after[2] - before[2]) / k
+        print(f"  server: steps={k:.0f} step={step * 1e3:.3f}ms forward={fwd * 1e3:.3f}ms host={(step - fwd) * 1e3:.3f}ms",
+              flush=True)
     for e in errors[:3]:
         print("  error:", e)
     return errors
