@@ -6,17 +6,16 @@
 
 namespace anvil {
 
+size_t WeightMatrix::data_bytes() const {
+  return bits == 0 ? size_t(rows) * size_t(cols) * dtype_size(dtype) : size_t(rows) * size_t(cols) * size_t(bits) / 8;
+}
+
+size_t WeightMatrix::group_bytes() const {
+  return bits == 0 ? 0 : size_t(rows) * size_t(cols / group_size) * dtype_size(dtype);
+}
+
 size_t WeightMatrix::bytes() const {
-  size_t n = 0;
-  if (bits == 0) {
-    n = size_t(rows) * size_t(cols) * dtype_size(dtype);
-  } else {
-    n = size_t(rows) * size_t(cols) * size_t(bits) / 8;
-    size_t groups = size_t(rows) * size_t(cols / group_size);
-    n += 2 * groups * dtype_size(dtype);
-  }
-  if (bias) n += size_t(rows) * dtype_size(bias_dtype);
-  return n;
+  return data_bytes() + 2 * group_bytes() + (bias ? size_t(rows) * dtype_size(bias_dtype) : 0);
 }
 
 void Backend::linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) {

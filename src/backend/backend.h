@@ -42,6 +42,9 @@ struct WeightMatrix {
   bool quantized() const { return bits != 0; }
   // Bytes read by one full pass over the matrix (data + scales + biases + bias).
   size_t bytes() const;
+  // Bytes of the (packed) weights, and of each of scales and biases (0 when not quantized).
+  size_t data_bytes() const;
+  size_t group_bytes() const;
 };
 
 struct WeightVector {

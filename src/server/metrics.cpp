@@ -62,10 +62,11 @@ void Metrics::add_counter(const std::string& name, const std::string& help, std:
 
 std::string Metrics::render() const {
   std::string o;
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
-         std::to_string(v) + "\n";
+  auto counter_text = [&](const char* name, const char* help, const std::string& v) {
+    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + v + "\n";
   };
+  auto counter = [&](const char* name, const char* help, uint64_t v) { counter_text(name, help, std::to_string(v)); };
+  auto seconds = [&](const char* name, const char* help, uint64_t ns) { counter_text(name, help, num(double(ns) * 1e-9)); };
   {
     std::lock_guard<std::mutex> lk(mu_);
     o += "# HELP anvil_requests_total HTTP requests by endpoint and status code\n# TYPE anvil_requests_total counter\n";
@@ -84,10 +85,6 @@ std::string Metrics::render() const {
   counter("anvil_cancelled_total", "Requests cancelled (client gone, or shutdown)", cancelled.load());
   counter("anvil_rejected_busy_total", "Requests refused with 503 (queue full or draining)", rejected_busy.load());
   counter("anvil_steps_total", "Scheduler steps (one forward pass each)", steps.load());
-  auto seconds = [&](const char* name, const char* help, uint64_t ns) {
-    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
-         num(double(ns) * 1e-9) + "\n";
-  };
   seconds("anvil_step_seconds_total",
           "Time of the scheduler's steps: admission, building the step, the forward pass, handling its tokens",
           step_ns.load());

@@ -15,6 +15,21 @@ namespace anvil::server {
 
 using clock = std::chrono::steady_clock;
 
+namespace {
+uint64_t ns_since(clock::time_point t0) {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+}
+}  // namespace
+
+template <class F>
+Status Scheduler::timed_forward(F&& forward) {
+  const auto t0 = clock::now();
+  Status st = forward();
+  forward_ns_ += ns_since(t0);
+  ++forwards_;
+  return st;
+}
+
 struct Scheduler::Active {
   std::shared_ptr<Job> job;
   int seq = -1;
@@ -203,7 +218,7 @@ void Scheduler::loop() {
     }
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
     if (forwards_ > 0) {  // a forward pass ran: the iteration was a step (the count last, see Metrics)
-      metrics_.step_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+      metrics_.step_ns += ns_since(t0);
       metrics_.forward_ns += forward_ns_;
       metrics_.steps += forwards_;
     }
@@ -368,10 +383,7 @@ bool Scheduler::run_step() {
     }
   if (run.empty()) return true;
   if (const int dev = sample_on_device(run, run_owner); dev != 0) return dev > 0;
-  const auto f0 = clock::now();
-  Status st = engine_.step(run, &logits_);
-  forward_ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - f0).count());
-  ++forwards_;
+  Status st = timed_forward([&] { return engine_.step(run, &logits_); });
   if (!st.is_ok()) {
     for (Active* a : run_owner) fail(*a, st.with_context("forward pass"));
     return false;
@@ -415,10 +427,8 @@ int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const 
   for (size_t r = 0; r < rows.size(); ++r)
     random.push_back(params[r].temperature > 0 ? rows[r]->sampler->next_random53() : 0);
   const std::vector<int32_t> none;
-  const auto f0 = clock::now();
-  Status st = engine_.step_sample(run, params, random, ignore_eos == 1 ? opts_.eos_ids : none, &sampled_ids_);
-  forward_ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - f0).count());
-  ++forwards_;
+  Status st =
+      timed_forward([&] { return engine_.step_sample(run, params, random, ignore_eos == 1 ? opts_.eos_ids : none, &sampled_ids_); });
   if (!st.is_ok()) {
     for (Active* a : owner) fail(*a, st.with_context("forward pass"));
     return -1;

@@ -95,6 +95,9 @@ class Scheduler {
   void emit(Job& job, JobEvent e);
   void close_session(Active& a);
   void run_calls();
+  // Runs one forward call (Engine::step / step_sample), adding its time to this iteration's.
+  template <class F>
+  Status timed_forward(F&& forward);
 
   Engine& engine_;
   const Tokenizer& tok_;

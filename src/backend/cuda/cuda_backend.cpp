@@ -194,7 +194,6 @@ class CudaBackend final : public Backend {
                               std::to_string(w.cols) + "]");
     ANVIL_RETURN_IF_ERROR(elem_of(w.dtype).status());
     if (w.bias) ANVIL_RETURN_IF_ERROR(elem_of(w.bias_dtype).status());
-    size_t data_bytes = size_t(w.rows) * size_t(w.cols) * dtype_size(w.dtype), sb_bytes = 0;
     if (w.quantized()) {
       if (w.bits < 2 || w.bits > 8 || w.bits == 7)
         return unsupported("quantized weight: bits must be 2, 3, 4, 5, 6 or 8, got " + std::to_string(w.bits));
@@ -204,9 +203,8 @@ class CudaBackend final : public Backend {
         return invalid_argument("quantized weight: cols " + std::to_string(w.cols) + " is not a multiple of group_size " +
                                 std::to_string(w.group_size));
       if (!w.scales || !w.biases) return invalid_argument("quantized weight: scales and biases are required");
-      data_bytes = size_t(w.rows) * size_t(w.cols) * size_t(w.bits) / 8;
-      sb_bytes = size_t(w.rows) * size_t(w.cols / w.group_size) * dtype_size(w.dtype);
     }
+    const size_t data_bytes = w.data_bytes(), sb_bytes = w.group_bytes();
     const size_t bias_bytes = w.bias ? size_t(w.rows) * dtype_size(w.bias_dtype) : 0;
     auto up = [](size_t n) { return (n + 255) / 256 * 256; };
     const size_t total = up(data_bytes) + 2 * up(sb_bytes) + up(bias_bytes);
@@ -368,9 +366,7 @@ class CudaBackend final : public Backend {
       ++r.n;
     };
     auto tail = [&](const WeightMatrix& w, uint64_t want) {  // want bytes from the end of each part
-      const uint64_t data = w.quantized() ? uint64_t(w.rows) * uint64_t(w.cols) * uint64_t(w.bits) / 8
-                                          : uint64_t(w.rows) * uint64_t(w.cols) * dtype_size(w.dtype);
-      const uint64_t sb = w.quantized() ? uint64_t(w.rows) * uint64_t(w.cols / w.group_size) * dtype_size(w.dtype) : 0;
+      const uint64_t data = w.data_bytes(), sb = w.group_bytes();
       const double f = std::min(1.0, double(want) / double(data + 2 * sb));
       add(w.data, data, uint64_t(f * double(data)));
       add(w.scales, sb, uint64_t(f * double(sb)));

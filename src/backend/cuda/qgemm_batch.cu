@@ -597,16 +597,15 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   b->nblk = 0;
   const Tune& tn = tune();
   b->S = tn.S ? tn.S : b->NT == 4 ? 6 : 4, b->W = tn.W;
-  // Two 16-row tiles per warp beyond 32 tokens (each activation fragment serves both; not for
-  // gate/up there, whose accumulators would double to 128 per thread): the 64-sequence qwen3-8b
-  // q4g64 step 9.35 / 9.37 -> 8.85 ms on the H200 (session 23; at 32 sequences it lost, 5.42 ->
-  // 5.57). An ANVIL_QGEMM_BATCH override keeps its own R.
-  b->R = swiglu && b->NT == 8 ? 1 : tn.S ? tn.R : b->NT == 8 ? 2 : 1;
+  // Two 16-row tiles per warp beyond 32 tokens (each activation fragment serves both): the
+  // 64-sequence qwen3-8b q4g64 step 9.35 / 9.37 -> 8.85 ms on the H200 (session 23; at 32 sequences
+  // it lost, 5.42 -> 5.57). An ANVIL_QGEMM_BATCH override keeps its own R.
+  b->R = tn.S ? tn.R : b->NT == 8 ? 2 : 1;
   if (const GateUpShape& gu = gateup_shape(); swiglu && gu.W) {
-    b->W = gu.W;
-    b->R = b->NT == 8 ? 1 : gu.R;
+    b->W = gu.W, b->R = gu.R;
     if (b->W == 8) b->S = std::min(b->S, 4);  // 8-warp blocks are built with 3 or 4 stages
   }
+  if (swiglu && b->NT == 8) b->R = 1;  // gate/up's accumulators would double to 128 per thread
   const int rows = 16 * b->W * b->R;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
