@@ -62,15 +62,17 @@ class Job {
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
 
-  // Scheduler side.
-  void push(JobEvent e) {
+  // Scheduler side. With notify = false the waiting HTTP thread is not woken here: the caller
+  // wakes it later through notify() (the scheduler leaves that to its Notifier thread).
+  void push(JobEvent e, bool notify = true) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (e.kind != JobEvent::kDelta) ended_ = true;
       events_.push_back(std::move(e));
     }
-    cv_.notify_all();
+    if (notify) cv_.notify_all();
   }
+  void notify() { cv_.notify_all(); }
   // The scheduler began recording params.session (set before any event; the recording is closed
   // before the terminal event, and the HTTP side then calls KVStore::session_finish).
   void set_session_recorded() { session_recorded_.store(true); }

@@ -65,6 +65,7 @@ void Scheduler::start() {
     std::lock_guard<std::mutex> lk(mu_);
     thread_done_ = false;
   }
+  notifier_ = std::make_unique<Notifier>();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -103,6 +104,7 @@ void Scheduler::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  notifier_.reset();  // wakes whatever the loop posted last; from here on emit() wakes at once
   // Whatever is left (the thread ended or never ran) ends now.
   std::deque<std::unique_ptr<Active>> left;
   {
@@ -110,7 +112,7 @@ void Scheduler::stop() {
     left.swap(queue_);
   }
   for (auto& a : left) close_session(*a);
-  for (auto& a : left) emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+  for (auto& a : left) emit(a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
 }
 
 void Scheduler::call(const std::function<void()>& fn) {
@@ -154,9 +156,14 @@ void Scheduler::close_session(Active& a) {
   if (!st.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", a.job->params.session.c_str(), st.message().c_str());
 }
 
-void Scheduler::emit(Job& job, JobEvent e) {
+void Scheduler::emit(const std::shared_ptr<Job>& job, JobEvent e) {
   e.step = step_no_;
-  job.push(std::move(e));
+  if (!notifier_) {
+    job->push(std::move(e));
+    return;
+  }
+  job->push(std::move(e), /*notify=*/false);
+  notifier_->post(job);  // woken at the end of this loop iteration (Notifier)
 }
 
 void Scheduler::release(Active& a) {
@@ -170,19 +177,19 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   if (reason != "cancelled" && a.dec && a.stop && !a.stop->stopped()) {
     std::string rest = a.stop->push(a.dec->flush());
     rest += a.stop->flush();
-    if (!rest.empty()) emit(*a.job, {JobEvent::kDelta, std::move(rest), {}, {}, {}});
+    if (!rest.empty()) emit(a.job, {JobEvent::kDelta, std::move(rest), {}, {}, {}});
   }
   if (reason == "cancelled") metrics_.cancelled++;
   metrics_.e2e.observe(std::chrono::duration<double>(clock::now() - a.job->submitted).count());
   close_session(a);  // before the terminal event: the HTTP side then finishes the recording
   release(a);  // first: a client that sees the end also sees the pages back
-  emit(*a.job, {JobEvent::kDone, {}, {}, reason, {}});
+  emit(a.job, {JobEvent::kDone, {}, {}, reason, {}});
 }
 
 void Scheduler::fail(Active& a, const Status& st) {
   close_session(a);
   release(a);
-  emit(*a.job, {JobEvent::kError, {}, {}, {}, st});
+  emit(a.job, {JobEvent::kError, {}, {}, {}, st});
 }
 
 void Scheduler::preempt(Active& a) {
@@ -211,12 +218,13 @@ void Scheduler::loop() {
     for (auto& a : active_)
       if (a->job->cancelled()) finish(*a, "cancelled");
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
-    running_.store(int(active_.size()));
+    publish_counts();
     forwards_ = 0, forward_ns_ = 0;
     if (!active_.empty() && !run_step()) {
       // run_step() failed the jobs it could not run; nothing else to do here.
     }
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
+    notifier_->flush();  // this iteration's events: their HTTP threads wake while the next step runs
     if (forwards_ > 0) {  // a forward pass ran: the iteration was a step (the count last, see Metrics)
       metrics_.step_ns += ns_since(t0);
       metrics_.forward_ns += forward_ns_;
@@ -232,17 +240,16 @@ void Scheduler::loop() {
         std::lock_guard<std::mutex> lk(mu_);
         if (stop_ || !queue_.empty() || !calls_.empty()) break;
       }
-    pages_used_.store(engine_.pool().n_pages() - engine_.pool().n_free());
-    prefix_pages_.store(int64_t(engine_.pool().prefix_entries()));
-    running_.store(int(active_.size()));  // last: wait_idle() sees the page counts of this step
+    publish_counts();
     cv_.notify_all();  // wait_idle()
   }
   for (auto& a : active_) {
     close_session(*a);
-    emit(*a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
+    emit(a->job, {JobEvent::kError, {}, {}, {}, Status(StatusCode::kOutOfMemory, "the server is shutting down")});
     release(*a);
   }
   active_.clear();
+  notifier_->flush();
   running_.store(0);
   std::deque<std::function<void()>> calls;
   {
@@ -253,13 +260,19 @@ void Scheduler::loop() {
   for (auto& c : calls) c();
 }
 
+void Scheduler::publish_counts() {
+  pages_used_.store(engine_.pool().n_pages() - engine_.pool().n_free());
+  prefix_pages_.store(int64_t(engine_.pool().prefix_entries()));
+  running_.store(int(active_.size()));  // last: whoever sees no job running sees these page counts
+}
+
 void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
   for (auto& ap : incoming) {
     Active& a = *ap;
     if (a.job->cancelled()) {
       metrics_.cancelled++;
       close_session(a);
-      emit(*a.job, {JobEvent::kDone, {}, {}, "cancelled", {}});
+      emit(a.job, {JobEvent::kDone, {}, {}, "cancelled", {}});
       continue;
     }
     auto seq = engine_.seq_create();
@@ -507,7 +520,7 @@ void Scheduler::on_token(Active& a, Sampled s) {
   std::string text = a.stop->push(a.dec->push(id));
   JobEvent e{JobEvent::kDelta, std::move(text), {}, {}, {}};
   e.tokens.push_back(std::move(info));
-  emit(*a.job, std::move(e));
+  emit(a.job, std::move(e));
   if (a.stop->stopped()) {
     finish(a, "stop");
     return;

@@ -23,6 +23,9 @@
 //     terminal event); a preempted job's recording is detached and bound again on readmission.
 //  5. The store's catalog connection is this thread's too: other threads reach the store's
 //     sessions through call().
+//  6. Events are queued on their jobs as the step produces them, but the jobs' HTTP threads are
+//     woken by the Notifier's thread, handed the iteration's jobs once at its end (server/notifier.h):
+//     the wake-ups overlap the next forward pass instead of delaying it.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -37,6 +40,7 @@
 #include "runtime/engine.h"
 #include "server/job.h"
 #include "server/metrics.h"
+#include "server/notifier.h"
 #include "tokenizer/tokenizer.h"
 
 namespace anvil::server {
@@ -78,6 +82,8 @@ class Scheduler {
   struct Active;
   void loop();
   void admit(std::vector<std::unique_ptr<Active>>& incoming);
+  // The page counts, then the running count (wait_idle() reads them in the other order).
+  void publish_counts();
   bool run_step();
   void finish(Active& a, const std::string& reason);
   void fail(Active& a, const Status& st);
@@ -92,7 +98,9 @@ class Scheduler {
   Sampled sample_row(Active& a, float* row);
   int sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner);
   void on_token(Active& a, Sampled s);
-  void emit(Job& job, JobEvent e);
+  // Queues an event for the job. On the scheduler thread its HTTP thread is woken by notifier_ once
+  // the loop's iteration flushes it; elsewhere (stop()) at once.
+  void emit(const std::shared_ptr<Job>& job, JobEvent e);
   void close_session(Active& a);
   void run_calls();
   // Runs one forward call (Engine::step / step_sample), adding its time to this iteration's.
@@ -126,6 +134,7 @@ class Scheduler {
   int64_t admit_counter_ = 0;
   int64_t step_no_ = 0;
   std::vector<float> logits_;
+  std::unique_ptr<Notifier> notifier_;  // from start() until stop() has joined the thread
   std::thread thread_;
 };
 
