@@ -21,7 +21,8 @@
 # (SORT=1: largest total first).
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
 # the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096";
-# RESTORE_ONLY=1: only the restart, over ANVIL_KV_RESTORE_THREADS in RESTORE_THREADS).
+# RESTORE_ONLY=1: only the restart, over ANVIL_KV_RESTORE_THREADS in RESTORE_THREADS; NOTIFIER_AB=1:
+# only the streams, servers with and without the Notifier alternating, ROUNDS rounds).
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
@@ -188,6 +189,23 @@ if [ "$what" = serve ]; then
     python3 -c "import urllib.request,sys; t=urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode(); print('\n'.join(l for l in t.splitlines() if l.startswith(('anvil_prompt_tokens', 'anvil_kv_', 'anvil_store', 'anvil_step'))))" \
       >> "$OUT/serve_bench.log" 2>&1
   }
+  if [ "${NOTIFIER_AB:-0}" = 1 ]; then
+    # Only the Notifier's A/B (session 24): ROUNDS (default 2) rounds, each a server with the
+    # Notifier (the default) and one with ANVIL_SERVE_NOTIFIER=0, SERVE_STREAMS (default 32,64)
+    # streams of 256-token prompts and 128 tokens; each level's `server:` line has the host's part.
+    for r in $(seq ${ROUNDS:-2}); do
+      for nv in 1 0; do
+        ANVIL_SERVE_NOTIFIER=$nv start_server ab$r$nv --no-kv-store
+        echo "### round $r, ANVIL_SERVE_NOTIFIER=$nv" >> "$OUT/serve_bench.log"
+        [ -n "$port" ] && timeout ${SERVE_S:-150} python3 scripts/bench_serve.py --port "$port" --streams ${SERVE_STREAMS:-32,64} \
+          --prompt 256 --max 128 --no-logprobs --deadline $(( ${SERVE_S:-150} - 10 )) >> "$OUT/serve_bench.log" 2>&1
+        kill $SP; wait $SP
+      done
+    done
+    cat "$OUT/serve_bench.log"
+    echo "total $(( $(date +%s) - t0 )) s"
+    exit 0
+  fi
   if [ "${RESTORE_ONLY:-0}" = 1 ]; then
     # Only the restart: the 4,096-token prefix stored by one server, then TTFT after a restart with
     # ANVIL_KV_RESTORE_THREADS in turn over RESTORE_THREADS (default "4 8 16"), and the store's
