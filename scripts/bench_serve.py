@@ -9,7 +9,7 @@ p50/p99, inter-token latency p50/p99, and its p99 in the steady-state window (wi
 every running stream waits through the late starters' prompt chunks). With --prefix, also the
 repeated-system-prompt case: TTFT of a PREFIX-token prompt, then of a request sharing it. Where
 the server reports its step counters in /metrics, each level also prints the server's mean step, its
-forward pass and the host's part (the rest) over that level's steps.
+forward pass, the host's part (the rest) and the forward's own preparation (prep) over that level's steps.
 
 The client must not be what it measures: a stream's thread only stamps the arrival time of each
 server-sent event and keeps its bytes (the JSON is parsed after the stream ends), and the streams are
@@ -135,11 +135,12 @@ def step_counters(args):
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] in ("anvil_steps_total", "anvil_step_seconds_total",
-                                            "anvil_step_forward_seconds_total"):
+                                            "anvil_step_forward_seconds_total", "anvil_step_prep_seconds_total"):
             vals[parts[0]] = float(parts[1])
-    if len(vals) != 3:
+    if not all(k in vals for k in ("anvil_steps_total", "anvil_step_seconds_total", "anvil_step_forward_seconds_total")):
         return None
-    return vals["anvil_steps_total"], vals["anvil_step_seconds_total"], vals["anvil_step_forward_seconds_total"]
+    return (vals["anvil_steps_total"], vals["anvil_step_seconds_total"], vals["anvil_step_forward_seconds_total"],
+            vals.get("anvil_step_prep_seconds_total"))  # prep: None from a server before session 24
 
 
 def run_level(args, n, vocab):
@@ -181,10 +182,13 @@ def run_level(args, n, vocab):
     after = step_counters(args) if before else None
     if before and after and after[0] > before[0]:
         # The server's own figures over this level's steps (ramp included): the whole step, its forward
-        # pass, and the rest, the host's part that the device waits through.
+        # pass, and the rest, the host's part that the device waits through; with prep, the forward's
+        # own host part before its kernels are issued (building and uploading the batch), which a GPU
+        # waits through too.
         k = after[0] - before[0]
         step, fwd = (after[1] - before[1]) / k, (after[2] - before[2]) / k
-        print(f"  server: steps={k:.0f} step={step * 1e3:.3f}ms forward={fwd * 1e3:.3f}ms host={(step - fwd) * 1e3:.3f}ms",
+        prep = f" prep={(after[3] - before[3]) / k * 1e3:.3f}ms" if after[3] is not None and before[3] is not None else ""
+        print(f"  server: steps={k:.0f} step={step * 1e3:.3f}ms forward={fwd * 1e3:.3f}ms host={(step - fwd) * 1e3:.3f}ms{prep}",
               flush=True)
     for e in errors[:3]:
         print("  error:", e)

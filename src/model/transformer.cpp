@@ -179,6 +179,7 @@ Status Transformer::forward(const int32_t* ids, const BatchView& batch, const KV
   be.copy_to_device(ids_dev_, ids, size_t(T) * sizeof(int32_t));
   const bool identity = is_identity(logit_rows);
   if (R > 0 && !identity) be.copy_to_device(rows_dev_, logit_rows.data(), size_t(R) * sizeof(int32_t));
+  last_issue_ = std::chrono::steady_clock::now();
   run_layers(batch, kv);
   if (R > 0) be.to_host_f32(run_head(T, R, identity), logits);
   return be.synchronize();
@@ -225,6 +226,7 @@ Status Transformer::forward_on_device(const int32_t* ids, const BatchView& batch
     if (sample) be.sample_rows(run_head(T, R, identity), sa, out_ids_dev_);
     else be.argmax_rows(run_head(T, R, identity), suppress_dev_, int(suppress.size()), out_ids_dev_);
   };
+  last_issue_ = std::chrono::steady_clock::now();
   const char* no_graph = std::getenv("ANVIL_NO_GRAPH");
   const bool use_graph = be.graphs_supported() && identity && R == T && !(no_graph && *no_graph && *no_graph != '0');
   if (use_graph) {

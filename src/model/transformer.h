@@ -10,6 +10,7 @@
 //   h += o; x = rmsnorm(h) -> gate,up = linear -> swiglu -> down = linear; h += down
 // then the final norm and the lm_head on the rows that want logits.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <span>
 #include <vector>
@@ -55,6 +56,11 @@ class Transformer {
                         int32_t* out_ids);
   // Graphs captured so far (0 without graph support).
   int graphs_captured() const { return int(graph_keys_.size()); }
+  // When the last forward call began issuing its kernels (its inputs uploaded; a graph launch or the
+  // first op next). On a GPU the device idles from the end of the previous step until about then,
+  // so the time from a step's start to this is host work the device waits through (Engine::step's
+  // last_step_prep_ns). On the CPU backend the ops run as they are issued, after this point too.
+  std::chrono::steady_clock::time_point last_issue() const { return last_issue_; }
 
  private:
   Transformer(const ModelConfig& cfg, ModelWeights w, Backend& backend, int max_tokens);
@@ -73,6 +79,7 @@ class Transformer {
 
   ModelConfig cfg_;
   ModelWeights w_;
+  std::chrono::steady_clock::time_point last_issue_{};
   Backend& backend_;
   int max_tokens_;
   int max_logit_rows_;

@@ -101,6 +101,10 @@ class Engine {
   // sequence's tokens as history. Only the ids come back.
   Status step_sample(std::span<const StepItem> items, std::span<const SamplingParams> params,
                      std::span<const uint64_t> random, std::span<const int32_t> suppress, std::vector<int32_t>* next);
+  // The last successful step()/step_sample(): nanoseconds from its start until its forward pass began
+  // issuing kernels (checking the items, taking pages, building and uploading the batch and the
+  // sampler's inputs). On a GPU, host time that the device waits through (Transformer::last_issue).
+  uint64_t last_step_prep_ns() const { return last_step_prep_ns_; }
 
  private:
   struct Seq {
@@ -147,6 +151,7 @@ class Engine {
   int32_t* seq_dev_ = nullptr;
   int32_t* table_dev_ = nullptr;
   PageStore* store_ = nullptr;
+  uint64_t last_step_prep_ns_ = 0;
   struct SampleState {  // decode_sample's buffers (engine_sample.cpp), allocated on first use
     SampleRowParams* params = nullptr;  // [max_seqs]
     int32_t* counts = nullptr;          // [max_seqs, vocab], row = sequence id

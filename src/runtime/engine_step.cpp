@@ -1,6 +1,7 @@
 // Engine::seq_append / step: the continuous-batching entry points (see engine.h). Kept apart from
 // extend/decode so that the scheduler's needs stay one small, local addition to the engine.
 #include <algorithm>
+#include <chrono>
 
 #include "runtime/engine.h"
 
@@ -28,6 +29,7 @@ Status Engine::step(std::span<const StepItem> items, std::vector<float>* logits)
 
 Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* logits,
                          const std::function<Status(Greedy*)>& sample) {
+  const auto t0 = std::chrono::steady_clock::now();
   if (items.empty()) return invalid_argument("step: no items");
   if (int(items.size()) > opts_.max_seqs)
     return invalid_argument("step: " + std::to_string(items.size()) + " sequences, the engine allows " +
@@ -74,6 +76,8 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
   }
   if (!greedy) logits->resize(rows.size() * size_t(V));
   ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, greedy ? nullptr : logits->data(), greedy));
+  last_step_prep_ns_ = uint64_t(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::nanoseconds>(model_.last_issue() - t0).count()));
   for (const StepItem& it : items) {
     Seq& s = seqs_[it.seq];
     s.n_kv += it.n_tokens;

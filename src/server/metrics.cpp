@@ -90,6 +90,9 @@ std::string Metrics::render() const {
           step_ns.load());
   seconds("anvil_step_forward_seconds_total", "Time of the steps' forward passes (launch and wait), within the steps'",
           forward_ns.load());
+  seconds("anvil_step_prep_seconds_total",
+          "Time of the forward passes before their kernels were issued (building and uploading the batch), within theirs",
+          prep_ns.load());
   o += "# HELP anvil_time_to_first_token_seconds Submit to first generated token\n"
        "# TYPE anvil_time_to_first_token_seconds histogram\n";
   ttft.render("anvil_time_to_first_token_seconds", &o);

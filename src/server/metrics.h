@@ -39,7 +39,8 @@ class Metrics {
   // within it (Engine::step / step_sample: its launch and the wait for its result), in nanoseconds.
   // (step - forward) / steps is the host's part of a step, which the GPU waits through. The
   // scheduler adds an iteration's figures after it, steps last; render() reads steps first.
-  std::atomic<uint64_t> steps{0}, step_ns{0}, forward_ns{0};
+  // prep_ns: the part of the forward passes before their kernels were issued (Engine::last_step_prep_ns).
+  std::atomic<uint64_t> steps{0}, step_ns{0}, forward_ns{0}, prep_ns{0};
   // Gauges: name -> (help, sampler), rendered in name order.
   void add_gauge(const std::string& name, const std::string& help, std::function<double()> value);
   // A counter kept elsewhere (the KV store's), sampled when rendered.

@@ -27,6 +27,7 @@ Status Scheduler::timed_forward(F&& forward) {
   const auto t0 = clock::now();
   Status st = forward();
   forward_ns_ += ns_since(t0);
+  if (st.is_ok()) prep_ns_ += engine_.last_step_prep_ns();
   ++forwards_;
   return st;
 }
@@ -223,7 +224,7 @@ void Scheduler::loop() {
       if (a->job->cancelled()) finish(*a, "cancelled");
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->seq < 0; });
     publish_counts();
-    forwards_ = 0, forward_ns_ = 0;
+    forwards_ = 0, forward_ns_ = 0, prep_ns_ = 0;
     if (!active_.empty() && !run_step()) {
       // run_step() failed the jobs it could not run; nothing else to do here.
     }
@@ -232,6 +233,7 @@ void Scheduler::loop() {
     if (forwards_ > 0) {  // a forward pass ran: the iteration was a step (the count last, see Metrics)
       metrics_.step_ns += ns_since(t0);
       metrics_.forward_ns += forward_ns_;
+      metrics_.prep_ns += prep_ns_;
       metrics_.steps += forwards_;
     }
     // Going idle: take back the pages the store's writer still holds for copying (otherwise they

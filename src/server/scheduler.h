@@ -112,7 +112,7 @@ class Scheduler {
   Metrics& metrics_;
   SchedulerOptions opts_;
   int step_tokens_;
-  uint64_t forwards_ = 0, forward_ns_ = 0;  // this iteration's forward passes and their time (Metrics::steps)
+  uint64_t forwards_ = 0, forward_ns_ = 0, prep_ns_ = 0;  // this iteration's forward passes, their time and its prep part (Metrics)
   int64_t pages_total_;
 
   mutable std::mutex mu_;

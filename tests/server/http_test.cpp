@@ -119,7 +119,8 @@ TEST_F(Http, HealthModelsMetricsPage) {
 
 TEST_F(Http, MetricsCountStepsAndTheirForwardPasses) {
   // anvil_steps_total counts the scheduler's forward passes; anvil_step_seconds_total is the time of
-  // the iterations that ran them, which contains their forward passes' (anvil_step_forward_...).
+  // the iterations that ran them, which contains their forward passes' (anvil_step_forward_...),
+  // which contains the part before their kernels were issued (anvil_step_prep_...).
   // Read once the counters stand still (the scheduler idle again: it adds them after an iteration).
   auto settled = [&](double at_least) {
     double last = -1;
@@ -133,6 +134,8 @@ TEST_F(Http, MetricsCountStepsAndTheirForwardPasses) {
   };
   const double steps0 = settled(0);
   const double step0 = metric("anvil_step_seconds_total"), fwd0 = metric("anvil_step_forward_seconds_total");
+  const double prep0 = metric("anvil_step_prep_seconds_total");
+  ASSERT_GE(prep0, 0);
   ASSERT_GE(steps0, 0);
   ASSERT_GE(step0, 0);
   ASSERT_GE(fwd0, 0);
@@ -141,9 +144,13 @@ TEST_F(Http, MetricsCountStepsAndTheirForwardPasses) {
   // The prompt's forward gives the first token, one more per further token.
   const double steps1 = settled(steps0 + 6);
   const double step1 = metric("anvil_step_seconds_total"), fwd1 = metric("anvil_step_forward_seconds_total");
+  const double prep1 = metric("anvil_step_prep_seconds_total");
   EXPECT_GE(steps1 - steps0, 6);
   EXPECT_GT(fwd1 - fwd0, 0);
   EXPECT_GE(step1 - step0, fwd1 - fwd0);
+  // The forward passes' prep (building and uploading each batch) is a part of them, and not nothing.
+  EXPECT_GT(prep1 - prep0, 0);
+  EXPECT_LT(prep1 - prep0, fwd1 - fwd0);
 }
 
 TEST_F(Http, TokenizeDetokenizeRoundTrip) {
