@@ -20,13 +20,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq "${missing[@]}"
 fi
-# The official openai Python client, for the server's compatibility test
-# (tests/server/openai_client_check.py), from PyPI into .pydeps/ (git-ignored; the test puts it on
-# PYTHONPATH). Without it that test skips and says so; a failed download warns but does not stop
+# Python packages that tests run as independent references, from PyPI into .pydeps/ (git-ignored;
+# ctest puts it on PYTHONPATH): the official openai client (Http.OpenAIPythonClient), safetensors and
+# numpy (the KV store's records and `anvil kv export` read back), tokenizers (SentencePiece-model
+# decoding). Without them those tests skip and say so; a failed download warns but does not stop
 # the build.
-if ! PYTHONPATH=.pydeps python3 -c "import openai" 2>/dev/null; then
-  echo "setup: installing the openai Python client into .pydeps/"
-  python3 -m pip install -q --disable-pip-version-check --no-input --target .pydeps "openai>=1,<4" ||
-    echo "setup: WARNING: could not install the openai client; Http.OpenAIPythonClient will skip"
+PY_PKGS=()
+for spec in "openai:openai>=1,<4" "numpy:numpy" "safetensors:safetensors" "tokenizers:tokenizers"; do
+  PYTHONPATH=.pydeps python3 -c "import ${spec%%:*}" 2>/dev/null || PY_PKGS+=("${spec#*:}")
+done
+if [ ${#PY_PKGS[@]} -gt 0 ]; then
+  echo "setup: installing ${PY_PKGS[*]} into .pydeps/"
+  python3 -m pip install -q --disable-pip-version-check --no-input --target .pydeps "${PY_PKGS[@]}" 2>&1 |
+    grep -v -E "^(WARNING: Running pip as|WARNING: Target directory|ERROR: pip's dependency resolver|.* requires .*, but you have .* which is incompatible)" || true
+  for spec in "openai:openai>=1,<4" "numpy:numpy" "safetensors:safetensors" "tokenizers:tokenizers"; do
+    PYTHONPATH=.pydeps python3 -c "import ${spec%%:*}" 2>/dev/null ||
+      echo "setup: WARNING: python package ${spec%%:*} is missing; the tests that need it will skip"
+  done
 fi
 echo "setup: dependencies present"
