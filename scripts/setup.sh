@@ -25,17 +25,15 @@ fi
 # numpy (the KV store's records and `anvil kv export` read back), tokenizers (SentencePiece-model
 # decoding). Without them those tests skip and say so; a failed download warns but does not stop
 # the build.
-PY_PKGS=()
-for spec in "openai:openai>=1,<4" "numpy:numpy" "safetensors:safetensors" "tokenizers:tokenizers"; do
-  PYTHONPATH=.pydeps python3 -c "import ${spec%%:*}" 2>/dev/null || PY_PKGS+=("${spec#*:}")
-done
-if [ ${#PY_PKGS[@]} -gt 0 ]; then
-  echo "setup: installing ${PY_PKGS[*]} into .pydeps/"
-  python3 -m pip install -q --disable-pip-version-check --no-input --target .pydeps "${PY_PKGS[@]}" 2>&1 |
+PY_SPECS=("openai:openai>=1,<4" "numpy:numpy" "safetensors:safetensors" "tokenizers:tokenizers")  # module:requirement
+py_missing() { for spec in "${PY_SPECS[@]}"; do PYTHONPATH=.pydeps python3 -c "import ${spec%%:*}" 2>/dev/null || echo "$spec"; done; }
+mapfile -t PY_TODO < <(py_missing)
+if [ ${#PY_TODO[@]} -gt 0 ]; then
+  echo "setup: installing ${PY_TODO[*]#*:} into .pydeps/"
+  python3 -m pip install -q --disable-pip-version-check --no-input --target .pydeps "${PY_TODO[@]#*:}" 2>&1 |
     grep -v -E "^(WARNING: Running pip as|WARNING: Target directory|ERROR: pip's dependency resolver|.* requires .*, but you have .* which is incompatible)" || true
-  for spec in "openai:openai>=1,<4" "numpy:numpy" "safetensors:safetensors" "tokenizers:tokenizers"; do
-    PYTHONPATH=.pydeps python3 -c "import ${spec%%:*}" 2>/dev/null ||
-      echo "setup: WARNING: python package ${spec%%:*} is missing; the tests that need it will skip"
+  for spec in $(py_missing); do
+    echo "setup: WARNING: python package ${spec%%:*} is missing; the tests that need it will skip"
   done
 fi
 echo "setup: dependencies present"

@@ -76,8 +76,7 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
   }
   if (!greedy) logits->resize(rows.size() * size_t(V));
   ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, greedy ? nullptr : logits->data(), greedy));
-  last_step_prep_ns_ = uint64_t(std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::nanoseconds>(model_.last_issue() - t0).count()));
+  last_step_prep_ns_ = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(model_.last_issue() - t0).count());
   for (const StepItem& it : items) {
     Seq& s = seqs_[it.seq];
     s.n_kv += it.n_tokens;

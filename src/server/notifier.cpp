@@ -25,14 +25,10 @@ void Notifier::flush() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     was_empty = handed_.empty();
-    if (was_empty) {
-      handed_.swap(posted_);
-    } else {
-      handed_.insert(handed_.end(), posted_.begin(), posted_.end());
-      posted_.clear();
-    }
+    handed_.insert(handed_.end(), posted_.begin(), posted_.end());
   }
-  if (was_empty) cv_.notify_one();  // otherwise the thread has work pending and will see these too
+  posted_.clear();
+  if (was_empty) cv_.notify_one();  // otherwise the thread has been woken already and will see these too
 }
 
 void Notifier::loop() {

@@ -7,7 +7,6 @@
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
-#include <cstdlib>
 #include <chrono>
 #include <regex>
 #include <thread>
@@ -444,10 +443,7 @@ TEST_F(Http, ToolChoiceRequiredAndNamedStartTheAnswerInsideACall) {
 namespace {
 // Runs a tests/server/*.py check against the shared server; exit 77 means "cannot run here".
 std::pair<int, std::string> run_check(const std::string& script, int port, const std::vector<std::string>& args) {
-  // scripts/setup.sh installs the openai client into the checkout's .pydeps/.
-  const char* pp = std::getenv("PYTHONPATH");
-  std::string cmd = "PYTHONPATH='" + std::string(ANVIL_SOURCE_DIR) + "/.pydeps" + (pp && *pp ? std::string(":") + pp : "") +
-                    "' python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
+  std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
                     std::to_string(port);
   for (auto& a : args) cmd += " " + a;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
