@@ -31,7 +31,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, now the default, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R, not yet run), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -317,10 +317,13 @@ elif [ "$what" != bench ]; then
   # (CudaOps.Batched* tests both ways itself).
   ANVIL_QGEMM_CLUSTER=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_cluster.log" 2>&1
   summary+=("batch kernel, split sums through global memory (ANVIL_QGEMM_CLUSTER=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_cluster.log" | tr '\n' ' ')")
-  # The split sums by the last block of each row block (ANVIL_QGEMM_SUM_KERNEL=0; by default in a
-  # kernel of their own where no cluster adds them): the same.
-  ANVIL_QGEMM_SUM_KERNEL=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_sumk.log" 2>&1
-  summary+=("batch kernel, split sums by the last block (ANVIL_QGEMM_SUM_KERNEL=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_sumk.log" | tr '\n' ' ')")
+  # The split sums by the last block of each row block everywhere (ANVIL_QGEMM_SUM_KERNEL=0), and in
+  # a kernel of their own everywhere (=1; by default the last blocks up to 32 tokens, the sum kernel
+  # beyond, where no cluster adds them): the same.
+  for sk in 0 1; do
+    ANVIL_QGEMM_SUM_KERNEL=$sk ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_sumk$sk.log" 2>&1
+    summary+=("batch kernel, ANVIL_QGEMM_SUM_KERNEL=$sk: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_sumk$sk.log" | tr '\n' ' ')")
+  done
   # The batch kernel under one planner at every batch size (ANVIL_QGEMM_PLAN=1: the wave planner,
   # =2: the measured-cost one; by default the second up to 32 tokens): its op tests and the model
   # tests under each.
@@ -641,6 +644,20 @@ if [ "$what" != tests ]; then
         | sed -E 's/.*qgemm4_batch_kernel<([^>]*)>.*/\1/; s/  +/ /g' >> "$OUT/bench.log"
       rm -rf /tmp/anvil-ncu-kv
     done
+  elif [ "$set" = sumk32 ]; then
+    # Session 25's default: the split sums by the last blocks up to 32 tokens (the measured-cost
+    # planner's launches), the sum kernel beyond. Its batch op and model tests and golden on CUDA,
+    # the same tests with the sum kernel everywhere (ANVIL_QGEMM_SUM_KERNEL=1, session 24's default),
+    # then the 32-sequence step under the default, =1 and =0 (three rounds, interleaved) and the
+    # 64-sequence one under the default and =1 (which must be the same launches).
+    pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
+    pt ANVIL_QGEMM_SUM_KERNEL=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
+    timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/sk_golden.log 2>&1
+    echo "### golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/sk_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for r in 1 2 3; do
+      for e in X=default ANVIL_QGEMM_SUM_KERNEL=1 ANVIL_QGEMM_SUM_KERNEL=0; do ps $e 32; done
+    done
+    for e in X=default ANVIL_QGEMM_SUM_KERNEL=1; do ps $e 64; done
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
     # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's

@@ -542,7 +542,7 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // so the second output must equal the first bit for bit. The split sums are added by the last block
 // of each row block (ANVIL_QGEMM_CLUSTER=0 ANVIL_QGEMM_SUM_KERNEL=0), or, with up to 8 splits,
 // through a thread block cluster's shared memory (CLUSTER=1), or (clusters off) in a kernel of their
-// own (SUM_KERNEL=1, the default for launches without clusters): the same sums in the same order,
+// own (SUM_KERNEL=1; the default for launches without clusters beyond 32 tokens): the same sums in the same order,
 // so all three must agree bit for bit as well. (That needs the same split under each policy: the
 // measured-cost planner, the default up to 32 tokens, charges the three differently, but these
 // matrices fill less than one wave, where every policy's cheapest split is the same.)

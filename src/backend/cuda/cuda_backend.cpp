@@ -100,11 +100,14 @@ class CudaBackend final : public Backend {
     // ANVIL_QGEMM_CLUSTER=0: through global memory).
     bscratch_.cluster = true;
     if (const char* c = std::getenv("ANVIL_QGEMM_CLUSTER"); c && *c == '0') bscratch_.cluster = false;
-    // The other split launches' sums in a kernel of their own (the default; ANVIL_QGEMM_SUM_KERNEL=0:
-    // by the last block of each row block). H200, qwen3-8b q4g64 (session 22): the 32-sequence step
-    // 6.60 -> 5.71 ms, the 64-sequence one 11.02 -> 9.33.
-    bscratch_.sum_kernel = true;
-    if (const char* c = std::getenv("ANVIL_QGEMM_SUM_KERNEL"); c && *c == '0') bscratch_.sum_kernel = false;
+    // The other split launches' sums in a kernel of their own where the wave planner plans (beyond
+    // 32 tokens; the default), or by the last block of each row block. ANVIL_QGEMM_SUM_KERNEL=0: the
+    // last blocks everywhere, =1: the sum kernel everywhere. H200, qwen3-8b q4g64: the sum kernel
+    // took the 64-sequence step 11.08 -> 9.40 ms (session 23); at 32 sequences the last blocks were
+    // faster, 5.42 -> 5.36-5.38 (session 25; see batch_plan).
+    bscratch_.sum_kernel = cuda::kSumKernelWavePlanner;
+    if (const char* c = std::getenv("ANVIL_QGEMM_SUM_KERNEL"); c && (*c == '0' || *c == '1'))
+      bscratch_.sum_kernel = *c == '0' ? cuda::kSumKernelNever : cuda::kSumKernelAlways;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();

@@ -36,6 +36,8 @@ constexpr int kTcMaxTokens = 64;
 // From this many rows (to kTcMaxTokens) q4 tensor-core matrices take the batch kernel
 // (qgemm_batch.cu) when given scratch; below, the register-fed kernel (faster at 16 on the H200).
 constexpr int kBatchMinTokens = 17;
+// GemvScratch::sum_kernel's policies.
+inline constexpr int kSumKernelNever = 0, kSumKernelAlways = 1, kSumKernelWavePlanner = 2;
 // Scratch for the q4 batch kernel (qgemm_batch.cu): the activations in mma
 // fragment order, fp32 partial sums of a split K, and one counter per 64-row block, zero before
 // the first launch (the kernel leaves them zero). Without it (null, or smaller than
@@ -54,8 +56,9 @@ struct GemvScratch {
   // (qgemm_batch.cu; ANVIL_QGEMM_CLUSTER, read by the backend) instead of through part and done.
   bool cluster = false;
   // Split launches not in clusters leave every partial in part and a second kernel adds them (no
-  // done counters, no last block): the backend's default, ANVIL_QGEMM_SUM_KERNEL=0 turns it off.
-  bool sum_kernel = false;
+  // done counters, no last block): kSumKernelNever, kSumKernelAlways, or kSumKernelWavePlanner (the
+  // backend's default: only the launches the wave planner plans, beyond 32 rows; ANVIL_QGEMM_SUM_KERNEL).
+  int sum_kernel = 0;
 };
 // The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not
 // take it.

@@ -586,7 +586,7 @@ double sum_kernel_steps(bool swiglu) {
 
 }  // namespace
 
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, bool sum_kernel, BatchPlan* b) {
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, int sum_kernel_policy, BatchPlan* b) {
   const int64_t K = p.K;
   if (T < kBatchMinTokens || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
   if (!weights_aligned16(p, n_mats, swiglu) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
@@ -625,7 +625,13 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   // splits' partials (kWaveSplitSteps).
   const int64_t sms = sm_count();
   const int ks_max = std::min(steps, std::max(4, (steps + sps - 1) / sps));
-  if (!plan_by_measured_costs(b->NT) || (tn.S && plan_mode() != 2)) {
+  const bool wave_planner = !plan_by_measured_costs(b->NT) || (tn.S && plan_mode() != 2);
+  // The sum kernel by default only where the wave planner plans (beyond 32 tokens): under the
+  // measured-cost planner the last blocks' sums were faster on the H200, the 32-sequence qwen3-8b
+  // q4g64 step 5.42 -> 5.36-5.38 ms in three rounds (session 25; session 23: 5.45 -> 5.39), while at
+  // 64 sequences the sum kernel is the faster by far (11.08 -> 9.40, session 23).
+  const bool sum_kernel = sum_kernel_policy == kSumKernelAlways || (sum_kernel_policy == kSumKernelWavePlanner && wave_planner);
+  if (wave_planner) {
     double best = 0.0;
     for (int ks = 1; ks <= ks_max; ++ks) {
       int sk = (steps + ks - 1) / ks;

@@ -336,7 +336,8 @@ bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, Gem
   const TcParams p = make_params(ws, nullptr, n, up, probe, T, false, &tiles);
   BatchPlan b;
   if (!batch_plan(p, n, T, up != nullptr, need->cluster, need->sum_kernel, &b)) return false;
-  const bool cluster = need->cluster, sum_kernel = need->sum_kernel;
+  const bool cluster = need->cluster;
+  const int sum_kernel = need->sum_kernel;
   *need = GemvScratch{};
   need->cluster = cluster, need->sum_kernel = sum_kernel;
   need->xperm_bytes = b.xperm_bytes, need->part_floats = b.part_floats, need->n_done = b.n_done;

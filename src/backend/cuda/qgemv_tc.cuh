@@ -352,11 +352,12 @@ struct BatchPlan {
   size_t smem = 0;
   size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
   bool cluster = false;     // the splits of a row block are one thread block cluster (GemvScratch::cluster)
-  bool sum_kernel = false;  // the splits' partials are added by split_sum_kernel (GemvScratch::sum_kernel)
+  bool sum_kernel = false;  // the splits' partials are added by split_sum_kernel (GemvScratch::sum_kernel's policy)
 };
 // cluster: a split row block may add its partial sums in a thread block cluster (GemvScratch::cluster);
-// sum_kernel: split launches not in clusters add them in a second kernel (GemvScratch::sum_kernel).
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, bool sum_kernel, BatchPlan* b);
+// sum_kernel: whether split launches not in clusters add them in a second kernel (GemvScratch::sum_kernel:
+// kSumKernelNever, kSumKernelAlways, or kSumKernelWavePlanner: only where the wave planner plans).
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, int sum_kernel, BatchPlan* b);
 cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p);
 
 }  // namespace anvil::cuda::tc
