@@ -31,7 +31,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: ncu of the bf16 decode mat-vecs, rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -658,6 +658,22 @@ if [ "$what" != tests ]; then
       for e in X=default ANVIL_QGEMM_SUM_KERNEL=1 ANVIL_QGEMM_SUM_KERNEL=0; do ps $e 32; done
     done
     for e in X=default ANVIL_QGEMM_SUM_KERNEL=1; do ps $e 64; done
+  elif [ "$set" = bf16 ]; then
+    # Session 25: why the bf16 decode reads at ~2.5 TB/s (60% of the copy bandwidth; target 230 tok/s
+    # needs ~83%): ncu of the one-token bf16 mat-vecs of a qwen3-8b bf16 decode step (time, DRAM
+    # bytes and throughput, occupancy, registers), then the rows per warp (ANVIL_GEMV_BF16_R=1|2|4
+    # against the default: 2 from 4,224 rows, else 1): the linear op tests under each, decode
+    # (tg64, best of 2) interleaved.
+    timeout 150 ncu --clock-control none -k regex:"gemv_kernel" --launch-skip ${NCU_SKIP:-700} --launch-count 16 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,smsp__inst_executed.sum \
+      ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:bf16 --prompt 16 -n 8 --runs 1 > /tmp/ncu_bf16.log 2>&1
+    echo "### ncu bf16 gemv rc=$?" >> "$OUT/bench.log"
+    grep -E "gemv_kernel<|gpu__time|dram__|sm__warps|launch__|smsp__inst" /tmp/ncu_bf16.log \
+      | sed -E 's/.*gemv_kernel<([^>]*)>.*/gemv_kernel \1/; s/  +/ /g' | head -120 >> "$OUT/bench.log"
+    for r in 1 2 4; do pt ANVIL_GEMV_BF16_R=$r ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaOps.Batches*' "linear op tests"; done
+    for r in 1 2; do
+      for e in X=default ANVIL_GEMV_BF16_R=1 ANVIL_GEMV_BF16_R=2 ANVIL_GEMV_BF16_R=4; do pd $e qwen3-8b:bf16; done
+    done
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
     # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's

@@ -165,8 +165,19 @@ int fmt_of(const DevMatrix& w) {
 }
 
 // Rows per warp: more rows share each x conversion, fewer leave SMs idle on narrow matrices.
+// ANVIL_GEMV_BF16_R=1|2|4 forces the rows per warp of one-token bf16 launches (for measuring; the
+// bf16 decode's mat-vecs ran at ~2.5 TB/s on the H200, 60% of the copy bandwidth).
+int forced_bf16_rows() {
+  static const int r = [] {
+    const char* e = std::getenv("ANVIL_GEMV_BF16_R");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
+  }();
+  return r;
+}
 int pick_rows(int fmt, int64_t total_rows, int T) {
   if (T > 1 || fmt == 0 || fmt == 17 || fmt == 32) return 1;
+  if (fmt == 16 && forced_bf16_rows()) return forced_bf16_rows();
   const int64_t want_warps = 132 * 16;  // ~16 resident warps per SM
   if (fmt != 16 && total_rows >= 4 * want_warps) return 4;
   if (total_rows >= 2 * want_warps) return 2;
@@ -183,7 +194,7 @@ cudaError_t launch_t(GemvParams& p, int64_t warps, cudaStream_t s) {
 template <int FMT, bool SW>
 cudaError_t launch_fmt(GemvParams& p, int R, int64_t warps, cudaStream_t s) {
   if (p.T > 1) return launch_t<FMT, 1, kGemvMaxTokens, SW>(p, warps, s);
-  if constexpr (FMT == 4 || FMT == 8) {
+  if constexpr (FMT == 4 || FMT == 8 || FMT == 16) {
     if (R == 4) return launch_t<FMT, 4, 1, SW>(p, warps, s);
   }
   if constexpr (FMT == 4 || FMT == 8 || FMT == 16) {
