@@ -646,33 +646,40 @@ if [ "$what" != tests ]; then
     done
   elif [ "$set" = sumk32 ]; then
     # Session 25's default: the split sums by the last blocks up to 32 tokens (the measured-cost
-    # planner's launches), the sum kernel beyond. Its batch op and model tests and golden on CUDA,
-    # the same tests with the sum kernel everywhere (ANVIL_QGEMM_SUM_KERNEL=1, session 24's default),
-    # then the 32-sequence step under the default, =1 and =0 (three rounds, interleaved) and the
-    # 64-sequence one under the default and =1 (which must be the same launches).
-    pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
+    # planner's launches), the sum kernel beyond. The batch op and model tests with the sum kernel
+    # everywhere (ANVIL_QGEMM_SUM_KERNEL=1, session 24's default; the default's own tests: the full
+    # pass, or the bf16 set's), then the 32-sequence step under the default, =1 and =0 (ROUNDS rounds,
+    # default 2, interleaved) and the 64-sequence one under the default and =1 (the same launches).
     pt ANVIL_QGEMM_SUM_KERNEL=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
-    timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/sk_golden.log 2>&1
-    echo "### golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/sk_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for r in 1 2 3; do
+    for r in $(seq ${ROUNDS:-2}); do
       for e in X=default ANVIL_QGEMM_SUM_KERNEL=1 ANVIL_QGEMM_SUM_KERNEL=0; do ps $e 32; done
     done
     for e in X=default ANVIL_QGEMM_SUM_KERNEL=1; do ps $e 64; done
   elif [ "$set" = bf16 ]; then
     # Session 25: why the bf16 decode reads at ~2.5 TB/s (60% of the copy bandwidth; target 230 tok/s
-    # needs ~83%): ncu of the one-token bf16 mat-vecs of a qwen3-8b bf16 decode step (time, DRAM
-    # bytes and throughput, occupancy, registers), then the rows per warp (ANVIL_GEMV_BF16_R=1|2|4
-    # against the default: 2 from 4,224 rows, else 1): the linear op tests under each, decode
-    # (tg64, best of 2) interleaved.
-    timeout 150 ncu --clock-control none -k regex:"gemv_kernel" --launch-skip ${NCU_SKIP:-700} --launch-count 16 \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,smsp__inst_executed.sum \
-      ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:bf16 --prompt 16 -n 8 --runs 1 > /tmp/ncu_bf16.log 2>&1
-    echo "### ncu bf16 gemv rc=$?" >> "$OUT/bench.log"
-    grep -E "gemv_kernel<|gpu__time|dram__|sm__warps|launch__|smsp__inst" /tmp/ncu_bf16.log \
-      | sed -E 's/.*gemv_kernel<([^>]*)>.*/gemv_kernel \1/; s/  +/ /g' | head -120 >> "$OUT/bench.log"
-    for r in 1 2 4; do pt ANVIL_GEMV_BF16_R=$r ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaOps.Batches*' "linear op tests"; done
-    for r in 1 2; do
-      for e in X=default ANVIL_GEMV_BF16_R=1 ANVIL_GEMV_BF16_R=2 ANVIL_GEMV_BF16_R=4; do pd $e qwen3-8b:bf16; done
+    # needs ~83%), and a kernel for it. The new one-token bf16 mat-vec (gemv_bf16.cu,
+    # ANVIL_GEMV_BF16=1): its op test, a mutation it must catch, the op and model tests and golden
+    # on CUDA under it; ncu of the bf16 decode mat-vecs both ways (time, DRAM bytes and throughput,
+    # occupancy, registers); then decode of qwen3-8b bf16 (tg64, best of 2), the default against the
+    # new kernel and the generic kernel's rows per warp (ANVIL_GEMV_BF16_R=1|4), interleaved.
+    pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.LinearBf16*' "bf16 one-token op test"
+    cp src/backend/cuda/gemv_bf16.cu /tmp/gb.bak
+    sed -i 's/acc = fmaf(bf16_hi(w.w), xf\[7\], acc);/acc = fmaf(bf16_hi(w.w), xf[6], acc);/' src/backend/cuda/gemv_bf16.cu
+    cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
+    pt X=mutant ./build-gpu/tests/anvil_test_cuda 'CudaOps.LinearBf16*' "bf16 one-token op test, x[7] read as x[6] (must FAIL)"
+    cp /tmp/gb.bak src/backend/cuda/gemv_bf16.cu; cmake --build build-gpu -j16 > /dev/null 2>&1
+    pt ANVIL_GEMV_BF16=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaOps.Batches*:CudaModel.*' "linear op and model tests"
+    ANVIL_GEMV_BF16=1 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/b16_golden.log 2>&1
+    echo "### ANVIL_GEMV_BF16=1 golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/b16_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for e in X=default ANVIL_GEMV_BF16=1 X=default ANVIL_GEMV_BF16=1 ANVIL_GEMV_BF16_R=1 ANVIL_GEMV_BF16_R=4; do pd $e qwen3-8b:bf16; done
+    for e in X=default ANVIL_GEMV_BF16=1; do pd $e qwen3-0.6b:bf16; done
+    for e in X=default ANVIL_GEMV_BF16=1; do
+      env $e timeout 120 ncu --clock-control none -k regex:"gemv_kernel|gemv_bf16" --launch-skip ${NCU_SKIP:-580} --launch-count 8 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
+        ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:bf16 --prompt 16 -n 8 --runs 1 > /tmp/ncu_bf16.log 2>&1
+      echo "### ncu $e bf16 decode mat-vecs: rc=$?" >> "$OUT/bench.log"
+      grep -E "gemv_kernel<|gemv_bf16_kernel<|gpu__time|dram__|sm__warps|launch__" /tmp/ncu_bf16.log \
+        | sed -E 's/.*(gemv_kernel|gemv_bf16_kernel)<([^>]*)>.*/\1 \2/; s/  +/ /g' | head -80 >> "$OUT/bench.log"
     done
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,

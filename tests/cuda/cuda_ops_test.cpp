@@ -224,6 +224,55 @@ TEST_F(CudaOps, LinearDenseOddColsAndF32Logits) {
   gpu_->free_weight(*dw);
 }
 
+// The one-token bf16 mat-vec with weights in flight in two register buffers (gemv_bf16.cu,
+// ANVIL_GEMV_BF16=1; off by default until measured faster): cols from one 16-byte piece to the
+// 48 KB of staged x it takes (24,576) and one beyond (the generic kernel then), rows that leave a
+// warp's second row empty, a bias, F32 outputs (the LM head), three matrices in one launch, and gate/up
+// with SwiGLU. Same bound as the generic mat-vec (fp32 accumulation, one output rounding).
+TEST_F(CudaOps, LinearBf16OneTokenKernelMatchesCpu) {
+  setenv("ANVIL_GEMV_BF16", "1", 1);
+  struct Unset {
+    ~Unset() { unsetenv("ANVIL_GEMV_BF16"); }
+  } unset_at_exit;  // also when an assertion returns early
+  const int64_t shapes[][2] = {{67, 8}, {515, 24}, {33, 256}, {1031, 1000}, {4097, 4096}, {96, 12288}, {40, 24576}, {40, 24584}};
+  for (auto& sh : shapes)
+    for (const bool f32 : {false, true}) {
+      HostWeight hw = make_weight(rng_, sh[0], sh[1], 0, 0, DType::kBF16, /*bias=*/sh[0] == 515);
+      auto dw = gpu_->upload_weight(hw.w);
+      ASSERT_TRUE(dw.is_ok()) << dw.status().message();
+      const std::vector<float> x = randn(size_t(sh[1]));
+      Guarded gx = dev_bf16(x), go = dev_out(size_t(sh[0]) * (f32 ? 4 : 2));
+      const DType od = f32 ? DType::kF32 : DType::kBF16;
+      gpu_->linear(Act{gx.data(), 1, sh[1], DType::kBF16}, *dw, Act{go.data(), 1, sh[0], od});
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      const std::string what = "bf16 one-token [" + std::to_string(sh[0]) + "x" + std::to_string(sh[1]) + "]" + (f32 ? " f32 out" : "");
+      // F32 output: no output rounding, only the accumulation order (as LinearDenseOddColsAndF32Logits).
+      expect_close(read(go, od, what), cpu_linear(x, 1, hw.w), f32 ? 1e-4 : kGemvBound, what);
+      gpu_->free_weight(*dw);
+    }
+  for (const int64_t H : {256, 4096}) {
+    HostWeight q = make_weight(rng_, 512, H, 0, 0, DType::kBF16, false);
+    HostWeight k = make_weight(rng_, 129, H, 0, 0, DType::kBF16, false);
+    HostWeight v = make_weight(rng_, 96, H, 0, 0, DType::kBF16, true);
+    auto dq = gpu_->upload_weight(q.w), dk = gpu_->upload_weight(k.w), dv = gpu_->upload_weight(v.w);
+    ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok());
+    const auto x = randn(size_t(H));
+    Guarded gx = dev_bf16(x);
+    Guarded oq = dev_out(512 * 2), ok = dev_out(129 * 2), ov = dev_out(96 * 2);
+    const WeightMatrix* ws[3] = {&*dq, &*dk, &*dv};
+    const Act outs[3] = {Act{oq.data(), 1, 512, DType::kBF16}, Act{ok.data(), 1, 129, DType::kBF16},
+                         Act{ov.data(), 1, 96, DType::kBF16}};
+    gpu_->linear_multi(Act{gx.data(), 1, H, DType::kBF16}, ws, outs);
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    const std::string base = " bf16 one-token H=" + std::to_string(H);
+    expect_close(read(oq, DType::kBF16, "q"), cpu_linear(x, 1, q.w), kGemvBound, "linear_multi q" + base);
+    expect_close(read(ok, DType::kBF16, "k"), cpu_linear(x, 1, k.w), kGemvBound, "linear_multi k" + base);
+    expect_close(read(ov, DType::kBF16, "v"), cpu_linear(x, 1, v.w), kGemvBound, "linear_multi v" + base);
+    ASSERT_NO_FATAL_FAILURE(expect_swiglu(x, gx, 1, H, 1031, 0, 0, DType::kBF16, kGemvBound * 1.5, "linear_swiglu" + base));
+    for (auto* w : {&*dq, &*dk, &*dv}) gpu_->free_weight(*w);
+  }
+}
+
 TEST_F(CudaOps, LinearMultiAndSwigluMatchCpu) {
   for (const Fmt& f : {Fmt{4, 64, DType::kBF16}, Fmt{8, 32, DType::kBF16}, Fmt{0, 0, DType::kBF16}, Fmt{3, 64, DType::kBF16},
                        Fmt{4, 32, DType::kF16}})

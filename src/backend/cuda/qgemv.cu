@@ -284,6 +284,7 @@ namespace {
 cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* x, int T, bool out_f32, cudaStream_t s,
                      const GemvScratch* scratch) {
   if (use_tc(ws[0])) return gemv_tc(ws, outs, n, nullptr, x, T, out_f32, s, scratch);
+  if (gemv_bf16_takes(ws, n, nullptr, x, T)) return gemv_bf16(ws, outs, n, nullptr, x, out_f32, s);
   GemvParams p;
   p.x = static_cast<const uint16_t*>(x);
   p.T = T;
@@ -307,6 +308,7 @@ cudaError_t gemv_one(const DevMatrix* ws, void* const* outs, int n, const void* 
 cudaError_t gemv_swiglu_one(const DevMatrix& gate, const DevMatrix& up, const void* x, int T, void* out, cudaStream_t s,
                             const GemvScratch* scratch) {
   if (use_tc(gate)) return gemv_tc(&gate, &out, 1, &up, x, T, false, s, scratch);
+  if (gemv_bf16_takes(&gate, 1, &up, x, T)) return gemv_bf16(&gate, &out, 1, &up, x, false, s);
   GemvParams p;
   p.x = static_cast<const uint16_t*>(x);
   p.T = T;
