@@ -671,8 +671,7 @@ if [ "$what" != tests ]; then
     pt ANVIL_GEMV_BF16=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaOps.Batches*:CudaModel.*' "linear op and model tests"
     ANVIL_GEMV_BF16=1 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/b16_golden.log 2>&1
     echo "### ANVIL_GEMV_BF16=1 golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/b16_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for e in X=default ANVIL_GEMV_BF16=1 X=default ANVIL_GEMV_BF16=1 ANVIL_GEMV_BF16_R=1 ANVIL_GEMV_BF16_R=4; do pd $e qwen3-8b:bf16; done
-    for e in X=default ANVIL_GEMV_BF16=1; do pd $e qwen3-0.6b:bf16; done
+    for e in X=default ANVIL_GEMV_BF16=1 X=default ANVIL_GEMV_BF16=1; do pd $e qwen3-8b:bf16; done
     for e in X=default ANVIL_GEMV_BF16=1; do
       env $e timeout 120 ncu --clock-control none -k regex:"gemv_kernel|gemv_bf16" --launch-skip ${NCU_SKIP:-580} --launch-count 8 \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
@@ -681,6 +680,8 @@ if [ "$what" != tests ]; then
       grep -E "gemv_kernel<|gemv_bf16_kernel<|gpu__time|dram__|sm__warps|launch__" /tmp/ncu_bf16.log \
         | sed -E 's/.*(gemv_kernel|gemv_bf16_kernel)<([^>]*)>.*/\1 \2/; s/  +/ /g' | head -80 >> "$OUT/bench.log"
     done
+    for e in ANVIL_GEMV_BF16_R=1 ANVIL_GEMV_BF16_R=4; do pd $e qwen3-8b:bf16; done
+    for e in X=default ANVIL_GEMV_BF16=1; do pd $e qwen3-0.6b:bf16; done
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
     # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's
