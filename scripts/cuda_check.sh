@@ -650,7 +650,7 @@ if [ "$what" != tests ]; then
     # everywhere (ANVIL_QGEMM_SUM_KERNEL=1, session 24's default; the default's own tests: the full
     # pass, or the bf16 set's), then the 32-sequence step under the default, =1 and =0 (ROUNDS rounds,
     # default 2, interleaved) and the 64-sequence one under the default and =1 (the same launches).
-    pt ANVIL_QGEMM_SUM_KERNEL=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
+    [ "${SUMK_TESTS:-1}" = 1 ] && pt ANVIL_QGEMM_SUM_KERNEL=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
     for r in $(seq ${ROUNDS:-2}); do
       for e in X=default ANVIL_QGEMM_SUM_KERNEL=1 ANVIL_QGEMM_SUM_KERNEL=0; do ps $e 32; done
     done
