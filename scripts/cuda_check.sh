@@ -31,7 +31,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: ncu of the bf16 decode mat-vecs, rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1], not yet run), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -331,6 +331,10 @@ elif [ "$what" != bench ]; then
     ANVIL_QGEMM_PLAN=$pl ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Batched*:CudaModel.*" > "$OUT/cuda_plan$pl.log" 2>&1
     summary+=("batch kernel, ANVIL_QGEMM_PLAN=$pl: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_plan$pl.log" | tr '\n' ' ')")
   done
+  # One-token bf16 mat-vecs through the generic kernel (ANVIL_GEMV_BF16=0; by default gemv_bf16.cu):
+  # the linear op and model tests under it.
+  ANVIL_GEMV_BF16=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Linear*:CudaModel.*" > "$OUT/cuda_bf16_generic.log" 2>&1
+  summary+=("generic bf16 mat-vec (ANVIL_GEMV_BF16=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_bf16_generic.log" | tr '\n' ' ')")
   # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
   ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaSample*" > "$OUT/cuda_sample.log" 2>&1
   summary+=("device sampler: rc=$? $(grep -E '^\[  (PASSED|FAILED)|agree on' "$OUT/cuda_sample.log" | tr '\n' ' ')")
@@ -656,23 +660,23 @@ if [ "$what" != tests ]; then
     done
     for e in X=default ANVIL_QGEMM_SUM_KERNEL=1; do ps $e 64; done
   elif [ "$set" = bf16 ]; then
-    # Session 25: why the bf16 decode reads at ~2.5 TB/s (60% of the copy bandwidth; target 230 tok/s
-    # needs ~83%), and a kernel for it. The new one-token bf16 mat-vec (gemv_bf16.cu,
-    # ANVIL_GEMV_BF16=1): its op test, a mutation it must catch, the op and model tests and golden
-    # on CUDA under it; ncu of the bf16 decode mat-vecs both ways (time, DRAM bytes and throughput,
-    # occupancy, registers); then decode of qwen3-8b bf16 (tg64, best of 2), the default against the
-    # new kernel and the generic kernel's rows per warp (ANVIL_GEMV_BF16_R=1|4), interleaved.
+    # Session 25: the one-token bf16 mat-vec (gemv_bf16.cu, the default since session 25) against
+    # the generic kernel (ANVIL_GEMV_BF16=0, which read bf16 weights at ~2.5 TB/s): its op test, a
+    # mutation it must catch, the op and model tests and golden on CUDA with it; decode of qwen3-8b
+    # bf16 (tg64, best of 2) both ways, interleaved; ncu of the bf16 decode mat-vecs both ways (time,
+    # DRAM bytes and throughput, occupancy, registers); the generic kernel's rows per warp
+    # (ANVIL_GEMV_BF16_R=1|4 with ANVIL_GEMV_BF16=0); qwen3-0.6b bf16 both ways.
     pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.LinearBf16*' "bf16 one-token op test"
     cp src/backend/cuda/gemv_bf16.cu /tmp/gb.bak
     sed -i 's/acc = fmaf(bf16_hi(w.w), xf\[7\], acc);/acc = fmaf(bf16_hi(w.w), xf[6], acc);/' src/backend/cuda/gemv_bf16.cu
     cmake --build build-gpu -j16 --target anvil_test_cuda > /dev/null 2>&1
     pt X=mutant ./build-gpu/tests/anvil_test_cuda 'CudaOps.LinearBf16*' "bf16 one-token op test, x[7] read as x[6] (must FAIL)"
     cp /tmp/gb.bak src/backend/cuda/gemv_bf16.cu; cmake --build build-gpu -j16 > /dev/null 2>&1
-    pt ANVIL_GEMV_BF16=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaOps.Batches*:CudaModel.*' "linear op and model tests"
-    ANVIL_GEMV_BF16=1 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/b16_golden.log 2>&1
-    echo "### ANVIL_GEMV_BF16=1 golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/b16_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for e in X=default ANVIL_GEMV_BF16=1 X=default ANVIL_GEMV_BF16=1; do pd $e qwen3-8b:bf16; done
-    for e in X=default ANVIL_GEMV_BF16=1; do
+    pt X=default ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaOps.Batches*:CudaModel.*' "linear op and model tests"
+    timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/b16_golden.log 2>&1
+    echo "### golden on CUDA: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/b16_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
+    for e in X=default ANVIL_GEMV_BF16=0 X=default ANVIL_GEMV_BF16=0; do pd $e qwen3-8b:bf16; done
+    for e in X=default ANVIL_GEMV_BF16=0; do
       env $e timeout 120 ncu --clock-control none -k regex:"gemv_kernel|gemv_bf16" --launch-skip ${NCU_SKIP:-580} --launch-count 8 \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
         ./build-gpu/anvil bench --device cuda --synthetic qwen3-8b:bf16 --prompt 16 -n 8 --runs 1 > /tmp/ncu_bf16.log 2>&1
@@ -680,8 +684,8 @@ if [ "$what" != tests ]; then
       grep -E "gemv_kernel<|gemv_bf16_kernel<|gpu__time|dram__|sm__warps|launch__" /tmp/ncu_bf16.log \
         | sed -E 's/.*(gemv_kernel|gemv_bf16_kernel)<([^>]*)>.*/\1 \2/; s/  +/ /g' | head -80 >> "$OUT/bench.log"
     done
-    for e in ANVIL_GEMV_BF16_R=1 ANVIL_GEMV_BF16_R=4; do pd $e qwen3-8b:bf16; done
-    for e in X=default ANVIL_GEMV_BF16=1; do pd $e qwen3-0.6b:bf16; done
+    for r in 1 4; do ANVIL_GEMV_BF16=0 pd ANVIL_GEMV_BF16_R=$r qwen3-8b:bf16; done
+    for e in X=default ANVIL_GEMV_BF16=0; do pd $e qwen3-0.6b:bf16; done
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
     # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's

@@ -224,8 +224,8 @@ TEST_F(CudaOps, LinearDenseOddColsAndF32Logits) {
   gpu_->free_weight(*dw);
 }
 
-// The one-token bf16 mat-vec with weights in flight in two register buffers (gemv_bf16.cu,
-// ANVIL_GEMV_BF16=1; off by default until measured faster): cols from one 16-byte piece to the
+// The one-token bf16 mat-vec with weights in flight in two register buffers (gemv_bf16.cu, the
+// default; set here explicitly, ANVIL_GEMV_BF16=0 turns it off): cols from one 16-byte piece to the
 // 48 KB of staged x it takes (24,576) and one beyond (the generic kernel then), rows that leave a
 // warp's second row empty, a bias, F32 outputs (the LM head), three matrices in one launch, and gate/up
 // with SwiGLU. Same bound as the generic mat-vec (fp32 accumulation, one output rounding).

@@ -74,8 +74,8 @@ cudaError_t gemv_swiglu(const DevMatrix& gate, const DevMatrix& up, const void* 
 // Whether gemv()/gemv_swiglu() take these matrices in one launch (same bits, group, dtype, cols).
 bool gemv_fusable(const DevMatrix& a, const DevMatrix& b);
 // gemv_bf16.cu: the one-token bf16 mat-vec with two register buffers of weights in flight and x
-// staged in shared memory (ANVIL_GEMV_BF16=1; off until measured). gemv()/gemv_swiglu() use it for
-// what it takes (up: gate/up with SwiGLU, else null).
+// staged in shared memory (the default; ANVIL_GEMV_BF16=0 turns it off). gemv()/gemv_swiglu() use
+// it for what it takes (up: gate/up with SwiGLU, else null).
 bool gemv_bf16_takes(const DevMatrix* ws, int n, const DevMatrix* up, const void* x, int T);
 cudaError_t gemv_bf16(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, bool out_f32,
                       cudaStream_t s);

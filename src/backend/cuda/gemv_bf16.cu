@@ -1,7 +1,8 @@
 // One-token mat-vec for dense bf16 weights (the decode of bf16 checkpoints), written to keep more
-// of the weights in flight than the generic CUDA-core kernel (qgemv.cu), which reads them at ~2.5
-// TB/s on the H200 (60% of the copy bandwidth; session 25). ANVIL_GEMV_BF16=1 turns it on (off until
-// measured on the GPU).
+// of the weights in flight than the generic CUDA-core kernel (qgemv.cu), which read them at ~2.5
+// TB/s on the H200 (60% of the copy bandwidth). The default since session 25: qwen3-8b bf16 decode
+// 168.9 -> 231.3-232.1 tok/s, qwen3-0.6b bf16 931 -> 1,197 (docs/benchmarks.md).
+// ANVIL_GEMV_BF16=0 goes back to the generic kernel.
 //
 // Work split: a warp owns R rows of each of M matrices (M = 2 for gate/up with SwiGLU, R = 2 / M);
 // a "piece" is 16 bytes (8 weights), and lane l reads pieces l, l + 32, ... of each row, so a warp's
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(B16Params p) {
 // test can switch it around one op.
 bool enabled() {
   const char* e = std::getenv("ANVIL_GEMV_BF16");
-  return e && *e == '1';
+  return !(e && *e == '0');
 }
 
 constexpr int64_t kMaxStagedBytes = 48 * 1024;
