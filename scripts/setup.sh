@@ -27,10 +27,10 @@ fi
 # the build.
 PY_SPECS=("openai:openai>=1,<4" "numpy:numpy" "safetensors:safetensors" "tokenizers:tokenizers")  # module:requirement
 py_missing() { for spec in "${PY_SPECS[@]}"; do PYTHONPATH=.pydeps python3 -c "import ${spec%%:*}" 2>/dev/null || echo "$spec"; done; }
-mapfile -t PY_TODO < <(py_missing)
-if [ ${#PY_TODO[@]} -gt 0 ]; then
-  echo "setup: installing ${PY_TODO[*]#*:} into .pydeps/"
-  python3 -m pip install -q --disable-pip-version-check --no-input --target .pydeps "${PY_TODO[@]#*:}" 2>&1 |
+mapfile -t PY_NEEDED < <(py_missing)
+if [ ${#PY_NEEDED[@]} -gt 0 ]; then
+  echo "setup: installing ${PY_NEEDED[*]#*:} into .pydeps/"
+  python3 -m pip install -q --disable-pip-version-check --no-input --target .pydeps "${PY_NEEDED[@]#*:}" 2>&1 |
     grep -v -E "^(WARNING: Running pip as|WARNING: Target directory|ERROR: pip's dependency resolver|.* requires .*, but you have .* which is incompatible)" || true
   for spec in $(py_missing); do
     echo "setup: WARNING: python package ${spec%%:*} is missing; the tests that need it will skip"

@@ -26,6 +26,8 @@ namespace {
 
 constexpr int kWarps = 8;  // per block: x staged once for 8 warps
 constexpr int kU = 4;      // pieces per lane, row and batch
+// Rows per warp of each matrix: 2, or 1 of gate and of up (the kernel and its launch share it).
+__host__ __device__ constexpr int rows_per_warp(bool swiglu) { return swiglu ? 1 : 2; }
 
 struct B16Seg {
   const uint4* w = nullptr;
@@ -90,7 +92,7 @@ __device__ __forceinline__ void mul_batch(const uint4 (&buf)[M][R][kU], const ui
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(B16Params p) {
   constexpr int M = SWIGLU ? 2 : 1;
-  constexpr int R = SWIGLU ? 1 : 2;
+  constexpr int R = rows_per_warp(SWIGLU);
   extern __shared__ uint4 xs[];
   pdl_launch();
   const int lane = threadIdx.x & 31;
@@ -181,7 +183,7 @@ cudaError_t gemv_bf16(const DevMatrix* ws, void* const* outs, int n, const DevMa
   p.pieces = ws[0].cols / 8;
   p.out_f32 = out_f32;
   p.n_seg = n;
-  const int R = up ? 1 : 2;
+  const int R = rows_per_warp(up != nullptr);
   int64_t warps = 0;
   for (int i = 0; i < n; ++i) {
     p.seg[i].w = static_cast<const uint4*>(ws[i].data);
