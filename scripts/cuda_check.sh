@@ -689,20 +689,21 @@ if [ "$what" != tests ]; then
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
     # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's
-    # PDL wait; session 23, not yet run): the op and model tests and golden on CUDA under it, then
+    # PDL wait; ,0,1 with the evict_last L2 priority; session 23, not yet run): the op and model tests and golden on CUDA under it, then
     # decode (tg64, best of 2) of qwen3-8b and qwen3-0.6b q4g64 and the 32-sequence step against the
     # default, interleaved.
     pt ANVIL_CUDA_L2_PREFETCH=24 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
+    pt ANVIL_CUDA_L2_PREFETCH=24,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
     ANVIL_CUDA_L2_PREFETCH=24 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/l2_golden.log 2>&1
     echo "### ANVIL_CUDA_L2_PREFETCH=24 golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/l2_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
     for r in 1 2; do
-      for e in X=default ANVIL_CUDA_L2_PREFETCH=8 ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=24 ANVIL_CUDA_L2_PREFETCH=32 \
-               ANVIL_CUDA_L2_PREFETCH=16,1; do
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=24 ANVIL_CUDA_L2_PREFETCH=32 \
+               ANVIL_CUDA_L2_PREFETCH=16,1 ANVIL_CUDA_L2_PREFETCH=16,0,1 ANVIL_CUDA_L2_PREFETCH=24,0,1 ANVIL_CUDA_L2_PREFETCH=32,0,1; do
         pd $e qwen3-8b:q4g64
       done
       for e in X=default ANVIL_CUDA_L2_PREFETCH=2 ANVIL_CUDA_L2_PREFETCH=8; do pd $e qwen3-0.6b:q4g64; done
     done
-    for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=32; do ps $e 32; done
+    for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=16,0,1; do ps $e 32; done
   elif [ "$set" = gateup ]; then
     # The gate/up + SwiGLU launches' own block shape (ANVIL_QGEMM_GATEUP=W,R; session 23, not yet run):
     # 8 warps (128 rows per block) at 32 and 64 sequences, 2 tiles per warp at 32 (R = 2 is not taken

@@ -78,9 +78,9 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
-      int mb = 0, early = 0;
-      if (std::sscanf(f, "%d,%d", &mb, &early) >= 1 && mb > 0 && mb <= 4096)
-        l2_prefetch_bytes_ = uint64_t(mb) << 20, l2_prefetch_early_ = early == 1;
+      int mb = 0, early = 0, keep = 0;
+      if (std::sscanf(f, "%d,%d,%d", &mb, &early, &keep) >= 1 && mb > 0 && mb <= 4096)
+        l2_prefetch_bytes_ = uint64_t(mb) << 20, l2_prefetch_early_ = early == 1, l2_prefetch_keep_ = keep == 1;
     }
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
@@ -354,7 +354,8 @@ class CudaBackend final : public Backend {
   // the kernel of l2_prefetch.cu pulls MB megabytes of the named matrices into L2 while attention
   // runs: the first (the o projection) whole, then the same share of the tail of each other (gate,
   // up: the rows their kernel's second wave of blocks reads), data, scales and biases in proportion.
-  // ",1" issues them before the kernel's PDL wait, while the q/k/v mat-vec still runs.
+  // ",1" issues them before the kernel's PDL wait, while the q/k/v mat-vec still runs; a third
+  // field of 1 (",0,1") gives the lines the evict_last L2 priority.
   void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws) override {
     if (l2_prefetch_bytes_ == 0 || rows < 1 || rows > 64 || ws.empty() || skip("prefetch")) return;
     cuda::L2Ranges r;
@@ -379,7 +380,7 @@ class CudaBackend final : public Backend {
     tail(*ws[0], first);
     if (ws.size() > 1)
       for (size_t i = 1; i < ws.size(); ++i) tail(*ws[i], (l2_prefetch_bytes_ - first) / (ws.size() - 1));
-    launched(cuda::l2_prefetch(r, l2_prefetch_early_, st_), "prefetch_weights");
+    launched(cuda::l2_prefetch(r, l2_prefetch_early_, l2_prefetch_keep_, st_), "prefetch_weights");
   }
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
@@ -975,10 +976,11 @@ class CudaBackend final : public Backend {
   // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
   // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
   bool fuse_ = false;
-  // ANVIL_CUDA_L2_PREFETCH=MB[,1]: bytes prefetch_weights pulls into L2 per call (0: off), and
-  // whether before the prefetch kernel's PDL wait.
+  // ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]]: bytes prefetch_weights pulls into L2 per call (0: off),
+  // whether before the prefetch kernel's PDL wait, and whether with the evict_last priority.
   uint64_t l2_prefetch_bytes_ = 0;
   bool l2_prefetch_early_ = false;
+  bool l2_prefetch_keep_ = false;
   // ANVIL_CUDA_ATTN_FUSED=1: decode attention merges its splits in the split kernel's last block
   // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
   // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.

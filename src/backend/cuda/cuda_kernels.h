@@ -195,14 +195,15 @@ cudaError_t attention_prefill(const void* q, int n_heads, const KVDev& kv, int l
 // ---- l2_prefetch.cu ----
 // Byte ranges of device memory to pull into L2 (each start 16-byte aligned, each size a multiple of
 // 16): one small kernel issues cp.async.bulk.prefetch.L2 over them, after its PDL wait (or before it
-// with early), and exits (Backend::prefetch_weights, ANVIL_CUDA_L2_PREFETCH).
+// with early), and exits (Backend::prefetch_weights, ANVIL_CUDA_L2_PREFETCH); keep: with the
+// evict_last L2 priority.
 struct L2Ranges {
   static constexpr int kMax = 12;
   int n = 0;
   const void* ptr[kMax] = {};
   uint64_t bytes[kMax] = {};
 };
-cudaError_t l2_prefetch(const L2Ranges& r, bool early, cudaStream_t s);
+cudaError_t l2_prefetch(const L2Ranges& r, bool early, bool keep, cudaStream_t s);
 
 // ---- sample.cu ----
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,
