@@ -698,7 +698,8 @@ if [ "$what" != tests ]; then
     echo "### ANVIL_CUDA_L2_PREFETCH=24 golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/l2_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
     for r in 1 2; do
       for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=24 ANVIL_CUDA_L2_PREFETCH=32 \
-               ANVIL_CUDA_L2_PREFETCH=16,1 ANVIL_CUDA_L2_PREFETCH=16,0,1 ANVIL_CUDA_L2_PREFETCH=24,0,1 ANVIL_CUDA_L2_PREFETCH=32,0,1; do
+               ANVIL_CUDA_L2_PREFETCH=16,1 ANVIL_CUDA_L2_PREFETCH=16,0,1 ANVIL_CUDA_L2_PREFETCH=24,0,1 ANVIL_CUDA_L2_PREFETCH=32,0,1 \
+               ANVIL_CUDA_L2_PREFETCH=40,0,1 ANVIL_CUDA_L2_PREFETCH=48,0,1; do
         pd $e qwen3-8b:q4g64
       done
       for e in X=default ANVIL_CUDA_L2_PREFETCH=2 ANVIL_CUDA_L2_PREFETCH=8; do pd $e qwen3-0.6b:q4g64; done
