@@ -435,9 +435,10 @@ if [ "$what" != tests ]; then
     echo "### $1 $4: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/set_test.log | tr '\n' ' ') $(grep -E '^\[  FAILED  \] [A-Z]' /tmp/set_test.log | head -5 | tr '\n' ' ')" >> "$OUT/bench.log"
     grep -E -A3 'Failure$' /tmp/set_test.log | head -40 >> "$OUT/bench.log"
   }
-  pd() {  # ENV=VAL model [bench args]: one decode figure
+  pd() {  # ENV=VAL[+ENV=VAL...] model [bench args]: one decode figure
     local e=$1 m=$2; shift 2
-    echo "### $e $m $*: $(env "$e" timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
+    # shellcheck disable=SC2046
+    echo "### $e $m $*: $(env $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 "$@" 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
   }
   # ps "ENV=VAL [ENV=VAL ...]" seqs: the median batched decode step of qwen3-8b q4g64 (bench-kv, store off).
   ps() {
@@ -707,16 +708,19 @@ if [ "$what" != tests ]; then
     # decode (tg64, best of 2) of qwen3-8b and qwen3-0.6b q4g64 and the 32-sequence step against the
     # default, interleaved.
     pt ANVIL_CUDA_L2_PREFETCH=24 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*:CudaModel.*' "op and model tests"
-    pt ANVIL_CUDA_L2_PREFETCH=24,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
+    pt ANVIL_CUDA_L2_PREFETCH_MLP=32,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
     ANVIL_CUDA_L2_PREFETCH=24 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > /tmp/l2_golden.log 2>&1
     echo "### ANVIL_CUDA_L2_PREFETCH=24 golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/l2_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
     for r in 1 2; do
-      for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=24 ANVIL_CUDA_L2_PREFETCH=32 \
-               ANVIL_CUDA_L2_PREFETCH=16,1 ANVIL_CUDA_L2_PREFETCH=16,0,1 ANVIL_CUDA_L2_PREFETCH=24,0,1 ANVIL_CUDA_L2_PREFETCH=32,0,1 \
-               ANVIL_CUDA_L2_PREFETCH=40,0,1 ANVIL_CUDA_L2_PREFETCH=48,0,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 ANVIL_CUDA_L2_PREFETCH=48,1,1; do
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=32 ANVIL_CUDA_L2_PREFETCH=16,0,1 ANVIL_CUDA_L2_PREFETCH=32,0,1 \
+               ANVIL_CUDA_L2_PREFETCH=48,0,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 ANVIL_CUDA_L2_PREFETCH=48,1,1 \
+               ANVIL_CUDA_L2_PREFETCH_MLP=32 ANVIL_CUDA_L2_PREFETCH_MLP=32,1 \
+               ANVIL_CUDA_L2_PREFETCH=32,1,1+ANVIL_CUDA_L2_PREFETCH_MLP=32; do
         pd $e qwen3-8b:q4g64
       done
-      for e in X=default ANVIL_CUDA_L2_PREFETCH=2 ANVIL_CUDA_L2_PREFETCH=8; do pd $e qwen3-0.6b:q4g64; done
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=8 ANVIL_CUDA_L2_PREFETCH=8,1,1 ANVIL_CUDA_L2_PREFETCH=8,1,1+ANVIL_CUDA_L2_PREFETCH_MLP=8; do
+        pd $e qwen3-0.6b:q4g64
+      done
     done
     for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=16,0,1; do ps $e 32; done
   elif [ "$set" = gateup ]; then

@@ -235,9 +235,12 @@ class Backend {
   // them as one launch when the matrices share a format). Reference: linear() per output.
   virtual void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs);
   // A hint that the next ops read these weights against `rows` activation rows: a backend may start
-  // moving them closer meanwhile (CUDA: into L2 while decode attention runs, ANVIL_CUDA_L2_PREFETCH;
-  // off by default, for measuring). It changes no result; the default does nothing.
-  virtual void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws) {}
+  // moving them closer meanwhile. `when` says what runs in between: kAttention, given after the q/k/v
+  // projections (o, gate, up come after attention); kMlp, given after gate/up (down comes next).
+  // CUDA: into L2, ANVIL_CUDA_L2_PREFETCH and ANVIL_CUDA_L2_PREFETCH_MLP, off by default, for
+  // measuring. It changes no result; the default does nothing.
+  enum class PrefetchWindow { kAttention, kMlp };
+  virtual void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws, PrefetchWindow when) {}
   // The norm before a sublayer fused into its input projections, and the output projection fused
   // with the residual add (decode on CUDA: two kernels per layer fewer). The transformer uses them
   // for a layer only when fuses_norm_linear() says the backend runs them fused for these matrices

@@ -66,7 +66,9 @@ class ProfilingBackend final : public Backend {
   // The fused layer forms (backend.h) are forwarded, so a profile shows the flow the backend runs:
   // the norm is counted with the projection it is fused into, the residual add with its linear.
   // Not timed (a hint, not an op: where the backend acts on it, its cost lands in the next op's).
-  void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws) override { in_.prefetch_weights(rows, ws); }
+  void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws, PrefetchWindow when) override {
+    in_.prefetch_weights(rows, ws, when);
+  }
   bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const override {
     return in_.fuses_norm_linear(T, ws);
   }

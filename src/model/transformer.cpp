@@ -124,7 +124,7 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     }
     if (!lw.moe) {  // the sublayer's next matrices, which a backend may fetch during attention
       const WeightMatrix* next[3] = {&lw.o, &lw.gate, &lw.up};
-      be.prefetch_weights(T, next);
+      be.prefetch_weights(T, next, Backend::PrefetchWindow::kAttention);
     }
     const WeightVector none{};  // per-head q/k norms (Qwen3), or none
     be.rope_attention(q, k, v, cfg_.qk_norm_full ? none : lw.q_norm, cfg_.qk_norm_full ? none : lw.k_norm, eps,
@@ -144,6 +144,8 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       continue;
     }
     be.linear_swiglu(x, lw.gate, lw.up, gate);
+    const WeightMatrix* down[1] = {&lw.down};
+    be.prefetch_weights(T, down, Backend::PrefetchWindow::kMlp);
     be.linear(gate, lw.down, o);
   }
   if (pending) be.add(h, o);

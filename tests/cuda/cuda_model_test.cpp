@@ -79,14 +79,21 @@ TEST(CudaModel, L2PrefetchChangesNoToken) {
     if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
     const auto want = run(ref, prompt, 40);
     ASSERT_EQ(want.size(), 40u) << synth;
-    for (const char* cfg : {"1", "64,1"}) {
-      setenv("ANVIL_CUDA_L2_PREFETCH", cfg, 1);
+    // The second hint (ANVIL_CUDA_L2_PREFETCH_MLP, after gate/up: the down projection) likewise,
+    // and the evict_last priority on both.
+    const std::pair<const char*, const char*> cfgs[] = {{"ANVIL_CUDA_L2_PREFETCH", "1"},
+                                                        {"ANVIL_CUDA_L2_PREFETCH", "64,1"},
+                                                        {"ANVIL_CUDA_L2_PREFETCH", "64,1,1"},
+                                                        {"ANVIL_CUDA_L2_PREFETCH_MLP", "1"},
+                                                        {"ANVIL_CUDA_L2_PREFETCH_MLP", "64,1"}};
+    for (const auto& [name, cfg] : cfgs) {
+      setenv(name, cfg, 1);
       Stack s = make_stack(synth, 512);
-      unsetenv("ANVIL_CUDA_L2_PREFETCH");
-      EXPECT_EQ(run(s, prompt, 40), want) << synth << " ANVIL_CUDA_L2_PREFETCH=" << cfg;
-      EXPECT_TRUE(s.backend->synchronize().is_ok()) << synth << " ANVIL_CUDA_L2_PREFETCH=" << cfg;
+      unsetenv(name);
+      EXPECT_EQ(run(s, prompt, 40), want) << synth << " " << name << "=" << cfg;
+      EXPECT_TRUE(s.backend->synchronize().is_ok()) << synth << " " << name << "=" << cfg;
       // The prefetch kernels were launched (one per dense layer of every step up to 64 rows).
-      EXPECT_GT(s.backend->launch_count(), ref.backend->launch_count()) << synth << " ANVIL_CUDA_L2_PREFETCH=" << cfg;
+      EXPECT_GT(s.backend->launch_count(), ref.backend->launch_count()) << synth << " " << name << "=" << cfg;
     }
   }
 }

@@ -82,6 +82,11 @@ class CudaBackend final : public Backend {
       if (std::sscanf(f, "%d,%d,%d", &mb, &early, &keep) >= 1 && mb > 0 && mb <= 4096)
         l2_prefetch_bytes_ = uint64_t(mb) << 20, l2_prefetch_early_ = early == 1, l2_prefetch_keep_ = keep == 1;
     }
+    if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH_MLP"); f && *f) {
+      int mb = 0, keep = 0;
+      if (std::sscanf(f, "%d,%d", &mb, &keep) >= 1 && mb > 0 && mb <= 4096)
+        l2_prefetch_mlp_bytes_ = uint64_t(mb) << 20, l2_prefetch_mlp_keep_ = keep == 1;
+    }
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_FUSED"); f && *f == '1') attn_fused_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_TC"); f && *f == '0') attn_tc_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_ROPE_ATTN"); f && *f == '1') rope_attn_ = true;
@@ -356,8 +361,13 @@ class CudaBackend final : public Backend {
   // up: the rows their kernel's second wave of blocks reads), data, scales and biases in proportion.
   // ",1" issues them before the kernel's PDL wait, while the q/k/v mat-vec still runs; a third
   // field of 1 (",0,1") gives the lines the evict_last L2 priority.
-  void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws) override {
-    if (l2_prefetch_bytes_ == 0 || rows < 1 || rows > 64 || ws.empty() || skip("prefetch")) return;
+  // ANVIL_CUDA_L2_PREFETCH_MLP=MB[,1] (off; for measuring): the kMlp hint, after gate/up: MB of the
+  // down projection (its tail first), always issued before the kernel's PDL wait, so while gate/up
+  // runs (its first wave's compute leaves the memory system idle); ",1": evict_last.
+  void prefetch_weights(int64_t rows, std::span<const WeightMatrix* const> ws, PrefetchWindow when) override {
+    const bool mlp = when == PrefetchWindow::kMlp;
+    const uint64_t budget = mlp ? l2_prefetch_mlp_bytes_ : l2_prefetch_bytes_;
+    if (budget == 0 || rows < 1 || rows > 64 || ws.empty() || skip("prefetch")) return;
     cuda::L2Ranges r;
     // The last `want` bytes of a region of `total` bytes at p. Regions start 256-byte aligned and
     // are padded to 256 bytes (upload_weight), so the range may round out to 16 bytes.
@@ -376,11 +386,12 @@ class CudaBackend final : public Backend {
       add(w.scales, sb, uint64_t(f * double(sb)));
       add(w.biases, sb, uint64_t(f * double(sb)));
     };
-    const uint64_t first = std::min<uint64_t>(l2_prefetch_bytes_, ws[0]->bytes());
+    const uint64_t first = std::min<uint64_t>(budget, ws[0]->bytes());
     tail(*ws[0], first);
     if (ws.size() > 1)
-      for (size_t i = 1; i < ws.size(); ++i) tail(*ws[i], (l2_prefetch_bytes_ - first) / (ws.size() - 1));
-    launched(cuda::l2_prefetch(r, l2_prefetch_early_, l2_prefetch_keep_, st_), "prefetch_weights");
+      for (size_t i = 1; i < ws.size(); ++i) tail(*ws[i], (budget - first) / (ws.size() - 1));
+    launched(cuda::l2_prefetch(r, mlp || l2_prefetch_early_, mlp ? l2_prefetch_mlp_keep_ : l2_prefetch_keep_, st_),
+             "prefetch_weights");
   }
   void linear_multi(Act x, std::span<const WeightMatrix* const> ws, std::span<const Act> outs) override {
     if (!expect(ws.size() == outs.size() && !ws.empty() && ws.size() <= 3, "linear_multi: 1..3 weights, one output each"))
@@ -981,6 +992,9 @@ class CudaBackend final : public Backend {
   uint64_t l2_prefetch_bytes_ = 0;
   bool l2_prefetch_early_ = false;
   bool l2_prefetch_keep_ = false;
+  // ANVIL_CUDA_L2_PREFETCH_MLP=MB[,1]: the same for the kMlp hint (the down projection, during gate/up).
+  uint64_t l2_prefetch_mlp_bytes_ = 0;
+  bool l2_prefetch_mlp_keep_ = false;
   // ANVIL_CUDA_ATTN_FUSED=1: decode attention merges its splits in the split kernel's last block
   // (one launch per layer fewer). Correct on the H200, but slower there (qwen3-8b q4g64 251 vs 267
   // tok/s, qwen3-0.6b 760 vs 786: the last block's merge runs alone at the end), so opt-in.
