@@ -722,7 +722,9 @@ if [ "$what" != tests ]; then
         pd $e qwen3-0.6b:q4g64
       done
     done
-    for e in X=default ANVIL_CUDA_L2_PREFETCH=16 ANVIL_CUDA_L2_PREFETCH=16,0,1; do ps $e 32; done
+    for n in 32 64; do
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=32,1,1 "ANVIL_CUDA_L2_PREFETCH=32,1,1 ANVIL_CUDA_L2_PREFETCH_MLP=32"; do ps "$e" $n; done
+    done
   elif [ "$set" = gateup ]; then
     # The gate/up + SwiGLU launches' own block shape (ANVIL_QGEMM_GATEUP=W,R; session 23, not yet run):
     # 8 warps (128 rows per block) at 32 and 64 sequences, 2 tiles per warp at 32 (R = 2 is not taken
