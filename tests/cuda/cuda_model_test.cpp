@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_model_stack.h"
@@ -72,6 +73,22 @@ TEST(CudaModel, L2PrefetchChangesNoToken) {
   // gate and up weights into L2 while attention runs) reads memory and writes nothing a kernel sees,
   // so greedy decode through the graph gives the same tokens with it: 1 MB (o whole, then the tails
   // of gate and up) issued after the kernel's PDL wait, and 64 MB (every byte) issued before it.
+  // The reference runs without either switch, whatever the process was started with (cuda_check.sh
+  // runs the model tests under them); they are restored at the end.
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool set;
+  } saved[] = {{"ANVIL_CUDA_L2_PREFETCH", "", false}, {"ANVIL_CUDA_L2_PREFETCH_MLP", "", false}};
+  for (auto& v : saved)
+    if (const char* e = std::getenv(v.name)) v.value = e, v.set = true, unsetenv(v.name);
+  struct Restore {
+    Saved* s;
+    ~Restore() {
+      for (int i = 0; i < 2; ++i)
+        if (s[i].set) setenv(s[i].name, s[i].value.c_str(), 1);
+    }
+  } restore{saved};
   std::vector<int32_t> prompt;
   for (int i = 0; i < 45; ++i) prompt.push_back((i * 7919 + 13) % 151936);
   for (const char* synth : {"tiny:q4g64", "tiny:bf16"}) {

@@ -115,6 +115,24 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     if (i < n) issue(i);
     cp_async_commit();  // group i (group 0 also holds the scales)
   }
+  if (p.pf_wave > 0 && threadIdx.x == 0 && int64_t(blockIdx.x) + p.pf_wave < int64_t(gridDim.x)) {
+    // The tile a later wave's block reads (q4: K / 2 bytes per row, ng scales and biases per row;
+    // rows are contiguous, so each part is one range).
+    int64_t n0 = 0;
+    const TcSeg& nm = tile_seg(p, int64_t(blockIdx.x) + p.pf_wave, &n0);
+    const int64_t nr = min(int64_t(16), nm.rows - n0);
+    if (nr > 0) {
+      const uint32_t wb = uint32_t(nr * (K / 2)), sb = uint32_t(nr * ng * 2);
+      prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(nm.w) + n0 * (K / 2), wb, p.pf_keep);
+      prefetch_l2_bulk(nm.scales + n0 * ng, sb, p.pf_keep);
+      prefetch_l2_bulk(nm.biases + n0 * ng, sb, p.pf_keep);
+      if constexpr (SWIGLU) {
+        prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(p.up.w) + n0 * (K / 2), wb, p.pf_keep);
+        prefetch_l2_bulk(p.up.scales + n0 * ng, sb, p.pf_keep);
+        prefetch_l2_bulk(p.up.biases + n0 * ng, sb, p.pf_keep);
+      }
+    }
+  }
   __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
   if (threadIdx.x < 8) tok_ss[threadIdx.x] = 0.0f;
   // The fused norm's weights, loaded before the wait (no kernel writes them) when they are bf16 and
@@ -250,12 +268,30 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
+// ANVIL_QGEMV_WAVE_PF=1 (off by default; for measuring): launches of more tiles than the device
+// holds at once (qwen3-8b's gate/up: 768 tiles, 528 resident; the LM heads) have each block pull a
+// later wave's tile into L2 before its PDL wait (TcParams::pf_wave), so the later waves, which
+// start only as the first blocks leave, read L2; =2: with the evict_last priority.
+int wave_pf_mode() {
+  static const int v = [] {
+    const char* e = std::getenv("ANVIL_QGEMV_WAVE_PF");
+    return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+  }();
+  return v;
+}
+
 template <bool SW, int W, int S, bool INT>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
   static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S, INT>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  TcParams q = p;
+  if (wave_pf_mode() > 0) {
+    const int64_t wave =
+        int64_t(resident_blocks(qgemv4_async_kernel<SW, W, S, INT>, W * 32, smem, kAsyncMaxSmem)) * sm_count();
+    if (wave > 0 && tiles > wave) q.pf_wave = wave, q.pf_keep = wave_pf_mode() == 2;
+  }
+  launch_k(qgemv4_async_kernel<SW, W, S, INT>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, q);
   return cudaGetLastError();
 }
 

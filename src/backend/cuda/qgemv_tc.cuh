@@ -41,6 +41,11 @@ struct TcParams {
   // One token on the integer path: x as int16 planes already (GemvScratch::xplanes), copied instead
   // of staged; or null.
   const void* xplanes = nullptr;
+  // The streamed kernel's wave-ahead prefetch (ANVIL_QGEMV_WAVE_PF, off by default): block b pulls
+  // the weights, scales and biases of block b + pf_wave (the blocks resident at once: it runs in a
+  // later wave) into L2 before its PDL wait; pf_keep: with the evict_last priority. 0: off.
+  int64_t pf_wave = 0;
+  bool pf_keep = false;
 };
 
 __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
