@@ -694,13 +694,13 @@ if [ "$what" != tests ]; then
     # linear op and model tests under them, then decode (tg64, best of 2), two rounds, interleaved;
     # the MoE routing's expert prefetch once against the default.
     pt ANVIL_QGEMV_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaModel.*' "linear op and model tests"
-    pt ANVIL_CUDA_L2_PREFETCH=16,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
+    pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*:CudaKVStore.*' "model and store tests"
     for r in 1 2; do
       for e in X=default ANVIL_QGEMV_WAVE_PF=1 ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 \
-               ANVIL_CUDA_L2_PREFETCH_MLP=32; do
+               ANVIL_CUDA_L2_PREFETCH_MLP=32 ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ANVIL_CUDA_L2_PREFETCH=32,0,1,1; do
         pd $e qwen3-8b:q4g64
       done
-      for e in X=default ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=8,1,1; do pd $e qwen3-0.6b:q4g64; done
+      for e in X=default ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=8,1,1 ANVIL_CUDA_L2_PREFETCH=8,0,1,1; do pd $e qwen3-0.6b:q4g64; done
     done
     for e in X=default ANVIL_MOE_ROUTE_PREFETCH=1 ANVIL_QGEMV_WAVE_PF=2; do pd $e qwen3-30b-a3b-16L:q4g64; done
   elif [ "$set" = moepf ]; then

@@ -101,6 +101,7 @@ TEST(CudaModel, L2PrefetchChangesNoToken) {
     const std::pair<const char*, const char*> cfgs[] = {{"ANVIL_CUDA_L2_PREFETCH", "1"},
                                                         {"ANVIL_CUDA_L2_PREFETCH", "64,1"},
                                                         {"ANVIL_CUDA_L2_PREFETCH", "64,1,1"},
+                                                        {"ANVIL_CUDA_L2_PREFETCH", "64,0,1,1"},  // forked
                                                         {"ANVIL_CUDA_L2_PREFETCH_MLP", "1"},
                                                         {"ANVIL_CUDA_L2_PREFETCH_MLP", "64,1"}};
     for (const auto& [name, cfg] : cfgs) {

@@ -78,9 +78,14 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
-      int mb = 0, early = 0, keep = 0;
-      if (std::sscanf(f, "%d,%d,%d", &mb, &early, &keep) >= 1 && mb > 0 && mb <= 4096)
-        l2_prefetch_bytes_ = uint64_t(mb) << 20, l2_prefetch_early_ = early == 1, l2_prefetch_keep_ = keep == 1;
+      int mb = 0, early = 0, keep = 0, fork = 0;
+      if (std::sscanf(f, "%d,%d,%d,%d", &mb, &early, &keep, &fork) >= 1 && mb > 0 && mb <= 4096)
+        l2_prefetch_bytes_ = uint64_t(mb) << 20, l2_prefetch_early_ = early == 1, l2_prefetch_keep_ = keep == 1,
+        l2_prefetch_fork_ = fork == 1;
+      if (l2_prefetch_fork_ && (!ok(cudaStreamCreateWithFlags(&st_pf_, cudaStreamNonBlocking), "prefetch stream") ||
+                                !ok(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), "prefetch event") ||
+                                !ok(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming), "prefetch event")))
+        return err_;
     }
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH_MLP"); f && *f) {
       int mb = 0, keep = 0;
@@ -134,6 +139,9 @@ class CudaBackend final : public Backend {
     for (auto& e : prof_events_) cudaEventDestroy(e.first), cudaEventDestroy(e.second);
     if (pinned_) cudaFreeHost(pinned_);
     if (st_) cudaStreamDestroy(st_);
+    if (st_pf_) cudaStreamSynchronize(st_pf_), cudaStreamDestroy(st_pf_);
+    if (ev_fork_) cudaEventDestroy(ev_fork_);
+    if (ev_join_) cudaEventDestroy(ev_join_);
   }
 
   std::string name() const override { return name_; }
@@ -286,6 +294,11 @@ class CudaBackend final : public Backend {
     const bool was_capturing = capturing_;
     capturing_ = false;
     cuda::set_pdl_capture(false);
+    if (pf_join_pending_) {  // the prefetch branch (ANVIL_CUDA_L2_PREFETCH fork) rejoins the capture
+      ok(cudaEventRecord(ev_join_, st_pf_), "prefetch join");
+      ok(cudaStreamWaitEvent(st_, ev_join_, 0), "prefetch join");
+      pf_join_pending_ = false;
+    }
     const bool ended = ok(cudaStreamEndCapture(st_, &g), "graph capture");
     if (was_capturing) copier_.capture_mu().unlock();
     if (!ended || !err_.is_ok()) {
@@ -360,7 +373,8 @@ class CudaBackend final : public Backend {
   // runs: the first (the o projection) whole, then the same share of the tail of each other (gate,
   // up: the rows their kernel's second wave of blocks reads), data, scales and biases in proportion.
   // ",1" issues them before the kernel's PDL wait, while the q/k/v mat-vec still runs; a third
-  // field of 1 (",0,1") gives the lines the evict_last L2 priority.
+  // field of 1 (",0,1") gives the lines the evict_last L2 priority; a fourth (",0,0,1") launches
+  // the kernel on a stream of its own, forked after q/k/v, so nothing waits for it.
   // ANVIL_CUDA_L2_PREFETCH_MLP=MB[,1] (off; for measuring): the kMlp hint, after gate/up: MB of the
   // down projection (its tail first), always issued before the kernel's PDL wait, so while gate/up
   // runs (its first wave's compute leaves the memory system idle); ",1": evict_last.
@@ -390,6 +404,15 @@ class CudaBackend final : public Backend {
     tail(*ws[0], first);
     if (ws.size() > 1)
       for (size_t i = 1; i < ws.size(); ++i) tail(*ws[i], (budget - first) / (ws.size() - 1));
+    if (!mlp && l2_prefetch_fork_) {
+      // On a stream of its own, after the q/k/v mat-vec, concurrent with rope_kv, attention and o
+      // (inside a capture: a branch of the graph, joined at its end by graph_capture_end).
+      ok(cudaEventRecord(ev_fork_, st_), "prefetch fork");
+      ok(cudaStreamWaitEvent(st_pf_, ev_fork_, 0), "prefetch fork");
+      launched(cuda::l2_prefetch(r, true, l2_prefetch_keep_, st_pf_), "prefetch_weights");
+      if (capturing_) pf_join_pending_ = true;
+      return;
+    }
     launched(cuda::l2_prefetch(r, mlp || l2_prefetch_early_, mlp ? l2_prefetch_mlp_keep_ : l2_prefetch_keep_, st_),
              "prefetch_weights");
   }
@@ -992,6 +1015,11 @@ class CudaBackend final : public Backend {
   uint64_t l2_prefetch_bytes_ = 0;
   bool l2_prefetch_early_ = false;
   bool l2_prefetch_keep_ = false;
+  // A fourth field of 1: the kernel on a stream of its own (st_pf_), forked after q/k/v.
+  bool l2_prefetch_fork_ = false;
+  cudaStream_t st_pf_ = nullptr;
+  cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
+  bool pf_join_pending_ = false;
   // ANVIL_CUDA_L2_PREFETCH_MLP=MB[,1]: the same for the kMlp hint (the down projection, during gate/up).
   uint64_t l2_prefetch_mlp_bytes_ = 0;
   bool l2_prefetch_mlp_keep_ = false;
