@@ -156,6 +156,11 @@ struct BatchArgs {
   unsigned* done;      // [row blocks], zero between launches
   int cluster;         // 1: the splits of a row block are one thread block cluster (BatchPlan::cluster)
   int sum_kernel;      // 1: split_sum_kernel adds the partials (BatchPlan::sum_kernel)
+  // The wave-ahead prefetch (ANVIL_QGEMM_WAVE_PF, off by default): block i (x fastest) pulls the
+  // weights of block i + pf_wave, which runs in a later wave, into L2 before its PDL wait; pf_keep:
+  // with the evict_last priority. 0: off (and always with clusters).
+  int64_t pf_wave = 0;
+  int pf_keep = 0;
 };
 
 template <bool SWIGLU, int NT, int kBS, int kBW, int RT>
@@ -260,6 +265,27 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   for (int i = 0; i < kBS - 1; ++i) {
     if (i < n) issue_w(i);
     cp_async_commit();
+  }
+  if (a.pf_wave > 0) {
+    // Block i + pf_wave's rows over its steps: one contiguous range per (matrix, row), a thread each.
+    const int64_t nblk = int64_t(gridDim.x) * gridDim.y;
+    const int64_t lin = int64_t(blockIdx.y) * gridDim.x + blockIdx.x + a.pf_wave;
+    if (lin < nblk) {
+      const int64_t nbx = lin % gridDim.x;
+      const int nby = int(lin / gridDim.x);
+      int nsi = 0;
+      if (p.n_seg > 1 && nbx >= p.seg[1].tile_begin) nsi = 1;
+      if (p.n_seg > 2 && nbx >= p.seg[2].tile_begin) nsi = 2;
+      const TcSeg& nm = p.seg[nsi];
+      const int64_t nrb0 = (nbx - nm.tile_begin) * kBRows;
+      const int ns0 = nby * a.sps, nn = min(steps, ns0 + a.sps) - ns0;
+      for (int t = threadIdx.x; t < M * kBRows && nn > 0; t += kThreads) {
+        const int64_t row = nrb0 + t % kBRows;
+        if (row >= nm.rows) continue;
+        const uint8_t* w = reinterpret_cast<const uint8_t*>(t >= kBRows ? p.up.w : nm.w);
+        prefetch_l2_bulk(w + row * (K / 2) + int64_t(ns0) * 64, uint32_t(nn) * 64, a.pf_keep != 0);
+      }
+    }
   }
   pdl_wait();
 #pragma unroll
@@ -456,13 +482,31 @@ size_t plan_smem(int S, int W, int R, int M, int TP, int sps, int group, int* ng
   return size_t(S) * (size_t(M) * W * R * 64 + size_t(TP) * 16) * 16 + size_t(M) * 2 * 16 * W * R * size_t(*ngp) * 2;
 }
 
+// ANVIL_QGEMM_WAVE_PF=1 (off by default; for measuring): launches without clusters and with more
+// blocks than the device holds at once have each block pull a later wave's weights into L2
+// (BatchArgs::pf_wave), so that a later block's ring fill, a large share of its short life
+// (benchmarks.md, sessions 20-21), reads L2; =2: with the evict_last priority.
+int batch_wave_pf_mode() {
+  static const int v = [] {
+    const char* e = std::getenv("ANVIL_QGEMM_WAVE_PF");
+    return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+  }();
+  return v;
+}
+
 template <bool SW, int NT, int S, int W, int R>
 cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
   static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
+  BatchArgs q = a;
+  if (batch_wave_pf_mode() > 0 && !a.cluster) {
+    const int64_t wave = int64_t(resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, b.smem, kBSmemMax)) *
+                         sm_count();
+    if (wave > 0 && int64_t(b.nblk) * b.ksplit > wave) q.pf_wave = wave, q.pf_keep = batch_wave_pf_mode() == 2;
+  }
   launch_kc(qgemm4_batch_kernel<SW, NT, S, W, R>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
-            dim3(1, a.cluster ? unsigned(b.ksplit) : 1u), p, a);
+            dim3(1, a.cluster ? unsigned(b.ksplit) : 1u), p, q);
   return cudaGetLastError();
 }
 template <bool SW, int NT, int S, int W>
