@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     int64_t n0 = 0;
     const TcSeg& nm = tile_seg(p, int64_t(blockIdx.x) + p.pf_wave, &n0);
     const int64_t nr = min(int64_t(16), nm.rows - n0);
-    if (nr > 0) {
+    if (nr > 0 && nr * (K / 2) < (int64_t(1) << 31)) {  // (a bulk prefetch's size is 32-bit)
       const uint32_t wb = uint32_t(nr * (K / 2)), sb = uint32_t(nr * ng * 2);
       prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(nm.w) + n0 * (K / 2), wb, p.pf_keep);
       prefetch_l2_bulk(nm.scales + n0 * ng, sb, p.pf_keep);
