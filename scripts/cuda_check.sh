@@ -704,11 +704,11 @@ if [ "$what" != tests ]; then
     done
     for e in X=default ANVIL_MOE_ROUTE_PREFETCH=1 ANVIL_QGEMV_WAVE_PF=2; do pd $e qwen3-30b-a3b-16L:q4g64; done
     # The batch kernel's wave-ahead prefetch (ANVIL_QGEMM_WAVE_PF): its op and model tests, then the
-    # 32- and 64-sequence steps, two rounds.
+    # 32- and 64-sequence steps, ROUNDS rounds (1).
     pt ANVIL_QGEMM_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batch*:CudaModel.*' "batch op and model tests"
-    for r in 1 2; do
+    for r in $(seq 1 "${ROUNDS:-1}"); do
       for n in 32 64; do
-        for e in X=default ANVIL_QGEMM_WAVE_PF=1 ANVIL_QGEMM_WAVE_PF=2 "ANVIL_QGEMM_WAVE_PF=2 ANVIL_QGEMM_CLUSTER=0"; do ps "$e" $n; done
+        for e in X=default ANVIL_QGEMM_WAVE_PF=1 ANVIL_QGEMM_WAVE_PF=2; do ps "$e" $n; done
       done
     done
   elif [ "$set" = moepf ]; then
