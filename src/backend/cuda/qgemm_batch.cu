@@ -33,6 +33,7 @@
 
 #include <cooperative_groups.h>
 
+#include "backend/cuda/prefetch_ranges.h"
 #include "backend/cuda/qgemv_tc.cuh"
 
 namespace anvil::cuda::tc {
@@ -268,22 +269,20 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   }
   if (a.pf_wave > 0) {
     // Block i + pf_wave's rows over its steps: one contiguous range per (matrix, row), a thread each.
-    const int64_t nblk = int64_t(gridDim.x) * gridDim.y;
-    const int64_t lin = int64_t(blockIdx.y) * gridDim.x + blockIdx.x + a.pf_wave;
-    if (lin < nblk) {
-      const int64_t nbx = lin % gridDim.x;
-      const int nby = int(lin / gridDim.x);
+    int64_t nbx = 0, nby = 0;
+    if (batch_block_after(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, a.pf_wave, &nbx, &nby)) {
       int nsi = 0;
       if (p.n_seg > 1 && nbx >= p.seg[1].tile_begin) nsi = 1;
       if (p.n_seg > 2 && nbx >= p.seg[2].tile_begin) nsi = 2;
       const TcSeg& nm = p.seg[nsi];
       const int64_t nrb0 = (nbx - nm.tile_begin) * kBRows;
-      const int ns0 = nby * a.sps, nn = min(steps, ns0 + a.sps) - ns0;
+      const int ns0 = int(nby) * a.sps, nn = min(steps, ns0 + a.sps) - ns0;
       for (int t = threadIdx.x; t < M * kBRows && nn > 0; t += kThreads) {
         const int64_t row = nrb0 + t % kBRows;
         if (row >= nm.rows) continue;
+        const ByteRange r = batch_row_range(row, K, ns0, nn);
         const uint8_t* w = reinterpret_cast<const uint8_t*>(t >= kBRows ? p.up.w : nm.w);
-        prefetch_l2_bulk(w + row * (K / 2) + int64_t(ns0) * 64, uint32_t(nn) * 64, a.pf_keep != 0);
+        prefetch_l2_bulk(w + r.off, uint32_t(r.bytes), a.pf_keep != 0);
       }
     }
   }

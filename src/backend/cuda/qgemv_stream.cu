@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "backend/cuda/prefetch_ranges.h"
 #include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda::tc {
@@ -120,17 +121,13 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     // rows are contiguous, so each part is one range).
     int64_t n0 = 0;
     const TcSeg& nm = tile_seg(p, int64_t(blockIdx.x) + p.pf_wave, &n0);
-    const int64_t nr = min(int64_t(16), nm.rows - n0);
-    if (nr > 0 && nr * (K / 2) < (int64_t(1) << 31)) {  // (a bulk prefetch's size is 32-bit)
-      const uint32_t wb = uint32_t(nr * (K / 2)), sb = uint32_t(nr * ng * 2);
-      prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(nm.w) + n0 * (K / 2), wb, p.pf_keep);
-      prefetch_l2_bulk(nm.scales + n0 * ng, sb, p.pf_keep);
-      prefetch_l2_bulk(nm.biases + n0 * ng, sb, p.pf_keep);
-      if constexpr (SWIGLU) {
-        prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(p.up.w) + n0 * (K / 2), wb, p.pf_keep);
-        prefetch_l2_bulk(p.up.scales + n0 * ng, sb, p.pf_keep);
-        prefetch_l2_bulk(p.up.biases + n0 * ng, sb, p.pf_keep);
-      }
+    ByteRange wr, sr;
+    if (stream_tile_ranges(nm.rows, n0, K, ng, &wr, &sr)) {
+      auto pf = [&](const void* base, const ByteRange& r) {
+        prefetch_l2_bulk(static_cast<const uint8_t*>(base) + r.off, uint32_t(r.bytes), p.pf_keep);
+      };
+      pf(nm.w, wr), pf(nm.scales, sr), pf(nm.biases, sr);
+      if constexpr (SWIGLU) pf(p.up.w, wr), pf(p.up.scales, sr), pf(p.up.biases, sr);
     }
   }
   __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
