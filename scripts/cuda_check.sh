@@ -694,7 +694,7 @@ if [ "$what" != tests ]; then
     # linear op and model tests under them, then decode (tg64, best of 2), two rounds, interleaved;
     # the MoE routing's expert prefetch once against the default.
     pt ANVIL_QGEMV_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaModel.*' "linear op and model tests"
-    pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*:CudaKVStore.*' "model and store tests"
+    pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
     for r in 1 2; do
       for e in X=default ANVIL_QGEMV_WAVE_PF=1 ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 \
                ANVIL_CUDA_L2_PREFETCH_MLP=32 ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ANVIL_CUDA_L2_PREFETCH=32,0,1,1; do
