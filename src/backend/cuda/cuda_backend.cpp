@@ -409,7 +409,7 @@ class CudaBackend final : public Backend {
       // (inside a capture: a branch of the graph, joined at its end by graph_capture_end).
       ok(cudaEventRecord(ev_fork_, st_), "prefetch fork");
       ok(cudaStreamWaitEvent(st_pf_, ev_fork_, 0), "prefetch fork");
-      launched(cuda::l2_prefetch(r, true, l2_prefetch_keep_, st_pf_), "prefetch_weights");
+      launched(cuda::l2_prefetch(r, true, l2_prefetch_keep_, st_pf_, false), "prefetch_weights");
       if (capturing_) pf_join_pending_ = true;
       return;
     }

@@ -203,7 +203,8 @@ struct L2Ranges {
   const void* ptr[kMax] = {};
   uint64_t bytes[kMax] = {};
 };
-cudaError_t l2_prefetch(const L2Ranges& r, bool early, bool keep, cudaStream_t s);
+// pdl = false: launched without PDL even inside a capture (the forked form).
+cudaError_t l2_prefetch(const L2Ranges& r, bool early, bool keep, cudaStream_t s, bool pdl = true);
 
 // ---- sample.cu ----
 cudaError_t gather_rows(const void* src, int64_t src_rows, const int32_t* rows, int n, int64_t cols, size_t elem,

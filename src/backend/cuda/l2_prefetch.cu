@@ -67,12 +67,17 @@ __global__ void l2_prefetch_kernel(L2Ranges r, int early, int keep) {
 
 }  // namespace
 
-cudaError_t l2_prefetch(const L2Ranges& r, bool early, bool keep, cudaStream_t s) {
+cudaError_t l2_prefetch(const L2Ranges& r, bool early, bool keep, cudaStream_t s, bool pdl) {
   if (r.n <= 0) return cudaSuccess;
   int64_t pieces = 0;
   for (int i = 0; i < r.n; ++i) pieces += int64_t((r.bytes[i] + kPiece - 1) / kPiece);
   const unsigned blocks = unsigned(std::min<int64_t>(tc::sm_count(), pieces));
+  // Without PDL (a forked launch): its dependency on the kernel it was forked after stays a full one,
+  // so it starts once that kernel is done, not while it (or the one before it) still streams.
+  const bool was = pdl_in_capture();
+  if (!pdl) pdl_in_capture() = false;
   launch_k(l2_prefetch_kernel, dim3(blocks < 1 ? 1 : blocks), dim3(32), 0, s, r, early ? 1 : 0, keep ? 1 : 0);
+  pdl_in_capture() = was;
   return cudaGetLastError();
 }
 
