@@ -27,22 +27,9 @@ namespace {
 // kernel held the chain up for ~35 us per layer. Now one block of one warp per SM, 16 KB pieces.
 constexpr uint32_t kPiece = 16 * 1024;
 
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, bool keep, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (keep)
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes), "l"(policy) : "memory");
-  else
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // keep: the lines come in with the evict_last priority, so that the streaming copies of the kernels
 // in between (the first wave of gate/up reads ~39 MB on qwen3-8b) evict other lines first.
 __device__ void issue(const L2Ranges& r, bool keep) {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (keep) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-#endif
   // Pieces of kPiece bytes over all ranges.
   int64_t first[L2Ranges::kMax + 1];
   first[0] = 0;
@@ -54,7 +41,7 @@ __device__ void issue(const L2Ranges& r, bool keep) {
     while (q >= first[i + 1]) ++i;
     const uint64_t off = uint64_t(q - first[i]) * kPiece;
     const uint64_t left = r.bytes[i] - off;
-    prefetch_l2(static_cast<const uint8_t*>(r.ptr[i]) + off, uint32_t(left < kPiece ? left : kPiece), keep, policy);
+    prefetch_l2_bulk(static_cast<const uint8_t*>(r.ptr[i]) + off, uint32_t(left < kPiece ? left : kPiece), keep);
   }
 }
 

@@ -234,10 +234,8 @@ __device__ __forceinline__ void prefetch_l2_range(const void* p, int64_t bytes) 
   if (!p || bytes <= 0) return;
   const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
   const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes) + 15) & ~uintptr_t(15);
-  for (uintptr_t q = b; q < e; q += 65536) {
-    const uint32_t n = uint32_t(e - q < 65536 ? e - q : 65536);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q), "r"(n) : "memory");
-  }
+  for (uintptr_t q = b; q < e; q += 65536)
+    prefetch_l2_bulk(reinterpret_cast<const void*>(q), uint32_t(e - q < 65536 ? e - q : 65536), false);
 #endif
 }
 

@@ -183,10 +183,13 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t blk = blockIdx.x;
-  int si = 0;  // tile_begin counts blocks of kBRows rows here
-  if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
-  if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
-  const TcSeg& m = p.seg[si];
+  auto seg_of = [&](int64_t b) -> const TcSeg& {  // tile_begin counts blocks of kBRows rows here
+    int si = 0;
+    if (p.n_seg > 1 && b >= p.seg[1].tile_begin) si = 1;
+    if (p.n_seg > 2 && b >= p.seg[2].tile_begin) si = 2;
+    return p.seg[si];
+  };
+  const TcSeg& m = seg_of(blk);
   const int64_t rb0 = (blk - m.tile_begin) * kBRows;
   const int K = int(p.K), steps = K / 128;
   const int gshift = group_shift(p.group), ng = K >> gshift;
@@ -271,10 +274,7 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     // Block i + pf_wave's rows over its steps: one contiguous range per (matrix, row), a thread each.
     int64_t nbx = 0, nby = 0;
     if (batch_block_after(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, a.pf_wave, &nbx, &nby)) {
-      int nsi = 0;
-      if (p.n_seg > 1 && nbx >= p.seg[1].tile_begin) nsi = 1;
-      if (p.n_seg > 2 && nbx >= p.seg[2].tile_begin) nsi = 2;
-      const TcSeg& nm = p.seg[nsi];
+      const TcSeg& nm = seg_of(nbx);
       const int64_t nrb0 = (nbx - nm.tile_begin) * kBRows;
       const int ns0 = int(nby) * a.sps, nn = min(steps, ns0 + a.sps) - ns0;
       for (int t = threadIdx.x; t < M * kBRows && nn > 0; t += kThreads) {
@@ -486,10 +486,7 @@ size_t plan_smem(int S, int W, int R, int M, int TP, int sps, int group, int* ng
 // (BatchArgs::pf_wave), so that a later block's ring fill, a large share of its short life
 // (benchmarks.md, sessions 20-21), reads L2; =2: with the evict_last priority.
 int batch_wave_pf_mode() {
-  static const int v = [] {
-    const char* e = std::getenv("ANVIL_QGEMM_WAVE_PF");
-    return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
-  }();
+  static const int v = wave_pf_setting("ANVIL_QGEMM_WAVE_PF");
   return v;
 }
 

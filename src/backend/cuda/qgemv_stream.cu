@@ -270,10 +270,7 @@ constexpr size_t kAsyncMaxSmem = 160 * 1024;
 // later wave's tile into L2 before its PDL wait (TcParams::pf_wave), so the later waves, which
 // start only as the first blocks leave, read L2; =2: with the evict_last priority.
 int wave_pf_mode() {
-  static const int v = [] {
-    const char* e = std::getenv("ANVIL_QGEMV_WAVE_PF");
-    return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
-  }();
+  static const int v = wave_pf_setting("ANVIL_QGEMV_WAVE_PF");
   return v;
 }
 

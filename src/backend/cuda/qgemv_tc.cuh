@@ -48,6 +48,13 @@ struct TcParams {
   bool pf_keep = false;
 };
 
+// A wave-ahead prefetch switch (ANVIL_QGEMV_WAVE_PF, ANVIL_QGEMM_WAVE_PF): 0 off, 1 on, 2 on with
+// the evict_last priority.
+inline int wave_pf_setting(const char* var) {
+  const char* e = std::getenv(var);
+  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+}
+
 __device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
 
