@@ -471,9 +471,12 @@ TEST_F(Http, ChatPageInHeadlessChromium) {
   EXPECT_EQ(code, 0) << out;
 }
 
-// A small server for the limits: one sequence, one queue place.
+// A small server for the limits: one sequence, one queue place. The running stream must outlast
+// the queued request's arrival, the gauge poll and the refused request: the tiny model decodes
+// ~1,500 tok/s on 2 cores, so 60 tokens (~40 ms) lost that race on a loaded CI machine; 2,000
+// tokens take over a second.
 TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
-  ServerProcess srv({"--synthetic", "tiny", "-c", "512", "-np", "1", "-t", "2", "--max-queue", "1"});
+  ServerProcess srv({"--synthetic", "tiny", "-c", "2048", "-np", "1", "-t", "2", "--max-queue", "1"});
   ASSERT_TRUE(srv.ok()) << srv.startup_output();
   // One running stream and one queued one hold both places.
   RawConnection running(srv.port()), queued(srv.port());
@@ -484,17 +487,19 @@ TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
     return c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b);
   };
-  ASSERT_TRUE(start(running, 60));
+  ASSERT_TRUE(start(running, 2000));
   ASSERT_NE(running.read_until("\"delta\":{\"content\":\"", 30).find("chunk"), std::string::npos);
   ASSERT_TRUE(start(queued, 3));
   httplib::Client c("127.0.0.1", srv.port());
   c.set_read_timeout(30, 0);
   // The queued request is in the queue once the queue gauge says so (bounded wait).
-  for (int i = 0; i < 100; ++i) {
+  bool waiting = false;
+  for (int i = 0; i < 100 && !waiting; ++i) {
     auto m = c.Get("/metrics");
-    if (m && m->body.find("\nanvil_requests_waiting 1\n") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    waiting = m && m->body.find("\nanvil_requests_waiting 1\n") != std::string::npos;
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  ASSERT_TRUE(waiting) << "the queued request never showed in anvil_requests_waiting";
   auto r = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
