@@ -695,7 +695,7 @@ if [ "$what" != tests ]; then
     # the MoE routing's expert prefetch once against the default.
     pt ANVIL_QGEMV_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaModel.*' "linear op and model tests"
     pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
-    for r in 1 2; do
+    for r in $(seq 1 "${PD_ROUNDS:-2}"); do
       for e in X=default ANVIL_QGEMV_WAVE_PF=1 ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 \
                ANVIL_CUDA_L2_PREFETCH_MLP=32 ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ANVIL_CUDA_L2_PREFETCH=32,0,1,1; do
         pd $e qwen3-8b:q4g64
@@ -704,10 +704,10 @@ if [ "$what" != tests ]; then
     done
     for e in X=default ANVIL_MOE_ROUTE_PREFETCH=1 ANVIL_QGEMV_WAVE_PF=2; do pd $e qwen3-30b-a3b-16L:q4g64; done
     # The batch kernel's wave-ahead prefetch (ANVIL_QGEMM_WAVE_PF): its op and model tests, then the
-    # 32- and 64-sequence steps, ROUNDS rounds (1).
+    # 32- and 64-sequence steps (PS_N), ROUNDS rounds (1). PD_ROUNDS=1 PS_N=64 fits a short budget.
     pt ANVIL_QGEMM_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batch*:CudaModel.*' "batch op and model tests"
     for r in $(seq 1 "${ROUNDS:-1}"); do
-      for n in 32 64; do
+      for n in ${PS_N:-32 64}; do
         for e in X=default ANVIL_QGEMM_WAVE_PF=1 ANVIL_QGEMM_WAVE_PF=2; do ps "$e" $n; done
       done
     done
