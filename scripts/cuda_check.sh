@@ -43,6 +43,7 @@
 # rel_err), the MoE golden models on CUDA, mutations of moe.cu that the tests must catch, and the MoE
 # benchmarks (qwen3-30b-a3b-16L decode + pp512, the full qwen3-30b-a3b decode, --profile for kernels
 # per token, ANVIL_MOE_SKIP_EXPERTS=1 for attribution).
+# BUILD_TARGETS="anvil anvil_test_cuda" builds only those (a bench set that needs no other test binary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/cuda-out}
@@ -61,7 +62,7 @@ t0=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; git log -1 --format='commit %H %s' 2>/dev/null; } | tee "$OUT/machine.txt"
 cmake -S . -B build-gpu -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
   -DANVIL_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
-  cmake --build build-gpu -j16 >> "$OUT/build.log" 2>&1
+  cmake --build build-gpu -j16 ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$OUT/build.log" 2>&1
 rc=$?
 echo "build rc=$rc in $(( $(date +%s) - t0 )) s"
 [ $rc -ne 0 ] && { tail -40 "$OUT/build.log"; exit 1; }
