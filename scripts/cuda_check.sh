@@ -31,7 +31,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked; PD_ROUNDS, PS_N trim it), wavepf1 (the same cut to ~3 minutes after the build), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -696,7 +696,7 @@ if [ "$what" != tests ]; then
     # the MoE routing's expert prefetch once against the default.
     pt ANVIL_QGEMV_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaModel.*' "linear op and model tests"
     pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
-    for r in $(seq 1 "${PD_ROUNDS:-2}"); do
+    for r in 1 2; do
       for e in X=default ANVIL_QGEMV_WAVE_PF=1 ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 \
                ANVIL_CUDA_L2_PREFETCH_MLP=32 ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ANVIL_CUDA_L2_PREFETCH=32,0,1,1; do
         pd $e qwen3-8b:q4g64
@@ -705,10 +705,10 @@ if [ "$what" != tests ]; then
     done
     for e in X=default ANVIL_MOE_ROUTE_PREFETCH=1 ANVIL_QGEMV_WAVE_PF=2; do pd $e qwen3-30b-a3b-16L:q4g64; done
     # The batch kernel's wave-ahead prefetch (ANVIL_QGEMM_WAVE_PF): its op and model tests, then the
-    # 32- and 64-sequence steps (PS_N), ROUNDS rounds (1). PD_ROUNDS=1 PS_N=64 fits a short budget.
+    # 32- and 64-sequence steps, ROUNDS rounds (1).
     pt ANVIL_QGEMM_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batch*:CudaModel.*' "batch op and model tests"
     for r in $(seq 1 "${ROUNDS:-1}"); do
-      for n in ${PS_N:-32 64}; do
+      for n in 32 64; do
         for e in X=default ANVIL_QGEMM_WAVE_PF=1 ANVIL_QGEMM_WAVE_PF=2; do ps "$e" $n; done
       done
     done
