@@ -321,6 +321,31 @@ class Backend {
   }
   virtual void moe_ffn(Act x, const MoEWeights& w, Act out);
   // ---- end mixture of experts ----
+
+  // ---- a decode token's layers in one launch (optional; the CUDA backend's persistent kernel) ----
+  // One dense layer's weights as the model holds them (pointers into its ModelWeights).
+  struct DenseLayerView {
+    const WeightVector *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+    const WeightMatrix *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+    const WeightMatrix *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
+  // Offered once, when a dense model without whole-projection q/k norms is created (outside any
+  // graph capture): a backend that can run all of these layers for one token in one launch
+  // prepares for it and returns a handle >= 0 for decode_layers; -1: it cannot (the default).
+  virtual int prepare_decode_layers(std::span<const DenseLayerView> layers, int n_heads, int n_kv_heads,
+                                    int head_dim) {
+    (void)layers, (void)n_heads, (void)n_kv_heads, (void)head_dim;
+    return -1;
+  }
+  // Runs every layer for the one token of a one-sequence decode batch: h ([1, hidden]) holds the
+  // embedded token on entry and the last layer's residual stream (the o/down sums added) on exit,
+  // as the op-by-op layers leave it; the token's K/V rows are appended for every layer. false:
+  // nothing was enqueued (the caller runs the layers op by op).
+  virtual bool decode_layers(int handle, Act h, float eps, const float* inv_freq, const KVCacheView& kv,
+                             const BatchView& batch, float scale) {
+    (void)handle, (void)h, (void)eps, (void)inv_freq, (void)kv, (void)batch, (void)scale;
+    return false;
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);

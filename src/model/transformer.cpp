@@ -31,6 +31,17 @@ Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg,
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));
   if (max_logit_rows > 0) t->max_logit_rows_ = std::min(max_logit_rows, max_tokens);
   ANVIL_RETURN_IF_ERROR(t->alloc_scratch());
+  if (!cfg.is_moe() && !cfg.qk_norm_full) {
+    std::vector<Backend::DenseLayerView> views;
+    for (const LayerWeights& lw : t->w_.layers) {
+      Backend::DenseLayerView v;
+      v.attn_norm = &lw.attn_norm, v.ffn_norm = &lw.ffn_norm, v.q_norm = &lw.q_norm, v.k_norm = &lw.k_norm;
+      v.q = &lw.q, v.k = &lw.k, v.v = &lw.v, v.o = &lw.o, v.gate = &lw.gate, v.up = &lw.up, v.down = &lw.down;
+      views.push_back(v);
+    }
+    t->decode_layers_ = backend.prepare_decode_layers(views, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                      cfg.head_dim);
+  }
   return t;
 }
 
@@ -99,6 +110,9 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       attn = act(attn_, T, QD), o = act(o_, T, H), gate = act(gate_, T, F);
 
   be.embed(w_.embed, ids_dev_, h);
+  if (T == 1 && batch.n_seqs == 1 && decode_layers_ >= 0 &&
+      be.decode_layers(decode_layers_, h, eps, inv_freq_, kv, batch, scale))
+    return;
   // `pending`: o holds the previous sublayer's output, not yet added to h (the plain path fuses
   // that add into the next norm; the fused path adds it in the output projection's kernel).
   bool pending = false;

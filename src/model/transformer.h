@@ -98,6 +98,7 @@ class Transformer {
   void* up_ = nullptr;    // [T, ffn]
   void* logits_ = nullptr;  // [max_logit_rows, vocab] F32
   int32_t* rows_dev_ = nullptr;     // [T] logit rows
+  int decode_layers_ = -1;  // Backend::prepare_decode_layers's handle (-1: op by op)
   int32_t* out_ids_dev_ = nullptr;  // [T] sampled ids
   int32_t* suppress_dev_ = nullptr; // [kMaxSuppress]
   std::vector<int32_t> suppress_host_;  // what suppress_dev_ holds

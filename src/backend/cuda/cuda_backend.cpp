@@ -77,6 +77,7 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && *f == '1') persist_ = true;
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
       int mb = 0, early = 0, keep = 0, fork = 0;
       if (std::sscanf(f, "%d,%d,%d,%d", &mb, &early, &keep, &fork) >= 1 && mb > 0 && mb <= 4096)
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
+    for (void* p : persist_bufs_) cudaFree(p);
     for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (void* p : retired_) cudaFree(p);
     if (attn_ws_) cudaFree(attn_ws_);
@@ -682,6 +684,97 @@ class CudaBackend final : public Backend {
 
   // ---- mixture of experts (moe.cu, planned by moe_runner.cpp) ----
   bool has_moe_ffn() const override { return true; }
+  // ---- the persistent decode kernel (persist_decode.cu; ANVIL_CUDA_PERSIST=1) ----
+  int prepare_decode_layers(std::span<const DenseLayerView> layers, int n_heads, int n_kv, int hd) override {
+    if (!persist_ || layers.empty()) return -1;
+    auto no = [&](const std::string& why) {
+      std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST: decode runs op by op (%s)\n", why.c_str());
+      return -1;
+    };
+    if (hd != 128) return no("head_dim " + std::to_string(hd) + "; the kernel takes 128");
+    if (n_kv <= 0 || n_heads % n_kv != 0 || n_heads / n_kv > 8)
+      return no("more than 8 query heads per kv head, or none");
+    const WeightMatrix& q0 = *layers[0].q;
+    const int g = q0.group_size;
+    if (q0.bits != 4 || (g != 32 && g != 64 && g != 128)) return no("the kernel takes MLX q4 with groups of 32/64/128");
+    const int64_t H = q0.cols, QD = int64_t(n_heads) * hd, KD = int64_t(n_kv) * hd, F = layers[0].gate->rows;
+    const int kc = cuda::persist_kc(g);
+    if (H > 8192 || H % kc != 0 || QD % kc != 0 || F % kc != 0)
+      return no("hidden, q and ffn sizes must be multiples of " + std::to_string(kc) + " (hidden at most 8192)");
+    auto mat_ok = [&](const WeightMatrix* w, int64_t rows, int64_t cols) {
+      auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      return w && w->bits == 4 && w->group_size == g && w->dtype == DType::kBF16 && !w->bias && w->rows == rows &&
+             w->cols == cols && al(w->data) && al(w->scales) && al(w->biases);
+    };
+    auto vec_ok = [](const WeightVector* v, int64_t n, bool optional) {
+      if (!v || !v->data) return optional;
+      return v->dtype == DType::kBF16 && v->n == n;
+    };
+    std::vector<cuda::PersistLayer> host(layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const DenseLayerView& L = layers[l];
+      if (!mat_ok(L.q, QD, H) || !mat_ok(L.k, KD, H) || !mat_ok(L.v, KD, H) || !mat_ok(L.o, H, QD) ||
+          !mat_ok(L.gate, F, H) || !mat_ok(L.up, F, H) || !mat_ok(L.down, H, F))
+        return no("layer " + std::to_string(l) + ": a matrix is not q4 of the first layer's group and shape");
+      if (!vec_ok(L.attn_norm, H, false) || !vec_ok(L.ffn_norm, H, false) || !vec_ok(L.q_norm, hd, true) ||
+          !vec_ok(L.k_norm, hd, true))
+        return no("layer " + std::to_string(l) + ": norm weights not bf16 of the expected size");
+      cuda::PersistLayer& P = host[l];
+      P.attn_norm = L.attn_norm->data, P.ffn_norm = L.ffn_norm->data;
+      P.q_norm = L.q_norm ? L.q_norm->data : nullptr, P.k_norm = L.k_norm ? L.k_norm->data : nullptr;
+      const WeightMatrix* ms[7] = {L.q, L.k, L.v, L.o, L.gate, L.up, L.down};
+      for (int m = 0; m < 7; ++m) P.w[m][0] = ms[m]->data, P.w[m][1] = ms[m]->scales, P.w[m][2] = ms[m]->biases;
+    }
+    cuda::PersistArgs a;
+    a.n_layers = int(layers.size());
+    a.hidden = int(H), a.q_dim = int(QD), a.kv_dim = int(KD), a.ffn = int(F), a.n_heads = n_heads, a.n_kv = n_kv;
+    a.group = g, a.kc = kc;
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_) != cudaSuccess || optin < 1024)
+      return no("shared memory per block unknown");
+    if (!cuda::persist_layout(a, size_t(optin) - 1024)) return no("too little shared memory for the ring");
+    if (cuda::persist_blocks_per_sm(a.smem_bytes) < 1) return no("one block per SM does not fit");
+    a.max_split = std::clamp(2 * sms_ / n_kv, 1, 64);
+    const int64_t rows_v[4] = {QD + 2 * KD, H, 2 * F, H}, K[4] = {H, QD, H, F};
+    auto get = [&](size_t bytes) -> void* {
+      auto p = alloc(bytes);
+      if (!p.is_ok()) return nullptr;
+      persist_bufs_.push_back(*p);
+      return *p;
+    };
+    void* table = get(host.size() * sizeof(cuda::PersistLayer));
+    if (!table) return no("out of device memory");
+    copy_to_device(table, host.data(), host.size() * sizeof(cuda::PersistLayer));
+    a.layers = static_cast<const cuda::PersistLayer*>(table);
+    for (int p = 0; p < 4; ++p) {
+      const int64_t parts = cuda::persist_max_parts(rows_v[p], int(K[p]), kc, sms_);
+      a.part[p] = static_cast<float*>(get(size_t(parts * rows_v[p]) * 4));
+      if (!a.part[p]) return no("out of device memory");
+    }
+    a.attn_ws = static_cast<float*>(get(cuda::persist_attn_ws_floats(n_kv, a.max_split, n_heads / n_kv) * 4));
+    a.attn = get(size_t(QD) * 2);
+    const size_t sync_bytes = cuda::persist_sync_words(n_kv, a.n_layers) * 4;
+    a.sync = static_cast<unsigned*>(get(sync_bytes));
+    if (!a.attn_ws || !a.attn || !a.sync) return no("out of device memory");
+    if (!ok(cudaMemsetAsync(a.sync, 0, sync_bytes, st_), "persistent decode counters") ||
+        !ok(cudaStreamSynchronize(st_), "persistent decode counters"))
+      return -1;
+    std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST: %d layers in one launch, %d blocks, %d ring stages of %d bytes\n",
+                 a.n_layers, sms_, a.stages, a.stage_bytes);
+    persist_plans_.push_back(a);
+    return int(persist_plans_.size()) - 1;
+  }
+  bool decode_layers(int handle, Act h, float eps, const float* inv_freq, const KVCacheView& kv, const BatchView& batch,
+                     float scale) override {
+    if (handle < 0 || size_t(handle) >= persist_plans_.size()) return false;
+    cuda::PersistArgs a = persist_plans_[size_t(handle)];
+    if (kv.dtype != DType::kBF16 || kv.head_dim != 128 || kv.n_kv_heads != a.n_kv || kv.n_layers != a.n_layers ||
+        batch.n_tokens != 1 || batch.n_seqs != 1 || h.dtype != DType::kBF16 || h.rows != 1 || h.cols != a.hidden)
+      return false;
+    a.eps = eps, a.scale = scale, a.inv_freq = inv_freq, a.kv = kvdev(kv), a.b = bdev(batch), a.h = h.data;
+    Prof pr(this, "persist");
+    return launched(cuda::persist_decode(a, sms_, st_), "decode layers (persistent kernel)");
+  }
   // The limits of rope_kv.cu, attention.cu and attention_decode_tc.cu (off with ANVIL_CUDA_ATTN_TC=0).
   std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const override {
     const std::string shape = " (" + std::to_string(n_heads) + " heads, " + std::to_string(n_kv_heads) +
@@ -968,6 +1061,10 @@ class CudaBackend final : public Backend {
   }
 
   int dev_ = 0, sms_ = 132;
+  // ANVIL_CUDA_PERSIST=1: decode tokens of one sequence through persist_decode.cu (prepare_decode_layers).
+  bool persist_ = false;
+  std::vector<cuda::PersistArgs> persist_plans_;
+  std::vector<void*> persist_bufs_;
   std::string name_;
   cudaStream_t st_ = nullptr;
   Status err_;

@@ -235,4 +235,43 @@ cudaError_t sample_rows(float* logits, int rows, int64_t vocab, const SampleRowD
                         int n_suppress, int32_t* counts, const int32_t* updates, const int32_t* update_offsets,
                         void* scratch, int32_t* ids, cudaStream_t s);
 
+// ---- persist_decode.cu: one decode token through every dense layer in one persistent launch ----
+// (ANVIL_CUDA_PERSIST=1; see the file's header.) Every matrix MLX q4 with one group size.
+struct PersistLayer {
+  const void* attn_norm = nullptr;  // bf16 [hidden]
+  const void* ffn_norm = nullptr;
+  const void* q_norm = nullptr;     // bf16 [head_dim], or null (no per-head norm)
+  const void* k_norm = nullptr;
+  const void* w[7][3] = {};         // q, k, v, o, gate, up, down: packed data, scales, biases
+};
+struct PersistArgs {
+  const PersistLayer* layers = nullptr;  // device [n_layers]
+  int n_layers = 0;
+  int hidden = 0, q_dim = 0, kv_dim = 0, ffn = 0, n_heads = 0, n_kv = 0;
+  int group = 0, kc = 0;                 // q4 group; columns per unit (persist_kc)
+  float eps = 0.0f, scale = 0.0f;
+  const float* inv_freq = nullptr;
+  KVDev kv;
+  BatchDev b;                            // one token of one sequence
+  void* h = nullptr;                     // bf16 [hidden]: the embedded token in, the last residual out
+  void* attn = nullptr;                  // bf16 [q_dim] scratch
+  float* part[4] = {};                   // per phase (q/k/v, o, gate/up, down): [parts][rows] fp32
+  float* attn_ws = nullptr;              // persist_attn_ws_floats
+  int max_split = 1;
+  unsigned* sync = nullptr;              // persist_sync_words, zero when new
+  // shared memory layout (persist_layout)
+  int off_res = 0, off_x = 0, off_ring = 0, stages = 0, stage_bytes = 0;
+  size_t smem_bytes = 0;
+};
+int persist_kc(int group);
+size_t persist_stage_bytes(int group);
+size_t persist_attn_ws_floats(int n_kv, int max_split, int G);
+size_t persist_sync_words(int n_kv, int n_layers);
+// The most parts (blocks) one 32-row tile of a [rows_v, K] phase is split over with S blocks.
+int64_t persist_max_parts(int64_t rows_v, int K, int kc, int S);
+// Fills the shared-memory layout for up to smem_limit bytes; false if the ring gets < 4 stages.
+bool persist_layout(PersistArgs& a, size_t smem_limit);
+int persist_blocks_per_sm(size_t smem_bytes);
+cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s);
+
 }  // namespace anvil::cuda

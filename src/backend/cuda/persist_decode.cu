@@ -1,0 +1,654 @@
+// The persistent decode kernel (opt-in: ANVIL_CUDA_PERSIST=1): one decode token of one sequence
+// through every dense layer in one launch, one block per SM, for models whose matrices are all
+// MLX q4 (one group size). Why: at batch 1 the per-kernel path pays every dependent step's launch,
+// ramp and drain (qwen3-0.6b: ~27 us per layer for ~2 us of DRAM), and the memory system idles
+// while the latency-bound ops (norms, rope, attention) run (qwen3-8b: 67 us per layer for 26 us of
+// weights; docs/architecture.md "what the remaining batch-1 targets ask for").
+//
+// How:
+// - Weights: every matrix is cut into units of 32 rows x kc columns (kc = max(512, 8 * group)).
+//   Block s owns a contiguous, balanced range of each matrix's units (the same formula on host
+//   and device: units [s N / S, (s + 1) N / S)). Its producer warp copies them, in the order the
+//   block will consume them, layer after layer, into a ring of shared-memory stages with
+//   cp.async.bulk (one copy per row for the packed weights, its scales and its biases) and
+//   mbarrier transaction counts. Weights never depend on activations, so the producer never
+//   waits for one: it runs ahead of the consumers by up to the ring's depth (~190 KB per SM, ~25
+//   MB over the device) through every barrier, norm and attention below. That is what keeps the
+//   memory system busy where the per-kernel path lets it idle.
+// - Consumers (8 warps): for each phase (q/k/v, attention, o, gate/up, down) they wait for the
+//   previous phase on a device-wide barrier (a counter per phase and layer; each block adds 1),
+//   stage the phase's input once per block, then multiply their units from the ring: the
+//   integer dot products of qgemv_int.cuh (int16 activations per 32-element piece, dp4a on the
+//   raw nibbles), the planes stored piece-minor ([word][piece]) so 16 lanes reading 16 pieces hit
+//   16 different bank groups.
+// - Sums: a tile (32 rows) may be split over the K dimension between consecutive blocks. Each
+//   block writes its part of a row to its own slot, part[slot][row] (slot = block - the block
+//   owning the tile's first unit), and whoever reads the row sums its slots in slot order, so the
+//   result does not depend on timing. The reader knows the slots from the same range formula.
+// - Activations between phases never make a round trip through a separate kernel: every block
+//   keeps the residual stream (bf16, [hidden]) in shared memory and updates it itself, identically,
+//   from the summed o / down rows; the norms are computed by every block from its copy (the
+//   staging of the q/k/v and gate/up inputs); SwiGLU is applied when the down projection's input
+//   is staged. The attention phase is split into (kv head, split) items over the blocks: each
+//   item forms its q heads (q norm, RoPE) from the summed q/k/v rows, the item holding the
+//   current position also its K row (k norm, RoPE) and V row, which it appends to the page; the
+//   last split of a kv head to finish (a counter per kv head) merges the splits into the
+//   attention output. The last layer's residual goes back to h, each block writing a slice.
+// - Arithmetic per op is that of the per-kernel path (qgemv_int.cuh, rope_kv.cu, the decode
+//   attention with an fp32 online softmax), with the same bf16 roundings between ops: the
+//   mat-vec outputs, the residual sums, the norm outputs, q and k after RoPE, the SwiGLU product.
+//   The order of fp32 sums differs, so results are close to, not equal to, the per-kernel path's
+//   (CudaPersist.* bounds the difference).
+//
+// Invariants:
+// - All blocks are resident at once (cooperative launch, one block per SM): the barriers spin.
+// - Each barrier counter gains exactly gridDim.x per launch; a launch reads the epoch (sync[0])
+//   at its start and waits for (epoch + 1) * gridDim.x; block 0 bumps the epoch at its end, after
+//   the last barrier, which every block has passed its start to reach.
+// - The per-kv-head split counters are back at 0 when a launch ends (the merging block resets its
+//   counter).
+// - The producer issues, and the consumers consume, the same unit sequence; a stage is refilled
+//   only after all 8 consumer warps have arrived on its empty barrier.
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/qgemv_int.cuh"
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int kCW = 8;             // consumer warps
+constexpr int kCT = kCW * 32;      // consumer threads (named barrier 1)
+constexpr int kNT = kCT + 32;      // + the producer warp
+constexpr int kMaxStages = 32;
+constexpr int kHead = 128;         // head_dim
+constexpr int kMaxG = 8;           // query heads per kv head
+constexpr int kAttnPos = kCW * 32; // positions per pass of an item (a warp: 32, one per lane)
+constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(b)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#endif
+
+// The consumer warps' barrier (the producer warp never joins it).
+__device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory"); }
+
+// A phase's matrix as units: rows_v virtual rows (tiles of 32), K columns, U = K / kc units per tile.
+struct Shape {
+  int64_t rows_v;
+  int K, U;
+  __device__ __forceinline__ int64_t units() const { return rows_v / 32 * U; }
+};
+
+// Block s's units of a shape: [first(s), first(s + 1)); owner(u): the block holding unit u.
+__device__ __forceinline__ int64_t first_unit(int64_t N, int S, int s) { return int64_t(s) * N / S; }
+__device__ __forceinline__ int owner_of(int64_t N, int S, int64_t u) { return int(((u + 1) * S - 1) / N); }
+
+// The sum of a virtual row's parts (slots in order).
+__device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int S, int64_t vr) {
+  const int64_t N = sh.units(), t = vr / 32;
+  const int s0 = owner_of(N, S, t * sh.U), s1 = owner_of(N, S, (t + 1) * sh.U - 1);
+  float v = 0.0f;
+  for (int k = 0; k <= s1 - s0; ++k) v += __ldcg(part + k * sh.rows_v + vr);
+  return v;
+}
+__device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// qgemv_int.cuh's int_stage_piece with the planes stored piece-minor: word j of piece P at
+// xi[j * NP + P].
+__device__ __forceinline__ void stage_piece(const float (&f)[8], bool valid, int P, int j, int NP, uint4* xi,
+                                            float2* xf) {
+  float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(f[e])), sum += f[e];
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  const float inv = mx > 1e-30f ? (mx < 1e37f ? __fdividef(32767.0f, mx) : 32767.0f / mx) : 0.0f;
+  uint32_t q[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) q[e] = __float_as_uint(fmaf(f[e], inv, 12582912.0f));
+  if (!valid) return;
+  const uint32_t e01 = __byte_perm(q[0], q[2], 0x5140), e23 = __byte_perm(q[4], q[6], 0x5140);
+  const uint32_t o01 = __byte_perm(q[1], q[3], 0x5140), o23 = __byte_perm(q[5], q[7], 0x5140);
+  xi[j * NP + P] = make_uint4(__byte_perm(e01, e23, 0x5410), __byte_perm(o01, o23, 0x5410),
+                              __byte_perm(e01, e23, 0x7632), __byte_perm(o01, o23, 0x7632));
+  if (j == 0) xf[P] = make_float2(mx * (1.0f / (32767.0f * 16.0f)), sum);
+}
+
+struct Smem {
+  uint64_t* full;   // [kMaxStages]
+  uint64_t* empty;  // [kMaxStages]
+  float* red;       // [64]
+  __nv_bfloat16* res;  // [hidden]
+  uint8_t* xbuf;       // planes, or the attention scratch
+  uint8_t* ring;
+};
+
+__device__ __forceinline__ float csum(float v, float* red) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  cbar();
+  float s = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kCW; ++w) s += red[w];
+  cbar();
+  return s;
+}
+
+// The device-wide barrier of phase index i: arrive (after this block's writes), or wait.
+__device__ __forceinline__ void bar_arrive(unsigned* bars, int i) {
+  cbar();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bars + i, 1u);
+  }
+}
+__device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0)
+    while (int(ld_acquire(bars + i) - target) < 0) __nanosleep(32);
+#endif
+  cbar();
+}
+
+// q/k/v rows (virtual rows of the q/k/v shape) of one head through its RMSNorm and RoPE (rope_kv.cu's
+// arithmetic; lane holds pairs (i, i + 64), i = lane, lane + 32); out: the bf16-rounded results.
+__device__ __forceinline__ void head_norm_rope(const float* part, const Shape& sh, int S, int64_t vr0,
+                                               const __nv_bfloat16* nw, float eps, const float* inv_freq, int pos,
+                                               float (&out)[4]) {
+  const int lane = threadIdx.x & 31;
+  float a[2], c[2], ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int i = lane + 32 * j;
+    a[j] = bf(row_sum(part, sh, S, vr0 + i));
+    c[j] = bf(row_sum(part, sh, S, vr0 + i + kHead / 2));
+    ss += a[j] * a[j] + c[j] * c[j];
+  }
+  float inv = 1.0f;
+  if (nw) inv = rsqrtf(warp_sum(ss) / float(kHead) + eps);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int i = lane + 32 * j;
+    double sn, cs;
+    sincos(double(pos) * double(inv_freq[i]), &sn, &cs);
+    const float fc = float(cs), fs = float(sn);
+    float x0 = a[j], x1 = c[j];
+    if (nw) {
+      x0 = x0 * inv * __bfloat162float(nw[i]);
+      x1 = x1 * inv * __bfloat162float(nw[i + kHead / 2]);
+    }
+    out[2 * j] = bf(x0 * fc - x1 * fs);      // element i
+    out[2 * j + 1] = bf(x1 * fc + x0 * fs);  // element i + 64
+  }
+}
+
+__global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const int S = gridDim.x, s = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+  Smem sm;
+  sm.full = reinterpret_cast<uint64_t*>(smem_raw);
+  sm.empty = sm.full + kMaxStages;
+  sm.red = reinterpret_cast<float*>(sm.empty + kMaxStages);
+  sm.res = reinterpret_cast<__nv_bfloat16*>(smem_raw + a.off_res);
+  sm.xbuf = smem_raw + a.off_x;
+  sm.ring = smem_raw + a.off_ring;
+  const int NS = a.stages, kc = a.kc, g = a.group;
+  const int H = a.hidden, QD = a.q_dim, KD = a.kv_dim, F = a.ffn;
+  const Shape shp[4] = {{int64_t(QD + 2 * KD), H, H / kc}, {int64_t(H), QD, QD / kc}, {2 * int64_t(F), H, H / kc},
+                        {int64_t(H), F, F / kc}};
+  const int ng = kc / g;                         // groups per unit row
+  const unsigned row_w = unsigned(kc / 2);       // bytes of packed weights per unit row
+  const unsigned row_s = unsigned(ng * 2);       // bytes of scales (and of biases) per unit row
+  if (tid == 0) {
+    for (int i = 0; i < NS; ++i) mbar_init(sm.full + i, 1), mbar_init(sm.empty + i, kCW);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kCW) {
+    // ---- the producer: every unit of every layer, in consumption order ----
+    uint32_t it = 0;
+    const unsigned tx = 32u * (row_w + 2 * row_s);
+    for (int l = 0; l < a.n_layers; ++l) {
+      const PersistLayer& L = a.layers[l];
+      for (int ph = 0; ph < 4; ++ph) {
+        const Shape sh = shp[ph];
+        const int64_t N = sh.units(), u0 = first_unit(N, S, s), u1 = first_unit(N, S, s + 1);
+        for (int64_t u = u0; u < u1; ++u, ++it) {
+          const int64_t t = u / sh.U;
+          const int c = int(u % sh.U);
+          const int st = int(it % NS);
+          if (it >= uint32_t(NS)) mbar_wait(sm.empty + st, ((it / NS) - 1) & 1);
+          if (lane == 0) mbar_expect_tx(sm.full + st, tx);
+          __syncwarp();
+          // Lane r copies unit row r: its matrix and row.
+          int m;
+          int64_t row;
+          if (ph == 0) {
+            const int64_t vr = t * 32 + lane;
+            m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
+            row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
+          } else if (ph == 1) {
+            m = 3, row = t * 32 + lane;
+          } else if (ph == 2) {
+            m = lane < 16 ? 4 : 5, row = t * 16 + (lane & 15);
+          } else {
+            m = 6, row = t * 32 + lane;
+          }
+          const int K = sh.K;
+          const uint8_t* wd = static_cast<const uint8_t*>(L.w[m][0]) + row * (K / 2) + int64_t(c) * row_w;
+          const uint8_t* ws = static_cast<const uint8_t*>(L.w[m][1]) + (row * (K / g) + int64_t(c) * ng) * 2;
+          const uint8_t* wb = static_cast<const uint8_t*>(L.w[m][2]) + (row * (K / g) + int64_t(c) * ng) * 2;
+          uint8_t* dst = sm.ring + size_t(st) * a.stage_bytes;
+          bulk_copy(dst + lane * row_w, wd, row_w, sm.full + st);
+          bulk_copy(dst + 32 * row_w + lane * row_s, ws, row_s, sm.full + st);
+          bulk_copy(dst + 32 * row_w + 32 * row_s + lane * row_s, wb, row_s, sm.full + st);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- the consumers ----
+  unsigned* bars = a.sync + 1 + a.n_kv;
+  unsigned* head_cnt = a.sync + 1;
+  __shared__ unsigned epoch_s;
+  __shared__ int flag_s;
+  if (tid == 0) epoch_s = __ldcg(a.sync);
+  cbar();
+  const unsigned target = (epoch_s + 1u) * unsigned(S);
+  const int pos = __ldcg(a.b.pos), seq = __ldcg(a.b.seq);
+  const int ctx = pos + 1;
+  const int G = a.n_heads / a.n_kv;
+  uint32_t it = 0;
+
+  // Stage x for a phase: K values from `val(i)` (8 per thread at a time), as int16 planes.
+  uint4* xi = reinterpret_cast<uint4*>(sm.xbuf);
+  auto stage_x = [&](int K, auto&& val) {
+    const int NP = K / 32;
+    float2* xf = reinterpret_cast<float2*>(sm.xbuf + size_t(K) * 2);
+    for (int base = 0; base < K / 8; base += kCT) {
+      const int idx = base + tid;
+      const bool valid = idx < K / 8;
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = valid ? val(idx * 8 + e) : 0.0f;
+      stage_piece(f, valid, idx >> 2, idx & 3, NP, xi, xf);
+    }
+    cbar();
+  };
+  // res += bf16(add(i)) (rounded to bf16), then planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
+  auto stage_norm = [&](auto&& add, bool first, const __nv_bfloat16* w) {
+    float ss = 0.0f;
+    for (int i = tid; i < H; i += kCT) {
+      float r;
+      if (first) r = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(a.h) + i));
+      else r = bf(__bfloat162float(sm.res[i]) + bf(add(i)));
+      sm.res[i] = __float2bfloat16_rn(r);
+      ss += r * r;
+    }
+    const float inv = rsqrtf(csum(ss, sm.red) / float(H) + a.eps);  // (csum's barriers order res)
+    stage_x(H, [&](int i) { return bf(__bfloat162float(sm.res[i]) * inv * __bfloat162float(w[i])); });
+  };
+  // The block's units of phase ph: the ring's stages through the integer dot products; parts to `part`.
+  auto matvec = [&](int ph, float* part) {
+    const Shape sh = shp[ph];
+    const int64_t N = sh.units(), u0 = first_unit(N, S, s), u1 = first_unit(N, S, s + 1);
+    const int PR = kc / 32, NP = sh.K / 32;
+    const float2* xf = reinterpret_cast<const float2*>(sm.xbuf + size_t(sh.K) * 2);
+    const int half = lane >> 4, li = lane & 15;
+    const int rA = 4 * warp + half, rB = rA + 2;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    int64_t cur = -1;
+    auto flush = [&]() {
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) {
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, o);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, o);
+      }
+      if (li == 0) {
+        const int slot = s - owner_of(N, S, cur * sh.U);
+        part[slot * sh.rows_v + cur * 32 + rA] = acc0;
+        part[slot * sh.rows_v + cur * 32 + rB] = acc1;
+      }
+      acc0 = acc1 = 0.0f;
+    };
+    for (int64_t u = u0; u < u1; ++u, ++it) {
+      const int64_t t = u / sh.U;
+      const int c = int(u % sh.U);
+      if (t != cur) {
+        if (cur >= 0) flush();
+        cur = t;
+      }
+      const int st = int(it % NS);
+      mbar_wait(sm.full + st, (it / NS) & 1);
+      const uint8_t* stage = sm.ring + size_t(st) * a.stage_bytes;
+      const uint4* wq = reinterpret_cast<const uint4*>(stage);
+      const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(stage + 32 * (kc / 2));
+      const __nv_bfloat16* bi = sc + 32 * ng;
+      for (int p = li; p < PR; p += 16) {
+        const int P = c * PR + p;
+        const uint4 x[4] = {xi[P], xi[NP + P], xi[2 * NP + P], xi[3 * NP + P]};
+        const float2 xd = xf[P];
+        const int gi = (p * 32) / g;
+        const float sa = __bfloat162float(sc[rA * ng + gi]), ba = __bfloat162float(bi[rA * ng + gi]);
+        const float sb = __bfloat162float(sc[rB * ng + gi]), bb = __bfloat162float(bi[rB * ng + gi]);
+        acc0 = fmaf(ba, xd.y, fmaf(sa, xd.x * float(tc::int_piece_isum16(wq[rA * PR + p], x)), acc0));
+        acc1 = fmaf(bb, xd.y, fmaf(sb, xd.x * float(tc::int_piece_isum16(wq[rB * PR + p], x)), acc1));
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.empty + st);
+    }
+    if (cur >= 0) flush();
+  };
+
+  for (int l = 0; l < a.n_layers; ++l) {
+    const PersistLayer& L = a.layers[l];
+    float* const p_qkv = a.part[0];
+    // ---- q/k/v ----
+    if (l == 0) {
+      stage_norm([](int) { return 0.0f; }, true, static_cast<const __nv_bfloat16*>(L.attn_norm));
+    } else {
+      bar_wait(bars, (l - 1) * kPhases + 4, target);
+      stage_norm([&](int i) { return row_sum(a.part[3], shp[3], S, i); }, false,
+                 static_cast<const __nv_bfloat16*>(L.attn_norm));
+    }
+    matvec(0, p_qkv);
+    bar_arrive(bars, l * kPhases + 0);
+
+    // ---- attention: items (kv head, split) over the blocks ----
+    bar_wait(bars, l * kPhases + 0, target);
+    {
+      const int nsplit = min(a.max_split, (ctx + kAttnPos - 1) / kAttnPos);
+      const int chunk = (ctx + nsplit - 1) / nsplit;
+      float* qs = reinterpret_cast<float*>(sm.xbuf);          // [G][128]
+      float* wm = qs + kMaxG * kHead;                         // [kCW][G]: running max
+      float* wl = wm + kCW * kMaxG;                           // [kCW][G]: running sum
+      float* wacc = wl + kCW * kMaxG;                         // [kCW][G][128]
+      const int64_t vstride = int64_t(a.kv.n_kv_heads) * a.kv.page_size * kHead;  // K row -> V row
+      __nv_bfloat16* kvb = static_cast<__nv_bfloat16*>(a.kv.base);
+      const int32_t* ptab = a.b.page_table + int64_t(seq) * a.b.max_pages;
+      for (int item = s; item < a.n_kv * nsplit; item += S) {
+        const int kvh = item / nsplit, sp = item % nsplit;
+        const int p0 = sp * chunk, p1 = min(ctx, p0 + chunk);
+        const bool last = sp == nsplit - 1;
+        for (int task = warp; task < G + (last ? 2 : 0); task += kCW) {
+          float v[4];
+          if (task < G) {
+            const int h = kvh * G + task;
+            head_norm_rope(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm), a.eps,
+                           a.inv_freq, pos, v);
+            qs[task * kHead + lane] = v[0], qs[task * kHead + lane + 64] = v[1];
+            qs[task * kHead + lane + 32] = v[2], qs[task * kHead + lane + 96] = v[3];
+          } else {
+            const int64_t page = ptab[pos / a.kv.page_size];
+            __nv_bfloat16* dst =
+                kvb + kv_row(page, l, task - G, kvh, pos % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
+                             a.kv.page_size, kHead);
+            if (task == G) {
+              head_norm_rope(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
+                             static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, a.inv_freq, pos, v);
+              dst[lane] = __float2bfloat16_rn(v[0]), dst[lane + 64] = __float2bfloat16_rn(v[1]);
+              dst[lane + 32] = __float2bfloat16_rn(v[2]), dst[lane + 96] = __float2bfloat16_rn(v[3]);
+            } else {
+              for (int i = lane; i < kHead; i += 32)
+                dst[i] = __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
+            }
+          }
+        }
+        cbar();  // qs, and the appended row (read back below by this block through L2)
+        float m[kMaxG], lsum[kMaxG], acc[kMaxG][4];
+#pragma unroll
+        for (int gq = 0; gq < kMaxG; ++gq) {
+          m[gq] = -INFINITY, lsum[gq] = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[gq][e] = 0.0f;
+        }
+        for (int c0 = p0 + warp * 32; c0 < p1; c0 += kAttnPos) {
+          const int p = c0 + lane;
+          const bool valid = p < p1;
+          int64_t krow = 0;
+          float sc[kMaxG];
+#pragma unroll
+          for (int gq = 0; gq < kMaxG; ++gq) sc[gq] = 0.0f;
+          if (valid) {
+            krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
+                          a.kv.page_size, kHead);
+            const uint4* kr = reinterpret_cast<const uint4*>(kvb + krow);
+#pragma unroll 4
+            for (int d8 = 0; d8 < kHead / 8; ++d8) {
+              const uint4 kk = __ldcg(kr + d8);
+              const float kf[8] = {bf16_lo(kk.x), bf16_hi(kk.x), bf16_lo(kk.y), bf16_hi(kk.y),
+                                   bf16_lo(kk.z), bf16_hi(kk.z), bf16_lo(kk.w), bf16_hi(kk.w)};
+#pragma unroll
+              for (int gq = 0; gq < kMaxG; ++gq) {
+                if (gq < G) {
+                  const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d8 * 8);
+                  const float4 q1 = *reinterpret_cast<const float4*>(qs + gq * kHead + d8 * 8 + 4);
+                  sc[gq] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
+                            q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+                }
+              }
+            }
+          }
+          float pe[kMaxG];
+#pragma unroll
+          for (int gq = 0; gq < kMaxG; ++gq) {
+            if (gq >= G) continue;
+            const float sv = valid ? sc[gq] * a.scale : -INFINITY;
+            const float mn = fmaxf(m[gq], warp_max(sv));
+            const float corr = __expf(m[gq] - mn);
+            pe[gq] = valid ? __expf(sv - mn) : 0.0f;
+            lsum[gq] = lsum[gq] * corr + warp_sum(pe[gq]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[gq][e] *= corr;
+            m[gq] = mn;
+          }
+          const int n = min(32, p1 - c0);
+          for (int j = 0; j < n; ++j) {
+            const long long kj = __shfl_sync(0xffffffffu, (long long)krow, j);
+            const uint2 vv = __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane);
+            const float vf[4] = {bf16_lo(vv.x), bf16_hi(vv.x), bf16_lo(vv.y), bf16_hi(vv.y)};
+#pragma unroll
+            for (int gq = 0; gq < kMaxG; ++gq) {
+              if (gq >= G) continue;
+              const float pj = __shfl_sync(0xffffffffu, pe[gq], j);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
+            }
+          }
+        }
+#pragma unroll
+        for (int gq = 0; gq < kMaxG; ++gq) {
+          if (gq >= G) continue;
+          if (lane == 0) wm[warp * kMaxG + gq] = m[gq], wl[warp * kMaxG + gq] = lsum[gq];
+          *reinterpret_cast<float4*>(wacc + (warp * kMaxG + gq) * kHead + 4 * lane) =
+              make_float4(acc[gq][0], acc[gq][1], acc[gq][2], acc[gq][3]);
+        }
+        cbar();
+        // This item's part: (acc, max, sum) per q head, merged over the warps.
+        float* ws = a.attn_ws + (int64_t(kvh) * a.max_split + sp) * G * (kHead + 2);
+        for (int i = tid; i < G * kHead; i += kCT) {
+          const int gq = i / kHead, d = i % kHead;
+          float M = -INFINITY;
+          for (int w = 0; w < kCW; ++w) M = fmaxf(M, wm[w * kMaxG + gq]);
+          float Ls = 0.0f, A = 0.0f;
+          for (int w = 0; w < kCW; ++w) {
+            const float f = wl[w * kMaxG + gq] > 0.0f ? __expf(wm[w * kMaxG + gq] - M) : 0.0f;
+            Ls += wl[w * kMaxG + gq] * f;
+            A += wacc[(w * kMaxG + gq) * kHead + d] * f;
+          }
+          ws[gq * (kHead + 2) + d] = A;
+          if (d == 0) ws[gq * (kHead + 2) + kHead] = M, ws[gq * (kHead + 2) + kHead + 1] = Ls;
+        }
+        cbar();
+        if (tid == 0) {
+          __threadfence();
+          flag_s = atomicAdd(head_cnt + kvh, 1u) == unsigned(nsplit - 1);
+        }
+        cbar();
+        if (flag_s) {
+          __threadfence();
+          const float* w0 = a.attn_ws + int64_t(kvh) * a.max_split * G * (kHead + 2);
+          for (int i = tid; i < G * kHead; i += kCT) {
+            const int gq = i / kHead, d = i % kHead;
+            float M = -INFINITY;
+            for (int k = 0; k < nsplit; ++k) M = fmaxf(M, __ldcg(w0 + (k * G + gq) * (kHead + 2) + kHead));
+            float Ls = 0.0f, A = 0.0f;
+            for (int k = 0; k < nsplit; ++k) {
+              const float* pk = w0 + (k * G + gq) * (kHead + 2);
+              const float lk = __ldcg(pk + kHead + 1);
+              const float f = lk > 0.0f ? __expf(__ldcg(pk + kHead) - M) : 0.0f;
+              Ls += lk * f;
+              A += __ldcg(pk + d) * f;
+            }
+            static_cast<__nv_bfloat16*>(a.attn)[(int64_t(kvh) * G + gq) * kHead + d] = __float2bfloat16_rn(A / Ls);
+          }
+          if (tid == 0) head_cnt[kvh] = 0;
+        }
+        cbar();
+      }
+    }
+    bar_arrive(bars, l * kPhases + 1);
+
+    // ---- o ----
+    bar_wait(bars, l * kPhases + 1, target);
+    stage_x(QD, [&](int i) { return __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(a.attn) + i)); });
+    matvec(1, a.part[1]);
+    bar_arrive(bars, l * kPhases + 2);
+
+    // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
+    bar_wait(bars, l * kPhases + 2, target);
+    stage_norm([&](int i) { return row_sum(a.part[1], shp[1], S, i); }, false,
+               static_cast<const __nv_bfloat16*>(L.ffn_norm));
+    matvec(2, a.part[2]);
+    bar_arrive(bars, l * kPhases + 3);
+
+    // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
+    bar_wait(bars, l * kPhases + 3, target);
+    stage_x(F, [&](int i) {
+      const int64_t vr = int64_t(i / 16) * 32 + (i % 16);
+      const float gt = bf(row_sum(a.part[2], shp[2], S, vr)), up = bf(row_sum(a.part[2], shp[2], S, vr + 16));
+      return bf(gt / (1.0f + __expf(-gt)) * up);
+    });
+    matvec(3, a.part[3]);
+    bar_arrive(bars, l * kPhases + 4);
+  }
+  // The last residual, a slice per block.
+  bar_wait(bars, (a.n_layers - 1) * kPhases + 4, target);
+  for (int i = int(int64_t(s) * H / S) + tid; i < int(int64_t(s + 1) * H / S); i += kCT)
+    static_cast<__nv_bfloat16*>(a.h)[i] =
+        __float2bfloat16_rn(bf(__bfloat162float(sm.res[i]) + bf(row_sum(a.part[3], shp[3], S, i))));
+  if (s == 0 && tid == 0) a.sync[0] = epoch_s + 1u;
+#endif
+}
+
+}  // namespace
+
+int persist_kc(int group) { return group * 8 > 512 ? group * 8 : 512; }
+
+size_t persist_stage_bytes(int group) {
+  const int kc = persist_kc(group);
+  return size_t(32) * (kc / 2 + 2 * (kc / group) * 2);
+}
+
+size_t persist_attn_ws_floats(int n_kv, int max_split, int G) { return size_t(n_kv) * max_split * G * (kHead + 2); }
+
+size_t persist_sync_words(int n_kv, int n_layers) { return 1 + size_t(n_kv) + size_t(kPhases) * n_layers; }
+
+int64_t persist_max_parts(int64_t rows_v, int K, int kc, int S) {
+  const int64_t U = K / kc, N = rows_v / 32 * U;
+  int64_t most = 0;
+  for (int64_t t = 0; t < rows_v / 32; ++t) {
+    const int64_t s0 = ((t * U + 1) * S - 1) / N, s1 = (((t + 1) * U) * S - 1) / N;
+    most = s1 - s0 + 1 > most ? s1 - s0 + 1 : most;
+  }
+  return most;
+}
+
+bool persist_layout(PersistArgs& a, size_t smem_limit) {
+  auto up16 = [](size_t b) { return (b + 127) / 128 * 128; };
+  const int G = a.n_heads / a.n_kv;
+  const size_t head = up16(2 * kMaxStages * 8 + 64 * 4);
+  const size_t res = up16(size_t(a.hidden) * 2);
+  int maxK = a.hidden > a.q_dim ? a.hidden : a.q_dim;
+  if (a.ffn > maxK) maxK = a.ffn;
+  size_t xb = tc::int_x_bytes(maxK);
+  const size_t attn = (size_t(kMaxG) * kHead + 2 * kCW * kMaxG + size_t(kCW) * kMaxG * kHead) * 4;
+  (void)G;
+  if (attn > xb) xb = attn;
+  xb = up16(xb);
+  a.off_res = int(head), a.off_x = int(head + res), a.off_ring = int(head + res + xb);
+  a.stage_bytes = int(persist_stage_bytes(a.group));
+  const size_t fixed = head + res + xb;
+  if (smem_limit <= fixed) return false;
+  const int stages = int((smem_limit - fixed) / size_t(a.stage_bytes));
+  a.stages = stages > kMaxStages ? kMaxStages : stages;
+  a.smem_bytes = fixed + size_t(a.stages) * a.stage_bytes;
+  return a.stages >= 4;
+}
+
+cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
+  cudaError_t e = cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(a.smem_bytes));
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(kNT);
+  cfg.dynamicSmemBytes = a.smem_bytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(persist_decode_kernel));
+  return cudaLaunchKernelEx(&cfg, persist_decode_kernel, a);
+}
+
+int persist_blocks_per_sm(size_t smem_bytes) {
+  if (cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)) !=
+      cudaSuccess)
+    return 0;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persist_decode_kernel, kNT, smem_bytes) != cudaSuccess) return 0;
+  return n;
+}
+
+}  // namespace anvil::cuda
