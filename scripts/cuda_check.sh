@@ -712,6 +712,17 @@ if [ "$what" != tests ]; then
         for e in X=default ANVIL_QGEMM_WAVE_PF=1 ANVIL_QGEMM_WAVE_PF=2; do ps "$e" $n; done
       done
     done
+  elif [ "$set" = persist ]; then
+    # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): its tests
+    # (each bounded: a barrier that never opens would hang), then decode against the default.
+    timeout 240 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
+    echo "### persist tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
+      ANVIL_CUDA_PERSIST=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 \
+        > "$OUT/persist_bench_${m%%:*}.log" 2>&1
+      echo "### ANVIL_CUDA_PERSIST=1 $m: rc=$? $(grep -E '^decode|PERSIST' "$OUT/persist_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+      pd X=default "$m"
+    done
   elif [ "$set" = wavepf1 ]; then
     # wavepf cut to ~3 minutes after the build (a short device budget): the streamed mat-vec's
     # wave-ahead prefetch and the spread / forked L2 prefetch kernel, decode once each, most
