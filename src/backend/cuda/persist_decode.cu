@@ -123,6 +123,19 @@ __device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int
   for (int k = 0; k <= s1 - s0; ++k) v += __ldcg(part + k * sh.rows_v + vr);
   return v;
 }
+// The sums of 8 consecutive virtual rows vr0.. (vr0 % 8 == 0: one tile, one half of a gate/up
+// tile), the same order of additions as row_sum; one pair of 16-byte loads per slot.
+__device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int S, int64_t vr0, float (&f)[8]) {
+  const int64_t N = sh.units(), t = vr0 / 32;
+  const int s0 = owner_of(N, S, t * sh.U), n = owner_of(N, S, (t + 1) * sh.U - 1) - s0 + 1;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+  for (int k = 0; k < n; ++k) {
+    const float4* p = reinterpret_cast<const float4*>(part + k * sh.rows_v + vr0);
+    const float4 x = __ldcg(p), y = __ldcg(p + 1);
+    f[0] += x.x, f[1] += x.y, f[2] += x.z, f[3] += x.w, f[4] += y.x, f[5] += y.y, f[6] += y.z, f[7] += y.w;
+  }
+}
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // qgemv_int.cuh's int_stage_piece with the planes stored piece-minor: word j of piece P at
@@ -180,7 +193,8 @@ __device__ __forceinline__ void bar_arrive(unsigned* bars, int i) {
 __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0)
-    while (int(ld_acquire(bars + i) - target) < 0) __nanosleep(32);
+    while (int(ld_acquire(bars + i) - target) < 0) {
+    }
 #endif
   cbar();
 }
@@ -299,33 +313,47 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const int G = a.n_heads / a.n_kv;
   uint32_t it = 0;
 
-  // Stage x for a phase: K values from `val(i)` (8 per thread at a time), as int16 planes.
+  // Stage x for a phase: K values, 8 consecutive ones at a time from `val8(i0, f)`, as int16 planes.
   uint4* xi = reinterpret_cast<uint4*>(sm.xbuf);
-  auto stage_x = [&](int K, auto&& val) {
+  auto stage_x = [&](int K, auto&& val8) {
     const int NP = K / 32;
     float2* xf = reinterpret_cast<float2*>(sm.xbuf + size_t(K) * 2);
     for (int base = 0; base < K / 8; base += kCT) {
       const int idx = base + tid;
       const bool valid = idx < K / 8;
       float f[8];
+      if (valid) val8(idx * 8, f);
+      else
 #pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = valid ? val(idx * 8 + e) : 0.0f;
+        for (int e = 0; e < 8; ++e) f[e] = 0.0f;
       stage_piece(f, valid, idx >> 2, idx & 3, NP, xi, xf);
     }
     cbar();
   };
-  // res += bf16(add(i)) (rounded to bf16), then planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
-  auto stage_norm = [&](auto&& add, bool first, const __nv_bfloat16* w) {
+  // res = bf16(res + bf16(sum of the rows of `part`)) (or res = h for the first layer), then the
+  // planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
+  auto stage_norm = [&](const float* part, const Shape* sh, const __nv_bfloat16* w) {
     float ss = 0.0f;
-    for (int i = tid; i < H; i += kCT) {
-      float r;
-      if (first) r = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(a.h) + i));
-      else r = bf(__bfloat162float(sm.res[i]) + bf(add(i)));
-      sm.res[i] = __float2bfloat16_rn(r);
-      ss += r * r;
+    for (int i0 = tid * 8; i0 < H; i0 += kCT * 8) {
+      float f[8];
+      if (!part) {
+        const uint4 hv = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.h) + i0));
+        f[0] = bf16_lo(hv.x), f[1] = bf16_hi(hv.x), f[2] = bf16_lo(hv.y), f[3] = bf16_hi(hv.y);
+        f[4] = bf16_lo(hv.z), f[5] = bf16_hi(hv.z), f[6] = bf16_lo(hv.w), f[7] = bf16_hi(hv.w);
+      } else {
+        row_sum8(part, *sh, S, i0, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = bf(__bfloat162float(sm.res[i0 + e]) + bf(f[e]));
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sm.res[i0 + e] = __float2bfloat16_rn(f[e]), ss += f[e] * f[e];
     }
     const float inv = rsqrtf(csum(ss, sm.red) / float(H) + a.eps);  // (csum's barriers order res)
-    stage_x(H, [&](int i) { return bf(__bfloat162float(sm.res[i]) * inv * __bfloat162float(w[i])); });
+    stage_x(H, [&](int i0, float (&f)[8]) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        f[e] = bf(__bfloat162float(sm.res[i0 + e]) * inv * __bfloat162float(w[i0 + e]));
+    });
   };
   // The block's units of phase ph: the ring's stages through the integer dot products; parts to `part`.
   auto matvec = [&](int ph, float* part) {
@@ -383,13 +411,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     const PersistLayer& L = a.layers[l];
     float* const p_qkv = a.part[0];
     // ---- q/k/v ----
-    if (l == 0) {
-      stage_norm([](int) { return 0.0f; }, true, static_cast<const __nv_bfloat16*>(L.attn_norm));
-    } else {
-      bar_wait(bars, (l - 1) * kPhases + 4, target);
-      stage_norm([&](int i) { return row_sum(a.part[3], shp[3], S, i); }, false,
-                 static_cast<const __nv_bfloat16*>(L.attn_norm));
-    }
+    if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target);
+    stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm));
     matvec(0, p_qkv);
     bar_arrive(bars, l * kPhases + 0);
 
@@ -550,23 +573,32 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 
     // ---- o ----
     bar_wait(bars, l * kPhases + 1, target);
-    stage_x(QD, [&](int i) { return __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(a.attn) + i)); });
+    stage_x(QD, [&](int i0, float (&f)[8]) {
+      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0));
+      f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+      f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
+    });
     matvec(1, a.part[1]);
     bar_arrive(bars, l * kPhases + 2);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
     bar_wait(bars, l * kPhases + 2, target);
-    stage_norm([&](int i) { return row_sum(a.part[1], shp[1], S, i); }, false,
-               static_cast<const __nv_bfloat16*>(L.ffn_norm));
+    stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm));
     matvec(2, a.part[2]);
     bar_arrive(bars, l * kPhases + 3);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
     bar_wait(bars, l * kPhases + 3, target);
-    stage_x(F, [&](int i) {
-      const int64_t vr = int64_t(i / 16) * 32 + (i % 16);
-      const float gt = bf(row_sum(a.part[2], shp[2], S, vr)), up = bf(row_sum(a.part[2], shp[2], S, vr + 16));
-      return bf(gt / (1.0f + __expf(-gt)) * up);
+    stage_x(F, [&](int i0, float (&f)[8]) {
+      const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
+      float gt[8], up[8];
+      row_sum8(a.part[2], shp[2], S, vr, gt);
+      row_sum8(a.part[2], shp[2], S, vr + 16, up);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float gv = bf(gt[e]);
+        f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
+      }
     });
     matvec(3, a.part[3]);
     bar_arrive(bars, l * kPhases + 4);
