@@ -715,12 +715,16 @@ if [ "$what" != tests ]; then
   elif [ "$set" = persist ]; then
     # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): its tests
     # (each bounded: a barrier that never opens would hang), then decode against the default.
-    timeout 240 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
+    timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
     echo "### persist tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_CUDA_PERSIST=2 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist2_tests.log" 2>&1
+    echo "### persist tests, =2 (cp.async): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist2_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
-      ANVIL_CUDA_PERSIST=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 \
-        > "$OUT/persist_bench_${m%%:*}.log" 2>&1
-      echo "### ANVIL_CUDA_PERSIST=1 $m: rc=$? $(grep -E '^decode|PERSIST' "$OUT/persist_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+      for v in 1 2; do
+        ANVIL_CUDA_PERSIST=$v timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 \
+          > "$OUT/persist${v}_bench_${m%%:*}.log" 2>&1
+        echo "### ANVIL_CUDA_PERSIST=$v $m: rc=$? $(grep -E '^decode|PERSIST|rror' "$OUT/persist${v}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+      done
       pd X=default "$m"
     done
   elif [ "$set" = wavepf1 ]; then

@@ -24,7 +24,7 @@ using Stack = CudaModelStack;
 Stack make_persist(const std::string& synth, int ctx, bool on) {
   const char* prev = std::getenv("ANVIL_CUDA_PERSIST");
   const std::string saved = prev ? prev : "";
-  if (on) setenv("ANVIL_CUDA_PERSIST", "1", 1);
+  if (on && !(prev && *prev == '2')) setenv("ANVIL_CUDA_PERSIST", "1", 1);  // (=2 kept: cp.async copies)
   else unsetenv("ANVIL_CUDA_PERSIST");
   Stack s = make_cuda_model_stack(synth, ctx, 1);
   if (prev) setenv("ANVIL_CUDA_PERSIST", saved.c_str(), 1);

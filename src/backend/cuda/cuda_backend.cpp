@@ -77,7 +77,8 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && *f == '1') persist_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && (*f == '1' || *f == '2'))
+      persist_ = true, persist_async_ = *f == '2';
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
       int mb = 0, early = 0, keep = 0, fork = 0;
       if (std::sscanf(f, "%d,%d,%d,%d", &mb, &early, &keep, &fork) >= 1 && mb > 0 && mb <= 4096)
@@ -729,6 +730,7 @@ class CudaBackend final : public Backend {
     a.n_layers = int(layers.size());
     a.hidden = int(H), a.q_dim = int(QD), a.kv_dim = int(KD), a.ffn = int(F), a.n_heads = n_heads, a.n_kv = n_kv;
     a.group = g, a.kc = kc;
+    a.copy_async = persist_async_ ? 1 : 0;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_) != cudaSuccess || optin < 1024)
       return no("shared memory per block unknown");
@@ -1062,7 +1064,7 @@ class CudaBackend final : public Backend {
 
   int dev_ = 0, sms_ = 132;
   // ANVIL_CUDA_PERSIST=1: decode tokens of one sequence through persist_decode.cu (prepare_decode_layers).
-  bool persist_ = false;
+  bool persist_ = false, persist_async_ = false;  // =2: the producer copies with cp.async
   std::vector<cuda::PersistArgs> persist_plans_;
   std::vector<void*> persist_bufs_;
   std::string name_;

@@ -259,6 +259,7 @@ struct PersistArgs {
   float* attn_ws = nullptr;              // persist_attn_ws_floats
   int max_split = 1;
   unsigned* sync = nullptr;              // persist_sync_words, zero when new
+  int copy_async = 0;                    // the producer's copies: 0 cp.async.bulk per row, 1 16-byte cp.async
   // shared memory layout (persist_layout)
   int off_res = 0, off_x = 0, off_ring = 0, stages = 0, stage_bytes = 0;
   size_t smem_bytes = 0;

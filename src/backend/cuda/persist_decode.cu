@@ -94,6 +94,13 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
+__device__ __forceinline__ void async_copy16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+// The full barrier's arrival of this lane once its earlier cp.async copies have landed.
+__device__ __forceinline__ void async_arrive(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(b)) : "memory");
+}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -251,7 +258,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const unsigned row_w = unsigned(kc / 2);       // bytes of packed weights per unit row
   const unsigned row_s = unsigned(ng * 2);       // bytes of scales (and of biases) per unit row
   if (tid == 0) {
-    for (int i = 0; i < NS; ++i) mbar_init(sm.full + i, 1), mbar_init(sm.empty + i, kCW);
+    for (int i = 0; i < NS; ++i) mbar_init(sm.full + i, a.copy_async ? 32 : 1), mbar_init(sm.empty + i, kCW);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -270,33 +277,62 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           const int c = int(u % sh.U);
           const int st = int(it % NS);
           if (it >= uint32_t(NS)) mbar_wait(sm.empty + st, ((it / NS) - 1) & 1);
-          if (lane == 0) mbar_expect_tx(sm.full + st, tx);
-          __syncwarp();
-          // Lane r copies unit row r: its matrix and row.
-          int m;
-          int64_t row;
-          if (ph == 0) {
-            const int64_t vr = t * 32 + lane;
-            m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
-            row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
-          } else if (ph == 1) {
-            m = 3, row = t * 32 + lane;
-          } else if (ph == 2) {
-            m = lane < 16 ? 4 : 5, row = t * 16 + (lane & 15);
-          } else {
-            m = 6, row = t * 32 + lane;
-          }
+          // Unit row r: its matrix m and row.
+          auto src = [&](int r, int& m, int64_t& row) {
+            if (ph == 0) {
+              const int64_t vr = t * 32 + r;
+              m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
+              row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
+            } else if (ph == 1) {
+              m = 3, row = t * 32 + r;
+            } else if (ph == 2) {
+              m = r < 16 ? 4 : 5, row = t * 16 + (r & 15);
+            } else {
+              m = 6, row = t * 32 + r;
+            }
+          };
           const int K = sh.K;
-          const uint8_t* wd = static_cast<const uint8_t*>(L.w[m][0]) + row * (K / 2) + int64_t(c) * row_w;
-          const uint8_t* ws = static_cast<const uint8_t*>(L.w[m][1]) + (row * (K / g) + int64_t(c) * ng) * 2;
-          const uint8_t* wb = static_cast<const uint8_t*>(L.w[m][2]) + (row * (K / g) + int64_t(c) * ng) * 2;
           uint8_t* dst = sm.ring + size_t(st) * a.stage_bytes;
-          bulk_copy(dst + lane * row_w, wd, row_w, sm.full + st);
-          bulk_copy(dst + 32 * row_w + lane * row_s, ws, row_s, sm.full + st);
-          bulk_copy(dst + 32 * row_w + 32 * row_s + lane * row_s, wb, row_s, sm.full + st);
+          if (!a.copy_async) {
+            // One bulk copy per row and part (weights, scales, biases), lane r copying row r.
+            if (lane == 0) mbar_expect_tx(sm.full + st, tx);
+            __syncwarp();
+            int m;
+            int64_t row;
+            src(lane, m, row);
+            const uint8_t* wd = static_cast<const uint8_t*>(L.w[m][0]) + row * (K / 2) + int64_t(c) * row_w;
+            const uint8_t* ws = static_cast<const uint8_t*>(L.w[m][1]) + (row * (K / g) + int64_t(c) * ng) * 2;
+            const uint8_t* wb = static_cast<const uint8_t*>(L.w[m][2]) + (row * (K / g) + int64_t(c) * ng) * 2;
+            bulk_copy(dst + lane * row_w, wd, row_w, sm.full + st);
+            bulk_copy(dst + 32 * row_w + lane * row_s, ws, row_s, sm.full + st);
+            bulk_copy(dst + 32 * row_w + 32 * row_s + lane * row_s, wb, row_s, sm.full + st);
+          } else {
+            // 16-byte cp.async copies over the lanes; each lane arrives on the full barrier once
+            // its own copies have landed.
+            const int cw = int(row_w / 16), cs = int(row_s / 16);
+            for (int i = lane; i < 32 * cw; i += 32) {
+              const int r = i / cw, o = i % cw;
+              int m;
+              int64_t row;
+              src(r, m, row);
+              async_copy16(dst + r * row_w + o * 16,
+                           static_cast<const uint8_t*>(L.w[m][0]) + row * (K / 2) + int64_t(c) * row_w + o * 16);
+            }
+            for (int i = lane; i < 2 * 32 * cs; i += 32) {
+              const int which = i / (32 * cs), r = (i / cs) % 32, o = i % cs;
+              int m;
+              int64_t row;
+              src(r, m, row);
+              async_copy16(dst + 32 * row_w + which * 32 * row_s + r * row_s + o * 16,
+                           static_cast<const uint8_t*>(L.w[m][1 + which]) + (row * (K / g) + int64_t(c) * ng) * 2 +
+                               o * 16);
+            }
+            async_arrive(sm.full + st);
+          }
         }
       }
     }
+    if (a.copy_async) asm volatile("cp.async.wait_all;" ::: "memory");
     return;
   }
 
