@@ -24,8 +24,8 @@ using Stack = CudaModelStack;
 Stack make_persist(const std::string& synth, int ctx, bool on) {
   const char* prev = std::getenv("ANVIL_CUDA_PERSIST");
   const std::string saved = prev ? prev : "";
-  if (on && !(prev && *prev == '2')) setenv("ANVIL_CUDA_PERSIST", "1", 1);  // (=2 kept: cp.async copies)
-  else unsetenv("ANVIL_CUDA_PERSIST");
+  if (!on) unsetenv("ANVIL_CUDA_PERSIST");
+  else if (!(prev && *prev == '2')) setenv("ANVIL_CUDA_PERSIST", "1", 1);  // (=2 kept: cp.async copies)
   Stack s = make_cuda_model_stack(synth, ctx, 1);
   if (prev) setenv("ANVIL_CUDA_PERSIST", saved.c_str(), 1);
   else unsetenv("ANVIL_CUDA_PERSIST");

@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(st_);
+    persist_trace_report();
     for (void* p : persist_bufs_) cudaFree(p);
     for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (void* p : retired_) cudaFree(p);
@@ -738,6 +739,8 @@ class CudaBackend final : public Backend {
     if (cuda::persist_blocks_per_sm(a.smem_bytes) < 1) return no("one block per SM does not fit");
     a.max_split = std::clamp(2 * sms_ / n_kv, 1, 64);
     const int64_t rows_v[4] = {QD + 2 * KD, H, 2 * F, H}, K[4] = {H, QD, H, F};
+    for (int p = 0; p < 4; ++p)  // (the kernel's unit arithmetic is 32-bit)
+      if (rows_v[p] / 32 * (K[p] / kc) * int64_t(sms_) >= (int64_t(1) << 32)) return no("a matrix too large");
     auto get = [&](size_t bytes) -> void* {
       auto p = alloc(bytes);
       if (!p.is_ok()) return nullptr;
@@ -761,10 +764,51 @@ class CudaBackend final : public Backend {
     if (!ok(cudaMemsetAsync(a.sync, 0, sync_bytes, st_), "persistent decode counters") ||
         !ok(cudaStreamSynchronize(st_), "persistent decode counters"))
       return -1;
+    if (const char* t = std::getenv("ANVIL_CUDA_PERSIST_TRACE"); t && *t == '1') {
+      a.trace = static_cast<unsigned long long*>(get(size_t(a.n_layers + 1) * 5 * 3 * sms_ * 8));
+      if (!a.trace) return no("out of device memory");
+    }
     std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST: %d layers in one launch, %d blocks, %d ring stages of %d bytes\n",
                  a.n_layers, sms_, a.stages, a.stage_bytes);
     persist_plans_.push_back(a);
     return int(persist_plans_.size()) - 1;
+  }
+  // ANVIL_CUDA_PERSIST_TRACE=1: the last launch's phase timeline, per phase averaged over layers
+  // 1.. (microseconds): staging and work per block (mean, and the slowest block's work), how long
+  // after the last block's arrival the blocks start the next phase, and the layer.
+  void persist_trace_report() {
+    for (const cuda::PersistArgs& a : persist_plans_) {
+      if (!a.trace) continue;
+      const int S = sms_, L = a.n_layers;
+      std::vector<unsigned long long> t(size_t(L + 1) * 15 * S);
+      if (cudaMemcpy(t.data(), a.trace, t.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+      auto at = [&](int l, int k, int e, int b) { return double(t[((size_t(l) * 5 + k) * 3 + e) * S + b]); };
+      const char* names[5] = {"q/k/v", "attention", "o", "gate/up", "down"};
+      std::fprintf(stderr, "anvil: persist trace (us, mean over layers 1..%d):\n", L - 1);
+      double layer = 0.0;
+      for (int l = 1; l < L; ++l) layer += (at(l, 4, 2, 0) - at(l - 1, 4, 2, 0)) / 1e3 / (L - 1);
+      for (int k = 0; k < 5; ++k) {
+        double stage = 0, work = 0, worst = 0, release = 0;
+        for (int l = 1; l < L; ++l) {
+          double last = 0, wmax = 0;
+          for (int b = 0; b < S; ++b) {
+            stage += (at(l, k, 1, b) - at(l, k, 0, b)) / 1e3;
+            work += (at(l, k, 2, b) - at(l, k, 0, b)) / 1e3;
+            wmax = std::max(wmax, (at(l, k, 2, b) - at(l, k, 0, b)) / 1e3);
+            last = std::max(last, at(l, k, 2, b));
+          }
+          worst += wmax / (L - 1);
+          const int nl = k == 4 ? l + 1 : l, nk = (k + 1) % 5;
+          double rel = 0;
+          for (int b = 0; b < S; ++b) rel += (at(nl, nk, 0, b) - last) / 1e3;
+          release += rel / S / (L - 1);
+        }
+        stage /= double(S) * (L - 1), work /= double(S) * (L - 1);
+        std::fprintf(stderr, "  %-9s stage %6.2f  work %6.2f (slowest block %6.2f)  next phase starts %5.2f after the last arrival\n",
+                     names[k], k == 1 ? 0.0 : stage, work, worst, release);
+      }
+      std::fprintf(stderr, "  layer %.2f us\n", layer);
+    }
   }
   bool decode_layers(int handle, Act h, float eps, const float* inv_freq, const KVCacheView& kv, const BatchView& batch,
                      float scale) override {

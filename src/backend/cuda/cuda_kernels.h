@@ -260,6 +260,7 @@ struct PersistArgs {
   int max_split = 1;
   unsigned* sync = nullptr;              // persist_sync_words, zero when new
   int copy_async = 0;                    // the producer's copies: 0 cp.async.bulk per row, 1 16-byte cp.async
+  unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
   // shared memory layout (persist_layout)
   int off_res = 0, off_x = 0, off_ring = 0, stages = 0, stage_bytes = 0;
   size_t smem_bytes = 0;

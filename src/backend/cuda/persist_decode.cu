@@ -119,8 +119,13 @@ struct Shape {
 };
 
 // Block s's units of a shape: [first(s), first(s + 1)); owner(u): the block holding unit u.
-__device__ __forceinline__ int64_t first_unit(int64_t N, int S, int s) { return int64_t(s) * N / S; }
-__device__ __forceinline__ int owner_of(int64_t N, int S, int64_t u) { return int(((u + 1) * S - 1) / N); }
+// (32-bit: the host checks units * S < 2^32.)
+__device__ __forceinline__ int64_t first_unit(int64_t N, int S, int s) {
+  return int64_t(uint32_t(s) * uint32_t(N) / uint32_t(S));
+}
+__device__ __forceinline__ int owner_of(int64_t N, int S, int64_t u) {
+  return int((uint32_t(u + 1) * uint32_t(S) - 1u) / uint32_t(N));
+}
 
 // The sum of a virtual row's parts (slots in order).
 __device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int S, int64_t vr) {
@@ -189,20 +194,33 @@ __device__ __forceinline__ float csum(float v, float* red) {
   return s;
 }
 
+// ANVIL_CUDA_PERSIST_TRACE: the global timer at mark e (0 phase start, 1 input staged, 2 phase
+// done) of phase k of layer l, per block.
+__device__ __forceinline__ void tmark(const PersistArgs& a, int l, int k, int e) {
+  if (a.trace && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.trace[((size_t(l) * kPhases + k) * 3 + e) * gridDim.x + blockIdx.x] = t;
+  }
+}
+
 // The device-wide barrier of phase index i: arrive (after this block's writes), or wait.
-__device__ __forceinline__ void bar_arrive(unsigned* bars, int i) {
+__device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistArgs& a) {
   cbar();
+  tmark(a, i / kPhases, i % kPhases, 2);
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(bars + i, 1u);
   }
 }
-__device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target) {
+// (Marks the start of phase i + 1.)
+__device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target, const PersistArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0)
     while (int(ld_acquire(bars + i) - target) < 0) {
     }
 #endif
+  tmark(a, (i + 1) / kPhases, (i + 1) % kPhases, 0);
   cbar();
 }
 
@@ -447,13 +465,15 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     const PersistLayer& L = a.layers[l];
     float* const p_qkv = a.part[0];
     // ---- q/k/v ----
-    if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target);
+    if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target, a);
+    else tmark(a, 0, 0, 0);
     stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm));
+    tmark(a, l, 0, 1);
     matvec(0, p_qkv);
-    bar_arrive(bars, l * kPhases + 0);
+    bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
-    bar_wait(bars, l * kPhases + 0, target);
+    bar_wait(bars, l * kPhases + 0, target, a);
     {
       const int nsplit = min(a.max_split, (ctx + kAttnPos - 1) / kAttnPos);
       const int chunk = (ctx + nsplit - 1) / nsplit;
@@ -493,6 +513,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           }
         }
         cbar();  // qs, and the appended row (read back below by this block through L2)
+        if (item == s) tmark(a, l, 1, 1);
         float m[kMaxG], lsum[kMaxG], acc[kMaxG][4];
 #pragma unroll
         for (int gq = 0; gq < kMaxG; ++gq) {
@@ -511,18 +532,25 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
                           a.kv.page_size, kHead);
             const uint4* kr = reinterpret_cast<const uint4*>(kvb + krow);
-#pragma unroll 4
-            for (int d8 = 0; d8 < kHead / 8; ++d8) {
-              const uint4 kk = __ldcg(kr + d8);
-              const float kf[8] = {bf16_lo(kk.x), bf16_hi(kk.x), bf16_lo(kk.y), bf16_hi(kk.y),
-                                   bf16_lo(kk.z), bf16_hi(kk.z), bf16_lo(kk.w), bf16_hi(kk.w)};
+            // The row in two batches of 8 loads, each batch in flight at once.
 #pragma unroll
-              for (int gq = 0; gq < kMaxG; ++gq) {
-                if (gq < G) {
-                  const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d8 * 8);
-                  const float4 q1 = *reinterpret_cast<const float4*>(qs + gq * kHead + d8 * 8 + 4);
-                  sc[gq] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
-                            q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+            for (int hb = 0; hb < 2; ++hb) {
+              uint4 kk[8];
+#pragma unroll
+              for (int d8 = 0; d8 < 8; ++d8) kk[d8] = __ldcg(kr + hb * 8 + d8);
+#pragma unroll
+              for (int d8 = 0; d8 < 8; ++d8) {
+                const float kf[8] = {bf16_lo(kk[d8].x), bf16_hi(kk[d8].x), bf16_lo(kk[d8].y), bf16_hi(kk[d8].y),
+                                     bf16_lo(kk[d8].z), bf16_hi(kk[d8].z), bf16_lo(kk[d8].w), bf16_hi(kk[d8].w)};
+                const int d0 = (hb * 8 + d8) * 8;
+#pragma unroll
+                for (int gq = 0; gq < kMaxG; ++gq) {
+                  if (gq < G) {
+                    const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0);
+                    const float4 q1 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0 + 4);
+                    sc[gq] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
+                              q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+                  }
                 }
               }
             }
@@ -540,17 +568,25 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             for (int e = 0; e < 4; ++e) acc[gq][e] *= corr;
             m[gq] = mn;
           }
+          // V rows 16 at a time, each batch's loads in flight at once.
           const int n = min(32, p1 - c0);
-          for (int j = 0; j < n; ++j) {
-            const long long kj = __shfl_sync(0xffffffffu, (long long)krow, j);
-            const uint2 vv = __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane);
-            const float vf[4] = {bf16_lo(vv.x), bf16_hi(vv.x), bf16_lo(vv.y), bf16_hi(vv.y)};
+          for (int j0 = 0; j0 < n; j0 += 16) {
+            uint2 vv[16];
 #pragma unroll
-            for (int gq = 0; gq < kMaxG; ++gq) {
-              if (gq >= G) continue;
-              const float pj = __shfl_sync(0xffffffffu, pe[gq], j);
+            for (int jj = 0; jj < 16; ++jj) {
+              const long long kj = __shfl_sync(0xffffffffu, (long long)krow, (j0 + jj) & 31);
+              vv[jj] = j0 + jj < n ? __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane) : make_uint2(0, 0);
+            }
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
+            for (int jj = 0; jj < 16; ++jj) {
+              const float vf[4] = {bf16_lo(vv[jj].x), bf16_hi(vv[jj].x), bf16_lo(vv[jj].y), bf16_hi(vv[jj].y)};
+#pragma unroll
+              for (int gq = 0; gq < kMaxG; ++gq) {
+                if (gq >= G) continue;
+                const float pj = __shfl_sync(0xffffffffu, pe[gq], (j0 + jj) & 31);  // 0 past n (invalid lanes)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
+              }
             }
           }
         }
@@ -605,26 +641,28 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         cbar();
       }
     }
-    bar_arrive(bars, l * kPhases + 1);
+    bar_arrive(bars, l * kPhases + 1, a);
 
     // ---- o ----
-    bar_wait(bars, l * kPhases + 1, target);
+    bar_wait(bars, l * kPhases + 1, target, a);
     stage_x(QD, [&](int i0, float (&f)[8]) {
       const uint4 v = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0));
       f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
       f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
     });
+    tmark(a, l, 2, 1);
     matvec(1, a.part[1]);
-    bar_arrive(bars, l * kPhases + 2);
+    bar_arrive(bars, l * kPhases + 2, a);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
-    bar_wait(bars, l * kPhases + 2, target);
+    bar_wait(bars, l * kPhases + 2, target, a);
     stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm));
+    tmark(a, l, 3, 1);
     matvec(2, a.part[2]);
-    bar_arrive(bars, l * kPhases + 3);
+    bar_arrive(bars, l * kPhases + 3, a);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
-    bar_wait(bars, l * kPhases + 3, target);
+    bar_wait(bars, l * kPhases + 3, target, a);
     stage_x(F, [&](int i0, float (&f)[8]) {
       const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
       float gt[8], up[8];
@@ -636,11 +674,12 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
       }
     });
+    tmark(a, l, 4, 1);
     matvec(3, a.part[3]);
-    bar_arrive(bars, l * kPhases + 4);
+    bar_arrive(bars, l * kPhases + 4, a);
   }
   // The last residual, a slice per block.
-  bar_wait(bars, (a.n_layers - 1) * kPhases + 4, target);
+  bar_wait(bars, (a.n_layers - 1) * kPhases + 4, target, a);
   for (int i = int(int64_t(s) * H / S) + tid; i < int(int64_t(s + 1) * H / S); i += kCT)
     static_cast<__nv_bfloat16*>(a.h)[i] =
         __float2bfloat16_rn(bf(__bfloat162float(sm.res[i]) + bf(row_sum(a.part[3], shp[3], S, i))));
