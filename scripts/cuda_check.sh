@@ -727,6 +727,8 @@ if [ "$what" != tests ]; then
       ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
         -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1
       { echo "### persist trace $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
+      # The producer without its 16-byte bulk copies of scales and biases (timing only).
+      echo "### ANVIL_CUDA_PERSIST_NOSCALES=1 $m: $(ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_NOSCALES=1 timeout 60 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 32 --runs 1 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
       [ -n "${PERSIST_NO_DEFAULT:-}" ] || pd X=default "$m"
     done
   elif [ "$set" = wavepf1 ]; then

@@ -732,6 +732,10 @@ class CudaBackend final : public Backend {
     a.hidden = int(H), a.q_dim = int(QD), a.kv_dim = int(KD), a.ffn = int(F), a.n_heads = n_heads, a.n_kv = n_kv;
     a.group = g, a.kc = kc;
     a.copy_async = persist_async_ ? 1 : 0;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_NOSCALES"); f && *f == '1') {
+      a.copy_async = 2;
+      std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST_NOSCALES=1: scales and biases not copied (for measuring; results are meaningless)\n");
+    }
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_) != cudaSuccess || optin < 1024)
       return no("shared memory per block unknown");
