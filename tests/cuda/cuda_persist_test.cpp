@@ -25,7 +25,7 @@ Stack make_persist(const std::string& synth, int ctx, bool on) {
   const char* prev = std::getenv("ANVIL_CUDA_PERSIST");
   const std::string saved = prev ? prev : "";
   if (!on) unsetenv("ANVIL_CUDA_PERSIST");
-  else if (!(prev && *prev == '2')) setenv("ANVIL_CUDA_PERSIST", "1", 1);  // (=2 kept: cp.async copies)
+  else if (!(prev && *prev >= '1' && *prev <= '3')) setenv("ANVIL_CUDA_PERSIST", "1", 1);  // (=2, =3 kept)
   Stack s = make_cuda_model_stack(synth, ctx, 1);
   if (prev) setenv("ANVIL_CUDA_PERSIST", saved.c_str(), 1);
   else unsetenv("ANVIL_CUDA_PERSIST");

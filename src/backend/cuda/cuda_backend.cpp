@@ -11,6 +11,8 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda.h>  // CUtensorMap (the encoder comes through the runtime's driver entry point)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,6 +53,19 @@ Result<Elem> elem_of(DType d) {
 
 DevMatrix dev(const WeightMatrix& w) { return cuda::dev_matrix(w); }
 
+// cuTensorMapEncodeTiled from the driver, without linking libcuda; null where it is missing.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop) : dev_(device) {
@@ -77,8 +92,8 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && (*f == '1' || *f == '2'))
-      persist_ = true, persist_async_ = *f == '2';
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && *f >= '1' && *f <= '3')
+      persist_ = true, persist_copy_ = *f == '2' ? 1 : *f == '3' ? 3 : 0;
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
       int mb = 0, early = 0, keep = 0, fork = 0;
       if (std::sscanf(f, "%d,%d,%d,%d", &mb, &early, &keep, &fork) >= 1 && mb > 0 && mb <= 4096)
@@ -731,7 +746,7 @@ class CudaBackend final : public Backend {
     a.n_layers = int(layers.size());
     a.hidden = int(H), a.q_dim = int(QD), a.kv_dim = int(KD), a.ffn = int(F), a.n_heads = n_heads, a.n_kv = n_kv;
     a.group = g, a.kc = kc;
-    a.copy_async = persist_async_ ? 1 : 0;
+    a.copy_async = persist_copy_;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_NOSCALES"); f && *f == '1') {
       a.copy_async = 2;
       std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST_NOSCALES=1: scales and biases not copied (for measuring; results are meaningless)\n");
@@ -768,6 +783,37 @@ class CudaBackend final : public Backend {
     if (!ok(cudaMemsetAsync(a.sync, 0, sync_bytes, st_), "persistent decode counters") ||
         !ok(cudaStreamSynchronize(st_), "persistent decode counters"))
       return -1;
+    if (a.copy_async == 3) {
+      // Tensor maps per layer and matrix: the packed weights as u32 [rows][K/8], scales and biases
+      // as u16 [rows][K/group]; boxes of one unit (32 rows, 16 for gate and up, x kc columns).
+      const auto encode = tensor_map_encoder();
+      if (!encode) return no("no cuTensorMapEncodeTiled in this driver");
+      std::vector<CUtensorMap> maps(layers.size() * 21);
+      for (size_t l = 0; l < layers.size(); ++l) {
+        const DenseLayerView& L = layers[l];
+        const WeightMatrix* ms[7] = {L.q, L.k, L.v, L.o, L.gate, L.up, L.down};
+        for (int m = 0; m < 7; ++m) {
+          const WeightMatrix& w = *ms[m];
+          const cuuint32_t box_rows = (m == 4 || m == 5) ? 16 : 32;
+          for (int k = 0; k < 3; ++k) {
+            const bool data = k == 0;
+            const cuuint64_t dims[2] = {cuuint64_t(data ? w.cols / 8 : w.cols / g), cuuint64_t(w.rows)};
+            const cuuint64_t strides[1] = {cuuint64_t(data ? w.cols / 2 : w.cols / g * 2)};
+            const cuuint32_t box[2] = {cuuint32_t(data ? kc / 8 : kc / g), box_rows}, estr[2] = {1, 1};
+            const void* base = k == 0 ? w.data : k == 1 ? w.scales : w.biases;
+            if (encode(&maps[l * 21 + m * 3 + k], data ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 2,
+                       const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+              return no("cuTensorMapEncodeTiled refused layer " + std::to_string(l));
+          }
+        }
+      }
+      void* dm = get(maps.size() * sizeof(CUtensorMap));
+      if (!dm) return no("out of device memory");
+      copy_to_device(dm, maps.data(), maps.size() * sizeof(CUtensorMap));
+      a.tmaps = dm;
+    }
     if (const char* t = std::getenv("ANVIL_CUDA_PERSIST_TRACE"); t && *t == '1') {
       a.trace = static_cast<unsigned long long*>(get(size_t(a.n_layers + 1) * 5 * 3 * sms_ * 8));
       if (!a.trace) return no("out of device memory");
@@ -1112,7 +1158,8 @@ class CudaBackend final : public Backend {
 
   int dev_ = 0, sms_ = 132;
   // ANVIL_CUDA_PERSIST=1: decode tokens of one sequence through persist_decode.cu (prepare_decode_layers).
-  bool persist_ = false, persist_async_ = false;  // =2: the producer copies with cp.async
+  bool persist_ = false;
+  int persist_copy_ = 0;  // PersistArgs::copy_async: =2 cp.async, =3 tensor maps
   std::vector<cuda::PersistArgs> persist_plans_;
   std::vector<void*> persist_bufs_;
   std::string name_;

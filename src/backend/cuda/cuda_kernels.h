@@ -259,7 +259,9 @@ struct PersistArgs {
   float* attn_ws = nullptr;              // persist_attn_ws_floats
   int max_split = 1;
   unsigned* sync = nullptr;              // persist_sync_words, zero when new
-  int copy_async = 0;                    // the producer's copies: 0 cp.async.bulk per row, 1 16-byte cp.async
+  int copy_async = 0;                    // the producer's copies: 0 cp.async.bulk per row, 1 16-byte cp.async,
+                                         // 3 tensor-map boxes (cp.async.bulk.tensor, 3 per unit)
+  const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
   unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
   // shared memory layout (persist_layout)
   int off_res = 0, off_x = 0, off_ring = 0, stages = 0, stage_bytes = 0;

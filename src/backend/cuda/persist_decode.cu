@@ -94,6 +94,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
+// A 2D box of a tensor map (in global memory, written before the launch) at (x, y).
+__device__ __forceinline__ void tensor_copy(void* dst, const void* tmap, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_u32(dst)),
+      "l"(tmap), "r"(x), "r"(y), "r"(smem_u32(bar))
+      : "memory");
+}
 __device__ __forceinline__ void async_copy16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
@@ -127,12 +135,18 @@ __device__ __forceinline__ int owner_of(int64_t N, int S, int64_t u) {
   return int((uint32_t(u + 1) * uint32_t(S) - 1u) / uint32_t(N));
 }
 
-// The sum of a virtual row's parts (slots in order).
+// The sum of a virtual row's parts (slots in order; up to 4 slots' loads in flight at once).
 __device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int S, int64_t vr) {
   const int64_t N = sh.units(), t = vr / 32;
-  const int s0 = owner_of(N, S, t * sh.U), s1 = owner_of(N, S, (t + 1) * sh.U - 1);
+  const int s0 = owner_of(N, S, t * sh.U), n = owner_of(N, S, (t + 1) * sh.U - 1) - s0 + 1;
+  float x[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) x[k] = k < n ? __ldcg(part + k * sh.rows_v + vr) : 0.0f;
   float v = 0.0f;
-  for (int k = 0; k <= s1 - s0; ++k) v += __ldcg(part + k * sh.rows_v + vr);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (k < n) v += x[k];
+  for (int k = 4; k < n; ++k) v += __ldcg(part + k * sh.rows_v + vr);
   return v;
 }
 // The sums of 8 consecutive virtual rows vr0.. (vr0 % 8 == 0: one tile, one half of a gate/up
@@ -140,12 +154,25 @@ __device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int
 __device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int S, int64_t vr0, float (&f)[8]) {
   const int64_t N = sh.units(), t = vr0 / 32;
   const int s0 = owner_of(N, S, t * sh.U), n = owner_of(N, S, (t + 1) * sh.U - 1) - s0 + 1;
+  float4 x[4], y[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (k < n) {
+      const float4* p = reinterpret_cast<const float4*>(part + k * sh.rows_v + vr0);
+      x[k] = __ldcg(p), y[k] = __ldcg(p + 1);
+    }
+  }
 #pragma unroll
   for (int e = 0; e < 8; ++e) f[e] = 0.0f;
-  for (int k = 0; k < n; ++k) {
+  auto add = [&](const float4& a, const float4& b) {
+    f[0] += a.x, f[1] += a.y, f[2] += a.z, f[3] += a.w, f[4] += b.x, f[5] += b.y, f[6] += b.z, f[7] += b.w;
+  };
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (k < n) add(x[k], y[k]);
+  for (int k = 4; k < n; ++k) {
     const float4* p = reinterpret_cast<const float4*>(part + k * sh.rows_v + vr0);
-    const float4 x = __ldcg(p), y = __ldcg(p + 1);
-    f[0] += x.x, f[1] += x.y, f[2] += x.z, f[3] += x.w, f[4] += y.x, f[5] += y.y, f[6] += y.z, f[7] += y.w;
+    add(__ldcg(p), __ldcg(p + 1));
   }
 }
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
@@ -311,7 +338,32 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           };
           const int K = sh.K;
           uint8_t* dst = sm.ring + size_t(st) * a.stage_bytes;
-          if (a.copy_async != 1) {
+          if (a.copy_async == 3) {
+            // Tensor-map boxes: 3 copies per unit (6 for gate/up: 16 rows of each), from lane 0.
+            if (lane == 0) {
+              mbar_expect_tx(sm.full + st, tx);
+              const uint8_t* tm = static_cast<const uint8_t*>(a.tmaps) + size_t(l) * 21 * 128;
+              const int x_w = c * (kc / 8), x_s = c * ng;  // box origins: u32 words, bf16 groups
+              if (ph == 2) {
+                for (int h = 0; h < 2; ++h) {
+                  const uint8_t* mt = tm + (4 + h) * 3 * 128;
+                  const int y = int(t * 16);
+                  tensor_copy(dst + h * 16 * row_w, mt, x_w, y, sm.full + st);
+                  tensor_copy(dst + 32 * row_w + h * 16 * row_s, mt + 128, x_s, y, sm.full + st);
+                  tensor_copy(dst + 32 * row_w + 32 * row_s + h * 16 * row_s, mt + 256, x_s, y, sm.full + st);
+                }
+              } else {
+                int m;
+                int64_t row;
+                src(0, m, row);
+                const uint8_t* mt = tm + m * 3 * 128;
+                tensor_copy(dst, mt, x_w, int(row), sm.full + st);
+                tensor_copy(dst + 32 * row_w, mt + 128, x_s, int(row), sm.full + st);
+                tensor_copy(dst + 32 * row_w + 32 * row_s, mt + 256, x_s, int(row), sm.full + st);
+              }
+            }
+            __syncwarp();
+          } else if (a.copy_async != 1) {
             // One bulk copy per row and part (weights, scales, biases), lane r copying row r.
             // (copy_async 2, for measuring only: the weights alone; results are meaningless.)
             if (lane == 0) mbar_expect_tx(sm.full + st, a.copy_async == 2 ? 32u * row_w : tx);
@@ -628,8 +680,10 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           for (int i = tid; i < G * kHead; i += kCT) {
             const int gq = i / kHead, d = i % kHead;
             float M = -INFINITY;
+#pragma unroll 8
             for (int k = 0; k < nsplit; ++k) M = fmaxf(M, __ldcg(w0 + (k * G + gq) * (kHead + 2) + kHead));
             float Ls = 0.0f, A = 0.0f;
+#pragma unroll 8
             for (int k = 0; k < nsplit; ++k) {
               const float* pk = w0 + (k * G + gq) * (kHead + 2);
               const float lk = __ldcg(pk + kHead + 1);
