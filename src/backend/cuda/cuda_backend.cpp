@@ -777,9 +777,10 @@ class CudaBackend final : public Backend {
     }
     a.attn_ws = static_cast<float*>(get(cuda::persist_attn_ws_floats(n_kv, a.max_split, n_heads / n_kv) * 4));
     a.attn = get(size_t(QD) * 2);
+    a.act = get(size_t(F) * 2);
     const size_t sync_bytes = cuda::persist_sync_words(n_kv, a.n_layers) * 4;
     a.sync = static_cast<unsigned*>(get(sync_bytes));
-    if (!a.attn_ws || !a.attn || !a.sync) return no("out of device memory");
+    if (!a.attn_ws || !a.attn || !a.act || !a.sync) return no("out of device memory");
     if (!ok(cudaMemsetAsync(a.sync, 0, sync_bytes, st_), "persistent decode counters") ||
         !ok(cudaStreamSynchronize(st_), "persistent decode counters"))
       return -1;

@@ -255,6 +255,7 @@ struct PersistArgs {
   BatchDev b;                            // one token of one sequence
   void* h = nullptr;                     // bf16 [hidden]: the embedded token in, the last residual out
   void* attn = nullptr;                  // bf16 [q_dim] scratch
+  void* act = nullptr;                   // bf16 [ffn] scratch: SwiGLU of gate/up
   float* part[4] = {};                   // per phase (q/k/v, o, gate/up, down): [parts][rows] fp32
   float* attn_ws = nullptr;              // persist_attn_ws_floats
   int max_split = 1;

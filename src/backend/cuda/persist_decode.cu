@@ -135,6 +135,20 @@ __device__ __forceinline__ int owner_of(int64_t N, int S, int64_t u) {
   return int((uint32_t(u + 1) * uint32_t(S) - 1u) / uint32_t(N));
 }
 
+// Block s's units of phase ph. Gate/up with at least one tile per block (gu_whole) goes by whole
+// tiles (at most one tile of imbalance), so each tile's rows are summed in one block, which applies
+// SwiGLU itself; every other phase by balanced unit ranges, a tile's K split over blocks as needed.
+__device__ __forceinline__ void unit_range(const Shape& sh, int ph, bool gu_whole, int S, int s, int64_t& u0,
+                                           int64_t& u1) {
+  if (ph == 2 && gu_whole) {
+    const int64_t T = sh.rows_v / 32;
+    u0 = first_unit(T, S, s) * sh.U, u1 = first_unit(T, S, s + 1) * sh.U;
+  } else {
+    const int64_t N = sh.units();
+    u0 = first_unit(N, S, s), u1 = first_unit(N, S, s + 1);
+  }
+}
+
 // The sum of a virtual row's parts (slots in order; up to 4 slots' loads in flight at once).
 __device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int S, int64_t vr) {
   const int64_t N = sh.units(), t = vr / 32;
@@ -299,6 +313,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const int H = a.hidden, QD = a.q_dim, KD = a.kv_dim, F = a.ffn;
   const Shape shp[4] = {{int64_t(QD + 2 * KD), H, H / kc}, {int64_t(H), QD, QD / kc}, {2 * int64_t(F), H, H / kc},
                         {int64_t(H), F, F / kc}};
+  const bool gu_whole = F / 16 >= S;             // gate/up by whole tiles (unit_range)
   const int ng = kc / g;                         // groups per unit row
   const unsigned row_w = unsigned(kc / 2);       // bytes of packed weights per unit row
   const unsigned row_s = unsigned(ng * 2);       // bytes of scales (and of biases) per unit row
@@ -316,7 +331,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       const PersistLayer& L = a.layers[l];
       for (int ph = 0; ph < 4; ++ph) {
         const Shape sh = shp[ph];
-        const int64_t N = sh.units(), u0 = first_unit(N, S, s), u1 = first_unit(N, S, s + 1);
+        int64_t u0, u1;
+        unit_range(sh, ph, gu_whole, S, s, u0, u1);
         for (int64_t u = u0; u < u1; ++u, ++it) {
           const int64_t t = u / sh.U;
           const int c = int(u % sh.U);
@@ -467,7 +483,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   // The block's units of phase ph: the ring's stages through the integer dot products; parts to `part`.
   auto matvec = [&](int ph, float* part) {
     const Shape sh = shp[ph];
-    const int64_t N = sh.units(), u0 = first_unit(N, S, s), u1 = first_unit(N, S, s + 1);
+    const int64_t N = sh.units();
+    int64_t u0, u1;
+    unit_range(sh, ph, gu_whole, S, s, u0, u1);
     const int PR = kc / 32, NP = sh.K / 32;
     const float2* xf = reinterpret_cast<const float2*>(sm.xbuf + size_t(sh.K) * 2);
     const int half = lane >> 4, li = lane & 15;
@@ -480,7 +498,17 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, o);
         acc1 += __shfl_xor_sync(0xffffffffu, acc1, o);
       }
-      if (li == 0) {
+      if (ph == 2 && gu_whole) {
+        // The tile's 16 gate and 16 up rows are whole here: SwiGLU, bf16 into act.
+        float* gs = sm.red + 32;
+        if (li == 0) gs[rA] = acc0, gs[rB] = acc1;
+        cbar();
+        if (tid < 16) {
+          const float gv = bf(gs[tid]), uv = bf(gs[16 + tid]);
+          static_cast<__nv_bfloat16*>(a.act)[cur * 16 + tid] = __float2bfloat16_rn(gv / (1.0f + __expf(-gv)) * uv);
+        }
+        cbar();
+      } else if (li == 0) {
         const int slot = s - owner_of(N, S, cur * sh.U);
         part[slot * sh.rows_v + cur * 32 + rA] = acc0;
         part[slot * sh.rows_v + cur * 32 + rB] = acc1;
@@ -721,6 +749,12 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
     bar_wait(bars, l * kPhases + 3, target, a);
     stage_x(F, [&](int i0, float (&f)[8]) {
+      if (gu_whole) {
+        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0));
+        f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+        f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
+        return;
+      }
       const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
       float gt[8], up[8];
       row_sum8(a.part[2], shp[2], S, vr, gt);
