@@ -556,10 +556,27 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
+    const int nsplit = min(a.max_split, (ctx + kAttnPos - 1) / kAttnPos);
+    const int chunk = (ctx + nsplit - 1) / nsplit;
+    {
+      // While the other blocks finish q/k/v: this block's K and V rows of earlier positions into
+      // L2 (they do not depend on this step), so that its attention items read them from there.
+      const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(a.kv.base);
+      const int32_t* ptab = a.b.page_table + int64_t(seq) * a.b.max_pages;
+      const int64_t vstride = int64_t(a.kv.n_kv_heads) * a.kv.page_size * kHead;
+      for (int item = s; item < a.n_kv * nsplit; item += S) {
+        const int kvh = item / nsplit, p0 = (item % nsplit) * chunk, p1 = min(pos, p0 + chunk);
+        for (int i = tid; i < 4 * (p1 - p0); i += kCT) {
+          const int p = p0 + (i >> 2), part = i & 3;
+          const int64_t krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers,
+                                      a.kv.n_kv_heads, a.kv.page_size, kHead);
+          const __nv_bfloat16* line = kvb + krow + (part >> 1) * vstride + (part & 1) * 64;
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+        }
+      }
+    }
     bar_wait(bars, l * kPhases + 0, target, a);
     {
-      const int nsplit = min(a.max_split, (ctx + kAttnPos - 1) / kAttnPos);
-      const int chunk = (ctx + nsplit - 1) / nsplit;
       float* qs = reinterpret_cast<float*>(sm.xbuf);          // [G][128]
       float* wm = qs + kMaxG * kHead;                         // [kCW][G]: running max
       float* wl = wm + kCW * kMaxG;                           // [kCW][G]: running sum
