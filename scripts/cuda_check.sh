@@ -717,22 +717,20 @@ if [ "$what" != tests ]; then
     # (each bounded: a barrier that never opens would hang), then decode against the default.
     timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
     echo "### persist tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    ANVIL_CUDA_PERSIST=3 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist3_tests.log" 2>&1
-    echo "### persist tests, =3 (tensor maps): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist3_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_CUDA_PERSIST=2 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist2_tests.log" 2>&1
+    echo "### persist tests, =2 (bulk copies per row): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist2_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
-      for v in ${PERSIST_MODES:-1 2 3}; do
+      for v in ${PERSIST_MODES:-1}; do
         ANVIL_CUDA_PERSIST=$v timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 \
           > "$OUT/persist${v}_bench_${m%%:*}.log" 2>&1
         echo "### ANVIL_CUDA_PERSIST=$v $m: rc=$? $(grep -E '^decode|PERSIST|rror' "$OUT/persist${v}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      for v in 1 3; do
+      for v in ${PERSIST_TRACE_MODES:-1}; do
         ANVIL_CUDA_PERSIST=$v ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
           -n 16 --runs 1 > "$OUT/persist${v}_trace_${m%%:*}.log" 2>&1
         { echo "### persist trace, ANVIL_CUDA_PERSIST=$v $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist${v}_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
       done
-      # The producer without its 16-byte bulk copies of scales and biases (timing only).
-      echo "### ANVIL_CUDA_PERSIST_NOSCALES=1 $m: $(ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_NOSCALES=1 timeout 60 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 32 --runs 1 2>&1 | grep -E '^decode')" >> "$OUT/bench.log"
       [ -n "${PERSIST_NO_DEFAULT:-}" ] || pd X=default "$m"
     done
   elif [ "$set" = wavepf1 ]; then

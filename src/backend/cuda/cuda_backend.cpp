@@ -92,8 +92,10 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
+    // =1: tensor-map copies (bulk copies per row where the driver has no encoder); =2: bulk copies
+    // per row; =3: 16-byte cp.async (PersistArgs::copy_async 3, 0, 1).
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && *f >= '1' && *f <= '3')
-      persist_ = true, persist_copy_ = *f == '2' ? 1 : *f == '3' ? 3 : 0;
+      persist_ = true, persist_copy_ = *f == '1' ? 3 : *f == '2' ? 0 : 1;
     if (const char* f = std::getenv("ANVIL_CUDA_L2_PREFETCH"); f && *f) {
       int mb = 0, early = 0, keep = 0, fork = 0;
       if (std::sscanf(f, "%d,%d,%d,%d", &mb, &early, &keep, &fork) >= 1 && mb > 0 && mb <= 4096)
@@ -788,7 +790,10 @@ class CudaBackend final : public Backend {
       // Tensor maps per layer and matrix: the packed weights as u32 [rows][K/8], scales and biases
       // as u16 [rows][K/group]; boxes of one unit (32 rows, 16 for gate and up, x kc columns).
       const auto encode = tensor_map_encoder();
-      if (!encode) return no("no cuTensorMapEncodeTiled in this driver");
+      if (!encode) a.copy_async = 0;  // (per-row bulk copies)
+    }
+    if (a.copy_async == 3) {
+      const auto encode = tensor_map_encoder();
       std::vector<CUtensorMap> maps(layers.size() * 21);
       for (size_t l = 0; l < layers.size(); ++l) {
         const DenseLayerView& L = layers[l];
@@ -816,7 +821,7 @@ class CudaBackend final : public Backend {
       a.tmaps = dm;
     }
     if (const char* t = std::getenv("ANVIL_CUDA_PERSIST_TRACE"); t && *t == '1') {
-      a.trace = static_cast<unsigned long long*>(get(size_t(a.n_layers + 1) * 5 * 3 * sms_ * 8));
+      a.trace = static_cast<unsigned long long*>(get(size_t(a.n_layers + 1) * 5 * 4 * sms_ * 8));
       if (!a.trace) return no("out of device memory");
     }
     std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST: %d layers in one launch, %d blocks, %d ring stages of %d bytes\n",
@@ -831,9 +836,9 @@ class CudaBackend final : public Backend {
     for (const cuda::PersistArgs& a : persist_plans_) {
       if (!a.trace) continue;
       const int S = sms_, L = a.n_layers;
-      std::vector<unsigned long long> t(size_t(L + 1) * 15 * S);
+      std::vector<unsigned long long> t(size_t(L + 1) * 20 * S);
       if (cudaMemcpy(t.data(), a.trace, t.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return;
-      auto at = [&](int l, int k, int e, int b) { return double(t[((size_t(l) * 5 + k) * 3 + e) * S + b]); };
+      auto at = [&](int l, int k, int e, int b) { return double(t[((size_t(l) * 5 + k) * 4 + e) * S + b]); };
       const char* names[5] = {"q/k/v", "attention", "o", "gate/up", "down"};
       std::fprintf(stderr, "anvil: persist trace (us, mean over layers 1..%d):\n", L - 1);
       double layer = 0.0;
@@ -858,6 +863,17 @@ class CudaBackend final : public Backend {
         std::fprintf(stderr, "  %-9s stage %6.2f  work %6.2f (slowest block %6.2f)  next phase starts %5.2f after the last arrival\n",
                      names[k], k == 1 ? 0.0 : stage, work, worst, release);
       }
+      // Attention, over the blocks that had an item: q/k/v prepared, positions, merges.
+      double prep = 0, pos = 0, rest = 0;
+      int n = 0;
+      for (int l = 1; l < L; ++l)
+        for (int b = 0; b < S; ++b) {
+          const double e0 = at(l, 1, 0, b), e1 = at(l, 1, 1, b), e3 = at(l, 1, 3, b), e2 = at(l, 1, 2, b);
+          if (!(e0 <= e1 && e1 <= e3 && e3 <= e2)) continue;
+          prep += (e1 - e0) / 1e3, pos += (e3 - e1) / 1e3, rest += (e2 - e3) / 1e3, ++n;
+        }
+      if (n) std::fprintf(stderr, "  attention items: q/k/v prepared %.2f, positions %.2f, merges %.2f (%d)\n", prep / n,
+                          pos / n, rest / n, n);
       std::fprintf(stderr, "  layer %.2f us\n", layer);
     }
   }
@@ -1160,7 +1176,7 @@ class CudaBackend final : public Backend {
   int dev_ = 0, sms_ = 132;
   // ANVIL_CUDA_PERSIST=1: decode tokens of one sequence through persist_decode.cu (prepare_decode_layers).
   bool persist_ = false;
-  int persist_copy_ = 0;  // PersistArgs::copy_async: =2 cp.async, =3 tensor maps
+  int persist_copy_ = 3;  // PersistArgs::copy_async (ANVIL_CUDA_PERSIST=1: 3, tensor maps; =2: 0; =3: 1)
   std::vector<cuda::PersistArgs> persist_plans_;
   std::vector<void*> persist_bufs_;
   std::string name_;

@@ -116,6 +116,11 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 }
 #endif
 
+template <int N>
+struct IntC {
+  static constexpr int value = N;
+};
+
 // The consumer warps' barrier (the producer warp never joins it).
 __device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory"); }
 
@@ -236,12 +241,12 @@ __device__ __forceinline__ float csum(float v, float* red) {
 }
 
 // ANVIL_CUDA_PERSIST_TRACE: the global timer at mark e (0 phase start, 1 input staged, 2 phase
-// done) of phase k of layer l, per block.
+// done, 3 attention: its positions done) of phase k of layer l, per block.
 __device__ __forceinline__ void tmark(const PersistArgs& a, int l, int k, int e) {
   if (a.trace && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.trace[((size_t(l) * kPhases + k) * 3 + e) * gridDim.x + blockIdx.x] = t;
+    a.trace[((size_t(l) * kPhases + k) * 4 + e) * gridDim.x + blockIdx.x] = t;
   }
 }
 
@@ -297,7 +302,7 @@ __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& s
   }
 }
 
-__global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
+__global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const int S = gridDim.x, s = blockIdx.x;
@@ -333,11 +338,12 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         const Shape sh = shp[ph];
         int64_t u0, u1;
         unit_range(sh, ph, gu_whole, S, s, u0, u1);
-        for (int64_t u = u0; u < u1; ++u, ++it) {
-          const int64_t t = u / sh.U;
-          const int c = int(u % sh.U);
-          const int st = int(it % NS);
-          if (it >= uint32_t(NS)) mbar_wait(sm.empty + st, ((it / NS) - 1) & 1);
+        // (t, c) stepped, not divided out of u: 64-bit divisions per unit cost more than the unit.
+        int64_t t = u0 / sh.U;
+        int c = int(u0 - t * sh.U);
+        for (int64_t u = u0; u < u1; ++u, ++it, ++c == sh.U ? (c = 0, ++t) : 0) {
+          const int st = int(it % uint32_t(NS));
+          if (it >= uint32_t(NS)) mbar_wait(sm.empty + st, ((it / uint32_t(NS)) - 1) & 1);
           // Unit row r: its matrix m and row.
           auto src = [&](int r, int& m, int64_t& row) {
             if (ph == 0) {
@@ -443,6 +449,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   auto stage_x = [&](int K, auto&& val8) {
     const int NP = K / 32;
     float2* xf = reinterpret_cast<float2*>(sm.xbuf + size_t(K) * 2);
+#pragma unroll 4
     for (int base = 0; base < K / 8; base += kCT) {
       const int idx = base + tid;
       const bool valid = idx < K / 8;
@@ -459,6 +466,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   // planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
   auto stage_norm = [&](const float* part, const Shape* sh, const __nv_bfloat16* w) {
     float ss = 0.0f;
+#pragma unroll 4
     for (int i0 = tid * 8; i0 < H; i0 += kCT * 8) {
       float f[8];
       if (!part) {
@@ -515,15 +523,15 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       }
       acc0 = acc1 = 0.0f;
     };
-    for (int64_t u = u0; u < u1; ++u, ++it) {
-      const int64_t t = u / sh.U;
-      const int c = int(u % sh.U);
+    int64_t t = u0 / sh.U;
+    int c = int(u0 - t * sh.U);
+    for (int64_t u = u0; u < u1; ++u, ++it, ++c == sh.U ? (c = 0, ++t) : 0) {
       if (t != cur) {
         if (cur >= 0) flush();
         cur = t;
       }
-      const int st = int(it % NS);
-      mbar_wait(sm.full + st, (it / NS) & 1);
+      const int st = int(it % uint32_t(NS));
+      mbar_wait(sm.full + st, (it / uint32_t(NS)) & 1);
       const uint8_t* stage = sm.ring + size_t(st) * a.stage_bytes;
       const uint4* wq = reinterpret_cast<const uint4*>(stage);
       const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(stage + 32 * (kc / 2));
@@ -576,173 +584,181 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       }
     }
     bar_wait(bars, l * kPhases + 0, target, a);
-    {
-      float* qs = reinterpret_cast<float*>(sm.xbuf);          // [G][128]
-      float* wm = qs + kMaxG * kHead;                         // [kCW][G]: running max
-      float* wl = wm + kCW * kMaxG;                           // [kCW][G]: running sum
-      float* wacc = wl + kCW * kMaxG;                         // [kCW][G][128]
-      const int64_t vstride = int64_t(a.kv.n_kv_heads) * a.kv.page_size * kHead;  // K row -> V row
-      __nv_bfloat16* kvb = static_cast<__nv_bfloat16*>(a.kv.base);
-      const int32_t* ptab = a.b.page_table + int64_t(seq) * a.b.max_pages;
-      for (int item = s; item < a.n_kv * nsplit; item += S) {
-        const int kvh = item / nsplit, sp = item % nsplit;
-        const int p0 = sp * chunk, p1 = min(ctx, p0 + chunk);
-        const bool last = sp == nsplit - 1;
-        for (int task = warp; task < G + (last ? 2 : 0); task += kCW) {
-          float v[4];
-          if (task < G) {
-            const int h = kvh * G + task;
-            head_norm_rope(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm), a.eps,
-                           a.inv_freq, pos, v);
-            qs[task * kHead + lane] = v[0], qs[task * kHead + lane + 64] = v[1];
-            qs[task * kHead + lane + 32] = v[2], qs[task * kHead + lane + 96] = v[3];
-          } else {
-            const int64_t page = ptab[pos / a.kv.page_size];
-            __nv_bfloat16* dst =
-                kvb + kv_row(page, l, task - G, kvh, pos % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
-                             a.kv.page_size, kHead);
-            if (task == G) {
-              head_norm_rope(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
-                             static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, a.inv_freq, pos, v);
-              dst[lane] = __float2bfloat16_rn(v[0]), dst[lane + 64] = __float2bfloat16_rn(v[1]);
-              dst[lane + 32] = __float2bfloat16_rn(v[2]), dst[lane + 96] = __float2bfloat16_rn(v[3]);
+    // Register arrays sized for GM >= G query heads per kv head (2, 4 or 8).
+    auto attention = [&](auto gm) {
+      constexpr int GM = decltype(gm)::value;
+      {
+        float* qs = reinterpret_cast<float*>(sm.xbuf);          // [G][128]
+        float* wm = qs + kMaxG * kHead;                         // [kCW][G]: running max
+        float* wl = wm + kCW * kMaxG;                           // [kCW][G]: running sum
+        float* wacc = wl + kCW * kMaxG;                         // [kCW][G][128]
+        const int64_t vstride = int64_t(a.kv.n_kv_heads) * a.kv.page_size * kHead;  // K row -> V row
+        __nv_bfloat16* kvb = static_cast<__nv_bfloat16*>(a.kv.base);
+        const int32_t* ptab = a.b.page_table + int64_t(seq) * a.b.max_pages;
+        for (int item = s; item < a.n_kv * nsplit; item += S) {
+          const int kvh = item / nsplit, sp = item % nsplit;
+          const int p0 = sp * chunk, p1 = min(ctx, p0 + chunk);
+          const bool last = sp == nsplit - 1;
+          for (int task = warp; task < G + (last ? 2 : 0); task += kCW) {
+            float v[4];
+            if (task < G) {
+              const int h = kvh * G + task;
+              head_norm_rope(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm), a.eps,
+                             a.inv_freq, pos, v);
+              qs[task * kHead + lane] = v[0], qs[task * kHead + lane + 64] = v[1];
+              qs[task * kHead + lane + 32] = v[2], qs[task * kHead + lane + 96] = v[3];
             } else {
-              for (int i = lane; i < kHead; i += 32)
-                dst[i] = __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
+              const int64_t page = ptab[pos / a.kv.page_size];
+              __nv_bfloat16* dst =
+                  kvb + kv_row(page, l, task - G, kvh, pos % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
+                               a.kv.page_size, kHead);
+              if (task == G) {
+                head_norm_rope(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
+                               static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, a.inv_freq, pos, v);
+                dst[lane] = __float2bfloat16_rn(v[0]), dst[lane + 64] = __float2bfloat16_rn(v[1]);
+                dst[lane + 32] = __float2bfloat16_rn(v[2]), dst[lane + 96] = __float2bfloat16_rn(v[3]);
+              } else {
+                for (int i = lane; i < kHead; i += 32)
+                  dst[i] = __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
+              }
             }
           }
-        }
-        cbar();  // qs, and the appended row (read back below by this block through L2)
-        if (item == s) tmark(a, l, 1, 1);
-        float m[kMaxG], lsum[kMaxG], acc[kMaxG][4];
-#pragma unroll
-        for (int gq = 0; gq < kMaxG; ++gq) {
-          m[gq] = -INFINITY, lsum[gq] = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[gq][e] = 0.0f;
-        }
-        for (int c0 = p0 + warp * 32; c0 < p1; c0 += kAttnPos) {
-          const int p = c0 + lane;
-          const bool valid = p < p1;
-          int64_t krow = 0;
-          float sc[kMaxG];
-#pragma unroll
-          for (int gq = 0; gq < kMaxG; ++gq) sc[gq] = 0.0f;
-          if (valid) {
-            krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
-                          a.kv.page_size, kHead);
-            const uint4* kr = reinterpret_cast<const uint4*>(kvb + krow);
-            // The row in two batches of 8 loads, each batch in flight at once.
-#pragma unroll
-            for (int hb = 0; hb < 2; ++hb) {
-              uint4 kk[8];
-#pragma unroll
-              for (int d8 = 0; d8 < 8; ++d8) kk[d8] = __ldcg(kr + hb * 8 + d8);
-#pragma unroll
-              for (int d8 = 0; d8 < 8; ++d8) {
-                const float kf[8] = {bf16_lo(kk[d8].x), bf16_hi(kk[d8].x), bf16_lo(kk[d8].y), bf16_hi(kk[d8].y),
-                                     bf16_lo(kk[d8].z), bf16_hi(kk[d8].z), bf16_lo(kk[d8].w), bf16_hi(kk[d8].w)};
-                const int d0 = (hb * 8 + d8) * 8;
-#pragma unroll
-                for (int gq = 0; gq < kMaxG; ++gq) {
-                  if (gq < G) {
-                    const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0);
-                    const float4 q1 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0 + 4);
-                    sc[gq] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
-                              q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+          cbar();  // qs, and the appended row (read back below by this block through L2)
+          if (item == s) tmark(a, l, 1, 1);
+          float m[GM], lsum[GM], acc[GM][4];
+  #pragma unroll
+          for (int gq = 0; gq < GM; ++gq) {
+            m[gq] = -INFINITY, lsum[gq] = 0.0f;
+  #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[gq][e] = 0.0f;
+          }
+          for (int c0 = p0 + warp * 32; c0 < p1; c0 += kAttnPos) {
+            const int p = c0 + lane;
+            const bool valid = p < p1;
+            int64_t krow = 0;
+            float sc[GM];
+  #pragma unroll
+            for (int gq = 0; gq < GM; ++gq) sc[gq] = 0.0f;
+            if (valid) {
+              krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
+                            a.kv.page_size, kHead);
+              const uint4* kr = reinterpret_cast<const uint4*>(kvb + krow);
+              // The row in two batches of 8 loads, each batch in flight at once.
+  #pragma unroll
+              for (int hb = 0; hb < 2; ++hb) {
+                uint4 kk[8];
+  #pragma unroll
+                for (int d8 = 0; d8 < 8; ++d8) kk[d8] = __ldcg(kr + hb * 8 + d8);
+  #pragma unroll
+                for (int d8 = 0; d8 < 8; ++d8) {
+                  const float kf[8] = {bf16_lo(kk[d8].x), bf16_hi(kk[d8].x), bf16_lo(kk[d8].y), bf16_hi(kk[d8].y),
+                                       bf16_lo(kk[d8].z), bf16_hi(kk[d8].z), bf16_lo(kk[d8].w), bf16_hi(kk[d8].w)};
+                  const int d0 = (hb * 8 + d8) * 8;
+  #pragma unroll
+                  for (int gq = 0; gq < GM; ++gq) {
+                    if (gq < G) {
+                      const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0);
+                      const float4 q1 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0 + 4);
+                      sc[gq] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
+                                q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+                    }
                   }
                 }
               }
             }
-          }
-          float pe[kMaxG];
-#pragma unroll
-          for (int gq = 0; gq < kMaxG; ++gq) {
-            if (gq >= G) continue;
-            const float sv = valid ? sc[gq] * a.scale : -INFINITY;
-            const float mn = fmaxf(m[gq], warp_max(sv));
-            const float corr = __expf(m[gq] - mn);
-            pe[gq] = valid ? __expf(sv - mn) : 0.0f;
-            lsum[gq] = lsum[gq] * corr + warp_sum(pe[gq]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[gq][e] *= corr;
-            m[gq] = mn;
-          }
-          // V rows 16 at a time, each batch's loads in flight at once.
-          const int n = min(32, p1 - c0);
-          for (int j0 = 0; j0 < n; j0 += 16) {
-            uint2 vv[16];
-#pragma unroll
-            for (int jj = 0; jj < 16; ++jj) {
-              const long long kj = __shfl_sync(0xffffffffu, (long long)krow, (j0 + jj) & 31);
-              vv[jj] = j0 + jj < n ? __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane) : make_uint2(0, 0);
+            float pe[GM];
+  #pragma unroll
+            for (int gq = 0; gq < GM; ++gq) {
+              if (gq >= G) continue;
+              const float sv = valid ? sc[gq] * a.scale : -INFINITY;
+              const float mn = fmaxf(m[gq], warp_max(sv));
+              const float corr = __expf(m[gq] - mn);
+              pe[gq] = valid ? __expf(sv - mn) : 0.0f;
+              lsum[gq] = lsum[gq] * corr + warp_sum(pe[gq]);
+  #pragma unroll
+              for (int e = 0; e < 4; ++e) acc[gq][e] *= corr;
+              m[gq] = mn;
             }
-#pragma unroll
-            for (int jj = 0; jj < 16; ++jj) {
-              const float vf[4] = {bf16_lo(vv[jj].x), bf16_hi(vv[jj].x), bf16_lo(vv[jj].y), bf16_hi(vv[jj].y)};
-#pragma unroll
-              for (int gq = 0; gq < kMaxG; ++gq) {
-                if (gq >= G) continue;
-                const float pj = __shfl_sync(0xffffffffu, pe[gq], (j0 + jj) & 31);  // 0 past n (invalid lanes)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
+            // V rows 16 at a time, each batch's loads in flight at once.
+            const int n = min(32, p1 - c0);
+            for (int j0 = 0; j0 < n; j0 += 16) {
+              uint2 vv[16];
+  #pragma unroll
+              for (int jj = 0; jj < 16; ++jj) {
+                const long long kj = __shfl_sync(0xffffffffu, (long long)krow, (j0 + jj) & 31);
+                vv[jj] = j0 + jj < n ? __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane) : make_uint2(0, 0);
+              }
+  #pragma unroll
+              for (int jj = 0; jj < 16; ++jj) {
+                const float vf[4] = {bf16_lo(vv[jj].x), bf16_hi(vv[jj].x), bf16_lo(vv[jj].y), bf16_hi(vv[jj].y)};
+  #pragma unroll
+                for (int gq = 0; gq < GM; ++gq) {
+                  if (gq >= G) continue;
+                  const float pj = __shfl_sync(0xffffffffu, pe[gq], (j0 + jj) & 31);  // 0 past n (invalid lanes)
+  #pragma unroll
+                  for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
+                }
               }
             }
           }
-        }
+            if (item == s) tmark(a, l, 1, 3);
 #pragma unroll
-        for (int gq = 0; gq < kMaxG; ++gq) {
-          if (gq >= G) continue;
-          if (lane == 0) wm[warp * kMaxG + gq] = m[gq], wl[warp * kMaxG + gq] = lsum[gq];
-          *reinterpret_cast<float4*>(wacc + (warp * kMaxG + gq) * kHead + 4 * lane) =
-              make_float4(acc[gq][0], acc[gq][1], acc[gq][2], acc[gq][3]);
-        }
-        cbar();
-        // This item's part: (acc, max, sum) per q head, merged over the warps.
-        float* ws = a.attn_ws + (int64_t(kvh) * a.max_split + sp) * G * (kHead + 2);
-        for (int i = tid; i < G * kHead; i += kCT) {
-          const int gq = i / kHead, d = i % kHead;
-          float M = -INFINITY;
-          for (int w = 0; w < kCW; ++w) M = fmaxf(M, wm[w * kMaxG + gq]);
-          float Ls = 0.0f, A = 0.0f;
-          for (int w = 0; w < kCW; ++w) {
-            const float f = wl[w * kMaxG + gq] > 0.0f ? __expf(wm[w * kMaxG + gq] - M) : 0.0f;
-            Ls += wl[w * kMaxG + gq] * f;
-            A += wacc[(w * kMaxG + gq) * kHead + d] * f;
+          for (int gq = 0; gq < GM; ++gq) {
+            if (gq >= G) continue;
+            if (lane == 0) wm[warp * kMaxG + gq] = m[gq], wl[warp * kMaxG + gq] = lsum[gq];
+            *reinterpret_cast<float4*>(wacc + (warp * kMaxG + gq) * kHead + 4 * lane) =
+                make_float4(acc[gq][0], acc[gq][1], acc[gq][2], acc[gq][3]);
           }
-          ws[gq * (kHead + 2) + d] = A;
-          if (d == 0) ws[gq * (kHead + 2) + kHead] = M, ws[gq * (kHead + 2) + kHead + 1] = Ls;
-        }
-        cbar();
-        if (tid == 0) {
-          __threadfence();
-          flag_s = atomicAdd(head_cnt + kvh, 1u) == unsigned(nsplit - 1);
-        }
-        cbar();
-        if (flag_s) {
-          __threadfence();
-          const float* w0 = a.attn_ws + int64_t(kvh) * a.max_split * G * (kHead + 2);
+          cbar();
+          // This item's part: (acc, max, sum) per q head, merged over the warps.
+          float* ws = a.attn_ws + (int64_t(kvh) * a.max_split + sp) * G * (kHead + 2);
           for (int i = tid; i < G * kHead; i += kCT) {
             const int gq = i / kHead, d = i % kHead;
             float M = -INFINITY;
-#pragma unroll 8
-            for (int k = 0; k < nsplit; ++k) M = fmaxf(M, __ldcg(w0 + (k * G + gq) * (kHead + 2) + kHead));
+            for (int w = 0; w < kCW; ++w) M = fmaxf(M, wm[w * kMaxG + gq]);
             float Ls = 0.0f, A = 0.0f;
-#pragma unroll 8
-            for (int k = 0; k < nsplit; ++k) {
-              const float* pk = w0 + (k * G + gq) * (kHead + 2);
-              const float lk = __ldcg(pk + kHead + 1);
-              const float f = lk > 0.0f ? __expf(__ldcg(pk + kHead) - M) : 0.0f;
-              Ls += lk * f;
-              A += __ldcg(pk + d) * f;
+            for (int w = 0; w < kCW; ++w) {
+              const float f = wl[w * kMaxG + gq] > 0.0f ? __expf(wm[w * kMaxG + gq] - M) : 0.0f;
+              Ls += wl[w * kMaxG + gq] * f;
+              A += wacc[(w * kMaxG + gq) * kHead + d] * f;
             }
-            static_cast<__nv_bfloat16*>(a.attn)[(int64_t(kvh) * G + gq) * kHead + d] = __float2bfloat16_rn(A / Ls);
+            ws[gq * (kHead + 2) + d] = A;
+            if (d == 0) ws[gq * (kHead + 2) + kHead] = M, ws[gq * (kHead + 2) + kHead + 1] = Ls;
           }
-          if (tid == 0) head_cnt[kvh] = 0;
+          cbar();
+          if (tid == 0) {
+            __threadfence();
+            flag_s = atomicAdd(head_cnt + kvh, 1u) == unsigned(nsplit - 1);
+          }
+          cbar();
+          if (flag_s) {
+            __threadfence();
+            const float* w0 = a.attn_ws + int64_t(kvh) * a.max_split * G * (kHead + 2);
+            for (int i = tid; i < G * kHead; i += kCT) {
+              const int gq = i / kHead, d = i % kHead;
+              float M = -INFINITY;
+  #pragma unroll 8
+              for (int k = 0; k < nsplit; ++k) M = fmaxf(M, __ldcg(w0 + (k * G + gq) * (kHead + 2) + kHead));
+              float Ls = 0.0f, A = 0.0f;
+  #pragma unroll 8
+              for (int k = 0; k < nsplit; ++k) {
+                const float* pk = w0 + (k * G + gq) * (kHead + 2);
+                const float lk = __ldcg(pk + kHead + 1);
+                const float f = lk > 0.0f ? __expf(__ldcg(pk + kHead) - M) : 0.0f;
+                Ls += lk * f;
+                A += __ldcg(pk + d) * f;
+              }
+              static_cast<__nv_bfloat16*>(a.attn)[(int64_t(kvh) * G + gq) * kHead + d] = __float2bfloat16_rn(A / Ls);
+            }
+            if (tid == 0) head_cnt[kvh] = 0;
+          }
+          cbar();
         }
-        cbar();
       }
-    }
+    };
+    if (G <= 2) attention(IntC<2>{});
+    else if (G <= 4) attention(IntC<4>{});
+    else attention(IntC<8>{});
     bar_arrive(bars, l * kPhases + 1, a);
 
     // ---- o ----
