@@ -717,17 +717,21 @@ if [ "$what" != tests ]; then
     # (each bounded: a barrier that never opens would hang), then decode against the default.
     timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
     echo "### persist tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    ANVIL_CUDA_PERSIST=2 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist2_tests.log" 2>&1
-    echo "### persist tests, =2 (bulk copies per row): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist2_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    [ -n "${PERSIST_TEST2:-}" ] && {
+      ANVIL_CUDA_PERSIST=2 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist2_tests.log" 2>&1
+      echo "### persist tests, =2 (bulk copies per row): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist2_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    }
     for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
       for v in ${PERSIST_MODES:-1}; do
-        ANVIL_CUDA_PERSIST=$v timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 64 --runs 2 \
-          > "$OUT/persist${v}_bench_${m%%:*}.log" 2>&1
-        echo "### ANVIL_CUDA_PERSIST=$v $m: rc=$? $(grep -E '^decode|PERSIST|rror' "$OUT/persist${v}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+        for ah in ${PERSIST_L2AHEAD:-0 24 64}; do
+          ANVIL_CUDA_PERSIST=$v ANVIL_CUDA_PERSIST_L2AHEAD=$ah timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
+            -n 64 --runs 2 > "$OUT/persist${v}_${ah}_bench_${m%%:*}.log" 2>&1
+          echo "### ANVIL_CUDA_PERSIST=$v L2AHEAD=$ah $m: rc=$? $(grep -E '^decode|rror' "$OUT/persist${v}_${ah}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+        done
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
       for v in ${PERSIST_TRACE_MODES:-1}; do
-        ANVIL_CUDA_PERSIST=$v ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
+        ANVIL_CUDA_PERSIST=$v ANVIL_CUDA_PERSIST_L2AHEAD=${PERSIST_TRACE_AHEAD:-24} ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
           -n 16 --runs 1 > "$OUT/persist${v}_trace_${m%%:*}.log" 2>&1
         { echo "### persist trace, ANVIL_CUDA_PERSIST=$v $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist${v}_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
       done

@@ -749,6 +749,8 @@ class CudaBackend final : public Backend {
     a.hidden = int(H), a.q_dim = int(QD), a.kv_dim = int(KD), a.ffn = int(F), a.n_heads = n_heads, a.n_kv = n_kv;
     a.group = g, a.kc = kc;
     a.copy_async = persist_copy_;
+    a.l2_ahead = 0;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_L2AHEAD"); f && *f) a.l2_ahead = std::clamp(std::atoi(f), 0, 256);
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_NOSCALES"); f && *f == '1') {
       a.copy_async = 2;
       std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST_NOSCALES=1: scales and biases not copied (for measuring; results are meaningless)\n");

@@ -102,6 +102,9 @@ __device__ __forceinline__ void tensor_copy(void* dst, const void* tmap, int x, 
       "l"(tmap), "r"(x), "r"(y), "r"(smem_u32(bar))
       : "memory");
 }
+__device__ __forceinline__ void tensor_prefetch_l2(const void* tmap, int x, int y) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(tmap), "r"(x), "r"(y) : "memory");
+}
 __device__ __forceinline__ void async_copy16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
@@ -151,6 +154,33 @@ __device__ __forceinline__ void unit_range(const Shape& sh, int ph, bool gu_whol
   } else {
     const int64_t N = sh.units();
     u0 = first_unit(N, S, s), u1 = first_unit(N, S, s + 1);
+  }
+}
+
+// A position in a block's unit sequence (layer, phase, unit, its tile and column chunk).
+struct Cursor {
+  int l = 0, ph = -1;
+  int64_t u = 0, u1 = 0, t = 0;
+  int c = 0;
+};
+// Steps k to the next unit of block s; false past the last layer's.
+__device__ __forceinline__ bool cursor_next(Cursor& k, const Shape* shp, bool gu_whole, int S, int s, int n_layers) {
+  if (k.ph >= 0 && k.u + 1 < k.u1) {
+    ++k.u;
+    if (++k.c == shp[k.ph].U) k.c = 0, ++k.t;
+    return true;
+  }
+  for (;;) {
+    if (++k.ph == 4) {
+      k.ph = 0;
+      if (++k.l >= n_layers) return false;
+    }
+    int64_t u0, u1;
+    unit_range(shp[k.ph], k.ph, gu_whole, S, s, u0, u1);
+    if (u0 < u1) {
+      k.u = u0, k.u1 = u1, k.t = u0 / shp[k.ph].U, k.c = int(u0 - k.t * shp[k.ph].U);
+      return true;
+    }
   }
 }
 
@@ -332,6 +362,12 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
     // ---- the producer: every unit of every layer, in consumption order ----
     uint32_t it = 0;
     const unsigned tx = 32u * (row_w + 2 * row_s);
+    // With tensor maps, a second cursor l2_ahead units ahead pulls units into L2 (no shared memory,
+    // no barrier), so the memory system keeps streaming while the ring is full during the
+    // consumers' barriers, staging and attention.
+    Cursor pf;
+    bool pf_ok = a.copy_async == 3 && a.l2_ahead > 0 && cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
+    for (int k = 0; pf_ok && k < a.l2_ahead; ++k) pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
     for (int l = 0; l < a.n_layers; ++l) {
       const PersistLayer& L = a.layers[l];
       for (int ph = 0; ph < 4; ++ph) {
@@ -342,6 +378,30 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
         int64_t t = u0 / sh.U;
         int c = int(u0 - t * sh.U);
         for (int64_t u = u0; u < u1; ++u, ++it, ++c == sh.U ? (c = 0, ++t) : 0) {
+          if (pf_ok) {
+            if (lane == 0) {
+              const uint8_t* tm = static_cast<const uint8_t*>(a.tmaps) + size_t(pf.l) * 21 * 128;
+              const int x_w = pf.c * (kc / 8), x_s = pf.c * ng;
+              for (int h = 0; h < (pf.ph == 2 ? 2 : 1); ++h) {
+                int m;
+                int64_t row;
+                if (pf.ph == 0) {
+                  const int64_t vr = pf.t * 32;
+                  m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
+                  row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
+                } else if (pf.ph == 2) {
+                  m = 4 + h, row = pf.t * 16;
+                } else {
+                  m = pf.ph == 1 ? 3 : 6, row = pf.t * 32;
+                }
+                const uint8_t* mt = tm + m * 3 * 128;
+                tensor_prefetch_l2(mt, x_w, int(row));
+                tensor_prefetch_l2(mt + 128, x_s, int(row));
+                tensor_prefetch_l2(mt + 256, x_s, int(row));
+              }
+            }
+            pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
+          }
           const int st = int(it % uint32_t(NS));
           if (it >= uint32_t(NS)) mbar_wait(sm.empty + st, ((it / uint32_t(NS)) - 1) & 1);
           // Unit row r: its matrix m and row.
