@@ -715,7 +715,7 @@ if [ "$what" != tests ]; then
   elif [ "$set" = persist ]; then
     # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): its tests
     # (each bounded: a barrier that never opens would hang), then decode against the default.
-    timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
+    ANVIL_CUDA_PERSIST_L2AHEAD=24 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
     echo "### persist tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     [ -n "${PERSIST_TEST2:-}" ] && {
       ANVIL_CUDA_PERSIST=2 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist2_tests.log" 2>&1

@@ -751,10 +751,7 @@ class CudaBackend final : public Backend {
     a.copy_async = persist_copy_;
     a.l2_ahead = 0;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_L2AHEAD"); f && *f) a.l2_ahead = std::clamp(std::atoi(f), 0, 256);
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_NOSCALES"); f && *f == '1') {
-      a.copy_async = 2;
-      std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST_NOSCALES=1: scales and biases not copied (for measuring; results are meaningless)\n");
-    }
+
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_) != cudaSuccess || optin < 1024)
       return no("shared memory per block unknown");

@@ -447,8 +447,7 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
             __syncwarp();
           } else if (a.copy_async != 1) {
             // One bulk copy per row and part (weights, scales, biases), lane r copying row r.
-            // (copy_async 2, for measuring only: the weights alone; results are meaningless.)
-            if (lane == 0) mbar_expect_tx(sm.full + st, a.copy_async == 2 ? 32u * row_w : tx);
+            if (lane == 0) mbar_expect_tx(sm.full + st, tx);
             __syncwarp();
             int m;
             int64_t row;
@@ -457,10 +456,8 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
             const uint8_t* ws = static_cast<const uint8_t*>(L.w[m][1]) + (row * (K / g) + int64_t(c) * ng) * 2;
             const uint8_t* wb = static_cast<const uint8_t*>(L.w[m][2]) + (row * (K / g) + int64_t(c) * ng) * 2;
             bulk_copy(dst + lane * row_w, wd, row_w, sm.full + st);
-            if (a.copy_async != 2) {
-              bulk_copy(dst + 32 * row_w + lane * row_s, ws, row_s, sm.full + st);
-              bulk_copy(dst + 32 * row_w + 32 * row_s + lane * row_s, wb, row_s, sm.full + st);
-            }
+            bulk_copy(dst + 32 * row_w + lane * row_s, ws, row_s, sm.full + st);
+            bulk_copy(dst + 32 * row_w + 32 * row_s + lane * row_s, wb, row_s, sm.full + st);
           } else {
             // 16-byte cp.async copies over the lanes; each lane arrives on the full barrier once
             // its own copies have landed.
