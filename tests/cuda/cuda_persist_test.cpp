@@ -72,6 +72,11 @@ TEST(CudaPersist, DecodeLogitsMatchOpByOp) {
     }
     std::printf("%s: worst normalized logit error %.3e over %d steps; argmax equal in %d\n", synth.c_str(), worst,
                 steps, same);
+    // Bounds from the measurements (H100, session 28): worst 2.04e-2..2.11e-2 over the three
+    // group sizes, the argmax equal in 77..80 of 80 steps. The random synthetic weights of 28
+    // layers amplify single bf16 roundings that land on the other side (the sums' order differs),
+    // so the bound is 2.5x the measured worst; a wrong tile, slot, head or position corrupts whole
+    // rows of an activation in every layer, far beyond it.
     EXPECT_LT(worst, 5e-2) << synth;
     EXPECT_GE(same, steps * 9 / 10) << synth;
   }
