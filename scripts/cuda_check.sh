@@ -713,9 +713,11 @@ if [ "$what" != tests ]; then
       done
     done
   elif [ "$set" = persist ]; then
-    # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): decode
-    # against the default for each L2-ahead depth, the phase timeline, then its tests (each run
+    # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): its tests,
+    # then decode against the default for each L2-ahead depth and the phase timeline (each run
     # bounded: a barrier that never opens would hang).
+    ANVIL_CUDA_PERSIST_L2AHEAD=24 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
+    echo "### persist tests (L2AHEAD=24): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
       for v in ${PERSIST_MODES:-1}; do
         for ah in ${PERSIST_L2AHEAD:-0 24 64}; do
@@ -732,8 +734,6 @@ if [ "$what" != tests ]; then
       done
       [ -n "${PERSIST_NO_DEFAULT:-}" ] || pd X=default "$m"
     done
-    ANVIL_CUDA_PERSIST_L2AHEAD=24 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
-    echo "### persist tests (L2AHEAD=24): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     [ -n "${PERSIST_TEST2:-}" ] && {
       ANVIL_CUDA_PERSIST=2 timeout 120 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist2_tests.log" 2>&1
       echo "### persist tests, =2 (bulk copies per row): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist2_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
