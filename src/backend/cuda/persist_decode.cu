@@ -683,10 +683,10 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
           cbar();  // qs, and the appended row (read back below by this block through L2)
           if (item == s) tmark(a, l, 1, 1);
           float m[GM], lsum[GM], acc[GM][4];
-  #pragma unroll
+#pragma unroll
           for (int gq = 0; gq < GM; ++gq) {
             m[gq] = -INFINITY, lsum[gq] = 0.0f;
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; ++e) acc[gq][e] = 0.0f;
           }
           for (int c0 = p0 + warp * 32; c0 < p1; c0 += kAttnPos) {
@@ -694,24 +694,24 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
             const bool valid = p < p1;
             int64_t krow = 0;
             float sc[GM];
-  #pragma unroll
+#pragma unroll
             for (int gq = 0; gq < GM; ++gq) sc[gq] = 0.0f;
             if (valid) {
               krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
                             a.kv.page_size, kHead);
               const uint4* kr = reinterpret_cast<const uint4*>(kvb + krow);
               // The row in two batches of 8 loads, each batch in flight at once.
-  #pragma unroll
+#pragma unroll
               for (int hb = 0; hb < 2; ++hb) {
                 uint4 kk[8];
-  #pragma unroll
+#pragma unroll
                 for (int d8 = 0; d8 < 8; ++d8) kk[d8] = __ldcg(kr + hb * 8 + d8);
-  #pragma unroll
+#pragma unroll
                 for (int d8 = 0; d8 < 8; ++d8) {
                   const float kf[8] = {bf16_lo(kk[d8].x), bf16_hi(kk[d8].x), bf16_lo(kk[d8].y), bf16_hi(kk[d8].y),
                                        bf16_lo(kk[d8].z), bf16_hi(kk[d8].z), bf16_lo(kk[d8].w), bf16_hi(kk[d8].w)};
                   const int d0 = (hb * 8 + d8) * 8;
-  #pragma unroll
+#pragma unroll
                   for (int gq = 0; gq < GM; ++gq) {
                     if (gq < G) {
                       const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0);
@@ -724,7 +724,7 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
               }
             }
             float pe[GM];
-  #pragma unroll
+#pragma unroll
             for (int gq = 0; gq < GM; ++gq) {
               if (gq >= G) continue;
               const float sv = valid ? sc[gq] * a.scale : -INFINITY;
@@ -732,7 +732,7 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
               const float corr = __expf(m[gq] - mn);
               pe[gq] = valid ? __expf(sv - mn) : 0.0f;
               lsum[gq] = lsum[gq] * corr + warp_sum(pe[gq]);
-  #pragma unroll
+#pragma unroll
               for (int e = 0; e < 4; ++e) acc[gq][e] *= corr;
               m[gq] = mn;
             }
@@ -740,19 +740,19 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
             const int n = min(32, p1 - c0);
             for (int j0 = 0; j0 < n; j0 += 16) {
               uint2 vv[16];
-  #pragma unroll
+#pragma unroll
               for (int jj = 0; jj < 16; ++jj) {
                 const long long kj = __shfl_sync(0xffffffffu, (long long)krow, (j0 + jj) & 31);
                 vv[jj] = j0 + jj < n ? __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane) : make_uint2(0, 0);
               }
-  #pragma unroll
+#pragma unroll
               for (int jj = 0; jj < 16; ++jj) {
                 const float vf[4] = {bf16_lo(vv[jj].x), bf16_hi(vv[jj].x), bf16_lo(vv[jj].y), bf16_hi(vv[jj].y)};
-  #pragma unroll
+#pragma unroll
                 for (int gq = 0; gq < GM; ++gq) {
                   if (gq >= G) continue;
                   const float pj = __shfl_sync(0xffffffffu, pe[gq], (j0 + jj) & 31);  // 0 past n (invalid lanes)
-  #pragma unroll
+#pragma unroll
                   for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
                 }
               }
@@ -794,10 +794,10 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
             for (int i = tid; i < G * kHead; i += kCT) {
               const int gq = i / kHead, d = i % kHead;
               float M = -INFINITY;
-  #pragma unroll 8
+#pragma unroll 8
               for (int k = 0; k < nsplit; ++k) M = fmaxf(M, __ldcg(w0 + (k * G + gq) * (kHead + 2) + kHead));
               float Ls = 0.0f, A = 0.0f;
-  #pragma unroll 8
+#pragma unroll 8
               for (int k = 0; k < nsplit; ++k) {
                 const float* pk = w0 + (k * G + gq) * (kHead + 2);
                 const float lk = __ldcg(pk + kHead + 1);
