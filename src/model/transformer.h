@@ -56,6 +56,8 @@ class Transformer {
                         int32_t* out_ids);
   // Graphs captured so far (0 without graph support).
   int graphs_captured() const { return int(graph_keys_.size()); }
+  // Whether one-sequence decode tokens run every layer in one backend launch (decode_layers).
+  bool decodes_layers_in_one_launch() const { return decode_layers_ >= 0; }
   // When the last forward call began issuing its kernels (its inputs uploaded; a graph launch or the
   // first op next). On a GPU the device idles from the end of the previous step until about then,
   // so the time from a step's start to this is host work the device waits through (Engine::step's

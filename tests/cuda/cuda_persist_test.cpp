@@ -41,6 +41,8 @@ TEST(CudaPersist, DecodeLogitsMatchOpByOp) {
     if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
     Stack per = make_persist(synth, 2048, true);
     ASSERT_TRUE(per.backend);
+    // (The build targets Hopper, where the kernel must take this model; stderr has the reason if not.)
+    ASSERT_TRUE(per.tf->decodes_layers_in_one_launch()) << synth;
     // A prompt of 700 tokens: attention runs 3 splits per kv head (256 positions per split) and
     // crosses pages; the decode steps go on past 768 (4 splits).
     std::vector<int32_t> prompt;
@@ -85,6 +87,7 @@ TEST(CudaPersist, DecodeLogitsMatchOpByOp) {
 TEST(CudaPersist, GraphReplaysEqualEagerLaunches) {
   Stack s = make_persist("qwen3-0.6b:q4g64", 1024, true);
   if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
+  ASSERT_TRUE(s.tf->decodes_layers_in_one_launch());
   std::vector<int32_t> prompt;
   for (int i = 0; i < 45; ++i) prompt.push_back((i * 104729 + 7) % 151936);
   auto run = [&] {

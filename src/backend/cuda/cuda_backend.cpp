@@ -72,6 +72,7 @@ class CudaBackend final : public Backend {
     name_ = std::string("cuda (") + prop.name + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
             ", " + std::to_string(prop.multiProcessorCount) + " SMs, " + mib(prop.totalGlobalMem) + ")";
     sms_ = prop.multiProcessorCount;
+    cc_major_ = prop.major;
   }
   Status init() {
     if (!ok(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "stream")) return err_;
@@ -710,9 +711,10 @@ class CudaBackend final : public Backend {
       std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST: decode runs op by op (%s)\n", why.c_str());
       return -1;
     };
+    if (cc_major_ < 9) return no("the kernel needs compute capability 9.0 (Hopper)");
     if (hd != 128) return no("head_dim " + std::to_string(hd) + "; the kernel takes 128");
-    if (n_kv <= 0 || n_heads % n_kv != 0 || n_heads / n_kv > 8)
-      return no("more than 8 query heads per kv head, or none");
+    if (n_kv <= 0 || n_heads % n_kv != 0 || n_heads / n_kv > 4)
+      return no("more than 4 query heads per kv head, or none");
     const WeightMatrix& q0 = *layers[0].q;
     const int g = q0.group_size;
     if (q0.bits != 4 || (g != 32 && g != 64 && g != 128)) return no("the kernel takes MLX q4 with groups of 32/64/128");
@@ -1172,7 +1174,7 @@ class CudaBackend final : public Backend {
     return mib(f) + " free of " + mib(t);
   }
 
-  int dev_ = 0, sms_ = 132;
+  int dev_ = 0, sms_ = 132, cc_major_ = 9;
   // ANVIL_CUDA_PERSIST=1: decode tokens of one sequence through persist_decode.cu (prepare_decode_layers).
   bool persist_ = false;
   int persist_copy_ = 3;  // PersistArgs::copy_async (ANVIL_CUDA_PERSIST=1: 3, tensor maps; =2: 0; =3: 1)

@@ -62,7 +62,7 @@ constexpr int kCT = kCW * 32;      // consumer threads (named barrier 1)
 constexpr int kNT = kCT + 32;      // + the producer warp
 constexpr int kMaxStages = 32;
 constexpr int kHead = 128;         // head_dim
-constexpr int kMaxG = 8;           // query heads per kv head
+constexpr int kMaxG = 4;           // query heads per kv head (register arrays: see the attention phase)
 constexpr int kAttnPos = kCW * 32; // positions per pass of an item (a warp: 32, one per lane)
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
@@ -332,7 +332,7 @@ __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& s
   }
 }
 
-__global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
+__global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const int S = gridDim.x, s = blockIdx.x;
@@ -641,7 +641,8 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
       }
     }
     bar_wait(bars, l * kPhases + 0, target, a);
-    // Register arrays sized for GM >= G query heads per kv head (2, 4 or 8).
+    // Register arrays sized for GM >= G query heads per kv head (2 or 4). With 8 the kernel did not
+    // fit 168 registers (9 warps of one block: 3 per SM partition, so at most 168 per thread).
     auto attention = [&](auto gm) {
       constexpr int GM = decltype(gm)::value;
       {
@@ -814,8 +815,7 @@ __global__ void __maxnreg__(224) persist_decode_kernel(PersistArgs a) {
       }
     };
     if (G <= 2) attention(IntC<2>{});
-    else if (G <= 4) attention(IntC<4>{});
-    else attention(IntC<8>{});
+    else attention(IntC<4>{});  // (the host takes at most 4 query heads per kv head)
     bar_arrive(bars, l * kPhases + 1, a);
 
     // ---- o ----
