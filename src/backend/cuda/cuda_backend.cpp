@@ -30,6 +30,7 @@
 #include "backend/cuda/dev_matrix.h"
 #include "backend/cuda/cuda_page_copy.h"
 #include "backend/cuda/moe_runner.h"
+#include "backend/cuda/persist_plan.h"
 #include "backend/cuda/trace.h"
 #include "base/sample_math.h"
 
@@ -761,8 +762,8 @@ class CudaBackend final : public Backend {
     if (cuda::persist_blocks_per_sm(a.smem_bytes) < 1) return no("one block per SM does not fit");
     a.max_split = std::clamp(2 * sms_ / n_kv, 1, 64);
     const int64_t rows_v[4] = {QD + 2 * KD, H, 2 * F, H}, K[4] = {H, QD, H, F};
-    for (int p = 0; p < 4; ++p)  // (the kernel's unit arithmetic is 32-bit)
-      if (rows_v[p] / 32 * (K[p] / kc) * int64_t(sms_) >= (int64_t(1) << 32)) return no("a matrix too large");
+    for (int p = 0; p < 4; ++p)  // (the kernel's unit arithmetic is 32-bit: persist_plan.h)
+      if (!cuda::persist::fits_32bit(rows_v[p] / 32 * (K[p] / kc), sms_)) return no("a matrix too large");
     auto get = [&](size_t bytes) -> void* {
       auto p = alloc(bytes);
       if (!p.is_ok()) return nullptr;
@@ -774,9 +775,11 @@ class CudaBackend final : public Backend {
     copy_to_device(table, host.data(), host.size() * sizeof(cuda::PersistLayer));
     a.layers = static_cast<const cuda::PersistLayer*>(table);
     for (int p = 0; p < 4; ++p) {
-      const int64_t parts = cuda::persist_max_parts(rows_v[p], int(K[p]), kc, sms_);
-      a.part[p] = static_cast<float*>(get(size_t(parts * rows_v[p]) * 4));
-      if (!a.part[p]) return no("out of device memory");
+      // Zeroed once: the slots of blocks that own no unit (fewer units than blocks) are read as 0
+      // and never written (persist_plan.h).
+      const size_t bytes = size_t(cuda::persist_max_parts(rows_v[p], int(K[p]), kc, sms_) * rows_v[p]) * 4;
+      a.part[p] = static_cast<float*>(get(bytes));
+      if (!a.part[p] || !ok(cudaMemsetAsync(a.part[p], 0, bytes, st_), "persistent decode sums")) return no("out of device memory");
     }
     a.attn_ws = static_cast<float*>(get(cuda::persist_attn_ws_floats(n_kv, a.max_split, n_heads / n_kv) * 4));
     a.attn = get(size_t(QD) * 2);

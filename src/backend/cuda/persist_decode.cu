@@ -47,11 +47,14 @@
 //   the last barrier, which every block has passed its start to reach.
 // - The per-kv-head split counters are back at 0 when a launch ends (the merging block resets its
 //   counter).
+// - Split-sum slots that a reader adds but no block writes (a block owning no unit, when a phase
+//   has fewer units than blocks) hold 0: the host zeroes the part buffers once (persist_plan.h).
 // - The producer issues, and the consumers consume, the same unit sequence; a stage is refilled
 //   only after all 8 consumer warps have arrived on its empty barrier.
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/persist_plan.h"
 #include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda {
@@ -134,14 +137,9 @@ struct Shape {
   __device__ __forceinline__ int64_t units() const { return rows_v / 32 * U; }
 };
 
-// Block s's units of a shape: [first(s), first(s + 1)); owner(u): the block holding unit u.
-// (32-bit: the host checks units * S < 2^32.)
-__device__ __forceinline__ int64_t first_unit(int64_t N, int S, int s) {
-  return int64_t(uint32_t(s) * uint32_t(N) / uint32_t(S));
-}
-__device__ __forceinline__ int owner_of(int64_t N, int S, int64_t u) {
-  return int((uint32_t(u + 1) * uint32_t(S) - 1u) / uint32_t(N));
-}
+// Block s's units of a shape and the owner of a unit: persist_plan.h.
+using persist::first_unit;
+using persist::owner_of;
 
 // Block s's units of phase ph. Gate/up with at least one tile per block (gu_whole) goes by whole
 // tiles (at most one tile of imbalance), so each tile's rows are summed in one block, which applies
@@ -881,15 +879,7 @@ size_t persist_attn_ws_floats(int n_kv, int max_split, int G) { return size_t(n_
 
 size_t persist_sync_words(int n_kv, int n_layers) { return 1 + size_t(n_kv) + size_t(kPhases) * n_layers; }
 
-int64_t persist_max_parts(int64_t rows_v, int K, int kc, int S) {
-  const int64_t U = K / kc, N = rows_v / 32 * U;
-  int64_t most = 0;
-  for (int64_t t = 0; t < rows_v / 32; ++t) {
-    const int64_t s0 = ((t * U + 1) * S - 1) / N, s1 = (((t + 1) * U) * S - 1) / N;
-    most = s1 - s0 + 1 > most ? s1 - s0 + 1 : most;
-  }
-  return most;
-}
+int64_t persist_max_parts(int64_t rows_v, int K, int kc, int S) { return persist::max_parts(rows_v, K / kc, S); }
 
 bool persist_layout(PersistArgs& a, size_t smem_limit) {
   auto up16 = [](size_t b) { return (b + 127) / 128 * 128; };
