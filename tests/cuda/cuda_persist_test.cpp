@@ -8,12 +8,16 @@
 // device-wide barriers and per-head counters are consistent from one launch to the next.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_model_stack.h"
+#include "model/loader.h"
+#include "runtime/engine.h"
 #include "runtime/generate.h"
 
 namespace anvil {
@@ -82,6 +86,69 @@ TEST(CudaPersist, DecodeLogitsMatchOpByOp) {
     EXPECT_LT(worst, 5e-2) << synth;
     EXPECT_GE(same, steps * 9 / 10) << synth;
   }
+}
+
+// The same stack on the CPU backend (fp32 activations): the reference every CUDA op is tested against.
+Stack make_cpu_stack(const std::string& synth, int ctx) {
+  Stack s;
+  s.backend = make_cpu_backend(int(std::max(1u, std::thread::hardware_concurrency())));
+  auto m = load_synthetic(synth);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  s.model = std::move(m).value();
+  auto w = upload_weights(s.model->weights, *s.backend);
+  EXPECT_TRUE(w.is_ok()) << w.status().message();
+  auto tf = Transformer::create(s.model->config, *w, *s.backend, 64);
+  EXPECT_TRUE(tf.is_ok()) << tf.status().message();
+  s.tf = std::move(tf).value();
+  EngineOptions o;
+  o.max_context = ctx;
+  o.max_seqs = 1;
+  o.prefix_cache = false;
+  auto e = Engine::create(*s.tf, s.model->fingerprint, o);
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  s.engine = std::move(e).value();
+  return s;
+}
+
+double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
+  double d = 0.0, n = 0.0;
+  for (size_t j = 0; j < ref.size(); ++j) d += (double(x[j]) - ref[j]) * (double(x[j]) - ref[j]), n += double(ref[j]) * ref[j];
+  return std::sqrt(d / n);
+}
+
+TEST(CudaPersist, AsCloseToTheCpuAsOpByOp) {
+  // Against the CPU backend itself: both CUDA paths keep bf16 activations where the CPU keeps fp32,
+  // so neither equals it; the persistent kernel, doing the same ops with the same roundings in
+  // another order, must not be much further from it than the op-by-op path. A 300-token prompt
+  // (two attention splits) and 40 decode steps, the CPU's argmax fed to all three.
+  const std::string synth = "qwen3-0.6b:q4g64";
+  Stack ref = make_persist(synth, 1024, false);
+  if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
+  Stack per = make_persist(synth, 1024, true);
+  ASSERT_TRUE(per.backend && per.tf->decodes_layers_in_one_launch());
+  Stack cpu = make_cpu_stack(synth, 1024);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  auto sc = cpu.engine->seq_create(), sr = ref.engine->seq_create(), sp = per.engine->seq_create();
+  ASSERT_TRUE(sc.is_ok() && sr.is_ok() && sp.is_ok());
+  std::vector<float> lc, lr, lp;
+  ASSERT_TRUE(cpu.engine->extend(*sc, prompt, &lc).is_ok());
+  ASSERT_TRUE(ref.engine->extend(*sr, prompt, &lr).is_ok());
+  ASSERT_TRUE(per.engine->extend(*sp, prompt, &lp).is_ok());
+  double worst_ref = 0.0, worst_per = 0.0;
+  for (int i = 0; i < 40; ++i) {
+    const std::vector<int32_t> tok{int32_t(argmax(lc))};
+    ASSERT_TRUE(cpu.engine->extend(*sc, tok, &lc).is_ok());
+    ASSERT_TRUE(ref.engine->extend(*sr, tok, &lr).is_ok());
+    ASSERT_TRUE(per.engine->extend(*sp, tok, &lp).is_ok());
+    worst_ref = std::max(worst_ref, rel_err(lr, lc));
+    worst_per = std::max(worst_per, rel_err(lp, lc));
+  }
+  std::printf("against the CPU: op by op %.3e, persistent kernel %.3e (worst normalized logit error)\n", worst_ref,
+              worst_per);
+  // Not yet measured on a GPU (written in session 28 after the device budget was spent): a first
+  // bound of twice the op-by-op path's distance (at least 1e-2), to be tightened from the figures.
+  EXPECT_LT(worst_per, 2.0 * std::max(worst_ref, 1e-2));
 }
 
 TEST(CudaPersist, GraphReplaysEqualEagerLaunches) {
