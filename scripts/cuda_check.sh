@@ -31,7 +31,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -716,22 +716,24 @@ if [ "$what" != tests ]; then
     # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): its tests,
     # then decode against the default for each L2-ahead depth and the phase timeline (each run
     # bounded: a barrier that never opens would hang).
-    ANVIL_CUDA_PERSIST_L2AHEAD=24 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_tests.log" 2>&1
-    echo "### persist tests (L2AHEAD=24): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_CUDA_PERSIST_L2AHEAD=24 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist*' > "$OUT/persist_tests.log" 2>&1
+    echo "### persist tests (L2AHEAD=24): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst|against the CPU' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_CUDA_PERSIST_KC=512 timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist_kc512_tests.log" 2>&1
+    echo "### persist tests (units of 512 columns): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_kc512_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
-      for v in ${PERSIST_MODES:-1}; do
-        for ah in ${PERSIST_L2AHEAD:-0 24 64}; do
-          ANVIL_CUDA_PERSIST=$v ANVIL_CUDA_PERSIST_L2AHEAD=$ah timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
-            -n 64 --runs 2 > "$OUT/persist${v}_${ah}_bench_${m%%:*}.log" 2>&1
-          echo "### ANVIL_CUDA_PERSIST=$v L2AHEAD=$ah $m: rc=$? $(grep -E '^decode|rror' "$OUT/persist${v}_${ah}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-        done
+      # PERSIST_VARIANTS: settings joined by '+' (the L2-ahead depth in units, the unit width).
+      i=0
+      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_L2AHEAD=0 ANVIL_CUDA_PERSIST_L2AHEAD=24 ANVIL_CUDA_PERSIST_L2AHEAD=64 ANVIL_CUDA_PERSIST_L2AHEAD=24+ANVIL_CUDA_PERSIST_KC=512}; do
+        i=$((i + 1))
+        # shellcheck disable=SC2046
+        env ANVIL_CUDA_PERSIST=1 $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
+          -n 64 --runs 2 > "$OUT/persist_v${i}_bench_${m%%:*}.log" 2>&1
+        echo "### ANVIL_CUDA_PERSIST=1 $e $m: rc=$? $(grep -E '^decode|rror|op by op' "$OUT/persist_v${i}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      for v in ${PERSIST_TRACE_MODES:-1}; do
-        ANVIL_CUDA_PERSIST=$v ANVIL_CUDA_PERSIST_L2AHEAD=${PERSIST_TRACE_AHEAD:-24} ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
-          -n 16 --runs 1 > "$OUT/persist${v}_trace_${m%%:*}.log" 2>&1
-        { echo "### persist trace, ANVIL_CUDA_PERSIST=$v $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist${v}_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
-      done
+      ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_L2AHEAD=${PERSIST_TRACE_AHEAD:-24} ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 \
+        ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1
+      { echo "### persist trace, L2AHEAD=${PERSIST_TRACE_AHEAD:-24} $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
       [ -n "${PERSIST_NO_DEFAULT:-}" ] || pd X=default "$m"
     done
     [ -n "${PERSIST_TEST2:-}" ] && {

@@ -81,24 +81,29 @@ TEST(CudaPersistPlan, SharedMemoryLayoutFitsTheRing) {
   // Hopper's 227 KB per block (less the 1 KB the backend keeps back): the residual stream, the
   // largest staged input (or the attention scratch) and at least 4 ring stages, each region
   // 128-byte aligned, for the dense shapes above and every group size.
-  const Dims dims[] = {{1024, 2048, 1024, 3072}, {2560, 4096, 1024, 9728}, {4096, 4096, 1024, 12288},
-                       {5120, 5120, 1024, 17408}, {8192, 8192, 1024, 28672}};
+  const Dims dims[] = {{1024, 2048, 1024, 3072},
+                       {2560, 4096, 1024, 9728},
+                       {4096, 4096, 1024, 12288},
+                       {5120, 5120, 1024, 17408},
+                       {8192, 8192, 1024, 28672}};
   for (const Dims& d : dims)
     for (int group : {32, 64, 128}) {
-      PersistArgs a;
-      a.hidden = int(d.hidden), a.q_dim = int(d.q), a.kv_dim = int(d.kv), a.ffn = int(d.ffn);
-      a.n_heads = int(d.q / 128), a.n_kv = int(d.kv / 128), a.group = group, a.kc = persist_kc(group);
-      ASSERT_TRUE(persist_layout(a, 232448 - 1024)) << d.hidden << " g" << group;
-      EXPECT_GE(a.stages, 4);
-      EXPECT_EQ(a.off_res % 128, 0);
-      EXPECT_EQ(a.off_x % 128, 0);
-      EXPECT_EQ(a.off_ring % 128, 0);
-      EXPECT_EQ(a.stage_bytes % 16, 0);
-      EXPECT_LE(a.smem_bytes, size_t(232448 - 1024));
-      EXPECT_EQ(size_t(a.stage_bytes), persist_stage_bytes(group));
-      // A unit: 32 rows of kc / 2 bytes of weights plus kc / group scales and biases each.
-      EXPECT_EQ(persist_stage_bytes(group), size_t(32) * (a.kc / 2 + 2 * (a.kc / group) * 2));
-      EXPECT_EQ(a.kc % (8 * group), 0);  // each row's scales: a multiple of 16 bytes
+      for (int kc : {512, 1024}) {
+        if (kc < persist_kc(group)) continue;
+        PersistArgs a;
+        a.hidden = int(d.hidden), a.q_dim = int(d.q), a.kv_dim = int(d.kv), a.ffn = int(d.ffn);
+        a.n_heads = int(d.q / 128), a.n_kv = int(d.kv / 128), a.group = group, a.kc = kc;
+        ASSERT_TRUE(persist_layout(a, 232448 - 1024)) << d.hidden << " g" << group << " kc " << kc;
+        EXPECT_GE(a.stages, 4);
+        EXPECT_EQ(a.off_res % 128, 0);
+        EXPECT_EQ(a.off_x % 128, 0);
+        EXPECT_EQ(a.off_ring % 128, 0);
+        EXPECT_EQ(a.stage_bytes % 16, 0);
+        EXPECT_LE(a.smem_bytes, size_t(232448 - 1024));
+        // A unit: 32 rows of kc / 2 bytes of weights plus kc / group scales and biases each.
+        EXPECT_EQ(size_t(a.stage_bytes), size_t(32) * (a.kc / 2 + 2 * (a.kc / group) * 2));
+        EXPECT_EQ(a.kc % (8 * group), 0);  // each row's scales: a multiple of 16 bytes
+      }
     }
 }
 

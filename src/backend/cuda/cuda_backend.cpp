@@ -720,8 +720,13 @@ class CudaBackend final : public Backend {
     const int g = q0.group_size;
     if (q0.bits != 4 || (g != 32 && g != 64 && g != 128)) return no("the kernel takes MLX q4 with groups of 32/64/128");
     const int64_t H = q0.cols, QD = int64_t(n_heads) * hd, KD = int64_t(n_kv) * hd, F = layers[0].gate->rows;
-    const int kc = cuda::persist_kc(g);
-    if (H > 8192 || H % kc != 0 || QD % kc != 0 || F % kc != 0)
+    // Units of 1024 columns where every size allows it (twice the work per ring stage and per
+    // barrier wait of 512), else 512; ANVIL_CUDA_PERSIST_KC=512|1024 picks one for measuring.
+    auto fits = [&](int k) { return k >= cuda::persist_kc(g) && H % k == 0 && QD % k == 0 && F % k == 0; };
+    int kc = fits(1024) ? 1024 : 512;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_KC"); f && (std::atoi(f) == 512 || std::atoi(f) == 1024))
+      kc = std::atoi(f);
+    if (H > 8192 || !fits(kc))
       return no("hidden, q and ffn sizes must be multiples of " + std::to_string(kc) + " (hidden at most 8192)");
     auto mat_ok = [&](const WeightMatrix* w, int64_t rows, int64_t cols) {
       auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

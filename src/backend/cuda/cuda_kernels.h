@@ -248,7 +248,7 @@ struct PersistArgs {
   const PersistLayer* layers = nullptr;  // device [n_layers]
   int n_layers = 0;
   int hidden = 0, q_dim = 0, kv_dim = 0, ffn = 0, n_heads = 0, n_kv = 0;
-  int group = 0, kc = 0;                 // q4 group; columns per unit (persist_kc)
+  int group = 0, kc = 0;                 // q4 group; columns per unit (512 or 1024, >= persist_kc)
   float eps = 0.0f, scale = 0.0f;
   const float* inv_freq = nullptr;
   KVDev kv;
@@ -269,8 +269,9 @@ struct PersistArgs {
   int off_res = 0, off_x = 0, off_ring = 0, stages = 0, stage_bytes = 0;
   size_t smem_bytes = 0;
 };
+// The smallest unit width for a group size (8 groups: each row's scales a multiple of 16 bytes).
 int persist_kc(int group);
-size_t persist_stage_bytes(int group);
+size_t persist_stage_bytes(int group, int kc);
 size_t persist_attn_ws_floats(int n_kv, int max_split, int G);
 size_t persist_sync_words(int n_kv, int n_layers);
 // The most parts (blocks) one 32-row tile of a [rows_v, K] phase is split over with S blocks.

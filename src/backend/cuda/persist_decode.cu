@@ -6,7 +6,8 @@
 // weights; docs/architecture.md "what the remaining batch-1 targets ask for").
 //
 // How:
-// - Weights: every matrix is cut into units of 32 rows x kc columns (kc = max(512, 8 * group)).
+// - Weights: every matrix is cut into units of 32 rows x kc columns (kc: 1024 where the sizes
+//   allow it, else 512; at least 8 groups).
 //   Block s owns a contiguous, balanced range of each matrix's units (the same formula on host
 //   and device: units [s N / S, (s + 1) N / S)). Its producer warp copies them, in the order the
 //   block will consume them, layer after layer, into a ring of shared-memory stages with
@@ -358,7 +359,10 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 
   if (warp == kCW) {
     // ---- the producer: every unit of every layer, in consumption order ----
-    uint32_t it = 0;
+    // Ring position: stage st of lap par (parity); a stage is refilled from the second lap on.
+    int st = 0;
+    uint32_t par = 0;
+    bool lapped = false;
     const unsigned tx = 32u * (row_w + 2 * row_s);
     // With tensor maps, a second cursor l2_ahead units ahead pulls units into L2 (no shared memory,
     // no barrier), so the memory system keeps streaming while the ring is full during the
@@ -375,7 +379,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         // (t, c) stepped, not divided out of u: 64-bit divisions per unit cost more than the unit.
         int64_t t = u0 / sh.U;
         int c = int(u0 - t * sh.U);
-        for (int64_t u = u0; u < u1; ++u, ++it, ++c == sh.U ? (c = 0, ++t) : 0) {
+        for (int64_t u = u0; u < u1; ++u, ++c == sh.U ? (c = 0, ++t) : 0) {
           if (pf_ok) {
             if (lane == 0) {
               const uint8_t* tm = static_cast<const uint8_t*>(a.tmaps) + size_t(pf.l) * 21 * 128;
@@ -400,8 +404,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             }
             pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
           }
-          const int st = int(it % uint32_t(NS));
-          if (it >= uint32_t(NS)) mbar_wait(sm.empty + st, ((it / uint32_t(NS)) - 1) & 1);
+          if (lapped) mbar_wait(sm.empty + st, par ^ 1u);  // the consumers' release of the previous lap
           // Unit row r: its matrix m and row.
           auto src = [&](int r, int& m, int64_t& row) {
             if (ph == 0) {
@@ -479,6 +482,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             }
             async_arrive(sm.full + st);
           }
+          if (++st == NS) st = 0, par ^= 1u, lapped = true;
         }
       }
     }
@@ -497,7 +501,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const int pos = __ldcg(a.b.pos), seq = __ldcg(a.b.seq);
   const int ctx = pos + 1;
   const int G = a.n_heads / a.n_kv;
-  uint32_t it = 0;
+  int st = 0;  // the ring position, as the producer's
+  uint32_t par = 0;
 
   // Stage x for a phase: K values, 8 consecutive ones at a time from `val8(i0, f)`, as int16 planes.
   uint4* xi = reinterpret_cast<uint4*>(sm.xbuf);
@@ -580,13 +585,12 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     };
     int64_t t = u0 / sh.U;
     int c = int(u0 - t * sh.U);
-    for (int64_t u = u0; u < u1; ++u, ++it, ++c == sh.U ? (c = 0, ++t) : 0) {
+    for (int64_t u = u0; u < u1; ++u, ++c == sh.U ? (c = 0, ++t) : 0) {
       if (t != cur) {
         if (cur >= 0) flush();
         cur = t;
       }
-      const int st = int(it % uint32_t(NS));
-      mbar_wait(sm.full + st, (it / uint32_t(NS)) & 1);
+      mbar_wait(sm.full + st, par);
       const uint8_t* stage = sm.ring + size_t(st) * a.stage_bytes;
       const uint4* wq = reinterpret_cast<const uint4*>(stage);
       const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(stage + 32 * (kc / 2));
@@ -603,6 +607,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(sm.empty + st);
+      if (++st == NS) st = 0, par ^= 1u;
     }
     if (cur >= 0) flush();
   };
@@ -870,10 +875,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 
 int persist_kc(int group) { return group * 8 > 512 ? group * 8 : 512; }
 
-size_t persist_stage_bytes(int group) {
-  const int kc = persist_kc(group);
-  return size_t(32) * (kc / 2 + 2 * (kc / group) * 2);
-}
+size_t persist_stage_bytes(int group, int kc) { return size_t(32) * (kc / 2 + 2 * (kc / group) * 2); }
 
 size_t persist_attn_ws_floats(int n_kv, int max_split, int G) { return size_t(n_kv) * max_split * G * (kHead + 2); }
 
@@ -894,7 +896,7 @@ bool persist_layout(PersistArgs& a, size_t smem_limit) {
   if (attn > xb) xb = attn;
   xb = up16(xb);
   a.off_res = int(head), a.off_x = int(head + res), a.off_ring = int(head + res + xb);
-  a.stage_bytes = int(persist_stage_bytes(a.group));
+  a.stage_bytes = int(persist_stage_bytes(a.group, a.kc));
   const size_t fixed = head + res + xb;
   if (smem_limit <= fixed) return false;
   const int stages = int((smem_limit - fixed) / size_t(a.stage_bytes));
