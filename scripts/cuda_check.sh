@@ -721,9 +721,10 @@ if [ "$what" != tests ]; then
     ANVIL_CUDA_PERSIST_KC=512 timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist_kc512_tests.log" 2>&1
     echo "### persist tests (units of 512 columns): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_kc512_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
-      # PERSIST_VARIANTS: settings joined by '+' (the L2-ahead depth in units, the unit width).
+      # PERSIST_VARIANTS: settings joined by '+' (the producer's KB in flight, the unit width, the
+      # L2-ahead depth in units); the first is the default.
       i=0
-      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_L2AHEAD=0 ANVIL_CUDA_PERSIST_L2AHEAD=24 ANVIL_CUDA_PERSIST_L2AHEAD=64 ANVIL_CUDA_PERSIST_L2AHEAD=24+ANVIL_CUDA_PERSIST_KC=512}; do
+      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_INFLIGHT=0 ANVIL_CUDA_PERSIST_INFLIGHT=96 ANVIL_CUDA_PERSIST_KC=512 ANVIL_CUDA_PERSIST_L2AHEAD=24}; do
         i=$((i + 1))
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
@@ -731,9 +732,12 @@ if [ "$what" != tests ]; then
         echo "### ANVIL_CUDA_PERSIST=1 $e $m: rc=$? $(grep -E '^decode|rror|op by op' "$OUT/persist_v${i}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_L2AHEAD=${PERSIST_TRACE_AHEAD:-24} ANVIL_CUDA_PERSIST_TRACE=1 timeout 100 \
-        ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1
-      { echo "### persist trace, L2AHEAD=${PERSIST_TRACE_AHEAD:-24} $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
+      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_INFLIGHT=0}; do
+        # shellcheck disable=SC2046
+        env ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_TRACE=1 $(echo "$e" | tr '+' ' ') timeout 100 \
+          ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1
+        { echo "### persist trace, $e $m: rc=$?"; grep -E '^decode|^  |persist trace' "$OUT/persist_trace_${m%%:*}.log"; } >> "$OUT/bench.log"
+      done
       [ -n "${PERSIST_NO_DEFAULT:-}" ] || pd X=default "$m"
     done
     [ -n "${PERSIST_TEST2:-}" ] && {

@@ -766,6 +766,12 @@ class CudaBackend final : public Backend {
     if (!cuda::persist_layout(a, size_t(optin) - 1024)) return no("too little shared memory for the ring");
     if (cuda::persist_blocks_per_sm(a.smem_bytes) < 1) return no("one block per SM does not fit");
     a.max_split = std::clamp(2 * sms_ / n_kv, 1, 64);
+    // The producer's copies in flight: ~48 KB per SM by default (what ~1 us of DRAM latency at the
+    // full rate needs: ~4.8 TB/s x 1 us / 132 SMs = 36 KB), ANVIL_CUDA_PERSIST_INFLIGHT=KB (0: the
+    // whole ring, as before).
+    int inflight_kb = 48;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_INFLIGHT"); f && *f) inflight_kb = std::max(0, std::atoi(f));
+    a.inflight = inflight_kb == 0 ? 0 : std::clamp(int((size_t(inflight_kb) << 10) / size_t(a.stage_bytes)), 1, a.stages - 1);
     const int64_t rows_v[4] = {QD + 2 * KD, H, 2 * F, H}, K[4] = {H, QD, H, F};
     for (int p = 0; p < 4; ++p)  // (the kernel's unit arithmetic is 32-bit: persist_plan.h)
       if (!cuda::persist::fits_32bit(rows_v[p] / 32 * (K[p] / kc), sms_)) return no("a matrix too large");
@@ -833,8 +839,9 @@ class CudaBackend final : public Backend {
       a.trace = static_cast<unsigned long long*>(get(size_t(a.n_layers + 1) * 5 * 4 * sms_ * 8));
       if (!a.trace) return no("out of device memory");
     }
-    std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST: %d layers in one launch, %d blocks, %d ring stages of %d bytes\n",
-                 a.n_layers, sms_, a.stages, a.stage_bytes);
+    std::fprintf(stderr,
+                 "anvil: ANVIL_CUDA_PERSIST: %d layers in one launch, %d blocks, %d ring stages of %d bytes, %d in flight\n",
+                 a.n_layers, sms_, a.stages, a.stage_bytes, a.inflight ? a.inflight : a.stages);
     persist_plans_.push_back(a);
     return int(persist_plans_.size()) - 1;
   }

@@ -263,6 +263,7 @@ struct PersistArgs {
   int copy_async = 0;                    // the producer's copies: 0 cp.async.bulk per row, 1 16-byte cp.async,
                                          // 3 tensor-map boxes (cp.async.bulk.tensor, 3 per unit)
   int l2_ahead = 0;                      // copy_async 3: units pulled into L2 ahead of the ring's copies
+  int inflight = 0;                      // the producer's outstanding units at most (0: the whole ring)
   const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
   unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
   // shared memory layout (persist_layout)

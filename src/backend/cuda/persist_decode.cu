@@ -42,6 +42,7 @@
 //   (CudaPersist.* bounds the difference).
 //
 // Invariants:
+// - The producer has at most `inflight` units' copies outstanding (PersistArgs::inflight < stages).
 // - All blocks are resident at once (cooperative launch, one block per SM): the barriers spin.
 // - Each barrier counter gains exactly gridDim.x per launch; a launch reads the epoch (sync[0])
 //   at its start and waits for (epoch + 1) * gridDim.x; block 0 bumps the epoch at its end, after
@@ -363,6 +364,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     int st = 0;
     uint32_t par = 0;
     bool lapped = false;
+    int64_t issued = 0;
     const unsigned tx = 32u * (row_w + 2 * row_s);
     // With tensor maps, a second cursor l2_ahead units ahead pulls units into L2 (no shared memory,
     // no barrier), so the memory system keeps streaming while the ring is full during the
@@ -405,6 +407,15 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
           }
           if (lapped) mbar_wait(sm.empty + st, par ^ 1u);  // the consumers' release of the previous lap
+          // At most `inflight` units in flight: wait until the unit that many back has landed. The
+          // memory system keeps streaming with a few tens of KB per SM in flight; a whole ring
+          // in flight (~24 MB over the device) queues every other load behind ~8 us of copies,
+          // and the consumers' latency-bound phases (staging, attention) pay that on each round trip.
+          if (a.inflight > 0 && issued >= a.inflight) {
+            const int sd = st - a.inflight;
+            mbar_wait(sm.full + (sd < 0 ? sd + NS : sd), sd < 0 ? par ^ 1u : par);
+          }
+          ++issued;
           // Unit row r: its matrix m and row.
           auto src = [&](int r, int& m, int64_t& row) {
             if (ph == 0) {
