@@ -11,11 +11,14 @@
 //   Block s owns a contiguous, balanced range of each matrix's units (the same formula on host
 //   and device: units [s N / S, (s + 1) N / S)). Its producer warp copies them, in the order the
 //   block will consume them, layer after layer, into a ring of shared-memory stages with
-//   cp.async.bulk (one copy per row for the packed weights, its scales and its biases) and
-//   mbarrier transaction counts. Weights never depend on activations, so the producer never
-//   waits for one: it runs ahead of the consumers by up to the ring's depth (~190 KB per SM, ~25
-//   MB over the device) through every barrier, norm and attention below. That is what keeps the
-//   memory system busy where the per-kernel path lets it idle.
+//   mbarrier transaction counts: three tensor-map copies per unit (cp.async.bulk.tensor: the
+//   packed weights, the scales, the biases; copy_async 3, the default), or one cp.async.bulk per
+//   row and part (0: 96 copies per unit, measured issue-bound), or 16-byte cp.async (1). Weights
+//   never depend on activations, so the producer never waits for one: it runs ahead of the
+//   consumers by up to the ring's depth (~180 KB per SM, ~24 MB over the device) through every
+//   barrier, norm and attention below, with at most `inflight` units' copies outstanding (so
+//   the consumers' own loads do not queue behind the whole ring). That is what keeps the memory
+//   system busy where the per-kernel path lets it idle.
 // - Consumers (8 warps): for each phase (q/k/v, attention, o, gate/up, down) they wait for the
 //   previous phase on a device-wide barrier (a counter per phase and layer; each block adds 1),
 //   stage the phase's input once per block, then multiply their units from the ring: the
