@@ -103,6 +103,12 @@ TEST(CudaPersistPlan, SharedMemoryLayoutFitsTheRing) {
         // A unit: 32 rows of kc / 2 bytes of weights plus kc / group scales and biases each.
         EXPECT_EQ(size_t(a.stage_bytes), size_t(32) * (a.kc / 2 + 2 * (a.kc / group) * 2));
         EXPECT_EQ(a.kc % (8 * group), 0);  // each row's scales: a multiple of 16 bytes
+        // Tensor-map copies land 128-byte aligned: every stage, its scales and biases, and the
+        // second (up) half of a gate/up unit (16 rows in).
+        const int row_w = a.kc / 2, row_s = a.kc / group * 2;
+        EXPECT_EQ(a.stage_bytes % 128, 0);
+        for (int off : {32 * row_w, 32 * row_w + 32 * row_s, 16 * row_w, 16 * row_s})
+          EXPECT_EQ(off % 128, 0) << "g" << group << " kc " << kc << " offset " << off;
       }
     }
 }
