@@ -13,6 +13,7 @@
 // Mode 0 is a plain grid-stride read of the matrix (16-byte loads), the ceiling for comparison.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a bench/cuda_read_patterns.cu -o rp && ./rp
+// (from the repository root; the copy wrappers come from src/backend/cuda/async_copy.cuh)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -21,6 +22,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "../src/backend/cuda/async_copy.cuh"
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -37,41 +40,17 @@ constexpr int kThreads = 128;
 constexpr int kRows = 64;       // rows per block
 constexpr int kPad = 8 * 1024;  // shared memory standing in for the batch kernel's staged scales
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr(dst)), "l"(src) : "memory");
-}
+// The copies and mbarriers: src/backend/cuda/async_copy.cuh (the persistent decode kernel's).
+using anvil::cuda::async_copy16;
+using anvil::cuda::bulk_copy;
+using anvil::cuda::mbar_expect_tx;
+using anvil::cuda::mbar_init;
+using anvil::cuda::mbar_wait;
+using anvil::cuda::tensor_copy;
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bar_init(uint64_t* b) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(saddr(b)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_1d(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   saddr(dst)),
-               "l"(src), "r"(bytes), "r"(saddr(b))
-               : "memory");
-}
-__device__ __forceinline__ void bulk_2d(void* dst, const CUtensorMap* tm, int x, int y, uint64_t* b) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          saddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(tm)), "r"(x), "r"(y), "r"(saddr(b))
-      : "memory");
 }
 
 __global__ void plain_kernel(const uint4* w, int64_t n, uint4* out) {
@@ -115,8 +94,8 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a, const __grid_con
   const int t = threadIdx.x;
   if (MODE != 1) {
     if (t == 0) {
-      for (int i = 0; i < S; ++i) bar_init(&bars[i]);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      for (int i = 0; i < S; ++i) mbar_init(&bars[i], 1);
+      anvil::cuda::mbar_init_fence();
     }
     __syncthreads();
   }
@@ -127,22 +106,22 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a, const __grid_con
 #pragma unroll
       for (int k = 0; k < WB / 16 / kThreads; ++k) {
         const int u = k * kThreads + t, r = u / (BPS / 16), c = u % (BPS / 16);
-        cp_async16(st + u * 16, a.w + (row0 + r) * a.kb + int64_t(step) * BPS + c * 16);
+        async_copy16(st + u * 16, a.w + (row0 + r) * a.kb + int64_t(step) * BPS + c * 16);
       }
-      for (int u = t; u < a.xb / 16; u += kThreads) cp_async16(st + WB + u * 16, a.x + int64_t(step) * a.xb + u * 16);
+      for (int u = t; u < a.xb / 16; u += kThreads) async_copy16(st + WB + u * 16, a.x + int64_t(step) * a.xb + u * 16);
     } else if constexpr (MODE == 2) {
       if (t == 0) {
-        bar_expect(&bars[i % S], uint32_t(SB));
-        bulk_2d(st, &tm, step * BPS, int(row0), &bars[i % S]);
-        if (a.xb) bulk_1d(st + WB, a.x + int64_t(step) * a.xb, uint32_t(a.xb), &bars[i % S]);
+        mbar_expect_tx(&bars[i % S], uint32_t(SB));
+        tensor_copy(st, &tm, step * BPS, int(row0), &bars[i % S]);
+        if (a.xb) bulk_copy(st + WB, a.x + int64_t(step) * a.xb, uint32_t(a.xb), &bars[i % S]);
       }
     } else {
       if (t < 32) {
-        if (t == 0) bar_expect(&bars[i % S], uint32_t(SB));
+        if (t == 0) mbar_expect_tx(&bars[i % S], uint32_t(SB));
         __syncwarp();
         for (int r = t; r < kRows; r += 32)
-          bulk_1d(st + r * BPS, a.w + (row0 + r) * a.kb + int64_t(step) * BPS, BPS, &bars[i % S]);
-        if (t == 0 && a.xb) bulk_1d(st + WB, a.x + int64_t(step) * a.xb, uint32_t(a.xb), &bars[i % S]);
+          bulk_copy(st + r * BPS, a.w + (row0 + r) * a.kb + int64_t(step) * BPS, BPS, &bars[i % S]);
+        if (t == 0 && a.xb) bulk_copy(st + WB, a.x + int64_t(step) * a.xb, uint32_t(a.xb), &bars[i % S]);
       }
     }
   };
@@ -163,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a, const __grid_con
       issue(i + S - 1);
     }
     if constexpr (MODE == 1) cp_commit();
-    if constexpr (MODE != 1) bar_wait(&bars[i % S], uint32_t((i / S) & 1));
+    if constexpr (MODE != 1) mbar_wait(&bars[i % S], uint32_t((i / S) & 1));
     const uint4* st = reinterpret_cast<const uint4*>(smem + (i % S) * SB);
 #pragma unroll
     for (int k = 0; k < WB / 16 / kThreads; ++k) {

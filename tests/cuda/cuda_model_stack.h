@@ -5,10 +5,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 
 namespace anvil {
 
@@ -19,11 +21,12 @@ struct CudaModelStack {
   std::unique_ptr<Engine> engine;
 };
 
-inline CudaModelStack make_cuda_model_stack(const std::string& synth, int ctx, int max_seqs) {
+// A synthetic model on `backend` (null: an empty stack, nothing built).
+inline CudaModelStack make_model_stack(std::unique_ptr<Backend> backend, const std::string& synth, int ctx,
+                                       int max_seqs) {
   CudaModelStack s;
-  auto b = make_cuda_backend(0);
-  if (!b.is_ok()) return s;
-  s.backend = std::move(*b);
+  if (!backend) return s;
+  s.backend = std::move(backend);
   auto m = load_synthetic(synth);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   s.model = std::move(m).value();
@@ -40,6 +43,27 @@ inline CudaModelStack make_cuda_model_stack(const std::string& synth, int ctx, i
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   s.engine = std::move(e).value();
   return s;
+}
+
+inline CudaModelStack make_cuda_model_stack(const std::string& synth, int ctx, int max_seqs) {
+  auto b = make_cuda_backend(0);
+  return make_model_stack(b.is_ok() ? std::move(*b) : nullptr, synth, ctx, max_seqs);
+}
+
+// n greedy tokens after `prompt` through generate() (EOS ignored), in a sequence of its own.
+inline std::vector<int32_t> greedy_ids(CudaModelStack& s, const std::vector<int32_t>& prompt, int n) {
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.max_new_tokens = n;
+  req.sampling.temperature = 0;
+  req.eos_ids = s.model->config.eos_token_ids;
+  req.ignore_eos = true;
+  auto seq = s.engine->seq_create();
+  EXPECT_TRUE(seq.is_ok());
+  auto r = generate(*s.engine, *seq, req, nullptr);
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  s.engine->seq_release(*seq);
+  return r.is_ok() ? r->ids : std::vector<int32_t>{};
 }
 
 }  // namespace anvil

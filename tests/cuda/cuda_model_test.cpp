@@ -18,20 +18,7 @@ namespace {
 using Stack = CudaModelStack;
 Stack make_stack(const std::string& synth, int ctx) { return make_cuda_model_stack(synth, ctx, 1); }
 
-std::vector<int32_t> run(Stack& s, const std::vector<int32_t>& prompt, int n) {
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.max_new_tokens = n;
-  req.sampling.temperature = 0;
-  req.eos_ids = s.model->config.eos_token_ids;
-  req.ignore_eos = true;
-  auto seq = s.engine->seq_create();
-  EXPECT_TRUE(seq.is_ok());
-  auto r = generate(*s.engine, *seq, req, nullptr);
-  EXPECT_TRUE(r.is_ok()) << r.status().message();
-  s.engine->seq_release(*seq);
-  return r.is_ok() ? r->ids : std::vector<int32_t>{};
-}
+std::vector<int32_t> run(Stack& s, const std::vector<int32_t>& prompt, int n) { return greedy_ids(s, prompt, n); }
 
 TEST(CudaModel, GraphDecodeEqualsDecodeWithoutGraph) {
   Stack s = make_stack("tiny:q4g64", 512);

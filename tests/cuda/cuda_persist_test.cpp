@@ -90,24 +90,7 @@ TEST(CudaPersist, DecodeLogitsMatchOpByOp) {
 
 // The same stack on the CPU backend (fp32 activations): the reference every CUDA op is tested against.
 Stack make_cpu_stack(const std::string& synth, int ctx) {
-  Stack s;
-  s.backend = make_cpu_backend(int(std::max(1u, std::thread::hardware_concurrency())));
-  auto m = load_synthetic(synth);
-  EXPECT_TRUE(m.is_ok()) << m.status().message();
-  s.model = std::move(m).value();
-  auto w = upload_weights(s.model->weights, *s.backend);
-  EXPECT_TRUE(w.is_ok()) << w.status().message();
-  auto tf = Transformer::create(s.model->config, *w, *s.backend, 64);
-  EXPECT_TRUE(tf.is_ok()) << tf.status().message();
-  s.tf = std::move(tf).value();
-  EngineOptions o;
-  o.max_context = ctx;
-  o.max_seqs = 1;
-  o.prefix_cache = false;
-  auto e = Engine::create(*s.tf, s.model->fingerprint, o);
-  EXPECT_TRUE(e.is_ok()) << e.status().message();
-  s.engine = std::move(e).value();
-  return s;
+  return make_model_stack(make_cpu_backend(int(std::max(1u, std::thread::hardware_concurrency()))), synth, ctx, 1);
 }
 
 double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
@@ -157,19 +140,8 @@ TEST(CudaPersist, GraphReplaysEqualEagerLaunches) {
   ASSERT_TRUE(s.tf->decodes_layers_in_one_launch());
   std::vector<int32_t> prompt;
   for (int i = 0; i < 45; ++i) prompt.push_back((i * 104729 + 7) % 151936);
-  auto run = [&] {
-    GenerateRequest req;
-    req.prompt = prompt;
-    req.max_new_tokens = 300;  // past 256 positions: a second attention split
-    req.sampling.temperature = 0;
-    req.ignore_eos = true;
-    auto seq = s.engine->seq_create();
-    EXPECT_TRUE(seq.is_ok());
-    auto r = generate(*s.engine, *seq, req, nullptr);
-    EXPECT_TRUE(r.is_ok()) << r.status().message();
-    s.engine->seq_release(*seq);
-    return r.is_ok() ? r->ids : std::vector<int32_t>{};
-  };
+  // 300 tokens: past 256 positions, a second attention split.
+  auto run = [&] { return greedy_ids(s, prompt, 300); };
   setenv("ANVIL_NO_GRAPH", "1", 1);
   const auto eager = run();
   unsetenv("ANVIL_NO_GRAPH");

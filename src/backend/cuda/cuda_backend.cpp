@@ -801,14 +801,12 @@ class CudaBackend final : public Backend {
     if (!ok(cudaMemsetAsync(a.sync, 0, sync_bytes, st_), "persistent decode counters") ||
         !ok(cudaStreamSynchronize(st_), "persistent decode counters"))
       return -1;
-    if (a.copy_async == 3) {
-      // Tensor maps per layer and matrix: the packed weights as u32 [rows][K/8], scales and biases
-      // as u16 [rows][K/group]; boxes of one unit (32 rows, 16 for gate and up, x kc columns).
-      const auto encode = tensor_map_encoder();
-      if (!encode) a.copy_async = 0;  // (per-row bulk copies)
-    }
-    if (a.copy_async == 3) {
-      const auto encode = tensor_map_encoder();
+    // Tensor maps per layer and matrix: the packed weights as u32 [rows][K/8], scales and biases
+    // as u16 [rows][K/group]; boxes of one unit (32 rows, 16 for gate and up, x kc columns).
+    // Without the driver's encoder: per-row bulk copies.
+    const auto encode = a.copy_async == 3 ? tensor_map_encoder() : nullptr;
+    if (a.copy_async == 3 && !encode) a.copy_async = 0;
+    if (encode) {
       std::vector<CUtensorMap> maps(layers.size() * 21);
       for (size_t l = 0; l < layers.size(); ++l) {
         const DenseLayerView& L = layers[l];

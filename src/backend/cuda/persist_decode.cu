@@ -58,6 +58,7 @@
 //   only after all 8 consumer warps have arrived on its empty barrier.
 #include <cstdint>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/persist_plan.h"
 #include "backend/cuda/qgemv_int.cuh"
@@ -74,52 +75,7 @@ constexpr int kMaxG = 4;           // query heads per kv head (register arrays: 
 constexpr int kAttnPos = kCW * 32; // positions per pass of an item (a warp: 32, one per lane)
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(b)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-// A 2D box of a tensor map (in global memory, written before the launch) at (x, y).
-__device__ __forceinline__ void tensor_copy(void* dst, const void* tmap, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_u32(dst)),
-      "l"(tmap), "r"(x), "r"(y), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void tensor_prefetch_l2(const void* tmap, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(tmap), "r"(x), "r"(y) : "memory");
-}
-__device__ __forceinline__ void async_copy16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-// The full barrier's arrival of this lane once its earlier cp.async copies have landed.
-__device__ __forceinline__ void async_arrive(uint64_t* b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(b)) : "memory");
-}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -229,28 +185,11 @@ __device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int
 }
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// qgemv_int.cuh's int_stage_piece with the planes stored piece-minor: word j of piece P at
+// qgemv_int.cuh's quantization with the planes stored piece-minor: word j of piece P at
 // xi[j * NP + P].
 __device__ __forceinline__ void stage_piece(const float (&f)[8], bool valid, int P, int j, int NP, uint4* xi,
                                             float2* xf) {
-  float mx = 0.0f, sum = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(f[e])), sum += f[e];
-#pragma unroll
-  for (int o = 1; o <= 2; o <<= 1) {
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  }
-  const float inv = mx > 1e-30f ? (mx < 1e37f ? __fdividef(32767.0f, mx) : 32767.0f / mx) : 0.0f;
-  uint32_t q[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) q[e] = __float_as_uint(fmaf(f[e], inv, 12582912.0f));
-  if (!valid) return;
-  const uint32_t e01 = __byte_perm(q[0], q[2], 0x5140), e23 = __byte_perm(q[4], q[6], 0x5140);
-  const uint32_t o01 = __byte_perm(q[1], q[3], 0x5140), o23 = __byte_perm(q[5], q[7], 0x5140);
-  xi[j * NP + P] = make_uint4(__byte_perm(e01, e23, 0x5410), __byte_perm(o01, o23, 0x5410),
-                              __byte_perm(e01, e23, 0x7632), __byte_perm(o01, o23, 0x7632));
-  if (j == 0) xf[P] = make_float2(mx * (1.0f / (32767.0f * 16.0f)), sum);
+  tc::int_quantize_piece(f, valid, j, xi + j * NP + P, xf + P);
 }
 
 struct Smem {
@@ -357,7 +296,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const unsigned row_s = unsigned(ng * 2);       // bytes of scales (and of biases) per unit row
   if (tid == 0) {
     for (int i = 0; i < NS; ++i) mbar_init(sm.full + i, a.copy_async == 1 ? 32 : 1), mbar_init(sm.empty + i, kCW);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -919,9 +858,18 @@ bool persist_layout(PersistArgs& a, size_t smem_limit) {
   return a.stages >= 4;
 }
 
+// The kernel's dynamic shared-memory limit, only ever raised (to the largest plan's), so that it is
+// set once per plan rather than per launched token, and a smaller plan never lowers it under a larger.
+static cudaError_t allow_smem(size_t bytes) {
+  static size_t allowed = 0;
+  if (bytes <= allowed) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e == cudaSuccess) allowed = bytes;
+  return e;
+}
+
 cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
-  cudaError_t e = cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(a.smem_bytes));
-  if (e != cudaSuccess) return e;
+  if (const cudaError_t e = allow_smem(a.smem_bytes); e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(blocks));
   cfg.blockDim = dim3(kNT);
@@ -937,9 +885,7 @@ cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
 }
 
 int persist_blocks_per_sm(size_t smem_bytes) {
-  if (cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)) !=
-      cudaSuccess)
-    return 0;
+  if (allow_smem(smem_bytes) != cudaSuccess) return 0;
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persist_decode_kernel, kNT, smem_bytes) != cudaSuccess) return 0;
   return n;

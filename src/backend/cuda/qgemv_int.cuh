@@ -57,14 +57,13 @@ __device__ __forceinline__ int32_t dp4a_us(uint32_t a, uint32_t b, int32_t c) { 
   return d;
 }
 
-// Quantizes 8 consecutive activations (bf16 pairs in a: elements 8j..8j+7 of piece P, j = lane & 3
-// of the 4 lanes that share the piece, which must all call this together, valid or not) into the
-// piece's planes xi[P * 4 + j] and, from the quad's first lane, xf[P] = (d / 16, sum). Every lane of
-// the warp calls it (the quad's max and sum are warp shuffles); invalid lanes pass zeros and store
-// nothing.
-__device__ __forceinline__ void int_stage_piece(uint4 a, bool valid, int64_t P, int j, uint4* xi, float2* xf) {
-  float f[8] = {bf16_lo(a.x), bf16_hi(a.x), bf16_lo(a.y), bf16_hi(a.y),
-                bf16_lo(a.z), bf16_hi(a.z), bf16_lo(a.w), bf16_hi(a.w)};
+// The quantization of 8 consecutive activations f (elements 8j..8j+7 of a piece, j = lane & 3 of
+// the 4 lanes that share the piece, which must all call this together, valid or not: the quad's
+// max and sum are warp shuffles): the piece's planes word j into *w and, from the quad's first
+// lane, (d / 16, sum of the piece) into *d; invalid lanes store nothing. Shared by
+// int_stage_piece and the persistent decode kernel (persist_decode.cu), whose planes have layouts
+// of their own.
+__device__ __forceinline__ void int_quantize_piece(const float (&f)[8], bool valid, int j, uint4* w, float2* d) {
   float mx = 0.0f, sum = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(f[e])), sum += f[e];
@@ -89,9 +88,20 @@ __device__ __forceinline__ void int_stage_piece(uint4 a, bool valid, int64_t P, 
   if (!valid) return;
   const uint32_t e01 = __byte_perm(q[0], q[2], 0x5140), e23 = __byte_perm(q[4], q[6], 0x5140);  // lo, hi bytes
   const uint32_t o01 = __byte_perm(q[1], q[3], 0x5140), o23 = __byte_perm(q[5], q[7], 0x5140);
-  xi[P * 4 + j] = make_uint4(__byte_perm(e01, e23, 0x5410), __byte_perm(o01, o23, 0x5410),
-                             __byte_perm(e01, e23, 0x7632), __byte_perm(o01, o23, 0x7632));
-  if (j == 0) xf[P] = make_float2(mx * (1.0f / (32767.0f * 16.0f)), sum);
+  *w = make_uint4(__byte_perm(e01, e23, 0x5410), __byte_perm(o01, o23, 0x5410), __byte_perm(e01, e23, 0x7632),
+                  __byte_perm(o01, o23, 0x7632));
+  if (j == 0) *d = make_float2(mx * (1.0f / (32767.0f * 16.0f)), sum);
+}
+
+// Quantizes 8 consecutive activations (bf16 pairs in a: elements 8j..8j+7 of piece P, j = lane & 3
+// of the 4 lanes that share the piece, which must all call this together, valid or not) into the
+// piece's planes xi[P * 4 + j] and, from the quad's first lane, xf[P] = (d / 16, sum). Every lane of
+// the warp calls it (the quad's max and sum are warp shuffles); invalid lanes pass zeros and store
+// nothing.
+__device__ __forceinline__ void int_stage_piece(uint4 a, bool valid, int64_t P, int j, uint4* xi, float2* xf) {
+  const float f[8] = {bf16_lo(a.x), bf16_hi(a.x), bf16_lo(a.y), bf16_hi(a.y),
+                      bf16_lo(a.z), bf16_hi(a.z), bf16_lo(a.w), bf16_hi(a.w)};
+  int_quantize_piece(f, valid, j, xi + P * 4 + j, xf + P);
 }
 
 // 16 * sum(q * x16) over one piece: the 4 words of weights against the piece's planes.
