@@ -724,8 +724,13 @@ class CudaBackend final : public Backend {
     // barrier wait of 512), else 512; ANVIL_CUDA_PERSIST_KC=512|1024 picks one for measuring.
     auto fits = [&](int k) { return k >= cuda::persist_kc(g) && H % k == 0 && QD % k == 0 && F % k == 0; };
     int kc = fits(1024) ? 1024 : 512;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_KC"); f && (std::atoi(f) == 512 || std::atoi(f) == 1024))
-      kc = std::atoi(f);
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_KC"); f && *f) {
+      const int want = std::atoi(f);
+      if ((want == 512 || want == 1024) && fits(want)) kc = want;
+      else
+        std::fprintf(stderr, "anvil: ANVIL_CUDA_PERSIST_KC=%s does not fit (512 or 1024, at least 8 groups, dividing "
+                     "hidden, q and ffn sizes); units of %d columns\n", f, kc);
+    }
     if (H > 8192 || !fits(kc))
       return no("hidden, q and ffn sizes must be multiples of " + std::to_string(kc) + " (hidden at most 8192)");
     auto mat_ok = [&](const WeightMatrix* w, int64_t rows, int64_t cols) {
@@ -765,7 +770,8 @@ class CudaBackend final : public Backend {
       return no("shared memory per block unknown");
     if (!cuda::persist_layout(a, size_t(optin) - 1024)) return no("too little shared memory for the ring");
     if (cuda::persist_blocks_per_sm(a.smem_bytes) < 1) return no("one block per SM does not fit");
-    a.max_split = std::clamp(2 * sms_ / n_kv, 1, 64);
+    // Attention items (kv head, split): one per block at most, so that every SM reads K/V rows.
+    a.max_split = std::clamp(sms_ / n_kv, 1, 64);
     // The producer's copies in flight: ~48 KB per SM by default (what ~1 us of DRAM latency at the
     // full rate needs: ~4.8 TB/s x 1 us / 132 SMs = 36 KB), ANVIL_CUDA_PERSIST_INFLIGHT=KB (0: the
     // whole ring, as before).

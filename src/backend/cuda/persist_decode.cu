@@ -72,7 +72,14 @@ constexpr int kNT = kCT + 32;      // + the producer warp
 constexpr int kMaxStages = 32;
 constexpr int kHead = 128;         // head_dim
 constexpr int kMaxG = 4;           // query heads per kv head (register arrays: see the attention phase)
-constexpr int kAttnPos = kCW * 32; // positions per pass of an item (a warp: 32, one per lane)
+// K/V rows per lane per pass of the attention loop (4: the pass's 8 loads per lane in flight at
+// once, at the cost of a few spilled registers; ANVIL_PERSIST_ATTN_ROWS=2 at build time: none).
+#ifndef ANVIL_PERSIST_ATTN_ROWS
+#define ANVIL_PERSIST_ATTN_ROWS 4
+#endif
+constexpr int kAttnRows = ANVIL_PERSIST_ATTN_ROWS;
+constexpr int kAttnPos = kCW * 2 * kAttnRows;  // positions per pass of an item (a warp: 8)
+constexpr int kAttnMinPos = 32;    // positions per (kv head, split) item at least
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -577,7 +584,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
-    const int nsplit = min(a.max_split, (ctx + kAttnPos - 1) / kAttnPos);
+    const int nsplit = min(a.max_split, (ctx + kAttnMinPos - 1) / kAttnMinPos);
     const int chunk = (ctx + nsplit - 1) / nsplit;
     {
       // While the other blocks finish q/k/v: this block's K and V rows of earlier positions into
@@ -639,89 +646,88 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           }
           cbar();  // qs, and the appended row (read back below by this block through L2)
           if (item == s) tmark(a, l, 1, 1);
-          float m[GM], lsum[GM], acc[GM][4];
+          // Positions: a half warp per K/V row (lane li holds dims 8 li .. 8 li + 7 of q, K, V), each
+          // lane kAttnRows rows per pass (positions c0 + half + 2 i), the pass's K and V loads all in
+          // flight at once; an fp32 online softmax per warp, the two halves' sums joined at the end.
+          const int half = lane >> 4, li = lane & 15;
+          float qv[GM][8], m[GM], lsum[GM], acc[GM][8];
 #pragma unroll
           for (int gq = 0; gq < GM; ++gq) {
             m[gq] = -INFINITY, lsum[gq] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[gq][e] = 0.0f;
+            for (int e = 0; e < 8; ++e) {
+              acc[gq][e] = 0.0f;
+              qv[gq][e] = gq < G ? qs[gq * kHead + li * 8 + e] : 0.0f;
+            }
           }
-          for (int c0 = p0 + warp * 32; c0 < p1; c0 += kAttnPos) {
-            const int p = c0 + lane;
-            const bool valid = p < p1;
-            int64_t krow = 0;
-            float sc[GM];
+          for (int c0 = p0 + warp * (2 * kAttnRows); c0 < p1; c0 += kAttnPos) {
+            uint4 kk[kAttnRows], vv[kAttnRows];
+            bool ok[kAttnRows];
 #pragma unroll
-            for (int gq = 0; gq < GM; ++gq) sc[gq] = 0.0f;
-            if (valid) {
-              krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
-                            a.kv.page_size, kHead);
-              const uint4* kr = reinterpret_cast<const uint4*>(kvb + krow);
-              // The row in two batches of 8 loads, each batch in flight at once.
-#pragma unroll
-              for (int hb = 0; hb < 2; ++hb) {
-                uint4 kk[8];
-#pragma unroll
-                for (int d8 = 0; d8 < 8; ++d8) kk[d8] = __ldcg(kr + hb * 8 + d8);
-#pragma unroll
-                for (int d8 = 0; d8 < 8; ++d8) {
-                  const float kf[8] = {bf16_lo(kk[d8].x), bf16_hi(kk[d8].x), bf16_lo(kk[d8].y), bf16_hi(kk[d8].y),
-                                       bf16_lo(kk[d8].z), bf16_hi(kk[d8].z), bf16_lo(kk[d8].w), bf16_hi(kk[d8].w)};
-                  const int d0 = (hb * 8 + d8) * 8;
-#pragma unroll
-                  for (int gq = 0; gq < GM; ++gq) {
-                    if (gq < G) {
-                      const float4 q0 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0);
-                      const float4 q1 = *reinterpret_cast<const float4*>(qs + gq * kHead + d0 + 4);
-                      sc[gq] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] +
-                                q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
-                    }
-                  }
-                }
+            for (int i = 0; i < kAttnRows; ++i) {
+              const int p = c0 + half + 2 * i;
+              ok[i] = p < p1;
+              kk[i] = vv[i] = make_uint4(0, 0, 0, 0);
+              if (ok[i]) {
+                const int64_t krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers,
+                                            a.kv.n_kv_heads, a.kv.page_size, kHead);
+                kk[i] = __ldcg(reinterpret_cast<const uint4*>(kvb + krow) + li);
+                vv[i] = __ldcg(reinterpret_cast<const uint4*>(kvb + krow + vstride) + li);
               }
             }
-            float pe[GM];
 #pragma unroll
             for (int gq = 0; gq < GM; ++gq) {
               if (gq >= G) continue;
-              const float sv = valid ? sc[gq] * a.scale : -INFINITY;
-              const float mn = fmaxf(m[gq], warp_max(sv));
-              const float corr = __expf(m[gq] - mn);
-              pe[gq] = valid ? __expf(sv - mn) : 0.0f;
-              lsum[gq] = lsum[gq] * corr + warp_sum(pe[gq]);
+              float sc[kAttnRows];
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[gq][e] *= corr;
-              m[gq] = mn;
-            }
-            // V rows 16 at a time, each batch's loads in flight at once.
-            const int n = min(32, p1 - c0);
-            for (int j0 = 0; j0 < n; j0 += 16) {
-              uint2 vv[16];
+              for (int i = 0; i < kAttnRows; ++i) {
+                const float kf[8] = {bf16_lo(kk[i].x), bf16_hi(kk[i].x), bf16_lo(kk[i].y), bf16_hi(kk[i].y),
+                                     bf16_lo(kk[i].z), bf16_hi(kk[i].z), bf16_lo(kk[i].w), bf16_hi(kk[i].w)};
+                float d = 0.0f;
 #pragma unroll
-              for (int jj = 0; jj < 16; ++jj) {
-                const long long kj = __shfl_sync(0xffffffffu, (long long)krow, (j0 + jj) & 31);
-                vv[jj] = j0 + jj < n ? __ldcg(reinterpret_cast<const uint2*>(kvb + kj + vstride) + lane) : make_uint2(0, 0);
+                for (int e = 0; e < 8; ++e) d = fmaf(qv[gq][e], kf[e], d);
+#pragma unroll
+                for (int o = 1; o < 16; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc[i] = ok[i] ? d * a.scale : -INFINITY;
               }
+              // (row c0 of half 0 is always valid, so the warp's max is finite)
+              float mx = m[gq];
 #pragma unroll
-              for (int jj = 0; jj < 16; ++jj) {
-                const float vf[4] = {bf16_lo(vv[jj].x), bf16_hi(vv[jj].x), bf16_lo(vv[jj].y), bf16_hi(vv[jj].y)};
+              for (int i = 0; i < kAttnRows; ++i) mx = fmaxf(mx, sc[i]);
+              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+              const float corr = __expf(m[gq] - mx);
+              float ps = 0.0f;
 #pragma unroll
-                for (int gq = 0; gq < GM; ++gq) {
-                  if (gq >= G) continue;
-                  const float pj = __shfl_sync(0xffffffffu, pe[gq], (j0 + jj) & 31);  // 0 past n (invalid lanes)
+              for (int e = 0; e < 8; ++e) acc[gq][e] *= corr;
 #pragma unroll
-                  for (int e = 0; e < 4; ++e) acc[gq][e] = fmaf(pj, vf[e], acc[gq][e]);
-                }
+              for (int i = 0; i < kAttnRows; ++i) {
+                const float pe = ok[i] ? __expf(sc[i] - mx) : 0.0f;
+                ps += pe;
+                const float vf[8] = {bf16_lo(vv[i].x), bf16_hi(vv[i].x), bf16_lo(vv[i].y), bf16_hi(vv[i].y),
+                                     bf16_lo(vv[i].z), bf16_hi(vv[i].z), bf16_lo(vv[i].w), bf16_hi(vv[i].w)};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[gq][e] = fmaf(pe, vf[e], acc[gq][e]);
               }
+              lsum[gq] = lsum[gq] * corr + ps;
+              m[gq] = mx;
             }
+          }
+#pragma unroll
+          for (int gq = 0; gq < GM; ++gq) {
+            lsum[gq] += __shfl_xor_sync(0xffffffffu, lsum[gq], 16);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[gq][e] += __shfl_xor_sync(0xffffffffu, acc[gq][e], 16);
           }
             if (item == s) tmark(a, l, 1, 3);
 #pragma unroll
           for (int gq = 0; gq < GM; ++gq) {
             if (gq >= G) continue;
             if (lane == 0) wm[warp * kMaxG + gq] = m[gq], wl[warp * kMaxG + gq] = lsum[gq];
-            *reinterpret_cast<float4*>(wacc + (warp * kMaxG + gq) * kHead + 4 * lane) =
-                make_float4(acc[gq][0], acc[gq][1], acc[gq][2], acc[gq][3]);
+            if (half == 0) {
+              float4* w4 = reinterpret_cast<float4*>(wacc + (warp * kMaxG + gq) * kHead + 8 * li);
+              w4[0] = make_float4(acc[gq][0], acc[gq][1], acc[gq][2], acc[gq][3]);
+              w4[1] = make_float4(acc[gq][4], acc[gq][5], acc[gq][6], acc[gq][7]);
+            }
           }
           cbar();
           // This item's part: (acc, max, sum) per q head, merged over the warps.
