@@ -72,13 +72,14 @@ constexpr int kNT = kCT + 32;      // + the producer warp
 constexpr int kMaxStages = 32;
 constexpr int kHead = 128;         // head_dim
 constexpr int kMaxG = 4;           // query heads per kv head (register arrays: see the attention phase)
-// K/V rows per lane per pass of the attention loop (4: the pass's 8 loads per lane in flight at
-// once, at the cost of a few spilled registers; ANVIL_PERSIST_ATTN_ROWS=2 at build time: none).
+// K/V rows per lane per pass of the attention loop: 2 by default (no register spills; on the
+// H100, qwen3-8b q4g64 308 tok/s against 290 with 4, whose 8 loads per lane in flight at once cost
+// a few spilled registers). ANVIL_PERSIST_ATTN_ROWS=4 at build time for measuring.
 #ifndef ANVIL_PERSIST_ATTN_ROWS
-#define ANVIL_PERSIST_ATTN_ROWS 4
+#define ANVIL_PERSIST_ATTN_ROWS 2
 #endif
 constexpr int kAttnRows = ANVIL_PERSIST_ATTN_ROWS;
-constexpr int kAttnPos = kCW * 2 * kAttnRows;  // positions per pass of an item (a warp: 8)
+constexpr int kAttnPos = kCW * 2 * kAttnRows;  // positions per pass of an item (a warp: 2 kAttnRows)
 constexpr int kAttnMinPos = 32;    // positions per (kv head, split) item at least
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
