@@ -740,7 +740,8 @@ class CudaBackend final : public Backend {
     };
     auto vec_ok = [](const WeightVector* v, int64_t n, bool optional) {
       if (!v || !v->data) return optional;
-      return v->dtype == DType::kBF16 && v->n == n;
+      // (16-byte aligned: the norms are read 8 weights per load)
+      return v->dtype == DType::kBF16 && v->n == n && reinterpret_cast<uintptr_t>(v->data) % 16 == 0;
     };
     std::vector<cuda::PersistLayer> host(layers.size());
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -750,7 +751,7 @@ class CudaBackend final : public Backend {
         return no("layer " + std::to_string(l) + ": a matrix is not q4 of the first layer's group and shape");
       if (!vec_ok(L.attn_norm, H, false) || !vec_ok(L.ffn_norm, H, false) || !vec_ok(L.q_norm, hd, true) ||
           !vec_ok(L.k_norm, hd, true))
-        return no("layer " + std::to_string(l) + ": norm weights not bf16 of the expected size");
+        return no("layer " + std::to_string(l) + ": norm weights not bf16 of the expected size, 16-byte aligned");
       cuda::PersistLayer& P = host[l];
       P.attn_norm = L.attn_norm->data, P.ffn_norm = L.ffn_norm->data;
       P.q_norm = L.q_norm ? L.q_norm->data : nullptr, P.k_norm = L.k_norm ? L.k_norm->data : nullptr;

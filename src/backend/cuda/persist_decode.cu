@@ -166,13 +166,15 @@ __device__ __forceinline__ float row_sum(const float* part, const Shape& sh, int
   return v;
 }
 // The sums of 8 consecutive virtual rows vr0.. (vr0 % 8 == 0: one tile, one half of a gate/up
-// tile), the same order of additions as row_sum; one pair of 16-byte loads per slot.
+// tile), the same order of additions as row_sum; one pair of 16-byte loads per slot, the first 4
+// slots' loads in flight at once.
 __device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int S, int64_t vr0, float (&f)[8]) {
+  constexpr int KF = 4;
   const int64_t N = sh.units(), t = vr0 / 32;
   const int s0 = owner_of(N, S, t * sh.U), n = owner_of(N, S, (t + 1) * sh.U - 1) - s0 + 1;
-  float4 x[4], y[4];
+  float4 x[KF], y[KF];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < KF; ++k) {
     if (k < n) {
       const float4* p = reinterpret_cast<const float4*>(part + k * sh.rows_v + vr0);
       x[k] = __ldcg(p), y[k] = __ldcg(p + 1);
@@ -184,9 +186,9 @@ __device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int
     f[0] += a.x, f[1] += a.y, f[2] += a.z, f[3] += a.w, f[4] += b.x, f[5] += b.y, f[6] += b.z, f[7] += b.w;
   };
 #pragma unroll
-  for (int k = 0; k < 4; ++k)
+  for (int k = 0; k < KF; ++k)
     if (k < n) add(x[k], y[k]);
-  for (int k = 4; k < n; ++k) {
+  for (int k = KF; k < n; ++k) {
     const float4* p = reinterpret_cast<const float4*>(part + k * sh.rows_v + vr0);
     add(__ldcg(p), __ldcg(p + 1));
   }
@@ -204,6 +206,7 @@ struct Smem {
   uint64_t* full;   // [kMaxStages]
   uint64_t* empty;  // [kMaxStages]
   float* red;       // [64]
+  float2* rope;     // [64]: cos, sin of pos * inv_freq[i] (the same for every layer)
   __nv_bfloat16* res;  // [hidden]
   uint8_t* xbuf;       // planes, or the attention scratch
   uint8_t* ring;
@@ -253,7 +256,7 @@ __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target,
 // q/k/v rows (virtual rows of the q/k/v shape) of one head through its RMSNorm and RoPE (rope_kv.cu's
 // arithmetic; lane holds pairs (i, i + 64), i = lane, lane + 32); out: the bf16-rounded results.
 __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& sh, int S, int64_t vr0,
-                                               const __nv_bfloat16* nw, float eps, const float* inv_freq, int pos,
+                                               const __nv_bfloat16* nw, float eps, const float2* rope,
                                                float (&out)[4]) {
   const int lane = threadIdx.x & 31;
   float a[2], c[2], ss = 0.0f;
@@ -269,9 +272,7 @@ __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& s
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int i = lane + 32 * j;
-    double sn, cs;
-    sincos(double(pos) * double(inv_freq[i]), &sn, &cs);
-    const float fc = float(cs), fs = float(sn);
+    const float fc = rope[i].x, fs = rope[i].y;
     float x0 = a[j], x1 = c[j];
     if (nw) {
       x0 = x0 * inv * __bfloat162float(nw[i]);
@@ -291,6 +292,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   sm.full = reinterpret_cast<uint64_t*>(smem_raw);
   sm.empty = sm.full + kMaxStages;
   sm.red = reinterpret_cast<float*>(sm.empty + kMaxStages);
+  sm.rope = reinterpret_cast<float2*>(sm.red + 64);
   sm.res = reinterpret_cast<__nv_bfloat16*>(smem_raw + a.off_res);
   sm.xbuf = smem_raw + a.off_x;
   sm.ring = smem_raw + a.off_ring;
@@ -462,39 +464,59 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const int pos = __ldcg(a.b.pos), seq = __ldcg(a.b.seq);
   const int ctx = pos + 1;
   const int G = a.n_heads / a.n_kv;
+  // RoPE's angles once per launch (rope_kv.cu's arithmetic: double-precision sincos).
+  if (tid < kHead / 2) {
+    double sn, cs;
+    sincos(double(pos) * double(a.inv_freq[tid]), &sn, &cs);
+    sm.rope[tid] = make_float2(float(cs), float(sn));
+  }
+  cbar();
   int st = 0;  // the ring position, as the producer's
   uint32_t par = 0;
 
-  // Stage x for a phase: K values, 8 consecutive ones at a time from `val8(i0, f)`, as int16 planes.
+  // Stage x for a phase: K values as int16 planes, 8 consecutive ones at a time: `load(i0)` fetches
+  // 16 bytes for them (the loads of up to 4 passes per thread issued before any is used: each pass
+  // waiting for its own load cost one L2 round trip, ~1 us, per 2,048 values), `conv(i0, raw, f)`
+  // makes the 8 values.
   uint4* xi = reinterpret_cast<uint4*>(sm.xbuf);
-  auto stage_x = [&](int K, auto&& val8) {
-    const int NP = K / 32;
+  auto stage_x = [&](int K, auto&& load, auto&& conv) {
+    const int NP = K / 32, n8 = K / 8;
     float2* xf = reinterpret_cast<float2*>(sm.xbuf + size_t(K) * 2);
-#pragma unroll 4
-    for (int base = 0; base < K / 8; base += kCT) {
-      const int idx = base + tid;
-      const bool valid = idx < K / 8;
-      float f[8];
-      if (valid) val8(idx * 8, f);
-      else
+    for (int base = 0; base < n8; base += 4 * kCT) {
+      uint4 raw[4];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) f[e] = 0.0f;
-      stage_piece(f, valid, idx >> 2, idx & 3, NP, xi, xf);
+      for (int j = 0; j < 4; ++j) {
+        const int idx = base + j * kCT + tid;
+        raw[j] = idx < n8 ? load(idx * 8) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int idx = base + j * kCT + tid;
+        if (base + j * kCT >= n8) break;  // (uniform over the block)
+        const bool valid = idx < n8;
+        float f[8];
+        if (valid) conv(idx * 8, raw[j], f);
+        else
+#pragma unroll
+          for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+        stage_piece(f, valid, idx >> 2, idx & 3, NP, xi, xf);
+      }
     }
     cbar();
+  };
+  auto unpack8 = [](const uint4& v, float (&f)[8]) {
+    f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+    f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
   };
   // res = bf16(res + bf16(sum of the rows of `part`)) (or res = h for the first layer), then the
   // planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
   auto stage_norm = [&](const float* part, const Shape* sh, const __nv_bfloat16* w) {
     float ss = 0.0f;
-#pragma unroll 4
+    // (One pass's loads at a time: two passes' in flight at once spilled registers.)
     for (int i0 = tid * 8; i0 < H; i0 += kCT * 8) {
       float f[8];
-      if (!part) {
-        const uint4 hv = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.h) + i0));
-        f[0] = bf16_lo(hv.x), f[1] = bf16_hi(hv.x), f[2] = bf16_lo(hv.y), f[3] = bf16_hi(hv.y);
-        f[4] = bf16_lo(hv.z), f[5] = bf16_hi(hv.z), f[6] = bf16_lo(hv.w), f[7] = bf16_hi(hv.w);
-      } else {
+      if (!part) unpack8(__ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.h) + i0)), f);
+      else {
         row_sum8(part, *sh, S, i0, f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = bf(__bfloat162float(sm.res[i0 + e]) + bf(f[e]));
@@ -503,11 +525,14 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       for (int e = 0; e < 8; ++e) sm.res[i0 + e] = __float2bfloat16_rn(f[e]), ss += f[e] * f[e];
     }
     const float inv = rsqrtf(csum(ss, sm.red) / float(H) + a.eps);  // (csum's barriers order res)
-    stage_x(H, [&](int i0, float (&f)[8]) {
+    stage_x(
+        H, [&](int i0) { return __ldg(reinterpret_cast<const uint4*>(w + i0)); },
+        [&](int i0, const uint4& wv, float (&f)[8]) {
+          float wf[8];
+          unpack8(wv, wf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        f[e] = bf(__bfloat162float(sm.res[i0 + e]) * inv * __bfloat162float(w[i0 + e]));
-    });
+          for (int e = 0; e < 8; ++e) f[e] = bf(__bfloat162float(sm.res[i0 + e]) * inv * wf[e]);
+        });
   };
   // The block's units of phase ph: the ring's stages through the integer dot products; parts to `part`.
   auto matvec = [&](int ph, float* part) {
@@ -626,7 +651,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             if (task < G) {
               const int h = kvh * G + task;
               head_norm_rope(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm), a.eps,
-                             a.inv_freq, pos, v);
+                             sm.rope, v);
               qs[task * kHead + lane] = v[0], qs[task * kHead + lane + 64] = v[1];
               qs[task * kHead + lane + 32] = v[2], qs[task * kHead + lane + 96] = v[3];
             } else {
@@ -636,7 +661,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
                                a.kv.page_size, kHead);
               if (task == G) {
                 head_norm_rope(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
-                               static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, a.inv_freq, pos, v);
+                               static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, sm.rope, v);
                 dst[lane] = __float2bfloat16_rn(v[0]), dst[lane + 64] = __float2bfloat16_rn(v[1]);
                 dst[lane + 32] = __float2bfloat16_rn(v[2]), dst[lane + 96] = __float2bfloat16_rn(v[3]);
               } else {
@@ -783,11 +808,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 
     // ---- o ----
     bar_wait(bars, l * kPhases + 1, target, a);
-    stage_x(QD, [&](int i0, float (&f)[8]) {
-      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0));
-      f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
-      f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
-    });
+    stage_x(
+        QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
+        [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); });
     tmark(a, l, 2, 1);
     matvec(1, a.part[1]);
     bar_arrive(bars, l * kPhases + 2, a);
@@ -801,23 +824,25 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
     bar_wait(bars, l * kPhases + 3, target, a);
-    stage_x(F, [&](int i0, float (&f)[8]) {
-      if (gu_whole) {
-        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0));
-        f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
-        f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
-        return;
-      }
-      const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
-      float gt[8], up[8];
-      row_sum8(a.part[2], shp[2], S, vr, gt);
-      row_sum8(a.part[2], shp[2], S, vr + 16, up);
+    stage_x(
+        F,
+        [&](int i0) {
+          return gu_whole ? __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0))
+                          : make_uint4(0, 0, 0, 0);
+        },
+        [&](int i0, const uint4& v, float (&f)[8]) {
+          if (gu_whole) return unpack8(v, f);
+          // (tiles split over blocks: the gate and up rows summed here, SwiGLU applied)
+          const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
+          float gt[8], up[8];
+          row_sum8(a.part[2], shp[2], S, vr, gt);
+          row_sum8(a.part[2], shp[2], S, vr + 16, up);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float gv = bf(gt[e]);
-        f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
-      }
-    });
+          for (int e = 0; e < 8; ++e) {
+            const float gv = bf(gt[e]);
+            f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
+          }
+        });
     tmark(a, l, 4, 1);
     matvec(3, a.part[3]);
     bar_arrive(bars, l * kPhases + 4, a);
@@ -846,7 +871,7 @@ int64_t persist_max_parts(int64_t rows_v, int K, int kc, int S) { return persist
 bool persist_layout(PersistArgs& a, size_t smem_limit) {
   auto up16 = [](size_t b) { return (b + 127) / 128 * 128; };
   const int G = a.n_heads / a.n_kv;
-  const size_t head = up16(2 * kMaxStages * 8 + 64 * 4);
+  const size_t head = up16(2 * kMaxStages * 8 + 64 * 4 + kHead / 2 * 8);
   const size_t res = up16(size_t(a.hidden) * 2);
   int maxK = a.hidden > a.q_dim ? a.hidden : a.q_dim;
   if (a.ffn > maxK) maxK = a.ffn;
