@@ -264,6 +264,8 @@ struct PersistArgs {
                                          // 3 tensor-map boxes (cp.async.bulk.tensor, 3 per unit)
   int l2_ahead = 0;                      // copy_async 3: units pulled into L2 ahead of the ring's copies
   int inflight = 0;                      // the producer's outstanding units at most (0: the whole ring)
+  int kv_prefetch = 1;                   // the attention items' K/V rows pulled into L2 before the q/k/v barrier
+  int red_release = 0;                   // barrier arrivals as one red.release.gpu (else fence + atomicAdd)
   const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
   unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
   // shared memory layout (persist_layout)

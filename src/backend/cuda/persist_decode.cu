@@ -238,8 +238,12 @@ __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistA
   cbar();
   tmark(a, i / kPhases, i % kPhases, 2);
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(bars + i, 1u);
+    if (a.red_release) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bars + i) : "memory");
+    } else {
+      __threadfence();
+      atomicAdd(bars + i, 1u);
+    }
   }
 }
 // (Marks the start of phase i + 1.)
@@ -618,7 +622,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(a.kv.base);
       const int32_t* ptab = a.b.page_table + int64_t(seq) * a.b.max_pages;
       const int64_t vstride = int64_t(a.kv.n_kv_heads) * a.kv.page_size * kHead;
-      for (int item = s; item < a.n_kv * nsplit; item += S) {
+      for (int item = s; a.kv_prefetch && item < a.n_kv * nsplit; item += S) {
         const int kvh = item / nsplit, p0 = (item % nsplit) * chunk, p1 = min(pos, p0 + chunk);
         for (int i = tid; i < 4 * (p1 - p0); i += kCT) {
           const int p = p0 + (i >> 2), part = i & 3;
