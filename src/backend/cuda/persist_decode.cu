@@ -783,22 +783,47 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           cbar();
           if (flag_s) {
             __threadfence();
+            // The merge in few round trips: every split's (max, sum) into shared memory at once, each
+            // q head's weights from them, then each output's accumulators, 16 splits per load batch.
+            // (Loading max, sum and accumulator split after split per output took ~8 dependent
+            // round trips: likely the attention phase's slowest block.)
+            float* sM = wacc;                        // [nsplit][G] (wacc is free after the cbar above)
+            float* sL = sM + 64 * kMaxG;             // [nsplit][G]
+            float* fw = sL + 64 * kMaxG;             // [nsplit][G]: the weights
+            float* sLs = fw + 64 * kMaxG;            // [G]
             const float* w0 = a.attn_ws + int64_t(kvh) * a.max_split * G * (kHead + 2);
+            for (int i = tid; i < nsplit * G; i += kCT) {
+              sM[i] = __ldcg(w0 + i * (kHead + 2) + kHead);
+              sL[i] = __ldcg(w0 + i * (kHead + 2) + kHead + 1);
+            }
+            cbar();
+            if (tid < G) {
+              float M = -INFINITY;
+              for (int k = 0; k < nsplit; ++k) M = fmaxf(M, sM[k * G + tid]);
+              float Ls = 0.0f;
+              for (int k = 0; k < nsplit; ++k) {
+                const float lk = sL[k * G + tid];
+                const float f = lk > 0.0f ? __expf(sM[k * G + tid] - M) : 0.0f;
+                fw[k * G + tid] = f;
+                Ls += lk * f;
+              }
+              sLs[tid] = Ls;
+            }
+            cbar();
+            constexpr int kB = 16;
             for (int i = tid; i < G * kHead; i += kCT) {
               const int gq = i / kHead, d = i % kHead;
-              float M = -INFINITY;
-#pragma unroll 8
-              for (int k = 0; k < nsplit; ++k) M = fmaxf(M, __ldcg(w0 + (k * G + gq) * (kHead + 2) + kHead));
-              float Ls = 0.0f, A = 0.0f;
-#pragma unroll 8
-              for (int k = 0; k < nsplit; ++k) {
-                const float* pk = w0 + (k * G + gq) * (kHead + 2);
-                const float lk = __ldcg(pk + kHead + 1);
-                const float f = lk > 0.0f ? __expf(__ldcg(pk + kHead) - M) : 0.0f;
-                Ls += lk * f;
-                A += __ldcg(pk + d) * f;
+              float A = 0.0f;
+              for (int k0 = 0; k0 < nsplit; k0 += kB) {
+                float v[kB];
+#pragma unroll
+                for (int kk = 0; kk < kB; ++kk)
+                  v[kk] = k0 + kk < nsplit ? __ldcg(w0 + ((k0 + kk) * G + gq) * (kHead + 2) + d) : 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < kB; ++kk)
+                  if (k0 + kk < nsplit) A += v[kk] * fw[(k0 + kk) * G + gq];
               }
-              static_cast<__nv_bfloat16*>(a.attn)[(int64_t(kvh) * G + gq) * kHead + d] = __float2bfloat16_rn(A / Ls);
+              static_cast<__nv_bfloat16*>(a.attn)[(int64_t(kvh) * G + gq) * kHead + d] = __float2bfloat16_rn(A / sLs[gq]);
             }
             if (tid == 0) head_cnt[kvh] = 0;
           }
