@@ -33,11 +33,13 @@
 //   keeps the residual stream (bf16, [hidden]) in shared memory and updates it itself, identically,
 //   from the summed o / down rows; the norms are computed by every block from its copy (the
 //   staging of the q/k/v and gate/up inputs); SwiGLU is applied when the down projection's input
-//   is staged. The attention phase is split into (kv head, split) items over the blocks: each
-//   item forms its q heads (q norm, RoPE) from the summed q/k/v rows, the item holding the
-//   current position also its K row (k norm, RoPE) and V row, which it appends to the page; the
-//   last split of a kv head to finish (a counter per kv head) merges the splits into the
-//   attention output. The last layer's residual goes back to h, each block writing a slice.
+//   is staged. The attention phase is split into (kv head, split) items over the blocks, at
+//   most one per block (at least 32 positions each): each item forms its q heads (q norm, RoPE
+//   from a per-launch angle table) from the summed q/k/v rows, the item holding the current
+//   position also its K row (k norm, RoPE) and V row, which it appends to the page; a half warp
+//   reads each K/V row; the last split of a kv head to finish (a counter per kv head) merges the
+//   splits into the attention output. The last layer's residual goes back to h, each block
+//   writing a slice.
 // - Arithmetic per op is that of the per-kernel path (qgemv_int.cuh, rope_kv.cu, the decode
 //   attention with an fp32 online softmax), with the same bf16 roundings between ops: the
 //   mat-vec outputs, the residual sums, the norm outputs, q and k after RoPE, the SwiGLU product.
