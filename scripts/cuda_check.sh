@@ -722,9 +722,11 @@ if [ "$what" != tests ]; then
     echo "### persist tests (units of 512 columns): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_kc512_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
       # PERSIST_VARIANTS: settings joined by '+' (the producer's KB in flight, the unit width, the
-      # L2-ahead depth in units); the first is the default.
+      # L2-ahead depth in units); the first is the default. By default the L2-ahead depth: 24 units
+      # (qwen3-8b: 24 x 18 KB x 132 SMs = 57 MB, more than the 50 MB L2) lost in session 29; the
+      # in-flight cap made no difference (8-96 KB).
       i=0
-      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_INFLIGHT=0 ANVIL_CUDA_PERSIST_INFLIGHT=96 ANVIL_CUDA_PERSIST_KC=512 ANVIL_CUDA_PERSIST_L2AHEAD=24}; do
+      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_L2AHEAD=4 ANVIL_CUDA_PERSIST_L2AHEAD=8 ANVIL_CUDA_PERSIST_L2AHEAD=12 ANVIL_CUDA_PERSIST_L2AHEAD=16}; do
         i=$((i + 1))
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
@@ -732,7 +734,7 @@ if [ "$what" != tests ]; then
         echo "### ANVIL_CUDA_PERSIST=1 $e $m: rc=$? $(grep -E '^decode|rror|op by op' "$OUT/persist_v${i}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_INFLIGHT=0}; do
+      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_L2AHEAD=8}; do
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_TRACE=1 $(echo "$e" | tr '+' ' ') timeout 100 \
           ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1
