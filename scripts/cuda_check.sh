@@ -716,6 +716,10 @@ if [ "$what" != tests ]; then
     # The persistent decode kernel (ANVIL_CUDA_PERSIST=1, persist_decode.cu; session 28): its tests,
     # then decode against the default for each L2-ahead depth and the phase timeline (each run
     # bounded: a barrier that never opens would hang).
+    # What a phase boundary costs by synchronization scheme (bench/cuda_grid_barrier.cu; seconds).
+    { "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a bench/cuda_grid_barrier.cu -o build-gpu/grid_barrier &&
+        timeout 60 ./build-gpu/grid_barrier 2000 4096; echo "grid_barrier rc=$?"; } > "$OUT/grid_barrier.log" 2>&1
+    { echo "### grid barrier (bench/cuda_grid_barrier.cu)"; cat "$OUT/grid_barrier.log"; } >> "$OUT/bench.log"
     ANVIL_CUDA_PERSIST_L2AHEAD=24 timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist*' > "$OUT/persist_tests.log" 2>&1
     echo "### persist tests (L2AHEAD=24): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst|against the CPU' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     ANVIL_CUDA_PERSIST_KC=512 timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist_kc512_tests.log" 2>&1
