@@ -19,6 +19,8 @@ const std::vector<SynthShape>& synth_shapes() {
       {"tiny", 2, 128, 4, 2, 32, 256, 151936, true},
       {"qwen3-0.6b", 28, 1024, 16, 8, 128, 3072, 151936, true},
       {"qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, false},
+      // Few kv heads (4 query heads each, head_dim 128): many attention splits per kv head.
+      {"gqa-2kv", 4, 1024, 8, 2, 128, 3072, 151936, true},
       {"tiny-moe", 2, 128, 4, 2, 32, 256, 151936, false, 8, 2, 64},
       {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, false, 128, 8, 768},
       {"qwen3-30b-a3b-16L", 16, 2048, 32, 4, 128, 6144, 151936, false, 128, 8, 768},

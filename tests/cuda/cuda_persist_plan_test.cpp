@@ -113,5 +113,25 @@ TEST(CudaPersistPlan, SharedMemoryLayoutFitsTheRing) {
     }
 }
 
+TEST(CudaPersistPlan, AttentionSplitsCoverTheContextAndTheLastHoldsTheCurrentPosition) {
+  // Every split count the host can choose (max_split = SMs / kv heads, clamped to 1..64) and
+  // contexts up to 70,000: the splits tile [0, ctx) without gaps or overlap, none is empty (so the
+  // last holds position ctx - 1, whose K/V row its own block appends), there are at most
+  // max_split, and each has at least half the minimum where there is more than one.
+  for (int max_split = 1; max_split <= 64; ++max_split)
+    for (int ctx = 1; ctx <= 70000; ++ctx) {
+      const AttnSplits a = attn_splits(ctx, max_split, kAttnMinPos);
+      ASSERT_GE(a.n, 1);
+      ASSERT_LE(a.n, max_split);
+      ASSERT_GE(int64_t(a.n) * a.chunk, ctx) << "ctx " << ctx << " max_split " << max_split;
+      ASSERT_LT(int64_t(a.n - 1) * a.chunk, ctx) << "empty last split: ctx " << ctx << " max_split " << max_split;
+      if (a.n > 1) ASSERT_GE(a.chunk, kAttnMinPos / 2) << "ctx " << ctx << " max_split " << max_split;
+    }
+  // The case that broke the first version: 34 splits of 33 positions for 1,089.
+  const AttnSplits b = attn_splits(1089, 34, kAttnMinPos);
+  EXPECT_EQ(b.chunk, 33);
+  EXPECT_EQ(b.n, 33);
+}
+
 }  // namespace
 }  // namespace anvil::cuda::persist

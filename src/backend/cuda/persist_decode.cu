@@ -82,7 +82,7 @@ constexpr int kMaxG = 4;           // query heads per kv head (register arrays: 
 #endif
 constexpr int kAttnRows = ANVIL_PERSIST_ATTN_ROWS;
 constexpr int kAttnPos = kCW * 2 * kAttnRows;  // positions per pass of an item (a warp: 2 kAttnRows)
-constexpr int kAttnMinPos = 32;    // positions per (kv head, split) item at least
+using persist::kAttnMinPos;        // positions per (kv head, split) item at least (persist_plan.h)
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -623,8 +623,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
-    const int nsplit = min(a.max_split, (ctx + kAttnMinPos - 1) / kAttnMinPos);
-    const int chunk = (ctx + nsplit - 1) / nsplit;
+    const persist::AttnSplits spl = persist::attn_splits(ctx, a.max_split, kAttnMinPos);
+    const int nsplit = spl.n, chunk = spl.chunk;
     {
       // While the other blocks finish q/k/v: this block's K and V rows of earlier positions into
       // L2 (they do not depend on this step), so that its attention items read them from there.

@@ -31,6 +31,25 @@ ANVIL_PERSIST_HD inline int64_t first_unit(int64_t N, int S, int s) {
 ANVIL_PERSIST_HD inline int owner_of(int64_t N, int S, int64_t u) {
   return int((uint32_t(u + 1) * uint32_t(S) - 1u) / uint32_t(N));
 }
+// The attention phase's splits of a context of ctx positions (ctx >= 1) per kv head: at most
+// max_split, each at least min_pos positions where the context allows, split k holding positions
+// [k * chunk, min(ctx, (k + 1) * chunk)). Every split is non-empty, so the last one holds the
+// current position (ctx - 1): the block that appends its K/V row is the one that reads it. (A
+// first version took the split count as given and computed the chunk from it; with 34 splits or
+// more, e.g. ctx 1,089 and 34 splits of 33, the last split came out empty and the current
+// position fell to another block, which read the K/V row before it was appended.)
+inline constexpr int kAttnMinPos = 32;  // the kernel's positions per split at least
+struct AttnSplits {
+  int n, chunk;
+};
+ANVIL_PERSIST_HD inline AttnSplits attn_splits(int ctx, int max_split, int min_pos) {
+  int n = (ctx + min_pos - 1) / min_pos;
+  if (n > max_split) n = max_split;
+  if (n < 1) n = 1;
+  const int chunk = (ctx + n - 1) / n;
+  return {(ctx + chunk - 1) / chunk, chunk};
+}
+
 // Whether N units over S blocks stay within the 32-bit arithmetic above.
 inline bool fits_32bit(int64_t N, int S) { return N > 0 && S > 0 && N * int64_t(S) < (int64_t(1) << 32); }
 
