@@ -15,6 +15,10 @@
 //   1  red.release.gpu on the counter instead of fence + atomicAdd (ANVIL_CUDA_PERSIST_RED=1);
 //   2  no counter: each word carries its round in its high half (a 64-bit {value, round + 1}
 //      store, single-copy atomic), readers re-load the words whose tag is not yet the round's;
+//   4  tagged words and a counter without a fence (a relaxed atomicAdd after the stores, a relaxed
+//      spin on it): the counter says "probably written", the tags say which words are, and
+//      readers re-load the few that are not yet;
+//   5  scheme 2 with a 64 ns back-off between the re-loads of a stale word (less polling traffic);
 //   3  cooperative_groups grid.sync() as a reference (blocks of the consumer warps only, and
 //      only with the memory system idle: grid.sync needs every thread of the block).
 // Printed: us per round (mean over R rounds, measured with cudaEvents), and the words that failed
@@ -47,7 +51,7 @@ struct Args {
   bool load = false;                  // a warp per block streams `big` meanwhile
   unsigned* counters = nullptr;       // [rounds]
   uint32_t* vec32 = nullptr;          // [2][n] (schemes 0, 1, 3)
-  unsigned long long* vec64 = nullptr;  // [2][n] (scheme 2)
+  unsigned long long* vec64 = nullptr;  // [2][n] (schemes 2, 4, 5)
   const uint4* big = nullptr;
   size_t big_n = 0;                   // uint4s
   volatile int* stop = nullptr;       // the consumers' end, for the streaming warp
@@ -64,6 +68,14 @@ __device__ __forceinline__ unsigned long long ld_relaxed64(const unsigned long l
   unsigned long long v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ unsigned ld_relaxed32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed64(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory"); }
 __device__ __forceinline__ uint32_t value(int r, int i) { return uint32_t(r) * 2654435761u + uint32_t(i); }
@@ -91,14 +103,26 @@ __global__ void __launch_bounds__(kCT + 32, 1) grid_barrier_kernel(Args a) {
   unsigned long long bad = 0;
   for (int r = 0; r < a.rounds; ++r) {
     const int buf = r & 1;
-    if (a.scheme == 2) {
+    if (a.scheme == 2 || a.scheme == 4 || a.scheme == 5) {
       unsigned long long* v = a.vec64 + size_t(buf) * a.n;
       for (int i = w0 + tid; i < w1; i += kCT)
-        v[i] = (static_cast<unsigned long long>(r + 1) << 32) | value(r, i);
+        st_relaxed64(v + i, (static_cast<unsigned long long>(r + 1) << 32) | value(r, i));
+      if (a.scheme == 4) {
+        cbar();
+        if (tid == 0) {
+          asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.counters + r) : "memory");
+          while (ld_relaxed32(a.counters + r) < unsigned(S)) {
+          }
+        }
+        cbar();
+      }
       // Readers: every word, re-loading those not yet tagged with this round.
       for (int i = tid; i < a.n; i += kCT) {
         unsigned long long x = ld_relaxed64(v + i);
-        while (unsigned(x >> 32) != unsigned(r + 1)) x = ld_relaxed64(v + i);
+        while (unsigned(x >> 32) != unsigned(r + 1)) {
+          if (a.scheme == 5) __nanosleep(64);
+          x = ld_relaxed64(v + i);
+        }
         bad += uint32_t(x) != value(r, i);
       }
       cbar();  // (as the staging ends: the block's threads together)
@@ -163,11 +187,12 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  const char* names[4] = {"fence + atomicAdd, acquire spin", "red.release, acquire spin",
-                          "tagged words, no counter", "cooperative_groups grid.sync"};
+  const char* names[6] = {"fence + atomicAdd, acquire spin", "red.release, acquire spin",
+                          "tagged words, no counter",        "cooperative_groups grid.sync",
+                          "tagged words + unfenced counter", "tagged words, 64 ns back-off"};
   int fails = 0;
   for (int load = 0; load < 2; ++load) {
-    for (int scheme = 0; scheme < 4; ++scheme) {
+    for (int scheme = 0; scheme < 6; ++scheme) {
       // grid.sync() needs every thread of the block: launched without the streaming warp, and only
       // with the memory system idle.
       if (scheme == 3 && load) continue;
