@@ -724,13 +724,19 @@ if [ "$what" != tests ]; then
     echo "### persist tests (L2AHEAD=24): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst|against the CPU' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     ANVIL_CUDA_PERSIST_KC=512 timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist_kc512_tests.log" 2>&1
     echo "### persist tests (units of 512 columns): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_kc512_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    # Tagged words between phases (ANVIL_CUDA_PERSIST_TAGS=1: behind unfenced counters, =2: no counters).
+    for tg in 1 2; do
+      ANVIL_CUDA_PERSIST_TAGS=$tg timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist*' > "$OUT/persist_tags${tg}_tests.log" 2>&1
+      echo "### persist tests (ANVIL_CUDA_PERSIST_TAGS=$tg): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst|against the CPU' "$OUT/persist_tags${tg}_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    done
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
       # PERSIST_VARIANTS: settings joined by '+' (the producer's KB in flight, the unit width, the
-      # L2-ahead depth in units); the first is the default. By default the L2-ahead depth: 24 units
+      # L2-ahead depth in units); the first is the default. By default tagged words (session 29) and
+      # the L2-ahead depth: 24 units
       # (qwen3-8b: 24 x 18 KB x 132 SMs = 57 MB, more than the 50 MB L2) lost in session 29; the
       # in-flight cap made no difference (8-96 KB).
       i=0
-      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_L2AHEAD=4 ANVIL_CUDA_PERSIST_L2AHEAD=8 ANVIL_CUDA_PERSIST_L2AHEAD=12 ANVIL_CUDA_PERSIST_L2AHEAD=16}; do
+      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_TAGS=1 ANVIL_CUDA_PERSIST_TAGS=2 ANVIL_CUDA_PERSIST_L2AHEAD=8 ANVIL_CUDA_PERSIST_L2AHEAD=16}; do
         i=$((i + 1))
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
@@ -738,7 +744,7 @@ if [ "$what" != tests ]; then
         echo "### ANVIL_CUDA_PERSIST=1 $e $m: rc=$? $(grep -E '^decode|rror|op by op' "$OUT/persist_v${i}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_L2AHEAD=8}; do
+      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_TAGS=1 ANVIL_CUDA_PERSIST_TAGS=2}; do
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_TRACE=1 $(echo "$e" | tr '+' ' ') timeout 100 \
           ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1

@@ -53,7 +53,13 @@
 //   at its start and waits for (epoch + 1) * gridDim.x; block 0 bumps the epoch at its end, after
 //   the last barrier, which every block has passed its start to reach.
 // - The per-kv-head split counters are back at 0 when a launch ends (the merging block resets its
-//   counter).
+//   counter, before the fence that precedes its merged output).
+// - Tagged words (opt-in, ANVIL_CUDA_PERSIST_TAGS, the TAGS instantiation; see "Tagged words"
+//   below): every word a later phase reads from another block (split sums, SwiGLU output,
+//   attention output) carries the layer-step that wrote it, and readers load it again until the
+//   tag is theirs, so the phase boundaries need no fence (=1) or no counter at all (=2). A buffer
+//   is rewritten only a layer later, after a norm that needs every block's output, so a word never
+//   holds a later step's tag while someone still waits for it.
 // - Split-sum slots that a reader adds but no block writes (a block owning no unit, when a phase
 //   has fewer units than blocks) hold 0: the host zeroes the part buffers once (persist_plan.h).
 // - The producer issues, and the consumers consume, the same unit sequence; a stage is refilled
@@ -86,6 +92,11 @@ using persist::kAttnMinPos;        // positions per (kv head, split) item at lea
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned ld_relaxed32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -197,6 +208,131 @@ __device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int
 }
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
+// ---- Tagged words (PersistArgs::tags, the kernel's TAGS instantiation) ----
+// A split sum is stored as one u64 {float bits, tag} and an element of act / attn as one u32 {bf16
+// bits, tag & 0xffff}, each with one relaxed store (single-copy atomic), the tag naming the
+// layer-step that wrote it (epoch * n_layers + layer + 1). A reader that sees another tag saw the
+// word before this step's store reached it and loads it again. Why the words cannot hold a later
+// step's tag: every buffer is rewritten one layer later, after a norm of that layer, and a norm
+// needs every block's previous output, so no block writes a buffer again before every block has
+// read it. A reader that waits ~2^26 times (~seconds) traps rather than hang.
+__device__ __forceinline__ unsigned long long ld_rlx64(const void* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void ld_rlx64x2(const void* p, unsigned long long& x, unsigned long long& y) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+}
+__device__ __forceinline__ uint4 ld_rlx_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_rlx64(void* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_rlx32(void* p, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long tag_f32(float v, unsigned tag) {
+  return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
+}
+__device__ __forceinline__ unsigned tag_bf16(float v, unsigned tag) {
+  return (tag << 16) | unsigned(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+__device__ __forceinline__ void tag_wait(unsigned& n) {
+  if (++n > (1u << 26)) __trap();
+  __nanosleep(32);
+}
+// Whether slot k of a split tile starting at block s0 is never written: its block owns no unit
+// (only when the phase has fewer units than blocks: persist_plan.h).
+__device__ __forceinline__ bool slot_empty(int64_t N, int S, int blk) {
+  return N < S && persist::first_unit(N, S, blk) == persist::first_unit(N, S, blk + 1);
+}
+// row_sum over tagged words for R rows at once: the first two slots of every row in flight
+// together, then each checked (and re-loaded while stale) and added in slot order.
+template <int R>
+__device__ __forceinline__ void tagged_rows(const float* part, const Shape& sh, int S, const int64_t (&vr)[R],
+                                            unsigned tag, float (&out)[R]) {
+  const unsigned long long* w = reinterpret_cast<const unsigned long long*>(part);
+  const int64_t N = sh.units();
+  int s0[R], n[R];
+  unsigned long long x[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t t = vr[r] / 32;
+    s0[r] = persist::owner_of(N, S, t * sh.U), n[r] = persist::owner_of(N, S, (t + 1) * sh.U - 1) - s0[r] + 1;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) x[r][k] = k < n[r] ? ld_rlx64(w + k * sh.rows_v + vr[r]) : 0ull;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = 0.0f;
+    for (int k = 0; k < n[r]; ++k) {
+      if (slot_empty(N, S, s0[r] + k)) continue;
+      const unsigned long long* pw = w + k * sh.rows_v + vr[r];
+      unsigned long long y = k < 2 ? (k == 0 ? x[r][0] : x[r][1]) : ld_rlx64(pw);
+      unsigned spins = 0;
+      while (unsigned(y >> 32) != tag) tag_wait(spins), y = ld_rlx64(pw);
+      v += __uint_as_float(unsigned(y));
+    }
+    out[r] = v;
+  }
+}
+// row_sum8 over tagged words: per slot the 8 rows' 64 bytes, re-loaded while any is stale.
+__device__ __forceinline__ void tagged_row8(const float* part, const Shape& sh, int S, int64_t vr0, unsigned tag,
+                                            float (&f)[8]) {
+  const unsigned long long* w = reinterpret_cast<const unsigned long long*>(part);
+  const int64_t N = sh.units(), t = vr0 / 32;
+  const int s0 = persist::owner_of(N, S, t * sh.U), n = persist::owner_of(N, S, (t + 1) * sh.U - 1) - s0 + 1;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+  for (int k = 0; k < n; ++k) {
+    if (slot_empty(N, S, s0 + k)) continue;
+    const unsigned long long* pw = w + k * sh.rows_v + vr0;
+    unsigned long long y[8];
+    unsigned spins = 0;
+    for (;;) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) ld_rlx64x2(pw + 2 * q, y[2 * q], y[2 * q + 1]);
+      bool ok = true;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ok &= unsigned(y[e] >> 32) == tag;
+      if (ok) break;
+      tag_wait(spins);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] += __uint_as_float(unsigned(y[e]));
+  }
+}
+// 8 tagged {bf16, tag16} elements (32 bytes at p): loaded, re-loaded while any is stale, unpacked.
+struct Tagged8 {
+  uint4 a, b;
+};
+__device__ __forceinline__ Tagged8 ld_tagged8(const void* p) {
+  return {ld_rlx_v4(p), ld_rlx_v4(static_cast<const uint4*>(p) + 1)};
+}
+__device__ __forceinline__ void tagged8_values(const void* p, Tagged8& v, unsigned tag16, float (&f)[8]) {
+  unsigned spins = 0;
+  for (;;) {
+    const unsigned u[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
+    bool ok = true;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ok &= (u[e] >> 16) == tag16;
+    if (ok) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = __uint_as_float(u[e] << 16);
+      return;
+    }
+    tag_wait(spins);
+    v = ld_tagged8(p);
+  }
+}
+
 // qgemv_int.cuh's quantization with the planes stored piece-minor: word j of piece P at
 // xi[j * NP + P].
 __device__ __forceinline__ void stage_piece(const float (&f)[8], bool valid, int P, int j, int NP, uint4* xi,
@@ -236,10 +372,16 @@ __device__ __forceinline__ void tmark(const PersistArgs& a, int l, int k, int e)
 }
 
 // The device-wide barrier of phase index i: arrive (after this block's writes), or wait.
+// With tagged words (TAGS) the readers check every word themselves: tags 1 arrives without the
+// fence and waits with relaxed loads (the counter only says the words are probably there), tags 2
+// skips the counters altogether.
+template <int TAGS>
 __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistArgs& a) {
   cbar();
   tmark(a, i / kPhases, i % kPhases, 2);
-  if (threadIdx.x == 0) {
+  if (TAGS) {
+    if (a.tags == 1 && threadIdx.x == 0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(bars + i) : "memory");
+  } else if (threadIdx.x == 0) {
     if (a.red_release) {
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bars + i) : "memory");
     } else {
@@ -249,11 +391,17 @@ __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistA
   }
 }
 // (Marks the start of phase i + 1.)
+template <int TAGS>
 __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target, const PersistArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x == 0)
+  if (TAGS) {
+    if (a.tags == 1 && threadIdx.x == 0)
+      while (int(ld_relaxed32(bars + i) - target) < 0) {
+      }
+  } else if (threadIdx.x == 0) {
     while (int(ld_acquire(bars + i) - target) < 0) {
     }
+  }
 #endif
   tmark(a, (i + 1) / kPhases, (i + 1) % kPhases, 0);
   cbar();
@@ -261,18 +409,27 @@ __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target,
 
 // q/k/v rows (virtual rows of the q/k/v shape) of one head through its RMSNorm and RoPE (rope_kv.cu's
 // arithmetic; lane holds pairs (i, i + 64), i = lane, lane + 32); out: the bf16-rounded results.
+template <int TAGS>
 __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& sh, int S, int64_t vr0,
-                                               const __nv_bfloat16* nw, float eps, const float2* rope,
+                                               const __nv_bfloat16* nw, float eps, const float2* rope, unsigned tag,
                                                float (&out)[4]) {
   const int lane = threadIdx.x & 31;
   float a[2], c[2], ss = 0.0f;
+  if constexpr (TAGS) {
+    const int64_t vr[4] = {vr0 + lane, vr0 + lane + kHead / 2, vr0 + lane + 32, vr0 + lane + 32 + kHead / 2};
+    float o[4];
+    tagged_rows<4>(part, sh, S, vr, tag, o);
+    a[0] = bf(o[0]), c[0] = bf(o[1]), a[1] = bf(o[2]), c[1] = bf(o[3]);
+  } else {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int i = lane + 32 * j;
-    a[j] = bf(row_sum(part, sh, S, vr0 + i));
-    c[j] = bf(row_sum(part, sh, S, vr0 + i + kHead / 2));
-    ss += a[j] * a[j] + c[j] * c[j];
+    for (int j = 0; j < 2; ++j) {
+      const int i = lane + 32 * j;
+      a[j] = bf(row_sum(part, sh, S, vr0 + i));
+      c[j] = bf(row_sum(part, sh, S, vr0 + i + kHead / 2));
+    }
   }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) ss += a[j] * a[j] + c[j] * c[j];
   float inv = 1.0f;
   if (nw) inv = rsqrtf(warp_sum(ss) / float(kHead) + eps);
 #pragma unroll
@@ -289,6 +446,7 @@ __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& s
   }
 }
 
+template <int TAGS>
 __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -479,6 +637,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   cbar();
   int st = 0;  // the ring position, as the producer's
   uint32_t par = 0;
+  unsigned tag = 0, tag16 = 0;  // TAGS: this layer-step's tag (set per layer below)
 
   // Stage x for a phase: K values as int16 planes, 8 consecutive ones at a time: `load(i0)` fetches
   // 16 bytes for them (the loads of up to 4 passes per thread issued before any is used: each pass
@@ -488,15 +647,17 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   auto stage_x = [&](int K, auto&& load, auto&& conv) {
     const int NP = K / 32, n8 = K / 8;
     float2* xf = reinterpret_cast<float2*>(sm.xbuf + size_t(K) * 2);
-    for (int base = 0; base < n8; base += 4 * kCT) {
-      uint4 raw[4];
+    using Raw = decltype(load(0));
+    constexpr int NB = sizeof(Raw) > 16 ? 2 : 4;  // passes in flight (tagged: 32 bytes per 8 values)
+    for (int base = 0; base < n8; base += NB * kCT) {
+      Raw raw[NB];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < NB; ++j) {
         const int idx = base + j * kCT + tid;
-        raw[j] = idx < n8 ? load(idx * 8) : make_uint4(0, 0, 0, 0);
+        raw[j] = idx < n8 ? load(idx * 8) : Raw{};
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < NB; ++j) {
         const int idx = base + j * kCT + tid;
         if (base + j * kCT >= n8) break;  // (uniform over the block)
         const bool valid = idx < n8;
@@ -529,7 +690,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       float f[8];
       if (!part) unpack8(__ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.h) + i0)), f);
       else {
-        row_sum8(part, *sh, S, i0, f);
+        if constexpr (TAGS) tagged_row8(part, *sh, S, i0, tag, f);
+        else row_sum8(part, *sh, S, i0, f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = bf(__bfloat162float(sm.res[i0 + e]) + bf(f[e]));
       }
@@ -571,13 +733,21 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         cbar();
         if (tid < 16) {
           const float gv = bf(gs[tid]), uv = bf(gs[16 + tid]);
-          static_cast<__nv_bfloat16*>(a.act)[cur * 16 + tid] = __float2bfloat16_rn(gv / (1.0f + __expf(-gv)) * uv);
+          const float y = gv / (1.0f + __expf(-gv)) * uv;
+          if constexpr (TAGS) st_rlx32(static_cast<unsigned*>(a.act) + cur * 16 + tid, tag_bf16(y, tag16));
+          else static_cast<__nv_bfloat16*>(a.act)[cur * 16 + tid] = __float2bfloat16_rn(y);
         }
         cbar();
       } else if (li == 0) {
         const int slot = s - owner_of(N, S, cur * sh.U);
-        part[slot * sh.rows_v + cur * 32 + rA] = acc0;
-        part[slot * sh.rows_v + cur * 32 + rB] = acc1;
+        if constexpr (TAGS) {
+          unsigned long long* pw = reinterpret_cast<unsigned long long*>(part) + slot * sh.rows_v + cur * 32;
+          st_rlx64(pw + rA, tag_f32(acc0, tag));
+          st_rlx64(pw + rB, tag_f32(acc1, tag));
+        } else {
+          part[slot * sh.rows_v + cur * 32 + rA] = acc0;
+          part[slot * sh.rows_v + cur * 32 + rB] = acc1;
+        }
       }
       acc0 = acc1 = 0.0f;
     };
@@ -613,14 +783,15 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   for (int l = 0; l < a.n_layers; ++l) {
     const PersistLayer& L = a.layers[l];
     float* const p_qkv = a.part[0];
+    tag = epoch_s * unsigned(a.n_layers) + unsigned(l) + 1u, tag16 = tag & 0xffffu;
     // ---- q/k/v ----
     prefetch_l1(L.attn_norm, H);
-    if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target, a);
+    if (l > 0) bar_wait<TAGS>(bars, (l - 1) * kPhases + 4, target, a);
     else tmark(a, 0, 0, 0);
     stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm));
     tmark(a, l, 0, 1);
     matvec(0, p_qkv);
-    bar_arrive(bars, l * kPhases + 0, a);
+    bar_arrive<TAGS>(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
     const persist::AttnSplits spl = persist::attn_splits(ctx, a.max_split, kAttnMinPos);
@@ -642,7 +813,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         }
       }
     }
-    bar_wait(bars, l * kPhases + 0, target, a);
+    bar_wait<TAGS>(bars, l * kPhases + 0, target, a);
     // Register arrays sized for GM >= G query heads per kv head (2 or 4). With 8 the kernel did not
     // fit 168 registers (9 warps of one block: 3 per SM partition, so at most 168 per thread).
     auto attention = [&](auto gm) {
@@ -663,8 +834,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             float v[4];
             if (task < G) {
               const int h = kvh * G + task;
-              head_norm_rope(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm), a.eps,
-                             sm.rope, v);
+              head_norm_rope<TAGS>(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm),
+                                   a.eps, sm.rope, tag, v);
               qs[task * kHead + lane] = v[0], qs[task * kHead + lane + 64] = v[1];
               qs[task * kHead + lane + 32] = v[2], qs[task * kHead + lane + 96] = v[3];
             } else {
@@ -673,13 +844,22 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
                   kvb + kv_row(page, l, task - G, kvh, pos % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
                                a.kv.page_size, kHead);
               if (task == G) {
-                head_norm_rope(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
-                               static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, sm.rope, v);
+                head_norm_rope<TAGS>(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
+                                     static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, sm.rope, tag, v);
                 dst[lane] = __float2bfloat16_rn(v[0]), dst[lane + 64] = __float2bfloat16_rn(v[1]);
                 dst[lane + 32] = __float2bfloat16_rn(v[2]), dst[lane + 96] = __float2bfloat16_rn(v[3]);
               } else {
-                for (int i = lane; i < kHead; i += 32)
-                  dst[i] = __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
+                if constexpr (TAGS) {
+                  const int64_t r0 = QD + KD + int64_t(kvh) * kHead + lane;
+                  const int64_t vr[4] = {r0, r0 + 32, r0 + 64, r0 + 96};
+                  float o[4];
+                  tagged_rows<4>(p_qkv, shp[0], S, vr, tag, o);
+#pragma unroll
+                  for (int q = 0; q < 4; ++q) dst[lane + 32 * q] = __float2bfloat16_rn(o[q]);
+                } else {
+                  for (int i = lane; i < kHead; i += 32)
+                    dst[i] = __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
+                }
               }
             }
           }
@@ -791,6 +971,10 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           }
           cbar();
           if (flag_s) {
+            // The counter back to 0 for the next layer, ordered by the fence before every later
+            // store of this block (with tagged words, before whatever lets another block reach the
+            // next layer's attention).
+            if (tid == 0) head_cnt[kvh] = 0;
             __threadfence();
             // The merge in few round trips: every split's (max, sum) into shared memory at once, each
             // q head's weights from them, then each output's accumulators, 16 splits per load batch.
@@ -832,9 +1016,10 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
                 for (int kk = 0; kk < kB; ++kk)
                   if (k0 + kk < nsplit) A += v[kk] * fw[(k0 + kk) * G + gq];
               }
-              static_cast<__nv_bfloat16*>(a.attn)[(int64_t(kvh) * G + gq) * kHead + d] = __float2bfloat16_rn(A / sLs[gq]);
+              const int64_t o = (int64_t(kvh) * G + gq) * kHead + d;
+              if constexpr (TAGS) st_rlx32(static_cast<unsigned*>(a.attn) + o, tag_bf16(A / sLs[gq], tag16));
+              else static_cast<__nv_bfloat16*>(a.attn)[o] = __float2bfloat16_rn(A / sLs[gq]);
             }
-            if (tid == 0) head_cnt[kvh] = 0;
           }
           cbar();
         }
@@ -842,55 +1027,86 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     };
     if (G <= 2) attention(IntC<2>{});
     else attention(IntC<4>{});  // (the host takes at most 4 query heads per kv head)
-    bar_arrive(bars, l * kPhases + 1, a);
+    bar_arrive<TAGS>(bars, l * kPhases + 1, a);
 
     // ---- o ----
-    bar_wait(bars, l * kPhases + 1, target, a);
-    stage_x(
-        QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
-        [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); });
+    bar_wait<TAGS>(bars, l * kPhases + 1, target, a);
+    if constexpr (TAGS)
+      stage_x(
+          QD, [&](int i0) { return ld_tagged8(static_cast<const unsigned*>(a.attn) + i0); },
+          [&](int i0, Tagged8& v, float (&f)[8]) { tagged8_values(static_cast<const unsigned*>(a.attn) + i0, v, tag16, f); });
+    else
+      stage_x(
+          QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
+          [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); });
     tmark(a, l, 2, 1);
     matvec(1, a.part[1]);
-    bar_arrive(bars, l * kPhases + 2, a);
+    bar_arrive<TAGS>(bars, l * kPhases + 2, a);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
     prefetch_l1(L.ffn_norm, H);
-    bar_wait(bars, l * kPhases + 2, target, a);
+    bar_wait<TAGS>(bars, l * kPhases + 2, target, a);
     stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm));
     tmark(a, l, 3, 1);
     matvec(2, a.part[2]);
-    bar_arrive(bars, l * kPhases + 3, a);
+    bar_arrive<TAGS>(bars, l * kPhases + 3, a);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
-    bar_wait(bars, l * kPhases + 3, target, a);
-    stage_x(
-        F,
-        [&](int i0) {
-          return gu_whole ? __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0))
-                          : make_uint4(0, 0, 0, 0);
-        },
-        [&](int i0, const uint4& v, float (&f)[8]) {
-          if (gu_whole) return unpack8(v, f);
-          // (tiles split over blocks: the gate and up rows summed here, SwiGLU applied)
-          const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
-          float gt[8], up[8];
-          row_sum8(a.part[2], shp[2], S, vr, gt);
-          row_sum8(a.part[2], shp[2], S, vr + 16, up);
+    bar_wait<TAGS>(bars, l * kPhases + 3, target, a);
+    // (tiles split over blocks, !gu_whole: the gate and up rows summed here, SwiGLU applied)
+    auto swiglu_rows = [&](int i0, float (&f)[8]) {
+      const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
+      float gt[8], up[8];
+      if constexpr (TAGS) {
+        tagged_row8(a.part[2], shp[2], S, vr, tag, gt);
+        tagged_row8(a.part[2], shp[2], S, vr + 16, tag, up);
+      } else {
+        row_sum8(a.part[2], shp[2], S, vr, gt);
+        row_sum8(a.part[2], shp[2], S, vr + 16, up);
+      }
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float gv = bf(gt[e]);
-            f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
-          }
-        });
+      for (int e = 0; e < 8; ++e) {
+        const float gv = bf(gt[e]);
+        f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
+      }
+    };
+    if constexpr (TAGS)
+      stage_x(
+          F, [&](int i0) { return gu_whole ? ld_tagged8(static_cast<const unsigned*>(a.act) + i0) : Tagged8{}; },
+          [&](int i0, Tagged8& v, float (&f)[8]) {
+            if (gu_whole) tagged8_values(static_cast<const unsigned*>(a.act) + i0, v, tag16, f);
+            else swiglu_rows(i0, f);
+          });
+    else
+      stage_x(
+          F,
+          [&](int i0) {
+            return gu_whole ? __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0))
+                            : make_uint4(0, 0, 0, 0);
+          },
+          [&](int i0, const uint4& v, float (&f)[8]) {
+            if (gu_whole) return unpack8(v, f);
+            swiglu_rows(i0, f);
+          });
     tmark(a, l, 4, 1);
     matvec(3, a.part[3]);
-    bar_arrive(bars, l * kPhases + 4, a);
+    bar_arrive<TAGS>(bars, l * kPhases + 4, a);
   }
   // The last residual, a slice per block.
-  bar_wait(bars, (a.n_layers - 1) * kPhases + 4, target, a);
+  auto last_row = [&](int i) {
+    if constexpr (TAGS) {
+      const int64_t vr[1] = {i};
+      float o[1];
+      tagged_rows<1>(a.part[3], shp[3], S, vr, tag, o);
+      return o[0];
+    } else {
+      return row_sum(a.part[3], shp[3], S, i);
+    }
+  };
+  bar_wait<TAGS>(bars, (a.n_layers - 1) * kPhases + 4, target, a);
   for (int i = int(int64_t(s) * H / S) + tid; i < int(int64_t(s + 1) * H / S); i += kCT)
     static_cast<__nv_bfloat16*>(a.h)[i] =
-        __float2bfloat16_rn(bf(__bfloat162float(sm.res[i]) + bf(row_sum(a.part[3], shp[3], S, i))));
+        __float2bfloat16_rn(bf(__bfloat162float(sm.res[i]) + bf(last_row(i))));
   if (s == 0 && tid == 0) a.sync[0] = epoch_s + 1u;
 #endif
 }
@@ -931,16 +1147,19 @@ bool persist_layout(PersistArgs& a, size_t smem_limit) {
 
 // The kernel's dynamic shared-memory limit, only ever raised (to the largest plan's), so that it is
 // set once per plan rather than per launched token, and a smaller plan never lowers it under a larger.
+template <int TAGS>
 static cudaError_t allow_smem(size_t bytes) {
   static size_t allowed = 0;
   if (bytes <= allowed) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  const cudaError_t e =
+      cudaFuncSetAttribute(persist_decode_kernel<TAGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e == cudaSuccess) allowed = bytes;
   return e;
 }
 
-cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
-  if (const cudaError_t e = allow_smem(a.smem_bytes); e != cudaSuccess) return e;
+template <int TAGS>
+static cudaError_t launch(const PersistArgs& a, int blocks, cudaStream_t s) {
+  if (const cudaError_t e = allow_smem<TAGS>(a.smem_bytes); e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(blocks));
   cfg.blockDim = dim3(kNT);
@@ -951,15 +1170,25 @@ cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(persist_decode_kernel));
-  return cudaLaunchKernelEx(&cfg, persist_decode_kernel, a);
+  if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(persist_decode_kernel<TAGS>));
+  return cudaLaunchKernelEx(&cfg, persist_decode_kernel<TAGS>, a);
 }
 
-int persist_blocks_per_sm(size_t smem_bytes) {
-  if (allow_smem(smem_bytes) != cudaSuccess) return 0;
+template <int TAGS>
+static int blocks_per_sm(size_t smem_bytes) {
+  if (allow_smem<TAGS>(smem_bytes) != cudaSuccess) return 0;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persist_decode_kernel, kNT, smem_bytes) != cudaSuccess) return 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persist_decode_kernel<TAGS>, kNT, smem_bytes) != cudaSuccess)
+    return 0;
   return n;
+}
+
+cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
+  return a.tags ? launch<1>(a, blocks, s) : launch<0>(a, blocks, s);
+}
+
+int persist_blocks_per_sm(size_t smem_bytes, int tags) {
+  return tags ? blocks_per_sm<1>(smem_bytes) : blocks_per_sm<0>(smem_bytes);
 }
 
 }  // namespace anvil::cuda
