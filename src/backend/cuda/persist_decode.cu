@@ -813,6 +813,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         }
       }
     }
+    if (L.q_norm) prefetch_l1(L.q_norm, kHead);  // (the items' q and k norms: 256 bytes each)
+    if (L.k_norm) prefetch_l1(L.k_norm, kHead);
     bar_wait<TAGS>(bars, l * kPhases + 0, target, a);
     // Register arrays sized for GM >= G query heads per kv head (2 or 4). With 8 the kernel did not
     // fit 168 registers (9 warps of one block: 3 per SM partition, so at most 168 per thread).
