@@ -32,16 +32,12 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "../src/backend/cuda/mem_order.cuh"
+#include "cuda_bench.h"
 
 namespace {
+
+using namespace anvil::cuda;
 
 constexpr int kCW = 8;
 constexpr int kCT = kCW * 32;
@@ -59,24 +55,6 @@ struct Args {
   unsigned long long* sink = nullptr;
 };
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned long long ld_relaxed64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_relaxed32(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed64(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 __device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory"); }
 __device__ __forceinline__ uint32_t value(int r, int i) { return uint32_t(r) * 2654435761u + uint32_t(i); }
 
@@ -110,7 +88,7 @@ __global__ void __launch_bounds__(kCT + 32, 1) grid_barrier_kernel(Args a) {
       if (a.scheme == 4) {
         cbar();
         if (tid == 0) {
-          asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.counters + r) : "memory");
+          red_add1_relaxed(a.counters + r);
           while (ld_relaxed32(a.counters + r) < unsigned(S)) {
           }
         }
@@ -136,12 +114,12 @@ __global__ void __launch_bounds__(kCT + 32, 1) grid_barrier_kernel(Args a) {
       cbar();
       if (tid == 0) {
         if (a.scheme == 1) {
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.counters + r) : "memory");
+          red_add1_release(a.counters + r);
         } else {
           __threadfence();
           atomicAdd(a.counters + r, 1u);
         }
-        while (ld_acquire(a.counters + r) < unsigned(S)) {
+        while (ld_acquire32(a.counters + r) < unsigned(S)) {
         }
       }
       cbar();

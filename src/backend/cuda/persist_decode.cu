@@ -68,6 +68,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mem_order.cuh"
 #include "backend/cuda/persist_plan.h"
 #include "backend/cuda/qgemv_int.cuh"
 
@@ -91,18 +92,6 @@ constexpr int kAttnPos = kCW * 2 * kAttnRows;  // positions per pass of an item 
 using persist::kAttnMinPos;        // positions per (kv head, split) item at least (persist_plan.h)
 constexpr int kPhases = 5;         // barriers per layer: after q/k/v, attention, o, gate/up, down
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned ld_relaxed32(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-#endif
 
 template <int N>
 struct IntC {
@@ -216,28 +205,6 @@ __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2b
 // step's tag: every buffer is rewritten one layer later, after a norm of that layer, and a norm
 // needs every block's previous output, so no block writes a buffer again before every block has
 // read it. A reader that waits ~2^26 times (~seconds) traps rather than hang.
-__device__ __forceinline__ unsigned long long ld_rlx64(const void* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void ld_rlx64x2(const void* p, unsigned long long& x, unsigned long long& y) {
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
-}
-__device__ __forceinline__ uint4 ld_rlx_v4(const void* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_rlx64(void* p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_rlx32(void* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ unsigned long long tag_f32(float v, unsigned tag) {
   return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
 }
@@ -267,7 +234,7 @@ __device__ __forceinline__ void tagged_rows(const float* part, const Shape& sh, 
     const int64_t t = vr[r] / 32;
     s0[r] = persist::owner_of(N, S, t * sh.U), n[r] = persist::owner_of(N, S, (t + 1) * sh.U - 1) - s0[r] + 1;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) x[r][k] = k < n[r] ? ld_rlx64(w + k * sh.rows_v + vr[r]) : 0ull;
+    for (int k = 0; k < 2; ++k) x[r][k] = k < n[r] ? ld_relaxed64(w + k * sh.rows_v + vr[r]) : 0ull;
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -275,9 +242,9 @@ __device__ __forceinline__ void tagged_rows(const float* part, const Shape& sh, 
     for (int k = 0; k < n[r]; ++k) {
       if (slot_empty(N, S, s0[r] + k)) continue;
       const unsigned long long* pw = w + k * sh.rows_v + vr[r];
-      unsigned long long y = k < 2 ? (k == 0 ? x[r][0] : x[r][1]) : ld_rlx64(pw);
+      unsigned long long y = k < 2 ? (k == 0 ? x[r][0] : x[r][1]) : ld_relaxed64(pw);
       unsigned spins = 0;
-      while (unsigned(y >> 32) != tag) tag_wait(spins), y = ld_rlx64(pw);
+      while (unsigned(y >> 32) != tag) tag_wait(spins), y = ld_relaxed64(pw);
       v += __uint_as_float(unsigned(y));
     }
     out[r] = v;
@@ -298,7 +265,7 @@ __device__ __forceinline__ void tagged_row8(const float* part, const Shape& sh, 
     unsigned spins = 0;
     for (;;) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) ld_rlx64x2(pw + 2 * q, y[2 * q], y[2 * q + 1]);
+      for (int q = 0; q < 4; ++q) ld_relaxed64x2(pw + 2 * q, y[2 * q], y[2 * q + 1]);
       bool ok = true;
 #pragma unroll
       for (int e = 0; e < 8; ++e) ok &= unsigned(y[e] >> 32) == tag;
@@ -314,7 +281,7 @@ struct Tagged8 {
   uint4 a, b;
 };
 __device__ __forceinline__ Tagged8 ld_tagged8(const void* p) {
-  return {ld_rlx_v4(p), ld_rlx_v4(static_cast<const uint4*>(p) + 1)};
+  return {ld_relaxed_v4(p), ld_relaxed_v4(static_cast<const uint4*>(p) + 1)};
 }
 __device__ __forceinline__ void tagged8_values(const void* p, Tagged8& v, unsigned tag16, float (&f)[8]) {
   unsigned spins = 0;
@@ -380,10 +347,10 @@ __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistA
   cbar();
   tmark(a, i / kPhases, i % kPhases, 2);
   if (TAGS) {
-    if (a.tags == 1 && threadIdx.x == 0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(bars + i) : "memory");
+    if (a.tags == 1 && threadIdx.x == 0) red_add1_relaxed(bars + i);
   } else if (threadIdx.x == 0) {
     if (a.red_release) {
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bars + i) : "memory");
+      red_add1_release(bars + i);
     } else {
       __threadfence();
       atomicAdd(bars + i, 1u);
@@ -399,7 +366,7 @@ __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target,
       while (int(ld_relaxed32(bars + i) - target) < 0) {
       }
   } else if (threadIdx.x == 0) {
-    while (int(ld_acquire(bars + i) - target) < 0) {
+    while (int(ld_acquire32(bars + i) - target) < 0) {
     }
   }
 #endif
@@ -734,7 +701,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         if (tid < 16) {
           const float gv = bf(gs[tid]), uv = bf(gs[16 + tid]);
           const float y = gv / (1.0f + __expf(-gv)) * uv;
-          if constexpr (TAGS) st_rlx32(static_cast<unsigned*>(a.act) + cur * 16 + tid, tag_bf16(y, tag16));
+          if constexpr (TAGS) st_relaxed32(static_cast<unsigned*>(a.act) + cur * 16 + tid, tag_bf16(y, tag16));
           else static_cast<__nv_bfloat16*>(a.act)[cur * 16 + tid] = __float2bfloat16_rn(y);
         }
         cbar();
@@ -742,8 +709,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         const int slot = s - owner_of(N, S, cur * sh.U);
         if constexpr (TAGS) {
           unsigned long long* pw = reinterpret_cast<unsigned long long*>(part) + slot * sh.rows_v + cur * 32;
-          st_rlx64(pw + rA, tag_f32(acc0, tag));
-          st_rlx64(pw + rB, tag_f32(acc1, tag));
+          st_relaxed64(pw + rA, tag_f32(acc0, tag));
+          st_relaxed64(pw + rB, tag_f32(acc1, tag));
         } else {
           part[slot * sh.rows_v + cur * 32 + rA] = acc0;
           part[slot * sh.rows_v + cur * 32 + rB] = acc1;
@@ -1019,7 +986,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
                   if (k0 + kk < nsplit) A += v[kk] * fw[(k0 + kk) * G + gq];
               }
               const int64_t o = (int64_t(kvh) * G + gq) * kHead + d;
-              if constexpr (TAGS) st_rlx32(static_cast<unsigned*>(a.attn) + o, tag_bf16(A / sLs[gq], tag16));
+              if constexpr (TAGS) st_relaxed32(static_cast<unsigned*>(a.attn) + o, tag_bf16(A / sLs[gq], tag16));
               else static_cast<__nv_bfloat16*>(a.attn)[o] = __float2bfloat16_rn(A / sLs[gq]);
             }
           }

@@ -1,0 +1,16 @@
+// Shared by the standalone CUDA measurement tools in bench/ (cuda_read_patterns.cu,
+// cuda_grid_barrier.cu): a CUDA runtime call that must succeed, or the tool exits naming it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
