@@ -765,17 +765,20 @@ class CudaBackend final : public Backend {
     a.copy_async = persist_copy_;
     a.l2_ahead = 0;
     // Measuring switches: ANVIL_CUDA_PERSIST_KVPF=0 (no L2 prefetch of the attention items' K/V
-    // rows), ANVIL_CUDA_PERSIST_RED=1 (barrier arrivals as one release reduction).
+    // rows), ANVIL_CUDA_PERSIST_RED=1 (barrier arrivals as one release reduction),
+    // ANVIL_CUDA_PERSIST_EARLYKV=0 and ANVIL_CUDA_PERSIST_STAGE8=0 (session 29's loads: an
+    // attention item's K/V rows loaded after its q is formed, the SwiGLU output in 4 passes' loads).
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_KVPF"); f && *f) a.kv_prefetch = std::atoi(f) != 0;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_RED"); f && *f) a.red_release = std::atoi(f) != 0;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_TAGS"); f && *f) a.tags = std::clamp(std::atoi(f), 0, 2);
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_EARLYKV"); f && *f) a.early_kv = std::atoi(f) != 0;
+    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_STAGE8"); f && *f) a.stage8 = std::atoi(f) != 0;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_L2AHEAD"); f && *f) a.l2_ahead = std::clamp(std::atoi(f), 0, 256);
 
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_) != cudaSuccess || optin < 1024)
       return no("shared memory per block unknown");
     if (!cuda::persist_layout(a, size_t(optin) - 1024)) return no("too little shared memory for the ring");
-    if (cuda::persist_blocks_per_sm(a.smem_bytes, a.tags) < 1) return no("one block per SM does not fit");
+    if (cuda::persist_blocks_per_sm(a.smem_bytes) < 1) return no("one block per SM does not fit");
     // Attention items (kv head, split): one per block at most, so that every SM reads K/V rows.
     a.max_split = std::clamp(sms_ / n_kv, 1, 64);
     // The producer's copies in flight: ~48 KB per SM by default (what ~1 us of DRAM latency at the
@@ -800,18 +803,13 @@ class CudaBackend final : public Backend {
     for (int p = 0; p < 4; ++p) {
       // Zeroed once: the slots of blocks that own no unit (fewer units than blocks) are read as 0
       // and never written (persist_plan.h).
-      // (tagged words: {float, tag} per entry)
-      const size_t bytes = size_t(cuda::persist_max_parts(rows_v[p], int(K[p]), kc, sms_) * rows_v[p]) * (a.tags ? 8 : 4);
+      const size_t bytes = size_t(cuda::persist_max_parts(rows_v[p], int(K[p]), kc, sms_) * rows_v[p]) * 4;
       a.part[p] = static_cast<float*>(get(bytes));
       if (!a.part[p] || !ok(cudaMemsetAsync(a.part[p], 0, bytes, st_), "persistent decode sums")) return no("out of device memory");
     }
     a.attn_ws = static_cast<float*>(get(cuda::persist_attn_ws_floats(n_kv, a.max_split, n_heads / n_kv) * 4));
-    a.attn = get(size_t(QD) * (a.tags ? 4 : 2));  // (tagged words: {bf16, tag16} per element)
-    a.act = get(size_t(F) * (a.tags ? 4 : 2));
-    if (a.tags && a.attn && a.act) {  // (tag 0 never matches: the first launch's tags are 1..n_layers)
-      ok(cudaMemsetAsync(a.attn, 0, size_t(QD) * 4, st_), "persistent decode scratch");
-      ok(cudaMemsetAsync(a.act, 0, size_t(F) * 4, st_), "persistent decode scratch");
-    }
+    a.attn = get(size_t(QD) * 2);
+    a.act = get(size_t(F) * 2);
     const size_t sync_bytes = cuda::persist_sync_words(n_kv, a.n_layers) * 4;
     a.sync = static_cast<unsigned*>(get(sync_bytes));
     if (!a.attn_ws || !a.attn || !a.act || !a.sync) return no("out of device memory");

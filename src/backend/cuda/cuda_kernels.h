@@ -266,12 +266,8 @@ struct PersistArgs {
   int inflight = 0;                      // the producer's outstanding units at most (0: the whole ring)
   int kv_prefetch = 1;                   // the attention items' K/V rows pulled into L2 before the q/k/v barrier
   int red_release = 0;                   // barrier arrivals as one red.release.gpu (else fence + atomicAdd)
-  // Tagged words between phases (ANVIL_CUDA_PERSIST_TAGS; persist_decode.cu "Tagged words"): every
-  // split sum (part, as {float, tag} u64), SwiGLU output (act) and attention output (attn, both as
-  // {bf16, tag16} u32) carries the layer-step that wrote it, so readers check what they read
-  // instead of relying on a fenced barrier. 1: behind the phase counters without the fence; 2:
-  // without the counters (readers poll the words themselves).
-  int tags = 0;
+  int early_kv = 1;                      // attention: a pass's K/V rows loaded before they are needed (persist_decode.cu)
+  int stage8 = 1;                        // the SwiGLU output staged with 8 passes' loads in flight (else 4)
   const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
   unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
   // shared memory layout (persist_layout)
@@ -287,7 +283,7 @@ size_t persist_sync_words(int n_kv, int n_layers);
 int64_t persist_max_parts(int64_t rows_v, int K, int kc, int S);
 // Fills the shared-memory layout for up to smem_limit bytes; false if the ring gets < 4 stages.
 bool persist_layout(PersistArgs& a, size_t smem_limit);
-int persist_blocks_per_sm(size_t smem_bytes, int tags);
+int persist_blocks_per_sm(size_t smem_bytes);
 cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s);
 
 }  // namespace anvil::cuda

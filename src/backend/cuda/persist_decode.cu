@@ -54,12 +54,6 @@
 //   the last barrier, which every block has passed its start to reach.
 // - The per-kv-head split counters are back at 0 when a launch ends (the merging block resets its
 //   counter, before the fence that precedes its merged output).
-// - Tagged words (opt-in, ANVIL_CUDA_PERSIST_TAGS, the TAGS instantiation; see "Tagged words"
-//   below): every word a later phase reads from another block (split sums, SwiGLU output,
-//   attention output) carries the layer-step that wrote it, and readers load it again until the
-//   tag is theirs, so the phase boundaries need no fence (=1) or no counter at all (=2). A buffer
-//   is rewritten only a layer later, after a norm that needs every block's output, so a word never
-//   holds a later step's tag while someone still waits for it.
 // - Split-sum slots that a reader adds but no block writes (a block owning no unit, when a phase
 //   has fewer units than blocks) hold 0: the host zeroes the part buffers once (persist_plan.h).
 // - The producer issues, and the consumers consume, the same unit sequence; a stage is refilled
@@ -197,109 +191,6 @@ __device__ __forceinline__ void row_sum8(const float* part, const Shape& sh, int
 }
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// ---- Tagged words (PersistArgs::tags, the kernel's TAGS instantiation) ----
-// A split sum is stored as one u64 {float bits, tag} and an element of act / attn as one u32 {bf16
-// bits, tag & 0xffff}, each with one relaxed store (single-copy atomic), the tag naming the
-// layer-step that wrote it (epoch * n_layers + layer + 1). A reader that sees another tag saw the
-// word before this step's store reached it and loads it again. Why the words cannot hold a later
-// step's tag: every buffer is rewritten one layer later, after a norm of that layer, and a norm
-// needs every block's previous output, so no block writes a buffer again before every block has
-// read it. A reader that waits ~2^26 times (~seconds) traps rather than hang.
-__device__ __forceinline__ unsigned long long tag_f32(float v, unsigned tag) {
-  return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
-}
-__device__ __forceinline__ unsigned tag_bf16(float v, unsigned tag) {
-  return (tag << 16) | unsigned(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
-}
-__device__ __forceinline__ void tag_wait(unsigned& n) {
-  if (++n > (1u << 26)) __trap();
-  __nanosleep(32);
-}
-// Whether slot k of a split tile starting at block s0 is never written: its block owns no unit
-// (only when the phase has fewer units than blocks: persist_plan.h).
-__device__ __forceinline__ bool slot_empty(int64_t N, int S, int blk) {
-  return N < S && persist::first_unit(N, S, blk) == persist::first_unit(N, S, blk + 1);
-}
-// row_sum over tagged words for R rows at once: the first two slots of every row in flight
-// together, then each checked (and re-loaded while stale) and added in slot order.
-template <int R>
-__device__ __forceinline__ void tagged_rows(const float* part, const Shape& sh, int S, const int64_t (&vr)[R],
-                                            unsigned tag, float (&out)[R]) {
-  const unsigned long long* w = reinterpret_cast<const unsigned long long*>(part);
-  const int64_t N = sh.units();
-  int s0[R], n[R];
-  unsigned long long x[R][2];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t t = vr[r] / 32;
-    s0[r] = persist::owner_of(N, S, t * sh.U), n[r] = persist::owner_of(N, S, (t + 1) * sh.U - 1) - s0[r] + 1;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) x[r][k] = k < n[r] ? ld_relaxed64(w + k * sh.rows_v + vr[r]) : 0ull;
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float v = 0.0f;
-    for (int k = 0; k < n[r]; ++k) {
-      if (slot_empty(N, S, s0[r] + k)) continue;
-      const unsigned long long* pw = w + k * sh.rows_v + vr[r];
-      unsigned long long y = k < 2 ? (k == 0 ? x[r][0] : x[r][1]) : ld_relaxed64(pw);
-      unsigned spins = 0;
-      while (unsigned(y >> 32) != tag) tag_wait(spins), y = ld_relaxed64(pw);
-      v += __uint_as_float(unsigned(y));
-    }
-    out[r] = v;
-  }
-}
-// row_sum8 over tagged words: per slot the 8 rows' 64 bytes, re-loaded while any is stale.
-__device__ __forceinline__ void tagged_row8(const float* part, const Shape& sh, int S, int64_t vr0, unsigned tag,
-                                            float (&f)[8]) {
-  const unsigned long long* w = reinterpret_cast<const unsigned long long*>(part);
-  const int64_t N = sh.units(), t = vr0 / 32;
-  const int s0 = persist::owner_of(N, S, t * sh.U), n = persist::owner_of(N, S, (t + 1) * sh.U - 1) - s0 + 1;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = 0.0f;
-  for (int k = 0; k < n; ++k) {
-    if (slot_empty(N, S, s0 + k)) continue;
-    const unsigned long long* pw = w + k * sh.rows_v + vr0;
-    unsigned long long y[8];
-    unsigned spins = 0;
-    for (;;) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) ld_relaxed64x2(pw + 2 * q, y[2 * q], y[2 * q + 1]);
-      bool ok = true;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ok &= unsigned(y[e] >> 32) == tag;
-      if (ok) break;
-      tag_wait(spins);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] += __uint_as_float(unsigned(y[e]));
-  }
-}
-// 8 tagged {bf16, tag16} elements (32 bytes at p): loaded, re-loaded while any is stale, unpacked.
-struct Tagged8 {
-  uint4 a, b;
-};
-__device__ __forceinline__ Tagged8 ld_tagged8(const void* p) {
-  return {ld_relaxed_v4(p), ld_relaxed_v4(static_cast<const uint4*>(p) + 1)};
-}
-__device__ __forceinline__ void tagged8_values(const void* p, Tagged8& v, unsigned tag16, float (&f)[8]) {
-  unsigned spins = 0;
-  for (;;) {
-    const unsigned u[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
-    bool ok = true;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ok &= (u[e] >> 16) == tag16;
-    if (ok) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = __uint_as_float(u[e] << 16);
-      return;
-    }
-    tag_wait(spins);
-    v = ld_tagged8(p);
-  }
-}
-
 // qgemv_int.cuh's quantization with the planes stored piece-minor: word j of piece P at
 // xi[j * NP + P].
 __device__ __forceinline__ void stage_piece(const float (&f)[8], bool valid, int P, int j, int NP, uint4* xi,
@@ -339,16 +230,10 @@ __device__ __forceinline__ void tmark(const PersistArgs& a, int l, int k, int e)
 }
 
 // The device-wide barrier of phase index i: arrive (after this block's writes), or wait.
-// With tagged words (TAGS) the readers check every word themselves: tags 1 arrives without the
-// fence and waits with relaxed loads (the counter only says the words are probably there), tags 2
-// skips the counters altogether.
-template <int TAGS>
 __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistArgs& a) {
   cbar();
   tmark(a, i / kPhases, i % kPhases, 2);
-  if (TAGS) {
-    if (a.tags == 1 && threadIdx.x == 0) red_add1_relaxed(bars + i);
-  } else if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     if (a.red_release) {
       red_add1_release(bars + i);
     } else {
@@ -358,14 +243,9 @@ __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistA
   }
 }
 // (Marks the start of phase i + 1.)
-template <int TAGS>
 __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target, const PersistArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (TAGS) {
-    if (a.tags == 1 && threadIdx.x == 0)
-      while (int(ld_relaxed32(bars + i) - target) < 0) {
-      }
-  } else if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     while (int(ld_acquire32(bars + i) - target) < 0) {
     }
   }
@@ -376,24 +256,16 @@ __device__ __forceinline__ void bar_wait(unsigned* bars, int i, unsigned target,
 
 // q/k/v rows (virtual rows of the q/k/v shape) of one head through its RMSNorm and RoPE (rope_kv.cu's
 // arithmetic; lane holds pairs (i, i + 64), i = lane, lane + 32); out: the bf16-rounded results.
-template <int TAGS>
 __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& sh, int S, int64_t vr0,
-                                               const __nv_bfloat16* nw, float eps, const float2* rope, unsigned tag,
+                                               const __nv_bfloat16* nw, float eps, const float2* rope,
                                                float (&out)[4]) {
   const int lane = threadIdx.x & 31;
   float a[2], c[2], ss = 0.0f;
-  if constexpr (TAGS) {
-    const int64_t vr[4] = {vr0 + lane, vr0 + lane + kHead / 2, vr0 + lane + 32, vr0 + lane + 32 + kHead / 2};
-    float o[4];
-    tagged_rows<4>(part, sh, S, vr, tag, o);
-    a[0] = bf(o[0]), c[0] = bf(o[1]), a[1] = bf(o[2]), c[1] = bf(o[3]);
-  } else {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int i = lane + 32 * j;
-      a[j] = bf(row_sum(part, sh, S, vr0 + i));
-      c[j] = bf(row_sum(part, sh, S, vr0 + i + kHead / 2));
-    }
+  for (int j = 0; j < 2; ++j) {
+    const int i = lane + 32 * j;
+    a[j] = bf(row_sum(part, sh, S, vr0 + i));
+    c[j] = bf(row_sum(part, sh, S, vr0 + i + kHead / 2));
   }
 #pragma unroll
   for (int j = 0; j < 2; ++j) ss += a[j] * a[j] + c[j] * c[j];
@@ -413,7 +285,6 @@ __device__ __forceinline__ void head_norm_rope(const float* part, const Shape& s
   }
 }
 
-template <int TAGS>
 __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -604,18 +475,17 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   cbar();
   int st = 0;  // the ring position, as the producer's
   uint32_t par = 0;
-  unsigned tag = 0, tag16 = 0;  // TAGS: this layer-step's tag (set per layer below)
 
   // Stage x for a phase: K values as int16 planes, 8 consecutive ones at a time: `load(i0)` fetches
   // 16 bytes for them (the loads of up to 4 passes per thread issued before any is used: each pass
   // waiting for its own load cost one L2 round trip, ~1 us, per 2,048 values), `conv(i0, raw, f)`
   // makes the 8 values.
   uint4* xi = reinterpret_cast<uint4*>(sm.xbuf);
-  auto stage_x = [&](int K, auto&& load, auto&& conv) {
+  auto stage_x = [&](int K, auto&& load, auto&& conv, auto nb) {
     const int NP = K / 32, n8 = K / 8;
     float2* xf = reinterpret_cast<float2*>(sm.xbuf + size_t(K) * 2);
     using Raw = decltype(load(0));
-    constexpr int NB = sizeof(Raw) > 16 ? 2 : 4;  // passes in flight (tagged: 32 bytes per 8 values)
+    constexpr int NB = decltype(nb)::value;  // passes in flight
     for (int base = 0; base < n8; base += NB * kCT) {
       Raw raw[NB];
 #pragma unroll
@@ -652,13 +522,13 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   // planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
   auto stage_norm = [&](const float* part, const Shape* sh, const __nv_bfloat16* w) {
     float ss = 0.0f;
-    // (One pass's loads at a time: two passes' in flight at once spilled registers.)
+    // (One pass's loads at a time: two passes' in flight at once spilled registers, also with 2
+    // slots each instead of 4.)
     for (int i0 = tid * 8; i0 < H; i0 += kCT * 8) {
       float f[8];
       if (!part) unpack8(__ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.h) + i0)), f);
       else {
-        if constexpr (TAGS) tagged_row8(part, *sh, S, i0, tag, f);
-        else row_sum8(part, *sh, S, i0, f);
+        row_sum8(part, *sh, S, i0, f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = bf(__bfloat162float(sm.res[i0 + e]) + bf(f[e]));
       }
@@ -673,7 +543,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           unpack8(wv, wf);
 #pragma unroll
           for (int e = 0; e < 8; ++e) f[e] = bf(__bfloat162float(sm.res[i0 + e]) * inv * wf[e]);
-        });
+        },
+        IntC<4>{});
   };
   // The block's units of phase ph: the ring's stages through the integer dot products; parts to `part`.
   auto matvec = [&](int ph, float* part) {
@@ -701,20 +572,13 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         if (tid < 16) {
           const float gv = bf(gs[tid]), uv = bf(gs[16 + tid]);
           const float y = gv / (1.0f + __expf(-gv)) * uv;
-          if constexpr (TAGS) st_relaxed32(static_cast<unsigned*>(a.act) + cur * 16 + tid, tag_bf16(y, tag16));
-          else static_cast<__nv_bfloat16*>(a.act)[cur * 16 + tid] = __float2bfloat16_rn(y);
+          static_cast<__nv_bfloat16*>(a.act)[cur * 16 + tid] = __float2bfloat16_rn(y);
         }
         cbar();
       } else if (li == 0) {
         const int slot = s - owner_of(N, S, cur * sh.U);
-        if constexpr (TAGS) {
-          unsigned long long* pw = reinterpret_cast<unsigned long long*>(part) + slot * sh.rows_v + cur * 32;
-          st_relaxed64(pw + rA, tag_f32(acc0, tag));
-          st_relaxed64(pw + rB, tag_f32(acc1, tag));
-        } else {
-          part[slot * sh.rows_v + cur * 32 + rA] = acc0;
-          part[slot * sh.rows_v + cur * 32 + rB] = acc1;
-        }
+        part[slot * sh.rows_v + cur * 32 + rA] = acc0;
+        part[slot * sh.rows_v + cur * 32 + rB] = acc1;
       }
       acc0 = acc1 = 0.0f;
     };
@@ -750,15 +614,14 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   for (int l = 0; l < a.n_layers; ++l) {
     const PersistLayer& L = a.layers[l];
     float* const p_qkv = a.part[0];
-    tag = epoch_s * unsigned(a.n_layers) + unsigned(l) + 1u, tag16 = tag & 0xffffu;
     // ---- q/k/v ----
     prefetch_l1(L.attn_norm, H);
-    if (l > 0) bar_wait<TAGS>(bars, (l - 1) * kPhases + 4, target, a);
+    if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target, a);
     else tmark(a, 0, 0, 0);
     stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm));
     tmark(a, l, 0, 1);
     matvec(0, p_qkv);
-    bar_arrive<TAGS>(bars, l * kPhases + 0, a);
+    bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
     const persist::AttnSplits spl = persist::attn_splits(ctx, a.max_split, kAttnMinPos);
@@ -782,7 +645,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     }
     if (L.q_norm) prefetch_l1(L.q_norm, kHead);  // (the items' q and k norms: 256 bytes each)
     if (L.k_norm) prefetch_l1(L.k_norm, kHead);
-    bar_wait<TAGS>(bars, l * kPhases + 0, target, a);
+    bar_wait(bars, l * kPhases + 0, target, a);
     // Register arrays sized for GM >= G query heads per kv head (2 or 4). With 8 the kernel did not
     // fit 168 registers (9 warps of one block: 3 per SM partition, so at most 168 per thread).
     auto attention = [&](auto gm) {
@@ -792,6 +655,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         float* wm = qs + kMaxG * kHead;                         // [kCW][G]: running max
         float* wl = wm + kCW * kMaxG;                           // [kCW][G]: running sum
         float* wacc = wl + kCW * kMaxG;                         // [kCW][G][128]
+        __nv_bfloat16* knew = reinterpret_cast<__nv_bfloat16*>(wacc + kCW * kMaxG * kHead);  // [2][128]: K, V appended
         const int64_t vstride = int64_t(a.kv.n_kv_heads) * a.kv.page_size * kHead;  // K row -> V row
         __nv_bfloat16* kvb = static_cast<__nv_bfloat16*>(a.kv.base);
         const int32_t* ptab = a.b.page_table + int64_t(seq) * a.b.max_pages;
@@ -799,12 +663,42 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           const int kvh = item / nsplit, sp = item % nsplit;
           const int p0 = sp * chunk, p1 = min(ctx, p0 + chunk);
           const bool last = sp == nsplit - 1;
+          // Positions: a half warp per K/V row (lane li holds dims 8 li .. 8 li + 7 of q, K, V), each
+          // lane kAttnRows rows per pass (positions c0 + half + 2 i), the pass's K and V loads all in
+          // flight at once; an fp32 online softmax per warp, the two halves' sums joined at the end.
+          // With early_kv (the default) the first pass's rows are loaded before q is formed: the rows
+          // of earlier positions do not depend on this step, and the current position's row, which
+          // this block appends below, is taken from shared memory instead. (Loading each later pass
+          // before the previous one is used, too, spilled registers.)
+          const int half = lane >> 4, li = lane & 15;
+          const bool early = a.early_kv != 0;
+          struct Pass {
+            uint4 k[kAttnRows], v[kAttnRows];
+            bool ok[kAttnRows];
+          };
+          auto load_pass = [&](Pass& ps, int c0, bool skip_cur) {
+#pragma unroll
+            for (int i = 0; i < kAttnRows; ++i) {
+              const int p = c0 + half + 2 * i;
+              ps.ok[i] = p < p1;
+              ps.k[i] = ps.v[i] = make_uint4(0, 0, 0, 0);
+              if (ps.ok[i] && !(skip_cur && p == pos)) {
+                const int64_t krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers,
+                                            a.kv.n_kv_heads, a.kv.page_size, kHead);
+                ps.k[i] = __ldcg(reinterpret_cast<const uint4*>(kvb + krow) + li);
+                ps.v[i] = __ldcg(reinterpret_cast<const uint4*>(kvb + krow + vstride) + li);
+              }
+            }
+          };
+          Pass cur;
+          int c0 = p0 + warp * (2 * kAttnRows);
+          if (early) load_pass(cur, c0, true);
           for (int task = warp; task < G + (last ? 2 : 0); task += kCW) {
             float v[4];
             if (task < G) {
               const int h = kvh * G + task;
-              head_norm_rope<TAGS>(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm),
-                                   a.eps, sm.rope, tag, v);
+              head_norm_rope(p_qkv, shp[0], S, int64_t(h) * kHead, static_cast<const __nv_bfloat16*>(L.q_norm),
+                                   a.eps, sm.rope, v);
               qs[task * kHead + lane] = v[0], qs[task * kHead + lane + 64] = v[1];
               qs[task * kHead + lane + 32] = v[2], qs[task * kHead + lane + 96] = v[3];
             } else {
@@ -813,67 +707,58 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
                   kvb + kv_row(page, l, task - G, kvh, pos % a.kv.page_size, a.kv.n_layers, a.kv.n_kv_heads,
                                a.kv.page_size, kHead);
               if (task == G) {
-                head_norm_rope<TAGS>(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
-                                     static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, sm.rope, tag, v);
-                dst[lane] = __float2bfloat16_rn(v[0]), dst[lane + 64] = __float2bfloat16_rn(v[1]);
-                dst[lane + 32] = __float2bfloat16_rn(v[2]), dst[lane + 96] = __float2bfloat16_rn(v[3]);
-              } else {
-                if constexpr (TAGS) {
-                  const int64_t r0 = QD + KD + int64_t(kvh) * kHead + lane;
-                  const int64_t vr[4] = {r0, r0 + 32, r0 + 64, r0 + 96};
-                  float o[4];
-                  tagged_rows<4>(p_qkv, shp[0], S, vr, tag, o);
+                head_norm_rope(p_qkv, shp[0], S, QD + int64_t(kvh) * kHead,
+                                     static_cast<const __nv_bfloat16*>(L.k_norm), a.eps, sm.rope, v);
+                const int o4[4] = {lane, lane + 64, lane + 32, lane + 96};
 #pragma unroll
-                  for (int q = 0; q < 4; ++q) dst[lane + 32 * q] = __float2bfloat16_rn(o[q]);
-                } else {
-                  for (int i = lane; i < kHead; i += 32)
-                    dst[i] = __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
-                }
+                for (int q = 0; q < 4; ++q) dst[o4[q]] = knew[o4[q]] = __float2bfloat16_rn(v[q]);
+              } else {
+                for (int i = lane; i < kHead; i += 32)
+                  dst[i] = knew[kHead + i] =
+                      __float2bfloat16_rn(row_sum(p_qkv, shp[0], S, QD + KD + int64_t(kvh) * kHead + i));
               }
             }
           }
-          cbar();  // qs, and the appended row (read back below by this block through L2)
+          cbar();  // qs, and the appended row (knew; without early_kv read back through L2)
           if (item == s) tmark(a, l, 1, 1);
-          // Positions: a half warp per K/V row (lane li holds dims 8 li .. 8 li + 7 of q, K, V), each
-          // lane kAttnRows rows per pass (positions c0 + half + 2 i), the pass's K and V loads all in
-          // flight at once; an fp32 online softmax per warp, the two halves' sums joined at the end.
-          const int half = lane >> 4, li = lane & 15;
-          float qv[GM][8], m[GM], lsum[GM], acc[GM][8];
+          if (!early) {
+            load_pass(cur, c0, false);
+          } else {
+#pragma unroll
+            for (int i = 0; i < kAttnRows; ++i)
+              if (cur.ok[i] && c0 + half + 2 * i == pos) {
+                cur.k[i] = reinterpret_cast<const uint4*>(knew)[li];
+                cur.v[i] = reinterpret_cast<const uint4*>(knew + kHead)[li];
+              }
+          }
+          // (q read from shared memory where it is used: held in registers across the early loads,
+          // it spilled registers)
+          float m[GM], lsum[GM], acc[GM][8];
 #pragma unroll
           for (int gq = 0; gq < GM; ++gq) {
             m[gq] = -INFINITY, lsum[gq] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              acc[gq][e] = 0.0f;
-              qv[gq][e] = gq < G ? qs[gq * kHead + li * 8 + e] : 0.0f;
-            }
+            for (int e = 0; e < 8; ++e) acc[gq][e] = 0.0f;
           }
-          for (int c0 = p0 + warp * (2 * kAttnRows); c0 < p1; c0 += kAttnPos) {
-            uint4 kk[kAttnRows], vv[kAttnRows];
-            bool ok[kAttnRows];
-#pragma unroll
-            for (int i = 0; i < kAttnRows; ++i) {
-              const int p = c0 + half + 2 * i;
-              ok[i] = p < p1;
-              kk[i] = vv[i] = make_uint4(0, 0, 0, 0);
-              if (ok[i]) {
-                const int64_t krow = kv_row(ptab[p / a.kv.page_size], l, 0, kvh, p % a.kv.page_size, a.kv.n_layers,
-                                            a.kv.n_kv_heads, a.kv.page_size, kHead);
-                kk[i] = __ldcg(reinterpret_cast<const uint4*>(kvb + krow) + li);
-                vv[i] = __ldcg(reinterpret_cast<const uint4*>(kvb + krow + vstride) + li);
-              }
-            }
+          for (; c0 < p1; c0 += kAttnPos) {
+            const int cn = c0 + kAttnPos;
+            const uint4(&kk)[kAttnRows] = cur.k;
+            const uint4(&vv)[kAttnRows] = cur.v;
+            const bool(&ok)[kAttnRows] = cur.ok;
 #pragma unroll
             for (int gq = 0; gq < GM; ++gq) {
               if (gq >= G) continue;
               float sc[kAttnRows];
+              const float4 q0 = reinterpret_cast<const float4*>(qs + gq * kHead + li * 8)[0];
+              const float4 q1 = reinterpret_cast<const float4*>(qs + gq * kHead + li * 8)[1];
+              const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
               for (int i = 0; i < kAttnRows; ++i) {
                 const float kf[8] = {bf16_lo(kk[i].x), bf16_hi(kk[i].x), bf16_lo(kk[i].y), bf16_hi(kk[i].y),
                                      bf16_lo(kk[i].z), bf16_hi(kk[i].z), bf16_lo(kk[i].w), bf16_hi(kk[i].w)};
                 float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) d = fmaf(qv[gq][e], kf[e], d);
+                for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
 #pragma unroll
                 for (int o = 1; o < 16; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
                 sc[i] = ok[i] ? d * a.scale : -INFINITY;
@@ -899,6 +784,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
               lsum[gq] = lsum[gq] * corr + ps;
               m[gq] = mx;
             }
+            if (cn < p1) load_pass(cur, cn, false);
           }
 #pragma unroll
           for (int gq = 0; gq < GM; ++gq) {
@@ -941,8 +827,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           cbar();
           if (flag_s) {
             // The counter back to 0 for the next layer, ordered by the fence before every later
-            // store of this block (with tagged words, before whatever lets another block reach the
-            // next layer's attention).
+            // store of this block.
             if (tid == 0) head_cnt[kvh] = 0;
             __threadfence();
             // The merge in few round trips: every split's (max, sum) into shared memory at once, each
@@ -986,8 +871,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
                   if (k0 + kk < nsplit) A += v[kk] * fw[(k0 + kk) * G + gq];
               }
               const int64_t o = (int64_t(kvh) * G + gq) * kHead + d;
-              if constexpr (TAGS) st_relaxed32(static_cast<unsigned*>(a.attn) + o, tag_bf16(A / sLs[gq], tag16));
-              else static_cast<__nv_bfloat16*>(a.attn)[o] = __float2bfloat16_rn(A / sLs[gq]);
+              static_cast<__nv_bfloat16*>(a.attn)[o] = __float2bfloat16_rn(A / sLs[gq]);
             }
           }
           cbar();
@@ -996,86 +880,60 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     };
     if (G <= 2) attention(IntC<2>{});
     else attention(IntC<4>{});  // (the host takes at most 4 query heads per kv head)
-    bar_arrive<TAGS>(bars, l * kPhases + 1, a);
+    bar_arrive(bars, l * kPhases + 1, a);
 
     // ---- o ----
-    bar_wait<TAGS>(bars, l * kPhases + 1, target, a);
-    if constexpr (TAGS)
-      stage_x(
-          QD, [&](int i0) { return ld_tagged8(static_cast<const unsigned*>(a.attn) + i0); },
-          [&](int i0, Tagged8& v, float (&f)[8]) { tagged8_values(static_cast<const unsigned*>(a.attn) + i0, v, tag16, f); });
-    else
-      stage_x(
-          QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
-          [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); });
+    bar_wait(bars, l * kPhases + 1, target, a);
+    stage_x(
+        QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
+        [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); }, IntC<4>{});
     tmark(a, l, 2, 1);
     matvec(1, a.part[1]);
-    bar_arrive<TAGS>(bars, l * kPhases + 2, a);
+    bar_arrive(bars, l * kPhases + 2, a);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
     prefetch_l1(L.ffn_norm, H);
-    bar_wait<TAGS>(bars, l * kPhases + 2, target, a);
+    bar_wait(bars, l * kPhases + 2, target, a);
     stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm));
     tmark(a, l, 3, 1);
     matvec(2, a.part[2]);
-    bar_arrive<TAGS>(bars, l * kPhases + 3, a);
+    bar_arrive(bars, l * kPhases + 3, a);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
-    bar_wait<TAGS>(bars, l * kPhases + 3, target, a);
+    bar_wait(bars, l * kPhases + 3, target, a);
     // (tiles split over blocks, !gu_whole: the gate and up rows summed here, SwiGLU applied)
     auto swiglu_rows = [&](int i0, float (&f)[8]) {
       const int64_t vr = int64_t(i0 / 16) * 32 + (i0 % 16);
       float gt[8], up[8];
-      if constexpr (TAGS) {
-        tagged_row8(a.part[2], shp[2], S, vr, tag, gt);
-        tagged_row8(a.part[2], shp[2], S, vr + 16, tag, up);
-      } else {
-        row_sum8(a.part[2], shp[2], S, vr, gt);
-        row_sum8(a.part[2], shp[2], S, vr + 16, up);
-      }
+      row_sum8(a.part[2], shp[2], S, vr, gt);
+      row_sum8(a.part[2], shp[2], S, vr + 16, up);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float gv = bf(gt[e]);
         f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
       }
     };
-    if constexpr (TAGS)
-      stage_x(
-          F, [&](int i0) { return gu_whole ? ld_tagged8(static_cast<const unsigned*>(a.act) + i0) : Tagged8{}; },
-          [&](int i0, Tagged8& v, float (&f)[8]) {
-            if (gu_whole) tagged8_values(static_cast<const unsigned*>(a.act) + i0, v, tag16, f);
-            else swiglu_rows(i0, f);
-          });
-    else
-      stage_x(
-          F,
-          [&](int i0) {
-            return gu_whole ? __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0))
-                            : make_uint4(0, 0, 0, 0);
-          },
-          [&](int i0, const uint4& v, float (&f)[8]) {
-            if (gu_whole) return unpack8(v, f);
-            swiglu_rows(i0, f);
-          });
+    // (stage8, the default: 8 passes' loads in flight, qwen3-8b's 12,288 values in one round trip
+    // instead of two)
+    auto act_load = [&](int i0) {
+      return gu_whole ? __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0))
+                      : make_uint4(0, 0, 0, 0);
+    };
+    auto act_conv = [&](int i0, const uint4& v, float (&f)[8]) {
+      if (gu_whole) return unpack8(v, f);
+      swiglu_rows(i0, f);
+    };
+    if (a.stage8 && gu_whole) stage_x(F, act_load, act_conv, IntC<8>{});
+    else stage_x(F, act_load, act_conv, IntC<4>{});
     tmark(a, l, 4, 1);
     matvec(3, a.part[3]);
-    bar_arrive<TAGS>(bars, l * kPhases + 4, a);
+    bar_arrive(bars, l * kPhases + 4, a);
   }
   // The last residual, a slice per block.
-  auto last_row = [&](int i) {
-    if constexpr (TAGS) {
-      const int64_t vr[1] = {i};
-      float o[1];
-      tagged_rows<1>(a.part[3], shp[3], S, vr, tag, o);
-      return o[0];
-    } else {
-      return row_sum(a.part[3], shp[3], S, i);
-    }
-  };
-  bar_wait<TAGS>(bars, (a.n_layers - 1) * kPhases + 4, target, a);
+  bar_wait(bars, (a.n_layers - 1) * kPhases + 4, target, a);
   for (int i = int(int64_t(s) * H / S) + tid; i < int(int64_t(s + 1) * H / S); i += kCT)
     static_cast<__nv_bfloat16*>(a.h)[i] =
-        __float2bfloat16_rn(bf(__bfloat162float(sm.res[i]) + bf(last_row(i))));
+        __float2bfloat16_rn(bf(__bfloat162float(sm.res[i]) + bf(row_sum(a.part[3], shp[3], S, i))));
   if (s == 0 && tid == 0) a.sync[0] = epoch_s + 1u;
 #endif
 }
@@ -1100,7 +958,7 @@ bool persist_layout(PersistArgs& a, size_t smem_limit) {
   int maxK = a.hidden > a.q_dim ? a.hidden : a.q_dim;
   if (a.ffn > maxK) maxK = a.ffn;
   size_t xb = tc::int_x_bytes(maxK);
-  const size_t attn = (size_t(kMaxG) * kHead + 2 * kCW * kMaxG + size_t(kCW) * kMaxG * kHead) * 4;
+  const size_t attn = (size_t(kMaxG) * kHead + 2 * kCW * kMaxG + size_t(kCW) * kMaxG * kHead) * 4 + 2 * kHead * 2;
   (void)G;
   if (attn > xb) xb = attn;
   xb = up16(xb);
@@ -1116,19 +974,17 @@ bool persist_layout(PersistArgs& a, size_t smem_limit) {
 
 // The kernel's dynamic shared-memory limit, only ever raised (to the largest plan's), so that it is
 // set once per plan rather than per launched token, and a smaller plan never lowers it under a larger.
-template <int TAGS>
 static cudaError_t allow_smem(size_t bytes) {
   static size_t allowed = 0;
   if (bytes <= allowed) return cudaSuccess;
   const cudaError_t e =
-      cudaFuncSetAttribute(persist_decode_kernel<TAGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+      cudaFuncSetAttribute(persist_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e == cudaSuccess) allowed = bytes;
   return e;
 }
 
-template <int TAGS>
-static cudaError_t launch(const PersistArgs& a, int blocks, cudaStream_t s) {
-  if (const cudaError_t e = allow_smem<TAGS>(a.smem_bytes); e != cudaSuccess) return e;
+cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
+  if (const cudaError_t e = allow_smem(a.smem_bytes); e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(blocks));
   cfg.blockDim = dim3(kNT);
@@ -1139,25 +995,16 @@ static cudaError_t launch(const PersistArgs& a, int blocks, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(persist_decode_kernel<TAGS>));
-  return cudaLaunchKernelEx(&cfg, persist_decode_kernel<TAGS>, a);
+  if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(persist_decode_kernel));
+  return cudaLaunchKernelEx(&cfg, persist_decode_kernel, a);
 }
 
-template <int TAGS>
-static int blocks_per_sm(size_t smem_bytes) {
-  if (allow_smem<TAGS>(smem_bytes) != cudaSuccess) return 0;
+int persist_blocks_per_sm(size_t smem_bytes) {
+  if (allow_smem(smem_bytes) != cudaSuccess) return 0;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persist_decode_kernel<TAGS>, kNT, smem_bytes) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persist_decode_kernel, kNT, smem_bytes) != cudaSuccess)
     return 0;
   return n;
-}
-
-cudaError_t persist_decode(const PersistArgs& a, int blocks, cudaStream_t s) {
-  return a.tags ? launch<1>(a, blocks, s) : launch<0>(a, blocks, s);
-}
-
-int persist_blocks_per_sm(size_t smem_bytes, int tags) {
-  return tags ? blocks_per_sm<1>(smem_bytes) : blocks_per_sm<0>(smem_bytes);
 }
 
 }  // namespace anvil::cuda
