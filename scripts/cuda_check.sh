@@ -725,20 +725,20 @@ if [ "$what" != tests ]; then
     }
     timeout 200 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist*' > "$OUT/persist_tests.log" 2>&1
     echo "### persist tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst|against the CPU' "$OUT/persist_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    # The session-29 loads (PERSIST_TEST_ENV, default: the attention rows loaded late, the SwiGLU
-    # output in 4 passes) and units of 512 columns.
-    env ${PERSIST_TEST_ENV:-ANVIL_CUDA_PERSIST_EARLYKV=0 ANVIL_CUDA_PERSIST_STAGE8=0} timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_env_tests.log" 2>&1
-    echo "### persist tests (${PERSIST_TEST_ENV:-ANVIL_CUDA_PERSIST_EARLYKV=0 ANVIL_CUDA_PERSIST_STAGE8=0}): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_env_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    # Under the measuring switches (PERSIST_TEST_ENV, default: an L2-ahead depth, no K/V prefetch,
+    # release arrivals) and in units of 512 columns.
+    env ${PERSIST_TEST_ENV:-ANVIL_CUDA_PERSIST_L2AHEAD=24 ANVIL_CUDA_PERSIST_KVPF=0 ANVIL_CUDA_PERSIST_RED=1} timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_env_tests.log" 2>&1
+    echo "### persist tests (${PERSIST_TEST_ENV:-ANVIL_CUDA_PERSIST_L2AHEAD=24 ANVIL_CUDA_PERSIST_KVPF=0 ANVIL_CUDA_PERSIST_RED=1}): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_env_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     ANVIL_CUDA_PERSIST_KC=512 timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist_kc512_tests.log" 2>&1
     echo "### persist tests (units of 512 columns): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_kc512_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
       # PERSIST_VARIANTS: settings joined by '+' (the producer's KB in flight, the unit width, the
       # L2-ahead depth in units, the measuring switches); the first is the default. By default
-      # session 30's loads against session 29's. (Session 30, H200: the L2-ahead depths 8 and 16
-      # lost, 316 and 302 against 351 tok/s; tagged words lost and were removed; the in-flight cap
-      # made no difference in session 29, 8-96 KB.)
+      # the two measuring switches. (Session 30, H200: the L2-ahead depths 8 and 16 lost, 316 and
+      # 302 against 351 tok/s; tagged words lost and were removed; the in-flight cap made no
+      # difference in session 29, 8-96 KB.)
       i=0
-      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_EARLYKV=0 ANVIL_CUDA_PERSIST_STAGE8=0 ANVIL_CUDA_PERSIST_EARLYKV=0+ANVIL_CUDA_PERSIST_STAGE8=0}; do
+      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_KVPF=0 ANVIL_CUDA_PERSIST_RED=1}; do
         i=$((i + 1))
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
@@ -746,7 +746,7 @@ if [ "$what" != tests ]; then
         echo "### ANVIL_CUDA_PERSIST=1 $e $m: rc=$? $(grep -E '^decode|rror|op by op' "$OUT/persist_v${i}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_EARLYKV=0+ANVIL_CUDA_PERSIST_STAGE8=0}; do
+      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48}; do
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_TRACE=1 $(echo "$e" | tr '+' ' ') timeout 100 \
           ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1

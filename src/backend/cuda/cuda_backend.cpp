@@ -765,13 +765,9 @@ class CudaBackend final : public Backend {
     a.copy_async = persist_copy_;
     a.l2_ahead = 0;
     // Measuring switches: ANVIL_CUDA_PERSIST_KVPF=0 (no L2 prefetch of the attention items' K/V
-    // rows), ANVIL_CUDA_PERSIST_RED=1 (barrier arrivals as one release reduction),
-    // ANVIL_CUDA_PERSIST_EARLYKV=0 and ANVIL_CUDA_PERSIST_STAGE8=0 (session 29's loads: an
-    // attention item's K/V rows loaded after its q is formed, the SwiGLU output in 4 passes' loads).
+    // rows), ANVIL_CUDA_PERSIST_RED=1 (barrier arrivals as one release reduction).
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_KVPF"); f && *f) a.kv_prefetch = std::atoi(f) != 0;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_RED"); f && *f) a.red_release = std::atoi(f) != 0;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_EARLYKV"); f && *f) a.early_kv = std::atoi(f) != 0;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_STAGE8"); f && *f) a.stage8 = std::atoi(f) != 0;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_L2AHEAD"); f && *f) a.l2_ahead = std::clamp(std::atoi(f), 0, 256);
 
     int optin = 0;

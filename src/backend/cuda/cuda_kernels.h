@@ -266,8 +266,6 @@ struct PersistArgs {
   int inflight = 0;                      // the producer's outstanding units at most (0: the whole ring)
   int kv_prefetch = 1;                   // the attention items' K/V rows pulled into L2 before the q/k/v barrier
   int red_release = 0;                   // barrier arrivals as one red.release.gpu (else fence + atomicAdd)
-  int early_kv = 1;                      // attention: a pass's K/V rows loaded before they are needed (persist_decode.cu)
-  int stage8 = 1;                        // the SwiGLU output staged with 8 passes' loads in flight (else 4)
   const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
   unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
   // shared memory layout (persist_layout)

@@ -666,12 +666,12 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           // Positions: a half warp per K/V row (lane li holds dims 8 li .. 8 li + 7 of q, K, V), each
           // lane kAttnRows rows per pass (positions c0 + half + 2 i), the pass's K and V loads all in
           // flight at once; an fp32 online softmax per warp, the two halves' sums joined at the end.
-          // With early_kv (the default) the first pass's rows are loaded before q is formed: the rows
-          // of earlier positions do not depend on this step, and the current position's row, which
-          // this block appends below, is taken from shared memory instead. (Loading each later pass
+          // The first pass's rows are loaded before q is formed: the rows of earlier positions do not
+          // depend on this step, and the current position's row, which this block appends below, is
+          // taken from shared memory instead. (Session 30, H100: the item's positions 5.3 -> 4.5 us
+          // on qwen3-8b, its q 4.7 -> 5.4; qwen3-0.6b 1,083 -> 1,100 tok/s. Loading each later pass
           // before the previous one is used, too, spilled registers.)
           const int half = lane >> 4, li = lane & 15;
-          const bool early = a.early_kv != 0;
           struct Pass {
             uint4 k[kAttnRows], v[kAttnRows];
             bool ok[kAttnRows];
@@ -692,7 +692,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           };
           Pass cur;
           int c0 = p0 + warp * (2 * kAttnRows);
-          if (early) load_pass(cur, c0, true);
+          load_pass(cur, c0, true);
           for (int task = warp; task < G + (last ? 2 : 0); task += kCW) {
             float v[4];
             if (task < G) {
@@ -719,18 +719,14 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
               }
             }
           }
-          cbar();  // qs, and the appended row (knew; without early_kv read back through L2)
+          cbar();  // qs, and the appended row (knew)
           if (item == s) tmark(a, l, 1, 1);
-          if (!early) {
-            load_pass(cur, c0, false);
-          } else {
 #pragma unroll
-            for (int i = 0; i < kAttnRows; ++i)
-              if (cur.ok[i] && c0 + half + 2 * i == pos) {
-                cur.k[i] = reinterpret_cast<const uint4*>(knew)[li];
-                cur.v[i] = reinterpret_cast<const uint4*>(knew + kHead)[li];
-              }
-          }
+          for (int i = 0; i < kAttnRows; ++i)
+            if (cur.ok[i] && c0 + half + 2 * i == pos) {
+              cur.k[i] = reinterpret_cast<const uint4*>(knew)[li];
+              cur.v[i] = reinterpret_cast<const uint4*>(knew + kHead)[li];
+            }
           // (q read from shared memory where it is used: held in registers across the early loads,
           // it spilled registers)
           float m[GM], lsum[GM], acc[GM][8];
@@ -913,8 +909,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         f[e] = bf(gv / (1.0f + __expf(-gv)) * bf(up[e]));
       }
     };
-    // (stage8, the default: 8 passes' loads in flight, qwen3-8b's 12,288 values in one round trip
-    // instead of two)
+    // (8 passes' loads in flight where they are plain loads: qwen3-8b's 12,288 values in one round
+    // trip instead of two; session 30, H100: qwen3-0.6b 1,085 -> 1,100 tok/s, qwen3-8b the same)
     auto act_load = [&](int i0) {
       return gu_whole ? __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.act) + i0))
                       : make_uint4(0, 0, 0, 0);
@@ -923,7 +919,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       if (gu_whole) return unpack8(v, f);
       swiglu_rows(i0, f);
     };
-    if (a.stage8 && gu_whole) stage_x(F, act_load, act_conv, IntC<8>{});
+    if (gu_whole) stage_x(F, act_load, act_conv, IntC<8>{});
     else stage_x(F, act_load, act_conv, IntC<4>{});
     tmark(a, l, 4, 1);
     matvec(3, a.part[3]);
