@@ -845,8 +845,10 @@ class CudaBackend final : public Backend {
       a.tmaps = dm;
     }
     if (const char* t = std::getenv("ANVIL_CUDA_PERSIST_TRACE"); t && *t == '1') {
-      a.trace = static_cast<unsigned long long*>(get(size_t(a.n_layers + 1) * 5 * 4 * sms_ * 8));
-      if (!a.trace) return no("out of device memory");
+      const size_t bytes = size_t(a.n_layers + 1) * 5 * cuda::kPersistMarks * sms_ * 8;
+      a.trace = static_cast<unsigned long long*>(get(bytes));
+      if (!a.trace || !ok(cudaMemsetAsync(a.trace, 0, bytes, st_), "persistent decode trace"))
+        return no("out of device memory");
     }
     std::fprintf(stderr,
                  "anvil: ANVIL_CUDA_PERSIST: %d layers in one launch, %d blocks, %d ring stages of %d bytes, %d in flight\n",
@@ -856,18 +858,31 @@ class CudaBackend final : public Backend {
   }
   // ANVIL_CUDA_PERSIST_TRACE=1: the last launch's phase timeline, per phase averaged over layers
   // 1.. (microseconds): staging and work per block (mean, and the slowest block's work), how long
-  // after the last block's arrival the blocks start the next phase, and the layer.
+  // after the last block's arrival the blocks start the next phase, and the layer. Then where the
+  // latency sits: the arrival's fence + atomic, the norm phases' split sums + RMS (before the
+  // planes), how long a block waited for its first unit's weights after staging, and how long
+  // before its arrival its last unit's weights were in the ring. Marks a block did not write in
+  // the last launch (no unit, no attention item) fail the ordering checks and are left out.
   void persist_trace_report() {
     for (const cuda::PersistArgs& a : persist_plans_) {
       if (!a.trace) continue;
-      const int S = sms_, L = a.n_layers;
-      std::vector<unsigned long long> t(size_t(L + 1) * 20 * S);
+      const int S = sms_, L = a.n_layers, M = cuda::kPersistMarks;
+      std::vector<unsigned long long> t(size_t(L + 1) * 5 * M * S);
       if (cudaMemcpy(t.data(), a.trace, t.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return;
-      auto at = [&](int l, int k, int e, int b) { return double(t[((size_t(l) * 5 + k) * 4 + e) * S + b]); };
+      auto at = [&](int l, int k, int e, int b) { return double(t[((size_t(l) * 5 + k) * M + e) * S + b]); };
       const char* names[5] = {"q/k/v", "attention", "o", "gate/up", "down"};
       std::fprintf(stderr, "anvil: persist trace (us, mean over layers 1..%d):\n", L - 1);
       double layer = 0.0;
       for (int l = 1; l < L; ++l) layer += (at(l, 4, 2, 0) - at(l - 1, 4, 2, 0)) / 1e3 / (L - 1);
+      // The mean of f over the blocks and layers where ok holds (-1 where it never does).
+      auto mean = [&](auto&& ok, auto&& f) {
+        double sum = 0;
+        int n = 0;
+        for (int l = 1; l < L; ++l)
+          for (int b = 0; b < S; ++b)
+            if (ok(l, b)) sum += f(l, b), ++n;
+        return n ? sum / n : -1.0;
+      };
       for (int k = 0; k < 5; ++k) {
         double stage = 0, work = 0, worst = 0, release = 0;
         for (int l = 1; l < L; ++l) {
@@ -887,6 +902,24 @@ class CudaBackend final : public Backend {
         stage /= double(S) * (L - 1), work /= double(S) * (L - 1);
         std::fprintf(stderr, "  %-9s stage %6.2f  work %6.2f (slowest block %6.2f)  next phase starts %5.2f after the last arrival\n",
                      names[k], k == 1 ? 0.0 : stage, work, worst, release);
+        std::string more;
+        char buf[96];
+        const double arrive = mean([&](int l, int b) { return at(l, k, 2, b) <= at(l, k, 4, b) && at(l, k, 4, b) <= at(l, k, 2, b) + 1e6; },
+                                   [&](int l, int b) { return (at(l, k, 4, b) - at(l, k, 2, b)) / 1e3; });
+        if (arrive >= 0) std::snprintf(buf, sizeof buf, "fence + atomic %.2f", arrive), more += buf;
+        if (k == 0 || k == 3) {
+          const double rms = mean([&](int l, int b) { return at(l, k, 0, b) <= at(l, k, 5, b) && at(l, k, 5, b) <= at(l, k, 1, b); },
+                                  [&](int l, int b) { return (at(l, k, 5, b) - at(l, k, 0, b)) / 1e3; });
+          if (rms >= 0) std::snprintf(buf, sizeof buf, "; split sums + RMS %.2f", rms), more += buf;
+        }
+        if (k != 1) {
+          const double first = mean([&](int l, int b) { return at(l, k, 0, b) <= at(l, k, 6, b) && at(l, k, 6, b) <= at(l, k, 2, b); },
+                                    [&](int l, int b) { return std::max(0.0, at(l, k, 6, b) - at(l, k, 1, b)) / 1e3; });
+          const double lastu = mean([&](int l, int b) { return at(l, k, 0, b) <= at(l, k, 7, b) && at(l, k, 7, b) <= at(l, k, 2, b); },
+                                    [&](int l, int b) { return (at(l, k, 2, b) - at(l, k, 7, b)) / 1e3; });
+          if (first >= 0) std::snprintf(buf, sizeof buf, "; first unit waited %.2f, last unit in the ring %.2f before the arrival", first, lastu), more += buf;
+        }
+        if (!more.empty()) std::fprintf(stderr, "            %s\n", more.c_str());
       }
       // Attention, over the blocks that had an item: q/k/v prepared, positions, merges.
       double prep = 0, pos = 0, rest = 0;

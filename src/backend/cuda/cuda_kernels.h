@@ -267,11 +267,13 @@ struct PersistArgs {
   int kv_prefetch = 1;                   // the attention items' K/V rows pulled into L2 before the q/k/v barrier
   int red_release = 0;                   // barrier arrivals as one red.release.gpu (else fence + atomicAdd)
   const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
-  unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers][5 phases][3 marks][blocks] ns
+  unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers + 1][5 phases][kPersistMarks][blocks] ns
   // shared memory layout (persist_layout)
   int off_res = 0, off_x = 0, off_ring = 0, stages = 0, stage_bytes = 0;
   size_t smem_bytes = 0;
 };
+// Timer marks per phase in PersistArgs::trace (persist_decode.cu's tmark).
+inline constexpr int kPersistMarks = 8;
 // The smallest unit width for a group size (8 groups: each row's scales a multiple of 16 bytes).
 int persist_kc(int group);
 size_t persist_stage_bytes(int group, int kc);

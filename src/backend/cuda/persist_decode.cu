@@ -219,13 +219,16 @@ __device__ __forceinline__ float csum(float v, float* red) {
   return s;
 }
 
-// ANVIL_CUDA_PERSIST_TRACE: the global timer at mark e (0 phase start, 1 input staged, 2 phase
-// done, 3 attention: its positions done) of phase k of layer l, per block.
+// ANVIL_CUDA_PERSIST_TRACE: the global timer at mark e of phase k of layer l, per block
+// ([layer][phase][kPersistMarks][block]). Marks: 0 phase start, 1 input staged, 2 phase done (the
+// arrival, before its fence), 3 attention: its positions done, 4 the arrival's atomic returned,
+// 5 norm phases: split sums added and the RMS known, 6 the block's first unit in the ring, 7 its
+// last unit in the ring.
 __device__ __forceinline__ void tmark(const PersistArgs& a, int l, int k, int e) {
   if (a.trace && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.trace[((size_t(l) * kPhases + k) * 4 + e) * gridDim.x + blockIdx.x] = t;
+    a.trace[((size_t(l) * kPhases + k) * kPersistMarks + e) * gridDim.x + blockIdx.x] = t;
   }
 }
 
@@ -238,7 +241,11 @@ __device__ __forceinline__ void bar_arrive(unsigned* bars, int i, const PersistA
       red_add1_release(bars + i);
     } else {
       __threadfence();
-      atomicAdd(bars + i, 1u);
+      const unsigned old = atomicAdd(bars + i, 1u);
+      if (a.trace) {
+        asm volatile("" ::"r"(old));  // (the mark after the atomic's round trip)
+        tmark(a, i / kPhases, i % kPhases, 4);
+      }
     }
   }
 }
@@ -520,7 +527,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   };
   // res = bf16(res + bf16(sum of the rows of `part`)) (or res = h for the first layer), then the
   // planes of bf16(res * rsqrt(mean(res^2) + eps) * w).
-  auto stage_norm = [&](const float* part, const Shape* sh, const __nv_bfloat16* w) {
+  auto stage_norm = [&](const float* part, const Shape* sh, const __nv_bfloat16* w, int l, int k) {
     float ss = 0.0f;
     // (One pass's loads at a time: two passes' in flight at once spilled registers, also with 2
     // slots each instead of 4.)
@@ -536,6 +543,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       for (int e = 0; e < 8; ++e) sm.res[i0 + e] = __float2bfloat16_rn(f[e]), ss += f[e] * f[e];
     }
     const float inv = rsqrtf(csum(ss, sm.red) / float(H) + a.eps);  // (csum's barriers order res)
+    tmark(a, l, k, 5);
     stage_x(
         H, [&](int i0) { return __ldg(reinterpret_cast<const uint4*>(w + i0)); },
         [&](int i0, const uint4& wv, float (&f)[8]) {
@@ -547,7 +555,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         IntC<4>{});
   };
   // The block's units of phase ph: the ring's stages through the integer dot products; parts to `part`.
-  auto matvec = [&](int ph, float* part) {
+  auto matvec = [&](int ph, float* part, int l, int k) {
     const Shape sh = shp[ph];
     const int64_t N = sh.units();
     int64_t u0, u1;
@@ -590,6 +598,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         cur = t;
       }
       mbar_wait(sm.full + st, par);
+      if (u == u0) tmark(a, l, k, 6);
+      if (u == u1 - 1) tmark(a, l, k, 7);
       const uint8_t* stage = sm.ring + size_t(st) * a.stage_bytes;
       const uint4* wq = reinterpret_cast<const uint4*>(stage);
       const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(stage + 32 * (kc / 2));
@@ -618,9 +628,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     prefetch_l1(L.attn_norm, H);
     if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target, a);
     else tmark(a, 0, 0, 0);
-    stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm));
+    stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm), l, 0);
     tmark(a, l, 0, 1);
-    matvec(0, p_qkv);
+    matvec(0, p_qkv, l, 0);
     bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
@@ -884,15 +894,15 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
         [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); }, IntC<4>{});
     tmark(a, l, 2, 1);
-    matvec(1, a.part[1]);
+    matvec(1, a.part[1], l, 2);
     bar_arrive(bars, l * kPhases + 2, a);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
     prefetch_l1(L.ffn_norm, H);
     bar_wait(bars, l * kPhases + 2, target, a);
-    stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm));
+    stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm), l, 3);
     tmark(a, l, 3, 1);
-    matvec(2, a.part[2]);
+    matvec(2, a.part[2], l, 3);
     bar_arrive(bars, l * kPhases + 3, a);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
@@ -922,7 +932,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     if (gu_whole) stage_x(F, act_load, act_conv, IntC<8>{});
     else stage_x(F, act_load, act_conv, IntC<4>{});
     tmark(a, l, 4, 1);
-    matvec(3, a.part[3]);
+    matvec(3, a.part[3], l, 4);
     bar_arrive(bars, l * kPhases + 4, a);
   }
   // The last residual, a slice per block.
