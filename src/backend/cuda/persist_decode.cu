@@ -313,9 +313,14 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const int ng = kc / g;                         // groups per unit row
   const unsigned row_w = unsigned(kc / 2);       // bytes of packed weights per unit row
   const unsigned row_s = unsigned(ng * 2);       // bytes of scales (and of biases) per unit row
+  // ANVIL_CUDA_PERSIST_QUIET (opt-in, not yet measured): while set, the producer issues no copies,
+  // so that the consumers' fence, barrier and staging loads do not queue behind them (see "quiet"
+  // in the consumers below).
+  __shared__ int quiet_s;
   if (tid == 0) {
     for (int i = 0; i < NS; ++i) mbar_init(sm.full + i, a.copy_async == 1 ? 32 : 1), mbar_init(sm.empty + i, kCW);
     mbar_init_fence();
+    quiet_s = 0;
   }
   __syncthreads();
 
@@ -376,6 +381,8 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             const int sd = st - a.inflight;
             mbar_wait(sm.full + (sd < 0 ? sd + NS : sd), sd < 0 ? par ^ 1u : par);
           }
+          if (a.quiet)
+            while (*static_cast<volatile int*>(&quiet_s)) __nanosleep(64);
           ++issued;
           // Unit row r: its matrix m and row.
           auto src = [&](int r, int& m, int64_t& row) {
@@ -480,6 +487,13 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     sm.rope[tid] = make_float2(float(cs), float(sn));
   }
   cbar();
+  // The quiet window (a.quiet): set from a phase's end (1: its arrival; 2: its last unit's weights
+  // in the ring, so the copies in flight drain before the fence) until the next phase's input is
+  // staged (attention: its q formed). Only the producer's pace depends on it: no consumer waits
+  // for a copy inside the window, so it cannot deadlock.
+  auto quiet = [&](int v) {
+    if (a.quiet && tid == 0) *static_cast<volatile int*>(&quiet_s) = v;
+  };
   int st = 0;  // the ring position, as the producer's
   uint32_t par = 0;
 
@@ -599,7 +613,10 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       }
       mbar_wait(sm.full + st, par);
       if (u == u0) tmark(a, l, k, 6);
-      if (u == u1 - 1) tmark(a, l, k, 7);
+      if (u == u1 - 1) {
+        tmark(a, l, k, 7);
+        if (a.quiet == 2) quiet(1);
+      }
       const uint8_t* stage = sm.ring + size_t(st) * a.stage_bytes;
       const uint4* wq = reinterpret_cast<const uint4*>(stage);
       const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(stage + 32 * (kc / 2));
@@ -630,7 +647,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     else tmark(a, 0, 0, 0);
     stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm), l, 0);
     tmark(a, l, 0, 1);
+    quiet(0);
     matvec(0, p_qkv, l, 0);
+    quiet(1);
     bar_arrive(bars, l * kPhases + 0, a);
 
     // ---- attention: items (kv head, split) over the blocks ----
@@ -656,6 +675,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     if (L.q_norm) prefetch_l1(L.q_norm, kHead);  // (the items' q and k norms: 256 bytes each)
     if (L.k_norm) prefetch_l1(L.k_norm, kHead);
     bar_wait(bars, l * kPhases + 0, target, a);
+    if (s >= a.n_kv * nsplit) quiet(0);  // (no attention item: nothing to stage)
     // Register arrays sized for GM >= G query heads per kv head (2 or 4). With 8 the kernel did not
     // fit 168 registers (9 warps of one block: 3 per SM partition, so at most 168 per thread).
     auto attention = [&](auto gm) {
@@ -730,7 +750,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             }
           }
           cbar();  // qs, and the appended row (knew)
-          if (item == s) tmark(a, l, 1, 1);
+          if (item == s) tmark(a, l, 1, 1), quiet(0);
 #pragma unroll
           for (int i = 0; i < kAttnRows; ++i)
             if (cur.ok[i] && c0 + half + 2 * i == pos) {
@@ -886,6 +906,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     };
     if (G <= 2) attention(IntC<2>{});
     else attention(IntC<4>{});  // (the host takes at most 4 query heads per kv head)
+    quiet(1);
     bar_arrive(bars, l * kPhases + 1, a);
 
     // ---- o ----
@@ -894,7 +915,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
         [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); }, IntC<4>{});
     tmark(a, l, 2, 1);
+    quiet(0);
     matvec(1, a.part[1], l, 2);
+    quiet(1);
     bar_arrive(bars, l * kPhases + 2, a);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
@@ -902,7 +925,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     bar_wait(bars, l * kPhases + 2, target, a);
     stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm), l, 3);
     tmark(a, l, 3, 1);
+    quiet(0);
     matvec(2, a.part[2], l, 3);
+    quiet(1);
     bar_arrive(bars, l * kPhases + 3, a);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
@@ -932,7 +957,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     if (gu_whole) stage_x(F, act_load, act_conv, IntC<8>{});
     else stage_x(F, act_load, act_conv, IntC<4>{});
     tmark(a, l, 4, 1);
+    quiet(0);
     matvec(3, a.part[3], l, 4);
+    quiet(1);
     bar_arrive(bars, l * kPhases + 4, a);
   }
   // The last residual, a slice per block.
