@@ -335,9 +335,37 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     // With tensor maps, a second cursor l2_ahead units ahead pulls units into L2 (no shared memory,
     // no barrier), so the memory system keeps streaming while the ring is full during the
     // consumers' barriers, staging and attention.
+    // pf_idx: the place in the block's unit sequence of the unit at pf (the next one to pull);
+    // issued: of the unit being copied. Every unit up to issued + l2_ahead is pulled into L2 before
+    // its copy, and during a quiet window (a.quiet) up to issued + l2_ahead + l2_quiet more.
     Cursor pf;
-    bool pf_ok = a.copy_async == 3 && a.l2_ahead > 0 && cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
-    for (int k = 0; pf_ok && k < a.l2_ahead; ++k) pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
+    bool pf_ok = a.copy_async == 3 && (a.l2_ahead > 0 || (a.quiet && a.l2_quiet > 0)) &&
+                 cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
+    int64_t pf_idx = 0;
+    auto pull_l2 = [&]() {  // pf's unit into L2, then pf to the next unit
+      if (lane == 0) {
+        const uint8_t* tm = static_cast<const uint8_t*>(a.tmaps) + size_t(pf.l) * 21 * 128;
+        const int x_w = pf.c * (kc / 8), x_s = pf.c * ng;
+        for (int h = 0; h < (pf.ph == 2 ? 2 : 1); ++h) {
+          int m;
+          int64_t row;
+          if (pf.ph == 0) {
+            const int64_t vr = pf.t * 32;
+            m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
+            row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
+          } else if (pf.ph == 2) {
+            m = 4 + h, row = pf.t * 16;
+          } else {
+            m = pf.ph == 1 ? 3 : 6, row = pf.t * 32;
+          }
+          const uint8_t* mt = tm + m * 3 * 128;
+          tensor_prefetch_l2(mt, x_w, int(row));
+          tensor_prefetch_l2(mt + 128, x_s, int(row));
+          tensor_prefetch_l2(mt + 256, x_s, int(row));
+        }
+      }
+      pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers), ++pf_idx;
+    };
     for (int l = 0; l < a.n_layers; ++l) {
       const PersistLayer& L = a.layers[l];
       for (int ph = 0; ph < 4; ++ph) {
@@ -348,30 +376,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
         int64_t t = u0 / sh.U;
         int c = int(u0 - t * sh.U);
         for (int64_t u = u0; u < u1; ++u, ++c == sh.U ? (c = 0, ++t) : 0) {
-          if (pf_ok) {
-            if (lane == 0) {
-              const uint8_t* tm = static_cast<const uint8_t*>(a.tmaps) + size_t(pf.l) * 21 * 128;
-              const int x_w = pf.c * (kc / 8), x_s = pf.c * ng;
-              for (int h = 0; h < (pf.ph == 2 ? 2 : 1); ++h) {
-                int m;
-                int64_t row;
-                if (pf.ph == 0) {
-                  const int64_t vr = pf.t * 32;
-                  m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
-                  row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
-                } else if (pf.ph == 2) {
-                  m = 4 + h, row = pf.t * 16;
-                } else {
-                  m = pf.ph == 1 ? 3 : 6, row = pf.t * 32;
-                }
-                const uint8_t* mt = tm + m * 3 * 128;
-                tensor_prefetch_l2(mt, x_w, int(row));
-                tensor_prefetch_l2(mt + 128, x_s, int(row));
-                tensor_prefetch_l2(mt + 256, x_s, int(row));
-              }
-            }
-            pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
-          }
+          // (units at or before this one are copied without the L2 step)
+          while (pf_ok && pf_idx <= issued) pf_ok = cursor_next(pf, shp, gu_whole, S, s, a.n_layers), ++pf_idx;
+          while (pf_ok && pf_idx <= issued + a.l2_ahead) pull_l2();
           if (lapped) mbar_wait(sm.empty + st, par ^ 1u);  // the consumers' release of the previous lap
           // At most `inflight` units in flight: wait until the unit that many back has landed. The
           // memory system keeps streaming with a few tens of KB per SM in flight; a whole ring
@@ -381,8 +388,11 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             const int sd = st - a.inflight;
             mbar_wait(sm.full + (sd < 0 ? sd + NS : sd), sd < 0 ? par ^ 1u : par);
           }
-          if (a.quiet)
-            while (*static_cast<volatile int*>(&quiet_s)) __nanosleep(64);
+          // The quiet window: no copies; units further ahead into L2 meanwhile (a.l2_quiet).
+          while (a.quiet && __shfl_sync(0xffffffffu, *static_cast<volatile int*>(&quiet_s), 0)) {
+            if (pf_ok && pf_idx <= issued + a.l2_ahead + a.l2_quiet) pull_l2();
+            else __nanosleep(64);
+          }
           ++issued;
           // Unit row r: its matrix m and row.
           auto src = [&](int r, int& m, int64_t& row) {
