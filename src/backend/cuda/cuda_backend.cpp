@@ -912,7 +912,7 @@ class CudaBackend final : public Backend {
         char buf[96];
         const double arrive = mean([&](int l, int b) { return at(l, k, 2, b) <= at(l, k, 4, b) && at(l, k, 4, b) <= at(l, k, 2, b) + 1e6; },
                                    [&](int l, int b) { return (at(l, k, 4, b) - at(l, k, 2, b)) / 1e3; });
-        if (arrive >= 0) std::snprintf(buf, sizeof buf, "fence + atomic %.2f", arrive), more += buf;
+        if (arrive >= 0) std::snprintf(buf, sizeof buf, "; fence + atomic %.2f", arrive), more += buf;
         if (k == 0 || k == 3) {
           const double rms = mean([&](int l, int b) { return at(l, k, 0, b) <= at(l, k, 5, b) && at(l, k, 5, b) <= at(l, k, 1, b); },
                                   [&](int l, int b) { return (at(l, k, 5, b) - at(l, k, 0, b)) / 1e3; });
@@ -925,7 +925,7 @@ class CudaBackend final : public Backend {
                                     [&](int l, int b) { return (at(l, k, 2, b) - at(l, k, 7, b)) / 1e3; });
           if (first >= 0) std::snprintf(buf, sizeof buf, "; first unit waited %.2f, last unit in the ring %.2f before the arrival", first, lastu), more += buf;
         }
-        if (!more.empty()) std::fprintf(stderr, "            %s\n", more.c_str());
+        if (!more.empty()) std::fprintf(stderr, "            %s\n", more.c_str() + 2);  // (past the first "; ")
       }
       // Attention, over the blocks that had an item: q/k/v prepared, positions, merges.
       double prep = 0, pos = 0, rest = 0;
