@@ -19,6 +19,9 @@
 //   barrier, norm and attention below, with at most `inflight` units' copies outstanding (so
 //   the consumers' own loads do not queue behind the whole ring). That is what keeps the memory
 //   system busy where the per-kernel path lets it idle.
+//   Copies still arriving at an SM delay its other loads, the barrier's fence included (session
+//   30's trace: 1.0 us with one unit in flight, 2.1 with two, 5.6 with the whole ring), so the
+//   opt-in quiet windows (PersistArgs::quiet) pause the producer around phase boundaries.
 // - Consumers (8 warps): for each phase (q/k/v, attention, o, gate/up, down) they wait for the
 //   previous phase on a device-wide barrier (a counter per phase and layer; each block adds 1),
 //   stage the phase's input once per block, then multiply their units from the ring: the
