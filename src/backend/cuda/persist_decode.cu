@@ -109,6 +109,23 @@ struct Shape {
 using persist::first_unit;
 using persist::owner_of;
 
+// Row r (0..31) of tile t of phase ph: its matrix m (the PersistLayer::w index: q, k, v, o, gate,
+// up, down) and the row in it. A q/k/v tile's rows run over q, then k, then v; a gate/up tile holds
+// 16 gate rows, then the same 16 up rows.
+__device__ __forceinline__ void unit_row(int ph, int64_t t, int r, int QD, int KD, int& m, int64_t& row) {
+  if (ph == 0) {
+    const int64_t vr = t * 32 + r;
+    m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
+    row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
+  } else if (ph == 1) {
+    m = 3, row = t * 32 + r;
+  } else if (ph == 2) {
+    m = r < 16 ? 4 : 5, row = t * 16 + (r & 15);
+  } else {
+    m = 6, row = t * 32 + r;
+  }
+}
+
 // Block s's units of phase ph. Gate/up with at least one tile per block (gu_whole) goes by whole
 // tiles (at most one tile of imbalance), so each tile's rows are summed in one block, which applies
 // SwiGLU itself; every other phase by balanced unit ranges, a tile's K split over blocks as needed.
@@ -349,18 +366,10 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       if (lane == 0) {
         const uint8_t* tm = static_cast<const uint8_t*>(a.tmaps) + size_t(pf.l) * 21 * 128;
         const int x_w = pf.c * (kc / 8), x_s = pf.c * ng;
-        for (int h = 0; h < (pf.ph == 2 ? 2 : 1); ++h) {
+        for (int h = 0; h < (pf.ph == 2 ? 2 : 1); ++h) {  // (gate/up: the gate box, then the up box)
           int m;
           int64_t row;
-          if (pf.ph == 0) {
-            const int64_t vr = pf.t * 32;
-            m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
-            row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
-          } else if (pf.ph == 2) {
-            m = 4 + h, row = pf.t * 16;
-          } else {
-            m = pf.ph == 1 ? 3 : 6, row = pf.t * 32;
-          }
+          unit_row(pf.ph, pf.t, 16 * h, QD, KD, m, row);
           const uint8_t* mt = tm + m * 3 * 128;
           tensor_prefetch_l2(mt, x_w, int(row));
           tensor_prefetch_l2(mt + 128, x_s, int(row));
@@ -397,20 +406,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             else __nanosleep(64);
           }
           ++issued;
-          // Unit row r: its matrix m and row.
-          auto src = [&](int r, int& m, int64_t& row) {
-            if (ph == 0) {
-              const int64_t vr = t * 32 + r;
-              m = vr < QD ? 0 : vr < QD + KD ? 1 : 2;
-              row = m == 0 ? vr : m == 1 ? vr - QD : vr - QD - KD;
-            } else if (ph == 1) {
-              m = 3, row = t * 32 + r;
-            } else if (ph == 2) {
-              m = r < 16 ? 4 : 5, row = t * 16 + (r & 15);
-            } else {
-              m = 6, row = t * 32 + r;
-            }
-          };
+          auto src = [&](int r, int& m, int64_t& row) { unit_row(ph, t, r, QD, KD, m, row); };
           const int K = sh.K;
           uint8_t* dst = sm.ring + size_t(st) * a.stage_bytes;
           if (a.copy_async == 3) {
@@ -506,6 +502,16 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   // for a copy inside the window, so it cannot deadlock.
   auto quiet = [&](int v) {
     if (a.quiet && tid == 0) *static_cast<volatile int*>(&quiet_s) = v;
+  };
+  // A phase's input staged (its trace mark; the quiet window ends), and its arrival at barrier i
+  // (the window starts; quiet 2 started it at the phase's last unit already).
+  auto staged = [&](int l, int k) {
+    tmark(a, l, k, 1);
+    quiet(0);
+  };
+  auto arrive = [&](int i) {
+    quiet(1);
+    bar_arrive(bars, i, a);
   };
   int st = 0;  // the ring position, as the producer's
   uint32_t par = 0;
@@ -659,11 +665,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     if (l > 0) bar_wait(bars, (l - 1) * kPhases + 4, target, a);
     else tmark(a, 0, 0, 0);
     stage_norm(l == 0 ? nullptr : a.part[3], &shp[3], static_cast<const __nv_bfloat16*>(L.attn_norm), l, 0);
-    tmark(a, l, 0, 1);
-    quiet(0);
+    staged(l, 0);
     matvec(0, p_qkv, l, 0);
-    quiet(1);
-    bar_arrive(bars, l * kPhases + 0, a);
+    arrive(l * kPhases + 0);
 
     // ---- attention: items (kv head, split) over the blocks ----
     const persist::AttnSplits spl = persist::attn_splits(ctx, a.max_split, kAttnMinPos);
@@ -763,7 +767,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
             }
           }
           cbar();  // qs, and the appended row (knew)
-          if (item == s) tmark(a, l, 1, 1), quiet(0);
+          if (item == s) staged(l, 1);
 #pragma unroll
           for (int i = 0; i < kAttnRows; ++i)
             if (cur.ok[i] && c0 + half + 2 * i == pos) {
@@ -919,29 +923,24 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     };
     if (G <= 2) attention(IntC<2>{});
     else attention(IntC<4>{});  // (the host takes at most 4 query heads per kv head)
-    quiet(1);
-    bar_arrive(bars, l * kPhases + 1, a);
+    arrive(l * kPhases + 1);
 
     // ---- o ----
     bar_wait(bars, l * kPhases + 1, target, a);
     stage_x(
         QD, [&](int i0) { return __ldcg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.attn) + i0)); },
         [&](int, const uint4& v, float (&f)[8]) { unpack8(v, f); }, IntC<4>{});
-    tmark(a, l, 2, 1);
-    quiet(0);
+    staged(l, 2);
     matvec(1, a.part[1], l, 2);
-    quiet(1);
-    bar_arrive(bars, l * kPhases + 2, a);
+    arrive(l * kPhases + 2);
 
     // ---- gate/up (tile t: gate rows 16t.., then up rows 16t..) ----
     prefetch_l1(L.ffn_norm, H);
     bar_wait(bars, l * kPhases + 2, target, a);
     stage_norm(a.part[1], &shp[1], static_cast<const __nv_bfloat16*>(L.ffn_norm), l, 3);
-    tmark(a, l, 3, 1);
-    quiet(0);
+    staged(l, 3);
     matvec(2, a.part[2], l, 3);
-    quiet(1);
-    bar_arrive(bars, l * kPhases + 3, a);
+    arrive(l * kPhases + 3);
 
     // ---- down, on bf16(silu(bf16(gate)) * bf16(up)) ----
     bar_wait(bars, l * kPhases + 3, target, a);
@@ -969,11 +968,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     };
     if (gu_whole) stage_x(F, act_load, act_conv, IntC<8>{});
     else stage_x(F, act_load, act_conv, IntC<4>{});
-    tmark(a, l, 4, 1);
-    quiet(0);
+    staged(l, 4);
     matvec(3, a.part[3], l, 4);
-    quiet(1);
-    bar_arrive(bars, l * kPhases + 4, a);
+    arrive(l * kPhases + 4);
   }
   // The last residual, a slice per block.
   bar_wait(bars, (a.n_layers - 1) * kPhases + 4, target, a);
