@@ -729,25 +729,18 @@ if [ "$what" != tests ]; then
     # release arrivals) and in units of 512 columns.
     env ${PERSIST_TEST_ENV:-ANVIL_CUDA_PERSIST_L2AHEAD=24 ANVIL_CUDA_PERSIST_KVPF=0 ANVIL_CUDA_PERSIST_RED=1} timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_env_tests.log" 2>&1
     echo "### persist tests (${PERSIST_TEST_ENV:-ANVIL_CUDA_PERSIST_L2AHEAD=24 ANVIL_CUDA_PERSIST_KVPF=0 ANVIL_CUDA_PERSIST_RED=1}): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_env_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    # The quiet windows (ANVIL_CUDA_PERSIST_QUIET, session 30, not yet measured).
-    for q in 1 "2 ANVIL_CUDA_PERSIST_L2QUIET=16"; do
-      # shellcheck disable=SC2086
-      env ANVIL_CUDA_PERSIST_QUIET=$q timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.*' > "$OUT/persist_quiet${q%% *}_tests.log" 2>&1
-      echo "### persist tests (ANVIL_CUDA_PERSIST_QUIET=$q): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_quiet${q%% *}_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    done
     ANVIL_CUDA_PERSIST_KC=512 timeout 150 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaPersist.DecodeLogits*' > "$OUT/persist_kc512_tests.log" 2>&1
     echo "### persist tests (units of 512 columns): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist_kc512_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in ${PERSIST_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64}; do
       # PERSIST_VARIANTS: settings joined by '+' (the producer's KB in flight, the unit width, the
       # L2-ahead depth in units, the measuring switches); the first is the default. By default
-      # the quiet windows, alone, with more copies in flight outside them, and with units pulled
-      # into L2 during them. (Session 30: the
-      # L2-ahead depths 8 and 16 lost on the H200, 316 and 302 against 351 tok/s; tagged words lost
-      # and were removed; KVPF=0 and RED=1 within ~1%; the in-flight cap changed the arrivals'
-      # fence + atomic, 1.0 / 2.1 / up to 5.6 us for 1 unit / 2 units / the whole ring, but not
-      # the speed.)
+      # the in-flight caps and an L2-ahead depth. (Session 30: the L2-ahead depths 8 and 16 lost
+      # on the H200, 316 and 302 against 351 tok/s; tagged words lost and were removed; KVPF=0 and
+      # RED=1 within ~1%; the in-flight cap changed the arrivals' fence + atomic, 1.0 / 2.1 / up
+      # to 5.6 us for 1 unit / 2 units / the whole ring, but not the speed. Session 31: the quiet
+      # windows, which paused the producer around phase boundaries, lost and were removed.)
       i=0
-      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_QUIET=1 ANVIL_CUDA_PERSIST_QUIET=2 ANVIL_CUDA_PERSIST_QUIET=2+ANVIL_CUDA_PERSIST_INFLIGHT=96 ANVIL_CUDA_PERSIST_QUIET=2+ANVIL_CUDA_PERSIST_INFLIGHT=0 ANVIL_CUDA_PERSIST_QUIET=2+ANVIL_CUDA_PERSIST_L2QUIET=8 ANVIL_CUDA_PERSIST_QUIET=2+ANVIL_CUDA_PERSIST_L2AHEAD=2+ANVIL_CUDA_PERSIST_L2QUIET=16}; do
+      for e in ${PERSIST_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_INFLIGHT=96 ANVIL_CUDA_PERSIST_INFLIGHT=0 ANVIL_CUDA_PERSIST_L2AHEAD=4}; do
         i=$((i + 1))
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 $(echo "$e" | tr '+' ' ') timeout 100 ./build-gpu/anvil bench --device cuda --synthetic "$m" \
@@ -755,7 +748,7 @@ if [ "$what" != tests ]; then
         echo "### ANVIL_CUDA_PERSIST=1 $e $m: rc=$? $(grep -E '^decode|rror|op by op' "$OUT/persist_v${i}_bench_${m%%:*}.log" | tr '\n' ' ')" >> "$OUT/bench.log"
       done
       # The phase timeline of the last decode launch (ANVIL_CUDA_PERSIST_TRACE).
-      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48 ANVIL_CUDA_PERSIST_QUIET=2 ANVIL_CUDA_PERSIST_QUIET=2+ANVIL_CUDA_PERSIST_INFLIGHT=0}; do
+      for e in ${PERSIST_TRACE_VARIANTS:-ANVIL_CUDA_PERSIST_INFLIGHT=48}; do
         # shellcheck disable=SC2046
         env ANVIL_CUDA_PERSIST=1 ANVIL_CUDA_PERSIST_TRACE=1 $(echo "$e" | tr '+' ' ') timeout 100 \
           ./build-gpu/anvil bench --device cuda --synthetic "$m" -n 16 --runs 1 > "$OUT/persist_trace_${m%%:*}.log" 2>&1

@@ -765,15 +765,9 @@ class CudaBackend final : public Backend {
     a.copy_async = persist_copy_;
     a.l2_ahead = 0;
     // Measuring switches: ANVIL_CUDA_PERSIST_KVPF=0 (no L2 prefetch of the attention items' K/V
-    // rows), ANVIL_CUDA_PERSIST_RED=1 (barrier arrivals as one release reduction),
-    // ANVIL_CUDA_PERSIST_QUIET=1|2 (the producer paused around phase boundaries; session 30's trace:
-    // the arrival's fence + atomic took 1.0 us with one unit's copies in flight per SM, 2.1 with
-    // two, up to 5.6 with the whole ring), ANVIL_CUDA_PERSIST_L2QUIET=N (with QUIET: N more units
-    // pulled into L2 during each window, which return nothing to the SM).
+    // rows), ANVIL_CUDA_PERSIST_RED=1 (barrier arrivals as one release reduction).
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_KVPF"); f && *f) a.kv_prefetch = std::atoi(f) != 0;
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_RED"); f && *f) a.red_release = std::atoi(f) != 0;
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_QUIET"); f && *f) a.quiet = std::clamp(std::atoi(f), 0, 2);
-    if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_L2QUIET"); f && *f) a.l2_quiet = std::clamp(std::atoi(f), 0, 256);
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST_L2AHEAD"); f && *f) a.l2_ahead = std::clamp(std::atoi(f), 0, 256);
 
     int optin = 0;

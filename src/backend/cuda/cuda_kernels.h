@@ -266,8 +266,6 @@ struct PersistArgs {
   int inflight = 0;                      // the producer's outstanding units at most (0: the whole ring)
   int kv_prefetch = 1;                   // the attention items' K/V rows pulled into L2 before the q/k/v barrier
   int red_release = 0;                   // barrier arrivals as one red.release.gpu (else fence + atomicAdd)
-  int quiet = 0;                         // the producer paused from a phase's end (1: arrival, 2: last unit) to the next one's staged input
-  int l2_quiet = 0;                      // copy_async 3 with quiet: units pulled into L2 during a window, beyond l2_ahead
   const void* tmaps = nullptr;           // copy_async 3: [n_layers][7 matrices][data, scales, biases] CUtensorMap
   unsigned long long* trace = nullptr;   // ANVIL_CUDA_PERSIST_TRACE: [n_layers + 1][5 phases][kPersistMarks][blocks] ns
   // shared memory layout (persist_layout)

@@ -20,8 +20,9 @@
 //   the consumers' own loads do not queue behind the whole ring). That is what keeps the memory
 //   system busy where the per-kernel path lets it idle.
 //   Copies still arriving at an SM delay its other loads, the barrier's fence included (session
-//   30's trace: 1.0 us with one unit in flight, 2.1 with two, 5.6 with the whole ring), so the
-//   opt-in quiet windows (PersistArgs::quiet) pause the producer around phase boundaries.
+//   30's trace: 1.0 us with one unit in flight, 2.1 with two, 5.6 with the whole ring). Pausing
+//   the producer around phase boundaries made the fence fast (0.5 us) but not the layer (session
+//   31: "quiet windows", removed; benchmarks.md).
 // - Consumers (8 warps): for each phase (q/k/v, attention, o, gate/up, down) they wait for the
 //   previous phase on a device-wide barrier (a counter per phase and layer; each block adds 1),
 //   stage the phase's input once per block, then multiply their units from the ring: the
@@ -333,14 +334,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
   const int ng = kc / g;                         // groups per unit row
   const unsigned row_w = unsigned(kc / 2);       // bytes of packed weights per unit row
   const unsigned row_s = unsigned(ng * 2);       // bytes of scales (and of biases) per unit row
-  // ANVIL_CUDA_PERSIST_QUIET (opt-in, not yet measured): while set, the producer issues no copies,
-  // so that the consumers' fence, barrier and staging loads do not queue behind them (see "quiet"
-  // in the consumers below).
-  __shared__ int quiet_s;
   if (tid == 0) {
     for (int i = 0; i < NS; ++i) mbar_init(sm.full + i, a.copy_async == 1 ? 32 : 1), mbar_init(sm.empty + i, kCW);
     mbar_init_fence();
-    quiet_s = 0;
   }
   __syncthreads();
 
@@ -357,9 +353,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     // consumers' barriers, staging and attention.
     // pf_idx: the place in the block's unit sequence of the unit at pf (the next one to pull);
     // issued: of the unit being copied. Every unit up to issued + l2_ahead is pulled into L2 before
-    // its copy, and during a quiet window (a.quiet) up to issued + l2_ahead + l2_quiet more.
+    // its copy.
     Cursor pf;
-    bool pf_ok = a.copy_async == 3 && (a.l2_ahead > 0 || (a.quiet && a.l2_quiet > 0)) &&
+    bool pf_ok = a.copy_async == 3 && a.l2_ahead > 0 &&
                  cursor_next(pf, shp, gu_whole, S, s, a.n_layers);
     int64_t pf_idx = 0;
     auto pull_l2 = [&]() {  // pf's unit into L2, then pf to the next unit
@@ -399,11 +395,6 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
           if (a.inflight > 0 && issued >= a.inflight) {
             const int sd = st - a.inflight;
             mbar_wait(sm.full + (sd < 0 ? sd + NS : sd), sd < 0 ? par ^ 1u : par);
-          }
-          // The quiet window: no copies; units further ahead into L2 meanwhile (a.l2_quiet).
-          while (a.quiet && __shfl_sync(0xffffffffu, *static_cast<volatile int*>(&quiet_s), 0)) {
-            if (pf_ok && pf_idx <= issued + a.l2_ahead + a.l2_quiet) pull_l2();
-            else __nanosleep(64);
           }
           ++issued;
           auto src = [&](int r, int& m, int64_t& row) { unit_row(ph, t, r, QD, KD, m, row); };
@@ -496,23 +487,9 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     sm.rope[tid] = make_float2(float(cs), float(sn));
   }
   cbar();
-  // The quiet window (a.quiet): set from a phase's end (1: its arrival; 2: its last unit's weights
-  // in the ring, so the copies in flight drain before the fence) until the next phase's input is
-  // staged (attention: its q formed). Only the producer's pace depends on it: no consumer waits
-  // for a copy inside the window, so it cannot deadlock.
-  auto quiet = [&](int v) {
-    if (a.quiet && tid == 0) *static_cast<volatile int*>(&quiet_s) = v;
-  };
-  // A phase's input staged (its trace mark; the quiet window ends), and its arrival at barrier i
-  // (the window starts; quiet 2 started it at the phase's last unit already).
-  auto staged = [&](int l, int k) {
-    tmark(a, l, k, 1);
-    quiet(0);
-  };
-  auto arrive = [&](int i) {
-    quiet(1);
-    bar_arrive(bars, i, a);
-  };
+  // A phase's input staged (its trace mark), and its arrival at barrier i.
+  auto staged = [&](int l, int k) { tmark(a, l, k, 1); };
+  auto arrive = [&](int i) { bar_arrive(bars, i, a); };
   int st = 0;  // the ring position, as the producer's
   uint32_t par = 0;
 
@@ -632,10 +609,7 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
       }
       mbar_wait(sm.full + st, par);
       if (u == u0) tmark(a, l, k, 6);
-      if (u == u1 - 1) {
-        tmark(a, l, k, 7);
-        if (a.quiet == 2) quiet(1);
-      }
+      if (u == u1 - 1) tmark(a, l, k, 7);
       const uint8_t* stage = sm.ring + size_t(st) * a.stage_bytes;
       const uint4* wq = reinterpret_cast<const uint4*>(stage);
       const __nv_bfloat16* sc = reinterpret_cast<const __nv_bfloat16*>(stage + 32 * (kc / 2));
@@ -692,7 +666,6 @@ __global__ void __launch_bounds__(kNT, 1) persist_decode_kernel(PersistArgs a) {
     if (L.q_norm) prefetch_l1(L.q_norm, kHead);  // (the items' q and k norms: 256 bytes each)
     if (L.k_norm) prefetch_l1(L.k_norm, kHead);
     bar_wait(bars, l * kPhases + 0, target, a);
-    if (s >= a.n_kv * nsplit) quiet(0);  // (no attention item: nothing to stage)
     // Register arrays sized for GM >= G query heads per kv head (2 or 4). With 8 the kernel did not
     // fit 168 registers (9 warps of one block: 3 per SM partition, so at most 168 per thread).
     auto attention = [&](auto gm) {

@@ -111,20 +111,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       cp_async16(slot + 96 + lane, reinterpret_cast<const uint4*>(p.up.w) + ob + kq);
     }
   };
-  // The ring's first S steps, group i holding step i (group 0 also the scales), copied before the
-  // PDL wait. Built with -DANVIL_QGEMV_PREWAIT=N (an experiment for scripts/cuda_check.sh ab,
-  // session 30, not yet run): only the first N before the wait, the rest right after it. A copy
-  // still arriving at an SM delays every other load to it (the persistent kernel's trace), so the
-  // previous kernel's latency-bound loads (a norm, attention) may finish sooner.
-#ifdef ANVIL_QGEMV_PREWAIT
-  constexpr int kPre = ANVIL_QGEMV_PREWAIT < S ? ANVIL_QGEMV_PREWAIT : S;
-#else
-  constexpr int kPre = S;
-#endif
+  // The ring's first S steps, all before the PDL wait. (Session 31, H100: only the first 2 before
+  // it and the rest after was slower, qwen3-8b q4g64 383.5 against 400.4 tok/s; benchmarks.md.)
 #pragma unroll
-  for (int i = 0; i < kPre; ++i) {
+  for (int i = 0; i < S; ++i) {
     if (i < n) issue(i);
-    cp_async_commit();
+    cp_async_commit();  // group i (group 0 also holds the scales)
   }
   if (p.pf_wave > 0 && threadIdx.x == 0 && int64_t(blockIdx.x) + p.pf_wave < int64_t(gridDim.x)) {
     // The tile a later wave's block reads (q4: K / 2 bytes per row, ng scales and biases per row;
@@ -159,11 +151,6 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   }
   __syncthreads();
   pdl_wait();
-#pragma unroll
-  for (int i = kPre; i < S; ++i) {  // (-DANVIL_QGEMV_PREWAIT: groups kPre.. in order; the waits below count S)
-    if (i < n) issue(i);
-    cp_async_commit();
-  }
   // Activations in fragment order: for each 32-element chunk, mma j's (b0, b1) =
   // ((x[e0], x[e0+4]), (x[e0+1], x[e0+5])) with e0 = 8*(j/2) + 2*(j%2), as step_mma builds them.
   // That order keeps every 16-byte piece of x in place (piece q holds fragments 2q and 2q+1), so

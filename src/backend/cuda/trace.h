@@ -21,7 +21,7 @@ namespace anvil::cuda::trace {
 // slots), blocks beyond kBlocks not recorded. Kernels write it unconditionally with plain stores
 // (no atomics or loads on their critical path); the host clears it before the traced replay, so
 // what is non-zero afterwards is that replay's.
-constexpr int kSlots = 512;
+constexpr int kSlots = 1024;  // (a 64-sequence step launches ~600 kernels)
 constexpr int kBlocks = 1024;
 constexpr int kPhases = 10;  // 0 start, 1 after the PDL wait, 2..8 kernel-specific, 9 end
 struct Rec {
