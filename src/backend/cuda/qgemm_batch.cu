@@ -81,16 +81,19 @@ const Tune& tune() {
 // tokens, where the accumulators stay at 64 floats). gate/up is the largest launch of a batched
 // step (qwen3-8b at 64 sequences: 74 of ~176 us per layer), and the shape runs that changed every
 // launch at once could not tell its share (benchmarks.md, session 23). {0, 0}: the default shape.
+// A third field, ANVIL_QGEMM_GATEUP=W,R,KS, also holds gate/up's K split at KS (session 31, for
+// measuring): its split partials are two matrices' fp32 sums, at 64 tokens and 4 splits ~25 MB
+// written and read again per qwen3-8b layer, which the planners price like any other launch's.
 struct GateUpShape {
-  int W = 0, R = 0;
+  int W = 0, R = 0, ks = 0;
 };
 const GateUpShape& gateup_shape() {
   static const GateUpShape g = [] {
     GateUpShape v;
     const char* e = std::getenv("ANVIL_QGEMM_GATEUP");
-    int w = 0, r = 1;
-    const int got = e ? std::sscanf(e, "%d,%d", &w, &r) : 0;
-    if (got >= 1 && (w == 4 || w == 8) && (r == 1 || r == 2)) v.W = w, v.R = r;
+    int w = 0, r = 1, ks = 0;
+    const int got = e ? std::sscanf(e, "%d,%d,%d", &w, &r, &ks) : 0;
+    if (got >= 1 && (w == 4 || w == 8) && (r == 1 || r == 2)) v.W = w, v.R = r, v.ks = ks >= 1 && ks <= 16 ? ks : 0;
     return v;
   }();
   return g;
@@ -641,6 +644,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   // 64-sequence qwen3-8b q4g64 step 9.35 / 9.37 -> 8.85 ms on the H200 (session 23; at 32 sequences
   // it lost, 5.42 -> 5.57). An ANVIL_QGEMM_BATCH override keeps its own R.
   b->R = tn.S ? tn.R : b->NT == 8 ? 2 : 1;
+  const int gu_ks = swiglu ? gateup_shape().ks : 0;  // (0: the planner's)
   if (const GateUpShape& gu = gateup_shape(); swiglu && gu.W) {
     b->W = gu.W, b->R = gu.R;
     if (b->W == 8) b->S = std::min(b->S, 4);  // 8-warp blocks are built with 3 or 4 stages
@@ -677,6 +681,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
       int sk = (steps + ks - 1) / ks;
       if (sk < steps) sk = std::min(steps, (sk + unit - 1) / unit * unit);
       if ((steps + sk - 1) / sk != ks) continue;  // the same split as a smaller ks
+      if (gu_ks && ks != gu_ks) continue;
       int ngk = 0;
       const size_t smk = plan_smem(b->S, b->W, b->R, M, TP, sk, p.group, &ngk);
       if (smk > kBSmemMax) continue;
@@ -706,6 +711,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
         int sk = (steps + ks - 1) / ks;
         if (sk < steps) sk = std::min(steps, (sk + unit - 1) / unit * unit);
         if ((steps + sk - 1) / sk != ks) continue;
+        if (gu_ks && ks != gu_ks) continue;
         int ngk = 0;
         const size_t smk = plan_smem(S, b->W, b->R, M, TP, sk, p.group, &ngk);
         if (smk > kBSmemMax) continue;
