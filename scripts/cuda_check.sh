@@ -5,7 +5,9 @@
 # trace: the decode step's timeline inside the graph, block by block (src/backend/cuda/trace.h): a
 # build with trace points, one traced replay of each of TRACE_MODELS (default qwen3-8b, qwen3-0.6b,
 # qwen3-30b-a3b-16L, q4g64) under each of TRACE_ENVS (default: "default"; e.g. "ANVIL_CUDA_FUSE=1",
-# several variables joined by +), summarized by scripts/trace_summary.py into $OUT/trace-*.summary.
+# several variables joined by +), summarized by scripts/trace_summary.py into $OUT/trace-*.summary;
+# TRACE_SEQS="64 32": also the batched decode step at those sequence counts (TRACE_MODELS=none: only
+# those).
 # ab: an experiment against the default build: a second build (build-gpu-b) configured with the
 # extra CMake arguments in AB_FLAGS (e.g. AB_FLAGS='-DCMAKE_CUDA_FLAGS=-DANVIL_EXPERIMENT_X' for code
 # under #if), its CUDA op, model and MoE tests and golden on CUDA, then decode of qwen3-8b,
@@ -31,7 +33,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -124,6 +126,7 @@ if [ "$what" = trace ]; then
     cmake --build build-gpu-t -j16 --target anvil >> "$OUT/build_t.log" 2>&1
   echo "build (trace) rc=$? in $(( $(date +%s) - t0 )) s"
   for m in ${TRACE_MODELS:-qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64}; do
+    [ "$m" = none ] && continue
     tag=${m%%:*}
     envs=${TRACE_ENVS:-default}
     [ "$tag" = qwen3-8b ] && envs=${TRACE_ENVS_8B:-$envs}
@@ -140,6 +143,21 @@ if [ "$what" = trace ]; then
         [ -f "$f" ] && python3 scripts/trace_summary.py "$f" 2>&1 | tee "${f%.txt}.summary"
         [ -f "$f" ] && zstd -q -19 --rm "$f"
       done
+    done
+  done
+  # TRACE_SEQS (e.g. "64 32"; session 31, not yet run): the batched decode step of qwen3-8b q4g64
+  # at N sequences (bench-kv), plain then traced (the 20th replay of each of its graphs).
+  for n in ${TRACE_SEQS:-}; do
+    mkdir -p "$OUT/trace"
+    echo "### bench-kv --seqs $n: plain $(timeout 100 ./build-gpu/anvil bench-kv --device cuda --synthetic qwen3-8b:q4g64 --seqs $n \
+      --pairs 1 -n 64 --json --kv-store /tmp/anvil-trace-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}')"
+    rm -rf /tmp/anvil-trace-kv
+    echo "### bench-kv --seqs $n: traced $(ANVIL_CUDA_TRACE="$OUT/trace/seqs$n" timeout 100 ./build-gpu-t/anvil bench-kv --device cuda \
+      --synthetic qwen3-8b:q4g64 --seqs $n --pairs 1 -n 64 --json --kv-store /tmp/anvil-trace-kv 2>&1 | grep -oE '"store_off":\{[^}]*\}|trace:.*')"
+    rm -rf /tmp/anvil-trace-kv
+    for f in "$OUT/trace/seqs$n".*.txt; do
+      [ -f "$f" ] && python3 scripts/trace_summary.py "$f" 2>&1 | tee "${f%.txt}.summary"
+      [ -f "$f" ] && zstd -q -19 --rm "$f"
     done
   done
   # One file back for all the timelines (the device tool returns a limited number of files).
@@ -808,6 +826,19 @@ if [ "$what" != tests ]; then
     done
     for n in 32 64; do
       for e in X=default ANVIL_CUDA_L2_PREFETCH=32,1,1 "ANVIL_CUDA_L2_PREFETCH=32,1,1 ANVIL_CUDA_L2_PREFETCH_MLP=32"; do ps "$e" $n; done
+    done
+  elif [ "$set" = gateks ]; then
+    # gate/up's K split held (ANVIL_QGEMM_GATEUP=4,1,KS; session 31, not yet run): its split
+    # partials are two matrices' fp32 sums (~25 MB written and read again per qwen3-8b layer at 64
+    # tokens and 4 splits). The batch op and model tests under each, then the 64- and 32-sequence
+    # steps, interleaved with the default, GATEKS_ROUNDS rounds.
+    cfgs=${GATEKS_CFGS:-4,1,1 4,1,2 4,1,3}
+    for cfg in $cfgs; do pt "ANVIL_QGEMM_GATEUP=$cfg" ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"; done
+    for r in $(seq "${GATEKS_ROUNDS:-2}"); do
+      for n in 64 32; do
+        ps X=default $n
+        for cfg in $cfgs; do ps "ANVIL_QGEMM_GATEUP=$cfg" $n; done
+      done
     done
   elif [ "$set" = gateup ]; then
     # The gate/up + SwiGLU launches' own block shape (ANVIL_QGEMM_GATEUP=W,R; session 23, not yet run):
