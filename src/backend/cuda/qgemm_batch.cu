@@ -151,8 +151,39 @@ __device__ __forceinline__ void step_frags(const Step& q, int j, uint32_t (&af)[
   af[3] = dq_pair(wb, sh + 4, q.sb, q.bb);
 }
 
+// PX (ANVIL_QGEMM_PLAIN_X=1; session 31, not yet run on a GPU): the activations copied as they are,
+// [T][K] bf16, with no permute_x_kernel launch before each batch launch. The k order inside a
+// lane's 32-element chunk is then (e, e + 1) pairs: mma j = 2w + h takes word w's bytes 2h (its
+// a0/a1, b0) and 2h + 1 (a2/a3, b1), i.e. elements 8w + 4h .. 8w + 4h + 3 of the chunk, which
+// are 8 consecutive bytes of x, so one 16-byte shared load serves mmas 2w and 2w + 1. A pair
+// (lo, hi nibble of a byte) is dequantized as dq_pair does (128 + q, one lop3, the bias and scale
+// in bf16x2): a byte permute puts byte i of w and of w >> 4 in the two halves first. In shared
+// memory token t's 16 pieces (16 bytes each) sit at slot q ^ (2 * (q >> 3 & 1) + (t & 1)), so the
+// 8 lanes of each quarter-warp (tokens g, g + 1; chunks c 0..3) read 8 different bank groups.
+__device__ __forceinline__ uint32_t dq_byte_pair(uint32_t w, uint32_t w4, int i, __nv_bfloat162 s2, __nv_bfloat162 b2) {
+  const uint32_t sel = uint32_t(i) | (uint32_t(i) << 4) | (uint32_t(4 + i) << 8) | (uint32_t(4 + i) << 12);
+  uint32_t p;  // bf16 pair (128 + lo nibble of byte i, 128 + its hi nibble)
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(p) : "r"(__byte_perm(w, w4, sel)), "r"(0x000F000Fu), "r"(0x43004300u));
+  const __nv_bfloat162 q = __hsub2(u32_as_bf2(p), __floats2bfloat162_rn(128.0f, 128.0f));
+  return bf2_as_u32(__hfma2(q, s2, b2));
+}
+// The A fragments of mmas 2w and 2w + 1 in PX order: af[h] for mma 2w + h.
+__device__ __forceinline__ void step_frags_px(const Step& q, int w, uint32_t (&af)[2][4]) {
+  const uint32_t wa = w == 0 ? q.wa.x : w == 1 ? q.wa.y : w == 2 ? q.wa.z : q.wa.w;
+  const uint32_t wb = w == 0 ? q.wb.x : w == 1 ? q.wb.y : w == 2 ? q.wb.z : q.wb.w;
+  const uint32_t wa4 = wa >> 4, wb4 = wb >> 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    af[h][0] = dq_byte_pair(wa, wa4, 2 * h, q.sa, q.ba);
+    af[h][1] = dq_byte_pair(wb, wb4, 2 * h, q.sb, q.bb);
+    af[h][2] = dq_byte_pair(wa, wa4, 2 * h + 1, q.sa, q.ba);
+    af[h][3] = dq_byte_pair(wb, wb4, 2 * h + 1, q.sb, q.bb);
+  }
+}
+__device__ __forceinline__ int px_slot(int t, int q) { return q ^ ((((q >> 3) & 1) << 1) | (t & 1)); }
+
 struct BatchArgs {
-  const uint4* xperm;  // permute_x_kernel's output
+  const uint4* xperm;  // permute_x_kernel's output (unused with PX: the kernel reads p.x)
   int sps;             // steps per split (a multiple of group/16 steps unless one split takes all)
   int ngp;             // row stride of the staged scales (the most groups a split spans + 8)
   int64_t part_rows;   // rows of the partial-sum layout: row blocks * 64
@@ -167,7 +198,7 @@ struct BatchArgs {
   int pf_keep = 0;
 };
 
-template <bool SWIGLU, int NT, int kBS, int kBW, int RT>
+template <bool SWIGLU, int NT, int kBS, int kBW, int RT, bool PX = false>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
   constexpr int kThreads = kBW * 32;
@@ -247,14 +278,23 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   // The activations: thread q copies elements q + k * kThreads of the stage's [TP][8][2] uint4, i.e.
   // token (q >> 4) + k * kThreads / 16, fragment pair (q >> 1) & 7, half q & 1, whose XOR swizzle
   // (token & 3) is the same for every k (kThreads / 16 is a multiple of 4).
+  // With PX: token (q >> 4) + k * kThreads / 16, piece q & 15 of its 16 per step, from x itself
+  // (tokens past T read token T - 1: their columns are never stored), into its swizzled slot.
   const int xt = threadIdx.x >> 4, xj = (threadIdx.x >> 1) & 7, xh = threadIdx.x & 1;
-  const int xdst = xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
-  const uint4* xsrc = a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
-  const int64_t xstep_t = int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
+  const int xdst = PX ? xt * 16 + px_slot(xt, threadIdx.x & 15) : xt * 16 + (xj ^ (xt & 3)) * 2 + xh;
   constexpr int xadv = 16;  // source distance of one step
   const uint4* xnext[XI];
+  if constexpr (PX) {
+    const uint4* x4 = reinterpret_cast<const uint4*>(p.x);
 #pragma unroll
-  for (int k = 0; k < XI; ++k) xnext[k] = xsrc + k * xstep_t;
+    for (int k = 0; k < XI; ++k)
+      xnext[k] = x4 + int64_t(min(xt + k * (kThreads / 16), p.T - 1)) * (K / 8) + int64_t(s_begin) * 16 + (threadIdx.x & 15);
+  } else {
+    const uint4* xsrc = a.xperm + int64_t(s_begin) * 16 + int64_t(xt) * steps * 16 + xj * 2 + xh;
+    const int64_t xstep_t = int64_t(kThreads / 16) * steps * 16;  // source distance of k -> k + 1
+#pragma unroll
+    for (int k = 0; k < XI; ++k) xnext[k] = xsrc + k * xstep_t;
+  }
   int xslot = 0;
   auto issue_x = [&](int) {
     uint4* st = ring + xslot * SB + WB + xdst;
@@ -302,6 +342,10 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   int xo[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) xo[q] = g * 32 + (q ^ (g & 3)) * 4 + c;
+  // PX: lane (g, c)'s 16 bytes for mmas 2w, 2w + 1 of token g (+ 8 nt): piece 4c + w, swizzled.
+  int xo4[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) xo4[w] = g * 16 + px_slot(g, 4 * c + w);
   const int wrow = warp * kWRows + g;
   for (int i = 0; i < n; ++i) {
     cp_async_wait<kBS - 2>();
@@ -313,7 +357,6 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     cp_async_commit();
     const uint4* st = ring + (i % kBS) * SB;
     const uint4* wsl = st + warp * WW + lane;
-    const uint2* xs = reinterpret_cast<const uint2*>(st + WB);
     const int gi = (((s_begin + i) * 128 + c * 32) >> gshift) - g_begin;
     Step s[M][RT];
 #pragma unroll
@@ -329,22 +372,48 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
         s[mi][rt].sb = __bfloat162bfloat162(sca[8 * a.ngp]);
         s[mi][rt].bb = __bfloat162bfloat162(bia[8 * a.ngp]);
       }
+    if constexpr (PX) {
+      const uint4* xs4 = st + WB;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint32_t af[M][RT][4];
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) step_frags(s[mi][rt], j, af[mi][rt]);
-      const uint2* xj = xs + xo[j & 3] + (j & 4) * 4;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint2 b = xj[nt * 256];
+      for (int w = 0; w < 4; ++w) {
+        uint32_t af[M][RT][2][4];
 #pragma unroll
         for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-          for (int rt = 0; rt < RT; ++rt)
-            mma_bf16(d[mi][rt][nt], af[mi][rt][0], af[mi][rt][1], af[mi][rt][2], af[mi][rt][3], b.x, b.y);
+          for (int rt = 0; rt < RT; ++rt) step_frags_px(s[mi][rt], w, af[mi][rt]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 b = xs4[xo4[w] + nt * 128];  // token 8 nt + g: mmas 2w (.x, .y) and 2w + 1 (.z, .w)
+#pragma unroll
+          for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt) {
+              const uint32_t(&f0)[4] = af[mi][rt][0];
+              const uint32_t(&f1)[4] = af[mi][rt][1];
+              mma_bf16(d[mi][rt][nt], f0[0], f0[1], f0[2], f0[3], b.x, b.y);
+              mma_bf16(d[mi][rt][nt], f1[0], f1[1], f1[2], f1[3], b.z, b.w);
+            }
+        }
+      }
+    } else {
+      const uint2* xs = reinterpret_cast<const uint2*>(st + WB);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t af[M][RT][4];
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) step_frags(s[mi][rt], j, af[mi][rt]);
+        const uint2* xj = xs + xo[j & 3] + (j & 4) * 4;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint2 b = xj[nt * 256];
+#pragma unroll
+          for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt)
+              mma_bf16(d[mi][rt][nt], af[mi][rt][0], af[mi][rt][1], af[mi][rt][2], af[mi][rt][3], b.x, b.y);
+        }
       }
     }
   }
@@ -493,20 +562,36 @@ int batch_wave_pf_mode() {
   return v;
 }
 
-template <bool SW, int NT, int S, int W, int R>
-cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R>,
+// ANVIL_QGEMM_PLAIN_X=1: the batch kernel reads x as it is (PX above), no permute_x_kernel launch
+// (4-warp shapes; 8-warp ones, for measuring only, keep the permute).
+bool batch_plain_x() {
+  static const bool v = [] {
+    const char* e = std::getenv("ANVIL_QGEMM_PLAIN_X");
+    return e && e[0] == '1' && e[1] == 0;
+  }();
+  return v;
+}
+
+template <bool SW, int NT, int S, int W, int R, bool PX>
+cudaError_t batch_launch_px(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R, PX>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBSmemMax));
   if (attr != cudaSuccess) return attr;
   BatchArgs q = a;
   if (batch_wave_pf_mode() > 0 && !a.cluster) {
-    const int64_t wave = int64_t(resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, b.smem, kBSmemMax)) *
+    const int64_t wave = int64_t(resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R, PX>, W * 32, b.smem, kBSmemMax)) *
                          sm_count();
     if (wave > 0 && int64_t(b.nblk) * b.ksplit > wave) q.pf_wave = wave, q.pf_keep = batch_wave_pf_mode() == 2;
   }
-  launch_kc(qgemm4_batch_kernel<SW, NT, S, W, R>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
+  launch_kc(qgemm4_batch_kernel<SW, NT, S, W, R, PX>, dim3(unsigned(b.nblk), unsigned(b.ksplit)), dim3(W * 32), b.smem, s,
             dim3(1, a.cluster ? unsigned(b.ksplit) : 1u), p, q);
   return cudaGetLastError();
+}
+template <bool SW, int NT, int S, int W, int R>
+cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
+  if constexpr (W == 4)
+    if (batch_plain_x()) return batch_launch_px<SW, NT, S, W, R, true>(b, s, p, a);
+  return batch_launch_px<SW, NT, S, W, R, false>(b, s, p, a);
 }
 template <bool SW, int NT, int S, int W>
 cudaError_t batch_launch_s(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
@@ -530,6 +615,8 @@ cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& 
 // Blocks of one batch-kernel instantiation resident on an SM at once (resident_blocks).
 template <bool SW, int NT, int S, int W, int R>
 int batch_bps(size_t smem) {
+  if constexpr (W == 4)
+    if (batch_plain_x()) return resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R, true>, W * 32, smem, kBSmemMax);
   return resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem, kBSmemMax);
 }
 template <bool SW, int NT, int S, int W>
@@ -545,11 +632,17 @@ int batch_bps_nt(int S, int W, int R, size_t smem) {
   if (S == 8) return batch_bps_r<SW, NT, 8, 4>(R, smem);
   return S == 3 ? batch_bps_r<SW, NT, 3, 4>(R, smem) : batch_bps_r<SW, NT, 4, 4>(R, smem);
 }
+template <bool SW, int NT, int S, int W, int R>
+int batch_cl(size_t smem, int ks) {
+  if constexpr (W == 4)
+    if (batch_plain_x()) return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, R, true>, W * 32, smem, kBSmemMax, ks);
+  return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem, kBSmemMax, ks);
+}
 template <bool SW, int NT, int S, int W>
 int batch_cl_r(int R, size_t smem, int ks) {
   if constexpr (!(SW && NT == 8))
-    if (R == 2) return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, 2>, W * 32, smem, kBSmemMax, ks);
-  return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, 1>, W * 32, smem, kBSmemMax, ks);
+    if (R == 2) return batch_cl<SW, NT, S, W, 2>(smem, ks);
+  return batch_cl<SW, NT, S, W, 1>(smem, ks);
 }
 template <bool SW, int NT>
 int batch_cl_nt(int S, int W, int R, size_t smem, int ks) {
@@ -763,10 +856,13 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   }
   const int TP = 8 * b.NT;
   const int64_t chunks = int64_t(TP) * (p.K / 32);
-  launch_k(permute_x_kernel, dim3(unsigned(std::min<int64_t>((chunks + 255) / 256, 4 * sm_count()))), dim3(256), 0, s,
-           p.x, p.T, TP, int(p.K), static_cast<uint2*>(sc.xperm));
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  cudaError_t e = cudaSuccess;
+  if (!(batch_plain_x() && b.W == 4)) {
+    launch_k(permute_x_kernel, dim3(unsigned(std::min<int64_t>((chunks + 255) / 256, 4 * sm_count()))), dim3(256), 0,
+             s, p.x, p.T, TP, int(p.K), static_cast<uint2*>(sc.xperm));
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   BatchArgs a;
   a.xperm = static_cast<const uint4*>(sc.xperm);
   a.sps = b.sps;
