@@ -9,12 +9,16 @@
 // Bounds:
 //  - fp32 paths (scalar, dense, matmul): n fp32 roundings in a sum of n terms stay below ~n*6e-8
 //    worst case (here n <= 2112 gives 1.3e-4; typical error is ~1e-6), so 2e-4;
-//  - the AVX2 4/8-bit integer kernel (any T) quantizes x to int16 per group (step max|x_g|/32767: each term off
+//  - the AVX2 integer kernels (every bit width, any T) quantize x to int16 per group (step max|x_g|/32767: each term off
 //    by at most |w|*max|x_g|/65534, i.e. <= 1/65534 relative for |x| ~ U(-1,1) against E|x| = 1/2,
 //    ~3e-5) plus fp32 accumulation: 3e-4.
 // A wrong nibble order, group index or scale/bias mix-up gives errors of order 1e-1..1.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
@@ -73,7 +77,7 @@ TEST_P(QuantLinearTest, MatchesReference) {
   auto be = make_cpu_backend(2);
   for (bool scalar : {false, true}) {
     cpu_set_force_scalar(scalar);
-    const bool int16_path = !scalar && cpu_has_avx2() && (bits == 4 || bits == 8);
+    const bool int16_path = !scalar && cpu_has_avx2();  // (every bit width since session 31)
     EXPECT_LT(run_linear(*be, t, x, T, nullptr), int16_path ? 3e-4 : 2e-4) << (scalar ? "scalar" : "default") << " path";
   }
 }
@@ -95,6 +99,33 @@ TEST(QuantLinear, BlockingEdgeShapes) {
         std::vector<float> x = random_floats(size_t(T * K), 9u);
         EXPECT_LT(run_linear(*be, t, x, T, nullptr), 3e-4) << "bits " << bits << " K " << K << " T " << T;
       }
+}
+
+// The packed-stream kernels (2, 3, 5, 6 bits) load 16 bytes per 16 elements, of which they use
+// 2 * bits: a matrix whose last byte is the last readable one (the next page unmapped, as the end of
+// an mmapped checkpoint can be) must be read without touching the page after it, and give the
+// same result as anywhere else.
+TEST(QuantLinear, PackedWidthsNeverReadPastTheWeights) {
+  const long page = sysconf(_SC_PAGESIZE);
+  auto be = make_cpu_backend(2);
+  for (int bits : {2, 3, 5, 6})
+    for (int T : {1, 5}) {
+      TestWeight t = make_quant_weight(13, 256, bits, 64, DType::kBF16, false, 900u + bits);
+      const size_t bytes = t.packed.size() * sizeof(uint32_t);
+      ASSERT_LE(bytes, size_t(page));
+      void* m = mmap(nullptr, size_t(2 * page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_NE(m, MAP_FAILED);
+      ASSERT_EQ(mprotect(static_cast<uint8_t*>(m) + page, size_t(page), PROT_NONE), 0);
+      uint8_t* data = static_cast<uint8_t*>(m) + page - bytes;  // ends where the unmapped page begins
+      std::memcpy(data, t.packed.data(), bytes);
+      std::vector<float> x = random_floats(size_t(T * 256), 21u);
+      std::vector<float> y_heap, y_edge;
+      EXPECT_LT(run_linear(*be, t, x, T, &y_heap), 3e-4) << "bits " << bits;
+      t.w.data = data;
+      EXPECT_LT(run_linear(*be, t, x, T, &y_edge), 3e-4) << "bits " << bits << " at the page edge";
+      EXPECT_EQ(y_heap, y_edge) << "bits " << bits;
+      munmap(m, size_t(2 * page));
+    }
 }
 
 // The AVX2 kernels and the portable scalar path must agree (when this CPU has AVX2).

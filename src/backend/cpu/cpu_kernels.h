@@ -31,10 +31,11 @@ void linear_f32(ThreadPool& pool, const float* x, int64_t rows, const WeightMatr
 int64_t linear_min_chunk_rows(const WeightMatrix& w, int64_t rows);
 
 // ---- AVX2 kernels (call only when cpu_has_avx2()) ----
-// The quantized mat-vec fast path for bits 4 and 8 works on x quantized to int16 per weight group
-// (step = max|x_group|/32767, so the relative error per term is <= 1.6e-5, far below the bf16
+// The quantized mat-vec fast path (bits 2, 3, 4, 5, 6, 8) works on x quantized to int16 per weight
+// group (step = max|x_group|/32767, so the relative error per term is <= 1.6e-5, far below the bf16
 // precision of the model's activations) and permuted into the kernel's lane order:
-//   with e = 16/bits elements per 16-bit word and blocks of B = 16*e elements,
+//   with e = 16/bits elements per 16-bit word for bits 4 and 8 (e = 1, natural order, for the
+//   others, whose elements straddle bytes) and blocks of B = 16*e elements,
 //   xq[blk*B + j*16 + w] = round(x[blk*B + e*w + j] / xscale[group]).
 // Needs cols % B == 0. xsum[g] = sum of the fp32 x over group g (for the affine bias term).
 struct QuantizedX {
