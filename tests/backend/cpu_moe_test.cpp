@@ -217,8 +217,9 @@ INSTANTIATE_TEST_SUITE_P(
         MoECase{8, 2, 128, 64, 128, 4, 64, false, 6},
         // k == E (every expert chosen) and dense bf16 experts (generic grouped path)
         MoECase{4, 4, 64, 64, 0, 4, 64, true, 3}, MoECase{8, 2, 64, 48, 64, 0, 0, true, 9},
-        // 3-bit experts: not an integer-kernel format, generic path with the dequantizing linear
-        MoECase{8, 2, 128, 64, 0, 3, 32, true, 4}));
+        // 3- and 6-bit experts: the packed-stream integer kernel (session 31; before it, the generic
+        // path with the dequantizing linear)
+        MoECase{8, 2, 128, 64, 0, 3, 32, true, 4}, MoECase{8, 2, 128, 64, 0, 6, 64, true, 5}));
 
 // A token's result is bit-identical alone, in any batch, at any thread count.
 TEST(MoEOp, TokenResultIndependentOfBatchAndThreads) {
