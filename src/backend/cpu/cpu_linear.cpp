@@ -108,6 +108,17 @@ void gemm_tile_scalar(const float* W, int nw, const float* X, int64_t ldx, int n
 void gemm(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
   const bool avx2 = cpu_use_avx2();
   const int64_t cols = w.cols, N = w.rows;
+  if (avx2 && T == 1 && !w.quantized() && (w.dtype == DType::kBF16 || w.dtype == DType::kF16)) {
+    // One activation row against 2-byte weights: converted in registers, the same bits as below
+    // (gemv_half_avx2), streaming each row once.
+    pool.parallel_for(N, gemv_grain(w), [&](int64_t r0, int64_t r1) {
+      gemv_half_avx2(static_cast<const uint16_t*>(w.data) + r0 * cols, w.dtype == DType::kF16, r1 - r0, x, cols,
+                     out + r0);
+      if (w.bias)
+        for (int64_t r = r0; r < r1; ++r) out[r] += weight_bias(w, r);
+    });
+    return;
+  }
   const int64_t nblocks = (N + kRowBlock - 1) / kRowBlock;
   // Activation rows per pass: keep a pass of x within ~512 KiB (L2) while the weight block stays in L1/L2.
   const int64_t tb = std::clamp<int64_t>((int64_t(512) << 10) / (cols * 4), 2, 256);
