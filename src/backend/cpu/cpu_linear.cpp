@@ -5,16 +5,19 @@
 // computes each output element with one fixed reduction order whatever the tile it lands in, and
 // threads split output rows only.
 //
-// 4/8-bit W with AVX2, any T (decode, batched decode and prefill): x is quantized to int16 per
-// group and the integer kernel (cpu_qdot_avx2.cpp) runs tiles of weight rows x activation rows,
+// Quantized W (2, 3, 4, 5, 6, 8 bits) with AVX2, any T (decode, batched decode and prefill): x is
+// quantized to int16 per group and the integer kernels (cpu_qdot_avx2.cpp) run tiles of weight rows x
+// activation rows,
 // reading the packed weights without shuffles or fp32 dequantization. Threads split the output
 // rows into contiguous chunks; within a chunk a sub-block of rows stays in L2 while every tile of
 // activation rows (up to 4) passes over it. For prefill this integer path does twice the
 // multiply-adds per instruction of an fp32 FMA GEMM over dequantized weights.
-// Every other case (dense W, other bit widths, no AVX2), any T: a block of kRowBlock weight rows is
-// dequantized to fp32 once and reused against every activation row with a register-tiled kernel
-// whose per-element order does not depend on the tile shape. (A separate T == 1 mat-vec used to
-// give other logits than the same row inside a batch.)
+// Every other case (dense W, no AVX2), any T: a block of kRowBlock weight rows is dequantized to
+// fp32 once and reused against every activation row with a register-tiled kernel whose per-element
+// order does not depend on the tile shape. Dense bf16/f16 W at T == 1 with AVX2 skips the fp32 block:
+// gemv_half_avx2 converts in registers and computes every element in that same order, so a row's
+// result is the same bits alone or in a batch (a separate T == 1 mat-vec with its own order once
+// gave other logits than the same row inside a batch).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
