@@ -130,13 +130,18 @@ void gemm(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, fl
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t r0 = blk * kRowBlock;
       const int nw = int(std::min<int64_t>(kRowBlock, N - r0));
-      for (int i = 0; i < nw; ++i) weight_row_to_f32(w, r0 + i, wbuf + i * cols);
+      // (f32 weights are used in place: the block's rows are already what the tile kernel reads)
+      const float* wb = wbuf;
+      if (!w.quantized() && w.dtype == DType::kF32)
+        wb = static_cast<const float*>(w.data) + r0 * cols;
+      else
+        for (int i = 0; i < nw; ++i) weight_row_to_f32(w, r0 + i, wbuf + i * cols);
       for (int64_t t0 = 0; t0 < T; t0 += tb) {
         const int nx = int(std::min<int64_t>(tb, T - t0));
         if (avx2)
-          gemm_tile_avx2(wbuf, nw, x + t0 * cols, cols, nx, cols, out + t0 * N + r0, N);
+          gemm_tile_avx2(wb, nw, x + t0 * cols, cols, nx, cols, out + t0 * N + r0, N);
         else
-          gemm_tile_scalar(wbuf, nw, x + t0 * cols, cols, nx, cols, out + t0 * N + r0, N);
+          gemm_tile_scalar(wb, nw, x + t0 * cols, cols, nx, cols, out + t0 * N + r0, N);
       }
       if (w.bias)
         for (int64_t t = 0; t < T; ++t)
