@@ -61,6 +61,15 @@ void check_invariance(bool force_scalar) {
         std::vector<float> two = run(*be, t.w, pair.data(), 2);
         EXPECT_EQ(0, std::memcmp(two.data(), ref.data() + r * N, size_t(N) * 4)) << "row " << r << " in a pair";
       }
+      // Small decode batches (3 and 4 rows: the in-register bf16/f16 path's tiles) give each row's bits.
+      for (int64_t n : {3, 4}) {
+        std::vector<float> xs;
+        for (int64_t i = 0; i < n; ++i) xs.insert(xs.end(), x.begin() + ((2 * i + 1) % T) * k, x.begin() + ((2 * i + 1) % T + 1) * k);
+        std::vector<float> got = run(*be, t.w, xs.data(), n);
+        for (int64_t i = 0; i < n; ++i)
+          EXPECT_EQ(0, std::memcmp(got.data() + i * N, ref.data() + ((2 * i + 1) % T) * N, size_t(N) * 4))
+              << "row " << (2 * i + 1) % T << " in a batch of " << n << ", " << threads << " threads";
+      }
     }
   }
   cpu_set_force_scalar(false);

@@ -55,9 +55,11 @@ void qgemv_rows_avx2(const WeightMatrix& w, int64_t r0, int64_t r1, const Quanti
 // Each element's reduction order is the same whatever nw and nx (batch invariance).
 void gemm_tile_avx2(const float* W, int nw, const float* X, int64_t ldx, int nx, int64_t cols, float* out,
                     int64_t ldo);
-// out[r] = dot(W[r, :cols], x) for r < nw, W dense bf16 (f16 = false) or f16 rows of stride cols,
-// converted in registers; each element bit for bit what gemm_tile_avx2 gives on the converted rows.
-void gemv_half_avx2(const uint16_t* W, bool f16, int64_t nw, const float* x, int64_t cols, float* out);
+// out[x*ldo + r] = dot(W[r, :cols], X[x*ldx, :cols]) for r < nw and x < nx (1..4), W dense bf16
+// (f16 = false) or f16 rows of stride cols, converted in registers; each element bit for bit what
+// gemm_tile_avx2 gives on the converted rows.
+void gemv_half_avx2(const uint16_t* W, bool f16, int64_t nw, const float* X, int64_t ldx, int nx, int64_t cols,
+                    float* out, int64_t ldo);
 float dot_f32_avx2(const float* a, const float* b, int64_t n);
 // y += a * x
 void axpy_f32_avx2(float a, const float* x, float* y, int64_t n);

@@ -14,7 +14,7 @@
 // multiply-adds per instruction of an fp32 FMA GEMM over dequantized weights.
 // Every other case (dense W, no AVX2), any T: a block of kRowBlock weight rows is dequantized to
 // fp32 once and reused against every activation row with a register-tiled kernel whose per-element
-// order does not depend on the tile shape. Dense bf16/f16 W at T == 1 with AVX2 skips the fp32 block:
+// order does not depend on the tile shape. Dense bf16/f16 W at T <= 4 with AVX2 skips the fp32 block:
 // gemv_half_avx2 converts in registers and computes every element in that same order, so a row's
 // result is the same bits alone or in a batch (a separate T == 1 mat-vec with its own order once
 // gave other logits than the same row inside a batch).
@@ -111,14 +111,15 @@ void gemm_tile_scalar(const float* W, int nw, const float* X, int64_t ldx, int n
 void gemm(ThreadPool& pool, const float* x, int64_t T, const WeightMatrix& w, float* out) {
   const bool avx2 = cpu_use_avx2();
   const int64_t cols = w.cols, N = w.rows;
-  if (avx2 && T == 1 && !w.quantized() && (w.dtype == DType::kBF16 || w.dtype == DType::kF16)) {
-    // One activation row against 2-byte weights: converted in registers, the same bits as below
-    // (gemv_half_avx2), streaming each row once.
+  if (avx2 && T <= 4 && !w.quantized() && (w.dtype == DType::kBF16 || w.dtype == DType::kF16)) {
+    // Up to 4 activation rows (decode, small decode batches) against 2-byte weights: converted in
+    // registers, the same bits as below (gemv_half_avx2), streaming each weight row once.
     pool.parallel_for(N, gemv_grain(w), [&](int64_t r0, int64_t r1) {
       gemv_half_avx2(static_cast<const uint16_t*>(w.data) + r0 * cols, w.dtype == DType::kF16, r1 - r0, x, cols,
-                     out + r0);
+                     int(T), cols, out + r0, N);
       if (w.bias)
-        for (int64_t r = r0; r < r1; ++r) out[r] += weight_bias(w, r);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = r0; r < r1; ++r) out[t * N + r] += weight_bias(w, r);
     });
     return;
   }

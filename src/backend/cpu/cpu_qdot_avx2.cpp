@@ -805,11 +805,54 @@ ANVIL_AVX2 void gemv_half_t(const uint16_t* W, int64_t nw, const float* x, int64
   }
 }
 
-void gemv_half_avx2(const uint16_t* W, bool f16, int64_t nw, const float* x, int64_t cols, float* out) {
-  if (f16)
-    gemv_half_t<true>(W, nw, x, cols, out);
-  else
-    gemv_half_t<false>(W, nw, x, cols, out);
+// NX (2..4) activation rows: 2 weight rows x NX per register tile (8 accumulators at NX = 4), every
+// element still one 8-lane chain, its hsum and the tail in order (the same bits as above).
+template <bool kF16, int NX>
+ANVIL_AVX2 void gemv_half_nx_t(const uint16_t* W, int64_t nw, const float* X, int64_t ldx, int64_t cols, float* out,
+                               int64_t ldo) {
+  const int64_t c8 = cols & ~int64_t(7);
+  constexpr int64_t kAhead = kPrefetchBytes / 2;
+  int64_t r = 0;
+  for (; r + 2 <= nw; r += 2) {
+    const uint16_t* w0 = W + r * cols;
+    __m256 c[2][NX];
+    for (int i = 0; i < 2; ++i)
+      for (int x = 0; x < NX; ++x) c[i][x] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < c8; k += 8) {
+      if ((k & 31) == 0) {
+        for (int i = 0; i < 2; ++i) _mm_prefetch(reinterpret_cast<const char*>(w0 + i * cols + k + kAhead), _MM_HINT_T0);
+      }
+      __m256 vx[NX];
+      for (int x = 0; x < NX; ++x) vx[x] = _mm256_loadu_ps(X + x * ldx + k);
+      for (int i = 0; i < 2; ++i) {
+        const __m256 vw = half8<kF16>(w0 + i * cols + k);
+        for (int x = 0; x < NX; ++x) c[i][x] = _mm256_fmadd_ps(vw, vx[x], c[i][x]);
+      }
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int x = 0; x < NX; ++x) {
+        float s = hsum(c[i][x]);
+        for (int64_t k = c8; k < cols; ++k) s += half1<kF16>(w0[i * cols + k]) * X[x * ldx + k];
+        out[x * ldo + r + i] = s;
+      }
+  }
+  for (; r < nw; ++r)
+    for (int x = 0; x < NX; ++x) gemv_half_t<kF16>(W + r * cols, 1, X + x * ldx, cols, out + x * ldo + r);
+}
+
+void gemv_half_avx2(const uint16_t* W, bool f16, int64_t nw, const float* X, int64_t ldx, int nx, int64_t cols,
+                    float* out, int64_t ldo) {
+  switch (nx) {
+    case 1: f16 ? gemv_half_t<true>(W, nw, X, cols, out) : gemv_half_t<false>(W, nw, X, cols, out); break;
+    case 2:
+      f16 ? gemv_half_nx_t<true, 2>(W, nw, X, ldx, cols, out, ldo) : gemv_half_nx_t<false, 2>(W, nw, X, ldx, cols, out, ldo);
+      break;
+    case 3:
+      f16 ? gemv_half_nx_t<true, 3>(W, nw, X, ldx, cols, out, ldo) : gemv_half_nx_t<false, 3>(W, nw, X, ldx, cols, out, ldo);
+      break;
+    default:
+      f16 ? gemv_half_nx_t<true, 4>(W, nw, X, ldx, cols, out, ldo) : gemv_half_nx_t<false, 4>(W, nw, X, ldx, cols, out, ldo);
+  }
 }
 
 ANVIL_AVX2 uint64_t read_sum_avx2(const uint8_t* p, size_t n) {
