@@ -81,14 +81,41 @@ ANVIL_AVX2 inline void stage_groups(const WeightMatrix& w, int64_t gbase, int64_
 // One weight row at a time, front to back: the rows of a thread's chunk are then one sequential
 // stream that the hardware prefetcher follows. Tiles of 4 weight rows (4 interleaved streams of
 // 512-byte rows, too short for the prefetcher to lock on) were measured at -40% decode speed.
+//
+// 2, 3, 5 and 6 bits (kWords false). MLX packs a row as one little-endian bit stream, so elements
+// straddle bytes and words, and the 16-bit-word trick does not apply. There 16 consecutive elements
+// take 2 * kBits bytes: both 128-bit lanes get the same 16 bytes (one broadcast load), one byte
+// shuffle gives each 16-bit lane the two bytes that hold its element (lane i: element i, bits
+// [kBits*i, kBits*i + kBits) at bit s = kBits*i mod 8 of the pair), a multiply by 2^(16-kBits-s)
+// drops the bits above the element and a shift right by 16 - kBits the ones below it. x is in
+// natural order (quantize_x_int16_avx2 with e = 1). Per 16 elements: 1 load, 1 shuffle, 1 multiply,
+// 1 shift, then the madds as above. (Until session 31 these widths were dequantized to fp32 row by
+// row: qwen3-0.6b q6g64 decoded at 3.8 tok/s on 2 threads against 123 for q4g64.) The last 16 bytes
+// of a matrix may lie past its end (a vector uses only 2 * kBits of them): those vectors are copied
+// to the stack first, so the kernel never reads beyond the weights.
 template <int kBits, int kGroup, int NX>
 ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out,
                              int64_t ldo) {
-  constexpr int E = 16 / kBits;  // elements per 16-bit word
-  constexpr int B = 16 * E;      // elements per 32-byte block
-  constexpr int kChunk = 64;     // groups whose combined scales are staged at a time (even)
+  constexpr bool kWords = kBits == 4 || kBits == 8;  // else a packed-stream width
+  constexpr int E = kWords ? 16 / kBits : 1;        // elements per 16-bit word (1: natural x order)
+  constexpr int B = 16 * E;                          // elements per 32-byte block (16 per vector)
+  constexpr int kChunk = 64;                         // groups whose combined scales are staged at a time (even)
   const int64_t cols = w.cols, ng = cols / kGroup, rb = cols * kBits / 8;
   const __m256i mask = _mm256_set1_epi16(int16_t((1 << kBits) - 1));
+  // Packed widths: the byte shuffle and the multipliers (see above), and where the weights end.
+  alignas(32) int8_t shuf[32] = {};
+  alignas(32) int16_t mul[16] = {};
+  if constexpr (!kWords)
+    for (int i = 0; i < 16; ++i) {
+      const int bit = kBits * i, b = bit / 8, sh = bit % 8;
+      // (lane i / 8 of the shuffle; both 128-bit lanes hold the same 16 bytes, so b indexes them)
+      shuf[2 * i] = int8_t(b);
+      shuf[2 * i + 1] = int8_t(b + 1);
+      mul[i] = int16_t(1 << (16 - kBits - sh));
+    }
+  const __m256i vshuf = _mm256_load_si256(reinterpret_cast<const __m256i*>(shuf));
+  const __m256i vmul = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
+  const uint8_t* const end = static_cast<const uint8_t*>(w.data) + w.rows * rb;
   alignas(32) float comb[NX][kChunk];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
@@ -111,17 +138,39 @@ ANVIL_AVX2 void qgemv_rows_t(const WeightMatrix& w, int64_t r0, int64_t r1, cons
           _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
           __m256i iacc[NX];
           for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
+          if constexpr (kWords) {
 #pragma GCC unroll 4
-          for (int b = 0; b < kBlocksPerGroup; ++b) {
-            const __m256i v = _mm256_loadu_si256(wp + b);
+            for (int b = 0; b < kBlocksPerGroup; ++b) {
+              const __m256i v = _mm256_loadu_si256(wp + b);
 #pragma GCC unroll 4
-            for (int j = 0; j < E; ++j) {
-              __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, kBits * j);
-              if (j != E - 1) qj = _mm256_and_si256(qj, mask);
+              for (int j = 0; j < E; ++j) {
+                __m256i qj = j == 0 ? v : _mm256_srli_epi16(v, kBits * j);
+                if (j != E - 1) qj = _mm256_and_si256(qj, mask);
+#pragma GCC unroll 4
+                for (int x = 0; x < NX; ++x) {
+                  const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + b * B + j * 16));
+                  iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+                }
+              }
+            }
+          } else {
+#pragma GCC unroll 8
+            for (int v = 0; v < kBlocksPerGroup; ++v) {  // (a block is one 16-element vector here)
+              const uint8_t* p = reinterpret_cast<const uint8_t*>(wp) + v * 2 * kBits;
+              __m128i raw;
+              if (p + 16 <= end) {
+                raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+              } else {
+                alignas(16) uint8_t tail[16] = {};
+                std::copy(p, p + 2 * kBits, tail);
+                raw = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+              }
+              const __m256i pairs = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(raw), vshuf);
+              const __m256i q = _mm256_srli_epi16(_mm256_mullo_epi16(pairs, vmul), 16 - kBits);
 #pragma GCC unroll 4
               for (int x = 0; x < NX; ++x) {
-                const __m256i xj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + b * B + j * 16));
-                iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(qj, xj));
+                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + v * 16));
+                iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(q, xv));
               }
             }
           }
@@ -273,90 +322,12 @@ ANVIL_AVX512 void qgemv_rows_512_t(const WeightMatrix& w, int64_t r0, int64_t r1
 
 #pragma GCC diagnostic pop
 
-// 2, 3, 5 and 6 bits. MLX packs a row as one little-endian bit stream, so elements straddle bytes
-// and words, and the 16-bit-word trick above does not apply. Here 16 consecutive elements take
-// 2 * kBits bytes: both 128-bit lanes get the same 16 bytes (one broadcast load), one byte shuffle
-// gives each 16-bit lane the two bytes that hold its element (lane i: element i, bits
-// [kBits*i, kBits*i + kBits) at bit s = kBits*i mod 8 of the pair), a multiply by 2^(16-kBits-s)
-// drops the bits above the element and a shift right by 16 - kBits the ones below it. x is in
-// natural order (quantize_x_int16_avx2 with e = 1). Per 16 elements: 1 load, 1 shuffle, 1 multiply,
-// 1 shift, then the madd per activation row as above. The scalar path dequantized each row to fp32
-// first: qwen3-0.6b q6g64 decoded at 3.8 tok/s (2 threads) against 123 for q4g64.
-// The last 16 bytes of a matrix may lie past its end (a vector's 2 * kBits bytes are fewer): those
-// vectors are copied to the stack first, so the kernel never reads beyond the weights.
-template <int kBits, int kGroup, int NX>
-ANVIL_AVX2 void qgemv_rows_bits_t(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out,
-                                  int64_t ldo) {
-  static_assert(kBits == 2 || kBits == 3 || kBits == 5 || kBits == 6, "the packed-stream widths");
-  constexpr int kVecBytes = 2 * kBits;  // 16 elements
-  constexpr int kVecs = kGroup / 16;
-  constexpr int kChunk = 64;
-  const int64_t cols = w.cols, ng = cols / kGroup, rb = cols * kBits / 8;
-  alignas(32) int8_t shuf[32];
-  alignas(32) int16_t mul[16];
-  for (int i = 0; i < 16; ++i) {
-    const int bit = kBits * i, b = bit / 8, sh = bit % 8;
-    // (lane i / 8 of the shuffle; both 128-bit lanes hold the same 16 bytes, so b indexes them)
-    shuf[2 * i] = int8_t(b);
-    shuf[2 * i + 1] = int8_t(b + 1);
-    mul[i] = int16_t(1 << (16 - kBits - sh));
-  }
-  const __m256i vshuf = _mm256_load_si256(reinterpret_cast<const __m256i*>(shuf));
-  const __m256i vmul = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
-  const uint8_t* const end = static_cast<const uint8_t*>(w.data) + w.rows * rb;
-  alignas(32) float comb[NX][kChunk];
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
-    const int64_t gbase = r * ng;
-    __m256 acc[NX];
-    float btail[NX];
-    for (int x = 0; x < NX; ++x) {
-      acc[x] = _mm256_setzero_ps();
-      btail[x] = 0.0f;
-    }
-    for (int64_t g0 = 0; g0 < ng; g0 += kChunk) {
-      const int n = int(std::min<int64_t>(kChunk, ng - g0));
-      stage_groups<NX, kChunk>(w, gbase, g0, n, xs, comb, btail);
-      for (int g = 0; g < n; ++g) {
-        const int64_t ge = (g0 + g) * kGroup;
-        const uint8_t* wp = row + ge * kBits / 8;
-        _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
-        __m256i iacc[NX];
-        for (int x = 0; x < NX; ++x) iacc[x] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int v = 0; v < kVecs; ++v) {
-          const uint8_t* p = wp + v * kVecBytes;
-          __m128i raw;
-          if (p + 16 <= end) {
-            raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-          } else {
-            alignas(16) uint8_t tail[16] = {};
-            std::copy(p, p + kVecBytes, tail);
-            raw = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
-          }
-          const __m256i pairs = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(raw), vshuf);
-          const __m256i q = _mm256_srli_epi16(_mm256_mullo_epi16(pairs, vmul), 16 - kBits);
-#pragma GCC unroll 4
-          for (int x = 0; x < NX; ++x) {
-            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[x].xq + ge + v * 16));
-            iacc[x] = _mm256_add_epi32(iacc[x], _mm256_madd_epi16(q, xv));
-          }
-        }
-        for (int x = 0; x < NX; ++x)
-          acc[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[x]), _mm256_set1_ps(comb[x][g]), acc[x]);
-      }
-    }
-    const float bias = weight_bias(w, r);
-    for (int x = 0; x < NX; ++x) out[x * ldo + r] = hsum(acc[x]) + btail[x] + bias;
-  }
-}
-
 template <int kBits, int NX>
 void qgemv_bits_dispatch(const WeightMatrix& w, int64_t r0, int64_t r1, const QuantizedX* xs, float* out, int64_t ldo) {
   switch (w.group_size) {
-    case 32: qgemv_rows_bits_t<kBits, 32, NX>(w, r0, r1, xs, out, ldo); break;
-    case 64: qgemv_rows_bits_t<kBits, 64, NX>(w, r0, r1, xs, out, ldo); break;
-    default: qgemv_rows_bits_t<kBits, 128, NX>(w, r0, r1, xs, out, ldo);
+    case 32: qgemv_rows_t<kBits, 32, NX>(w, r0, r1, xs, out, ldo); break;
+    case 64: qgemv_rows_t<kBits, 64, NX>(w, r0, r1, xs, out, ldo); break;
+    default: qgemv_rows_t<kBits, 128, NX>(w, r0, r1, xs, out, ldo);
   }
 }
 
