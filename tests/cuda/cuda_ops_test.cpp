@@ -594,13 +594,16 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // own (SUM_KERNEL=1; the default for launches without clusters beyond 32 tokens): the same sums in the same order,
 // so all three must agree bit for bit as well. (That needs the same split under each policy: the
 // measured-cost planner, the default up to 32 tokens, charges the three differently, but these
-// matrices fill less than one wave, where every policy's cheapest split is the same.)
+// matrices fill less than one wave, where every policy's cheapest split is the same.) Those three
+// read x as it is (the plain-x kernel, the default); ANVIL_QGEMM_PLAIN_X=0 runs the kernel after
+// permute_x_kernel, whose mmas group k differently (so other bits), against the CPU too.
 TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
   auto made = backend_with({{"ANVIL_CUDA_BATCH_GEMV", "0"}});
   auto flat = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}, {"ANVIL_QGEMM_SUM_KERNEL", "0"}}),
        clustered = backend_with({{"ANVIL_QGEMM_CLUSTER", "1"}});
   auto summed = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}, {"ANVIL_QGEMM_SUM_KERNEL", "1"}});
-  ASSERT_TRUE(made && flat && clustered && summed);
+  auto permuted = backend_with({{"ANVIL_QGEMM_PLAIN_X", "0"}});
+  ASSERT_TRUE(made && flat && clustered && summed && permuted);
   Backend& legacy = *made;
   struct Case {
     int group;
@@ -623,10 +626,11 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
       std::vector<float> xin = x;
       cpu_->linear_swiglu(Act{xin.data(), T, K, DType::kF32}, gw.w, uw.w, Act{ref_s.data(), T, 300, DType::kF32});
       std::vector<float> flat_out[5];  // the ANVIL_QGEMM_CLUSTER=0 backend's
-      for (Backend* be : {flat.get(), clustered.get(), summed.get(), &legacy}) {
+      for (Backend* be : {flat.get(), clustered.get(), summed.get(), permuted.get(), &legacy}) {
         const std::string what = base + (be == &legacy          ? " ANVIL_CUDA_BATCH_GEMV=0"
                                          : be == flat.get()      ? " ANVIL_QGEMM_CLUSTER=0 SUM_KERNEL=0"
                                          : be == clustered.get() ? " ANVIL_QGEMM_CLUSTER=1"
+                                         : be == permuted.get()  ? " ANVIL_QGEMM_PLAIN_X=0"
                                                                  : " ANVIL_QGEMM_SUM_KERNEL=1");
         auto dq = be->upload_weight(q.w), dk = be->upload_weight(k.w), dv = be->upload_weight(v.w);
         auto dg = be->upload_weight(gw.w), du = be->upload_weight(uw.w);

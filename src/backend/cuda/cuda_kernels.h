@@ -59,6 +59,10 @@ struct GemvScratch {
   // done counters, no last block): kSumKernelNever, kSumKernelAlways, or kSumKernelWavePlanner (the
   // backend's default: only the launches the wave planner plans, beyond 32 rows; ANVIL_QGEMM_SUM_KERNEL).
   int sum_kernel = 0;
+  // The batch kernel reads x as it is (its plain-x form, no permute_x_kernel launch before it; the
+  // backend's default) instead of a copy permuted into mma fragment order in xperm
+  // (ANVIL_QGEMM_PLAIN_X=0, read by the backend).
+  bool plain_x = true;
 };
 // The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not
 // take it.

@@ -11,9 +11,13 @@
 // (128 elements) by step, through a ring of kBS stages in shared memory filled by cp.async. A stage
 // holds each warp's weights (every lane copies its own 16 bytes of rows g and g+8, as in the
 // streamed decode kernel) and the step's activations for all tokens, copied once per block and
-// shared by the 4 warps. The activations are first rewritten in mma fragment order by
-// permute_x_kernel, so a stage is a plain 16-byte copy; in shared memory a token's 8 fragments are
-// XOR-swizzled by (token & 3), so the 16 lanes of a half-warp read 16 different bank pairs.
+// shared by the 4 warps. By default (PX, GemvScratch::plain_x) a stage copies x as it is and the
+// weights are dequantized in the k order that makes 8 consecutive bytes of a token's row one mma's
+// B fragment (see PX below); with ANVIL_QGEMM_PLAIN_X=0 (and in 8-warp blocks) the activations are
+// first rewritten in mma fragment order by permute_x_kernel, one launch more per batched matrix
+// (on an H100 the 32- and 64-sequence qwen3-8b q4g64 steps took 5.91 and 9.40 ms that way, 5.59
+// and 9.01 with PX; session 32), and in shared memory a token's 8 fragments are XOR-swizzled by
+// (token & 3), so the 16 lanes of a half-warp read 16 different bank pairs.
 // The step's A fragments (dequantized weights, qgemv_tc.cuh) are built once and used for all NT
 // token tiles of 8 (up to 64 tokens); with R = 2 each B fragment (activations) serves both tiles.
 // On the H200 no shape beat the default (R = 1, W = 4) at both 32 and 64 sequences: benchmarks.md.
@@ -55,7 +59,7 @@ constexpr size_t kBSmemMax = 200 * 1024;
 // W = 4; W 4 or 8; R 1 or 2), for measuring: under the wave planner, or with ANVIL_QGEMM_PLAN=2
 // under the measured-cost one, S then the deepest ring it may choose.
 struct Tune {
-  int S = 0;  // 0: 6 stages up to 32 tokens (NT = 4), 4 beyond
+  int S = 0;  // 0: 6 stages up to 32 tokens (NT = 4), 4 beyond (3 with PX: batch_plan)
   size_t soft = 113 * 1024;
   int per_sm = 2;
   int W = 4;
@@ -151,7 +155,7 @@ __device__ __forceinline__ void step_frags(const Step& q, int j, uint32_t (&af)[
   af[3] = dq_pair(wb, sh + 4, q.sb, q.bb);
 }
 
-// PX (ANVIL_QGEMM_PLAIN_X=1; session 31, not yet run on a GPU): the activations copied as they are,
+// PX (the default since session 32; ANVIL_QGEMM_PLAIN_X=0 turns it off): the activations copied as they are,
 // [T][K] bf16, with no permute_x_kernel launch before each batch launch. The k order inside a
 // lane's 32-element chunk is then (e, e + 1) pairs: mma j = 2w + h takes word w's bytes 2h (its
 // a0/a1, b0) and 2h + 1 (a2/a3, b1), i.e. elements 8w + 4h .. 8w + 4h + 3 of the chunk, which
@@ -562,16 +566,6 @@ int batch_wave_pf_mode() {
   return v;
 }
 
-// ANVIL_QGEMM_PLAIN_X=1: the batch kernel reads x as it is (PX above), no permute_x_kernel launch
-// (4-warp shapes; 8-warp ones, for measuring only, keep the permute).
-bool batch_plain_x() {
-  static const bool v = [] {
-    const char* e = std::getenv("ANVIL_QGEMM_PLAIN_X");
-    return e && e[0] == '1' && e[1] == 0;
-  }();
-  return v;
-}
-
 template <bool SW, int NT, int S, int W, int R, bool PX>
 cudaError_t batch_launch_px(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
   static const cudaError_t attr = cudaFuncSetAttribute(qgemm4_batch_kernel<SW, NT, S, W, R, PX>,
@@ -590,7 +584,7 @@ cudaError_t batch_launch_px(const BatchPlan& b, cudaStream_t s, const TcParams& 
 template <bool SW, int NT, int S, int W, int R>
 cudaError_t batch_launch_r(const BatchPlan& b, cudaStream_t s, const TcParams& p, const BatchArgs& a) {
   if constexpr (W == 4)
-    if (batch_plain_x()) return batch_launch_px<SW, NT, S, W, R, true>(b, s, p, a);
+    if (b.px) return batch_launch_px<SW, NT, S, W, R, true>(b, s, p, a);
   return batch_launch_px<SW, NT, S, W, R, false>(b, s, p, a);
 }
 template <bool SW, int NT, int S, int W>
@@ -614,51 +608,51 @@ cudaError_t batch_launch_nt(const BatchPlan& b, cudaStream_t s, const TcParams& 
 
 // Blocks of one batch-kernel instantiation resident on an SM at once (resident_blocks).
 template <bool SW, int NT, int S, int W, int R>
-int batch_bps(size_t smem) {
+int batch_bps(bool px, size_t smem) {
   if constexpr (W == 4)
-    if (batch_plain_x()) return resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R, true>, W * 32, smem, kBSmemMax);
+    if (px) return resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R, true>, W * 32, smem, kBSmemMax);
   return resident_blocks(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem, kBSmemMax);
 }
 template <bool SW, int NT, int S, int W>
-int batch_bps_r(int R, size_t smem) {
+int batch_bps_r(int R, bool px, size_t smem) {
   if constexpr (!(SW && NT == 8))
-    if (R == 2) return batch_bps<SW, NT, S, W, 2>(smem);
-  return batch_bps<SW, NT, S, W, 1>(smem);
+    if (R == 2) return batch_bps<SW, NT, S, W, 2>(px, smem);
+  return batch_bps<SW, NT, S, W, 1>(px, smem);
 }
 template <bool SW, int NT>
-int batch_bps_nt(int S, int W, int R, size_t smem) {
-  if (W == 8) return S == 3 ? batch_bps_r<SW, NT, 3, 8>(R, smem) : batch_bps_r<SW, NT, 4, 8>(R, smem);
-  if (S == 6) return batch_bps_r<SW, NT, 6, 4>(R, smem);
-  if (S == 8) return batch_bps_r<SW, NT, 8, 4>(R, smem);
-  return S == 3 ? batch_bps_r<SW, NT, 3, 4>(R, smem) : batch_bps_r<SW, NT, 4, 4>(R, smem);
+int batch_bps_nt(int S, int W, int R, bool px, size_t smem) {
+  if (W == 8) return S == 3 ? batch_bps_r<SW, NT, 3, 8>(R, px, smem) : batch_bps_r<SW, NT, 4, 8>(R, px, smem);
+  if (S == 6) return batch_bps_r<SW, NT, 6, 4>(R, px, smem);
+  if (S == 8) return batch_bps_r<SW, NT, 8, 4>(R, px, smem);
+  return S == 3 ? batch_bps_r<SW, NT, 3, 4>(R, px, smem) : batch_bps_r<SW, NT, 4, 4>(R, px, smem);
 }
 template <bool SW, int NT, int S, int W, int R>
-int batch_cl(size_t smem, int ks) {
+int batch_cl(bool px, size_t smem, int ks) {
   if constexpr (W == 4)
-    if (batch_plain_x()) return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, R, true>, W * 32, smem, kBSmemMax, ks);
+    if (px) return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, R, true>, W * 32, smem, kBSmemMax, ks);
   return resident_clusters_y(qgemm4_batch_kernel<SW, NT, S, W, R>, W * 32, smem, kBSmemMax, ks);
 }
 template <bool SW, int NT, int S, int W>
-int batch_cl_r(int R, size_t smem, int ks) {
+int batch_cl_r(int R, bool px, size_t smem, int ks) {
   if constexpr (!(SW && NT == 8))
-    if (R == 2) return batch_cl<SW, NT, S, W, 2>(smem, ks);
-  return batch_cl<SW, NT, S, W, 1>(smem, ks);
+    if (R == 2) return batch_cl<SW, NT, S, W, 2>(px, smem, ks);
+  return batch_cl<SW, NT, S, W, 1>(px, smem, ks);
 }
 template <bool SW, int NT>
-int batch_cl_nt(int S, int W, int R, size_t smem, int ks) {
-  if (W == 8) return S == 3 ? batch_cl_r<SW, NT, 3, 8>(R, smem, ks) : batch_cl_r<SW, NT, 4, 8>(R, smem, ks);
-  if (S == 6) return batch_cl_r<SW, NT, 6, 4>(R, smem, ks);
-  if (S == 8) return batch_cl_r<SW, NT, 8, 4>(R, smem, ks);
-  return S == 3 ? batch_cl_r<SW, NT, 3, 4>(R, smem, ks) : batch_cl_r<SW, NT, 4, 4>(R, smem, ks);
+int batch_cl_nt(int S, int W, int R, bool px, size_t smem, int ks) {
+  if (W == 8) return S == 3 ? batch_cl_r<SW, NT, 3, 8>(R, px, smem, ks) : batch_cl_r<SW, NT, 4, 8>(R, px, smem, ks);
+  if (S == 6) return batch_cl_r<SW, NT, 6, 4>(R, px, smem, ks);
+  if (S == 8) return batch_cl_r<SW, NT, 8, 4>(R, px, smem, ks);
+  return S == 3 ? batch_cl_r<SW, NT, 3, 4>(R, px, smem, ks) : batch_cl_r<SW, NT, 4, 4>(R, px, smem, ks);
 }
-// Clusters of ks split blocks the device holds at once (0: none).
-int batch_clusters(bool sw, int NT, int S, int W, int R, size_t smem, int ks) {
-  if (NT == 4) return sw ? batch_cl_nt<true, 4>(S, W, R, smem, ks) : batch_cl_nt<false, 4>(S, W, R, smem, ks);
-  return sw ? batch_cl_nt<true, 8>(S, W, R, smem, ks) : batch_cl_nt<false, 8>(S, W, R, smem, ks);
+// Clusters of ks split blocks the device holds at once (0: none); px: the plain-x kernel (BatchPlan::px).
+int batch_clusters(bool sw, int NT, int S, int W, int R, bool px, size_t smem, int ks) {
+  if (NT == 4) return sw ? batch_cl_nt<true, 4>(S, W, R, px, smem, ks) : batch_cl_nt<false, 4>(S, W, R, px, smem, ks);
+  return sw ? batch_cl_nt<true, 8>(S, W, R, px, smem, ks) : batch_cl_nt<false, 8>(S, W, R, px, smem, ks);
 }
-int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, size_t smem) {
-  if (NT == 4) return sw ? batch_bps_nt<true, 4>(S, W, R, smem) : batch_bps_nt<false, 4>(S, W, R, smem);
-  return sw ? batch_bps_nt<true, 8>(S, W, R, smem) : batch_bps_nt<false, 8>(S, W, R, smem);
+int batch_blocks_per_sm(bool sw, int NT, int S, int W, int R, bool px, size_t smem) {
+  if (NT == 4) return sw ? batch_bps_nt<true, 4>(S, W, R, px, smem) : batch_bps_nt<false, 4>(S, W, R, px, smem);
+  return sw ? batch_bps_nt<true, 8>(S, W, R, px, smem) : batch_bps_nt<false, 8>(S, W, R, px, smem);
 }
 
 // The K split is chosen by a cost of waves x (steps per split + kWaveFixedSteps) + kWaveSplitSteps
@@ -722,7 +716,8 @@ double sum_kernel_steps(bool swiglu) {
 
 }  // namespace
 
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, int sum_kernel_policy, BatchPlan* b) {
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, int sum_kernel_policy, bool plain_x,
+                BatchPlan* b) {
   const int64_t K = p.K;
   if (T < kBatchMinTokens || T > 64 || K % 128 != 0 || K > (int64_t(1) << 28) || (K / p.group) % 8 != 0) return false;
   if (!weights_aligned16(p, n_mats, swiglu) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
@@ -743,6 +738,14 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
     if (b->W == 8) b->S = std::min(b->S, 4);  // 8-warp blocks are built with 3 or 4 stages
   }
   if (swiglu && b->NT == 8) b->R = 1;  // gate/up's accumulators would double to 128 per thread
+  // x read as it is (PX; the backend's default, GemvScratch::plain_x) by 4-warp blocks; 8-warp ones
+  // (ANVIL_QGEMM_BATCH/GATEUP overrides, for measuring) keep permute_x_kernel. With it, beyond 32
+  // tokens, a ring of 3 stages instead of 4 (an ANVIL_QGEMM_BATCH override keeps its own): on an
+  // H100 (session 32, qwen3-8b q4g64, bench-kv, two rounds) the 64-sequence step took 9.00 / 9.01 ms
+  // with 4 stages and 8.79 / 8.85 with 3, and the server's 64 streams 7,578 / 7,579 against 7,760 /
+  // 7,761 tok/s.
+  b->px = plain_x && b->W == 4;
+  if (!tn.S && b->px && b->NT == 8) b->S = 3;
   const int rows = 16 * b->W * b->R;  // per block
   for (int i = 0; i < n_mats; ++i) b->nblk += (p.seg[i].rows + rows - 1) / rows;
   const int steps = int(K / 128);
@@ -778,7 +781,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
       int ngk = 0;
       const size_t smk = plan_smem(b->S, b->W, b->R, M, TP, sk, p.group, &ngk);
       if (smk > kBSmemMax) continue;
-      const int bps = batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, smk);
+      const int bps = batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, b->px, smk);
       if (bps <= 0) continue;
       const int64_t blocks = b->nblk * ks, slots = int64_t(bps) * sms;
       const double cost = double((blocks + slots - 1) / slots) * double(sk + kWaveFixedSteps) + kWaveSplitSteps * ks;
@@ -808,7 +811,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
         int ngk = 0;
         const size_t smk = plan_smem(S, b->W, b->R, M, TP, sk, p.group, &ngk);
         if (smk > kBSmemMax) continue;
-        const int bps = batch_blocks_per_sm(swiglu, b->NT, S, b->W, b->R, smk);
+        const int bps = batch_blocks_per_sm(swiglu, b->NT, S, b->W, b->R, b->px, smk);
         if (bps <= 0) continue;
         const int64_t blocks = b->nblk * ks, slots = int64_t(bps) * sms;
         const int64_t waves = (blocks + slots - 1) / slots;
@@ -816,7 +819,7 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
         if (ks > 1) {
           bool cl = false;
           if (cluster && ks <= kMaxClusterSplits) {
-            const int64_t held = int64_t(batch_clusters(swiglu, b->NT, S, b->W, b->R, smk, ks)) * ks;
+            const int64_t held = int64_t(batch_clusters(swiglu, b->NT, S, b->W, b->R, b->px, smk, ks)) * ks;
             cl = held > 0 && (blocks + held - 1) / held <= waves;
           }
           sum_cost = cl ? kClusterSumSteps * double(waves) : sum_kernel ? sumk_steps : kFlatSumSteps * double(waves);
@@ -829,15 +832,15 @@ bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster,
   }
   b->sps = sps;
   b->ksplit = (steps + sps - 1) / sps;
-  b->xperm_bytes = size_t(TP) * size_t(K) * 2;
+  b->xperm_bytes = b->px ? 0 : size_t(TP) * size_t(K) * 2;
   // Clusters where they cost no wave: the device holds as many of the launch's blocks at once in
   // clusters as without (on the H200, clusters of 4 of these blocks held fewer: a 64 x 4 launch
   // took 1.5x as long even without the sums, session 21).
   b->cluster = false;
   if (cluster && b->ksplit > 1 && b->ksplit <= kMaxClusterSplits) {
     const int64_t blocks = b->nblk * b->ksplit;
-    const int64_t flat = int64_t(batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, b->smem)) * sm_count();
-    const int64_t clustered = int64_t(batch_clusters(swiglu, b->NT, b->S, b->W, b->R, b->smem, b->ksplit)) * b->ksplit;
+    const int64_t flat = int64_t(batch_blocks_per_sm(swiglu, b->NT, b->S, b->W, b->R, b->px, b->smem)) * sm_count();
+    const int64_t clustered = int64_t(batch_clusters(swiglu, b->NT, b->S, b->W, b->R, b->px, b->smem, b->ksplit)) * b->ksplit;
     b->cluster = clustered > 0 && (blocks + clustered - 1) / clustered <= (blocks + flat - 1) / std::max<int64_t>(1, flat);
   }
   b->sum_kernel = b->ksplit > 1 && !b->cluster && sum_kernel;
@@ -857,7 +860,7 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
   const int TP = 8 * b.NT;
   const int64_t chunks = int64_t(TP) * (p.K / 32);
   cudaError_t e = cudaSuccess;
-  if (!(batch_plain_x() && b.W == 4)) {
+  if (!b.px) {
     launch_k(permute_x_kernel, dim3(unsigned(std::min<int64_t>((chunks + 255) / 256, 4 * sm_count()))), dim3(256), 0,
              s, p.x, p.T, TP, int(p.K), static_cast<uint2*>(sc.xperm));
     e = cudaGetLastError();

@@ -335,11 +335,11 @@ bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, Gem
   alignas(16) static const uint8_t probe[16] = {};
   const TcParams p = make_params(ws, nullptr, n, up, probe, T, false, &tiles);
   BatchPlan b;
-  if (!batch_plan(p, n, T, up != nullptr, need->cluster, need->sum_kernel, &b)) return false;
-  const bool cluster = need->cluster;
+  if (!batch_plan(p, n, T, up != nullptr, need->cluster, need->sum_kernel, need->plain_x, &b)) return false;
+  const bool cluster = need->cluster, plain_x = need->plain_x;
   const int sum_kernel = need->sum_kernel;
   *need = GemvScratch{};
-  need->cluster = cluster, need->sum_kernel = sum_kernel;
+  need->cluster = cluster, need->sum_kernel = sum_kernel, need->plain_x = plain_x;
   need->xperm_bytes = b.xperm_bytes, need->part_floats = b.part_floats, need->n_done = b.n_done;
   return true;
 }
@@ -352,8 +352,9 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
   const int shape = tc_shape();
   // 17..64 tokens with scratch: the batch kernel (qgemm_batch.cu).
   BatchPlan bp;
-  if (T >= kBatchMinTokens && scratch && shape == 0 && batch_plan(p, n, T, up != nullptr, scratch->cluster, scratch->sum_kernel, &bp) && scratch->xperm &&
-      scratch->xperm_bytes >= bp.xperm_bytes && (bp.ksplit == 1 || bp.cluster || (scratch->part && (bp.n_done == 0 || scratch->done) &&
+  if (T >= kBatchMinTokens && scratch && shape == 0 &&
+      batch_plan(p, n, T, up != nullptr, scratch->cluster, scratch->sum_kernel, scratch->plain_x, &bp) &&
+      (bp.xperm_bytes == 0 || (scratch->xperm && scratch->xperm_bytes >= bp.xperm_bytes)) && (bp.ksplit == 1 || bp.cluster || (scratch->part && (bp.n_done == 0 || scratch->done) &&
       scratch->part_floats >= bp.part_floats && scratch->n_done >= bp.n_done)))
     return batch_launch(up != nullptr, bp, *scratch, s, p);
   // Without it, more than 32 tokens run 32 at a time through the register-fed kernel below.

@@ -365,11 +365,14 @@ struct BatchPlan {
   size_t xperm_bytes = 0, part_floats = 0, n_done = 0;
   bool cluster = false;     // the splits of a row block are one thread block cluster (GemvScratch::cluster)
   bool sum_kernel = false;  // the splits' partials are added by split_sum_kernel (GemvScratch::sum_kernel's policy)
+  bool px = false;          // x read as it is, no permute_x_kernel (GemvScratch::plain_x; 4-warp blocks only)
 };
 // cluster: a split row block may add its partial sums in a thread block cluster (GemvScratch::cluster);
 // sum_kernel: whether split launches not in clusters add them in a second kernel (GemvScratch::sum_kernel:
 // kSumKernelNever, kSumKernelAlways, or kSumKernelWavePlanner: only where the wave planner plans).
-bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, int sum_kernel, BatchPlan* b);
+// plain_x: the kernel may read x as it is instead of after permute_x_kernel (GemvScratch::plain_x).
+bool batch_plan(const TcParams& p, int n_mats, int T, bool swiglu, bool cluster, int sum_kernel, bool plain_x,
+                BatchPlan* b);
 cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc, cudaStream_t s, TcParams p);
 
 }  // namespace anvil::cuda::tc
