@@ -33,7 +33,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (session 31: the batch kernel without permute_x_kernel, ANVIL_QGEMM_PLAIN_X=1), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -352,6 +352,10 @@ elif [ "$what" != bench ]; then
   done
   # One-token bf16 mat-vecs through the generic kernel (ANVIL_GEMV_BF16=0; by default gemv_bf16.cu):
   # the linear op and model tests under it.
+  # The batch kernel after permute_x_kernel (ANVIL_QGEMM_PLAIN_X=0; by default it reads x as it is):
+  # the model tests under it (CudaOps.Batched* tests both forms itself).
+  ANVIL_QGEMM_PLAIN_X=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_permuted.log" 2>&1
+  summary+=("batch kernel after permute_x_kernel (ANVIL_QGEMM_PLAIN_X=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_permuted.log" | tr '\n' ' ')")
   ANVIL_GEMV_BF16=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Linear*:CudaModel.*" > "$OUT/cuda_bf16_generic.log" 2>&1
   summary+=("generic bf16 mat-vec (ANVIL_GEMV_BF16=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_bf16_generic.log" | tr '\n' ' ')")
   # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
@@ -828,13 +832,14 @@ if [ "$what" != tests ]; then
       for e in X=default ANVIL_CUDA_L2_PREFETCH=32,1,1 "ANVIL_CUDA_L2_PREFETCH=32,1,1 ANVIL_CUDA_L2_PREFETCH_MLP=32"; do ps "$e" $n; done
     done
   elif [ "$set" = plainx ]; then
-    # The batch kernel reading x as it is (ANVIL_QGEMM_PLAIN_X=1; session 31, not yet run): no
-    # permute_x_kernel launch per batched matrix. Its op and model tests and golden on CUDA, then
-    # the 64- and 32-sequence steps interleaved with the default (PLAINX_ROUNDS rounds).
-    pt ANVIL_QGEMM_PLAIN_X=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*:CudaMoE.*' "batch op, model and MoE tests"
-    pt ANVIL_QGEMM_PLAIN_X=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
+    # The batch kernel reading x as it is (the default since session 32) against the kernel after
+    # permute_x_kernel (ANVIL_QGEMM_PLAIN_X=0, one launch more per batched matrix): the op and
+    # model tests and golden on CUDA under the switch, then the 64- and 32-sequence steps
+    # interleaved (PLAINX_ROUNDS rounds).
+    pt ANVIL_QGEMM_PLAIN_X=0 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*:CudaMoE.*' "batch op, model and MoE tests"
+    pt ANVIL_QGEMM_PLAIN_X=0 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
     for r in $(seq "${PLAINX_ROUNDS:-2}"); do
-      for n in 64 32; do ps X=default $n; ps ANVIL_QGEMM_PLAIN_X=1 $n; done
+      for n in 64 32; do ps X=default $n; ps ANVIL_QGEMM_PLAIN_X=0 $n; done
     done
   elif [ "$set" = gateks ]; then
     # gate/up's K split held (ANVIL_QGEMM_GATEUP=4,1,KS; session 31, not yet run): its split

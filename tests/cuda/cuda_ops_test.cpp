@@ -676,10 +676,10 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
 }
 
 TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
-  // From 64 rows with cols a multiple of 8 up to 6,144 the norms run one warp per row (norm.cu's
-  // rmsnorm_warp_kernel); fewer rows with cols a multiple of 8 (up to 8,192) one thread per 8
-  // elements (rmsnorm_vec_kernel); 1,001 columns, and 6,152 from 64 rows, rmsnorm_kernel.
-  for (int64_t rows : {1, 5, 64, 67})
+  // From 65 rows with cols a multiple of 8 up to 6,144 the norms run one warp per row (norm.cu's
+  // rmsnorm_warp_kernel); up to 64 rows with cols a multiple of 8 (up to 8,192) one thread per 8
+  // elements (rmsnorm_vec_kernel); 1,001 columns, and 6,152 from 65 rows, rmsnorm_kernel.
+  for (int64_t rows : {1, 5, 64, 65, 67})
     for (int64_t cols : {64, 1000, 1001, 4096, 5120, 6152}) {
       const std::string sh = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";
       auto x = randn(size_t(rows * cols)), r = randn(size_t(rows * cols), 4.0f), wv = randn(size_t(cols));

@@ -145,14 +145,19 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, 
   trace::point(9);
 }
 
-// Prefill-sized launches (rows >= kNormWarpRowsMin, the row count from which linear() runs GEMMs):
+// Prefill-sized launches (rows >= kNormWarpRowsMin: more rows than a batched decode step has):
 // one warp per row, 16-byte loads and stores, the row in registers (up to kNormWarpChunks chunks of
 // 8 per lane), 4 rows per block. One block of 1,024 threads per row with 2-byte accesses took 17 us
 // for 512 rows of qwen3-8b's 4,096 (ncu on the H200, session 13: 0.5 TB/s). The sum of squares is
 // taken in another order than rmsnorm_kernel's, so the last bit of a norm can differ between the
 // two, as it already does between the decode and prefill linears.
+// A warp walks its row's chunks one after another (each residual store is ordered before the next
+// chunk's loads), so with few rows the kernel is a chain of L2 round trips: the timeline of a
+// 64-sequence qwen3-8b q4g64 step (H100, session 32) had its 16 blocks at 16.2-16.9 us per norm,
+// where the 32-sequence step's rmsnorm_vec_kernel (a block per row, a thread per chunk) took 1.9-2.0.
+// Batched decode (up to kTcMaxTokens rows) therefore takes rmsnorm_vec_kernel.
 constexpr int kNormWarpChunks = 24;  // rows of up to 24 * 8 * 32 = 6,144 elements
-constexpr int kNormWarpRowsMin = 64;
+constexpr int kNormWarpRowsMin = kTcMaxTokens + 1;
 constexpr int kNormWarpRows = 4;     // rows (warps) per block
 
 template <bool RESIDUAL>
@@ -193,7 +198,7 @@ __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_b
   }
 }
 
-// Decode-sized launches (fewer than 64 rows, cols a multiple of 8 up to 8,192; ANVIL_CUDA_NORM_VEC=0
+// Decode-sized launches (up to 64 rows, cols a multiple of 8 up to 8,192; ANVIL_CUDA_NORM_VEC=0
 // falls back to rmsnorm_kernel): one block per row, one thread per 16-byte chunk of 8 elements
 // (cols / 8 threads: 512 for qwen3-8b's 4,096), the weights loaded before the PDL wait. The
 // timeline of the decode graph (trace.h, session 15) had rmsnorm_kernel's 1,024 threads of 2-byte
