@@ -276,7 +276,15 @@ cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, 
                     void* out, cudaStream_t s, bool late, void* planes, bool* planes_written) {
   if (planes_written) *planes_written = false;
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (rows >= kNormWarpRowsMin && cols % 8 == 0 && cols <= kNormWarpChunks * 8 * 32 && a16(x) && a16(out) &&
+  // ANVIL_CUDA_NORM_WARP=0 (session 32, for measuring: BENCH_SET=prefillnorm): prefill-sized norms
+  // through rmsnorm_vec_kernel too. Each warp of rmsnorm_warp_kernel walks its 16 chunks (qwen3-8b)
+  // one round trip after another, whatever the row count, so up to a few thousand rows a prefill
+  // norm may take the ~16 us it took at 64 rows, where a block per row took ~2.
+  static const bool warp_rows = [] {
+    const char* e = std::getenv("ANVIL_CUDA_NORM_WARP");
+    return !(e && *e == '0');
+  }();
+  if (warp_rows && rows >= kNormWarpRowsMin && cols % 8 == 0 && cols <= kNormWarpChunks * 8 * 32 && a16(x) && a16(out) &&
       (!residual || a16(residual))) {
     const dim3 grid(unsigned((rows + kNormWarpRows - 1) / kNormWarpRows)), block(kNormWarpRows * 32);
     if (residual)
