@@ -350,12 +350,12 @@ elif [ "$what" != bench ]; then
     ANVIL_QGEMM_PLAN=$pl ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Batched*:CudaModel.*" > "$OUT/cuda_plan$pl.log" 2>&1
     summary+=("batch kernel, ANVIL_QGEMM_PLAN=$pl: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_plan$pl.log" | tr '\n' ' ')")
   done
-  # One-token bf16 mat-vecs through the generic kernel (ANVIL_GEMV_BF16=0; by default gemv_bf16.cu):
-  # the linear op and model tests under it.
   # The batch kernel after permute_x_kernel (ANVIL_QGEMM_PLAIN_X=0; by default it reads x as it is):
   # the model tests under it (CudaOps.Batched* tests both forms itself).
   ANVIL_QGEMM_PLAIN_X=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaModel.*" > "$OUT/cuda_permuted.log" 2>&1
   summary+=("batch kernel after permute_x_kernel (ANVIL_QGEMM_PLAIN_X=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_permuted.log" | tr '\n' ' ')")
+  # One-token bf16 mat-vecs through the generic kernel (ANVIL_GEMV_BF16=0; by default gemv_bf16.cu):
+  # the linear op and model tests under it.
   ANVIL_GEMV_BF16=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter="CudaOps.Linear*:CudaModel.*" > "$OUT/cuda_bf16_generic.log" 2>&1
   summary+=("generic bf16 mat-vec (ANVIL_GEMV_BF16=0): rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_bf16_generic.log" | tr '\n' ' ')")
   # The device sampler (issue 9): exact equality with the host Sampler, ops and end to end.
