@@ -202,6 +202,15 @@ struct BatchArgs {
   int pf_keep = 0;
 };
 
+// The segment (matrix) of block-row blk: batch_launch sets tile_begin to count blocks of the
+// kernel's rows (16 W R), so the batch kernel and the sum kernels find a row block's matrix alike.
+__device__ __forceinline__ const TcSeg& batch_seg(const TcParams& p, int64_t blk) {
+  int si = 0;
+  if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
+  if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
+  return p.seg[si];
+}
+
 template <bool SWIGLU, int NT, int kBS, int kBW, int RT, bool PX = false>
 __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, BatchArgs a) {
   constexpr int M = SWIGLU ? 2 : 1, TP = 8 * NT;
@@ -221,13 +230,7 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t blk = blockIdx.x;
-  auto seg_of = [&](int64_t b) -> const TcSeg& {  // tile_begin counts blocks of kBRows rows here
-    int si = 0;
-    if (p.n_seg > 1 && b >= p.seg[1].tile_begin) si = 1;
-    if (p.n_seg > 2 && b >= p.seg[2].tile_begin) si = 2;
-    return p.seg[si];
-  };
-  const TcSeg& m = seg_of(blk);
+  const TcSeg& m = batch_seg(p, blk);
   const int64_t rb0 = (blk - m.tile_begin) * kBRows;
   const int K = int(p.K), steps = K / 128;
   const int gshift = group_shift(p.group), ng = K >> gshift;
@@ -321,7 +324,7 @@ __global__ void __launch_bounds__(kBW * 32) qgemm4_batch_kernel(TcParams p, Batc
     // Block i + pf_wave's rows over its steps: one contiguous range per (matrix, row), a thread each.
     int64_t nbx = 0, nby = 0;
     if (batch_block_after(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, a.pf_wave, &nbx, &nby)) {
-      const TcSeg& nm = seg_of(nbx);
+      const TcSeg& nm = batch_seg(p, nbx);
       const int64_t nrb0 = (nbx - nm.tile_begin) * kBRows;
       const int ns0 = int(nby) * a.sps, nn = min(steps, ns0 + a.sps) - ns0;
       for (int t = threadIdx.x; t < M * kBRows && nn > 0; t += kThreads) {
@@ -526,10 +529,7 @@ __global__ void split_sum_kernel(TcParams p, BatchArgs a, int ks) {
   for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
     const int t = int(q / a.part_rows);
     const int64_t prow = q % a.part_rows, blk = prow / kBRows;
-    int si = 0;
-    if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
-    if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
-    const TcSeg& m = p.seg[si];
+    const TcSeg& m = batch_seg(p, blk);
     const int64_t row = (blk - m.tile_begin) * kBRows + prow % kBRows;
     if (row >= m.rows) continue;
     float v = 0.0f, u = 0.0f;
@@ -558,10 +558,7 @@ __global__ void split_sum4_kernel(TcParams p, BatchArgs a, int ks) {
   for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
     const int t = int(q / quads);
     const int64_t prow = (q % quads) * 4, blk = prow / kBRows;
-    int si = 0;
-    if (p.n_seg > 1 && blk >= p.seg[1].tile_begin) si = 1;
-    if (p.n_seg > 2 && blk >= p.seg[2].tile_begin) si = 2;
-    const TcSeg& m = p.seg[si];
+    const TcSeg& m = batch_seg(p, blk);
     const int64_t row = (blk - m.tile_begin) * kBRows + prow % kBRows;
     if (row >= m.rows) continue;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
