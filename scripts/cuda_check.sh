@@ -33,7 +33,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumvec (session 32: the split sums four rows per thread, ANVIL_QGEMM_SUM_VEC=1), prefillnorm (session 32: prefill norms through the block-per-row kernel, ANVIL_CUDA_NORM_WARP=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -842,28 +842,6 @@ if [ "$what" != tests ]; then
     pt ANVIL_QGEMM_PLAIN_X=0 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
     for r in $(seq "${PLAINX_ROUNDS:-2}"); do
       for n in 64 32; do ps X=default $n; ps ANVIL_QGEMM_PLAIN_X=0 $n; done
-    done
-  elif [ "$set" = prefillnorm ]; then
-    # Prefill-sized norms through the block-per-row kernel (ANVIL_CUDA_NORM_WARP=0; session 32, not
-    # yet run): the norm op and model tests and golden on CUDA under it, then pp512 of qwen3-0.6b and
-    # qwen3-8b (q4g64) interleaved with the default, PFNORM_ROUNDS rounds.
-    pt ANVIL_CUDA_NORM_WARP=0 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Norms*:CudaModel.*' "norm op and model tests"
-    pt ANVIL_CUDA_NORM_WARP=0 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*' "golden on CUDA"
-    for r in $(seq "${PFNORM_ROUNDS:-2}"); do
-      for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
-        for e in X=default ANVIL_CUDA_NORM_WARP=0; do
-          echo "### $e $m: $(env $e timeout 100 ./build-gpu/anvil bench --device cuda --synthetic $m -n 8 --runs 2 2>&1 | grep -E '^prefill')" >> "$OUT/bench.log"
-        done
-      done
-    done
-  elif [ "$set" = sumvec ]; then
-    # The split sums by four rows per thread (ANVIL_QGEMM_SUM_VEC=1; session 32, not yet run): the
-    # batch op and model tests under it, then the 64-sequence step (where the sum kernel runs by
-    # default) and the 32-sequence one with the sum kernel everywhere, interleaved, SUMVEC_ROUNDS rounds.
-    pt ANVIL_QGEMM_SUM_VEC=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batched*:CudaModel.*' "batch op and model tests"
-    for r in $(seq "${SUMVEC_ROUNDS:-2}"); do
-      ps X=default 64; ps ANVIL_QGEMM_SUM_VEC=1 64
-      ps ANVIL_QGEMM_SUM_KERNEL=1 32; ps "ANVIL_QGEMM_SUM_KERNEL=1 ANVIL_QGEMM_SUM_VEC=1" 32
     done
   elif [ "$set" = gateks ]; then
     # gate/up's K split held (ANVIL_QGEMM_GATEUP=4,1,KS; session 31, not yet run): its split

@@ -591,20 +591,20 @@ TEST_F(CudaOps, BatchesUpTo32AsChunkedMatVecsMatchCpu) {
 // so the second output must equal the first bit for bit. The split sums are added by the last block
 // of each row block (ANVIL_QGEMM_CLUSTER=0 ANVIL_QGEMM_SUM_KERNEL=0), or, with up to 8 splits,
 // through a thread block cluster's shared memory (CLUSTER=1), or (clusters off) in a kernel of their
-// own (SUM_KERNEL=1; the default for launches without clusters beyond 32 tokens; with SUM_VEC=1 four
-// rows per thread): the same sums in the same order, so all four must agree bit for bit as well. (That needs the same split under each policy: the
-// measured-cost planner, the default up to 32 tokens, charges the three differently, but these
-// matrices fill less than one wave, where every policy's cheapest split is the same.) Those four
-// read x as it is (the plain-x kernel, the default); ANVIL_QGEMM_PLAIN_X=0 runs the kernel after
-// permute_x_kernel, whose mmas group k differently (so other bits), against the CPU too.
+// own (SUM_KERNEL=1; the default for launches without clusters beyond 32 tokens): the same sums in
+// the same order, so all three must agree bit for bit as well. (That needs the same split under
+// each policy: the measured-cost planner, the default up to 32 tokens, charges the three
+// differently, but these matrices fill less than one wave, where every policy's cheapest split is
+// the same.) Those three read x as it is (the plain-x kernel, the default); ANVIL_QGEMM_PLAIN_X=0
+// runs the kernel after permute_x_kernel, whose mmas group k differently (so other bits), against
+// the CPU too.
 TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
   auto made = backend_with({{"ANVIL_CUDA_BATCH_GEMV", "0"}});
   auto flat = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}, {"ANVIL_QGEMM_SUM_KERNEL", "0"}}),
        clustered = backend_with({{"ANVIL_QGEMM_CLUSTER", "1"}});
   auto summed = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}, {"ANVIL_QGEMM_SUM_KERNEL", "1"}});
   auto permuted = backend_with({{"ANVIL_QGEMM_PLAIN_X", "0"}});
-  auto summed4 = backend_with({{"ANVIL_QGEMM_CLUSTER", "0"}, {"ANVIL_QGEMM_SUM_KERNEL", "1"}, {"ANVIL_QGEMM_SUM_VEC", "1"}});
-  ASSERT_TRUE(made && flat && clustered && summed && permuted && summed4);
+  ASSERT_TRUE(made && flat && clustered && summed && permuted);
   Backend& legacy = *made;
   struct Case {
     int group;
@@ -627,12 +627,11 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
       std::vector<float> xin = x;
       cpu_->linear_swiglu(Act{xin.data(), T, K, DType::kF32}, gw.w, uw.w, Act{ref_s.data(), T, 300, DType::kF32});
       std::vector<float> flat_out[5];  // the ANVIL_QGEMM_CLUSTER=0 backend's
-      for (Backend* be : {flat.get(), clustered.get(), summed.get(), summed4.get(), permuted.get(), &legacy}) {
+      for (Backend* be : {flat.get(), clustered.get(), summed.get(), permuted.get(), &legacy}) {
         const std::string what = base + (be == &legacy          ? " ANVIL_CUDA_BATCH_GEMV=0"
                                          : be == flat.get()      ? " ANVIL_QGEMM_CLUSTER=0 SUM_KERNEL=0"
                                          : be == clustered.get() ? " ANVIL_QGEMM_CLUSTER=1"
                                          : be == permuted.get()  ? " ANVIL_QGEMM_PLAIN_X=0"
-                                         : be == summed4.get()   ? " ANVIL_QGEMM_SUM_KERNEL=1 SUM_VEC=1"
                                                                  : " ANVIL_QGEMM_SUM_KERNEL=1");
         auto dq = be->upload_weight(q.w), dk = be->upload_weight(k.w), dv = be->upload_weight(v.w);
         auto dg = be->upload_weight(gw.w), du = be->upload_weight(uw.w);
@@ -659,7 +658,7 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
             expect_close(got[2], ref_v, kGemmBound, "linear_multi v " + what);
             expect_close(got[3], ref_k, kGemmBound, "linear k -> F32 " + what);
             expect_close(got[4], ref_s, kGemmBound * 1.5, "linear_swiglu " + what);
-            if (be == clustered.get() || be == summed.get() || be == summed4.get())
+            if (be == clustered.get() || be == summed.get())
               for (int i = 0; i < 5; ++i)
                 EXPECT_EQ(0, std::memcmp(flat_out[i].data(), got[i].data(), got[i].size() * sizeof(float)))
                     << "output " << i << " differs from ANVIL_QGEMM_CLUSTER=0's: " << what;
@@ -678,9 +677,9 @@ TEST_F(CudaOps, BatchedQ4MatVecMatchesCpu) {
 }
 
 TEST_F(CudaOps, NormsEmbedAndElementwiseMatchCpu) {
-  // From 65 rows with cols a multiple of 8 up to 6,144 the norms run one warp per row (norm.cu's
-  // rmsnorm_warp_kernel); up to 64 rows with cols a multiple of 8 (up to 8,192) one thread per 8
-  // elements (rmsnorm_vec_kernel); 1,001 columns, and 6,152 from 65 rows, rmsnorm_kernel.
+  // With cols a multiple of 8 (up to 8,192) the norms run a block per row and a thread per 8
+  // elements (norm.cu's rmsnorm_vec_kernel), at any row count (decode, batched decode, prefill);
+  // 1,001 columns take rmsnorm_kernel.
   for (int64_t rows : {1, 5, 64, 65, 67})
     for (int64_t cols : {64, 1000, 1001, 4096, 5120, 6152}) {
       const std::string sh = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";

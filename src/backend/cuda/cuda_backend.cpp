@@ -144,9 +144,6 @@ class CudaBackend final : public Backend {
     // batched matrix); ANVIL_QGEMM_PLAIN_X=0: after permute_x_kernel, as before.
     bscratch_.plain_x = true;
     if (const char* c = std::getenv("ANVIL_QGEMM_PLAIN_X"); c && *c == '0') bscratch_.plain_x = false;
-    // ANVIL_QGEMM_SUM_VEC=1: the sum kernel adds four rows per thread with 16-byte loads (the same
-    // bits; session 32, for measuring: BENCH_SET=sumvec).
-    if (const char* c = std::getenv("ANVIL_QGEMM_SUM_VEC"); c && *c == '1') bscratch_.sum_vec = true;
     if (const char* g = std::getenv("ANVIL_CUDA_GEMV_MAX_T"); g && *g)
       gemv_max_t_ = std::clamp(std::atoi(g), cuda::kGemvMaxTokens, cuda::kCublasMinTokens - 1);
     return Status::ok();

@@ -63,9 +63,6 @@ struct GemvScratch {
   // backend's default) instead of a copy permuted into mma fragment order in xperm
   // (ANVIL_QGEMM_PLAIN_X=0, read by the backend).
   bool plain_x = true;
-  // split_sum_kernel's sums by four rows per thread with 16-byte loads (split_sum4_kernel, the same
-  // bits; ANVIL_QGEMM_SUM_VEC=1, read by the backend; session 32, not yet measured).
-  bool sum_vec = false;
 };
 // The scratch sizes a call at T rows needs (pointers left null); false: the batch kernel does not
 // take it.

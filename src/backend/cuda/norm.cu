@@ -145,61 +145,8 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, 
   trace::point(9);
 }
 
-// Prefill-sized launches (rows >= kNormWarpRowsMin: more rows than a batched decode step has):
-// one warp per row, 16-byte loads and stores, the row in registers (up to kNormWarpChunks chunks of
-// 8 per lane), 4 rows per block. One block of 1,024 threads per row with 2-byte accesses took 17 us
-// for 512 rows of qwen3-8b's 4,096 (ncu on the H200, session 13: 0.5 TB/s). The sum of squares is
-// taken in another order than rmsnorm_kernel's, so the last bit of a norm can differ between the
-// two, as it already does between the decode and prefill linears.
-// A warp walks its row's chunks one after another (each residual store is ordered before the next
-// chunk's loads), so with few rows the kernel is a chain of L2 round trips: the timeline of a
-// 64-sequence qwen3-8b q4g64 step (H100, session 32) had its 16 blocks at 16.2-16.9 us per norm,
-// where the 32-sequence step's rmsnorm_vec_kernel (a block per row, a thread per chunk) took 1.9-2.0.
-// Batched decode (up to kTcMaxTokens rows) therefore takes rmsnorm_vec_kernel.
-constexpr int kNormWarpChunks = 24;  // rows of up to 24 * 8 * 32 = 6,144 elements
-constexpr int kNormWarpRowsMin = kTcMaxTokens + 1;
-constexpr int kNormWarpRows = 4;     // rows (warps) per block
-
-template <bool RESIDUAL>
-__global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x,
-                                                                          const void* w, Elem wd, float eps, int rows,
-                                                                          int cols, __nv_bfloat16* out) {
-  pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kNormWarpRows + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const int nch = cols / 8;
-  const uint4* xs = reinterpret_cast<const uint4*>(x + r * cols);
-  uint4* rs = reinterpret_cast<uint4*>(residual + (RESIDUAL ? r * cols : 0));
-  uint4 v[kNormWarpChunks];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kNormWarpChunks; ++j) {
-    const int ch = lane + 32 * j;
-    if (ch >= nch) break;
-    v[j] = xs[ch];
-    if constexpr (RESIDUAL) {  // residual += x, rounded to bf16; the norm of the rounded sum
-      v[j] = add8(rs[ch], v[j]);
-      rs[ch] = v[j];
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += bf16_at(v[j], e) * bf16_at(v[j], e);
-  }
-  const float inv = rsqrtf(warp_sum(ss) / float(cols) + eps);
-  uint4* os = reinterpret_cast<uint4*>(out + r * cols);
-#pragma unroll
-  for (int j = 0; j < kNormWarpChunks; ++j) {
-    const int ch = lane + 32 * j;
-    if (ch >= nch) break;
-    float y[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) y[e] = bf16_at(v[j], e) * inv * load_any(w, int64_t(ch) * 8 + e, wd);
-    os[ch] = make_uint4(bf16_pair(y[0], y[1]), bf16_pair(y[2], y[3]), bf16_pair(y[4], y[5]), bf16_pair(y[6], y[7]));
-  }
-}
-
-// Decode-sized launches (up to 64 rows, cols a multiple of 8 up to 8,192; ANVIL_CUDA_NORM_VEC=0
-// falls back to rmsnorm_kernel): one block per row, one thread per 16-byte chunk of 8 elements
+// Every launch with cols a multiple of 8 up to 8,192 (ANVIL_CUDA_NORM_VEC=0 falls back to
+// rmsnorm_kernel): one block per row, one thread per 16-byte chunk of 8 elements
 // (cols / 8 threads: 512 for qwen3-8b's 4,096), the weights loaded before the PDL wait. The
 // timeline of the decode graph (trace.h, session 15) had rmsnorm_kernel's 1,024 threads of 2-byte
 // loads at 4.7-6.0 us per norm on qwen3-8b against 1.2-1.7 us on qwen3-0.6b, while the next
@@ -210,8 +157,14 @@ __global__ void __launch_bounds__(kNormWarpRows * 32) rmsnorm_warp_kernel(__nv_b
 // row and its sum, so the next kernels' blocks, and their weight copies, start after these loads.
 // The backend sets it once the model has run an MoE block (cuda_backend.cpp): qwen3-30b-a3b-16L
 // 960 -> 1,019 tok/s, while dense models lost 1.3-1.5% with it (qwen3-8b 438, qwen3-0.6b 1,182).
-// The arithmetic is rmsnorm_warp_kernel's (the same bits; the sum of squares in another order than
-// rmsnorm_kernel's).
+// Prefill norms take it too (session 33). They used a warp per row (4 rows per block, 16-byte
+// loads, the row in registers; 17 us for 512 rows of qwen3-8b's 4,096 with rmsnorm_kernel's 2-byte
+// loads, session 13), but a warp walks its row's chunks one after another (each residual store is
+// ordered before the next chunk's loads), a chain of L2 round trips: 16.2-16.9 us per norm at 64
+// rows in a batched qwen3-8b step's timeline (H100, session 32) against ~2 us here. pp512 on an
+// H100 (session 33, two rounds, interleaved): qwen3-0.6b q4g64 112,005 / 113,269 -> 116,759 /
+// 118,644 tok/s, qwen3-8b q4g64 23,253 / 23,265 -> 24,211 / 24,055. The sum of squares is taken in
+// another order than rmsnorm_kernel's, so the last bit of a norm can differ between the two.
 template <bool RESIDUAL>
 __global__ void rmsnorm_vec_kernel(__nv_bfloat16* residual, const __nv_bfloat16* x, const void* w, Elem wd, float eps,
                                    int cols, __nv_bfloat16* out, bool late, uint4* planes) {
@@ -276,25 +229,6 @@ cudaError_t rmsnorm(void* residual, const void* x, const void* w, Elem w_dtype, 
                     void* out, cudaStream_t s, bool late, void* planes, bool* planes_written) {
   if (planes_written) *planes_written = false;
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  // ANVIL_CUDA_NORM_WARP=0 (session 32, for measuring: BENCH_SET=prefillnorm): prefill-sized norms
-  // through rmsnorm_vec_kernel too. Each warp of rmsnorm_warp_kernel walks its 16 chunks (qwen3-8b)
-  // one round trip after another, whatever the row count, so up to a few thousand rows a prefill
-  // norm may take the ~16 us it took at 64 rows, where a block per row took ~2.
-  static const bool warp_rows = [] {
-    const char* e = std::getenv("ANVIL_CUDA_NORM_WARP");
-    return !(e && *e == '0');
-  }();
-  if (warp_rows && rows >= kNormWarpRowsMin && cols % 8 == 0 && cols <= kNormWarpChunks * 8 * 32 && a16(x) && a16(out) &&
-      (!residual || a16(residual))) {
-    const dim3 grid(unsigned((rows + kNormWarpRows - 1) / kNormWarpRows)), block(kNormWarpRows * 32);
-    if (residual)
-      launch_k(rmsnorm_warp_kernel<true>, grid, block, 0, s, static_cast<__nv_bfloat16*>(residual),
-               static_cast<const __nv_bfloat16*>(x), w, w_dtype, eps, rows, cols, static_cast<__nv_bfloat16*>(out));
-    else
-      launch_k(rmsnorm_warp_kernel<false>, grid, block, 0, s, nullptr, static_cast<const __nv_bfloat16*>(x), w, w_dtype,
-               eps, rows, cols, static_cast<__nv_bfloat16*>(out));
-    return cudaGetLastError();
-  }
   static const bool vec = [] {
     const char* e = std::getenv("ANVIL_CUDA_NORM_VEC");
     return !(e && *e == '0');

@@ -541,55 +541,18 @@ __global__ void split_sum_kernel(TcParams p, BatchArgs a, int ks) {
     store_out<SWIGLU>(p, m, row, t, v, u);
   }
 }
-// The same sums, four consecutive partial rows per thread with 16-byte loads (GemvScratch::sum_vec,
-// ANVIL_QGEMM_SUM_VEC=1; session 32, not yet run on a GPU). Each output is still 0 + split 0 + split
-// 1 + ... in split order, so the outputs are split_sum_kernel's bit for bit. Why: in the timeline
-// of a 64-sequence qwen3-8b q4g64 step (H100, session 32) the sum kernel after gate/up took 12.2 us
-// per layer for ~25 MB of partials that the batch kernel had just written, and each of its threads
-// adds ~3 outputs one after another with 2 M loads each; here a quarter of the threads make 16-byte
-// loads, all of a thread's issued at once. part_rows is a multiple of 64 and a row block of kBRows,
-// so the 4 rows share a row block and a segment, and the loads are 16-byte aligned.
-template <bool SWIGLU, int TP, int kBRows>
-__global__ void split_sum4_kernel(TcParams p, BatchArgs a, int ks) {
-  pdl_launch();
-  pdl_wait();  // the batch kernel's partials are complete and visible
-  constexpr int M = SWIGLU ? 2 : 1;
-  const int64_t quads = a.part_rows / 4, total = quads * p.T;
-  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total; q += int64_t(gridDim.x) * blockDim.x) {
-    const int t = int(q / quads);
-    const int64_t prow = (q % quads) * 4, blk = prow / kBRows;
-    const TcSeg& m = batch_seg(p, blk);
-    const int64_t row = (blk - m.tile_begin) * kBRows + prow % kBRows;
-    if (row >= m.rows) continue;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-    for (int sp = 0; sp < ks; ++sp) {
-      const float4 pv = __ldcg(reinterpret_cast<const float4*>(a.part + ((int64_t(sp) * M) * TP + t) * a.part_rows + prow));
-      v[0] += pv.x, v[1] += pv.y, v[2] += pv.z, v[3] += pv.w;
-      if constexpr (SWIGLU) {
-        const float4 pu =
-            __ldcg(reinterpret_cast<const float4*>(a.part + ((int64_t(sp) * M + 1) * TP + t) * a.part_rows + prow));
-        u[0] += pu.x, u[1] += pu.y, u[2] += pu.z, u[3] += pu.w;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (row + j < m.rows) store_out<SWIGLU>(p, m, row + j, t, v[j], u[j]);
-  }
-}
-// rows: the batch kernel's rows per block, 16 W R (64, 128 or 256); vec: split_sum4_kernel.
+// rows: the batch kernel's rows per block, 16 W R (64, 128 or 256).
 template <bool SW, int TP, int R>
-void sum_launch_r(bool vec, cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
-  const int64_t total = (vec ? a.part_rows / 4 : a.part_rows) * p.T;
+void sum_launch_r(cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
+  const int64_t total = a.part_rows * p.T;
   const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 8 * sm_count()));
-  if (vec) launch_k(split_sum4_kernel<SW, TP, R>, dim3(grid), dim3(256), 0, s, p, a, ks);
-  else launch_k(split_sum_kernel<SW, TP, R>, dim3(grid), dim3(256), 0, s, p, a, ks);
+  launch_k(split_sum_kernel<SW, TP, R>, dim3(grid), dim3(256), 0, s, p, a, ks);
 }
 template <bool SW, int TP>
-cudaError_t sum_launch(int rows, bool vec, cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
-  if (rows == 128) sum_launch_r<SW, TP, 128>(vec, s, p, a, ks);
-  else if (rows == 256) sum_launch_r<SW, TP, 256>(vec, s, p, a, ks);
-  else sum_launch_r<SW, TP, 64>(vec, s, p, a, ks);
+cudaError_t sum_launch(int rows, cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
+  if (rows == 128) sum_launch_r<SW, TP, 128>(s, p, a, ks);
+  else if (rows == 256) sum_launch_r<SW, TP, 256>(s, p, a, ks);
+  else sum_launch_r<SW, TP, 64>(s, p, a, ks);
   return cudaGetLastError();
 }
 
@@ -921,10 +884,9 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
     default: e = swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);
   }
   if (e != cudaSuccess || !b.sum_kernel) return e;
-  const bool vec = sc.sum_vec;
   if (b.NT == 4)
-    return swiglu ? sum_launch<true, 32>(rows, vec, s, p, a, b.ksplit) : sum_launch<false, 32>(rows, vec, s, p, a, b.ksplit);
-  return swiglu ? sum_launch<true, 64>(rows, vec, s, p, a, b.ksplit) : sum_launch<false, 64>(rows, vec, s, p, a, b.ksplit);
+    return swiglu ? sum_launch<true, 32>(rows, s, p, a, b.ksplit) : sum_launch<false, 32>(rows, s, p, a, b.ksplit);
+  return swiglu ? sum_launch<true, 64>(rows, s, p, a, b.ksplit) : sum_launch<false, 64>(rows, s, p, a, b.ksplit);
 }
 
 }  // namespace anvil::cuda::tc
