@@ -114,8 +114,8 @@ int run_serve(ServeArgs& a) {
                so.shutdown_timeout_s);
   srv.shutdown();
   http.join();
-  if (store) {  // every session turn has finished; what the writer still holds is committed now
-    store->flush();
+  if (store) {  // every session turn has finished; what the writer still holds is committed now, with
+    store.finish();  // the pages it dropped under load that the prefix cache still holds
     std::fprintf(stderr, "[anvil] kv store flushed (%lld pages written)\n",
                  static_cast<long long>(store->counters().pages_written.load()));
     if (a.kv.profile) print_kv_profile(*store.get(), 0, stderr);

@@ -40,9 +40,15 @@ Result<KVStoreOptions> kv_store_options(const KVStoreFlags& f) {
   return o;
 }
 
+void AttachedStore::finish() {
+  if (!store_) return;
+  if (engine_) engine_->persist_dropped();  // pages dropped under a burst, still in the prefix cache
+  store_->flush();
+}
+
 AttachedStore::~AttachedStore() {
   if (!store_) return;
-  store_->flush();
+  finish();
   if (engine_) {
     store_->reap(engine_->pool(), true);
     engine_->set_page_store(nullptr);
@@ -127,6 +133,7 @@ nlohmann::ordered_json kv_profile_json(const KVStore& store) {
   j["pages_written"] = c.pages_written.load();
   j["pages_deduplicated"] = c.pages_deduped.load();
   j["pages_dropped"] = c.pages_dropped.load();
+  j["pages_reoffered"] = c.pages_reoffered.load();
   j["tails_written"] = c.tails_written.load();
   j["bytes_written"] = c.bytes_written.load();
   j["fsyncs"] = c.fsyncs.load();

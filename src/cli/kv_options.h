@@ -31,7 +31,7 @@ void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags = t
 Result<KVStoreOptions> kv_store_options(const KVStoreFlags& f);
 
 // A store attached to a stack's engine. Destroy it before the stack (declare it after): it
-// flushes, takes back every pool page it holds, and detaches itself from the engine.
+// finishes (below), takes back every pool page it holds, and detaches itself from the engine.
 class AttachedStore {
  public:
   AttachedStore() = default;
@@ -40,6 +40,9 @@ class AttachedStore {
   KVStore* get() const { return store_.get(); }
   KVStore* operator->() const { return store_.get(); }
   explicit operator bool() const { return bool(store_); }
+  // Hands the store every page it dropped that the engine's prefix cache still holds
+  // (Engine::persist_dropped), then flushes: all of it committed. The destructor does it too.
+  void finish();
 
  private:
   friend Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s);

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -171,10 +172,11 @@ double KVStore::attached_seconds() const {
 }
 
 // Decode thread (invariant 4). Returns false when the descriptor was not queued.
-bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked) {
+bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked, size_t limit) {
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   const size_t Q = ring_.size();
+  if (limit > 0 && count_ >= limit) return false;  // page_offer: only into a ring with room to spare
   if (count_ == Q) {
     if (!block) {
       if (count_blocked)
@@ -196,9 +198,9 @@ bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block, b
   return true;
 }
 
-void KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
+bool KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
                         std::span<const int32_t> tokens, int32_t page, KVPool& pool) {
-  if (!writer_) return;
+  if (!writer_) return true;  // (not attached: nothing to persist, nothing to offer again)
   Desc d;
   d.kind = Desc::kPage;
   d.page = page;
@@ -219,7 +221,30 @@ void KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int 
   if (!push(d, tokens, is_session)) {
     pool.kv_page_release(page);
     ++counters_.pages_dropped;
+    return false;
   }
+  return true;
+}
+
+bool KVStore::page_offer(const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                         int32_t page, KVPool& pool) {
+  if (!writer_) return true;
+  Desc d;
+  d.kind = Desc::kPage;
+  d.page = page;
+  d.n = int32_t(tokens.size());
+  d.first_pos = first_pos;
+  d.key = key;
+  d.parent = parent;
+  d.session = 0;
+  pool.kv_page_retain(page);  // invariant 5
+  d.fence = backend_->record_fence();
+  if (!push(d, tokens, false, false, std::max<size_t>(1, ring_.size() / 2))) {
+    pool.kv_page_release(page);
+    return false;
+  }
+  ++counters_.pages_reoffered;
+  return true;
 }
 
 void KVStore::reap(KVPool& pool, bool wait) {

@@ -18,7 +18,9 @@
 //  4. The decode thread never allocates, does I/O or touches SQLite for the store: page_full and
 //     session_note take a mutex, retain the pool page and write a descriptor into a preallocated
 //     ring. Only a named session may block it (back-pressure, counted in decode_blocked_ns); an
-//     anonymous page that finds the ring full is dropped (a future miss, counted).
+//     anonymous page that finds the ring full is dropped (counted). The engine offers a dropped
+//     page again (page_offer) while the prefix index still holds it, once the ring is at most half
+//     full, and before the store is detached; a page evicted before that is a future miss.
 //  5. A pool page handed to the writer is retained until the writer has copied it to staging; the
 //     decode thread takes it back in reap(). Full pages are immutable, and of a session's tail the
 //     writer copies only the rows below the tail's fill mark, which are never written again.
@@ -37,6 +39,7 @@
 //
 //   [full in pool] --page_full--> enqueued --Writer::write_page--> written (appended, in the OS cache)
 //        enqueued --(ring full, not a session)--> dropped          |
+//        dropped --page_offer (ring half empty, still indexed)--> enqueued
 //                                                                  v  Writer::flush: fdatasync
 //                                   committed <--Writer::flush: COMMIT-- synced
 //                                       |  ^  restore_pages: read, check, install in the pool (pinned)
@@ -84,6 +87,7 @@ struct KVStoreOptions {
 // Always on; --profile prints them.
 struct KVStoreCounters {
   std::atomic<int64_t> pages_enqueued{0}, pages_written{0}, pages_deduped{0}, pages_dropped{0};
+  std::atomic<int64_t> pages_reoffered{0};  // dropped pages queued again by page_offer
   std::atomic<int64_t> tails_written{0}, bytes_written{0}, fsyncs{0}, transactions{0}, write_errors{0};
   std::atomic<int64_t> queue_high_water{0}, writer_busy_ns{0}, decode_blocked_ns{0};
   std::atomic<int64_t> restored_pages{0}, restored_bytes{0}, restore_misses{0}, restore_corrupt{0};
@@ -115,12 +119,14 @@ class KVStore : public PageStore {
   // engine's cache root (kv_cache_root: every weight byte, the config, KV dtype, page size, layout).
   Status attach(Backend& backend, const KVCacheView& layout, const Hash128& fingerprint);
   // Blocks until every descriptor queued so far is committed (or failed).
-  void flush();
+  void flush() override;
 
   // ---- PageStore ----
   const Hash128& fingerprint() const override { return fingerprint_; }
-  void page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+  bool page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
                  int32_t page, KVPool& pool) override;
+  bool page_offer(const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                  int32_t page, KVPool& pool) override;
   int restore_pages(std::span<const int32_t> tokens, int first, const Hash128& parent, int max_pages, KVPool& pool,
                     std::vector<int32_t>* pages, std::vector<Hash128>* keys) override;
   int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
@@ -205,7 +211,8 @@ class KVStore : public PageStore {
   std::string segment_path(int64_t id) const;
   Status prepare_reader();
   // count_blocked: the caller is the decode thread (its time here is decode_blocked_ns).
-  bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true);
+  // limit: queue only while fewer than this many descriptors are waiting (0: the ring's capacity).
+  bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true, size_t limit = 0);
   Result<ReadFile*> segment_reader(int64_t seg);
   struct RestoreItem;
   // One restoring thread's buffers: its checksum state, the record header, the general-parse fallback.

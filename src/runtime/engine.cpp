@@ -141,10 +141,68 @@ void Engine::publish_full_pages(Seq& s) {
     const Hash128 parent = i == 0 ? Hash128{} : s.page_key[i - 1];
     auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
     s.page_key[i] = kv_page_key(root_, parent, page_tokens);
-    if (opts_.prefix_cache) pool_->prefix_insert(s.page_key[i], parent, page_tokens, s.pages[i]);
-    // Computed here (restored and reused pages have their key already): hand it to the store.
-    if (store_) store_->page_full(int(&s - seqs_.data()), s.page_key[i], parent, i * P, page_tokens, s.pages[i], *pool_);
+    const bool indexed = opts_.prefix_cache && pool_->prefix_insert(s.page_key[i], parent, page_tokens, s.pages[i]);
+    // Computed here (restored and reused pages have their key already): hand it to the store. A
+    // page it drops is offered again later while the index holds it (offer_dropped).
+    if (store_ && !store_->page_full(int(&s - seqs_.data()), s.page_key[i], parent, i * P, page_tokens, s.pages[i],
+                                     *pool_) &&
+        indexed)
+      note_dropped(s.pages[i], s.page_key[i], i * P);
   }
+}
+
+void Engine::set_page_store(PageStore* store) {
+  store_ = store;
+  // (Reserved here, once: note_dropped and offer_dropped run on the decode thread and never grow them.)
+  dropped_key_.assign(store ? size_t(pool_->n_pages()) : 0, Hash128{});
+  dropped_pos_.assign(dropped_key_.size(), 0);
+  dropped_.clear();
+  dropped_.reserve(dropped_key_.size());
+  dropped_head_ = 0;
+}
+
+void Engine::note_dropped(int32_t page, const Hash128& key, int first_pos) {
+  if (size_t(page) >= dropped_key_.size()) return;
+  if (dropped_key_[size_t(page)].is_zero()) {
+    if (dropped_head_ > 0 && dropped_.size() == dropped_.capacity()) {  // the consumed front makes room
+      dropped_.erase(dropped_.begin(), dropped_.begin() + std::ptrdiff_t(dropped_head_));
+      dropped_head_ = 0;
+    }
+    dropped_.push_back(page);
+  }
+  dropped_key_[size_t(page)] = key;  // (a page listed under an older key that was evicted: now this one)
+  dropped_pos_[size_t(page)] = first_pos;
+}
+
+size_t Engine::offer_dropped() {
+  if (!store_) return 0;
+  while (dropped_head_ < dropped_.size()) {
+    const int32_t page = dropped_[dropped_head_];
+    const Hash128 key = dropped_key_[size_t(page)];
+    Hash128 parent;
+    const std::vector<int32_t>* tokens = key.is_zero() ? nullptr : pool_->prefix_tokens_of(page, key, &parent);
+    if (tokens && !store_->page_offer(key, parent, dropped_pos_[size_t(page)], *tokens, page, *pool_)) break;
+    dropped_key_[size_t(page)] = Hash128{};  // offered, or no longer indexed under that key: done with it
+    ++dropped_head_;
+  }
+  if (dropped_head_ == dropped_.size()) dropped_.clear(), dropped_head_ = 0;
+  return dropped_.size() - dropped_head_;
+}
+
+void Engine::persist_dropped() {
+  if (!store_) return;
+  for (size_t left = offer_dropped(); left > 0;) {
+    store_->flush();  // the queue drains: room for the next round
+    store_->reap(*pool_, false);
+    const size_t now = offer_dropped();
+    if (now >= left) break;  // no progress (cannot happen with an empty queue; never spin)
+    left = now;
+  }
+}
+
+void Engine::store_tick() {
+  store_->reap(*pool_, false);  // pages the store's writer has copied come back
+  if (dropped_head_ < dropped_.size()) offer_dropped();
 }
 
 Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t>& ids,
@@ -182,7 +240,7 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
                       std::vector<float>* all_logits) {
   if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("extend: no such sequence");
   if (tokens.empty()) return invalid_argument("extend: no tokens");
-  if (store_) store_->reap(*pool_, false);
+  if (store_) store_tick();
   Seq& s = seqs_[seq];
   const int V = model_.config().vocab_size;
   for (int32_t t : tokens)
@@ -265,7 +323,7 @@ Status Engine::decode_impl(std::span<const int> seqs, std::span<const int32_t> t
   if (seqs.size() != tokens.size() || seqs.empty()) return invalid_argument("decode: one token per sequence");
   if (int(seqs.size()) > std::max(model_.max_tokens(), 1)) return invalid_argument("decode: batch too large");
   const int V = model_.config().vocab_size;
-  if (store_) store_->reap(*pool_, false);
+  if (store_) store_tick();
   // Per-step index vectors are members reused across calls: no allocation per decode step.
   std::vector<int>& order = scratch_.order;
   std::vector<int32_t>&ids = scratch_.ids, &sidx = scratch_.sidx, &pos = scratch_.pos;

@@ -53,9 +53,18 @@ class Engine {
   // Attaches a durable page store (src/kvstore/): full pages are handed to it as they fill, and a
   // new sequence's prefix is restored from it where the in-memory index has no page. Its
   // fingerprint() must be this engine's cache_root().
-  void set_page_store(PageStore* store) { store_ = store; }
+  void set_page_store(PageStore* store);
   PageStore* page_store() const { return store_; }
   const Hash128& cache_root() const { return root_; }
+  // Full pages the store dropped (its queue was full under a burst of pages) and the prefix index
+  // still holds are offered to it again (PageStore::page_offer), oldest first, at every step and
+  // extend, as long as it takes them; a page evicted meanwhile is forgotten. Returns how many still
+  // wait. The server also calls it while idle.
+  size_t offer_dropped();
+  // Before the store is detached or shut down: offers every dropped page still indexed, letting the
+  // store's queue drain (PageStore::flush) between rounds, until none is left or one round makes no
+  // progress.
+  void persist_dropped();
 
   // Appends `tokens` to the sequence and computes their KV. Writes the logits of the last token to
   // last_logits ([vocab]) and, when all_logits is set, of every new token ([n, vocab]).
@@ -124,6 +133,8 @@ class Engine {
   Status ensure_pages(Seq& s, int n_positions);
   void reuse_prefix(Seq& s);
   void publish_full_pages(Seq& s);
+  void store_tick();  // the store's copied pages back (reap), then offer_dropped
+  void note_dropped(int32_t page, const Hash128& key, int first_pos);
   struct Greedy {
     std::span<const int32_t> suppress;
     int32_t* ids;
@@ -151,6 +162,13 @@ class Engine {
   int32_t* seq_dev_ = nullptr;
   int32_t* table_dev_ = nullptr;
   PageStore* store_ = nullptr;
+  // The store's dropped pages (offer_dropped): per pool page the key it was dropped under (zero:
+  // none) and its first position, and those pages oldest first from dropped_head_, each at most
+  // once (so never more than the pool's pages: reserved once, no allocation per step).
+  std::vector<Hash128> dropped_key_;
+  std::vector<int32_t> dropped_pos_;
+  std::vector<int32_t> dropped_;
+  size_t dropped_head_ = 0;
   uint64_t last_step_prep_ns_ = 0;
   struct SampleState {  // decode_sample's buffers (engine_sample.cpp), allocated on first use
     SampleRowParams* params = nullptr;  // [max_seqs]

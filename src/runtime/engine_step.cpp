@@ -57,7 +57,7 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
     ANVIL_RETURN_IF_ERROR(sample(&g));
     greedy = &g;
   }
-  if (store_) store_->reap(*pool_, false);  // pages the store's writer has copied come back
+  if (store_) store_tick();  // pages the store's writer has copied come back; dropped ones offered again
   for (const StepItem& it : items) ANVIL_RETURN_IF_ERROR(ensure_pages(seqs_[it.seq], seqs_[it.seq].n_kv + it.n_tokens));
 
   std::vector<int> order;

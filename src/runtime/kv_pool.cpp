@@ -98,6 +98,14 @@ void KVPool::update_evictable(Entry* e, bool most_recent) {
   e->in_lru = true;
 }
 
+const std::vector<int32_t>* KVPool::prefix_tokens_of(int32_t page, const Hash128& key, Hash128* parent) const {
+  if (page < 0 || size_t(page) >= entry_of_page_.size()) return nullptr;
+  const Entry* e = entry_of_page_[size_t(page)];
+  if (!e || !(e->key == key)) return nullptr;
+  *parent = e->parent;
+  return &e->tokens;
+}
+
 bool KVPool::prefix_insert(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens, int32_t page) {
   check_used(page, "prefix_insert");
   if (index_.count(key)) return false;  // already known (or a colliding key): keep the existing page

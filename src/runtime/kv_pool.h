@@ -62,6 +62,9 @@ class KVPool {
   // The page with this key whose parent and token ids are also equal (retained for the caller), or -1.
   int32_t prefix_lookup(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens);
   size_t prefix_entries() const { return index_.size(); }
+  // The token ids of `page` if the index holds it under `key` (and its parent key in *parent), else
+  // null. For the store's dropped pages (Engine::offer_dropped): is the page still what it was?
+  const std::vector<int32_t>* prefix_tokens_of(int32_t page, const Hash128& key, Hash128* parent) const;
   // Drops every entry that only the index holds (no sequence uses its page, no child below it),
   // leaves first, until none is left; returns how many. For a scratch sequence's pages (warm_up).
   size_t prefix_evict_unused();

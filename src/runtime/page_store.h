@@ -23,8 +23,15 @@ class PageStore {
   virtual const Hash128& fingerprint() const = 0;
   // Pool page `page` of sequence `seq` now holds positions [first_pos, first_pos + P) = `tokens` and
   // will not change. Must not allocate or do I/O: it retains the page and queues a descriptor.
-  virtual void page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
+  // Returns whether it was queued; false: the store dropped it (its queue was full), so it stays a
+  // miss unless page_offer hands it over again later.
+  virtual bool page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
                          std::span<const int32_t> tokens, int32_t page, KVPool& pool) = 0;
+  // A full page that page_full dropped, offered again (no sequence owns it now: the prefix index
+  // does). Queued only while the store's queue is at most half full, so that retries never take
+  // the room fresh pages need; returns whether it was queued. Same rules as page_full otherwise.
+  virtual bool page_offer(const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
+                          int32_t page, KVPool& pool) = 0;
   // Loads consecutive full pages of `tokens` starting at page index `first` (whose parent key is
   // `parent`), at most max_pages, into pages from the pool. Appends them and their keys; returns
   // how many. Each is validated before it is returned; a missing or bad page ends the run.
@@ -34,6 +41,8 @@ class PageStore {
   // `tokens`, n <= max_tokens: returns n (the page in *page) or 0.
   virtual int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
                            KVPool& pool, int32_t* page) = 0;
+  // Blocks until every page queued so far is written and committed (or failed).
+  virtual void flush() = 0;
   // Releases the pages the store has finished copying; with wait, first waits for all of them.
   virtual void reap(KVPool& pool, bool wait) = 0;
   // The same, waiting at most `max_wait` for them: true when none is left out.

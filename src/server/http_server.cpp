@@ -643,6 +643,8 @@ Result<int> HttpServer::start() {
     add("anvil_kv_store_pages_written_total", "KV pages appended to the store", c.pages_written);
     add("anvil_kv_store_pages_deduplicated_total", "KV pages the store already had", c.pages_deduped);
     add("anvil_kv_store_pages_dropped_total", "KV pages dropped because the writer's queue was full", c.pages_dropped);
+    add("anvil_kv_store_pages_reoffered_total", "Dropped KV pages queued again once the writer's queue had room",
+        c.pages_reoffered);
     add("anvil_kv_store_tails_written_total", "Session tail (partial) pages written", c.tails_written);
     add("anvil_kv_store_bytes_written_total", "Bytes appended to the store's segments", c.bytes_written);
     add("anvil_kv_store_fsyncs_total", "fdatasync calls of the store's writer", c.fsyncs);

@@ -240,9 +240,13 @@ void Scheduler::loop() {
     // stay out of the pool until the next step), so an idle server's pages are all free or cached.
     // In short waits, and not past the arrival of work: after a long prompt the writer holds its
     // pages for as long as the disk takes to write them (a 4,096-token qwen3-8b prompt: 600 MB,
-    // ~200 ms on the H200 machine), and the next request must not wait for that.
+    // ~200 ms on the H200 machine), and the next request must not wait for that. Pages the store
+    // dropped under load (its queue full) and the prefix cache still holds are offered to it again
+    // meanwhile, as its queue drains, so that an idle server catches up on what it could not write.
     if (active_.empty() && opts_.store)
-      while (!opts_.store->reap_for(engine_.pool(), std::chrono::milliseconds(2))) {
+      for (;;) {
+        const size_t dropped = engine_.offer_dropped();
+        if (opts_.store->reap_for(engine_.pool(), std::chrono::milliseconds(2)) && dropped == 0) break;
         std::lock_guard<std::mutex> lk(mu_);
         if (stop_ || !queue_.empty() || !calls_.empty()) break;
       }

@@ -47,6 +47,35 @@ TEST(KVPool, KeyMatchWithOtherTokensOrParentIsAMiss) {
   EXPECT_EQ(p.pool->refcount(orphan), 1);
 }
 
+// prefix_tokens_of (the engine's check before offering a dropped page to the store again) answers
+// only for the key the page is indexed under now: after the page is evicted and reused for other
+// tokens, the old key gets nothing, so the old key is never written with the new KV.
+TEST(KVPool, TokensOfAPageOnlyUnderItsCurrentKey) {
+  Pool p(1);
+  std::vector<int32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8};
+  const Hash128 k0 = kv_page_key(kRoot, Hash128{}, t0), k1 = kv_page_key(kRoot, Hash128{}, t1);
+  Hash128 parent = hash128("unset", 5);
+  int32_t page = p.pool->kv_page_alloc();
+  EXPECT_EQ(p.pool->prefix_tokens_of(page, k0, &parent), nullptr) << "not indexed yet";
+  ASSERT_TRUE(p.pool->prefix_insert(k0, Hash128{}, t0, page));
+  const std::vector<int32_t>* got = p.pool->prefix_tokens_of(page, k0, &parent);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(*got, t0);
+  EXPECT_TRUE(parent.is_zero());
+  EXPECT_EQ(p.pool->prefix_tokens_of(page, k1, &parent), nullptr) << "another key";
+  EXPECT_EQ(p.pool->prefix_tokens_of(-1, k0, &parent), nullptr);
+  EXPECT_EQ(p.pool->prefix_tokens_of(1, k0, &parent), nullptr) << "past the pool";
+  // The only page is evicted for a new allocation and indexed under other tokens.
+  p.pool->kv_page_release(page);
+  int32_t again = p.pool->kv_page_alloc();
+  ASSERT_EQ(again, page);
+  EXPECT_EQ(p.pool->prefix_tokens_of(page, k0, &parent), nullptr) << "evicted";
+  ASSERT_TRUE(p.pool->prefix_insert(k1, Hash128{}, t1, again));
+  EXPECT_EQ(p.pool->prefix_tokens_of(page, k0, &parent), nullptr) << "the old key, the page reused";
+  ASSERT_NE(p.pool->prefix_tokens_of(page, k1, &parent), nullptr);
+  EXPECT_EQ(*p.pool->prefix_tokens_of(page, k1, &parent), t1);
+}
+
 TEST(KVPool, EvictsLeavesBeforeParents) {
   Pool p(3);
   std::vector<int32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8};

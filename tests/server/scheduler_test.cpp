@@ -518,3 +518,196 @@ TEST(Scheduler, IdleReapDoesNotHoldTheNextRequest) {
   store.reset();
   fs::remove_all(dir);
 }
+
+namespace {
+struct Restored {
+  int from_store = -1;    // tokens of the prompt a fresh engine took from the store
+  float max_diff = 1e30f; // its last logits against an engine without a store
+};
+// A restart: a new stack with the store in `dir` reopened extends `prompt`; its logits are compared
+// with a stack that computes everything (so a page restored with the wrong KV would show).
+Restored restored_after_restart(const std::string& dir, const std::vector<int32_t>& prompt) {
+  Restored r;
+  std::vector<float> want, got;
+  {
+    Stack s = make_stack(64, 4);
+    auto seq = s.engine->seq_create();
+    EXPECT_TRUE(seq.is_ok() && s.engine->extend(*seq, prompt, &want, nullptr).is_ok());
+  }
+  Stack s = make_stack(64, 4);
+  std::unique_ptr<KVStore> store = attach_store(s, dir);
+  if (!store) return r;
+  auto seq = s.engine->seq_create();
+  EXPECT_TRUE(seq.is_ok());
+  EXPECT_TRUE(s.engine->extend(*seq, prompt, &got, nullptr).is_ok());
+  r.from_store = s.engine->seq_store_tokens(*seq);
+  if (got.size() == want.size() && !got.empty()) {
+    r.max_diff = 0.0f;
+    for (size_t i = 0; i < got.size(); ++i) r.max_diff = std::max(r.max_diff, std::fabs(got[i] - want[i]));
+  }
+  s.engine->seq_release(*seq);
+  store->flush();
+  store->reap(s.engine->pool(), true);
+  s.engine->set_page_store(nullptr);
+  return r;
+}
+// The logits of a prompt computed with part of its KV restored against all of it computed: the
+// same KV values, so the same logits up to the order of the sums of other chunk shapes (measured:
+// 0 on this CPU backend; a page of another prompt's KV moves them by far more than this).
+constexpr float kRestoredLogitTol = 1e-3f;
+}  // namespace
+
+// A burst of full pages larger than the store's queue (a long prompt while the disk is slow: here
+// the appends are held and the queue holds 4) drops pages, and a restore stops at the first missing
+// page of a chain. The engine offers each dropped page again while its prefix cache holds it:
+// persist_dropped (what `anvil generate/run` do before detaching the store, and `anvil serve` at
+// shutdown) hands every one over, so after a restart the whole prompt comes from the store.
+TEST(EngineStore, DroppedPagesAreOfferedAgainBeforeDetach) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_drop_detach_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto prompt = random_ids(200, 401);  // 12 full pages of 16 (the 200th token is computed)
+  {
+    Stack s = make_stack(64, 4);
+    FaultEnv env;
+    KVStoreOptions so;
+    so.dir = dir;
+    so.flush_ms = 5;
+    so.env = &env;
+    so.queue_pages = 4;
+    auto opened = KVStore::open(so);
+    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+    std::unique_ptr<KVStore> store = std::move(opened).value();
+    ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
+    s.engine->set_page_store(store.get());
+    env.hold_appends(true);  // the writer takes one page and waits in its append
+    auto seq = s.engine->seq_create();
+    ASSERT_TRUE(seq.is_ok());
+    std::vector<float> logits;
+    ASSERT_TRUE(s.engine->extend(*seq, prompt, &logits, nullptr).is_ok());
+    const int64_t dropped = store->counters().pages_dropped.load();
+    EXPECT_GT(dropped, 0) << "12 pages against 1 in the writer and 4 in the queue";
+    EXPECT_EQ(s.engine->offer_dropped(), size_t(dropped)) << "a full queue takes no page back";
+    env.hold_appends(false);
+    s.engine->persist_dropped();
+    EXPECT_EQ(s.engine->offer_dropped(), 0u);
+    EXPECT_EQ(store->counters().pages_reoffered.load(), dropped);
+    store->flush();
+    EXPECT_EQ(store->counters().pages_written.load(), 12);
+    s.engine->seq_release(*seq);
+    store->reap(s.engine->pool(), true);
+    s.engine->set_page_store(nullptr);
+  }
+  const Restored r = restored_after_restart(dir, prompt);
+  EXPECT_EQ(r.from_store, 192) << "every full page of the prompt restored";
+  EXPECT_LE(r.max_diff, kRestoredLogitTol);
+  fs::remove_all(dir);
+}
+
+// A dropped page evicted from the prefix cache before it could be offered again is forgotten: its
+// pool page now holds another prompt's KV, which must never be written under the old key. Here
+// the first prompt's dropped pages are evicted for the second prompt while the queue is still full.
+TEST(EngineStore, DroppedPageEvictedMeanwhileIsForgotten) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_drop_evict_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto first = random_ids(200, 402);  // 12 full pages and a partial one
+  std::vector<int32_t> second;
+  int full_b = 0;
+  {
+    Stack s = make_stack(64, 4, /*kv_pages=*/20);
+    FaultEnv env;
+    KVStoreOptions so;
+    so.dir = dir;
+    so.flush_ms = 5;
+    so.env = &env;
+    so.queue_pages = 4;
+    auto opened = KVStore::open(so);
+    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+    std::unique_ptr<KVStore> store = std::move(opened).value();
+    ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
+    s.engine->set_page_store(store.get());
+    env.hold_appends(true);  // held through both prompts: no dropped page can be offered meanwhile
+    std::vector<float> logits;
+    auto a = s.engine->seq_create();
+    ASSERT_TRUE(a.is_ok());
+    ASSERT_TRUE(s.engine->extend(*a, first, &logits, nullptr).is_ok());
+    s.engine->seq_release(*a);
+    const int64_t dropped_a = store->counters().pages_dropped.load();
+    ASSERT_GT(dropped_a, 0);
+    // The second prompt takes every free page and then every page that only the index holds: the
+    // first prompt's dropped ones (the rest are held by the store's queue). Exactly that many, so
+    // the pool never waits for the held writer.
+    const int pages_b = int(s.engine->pool().n_free() + dropped_a);
+    full_b = pages_b - 1;
+    second = random_ids(16 * pages_b - 8, 403);
+    auto b = s.engine->seq_create();
+    ASSERT_TRUE(b.is_ok());
+    ASSERT_TRUE(s.engine->extend(*b, second, &logits, nullptr).is_ok());
+    EXPECT_EQ(store->counters().pages_dropped.load() - dropped_a, full_b) << "the queue stayed full";
+    env.hold_appends(false);
+    s.engine->persist_dropped();
+    store->flush();
+    EXPECT_EQ(store->counters().pages_reoffered.load(), full_b) << "only the second prompt's pages were still cached";
+    EXPECT_EQ(store->counters().pages_written.load(), 12 - dropped_a + full_b);
+    s.engine->seq_release(*b);
+    store->reap(s.engine->pool(), true);
+    s.engine->set_page_store(nullptr);
+  }
+  const Restored ra = restored_after_restart(dir, first), rb = restored_after_restart(dir, second);
+  EXPECT_LT(ra.from_store, 192) << "the first prompt's evicted pages were not written";
+  EXPECT_LE(ra.max_diff, kRestoredLogitTol);
+  EXPECT_EQ(rb.from_store, 16 * full_b);
+  EXPECT_LE(rb.max_diff, kRestoredLogitTol);
+  fs::remove_all(dir);
+}
+
+// The server: pages its store dropped under load are offered again once it is idle and the queue
+// drains, so a restart restores the whole prompt although the disk was stalled while it ran.
+TEST(Scheduler, IdleServerWritesThePagesItsStoreDropped) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_sched_drop_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto prompt = random_ids(200, 404);
+  {
+    Stack s = make_stack(64, 4);
+    FaultEnv env;
+    KVStoreOptions so;
+    so.dir = dir;
+    so.flush_ms = 5;
+    so.env = &env;
+    so.queue_pages = 4;
+    auto opened = KVStore::open(so);
+    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+    std::unique_ptr<KVStore> store = std::move(opened).value();
+    ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
+    s.engine->set_page_store(store.get());
+    Metrics m;
+    auto opts = sched_opts();
+    opts.store = store.get();
+    {
+      Scheduler sch(*s.engine, *s.tok, m, opts);
+      sch.start();
+      env.hold_appends(true);
+      auto job = std::make_shared<Job>(greedy(prompt, 4));
+      ASSERT_TRUE(sch.submit(job).is_ok());
+      Outcome o = collect(*job);
+      EXPECT_EQ(o.finish, "length") << o.error.message();
+      EXPECT_GT(store->counters().pages_dropped.load(), 0);
+      env.hold_appends(false);  // the disk comes back while the server is idle
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (store->counters().pages_written.load() < 12 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_EQ(store->counters().pages_written.load(), 12) << "the idle server caught up";
+      EXPECT_GT(store->counters().pages_reoffered.load(), 0);
+      EXPECT_TRUE(sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(20)));
+    }
+    store->flush();
+    store->reap(s.engine->pool(), true);
+    s.engine->set_page_store(nullptr);
+  }
+  const Restored r = restored_after_restart(dir, prompt);
+  EXPECT_EQ(r.from_store, 192);
+  EXPECT_LE(r.max_diff, kRestoredLogitTol);
+  fs::remove_all(dir);
+}
