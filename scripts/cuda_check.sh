@@ -404,7 +404,6 @@ if [ "${MUTATE:-0}" = 1 ]; then
     mutate src/backend/cuda/qgemm_batch.cu 's/for (int sp = 0; sp < int(gridDim.y)/for (int sp = 1; sp < int(gridDim.y)/' 'CudaOps.Batched*'
     mutate src/backend/cuda/qgemm_batch.cu 's/o\[j \* 4\] = make_uint2/o[(j ^ 1) * 4] = make_uint2/' 'CudaOps.Batched*'
     mutate src/backend/cuda/qgemm_batch.cu 's/af\[h\]\[2\] = dq_byte_pair(wa, wa4, 2 \* h + 1/af[h][2] = dq_byte_pair(wa, wa4, 2 * h/' 'CudaOps.Batched*'
-    mutate src/backend/cuda/qgemm_batch.cu 's/v\[0\] += pv.x, v\[1\] += pv.y/v[0] += pv.y, v[1] += pv.x/' 'CudaOps.Batched*'
     mutate src/backend/cuda/attention_decode_tc.cu 's/mma_bf16(acc\[nd + 1\], pa0, pa1, pa2, pa3, bf\[2\], bf\[3\])/mma_bf16(acc[nd + 1], pa0, pa1, pa2, pa3, bf[3], bf[2])/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_decode_tc.cu 's/2 \* c + (i \& 1) < p_end;/2 * c + (i \& 1) <= p_end;/' 'CudaOps.Rope*'
     mutate src/backend/cuda/attention_decode_tc.cu 's/mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));/mx1 = fmaxf(mx1, 0.0f);/' 'CudaOps.Rope*'

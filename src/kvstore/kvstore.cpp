@@ -198,9 +198,11 @@ bool KVStore::push(const Desc& d, std::span<const int32_t> tokens, bool block, b
   return true;
 }
 
-bool KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
-                        std::span<const int32_t> tokens, int32_t page, KVPool& pool) {
-  if (!writer_) return true;  // (not attached: nothing to persist, nothing to offer again)
+// A full page's descriptor, its pool page retained (invariant 5: until the writer has copied it)
+// and a fence that the copy waits for (the step that completed the page only); queued as push
+// decides (block, limit), else the page released. Returns whether it was queued.
+bool KVStore::queue_page(int32_t session, bool block, size_t limit, const Hash128& key, const Hash128& parent,
+                         int first_pos, std::span<const int32_t> tokens, int32_t page, KVPool& pool) {
   Desc d;
   d.kind = Desc::kPage;
   d.page = page;
@@ -208,18 +210,25 @@ bool KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int 
   d.first_pos = first_pos;
   d.key = key;
   d.parent = parent;
-  bool is_session;
+  d.session = session;
+  pool.kv_page_retain(page);
+  d.fence = backend_->record_fence();
+  if (push(d, tokens, block, /*count_blocked=*/limit == 0, limit)) return true;
+  pool.kv_page_release(page);
+  return false;
+}
+
+bool KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int first_pos,
+                        std::span<const int32_t> tokens, int32_t page, KVPool& pool) {
+  if (!writer_) return true;  // (not attached: nothing to persist, nothing to offer again)
+  int32_t session = 0;
+  bool is_session = false;  // a session's page waits for room; any other is dropped when the ring is full
   {
     std::lock_guard<std::mutex> lk(sess_mu_);
-    const SessRec* r = rec_of_seq(seq);
-    is_session = r != nullptr;
-    d.session = r ? int32_t(r->id) : 0;
+    if (const SessRec* r = rec_of_seq(seq)) session = int32_t(r->id), is_session = true;
   }
-  pool.kv_page_retain(page);  // invariant 5: until the writer has copied it
-  d.fence = backend_->record_fence();  // the copy waits for the step that completed the page only
   ++counters_.pages_enqueued;
-  if (!push(d, tokens, is_session)) {
-    pool.kv_page_release(page);
+  if (!queue_page(session, is_session, 0, key, parent, first_pos, tokens, page, pool)) {
     ++counters_.pages_dropped;
     return false;
   }
@@ -229,20 +238,8 @@ bool KVStore::page_full(int seq, const Hash128& key, const Hash128& parent, int 
 bool KVStore::page_offer(const Hash128& key, const Hash128& parent, int first_pos, std::span<const int32_t> tokens,
                          int32_t page, KVPool& pool) {
   if (!writer_) return true;
-  Desc d;
-  d.kind = Desc::kPage;
-  d.page = page;
-  d.n = int32_t(tokens.size());
-  d.first_pos = first_pos;
-  d.key = key;
-  d.parent = parent;
-  d.session = 0;
-  pool.kv_page_retain(page);  // invariant 5
-  d.fence = backend_->record_fence();
-  if (!push(d, tokens, false, false, std::max<size_t>(1, ring_.size() / 2))) {
-    pool.kv_page_release(page);
+  if (!queue_page(0, false, std::max<size_t>(1, ring_.size() / 2), key, parent, first_pos, tokens, page, pool))
     return false;
-  }
   ++counters_.pages_reoffered;
   return true;
 }

@@ -213,6 +213,8 @@ class KVStore : public PageStore {
   // count_blocked: the caller is the decode thread (its time here is decode_blocked_ns).
   // limit: queue only while fewer than this many descriptors are waiting (0: the ring's capacity).
   bool push(const Desc& d, std::span<const int32_t> tokens, bool block, bool count_blocked = true, size_t limit = 0);
+  bool queue_page(int32_t session, bool block, size_t limit, const Hash128& key, const Hash128& parent, int first_pos,
+                  std::span<const int32_t> tokens, int32_t page, KVPool& pool);
   Result<ReadFile*> segment_reader(int64_t seg);
   struct RestoreItem;
   // One restoring thread's buffers: its checksum state, the record header, the general-parse fallback.

@@ -404,12 +404,14 @@ TEST(Scheduler, LogprobsAreTheRawDistribution) {
   EXPECT_GE(got[0].top[1].logprob, got[0].top[2].logprob);
 }
 
-// A durable store in `dir` (through `env` when given) attached to s's engine and pool.
-static std::unique_ptr<KVStore> attach_store(Stack& s, const std::string& dir, Env* env = nullptr) {
+// A durable store in `dir` (through `env` when given; a writer's queue of `queue_pages` when > 0)
+// attached to s's engine and pool.
+static std::unique_ptr<KVStore> attach_store(Stack& s, const std::string& dir, Env* env = nullptr, int queue_pages = 0) {
   KVStoreOptions so;
   so.dir = dir;
   so.flush_ms = 5;
   so.env = env;
+  if (queue_pages > 0) so.queue_pages = queue_pages;
   auto opened = KVStore::open(so);
   EXPECT_TRUE(opened.is_ok()) << opened.status().message();
   if (!opened.is_ok()) return nullptr;
@@ -417,6 +419,12 @@ static std::unique_ptr<KVStore> attach_store(Stack& s, const std::string& dir, E
   EXPECT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
   s.engine->set_page_store(store.get());
   return store;
+}
+// Its counterpart: everything queued committed, the store's pool pages back, the engine detached.
+static void detach_store(Stack& s, KVStore& store) {
+  store.flush();
+  store.reap(s.engine->pool(), true);
+  s.engine->set_page_store(nullptr);
 }
 
 // Sessions recorded while a full pool preempts them: a preempted job's recording is detached and
@@ -461,9 +469,7 @@ TEST(Scheduler, SessionsRecordAcrossPreemption) {
     EXPECT_EQ((*info)->durable_pos, int(want.size()) - 1) << "session " << i;
     EXPECT_EQ((*info)->meta, "m");
   }
-  store->flush();
-  store->reap(s.engine->pool(), true);
-  s.engine->set_page_store(nullptr);
+  detach_store(s, *store);
   store.reset();
   fs::remove_all(dir);
 }
@@ -512,9 +518,7 @@ TEST(Scheduler, IdleReapDoesNotHoldTheNextRequest) {
     EXPECT_TRUE(sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(20)));
     EXPECT_EQ(sch.kv_pages_used(), sch.kv_prefix_pages()) << "pages still out of the pool on an idle server";
   }
-  store->flush();
-  store->reap(s.engine->pool(), true);
-  s.engine->set_page_store(nullptr);
+  detach_store(s, *store);
   store.reset();
   fs::remove_all(dir);
 }
@@ -546,9 +550,7 @@ Restored restored_after_restart(const std::string& dir, const std::vector<int32_
     for (size_t i = 0; i < got.size(); ++i) r.max_diff = std::max(r.max_diff, std::fabs(got[i] - want[i]));
   }
   s.engine->seq_release(*seq);
-  store->flush();
-  store->reap(s.engine->pool(), true);
-  s.engine->set_page_store(nullptr);
+  detach_store(s, *store);
   return r;
 }
 // The logits of a prompt computed with part of its KV restored against all of it computed: the
@@ -570,16 +572,8 @@ TEST(EngineStore, DroppedPagesAreOfferedAgainBeforeDetach) {
   {
     Stack s = make_stack(64, 4);
     FaultEnv env;
-    KVStoreOptions so;
-    so.dir = dir;
-    so.flush_ms = 5;
-    so.env = &env;
-    so.queue_pages = 4;
-    auto opened = KVStore::open(so);
-    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
-    std::unique_ptr<KVStore> store = std::move(opened).value();
-    ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
-    s.engine->set_page_store(store.get());
+    std::unique_ptr<KVStore> store = attach_store(s, dir, &env, /*queue_pages=*/4);
+    ASSERT_TRUE(store);
     env.hold_appends(true);  // the writer takes one page and waits in its append
     auto seq = s.engine->seq_create();
     ASSERT_TRUE(seq.is_ok());
@@ -595,8 +589,7 @@ TEST(EngineStore, DroppedPagesAreOfferedAgainBeforeDetach) {
     store->flush();
     EXPECT_EQ(store->counters().pages_written.load(), 12);
     s.engine->seq_release(*seq);
-    store->reap(s.engine->pool(), true);
-    s.engine->set_page_store(nullptr);
+    detach_store(s, *store);
   }
   const Restored r = restored_after_restart(dir, prompt);
   EXPECT_EQ(r.from_store, 192) << "every full page of the prompt restored";
@@ -617,16 +610,8 @@ TEST(EngineStore, DroppedPageEvictedMeanwhileIsForgotten) {
   {
     Stack s = make_stack(64, 4, /*kv_pages=*/20);
     FaultEnv env;
-    KVStoreOptions so;
-    so.dir = dir;
-    so.flush_ms = 5;
-    so.env = &env;
-    so.queue_pages = 4;
-    auto opened = KVStore::open(so);
-    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
-    std::unique_ptr<KVStore> store = std::move(opened).value();
-    ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
-    s.engine->set_page_store(store.get());
+    std::unique_ptr<KVStore> store = attach_store(s, dir, &env, /*queue_pages=*/4);
+    ASSERT_TRUE(store);
     env.hold_appends(true);  // held through both prompts: no dropped page can be offered meanwhile
     std::vector<float> logits;
     auto a = s.engine->seq_create();
@@ -651,8 +636,7 @@ TEST(EngineStore, DroppedPageEvictedMeanwhileIsForgotten) {
     EXPECT_EQ(store->counters().pages_reoffered.load(), full_b) << "only the second prompt's pages were still cached";
     EXPECT_EQ(store->counters().pages_written.load(), 12 - dropped_a + full_b);
     s.engine->seq_release(*b);
-    store->reap(s.engine->pool(), true);
-    s.engine->set_page_store(nullptr);
+    detach_store(s, *store);
   }
   const Restored ra = restored_after_restart(dir, first), rb = restored_after_restart(dir, second);
   EXPECT_LT(ra.from_store, 192) << "the first prompt's evicted pages were not written";
@@ -672,16 +656,8 @@ TEST(Scheduler, IdleServerWritesThePagesItsStoreDropped) {
   {
     Stack s = make_stack(64, 4);
     FaultEnv env;
-    KVStoreOptions so;
-    so.dir = dir;
-    so.flush_ms = 5;
-    so.env = &env;
-    so.queue_pages = 4;
-    auto opened = KVStore::open(so);
-    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
-    std::unique_ptr<KVStore> store = std::move(opened).value();
-    ASSERT_TRUE(store->attach(*s.backend, s.engine->pool().view(), s.engine->cache_root()).is_ok());
-    s.engine->set_page_store(store.get());
+    std::unique_ptr<KVStore> store = attach_store(s, dir, &env, /*queue_pages=*/4);
+    ASSERT_TRUE(store);
     Metrics m;
     auto opts = sched_opts();
     opts.store = store.get();
@@ -702,9 +678,7 @@ TEST(Scheduler, IdleServerWritesThePagesItsStoreDropped) {
       EXPECT_GT(store->counters().pages_reoffered.load(), 0);
       EXPECT_TRUE(sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(20)));
     }
-    store->flush();
-    store->reap(s.engine->pool(), true);
-    s.engine->set_page_store(nullptr);
+    detach_store(s, *store);
   }
   const Restored r = restored_after_restart(dir, prompt);
   EXPECT_EQ(r.from_store, 192);

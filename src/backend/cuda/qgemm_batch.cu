@@ -542,17 +542,13 @@ __global__ void split_sum_kernel(TcParams p, BatchArgs a, int ks) {
   }
 }
 // rows: the batch kernel's rows per block, 16 W R (64, 128 or 256).
-template <bool SW, int TP, int R>
-void sum_launch_r(cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
-  const int64_t total = a.part_rows * p.T;
-  const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 8 * sm_count()));
-  launch_k(split_sum_kernel<SW, TP, R>, dim3(grid), dim3(256), 0, s, p, a, ks);
-}
 template <bool SW, int TP>
 cudaError_t sum_launch(int rows, cudaStream_t s, const TcParams& p, const BatchArgs& a, int ks) {
-  if (rows == 128) sum_launch_r<SW, TP, 128>(s, p, a, ks);
-  else if (rows == 256) sum_launch_r<SW, TP, 256>(s, p, a, ks);
-  else sum_launch_r<SW, TP, 64>(s, p, a, ks);
+  const int64_t total = a.part_rows * p.T;
+  const unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 8 * sm_count()));
+  if (rows == 128) launch_k(split_sum_kernel<SW, TP, 128>, dim3(grid), dim3(256), 0, s, p, a, ks);
+  else if (rows == 256) launch_k(split_sum_kernel<SW, TP, 256>, dim3(grid), dim3(256), 0, s, p, a, ks);
+  else launch_k(split_sum_kernel<SW, TP, 64>, dim3(grid), dim3(256), 0, s, p, a, ks);
   return cudaGetLastError();
 }
 
@@ -884,8 +880,7 @@ cudaError_t batch_launch(bool swiglu, const BatchPlan& b, const GemvScratch& sc,
     default: e = swiglu ? batch_launch_nt<true, 8>(b, s, p, a) : batch_launch_nt<false, 8>(b, s, p, a);
   }
   if (e != cudaSuccess || !b.sum_kernel) return e;
-  if (b.NT == 4)
-    return swiglu ? sum_launch<true, 32>(rows, s, p, a, b.ksplit) : sum_launch<false, 32>(rows, s, p, a, b.ksplit);
+  if (b.NT == 4) return swiglu ? sum_launch<true, 32>(rows, s, p, a, b.ksplit) : sum_launch<false, 32>(rows, s, p, a, b.ksplit);
   return swiglu ? sum_launch<true, 64>(rows, s, p, a, b.ksplit) : sum_launch<false, 64>(rows, s, p, a, b.ksplit);
 }
 
