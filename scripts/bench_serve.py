@@ -122,6 +122,26 @@ def worker(job):
     return list(results)
 
 
+def metric_values(args, names):
+    """The named counters from the server's /metrics ({} where it cannot be read)."""
+    try:
+        c = http.client.HTTPConnection(args.host, args.port, timeout=30)
+        c.request("GET", "/metrics", headers={"Authorization": "Bearer " + args.api_key} if args.api_key else {})
+        text = c.getresponse().read().decode()
+    except (OSError, http.client.HTTPException):
+        return {}
+    vals = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in names:
+            vals[parts[0]] = float(parts[1])
+    return vals
+
+
+PREFIX_COUNTERS = ("anvil_steps_total", "anvil_step_seconds_total", "anvil_step_forward_seconds_total",
+                   "anvil_kv_store_restore_seconds_total")
+
+
 def step_counters(args):
     """The server's step counters from /metrics (steps, their seconds, their forward passes' seconds);
     None where the server does not report them."""
@@ -198,20 +218,33 @@ def run_level(args, n, vocab):
 def prefix_case(args, vocab):
     rng = random.Random(1234)
     shared = [rng.randrange(1000, vocab) for _ in range(args.prefix)]
-    out, cached = [], []
+    out, cached, parts = [], [], []
     for k in range(2):
         res, usage = [], []
-        stream_one(args.host, args.port, args.api_key, shared + [rng.randrange(1000, vocab) for _ in range(16)], 8,
+        before = metric_values(args, PREFIX_COUNTERS)
+        stream_one(args.host, args.port, args.api_key, shared + [rng.randrange(1000, vocab) for _ in range(16)], 1,
                    args.timeout, res, usage)
         t0, ts, err = res[0]
         if err or not ts:
             print("prefix case failed:", err)
             return
         out.append(ts[0] - t0)
+        # Where the request's time went, from the server's counters (one token: its prefill step only):
+        # the steps, their forward passes, and the store's restores (only with a store attached).
+        after = metric_values(args, PREFIX_COUNTERS)
+        d = {k: after[k] - before[k] for k in PREFIX_COUNTERS if k in before and k in after}
+        if "anvil_steps_total" in d:
+            parts.append(f"request {k + 1}: steps={d['anvil_steps_total']:.0f} "
+                         f"step={d.get('anvil_step_seconds_total', 0) * 1e3:.1f}ms "
+                         f"forward={d.get('anvil_step_forward_seconds_total', 0) * 1e3:.1f}ms"
+                         + (f" restore={d['anvil_kv_store_restore_seconds_total'] * 1e3:.1f}ms"
+                            if "anvil_kv_store_restore_seconds_total" in d else ""))
         details = (usage[-1].get("prompt_tokens_details") or {}) if usage else {}
         cached.append(details.get("cached_tokens", "?"))
     print(f"prefix={args.prefix} ttft_first={out[0] * 1e3:.1f}ms ttft_repeat={out[1] * 1e3:.1f}ms "
           f"ratio={out[1] / out[0]:.3f} cached_tokens={cached[0]}/{cached[1]}", flush=True)
+    for line in parts:
+        print("  " + line, flush=True)
 
 
 def main():
