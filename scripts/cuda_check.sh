@@ -24,7 +24,8 @@
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
 # the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096";
 # RESTORE_ONLY=1: only the restart, over ANVIL_KV_RESTORE_THREADS in RESTORE_THREADS; NOTIFIER_AB=1:
-# only the streams, servers with and without the Notifier alternating, ROUNDS rounds).
+# only the streams, servers with and without the Notifier alternating, ROUNDS rounds; WRITEBACK_AB=1:
+# the store's writer at 64 streams with and without its writeback hints, ANVIL_KV_WRITEBACK).
 # store: the durable KV store's CUDA path (issue 10): its GPU
 # tests (CudaKVStore.*) and its benchmarks on qwen3-8b q4g64 (decode overhead store off/on at batch
 # 1 and 32; time to first token of a 16,384-token prompt restored from the store vs recomputed).
@@ -222,6 +223,26 @@ if [ "$what" = serve ]; then
       done
     done
     cat "$OUT/serve_bench.log"
+    echo "total $(( $(date +%s) - t0 )) s"
+    exit 0
+  fi
+  if [ "${WRITEBACK_AB:-0}" = 1 ]; then
+    # Only the store's writer under load (session 34): ROUNDS (default 1) rounds, each a server with
+    # the writeback hints (the default) and one with ANVIL_KV_WRITEBACK=0, each on a fresh store,
+    # SERVE_STREAMS (default 64) streams of 256-token prompts and 128 tokens, then the store's
+    # counters (pages dropped and offered again, the writer's busy, fdatasync and commit seconds).
+    for r in $(seq ${ROUNDS:-1}); do
+      for wb in 1 0; do
+        rm -rf "$KV_TMP/wb"
+        ANVIL_KV_WRITEBACK=$wb start_server wb$r$wb --kv-store "$KV_TMP/wb"
+        echo "### round $r, ANVIL_KV_WRITEBACK=$wb" >> "$OUT/serve_bench.log"
+        [ -n "$port" ] && timeout ${SERVE_S:-150} python3 scripts/bench_serve.py --port "$port" --streams ${SERVE_STREAMS:-64} \
+          --prompt 256 --max 128 --no-logprobs --deadline $(( ${SERVE_S:-150} - 10 )) >> "$OUT/serve_bench.log" 2>&1
+        metrics; kill $SP; wait $SP
+      done
+    done
+    rm -rf "$KV_TMP/wb"
+    grep -E "^###|streams=|pages_dropped|reoffered|busy|sync_seconds|commit_seconds|bytes_written|high_water" "$OUT/serve_bench.log"
     echo "total $(( $(date +%s) - t0 )) s"
     exit 0
   fi

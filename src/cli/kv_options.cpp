@@ -141,6 +141,8 @@ nlohmann::ordered_json kv_profile_json(const KVStore& store) {
   j["write_errors"] = c.write_errors.load();
   j["queue_high_water"] = c.queue_high_water.load();
   j["writer_busy_pct"] = wall > 0 ? 100.0 * double(c.writer_busy_ns.load()) * 1e-9 / wall : 0.0;
+  j["writer_sync_ms"] = double(c.sync_ns.load()) * 1e-6;
+  j["writer_commit_ms"] = double(c.commit_ns.load()) * 1e-6;
   j["decode_blocked_ms"] = double(c.decode_blocked_ns.load()) * 1e-6;
   j["restored_pages"] = c.restored_pages.load();
   j["restored_bytes"] = c.restored_bytes.load();

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -36,11 +37,21 @@ class PosixAppendFile : public AppendFile {
   }
   Status sync() override {
     if (::fdatasync(fd_) != 0) return errno_status("fdatasync", path_, errno);
+    wb_from_ = size_;
     return Status::ok();
+  }
+  void start_writeback() override {
+    if (size_ <= wb_from_) return;
+#ifdef __linux__
+    // Errors are ignored: a hint only (sync() reports any real failure).
+    (void)::sync_file_range(fd_, off_t(wb_from_), off_t(size_ - wb_from_), SYNC_FILE_RANGE_WRITE);
+#endif
+    wb_from_ = size_;
   }
   Status truncate(uint64_t size) override {
     if (::ftruncate(fd_, off_t(size)) != 0) return errno_status("truncate", path_, errno);
     size_ = size;
+    wb_from_ = std::min(wb_from_, size_);
     return Status::ok();
   }
   uint64_t size() const override { return size_; }
@@ -50,6 +61,7 @@ class PosixAppendFile : public AppendFile {
   std::string path_;
   int fd_;
   uint64_t size_;
+  uint64_t wb_from_ = 0;  // bytes below this were handed to start_writeback or sync
 };
 
 class PosixReadFile : public ReadFile {

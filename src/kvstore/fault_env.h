@@ -31,6 +31,7 @@ class FaultEnv : public Env {
   Status crash();
 
   int64_t syncs() const { return syncs_; }
+  int64_t writebacks() const { return writebacks_; }  // start_writeback hints (they change nothing here)
 
   Result<std::unique_ptr<AppendFile>> open_append(const std::string& path) override;
   Result<std::unique_ptr<ReadFile>> open_read(const std::string& path) override { return base_->open_read(path); }
@@ -49,7 +50,7 @@ class FaultEnv : public Env {
   std::atomic<bool> short_next_{false};
   std::atomic<int64_t> space_left_{-1};
   std::atomic<int> fail_syncs_{0};
-  std::atomic<int64_t> syncs_{0};
+  std::atomic<int64_t> syncs_{0}, writebacks_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   bool held_ = false;

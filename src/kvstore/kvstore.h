@@ -80,6 +80,9 @@ struct KVStoreOptions {
   int flush_pages = 64;                // ... or after this many records
   int queue_pages = 256;               // ring capacity (descriptors)
   uint64_t segment_bytes = 256ull << 20;
+  // The writer has the disk start on appended bytes (AppendFile::start_writeback) each time this
+  // many have accumulated, so the flush's fdatasync waits for less (0: never; durability none never).
+  uint64_t writeback_bytes = 1ull << 20;
   int busy_timeout_ms = 10000;         // SQLite lock wait (two processes on one store)
   Env* env = nullptr;                  // nullptr: the real file system
 };
@@ -90,6 +93,7 @@ struct KVStoreCounters {
   std::atomic<int64_t> pages_reoffered{0};  // dropped pages queued again by page_offer
   std::atomic<int64_t> tails_written{0}, bytes_written{0}, fsyncs{0}, transactions{0}, write_errors{0};
   std::atomic<int64_t> queue_high_water{0}, writer_busy_ns{0}, decode_blocked_ns{0};
+  std::atomic<int64_t> sync_ns{0}, commit_ns{0};  // of writer_busy_ns: in fdatasync, in catalog commits
   std::atomic<int64_t> restored_pages{0}, restored_bytes{0}, restore_misses{0}, restore_corrupt{0};
   std::atomic<int64_t> restore_ns{0}, pages_evicted{0};
 };

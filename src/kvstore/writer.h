@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -118,6 +119,7 @@ class KVStore::Writer {
     seg_ = std::move(ns.file);
     seg_id_ = ns.id;
     committed_end_ = 0;
+    writeback_mark_ = 0;
     return Status::ok();
   }
 
@@ -133,7 +135,25 @@ class KVStore::Writer {
     ANVIL_RETURN_IF_ERROR(seg_->append(header.data(), header.size()));
     ANVIL_RETURN_IF_ERROR(seg_->append(stage_, data_bytes));
     s_.counters_.bytes_written += int64_t(header.size() + data_bytes);
+    start_writeback();
     return std::make_pair(off, sum);
+  }
+
+  // Has the disk start on the bytes appended since the last time, once there are writeback_bytes
+  // of them (1 MiB), while this thread goes on copying and appending: the flush's fdatasync then
+  // waits only for what is left instead of for the whole batch (64 qwen3-8b pages: 151 MB).
+  // Durability is still the flush's (invariant 1); with durability none nothing is synced and no
+  // hint is given. ANVIL_KV_WRITEBACK=0 turns it off (for measuring).
+  void start_writeback() {
+    static const bool on = [] {
+      const char* e = std::getenv("ANVIL_KV_WRITEBACK");
+      return !(e && e[0] == '0' && e[1] == 0);
+    }();
+    const uint64_t every = s_.opts_.writeback_bytes;
+    if (!on || every == 0 || s_.opts_.durability == Durability::kNone) return;
+    if (seg_->size() < writeback_mark_ + every) return;
+    seg_->start_writeback();
+    writeback_mark_ = seg_->size();
   }
 
   // True when the catalog (or this batch) has a sound copy of the page: a row whose record failed
@@ -429,7 +449,9 @@ class KVStore::Writer {
 
   void flush() {
     if (pending_records_ > 0 && s_.opts_.durability != Durability::kNone) {
+      const auto ts = Clock::now();
       Status st = seg_->sync();  // invariant 1: data durable before the rows that reference it
+      s_.counters_.sync_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - ts).count();
       ++s_.counters_.fsyncs;
       if (!st.is_ok()) write_failed(st);
     }
@@ -439,7 +461,9 @@ class KVStore::Writer {
       touched = !s_.touched_.empty() || !s_.bad_.empty();
     }
     if (pending_records_ > 0 || any_dirty_ || touched) {
+      const auto tc = Clock::now();
       Status st = commit();
+      s_.counters_.commit_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - tc).count();
       ++s_.counters_.transactions;
       if (!st.is_ok()) {
         (void)db_.exec("ROLLBACK");
@@ -504,6 +528,7 @@ class KVStore::Writer {
   bool copy_error_reported_ = false;
   std::unique_ptr<AppendFile> seg_;
   int64_t seg_id_ = 0, committed_end_ = 0;
+  uint64_t writeback_mark_ = 0;  // the segment size at the last start_writeback
   std::vector<Pending> pending_;
   std::set<Hash128> pending_keys_;
   int pending_records_ = 0;

@@ -651,6 +651,9 @@ Result<int> HttpServer::start() {
     add("anvil_kv_store_transactions_total", "Catalog transactions committed (group commits)", c.transactions);
     add("anvil_kv_store_write_errors_total", "Failed appends, syncs or commits", c.write_errors);
     add("anvil_kv_store_writer_busy_seconds_total", "Time the store's writer thread spent working", c.writer_busy_ns, 1e-9);
+    add("anvil_kv_store_sync_seconds_total", "Of the writer's time: waiting in fdatasync", c.sync_ns, 1e-9);
+    add("anvil_kv_store_commit_seconds_total", "Of the writer's time: committing catalog transactions", c.commit_ns,
+        1e-9);
     add("anvil_kv_store_decode_blocked_seconds_total",
         "Time the scheduler thread spent in the store's enqueue (back-pressure included)", c.decode_blocked_ns, 1e-9);
     add("anvil_kv_store_pages_restored_total", "KV pages restored from the store into the pool", c.restored_pages);

@@ -400,6 +400,86 @@ TEST(KVStoreFaults, DurabilityNoneCrashIsStillNeverWrongKV) {
   EXPECT_GT(verify_problems(*st), 0);
 }
 
+// The writer's writeback hints (AppendFile::start_writeback): given per record when the threshold
+// is a byte, never under durability none; the store's pages and the flush's fdatasync are as
+// without them, and the time in fdatasync and in commits is counted.
+TEST(KVStore, WritebackHintsAreGivenAndChangeNothing) {
+  Rig r;
+  auto a = chain_tokens(5, 40), b = chain_tokens(4, 90);
+  {
+    auto o = r.opts();
+    o.writeback_bytes = 1;
+    auto st = r.open(o);
+    r.write(*st, a, 0, 5);
+    st->flush();
+    st->reap(*r.pool, true);
+    EXPECT_GE(r.env.writebacks(), 5) << "one hint per record at a one-byte threshold";
+    EXPECT_GT(st->counters().fsyncs.load(), 0);
+    EXPECT_GT(st->counters().sync_ns.load(), 0);
+    EXPECT_GT(st->counters().commit_ns.load(), 0);
+    EXPECT_LE(st->counters().sync_ns.load() + st->counters().commit_ns.load(), st->counters().writer_busy_ns.load());
+  }
+  const int64_t after_a = r.env.writebacks();
+  {
+    auto o = r.opts();
+    o.writeback_bytes = 1;
+    o.durability = Durability::kNone;
+    auto st = r.open(o);
+    r.write(*st, b, 0, 4);
+    st->flush();
+    st->reap(*r.pool, true);
+    EXPECT_EQ(r.env.writebacks(), after_a) << "durability none: nothing to start early";
+    EXPECT_EQ(st->counters().sync_ns.load(), 0);
+  }
+  auto st = r.open();
+  EXPECT_EQ(r.restore(*st, a, 5), 5);
+  EXPECT_EQ(r.restore(*st, b, 4), 4);
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+// The real file system's hint between appends, a truncation and a sync: the file holds exactly
+// the bytes appended (after the cut), at the sizes reported.
+TEST(KVEnv, PosixWritebackKeepsTheBytes) {
+  const std::string path =
+      (fs::temp_directory_path() / ("anvil_wb_" + std::to_string(::getpid()) + ".bin")).string();
+  fs::remove(path);
+  std::vector<uint8_t> want;
+  auto chunk = [&](size_t n, int seed) {
+    std::vector<uint8_t> c(n);
+    for (size_t i = 0; i < n; ++i) c[i] = uint8_t((i * 2654435761u + unsigned(seed)) >> 13);
+    return c;
+  };
+  {
+    auto f = Env::posix()->open_append(path);
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    AppendFile& af = **f;
+    for (int k = 0; k < 3; ++k) {
+      auto c = chunk(size_t(1) << 20, k);
+      ASSERT_TRUE(af.append(c.data(), c.size()).is_ok());
+      want.insert(want.end(), c.begin(), c.end());
+      af.start_writeback();
+    }
+    ASSERT_TRUE(af.truncate(uint64_t(2) << 20).is_ok());  // after its bytes were handed to the disk
+    want.resize(size_t(2) << 20);
+    af.start_writeback();  // nothing new: a no-op
+    auto c = chunk(size_t(1) << 19, 7);
+    ASSERT_TRUE(af.append(c.data(), c.size()).is_ok());
+    want.insert(want.end(), c.begin(), c.end());
+    af.start_writeback();
+    EXPECT_EQ(af.size(), want.size());
+    ASSERT_TRUE(af.sync().is_ok());
+  }
+  auto rf = Env::posix()->open_read(path);
+  ASSERT_TRUE(rf.is_ok());
+  auto sz = (*rf)->size();
+  ASSERT_TRUE(sz.is_ok());
+  ASSERT_EQ(*sz, want.size());
+  std::vector<uint8_t> got(want.size());
+  ASSERT_TRUE((*rf)->read_at(0, got.data(), got.size()).is_ok());
+  EXPECT_TRUE(got == want);
+  fs::remove(path);
+}
+
 TEST(KVStore, FullQueueDropsAnonymousPagesButBlocksASession) {
   Rig r;
   auto o = r.opts();
