@@ -4,6 +4,8 @@
 // end the rest cleanly, exit 0.
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -28,6 +30,7 @@ struct ServeArgs {
   size_t max_body_mb = 8;
   bool no_chat_page = false;
   bool no_warmup = false;
+  std::string kv_warm = "2G";
 };
 
 int run_serve(ServeArgs& a) {
@@ -64,6 +67,24 @@ int run_serve(ServeArgs& a) {
   auto attached = attach_kv_store(a.kv, s);
   if (!attached.is_ok()) return fail(attached.status().message());
   AttachedStore& store = *attached;  // declared after the stack, before the server: flushed after it stops
+  // The store's most recently used prefixes into the prefix cache before listening, so that the
+  // first requests after a restart that repeat them find them in memory (Engine::warm_from_store).
+  if (store) {
+    auto warm = parse_size(a.kv_warm);
+    if (!warm.is_ok()) return fail("--kv-warm: " + warm.status().message());
+    const size_t page_bytes = s.engine->pool().view().page_bytes();
+    // At most half the pool: the rest stays free for the requests themselves.
+    const size_t max_pages = std::min<size_t>(size_t(*warm / std::max<size_t>(page_bytes, 1)),
+                                              size_t(s.engine->pool().n_pages() / 2));
+    if (max_pages > 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const Engine::Warmed w = s.engine->warm_from_store(max_pages);
+      if (w.pages > 0)
+        std::fprintf(stderr, "[anvil] kv store: %zu pages (%.0f MiB) of %zu prefixes loaded into the prefix cache in %.0f ms\n",
+                     w.pages, double(w.pages * page_bytes) / double(1 << 20), w.prefixes,
+                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
   const std::string dir = tokenizer_dir_of(s);
   if (dir.empty() || !std::filesystem::exists(dir + "/tokenizer.json"))
     return fail("the server needs a tokenizer: no tokenizer.json in " + (dir.empty() ? s.model->source : dir));
@@ -146,6 +167,10 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
                              "Seconds running requests get to finish after SIGTERM")
                   ->capture_default_str();
               app.add_flag("--no-chat-page", a->no_chat_page, "Do not serve the chat page at /");
+              app.add_option("--kv-warm", a->kv_warm,
+                             "Before listening, load the store's most recently used prompt prefixes into the prefix "
+                             "cache, up to this size (and half the KV cache); 0: none")
+                  ->capture_default_str();
               app.add_flag("--no-warmup", a->no_warmup,
                            "On a GPU, skip the warm-up pass (one prefill chunk and one decode step) before listening");
               return [a] { return run_serve(*a); };

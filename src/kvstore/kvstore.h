@@ -135,6 +135,7 @@ class KVStore : public PageStore {
                     std::vector<int32_t>* pages, std::vector<Hash128>* keys) override;
   int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
                    KVPool& pool, int32_t* page) override;
+  std::vector<std::vector<int32_t>> recent_prefixes(size_t max_pages) override;
   void reap(KVPool& pool, bool wait) override;
   bool reap_for(KVPool& pool, std::chrono::milliseconds max_wait) override;
 

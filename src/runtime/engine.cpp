@@ -133,6 +133,36 @@ void Engine::reuse_prefix(Seq& s) {
   s.reused = s.n_kv;
 }
 
+Engine::Warmed Engine::warm_from_store(size_t max_pages) {
+  Warmed w;
+  if (!store_ || !opts_.prefix_cache || max_pages == 0) return w;
+  const int P = opts_.page_size;
+  for (const std::vector<int32_t>& toks : store_->recent_prefixes(max_pages)) {
+    const int n_pages = int(toks.size()) / P;
+    std::vector<int32_t> pages;
+    std::vector<Hash128> keys;
+    Hash128 parent{};
+    for (int i = 0; i < n_pages; ++i) {  // what memory already has (retained, as a sequence would)
+      auto page_tokens = std::span<const int32_t>(toks).subspan(size_t(i) * P, P);
+      const Hash128 key = kv_page_key(root_, parent, page_tokens);
+      const int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
+      if (page < 0) break;
+      pages.push_back(page);
+      keys.push_back(key);
+      parent = key;
+    }
+    const int have = int(pages.size());
+    const int n = have < n_pages ? store_->restore_pages(toks, have, parent, n_pages - have, *pool_, &pages, &keys) : 0;
+    for (int i = have; i < have + n; ++i)
+      pool_->prefix_insert(keys[size_t(i)], i == 0 ? Hash128{} : keys[size_t(i) - 1],
+                           std::span<const int32_t>(toks).subspan(size_t(i) * P, P), pages[size_t(i)]);
+    for (int32_t p : pages) pool_->kv_page_release(p);  // the index keeps its own reference
+    ++w.prefixes;
+    w.pages += size_t(n);
+  }
+  return w;
+}
+
 void Engine::publish_full_pages(Seq& s) {
   if (!opts_.prefix_cache && !store_) return;
   const int P = opts_.page_size;

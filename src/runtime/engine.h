@@ -61,6 +61,14 @@ class Engine {
   // extend, as long as it takes them; a page evicted meanwhile is forgotten. Returns how many still
   // wait. The server also calls it while idle.
   size_t offer_dropped();
+  // Loads the store's most recently used prefixes (PageStore::recent_prefixes), at most max_pages
+  // pages, into the prefix index, as a sequence reusing them would, without computing anything: a
+  // restarted server's first requests for them then find them in memory. Pages already indexed are
+  // kept; a prefix stops at its first page the store cannot restore. Needs the prefix cache.
+  struct Warmed {
+    size_t prefixes = 0, pages = 0;  // prefixes touched, pages restored from the store
+  };
+  Warmed warm_from_store(size_t max_pages);
   // Before the store is detached or shut down: offers every dropped page still indexed, letting the
   // store's queue drain (PageStore::flush) between rounds, until none is left or one round makes no
   // progress.

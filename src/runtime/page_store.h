@@ -41,6 +41,14 @@ class PageStore {
   // `tokens`, n <= max_tokens: returns n (the page in *page) or 0.
   virtual int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
                            KVPool& pool, int32_t* page) = 0;
+  // The token ids of the stored prefixes most recently used, most recent first: each a chain of
+  // full pages from the root, together at most max_pages distinct pages (a prefix shared by several
+  // is counted once; the last one taken may be cut short). For warming the prefix index at start
+  // (Engine::warm_from_store). Default: none.
+  virtual std::vector<std::vector<int32_t>> recent_prefixes(size_t max_pages) {
+    (void)max_pages;
+    return {};
+  }
   // Blocks until every page queued so far is written and committed (or failed).
   virtual void flush() = 0;
   // Releases the pages the store has finished copying; with wait, first waits for all of them.

@@ -58,6 +58,7 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, Sch
   // are idle while this runs, and a CUDA step waits for it).
   sample_pool_ = std::make_unique<ThreadPool>(std::max(1, std::min(8, ThreadPool::default_threads())), 0);
   device_sample_ = device_sampler_enabled(engine_.model().backend());  // read once, not per step
+  publish_counts();  // the pool as it starts (a restarted server's prefix cache may hold warmed pages)
 }
 
 Scheduler::~Scheduler() { stop(); }

@@ -400,6 +400,54 @@ TEST(KVStoreFaults, DurabilityNoneCrashIsStillNeverWrongKV) {
   EXPECT_GT(verify_problems(*st), 0);
 }
 
+// What a restarted server warms (KVStore::recent_prefixes): whole chains from this model's root,
+// the most recently used first, a shared prefix counted once against the budget, the last chain
+// cut to fit; a chain with a missing link, or another model's pages, never.
+TEST(KVStore, RecentPrefixesAreWholeChainsMostRecentFirst) {
+  Rig r;
+  auto a = chain_tokens(5, 100);
+  auto b = a;
+  for (size_t i = 2 * P; i < b.size(); ++i) b[i] += 7;  // b shares a's first 2 pages
+  auto c = chain_tokens(4, 900);
+  auto page_tokens = [](const std::vector<int32_t>& t, int n) {
+    return std::vector<int32_t>(t.begin(), t.begin() + n * P);
+  };
+  {
+    auto st = r.open();
+    r.write(*st, a, 0, 5);
+    st->flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    r.write(*st, b, 2, 3);  // b's own pages (its first 2 are a's)
+    st->flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    r.write(*st, c, 2, 2);  // c's pages 2-3 only: its chain has no root
+    st->flush();
+    st->reap(*r.pool, true);
+  }
+  {  // Another model's chain in the same directory, written last: not ours.
+    const Hash128 ours = r.fp;
+    r.fp = hash128("other-model", 11);
+    auto st = r.open();
+    r.write(*st, chain_tokens(3, 500), 0, 3);
+    st->flush();
+    st->reap(*r.pool, true);
+    r.fp = ours;
+  }
+  auto st = r.open();
+  auto all = st->recent_prefixes(100);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], page_tokens(b, 5));
+  EXPECT_EQ(all[1], page_tokens(a, 5));
+  auto cut = st->recent_prefixes(6);  // b's 5 pages, then 1 of a's own beyond the 2 shared
+  ASSERT_EQ(cut.size(), 2u);
+  EXPECT_EQ(cut[0], page_tokens(b, 5));
+  EXPECT_EQ(cut[1], page_tokens(a, 3));
+  auto one = st->recent_prefixes(3);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0], page_tokens(b, 3));
+  EXPECT_TRUE(st->recent_prefixes(0).empty());
+}
+
 // The writer's writeback hints (AppendFile::start_writeback): given per record when the threshold
 // is a byte, never under durability none; the store's pages and the flush's fdatasync are as
 // without them, and the time in fdatasync and in commits is counted.

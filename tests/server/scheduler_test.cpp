@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include <unistd.h>
 
@@ -643,6 +644,97 @@ TEST(EngineStore, DroppedPageEvictedMeanwhileIsForgotten) {
   EXPECT_LE(ra.max_diff, kRestoredLogitTol);
   EXPECT_EQ(rb.from_store, 16 * full_b);
   EXPECT_LE(rb.max_diff, kRestoredLogitTol);
+  fs::remove_all(dir);
+}
+
+// A restarted engine loads the store's most recently used prefixes into its prefix index before
+// any request (what `anvil serve --kv-warm` does before listening): a prompt that repeats one then
+// takes its KV from memory, with the logits of a full recompute. The most recent prefix comes
+// first, a prefix shared by two is loaded once, and a budget cuts the last one taken short (the
+// rest then comes from the store on demand, as without warming).
+TEST(EngineStore, WarmFromStoreLoadsTheRecentPrefixesIntoTheIndex) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_warm_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto a = random_ids(200, 501);  // 12 full pages of 16
+  auto b = a;
+  const auto tail = random_ids(104, 502);
+  std::copy(tail.begin(), tail.end(), b.begin() + 96);  // b shares a's first 6 pages
+  std::vector<float> want_a, want_b;
+  {
+    Stack s = make_stack(64, 4);
+    auto sa = s.engine->seq_create(), sb = s.engine->seq_create();
+    ASSERT_TRUE(s.engine->extend(*sa, a, &want_a, nullptr).is_ok());
+    ASSERT_TRUE(s.engine->extend(*sb, b, &want_b, nullptr).is_ok());
+  }
+  {
+    Stack s = make_stack(64, 4);
+    std::unique_ptr<KVStore> store = attach_store(s, dir);
+    ASSERT_TRUE(store);
+    std::vector<float> logits;
+    auto sa = s.engine->seq_create();
+    ASSERT_TRUE(s.engine->extend(*sa, a, &logits, nullptr).is_ok());
+    s.engine->seq_release(*sa);
+    store->flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // b's pages are the more recent
+    auto sb = s.engine->seq_create();
+    ASSERT_TRUE(s.engine->extend(*sb, b, &logits, nullptr).is_ok());
+    s.engine->seq_release(*sb);
+    detach_store(s, *store);
+    EXPECT_EQ(store->counters().pages_written.load(), 18);
+  }
+  auto max_diff = [](const std::vector<float>& x, const std::vector<float>& y) {
+    float d = x.size() == y.size() && !x.empty() ? 0.0f : 1e30f;
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) d = std::max(d, std::fabs(x[i] - y[i]));
+    return d;
+  };
+  {  // First a budget of 8 pages: b's first 8 (the more recent prefix), so a finds its 6 shared
+     // pages in memory and the other 6 in the store. (Restores count as uses: the store's LRU order
+     // changes with every run, so this one comes first.)
+    Stack s = make_stack(64, 4);
+    std::unique_ptr<KVStore> store = attach_store(s, dir);
+    ASSERT_TRUE(store);
+    const Engine::Warmed w = s.engine->warm_from_store(8);
+    EXPECT_EQ(w.pages, 8u);
+    std::vector<float> got;
+    auto seq = s.engine->seq_create();
+    ASSERT_TRUE(s.engine->extend(*seq, a, &got, nullptr).is_ok());
+    EXPECT_EQ(s.engine->seq_cached_tokens(*seq), 192);
+    EXPECT_EQ(s.engine->seq_store_tokens(*seq), 96);
+    EXPECT_LE(max_diff(got, want_a), kRestoredLogitTol);
+    s.engine->seq_release(*seq);
+    detach_store(s, *store);
+  }
+  {  // Everything fits: both prefixes in memory, none of their tokens from the store.
+    Stack s = make_stack(64, 4);
+    std::unique_ptr<KVStore> store = attach_store(s, dir);
+    ASSERT_TRUE(store);
+    const Engine::Warmed w = s.engine->warm_from_store(1000);
+    EXPECT_EQ(w.prefixes, 2u);
+    EXPECT_EQ(w.pages, 18u);
+    EXPECT_EQ(s.engine->pool().prefix_entries(), 18u);
+    EXPECT_EQ(s.engine->pool().n_free(), s.engine->pool().n_pages() - 18) << "only the index holds them";
+    const std::vector<int32_t>* prompts[] = {&b, &a};
+    for (const std::vector<int32_t>* p : prompts) {
+      std::vector<float> got;
+      auto seq = s.engine->seq_create();
+      ASSERT_TRUE(s.engine->extend(*seq, *p, &got, nullptr).is_ok());
+      EXPECT_EQ(s.engine->seq_cached_tokens(*seq), 192);
+      EXPECT_EQ(s.engine->seq_store_tokens(*seq), 0) << "from memory, not restored on demand";
+      EXPECT_LE(max_diff(got, p == &a ? want_a : want_b), kRestoredLogitTol);
+      s.engine->seq_release(*seq);
+    }
+    EXPECT_EQ(store->counters().restored_pages.load(), 18);
+    detach_store(s, *store);
+  }
+  {  // Nothing to warm without the prefix cache (nowhere to keep the pages).
+    Stack s = make_stack(64, 4, 0, /*prefix_cache=*/false);
+    std::unique_ptr<KVStore> store = attach_store(s, dir);
+    ASSERT_TRUE(store);
+    EXPECT_EQ(s.engine->warm_from_store(1000).pages, 0u);
+    EXPECT_EQ(s.engine->pool().n_free(), s.engine->pool().n_pages());
+    detach_store(s, *store);
+  }
   fs::remove_all(dir);
 }
 

@@ -140,8 +140,13 @@ TEST(ServeStore, RestartKeepsPrefixCacheAndSessions) {
     EXPECT_EQ(a.p->terminate(30), 0);
   }
   {
-    Srv b(store);
+    // Restored on demand (--kv-warm 0: nothing loaded before the first request; the default is
+    // checked by the third server below).
+    std::vector<std::string> args = store;
+    args.insert(args.end(), {"--kv-warm", "0"});
+    Srv b(args);
     ASSERT_TRUE(b.p->ok()) << b.p->startup_output();
+    EXPECT_EQ(b.metric("anvil_kv_store_pages_restored_total"), 0) << "nothing restored before a request";
     // The same prompt after the restart: its full pages come from the store, the output is the same.
     auto again = b.post("/v1/completions", {{"prompt", kDoc}, {"max_tokens", 8}, {"temperature", 0}}, &st);
     ASSERT_EQ(st, 200) << again;
@@ -192,6 +197,21 @@ TEST(ServeStore, RestartKeepsPrefixCacheAndSessions) {
     EXPECT_EQ(b.del("/v1/sessions/.hidden"), 400);
     EXPECT_TRUE(find_session(b.get("/v1/sessions", &st), "conv").is_null());
     EXPECT_EQ(b.p->terminate(30), 0);
+  }
+  {
+    // By default a restarted server loads the store's most recent prefixes into its prefix cache
+    // before it listens; the prompt is then served from memory, with the same output.
+    Srv c(store);
+    ASSERT_TRUE(c.p->ok()) << c.p->startup_output();
+    const double warmed = c.metric("anvil_kv_store_pages_restored_total");
+    EXPECT_GT(warmed, 0) << "pages restored before any request";
+    EXPECT_GT(c.metric("anvil_kv_prefix_cache_pages"), 0);
+    auto again = c.post("/v1/completions", {{"prompt", kDoc}, {"max_tokens", 8}, {"temperature", 0}}, &st);
+    ASSERT_EQ(st, 200) << again;
+    const int n = again["usage"]["prompt_tokens"];
+    EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], (n - 1) / 16 * 16);
+    EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);
+    EXPECT_EQ(c.p->terminate(30), 0);
   }
   fs::remove_all(dir);
 }
