@@ -38,6 +38,8 @@ int run_serve(ServeArgs& a) {
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be in [0, 65535]");
   if (a.server.max_queue < 0) return fail("--max-queue must be >= 0");
   if (a.max_body_mb < 1) return fail("--max-body must be >= 1 (MiB)");
+  auto warm = parse_size(a.kv_warm);  // checked before the model loads
+  if (!warm.is_ok()) return fail("--kv-warm: " + warm.status().message());
   if (a.model.batch > 0 && a.model.batch < a.parallel)
     return fail("--batch (" + std::to_string(a.model.batch) + ") must be at least --parallel (" +
                 std::to_string(a.parallel) + "): one step decodes every running sequence");
@@ -70,8 +72,6 @@ int run_serve(ServeArgs& a) {
   // The store's most recently used prefixes into the prefix cache before listening, so that the
   // first requests after a restart that repeat them find them in memory (Engine::warm_from_store).
   if (store) {
-    auto warm = parse_size(a.kv_warm);
-    if (!warm.is_ok()) return fail("--kv-warm: " + warm.status().message());
     const size_t page_bytes = s.engine->pool().view().page_bytes();
     // At most half the pool: the rest stays free for the requests themselves.
     const size_t max_pages = std::min<size_t>(size_t(*warm / std::max<size_t>(page_bytes, 1)),

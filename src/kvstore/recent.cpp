@@ -23,7 +23,6 @@ struct Row {
   Hash128 parent;
   int first_pos = 0;
   std::vector<int32_t> tokens;
-  int64_t last_used = 0;
 };
 
 }  // namespace
@@ -37,7 +36,7 @@ std::vector<std::vector<int32_t>> KVStore::recent_prefixes(size_t max_pages) {
   std::vector<Hash128> order;  // scanned rows, most recently used first
   {
     SqliteStmt q;
-    if (!q.prepare(db_, "SELECT key, parent, first_pos, tokens, last_used FROM pages WHERE fingerprint = ? "
+    if (!q.prepare(db_, "SELECT key, parent, first_pos, tokens FROM pages WHERE fingerprint = ? "
                         "ORDER BY last_used DESC LIMIT ?")
              .is_ok())
       return out;
@@ -52,7 +51,6 @@ std::vector<std::vector<int32_t>> KVStore::recent_prefixes(size_t max_pages) {
       row.first_pos = int(q.col_int(2));
       row.tokens.resize(size_t(P));
       std::memcpy(row.tokens.data(), q.col_blob(3), tok_bytes);
-      row.last_used = q.col_int(4);
       const Hash128 key = q.col_hash(0);
       if (rows.emplace(key, std::move(row)).second) order.push_back(key);
     }
@@ -86,9 +84,10 @@ std::vector<std::vector<int32_t>> KVStore::recent_prefixes(size_t max_pages) {
     std::vector<const Row*> chain;
     Hash128 key = leaf;
     bool ok = true;
-    for (const Row* r = fetch(key); ; r = fetch(key)) {
-      if (!r || r->first_pos != (chain.empty() ? r->first_pos : chain.back()->first_pos - P) || r->first_pos < 0 ||
-          r->first_pos % P != 0 || chain.size() > (size_t(1) << 20)) {
+    for (const Row* r = fetch(key);; r = fetch(key)) {
+      const bool linked = r && r->first_pos >= 0 && r->first_pos % P == 0 &&
+                          (chain.empty() || r->first_pos == chain.back()->first_pos - P);
+      if (!linked) {
         ok = false;
         break;
       }

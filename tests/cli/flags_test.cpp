@@ -93,6 +93,14 @@ TEST(CliSampling, BadValuesAreRefusedByName) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
+// A bad --kv-warm size is refused by name before the model loads.
+TEST(CliServe, BadKvWarmIsRefusedByName) {
+  auto r = run_anvil({"serve", "--synthetic", "tiny", "--port", "0", "--kv-warm", "3Q"}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--kv-warm"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("device"), std::string::npos) << "refused before the model loaded: " << r.out;
+}
+
 // Defects 3 and 4: --ctx is exact, and reaching it ends generation with finish "length", keeping the text.
 TEST(CliContext, ExactLimitEndsWithLengthKeepingTheOutput) {
   for (int ctx : {1, 5, 20, 33}) {
