@@ -23,7 +23,7 @@
 # (SORT=1: largest total first).
 # serve: the server on CUDA (issue 13): bench_serve.py at 1/32/64 streams, the 4k repeated prefix, and
 # the same prefix after a restart (SERVE_EXTRA: more flags for every server, e.g. "--batch 4096";
-# RESTORE_ONLY=1: only the restart, over ANVIL_KV_RESTORE_THREADS in RESTORE_THREADS; NOTIFIER_AB=1:
+# RESTORE_ONLY=1: only the restart, over ANVIL_KV_RESTORE_THREADS in RESTORE_THREADS, then with --kv-warm 0; NOTIFIER_AB=1:
 # only the streams, servers with and without the Notifier alternating, ROUNDS rounds; WRITEBACK_AB=1:
 # the store's writer at 64 streams with and without its writeback hints, ANVIL_KV_WRITEBACK).
 # store: the durable KV store's CUDA path (issue 10): its GPU
@@ -261,6 +261,13 @@ if [ "$what" = serve ]; then
         --no-logprobs >> "$OUT/serve_bench.log" 2>&1
       metrics; kill $SP; wait $SP
     done
+    # And restored on demand (--kv-warm 0: nothing loaded before listening; the servers above load
+    # the store's recent prefixes first, the default).
+    start_server rcold --kv-store "$KV_TMP/serve-kv" --kv-warm 0
+    echo "### after a restart, --kv-warm 0 (restored on demand)" >> "$OUT/serve_bench.log"
+    [ -n "$port" ] && timeout 60 python3 scripts/bench_serve.py --port "$port" --streams 1 --prompt 16 --max 8 --prefix 4096 \
+      --no-logprobs >> "$OUT/serve_bench.log" 2>&1
+    metrics; kill $SP; wait $SP
     cat "$OUT/serve_bench.log"
     echo "total $(( $(date +%s) - t0 )) s"
     exit 0
