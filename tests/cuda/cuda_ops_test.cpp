@@ -773,6 +773,13 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   auto af_made = backend_with({{"ANVIL_CUDA_ATTN_FUSED", "1"}, {"ANVIL_CUDA_ATTN_TC", "0"}});
   ASSERT_TRUE(af_made);
   Backend& af = *af_made;
+  // ANVIL_CUDA_ATTN_CHUNK=1 with ANVIL_CUDA_FA=0: every prefill chunk (one sequence's consecutive
+  // positions) through the token-group form (16 / G tokens per block, attention_tc_chunk), for up
+  // to 8 query heads per kv head; the decode batch as before. Same arithmetic per row as the
+  // per-token kernel, so the same bound.
+  auto ach_made = backend_with({{"ANVIL_CUDA_ATTN_CHUNK", "1"}, {"ANVIL_CUDA_FA", "0"}});
+  ASSERT_TRUE(ach_made);
+  Backend& ach = *ach_made;
   // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes;
   // h8/kv8 D128 (one query head per kv head, as OLMoE's) uses one row of its fragments.
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{4, 2, 16}, AttnCase{8, 1, 64},
@@ -846,6 +853,11 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
         atc.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gtc.data(), T, QD, DType::kBF16});
         ASSERT_TRUE(atc.synchronize().is_ok()) << atc.synchronize().message();
         expect_close(read(gtc, DType::kBF16, "attention tc"), ref, kPrefillTcBound, "attention ANVIL_CUDA_FA=0 " + what);
+        Guarded gch = dev_out(size_t(T * QD) * 2);
+        ach.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gch.data(), T, QD, DType::kBF16});
+        ASSERT_TRUE(ach.synchronize().is_ok()) << ach.synchronize().message();
+        expect_close(read(gch, DType::kBF16, "attention chunk"), ref, kPrefillTcBound,
+                     "attention ANVIL_CUDA_ATTN_CHUNK=1 ANVIL_CUDA_FA=0 " + what);
       }
       if (!split_ok) continue;
       Guarded gpl = dev_out(size_t(T * QD) * 2);

@@ -79,7 +79,13 @@ __host__ __device__ constexpr size_t tc_attn_smem(int D, bool fused) {
 // decode form described at the top (q is the projection's raw output, r its k/v and norms). CM (with
 // FUSED, or alone: attention_tc_cluster): the splits are the block's cluster, n_splits = gridDim.x,
 // merged in distributed shared memory; ws unused.
-template <int D, bool ROWS16, bool FUSED, bool CM = FUSED>
+// CHUNK (with CM and ROWS16, G <= 8; attention_tc_chunk, opt-in): the batch is one run of a
+// sequence's consecutive positions (a prefill chunk) and a block serves 16 / G of its tokens at once:
+// fragment row r is token t0 + r / G, query head r % G, each row masked to its own token's context,
+// so a tile of K/V read once serves all of them (the per-token form reads it once per token). The
+// splits cover the group's longest context (its last token's); a row with no position in a split
+// leaves an empty state (l = 0), which the merges skip.
+template <int D, bool ROWS16, bool FUSED, bool CM = FUSED, bool CHUNK = false>
 __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* q, int n_heads, KVDev kv, int layer,
                                                           BatchDev b, float scale_log2, int n_splits, float* ws,
                                                           __nv_bfloat16* out, RopeDev r) {
@@ -91,11 +97,24 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float rope_cs[FUSED ? HALF : 1], rope_sn[FUSED ? HALF : 1], qn_w[FUSED ? D : 1];
   pdl_launch();
-  const int s = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
+  static_assert(!CHUNK || (CM && ROWS16 && !FUSED), "the chunk form merges in its cluster, on 16 rows");
+  const int s = blockIdx.x, kh = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int G = n_heads / kv.n_kv_heads;
-  const int len = b.pos[t] + 1;
+  // CHUNK: this block's tokens t .. t + ntok - 1 (tokens per block 16 / G), rows = ntok * G fragment
+  // rows; row r's token t + r / G, its context the rows g and g + 8 this lane holds: len0, len1.
+  const int tpb = CHUNK ? 16 / G : 1;
+  const int t = blockIdx.z * tpb;
+  const int ntok = CHUNK ? min(tpb, b.n_tokens - t) : 1;
+  const int rows = ntok * G;
+  const int len = b.pos[t + ntok - 1] + 1;
+  const int len0 = CHUNK ? (g / G < ntok ? b.pos[t + g / G] + 1 : 0) : len;
+  const int len1 = CHUNK ? ((g + 8) / G < ntok ? b.pos[t + (g + 8) / G] + 1 : 0) : len;
+  // Output row of fragment row hg (th0 + hg without CHUNK).
+  auto row_th = [&](int hg) -> int64_t {
+    return CHUNK ? int64_t(t + hg / G) * n_heads + kh * G + hg % G : int64_t(t) * n_heads + kh * G + hg;
+  };
   const int live = live_splits(len, n_splits);
   // CM: a block without positions still takes part in its cluster's barriers (below).
   if (!CM && s >= live) return;
@@ -212,7 +231,20 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   uint32_t qa[KB][4];
   {
     const __nv_bfloat16* q0 = q + (int64_t(t) * n_heads + kh * G) * D;
-    if constexpr (!FUSED) {
+    if constexpr (CHUNK) {
+      // Rows g and g + 8: (token t + row / G, head row % G); rows past the block's tokens are zeros.
+      const bool r0 = g < rows, r1 = g + 8 < rows;
+      const __nv_bfloat16* qg = q + row_th(r0 ? g : 0) * D;
+      const __nv_bfloat16* qg8 = q + row_th(r1 ? g + 8 : 0) * D;
+#pragma unroll
+      for (int kb = 0; kb < KB; ++kb) {
+        const int d0 = kb * 16 + 2 * c;
+        qa[kb][0] = r0 ? *reinterpret_cast<const uint32_t*>(qg + d0) : 0u;
+        qa[kb][2] = r0 ? *reinterpret_cast<const uint32_t*>(qg + d0 + 8) : 0u;
+        qa[kb][1] = r1 ? *reinterpret_cast<const uint32_t*>(qg8 + d0) : 0u;
+        qa[kb][3] = r1 ? *reinterpret_cast<const uint32_t*>(qg8 + d0 + 8) : 0u;
+      }
+    } else if constexpr (!FUSED) {
 #pragma unroll
       for (int kb = 0; kb < KB; ++kb) {
         const int d0 = kb * 16 + 2 * c;
@@ -302,7 +334,8 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool valid = p0 + 8 * nt + 2 * c + (i & 1) < p_end;
+        const int p = p0 + 8 * nt + 2 * c + (i & 1);
+        const bool valid = p < p_end && (!CHUNK || p < (i < 2 ? len0 : len1));
         sc[nt][i] = valid ? sc[nt][i] * scale_log2 : -FLT_MAX;
         if (i < 2) mx0 = fmaxf(mx0, sc[nt][i]);
         else mx1 = fmaxf(mx1, sc[nt][i]);
@@ -369,7 +402,14 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   auto wm = [&](int w, int hg) { return sm[w * 16 + hg]; };
   auto wl = [&](int w, int hg) { return sl[w * 16 + hg]; };
   auto wa = [&](int w, int hg, int d) { return sa[(w * 16 + hg) * D + d]; };
-  if (!CM || live == 1) {  // (CM, one live split: no block reads another's memory)
+  if (CHUNK && live == 1) {  // one live split: this block's rows are the output
+    if (active)
+      merge_warps<kAW>(rows, D, wm, wl, wa, [&](int hg, int d, float, float L, float A) {
+        out[row_th(hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+      });
+    return;
+  }
+  if (!CHUNK && (!CM || live == 1)) {  // (CM, one live split: no block reads another's memory)
     if (active)
       merge_warps_store<kAW>(G, D, wm, wl, wa, int64_t(t) * n_heads + kh * G, live == 1 ? out : nullptr, ws, n_splits, s);
     trace::point(9);
@@ -382,7 +422,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     float* cl = cm + 16;
     float* ca = cl + 16;
     if (active)
-      merge_warps<kAW>(G, D, wm, wl, wa, [&](int hg, int d, float M, float L, float A) {
+      merge_warps<kAW>(rows, D, wm, wl, wa, [&](int hg, int d, float M, float L, float A) {
         if (d == 0) cm[hg] = M, cl[hg] = L;
         ca[hg * D + d] = A;
       });
@@ -390,8 +430,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
-    const int64_t th0 = int64_t(t) * n_heads + kh * G;
-    for (int i = s * blockDim.x + threadIdx.x; i < G * D; i += n_splits * blockDim.x) {
+    for (int i = s * blockDim.x + threadIdx.x; i < rows * D; i += n_splits * blockDim.x) {
       const int hg = i / D, d = i % D;
       float M = -FLT_MAX;
       for (int sp = 0; sp < live; ++sp) {
@@ -406,7 +445,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
         L += ls * w;
         A += rm[32 + hg * D + d] * w;
       }
-      out[(th0 + hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
+      out[row_th(hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
     }
     cluster.sync();  // no block leaves while another may still read its state
     trace::point(9);
@@ -434,10 +473,10 @@ cudaError_t launch_tc(const void* q, int n_heads, const KVDev& kv, int layer, co
 // The cluster kernels' attributes, set once per instance: their shared memory, and clusters of 16
 // (beyond the portable 8) where the device allows them. The largest cluster size this device
 // schedules for it (0: none). FUSED: rope_attention_tc's kernel, else attention_tc_cluster's.
-template <int D, bool R16, bool FUSED = true>
+template <int D, bool R16, bool FUSED = true, bool CHUNK = false>
 int cluster_limit() {
   static const int v = [] {
-    auto* k = attn_tc_kernel<D, R16, FUSED, true>;
+    auto* k = attn_tc_kernel<D, R16, FUSED, true, CHUNK>;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(tc_attn_smem(D, true))) != cudaSuccess)
       return 0;
     const bool np = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
@@ -479,6 +518,19 @@ cudaError_t launch_tc_cluster(const void* q, int n_heads, const KVDev& kv, int l
   if (cluster_limit<D, R16, false>() < cluster) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(cluster), unsigned(kv.n_kv_heads), unsigned(b.n_tokens));
   launch_kc(attn_tc_kernel<D, R16, false, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
+            static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
+            static_cast<float*>(nullptr), static_cast<__nv_bfloat16*>(out), RopeDev{});
+  return cudaGetLastError();
+}
+
+// The chunk form (CHUNK above): clusters of `cluster` splits, (16 / G)-token groups of the run.
+template <int D>
+cudaError_t launch_tc_chunk(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                            int cluster, void* out, cudaStream_t s) {
+  if (cluster_limit<D, true, false, true>() < cluster) return cudaErrorInvalidValue;
+  const int tpb = 16 / (n_heads / kv.n_kv_heads);
+  const dim3 grid(unsigned(cluster), unsigned(kv.n_kv_heads), unsigned((b.n_tokens + tpb - 1) / tpb));
+  launch_kc(attn_tc_kernel<D, true, false, true, true>, grid, dim3(kAW * 32), tc_attn_smem(D, true), s, cluster,
             static_cast<const __nv_bfloat16*>(q), n_heads, kv, layer, b, scale * 1.4426950408889634f, cluster,
             static_cast<float*>(nullptr), static_cast<__nv_bfloat16*>(out), RopeDev{});
   return cudaGetLastError();
@@ -546,6 +598,21 @@ cudaError_t attention_tc_cluster(const void* q, int n_heads, const KVDev& kv, in
   return by_shape(n_heads, kv, [&](auto d, auto r16) {
     return launch_tc_cluster<decltype(d)::value, decltype(r16)::value>(q, n_heads, kv, layer, b, scale, cluster, out, s);
   });
+}
+
+int attention_tc_chunk_limit() {
+  static const int v = std::min(cluster_limit<64, true, false, true>(), cluster_limit<128, true, false, true>());
+  return v;
+}
+
+cudaError_t attention_tc_chunk(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
+                               int cluster, void* out, cudaStream_t s) {
+  const int G = kv.n_kv_heads > 0 ? n_heads / kv.n_kv_heads : 0;
+  if (!attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim) || G > 8 || b.n_tokens < 1 || cluster < 1 ||
+      cluster > attention_tc_chunk_limit())
+    return cudaErrorInvalidValue;
+  return kv.head_dim == 64 ? launch_tc_chunk<64>(q, n_heads, kv, layer, b, scale, cluster, out, s)
+                           : launch_tc_chunk<128>(q, n_heads, kv, layer, b, scale, cluster, out, s);
 }
 
 cudaError_t rope_attention_tc(const void* q, int n_heads, const RopeDev& r, const KVDev& kv, int layer,

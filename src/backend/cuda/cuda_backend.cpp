@@ -121,6 +121,8 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '0') attn_cluster_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_NORM_PLANES"); f && *f == '0') norm_planes_ = false;
     if (attn_cluster_) attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not in a capture)
+    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CHUNK"); f && *f == '1')
+      attn_chunk_ = cuda::attention_tc_chunk_limit() >= 1;
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
       skip_ = k;
@@ -593,6 +595,17 @@ class CudaBackend final : public Backend {
       return;
     }
     const bool tc = attn_tc_ && cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim);
+    if (attn_chunk_ && tc && batch.n_tokens > 1 && n_heads / kv.n_kv_heads <= 8 && one_run(batch)) {
+      // Splits for the groups of 16 / G tokens as for so many tokens, within one cluster.
+      const int tpb = 16 / (n_heads / kv.n_kv_heads), groups = (batch.n_tokens + tpb - 1) / tpb;
+      const int cl = std::min(cuda::attention_splits(groups, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_, false),
+                              cuda::attention_tc_chunk_limit());
+      Prof pr(this, "attention");
+      launched(cuda::attention_tc_chunk(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, std::max(1, cl), out.data,
+                                        st_),
+               "attention (tensor cores, token groups)");
+      return;
+    }
     const int splits = cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_,
                                               tc && batch.n_tokens == batch.n_seqs);
     // The workspace holds the splits' partials. ANVIL_CUDA_ATTN_FUSED=1 adds one counter per (token,
@@ -1307,6 +1320,12 @@ class CudaBackend final : public Backend {
   // q4g64 1,275 and 1,288 against 1,211 and 1,218 tok/s, qwen3-8b 443.7 and 443.9 against 439.3 and
   // 434.6. ANVIL_CUDA_ATTN_CLUSTER=0: the combine kernel.
   bool attn_cluster_ = true;
+  // ANVIL_CUDA_ATTN_CHUNK=1 (off until measured on a GPU): a prefill chunk of one sequence that the
+  // prefill kernel does not take (fewer than 64 tokens, or ANVIL_CUDA_FA=0) runs through
+  // attention_tc_chunk, 16 / G tokens per block, instead of one block per token. Why: on an H100
+  // (session 34) a 16-token chunk after 4,096 tokens of context spent ~4 ms of its ~8 ms forward in
+  // attention, every block reading its split's K/V for one token.
+  bool attn_chunk_ = false;
   // The one-row norms' int16 planes for the next mat-vec (planes_buffer above).
   bool norm_planes_ = true;
   void* planes_ = nullptr;
