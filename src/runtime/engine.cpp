@@ -98,6 +98,7 @@ void Engine::reuse_prefix(Seq& s) {
   const int P = opts_.page_size;
   const int max_full = (int(s.tokens.size()) - 1) / P;
   Hash128 parent{};
+  int warmed = 0;  // tokens of pages the store loaded ahead of any request, first reused here
   for (int i = 0; opts_.prefix_cache && i < max_full; ++i) {
     auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
     const Hash128 key = kv_page_key(root_, parent, page_tokens);
@@ -106,8 +107,10 @@ void Engine::reuse_prefix(Seq& s) {
     s.pages.push_back(page);
     s.page_key.push_back(key);
     s.n_kv += P;
+    if (pool_->take_from_store(page)) warmed += P;
     parent = key;
   }
+  s.from_store = warmed;
   if (store_) {
     // The durable store continues where memory ended: full pages (validated, installed only once
     // loaded), then a session's partial tail.
@@ -120,7 +123,7 @@ void Engine::reuse_prefix(Seq& s) {
       parent = s.page_key[i];
     }
     s.n_kv += n * P;
-    s.from_store = n * P;
+    s.from_store += n * P;
     int32_t tail = -1;
     const int m = store_->restore_tail(s.tokens, s.n_kv, parent, int(s.tokens.size()) - 1 - s.n_kv, *pool_, &tail);
     if (m > 0) {
@@ -153,9 +156,11 @@ Engine::Warmed Engine::warm_from_store(size_t max_pages) {
     }
     const int have = int(pages.size());
     const int n = have < n_pages ? store_->restore_pages(toks, have, parent, n_pages - have, *pool_, &pages, &keys) : 0;
-    for (int i = have; i < have + n; ++i)
+    for (int i = have; i < have + n; ++i) {
       pool_->prefix_insert(keys[size_t(i)], i == 0 ? Hash128{} : keys[size_t(i) - 1],
                            std::span<const int32_t>(toks).subspan(size_t(i) * P, P), pages[size_t(i)]);
+      pool_->mark_from_store(pages[size_t(i)]);  // its first user counts it as restored (reuse_prefix)
+    }
     for (int32_t p : pages) pool_->kv_page_release(p);  // the index keeps its own reference
     ++w.prefixes;
     w.pages += size_t(n);

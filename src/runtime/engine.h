@@ -41,7 +41,9 @@ class Engine {
   void seq_release(int seq);
   const std::vector<int32_t>& seq_tokens(int seq) const { return seqs_[seq].tokens; }
   int seq_cached_tokens(int seq) const { return seqs_[seq].reused; }  // prompt tokens served from the prefix index
-  int seq_store_tokens(int seq) const { return seqs_[seq].from_store; }  // ... of which from the durable store
+  // ... of which from the durable store: restored for this sequence, or loaded by warm_from_store and
+  // reused by no sequence before this one.
+  int seq_store_tokens(int seq) const { return seqs_[seq].from_store; }
   int seq_kv(int seq) const { return seqs_[seq].n_kv; }                 // positions with KV
   // The pool page holding position n_kv (the partially filled tail), or -1.
   int32_t seq_tail_page(int seq) const {

@@ -43,6 +43,7 @@ Status KVPool::init() {
   view_.base = p.value();
   refcount_.assign(size_t(view_.n_pages), 0);
   entry_of_page_.assign(size_t(view_.n_pages), nullptr);
+  from_store_.assign(size_t(view_.n_pages), 0);
   free_.clear();
   for (int64_t i = view_.n_pages - 1; i >= 0; --i) free_.push_back(int32_t(i));
   return Status::ok();
@@ -63,6 +64,7 @@ int32_t KVPool::kv_page_alloc() {
   int32_t p = free_.back();
   free_.pop_back();
   refcount_[size_t(p)] = 1;
+  from_store_[size_t(p)] = 0;
   return p;
 }
 

@@ -65,6 +65,15 @@ class KVPool {
   // The token ids of `page` if the index holds it under `key` (and its parent key in *parent), else
   // null. For the store's dropped pages (Engine::offer_dropped): is the page still what it was?
   const std::vector<int32_t>* prefix_tokens_of(int32_t page, const Hash128& key, Hash128* parent) const;
+  // Pages loaded from the durable store ahead of any request (Engine::warm_from_store) are marked;
+  // the first sequence that reuses one takes the mark, so its tokens count as restored from the
+  // store for that sequence, as they would have without the warm-up. A fresh page has no mark.
+  void mark_from_store(int32_t page) { from_store_[size_t(page)] = 1; }
+  bool take_from_store(int32_t page) {
+    const bool m = from_store_[size_t(page)] != 0;
+    from_store_[size_t(page)] = 0;
+    return m;
+  }
   // Drops every entry that only the index holds (no sequence uses its page, no child below it),
   // leaves first, until none is left; returns how many. For a scratch sequence's pages (warm_up).
   size_t prefix_evict_unused();
@@ -87,6 +96,7 @@ class KVPool {
   KVCacheView view_;
   std::vector<int32_t> refcount_;
   std::vector<int32_t> free_;
+  std::vector<uint8_t> from_store_;  // mark_from_store, per page
   std::vector<Entry*> entry_of_page_;  // the index entry holding each page, or null
   std::unordered_map<Hash128, Entry, Hash128Hasher> index_;
   std::list<Entry*> lru_;  // evictable entries; front = most recently used

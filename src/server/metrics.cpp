@@ -78,7 +78,8 @@ std::string Metrics::render() const {
   counter("anvil_prompt_tokens_cached_total", "Prompt tokens whose KV came from the prefix cache",
           cached_prompt_tokens.load());
   counter("anvil_prompt_tokens_from_store_total",
-          "Prompt tokens whose KV was restored from the durable store (part of the cached ones)",
+          "Prompt tokens whose KV was restored from the durable store (part of the cached ones; pages loaded at "
+          "start by --kv-warm count for the first request that uses them)",
           store_prompt_tokens.load());
   counter("anvil_generation_tokens_total", "Generated tokens", generation_tokens.load());
   counter("anvil_preemptions_total", "Sequences preempted (KV pages taken back, recomputed later)", preemptions.load());

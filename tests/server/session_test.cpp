@@ -211,6 +211,10 @@ TEST(ServeStore, RestartKeepsPrefixCacheAndSessions) {
     const int n = again["usage"]["prompt_tokens"];
     EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], (n - 1) / 16 * 16);
     EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);
+    // Loaded from the store before listening: they count as from the store for this first use, and
+    // none was restored on demand.
+    EXPECT_GE(c.metric("anvil_prompt_tokens_from_store_total"), (n - 1) / 16 * 16);
+    EXPECT_EQ(c.metric("anvil_kv_store_pages_restored_total"), warmed);
     EXPECT_EQ(c.p->terminate(30), 0);
   }
   fs::remove_all(dir);
