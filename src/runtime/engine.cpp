@@ -91,37 +91,57 @@ Status Engine::ensure_pages(Seq& s, int n_positions) {
   return Status::ok();
 }
 
+// The index's run of full pages of `tokens` from the root, at most max_pages: each retained and
+// appended with its key to pages/keys. Returns the key of the last one (zero: none).
+Hash128 Engine::index_run(std::span<const int32_t> tokens, int max_pages, std::vector<int32_t>* pages,
+                          std::vector<Hash128>* keys) {
+  const int P = opts_.page_size;
+  Hash128 parent{};
+  for (int i = 0; i < max_pages; ++i) {
+    auto page_tokens = tokens.subspan(size_t(i) * P, P);
+    const Hash128 key = kv_page_key(root_, parent, page_tokens);
+    const int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
+    if (page < 0) break;
+    pages->push_back(page);
+    keys->push_back(key);
+    parent = key;
+  }
+  return parent;
+}
+
+// Continues the run at page `have` from the durable store (at most max_pages, validated, installed
+// only once loaded); with the prefix cache the restored pages join the index, marked from the store
+// when `mark` (warm_from_store). Returns how many; *parent becomes the last key.
+int Engine::restore_run(std::span<const int32_t> tokens, int have, int max_pages, std::vector<int32_t>* pages,
+                        std::vector<Hash128>* keys, Hash128* parent, bool mark) {
+  const int P = opts_.page_size;
+  const int n = max_pages > 0 ? store_->restore_pages(tokens, have, *parent, max_pages, *pool_, pages, keys) : 0;
+  for (int i = have; i < have + n; ++i) {
+    if (opts_.prefix_cache) {
+      pool_->prefix_insert((*keys)[size_t(i)], i == 0 ? Hash128{} : (*keys)[size_t(i) - 1],
+                           tokens.subspan(size_t(i) * P, P), (*pages)[size_t(i)]);
+      if (mark) pool_->mark_from_store((*pages)[size_t(i)]);  // its first user counts it as restored
+    }
+    *parent = (*keys)[size_t(i)];
+  }
+  return n;
+}
+
 // Takes pages from the prefix index for the longest run of full pages of s.tokens it knows,
 // always leaving at least one token to compute (its logits are needed).
 void Engine::reuse_prefix(Seq& s) {
   if ((!opts_.prefix_cache && !store_) || s.n_kv != 0 || !s.pages.empty()) return;
   const int P = opts_.page_size;
   const int max_full = (int(s.tokens.size()) - 1) / P;
-  Hash128 parent{};
-  int warmed = 0;  // tokens of pages the store loaded ahead of any request, first reused here
-  for (int i = 0; opts_.prefix_cache && i < max_full; ++i) {
-    auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
-    const Hash128 key = kv_page_key(root_, parent, page_tokens);
-    int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
-    if (page < 0) break;
-    s.pages.push_back(page);
-    s.page_key.push_back(key);
-    s.n_kv += P;
-    if (pool_->take_from_store(page)) warmed += P;
-    parent = key;
-  }
-  s.from_store = warmed;
+  Hash128 parent = opts_.prefix_cache ? index_run(s.tokens, max_full, &s.pages, &s.page_key) : Hash128{};
+  s.n_kv = int(s.pages.size()) * P;
+  s.from_store = 0;  // tokens of pages the store loaded ahead of any request, first reused here
+  for (int32_t page : s.pages)
+    if (pool_->take_from_store(page)) s.from_store += P;
   if (store_) {
-    // The durable store continues where memory ended: full pages (validated, installed only once
-    // loaded), then a session's partial tail.
+    // The durable store continues where memory ended: full pages, then a session's partial tail.
     const int have = int(s.pages.size());
-    const int n = store_->restore_pages(s.tokens, have, parent, max_full - have, *pool_, &s.pages, &s.page_key);
-    for (int i = have; i < have + n; ++i) {  // restored pages join the memory index
-      if (opts_.prefix_cache)
-        pool_->prefix_insert(s.page_key[i], i == 0 ? Hash128{} : s.page_key[i - 1],
-                             std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P), s.pages[i]);
-      parent = s.page_key[i];
-    }
+    const int n = restore_run(s.tokens, have, max_full - have, &s.pages, &s.page_key, &parent, false);
     s.n_kv += n * P;
     s.from_store += n * P;
     int32_t tail = -1;
@@ -144,23 +164,9 @@ Engine::Warmed Engine::warm_from_store(size_t max_pages) {
     const int n_pages = int(toks.size()) / P;
     std::vector<int32_t> pages;
     std::vector<Hash128> keys;
-    Hash128 parent{};
-    for (int i = 0; i < n_pages; ++i) {  // what memory already has (retained, as a sequence would)
-      auto page_tokens = std::span<const int32_t>(toks).subspan(size_t(i) * P, P);
-      const Hash128 key = kv_page_key(root_, parent, page_tokens);
-      const int32_t page = pool_->prefix_lookup(key, parent, page_tokens);
-      if (page < 0) break;
-      pages.push_back(page);
-      keys.push_back(key);
-      parent = key;
-    }
+    Hash128 parent = index_run(toks, n_pages, &pages, &keys);  // what memory already has
     const int have = int(pages.size());
-    const int n = have < n_pages ? store_->restore_pages(toks, have, parent, n_pages - have, *pool_, &pages, &keys) : 0;
-    for (int i = have; i < have + n; ++i) {
-      pool_->prefix_insert(keys[size_t(i)], i == 0 ? Hash128{} : keys[size_t(i) - 1],
-                           std::span<const int32_t>(toks).subspan(size_t(i) * P, P), pages[size_t(i)]);
-      pool_->mark_from_store(pages[size_t(i)]);  // its first user counts it as restored (reuse_prefix)
-    }
+    const int n = restore_run(toks, have, n_pages - have, &pages, &keys, &parent, true);
     for (int32_t p : pages) pool_->kv_page_release(p);  // the index keeps its own reference
     ++w.prefixes;
     w.pages += size_t(n);

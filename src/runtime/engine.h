@@ -142,6 +142,10 @@ class Engine {
   Status init();
   Status ensure_pages(Seq& s, int n_positions);
   void reuse_prefix(Seq& s);
+  Hash128 index_run(std::span<const int32_t> tokens, int max_pages, std::vector<int32_t>* pages,
+                    std::vector<Hash128>* keys);
+  int restore_run(std::span<const int32_t> tokens, int have, int max_pages, std::vector<int32_t>* pages,
+                  std::vector<Hash128>* keys, Hash128* parent, bool mark);
   void publish_full_pages(Seq& s);
   void store_tick();  // the store's copied pages back (reap), then offer_dropped
   void note_dropped(int32_t page, const Hash128& key, int first_pos);

@@ -525,6 +525,13 @@ TEST(Scheduler, IdleReapDoesNotHoldTheNextRequest) {
 }
 
 namespace {
+// The largest |x - y| over two logit vectors of one size (1e30 when they differ in size or are empty).
+float max_abs_diff(const std::vector<float>& x, const std::vector<float>& y) {
+  if (x.size() != y.size() || x.empty()) return 1e30f;
+  float d = 0.0f;
+  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::fabs(x[i] - y[i]));
+  return d;
+}
 struct Restored {
   int from_store = -1;    // tokens of the prompt a fresh engine took from the store
   float max_diff = 1e30f; // its last logits against an engine without a store
@@ -546,10 +553,7 @@ Restored restored_after_restart(const std::string& dir, const std::vector<int32_
   EXPECT_TRUE(seq.is_ok());
   EXPECT_TRUE(s.engine->extend(*seq, prompt, &got, nullptr).is_ok());
   r.from_store = s.engine->seq_store_tokens(*seq);
-  if (got.size() == want.size() && !got.empty()) {
-    r.max_diff = 0.0f;
-    for (size_t i = 0; i < got.size(); ++i) r.max_diff = std::max(r.max_diff, std::fabs(got[i] - want[i]));
-  }
+  r.max_diff = max_abs_diff(got, want);
   s.engine->seq_release(*seq);
   detach_store(s, *store);
   return r;
@@ -683,11 +687,6 @@ TEST(EngineStore, WarmFromStoreLoadsTheRecentPrefixesIntoTheIndex) {
     detach_store(s, *store);
     EXPECT_EQ(store->counters().pages_written.load(), 18);
   }
-  auto max_diff = [](const std::vector<float>& x, const std::vector<float>& y) {
-    float d = x.size() == y.size() && !x.empty() ? 0.0f : 1e30f;
-    for (size_t i = 0; i < x.size() && i < y.size(); ++i) d = std::max(d, std::fabs(x[i] - y[i]));
-    return d;
-  };
   {  // First a budget of 8 pages: b's first 8 (the more recent prefix), so a finds its 6 shared
      // pages in memory and the other 6 in the store. (Restores count as uses: the store's LRU order
      // changes with every run, so this one comes first.)
@@ -703,7 +702,7 @@ TEST(EngineStore, WarmFromStoreLoadsTheRecentPrefixesIntoTheIndex) {
     // Every cached token came from the store: 6 pages loaded ahead (first used here), 6 on demand.
     EXPECT_EQ(s.engine->seq_store_tokens(*seq), 192);
     EXPECT_EQ(store->counters().restored_pages.load(), 8 + 6);
-    EXPECT_LE(max_diff(got, want_a), kRestoredLogitTol);
+    EXPECT_LE(max_abs_diff(got, want_a), kRestoredLogitTol);
     s.engine->seq_release(*seq);
     detach_store(s, *store);
   }
@@ -727,7 +726,7 @@ TEST(EngineStore, WarmFromStoreLoadsTheRecentPrefixesIntoTheIndex) {
       ASSERT_TRUE(s.engine->extend(*seq, *p, &got, nullptr).is_ok());
       EXPECT_EQ(s.engine->seq_cached_tokens(*seq), 192);
       EXPECT_EQ(s.engine->seq_store_tokens(*seq), from_store[k]) << "prompt " << k;
-      EXPECT_LE(max_diff(got, p == &a ? want_a : want_b), kRestoredLogitTol);
+      EXPECT_LE(max_abs_diff(got, p == &a ? want_a : want_b), kRestoredLogitTol);
       s.engine->seq_release(*seq);
     }
     EXPECT_EQ(store->counters().restored_pages.load(), 18) << "all of them loaded ahead, none on demand";
