@@ -34,7 +34,7 @@
 # (32-sequence decode through the GEMM vs chunked mat-vecs, ANVIL_CUDA_GEMV_MAX_T), gemv (the q4
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), chunkattn (session 34: prefill chunks'
-# attention in token groups, ANVIL_CUDA_ATTN_CHUNK=1: its tests and golden, then 4,112-token prompts in
+# attention in token groups, the default since session 35, against ANVIL_CUDA_ATTN_CHUNK=0: the off path's tests and golden, then 4,112-token prompts in
 # chunks of 16, 32 and 64 tokens both ways), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
@@ -535,14 +535,15 @@ if [ "$what" != tests ]; then
   if [ "$set" = prefill ]; then
     prefill_set
   elif [ "$set" = chunkattn ]; then
-    # Session 34: prefill chunks' attention in token groups (ANVIL_CUDA_ATTN_CHUNK=1,
-    # attention_tc_chunk) against one block per token: its op test and golden on CUDA with it, then
+    # Session 34: prefill chunks' attention in token groups (attention_tc_chunk, the default since
+    # session 35) against one block per token (ANVIL_CUDA_ATTN_CHUNK=0): the op test and golden on
+    # CUDA with the per-token form, then
     # a 4,112-token prompt in chunks of 16 and 32 tokens (where the per-token kernel read each
     # split's K/V once per token) and of 64 with the prefill kernel turned off, both ways, twice.
-    ANVIL_CUDA_ATTN_CHUNK=1 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.RopeKvAppend*:CudaModel.*' > "$OUT/chunk_tests.log" 2>&1
-    echo "### ANVIL_CUDA_ATTN_CHUNK=1 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/chunk_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
-    ANVIL_CUDA_ATTN_CHUNK=1 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/chunk_golden.log" 2>&1
-    echo "### ANVIL_CUDA_ATTN_CHUNK=1 golden rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/chunk_golden.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_CUDA_ATTN_CHUNK=0 ./build-gpu/tests/anvil_test_cuda --gtest_filter='CudaOps.RopeKvAppend*:CudaModel.*' > "$OUT/chunk_tests.log" 2>&1
+    echo "### ANVIL_CUDA_ATTN_CHUNK=0 tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/chunk_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
+    ANVIL_CUDA_ATTN_CHUNK=0 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/chunk_golden.log" 2>&1
+    echo "### ANVIL_CUDA_ATTN_CHUNK=0 golden rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/chunk_golden.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for r in 1 2; do
       for B in 16 32; do
         for v in 0 1; do echo "## ANVIL_CUDA_ATTN_CHUNK=$v --batch $B" >> "$OUT/bench.log"

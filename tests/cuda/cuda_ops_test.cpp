@@ -773,11 +773,11 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   auto af_made = backend_with({{"ANVIL_CUDA_ATTN_FUSED", "1"}, {"ANVIL_CUDA_ATTN_TC", "0"}});
   ASSERT_TRUE(af_made);
   Backend& af = *af_made;
-  // ANVIL_CUDA_ATTN_CHUNK=1 with ANVIL_CUDA_FA=0: every prefill chunk (one sequence's consecutive
-  // positions) through the token-group form (16 / G tokens per block, attention_tc_chunk), for up
-  // to 8 query heads per kv head; the decode batch as before. Same arithmetic per row as the
-  // per-token kernel, so the same bound.
-  auto ach_made = backend_with({{"ANVIL_CUDA_ATTN_CHUNK", "1"}, {"ANVIL_CUDA_FA", "0"}});
+  // With ANVIL_CUDA_FA=0 (atc above) every prefill chunk (one sequence's consecutive positions) of
+  // up to 8 query heads per kv head goes through the token-group form (16 / G tokens per block,
+  // attention_tc_chunk, the default since session 35); ANVIL_CUDA_ATTN_CHUNK=0 sends them back to
+  // one block per token, which this backend covers. Same arithmetic per row, so the same bound.
+  auto ach_made = backend_with({{"ANVIL_CUDA_ATTN_CHUNK", "0"}, {"ANVIL_CUDA_FA", "0"}});
   ASSERT_TRUE(ach_made);
   Backend& ach = *ach_made;
   // h32/kv2 and h12/kv1 (16 and 12 query heads per kv head) only the tensor-core kernel takes;
@@ -856,8 +856,8 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
         Guarded gch = dev_out(size_t(T * QD) * 2);
         ach.attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{gch.data(), T, QD, DType::kBF16});
         ASSERT_TRUE(ach.synchronize().is_ok()) << ach.synchronize().message();
-        expect_close(read(gch, DType::kBF16, "attention chunk"), ref, kPrefillTcBound,
-                     "attention ANVIL_CUDA_ATTN_CHUNK=1 ANVIL_CUDA_FA=0 " + what);
+        expect_close(read(gch, DType::kBF16, "attention per token"), ref, kPrefillTcBound,
+                     "attention ANVIL_CUDA_ATTN_CHUNK=0 ANVIL_CUDA_FA=0 " + what);
       }
       if (!split_ok) continue;
       Guarded gpl = dev_out(size_t(T * QD) * 2);

@@ -121,8 +121,8 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CLUSTER"); f && *f == '0') attn_cluster_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_NORM_PLANES"); f && *f == '0') norm_planes_ = false;
     if (attn_cluster_) attn_cluster_ = cuda::attention_tc_cluster_limit() >= 2;  // (probed here, not in a capture)
-    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CHUNK"); f && *f == '1')
-      attn_chunk_ = cuda::attention_tc_chunk_limit() >= 1;
+    if (const char* f = std::getenv("ANVIL_CUDA_ATTN_CHUNK"); f && *f == '0') attn_chunk_ = false;
+    if (attn_chunk_) attn_chunk_ = cuda::attention_tc_chunk_limit() >= 1;  // (probed here, not in a capture)
     if (const char* b = std::getenv("ANVIL_CUDA_TC_BATCH"); b && *b == '0') tc_batch_ = false;
     if (const char* k = std::getenv("ANVIL_CUDA_SKIP"); k && *k) {
       skip_ = k;
@@ -1320,12 +1320,14 @@ class CudaBackend final : public Backend {
   // q4g64 1,275 and 1,288 against 1,211 and 1,218 tok/s, qwen3-8b 443.7 and 443.9 against 439.3 and
   // 434.6. ANVIL_CUDA_ATTN_CLUSTER=0: the combine kernel.
   bool attn_cluster_ = true;
-  // ANVIL_CUDA_ATTN_CHUNK=1 (off until measured on a GPU): a prefill chunk of one sequence that the
-  // prefill kernel does not take (fewer than 64 tokens, or ANVIL_CUDA_FA=0) runs through
-  // attention_tc_chunk, 16 / G tokens per block, instead of one block per token. Why: on an H100
-  // (session 34) a 16-token chunk after 4,096 tokens of context spent ~4 ms of its ~8 ms forward in
-  // attention, every block reading its split's K/V for one token.
-  bool attn_chunk_ = false;
+  // A prefill chunk of one sequence that the prefill kernel does not take (fewer than 64 tokens, or
+  // ANVIL_CUDA_FA=0) runs through attention_tc_chunk, 16 / G tokens per block, instead of one block
+  // per token (ANVIL_CUDA_ATTN_CHUNK=0). Why: on an H100 (session 34) a 16-token chunk after 4,096
+  // tokens of context spent ~4 ms of its ~8 ms forward in attention, every block reading its
+  // split's K/V for one token. Measured on an H100 (session 35, qwen3-8b q4g64, a 4,112-token
+  // prompt): chunks of 16 tokens 2,456/2,432 -> 2,590/2,576 prefill tok/s, 32 tokens 3,497/3,500 ->
+  // 4,432/4,448, 64 with ANVIL_CUDA_FA=0 5,599/5,610 -> 6,686/6,664.
+  bool attn_chunk_ = true;
   // The one-row norms' int16 planes for the next mat-vec (planes_buffer above).
   bool norm_planes_ = true;
   void* planes_ = nullptr;

@@ -173,7 +173,7 @@ int attention_tc_cluster_limit();
 // The same for a batch that is one run of a sequence's consecutive positions (a prefill chunk; the
 // caller checks): a block serves 16 / G of its tokens as the rows of its fragments, so each K/V tile
 // is read once per group of tokens instead of once per token. G <= 8; cluster: the splits,
-// 1..attention_tc_chunk_limit(). Opt-in (ANVIL_CUDA_ATTN_CHUNK=1) until measured.
+// 1..attention_tc_chunk_limit(). The default since session 35 (ANVIL_CUDA_ATTN_CHUNK=0: one block per token).
 int attention_tc_chunk_limit();
 cudaError_t attention_tc_chunk(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                                int cluster, void* out, cudaStream_t s);
