@@ -35,7 +35,8 @@
 # mat-vec variants, ANVIL_QGEMV_TC), ring (the streamed mat-vec's shapes, ANVIL_QGEMV_RING), fuse
 # (ANVIL_CUDA_FUSE=1 against separate norm/add kernels), attntc (ANVIL_CUDA_ATTN_TC=0 against the default), chunkattn (session 34: prefill chunks'
 # attention in token groups, the default since session 35, against ANVIL_CUDA_ATTN_CHUNK=0: the off path's tests and golden, then 4,112-token prompts in
-# chunks of 16, 32 and 64 tokens both ways), batchk / batchtune
+# chunks of 16, 32 and 64 tokens both ways), famin (session 35: the prefill kernel's smallest chunk,
+# ANVIL_CUDA_FA_MIN, at 64 against above the chunk size, 64- to 256-token chunks), batchk / batchtune
 # (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
@@ -551,6 +552,20 @@ if [ "$what" != tests ]; then
       done
       for v in 0 1; do echo "## ANVIL_CUDA_FA=0 ANVIL_CUDA_ATTN_CHUNK=$v --batch 64" >> "$OUT/bench.log"
         ANVIL_CUDA_FA=0 ANVIL_CUDA_ATTN_CHUNK=$v b --synthetic qwen3-8b:q4g64 -c 4608 --prompt 4112 --batch 64 -n 2 --runs 1; done
+    done
+  elif [ "$set" = famin ]; then
+    # Session 35: which one-sequence chunks the prefill kernel should take (ANVIL_CUDA_FA_MIN=T, the
+    # fewest tokens it takes; smaller chunks go to attention_tc_chunk): a 4,112-token prompt in
+    # chunks of 64, 128 and 256 tokens and a 512-token one in chunks of 128 and 256, per threshold.
+    for r in 1 2; do
+      for B in 64 128 256; do
+        for v in 64 $((B + 1)); do echo "## ANVIL_CUDA_FA_MIN=$v --batch $B (4,112 tokens)" >> "$OUT/bench.log"
+          ANVIL_CUDA_FA_MIN=$v b --synthetic qwen3-8b:q4g64 -c 4608 --prompt 4112 --batch $B -n 2 --runs 1; done
+      done
+      for B in 128 256; do
+        for v in 64 $((B + 1)); do echo "## ANVIL_CUDA_FA_MIN=$v --batch $B (512 tokens)" >> "$OUT/bench.log"
+          ANVIL_CUDA_FA_MIN=$v b --synthetic qwen3-8b:q4g64 --prompt 512 --batch $B -n 2 --runs 2; done
+      done
     done
   elif [ "$set" = attntc ]; then
     # Decode attention on the tensor cores (the default) against the split kernels (=0): batch 1

@@ -93,6 +93,7 @@ class CudaBackend final : public Backend {
     // ANVIL_CUDA_GEMV_MAX_T=N (up to 63) sends every format's batches of up to N rows to the
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
+    if (const char* f = std::getenv("ANVIL_CUDA_FA_MIN"); f && *f) fa_min_ = std::max(1, std::atoi(f));
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
     // =1: tensor-map copies (bulk copies per row where the driver has no encoder); =2: bulk copies
     // per row; =3: 16-byte cp.async (PersistArgs::copy_async 3, 0, 1).
@@ -587,7 +588,7 @@ class CudaBackend final : public Backend {
                 "attention: q must be [T, n_heads*head_dim] with n_heads a multiple of n_kv_heads"))
       return;
     if (skip("attention")) return;
-    if (fa_ && batch.n_tokens >= 64 && cuda::attention_prefill_ok(kv.head_dim) && one_run(batch)) {
+    if (fa_ && batch.n_tokens >= fa_min_ && cuda::attention_prefill_ok(kv.head_dim) && one_run(batch)) {
       Prof pr(this, "attention");
       launched(cuda::attention_prefill(q.data, n_heads, kvdev(kv), layer, bdev(batch), batch.pos_host[0], scale,
                                        out.data, st_),
@@ -1284,6 +1285,9 @@ class CudaBackend final : public Backend {
   // Prefill chunks through attention_prefill.cu (ANVIL_CUDA_FA=0: the split kernels). On the H200
   // it took qwen3-8b q4g64 pp4096 from 3.2k to 5.8k tok/s (docs/benchmarks.md, 2026-12-01).
   bool fa_ = true;
+  // The fewest tokens of a one-sequence chunk that go to the prefill kernel (smaller chunks take the
+  // decode kernels: attention_tc_chunk); ANVIL_CUDA_FA_MIN=T sets it, for measuring.
+  int fa_min_ = 64;
   // A prefill chunk of one sequence at consecutive positions (what attention_prefill takes), by the
   // batch's host mirrors.
   static bool one_run(const BatchView& b) {
