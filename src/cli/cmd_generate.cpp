@@ -138,9 +138,11 @@ int run_generate(GenerateArgs& a) {
   };
   auto r = generate(*s.engine, *seq, req, on_token);
   int durable = -1;
+  std::string not_saved;  // why the session's last state could not be committed (a full disk)
   if (!plan.name.empty()) {  // even after an error: what was generated is recorded
     auto d = store->session_end(*seq, s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq), s.engine->pool());
     if (d.is_ok()) durable = *d;
+    else not_saved = d.status().message();
   }
   if (!r.is_ok()) {
     if (!a.json) std::printf("\n");  // the error must not continue the streamed line
@@ -179,6 +181,7 @@ int run_generate(GenerateArgs& a) {
       j["session"] = plan.name;
       j["session_ids"] = all;
       j["session_durable_tokens"] = durable;
+      j["session_saved"] = not_saved.empty();
     }
     if (store && a.kv.profile) j["kv_store"] = kv_profile_json(*store.get());
     j["chat_template"] = chat;
@@ -199,6 +202,7 @@ int run_generate(GenerateArgs& a) {
                    r->ids.size());
   }
   if (store && a.kv.profile) print_kv_profile(*store.get(), store_tokens, stderr);
+  if (!not_saved.empty()) return fail(not_saved);  // the text is out, but --session did not do its job
   return finish == "interrupted" ? 130 : 0;
 }
 

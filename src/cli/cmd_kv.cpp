@@ -37,8 +37,15 @@ int run_kv(KvArgs& a) {
     if (!m.is_ok()) return fail("--max: " + m.status().message());
     o.max_bytes = *m;
   }
+  o.repair = false;  // a damaged catalog is reported here, never moved aside
   auto opened = KVStore::open(o);
-  if (!opened.is_ok()) return fail(opened.status().message());
+  if (!opened.is_ok()) {
+    if (a.verify->parsed() && opened.status().code() == StatusCode::kCorrupt) {
+      std::printf("%s\nverify: 0 records checked, 1 problems\n", opened.status().message().c_str());
+      return 1;
+    }
+    return fail(opened.status().message());
+  }
   KVStore& st = **opened;
   if (a.ls->parsed()) {
     StoreStats s = st.stats();

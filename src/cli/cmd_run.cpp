@@ -225,7 +225,10 @@ int run_chat(RunArgs& a) {
     if (dimmed) std::fputs(dim_off, stdout);
     std::printf("\n");
     if (!r.is_ok()) {
-      if (!plan.name.empty()) (void)store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
+      if (!plan.name.empty())
+        if (auto d = store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool());
+            !d.is_ok())
+          std::fprintf(stderr, "anvil: error: %s\n", d.status().message().c_str());
       std::fprintf(stderr, "anvil: error: %s\n", r.status().message().c_str());
       if (!interactive) return 1;
       if (chat) messages.erase(messages.end() - 1);
@@ -246,7 +249,10 @@ int run_chat(RunArgs& a) {
     if (!plan.name.empty()) {
       auto d = store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
                                   session_meta());
-      if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", plan.name.c_str(), d.status().message().c_str());
+      if (!d.is_ok()) {
+        std::fprintf(stderr, "anvil: error: %s\n", d.status().message().c_str());
+        if (!interactive) return 1;
+      }
     }
     if (store && a.kv.profile) print_kv_profile(*store.get(), s.engine->seq_store_tokens(seq), stderr);
     if (!interactive) break;

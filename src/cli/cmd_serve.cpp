@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -165,7 +167,13 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               app.add_option("--max-body", a->max_body_mb, "Largest request body, in MiB")->capture_default_str();
               app.add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
                              "Seconds running requests get to finish after SIGTERM")
-                  ->capture_default_str();
+                  ->capture_default_str()
+                  ->check([](const std::string& v) {
+                    char* end = nullptr;
+                    const double d = std::strtod(v.c_str(), &end);
+                    return end && *end == '\0' && std::isfinite(d) && d >= 0 ? std::string()
+                                                                             : std::string("must be a number of seconds >= 0");
+                  });
               app.add_flag("--no-chat-page", a->no_chat_page, "Do not serve the chat page at /");
               app.add_option("--kv-warm", a->kv_warm,
                              "Before listening, load the store's most recently used prompt prefixes into the prefix "

@@ -84,7 +84,8 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
   add_text_option(app, "--min-p", o.min_p, "Drop tokens below min-p times the top probability, in [0, 1) (0 = off)", "FLOAT");
   add_text_option(app, "--repeat-penalty", o.repeat_penalty, "Repetition penalty > 0 (1 = off)", "FLOAT");
   add_text_option(app, "--seed", o.seed,
-                  "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed; --json reports the seed used)",
+                  "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed, which generate --json "
+                  "reports)",
                   "INT");
 }
 
@@ -95,7 +96,13 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
     if (text.is_ok()) {
       auto j = nlohmann::json::parse(*text, nullptr, false);
       if (j.is_object()) {
-        bool do_sample = j.value("do_sample", true);
+        bool do_sample = true;
+        if (j.contains("do_sample") && !j["do_sample"].is_null()) {
+          if (!j["do_sample"].is_boolean())
+            return invalid_argument(model_dir + "/generation_config.json: do_sample must be true or false, got " +
+                                    j["do_sample"].dump());
+          do_sample = j["do_sample"].get<bool>();
+        }
         if (do_sample && j.contains("temperature") && j["temperature"].is_number())
           p.temperature = j["temperature"].get<float>();
         if (j.contains("top_k") && j["top_k"].is_number_integer()) p.top_k = j["top_k"].get<int>();

@@ -17,9 +17,13 @@ void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags) {
   app.add_option("--kv-flush-pages", f.flush_pages, "... or after this many pages")->capture_default_str();
   app.add_option("--kv-queue", f.queue_pages, "Pages the store's writer queue holds")->capture_default_str();
   if (session_flags) {
-    app.add_option("--session", f.session, "Record this run as session NAME in the store");
+    const auto not_empty = [](const std::string& v) { return v.empty() ? std::string("an empty session name") : std::string(); };
+    app.add_option("--session", f.session,
+                   "Record this run as session NAME in the store (a new name: 1-128 of A-Z a-z 0-9 . _ -)")
+        ->check(not_empty);
     app.add_flag("--resume", f.resume, "Continue session NAME (the prompt, if any, is appended)");
-    app.add_option("--fork", f.fork, "Start a new session NEW from session NAME's tokens (NAME is unchanged)");
+    app.add_option("--fork", f.fork, "Start a new session NEW from session NAME's tokens (NAME is unchanged)")
+        ->check(not_empty);
   }
   app.add_flag("--profile", f.profile, "Print the store's counters to stderr at the end");
 }
@@ -74,13 +78,28 @@ Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
   }
   ANVIL_ASSIGN_OR_RETURN(KVStoreOptions o, kv_store_options(f));
   auto st = KVStore::open(o);
-  if (!st.is_ok()) return st.status().with_context("--kv-store " + o.dir);
+  if (!st.is_ok()) {
+    // The default store is implicit: one that cannot be opened (a read-only home, a full disk) is
+    // off, said once; a store the user named, or a session, needs it.
+    if (f.dir.empty() && f.session.empty()) {
+      std::fprintf(stderr, "[anvil] KV store: off (the default store %s cannot be opened: %s)\n", o.dir.c_str(),
+                   st.status().message().c_str());
+      return a;
+    }
+    return st.status().with_context("--kv-store " + o.dir);
+  }
   a.store_ = std::move(st).value();
   const KVCacheView& kv = s.engine->pool().view();
   ANVIL_RETURN_IF_ERROR(a.store_->attach(*s.backend, kv, s.engine->cache_root()));
   s.engine->set_page_store(a.store_.get());
   a.engine_ = s.engine.get();
   return a;
+}
+
+static std::string bad_name(const char* flag, const std::string& name) {
+  return std::string(flag) + " '" + name +
+         "': a session name is 1 to 128 of the letters A-Z a-z, digits, '.', '_' and '-', not starting with "
+         "'.' or '-' (the server's rule: names appear in its URLs)";
 }
 
 Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
@@ -90,6 +109,11 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
     return p;
   }
   if (f.resume && !f.fork.empty()) return invalid_argument("give one of --resume and --fork NEW");
+  // Claimed before it is read, so that no other process records it in between (held until the
+  // recording ends; a session only read, as --fork's source, is let go at once).
+  if (!f.fork.empty() && !valid_session_name(f.fork)) return invalid_argument(bad_name("--fork", f.fork));
+  ANVIL_RETURN_IF_ERROR(store->claim_session(f.session));
+  if (!f.fork.empty()) ANVIL_RETURN_IF_ERROR(store->claim_session(f.fork));
   ANVIL_ASSIGN_OR_RETURN(auto info, store->get_session(f.session));
   if (f.resume || !f.fork.empty()) {
     if (!info) return not_found("no session named '" + f.session + "' in " + store->dir());
@@ -101,11 +125,13 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
     p.resumed = true;
     if (!f.fork.empty()) {
       ANVIL_RETURN_IF_ERROR(store->fork_session(f.session, f.fork));
+      store->release_session(f.session);
       p.name = f.fork;
     } else {
       p.name = f.session;
     }
   } else {
+    if (!valid_session_name(f.session)) return invalid_argument(bad_name("--session", f.session));
     if (info)
       return invalid_argument("session '" + f.session +
                               "' already exists: --resume to continue it, --fork NEW to branch from it, or "

@@ -15,7 +15,7 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
   std::string path = dir + "/tokenizer.json";
   if (dir.empty() || !std::filesystem::exists(path))
     return not_found("no tokenizer.json in " + (dir.empty() ? std::string("the model") : dir) +
-                     ": give the prompt as token ids with --ids");
+                     ": text cannot be encoded or decoded (anvil generate takes a prompt as token ids with --ids)");
   auto t = std::unique_ptr<TextOutput>(new TextOutput());
   ANVIL_ASSIGN_OR_RETURN(t->tok_, Tokenizer::load(path));
   // The config decides the raw prompt's BOS/EOS (add_bos_token/add_eos_token) even without chat.

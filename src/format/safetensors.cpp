@@ -253,7 +253,16 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
     }
   } else {
     for (const auto& e : fs::directory_iterator(root, ec)) {
-      if (e.path().extension() == ".safetensors" && e.is_regular_file(ec)) files.push_back(e.path().filename());
+      if (e.path().extension() != ".safetensors") continue;
+      std::error_code fe;
+      if (e.is_regular_file(fe)) {
+        files.push_back(e.path().filename());
+        continue;
+      }
+      // A link to nothing: what an interrupted Hugging Face cache download leaves behind.
+      if (e.is_symlink(fe) && !fs::exists(e.path(), fe))
+        return not_found(e.path().string() + " is a link to " + fs::read_symlink(e.path(), fe).string() +
+                         ", which does not exist (an incomplete download?)");
     }
     if (ec) return io_error(dir + ": cannot list directory: " + ec.message());
     std::sort(files.begin(), files.end());

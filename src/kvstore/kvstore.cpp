@@ -2,6 +2,7 @@
 // The writer thread is writer.h; restores are restore.cpp; gc/verify/export are maintenance.cpp.
 #include "kvstore/kvstore.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +43,15 @@ Result<uint64_t> parse_size(const std::string& s) {
   return uint64_t(v * double(mul));
 }
 
+bool valid_session_name(std::string_view s) {
+  if (s.empty() || s.size() > 128 || s[0] == '.' || s[0] == '-') return false;
+  for (char c : s) {
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!(alnum || c == '.' || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
 std::string default_kv_store_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/anvil/kv";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/anvil/kv";
@@ -73,7 +83,12 @@ Status KVStore::open_catalog() {
     if (!q.is_ok()) st = q.status();
     else if (*q != 1) st = corrupt("catalog " + path + " failed PRAGMA quick_check");
   }
-  if (st.is_ok() || st.code() != StatusCode::kCorrupt) return st;
+  if (st.is_ok()) return st;
+  if (st.code() != StatusCode::kCorrupt) return st.with_context("catalog " + path);
+  if (!opts_.repair)
+    return corrupt("catalog " + path + " is damaged (" + st.message() +
+                   "); a model run on this store (anvil generate/run/serve) moves it aside and starts an empty "
+                   "catalog; the session token ids in it are lost with it");
   // A corrupt catalog: every page in it is a miss anyway. Keep it for inspection, start afresh.
   db_.~SqliteDb();
   new (&db_) SqliteDb();
@@ -88,25 +103,41 @@ Status KVStore::open_catalog() {
 
 // Invariant 2: bytes past committed_end of a segment whose writer is gone are truncated; such a
 // segment is sealed (a new process always starts a segment of its own).
+// A step that fails (a full disk, a read-only store) is reported and left for a later open: the
+// segment stays unsealed and its extra bytes belong to no row, so nothing reads them meanwhile.
 Status KVStore::recover_segments() {
-  std::vector<std::pair<int64_t, int64_t>> open_segs;
+  struct Open {
+    int64_t id, end, pid;
+  };
+  std::vector<Open> open_segs;
   {
     SqliteStmt q;
-    ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT id, committed_end FROM segments WHERE sealed = 0"));
+    ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT id, committed_end, COALESCE(owner_pid, 0) FROM segments WHERE sealed = 0"));
     while (true) {
       ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
       if (!row) break;
-      open_segs.push_back({q.col_int(0), q.col_int(1)});
+      open_segs.push_back({q.col_int(0), q.col_int(1), q.col_int(2)});
     }
   }
-  for (auto [id, end] : open_segs) {
-    const std::string path = segment_file(opts_.dir, id);
+  const int64_t self = int64_t(::getpid());
+  for (const Open& o : open_segs) {
+    const std::string path = segment_file(opts_.dir, o.id);
     // No file yet: another process may be between creating the row and the file; leave it.
     if (!env_->exists(path) || env_->locked_by_other(path)) continue;  // a live process appends to it
-    ANVIL_ASSIGN_OR_RETURN(uint64_t size, env_->file_size(path));
-    if (size > uint64_t(end)) ANVIL_RETURN_IF_ERROR(env_->truncate(path, uint64_t(end)));
-    ANVIL_RETURN_IF_ERROR(db_.exec("UPDATE segments SET sealed = 1 WHERE id = " + std::to_string(id) +
-                                   " AND sealed = 0"));
+    // Its owner alive: it may be between creating the file and locking it (segment_create). A pid
+    // reused since only delays recovery to a later open.
+    if (o.pid > 0 && o.pid != self && ::kill(pid_t(o.pid), 0) == 0) continue;
+    Status st;
+    auto size = env_->file_size(path);
+    if (!size.is_ok()) st = size.status();
+    else if (*size > uint64_t(o.end)) st = env_->truncate(path, uint64_t(o.end));
+    if (st.is_ok())
+      st = db_.exec("UPDATE segments SET sealed = 1 WHERE id = " + std::to_string(o.id) + " AND sealed = 0");
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "[anvil] kv store %s: recovering segment %lld left for later: %s\n", opts_.dir.c_str(),
+                   (long long)o.id, st.message().c_str());
+      break;  // the rest likely fail alike
+    }
   }
   return Status::ok();
 }
@@ -414,6 +445,35 @@ bool KVStore::session_recording(const std::string& name) {
   return rec_named(name) != nullptr;
 }
 
+Status KVStore::claim_locked(const std::string& name, bool held) {
+  if (auto it = claims_.find(name); it != claims_.end()) {
+    it->second.held = it->second.held || held;
+    return Status::ok();
+  }
+  const std::string dir = opts_.dir + "/locks";
+  ANVIL_RETURN_IF_ERROR(env_->create_dirs(dir).with_context("kv store " + opts_.dir));
+  const std::string path = dir + "/" + hash128(name.data(), name.size()).hex() + ".lock";
+  ANVIL_ASSIGN_OR_RETURN(auto f, env_->open_append(path));
+  if (!f->try_lock())
+    return invalid_argument("session '" + name + "' is in use by another process on the store " + opts_.dir +
+                            " (one recording per session at a time)");
+  claims_[name] = Claim{std::move(f), held};
+  return Status::ok();
+}
+
+Status KVStore::claim_session(const std::string& name) {
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  return claim_locked(name, true);
+}
+
+void KVStore::release_session(const std::string& name) {
+  std::lock_guard<std::mutex> lk(sess_mu_);
+  auto c = claims_.find(name);
+  if (c == claims_.end()) return;
+  if (rec_named(name)) c->second.held = false;  // a recording keeps it until session_finish
+  else claims_.erase(c);
+}
+
 Status KVStore::session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
                               const std::string& meta) {
   if (!writer_) return internal_error("kv store: session_begin before attach");
@@ -421,6 +481,7 @@ Status KVStore::session_begin(const std::string& name, int seq, std::span<const 
   std::lock_guard<std::mutex> lk(sess_mu_);
   if (rec_named(name)) return invalid_argument("session '" + name + "' is already being recorded");
   if (rec_of_seq(seq)) return internal_error("kv store: sequence " + std::to_string(seq) + " already records a session");
+  ANVIL_RETURN_IF_ERROR(claim_locked(name, false));
   auto r = std::make_unique<SessRec>();
   r->id = ++next_rec_id_;
   if (r->id == 0) r->id = ++next_rec_id_;  // 0 means "no session" in a descriptor
@@ -515,7 +576,13 @@ Result<int> KVStore::session_finish(const std::string& name, const std::string& 
   std::lock_guard<std::mutex> lk(sess_mu_);
   auto it = recs_.find(id);
   const int durable = it->second->final_durable;
+  const bool saved = it->second->saved;
+  const std::string why = it->second->save_error;
   recs_.erase(it);
+  if (auto c = claims_.find(name); c != claims_.end() && !c->second.held) claims_.erase(c);
+  if (!saved)
+    return io_error("kv store " + opts_.dir + ": session '" + name + "' was not saved: " +
+                    (why.empty() ? std::string("its last state was not committed") : why));
   return durable;
 }
 

@@ -33,7 +33,9 @@
 //     (tokens whose KV is committed for every layer) are rewritten at every flush.
 //  9. Any number of sessions may be recorded at once (the server records one per running request),
 //     each under a distinct name and bound to at most one engine sequence at a time; a recording
-//     lives from session_begin until session_finish has seen its last state committed.
+//     lives from session_begin until session_finish has seen its last state committed. Across
+//     processes a name is claimed first (claim_session: the flock of locks/<hash of the name>.lock,
+//     held until session_finish), so two processes never record one session at once.
 //
 // A page's life (the function behind each transition):
 //
@@ -56,6 +58,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -84,6 +87,9 @@ struct KVStoreOptions {
   // many have accumulated, so the flush's fdatasync waits for less (0: never; durability none never).
   uint64_t writeback_bytes = 1ull << 20;
   int busy_timeout_ms = 10000;         // SQLite lock wait (two processes on one store)
+  // A corrupt catalog: true (engines, for which the store is a cache) moves it aside and starts an
+  // empty one; false (anvil kv, which inspects) returns the error and changes nothing.
+  bool repair = true;
   Env* env = nullptr;                  // nullptr: the real file system
 };
 
@@ -114,8 +120,9 @@ struct StoreStats {
 
 class KVStore : public PageStore {
  public:
-  // Opens (creating) the store and recovers it: see invariant 2. A corrupt catalog is moved aside
-  // and a fresh one started (every page becomes a miss).
+  // Opens (creating) the store and recovers it: see invariant 2 (a recovery step that fails, as on
+  // a full disk, is reported and left for a later open). A corrupt catalog is moved aside and a
+  // fresh one started (every page becomes a miss), or with repair off returned as an error.
   static Result<std::unique_ptr<KVStore>> open(const KVStoreOptions& opts);
   ~KVStore() override;  // flushes and stops the writer
 
@@ -145,9 +152,17 @@ class KVStore : public PageStore {
   // Copies session `from` (its tokens, tail and page references) to a new session `to`.
   Status fork_session(const std::string& from, const std::string& to);
   Status remove_session(const std::string& name);
+  // Claims session `name` for this store (invariant 9): refused while another process has claimed
+  // it. A caller that reads the session before recording it (anvil generate/run) claims it first, so
+  // that no other process changes it in between, and holds it until release_session or the store
+  // closes (across anvil run's turns); session_begin claims it otherwise, and session_finish lets
+  // that claim go (the server's requests).
+  Status claim_session(const std::string& name);
+  void release_session(const std::string& name);
   // Starts recording sequence `seq` as session `name`, whose tokens so far are `tokens` (max_tokens
   // bounds its length: the token buffer is allocated here, not on the decode path). Refused while
-  // `name` is already being recorded or `seq` already records another session (invariant 9).
+  // `name` is already being recorded, here or by another process, or `seq` already records another
+  // session (invariant 9).
   Status session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
                        const std::string& meta = "");
   // Decode thread, after each token of sequence `seq`: records it and, once per flush interval,
@@ -161,7 +176,9 @@ class KVStore : public PageStore {
   // and stops taking notes; the sequence may be released right after. Never waits for the disk.
   Status session_close(const std::string& name, int n_kv, int32_t tail_page, KVPool& pool);
   // Any thread, after session_close: sets the session's meta (when not empty), waits until its
-  // last state is committed and forgets the recording. Returns the durable position.
+  // last state is committed and forgets the recording. Returns the durable position, or an error
+  // naming the session when its last state could not be committed (a full disk: its row in the
+  // catalog then holds an earlier state, or none).
   Result<int> session_finish(const std::string& name, const std::string& meta = "");
   // session_close + session_finish + taking the copied pages back (reap): for a caller that owns
   // the pool and may block (anvil generate / run).
@@ -279,6 +296,9 @@ class KVStore : public PageStore {
     std::vector<int32_t> tokens;  // capacity reserved by session_begin: session_note never reallocates
     std::chrono::steady_clock::time_point last_tail;
     int final_durable = 0;        // set by the writer's commit
+    // Whether the session's row as last written committed (writer); when not, why.
+    bool saved = false;
+    std::string save_error;
   };
   SessRec* rec_of_seq(int seq);                  // with sess_mu_ held; nullptr when none
   SessRec* rec_named(const std::string& name);   // with sess_mu_ held
@@ -286,6 +306,14 @@ class KVStore : public PageStore {
   bool push_tail(const SessRec& r, int n_kv, int32_t tail_page, KVPool& pool, bool block);
   std::mutex sess_mu_;
   std::map<uint32_t, std::unique_ptr<SessRec>> recs_;
+  // Claimed names: their flocked lock files, and whether claim_session took them (held until
+  // release_session or the store closes) rather than session_begin (let go by session_finish).
+  struct Claim {
+    std::unique_ptr<AppendFile> lock;
+    bool held = false;
+  };
+  std::map<std::string, Claim> claims_;
+  Status claim_locked(const std::string& name, bool held);  // with sess_mu_ held
   uint32_t next_rec_id_ = 0;
 
   // Keys pinned by a restore in progress (invariant 7); shared with the writer's GC.
@@ -306,6 +334,10 @@ class KVStore : public PageStore {
   std::thread writer_thread_;
   KVStoreCounters counters_;
 };
+
+// A session name a new session may take: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-'
+// (it appears in the server's URLs and on command lines).
+bool valid_session_name(std::string_view s);
 
 // Where the store lives by default: $XDG_CACHE_HOME/anvil/kv, else ~/.cache/anvil/kv.
 std::string default_kv_store_dir();

@@ -371,8 +371,7 @@ class KVStore::Writer {
       trim_sess_pages_.bind(1, name);
       trim_sess_pages_.bind(2, int64_t(w.keys.size()));
       ANVIL_RETURN_IF_ERROR(trim_sess_pages_.run());
-      std::lock_guard<std::mutex> lk(s_.sess_mu_);
-      if (auto it = s_.recs_.find(id); it != s_.recs_.end()) it->second->final_durable = durable;
+      committed_sessions_.push_back({id, durable});  // applied to the recording once COMMIT succeeds
     }
     return Status::ok();
   }
@@ -394,6 +393,7 @@ class KVStore::Writer {
   }
 
   Status commit() {
+    committed_sessions_.clear();
     ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
     const int64_t now = now_us();
     int64_t live_added = 0;
@@ -468,23 +468,42 @@ class KVStore::Writer {
       if (!st.is_ok()) {
         (void)db_.exec("ROLLBACK");
         ++s_.counters_.write_errors;
-        if (!warned_) {
+        if (!commit_warned_) {
           std::fprintf(stderr, "[anvil] kv store: catalog commit failed: %s\n", st.message().c_str());
-          warned_ = true;
+          commit_warned_ = true;
         }
+        commit_error_ = st.message();
       } else {
         if (seg_) committed_end_ = int64_t(seg_->size());
         for (auto& [id, w] : ws_)
           if (w.tail.valid) w.tail_committed = true;
+        commit_error_.clear();
+        std::lock_guard<std::mutex> lk(s_.sess_mu_);
+        for (auto [id, durable] : committed_sessions_)
+          if (auto it = s_.recs_.find(id); it != s_.recs_.end()) {
+            it->second->final_durable = durable;
+            it->second->saved = true;
+          }
       }
     }
     pending_.clear();
     pending_keys_.clear();
     pending_records_ = 0;
+    // A session whose row did not commit stays dirty, so the next flush writes it again; an ended
+    // one goes with this flush either way, and session_finish reports a row that never committed.
     any_dirty_ = false;
-    for (auto it = ws_.begin(); it != ws_.end();) {  // an ended session's state goes with its last commit
-      it->second.dirty = false;
-      it = it->second.ending ? ws_.erase(it) : std::next(it);
+    for (auto it = ws_.begin(); it != ws_.end();) {
+      WSess& w = it->second;
+      if (w.dirty && !commit_error_.empty()) {
+        std::lock_guard<std::mutex> lk(s_.sess_mu_);
+        if (auto r = s_.recs_.find(it->first); r != s_.recs_.end()) {
+          r->second->saved = false;
+          r->second->save_error = commit_error_;
+        }
+      }
+      w.dirty = w.dirty && !commit_error_.empty() && !w.ending;
+      any_dirty_ = any_dirty_ || w.dirty;
+      it = w.ending ? ws_.erase(it) : std::next(it);
     }
     if (seg_ && seg_->size() >= s_.opts_.segment_bytes) {  // roll over: seal this segment
       seal_.bind(1, committed_end_);
@@ -534,7 +553,9 @@ class KVStore::Writer {
   int pending_records_ = 0;
   Clock::time_point first_pending_;
   uint64_t ticket_ = 0;
-  bool warned_ = false;
+  bool warned_ = false, commit_warned_ = false;
+  std::string commit_error_;  // the last catalog commit's error; empty once one succeeds
+  std::vector<std::pair<uint32_t, int>> committed_sessions_;  // (recording, durable) rows of this commit
   // The recorded sessions.
   std::map<uint32_t, WSess> ws_;
   bool any_dirty_ = false;  // some ws_ entry is dirty

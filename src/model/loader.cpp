@@ -1,6 +1,8 @@
 #include "model/loader.h"
 
+#include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "base/mmap_file.h"
 #include "format/hf_cache.h"
@@ -16,8 +18,24 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo)
   ANVIL_ASSIGN_OR_RETURN(m->config, load_model_config(dir));
   ANVIL_ASSIGN_OR_RETURN(m->checkpoint, Checkpoint::open(dir));
   const Checkpoint* ck = m->checkpoint.get();
-  ANVIL_ASSIGN_OR_RETURN(m->weights,
-                         bind_weights(m->config, [ck](const std::string& n) { return ck->find(n); }, dir));
+  std::set<std::string> asked;  // every name the binding looked for
+  ANVIL_ASSIGN_OR_RETURN(m->weights, bind_weights(m->config,
+                                                  [ck, &asked](const std::string& n) {
+                                                    asked.insert(n);
+                                                    return ck->find(n);
+                                                  },
+                                                  dir));
+  // Layer tensors the model never asked for: config.json describes another model than the weights
+  // (fewer layers, another architecture's extra parts). The output would be silently wrong.
+  std::vector<std::string> unused;
+  for (const std::string& n : ck->names())
+    if (n.rfind("model.layers.", 0) == 0 && !asked.count(n) && n.find("rotary_emb.inv_freq") == std::string::npos)
+      unused.push_back(n);
+  if (!unused.empty())
+    std::fprintf(stderr,
+                 "[anvil] warning: %zu layer tensors of %s are not used by the %d-layer %s model config.json "
+                 "describes (e.g. %s): do config.json and the weights belong together?\n",
+                 unused.size(), dir.c_str(), m->config.num_hidden_layers, m->config.model_type.c_str(), unused[0].c_str());
   // Fingerprint: config.json and every byte of every tensor (model/fingerprint.h). A config that
   // cannot be read here, although parsed above, is an error: the identity would silently omit it.
   auto cfg_text = read_file(dir + "/config.json");

@@ -134,6 +134,8 @@ class Binder {
       m.scales = scales->data;
       m.biases = biases->data;
     } else {
+      if (w->dtype == DType::kU32)  // packed words without their scales: say that, not the shape
+        return missing(module + ".scales", "the scales of a quantized module (its .weight is U32 packed)");
       if (w->shape != std::vector<int64_t>{rows, cols})
         return invalid_argument(label_ + ": tensor '" + wname + "' has shape " + shape_str(w->shape) + ", expected " +
                                 shape_str({rows, cols}));
@@ -220,7 +222,7 @@ Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lo
     mw.tied = true;
   } else if (!b.find("lm_head.weight")) {
     return b.missing("lm_head.weight", std::string("[").append(std::to_string(V)).append(", ").append(
-                                           std::to_string(H)) + "] (config.json has tie_word_embeddings=false)");
+                                           std::to_string(H)) + "] (tie_word_embeddings is false or absent in config.json)");
   } else {
     ANVIL_ASSIGN_OR_RETURN(mw.lm_head, b.matrix("lm_head", V, H, false));
   }

@@ -1,5 +1,6 @@
 #include "server/api_request.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include <cmath>
@@ -319,13 +320,6 @@ ojson error_body(const ApiError& e) {
   return ojson{{"error", err}};
 }
 
-bool valid_session_name(std::string_view s) {
-  if (s.empty() || s.size() > 128 || s[0] == '.' || s[0] == '-') return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
-  return true;
-}
-
 bool is_valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
@@ -352,13 +346,47 @@ bool is_valid_utf8(std::string_view s) {
   return true;
 }
 
+// The deepest nesting of arrays and objects in a JSON text (strings skipped), stopping past `limit`.
+static int json_depth(const std::string& s, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 std::optional<ApiError> parse_json_object(const std::string& body, ojson* out) {
   if (!is_valid_utf8(body)) return bad("", "The request body is not valid UTF-8", "invalid_utf8");
+  // The chat template and the request's checks walk the value recursively: a deep one would
+  // overflow the stack. No request needs more than a few levels (a tool's JSON Schema, a dozen).
+  constexpr int kMaxDepth = 128;
+  if (json_depth(body, kMaxDepth) > kMaxDepth)
+    return bad("", "The request body nests arrays and objects more than " + std::to_string(kMaxDepth) + " levels deep",
+               "invalid_json");
   ojson j;
   try {
     j = ojson::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
-    return bad("", std::string("The request body is not valid JSON: ") + e.what(), "invalid_json");
+    // The parser's message quotes what it read last, which can be the whole body: keep its start.
+    std::string what = e.what();
+    if (what.size() > 300) {
+      size_t n = 300;
+      while (n > 0 && (static_cast<unsigned char>(what[n]) & 0xC0) == 0x80) --n;  // not inside a UTF-8 character
+      what = what.substr(0, n) + "...";
+    }
+    return bad("", "The request body is not valid JSON: " + what, "invalid_json");
   }
   if (!j.is_object()) return bad("", "The request body must be a JSON object, got " + type_name(j), "invalid_json");
   *out = std::move(j);

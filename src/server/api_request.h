@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvstore/kvstore.h"
 #include "server/job.h"
 
 namespace anvil::server {
@@ -66,7 +67,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
 // The body as a JSON object, or the error (invalid UTF-8, malformed JSON, not an object).
 std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::ordered_json* out);
 bool is_valid_utf8(std::string_view s);
-// A session name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-' (it appears in URLs).
-bool valid_session_name(std::string_view s);
+// A session name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-' (kvstore.h: the CLI's rule too).
+using anvil::valid_session_name;
 
 }  // namespace anvil::server

@@ -6,7 +6,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <random>
 #include <thread>
 
@@ -256,7 +258,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                              "' needs a chat template that asks for Qwen/Hermes-style <tool_call> "
                                              "blocks; this model's does not (use 'auto')"));
       forced = std::string(starts_in_reasoning ? "</think>\n\n" : "") + "<tool_call>\n{\"name\": \"";
-      if (!r.forced_tool.empty()) forced += r.forced_tool + "\", \"arguments\": ";
+      // The name as a JSON string (escaped), its opening quote already written.
+      if (!r.forced_tool.empty()) forced += ojson(r.forced_tool).dump().substr(1) + ", \"arguments\": ";
       *text += forced;
     }
     prompt = tok.encode(*text, /*add_special_tokens=*/false);  // the template wrote BOS itself
@@ -525,10 +528,29 @@ void HttpServer::Impl::routes() {
     if (req.method == "OPTIONS") {
       if (!opts.cors_origin.empty()) {
         res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
-        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        // The headers the browser asks about, when they are plain header names (the OpenAI SDKs
+        // send X-Stainless-* ones), else the two the API needs.
+        std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        const bool plain = !asked.empty() && asked.size() <= 1024 &&
+                           std::all_of(asked.begin(), asked.end(), [](char c) {
+                             return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' ||
+                                    c == ' ';
+                           });
+        res.set_header("Access-Control-Allow-Headers", plain ? asked : std::string("Authorization, Content-Type"));
         res.set_header("Access-Control-Max-Age", "600");
       }
       res.status = 204;
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // A body must announce its length, so that --max-body holds before it is read (the HTTP
+    // library checks Content-Length only, and reads a chunked or unannounced body whole).
+    if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+        (req.has_header("Transfer-Encoding") || !req.has_header("Content-Length"))) {
+      send_error(res, api_error(411, "",
+                                "Send the request body with a Content-Length header (chunked or unannounced bodies "
+                                "are not accepted)",
+                                "length_required"));
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool open = req.path == "/" || req.path == "/health" || req.path == "/v1/health";

@@ -18,13 +18,15 @@ std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, nlohmann::
 ojson Reply::chat_logprobs(const std::vector<TokenInfo>& toks) const {
   ojson a = ojson::array();
   for (const TokenInfo& t : toks) {
+    // "token" is the token's text (a partial character shows as U+FFFD); "bytes" its own bytes, from
+    // which a client rebuilds characters split over tokens, as OpenAI's.
     std::string piece = tok->decode(std::span<const int32_t>(&t.id, 1));
     ojson top = ojson::array();
     for (const TokenLogprob& x : t.top) {
       std::string p = tok->decode(std::span<const int32_t>(&x.id, 1));
-      top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", token_bytes_json(p)}});
+      top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", token_bytes_json(tok->token_raw_bytes(x.id))}});
     }
-    a.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", token_bytes_json(piece)},
+    a.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", token_bytes_json(tok->token_raw_bytes(t.id))},
                  {"top_logprobs", top}});
   }
   return a;
@@ -39,8 +41,10 @@ void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
     ojson top = ojson::object();
     for (const TokenLogprob& x : t.top) top[tok->decode(std::span<const int32_t>(&x.id, 1))] = x.logprob;
     (*o)["top_logprobs"].push_back(top);
+    // Offsets count characters of the text, as OpenAI's: a character counts where its first byte is.
     (*o)["text_offset"].push_back(text_offset);
-    text_offset += piece.size();
+    for (unsigned char c : tok->token_raw_bytes(t.id))
+      if ((c & 0xC0) != 0x80) ++text_offset;
   }
 }
 

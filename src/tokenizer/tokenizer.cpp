@@ -185,6 +185,12 @@ const std::string* Tokenizer::token_text(int32_t id) const {
   return id >= 0 && id < vocab_size_ && known_[size_t(id)] ? &token_text_[size_t(id)] : nullptr;
 }
 
+std::string Tokenizer::token_raw_bytes(int32_t id) const {
+  if (!token_text(id)) return "";
+  if (!token_bytes_.empty()) return token_bytes_[size_t(id)];
+  return decode(std::span<const int32_t>(&id, 1));
+}
+
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   if (!token_bytes_.empty()) {  // ByteLevel decoder: lossy UTF-8 of the tokens' bytes
     std::string bytes;

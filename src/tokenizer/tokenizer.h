@@ -48,6 +48,10 @@ class Tokenizer {
   std::string id_to_token(int32_t id) const;  // "" for an unknown id
   bool is_special(int32_t id) const;
 
+  // The bytes one token decodes to, before any UTF-8 repair: a token that holds part of a
+  // character gives those bytes (what OpenAI's logprobs "bytes" carry). With a decoder other than
+  // ByteLevel alone, decode() of the one id. "" for an id not in the vocabulary.
+  std::string token_raw_bytes(int32_t id) const;
   // The token string of an id as tokenizers' decode sees it (added token content, else the vocab
   // entry); nullptr for an id that is not in the vocabulary.
   const std::string* token_text(int32_t id) const;

@@ -306,3 +306,82 @@ TEST(KvStoreCli, ResumeWithAnExtraPromptAppendsIt) {
   EXPECT_EQ(ids_of(b), ids_of(plain)) << "the same as sending the whole history as a prompt";
   EXPECT_GT(b["store_prompt_tokens"].get<int>(), 0);
 }
+
+// Two processes recording one session at once would interleave two turns into one row (one of them
+// lost): while one records it, the other is refused by name. New names follow the server's rule.
+TEST(KvStoreCli, ASessionInUseByAnotherProcessIsRefused) {
+  StoreDir d;
+  fs::create_directories(d.path);
+  // anvil run holds its session for the whole conversation: one turn, then it waits on stdin.
+  int in[2];
+  ASSERT_EQ(pipe(in), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    close(in[1]);
+    std::freopen("/dev/null", "w", stdout);
+    std::freopen("/dev/null", "w", stderr);
+    std::string bin = ANVIL_BINARY;
+    std::vector<std::string> args = {bin, "run", "--device", "cpu", "-m", kModel, "--kv-store", d.path,
+                                     "--session", "S", "-n", "8", "--temp", "0"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  close(in[0]);
+  const std::string turn = kPrompt + "\n";
+  ASSERT_EQ(write(in[1], turn.data(), turn.size()), ssize_t(turn.size()));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool recorded = false;
+  while (!recorded && std::chrono::steady_clock::now() < deadline) {
+    recorded = run_anvil({"kv", "show", "S", "--kv-store", d.path, "--json"}).exit_code == 0;
+    if (!recorded) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(recorded) << "the first process never committed its session";
+  auto second = run_anvil(gen(d.path, {"--session", "S", "--resume", "-n", "4"}), true);
+  EXPECT_NE(second.exit_code, 0) << second.out;
+  EXPECT_NE(second.out.find("in use by another process"), std::string::npos) << second.out;
+  auto fork2 = run_anvil(gen(d.path, {"--session", "S", "--fork", "T", "-n", "4"}), true);
+  EXPECT_NE(fork2.exit_code, 0) << "its source is being recorded: " << fork2.out;
+  close(in[1]);  // end of input: run leaves, and its claim goes with it
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  auto later = run_anvil(gen(d.path, {"--session", "S", "--resume", "-n", "4"}), true);
+  EXPECT_EQ(later.exit_code, 0) << later.out;
+  for (const std::string bad : {std::string(), std::string("a/b"), std::string("../x"), std::string("-x"),
+                                std::string(129, 'a'), std::string("has space")}) {
+    auto r = run_anvil(gen(d.path, {"-p", kPrompt, "-n", "2", "--session", bad}), true);
+    EXPECT_NE(r.exit_code, 0) << "session name '" << bad << "' was taken: " << r.out;
+  }
+}
+
+// anvil kv inspects: a damaged catalog is reported (verify: exit 1) and left where it is; a model
+// run on the store then moves it aside and starts afresh (the store is a cache).
+TEST(KvStoreCli, VerifyReportsADamagedCatalogAndLeavesIt) {
+  StoreDir d;
+  run_json(gen(d.path, {"-p", kPrompt, "-n", "8", "--session", "c"}));
+  const std::string cat = d.path + "/catalog.db";
+  for (const char* sfx : {"-wal", "-shm"}) fs::remove(cat + sfx);
+  {
+    std::fstream f(cat, std::ios::in | std::ios::out | std::ios::binary);
+    const std::string zeros(4096, '\0');
+    f.write(zeros.data(), std::streamsize(zeros.size()));
+  }
+  const auto size = fs::file_size(cat);
+  auto v = run_anvil({"kv", "verify", "--kv-store", d.path}, true);
+  EXPECT_EQ(v.exit_code, 1) << v.out;
+  EXPECT_NE(v.out.find("damaged"), std::string::npos) << v.out;
+  auto ls = run_anvil({"kv", "ls", "--kv-store", d.path}, false);
+  EXPECT_NE(ls.exit_code, 0) << ls.out;
+  ASSERT_TRUE(fs::exists(cat));
+  EXPECT_EQ(fs::file_size(cat), size) << "inspection must not change the catalog";
+  for (auto& e : fs::directory_iterator(d.path))
+    EXPECT_EQ(e.path().filename().string().find("corrupt"), std::string::npos) << e.path();
+  auto j = run_json(gen(d.path, {"-p", kPrompt, "-n", "8"}));
+  EXPECT_TRUE(j.contains("ids"));
+  auto v2 = run_anvil({"kv", "verify", "--kv-store", d.path}, false);
+  EXPECT_EQ(v2.exit_code, 0) << "a model run started an empty catalog: " << v2.out;
+}

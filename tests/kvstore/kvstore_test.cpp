@@ -18,6 +18,7 @@
 #include "kvstore/catalog.h"
 #include "kvstore/fault_env.h"
 #include "kvstore/kvstore.h"
+#include "kvstore/sqlite_db.h"
 #include "runtime/kv_pool.h"
 
 namespace anvil {
@@ -558,6 +559,46 @@ TEST(KVStore, FullQueueDropsAnonymousPagesButBlocksASession) {
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(*d, P);
   EXPECT_GT(st->counters().decode_blocked_ns.load(), 100'000'000);
+}
+
+// A session's row that cannot be committed (here another connection holds the catalog's write
+// lock past the busy timeout, as a full disk fails SQLite's commit) is reported by session_finish
+// instead of lost silently; a row that failed once is written again by the next flush.
+TEST(KVStore, ASessionWhoseRowCannotCommitIsReportedAndRetried) {
+  Rig r;
+  auto o = r.opts();
+  o.busy_timeout_ms = 20;
+  auto st = r.open(o);
+  auto toks = chain_tokens(3, 500);  // 3 full pages
+  SqliteDb other;
+  ASSERT_TRUE(other.open(r.dir + "/catalog.db", 1000).is_ok());
+  // 1. The lock held through the session's end: its last state never commits.
+  ASSERT_TRUE(st->session_begin("lost", 0, toks, 64).is_ok());
+  ASSERT_TRUE(other.exec("BEGIN IMMEDIATE").is_ok());
+  r.write(*st, toks, 0, 3);
+  auto d = st->session_end(0, 3 * P, -1, *r.pool);
+  ASSERT_FALSE(d.is_ok()) << "the session's row never committed, so it must not be reported saved";
+  EXPECT_NE(d.status().message().find("session 'lost' was not saved"), std::string::npos) << d.status().message();
+  EXPECT_GE(st->counters().write_errors.load(), 1);
+  ASSERT_TRUE(other.exec("ROLLBACK").is_ok());
+  // 2. The lock held for a while mid-recording, then let go: the next flush writes the row again.
+  auto toks2 = chain_tokens(3, 900);
+  ASSERT_TRUE(st->session_begin("kept", 1, toks2, 64).is_ok());
+  ASSERT_TRUE(other.exec("BEGIN IMMEDIATE").is_ok());
+  const int64_t errors = st->counters().write_errors.load();
+  r.write(*st, toks2, 0, 3, /*seq=*/1);
+  for (int i = 0; i < 2000 && st->counters().write_errors.load() == errors; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GT(st->counters().write_errors.load(), errors) << "a commit must have failed while the lock was held";
+  ASSERT_TRUE(other.exec("ROLLBACK").is_ok());
+  d = st->session_end(1, 3 * P, -1, *r.pool);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  auto info = st->get_session("kept");
+  ASSERT_TRUE(info.is_ok() && *info);
+  EXPECT_EQ((*info)->tokens, toks2);
+  auto lost = st->get_session("lost");
+  ASSERT_TRUE(lost.is_ok());
+  EXPECT_FALSE(*lost) << "no state of 'lost' ever committed";
 }
 
 TEST(KVStore, SessionTailRestoresExactRows) {

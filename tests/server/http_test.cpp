@@ -280,6 +280,35 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
   ASSERT_TRUE(big);
   EXPECT_EQ(big->status, 413);
   EXPECT_EQ(json::parse(big->body)["error"]["code"], "request_too_large");
+  // Nesting deep enough to overflow a recursive walk (the chat template's) is refused, and the
+  // server lives on.
+  std::string deep = R"({"messages":[{"role":"user","content":"x","extra":)" + std::string(20000, '[') +
+                     std::string(20000, ']') + "}]}";
+  auto dr = c.Post("/v1/chat/completions", auth(), deep, "application/json");
+  ASSERT_TRUE(dr) << "the server died on a deeply nested body";
+  EXPECT_EQ(dr->status, 400);
+  EXPECT_EQ(json::parse(dr->body)["error"]["code"], "invalid_json");
+  auto dt = c.Post("/tokenize", auth(), deep, "application/json");
+  ASSERT_TRUE(dt);
+  EXPECT_EQ(dt->status, 400);
+  // Malformed JSON: the error quotes the start of what it read, not the whole body.
+  auto unterminated = c.Post("/v1/completions", auth(), R"({"prompt":")" + std::string(500000, 'a'), "application/json");
+  ASSERT_TRUE(unterminated);
+  EXPECT_EQ(unterminated->status, 400);
+  EXPECT_LT(unterminated->body.size(), 2000u);
+  // A body without Content-Length (chunked) would get past --max-body: refused before it is read.
+  auto chunked = c.Post(
+      "/v1/completions", auth(),
+      [](size_t, httplib::DataSink& sink) {
+        const std::string part = R"({"prompt":"x"})";
+        sink.write(part.data(), part.size());
+        sink.done();
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(chunked);
+  EXPECT_EQ(chunked->status, 411);
+  EXPECT_EQ(json::parse(chunked->body)["error"]["code"], "length_required");
   // Unknown endpoint.
   auto nf = c.Post("/v1/embeddings", auth(), "{}", "application/json");
   EXPECT_EQ(nf->status, 404);
@@ -302,6 +331,12 @@ TEST_F(Http, ApiKeyAndCors) {
   EXPECT_EQ(pre->status, 204);
   EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
   EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  // The headers a browser asks about are allowed (the OpenAI SDKs send X-Stainless-* ones).
+  auto sdk = c.Options("/v1/chat/completions", {{"Origin", "http://app.example"},
+                                                {"Access-Control-Request-Method", "POST"},
+                                                {"Access-Control-Request-Headers", "authorization,content-type,x-stainless-os"}});
+  ASSERT_TRUE(sdk);
+  EXPECT_NE(sdk->get_header_value("Access-Control-Allow-Headers").find("x-stainless-os"), std::string::npos);
   auto g = c.Get("/v1/models", {{"Origin", "http://app.example"}, {"Authorization", std::string("Bearer ") + kKey}});
   EXPECT_EQ(g->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
 }

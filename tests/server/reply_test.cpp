@@ -143,6 +143,43 @@ TEST(Reply, LogprobsShapes) {
   EXPECT_EQ(l["top_logprobs"][0].size(), 2u);
 }
 
+// A character split over tokens (an emoji, CJK in a byte-level vocabulary): each token's "bytes"
+// are its own bytes, which together rebuild the text, and the legacy text_offset counts characters
+// (OpenAI's), not bytes.
+TEST(Reply, LogprobsOfTokensThatSplitACharacter) {
+  const Tokenizer& tok = qwen_tokenizer();
+  const std::string text = "a\xF0\xA0\x80\x80" "b";  // a, U+20000, b: 3 characters, U+20000 in 3 tokens
+  const auto ids = tok.encode(text);
+  auto chat = make_reply(true, false, false, true);
+  auto comp = make_reply(false, false, false, true);
+  for (int32_t id : ids) {
+    chat->on_delta(delta(tok.decode(std::span<const int32_t>(&id, 1)), id));
+    comp->on_delta(delta(tok.decode(std::span<const int32_t>(&id, 1)), id));
+  }
+  chat->on_done("stop");
+  comp->on_done("stop");
+  const auto chat_json = chat->response();
+  const auto& lp = chat_json["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), ids.size());
+  std::string rebuilt;
+  bool split = false;
+  for (const auto& e : lp) {
+    std::string b;
+    for (const auto& c : e["bytes"]) b += char(c.get<int>());
+    split = split || e["token"].get<std::string>() != b;  // a partial character: U+FFFD in "token"
+    rebuilt += b;
+  }
+  EXPECT_EQ(rebuilt, text);
+  EXPECT_TRUE(split) << "U+20000 should take more than one token here";
+  const auto comp_json = comp->response();
+  const auto& offsets = comp_json["choices"][0]["logprobs"]["text_offset"];
+  ASSERT_EQ(offsets.size(), ids.size());
+  EXPECT_EQ(offsets[0], 0);
+  EXPECT_EQ(offsets[1], 1) << "after 'a', one character in";
+  for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
+  EXPECT_EQ(offsets.back(), 2) << "'b' is the third character";
+}
+
 TEST(Reply, WithoutToolsTheTagsAreContent) {
   auto r = make_reply(true, false, false);
   r->on_delta(delta("<tool_call>{\"name\": \"f\"}</tool_call>"));
