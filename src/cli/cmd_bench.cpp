@@ -61,6 +61,9 @@ int run_bench(BenchArgs& a) {
   a.model.no_prefix_cache = true;  // every run must prefill for real
   a.model.profile = a.profile;
   if (!a.model.ctx_given || a.model.ctx < a.prompt + a.n) {
+    if (a.model.ctx_given)  // said, not silent: the run needs the room
+      std::fprintf(stderr, "[anvil] --ctx %d is below --prompt-tokens + -n = %d; using %d\n", a.model.ctx,
+                   a.prompt + a.n, a.prompt + a.n);
     a.model.ctx = std::max(a.prompt + a.n, a.model.ctx_given ? a.model.ctx : 0);
     a.model.ctx_given = true;
   }

@@ -1,5 +1,7 @@
 // anvil inspect: what a checkpoint is and what running it costs.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -123,8 +125,25 @@ int run_inspect(const InspectArgs& a) {
   std::printf("features         %s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
               c.rope_scaling.type.empty() ? "" : ("rope-" + c.rope_scaling.type + " ").c_str(),
               w.tied ? "tied-embeddings" : "separate-lm-head");
-  std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(),
-              w.layers.empty() ? "-" : quant_desc(w.layers[0].q).c_str(), quant_desc(w.lm_head).c_str());
+  // Every layer matrix's format, most common first: a mixed checkpoint (mlx-community's "mixed",
+  // DWQ, per-module overrides) shows each with its share.
+  std::map<std::string, int> formats;
+  int n_mats = 0;
+  for (const auto& l : w.layers)
+    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      if (m->data) ++formats[quant_desc(*m)], ++n_mats;
+  std::vector<std::pair<int, std::string>> by_count;
+  for (auto& [f, n] : formats) by_count.push_back({n, f});
+  std::sort(by_count.begin(), by_count.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  std::string layers_desc = by_count.empty() ? "-" : "";
+  for (size_t i = 0; i < by_count.size(); ++i) {
+    if (i) layers_desc += ", ";
+    layers_desc += by_count[i].second;
+    if (by_count.size() > 1) layers_desc += " (" + std::to_string(by_count[i].first) + " of " + std::to_string(n_mats) + ")";
+  }
+  if (by_count.size() > 1) layers_desc = "mixed: " + layers_desc;
+  std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(), layers_desc.c_str(),
+              quant_desc(w.lm_head).c_str());
   if (c.is_moe()) {
     int moe_layers = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);

@@ -66,6 +66,21 @@ Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
   if (opts.flush_ms < 1 || opts.flush_pages < 1) return invalid_argument("kv store flush interval must be >= 1");
   std::unique_ptr<KVStore> s(new KVStore(opts));
   s->env_ = opts.env ? opts.env : Env::posix();
+  // A directory holding other things and nothing of a store is not one (a model directory given by
+  // mistake): refused rather than filled with a catalog.
+  if (s->env_->exists(opts.dir)) {
+    auto names = s->env_->list_dir(opts.dir);
+    if (names.is_ok() && !names->empty()) {
+      bool store_file = false;
+      for (const std::string& n : *names) {
+        int64_t id;
+        store_file = store_file || n.rfind("catalog.db", 0) == 0 || n == "locks" || parse_segment_file(n, &id);
+      }
+      if (!store_file)
+        return invalid_argument("--kv-store " + opts.dir + ": not a KV store (it holds other files and no catalog.db); "
+                                "give a new or empty directory, or an existing store");
+    }
+  }
   ANVIL_RETURN_IF_ERROR(s->env_->create_dirs(opts.dir).with_context("--kv-store"));
   ANVIL_RETURN_IF_ERROR(s->open_catalog());
   ANVIL_RETURN_IF_ERROR(s->recover_segments());
@@ -83,7 +98,15 @@ Status KVStore::open_catalog() {
     if (!q.is_ok()) st = q.status();
     else if (*q != 1) st = corrupt("catalog " + path + " failed PRAGMA quick_check");
   }
-  if (st.is_ok()) return st;
+  if (st.is_ok()) {
+    // A catalog of a later format (a newer anvil wrote it) is neither read nor changed.
+    auto v = catalog_int(db_, "SELECT CAST(v AS INTEGER) FROM meta WHERE k = 'format_version'");
+    if (!v.is_ok()) return v.status().with_context("catalog " + path);
+    if (*v > kCatalogVersion)
+      return unsupported("catalog " + path + " has format version " + std::to_string(*v) + "; this anvil reads " +
+                         std::to_string(kCatalogVersion) + " (a newer anvil wrote it: use that one, or another --kv-store)");
+    return st;
+  }
   if (st.code() != StatusCode::kCorrupt) return st.with_context("catalog " + path);
   if (!opts_.repair)
     return corrupt("catalog " + path + " is damaged (" + st.message() +

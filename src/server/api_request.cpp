@@ -408,6 +408,12 @@ std::optional<ApiError> parse_chat_request(const std::string& body, const Reques
   r->gen.top_logprobs = r->logprobs ? int(top) : -1;
   if (const ojson* k = field(b, "chat_template_kwargs")) {
     if (!k->is_object()) return bad("chat_template_kwargs", "'chat_template_kwargs' must be an object, got " + type_name(*k));
+    // The variables the request itself sets: overriding them would render another prompt than the
+    // request (and than what a session records).
+    for (const char* own : {"messages", "tools", "add_generation_prompt"})
+      if (k->contains(own))
+        return bad("chat_template_kwargs", std::string("'chat_template_kwargs.") + own +
+                                               "' cannot be set: the request's own fields give it");
     r->template_kwargs = *k;
     if (k->contains("enable_thinking")) {
       if (!(*k)["enable_thinking"].is_boolean())

@@ -132,9 +132,11 @@ std::string Reply::on_done(const std::string& reason) {
     content += d.content;
     reasoning += d.reasoning;
     for (auto& c : d.tool_calls) calls.push_back(c);
-    if (stream) sse += chat_delta_sse(d, ojson());
     if (!calls.empty() && finish == "stop") finish = "tool_calls";
     violation = tool_choice_violation();
+    // The held text of a call that never closed is not sent when it breaks tool_choice: the
+    // request fails instead of returning text the client did not ask for (as without streaming).
+    if (stream && violation.empty()) sse += chat_delta_sse(d, ojson());
   }
   if (!stream) return "";
   if (!violation.empty()) {  // the last chunk is the error instead of a finish_reason

@@ -1,8 +1,8 @@
 // One request's reply: turns the scheduler's job events into OpenAI JSON — SSE chunks while
 // streaming, or one chat.completion / text_completion object at the end. Chat replies go through
 // ChatOutput (reasoning_content, tool_calls); logprobs are rendered in the chat format
-// (content[{token, logprob, bytes, top_logprobs}]; bytes: UTF-8 of the token decoded alone, so a
-// token holding part of a character shows U+FFFD) or the legacy completions one.
+// (content[{token, logprob, bytes, top_logprobs}]; token: the token decoded alone, so one holding
+// part of a character shows U+FFFD; bytes: its own bytes) or the legacy completions one.
 #pragma once
 #include <memory>
 #include <string>

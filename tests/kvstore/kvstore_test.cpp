@@ -876,5 +876,68 @@ TEST(KVPageRecord, HeaderIsTheWholeObjectDumped) {
   }
 }
 
+// A catalog of a later format is refused by name and left as it is; a damaged one is reported
+// as it is when repair is off (anvil kv) and moved aside when on (a model run: the store is a cache).
+TEST(KVStore, NewerOrDamagedCatalogsAreReportedNotOverwritten) {
+  Rig r;
+  {
+    auto st = r.open();
+    ASSERT_TRUE(st->session_begin("s", 0, chain_tokens(2, 300), 64).is_ok());
+    r.write(*st, chain_tokens(2, 300), 0, 2);
+    ASSERT_TRUE(st->session_end(0, 2 * P, -1, *r.pool).is_ok());
+  }
+  const std::string cat = r.dir + "/catalog.db";
+  {
+    SqliteDb db;
+    ASSERT_TRUE(db.open(cat, 1000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE meta SET v = '99' WHERE k = 'format_version'").is_ok());
+  }
+  auto newer = KVStore::open(r.opts());
+  ASSERT_FALSE(newer.is_ok());
+  EXPECT_EQ(newer.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(newer.status().message().find("format version 99"), std::string::npos) << newer.status().message();
+  {
+    SqliteDb db;
+    ASSERT_TRUE(db.open(cat, 1000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE meta SET v = '1' WHERE k = 'format_version'").is_ok());
+    ASSERT_TRUE(db.exec("PRAGMA wal_checkpoint(TRUNCATE)").is_ok());
+  }
+  {  // the header page overwritten: SQLite no longer sees a database
+    std::fstream f(cat, std::ios::in | std::ios::out | std::ios::binary);
+    const std::string zeros(4096, '\0');
+    f.write(zeros.data(), std::streamsize(zeros.size()));
+  }
+  for (const char* sfx : {"-wal", "-shm"}) fs::remove(cat + sfx);
+  auto o = r.opts();
+  o.repair = false;
+  auto inspect = KVStore::open(o);
+  ASSERT_FALSE(inspect.is_ok());
+  EXPECT_EQ(inspect.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(inspect.status().message().find("is damaged"), std::string::npos) << inspect.status().message();
+  size_t aside = 0;
+  for (auto& e : fs::directory_iterator(r.dir)) aside += e.path().filename().string().find(".corrupt-") != std::string::npos;
+  EXPECT_EQ(aside, 0u) << "repair off must not move the catalog";
+  auto repaired = KVStore::open(r.opts());
+  ASSERT_TRUE(repaired.is_ok()) << repaired.status().message();
+  for (auto& e : fs::directory_iterator(r.dir)) aside += e.path().filename().string().find(".corrupt-") != std::string::npos;
+  EXPECT_EQ(aside, 1u);
+}
+
+// A directory with other files and nothing of a store (a model directory given by mistake) is not
+// filled with a catalog; an empty one, or one with only segment files left, is a store.
+TEST(KVStore, ADirectoryOfOtherFilesIsNotTakenForAStore) {
+  Rig r;
+  fs::create_directories(r.dir);
+  std::ofstream(r.dir + "/config.json") << "{}";
+  auto o = r.opts();
+  auto st = KVStore::open(o);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.status().message().find("not a KV store"), std::string::npos) << st.status().message();
+  EXPECT_FALSE(fs::exists(r.dir + "/catalog.db"));
+  fs::remove(r.dir + "/config.json");
+  std::ofstream(r.dir + "/seg-00000001.kv") << "";
+  EXPECT_TRUE(KVStore::open(o).is_ok()) << "a store whose catalog is gone is still a store";
+}
+
 }  // namespace
 }  // namespace anvil

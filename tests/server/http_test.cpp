@@ -261,6 +261,8 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
       {"/v1/completions", R"({"prompt":"x","n":3})", 400, "n"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"../etc"})", 400, "session"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":7})", 400, "session"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":5}})", 400,
+       "chat_template_kwargs"},
   };
   for (const Case& k : cases) {
     auto r = c.Post(k.path.c_str(), auth(), k.body, "application/json");

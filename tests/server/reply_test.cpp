@@ -223,6 +223,12 @@ TEST(Reply, ForcedToolCallIsParsedFromThePrefillAndValidated) {
       ASSERT_FALSE(evs.empty());
       EXPECT_EQ(evs.back()["error"]["code"], "tool_choice_not_followed");
       EXPECT_TRUE(done);
+      for (auto& e : evs)  // the unclosed call's text is not sent as content before the error
+        if (e.contains("choices"))
+          for (auto& ch : e["choices"])
+            EXPECT_FALSE(ch["delta"].contains("content") && ch["delta"]["content"].get<std::string>().find("tool_call") !=
+                                                                std::string::npos)
+                << e.dump();
     }
     auto other = run({"get_weather"}, {"{}}\n</tool_call>"}, "stop", &sse);  // prefilled get_time, allowed get_weather
     EXPECT_NE(other->violation.find("called 'get_time'"), std::string::npos) << other->violation;

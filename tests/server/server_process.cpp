@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,10 +17,15 @@
 namespace anvil::test {
 
 ServerProcess::ServerProcess(const std::vector<std::string>& args) {
+  // A client writing to a connection the server closed (a refused body) must get EPIPE, not die.
+  ::signal(SIGPIPE, SIG_IGN);
   int p[2];
   if (pipe(p) != 0) return;
   pid_ = fork();
   if (pid_ == 0) {
+    // The server goes when the test process does, even if that one dies: left running, it would
+    // hold ctest's output pipe open and hang the whole run.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(p[1], 1);
     ::close(p[0]);
     ::close(p[1]);
