@@ -364,6 +364,20 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   ANVIL_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &c.max_position_embeddings, false, true));
   ANVIL_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
 
+  // Qwen2/Qwen3 (dense and MoE): with use_sliding_window, transformers limits attention to a window
+  // in the layers from max_window_layers on. Not implemented: refused where a layer would slide
+  // (real checkpoints say false, or put max_window_layers at the layer count).
+  if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen2Moe) {
+    bool sliding = false;
+    ANVIL_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &sliding));
+    int from = c.num_hidden_layers;
+    ANVIL_RETURN_IF_ERROR(f.get_int("max_window_layers", &from, false, false));
+    if (sliding && from < c.num_hidden_layers)
+      return f.unsupported_value("use_sliding_window",
+                                 "sliding-window attention (layers " + std::to_string(from) + " to " +
+                                     std::to_string(c.num_hidden_layers - 1) +
+                                     " by max_window_layers) is not supported (expected false)");
+  }
   switch (c.arch) {
     case Arch::kQwen3:
       c.qk_norm = true;

@@ -97,6 +97,19 @@ TEST(MoEConfig, Errors) {
   EXPECT_EQ(parse(j).status().code(), StatusCode::kUnsupported);
   j["sliding_window"] = nullptr;
   EXPECT_TRUE(parse(j).is_ok());
+  // Qwen's use_sliding_window: refused where a layer would slide (from max_window_layers on).
+  j = moe_config("qwen3_moe");
+  const int layers = j["num_hidden_layers"].get<int>();
+  j["use_sliding_window"] = true;
+  j["max_window_layers"] = layers - 1;
+  auto sw = parse(j);
+  EXPECT_EQ(sw.status().code(), StatusCode::kUnsupported);
+  EXPECT_TRUE(contains(sw.status().message(), "use_sliding_window")) << sw.status().message();
+  j["max_window_layers"] = layers;  // no layer slides
+  EXPECT_TRUE(parse(j).is_ok());
+  j["use_sliding_window"] = false;
+  j["max_window_layers"] = 0;
+  EXPECT_TRUE(parse(j).is_ok());
 }
 
 }  // namespace
