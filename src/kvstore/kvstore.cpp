@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -149,7 +150,7 @@ Status KVStore::recover_segments() {
     if (!env_->exists(path) || env_->locked_by_other(path)) continue;  // a live process appends to it
     // Its owner alive: it may be between creating the file and locking it (segment_create). A pid
     // reused since only delays recovery to a later open.
-    if (o.pid > 0 && o.pid != self && ::kill(pid_t(o.pid), 0) == 0) continue;
+    if (o.pid > 0 && o.pid != self && (::kill(pid_t(o.pid), 0) == 0 || errno == EPERM)) continue;
     Status st;
     auto size = env_->file_size(path);
     if (!size.is_ok()) st = size.status();
