@@ -32,6 +32,10 @@ int run_synth(const SynthArgs& a) {
                   "pass --force");
   }
   std::string tok = a.tokenizer.empty() ? default_tokenizer_dir() : a.tokenizer;
+  if (!a.tokenizer.empty())  // checked before anything is written
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      if (!std::filesystem::exists(a.tokenizer + "/" + f))
+        return fail("--tokenizer " + a.tokenizer + ": no " + f + " there");
   if (tok.empty())
     std::fprintf(stderr, "anvil: warning: the Qwen3 tokenizer files were not found; writing no tokenizer "
                          "(pass --tokenizer DIR)\n");
