@@ -101,6 +101,18 @@ Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
                           std::to_string(end));
     }
   }
+  // Segment files the catalog does not know: their rows are gone (a lost or damaged catalog WAL
+  // rolls the catalog back silently) or a gc was interrupted between its commit and the unlink.
+  if (auto names = env_->list_dir(opts_.dir); names.is_ok())
+    for (const std::string& n : *names) {
+      int64_t id;
+      if (!parse_segment_file(n, &id) || seg_end.count(id)) continue;
+      auto size = env_->file_size(opts_.dir + "/" + n);
+      if (size.is_ok() && *size > 0)
+        problems->push_back(opts_.dir + "/" + n + ": " + std::to_string(*size) +
+                            " bytes that no catalog row knows (lost catalog rows, or an interrupted gc; `anvil kv gc` "
+                            "removes the file)");
+    }
   std::vector<uint8_t> buf;
   SqliteStmt q;
   ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT key, parent, first_pos, tokens, segment, offset, length, checksum FROM pages"));

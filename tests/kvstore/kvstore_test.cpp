@@ -939,5 +939,22 @@ TEST(KVStore, ADirectoryOfOtherFilesIsNotTakenForAStore) {
   EXPECT_TRUE(KVStore::open(o).is_ok()) << "a store whose catalog is gone is still a store";
 }
 
+// A segment file the catalog does not know (its rows lost with a damaged WAL, or a gc cut short)
+// is a verify problem, not silence; gc removes it.
+TEST(KVStore, VerifyReportsSegmentFilesNoRowKnows) {
+  Rig r;
+  auto st = r.open();
+  r.write(*st, chain_tokens(2, 700), 0, 2);
+  st->flush();
+  std::vector<std::string> problems;
+  int64_t n = 0;
+  ASSERT_TRUE(st->verify(&problems, &n).is_ok());
+  EXPECT_TRUE(problems.empty()) << problems[0];
+  std::ofstream(r.dir + "/seg-00009999.kv", std::ios::binary) << std::string(100, 'x');
+  ASSERT_TRUE(st->verify(&problems, &n).is_ok());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("seg-00009999.kv: 100 bytes that no catalog row knows"), std::string::npos) << problems[0];
+}
+
 }  // namespace
 }  // namespace anvil
