@@ -9,6 +9,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "base/mmap_file.h"
 #include "base/thread_pool.h"
@@ -250,6 +251,9 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
   if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores), got " + std::to_string(o.threads));
+  if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && o.threads > int(cores))
+    std::fprintf(stderr, "[anvil] warning: --threads %d is more than this machine's %u cores: the threads share them "
+                         "and wait on each other (slower)\n", o.threads, cores);
   if (o.batch < 0) return invalid_argument("--batch must be >= 1 (0: the device's default), got " + std::to_string(o.batch));
   if (o.ctx_given && o.ctx < 1) return invalid_argument("--ctx must be >= 1, got " + std::to_string(o.ctx));
   if (o.page_size < 1) return invalid_argument("--page-size must be >= 1, got " + std::to_string(o.page_size));

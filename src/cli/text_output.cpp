@@ -18,6 +18,8 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
                      ": text cannot be encoded or decoded (anvil generate takes a prompt as token ids with --ids)");
   auto t = std::unique_ptr<TextOutput>(new TextOutput());
   ANVIL_ASSIGN_OR_RETURN(t->tok_, Tokenizer::load(path));
+  // Reasoning is split only where the model can write it: both tags in its vocabulary.
+  t->splits_reasoning_ = t->tok_->token_to_id("<think>").has_value() && t->tok_->token_to_id("</think>").has_value();
   // The config decides the raw prompt's BOS/EOS (add_bos_token/add_eos_token) even without chat.
   const bool has_config = std::filesystem::exists(dir + "/tokenizer_config.json");
   if (has_config || chat) {
@@ -58,7 +60,7 @@ Result<std::vector<int32_t>> TextOutput::encode_chat(const std::string& system, 
 void TextOutput::begin_answer() {
   dec_ = std::make_unique<StreamDecoder>(*tok_, /*skip_special=*/true);
   stop_ = std::make_unique<StopMatcher>(stops_);
-  split_ = chat_ ? std::make_unique<ReasoningSplitter>(prompt_opens_reasoning_) : nullptr;
+  split_ = chat_ && splits_reasoning_ ? std::make_unique<ReasoningSplitter>(prompt_opens_reasoning_) : nullptr;
 }
 
 TextOutput::Chunk TextOutput::route(const std::string& text) {

@@ -59,6 +59,7 @@ class TextOutput {
   TokenizerConfig cfg_;
   bool chat_ = false;
   bool prompt_opens_reasoning_ = false;
+  bool splits_reasoning_ = false;  // the vocabulary has <think> and </think> (the server's rule)
   std::vector<std::string> stops_;
   std::unique_ptr<StreamDecoder> dec_;
   std::unique_ptr<StopMatcher> stop_;

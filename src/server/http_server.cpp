@@ -17,6 +17,7 @@
 #include "server/connection_probe.h"
 #include "server/openai_reply.h"
 #include "server/sessions.h"
+#include "tokenizer/reasoning.h"
 
 namespace anvil::server {
 
@@ -245,9 +246,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                        "this model has no chat template (tokenizer_config.json); use /v1/completions"));
     auto text = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
     if (!text.is_ok()) return send_error(res, api_error(400, "messages", text.status().message()));
-    size_t end = text->find_last_not_of(" \n");
-    starts_in_reasoning = split_reasoning && end != std::string::npos && end + 1 >= 7 &&
-                          text->compare(end + 1 - 7, 7, "<think>") == 0;
+    starts_in_reasoning = split_reasoning && prompt_opens_reasoning(*text);
     if (r.tool_choice == "required" || r.tool_choice == "function") {
       // As vLLM and llama-server do for Qwen/Hermes templates, but by prefilling instead of a
       // grammar: the answer starts inside a tool call ("required": the model picks the function;

@@ -252,14 +252,26 @@ class Evaluator {
     if (node.catch_kwargs) assign("kwargs", Value::make_dict(std::move(extra_kw)));
   }
 
+  // A macro sees the global frame as it is when called, and, when defined inside another macro, a
+  // loop or a with block, that scope's variables as they were at its definition (jinja2's closure).
   void define_macro(const Node& n) {
     const Node* node = &n;
-    assign(n.name, Value::callable(n.name, [this, node](Args& args, int line) -> Value {
+    auto closure = std::make_shared<std::vector<Frame>>(frames_.begin() + 1, frames_.end());
+    Value macro = Value::callable(n.name, [this, node, closure](Args& args, int line) -> Value {
              DepthGuard guard(this, line);
              std::vector<Frame> saved = std::move(frames_);
              frames_.clear();
              frames_.push_back(saved[0]);
+             for (const Frame& f : *closure) frames_.push_back(f);
              frames_.emplace_back();
+             // Itself, as its caller sees it (so it may recurse; not kept in the closure, which
+             // would make a reference cycle).
+             if (!closure->empty())
+               for (auto it = saved.rbegin(); it != saved.rend(); ++it)
+                 if (auto m = it->find(node->name); m != it->end()) {
+                   assign(node->name, m->second);
+                   break;
+                 }
              for (auto& [k, v] : args.kw)
                if (k == "caller") assign("caller", v);
              bind_params(*node, node->name, args, line);
@@ -269,7 +281,8 @@ class Evaluator {
              frames_ = std::move(saved);
              if (f != Flow::kNormal) fail("'break'/'continue' outside of a for loop", line);
              return Value::string(std::move(out));
-           }));
+           });
+    assign(n.name, std::move(macro));
   }
 
   // ---- expressions ----

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -85,29 +86,44 @@ const Value* Args::get(size_t index, const std::string& name) const {
   return nullptr;
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+namespace {
+// Input nested deeper than this is refused: the conversion and every walk over it recurse.
+constexpr int kMaxInputDepth = 256;
+
+Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxInputDepth)
+    fail("the input (messages, tools or variables) nests more than " + std::to_string(kMaxInputDepth) + " levels deep", 0);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const uint64_t u = j.get<uint64_t>();
+      if (u > uint64_t(INT64_MAX))  // refused, not wrapped into a negative number
+        fail("the integer " + std::to_string(u) + " in the input is beyond the template engine's 64-bit integers", 0);
+      return Value::integer(int64_t(u));
+    }
     case nlohmann::ordered_json::value_t::number_float: return Value::floating(j.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       ValueList items;
       items.reserve(j.size());
-      for (auto& e : j) items.push_back(from_json(e));
+      for (auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return Value::make_list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       ValueDict d;
       d.items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(Value::string(it.key()), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.items.emplace_back(Value::string(it.key()), from_json_at(it.value(), depth + 1));
       return Value::make_dict(std::move(d));
     }
     default: return Value::none();
   }
 }
+}  // namespace
+
+Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
 
 bool truthy(const Value& v) {
   switch (v.kind) {

@@ -4,9 +4,11 @@
 
 namespace anvil {
 
-bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag, std::string_view close_tag) {
-  const size_t open = prompt.rfind(open_tag);
-  return open != std::string_view::npos && prompt.find(close_tag, open) == std::string_view::npos;
+bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag) {
+  const size_t end = prompt.find_last_not_of(" \t\r\n");
+  if (end == std::string_view::npos) return false;
+  const size_t n = end + 1;
+  return n >= open_tag.size() && prompt.substr(n - open_tag.size(), open_tag.size()) == open_tag;
 }
 
 ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_tag, std::string close_tag)

@@ -10,12 +10,12 @@
 
 namespace anvil {
 
-// True when a rendered chat prompt leaves a <think> block open for the model (its last <think> has
-// no </think> after it): DeepSeek-R1-distill and QwQ end the generation prompt with "<think>\n",
+// True when a rendered chat prompt opens a <think> block for the model: it ends with the tag
+// (then only whitespace). DeepSeek-R1-distill and QwQ end the generation prompt with "<think>\n",
 // so the answer starts inside the reasoning. A closed block (Qwen3's enable_thinking=false
-// renders "<think>\n\n</think>\n\n") does not count.
-bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag = "<think>",
-                            std::string_view close_tag = "</think>");
+// renders "<think>\n\n</think>\n\n") does not count, nor does the tag earlier in the prompt (a
+// user asking about "<think>").
+bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag = "<think>");
 
 class ReasoningSplitter {
  public:

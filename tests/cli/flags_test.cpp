@@ -101,6 +101,21 @@ TEST(CliServe, BadKvWarmIsRefusedByName) {
   EXPECT_EQ(r.out.find("device"), std::string::npos) << "refused before the model loaded: " << r.out;
 }
 
+// Values a flag's type would take but that mean nothing are refused at parse time, by name.
+TEST(CliFlags, NegativeOrNonFiniteValuesAreRefusedByName) {
+  for (const char* v : {"-1", "nan", "inf"}) {
+    // (under timeout: a value let through would start a server that never exits)
+    auto r = anvil::test::run_shell("timeout 60 " +
+                                    anvil::test::anvil_command({"serve", "--synthetic", "tiny", "--port", "0",
+                                                                "--shutdown-timeout", v}) + " 2>&1");
+    EXPECT_NE(r.exit_code, 0) << v << ": " << r.out;
+    EXPECT_NE(r.out.find("--shutdown-timeout"), std::string::npos) << r.out;
+  }
+  auto s = run_anvil({"synth", "--shape", "tiny", "--out", "/tmp/anvil-never-written", "--seed", "-5"}, true);
+  EXPECT_NE(s.exit_code, 0) << s.out;
+  EXPECT_NE(s.out.find("--seed"), std::string::npos) << s.out;
+}
+
 // Defects 3 and 4: --ctx is exact, and reaching it ends generation with finish "length", keeping the text.
 TEST(CliContext, ExactLimitEndsWithLengthKeepingTheOutput) {
   for (int ctx : {1, 5, 20, 33}) {

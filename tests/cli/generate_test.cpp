@@ -167,3 +167,17 @@ TEST(CliGenerate, StopStringEndsGenerationAndIsNotPrinted) {
   EXPECT_EQ(j["finish_reason"], "stop");
   EXPECT_EQ(j["text"].get<std::string>(), text.substr(0, at));
 }
+
+// A user asking about the <think> tag does not put the answer into hidden reasoning: only a
+// template that ends the prompt with it opens a reasoning block (as the server decides). Qwen3's
+// template (thinking on by default) leaves none open, so the reply is content unless the model
+// itself writes the tag.
+TEST(CliGenerate, ThinkTagInTheUserTextOpensNoReasoning) {
+  auto t = run_anvil({"generate", "--synthetic", "tiny", "--device", "cpu", "--no-kv-store", "--temp", "0", "-n", "12",
+                      "-p", "What does the <think> tag do?", "--json"});
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  auto k = nlohmann::json::parse(t.out, nullptr, false);
+  ASSERT_TRUE(k.is_object()) << t.out;
+  const std::string text = k["text"], reasoning = k["reasoning"];
+  EXPECT_FALSE(text.empty() && !reasoning.empty()) << "the answer went to hidden reasoning: " << t.out;
+}

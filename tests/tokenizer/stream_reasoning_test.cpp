@@ -97,6 +97,10 @@ TEST(PromptOpensReasoning, OnReferenceRenderings) {
   EXPECT_FALSE(prompt_opens_reasoning(text("qwen3", "thinking_default")));
   EXPECT_FALSE(prompt_opens_reasoning(text("qwen3", "reasoning_history")));  // history blocks are closed
   EXPECT_FALSE(prompt_opens_reasoning(text("llama3.1-json-tools", "single_user")));
+  // The tag in a user's text opens nothing: only a prompt that ends with it (the template's).
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>user\nWhat does the <think> tag do?<|im_end|>\n"
+                                      "<|im_start|>assistant\n"));
+  EXPECT_TRUE(prompt_opens_reasoning("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"));
 }
 
 }  // namespace

@@ -124,6 +124,22 @@ TEST(TemplateEngine, RunawayMacroRecursionIsAnErrorNotACrash) {
   EXPECT_EQ(*out, std::string(50, '[') + std::string(50, ']'));
 }
 
+// Input the engine cannot hold is refused, not corrupted: an integer past 64 bits (json.loads
+// keeps it exact, so wrapping it would print another number) and nesting past 256 levels.
+TEST(TemplateEngine, InputBeyondTheEngineIsAnErrorNotAWrongValue) {
+  auto t = ChatTemplate::compile("{{ x|tojson }}");
+  ASSERT_TRUE(t.is_ok());
+  auto big = t->render(ojson::parse(R"({"x": {"id": 10000000000000000001}})"));
+  ASSERT_FALSE(big.is_ok()) << *big;
+  EXPECT_NE(big.status().message().find("10000000000000000001"), std::string::npos) << big.status().message();
+  auto ok = t->render(ojson::parse(R"({"x": {"id": 9223372036854775807}})"));
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(*ok, R"({"id": 9223372036854775807})");
+  auto deep = t->render(ojson::parse("{\"x\": " + std::string(5000, '[') + std::string(5000, ']') + "}"));
+  ASSERT_FALSE(deep.is_ok());
+  EXPECT_NE(deep.status().message().find("levels deep"), std::string::npos) << deep.status().message();
+}
+
 TEST(TemplateEngine, IntegerOverflowIsAnErrorNotAWrongNumber) {
   auto render = [](const std::string& src) {
     auto t = ChatTemplate::compile(src);
