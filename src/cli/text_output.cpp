@@ -19,7 +19,7 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
   auto t = std::unique_ptr<TextOutput>(new TextOutput());
   ANVIL_ASSIGN_OR_RETURN(t->tok_, Tokenizer::load(path));
   // Reasoning is split only where the model can write it: both tags in its vocabulary.
-  t->splits_reasoning_ = t->tok_->token_to_id("<think>").has_value() && t->tok_->token_to_id("</think>").has_value();
+  t->splits_reasoning_ = vocabulary_has_reasoning(*t->tok_);
   // The config decides the raw prompt's BOS/EOS (add_bos_token/add_eos_token) even without chat.
   const bool has_config = std::filesystem::exists(dir + "/tokenizer_config.json");
   if (has_config || chat) {

@@ -365,8 +365,9 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   ANVIL_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
 
   // Qwen2/Qwen3 (dense and MoE): with use_sliding_window, transformers limits attention to a window
-  // in the layers from max_window_layers on. Not implemented: refused where a layer would slide
-  // (real checkpoints say false, or put max_window_layers at the layer count).
+  // in the layers from max_window_layers on. This engine's attention is full-context everywhere, so
+  // such a config is refused where a layer would slide (real checkpoints say false, or put
+  // max_window_layers at the layer count) rather than run with other attention than it asks for.
   if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen2Moe) {
     bool sliding = false;
     ANVIL_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &sliding));

@@ -131,7 +131,7 @@ struct HttpServer::Impl {
   Impl(ServerOptions o, Engine& e, const Tokenizer& t, TokenizerConfig c, Metrics& m)
       : opts(std::move(o)), engine(e), tok(t), cfg(std::move(c)), metrics(m) {
     has_template = !cfg.chat_template.empty() || !cfg.named_chat_templates.empty();
-    split_reasoning = tok.token_to_id("<think>").has_value() && tok.token_to_id("</think>").has_value();
+    split_reasoning = vocabulary_has_reasoning(tok);
   }
 
   void routes();

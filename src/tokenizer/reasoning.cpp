@@ -11,6 +11,10 @@ bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag) 
   return n >= open_tag.size() && prompt.substr(n - open_tag.size(), open_tag.size()) == open_tag;
 }
 
+bool vocabulary_has_reasoning(const Tokenizer& tok) {
+  return tok.token_to_id("<think>").has_value() && tok.token_to_id("</think>").has_value();
+}
+
 ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_tag, std::string close_tag)
     : open_(std::move(open_tag)), close_(std::move(close_tag)), in_reasoning_(starts_in_reasoning) {}
 

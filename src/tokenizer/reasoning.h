@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "tokenizer/tokenizer.h"
+
 namespace anvil {
 
 // True when a rendered chat prompt opens a <think> block for the model: it ends with the tag
@@ -16,6 +18,10 @@ namespace anvil {
 // renders "<think>\n\n</think>\n\n") does not count, nor does the tag earlier in the prompt (a
 // user asking about "<think>").
 bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag = "<think>");
+
+// Whether a model can write reasoning at all: its vocabulary has both tags. Reasoning is told apart
+// from the answer only then (the CLI and the server alike).
+bool vocabulary_has_reasoning(const Tokenizer& tok);
 
 class ReasoningSplitter {
  public:
