@@ -445,12 +445,13 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   };
   if (p->is_string()) {
     r->prompt_text = p->get<std::string>();
-    if (r->prompt_text.empty()) return bad("prompt", "'prompt' must not be empty");
+    // An empty prompt only continues a session's document (checked against the session later).
+    if (r->prompt_text.empty() && r->session.empty()) return bad("prompt", "'prompt' must not be empty");
   } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
     if (p->size() != 1) return bad("prompt", "'prompt' with several prompts is not supported: send one per request");
     if ((*p)[0].is_string()) {
       r->prompt_text = (*p)[0].get<std::string>();
-      if (r->prompt_text.empty()) return bad("prompt", "'prompt' must not be empty");
+      if (r->prompt_text.empty() && r->session.empty()) return bad("prompt", "'prompt' must not be empty");
     } else if (auto e = ids_of((*p)[0])) {
       return e;
     }

@@ -274,7 +274,12 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     prompt = tok.encode(r.prompt_text, r.add_special_tokens && !sinfo);
   }
   if (!chat && sinfo) prompt.insert(prompt.begin(), sinfo->tokens.begin(), sinfo->tokens.end());  // the document goes on
-  if (prompt.empty()) return send_error(res, api_error(400, prompt_param, "the prompt encodes to no tokens"));
+  if (prompt.empty())
+    return send_error(res, api_error(400, prompt_param,
+                                     !chat && r.prompt_text.empty() && !r.prompt_is_ids
+                                         ? "'prompt' must not be empty (an empty prompt continues a session that "
+                                           "holds tokens; session '" + r.session + "' holds none)"
+                                         : "the prompt encodes to no tokens"));
   if (int(prompt.size()) >= ctx)
     return send_error(res, api_error(400, prompt_param,
                                      "the prompt is " + std::to_string(prompt.size()) +

@@ -174,6 +174,20 @@ TEST(ServeStore, RestartKeepsPrefixCacheAndSessions) {
     ASSERT_EQ(st, 200) << d2;
     EXPECT_GT(d2["usage"]["prompt_tokens"].get<int>(), doc_before["tokens"].get<int>());
     EXPECT_EQ(d2["usage"]["prompt_tokens_details"]["cached_tokens"], doc_before["durable_tokens"]);
+    // An empty prompt goes on from the document as it is (its prompt: exactly the session's tokens);
+    // on a session that holds nothing it is refused, naming the prompt.
+    auto d3 = b.post("/v1/completions", {{"prompt", ""}, {"max_tokens", 3}, {"temperature", 0}, {"session", "doc"},
+                                         {"ignore_eos", true}}, &st);
+    ASSERT_EQ(st, 200) << d3;
+    EXPECT_EQ(d3["usage"]["prompt_tokens"],
+              d2["usage"]["prompt_tokens"].get<int>() + d2["usage"]["completion_tokens"].get<int>());
+    EXPECT_EQ(d3["usage"]["completion_tokens"], 3);
+    auto e = b.post("/v1/completions", {{"prompt", ""}, {"max_tokens", 1}, {"session", "nothing-yet"}}, &st);
+    EXPECT_EQ(st, 400) << e;
+    EXPECT_EQ(e["error"]["param"], "prompt");
+    e = b.post("/v1/completions", {{"prompt", ""}, {"max_tokens", 1}}, &st);
+    EXPECT_EQ(st, 400) << e;
+    EXPECT_EQ(e["error"]["param"], "prompt");
     // The conversation goes on: a third turn over the two recorded ones.
     auto t3 = b.post("/v1/chat/completions", chat("And then?", "conv"), &st);
     ASSERT_EQ(st, 200) << t3;
