@@ -77,7 +77,7 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
 }
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
-  add_text_option(app, "--temp", o.temp,
+  add_text_option(app, "--temp,--temperature", o.temp,
                   "Sampling temperature >= 0; 0 = greedy (default: generation_config.json, else 0)", "FLOAT");
   add_text_option(app, "--top-k", o.top_k, "Keep the k most likely tokens, k >= 0 (0 = off)", "INT");
   add_text_option(app, "--top-p", o.top_p,

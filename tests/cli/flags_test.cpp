@@ -63,6 +63,13 @@ TEST(CliSeed, RandomUnlessGivenAndReportedForReproduction) {
   ASSERT_EQ(a.exit_code, 0) << a.out;
   EXPECT_NE(last_json_line(a.out)["seed"], last_json_line(b.out)["seed"]);
   EXPECT_NE(last_json_line(a.out)["seed"].get<uint64_t>(), UINT64_MAX);
+  // --temperature is --temp (vLLM's and the API's name): the same seeded run samples the same tokens.
+  auto spelled = again;
+  for (auto& s : spelled)
+    if (s == "--temp") s = "--temperature";
+  r = run_anvil(spelled);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_json_line(r.out)["ids"], first["ids"]);
 }
 
 // Defect 2: each bad sampling value is refused, naming the flag as typed and its range.
