@@ -128,9 +128,22 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
   bool top_k_given = false;
   if (auto e = get_int(b, "top_k", -1, 1 << 30, &top_k, &top_k_given)) return e;
   if (top_k_given) g.sampling.top_k = top_k < 0 ? 0 : int(top_k);  // -1 = off (vLLM)
-  int64_t seed = 0;
-  if (auto e = get_int(b, "seed", INT64_MIN, INT64_MAX, &seed, &r->seed_given)) return e;
-  g.sampling.seed = uint64_t(seed);
+  // seed: 0 to 2^64-1 as the CLI's --seed, or -1 (or null) for a random one, as llama-server; other
+  // negative ones are taken modulo 2^64 (OpenAI's SDKs send any 64-bit integer).
+  if (const ojson* v = field(b, "seed"); v && v->is_number_unsigned()) {
+    g.sampling.seed = v->get<uint64_t>();
+    r->seed_given = true;
+  } else {
+    int64_t seed = 0;
+    bool given = false;
+    if (auto e = get_int(b, "seed", INT64_MIN, INT64_MAX, &seed, &given)) return e;
+    if (given && seed == -1) {
+      r->seed_random = true;
+    } else if (given) {
+      g.sampling.seed = uint64_t(seed);
+      r->seed_given = true;
+    }
+  }
   if (auto e = get_number(b, "presence_penalty", -2, 2, false, &g.presence_penalty)) return e;
   if (auto e = get_number(b, "frequency_penalty", -2, 2, false, &g.frequency_penalty)) return e;
   if (auto e = get_number(b, "repetition_penalty", 0, 10, true, &g.sampling.repetition_penalty)) return e;
@@ -378,7 +391,8 @@ std::optional<ApiError> parse_json_object(const std::string& body, ojson* out) {
   ojson j;
   try {
     j = ojson::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // A syntax error, or a number beyond a double (out_of_range: "number overflow parsing '1e400'").
     // The parser's message quotes what it read last, which can be the whole body: keep its start.
     std::string what = e.what();
     if (what.size() > 300) {
@@ -432,7 +446,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   const ojson* p = field(b, "prompt");
   if (!p) return bad("prompt", "'prompt' is required");
   auto ids_of = [&](const ojson& a) -> std::optional<ApiError> {
-    if (a.empty()) return bad("prompt", "'prompt' must not be empty");
+    if (a.empty() && r->session.empty()) return bad("prompt", "'prompt' must not be empty");
     for (size_t i = 0; i < a.size(); ++i) {
       if (!a[i].is_number_integer() && !a[i].is_number_unsigned())
         return bad("prompt", "'prompt[" + std::to_string(i) + "]' must be a token id (integer), got " + type_name(a[i]));

@@ -56,6 +56,7 @@ struct ApiRequest {
   std::optional<int> max_tokens;
   GenerationParams gen;  // prompt and max_tokens filled in later
   bool seed_given = false;
+  bool seed_random = false;  // seed -1: a fresh random seed, even where the server has a fixed --seed
   bool stream = false, include_usage = false, logprobs = false;
   std::string session;
 };

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -276,7 +277,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   if (!chat && sinfo) prompt.insert(prompt.begin(), sinfo->tokens.begin(), sinfo->tokens.end());  // the document goes on
   if (prompt.empty())
     return send_error(res, api_error(400, prompt_param,
-                                     !chat && r.prompt_text.empty() && !r.prompt_is_ids
+                                     !chat && !r.session.empty()
                                          ? "'prompt' must not be empty (an empty prompt continues a session that "
                                            "holds tokens; session '" + r.session + "' holds none)"
                                          : "the prompt encodes to no tokens"));
@@ -300,7 +301,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     g.session_meta = turn->keep_meta;
   }
   g.max_tokens = r.max_tokens.value_or(room);
-  if (!r.seed_given && !opts.seed_fixed) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  if ((!r.seed_given && !opts.seed_fixed) || r.seed_random) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   if (Status st = validate(g.sampling); !st.is_ok()) return send_error(res, api_error(400, "", st.message()));
   auto job = std::make_shared<Job>(std::move(g));
   if (Status st = sched->submit(job); !st.is_ok()) {
@@ -523,6 +524,25 @@ void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::R
   send_json(res, 200, {{"content", text}, {"prompt", text}});
 }
 
+// The methods an endpoint takes (its Allow header), or "" for a path no route serves. Keep in step
+// with the routes below.
+static std::string allowed_methods(const std::string& path) {
+  static const char* const kPost[] = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+                                      "/tokenize", "/detokenize"};
+  static const char* const kGet[] = {"/v1/sessions", "/v1/models", "/health", "/v1/health", "/metrics"};
+  for (const char* p : kPost)
+    if (path == p) return "POST";
+  for (const char* p : kGet)
+    if (path == p) return "GET, HEAD";
+  auto under = [&](const char* prefix) {
+    const size_t n = std::strlen(prefix);
+    return path.size() > n && path.compare(0, n, prefix) == 0;
+  };
+  if (under("/v1/sessions/") && path.find('/', 13) == std::string::npos) return "GET, HEAD, DELETE";
+  if (under("/v1/models/")) return "GET, HEAD";
+  return "";
+}
+
 void HttpServer::Impl::routes() {
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!opts.cors_origin.empty()) {
@@ -557,6 +577,13 @@ void HttpServer::Impl::routes() {
       res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
+    // Every body is JSON, whatever its Content-Type says. `curl -d` sends
+    // application/x-www-form-urlencoded, and the HTTP library would parse such a body as a form
+    // with a limit of its own (8 KB, compiled in): the type is dropped here, before the body is read.
+    // (The request is not const where the library holds it; only this handler's view of it is.)
+    if (req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0) {
+      const_cast<httplib::Request&>(req).headers.erase("Content-Type");  // (the map ignores case)
+    }
     const bool open = req.path == "/" || req.path == "/health" || req.path == "/v1/health";
     if (!opts.api_key.empty() && !open) {
       const std::string h = req.get_header_value("Authorization");
@@ -574,6 +601,12 @@ void HttpServer::Impl::routes() {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.status = res.status;
+    if (res.status == 404 && !allowed_methods(req.path).empty()) {
+      // A known endpoint under another method: 405 with the methods it takes, as vLLM answers.
+      res.status = 405;
+      res.set_header("Allow", allowed_methods(req.path));
+    }
+    e.status = res.status;
     if (res.status == 404) {
       e.message = "Unknown endpoint: " + req.method + " " + req.path;
       e.code = "unknown_url";
@@ -582,7 +615,9 @@ void HttpServer::Impl::routes() {
                   " bytes; --max-body)";
       e.code = "request_too_large";
     } else if (res.status == 405) {
-      e.message = "Method " + req.method + " is not allowed on " + req.path;
+      e.message = "Method " + req.method + " is not allowed on " + req.path +
+                  (allowed_methods(req.path).empty() ? "" : " (it takes " + allowed_methods(req.path) + ")");
+      e.code = "method_not_allowed";
     } else if (res.status >= 500) {
       e.message = "Internal server error";
       e.type = "server_error";

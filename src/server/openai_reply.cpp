@@ -39,7 +39,9 @@ void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
     (*o)["tokens"].push_back(piece);
     (*o)["token_logprobs"].push_back(t.logprob);
     ojson top = ojson::object();
-    for (const TokenLogprob& x : t.top) top[tok->decode(std::span<const int32_t>(&x.id, 1))] = x.logprob;
+    // The legacy format keys the alternatives by their text: tokens that decode alike (pieces of one
+    // character all decode to U+FFFD) share a key, which keeps the likeliest of them (the first).
+    for (const TokenLogprob& x : t.top) top.emplace(tok->decode(std::span<const int32_t>(&x.id, 1)), x.logprob);
     (*o)["top_logprobs"].push_back(top);
     // Offsets count characters of the text, as OpenAI's: a character counts where its first byte is.
     (*o)["text_offset"].push_back(text_offset);

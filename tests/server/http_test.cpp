@@ -3,12 +3,15 @@
 // disconnects mid-stream or while waiting for a non-streaming reply, tool_choice required/named,
 // SIGTERM draining, and the official openai Python client. The store and sessions: session_test.cpp.
 #include <gtest/gtest.h>
+
+#include <set>
 #include <httplib.h>
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
 #include <chrono>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "server_process.h"
@@ -239,6 +242,25 @@ TEST_F(Http, CompletionsWithIdsAndLogprobs) {
   EXPECT_EQ(r["usage"]["prompt_tokens"], 4);
 }
 
+// Seeds: any of 0..2^64-1 is its own (those past 2^63 were once all the same), a seed reproduces its
+// run, and -1 draws a fresh one each time (llama-server's meaning; once a fixed seed).
+TEST_F(Http, SeedsBeyondTwoToTheSixtyThreeAndMinusOne) {
+  auto text = [](const json& seed) {
+    int st = 0;
+    auto r = post("/v1/completions", {{"prompt", "def f("}, {"max_tokens", 24}, {"temperature", 1.0},
+                                      {"ignore_eos", true}, {"seed", seed}}, &st);
+    EXPECT_EQ(st, 200) << r;
+    return r["choices"][0]["text"].get<std::string>();
+  };
+  std::set<std::string> big, minus;
+  for (uint64_t s : {uint64_t(1) << 63, (uint64_t(1) << 63) + 12345, ~uint64_t(0)}) big.insert(text(s));
+  // Three seeds, 24 tokens at temperature 1: equal texts mean the seeds were not used.
+  EXPECT_GT(big.size(), 1u);
+  EXPECT_EQ(text(~uint64_t(0)), text(~uint64_t(0)));
+  for (int i = 0; i < 3; ++i) minus.insert(text(-1));
+  EXPECT_GT(minus.size(), 1u) << "seed -1 is a random seed";
+}
+
 TEST_F(Http, BadInputsGetOpenAIErrors) {
   auto c = client();
   struct Case {
@@ -263,6 +285,12 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":7})", 400, "session"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":5}})", 400,
        "chat_template_kwargs"},
+      // A number beyond a double, even in a field the server ignores, is bad JSON (not a 500).
+      {"/v1/completions", R"({"prompt":"x","max_tokens":1e400})", 400, ""},
+      {"/v1/completions", R"({"prompt":"x","tools_schema":{"maximum":-1e309}})", 400, ""},
+      {"/tokenize", R"({"content":"x","n":1e999})", 400, ""},
+      {"/v1/completions", R"({"prompt":"","max_tokens":1})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":[],"max_tokens":1})", 400, "prompt"},
   };
   for (const Case& k : cases) {
     auto r = c.Post(k.path.c_str(), auth(), k.body, "application/json");
@@ -313,6 +341,22 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
   auto nf = c.Post("/v1/embeddings", auth(), "{}", "application/json");
   EXPECT_EQ(nf->status, 404);
   EXPECT_TRUE(json::parse(nf->body)["error"].is_object());
+  // A known endpoint under another method: 405, saying which it takes.
+  auto expect_405 = [](const httplib::Result& res, const char* allow) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 405) << res->body;
+    EXPECT_EQ(res->get_header_value("Allow"), allow);
+    EXPECT_EQ(json::parse(res->body)["error"]["code"], "method_not_allowed") << res->body;
+  };
+  expect_405(c.Get("/v1/completions", auth()), "POST");
+  expect_405(c.Delete("/v1/models", auth()), "GET, HEAD");
+  expect_405(c.Post("/v1/sessions/x", auth(), "{}", "application/json"), "GET, HEAD, DELETE");
+  // A JSON body sent as a form (curl -d sends application/x-www-form-urlencoded) is read as JSON,
+  // also beyond the HTTP library's 8 KB limit for forms.
+  json form = {{"prompt", "def f(x):"}, {"max_tokens", 1}, {"pad", std::string(20000, 'x')}};
+  auto fr = c.Post("/v1/completions", auth(), form.dump(), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(fr);
+  EXPECT_EQ(fr->status, 200) << fr->body.substr(0, 300);
   // The server is still fine.
   EXPECT_EQ(c.Get("/health")->status, 200);
 }

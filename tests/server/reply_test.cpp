@@ -237,3 +237,27 @@ TEST(Reply, ForcedToolCallIsParsedFromThePrefillAndValidated) {
     EXPECT_EQ(cut->finish, "length");
   }
 }
+
+// The legacy completions format keys the alternatives by their text. Tokens that each hold part of a
+// character all decode to U+FFFD: the key keeps the likeliest of them (the alternatives come most
+// likely first), so the top entry is never below the chosen token's own logprob.
+TEST(Reply, LegacyTopLogprobsKeepTheLikeliestOfTokensThatDecodeAlike) {
+  const Tokenizer& tok = qwen_tokenizer();
+  const auto ids = tok.encode("\xF0\xA0\x80\x80");  // U+20000: several tokens, each a partial character
+  auto one = [&](int32_t id) { return tok.decode(std::span<const int32_t>(&id, 1)); };
+  std::vector<int32_t> alike;  // the tokens of it that decode to one U+FFFD
+  for (int32_t id : ids)
+    if (one(id) == "\xEF\xBF\xBD") alike.push_back(id);
+  ASSERT_GE(alike.size(), 2u) << "U+20000 should take two tokens that decode alike";
+  auto comp = make_reply(false, false, false, true);
+  JobEvent e = delta(one(alike[0]), alike[0]);
+  e.tokens[0].logprob = -0.25f;
+  e.tokens[0].top = {{alike[0], -0.25f}, {alike[1], -1.0f}, {tok.encode("x")[0], -2.0f}};
+  comp->on_delta(e);
+  comp->on_done("length");
+  const auto j = comp->response();
+  const auto& top = j["choices"][0]["logprobs"]["top_logprobs"][0];
+  ASSERT_EQ(top.size(), 2u) << top;
+  EXPECT_FLOAT_EQ(top["\xEF\xBF\xBD"].get<float>(), -0.25f) << top;
+  EXPECT_FLOAT_EQ(top["x"].get<float>(), -2.0f) << top;
+}
