@@ -62,7 +62,21 @@ int main(int argc, char** argv) {
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and exit 0 as the library does; any other parse error follows the
+    // CLI's one contract (docs/cli.md): "anvil: error: ..." on stderr, exit code 1.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    if (argc == 1) {
+      std::fputs(app.help().c_str(), stderr);
+      return 1;
+    }
+    std::string where = "anvil";
+    for (CLI::App* sub = &app; sub;) {
+      auto parsed = sub->get_subcommands();
+      sub = parsed.empty() ? nullptr : parsed.front();
+      if (sub) where += " " + sub->get_name();
+    }
+    std::fprintf(stderr, "anvil: error: %s (see %s --help)\n", e.what(), where.c_str());
+    return 1;
   }
   for (auto& [sub, run] : subs)
     if (sub->parsed()) return run();

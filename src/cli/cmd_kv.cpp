@@ -1,6 +1,9 @@
 // anvil kv ls|show|rm|gc|verify|export: look after the durable KV store (src/kvstore/).
+#include <unistd.h>
+
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -38,12 +41,35 @@ int run_kv(KvArgs& a) {
     o.max_bytes = *m;
   }
   o.repair = false;  // a damaged catalog is reported here, never moved aside
+  // Maintenance never creates a store: a mistyped --kv-store is said, not made.
+  std::error_code ec;
+  if (!std::filesystem::exists(o.dir, ec)) {
+    if (a.ls->parsed()) {
+      if (a.json)
+        std::printf("%s\n", nlohmann::ordered_json{{"dir", o.dir}, {"exists", false}, {"pages", 0}, {"page_bytes", 0},
+                                                   {"segments", 0}, {"segment_file_bytes", 0},
+                                                   {"sessions", nlohmann::json::array()}}
+                                .dump()
+                                .c_str());
+      else
+        std::printf("%s: no store there yet (0 sessions)\n", o.dir.c_str());
+      return 0;
+    }
+    return fail("no KV store at " + o.dir + " (the directory does not exist)");
+  }
   auto opened = KVStore::open(o);
   if (!opened.is_ok()) {
     if (a.verify->parsed() && opened.status().code() == StatusCode::kCorrupt) {
-      std::printf("%s\nverify: 0 records checked, 1 problems\n", opened.status().message().c_str());
+      if (a.json)
+        std::printf("%s\n", nlohmann::ordered_json{{"records", 0}, {"problems", {opened.status().message()}}}.dump().c_str());
+      else
+        std::printf("%s\nverify: 0 records checked, 1 problems\n", opened.status().message().c_str());
       return 1;
     }
+    if (::access(o.dir.c_str(), W_OK) != 0)
+      return fail(opened.status().message() + " (" + o.dir +
+                  " is not writable: the store's catalog needs write access even to be read, for its "
+                  "write-ahead log and locks)");
     return fail(opened.status().message());
   }
   KVStore& st = **opened;
@@ -91,7 +117,10 @@ int run_kv(KvArgs& a) {
   if (a.rm->parsed()) {
     Status s = st.remove_session(a.name);
     if (!s.is_ok()) return fail(s.message());
-    std::printf("removed session %s (its pages stay until gc evicts them)\n", a.name.c_str());
+    if (a.json)
+      std::printf("%s\n", nlohmann::ordered_json{{"removed", a.name}}.dump().c_str());
+    else
+      std::printf("removed session %s (its pages stay until gc evicts them)\n", a.name.c_str());
     return 0;
   }
   if (a.gc->parsed()) {
@@ -99,8 +128,16 @@ int run_kv(KvArgs& a) {
     auto r = st.gc();
     if (!r.is_ok()) return fail(r.status().message());
     StoreStats s = st.stats();
-    std::printf("gc: evicted %lld pages, reclaimed %s; now %lld pages, %s on disk\n", (long long)(before - s.pages),
-                mib(*r).c_str(), (long long)s.pages, mib(s.segment_file_bytes).c_str());
+    if (a.json)
+      std::printf("%s\n", nlohmann::ordered_json{{"evicted_pages", before - s.pages},
+                                                 {"reclaimed_bytes", *r},
+                                                 {"pages", s.pages},
+                                                 {"segment_file_bytes", s.segment_file_bytes}}
+                              .dump()
+                              .c_str());
+    else
+      std::printf("gc: evicted %lld pages, reclaimed %s; now %lld pages, %s on disk\n", (long long)(before - s.pages),
+                  mib(*r).c_str(), (long long)s.pages, mib(s.segment_file_bytes).c_str());
     return 0;
   }
   if (a.verify->parsed()) {
@@ -108,15 +145,22 @@ int run_kv(KvArgs& a) {
     int64_t n = 0;
     Status s = st.verify(&problems, &n);
     if (!s.is_ok()) return fail(s.message());
-    for (auto& p : problems) std::printf("%s\n", p.c_str());
-    std::printf("verify: %lld records checked, %zu problems\n", (long long)n, problems.size());
+    if (a.json) {
+      std::printf("%s\n", nlohmann::ordered_json{{"records", n}, {"problems", problems}}.dump().c_str());
+    } else {
+      for (auto& p : problems) std::printf("%s\n", p.c_str());
+      std::printf("verify: %lld records checked, %zu problems\n", (long long)n, problems.size());
+    }
     return problems.empty() ? 0 : 1;
   }
   if (a.exp->parsed()) {
     if (a.out.empty()) return fail("export: give -o FILE.safetensors");
     Status s = st.export_session(a.name, a.out);
     if (!s.is_ok()) return fail(s.message());
-    std::printf("wrote %s\n", a.out.c_str());
+    if (a.json)
+      std::printf("%s\n", nlohmann::ordered_json{{"wrote", a.out}}.dump().c_str());
+    else
+      std::printf("wrote %s\n", a.out.c_str());
     return 0;
   }
   return fail("kv: give a subcommand: ls, show, rm, gc, verify or export");
@@ -127,9 +171,9 @@ Command reg("kv", "Inspect and maintain the durable KV store: ls, show, rm, gc, 
               auto a = std::make_shared<KvArgs>();
               app.require_subcommand(1);
               app.fallthrough();
-              app.add_option("--kv-store", a->dir, "Store directory (default: ~/.cache/anvil/kv)");
+              app.add_option("--kv-store", a->dir, "Store directory (default: $XDG_CACHE_HOME/anvil/kv or ~/.cache/anvil/kv)");
               auto common = [&](CLI::App* sub) {
-                sub->add_option("--kv-store", a->dir, "Store directory (default: ~/.cache/anvil/kv)");
+                sub->add_option("--kv-store", a->dir, "Store directory (default: $XDG_CACHE_HOME/anvil/kv or ~/.cache/anvil/kv)");
                 sub->add_flag("--json", a->json, "Print JSON");
                 return sub;
               };

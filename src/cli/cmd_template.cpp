@@ -7,17 +7,16 @@
 #include "cli/command.h"
 #include "cli/thinking_flags.h"
 #include "format/hf_cache.h"
+#include "base/mmap_file.h"
 #include "tokenizer/tokenizer_config.h"
 
 namespace anvil::cli {
 namespace {
 
 Result<nlohmann::ordered_json> read_json_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return io_error(std::string(what) + " " + path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  auto j = nlohmann::ordered_json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  auto text = read_file(path);  // (a directory: "Is a directory", not an exception)
+  if (!text.is_ok()) return io_error(std::string(what) + " " + text.status().message());
+  auto j = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument(std::string(what) + " " + path + ": not valid JSON");
   return j;
 }

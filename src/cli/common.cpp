@@ -226,9 +226,9 @@ Result<std::optional<std::string>> read_prompt(const PromptOptions& o) {
   if (o.text && o.file) return invalid_argument("give the prompt once: -p/--prompt TEXT or -f/--file FILE, not both");
   std::string text;
   if (o.file) {
-    std::ifstream f(*o.file, std::ios::binary);
-    if (!f) return io_error("-f/--file " + *o.file + ": cannot open: " + std::strerror(errno));
-    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    auto got = read_file(*o.file);  // (a directory: "Is a directory", not an exception)
+    if (!got.is_ok()) return io_error("-f/--file " + got.status().message());
+    text = std::move(*got);
     if (text.empty()) return invalid_argument("-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
   } else if (o.text && *o.text == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());

@@ -6,7 +6,11 @@ namespace anvil::cli {
 
 void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags) {
   app.add_option("--kv-store", f.dir,
-                 "Durable KV store directory (default: $XDG_CACHE_HOME/anvil/kv or ~/.cache/anvil/kv)");
+                 "Durable KV store directory (default: $XDG_CACHE_HOME/anvil/kv or ~/.cache/anvil/kv)")
+      ->check([](const std::string& v) {
+        return v.empty() ? std::string("an empty directory name (leave --kv-store out for the default store)")
+                         : std::string();
+      });
   app.add_flag("--no-kv-store", f.off, "Do not persist or restore KV pages");
   app.add_option("--kv-store-max", f.max, "Size cap of the store (LRU eviction of unreferenced pages)")
       ->capture_default_str();
@@ -37,7 +41,9 @@ Result<KVStoreOptions> kv_store_options(const KVStoreFlags& f) {
   ANVIL_ASSIGN_OR_RETURN(o.durability, parse_durability(f.durability));
   if (f.flush_ms < 1) return invalid_argument("--kv-flush-ms must be >= 1");
   if (f.flush_pages < 1) return invalid_argument("--kv-flush-pages must be >= 1");
-  if (f.queue_pages < 2) return invalid_argument("--kv-queue must be >= 2");
+  if (f.queue_pages < 2 || f.queue_pages > kMaxKVQueuePages)
+    return invalid_argument("--kv-queue must be in [2, " + std::to_string(kMaxKVQueuePages) + "], got " +
+                            std::to_string(f.queue_pages));
   o.flush_ms = f.flush_ms;
   o.flush_pages = f.flush_pages;
   o.queue_pages = f.queue_pages;

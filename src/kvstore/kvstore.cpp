@@ -64,6 +64,9 @@ KVStore::KVStore(const KVStoreOptions& o) : opts_(o), restore_xxh_(XXH3_createSt
 Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
   if (opts.dir.empty()) return invalid_argument("--kv-store: empty directory");
   if (opts.queue_pages < 2) return invalid_argument("kv store queue must hold at least 2 pages");
+  if (opts.queue_pages > kMaxKVQueuePages)
+    return invalid_argument("kv store queue holds at most " + std::to_string(kMaxKVQueuePages) + " pages, got " +
+                            std::to_string(opts.queue_pages));
   if (opts.flush_ms < 1 || opts.flush_pages < 1) return invalid_argument("kv store flush interval must be >= 1");
   std::unique_ptr<KVStore> s(new KVStore(opts));
   s->env_ = opts.env ? opts.env : Env::posix();

@@ -75,6 +75,9 @@ namespace anvil {
 enum class Durability { kNone, kInterval, kSync };
 Result<Durability> parse_durability(const std::string& s);
 
+// The writer queue's largest capacity: its ring of descriptors and their tokens is allocated whole.
+inline constexpr int kMaxKVQueuePages = 65536;
+
 struct KVStoreOptions {
   std::string dir;
   uint64_t max_bytes = 8ull << 30;     // size cap; LRU eviction of unreferenced pages above it

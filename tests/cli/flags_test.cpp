@@ -233,6 +233,60 @@ TEST(CliErrors, TypoAndEmptyPrompt) {
   r = run_anvil({"generate", "-m", kModel}, true);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("no prompt"), std::string::npos) << r.out;
+  // Errors the argument parser finds keep the same contract: "anvil: error: ...", exit code 1.
+  const std::vector<std::vector<std::string>> parse_errors = {
+      {"generate", "-m", kModel, "-p", "x", "-n", "abc"}, {"generate", "-m", kModel, "-p", "x", "--bogus"},
+      {"generate", "-m", kModel, "-p", "x", "-n", "1", "-n", "2"}, {"kv", "show"},
+      {"generate", "-m", kModel, "-p", "x", "--thinking", "--no-thinking"}, {"kv"}};
+  for (const auto& args : parse_errors) {
+    r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << args[1] << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("anvil: error: ", 0), 0u) << r.out;
+  }
+  // A directory as the prompt file, an empty store name, an unbounded writer queue: named errors.
+  r = run_anvil({"generate", "-m", kModel, "--raw", "-f", "/tmp", "-n", "1"}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("Is a directory"), std::string::npos) << r.out;
+  r = run_anvil({"generate", "-m", kModel, "--raw", "-p", "x", "-n", "1", "--kv-store", ""}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--kv-store"), std::string::npos) << r.out;
+  r = run_anvil({"generate", "-m", kModel, "--raw", "-p", "x", "-n", "1", "--no-prefix-cache", "--kv-store",
+                 temp_dir("kvq").string(), "--kv-queue", "999999999"},
+                true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--kv-queue must be in [2, 65536]"), std::string::npos) << r.out;
+}
+
+// anvil kv never creates a store, and every subcommand's --json is JSON.
+TEST(CliKv, NoStoreIsSaidAndJsonEverywhere) {
+  const fs::path missing = temp_dir("kv_missing") / "typo";
+  auto r = run_anvil({"kv", "ls", "--kv-store", missing.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_json_line(r.out)["sessions"], nlohmann::json::array()) << r.out;
+  r = run_anvil({"kv", "verify", "--kv-store", missing.string()}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("no KV store at"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(missing)) << "kv created the mistyped store";
+  const fs::path dir = temp_dir("kv_json");
+  r = run_anvil({"generate", "-m", kModel, "--raw", "-p", "def f(x):", "-n", "20", "--temp", "0", "--kv-store",
+                 dir.string(), "--session", "s"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = run_anvil({"kv", "verify", "--kv-store", dir.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  auto v = last_json_line(r.out);
+  EXPECT_GT(v["records"].get<int>(), 0) << r.out;
+  EXPECT_EQ(v["problems"], nlohmann::json::array()) << r.out;
+  r = run_anvil({"kv", "export", "s", "-o", (dir / "s.safetensors").string(), "--kv-store", dir.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_json_line(r.out)["wrote"], (dir / "s.safetensors").string()) << r.out;
+  r = run_anvil({"kv", "rm", "s", "--kv-store", dir.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_json_line(r.out)["removed"], "s") << r.out;
+  r = run_anvil({"kv", "gc", "--max", "0", "--kv-store", dir.string(), "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_GT(last_json_line(r.out)["evicted_pages"].get<int>(), 0) << r.out;
+  fs::remove_all(dir);
+  fs::remove_all(missing.parent_path());
 }
 
 // A prompt from stdin (-p -) or a file (-f) is the same prompt as -p TEXT.
