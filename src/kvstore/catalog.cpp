@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "kvstore/checksum.h"
 #include "kvstore/page_record.h"
 
 namespace anvil {
@@ -31,13 +32,37 @@ Status catalog_init(SqliteDb& db) {
     CREATE TABLE IF NOT EXISTS sessions(name TEXT PRIMARY KEY, fingerprint BLOB NOT NULL, tokens BLOB NOT NULL,
       durable_pos INTEGER NOT NULL, tail_segment INTEGER, tail_offset INTEGER, tail_length INTEGER,
       tail_checksum INTEGER, tail_first INTEGER, tail_n INTEGER, tail_parent BLOB,
-      updated INTEGER NOT NULL, meta TEXT NOT NULL DEFAULT '');
+      updated INTEGER NOT NULL, meta TEXT NOT NULL DEFAULT '', sum INTEGER);
     CREATE INDEX IF NOT EXISTS sessions_tail ON sessions(tail_parent, tail_first);
     CREATE TABLE IF NOT EXISTS session_pages(session TEXT NOT NULL, idx INTEGER NOT NULL, key BLOB NOT NULL,
       PRIMARY KEY(session, idx)) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS session_pages_key ON session_pages(key);
     INSERT OR IGNORE INTO meta VALUES('format_version', ')" +
                  std::to_string(kCatalogVersion) + "');");
+}
+
+Status catalog_migrate(SqliteDb& db) {
+  ANVIL_ASSIGN_OR_RETURN(int64_t v, catalog_int(db, "SELECT CAST(v AS INTEGER) FROM meta WHERE k = 'format_version'"));
+  if (v != 1) return Status::ok();
+  // Format 1 -> 2, in one transaction (two processes opening it at once: the second finds it done).
+  ANVIL_RETURN_IF_ERROR(db.exec("BEGIN IMMEDIATE"));
+  auto has = catalog_int(db, "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'sum'");
+  Status st = has.status();
+  if (st.is_ok() && *has == 0) st = db.exec("ALTER TABLE sessions ADD COLUMN sum INTEGER");
+  if (st.is_ok()) st = db.exec("UPDATE meta SET v = '2' WHERE k = 'format_version' AND v = '1'");
+  if (st.is_ok()) st = db.exec("COMMIT");
+  if (!st.is_ok()) (void)db.exec("ROLLBACK");
+  return st;
+}
+
+uint64_t session_sum(const int32_t* tokens, size_t n, const std::string& meta) {
+  XXH3_state_t* s = XXH3_createState();
+  XXH3_64bits_reset(s);
+  XXH3_64bits_update(s, tokens, n * sizeof(int32_t));
+  XXH3_64bits_update(s, meta.data(), meta.size());
+  const uint64_t h = XXH3_64bits_digest(s);
+  XXH3_freeState(s);
+  return h;
 }
 
 std::string segment_file(const std::string& dir, int64_t id) {

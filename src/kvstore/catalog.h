@@ -6,7 +6,9 @@
 // Tables
 //   segments(id, committed_end, live_bytes, sealed, owner_pid)   one row per segment file
 //   pages(key, parent, fingerprint, first_pos, tokens, segment, offset, length, checksum, last_used)
-//   sessions(name, fingerprint, tokens, durable_pos, tail_*, updated, meta)
+//   sessions(name, fingerprint, tokens, durable_pos, tail_*, updated, meta, sum)
+//     sum: XXH3-64 of the tokens blob then meta (session_sum), so a damaged row is an error, never
+//     another conversation (format 2; rows of format 1 have none and are taken as they are)
 //   session_pages(session, idx, key)   the full pages a session references (never evicted)
 //   meta(k, v)                         format_version
 #pragma once
@@ -21,10 +23,18 @@
 
 namespace anvil {
 
-inline constexpr int kCatalogVersion = 1;
+// 2: sessions.sum. A catalog of format 1 is brought to 2 when opened (the column added; its rows
+// keep a NULL sum until they are next written).
+inline constexpr int kCatalogVersion = 2;
 
-// WAL, synchronous=NORMAL, the tables (idempotent).
+// WAL, synchronous=NORMAL, the tables (idempotent), and format 1 brought to 2.
 Status catalog_init(SqliteDb& db);
+
+// Brings a catalog of format 1 to 2 (idempotent; nothing for other formats).
+Status catalog_migrate(SqliteDb& db);
+
+// A session row's checksum: XXH3-64 over its token ids' bytes, then its meta text.
+uint64_t session_sum(const int32_t* tokens, size_t n, const std::string& meta);
 
 std::string segment_file(const std::string& dir, int64_t id);
 bool parse_segment_file(const std::string& name, int64_t* id);

@@ -109,6 +109,7 @@ Status KVStore::open_catalog() {
     if (*v > kCatalogVersion)
       return unsupported("catalog " + path + " has format version " + std::to_string(*v) + "; this anvil reads " +
                          std::to_string(kCatalogVersion) + " (a newer anvil wrote it: use that one, or another --kv-store)");
+    if (Status m = catalog_migrate(db_); !m.is_ok()) return m.with_context("catalog " + path + ": format 1 -> 2");
     return st;
   }
   if (st.code() != StatusCode::kCorrupt) return st.with_context("catalog " + path);
@@ -346,7 +347,7 @@ void KVStore::flush() {
 Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name) {
   SqliteStmt q;
   ANVIL_RETURN_IF_ERROR(q.prepare(db_,
-      "SELECT fingerprint, tokens, durable_pos, COALESCE(tail_first, 0), COALESCE(tail_n, 0), updated, meta "
+      "SELECT fingerprint, tokens, durable_pos, COALESCE(tail_first, 0), COALESCE(tail_n, 0), updated, meta, sum "
       "FROM sessions WHERE name = ?"));
   q.bind(1, name);
   ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
@@ -361,6 +362,12 @@ Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name)
   s.tail_n = int(q.col_int(4));
   s.updated_us = q.col_int(5);
   s.meta = q.col_text(6);
+  // A damaged row is an error, never another conversation (rows of format 1 have no sum).
+  if (q.col_bytes(1) % 4 != 0 ||
+      (!q.col_null(7) && uint64_t(q.col_int(7)) != session_sum(s.tokens.data(), s.tokens.size(), s.meta)))
+    return corrupt("kv store " + opts_.dir + ": session '" + name +
+                   "' is damaged (its token ids or conversation fail their checksum); remove it with anvil kv rm " +
+                   name);
   return std::optional<SessionInfo>(std::move(s));
 }
 
@@ -398,8 +405,8 @@ Status KVStore::fork_session(const std::string& from, const std::string& to) {
   exists.reset();
   st = copy.prepare(db_,
       "INSERT INTO sessions(name, fingerprint, tokens, durable_pos, tail_segment, tail_offset, tail_length, "
-      "tail_checksum, tail_first, tail_n, tail_parent, updated, meta) SELECT ?, fingerprint, tokens, durable_pos, "
-      "tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n, tail_parent, ?, meta "
+      "tail_checksum, tail_first, tail_n, tail_parent, updated, meta, sum) SELECT ?, fingerprint, tokens, durable_pos, "
+      "tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n, tail_parent, ?, meta, sum "
       "FROM sessions WHERE name = ?");
   if (!st.is_ok()) return fail(st);
   copy.bind(1, to);

@@ -30,7 +30,9 @@
 //     this process has pinned; compaction moves live records out of mostly-dead sealed segments
 //     before deleting them. A reader that loses a race with another process's GC gets a miss.
 //  8. A session's row (its token ids: the truth; KV is a cache of them) and its durable position
-//     (tokens whose KV is committed for every layer) are rewritten at every flush.
+//     (tokens whose KV is committed for every layer) are rewritten at every flush, with the XXH3 of
+//     its token ids and conversation (catalog format 2): a row that fails it is an error naming the
+//     session (get_session, verify), never another conversation resumed.
 //  9. Any number of sessions may be recorded at once (the server records one per running request),
 //     each under a distinct name and bound to at most one engine sequence at a time; a recording
 //     lives from session_begin until session_finish has seen its last state committed. Across

@@ -129,13 +129,17 @@ Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
   SqliteStmt t;
   ANVIL_RETURN_IF_ERROR(t.prepare(db_,
       "SELECT name, tokens, tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n, tail_parent, "
-      "durable_pos FROM sessions"));
+      "durable_pos, meta, sum FROM sessions"));
   while (true) {
     ANVIL_ASSIGN_OR_RETURN(bool row, t.step());
     if (!row) break;
     const std::string name = t.col_text(0);
     const size_t n_tok = t.col_bytes(1) / 4;
     const int32_t* toks = static_cast<const int32_t*>(t.col_blob(1));
+    ++*checked;
+    if (t.col_bytes(1) % 4 != 0 ||
+        (!t.col_null(11) && uint64_t(t.col_int(11)) != session_sum(toks, n_tok, t.col_text(10))))
+      problems->push_back("session " + name + ": its token ids or conversation fail their checksum");
     if (t.col_int(9) > int64_t(n_tok)) problems->push_back("session " + name + ": durable position past its tokens");
     const int first = int(t.col_int(6)), n = int(t.col_int(7));
     if (n <= 0) continue;

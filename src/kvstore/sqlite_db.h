@@ -49,6 +49,7 @@ class SqliteStmt {
     sqlite3_clear_bindings(st_);
   }
   int64_t col_int(int i) const { return sqlite3_column_int64(st_, i); }
+  bool col_null(int i) const { return sqlite3_column_type(st_, i) == SQLITE_NULL; }
   std::string col_text(int i) const;
   const void* col_blob(int i) const { return sqlite3_column_blob(st_, i); }
   size_t col_bytes(int i) const { return size_t(sqlite3_column_bytes(st_, i)); }

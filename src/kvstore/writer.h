@@ -43,11 +43,12 @@ class KVStore::Writer {
     ANVIL_RETURN_IF_ERROR(old_tail_.prepare(db_, "SELECT tail_segment, tail_length FROM sessions WHERE name = ?"));
     ANVIL_RETURN_IF_ERROR(put_session_.prepare(db_,
         "INSERT INTO sessions(name, fingerprint, tokens, durable_pos, tail_segment, tail_offset, tail_length, "
-        "tail_checksum, tail_first, tail_n, tail_parent, updated, meta) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?) "
+        "tail_checksum, tail_first, tail_n, tail_parent, updated, meta, sum) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
         "ON CONFLICT(name) DO UPDATE SET fingerprint=excluded.fingerprint, tokens=excluded.tokens, "
         "durable_pos=excluded.durable_pos, tail_segment=excluded.tail_segment, tail_offset=excluded.tail_offset, "
         "tail_length=excluded.tail_length, tail_checksum=excluded.tail_checksum, tail_first=excluded.tail_first, "
-        "tail_n=excluded.tail_n, tail_parent=excluded.tail_parent, updated=excluded.updated, meta=excluded.meta"));
+        "tail_n=excluded.tail_n, tail_parent=excluded.tail_parent, updated=excluded.updated, meta=excluded.meta, "
+        "sum=excluded.sum"));
     ANVIL_RETURN_IF_ERROR(put_sess_page_.prepare(db_,
         "INSERT OR REPLACE INTO session_pages(session, idx, key) VALUES(?,?,?)"));
     ANVIL_RETURN_IF_ERROR(trim_sess_pages_.prepare(db_, "DELETE FROM session_pages WHERE session = ? AND idx >= ?"));
@@ -353,6 +354,7 @@ class KVStore::Writer {
       }  // else NULL: bindings are cleared after every run
       put_session_.bind(12, now);
       put_session_.bind(13, meta);
+      put_session_.bind(14, int64_t(session_sum(toks.data(), toks.size(), meta)));
       ANVIL_RETURN_IF_ERROR(put_session_.run());
       if (new_tail) {
         *live_added += w.tail.len;

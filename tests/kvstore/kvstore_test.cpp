@@ -876,6 +876,69 @@ TEST(KVPageRecord, HeaderIsTheWholeObjectDumped) {
   }
 }
 
+// A session row whose token ids were damaged (a flipped bit in the catalog) is an error naming it,
+// and verify reports it, never another conversation resumed; a catalog of format 1 (no checksum
+// column) is brought to format 2 when opened, its rows read as they are.
+TEST(KVStore, DamagedSessionRowIsAnErrorAndFormatOneIsMigrated) {
+  Rig r;
+  const auto toks = chain_tokens(2, 300);
+  {
+    auto st = r.open();
+    ASSERT_TRUE(st->session_begin("s", 0, toks, 64).is_ok());
+    r.write(*st, toks, 0, 2);
+    ASSERT_TRUE(st->session_end(0, 2 * P, -1, *r.pool).is_ok());
+  }
+  const std::string cat = r.dir + "/catalog.db";
+  auto set_tokens = [&](std::vector<int32_t> t) {
+    SqliteDb db;
+    ASSERT_TRUE(db.open(cat, 1000).is_ok());
+    SqliteStmt u;
+    ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET tokens = ? WHERE name = 's'").is_ok());
+    u.bind_blob(1, t.data(), t.size() * 4);
+    ASSERT_TRUE(u.run().is_ok());
+  };
+  {
+    auto st = r.open();
+    auto good = st->get_session("s");
+    ASSERT_TRUE(good.is_ok() && *good) << good.status().message();
+    EXPECT_EQ((*good)->tokens, toks);
+    EXPECT_EQ(verify_problems(*st), 0);
+  }
+  auto flipped = toks;
+  flipped[5] ^= 1;
+  set_tokens(flipped);
+  {
+    auto st = r.open();
+    auto bad = st->get_session("s");
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt);
+    EXPECT_NE(bad.status().message().find("session 's' is damaged"), std::string::npos) << bad.status().message();
+    EXPECT_EQ(verify_problems(*st), 1);
+  }
+  {  // back to format 1: no sum column, version 1; the flipped row can no longer be told apart
+    SqliteDb db;
+    ASSERT_TRUE(db.open(cat, 1000).is_ok());
+    ASSERT_TRUE(db.exec("ALTER TABLE sessions DROP COLUMN sum").is_ok());
+    ASSERT_TRUE(db.exec("UPDATE meta SET v = '1' WHERE k = 'format_version'").is_ok());
+  }
+  set_tokens(toks);
+  {
+    auto st = r.open();
+    auto old = st->get_session("s");
+    ASSERT_TRUE(old.is_ok() && *old) << old.status().message();
+    EXPECT_EQ((*old)->tokens, toks);
+    EXPECT_EQ(verify_problems(*st), 0);
+  }
+  SqliteDb db;
+  ASSERT_TRUE(db.open(cat, 1000).is_ok());
+  auto v = catalog_int(db, "SELECT CAST(v AS INTEGER) FROM meta WHERE k = 'format_version'");
+  ASSERT_TRUE(v.is_ok());
+  EXPECT_EQ(*v, kCatalogVersion);
+  auto col = catalog_int(db, "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'sum'");
+  ASSERT_TRUE(col.is_ok());
+  EXPECT_EQ(*col, 1);
+}
+
 // A catalog of a later format is refused by name and left as it is; a damaged one is reported
 // as it is when repair is off (anvil kv) and moved aside when on (a model run: the store is a cache).
 TEST(KVStore, NewerOrDamagedCatalogsAreReportedNotOverwritten) {
