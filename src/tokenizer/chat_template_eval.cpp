@@ -79,6 +79,7 @@ class Evaluator {
   }
 
   Flow exec(const Node& n, std::string& out) {
+    Nested nested(this, n.line);
     switch (n.kind) {
       case NodeKind::kText: out += n.text; return Flow::kNormal;
       case NodeKind::kOutput: out += to_str(eval(*n.expr), n.line); return Flow::kNormal;
@@ -287,6 +288,7 @@ class Evaluator {
 
   // ---- expressions ----
   Value eval(const Expr& e) {
+    Nested nested(this, e.line);
     switch (e.kind) {
       case ExprKind::kLiteral: return e.literal;
       case ExprKind::kName: return lookup(e.name);
@@ -511,9 +513,25 @@ class Evaluator {
     }
     ~DepthGuard() { --ev->call_depth_; }
   };
+  // Every statement and expression being evaluated, macro bodies included: the parser bounds how
+  // deep one template nests, but macro calls stack those levels, so their sum is bounded too (about
+  // a kilobyte of stack each), making deep recursion through expressions an error, not a crash.
+  static constexpr int kMaxEvalDepth = 1024;
+  struct Nested {
+    Evaluator* ev;
+    Nested(Evaluator* e, int line) : ev(e) {
+      if (ev->eval_depth_ == kMaxEvalDepth)
+        fail("maximum recursion depth exceeded (rendering nested more than " + std::to_string(kMaxEvalDepth) +
+                 " statements and expressions deep)",
+             line);
+      ++ev->eval_depth_;
+    }
+    ~Nested() { --ev->eval_depth_; }
+  };
 
   std::vector<Frame> frames_;
   int call_depth_ = 0;
+  int eval_depth_ = 0;
 };
 
 }  // namespace
