@@ -351,7 +351,7 @@ class Evaluator {
         Value l = eval(*e.a);
         return truthy(l) ? l : eval(*e.b);
       }
-      case ExprKind::kBinary: return binary(e.name, eval(*e.a), eval(*e.b), e.line);
+      case ExprKind::kBinary: return binary_op(e.name, eval(*e.a), eval(*e.b), e.line);
       case ExprKind::kCompare: {
         Value left = eval(*e.items[0]);
         for (size_t k = 0; k < e.ops.size(); ++k) {
@@ -394,89 +394,6 @@ class Evaluator {
     if (op == "<=") return c <= 0;
     if (op == ">") return c > 0;
     return c >= 0;
-  }
-
-  Value binary(const std::string& op, const Value& l, const Value& r, int line) {
-    if (op == "~") return Value::string(to_str(l, line) + to_str(r, line));
-    if (l.is_undefined()) fail(l.s, line);
-    if (r.is_undefined()) fail(r.s, line);
-    auto type_error = [&]() -> Value {
-      fail("unsupported operand type(s) for " + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'", line);
-    };
-    if (op == "+") {
-      if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
-      if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {
-        ValueList items = *l.list;
-        items.insert(items.end(), r.list->begin(), r.list->end());
-        return Value::make_list(std::move(items), l.is_tuple);
-      }
-      // Python's own wording for str/list/tuple on the left.
-      if (l.kind == Kind::kString || l.kind == Kind::kList)
-        fail("can only concatenate " + type_name(l) + " (not \"" + type_name(r) + "\") to " + type_name(l), line);
-    }
-    if (op == "*") {
-      const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;
-      const Value* cnt = seq == &l ? &r : &l;
-      if (seq && (cnt->kind == Kind::kInt || cnt->kind == Kind::kBool)) {
-        int64_t n = std::max<int64_t>(0, cnt->kind == Kind::kBool ? cnt->b : cnt->i);
-        if (seq->kind == Kind::kString) {
-          std::string s;
-          for (int64_t k = 0; k < n; ++k) s += seq->s;
-          return Value::string(s);
-        }
-        ValueList items;
-        for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
-        return Value::make_list(std::move(items));
-      }
-    }
-    if (op == "%" && l.kind == Kind::kString) return Value::string(percent_format(l.s, r, line));
-    if (!l.is_number() || !r.is_number()) return type_error();
-    bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
-    int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
-    double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
-    // Python integers are unbounded; ours are 64-bit, so overflow is an error, never a wrong number.
-    if (both_int && (op == "+" || op == "-" || op == "*")) {
-      int64_t res = 0;
-      bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &res)
-                      : op == "-" ? __builtin_sub_overflow(a, b, &res)
-                                  : __builtin_mul_overflow(a, b, &res);
-      if (overflow) fail("integer overflow in '" + op + "' (template integers are 64-bit)", line);
-      return Value::integer(res);
-    }
-    if (op == "+") return Value::floating(x + y);
-    if (op == "-") return Value::floating(x - y);
-    if (op == "*") return Value::floating(x * y);
-    if (op == "/") {
-      if (y == 0) fail("division by zero", line);
-      return Value::floating(x / y);
-    }
-    if (op == "//" || op == "%") {
-      if (y == 0) fail("integer division or modulo by zero", line);
-      if (both_int) {
-        int64_t q = a / b, m = a % b;
-        if (m != 0 && ((m < 0) != (b < 0))) {
-          --q;
-          m += b;
-        }
-        return Value::integer(op == "//" ? q : m);
-      }
-      double q = std::floor(x / y), m = x - q * y;
-      return Value::floating(op == "//" ? q : m);
-    }
-    if (op == "**") {
-      if (both_int && b >= 0) {
-        int64_t p = 1, base = a;  // square-and-multiply
-        for (int64_t e = b; e > 0;) {
-          bool overflow = (e & 1) && __builtin_mul_overflow(p, base, &p);
-          e >>= 1;
-          overflow = overflow || (e > 0 && __builtin_mul_overflow(base, base, &base));
-          if (overflow) fail("integer overflow in '**' (template integers are 64-bit)", line);
-        }
-        return Value::integer(p);
-      }
-      return Value::floating(std::pow(x, y));
-    }
-    return type_error();
   }
 
   Value slice(const Value& obj, const Value* start, const Value* stop, const Value* step, int line) {
@@ -535,6 +452,89 @@ class Evaluator {
 };
 
 }  // namespace
+
+Value binary_op(const std::string& op, const Value& l, const Value& r, int line) {
+  if (op == "~") return Value::string(to_str(l, line) + to_str(r, line));
+  if (l.is_undefined()) fail(l.s, line);
+  if (r.is_undefined()) fail(r.s, line);
+  auto type_error = [&]() -> Value {
+    fail("unsupported operand type(s) for " + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'", line);
+  };
+  if (op == "+") {
+    if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
+    if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {
+      ValueList items = *l.list;
+      items.insert(items.end(), r.list->begin(), r.list->end());
+      return Value::make_list(std::move(items), l.is_tuple);
+    }
+    // Python's own wording for str/list/tuple on the left.
+    if (l.kind == Kind::kString || l.kind == Kind::kList)
+      fail("can only concatenate " + type_name(l) + " (not \"" + type_name(r) + "\") to " + type_name(l), line);
+  }
+  if (op == "*") {
+    const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;
+    const Value* cnt = seq == &l ? &r : &l;
+    if (seq && (cnt->kind == Kind::kInt || cnt->kind == Kind::kBool)) {
+      int64_t n = std::max<int64_t>(0, cnt->kind == Kind::kBool ? cnt->b : cnt->i);
+      if (seq->kind == Kind::kString) {
+        std::string s;
+        for (int64_t k = 0; k < n; ++k) s += seq->s;
+        return Value::string(s);
+      }
+      ValueList items;
+      for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
+      return Value::make_list(std::move(items));
+    }
+  }
+  if (op == "%" && l.kind == Kind::kString) return Value::string(percent_format(l.s, r, line));
+  if (!l.is_number() || !r.is_number()) return type_error();
+  bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
+  int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
+  double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
+  // Python integers are unbounded; ours are 64-bit, so overflow is an error, never a wrong number.
+  if (both_int && (op == "+" || op == "-" || op == "*")) {
+    int64_t res = 0;
+    bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &res)
+                    : op == "-" ? __builtin_sub_overflow(a, b, &res)
+                                : __builtin_mul_overflow(a, b, &res);
+    if (overflow) fail("integer overflow in '" + op + "' (template integers are 64-bit)", line);
+    return Value::integer(res);
+  }
+  if (op == "+") return Value::floating(x + y);
+  if (op == "-") return Value::floating(x - y);
+  if (op == "*") return Value::floating(x * y);
+  if (op == "/") {
+    if (y == 0) fail("division by zero", line);
+    return Value::floating(x / y);
+  }
+  if (op == "//" || op == "%") {
+    if (y == 0) fail("integer division or modulo by zero", line);
+    if (both_int) {
+      int64_t q = a / b, m = a % b;
+      if (m != 0 && ((m < 0) != (b < 0))) {
+        --q;
+        m += b;
+      }
+      return Value::integer(op == "//" ? q : m);
+    }
+    double q = std::floor(x / y), m = x - q * y;
+    return Value::floating(op == "//" ? q : m);
+  }
+  if (op == "**") {
+    if (both_int && b >= 0) {
+      int64_t p = 1, base = a;  // square-and-multiply
+      for (int64_t e = b; e > 0;) {
+        bool overflow = (e & 1) && __builtin_mul_overflow(p, base, &p);
+        e >>= 1;
+        overflow = overflow || (e > 0 && __builtin_mul_overflow(base, base, &base));
+        if (overflow) fail("integer overflow in '**' (template integers are 64-bit)", line);
+      }
+      return Value::integer(p);
+    }
+    return Value::floating(std::pow(x, y));
+  }
+  return type_error();
+}
 
 std::string render_program(const Program& program, const nlohmann::ordered_json& context) {
   Evaluator ev(context);

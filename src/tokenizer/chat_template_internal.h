@@ -165,5 +165,7 @@ std::unique_ptr<Program> parse(const std::vector<Token>& tokens);
 
 // ---- evaluator ----
 std::string render_program(const Program& program, const nlohmann::ordered_json& context);
+// l <op> r for + - * / // % ** ~, with Python's semantics and errors (the sum filter adds with it).
+Value binary_op(const std::string& op, const Value& l, const Value& r, int line);
 
 }  // namespace anvil::chat_template_detail

@@ -2,7 +2,10 @@
 // parser (lowest first): inline if, or, and, not, comparisons/in, + -, ~, * / // %, **,
 // unary - +, then postfix (.attr [index] (call)) and filters/tests (| name, is name).
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <set>
 #include <string>
 #include <vector>
@@ -546,7 +549,12 @@ class Parser {
       Token t = next();
       auto lit = make_expr(ExprKind::kLiteral, line);
       try {
-        lit->literal = t.type == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::floating(std::stod(t.text));
+        if (t.type == Tok::kInt) {
+          lit->literal = Value::integer(std::stoll(t.text));
+        } else {  // an underflow is a tiny or zero float (5e-324), as in Python; an overflow an error
+          lit->literal = Value::floating(std::strtod(t.text.c_str(), nullptr));
+          if (std::isinf(lit->literal.f)) throw std::out_of_range(t.text);
+        }
       } catch (...) {
         fail("number literal out of range: " + t.text, line);
       }
