@@ -168,6 +168,9 @@ class Evaluator {
       items = std::move(all);
     }
     if (items.empty()) return exec_body(n.else_body, out);
+    // jinja2 clears its "no iteration" flag at the end of the body, so the else block also runs
+    // when every iteration left through break/continue before the end (a break in the first one).
+    bool body_completed = false;
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       frames_.emplace_back();
@@ -191,8 +194,10 @@ class Evaluator {
       bind_targets(n.targets, items[k], n.line);
       Flow f = exec_body(n.body, out);
       frames_.pop_back();
+      body_completed |= f == Flow::kNormal;
       if (f == Flow::kBreak) break;
     }
+    if (!body_completed) return exec_body(n.else_body, out);
     return Flow::kNormal;
   }
 

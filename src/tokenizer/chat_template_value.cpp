@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tokenizer/chat_template_internal.h"
+#include "tokenizer/chat_template_pystr.h"
 
 namespace anvil::chat_template_detail {
 
@@ -234,12 +235,16 @@ std::string py_float_repr(double d) {
 
 namespace {
 
+// Python's repr() of a str: quoted with ' (or " when only ' occurs), backslash escapes for the
+// quote, '\\', \t \n \r, and \xhh / \uhhhh / \Uhhhhhhhh for every other character that is not
+// printable (controls, format characters like U+200B, separators like U+2028 or U+3000,
+// unassigned and private-use code points); printable non-ASCII text as is.
 std::string repr_string(const std::string& s) {
   bool has_single = s.find('\'') != std::string::npos, has_double = s.find('"') != std::string::npos;
   char q = (has_single && !has_double) ? '"' : '\'';
   std::string out(1, q);
-  for (unsigned char c : s) {
-    if (c == static_cast<unsigned char>(q) || c == '\\') {
+  for (char32_t c : to_u32(s)) {
+    if (c == static_cast<char32_t>(q) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
     } else if (c == '\n') {
@@ -248,12 +253,14 @@ std::string repr_string(const std::string& s) {
       out += "\\r";
     } else if (c == '\t') {
       out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
+    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !py_isprintable(c))) {
+      char b[16];
+      if (c <= 0xff) std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned>(c));
+      else if (c <= 0xffff) std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
+      else std::snprintf(b, sizeof b, "\\U%08x", static_cast<unsigned>(c));
       out += b;
     } else {
-      out += static_cast<char>(c);
+      out += to_utf8(std::u32string(1, c));
     }
   }
   out += q;
@@ -439,6 +446,7 @@ std::string repr_at(const Value& v, int line, std::vector<const void*>& active) 
       active.pop_back();
       return out + (ns ? "}>" : "}");
     }
+    case Kind::kUndefined: return "Undefined";  // jinja2's Undefined.__repr__ (str() of it is "")
     default: return to_str(v, line);
   }
 }
