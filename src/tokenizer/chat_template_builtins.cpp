@@ -568,7 +568,11 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     return to_float(v, d ? *d : Value::floating(0.0), line);
   }
   if (name == "abs") {
-    if (v.kind == Kind::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+    if (v.kind == Kind::kInt || v.kind == Kind::kBool) {
+      const int64_t x = v.kind == Kind::kBool ? v.b : v.i;
+      if (x == INT64_MIN) fail("integer overflow in abs() (template integers are 64-bit)", line);
+      return Value::integer(x < 0 ? -x : x);
+    }
     if (v.kind == Kind::kFloat) return Value::floating(std::fabs(v.f));
     fail("bad operand type for abs(): '" + type_name(v) + "'", line);
   }
@@ -721,15 +725,10 @@ bool apply_test(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "iterable") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
   if (name == "sequence") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
   if (name == "callable") return v.kind == Kind::kCallable;
-  if (name == "even" || name == "odd") {
-    if (v.kind != Kind::kInt) fail("test '" + name + "' expects an integer", line);
-    return (((v.i % 2) + 2) % 2 == 0) == (name == "even");
-  }
-  if (name == "divisibleby") {
-    const Value& d = arg();
-    if (v.kind != Kind::kInt || d.kind != Kind::kInt || d.i == 0) fail("divisibleby expects nonzero integers", line);
-    return v.i % d.i == 0;
-  }
+  // jinja2: value % 2 == 0, value % 2 == 1, value % num == 0 (floats too: 1.5 is divisibleby 0.5).
+  if (name == "even") return equals(binary_op("%", v, Value::integer(2), line), Value::integer(0));
+  if (name == "odd") return equals(binary_op("%", v, Value::integer(2), line), Value::integer(1));
+  if (name == "divisibleby") return equals(binary_op("%", v, arg(), line), Value::integer(0));
   if (name == "eq" || name == "equalto" || name == "==") return equals(v, arg());
   if (name == "ne" || name == "!=") return !equals(v, arg());
   if (name == "sameas") {

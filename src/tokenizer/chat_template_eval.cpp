@@ -4,6 +4,7 @@
 // sees the template's top-level frame plus its own.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -341,8 +342,11 @@ class Evaluator {
       }
       case ExprKind::kNeg: case ExprKind::kPos: {
         Value v = eval(*e.a);
-        if (v.kind == Kind::kInt || v.kind == Kind::kBool)
-          return Value::integer(e.kind == ExprKind::kNeg ? -(v.kind == Kind::kBool ? v.b : v.i) : (v.kind == Kind::kBool ? v.b : v.i));
+        if (v.kind == Kind::kInt || v.kind == Kind::kBool) {
+          const int64_t x = v.kind == Kind::kBool ? v.b : v.i;
+          if (e.kind == ExprKind::kNeg && x == INT64_MIN) fail("integer overflow in '-' (template integers are 64-bit)", e.line);
+          return Value::integer(e.kind == ExprKind::kNeg ? -x : x);
+        }
         if (v.kind == Kind::kFloat) return Value::floating(e.kind == ExprKind::kNeg ? -v.f : v.f);
         if (v.is_undefined()) fail(v.s, e.line);
         fail("bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") + ": '" + type_name(v) + "'", e.line);
@@ -509,12 +513,19 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   if (op == "-") return Value::floating(x - y);
   if (op == "*") return Value::floating(x * y);
   if (op == "/") {
-    if (y == 0) fail("division by zero", line);
+    if (y == 0) fail(both_int ? "division by zero" : "float division by zero", line);
     return Value::floating(x / y);
   }
   if (op == "//" || op == "%") {
-    if (y == 0) fail("integer division or modulo by zero", line);
+    if (y == 0)
+      fail(both_int ? (op == "%" ? "integer modulo by zero" : "integer division or modulo by zero")
+                    : (op == "%" ? "float modulo" : "float floor division by zero"),
+           line);
     if (both_int) {
+      if (a == INT64_MIN && b == -1) {
+        if (op == "%") return Value::integer(0);
+        fail("integer overflow in '//' (template integers are 64-bit)", line);
+      }
       int64_t q = a / b, m = a % b;
       if (m != 0 && ((m < 0) != (b < 0))) {
         --q;
@@ -522,8 +533,25 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
       }
       return Value::integer(op == "//" ? q : m);
     }
-    double q = std::floor(x / y), m = x - q * y;
-    return Value::floating(op == "//" ? q : m);
+    // CPython's float divmod: the remainder takes the divisor's sign (-0.0 included), and the
+    // quotient is (x - mod) / y rounded to the nearest integer.
+    double mod = std::fmod(x, y), div = (x - mod) / y;
+    if (mod != 0) {
+      if ((y < 0) != (mod < 0)) {
+        mod += y;
+        div -= 1.0;
+      }
+    } else {
+      mod = std::copysign(0.0, y);
+    }
+    double floordiv;
+    if (div != 0) {
+      floordiv = std::floor(div);
+      if (div - floordiv > 0.5) floordiv += 1.0;
+    } else {
+      floordiv = std::copysign(0.0, x / y);
+    }
+    return Value::floating(op == "//" ? floordiv : mod);
   }
   if (op == "**") {
     if (both_int && b >= 0) {
@@ -536,7 +564,12 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
       }
       return Value::integer(p);
     }
-    return Value::floating(std::pow(x, y));
+    if (x == 0 && y < 0) fail("0.0 cannot be raised to a negative power", line);
+    if (x < 0 && std::isfinite(x) && std::isfinite(y) && y != std::floor(y))
+      fail("unsupported: a negative number to a fractional power is complex in Python", line);
+    const double r = std::pow(x, y);
+    if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) fail("(34, 'Numerical result out of range')", line);
+    return Value::floating(r);
   }
   return type_error();
 }
