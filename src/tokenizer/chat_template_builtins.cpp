@@ -634,11 +634,13 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     }
     return Value::make_list(std::move(out));
   }
-  if (name == "unique") {
+  if (name == "unique") {  // a set of keys: unhashable ones are Python's TypeError
     const Value* cs = a.get(0, "case_sensitive");
+    const Value* attr = a.get(1, "attribute");
     ValueList out, keys;
     for (auto& e : iterate(v, line)) {
-      Value k = sort_key(e, cs && truthy(*cs));
+      Value k = sort_key(attr && attr->kind != Kind::kNone ? attr_path(e, to_str(*attr, line), line) : e, cs && truthy(*cs));
+      if (!hashable(k)) fail("unhashable type: '" + type_name(k) + "'", line);
       if (std::none_of(keys.begin(), keys.end(), [&](const Value& x) { return equals(x, k); })) {
         keys.push_back(k);
         out.push_back(e);
@@ -676,7 +678,9 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     const Value* cs = a.get(0, "case_sensitive");
     const Value* by = a.get(1, "by");
     const Value* rev = a.get(2, "reverse");
-    bool by_value = by && to_str(*by, line) == "value";
+    const std::string by_what = by ? to_str(*by, line) : "key";
+    if (by_what != "key" && by_what != "value") fail("You can only sort by either \"key\" or \"value\"", line);
+    bool by_value = by_what == "value";
     std::vector<Value> items = *items_of(v).list;
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
       return compare(sort_key((*x.list)[by_value], cs && truthy(*cs)), sort_key((*y.list)[by_value], cs && truthy(*cs)), line) < 0;
@@ -693,12 +697,18 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
       acc = binary_op("+", acc, attr && attr->kind != Kind::kNone ? attr_path(e, to_str(*attr, line), line) : e, line);
     return acc;
   }
-  if (name == "min" || name == "max") {
+  if (name == "min" || name == "max") {  // the first smallest/largest, by attribute, case-insensitive
+    const Value* cs = a.get(0, "case_sensitive");
+    const Value* attr = a.get(1, "attribute");
+    const bool case_sensitive = cs && truthy(*cs);
+    auto key = [&](const Value& e) {
+      return sort_key(attr && attr->kind != Kind::kNone ? attr_path(e, to_str(*attr, line), line) : e, case_sensitive);
+    };
     std::vector<Value> items = iterate(v, line);
     if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
     Value best = items[0];
     for (auto& e : items) {
-      int c = compare(sort_key(e, false), sort_key(best, false), line);
+      int c = compare(key(e), key(best), line);
       if (name == "min" ? c < 0 : c > 0) best = e;
     }
     return best;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -173,6 +174,7 @@ class Evaluator {
     // when every iteration left through break/continue before the end (a break in the first one).
     bool body_completed = false;
     const int64_t len = static_cast<int64_t>(items.size());
+    auto last_changed = std::make_shared<Value>();  // loop.changed()'s memory (undefined: none yet)
     for (int64_t k = 0; k < len; ++k) {
       frames_.emplace_back();
       ValueDict loop;
@@ -190,6 +192,13 @@ class Evaluator {
       loop.set("cycle", Value::callable("loop.cycle", [k](Args& a, int line) -> Value {
                  if (a.pos.empty()) fail("loop.cycle() needs at least one argument", line);
                  return a.pos[k % a.pos.size()];
+               }));
+      // loop.changed(*args): true the first time and whenever the arguments differ from the last call.
+      loop.set("changed", Value::callable("loop.changed", [last_changed](Args& a, int line) -> Value {
+                 Value now = Value::make_list(a.pos, /*tuple=*/true);
+                 if (!last_changed->is_undefined() && equals(*last_changed, now)) return Value::boolean(false);
+                 *last_changed = std::move(now);
+                 return Value::boolean(true);
                }));
       assign("loop", Value::make_dict(std::move(loop)));
       bind_targets(n.targets, items[k], n.line);
