@@ -90,44 +90,97 @@ Value items_of(const Value& d) {
   return Value::make_list(std::move(out));
 }
 
-Value to_int(const Value& v, int64_t dflt) {
+[[noreturn]] void int_too_big(const std::string& what, int line) {
+  fail(what + " is beyond the template engine's 64-bit integers", line);
+}
+
+// int(x) of a finite float, truncated toward zero; past 64 bits is an error, not a wrong number.
+int64_t truncate_float(double x, int line) {
+  const double t = std::trunc(x);
+  if (!(t >= -9223372036854775808.0 && t < 9223372036854775808.0)) int_too_big("int(" + py_float_repr(t) + ")", line);
+  return static_cast<int64_t>(t);
+}
+
+// jinja2's int filter: int(value, base) for a str, int(value) otherwise; on ValueError/TypeError
+// int(float(value)) ("42.23" gives 42); when that fails too, `dflt` (any value, returned as is).
+Value to_int(const Value& v, const Value& dflt, const Value& base, int line) {
   switch (v.kind) {
+    case Kind::kUndefined: fail(v.s, line);  // Undefined.__int__ raises
     case Kind::kInt: return v;
     case Kind::kBool: return Value::integer(v.b);
-    case Kind::kFloat: return Value::integer(static_cast<int64_t>(v.f));
+    case Kind::kFloat:
+      if (std::isinf(v.f)) fail("cannot convert float infinity to integer", line);  // OverflowError is not caught
+      if (std::isnan(v.f)) return dflt;
+      return Value::integer(truncate_float(v.f, line));
     case Kind::kString: {
-      std::string s = py_strip(v.s, nullptr, true, true);
-      try {
-        size_t used = 0;
-        int64_t x = std::stoll(s, &used, 10);
-        if (used == s.size()) return Value::integer(x);
-        double d = std::stod(s, &used);
-        if (used == s.size()) return Value::integer(static_cast<int64_t>(d));
-      } catch (...) {
+      int64_t x = 0;
+      bool overflow = false;
+      if (base.kind == Kind::kInt || base.kind == Kind::kBool) {  // another base type: TypeError, as a bad string
+        if (py_parse_int(v.s, base.kind == Kind::kBool ? base.b : base.i, &x, &overflow)) {
+          if (overflow) int_too_big("int('" + v.s + "')", line);
+          return Value::integer(x);
+        }
       }
-      return Value::integer(dflt);
+      double d = 0;
+      if (!py_parse_float(v.s, &d) || !std::isfinite(d)) return dflt;  // ValueError / OverflowError
+      return Value::integer(truncate_float(d, line));
     }
-    default: return Value::integer(dflt);
+    default: return dflt;
   }
 }
 
-Value to_float(const Value& v, double dflt) {
+// jinja2's float filter: float(value), or `dflt` (returned as is) on ValueError/TypeError.
+Value to_float(const Value& v, const Value& dflt, int line) {
   switch (v.kind) {
+    case Kind::kUndefined: fail(v.s, line);  // Undefined.__float__ raises
     case Kind::kInt: return Value::floating(static_cast<double>(v.i));
     case Kind::kBool: return Value::floating(v.b);
     case Kind::kFloat: return v;
     case Kind::kString: {
-      std::string s = py_strip(v.s, nullptr, true, true);
-      try {
-        size_t used = 0;
-        double d = std::stod(s, &used);
-        if (used == s.size()) return Value::floating(d);
-      } catch (...) {
-      }
-      return Value::floating(dflt);
+      double d = 0;
+      return py_parse_float(v.s, &d) ? Value::floating(d) : dflt;
     }
-    default: return Value::floating(dflt);
+    default: return dflt;
   }
+}
+
+// jinja2's round filter: Python's round(value, precision) for 'common' (ties to even: 2.5 gives
+// 2.0), else math.ceil/floor(value * 10**precision) / 10**precision, always a float.
+Value round_value(const Value& v, const Value* precision, const std::string& method, int line) {
+  if (method != "common" && method != "ceil" && method != "floor") fail("method must be common, ceil or floor", line);
+  if (!v.is_number()) fail("type " + (v.is_undefined() ? std::string("Undefined") : type_name(v)) + " doesn't define __round__ method", line);
+  int64_t prec = 0;
+  if (precision && precision->kind != Kind::kInt && precision->kind != Kind::kBool)
+    fail("'" + type_name(*precision) + "' object cannot be interpreted as an integer", line);
+  if (precision) prec = precision->kind == Kind::kBool ? precision->b : precision->i;
+  const bool is_int = v.kind != Kind::kFloat;
+  const int64_t iv = v.kind == Kind::kBool ? v.b : v.i;
+  const double x = is_int ? static_cast<double>(iv) : v.f;
+  if (method == "common") {
+    if (!is_int) return Value::floating(py_round_float(x, prec));
+    if (prec >= 0) return Value::integer(iv);
+    if (prec < -18) return Value::integer(0);  // |int64| < 10^19: every value rounds to 0 (ties: 0 is even)
+    int64_t unit = 1;
+    for (int64_t k = 0; k < -prec; ++k) unit *= 10;
+    int64_t q = iv / unit, r = iv % unit;  // round half to even on the exact integer
+    if (r < 0) {
+      r += unit;
+      --q;
+    }
+    if (r * 2 > unit || (r * 2 == unit && (q & 1))) ++q;
+    int64_t out = 0;
+    if (__builtin_mul_overflow(q, unit, &out)) int_too_big("round(" + std::to_string(iv) + ", " + std::to_string(prec) + ")", line);
+    return Value::integer(out);
+  }
+  // 10**precision: an exact int (as a float, correctly rounded) for precision >= 0, else a float pow.
+  if (prec > 308) fail("int too large to convert to float", line);
+  const double mul = prec >= 0 ? std::strtod(("1e" + std::to_string(prec)).c_str(), nullptr)
+                               : std::pow(10.0, static_cast<double>(prec));
+  if (mul == 0.0) fail("float division by zero", line);
+  if (is_int && prec >= 0) return Value::floating(x);  // floor(int * 10**p) / 10**p is the int itself
+  double r = method == "floor" ? std::floor(x * mul) : std::ceil(x * mul);
+  if (r == 0) r = 0.0;  // math.floor/ceil return an int: no negative zero (-0.5 ceils to 0.0)
+  return Value::floating(r / mul);
 }
 
 // jinja2's attribute lookup for filters like map(attribute='a.b') and selectattr.
@@ -171,11 +224,6 @@ Value select_like(const Value& seq, Args& a, bool attr_mode, bool select, int li
     if (r == select) out.push_back(item);
   }
   return Value::make_list(std::move(out));
-}
-
-double py_round(double x, int64_t digits) {
-  double m = std::pow(10.0, static_cast<double>(digits));
-  return std::nearbyint(x * m) / m;  // round-half-even, like Python's round()
 }
 
 }  // namespace
@@ -510,29 +558,27 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     if (v.kind != Kind::kDict) fail("Can only get item pairs from a mapping.", line);
     return items_of(v);
   }
-  if (name == "int") return to_int(v, int_arg(a, 0, "default", 0, line));
+  if (name == "int") {
+    const Value* d = a.get(0, "default");
+    const Value* base = a.get(1, "base");
+    return to_int(v, d ? *d : Value::integer(0), base ? *base : Value::integer(10), line);
+  }
   if (name == "float") {
     const Value* d = a.get(0, "default");
-    return to_float(v, d ? to_float(*d, 0).f : 0.0);
+    return to_float(v, d ? *d : Value::floating(0.0), line);
   }
   if (name == "abs") {
-    if (v.kind == Kind::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+    if (v.kind == Kind::kInt || v.kind == Kind::kBool) {
+      const int64_t x = v.kind == Kind::kBool ? v.b : v.i;
+      if (x == INT64_MIN) fail("integer overflow in abs() (template integers are 64-bit)", line);
+      return Value::integer(x < 0 ? -x : x);
+    }
     if (v.kind == Kind::kFloat) return Value::floating(std::fabs(v.f));
     fail("bad operand type for abs(): '" + type_name(v) + "'", line);
   }
   if (name == "round") {
-    int64_t prec = int_arg(a, 0, "precision", 0, line);
     const Value* method = a.get(1, "method");
-    std::string m = method ? to_str(*method, line) : "common";
-    double x = v.kind == Kind::kFloat ? v.f : v.kind == Kind::kInt ? static_cast<double>(v.i) : (fail("round expects a number", line), 0.0);
-    if (m == "common") {
-      if (v.kind == Kind::kInt) return v;
-      return Value::floating(py_round(x, prec));
-    }
-    double mul = std::pow(10.0, static_cast<double>(prec));
-    if (m == "floor") return Value::floating(std::floor(x * mul) / mul);
-    if (m == "ceil") return Value::floating(std::ceil(x * mul) / mul);
-    fail("round: method must be 'common', 'ceil' or 'floor'", line);
+    return round_value(v, a.get(0, "precision"), method ? to_str(*method, line) : "common", line);
   }
   if (name == "select" || name == "reject") return select_like(v, a, false, name == "select", line);
   if (name == "selectattr" || name == "rejectattr") return select_like(v, a, true, name == "selectattr", line);
@@ -588,11 +634,13 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     }
     return Value::make_list(std::move(out));
   }
-  if (name == "unique") {
+  if (name == "unique") {  // a set of keys: unhashable ones are Python's TypeError
     const Value* cs = a.get(0, "case_sensitive");
+    const Value* attr = a.get(1, "attribute");
     ValueList out, keys;
     for (auto& e : iterate(v, line)) {
-      Value k = sort_key(e, cs && truthy(*cs));
+      Value k = sort_key(attr && attr->kind != Kind::kNone ? attr_path(e, to_str(*attr, line), line) : e, cs && truthy(*cs));
+      if (!hashable(k)) fail("unhashable type: '" + type_name(k) + "'", line);
       if (std::none_of(keys.begin(), keys.end(), [&](const Value& x) { return equals(x, k); })) {
         keys.push_back(k);
         out.push_back(e);
@@ -630,7 +678,9 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     const Value* cs = a.get(0, "case_sensitive");
     const Value* by = a.get(1, "by");
     const Value* rev = a.get(2, "reverse");
-    bool by_value = by && to_str(*by, line) == "value";
+    const std::string by_what = by ? to_str(*by, line) : "key";
+    if (by_what != "key" && by_what != "value") fail("You can only sort by either \"key\" or \"value\"", line);
+    bool by_value = by_what == "value";
     std::vector<Value> items = *items_of(v).list;
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
       return compare(sort_key((*x.list)[by_value], cs && truthy(*cs)), sort_key((*y.list)[by_value], cs && truthy(*cs)), line) < 0;
@@ -638,25 +688,27 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
     if (rev && truthy(*rev)) std::reverse(items.begin(), items.end());
     return Value::make_list(std::move(items));
   }
-  if (name == "sum") {
-    Value acc = Value::integer(0);
+  if (name == "sum") {  // Python's sum(values, start): start + v0 + v1 ... with the + operator
     const Value* attr = a.get(0, "attribute");
-    for (auto& e : iterate(v, line)) {
-      Value x = attr ? attr_path(e, to_str(*attr, line), line) : e;
-      if (!x.is_number() || !acc.is_number()) fail("sum: unsupported operand types", line);
-      if (acc.kind == Kind::kFloat || x.kind == Kind::kFloat)
-        acc = Value::floating((acc.kind == Kind::kFloat ? acc.f : acc.i) + (x.kind == Kind::kFloat ? x.f : x.kind == Kind::kBool ? x.b : x.i));
-      else
-        acc = Value::integer(acc.i + (x.kind == Kind::kBool ? x.b : x.i));
-    }
+    const Value* start = a.get(1, "start");
+    Value acc = start ? *start : Value::integer(0);
+    if (acc.kind == Kind::kString) fail("sum() can't sum strings [use ''.join(seq) instead]", line);
+    for (auto& e : iterate(v, line))
+      acc = binary_op("+", acc, attr && attr->kind != Kind::kNone ? attr_path(e, to_str(*attr, line), line) : e, line);
     return acc;
   }
-  if (name == "min" || name == "max") {
+  if (name == "min" || name == "max") {  // the first smallest/largest, by attribute, case-insensitive
+    const Value* cs = a.get(0, "case_sensitive");
+    const Value* attr = a.get(1, "attribute");
+    const bool case_sensitive = cs && truthy(*cs);
+    auto key = [&](const Value& e) {
+      return sort_key(attr && attr->kind != Kind::kNone ? attr_path(e, to_str(*attr, line), line) : e, case_sensitive);
+    };
     std::vector<Value> items = iterate(v, line);
     if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
     Value best = items[0];
     for (auto& e : items) {
-      int c = compare(sort_key(e, false), sort_key(best, false), line);
+      int c = compare(key(e), key(best), line);
       if (name == "min" ? c < 0 : c > 0) best = e;
     }
     return best;
@@ -683,15 +735,10 @@ bool apply_test(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "iterable") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
   if (name == "sequence") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
   if (name == "callable") return v.kind == Kind::kCallable;
-  if (name == "even" || name == "odd") {
-    if (v.kind != Kind::kInt) fail("test '" + name + "' expects an integer", line);
-    return (((v.i % 2) + 2) % 2 == 0) == (name == "even");
-  }
-  if (name == "divisibleby") {
-    const Value& d = arg();
-    if (v.kind != Kind::kInt || d.kind != Kind::kInt || d.i == 0) fail("divisibleby expects nonzero integers", line);
-    return v.i % d.i == 0;
-  }
+  // jinja2: value % 2 == 0, value % 2 == 1, value % num == 0 (floats too: 1.5 is divisibleby 0.5).
+  if (name == "even") return equals(binary_op("%", v, Value::integer(2), line), Value::integer(0));
+  if (name == "odd") return equals(binary_op("%", v, Value::integer(2), line), Value::integer(1));
+  if (name == "divisibleby") return equals(binary_op("%", v, arg(), line), Value::integer(0));
   if (name == "eq" || name == "equalto" || name == "==") return equals(v, arg());
   if (name == "ne" || name == "!=") return !equals(v, arg());
   if (name == "sameas") {

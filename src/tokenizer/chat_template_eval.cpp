@@ -4,7 +4,9 @@
 // sees the template's top-level frame plus its own.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,7 @@ class Evaluator {
   }
 
   Flow exec(const Node& n, std::string& out) {
+    Nested nested(this, n.line);
     switch (n.kind) {
       case NodeKind::kText: out += n.text; return Flow::kNormal;
       case NodeKind::kOutput: out += to_str(eval(*n.expr), n.line); return Flow::kNormal;
@@ -167,7 +170,11 @@ class Evaluator {
       items = std::move(all);
     }
     if (items.empty()) return exec_body(n.else_body, out);
+    // jinja2 clears its "no iteration" flag at the end of the body, so the else block also runs
+    // when every iteration left through break/continue before the end (a break in the first one).
+    bool body_completed = false;
     const int64_t len = static_cast<int64_t>(items.size());
+    auto last_changed = std::make_shared<Value>();  // loop.changed()'s memory (undefined: none yet)
     for (int64_t k = 0; k < len; ++k) {
       frames_.emplace_back();
       ValueDict loop;
@@ -186,12 +193,21 @@ class Evaluator {
                  if (a.pos.empty()) fail("loop.cycle() needs at least one argument", line);
                  return a.pos[k % a.pos.size()];
                }));
+      // loop.changed(*args): true the first time and whenever the arguments differ from the last call.
+      loop.set("changed", Value::callable("loop.changed", [last_changed](Args& a, int line) -> Value {
+                 Value now = Value::make_list(a.pos, /*tuple=*/true);
+                 if (!last_changed->is_undefined() && equals(*last_changed, now)) return Value::boolean(false);
+                 *last_changed = std::move(now);
+                 return Value::boolean(true);
+               }));
       assign("loop", Value::make_dict(std::move(loop)));
       bind_targets(n.targets, items[k], n.line);
       Flow f = exec_body(n.body, out);
       frames_.pop_back();
+      body_completed |= f == Flow::kNormal;
       if (f == Flow::kBreak) break;
     }
+    if (!body_completed) return exec_body(n.else_body, out);
     return Flow::kNormal;
   }
 
@@ -287,6 +303,7 @@ class Evaluator {
 
   // ---- expressions ----
   Value eval(const Expr& e) {
+    Nested nested(this, e.line);
     switch (e.kind) {
       case ExprKind::kLiteral: return e.literal;
       case ExprKind::kName: return lookup(e.name);
@@ -334,8 +351,11 @@ class Evaluator {
       }
       case ExprKind::kNeg: case ExprKind::kPos: {
         Value v = eval(*e.a);
-        if (v.kind == Kind::kInt || v.kind == Kind::kBool)
-          return Value::integer(e.kind == ExprKind::kNeg ? -(v.kind == Kind::kBool ? v.b : v.i) : (v.kind == Kind::kBool ? v.b : v.i));
+        if (v.kind == Kind::kInt || v.kind == Kind::kBool) {
+          const int64_t x = v.kind == Kind::kBool ? v.b : v.i;
+          if (e.kind == ExprKind::kNeg && x == INT64_MIN) fail("integer overflow in '-' (template integers are 64-bit)", e.line);
+          return Value::integer(e.kind == ExprKind::kNeg ? -x : x);
+        }
         if (v.kind == Kind::kFloat) return Value::floating(e.kind == ExprKind::kNeg ? -v.f : v.f);
         if (v.is_undefined()) fail(v.s, e.line);
         fail("bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") + ": '" + type_name(v) + "'", e.line);
@@ -349,7 +369,7 @@ class Evaluator {
         Value l = eval(*e.a);
         return truthy(l) ? l : eval(*e.b);
       }
-      case ExprKind::kBinary: return binary(e.name, eval(*e.a), eval(*e.b), e.line);
+      case ExprKind::kBinary: return binary_op(e.name, eval(*e.a), eval(*e.b), e.line);
       case ExprKind::kCompare: {
         Value left = eval(*e.items[0]);
         for (size_t k = 0; k < e.ops.size(); ++k) {
@@ -394,89 +414,6 @@ class Evaluator {
     return c >= 0;
   }
 
-  Value binary(const std::string& op, const Value& l, const Value& r, int line) {
-    if (op == "~") return Value::string(to_str(l, line) + to_str(r, line));
-    if (l.is_undefined()) fail(l.s, line);
-    if (r.is_undefined()) fail(r.s, line);
-    auto type_error = [&]() -> Value {
-      fail("unsupported operand type(s) for " + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'", line);
-    };
-    if (op == "+") {
-      if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
-      if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {
-        ValueList items = *l.list;
-        items.insert(items.end(), r.list->begin(), r.list->end());
-        return Value::make_list(std::move(items), l.is_tuple);
-      }
-      // Python's own wording for str/list/tuple on the left.
-      if (l.kind == Kind::kString || l.kind == Kind::kList)
-        fail("can only concatenate " + type_name(l) + " (not \"" + type_name(r) + "\") to " + type_name(l), line);
-    }
-    if (op == "*") {
-      const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;
-      const Value* cnt = seq == &l ? &r : &l;
-      if (seq && (cnt->kind == Kind::kInt || cnt->kind == Kind::kBool)) {
-        int64_t n = std::max<int64_t>(0, cnt->kind == Kind::kBool ? cnt->b : cnt->i);
-        if (seq->kind == Kind::kString) {
-          std::string s;
-          for (int64_t k = 0; k < n; ++k) s += seq->s;
-          return Value::string(s);
-        }
-        ValueList items;
-        for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
-        return Value::make_list(std::move(items));
-      }
-    }
-    if (op == "%" && l.kind == Kind::kString) return Value::string(percent_format(l.s, r, line));
-    if (!l.is_number() || !r.is_number()) return type_error();
-    bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
-    int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
-    double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
-    // Python integers are unbounded; ours are 64-bit, so overflow is an error, never a wrong number.
-    if (both_int && (op == "+" || op == "-" || op == "*")) {
-      int64_t res = 0;
-      bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &res)
-                      : op == "-" ? __builtin_sub_overflow(a, b, &res)
-                                  : __builtin_mul_overflow(a, b, &res);
-      if (overflow) fail("integer overflow in '" + op + "' (template integers are 64-bit)", line);
-      return Value::integer(res);
-    }
-    if (op == "+") return Value::floating(x + y);
-    if (op == "-") return Value::floating(x - y);
-    if (op == "*") return Value::floating(x * y);
-    if (op == "/") {
-      if (y == 0) fail("division by zero", line);
-      return Value::floating(x / y);
-    }
-    if (op == "//" || op == "%") {
-      if (y == 0) fail("integer division or modulo by zero", line);
-      if (both_int) {
-        int64_t q = a / b, m = a % b;
-        if (m != 0 && ((m < 0) != (b < 0))) {
-          --q;
-          m += b;
-        }
-        return Value::integer(op == "//" ? q : m);
-      }
-      double q = std::floor(x / y), m = x - q * y;
-      return Value::floating(op == "//" ? q : m);
-    }
-    if (op == "**") {
-      if (both_int && b >= 0) {
-        int64_t p = 1, base = a;  // square-and-multiply
-        for (int64_t e = b; e > 0;) {
-          bool overflow = (e & 1) && __builtin_mul_overflow(p, base, &p);
-          e >>= 1;
-          overflow = overflow || (e > 0 && __builtin_mul_overflow(base, base, &base));
-          if (overflow) fail("integer overflow in '**' (template integers are 64-bit)", line);
-        }
-        return Value::integer(p);
-      }
-      return Value::floating(std::pow(x, y));
-    }
-    return type_error();
-  }
-
   Value slice(const Value& obj, const Value* start, const Value* stop, const Value* step, int line) {
     if (obj.kind == Kind::kString) {
       std::vector<std::string> chars = utf8_chars(obj.s);
@@ -511,12 +448,140 @@ class Evaluator {
     }
     ~DepthGuard() { --ev->call_depth_; }
   };
+  // Every statement and expression being evaluated, macro bodies included: the parser bounds how
+  // deep one template nests, but macro calls stack those levels, so their sum is bounded too (about
+  // a kilobyte of stack each), making deep recursion through expressions an error, not a crash.
+  static constexpr int kMaxEvalDepth = 1024;
+  struct Nested {
+    Evaluator* ev;
+    Nested(Evaluator* e, int line) : ev(e) {
+      if (ev->eval_depth_ == kMaxEvalDepth)
+        fail("maximum recursion depth exceeded (rendering nested more than " + std::to_string(kMaxEvalDepth) +
+                 " statements and expressions deep)",
+             line);
+      ++ev->eval_depth_;
+    }
+    ~Nested() { --ev->eval_depth_; }
+  };
 
   std::vector<Frame> frames_;
   int call_depth_ = 0;
+  int eval_depth_ = 0;
 };
 
 }  // namespace
+
+Value binary_op(const std::string& op, const Value& l, const Value& r, int line) {
+  if (op == "~") return Value::string(to_str(l, line) + to_str(r, line));
+  if (l.is_undefined()) fail(l.s, line);
+  if (r.is_undefined()) fail(r.s, line);
+  auto type_error = [&]() -> Value {
+    fail("unsupported operand type(s) for " + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'", line);
+  };
+  if (op == "+") {
+    if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
+    if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {
+      ValueList items = *l.list;
+      items.insert(items.end(), r.list->begin(), r.list->end());
+      return Value::make_list(std::move(items), l.is_tuple);
+    }
+    // Python's own wording for str/list/tuple on the left.
+    if (l.kind == Kind::kString || l.kind == Kind::kList)
+      fail("can only concatenate " + type_name(l) + " (not \"" + type_name(r) + "\") to " + type_name(l), line);
+  }
+  if (op == "*") {
+    const Value* seq = l.kind == Kind::kString || l.kind == Kind::kList ? &l : r.kind == Kind::kString || r.kind == Kind::kList ? &r : nullptr;
+    const Value* cnt = seq == &l ? &r : &l;
+    if (seq && (cnt->kind == Kind::kInt || cnt->kind == Kind::kBool)) {
+      int64_t n = std::max<int64_t>(0, cnt->kind == Kind::kBool ? cnt->b : cnt->i);
+      if (seq->kind == Kind::kString) {
+        std::string s;
+        for (int64_t k = 0; k < n; ++k) s += seq->s;
+        return Value::string(s);
+      }
+      ValueList items;
+      for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
+      return Value::make_list(std::move(items));
+    }
+  }
+  if (op == "%" && l.kind == Kind::kString) return Value::string(percent_format(l.s, r, line));
+  if (!l.is_number() || !r.is_number()) return type_error();
+  bool both_int = l.kind != Kind::kFloat && r.kind != Kind::kFloat;
+  int64_t a = l.kind == Kind::kBool ? l.b : l.i, b = r.kind == Kind::kBool ? r.b : r.i;
+  double x = l.kind == Kind::kFloat ? l.f : static_cast<double>(a), y = r.kind == Kind::kFloat ? r.f : static_cast<double>(b);
+  // Python integers are unbounded; ours are 64-bit, so overflow is an error, never a wrong number.
+  if (both_int && (op == "+" || op == "-" || op == "*")) {
+    int64_t res = 0;
+    bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &res)
+                    : op == "-" ? __builtin_sub_overflow(a, b, &res)
+                                : __builtin_mul_overflow(a, b, &res);
+    if (overflow) fail("integer overflow in '" + op + "' (template integers are 64-bit)", line);
+    return Value::integer(res);
+  }
+  if (op == "+") return Value::floating(x + y);
+  if (op == "-") return Value::floating(x - y);
+  if (op == "*") return Value::floating(x * y);
+  if (op == "/") {
+    if (y == 0) fail(both_int ? "division by zero" : "float division by zero", line);
+    return Value::floating(x / y);
+  }
+  if (op == "//" || op == "%") {
+    if (y == 0)
+      fail(both_int ? (op == "%" ? "integer modulo by zero" : "integer division or modulo by zero")
+                    : (op == "%" ? "float modulo" : "float floor division by zero"),
+           line);
+    if (both_int) {
+      if (a == INT64_MIN && b == -1) {
+        if (op == "%") return Value::integer(0);
+        fail("integer overflow in '//' (template integers are 64-bit)", line);
+      }
+      int64_t q = a / b, m = a % b;
+      if (m != 0 && ((m < 0) != (b < 0))) {
+        --q;
+        m += b;
+      }
+      return Value::integer(op == "//" ? q : m);
+    }
+    // CPython's float divmod: the remainder takes the divisor's sign (-0.0 included), and the
+    // quotient is (x - mod) / y rounded to the nearest integer.
+    double mod = std::fmod(x, y), div = (x - mod) / y;
+    if (mod != 0) {
+      if ((y < 0) != (mod < 0)) {
+        mod += y;
+        div -= 1.0;
+      }
+    } else {
+      mod = std::copysign(0.0, y);
+    }
+    double floordiv;
+    if (div != 0) {
+      floordiv = std::floor(div);
+      if (div - floordiv > 0.5) floordiv += 1.0;
+    } else {
+      floordiv = std::copysign(0.0, x / y);
+    }
+    return Value::floating(op == "//" ? floordiv : mod);
+  }
+  if (op == "**") {
+    if (both_int && b >= 0) {
+      int64_t p = 1, base = a;  // square-and-multiply
+      for (int64_t e = b; e > 0;) {
+        bool overflow = (e & 1) && __builtin_mul_overflow(p, base, &p);
+        e >>= 1;
+        overflow = overflow || (e > 0 && __builtin_mul_overflow(base, base, &base));
+        if (overflow) fail("integer overflow in '**' (template integers are 64-bit)", line);
+      }
+      return Value::integer(p);
+    }
+    if (x == 0 && y < 0) fail("0.0 cannot be raised to a negative power", line);
+    if (x < 0 && std::isfinite(x) && std::isfinite(y) && y != std::floor(y))
+      fail("unsupported: a negative number to a fractional power is complex in Python", line);
+    const double r = std::pow(x, y);
+    if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) fail("(34, 'Numerical result out of range')", line);
+    return Value::floating(r);
+  }
+  return type_error();
+}
 
 std::string render_program(const Program& program, const nlohmann::ordered_json& context) {
   Evaluator ev(context);

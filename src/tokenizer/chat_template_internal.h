@@ -49,6 +49,13 @@ struct Value {
   std::shared_ptr<const Callable> fn;  // kCallable
   std::string fn_name;
 
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  ~Value();  // iterative: a value nested without bound at run time must not overflow the stack
+
   static Value undefined(std::string hint = "") { Value v; v.s = std::move(hint); return v; }
   static Value none() { Value v; v.kind = Kind::kNone; return v; }
   static Value boolean(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
@@ -117,6 +124,7 @@ struct Expr {
   ExprPtr a, b, c;               // operands: object / left / right; kCond: a=then, b=cond, c=else
   std::vector<std::string> ops;  // kCompare: ops[k] joins operand k and k+1 (operands in items)
   bool negated = false;          // kTest: "is not"
+  int depth = 1;                 // levels of this tree (the parser bounds it by kMaxTemplateNesting)
 };
 
 struct Node;
@@ -148,9 +156,16 @@ struct Node {
 struct Program {
   NodeList body;
 };
+// Blocks inside blocks, and expressions inside expressions (brackets, operands, filter chains),
+// nest at most this deep: the parser, the evaluator and the tree's destructor all recurse, so a
+// deeper template is a compile error, never a stack overflow. jinja2 itself stops far sooner
+// (Python's recursion limit: about 70 nested brackets or 98 nested blocks).
+constexpr int kMaxTemplateNesting = 256;
 std::unique_ptr<Program> parse(const std::vector<Token>& tokens);
 
 // ---- evaluator ----
 std::string render_program(const Program& program, const nlohmann::ordered_json& context);
+// l <op> r for + - * / // % ** ~, with Python's semantics and errors (the sum filter adds with it).
+Value binary_op(const std::string& op, const Value& l, const Value& r, int line);
 
 }  // namespace anvil::chat_template_detail

@@ -318,6 +318,27 @@ class Lexer {
 
   void lex_number() {
     size_t b = pos_;
+    // 0x1f, 0o17, 0b101: jinja2's prefixed integer literals ('_' may separate digits).
+    if (src_[pos_] == '0' && pos_ + 2 < src_.size()) {
+      const char p = static_cast<char>(std::tolower(static_cast<unsigned char>(src_[pos_ + 1])));
+      const int base = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+      auto digit = [&](size_t k) {
+        if (k >= src_.size()) return 99;
+        const unsigned char c = static_cast<unsigned char>(src_[k]);
+        const int d = std::isdigit(c) ? c - '0' : std::isalpha(c) ? std::tolower(c) - 'a' + 10 : 99;
+        return d < base ? d : 99;
+      };
+      const size_t first = pos_ + 2 + (src_[pos_ + 2] == '_');
+      if (base && digit(first) != 99) {
+        int64_t v = 0;
+        bool overflow = false;
+        for (pos_ = first; digit(pos_) != 99 || (src_[pos_] == '_' && digit(pos_ + 1) != 99); ++pos_)
+          if (src_[pos_] != '_') overflow |= __builtin_mul_overflow(v, base, &v) || __builtin_add_overflow(v, digit(pos_), &v);
+        if (overflow) fail("number literal out of range: " + src_.substr(b, pos_ - b), line_);
+        emit(Tok::kInt, std::to_string(v), line_);
+        return;
+      }
+    }
     auto digits = [&] {
       while (pos_ < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_')) ++pos_;
     };

@@ -1,7 +1,11 @@
 // Parser for the chat-template Jinja subset: tokens -> AST. Operator precedence follows jinja2's
 // parser (lowest first): inline if, or, and, not, comparisons/in, + -, ~, * / // %, **,
 // unary - +, then postfix (.attr [index] (call)) and filters/tests (| name, is name).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <set>
 #include <string>
 #include <vector>
@@ -102,9 +106,41 @@ class Parser {
     ++i_;
   }
 
+  [[noreturn]] static void too_deep(int line) {
+    fail("the template nests more than " + std::to_string(kMaxTemplateNesting) +
+             " levels deep (blocks, brackets or chained operators)",
+         line);
+  }
+  // One level of the parser's own recursion (a block's body, a bracketed or nested expression, a
+  // unary operator): bounded, so a pathological template is an error rather than a stack overflow.
+  struct Nest {
+    Parser* p;
+    Nest(Parser* parser, int line) : p(parser) {
+      if (p->nesting_ == kMaxTemplateNesting) too_deep(line);
+      ++p->nesting_;
+    }
+    ~Nest() { --p->nesting_; }
+  };
+  // Records the depth of a finished expression node from its operands. Left-nested chains
+  // (a + b + c ..., x.a.b ..., x|f|g ...) deepen the tree without parser recursion, and the
+  // evaluator and the destructor recurse over it: a tree past the limit is refused too.
+  static ExprPtr finish(ExprPtr e) {
+    int d = 0;
+    for (auto& x : e->items)
+      if (x) d = std::max(d, x->depth);
+    for (auto& [k, x] : e->kwargs)
+      if (x) d = std::max(d, x->depth);
+    for (const ExprPtr* x : {&e->a, &e->b, &e->c})
+      if (*x) d = std::max(d, (*x)->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxTemplateNesting) too_deep(e->line);
+    return e;
+  }
+
   // Parses nodes until a block tag named in `ends`; its name is stored in *end (tag name consumed,
   // the rest of that tag is left to the caller).
   NodeList subparse(const std::set<std::string>& ends, std::string* end, const std::string& opener, int open_line) {
+    Nest nest(this, cur().line);
     NodeList body;
     while (true) {
       const Token& tok = cur();
@@ -291,7 +327,7 @@ class Parser {
       f->name = expect_name();
       if (is_op("(")) parse_args(*f);
       f->a = std::move(body);
-      body = std::move(f);
+      body = finish(std::move(f));
     }
     while (is_op("|")) body = parse_filter_expr(std::move(body));
     return body;
@@ -350,20 +386,21 @@ class Parser {
       if (cur().type == Tok::kVarEnd || cur().type == Tok::kBlockEnd || is_op(")") || is_name("in")) break;
       tup->items.push_back(with_condexpr ? parse_expression() : parse_or());
     }
-    return tup;
+    return finish(std::move(tup));
   }
 
   ExprPtr parse_expression() { return parse_condexpr(); }
 
   ExprPtr parse_condexpr() {
     int line = cur().line;
+    Nest nest(this, line);
     ExprPtr e = parse_or();
     while (skip_name("if")) {
       auto c = make_expr(ExprKind::kCond, line);
       c->b = parse_or();
       c->c = skip_name("else") ? parse_condexpr() : nullptr;
       c->a = std::move(e);
-      e = std::move(c);
+      e = finish(std::move(c));
     }
     return e;
   }
@@ -374,7 +411,7 @@ class Parser {
       auto n = make_expr(ExprKind::kOr, next().line);
       n->a = std::move(e);
       n->b = parse_and();
-      e = std::move(n);
+      e = finish(std::move(n));
     }
     return e;
   }
@@ -385,7 +422,7 @@ class Parser {
       auto n = make_expr(ExprKind::kAnd, next().line);
       n->a = std::move(e);
       n->b = parse_not();
-      e = std::move(n);
+      e = finish(std::move(n));
     }
     return e;
   }
@@ -393,8 +430,9 @@ class Parser {
   ExprPtr parse_not() {
     if (is_name("not")) {
       auto n = make_expr(ExprKind::kNot, next().line);
+      Nest nest(this, n->line);
       n->a = parse_not();
-      return n;
+      return finish(std::move(n));
     }
     return parse_compare();
   }
@@ -424,7 +462,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->items.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(e);
+    return cmp ? finish(std::move(cmp)) : std::move(e);
   }
 
   ExprPtr binary(const std::string& op, ExprPtr l, ExprPtr r, int line) {
@@ -432,7 +470,7 @@ class Parser {
     n->name = op;
     n->a = std::move(l);
     n->b = std::move(r);
-    return n;
+    return finish(std::move(n));
   }
 
   ExprPtr parse_math1() {
@@ -476,7 +514,9 @@ class Parser {
     if (is_op("-") || is_op("+")) {
       Token op = next();
       e = make_expr(op.text == "-" ? ExprKind::kNeg : ExprKind::kPos, op.line);
+      Nest nest(this, op.line);
       e->a = parse_unary(false);
+      e = finish(std::move(e));
     } else {
       e = parse_primary();
     }
@@ -509,7 +549,12 @@ class Parser {
       Token t = next();
       auto lit = make_expr(ExprKind::kLiteral, line);
       try {
-        lit->literal = t.type == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::floating(std::stod(t.text));
+        if (t.type == Tok::kInt) {
+          lit->literal = Value::integer(std::stoll(t.text));
+        } else {  // an underflow is a tiny or zero float (5e-324), as in Python; an overflow an error
+          lit->literal = Value::floating(std::strtod(t.text.c_str(), nullptr));
+          if (std::isinf(lit->literal.f)) throw std::out_of_range(t.text);
+        }
       } catch (...) {
         fail("number literal out of range: " + t.text, line);
       }
@@ -525,7 +570,7 @@ class Parser {
           if (is_op(")")) break;
           tup->items.push_back(parse_expression());
         }
-        e = std::move(tup);
+        e = finish(std::move(tup));
       }
       expect_op(")");
       return e;
@@ -538,7 +583,7 @@ class Parser {
         list->items.push_back(parse_expression());
       }
       expect_op("]");
-      return list;
+      return finish(std::move(list));
     }
     if (skip_op("{")) {
       auto dict = make_expr(ExprKind::kDict, line);
@@ -550,7 +595,7 @@ class Parser {
         dict->items.push_back(parse_expression());
       }
       expect_op("}");
-      return dict;
+      return finish(std::move(dict));
     }
     fail("unexpected " + describe(tok), line);
   }
@@ -571,7 +616,7 @@ class Parser {
           fail("expected an attribute name after '.', got " + describe(cur()), line);
         }
         g->a = std::move(e);
-        e = std::move(g);
+        e = finish(std::move(g));
       } else if (skip_op("[")) {
         e = parse_subscript(std::move(e), line);
       } else if (is_op("(")) {
@@ -604,12 +649,12 @@ class Parser {
       auto g = make_expr(ExprKind::kGetItem, line);
       g->a = std::move(obj);
       g->b = std::move(parts[0]);
-      return g;
+      return finish(std::move(g));
     }
     auto s = make_expr(ExprKind::kSlice, line);
     s->a = std::move(obj);
     for (auto& p : parts) s->items.push_back(std::move(p));
-    return s;
+    return finish(std::move(s));
   }
 
   void parse_args(Expr& call) {
@@ -634,7 +679,7 @@ class Parser {
     auto c = make_expr(ExprKind::kCall, cur().line);
     c->a = std::move(callee);
     parse_args(*c);
-    return c;
+    return finish(std::move(c));
   }
 
   ExprPtr parse_filter_expr(ExprPtr e) {
@@ -649,7 +694,7 @@ class Parser {
         }
         if (is_op("(")) parse_args(*f);
         f->a = std::move(e);
-        e = std::move(f);
+        e = finish(std::move(f));
       } else if (is_name("is")) {
         int line = next().line;
         auto t = make_expr(ExprKind::kTest, line);
@@ -668,7 +713,7 @@ class Parser {
           t->items.push_back(std::move(arg));
         }
         t->a = std::move(e);
-        e = std::move(t);
+        e = finish(std::move(t));
       } else if (is_op("(")) {
         e = parse_call(std::move(e));
       } else {
@@ -679,6 +724,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t i_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

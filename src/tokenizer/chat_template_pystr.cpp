@@ -7,8 +7,12 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "tokenizer/chat_template_builtins.h"
@@ -57,6 +61,44 @@ bool py_isspace(char32_t c) {
 namespace {
 
 utf8proc_category_t cat(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
+
+// The value of a Unicode decimal digit (category Nd, encoded in contiguous runs 0..9), or -1.
+int decimal_value(char32_t c) {
+  if (c >= '0' && c <= '9') return static_cast<int>(c - '0');
+  if (c < 0x80 || cat(c) != UTF8PROC_CATEGORY_ND) return -1;
+  char32_t first = c;
+  while (c - first < 9 && first > 0 && cat(first - 1) == UTF8PROC_CATEGORY_ND) --first;
+  return static_cast<int>((c - first) % 10);
+}
+
+// What int()/float() parse: Unicode spaces become ' ' and Unicode digits ASCII ones (any other
+// non-ASCII character makes it invalid: '?'), then surrounding whitespace is stripped
+// (CPython's _PyUnicode_TransformDecimalAndSpaceToASCII).
+std::string number_text(const std::string& s) {
+  std::string out;
+  for (char32_t c : to_u32(s)) {
+    if (c < 0x80) out += static_cast<char>(c);
+    else if (py_isspace(c)) out += ' ';
+    else if (int d = decimal_value(c); d >= 0) out += static_cast<char>('0' + d);
+    else out += '?';
+  }
+  size_t b = out.find_first_not_of(" \t\n\r\f\v"), e = out.find_last_not_of(" \t\n\r\f\v");
+  return b == std::string::npos ? "" : out.substr(b, e - b + 1);
+}
+
+// Removes the '_' separators of a digit run; false if one is not between two digits (PEP 515).
+bool drop_underscores(std::string& digits, bool (*is_digit)(char)) {
+  std::string out;
+  for (size_t k = 0; k < digits.size(); ++k) {
+    if (digits[k] != '_') {
+      out += digits[k];
+      continue;
+    }
+    if (k == 0 || k + 1 == digits.size() || !is_digit(digits[k - 1]) || !is_digit(digits[k + 1])) return false;
+  }
+  digits = std::move(out);
+  return true;
+}
 bool is_upper_cat(char32_t c) { return cat(c) == UTF8PROC_CATEGORY_LU; }
 bool is_lower_cat(char32_t c) { return cat(c) == UTF8PROC_CATEGORY_LL; }
 bool is_title_cat(char32_t c) { return cat(c) == UTF8PROC_CATEGORY_LT; }
@@ -165,6 +207,129 @@ std::string py_casefold(const std::string& s) {
   std::string out(reinterpret_cast<char*>(dst), static_cast<size_t>(n));
   std::free(dst);
   return out;
+}
+
+bool py_isprintable(char32_t c) {
+  if (c == ' ') return true;
+  switch (cat(c)) {
+    case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_ZS: case UTF8PROC_CATEGORY_ZL: case UTF8PROC_CATEGORY_ZP:
+      return false;
+    default: return true;
+  }
+}
+
+bool py_parse_int(const std::string& s, int64_t base, int64_t* out, bool* overflow) {
+  *overflow = false;
+  if (base != 0 && (base < 2 || base > 36)) return false;
+  std::string t = number_text(s);
+  size_t k = 0;
+  bool neg = false;
+  if (k < t.size() && (t[k] == '+' || t[k] == '-')) neg = t[k++] == '-';
+  bool prefixed = false;
+  if (t.size() - k >= 2 && t[k] == '0') {
+    const char p = static_cast<char>(std::tolower(static_cast<unsigned char>(t[k + 1])));
+    const int64_t pb = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+    if (pb && (base == 0 || base == pb)) {
+      base = pb;
+      k += 2;
+      prefixed = true;
+      if (k < t.size() && t[k] == '_') ++k;  // "0x_1f" is valid
+    }
+  }
+  std::string digits = t.substr(k);
+  if (digits.empty() || !drop_underscores(digits, [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }))
+    return false;
+  if (base == 0) {  // no prefix: decimal, and "010" is refused (only zeros may lead)
+    base = 10;
+    if (!prefixed && digits.size() > 1 && digits[0] == '0' && digits.find_first_not_of('0') != std::string::npos)
+      return false;
+  }
+  // Accumulate negatively: -9223372036854775808 fits, its absolute value does not.
+  int64_t v = 0;
+  for (char ch : digits) {
+    const int d = std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
+                  : std::isalpha(static_cast<unsigned char>(ch))
+                      ? std::tolower(static_cast<unsigned char>(ch)) - 'a' + 10
+                      : 99;
+    if (d >= base) return false;
+    if (!*overflow && (__builtin_mul_overflow(v, base, &v) || __builtin_sub_overflow(v, d, &v))) *overflow = true;
+  }
+  if (*overflow) return true;
+  if (!neg && v == INT64_MIN) {
+    *overflow = true;
+    return true;
+  }
+  *out = neg ? v : -v;
+  return true;
+}
+
+bool py_parse_float(const std::string& s, double* out) {
+  std::string t = number_text(s);
+  size_t k = 0;
+  std::string sign;
+  if (k < t.size() && (t[k] == '+' || t[k] == '-')) sign = t[k++];
+  std::string rest = t.substr(k), lower;
+  for (char c : rest) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "inf" || lower == "infinity" || lower == "nan") {
+    double v = lower == "nan" ? std::nan("") : HUGE_VAL;
+    *out = sign == "-" ? -v : v;
+    return true;
+  }
+  // digits [. digits] | . digits, then an optional exponent; '_' only between digits.
+  auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  size_t e = rest.find_first_of("eE");
+  std::string mant = rest.substr(0, e), expo = e == std::string::npos ? "" : rest.substr(e + 1);
+  size_t dot = mant.find('.');
+  std::string ip = mant.substr(0, dot), fp = dot == std::string::npos ? "" : mant.substr(dot + 1);
+  if (ip.empty() && fp.empty()) return false;
+  for (std::string* part : {&ip, &fp})
+    if (!part->empty() && (!drop_underscores(*part, [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }) ||
+                           !std::all_of(part->begin(), part->end(), is_digit)))
+      return false;
+  std::string clean = sign + ip + (dot == std::string::npos ? "" : "." + fp);
+  if (e != std::string::npos) {
+    std::string esign;
+    if (!expo.empty() && (expo[0] == '+' || expo[0] == '-')) {
+      esign = expo[0];
+      expo.erase(0, 1);
+    }
+    if (expo.empty() || !drop_underscores(expo, [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }) ||
+        !std::all_of(expo.begin(), expo.end(), is_digit))
+      return false;
+    clean += "e" + esign + expo;
+  }
+  *out = std::strtod(clean.c_str(), nullptr);  // correctly rounded; out of range gives inf / 0
+  return true;
+}
+
+double py_round_float(double x, int64_t ndigits) {
+  // CPython's double_round: past these bounds the result is x itself / a zero of x's sign.
+  if (!std::isfinite(x) || x == 0.0 || ndigits > 323) return x;
+  if (ndigits < -308) return 0.0 * x;
+  if (ndigits >= 0) {  // printf rounds the exact binary value, ties to even
+    int n = std::snprintf(nullptr, 0, "%.*f", static_cast<int>(ndigits), x);
+    std::string buf(static_cast<size_t>(n) + 1, '\0');
+    std::snprintf(buf.data(), buf.size(), "%.*f", static_cast<int>(ndigits), x);
+    return std::strtod(buf.c_str(), nullptr);
+  }
+  // A multiple of 10^k (k = -ndigits): keep the significant digits down to that position. 40
+  // digits give the exact decimal exponent (no double is that close below a power of ten).
+  char probe[64];
+  std::snprintf(probe, sizeof probe, "%.40e", std::fabs(x));
+  const int64_t exp10 = std::strtol(std::strchr(probe, 'e') + 1, nullptr, 10);
+  const int64_t keep = exp10 + 1 + ndigits;  // significant digits kept
+  if (keep >= 1) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*e", static_cast<int>(keep - 1), x);
+    return std::strtod(buf, nullptr);
+  }
+  if (keep < 0) return 0.0 * x;
+  // |x| < 10^k: 10^k when above half of it; the exact half rounds to the even 0.
+  const bool above_half = probe[0] > '5' || (probe[0] == '5' && std::string(probe + 2, 40).find_first_not_of('0') != std::string::npos);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s1e%lld", x < 0 ? "-" : "", static_cast<long long>(-ndigits));
+  return above_half ? std::strtod(buf, nullptr) : 0.0 * x;
 }
 
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right) {

@@ -13,6 +13,16 @@ namespace anvil::chat_template_detail {
 std::u32string to_u32(const std::string& s);
 std::string to_utf8(const std::u32string& s);
 bool py_isspace(char32_t c);  // str.isspace()/str.split(): Unicode whitespace
+bool py_isprintable(char32_t c);  // str.isprintable(): what repr() shows as is rather than escaped
+
+// int(s, base) and float(s) for a str, as Python parses them: surrounding Unicode whitespace,
+// Unicode decimal digits, '_' between digits, 0x/0o/0b prefixes (int with base 0, 16, 8, 2),
+// inf/nan (float). False when Python raises ValueError. An int past 64 bits sets *overflow (Python
+// would give a big integer, which the engine cannot hold).
+bool py_parse_int(const std::string& s, int64_t base, int64_t* out, bool* overflow);
+bool py_parse_float(const std::string& s, double* out);
+// round(x, ndigits) for a float: correctly rounded to ndigits decimals, ties to even, like CPython.
+double py_round_float(double x, int64_t ndigits);
 
 std::string py_upper(const std::string& s);
 std::string py_lower(const std::string& s);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tokenizer/chat_template_internal.h"
+#include "tokenizer/chat_template_pystr.h"
 
 namespace anvil::chat_template_detail {
 
@@ -45,23 +46,67 @@ void ValueDict::set(const Value& key, Value v, int line) {
   }
 }
 
-bool hashable(const Value& v) {
+namespace {
+// Walks over a value (repr, json.dumps, ==, <, hash) recurse once per level. Input is at most
+// kMaxInputDepth deep, but a template can nest values further at run time (a namespace attribute
+// set to [itself] in a loop), so the walks stop there with an error instead of overflowing the
+// stack (Python stops near its recursion limit of 1000 too).
+constexpr int kMaxValueDepth = 512;
+void check_value_depth(int depth, int line) {
+  if (depth > kMaxValueDepth)
+    fail("a value nests more than " + std::to_string(kMaxValueDepth) + " levels deep (a list or dict within itself?)",
+         line);
+}
+
+bool hashable_at(const Value& v, int depth) {
+  check_value_depth(depth, 0);
   switch (v.kind) {
     case Kind::kUndefined: case Kind::kNone: case Kind::kBool: case Kind::kInt: case Kind::kFloat:
     case Kind::kString: return true;
     case Kind::kList:
       if (!v.is_tuple) return false;
       for (auto& e : *v.list)
-        if (!hashable(e)) return false;
+        if (!hashable_at(e, depth + 1)) return false;
       return true;
     default: return false;
+  }
+}
+
+// Moves the children that `v` alone owns into `out` (and drops v's containers), so that a nested
+// value is destroyed level by level in a loop rather than by recursion.
+void take_children(Value& v, std::vector<Value>& out) {
+  if (v.list && v.list.use_count() == 1) {
+    for (Value& e : const_cast<ValueList&>(*v.list))  // created non-const by make_list
+      if (e.list || e.dict) out.push_back(std::move(e));
+    v.list.reset();
+  }
+  if (v.dict && v.dict.use_count() == 1) {
+    for (auto& [k, e] : v.dict->items) {
+      if (k.list) out.push_back(std::move(k));
+      if (e.list || e.dict) out.push_back(std::move(e));
+    }
+    v.dict.reset();
+  }
+}
+}  // namespace
+
+bool hashable(const Value& v) { return hashable_at(v, 0); }
+
+Value::~Value() {
+  if (!(list && list.use_count() == 1) && !(dict && dict.use_count() == 1)) return;
+  std::vector<Value> pending;
+  take_children(*this, pending);
+  while (!pending.empty()) {
+    Value v = std::move(pending.back());
+    pending.pop_back();
+    take_children(v, pending);
   }
 }
 
 Value Value::make_list(ValueList items, bool tuple) {
   Value v;
   v.kind = Kind::kList;
-  v.list = std::make_shared<const ValueList>(std::move(items));
+  v.list = std::make_shared<ValueList>(std::move(items));
   v.is_tuple = tuple;
   return v;
 }
@@ -190,12 +235,16 @@ std::string py_float_repr(double d) {
 
 namespace {
 
+// Python's repr() of a str: quoted with ' (or " when only ' occurs), backslash escapes for the
+// quote, '\\', \t \n \r, and \xhh / \uhhhh / \Uhhhhhhhh for every other character that is not
+// printable (controls, format characters like U+200B, separators like U+2028 or U+3000,
+// unassigned and private-use code points); printable non-ASCII text as is.
 std::string repr_string(const std::string& s) {
   bool has_single = s.find('\'') != std::string::npos, has_double = s.find('"') != std::string::npos;
   char q = (has_single && !has_double) ? '"' : '\'';
   std::string out(1, q);
-  for (unsigned char c : s) {
-    if (c == static_cast<unsigned char>(q) || c == '\\') {
+  for (char32_t c : to_u32(s)) {
+    if (c == static_cast<char32_t>(q) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
     } else if (c == '\n') {
@@ -204,12 +253,14 @@ std::string repr_string(const std::string& s) {
       out += "\\r";
     } else if (c == '\t') {
       out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
+    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !py_isprintable(c))) {
+      char b[16];
+      if (c <= 0xff) std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned>(c));
+      else if (c <= 0xffff) std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
+      else std::snprintf(b, sizeof b, "\\U%08x", static_cast<unsigned>(c));
       out += b;
     } else {
-      out += static_cast<char>(c);
+      out += to_utf8(std::u32string(1, c));
     }
   }
   out += q;
@@ -272,6 +323,7 @@ struct JsonWriter {
   bool pretty() const { return indent >= 0 || indent_str; }
 
   void write(const Value& v, int level) {
+    check_value_depth(level, line);
     switch (v.kind) {
       case Kind::kNone: out += "null"; return;
       case Kind::kBool: out += v.b ? "true" : "false"; return;
@@ -353,7 +405,13 @@ std::string to_json(const Value& v, int indent, const std::string* indent_str, c
   return std::move(w.out);
 }
 
-std::string repr(const Value& v, int line) {
+namespace {
+
+// `active`: the containers being printed, outermost first. A namespace can hold itself (directly
+// or through a list), and Python prints a container met again inside itself as [...] / {...}.
+std::string repr_at(const Value& v, int line, std::vector<const void*>& active) {
+  check_value_depth(static_cast<int>(active.size()), line);
+  auto entered = [&](const void* p) { return std::find(active.begin(), active.end(), p) != active.end(); };
   switch (v.kind) {
     case Kind::kString: return repr_string(v.s);
     case Kind::kList: {
@@ -361,38 +419,43 @@ std::string repr(const Value& v, int line) {
         // (_GroupTuple prints as a plain tuple, as jinja2 defines it)
         Value plain = v;
         plain.fn_name.clear();
-        return v.fn_name + "(" + repr(plain, line) + ")";
+        return v.fn_name + "(" + repr_at(plain, line, active) + ")";
       }
+      if (entered(v.list.get())) return v.is_tuple ? "(...)" : "[...]";
+      active.push_back(v.list.get());
       std::string out = v.is_tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
-        out += repr((*v.list)[k], line);
+        out += repr_at((*v.list)[k], line, active);
       }
+      active.pop_back();
       if (v.is_tuple && v.list->size() == 1) out += ",";
       return out + (v.is_tuple ? ")" : "]");
     }
-    case Kind::kDict: {
-      std::string out = "{";
+    case Kind::kDict: case Kind::kNamespace: {
+      const bool ns = v.kind == Kind::kNamespace;  // jinja2: f"<Namespace {self.__attrs!r}>"
+      if (entered(v.dict.get())) return ns ? "<Namespace {...}>" : "{...}";
+      active.push_back(v.dict.get());
+      std::string out = ns ? "<Namespace {" : "{";
       bool first = true;
       for (auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr(k, line) + ": " + repr(e, line);
+        out += repr_at(k, line, active) + ": " + repr_at(e, line, active);
       }
-      return out + "}";
+      active.pop_back();
+      return out + (ns ? "}>" : "}");
     }
-    case Kind::kNamespace: {
-      std::string out = "<Namespace {";
-      bool first = true;
-      for (auto& [k, e] : v.dict->items) {
-        if (!first) out += ", ";
-        first = false;
-        out += repr(k, line) + ": " + repr(e, line);
-      }
-      return out + "}>";
-    }
+    case Kind::kUndefined: return "Undefined";  // jinja2's Undefined.__repr__ (str() of it is "")
     default: return to_str(v, line);
   }
+}
+
+}  // namespace
+
+std::string repr(const Value& v, int line) {
+  std::vector<const void*> active;
+  return repr_at(v, line, active);
 }
 
 std::string to_str(const Value& v, int line) {
@@ -408,7 +471,10 @@ std::string to_str(const Value& v, int line) {
   }
 }
 
-bool equals(const Value& a, const Value& b) {
+namespace {
+
+bool equals_at(const Value& a, const Value& b, int depth) {
+  check_value_depth(depth, 0);
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::kFloat || b.kind == Kind::kFloat) {
       double x = a.kind == Kind::kFloat ? a.f : a.kind == Kind::kBool ? a.b : static_cast<double>(a.i);
@@ -424,15 +490,17 @@ bool equals(const Value& a, const Value& b) {
     case Kind::kString: return a.s == b.s;
     case Kind::kList: {
       if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
+      if (a.list == b.list) return true;  // the same object (Python compares items by identity first)
       for (size_t k = 0; k < a.list->size(); ++k)
-        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+        if (!equals_at((*a.list)[k], (*b.list)[k], depth + 1)) return false;
       return true;
     }
     case Kind::kDict: {
       if (a.dict->items.size() != b.dict->items.size()) return false;
+      if (a.dict == b.dict) return true;
       for (auto& [k, v] : a.dict->items) {
         const Value* o = b.dict->find(k);
-        if (!o || !equals(v, *o)) return false;
+        if (!o || !equals_at(v, *o, depth + 1)) return false;
       }
       return true;
     }
@@ -442,7 +510,8 @@ bool equals(const Value& a, const Value& b) {
   }
 }
 
-int compare(const Value& a, const Value& b, int line) {
+int compare_at(const Value& a, const Value& b, int line, int depth) {
+  check_value_depth(depth, line);
   if (a.is_number() && b.is_number()) {
     double x = a.kind == Kind::kFloat ? a.f : a.kind == Kind::kBool ? a.b : static_cast<double>(a.i);
     double y = b.kind == Kind::kFloat ? b.f : b.kind == Kind::kBool ? b.b : static_cast<double>(b.i);
@@ -456,13 +525,19 @@ int compare(const Value& a, const Value& b, int line) {
   if (a.kind == Kind::kList && b.kind == Kind::kList) {
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
-      int c = compare((*a.list)[k], (*b.list)[k], line);
+      if (equals((*a.list)[k], (*b.list)[k])) continue;  // Python: the first unequal items decide
+      int c = compare_at((*a.list)[k], (*b.list)[k], line, depth + 1);
       if (c) return c;
     }
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
   }
   fail("'<' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'", line);
 }
+
+}  // namespace
+
+bool equals(const Value& a, const Value& b) { return equals_at(a, b, 0); }
+int compare(const Value& a, const Value& b, int line) { return compare_at(a, b, line, 0); }
 
 std::vector<std::string> utf8_chars(const std::string& s) {
   std::vector<std::string> out;

@@ -152,6 +152,31 @@ TEST(TemplateConformance, TinyCodeHasNoChatTemplate) {
   EXPECT_NE(out.status().message().find("no chat template"), std::string::npos) << out.status().message();
 }
 
+// JSON null is Python None everywhere the template looks, except one place: transformers 5.x's
+// apply_chat_template drops the keys of a message whose value is None (_normalize_chat_messages:
+// "content": null becomes a missing key), and so do we. Nulls nested deeper (tool-call arguments),
+// in tools and in extra variables stay None. Expected: transformers 5.25 (_normalize_chat_messages
+// then render_jinja_template) on these inputs.
+TEST(TemplateConformance, NullsAreNoneButNullMessageKeysAreDroppedLikeTransformers) {
+  TokenizerConfig cfg;
+  cfg.chat_template =
+      "{% for m in messages %}{{ m.role }}:{{ 'content' in m }}/{{ m.content is defined }}/{{ m.content is none }}"
+      "{% if m.tool_calls is defined %}/{{ m.tool_calls[0].function.arguments|tojson }}/"
+      "{{ m.tool_calls[0].function.arguments.unit is none }}{% endif %};{% endfor %}"
+      "{{ tools[0].function.parameters is none }}/{{ tools[0].function.description|tojson }}/{{ extra is none }}/"
+      "{{ extra|default('d') }}";
+  ojson msgs = ojson::parse(R"([{"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"type": "function",
+      "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": null}}}]}])");
+  ojson tools = ojson::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "description": null, "parameters": null}}])");
+  auto out = apply_chat_template(cfg, msgs, tools, false, std::nullopt, ojson{{"extra", nullptr}});
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out,
+            "user:True/True/False;assistant:False/False/False/{\"city\": \"Paris\", \"unit\": null}/True;"
+            "True/null/True/None");
+}
+
 TEST(TemplateConformance, MissingConfigIsNotFound) {
   auto cfg = load_tokenizer_config(kDir + "/does-not-exist");
   ASSERT_FALSE(cfg.is_ok());

@@ -3,11 +3,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
+#include "tokenizer/chat_template_internal.h"
 
 namespace anvil {
 namespace {
@@ -122,6 +125,96 @@ TEST(TemplateEngine, RunawayMacroRecursionIsAnErrorNotACrash) {
   auto out = t->render(ojson::object());
   ASSERT_TRUE(out.is_ok()) << out.status().message();
   EXPECT_EQ(*out, std::string(50, '[') + std::string(50, ']'));
+}
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  for (int k = 0; k < n; ++k) out += s;
+  return out;
+}
+
+// A template nested past kMaxTemplateNesting (256) is a compile error naming the limit, never a
+// stack overflow in the parser, the evaluator or the syntax tree's destructor.
+TEST(TemplateEngine, DeepNestingIsACompileErrorNotACrash) {
+  const int n = 100000;
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {"blocks", repeat("{% if true %}", 10000) + "x" + repeat("{% endif %}", 10000)},
+      {"for blocks", repeat("{% for a in [1] %}", 10000) + "x" + repeat("{% endfor %}", 10000)},
+      {"parentheses", "{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}"},
+      {"lists", "{{ " + repeat("[", n) + "1" + repeat("]", n) + " }}"},
+      {"dicts", "{{ " + repeat("{'a': ", n) + "1" + repeat("}", n) + " }}"},
+      {"call arguments", "{{ " + repeat("f(", n) + "1" + repeat(")", n) + " }}"},
+      {"operator chain", "{{ 1" + repeat(" + 1", n) + " }}"},
+      {"concat chain", "{{ 'a'" + repeat(" ~ 'a'", n) + " }}"},
+      {"and chain", "{{ x" + repeat(" and x", n) + " }}"},
+      {"attribute chain", "{{ x" + repeat(".a", n) + " }}"},
+      {"subscript chain", "{{ x" + repeat("[0]", n) + " }}"},
+      {"filter chain", "{{ 'x'" + repeat("|upper", n) + " }}"},
+      {"test chain", "{{ x" + repeat(" is defined", n) + " }}"},
+      {"not", "{{ " + repeat("not ", n) + "1 }}"},
+      {"unary minus", "{{ " + repeat("-", n) + "1 }}"},
+      {"inline if", "{{ 1" + repeat(" if x else 1", n) + " }}"},
+      {"set block filters", "{% set v" + repeat("|trim", n) + " %}x{% endset %}"},
+  };
+  for (auto& [what, src] : cases) {
+    Status st = compile_error(src);
+    ASSERT_FALSE(st.is_ok()) << what;
+    EXPECT_NE(st.message().find("nests more than 256 levels deep"), std::string::npos) << what << ": " << st.message();
+  }
+  // Nesting a real template could use (jinja2 itself stops near 70 brackets and 98 blocks) is fine.
+  auto t = ChatTemplate::compile(repeat("{% if true %}", 60) + "{{ " + repeat("(", 60) + repeat("[", 60) + "1" +
+                                 repeat("]", 60) + repeat(")", 60) + "|length }}" + repeat("{% endif %}", 60));
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, "1");
+}
+
+// Macro calls stack the levels of their bodies: past 1024 statements and expressions deep in all
+// (or 256 macro calls) rendering stops with Python's RecursionError wording.
+TEST(TemplateEngine, DeepRecursionThroughExpressionsIsAnErrorNotACrash) {
+  Status st = render_error("{% macro f(n) %}{{ " + repeat("[", 200) + "f(n + 1)" + repeat("]", 200) +
+                           " }}{% endmacro %}{{ f(0) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("maximum recursion depth exceeded"), std::string::npos) << st.message();
+  st = render_error("{% macro f(n) %}" + repeat("{% if true %}", 200) + "{{ f(n + 1) }}" + repeat("{% endif %}", 200) +
+                    "{% endmacro %}{{ f(0) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("maximum recursion depth exceeded"), std::string::npos) << st.message();
+}
+
+// A template can nest a value without bound at run time (a namespace attribute wrapped in a list
+// on every iteration): printing or comparing it is an error past 512 levels, not a stack overflow.
+TEST(TemplateEngine, ValuesNestedDeepAtRunTimeAreAnErrorNotACrash) {
+  const std::string build =
+      "{% set ns = namespace(x=none) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  for (const char* use : {"{{ ns.x }}", "{{ ns.x|tojson }}", "{{ ns.x|string }}", "{{ [ns.x] == [[ns.x]] }}",
+                          "{{ [ns.x] < [[ns.x]] }}", "{{ ns }}"}) {
+    Status st = render_error(build + use);
+    ASSERT_FALSE(st.is_ok()) << use;
+    EXPECT_NE(st.message().find("nests more than 512 levels deep"), std::string::npos) << use << ": " << st.message();
+  }
+  auto t = ChatTemplate::compile(build + "{{ ns.x == ns.x }} {{ ns.x|length }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, "True 1");  // the same object: equal without a walk, as in Python
+}
+
+// Dropping such a value does not recurse once per level (that overflowed the stack near 50,000 levels).
+TEST(TemplateEngine, DeeplyNestedValueIsDestroyedWithoutRecursion) {
+  using chat_template_detail::Value;
+  Value v = Value::none();
+  for (int k = 0; k < 200000; ++k) {
+    chat_template_detail::ValueDict d;
+    d.set("x", Value::make_list({std::move(v), Value::integer(k)}));
+    v = Value::make_dict(std::move(d));
+  }
+  Value shared = v;  // a part still referenced elsewhere survives
+  v = Value::none();
+  ASSERT_EQ(shared.kind, chat_template_detail::Kind::kDict);
+  EXPECT_EQ((*shared.dict->find("x")->list)[1].i, 199999);
+  shared = Value::none();
 }
 
 // Input the engine cannot hold is refused, not corrupted: an integer past 64 bits (json.loads
