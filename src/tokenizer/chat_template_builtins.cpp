@@ -432,7 +432,9 @@ Value apply_filter(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "safe") return v;
   if (name == "indent") {
     const Value* w = a.get(0, "width");
-    std::string ind = w && w->kind == Kind::kString ? w->s : std::string(static_cast<size_t>(int_arg(a, 0, "width", 4, line)), ' ');
+    const int64_t n = w && w->kind == Kind::kString ? 0 : std::max<int64_t>(0, int_arg(a, 0, "width", 4, line));
+    check_build_size(1, n, line);
+    std::string ind = w && w->kind == Kind::kString ? w->s : std::string(static_cast<size_t>(n), ' ');
     const Value* first = a.get(1, "first");
     const Value* blank = a.get(2, "blank");
     Args none;

@@ -471,6 +471,13 @@ class Evaluator {
 
 }  // namespace
 
+void check_build_size(int64_t each, int64_t count, int line) {
+  if (each > 0 && count > 0 && count > kMaxTemplateBuild / each)
+    fail("the template would build " + std::to_string(count) + " x " + std::to_string(each) +
+             " bytes (items); a template may build at most " + std::to_string(kMaxTemplateBuild) + " at once",
+         line);
+}
+
 Value binary_op(const std::string& op, const Value& l, const Value& r, int line) {
   if (op == "~") return Value::string(to_str(l, line) + to_str(r, line));
   if (l.is_undefined()) fail(l.s, line);
@@ -494,6 +501,7 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
     const Value* cnt = seq == &l ? &r : &l;
     if (seq && (cnt->kind == Kind::kInt || cnt->kind == Kind::kBool)) {
       int64_t n = std::max<int64_t>(0, cnt->kind == Kind::kBool ? cnt->b : cnt->i);
+      check_build_size(seq->kind == Kind::kString ? int64_t(seq->s.size()) : int64_t(seq->list->size()), n, line);
       if (seq->kind == Kind::kString) {
         std::string s;
         for (int64_t k = 0; k < n; ++k) s += seq->s;

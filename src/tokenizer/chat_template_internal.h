@@ -161,6 +161,12 @@ struct Program {
 // deeper template is a compile error, never a stack overflow. jinja2 itself stops far sooner
 // (Python's recursion limit: about 70 nested brackets or 98 nested blocks).
 constexpr int kMaxTemplateNesting = 256;
+// A string or list a template builds by repetition or padding ('a' * n, center(n), ...) holds at
+// most this many bytes (or items): more is an error naming the size, never an allocation that
+// exhausts memory. No chat template builds anything near it.
+constexpr int64_t kMaxTemplateBuild = int64_t(64) << 20;
+// Fails when `count` pieces of `each` bytes (items) would exceed kMaxTemplateBuild.
+void check_build_size(int64_t each, int64_t count, int line);
 std::unique_ptr<Program> parse(const std::vector<Token>& tokens);
 
 // ---- evaluator ----

@@ -324,6 +324,7 @@ Value str_call(const std::string& s, const std::string& name, Args& a, int line)
     std::u32string fill = fill_char(a, m, line);
     int64_t len = static_cast<int64_t>(utf8_length(s));
     if (width <= len) return Value::string(s);
+    check_build_size(4, width, line);
     int64_t marg = width - len;
     if (name == "ljust") return Value::string(s + repeat(fill, marg));
     if (name == "rjust") return Value::string(repeat(fill, marg) + s);
@@ -335,6 +336,7 @@ Value str_call(const std::string& s, const std::string& name, Args& a, int line)
     int64_t width = opt_int(a, 0, "width", 0, m, line);
     int64_t len = static_cast<int64_t>(utf8_length(s));
     if (width <= len) return Value::string(s);
+    check_build_size(1, width, line);
     std::string zeros(static_cast<size_t>(width - len), '0');
     if (!s.empty() && (s[0] == '+' || s[0] == '-')) return Value::string(s.substr(0, 1) + zeros + s.substr(1));
     return Value::string(zeros + s);

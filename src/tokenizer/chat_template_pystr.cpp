@@ -376,7 +376,10 @@ Spec parse_spec(const std::string& spec_utf8, int line) {
   if (k < s.size() && s[k] == '0') { sp.zero = true; ++k; }
   auto number = [&]() -> int64_t {
     int64_t v = -1;
-    while (k < s.size() && s[k] >= '0' && s[k] <= '9') v = (v < 0 ? 0 : v) * 10 + (s[k++] - '0');
+    while (k < s.size() && s[k] >= '0' && s[k] <= '9') {
+      v = (v < 0 ? 0 : v) * 10 + (s[k++] - '0');
+      if (v > kMaxTemplateBuild) fail("a format width or precision above " + std::to_string(kMaxTemplateBuild), line);
+    }
     return v;
   };
   sp.width = number();
@@ -654,10 +657,15 @@ std::string percent_format(const std::string& fmt, const Value& arg, int line) {
         ++k;
         Value w = take();
         if (w.kind != Kind::kInt) fail("* wants int", line);
+        if (w.i > kMaxTemplateBuild || w.i < -kMaxTemplateBuild)
+          fail("a format width or precision above " + std::to_string(kMaxTemplateBuild), line);
         return w.i;
       }
       int64_t n = -1;
-      while (k < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[k]))) n = (n < 0 ? 0 : n) * 10 + (fmt[k++] - '0');
+      while (k < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[k]))) {
+        n = (n < 0 ? 0 : n) * 10 + (fmt[k++] - '0');
+        if (n > kMaxTemplateBuild) fail("a format width or precision above " + std::to_string(kMaxTemplateBuild), line);
+      }
       return n;
     };
     sp.width = num();

@@ -127,6 +127,24 @@ TEST(TemplateEngine, RunawayMacroRecursionIsAnErrorNotACrash) {
   EXPECT_EQ(*out, std::string(50, '[') + std::string(50, ']'));
 }
 
+// Repetition and padding past kMaxTemplateBuild (64 MiB) are an error naming the size, never an
+// allocation that exhausts memory; within it they work.
+TEST(TemplateEngine, HugeRepetitionAndPaddingAreErrors) {
+  for (const char* src : {"{{ 'a' * 100000000000 }}", "{{ [1, 2] * 100000000000 }}", "{{ 'x'.center(100000000000) }}",
+                          "{{ 'x'.ljust(100000000000) }}", "{{ 'x'.zfill(100000000000) }}", "{{ 'x'|center(100000000000) }}",
+                          "{{ 'a\nb'|indent(100000000000) }}", "{{ '%100000000000d' % 1 }}",
+                          "{{ '{:100000000000}'.format(1) }}", "{{ '%.99999999999999999999f' % 1.5 }}"}) {
+    Status st = render_error(src);
+    ASSERT_FALSE(st.is_ok()) << src;
+    EXPECT_NE(st.message().find("67108864"), std::string::npos) << src << ": " << st.message();
+  }
+  auto t = ChatTemplate::compile("{{ ('ab' * 3)|length }} {{ 'x'.center(5, '*') }} {{ '%5d' % 7 }}");
+  ASSERT_TRUE(t.is_ok());
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, "6 **x**     7");
+}
+
 std::string repeat(const std::string& s, int n) {
   std::string out;
   for (int k = 0; k < n; ++k) out += s;
