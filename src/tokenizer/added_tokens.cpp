@@ -51,11 +51,13 @@ void AddedTokenMatcher::split(std::string_view text, std::vector<TextSplit>& out
     size_t start = mb, stop = mb + patterns_[which].size();
     pos = stop;
     if (t.single_word) {
+      // tokenizers: the match must not follow or precede a word character (the regex crate's \w),
+      // whatever the token's own edges are.
       uint32_t cp;
       size_t s0;
-      const bool word_before = last_cp(text, start, &cp, &s0) && is_alnum_cp(cp);
+      const bool word_before = last_cp(text, start, &cp, &s0) && is_regex_word_cp(cp);
       bool word_after = false;
-      if (stop < text.size() && utf8_decode_one(text, stop, &cp) > 0) word_after = is_alnum_cp(cp);
+      if (stop < text.size() && utf8_decode_one(text, stop, &cp) > 0) word_after = is_regex_word_cp(cp);
       if (word_before || word_after) continue;
     }
     if (t.lstrip) {

@@ -47,7 +47,49 @@ class Regex {
   bool jit_ = false;
 };
 
-Result<std::shared_ptr<const Regex>> compile_regex(const std::string& pattern, bool literal, const std::string& what) {
+// tokenizers compiles its patterns with Oniguruma, whose \s is the White_Space property and whose
+// \w is Alphabetic, marks, numbers and connector punctuation; PCRE2's (with UCP) differ: its \s
+// also takes U+180E, its \w takes no marks and no Pc but '_'. So those escapes are spelled out as
+// Unicode properties before PCRE2 sees the pattern, in and out of character classes (\W inside a
+// class is left as it is). Everything else, escapes included, passes unchanged.
+static const char* kOnigWord = R"(\p{Alphabetic}\p{M}\p{N}\p{Pc})";
+std::string oniguruma_classes(const std::string& p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char n = p[++i];
+      if (n == 's') out += R"(\p{White_Space})";
+      else if (n == 'S') out += R"(\P{White_Space})";
+      else if (n == 'w') out += in_class ? std::string(kOnigWord) : "[" + std::string(kOnigWord) + "]";
+      else if (n == 'W' && !in_class) out += "[^" + std::string(kOnigWord) + "]";
+      else out += c, out += n;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];  // a leading ] is a member
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] inside a class
+      const size_t e = p.find(":]", i + 2);
+      if (e != std::string::npos) {
+        out.append(p, i, e + 2 - i);
+        i = e + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+Result<std::shared_ptr<const Regex>> compile_regex(const std::string& raw_pattern, bool literal, const std::string& what) {
+  const std::string pattern = literal ? raw_pattern : oniguruma_classes(raw_pattern);
   int err = 0;
   PCRE2_SIZE erroff = 0;
   // UCP only changes how \d, \w, \s and POSIX classes behave, which a literal has none of (and

@@ -4,7 +4,10 @@
 // decoder component. The variants (a base tokenizer.json plus replaced fields) and tokenizers'
 // results are frozen by scripts/make_sentencepiece_fixtures.py under tests/data/tokenizer/.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -251,6 +254,87 @@ TEST(SentencePieceStream, RandomByteHeavySequencesStreamExactly) {
       expect_stream_matches_decode(tok, ids, iter % 2 == 1);
     }
   }
+}
+
+}  // namespace
+}  // namespace anvil
+
+namespace anvil {
+namespace {
+
+// Split patterns are Oniguruma's in tokenizers: \s is White_Space (not U+180E, as PCRE2's is) and
+// \w takes marks, every number, connector punctuation and Alphabetic symbols (PCRE2's takes none
+// of the marks and no Pc but '_'). The Qwen3 tokenizer, and the same with its Split pattern
+// replaced by one made of \s and \w, encode characters on those edges as tokenizers does (run
+// here from Python; the test skips without it).
+TEST(OnigurumaClasses, WhitespaceAndWordEscapesMatchTokenizers) {
+  if (std::system("python3 -c 'import tokenizers' 2>/dev/null") != 0)
+    GTEST_SKIP() << "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
+  const std::string dir = ::testing::TempDir() + "/onig_classes_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  json base = json::parse(read_file(tokenizer_data("qwen3/tokenizer.json")));
+  json words = base;
+  ASSERT_EQ(words["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
+  words["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = R"(\w+|\s+|[^\s\w]+|\W)";
+  std::ofstream(dir + "/qwen3.json") << base.dump();
+  std::ofstream(dir + "/words.json") << words.dump();
+  const std::vector<std::string> texts = {
+      " \u180e1",   "x\u180e\n",   "a\u0301b c", "a_b a\u203fb", "\u24b6\u24b7 x", "a\u00b2b \u00bd",
+      "a\u200db",   "a\x1c b",     "a\u00a0b\u3000c", "\u2160\u2161 \u0660\u0661", "\u16ee x\u200bz",
+      "tab\there\r\nnew  line", "I'M DON'T \u0301\u0301",
+  };
+  std::ofstream(dir + "/texts.json") << json(texts).dump();
+  const std::string py =
+      "import json, sys\n"
+      "from tokenizers import Tokenizer\n"
+      "d = sys.argv[1]\n"
+      "texts = json.load(open(d + '/texts.json'))\n"
+      "out = {n: [Tokenizer.from_file(d + '/' + n + '.json').encode(t, add_special_tokens=False).ids for t in texts]\n"
+      "       for n in ('qwen3', 'words')}\n"
+      "json.dump(out, open(d + '/expected.json', 'w'))\n";
+  std::ofstream(dir + "/ref.py") << py;
+  ASSERT_EQ(std::system(("python3 " + dir + "/ref.py " + dir).c_str()), 0);
+  const json want = json::parse(read_file(dir + "/expected.json"));
+  for (const char* name : {"qwen3", "words"}) {
+    auto tok = Tokenizer::from_json_text(read_file(dir + "/" + name + ".json"), name);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+    for (size_t i = 0; i < texts.size(); ++i)
+      EXPECT_EQ(json((*tok)->encode(texts[i], false)), want[name][i]) << name << ": " << json(texts[i]).dump();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An added token with single_word matches only where no word character of the regex crate's \w
+// (Alphabetic, M, Nd, Pc, Join_Control) is next to it: '_' and combining marks next to it refuse the
+// match, '½' does not, whatever the token's own edges. Reference: tokenizers, from Python (skips
+// without it).
+TEST(OnigurumaClasses, SingleWordAddedTokensMatchTokenizers) {
+  if (std::system("python3 -c 'import tokenizers' 2>/dev/null") != 0)
+    GTEST_SKIP() << "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
+  const std::string dir = ::testing::TempDir() + "/single_word_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> texts = {"_ab", "ab\u00bd", "ab\u0301", "x ab y", "ab", "aab", "ab1", "a\u200dab",
+                                          "q<x>q", "<x>", "\u00bdab\u00bd", "ab_ ab"};
+  std::ofstream(dir + "/texts.json") << json(texts).dump();
+  const std::string py =
+      "import json, sys\n"
+      "from tokenizers import Tokenizer, models, pre_tokenizers, AddedToken\n"
+      "d = sys.argv[1]\n"
+      "chars = ['<unk>', '_', 'a', 'b', 'q', 'x', 'y', '1', '<', '>', '\\u00bd', '\\u0301', '\\u200d']\n"
+      "tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[], unk_token='<unk>'))\n"
+      "tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()\n"
+      "tok.add_tokens([AddedToken('ab', single_word=True), AddedToken('<x>', single_word=True)])\n"
+      "tok.save(d + '/tokenizer.json')\n"
+      "texts = json.load(open(d + '/texts.json'))\n"
+      "json.dump([tok.encode(t, add_special_tokens=False).ids for t in texts], open(d + '/expected.json', 'w'))\n";
+  std::ofstream(dir + "/ref.py") << py;
+  ASSERT_EQ(std::system(("python3 " + dir + "/ref.py " + dir).c_str()), 0);
+  const json want = json::parse(read_file(dir + "/expected.json"));
+  auto tok = Tokenizer::load(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  for (size_t i = 0; i < texts.size(); ++i)
+    EXPECT_EQ(json((*tok)->encode(texts[i], false)), want[i]) << json(texts[i]).dump();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
