@@ -2,6 +2,8 @@
 // The writer thread is writer.h; restores are restore.cpp; gc/verify/export are maintenance.cpp.
 #include "kvstore/kvstore.h"
 
+#include <sys/stat.h>
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -87,9 +89,17 @@ Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
   }
   ANVIL_RETURN_IF_ERROR(s->env_->create_dirs(opts.dir).with_context("--kv-store"));
   ANVIL_RETURN_IF_ERROR(s->open_catalog());
+  if (struct stat sb; ::stat((opts.dir + "/catalog.db").c_str(), &sb) == 0)
+    s->catalog_dev_ = uint64_t(sb.st_dev), s->catalog_ino_ = uint64_t(sb.st_ino);
   ANVIL_RETURN_IF_ERROR(s->recover_segments());
   ANVIL_RETURN_IF_ERROR(s->prepare_reader());
   return s;
+}
+
+bool KVStore::catalog_in_place() const {
+  struct stat sb;
+  if (::stat((opts_.dir + "/catalog.db").c_str(), &sb) != 0) return false;
+  return catalog_ino_ == 0 || (uint64_t(sb.st_dev) == catalog_dev_ && uint64_t(sb.st_ino) == catalog_ino_);
 }
 
 Status KVStore::open_catalog() {
@@ -617,6 +627,10 @@ Result<int> KVStore::session_finish(const std::string& name, const std::string& 
   if (!saved)
     return io_error("kv store " + opts_.dir + ": session '" + name + "' was not saved: " +
                     (why.empty() ? std::string("its last state was not committed") : why));
+  // Committed, but into files that are gone if the directory was removed (or replaced) meanwhile.
+  if (!catalog_in_place())
+    return io_error("kv store " + opts_.dir + ": session '" + name + "' was not saved: the store's catalog " +
+                    opts_.dir + "/catalog.db was removed or replaced while this process ran");
   return durable;
 }
 

@@ -234,6 +234,8 @@ class KVStore : public PageStore {
   };
   explicit KVStore(const KVStoreOptions& o);
   Status open_catalog();
+  // Whether dir/catalog.db is still the file this store opened (not removed or replaced since).
+  bool catalog_in_place() const;
   Status recover_segments();
   std::string segment_path(int64_t id) const;
   Status prepare_reader();
@@ -262,6 +264,7 @@ class KVStore : public PageStore {
   KVStoreOptions opts_;
   Env* env_ = nullptr;
   SqliteDb db_;  // the caller's connection: restore lookups, sessions, maintenance
+  uint64_t catalog_dev_ = 0, catalog_ino_ = 0;  // the catalog file opened (catalog_in_place)
   SqliteStmt q_page_, q_tail_, q_seg_;
   std::map<int64_t, std::unique_ptr<ReadFile>> readers_;
   std::vector<uint8_t> read_buf_;

@@ -939,6 +939,21 @@ TEST(KVStore, DamagedSessionRowIsAnErrorAndFormatOneIsMigrated) {
   EXPECT_EQ(*col, 1);
 }
 
+// A store directory removed while a session is recorded: its commits went into files that are gone,
+// so the session is reported unsaved, never as saved.
+TEST(KVStore, SessionIsUnsavedWhenTheStoreDirectoryIsRemovedMeanwhile) {
+  Rig r;
+  const auto toks = chain_tokens(2, 500);
+  auto st = r.open();
+  ASSERT_TRUE(st->session_begin("s", 0, toks, 64).is_ok());
+  r.write(*st, toks, 0, 1);
+  fs::remove_all(r.dir);
+  r.write(*st, toks, 1, 1);
+  auto end = st->session_end(0, 2 * P, -1, *r.pool);
+  ASSERT_FALSE(end.is_ok());
+  EXPECT_NE(end.status().message().find("removed or replaced"), std::string::npos) << end.status().message();
+}
+
 // A catalog of a later format is refused by name and left as it is; a damaged one is reported
 // as it is when repair is off (anvil kv) and moved aside when on (a model run: the store is a cache).
 TEST(KVStore, NewerOrDamagedCatalogsAreReportedNotOverwritten) {
