@@ -114,7 +114,44 @@ int run_chat(RunArgs& a) {
       return fail("session '" + a.kv.session + "' was not recorded by anvil run (use anvil generate --resume)");
     messages = m["messages"];
     document = m["document"].get<std::vector<int32_t>>();
-    std::printf("(resumed session %s: %zu messages)\n", plan.name.c_str(), messages.size());
+    // A turn cut short (the process died mid-answer): the conversation was recorded when the turn
+    // began, its token ids at every flush since. What was answered is kept; a question that got
+    // no answer at all is dropped, so that the roles still alternate.
+    std::string cut;
+    auto is_eos = [&](int32_t id) {
+      return std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
+    };
+    if (chat && !messages.empty() && messages.back()["role"] == "user") {
+      auto asked = text.encode_messages(messages, a.thinking);
+      if (asked.is_ok() && plan.history.size() >= asked->size() &&
+          std::equal(asked->begin(), asked->end(), plan.history.begin())) {
+        std::string answer;
+        int n = 0;
+        text.begin_answer();
+        for (size_t i = asked->size(); i < plan.history.size(); ++i)
+          if (!is_eos(plan.history[i])) answer += text.push(plan.history[i]).content, ++n;
+        answer += text.flush().content;
+        if (n > 0) {
+          messages.push_back({{"role", "assistant"}, {"content", answer}});
+          cut = "the last answer was cut short after " + std::to_string(n) + " tokens; it is kept as it was";
+        } else {
+          messages.erase(messages.end() - 1);
+          cut = "the last message was never answered; it is dropped";
+        }
+      }
+    } else if (!chat && plan.history.size() > document.size() &&
+               std::equal(document.begin(), document.end(), plan.history.begin())) {
+      size_t n = 0;
+      for (size_t i = document.size(); i < plan.history.size(); ++i)
+        if (!is_eos(plan.history[i])) document.push_back(plan.history[i]), ++n;
+      if (n > 0) cut = "the last answer was cut short after " + std::to_string(n) + " tokens; it is kept as it was";
+    }
+    if (chat)
+      std::printf("(resumed session %s: %zu messages%s)\n", plan.name.c_str(), messages.size(),
+                  cut.empty() ? "" : ("; " + cut).c_str());
+    else
+      std::printf("(resumed session %s: %zu tokens of text%s)\n", plan.name.c_str(), document.size(),
+                  cut.empty() ? "" : ("; " + cut).c_str());
   }
   auto session_meta = [&] {
     return nlohmann::ordered_json{{"messages", messages}, {"document", document}}.dump();
