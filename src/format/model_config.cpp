@@ -81,9 +81,9 @@ class Fields {
     *out = x;
     return Status::ok();
   }
-  Status get_double(const char* key, double* out, bool positive) const {
+  Status get_double(const char* key, double* out, bool positive, bool required = false) const {
     const json* v = get(key);
-    if (!v) return Status::ok();
+    if (!v) return required ? error(key, "missing (required)") : Status::ok();
     const char* expected = positive ? "a positive number" : "a number";
     if (!v->is_number()) return wrong_type(key, expected);
     double x = v->get<double>();
@@ -202,14 +202,22 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
   if (type.empty()) ANVIL_RETURN_IF_ERROR(r.get_string("type", &type));
   RopeScaling& s = c->rope_scaling;
   s.type = type;
-  if (type == "" || type == "default") return Status::ok();
-  if (type == "linear") return r.get_double("factor", &s.factor, true);
+  if (type == "default") return Status::ok();
+  if (type == "") {
+    // transformers refuses a scaling without its type; an object of only rope_theta (v5) is no scaling.
+    for (auto it = rs->begin(); it != rs->end(); ++it)
+      if (it.key() != "rope_theta" && !it->is_null())
+        return r.error("rope_type", "missing (required next to '" + it.key() + "'; e.g. \"linear\" or \"llama3\")");
+    return Status::ok();
+  }
+  // The parameters each type needs are required, as transformers' rope validation has them.
+  if (type == "linear") return r.get_double("factor", &s.factor, true, true);
   if (type == "llama3") {
-    ANVIL_RETURN_IF_ERROR(r.get_double("factor", &s.factor, true));
-    ANVIL_RETURN_IF_ERROR(r.get_double("low_freq_factor", &s.low_freq_factor, true));
-    ANVIL_RETURN_IF_ERROR(r.get_double("high_freq_factor", &s.high_freq_factor, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("factor", &s.factor, true, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("low_freq_factor", &s.low_freq_factor, true, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("high_freq_factor", &s.high_freq_factor, true, true));
     ANVIL_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &s.original_max_position_embeddings,
-                                    false, true));
+                                    true, true));
     if (s.high_freq_factor <= s.low_freq_factor)
       return r.error("high_freq_factor", "must be greater than low_freq_factor");
     return Status::ok();
@@ -332,6 +340,9 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   Fields f(root, label);
   ANVIL_RETURN_IF_ERROR(parse_arch(f, root, label, &c));
 
+  if (!f.has("vocab_size") && !f.has("hidden_size") && root.contains("text_config"))
+    return unsupported(label + ": the model's fields are under 'text_config' (a multimodal wrapper); anvil reads "
+                               "text-only checkpoints, whose config.json holds them at the top level");
   ANVIL_RETURN_IF_ERROR(f.get_int("vocab_size", &c.vocab_size, true, true));
   ANVIL_RETURN_IF_ERROR(f.get_int("hidden_size", &c.hidden_size, true, true));
   ANVIL_RETURN_IF_ERROR(f.get_int("intermediate_size", &c.intermediate_size, true, true));
@@ -353,6 +364,9 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
 
+  // Defaults for fields a config may leave out: those of transformers' config class per architecture.
+  if (c.arch == Arch::kMixtral) c.rope_theta = 1e6;
+  if (c.arch == Arch::kMixtral || c.arch == Arch::kOlmoe) c.rms_norm_eps = 1e-5;
   ANVIL_RETURN_IF_ERROR(f.get_double("rms_norm_eps", &c.rms_norm_eps, true));
   // transformers >= 5 moves rope_theta (and the scaling type) into rope_parameters.
   if (const json* rp = f.get("rope_parameters"); rp && rp->is_object()) {
@@ -365,19 +379,43 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   ANVIL_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
 
   // Qwen2/Qwen3 (dense and MoE): with use_sliding_window, transformers limits attention to a window
-  // in the layers from max_window_layers on. This engine's attention is full-context everywhere, so
-  // such a config is refused where a layer would slide (real checkpoints say false, or put
+  // in the layers `layer_types` marks "sliding_attention", or without it in the layers from
+  // max_window_layers (default 28) on. This engine's attention is full-context everywhere, so such a
+  // config is refused where a layer would slide (real checkpoints say false, or put
   // max_window_layers at the layer count) rather than run with other attention than it asks for.
   if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen2Moe) {
     bool sliding = false;
     ANVIL_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &sliding));
-    int from = c.num_hidden_layers;
+    int from = 28;  // transformers' default max_window_layers
     ANVIL_RETURN_IF_ERROR(f.get_int("max_window_layers", &from, false, false));
-    if (sliding && from < c.num_hidden_layers)
+    int slides = -1;  // the first sliding layer
+    if (const json* lt = f.get("layer_types")) {
+      if (!lt->is_array()) return f.wrong_type("layer_types", "a list of \"full_attention\" / \"sliding_attention\"");
+      for (size_t i = 0; i < lt->size() && slides < 0; ++i)
+        if ((*lt)[i] == "sliding_attention") slides = int(i);
+    } else if (from < c.num_hidden_layers) {
+      slides = std::max(0, from);
+    }
+    if (sliding && slides >= 0)
       return f.unsupported_value("use_sliding_window",
-                                 "sliding-window attention (layers " + std::to_string(from) + " to " +
-                                     std::to_string(c.num_hidden_layers - 1) +
-                                     " by max_window_layers) is not supported (expected false)");
+                                 "sliding-window attention (from layer " + std::to_string(slides) + " by " +
+                                     (f.has("layer_types") ? "layer_types" : "max_window_layers") +
+                                     ") is not supported (expected false)");
+  }
+  // What the MLP and RoPE compute: SwiGLU with SiLU and RoPE over the whole head in every supported
+  // architecture. A config asking for anything else is refused, never run as something it is not.
+  {
+    std::string act = "silu";
+    ANVIL_RETURN_IF_ERROR(f.get_string("hidden_act", &act));
+    if (act != "silu" && act != "swish")
+      return f.unsupported_value("hidden_act", "activation '" + act + "' is not supported (the MLP is SwiGLU with silu)");
+    double rotary = 1.0;
+    ANVIL_RETURN_IF_ERROR(f.get_double("partial_rotary_factor", &rotary, true));
+    if (rotary != 1.0)
+      return f.unsupported_value("partial_rotary_factor", "partial rotary embeddings are not supported (expected 1.0)");
+    bool mlp_bias = false;
+    ANVIL_RETURN_IF_ERROR(f.get_bool("mlp_bias", &mlp_bias));
+    if (mlp_bias) return f.unsupported_value("mlp_bias", "MLP biases are not supported (expected false)");
   }
   switch (c.arch) {
     case Arch::kQwen3:

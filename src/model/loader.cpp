@@ -25,15 +25,18 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo)
                                                     return ck->find(n);
                                                   },
                                                   dir));
-  // Layer tensors the model never asked for: config.json describes another model than the weights
-  // (fewer layers, another architecture's extra parts). The output would be silently wrong.
+  // Tensors the model never asked for: config.json describes another model than the weights (fewer
+  // layers, another architecture's extra parts, a bias it has no place for). The output would be
+  // silently wrong. (RoPE's cached inverse frequencies are derived, and a tied model's stored
+  // lm_head copy is the embedding, as transformers takes it.)
   std::vector<std::string> unused;
   for (const std::string& n : ck->names())
-    if (n.rfind("model.layers.", 0) == 0 && !asked.count(n) && n.find("rotary_emb.inv_freq") == std::string::npos)
+    if (!asked.count(n) && n.find("rotary_emb.inv_freq") == std::string::npos &&
+        !(m->config.tie_word_embeddings && n.rfind("lm_head.", 0) == 0))
       unused.push_back(n);
   if (!unused.empty())
     std::fprintf(stderr,
-                 "[anvil] warning: %zu layer tensors of %s are not used by the %d-layer %s model config.json "
+                 "[anvil] warning: %zu tensors of %s are not used by the %d-layer %s model config.json "
                  "describes (e.g. %s): do config.json and the weights belong together?\n",
                  unused.size(), dir.c_str(), m->config.num_hidden_layers, m->config.model_type.c_str(), unused[0].c_str());
   // Fingerprint: config.json and every byte of every tensor (model/fingerprint.h). A config that

@@ -159,6 +159,82 @@ TEST(ModelConfig, DefaultsForOptionalFields) {
   EXPECT_TRUE(c->attention_bias);
 }
 
+// Fields that change what the model computes, which this engine does not implement, are refused by
+// name, never run as another model: another activation, partial rotary embeddings, MLP biases,
+// sliding layers (by layer_types, or max_window_layers with transformers' default of 28), a rope
+// scaling without its type or its parameters, and a multimodal wrapper's text_config.
+TEST(ModelConfigBad, MathChangingFieldsThisEngineLacksAreRefused) {
+  auto refused = [](json j, const std::string& field) {
+    auto r = parse(j);
+    ASSERT_FALSE(r.is_ok()) << j.dump();
+    EXPECT_TRUE(contains(r.status().message(), "'" + field)) << r.status().message();
+  };
+  json j = base_config();
+  j["hidden_act"] = "gelu";
+  refused(j, "hidden_act");
+  j["hidden_act"] = "silu";
+  EXPECT_TRUE(parse(j).is_ok());
+  j["hidden_act"] = "swish";
+  EXPECT_TRUE(parse(j).is_ok());
+  j = base_config();
+  j["partial_rotary_factor"] = 0.5;
+  refused(j, "partial_rotary_factor");
+  j["partial_rotary_factor"] = 1.0;
+  EXPECT_TRUE(parse(j).is_ok());
+  j = base_config();
+  j["model_type"] = "llama";
+  j["mlp_bias"] = true;
+  refused(j, "mlp_bias");
+  j["mlp_bias"] = false;
+  EXPECT_TRUE(parse(j).is_ok());
+  j = base_config();
+  j["use_sliding_window"] = true;
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  refused(j, "use_sliding_window");
+  j["use_sliding_window"] = false;  // transformers then has no window: every layer is full
+  EXPECT_TRUE(parse(j).is_ok());
+  j = base_config();
+  j["num_hidden_layers"] = 30;
+  j["use_sliding_window"] = true;  // no max_window_layers: 28, so layers 28 and 29 slide
+  refused(j, "use_sliding_window");
+  j["num_hidden_layers"] = 28;
+  EXPECT_TRUE(parse(j).is_ok());
+  j = base_config();
+  j["rope_scaling"] = {{"factor", 8.0}};
+  refused(j, "rope_scaling.rope_type");
+  j["rope_scaling"] = {{"type", "linear"}};
+  refused(j, "rope_scaling.factor");
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+  refused(j, "rope_scaling.original_max_position_embeddings");
+  j = json{{"model_type", "qwen3"}, {"text_config", base_config()}};
+  auto w = parse(j);
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_TRUE(contains(w.status().message(), "text_config")) << w.status().message();
+}
+
+// Defaults of fields a config leaves out are those of the architecture's transformers config class.
+TEST(ModelConfig, PerArchitectureDefaults) {
+  json j = base_config();
+  auto q = parse(j);
+  ASSERT_TRUE(q.is_ok());
+  EXPECT_EQ(q->rope_theta, 10000.0);
+  EXPECT_EQ(q->rms_norm_eps, 1e-6);
+  j["model_type"] = "mixtral";
+  j["num_local_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  auto m = parse(j);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ(m->rope_theta, 1e6);
+  EXPECT_EQ(m->rms_norm_eps, 1e-5);
+  j["model_type"] = "olmoe";
+  j.erase("num_local_experts");
+  j["num_experts"] = 4;
+  auto o = parse(j);
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  EXPECT_EQ(o->rope_theta, 10000.0);
+  EXPECT_EQ(o->rms_norm_eps, 1e-5);
+}
+
 TEST(ModelConfigBad, MalformedJson) {
   auto r = parse_model_config("{\"model_type\": \"qwen3\",", "/models/x/config.json");
   ASSERT_FALSE(r.is_ok());
