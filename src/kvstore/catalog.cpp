@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "kvstore/checksum.h"
 #include "kvstore/page_record.h"
@@ -17,7 +18,14 @@ int64_t now_us() {
 }
 
 Status catalog_init(SqliteDb& db) {
-  ANVIL_RETURN_IF_ERROR(db.exec("PRAGMA journal_mode=WAL"));
+  // A new catalog's first switch to WAL takes an exclusive lock without waiting on the busy timeout:
+  // two processes creating one store at once see "database is locked". Retried for up to 10 s.
+  for (int attempt = 0;; ++attempt) {
+    Status st = db.exec("PRAGMA journal_mode=WAL");
+    if (st.is_ok()) break;
+    if (attempt >= 1000 || st.message().find("locked") == std::string::npos) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ANVIL_RETURN_IF_ERROR(db.exec("PRAGMA synchronous=NORMAL"));
   return db.exec(R"(
     CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);

@@ -2,6 +2,7 @@
 // The writer thread is writer.h; restores are restore.cpp; gc/verify/export are maintenance.cpp.
 #include "kvstore/kvstore.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <signal.h>
@@ -80,7 +81,8 @@ Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
       bool store_file = false;
       for (const std::string& n : *names) {
         int64_t id;
-        store_file = store_file || n.rfind("catalog.db", 0) == 0 || n == "locks" || parse_segment_file(n, &id);
+        store_file = store_file || n.rfind("catalog.db", 0) == 0 || n == "locks" || n == "reserve" ||
+                     parse_segment_file(n, &id);
       }
       if (!store_file)
         return invalid_argument("--kv-store " + opts.dir + ": not a KV store (it holds other files and no catalog.db); "
@@ -89,6 +91,7 @@ Result<std::unique_ptr<KVStore>> KVStore::open(const KVStoreOptions& opts) {
   }
   ANVIL_RETURN_IF_ERROR(s->env_->create_dirs(opts.dir).with_context("--kv-store"));
   ANVIL_RETURN_IF_ERROR(s->open_catalog());
+  s->ensure_reserve();
   if (struct stat sb; ::stat((opts.dir + "/catalog.db").c_str(), &sb) == 0)
     s->catalog_dev_ = uint64_t(sb.st_dev), s->catalog_ino_ = uint64_t(sb.st_ino);
   ANVIL_RETURN_IF_ERROR(s->recover_segments());
@@ -434,7 +437,41 @@ Status KVStore::fork_session(const std::string& from, const std::string& to) {
   return db_.exec("COMMIT");
 }
 
+namespace {
+bool disk_full(const Status& s) {
+  return !s.is_ok() && (s.message().find("disk is full") != std::string::npos ||
+                        s.message().find(std::strerror(ENOSPC)) != std::string::npos);
+}
+}  // namespace
+
+void KVStore::ensure_reserve() {
+  const std::string path = opts_.dir + "/reserve";
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) == 0 && uint64_t(sb.st_size) >= kReserveBytes) return;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  const bool ok = ::posix_fallocate(fd, 0, off_t(kReserveBytes)) == 0;
+  ::close(fd);
+  if (!ok) ::unlink(path.c_str());  // no room for it now: the next open tries again
+}
+
+bool KVStore::free_reserve() { return ::unlink((opts_.dir + "/reserve").c_str()) == 0; }
+
 Status KVStore::remove_session(const std::string& name) {
+  Status st = remove_session_once(name);
+  if (disk_full(st) && free_reserve()) st = remove_session_once(name);
+  ensure_reserve();
+  return st;
+}
+
+Result<int64_t> KVStore::gc(std::optional<uint64_t> target) {
+  auto r = gc_once(target);
+  if (disk_full(r.status()) && free_reserve()) r = gc_once(target);
+  ensure_reserve();
+  return r;
+}
+
+Status KVStore::remove_session_once(const std::string& name) {
   ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
   SqliteStmt tail, dead, del, del_pages;
   Status st = tail.prepare(db_, "SELECT tail_segment, COALESCE(tail_length, 0) FROM sessions WHERE name = ?");

@@ -4,6 +4,8 @@
 // On disk (one directory, shared by any number of processes):
 //   catalog.db      SQLite, WAL, synchronous=NORMAL: pages, segments, sessions, session_pages, meta
 //   seg-NNNNNNNN.kv append-only segment files of page records (page_record.h: safetensors blobs)
+//   reserve         4 MiB kept free for remove_session / gc on a full disk (kReserveBytes)
+//   locks/          one lock file per claimed session name (claim_session)
 //
 // Invariants
 //  1. Data before metadata: a catalog row references only segment bytes that were fdatasynced
@@ -157,6 +159,10 @@ class KVStore : public PageStore {
   // Copies session `from` (its tokens, tail and page references) to a new session `to`.
   Status fork_session(const std::string& from, const std::string& to);
   Status remove_session(const std::string& name);
+  // The reserve: kReserveBytes of dir/reserve, made when a store is opened (where there is room),
+  // given up when remove_session or gc finds the disk full, so that freeing space never needs space
+  // (SQLite's log grows before a delete commits); made again afterwards.
+  static constexpr uint64_t kReserveBytes = 4ull << 20;
   // Claims session `name` for this store (invariant 9): refused while another process has claimed
   // it. A caller that reads the session before recording it (anvil generate/run) claims it first, so
   // that no other process changes it in between, and holds it until release_session or the store
@@ -234,6 +240,10 @@ class KVStore : public PageStore {
   };
   explicit KVStore(const KVStoreOptions& o);
   Status open_catalog();
+  void ensure_reserve();  // best effort
+  bool free_reserve();    // whether there was one to free
+  Status remove_session_once(const std::string& name);
+  Result<int64_t> gc_once(std::optional<uint64_t> target);
   // Whether dir/catalog.db is still the file this store opened (not removed or replaced since).
   bool catalog_in_place() const;
   Status recover_segments();

@@ -9,7 +9,7 @@
 
 namespace anvil {
 
-Result<int64_t> KVStore::gc(std::optional<uint64_t> target) {
+Result<int64_t> KVStore::gc_once(std::optional<uint64_t> target) {
   auto pinned = [this](const Hash128& k) {
     std::lock_guard<std::mutex> lk(pin_mu_);
     return pinned_.count(k) > 0;

@@ -450,3 +450,32 @@ TEST(KvStoreCli, RunKilledMidAnswerResumesWithWhatWasAnswered) { run_killed_mid_
 TEST(KvStoreCli, ChatRunKilledMidAnswerResumesWithWhatWasAnswered) {
   run_killed_mid_answer({"--synthetic", "tiny:q4g64"}, false);
 }
+
+// On a full disk, `kv rm` and `kv gc` still free space: the store keeps a reserve file that they give
+// up when SQLite's log cannot grow. Needs a small file system of its own (a tmpfs: root only).
+TEST(KvStoreCli, RmAndGcWorkOnAFullDisk) {
+  const std::string mnt = fs::temp_directory_path() / ("anvil_full_" + std::to_string(getpid()));
+  fs::create_directories(mnt);
+  if (geteuid() != 0 || std::system(("mount -t tmpfs -o size=6m tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
+    fs::remove(mnt);
+    GTEST_SKIP() << "mounting a 6 MB tmpfs needs root: the full-disk case is not checked here";
+  }
+  const std::string store = mnt + "/st";
+  int failed = 0;
+  for (int i = 1; i <= 6; ++i) {
+    auto r = run_anvil({"generate", "--device", "cpu", "-m", kModel, "--kv-store", store, "--session",
+                        "s" + std::to_string(i), "--ids", std::to_string(100 + i) + ",5,6", "-n", "400", "--ignore-eos",
+                        "-t", "1"},
+                       true);
+    failed += r.exit_code != 0;
+  }
+  EXPECT_GT(failed, 0) << "the disk never filled: the test checked nothing";
+  auto rm = run_anvil({"kv", "rm", "s1", "--kv-store", store}, true);
+  EXPECT_EQ(rm.exit_code, 0) << rm.out;
+  auto gc = run_anvil({"kv", "gc", "--max", "0", "--kv-store", store, "--json"}, true);
+  EXPECT_EQ(gc.exit_code, 0) << gc.out;
+  auto v = run_anvil({"kv", "verify", "--kv-store", store}, true);
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  EXPECT_EQ(std::system(("umount " + mnt).c_str()), 0);
+  fs::remove(mnt);
+}
