@@ -55,6 +55,9 @@ int run_generate(GenerateArgs& a) {
 
   // The chat template by default for text (as mlx-lm does), when the model has one.
   const bool chat = have_text && !a.raw && (a.chat || !a.system.empty() || has_chat_template(tok_dir));
+  if (chat && !a.chat && !a.system.empty() && !has_chat_template(tok_dir))
+    return fail("--system needs a chat template, and " + tok_dir +
+                " has none: drop --system (the prompt is then sent as is)");
   std::unique_ptr<TextOutput> text;
   std::vector<int32_t> prompt;
   if (have_text) {
@@ -220,6 +223,10 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
               add_kv_store_options(app, a->kv);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
               app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)")
+                  ->check([](const std::string& v) {
+                    return v.empty() ? std::string("an empty stop string (it would stop before the first token)")
+                                     : std::string();
+                  })
                   ->expected(1)
                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
               app.add_flag("--raw", a->raw, "Send the prompt as is, without the chat template");

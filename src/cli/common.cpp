@@ -336,10 +336,27 @@ std::string tokenizer_dir_of(const Stack& s) {
 }
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
+  // Ids separated by commas and/or spaces ("1,2,3", "1 2 3", "1, 2"); an empty field between two
+  // commas, or a comma at either end, is a typo, not nothing.
+  {
+    std::string fields = s;
+    for (char& c : fields)
+      if (c == ' ' || c == '\t') c = ' ';
+    size_t a = fields.find_first_not_of(' '), b = fields.find_last_not_of(' ');
+    if (a != std::string::npos && (fields[a] == ',' || fields[b] == ','))
+      return invalid_argument("--ids: a comma with no id on one side in '" + s + "'");
+    for (size_t k = 0, last_comma = std::string::npos; k < fields.size(); ++k) {
+      if (fields[k] == ',') {
+        if (last_comma != std::string::npos && fields.find_first_not_of(' ', last_comma + 1) == k)
+          return invalid_argument("--ids: an empty id between two commas in '" + s + "'");
+        last_comma = k;
+      }
+    }
+  }
   std::vector<int32_t> ids;
   size_t i = 0;
   while (i < s.size()) {
-    size_t j = s.find_first_of(", ", i);
+    size_t j = s.find_first_of(", \t", i);
     if (j == std::string::npos) j = s.size();
     std::string tok = s.substr(i, j - i);
     if (!tok.empty()) {

@@ -243,6 +243,19 @@ TEST(CliErrors, TypoAndEmptyPrompt) {
     EXPECT_EQ(r.exit_code, 1) << args[1] << ": " << r.out;
     EXPECT_EQ(r.out.rfind("anvil: error: ", 0), 0u) << r.out;
   }
+  // Typos in --ids, an empty --stop, --system for a model without a chat template: named errors.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--ids", "1,,2"}, {"--ids", "1,2,"}, {"-p", "x", "--stop", ""},
+        {"-p", "x", "--system", "be brief"}}) {
+    std::vector<std::string> full = {"generate", "-m", kModel, "-n", "1", "--no-kv-store"};
+    full.insert(full.end(), args.begin(), args.end());
+    r = run_anvil(full, true);
+    EXPECT_EQ(r.exit_code, 1) << args[0] << " " << args[1] << ": " << r.out;
+    EXPECT_NE(r.out.find("anvil: error: "), std::string::npos) << r.out;
+  }
+  r = run_anvil({"generate", "-m", kModel, "-n", "1", "--no-kv-store", "--ids", "1, 2 3", "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_json_line(r.out)["prompt_tokens"], 3) << r.out;
   // A directory as the prompt file, an empty store name, an unbounded writer queue: named errors.
   r = run_anvil({"generate", "-m", kModel, "--raw", "-f", "/tmp", "-n", "1"}, true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
