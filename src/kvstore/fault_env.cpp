@@ -11,7 +11,9 @@ class FaultAppendFile : public AppendFile {
   Status append(const void* data, size_t n) override {
     {
       std::unique_lock<std::mutex> lk(env_->mu_);
+      ++env_->waiting_;
       env_->cv_.wait(lk, [&] { return !env_->held_; });
+      --env_->waiting_;
     }
     size_t allowed = n;
     Status fail;
@@ -82,6 +84,11 @@ Status FaultEnv::remove(const std::string& path) {
   std::lock_guard<std::mutex> lk(mu_);
   synced_.erase(path);
   return Status::ok();
+}
+
+int FaultEnv::appends_waiting() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return waiting_;
 }
 
 void FaultEnv::hold_appends(bool on) {

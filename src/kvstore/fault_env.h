@@ -27,6 +27,8 @@ class FaultEnv : public Env {
   void fail_syncs(int n) { fail_syncs_ = n; }
   // While held, appends wait (a stalled disk: the store's queue fills up behind it).
   void hold_appends(bool on);
+  // How many appends wait on the hold right now (a test waits for the writer to be stuck).
+  int appends_waiting();
   // Drops every unsynced byte of every file written through this Env.
   Status crash();
 
@@ -54,6 +56,7 @@ class FaultEnv : public Env {
   std::mutex mu_;
   std::condition_variable cv_;
   bool held_ = false;
+  int waiting_ = 0;
   std::map<std::string, uint64_t> synced_;  // path -> length known durable
 };
 

@@ -621,7 +621,14 @@ TEST(EngineStore, DroppedPageEvictedMeanwhileIsForgotten) {
     std::vector<float> logits;
     auto a = s.engine->seq_create();
     ASSERT_TRUE(a.is_ok());
-    ASSERT_TRUE(s.engine->extend(*a, first, &logits, nullptr).is_ok());
+    // One full page first, and the writer stuck on it, so that exactly 4 of the other 11 fill the
+    // queue and 7 are dropped whatever the threads' timing (a writer that took its page late left
+    // room in the queue for the second prompt, and the pool then waited on the held writer).
+    const std::vector<int32_t> head(first.begin(), first.begin() + 17), rest(first.begin() + 17, first.end());
+    ASSERT_TRUE(s.engine->extend(*a, head, &logits, nullptr).is_ok());
+    for (int i = 0; i < 5000 && env.appends_waiting() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(env.appends_waiting(), 1) << "the writer never took the first page";
+    ASSERT_TRUE(s.engine->extend(*a, rest, &logits, nullptr).is_ok());
     s.engine->seq_release(*a);
     const int64_t dropped_a = store->counters().pages_dropped.load();
     ASSERT_GT(dropped_a, 0);
