@@ -2,6 +2,7 @@
 //   prompt: N synthetic ids (seed 0, uniform over the vocabulary), no template; generate M tokens
 //   greedy with EOS suppressed; one warm-up run, then the best of R timed runs in one process.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -55,8 +56,10 @@ Result<DecodeProfile> profile_decode(Stack& s, const GenerateRequest& req) {
 }
 
 int run_bench(BenchArgs& a) {
-  if (a.prompt < 1) return fail("--prompt-tokens must be >= 1, got " + std::to_string(a.prompt));
-  if (a.n < 2) return fail("-n/--max-tokens must be >= 2, got " + std::to_string(a.n));
+  if (a.prompt < 1 || a.prompt > (1 << 24))
+    return fail("--prompt-tokens must be in [1, 16777216], got " + std::to_string(a.prompt));
+  if (a.n < 2 || a.n > (1 << 24)) return fail("-n/--max-tokens must be in [2, 16777216], got " + std::to_string(a.n));
+  if (a.model.ctx_given && a.model.ctx < 1) return fail("--ctx must be >= 1, got " + std::to_string(a.model.ctx));
   if (a.runs < 1) return fail("--runs must be >= 1, got " + std::to_string(a.runs));
   a.model.no_prefix_cache = true;  // every run must prefill for real
   a.model.profile = a.profile;
@@ -139,16 +142,21 @@ int run_bench(BenchArgs& a) {
   }
 #endif
   if (!on_cuda) ceiling = measure_read_bandwidth_gbs(pool, size_t(1) << 30);
-  // Backend ops per decoded token: embed; per layer norm, q, k, v, rope+append, attention, o, norm and
-  // then gate, up, swiglu, down (dense) or one moe_ffn (MoE), + 2 q/k rmsnorms for olmoe; final add,
-  // norm, lm_head, copy-out.
+  // Backend ops per decoded token, as the profiled run counts them (every op the forward pass calls,
+  // fused ones once). Without --profile, the count of the unfused op list instead, said as such:
+  // embed; per layer norm, q, k, v, rope+append, attention, o, norm and then gate, up, swiglu, down
+  // (dense) or one moe_ffn (MoE), + 2 q/k rmsnorms for olmoe; final add, norm, lm_head, copy-out.
   int ops_per_token = 1 + 4;
   for (int l = 0; l < c.num_hidden_layers; ++l) ops_per_token += 8 + (c.is_moe_layer(l) ? 1 : 4) + (c.qk_norm_full ? 2 : 0);
+  bool ops_counted = false;
   DecodeProfile prof;
   if (a.profile) {
     auto p = profile_decode(s, req);
     if (!p.is_ok()) return fail(p.status().message());
     prof = *p;
+    int64_t ops = 0;
+    for (int k = 0; k < int(ProfileCategory::kCount); ++k) ops += prof.totals.ops[k];
+    if (prof.steps > 0) ops_per_token = int(std::lround(double(ops) / prof.steps)), ops_counted = true;
   }
   if (a.json) {
     nlohmann::ordered_json j;
@@ -165,6 +173,7 @@ int run_bench(BenchArgs& a) {
     j["measured_read_gb_s"] = ceiling;
     j["fraction_of_ceiling"] = gbs / ceiling;
     j["ops_per_token"] = ops_per_token;
+    j["ops_per_token_counted"] = ops_counted;  // false: the unfused op list's count (no --profile)
     j["kernels_per_token"] = kernels_per_token;
     j["peak_rss_mib"] = peak_mib;
     if (on_cuda) j["device_memory_used_mib"] = device_used_mib;
@@ -189,7 +198,8 @@ int run_bench(BenchArgs& a) {
                 weight_bytes / 1e6, (bytes_per_token - weight_bytes) / 1e6);
     std::printf("achieved           %.1f GB/s of %.1f GB/s measured %s bandwidth (%.0f%%)\n", gbs, ceiling,
                 on_cuda ? "device copy" : "read", 100.0 * gbs / ceiling);
-    std::printf("ops per token      %d backend ops", ops_per_token);
+    std::printf("ops per token      %d backend ops%s", ops_per_token,
+                ops_counted ? "" : " (unfused op list; --profile counts them)");
     if (kernels_per_token > 0) std::printf(", %.1f kernels", kernels_per_token);
     std::printf("\n");
     std::printf("peak memory        %.0f MiB RSS", peak_mib);

@@ -47,9 +47,39 @@ double percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+// The benchmark starts from an empty store. Its default directories (under /tmp) are its own and
+// are wiped; a --kv-store given by the user must be new or empty: a benchmark never deletes what
+// it did not make (an existing store, a model directory).
+Result<std::string> fresh_store_dir(const std::string& given, const char* fallback) {
+  if (given.empty()) {
+    std::filesystem::remove_all(fallback);
+    return std::string(fallback);
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(given, ec) && !std::filesystem::is_empty(given, ec))
+    return invalid_argument("--kv-store " + given +
+                            ": bench-kv needs a new or empty directory (it measures a store it fills itself, and "
+                            "never deletes what it did not make)");
+  return given;
+}
+
+// The flags' ranges, checked before anything runs.
+Status check_bench_kv_args(const BenchKvArgs& a) {
+  if (a.prompt < 1 || a.prompt > (1 << 24)) return invalid_argument("--prompt-tokens must be in [1, 16777216]");
+  if (a.n < 2 || a.n > (1 << 24)) return invalid_argument("-n/--max-tokens must be in [2, 16777216] (decode speed needs two tokens)");
+  if (a.pairs < 1 || a.pairs > 1000) return invalid_argument("--pairs must be in [1, 1000]");
+  if (a.reps < 1 || a.reps > 1000) return invalid_argument("--reps must be in [1, 1000]");
+  if (a.open_lookup < 0 || (a.open_lookup > 0 && a.open_lookup < 8) || a.open_lookup > 100000000)
+    return invalid_argument("--open-lookup must be 0 (off) or in [8, 100000000]");
+  if (a.restore_pages < 0 || a.restore_pages > (1 << 20))
+    return invalid_argument("--restore-pages must be 0 (off) or in [1, 1048576]");
+  return Status::ok();
+}
+
 int bench_open_lookup(BenchKvArgs& a) {
-  const std::string dir = a.kv.dir.empty() ? "/tmp/anvil-bench-kv-open" : a.kv.dir;
-  std::filesystem::remove_all(dir);
+  auto fresh = fresh_store_dir(a.kv.dir, "/tmp/anvil-bench-kv-open");
+  if (!fresh.is_ok()) return fail(fresh.status().message());
+  const std::string dir = *fresh;
   auto be = make_cpu_backend(1);
   KVCacheView v;
   v.dtype = DType::kBF16;
@@ -122,8 +152,9 @@ int bench_open_lookup(BenchKvArgs& a) {
 }
 
 int bench_restore(BenchKvArgs& a) {
-  const std::string dir = a.kv.dir.empty() ? "/tmp/anvil-bench-kv-restore" : a.kv.dir;
-  std::filesystem::remove_all(dir);
+  auto fresh = fresh_store_dir(a.kv.dir, "/tmp/anvil-bench-kv-restore");
+  if (!fresh.is_ok()) return fail(fresh.status().message());
+  const std::string dir = *fresh;
   const int N = a.restore_pages;
   // --device (auto: CUDA where a GPU is usable): on CUDA the pool is device memory, the restore goes
   // through pinned staging, and the host->device ceiling copies from pinned memory.
@@ -289,8 +320,10 @@ int bench_overhead(BenchKvArgs& a) {
   auto stack = build_stack(a.model, a.batch);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
-  if (a.kv.dir.empty()) a.kv.dir = "/tmp/anvil-bench-kv-overhead";
-  std::filesystem::remove_all(a.kv.dir);
+  if (a.kv.off) return fail("bench-kv needs the store (drop --no-kv-store)");
+  auto fresh = fresh_store_dir(a.kv.dir, "/tmp/anvil-bench-kv-overhead");
+  if (!fresh.is_ok()) return fail(fresh.status().message());
+  a.kv.dir = *fresh;
   auto attached = attach_kv_store(a.kv, s);
   if (!attached.is_ok()) return fail(attached.status().message());
   AttachedStore& store = *attached;
@@ -376,6 +409,7 @@ int bench_overhead(BenchKvArgs& a) {
   j["unique_kv_bytes"] = unique_bytes;
   j["bytes_written_over_unique"] = unique_bytes ? double(k.bytes_written.load()) / double(unique_bytes) : 0.0;
   j["kv_store"] = kv_profile_json(*store.get());
+  if (a.kv.profile) print_kv_profile(*store.get(), 0, stderr);
   std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;
 }
@@ -400,6 +434,7 @@ Command reg("bench-kv", "Benchmark the durable KV store: decode overhead on vs o
                   ->capture_default_str();
               app.add_flag("--json", a->json, "Print one line of JSON");
               return [a] {
+                if (Status st = check_bench_kv_args(*a); !st.is_ok()) return fail(st.message());
                 if (a->restore_pages > 0) return bench_restore(*a);
                 return a->open_lookup > 0 ? bench_open_lookup(*a) : bench_overhead(*a);
               };

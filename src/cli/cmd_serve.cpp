@@ -29,7 +29,8 @@ struct ServeArgs {
   server::ServerOptions server;
   int parallel = 8;
   std::string alias;
-  size_t max_body_mb = 8;
+  bool api_key_given = false;
+  int64_t max_body_mb = 8;
   bool no_chat_page = false;
   bool no_warmup = false;
   std::string kv_warm = "2G";
@@ -39,7 +40,10 @@ int run_serve(ServeArgs& a) {
   if (a.parallel < 1) return fail("--parallel must be >= 1");
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be in [0, 65535]");
   if (a.server.max_queue < 0) return fail("--max-queue must be >= 0");
-  if (a.max_body_mb < 1) return fail("--max-body must be >= 1 (MiB)");
+  if (a.max_body_mb < 1 || a.max_body_mb > (1 << 20)) return fail("--max-body must be in [1, 1048576] (MiB)");
+  // An empty key would turn authentication off without a word (an unset shell variable, usually).
+  if (a.api_key_given && a.server.api_key.empty())
+    return fail("--api-key is empty (leave the flag out to serve without a key)");
   auto warm = parse_size(a.kv_warm);  // checked before the model loads
   if (!warm.is_ok()) return fail("--kv-warm: " + warm.status().message());
   if (a.model.batch > 0 && a.model.batch < a.parallel)
@@ -101,7 +105,7 @@ int run_serve(ServeArgs& a) {
                     c.status().message().c_str());
 
   server::ServerOptions& so = a.server;
-  so.max_body_bytes = a.max_body_mb << 20;
+  so.max_body_bytes = size_t(a.max_body_mb) << 20;
   so.chat_page = !a.no_chat_page;
   so.eos_ids = s.model->config.eos_token_ids;
   so.store = store.get();
@@ -158,7 +162,8 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
               app.add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();
               app.add_option("--parallel", a->parallel, "Sequences decoded together (-np)")->capture_default_str();
-              app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY'");
+              app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY'")
+                  ->each([a](const std::string&) { a->api_key_given = true; });
               app.add_option("--alias", a->alias, "Model name in the API (default: the model directory's name)");
               app.add_option("--cors", a->server.cors_origin,
                              "Allow browser pages from this origin (e.g. http://localhost:3000, or *); default: none");

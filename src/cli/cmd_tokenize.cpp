@@ -42,9 +42,8 @@ int run_tokenize(const TokenizeArgs& a) {
 
   // Unlike a prompt, an empty text is fine here: it has no tokens.
   std::string text;
-  if (a.text.text && a.text.text->empty() && !a.text.file) {
-  } else if (a.text.text || a.text.file) {
-    auto t = read_prompt(a.text);
+  if (a.text.text || a.text.file) {
+    auto t = read_prompt(a.text, /*allow_empty=*/true);
     if (!t.is_ok()) return fail(t.status().message());
     text = **t;
   } else {

@@ -222,19 +222,20 @@ void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what
   add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead", "FILE");
 }
 
-Result<std::optional<std::string>> read_prompt(const PromptOptions& o) {
+Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allow_empty) {
   if (o.text && o.file) return invalid_argument("give the prompt once: -p/--prompt TEXT or -f/--file FILE, not both");
   std::string text;
   if (o.file) {
     auto got = read_file(*o.file);  // (a directory: "Is a directory", not an exception)
     if (!got.is_ok()) return io_error("-f/--file " + got.status().message());
     text = std::move(*got);
-    if (text.empty()) return invalid_argument("-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
+    if (text.empty() && !allow_empty)
+      return invalid_argument("-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
   } else if (o.text && *o.text == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    if (text.empty()) return invalid_argument("-p -: stdin was empty, so the prompt is empty");
+    if (text.empty() && !allow_empty) return invalid_argument("-p -: stdin was empty, so the prompt is empty");
   } else if (o.text) {
-    if (o.text->empty()) return invalid_argument("-p/--prompt: the prompt is empty");
+    if (o.text->empty() && !allow_empty) return invalid_argument("-p/--prompt: the prompt is empty");
     text = *o.text;
   } else {
     return std::optional<std::string>();
@@ -250,7 +251,8 @@ Result<std::string> model_dir_of(const ModelOptions& o) {
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
-  if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores), got " + std::to_string(o.threads));
+  if (o.threads < 0 || o.threads > 4096)
+    return invalid_argument("--threads must be in [0, 4096] (0 = all cores), got " + std::to_string(o.threads));
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && o.threads > int(cores))
     std::fprintf(stderr, "[anvil] warning: --threads %d is more than this machine's %u cores: the threads share them "
                          "and wait on each other (slower)\n", o.threads, cores);

@@ -70,7 +70,8 @@ struct PromptOptions {
 void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what);
 // nullopt when no prompt was given; an error when both -p and -f are, when the file or stdin
 // cannot be read, or when the prompt is empty.
-Result<std::optional<std::string>> read_prompt(const PromptOptions& o);
+// allow_empty: an empty text is a text (tokenize: no ids), not an error.
+Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allow_empty = false);
 
 struct Stack {
   std::unique_ptr<LoadedModel> model;

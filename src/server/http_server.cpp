@@ -735,6 +735,12 @@ Result<int> HttpServer::start() {
   m.svr.set_read_timeout(30, 0);
   m.svr.set_write_timeout(30, 0);
   m.svr.set_keep_alive_timeout(5);
+  // The library's default socket options add SO_REUSEPORT, with which a second server binds a port
+  // another one listens on and the kernel splits connections between them: SO_REUSEADDR alone.
+  m.svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   m.routes();
   int port = m.opts.port;
   if (port == 0) {

@@ -101,6 +101,43 @@ TEST(CliSampling, BadValuesAreRefusedByName) {
 }
 
 // A bad --kv-warm size is refused by name before the model loads.
+// Flags whose bad values once did harm: an empty --api-key (authentication silently off), a
+// negative --max-body (wrapped to no limit), --threads past any machine (an abort), bench-kv on a
+// directory of someone else's files (deleted), bench-kv's own ranges (aborts); and tokenize takes
+// an empty file or stdin as no ids, as it does an empty -p.
+TEST(CliFlags, HarmfulValuesAreRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  const fs::path victim = temp_dir("victim");
+  fs::create_directories(victim);
+  { std::ofstream(victim / "notes.txt") << "precious"; }
+  const std::vector<Case> cases = {
+      {{"serve", "-m", kModel, "--no-kv-store", "--api-key", ""}, "--api-key is empty"},
+      {{"serve", "-m", kModel, "--no-kv-store", "--max-body", "-1"}, "--max-body must be in"},
+      {{"generate", "-m", kModel, "-p", "x", "-n", "1", "--no-kv-store", "-t", "100000"}, "--threads must be in"},
+      {{"bench-kv", "--kv-store", victim.string(), "--open-lookup", "10"}, "new or empty directory"},
+      {{"bench-kv", "--synthetic", "tiny", "--prompt-tokens", "-5"}, "--prompt-tokens must be in"},
+      {{"bench-kv", "--synthetic", "tiny", "--open-lookup", "3"}, "--open-lookup must be"},
+      {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "--ctx must be >= 1"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_anvil(c.args, true);
+    EXPECT_EQ(r.exit_code, 1) << c.args[0] << ": " << r.out;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << r.out;
+  }
+  EXPECT_TRUE(fs::exists(victim / "notes.txt")) << "bench-kv deleted a directory it did not make";
+  fs::remove_all(victim);
+  const fs::path empty = temp_dir("empty_text");
+  { std::ofstream(empty.string()); }
+  const std::string tok_dir = std::string(ANVIL_SOURCE_DIR) + "/tests/data/tokenizer/qwen3";
+  auto t = run_anvil({"tokenize", "-m", tok_dir, "-f", empty.string(), "--json"});
+  EXPECT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_EQ(last_json_line(t.out)["ids"], nlohmann::json::array()) << t.out;
+  fs::remove(empty);
+}
+
 TEST(CliServe, BadKvWarmIsRefusedByName) {
   auto r = run_anvil({"serve", "--synthetic", "tiny", "--port", "0", "--kv-warm", "3Q"}, true);
   EXPECT_EQ(r.exit_code, 1) << r.out;

@@ -479,3 +479,31 @@ TEST(KvStoreCli, RmAndGcWorkOnAFullDisk) {
   EXPECT_EQ(std::system(("umount " + mnt).c_str()), 0);
   fs::remove(mnt);
 }
+
+// Two servers never share a port: the second is refused (the HTTP library's default SO_REUSEPORT
+// let it bind, and the kernel then split the connections between two servers).
+TEST(ServeCli, ASecondServerOnABusyPortIsRefused) {
+  StoreDir d;
+  const std::string out = d.path + ".serve.out";
+  pid_t first = spawn({"serve", "--device", "cpu", "-m", kModel, "--no-kv-store", "--port", "0"}, out);
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    std::ifstream f(out);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto at = text.find("listening on http://127.0.0.1:");
+    if (at != std::string::npos) port = std::atoi(text.c_str() + at + 30);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(port, 0) << "the first server never listened";
+  // (Bounded: a second server that did bind would serve until killed.)
+  auto second = anvil::test::run_shell(
+      "timeout 30 " +
+      anvil::test::anvil_command({"serve", "--device", "cpu", "-m", kModel, "--no-kv-store", "--port", std::to_string(port)}) +
+      " 2>&1");
+  EXPECT_EQ(second.exit_code, 1) << second.out;
+  EXPECT_NE(second.out.find("cannot bind"), std::string::npos) << second.out;
+  kill(first, SIGTERM);
+  int st = 0;
+  waitpid(first, &st, 0);
+  fs::remove(out);
+}
