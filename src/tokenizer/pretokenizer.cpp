@@ -192,7 +192,8 @@ void append_set(std::string& out, const std::string& pos, const std::string& neg
 }  // namespace
 
 // tokenizers compiles its patterns with Oniguruma (Unicode 16.0 tables), whose \s is the
-// White_Space property and whose \w is Alphabetic, marks, numbers and connector punctuation;
+// White_Space property and whose \w is Alphabetic, marks, decimal digits and connector punctuation
+// (outside a class also the Latin-1 numbers U+00B2 U+00B3 U+00B9 U+00BC-U+00BE, but no other No);
 // PCRE2's (with UCP) differ: its \s also takes U+180E, its \w takes no marks and no Pc but '_'. So
 // those escapes are spelled out as Unicode properties before PCRE2 sees the pattern, in and out of
 // character classes (\W inside a class is left as it is). PCRE2 10.42's tables are Unicode 14.0:
@@ -202,9 +203,11 @@ void append_set(std::string& out, const std::string& pos, const std::string& neg
 // \pL without a brace is the letter 'p' then 'L' in Oniguruma's Ruby syntax, so it becomes "p".
 // Other properties (scripts such as \p{Han}, binary ones such as \p{Alphabetic}) keep PCRE2's
 // Unicode 14.0 data. Everything else, escapes included, passes unchanged.
-static const char* kOnigWord = R"(\p{Alphabetic}\p{M}\p{N}\p{Pc})";
+static const char* kOnigWord = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
+static const char* kOnigWordOutsideClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{B2}\x{B3}\x{B9}\x{BC}-\x{BE})";
 std::string oniguruma_classes(const std::string& p) {
-  static const uint32_t kWordMask = gc_mask("L") | gc_mask("M") | gc_mask("N") | gc_mask("Pc");
+  // Alphabetic holds L and Nl.
+  static const uint32_t kWordMask = gc_mask("L") | gc_mask("Nl") | gc_mask("M") | gc_mask("Nd") | gc_mask("Pc");
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < p.size(); ++i) {
@@ -213,10 +216,10 @@ std::string oniguruma_classes(const std::string& p) {
       const char n = p[++i];
       if (n == 's') out += R"(\p{White_Space})";
       else if (n == 'S') out += R"(\P{White_Space})";
-      else if (n == 'w') append_set(out, kOnigWord, "", kWordMask, false, in_class);
+      else if (n == 'w') append_set(out, in_class ? kOnigWord : kOnigWordOutsideClass, "", kWordMask, false, in_class);
       else if (n == 'W') {
         if (in_class) out += R"(\W)";
-        else append_set(out, kOnigWord, "", kWordMask, true, false);
+        else append_set(out, kOnigWordOutsideClass, "", kWordMask, true, false);
       } else if (n == 'd' || n == 'D') append_set(out, R"(\p{Nd})", R"(\P{Nd})", gc_mask("Nd"), n == 'D', in_class);
       else if ((n == 'p' || n == 'P') && (i + 1 >= p.size() || p[i + 1] != '{')) out += n;
       else if (n == 'p' || n == 'P') {
