@@ -263,7 +263,7 @@ namespace anvil {
 namespace {
 
 // Split patterns are Oniguruma's in tokenizers: \s is White_Space (not U+180E, as PCRE2's is) and
-// \w takes marks, every number, connector punctuation and Alphabetic symbols (PCRE2's takes none
+// \w takes marks, decimal digits, connector punctuation and Alphabetic symbols (PCRE2's takes none
 // of the marks and no Pc but '_'). The Qwen3 tokenizer, and the same with its Split pattern
 // replaced by one made of \s and \w, encode characters on those edges as tokenizers does (run
 // here from Python; the test skips without it).
