@@ -43,12 +43,17 @@ std::string quant_desc(const WeightMatrix& m) {
 int run_inspect(const InspectArgs& a) {
   if (a.model.empty() == a.synthetic.empty()) return fail("give exactly one of -m/--model DIR and --synthetic NAME");
   if (a.ctx < 1) return fail("--ctx must be >= 1, got " + std::to_string(a.ctx));
-  if (a.seqs < 1) return fail("--seqs must be >= 1, got " + std::to_string(a.seqs));
+  if (a.seqs < 1 || a.seqs > 65536) return fail("--seqs must be in [1, 65536], got " + std::to_string(a.seqs));
   if (a.kv_dtype != "bf16" && a.kv_dtype != "f32") return fail("--kv-dtype must be bf16 or f32, got '" + a.kv_dtype + "'");
   auto m = a.model.empty() ? load_synthetic(a.synthetic) : load_model(a.model);
   if (!m.is_ok()) return fail(m.status().message());
   const ModelConfig& c = (*m)->config;
   const ModelWeights& w = (*m)->weights;
+  if (c.max_position_embeddings > 0 && a.ctx > c.max_position_embeddings)
+    std::fprintf(stderr,
+                 "[anvil] warning: --ctx %d is above the model's max_position_embeddings (%d): positions past it "
+                 "were never trained (generate caps its default context there)\n",
+                 a.ctx, c.max_position_embeddings);
   const size_t kv_elem = a.kv_dtype == "bf16" ? 2 : 4;
   const size_t kv_per_token = size_t(2) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_elem;
   const size_t weights = w.total_bytes();

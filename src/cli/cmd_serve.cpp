@@ -39,6 +39,7 @@ struct ServeArgs {
 int run_serve(ServeArgs& a) {
   if (a.parallel < 1) return fail("--parallel must be >= 1");
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be in [0, 65535]");
+  if (a.server.host.empty()) return fail("--host is empty (127.0.0.1: this machine only; 0.0.0.0: every interface)");
   if (a.server.max_queue < 0) return fail("--max-queue must be >= 0");
   if (a.max_body_mb < 1 || a.max_body_mb > (1 << 20)) return fail("--max-body must be in [1, 1048576] (MiB)");
   // An empty key would turn authentication off without a word (an unset shell variable, usually).
@@ -130,10 +131,12 @@ int run_serve(ServeArgs& a) {
   auto port = srv.start();
   if (!port.is_ok()) return fail(port.status().message());
   std::thread http([&] { srv.serve(); });
+  // An IPv6 address goes in brackets in a URL.
+  const std::string url_host = so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host;
   std::fprintf(stderr, "[anvil] serving %s as '%s' on http://%s:%d (%d parallel, context %d, KV store %s)\n",
-               s.model->source.c_str(), so.defaults.model_id.c_str(), so.host.c_str(), *port, a.parallel, s.ctx,
+               s.model->source.c_str(), so.defaults.model_id.c_str(), url_host.c_str(), *port, a.parallel, s.ctx,
                store ? store->dir().c_str() : "off");
-  std::printf("listening on http://%s:%d\n", so.host.c_str(), *port);
+  std::printf("listening on http://%s:%d\n", url_host.c_str(), *port);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);

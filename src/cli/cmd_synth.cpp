@@ -22,9 +22,11 @@ int run_synth(const SynthArgs& a) {
   if (!shape.is_ok()) return fail(shape.status().message());
   auto q = parse_synth_quant(a.quant);
   if (!q.is_ok()) return fail(q.status().message());
+  if (Status st = synth_check(*shape, *q); !st.is_ok()) return fail("--quant " + st.message());
   {
     namespace fs = std::filesystem;
     std::error_code ec;
+    if (a.out.empty()) return fail("--out: an empty directory name");
     if (fs::exists(a.out, ec) && !fs::is_directory(a.out, ec))
       return fail("--out " + a.out + ": exists and is not a directory");
     if (fs::is_directory(a.out, ec) && !fs::is_empty(a.out, ec) && !a.force)

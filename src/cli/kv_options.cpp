@@ -92,6 +92,8 @@ Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s) {
                    st.status().message().c_str());
       return a;
     }
+    // (The store's own messages that already name the flag are not prefixed twice.)
+    if (st.status().message().rfind("--kv-store", 0) == 0) return st.status();
     return st.status().with_context("--kv-store " + o.dir);
   }
   a.store_ = std::move(st).value();

@@ -196,7 +196,22 @@ class Builder {
 
 }  // namespace
 
+Status synth_check(const SynthShape& sh, const SynthQuant& q) {
+  if (q.bits == 0) return Status::ok();
+  // Every quantized matrix's input width must hold whole groups.
+  const std::pair<const char*, int64_t> widths[] = {{"hidden size", sh.hidden},
+                                                    {"attention width (heads x head dim)", int64_t(sh.heads) * sh.head_dim},
+                                                    {"FFN width", sh.ffn},
+                                                    {"expert width", sh.moe() ? sh.moe_ffn : sh.hidden}};
+  for (const auto& [what, n] : widths)
+    if (n % q.group_size != 0)
+      return invalid_argument(q.name() + ": a group of " + std::to_string(q.group_size) + " does not divide " + sh.name +
+                              "'s " + what + " (" + std::to_string(n) + "); use a smaller group");
+  return Status::ok();
+}
+
 Result<std::unique_ptr<SynthModel>> synth_build(const SynthShape& sh, const SynthQuant& q, uint64_t seed) {
+  ANVIL_RETURN_IF_ERROR(synth_check(sh, q));
   auto m = std::make_unique<SynthModel>();
   m->shape = sh;
   m->quant = q;

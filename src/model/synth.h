@@ -39,6 +39,9 @@ struct SynthQuant {
 // "q4g64", "q8g64", "q4g32", "bf16", ...
 Result<SynthQuant> parse_synth_quant(const std::string& s);
 
+// Whether the quantization fits the shape (each matrix's input width a multiple of the group).
+Status synth_check(const SynthShape& shape, const SynthQuant& q);
+
 // config.json text for the shape (model_type qwen3, MLX quantization block when quantized).
 std::string synth_config_json(const SynthShape& shape, const SynthQuant& q);
 

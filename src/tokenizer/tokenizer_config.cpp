@@ -164,9 +164,10 @@ Result<std::string> apply_chat_template(const TokenizerConfig& cfg, const ojson&
   if (cfg.has_eos_token) ctx["eos_token"] = cfg.eos_token;
   if (cfg.has_unk_token) ctx["unk_token"] = cfg.unk_token;
   if (cfg.has_pad_token) ctx["pad_token"] = cfg.pad_token;
-  if (enable_thinking.has_value()) ctx["enable_thinking"] = *enable_thinking;
   if (extra_context.is_object())
     for (auto it = extra_context.begin(); it != extra_context.end(); ++it) ctx[it.key()] = it.value();
+  // An explicit --thinking / --no-thinking wins over an enable_thinking among the extra variables.
+  if (enable_thinking.has_value()) ctx["enable_thinking"] = *enable_thinking;
 
   ANVIL_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::compile(source));
   return tmpl.render(ctx);

@@ -121,6 +121,9 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
       {{"bench-kv", "--synthetic", "tiny", "--prompt-tokens", "-5"}, "--prompt-tokens must be in"},
       {{"bench-kv", "--synthetic", "tiny", "--open-lookup", "3"}, "--open-lookup must be"},
       {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "--ctx must be >= 1"},
+      {{"serve", "-m", kModel, "--no-kv-store", "--host", ""}, "--host is empty"},
+      {{"synth", "--shape", "tiny", "--out", ""}, "--out: an empty directory name"},
+      {{"synth", "--shape", "tiny-moe", "--quant", "q4g128", "--out", (victim / "moe").string()}, "does not divide"},
   };
   for (const Case& c : cases) {
     auto r = run_anvil(c.args, true);

@@ -68,6 +68,22 @@ TEST(CliTemplate, MatchesReferenceByteForByte) {
   }
 }
 
+// An explicit --thinking / --no-thinking wins over enable_thinking among --context's variables.
+TEST(CliTemplate, ThinkingFlagWinsOverTheContextFile) {
+  ojson c = find_case("multi_turn");
+  ASSERT_FALSE(c.is_null());
+  const std::string base = "template -m " + kDir + "/qwen3 --messages " + write_temp("m2.json", c["messages"].dump());
+  const std::string ctx = write_temp("ctx.json", R"({"enable_thinking": false})");
+  RunResult flag_only = run(base + " --thinking");
+  RunResult both = run(base + " --thinking --context " + ctx);
+  RunResult ctx_only = run(base + " --context " + ctx);
+  RunResult off = run(base + " --no-thinking");
+  ASSERT_EQ(flag_only.exit_code, 0);
+  EXPECT_EQ(both.out, flag_only.out);
+  EXPECT_EQ(ctx_only.out, off.out) << "without the flag the context file's value applies";
+  EXPECT_NE(flag_only.out, off.out) << "the case must render thinking on and off differently";
+}
+
 // A model directory whose tokenizer_config.json carries one of the real templates.
 std::string model_dir_with(const std::string& template_name) {
   ojson src = load(kDir + "/real/sources.json")["templates"][template_name];
