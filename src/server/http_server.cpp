@@ -600,7 +600,6 @@ void HttpServer::Impl::routes() {
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
-    e.status = res.status;
     if (res.status == 404 && !allowed_methods(req.path).empty()) {
       // A known endpoint under another method: 405 with the methods it takes, as vLLM answers.
       res.status = 405;

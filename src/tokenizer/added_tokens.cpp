@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode_class.h"
 
 namespace anvil::tok {
@@ -17,6 +18,21 @@ bool last_cp(std::string_view s, size_t end, uint32_t* cp, size_t* start) {
   if (utf8_decode_one(s, i, cp) == 0) return false;
   *start = i;
   return true;
+}
+
+// The Rust regex crate's \w (Alphabetic, M, Nd, Pc, Join_Control): what tokenizers' added tokens
+// with single_word take for a word character next to a match. Through the pre-tokenizers' regex
+// layer (PCRE2, its tables brought to the Unicode version tokenizers has).
+bool is_regex_word_cp(uint32_t c) {
+  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+  static const auto word = tok::compile_regex(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", false, "\\w");
+  if (!word.is_ok()) return is_alnum_cp(c);
+  std::string s;
+  append_utf8(s, c);
+  thread_local std::vector<tok::SplitRange> ranges;
+  ranges.clear();
+  tok::regex_ranges(**word, s, ranges);
+  return !ranges.empty() && ranges[0].is_match;
 }
 
 }  // namespace

@@ -2,9 +2,6 @@
 
 #include <utf8proc.h>
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include "tokenizer/byte_level.h"
 
 namespace anvil::tok {
@@ -22,26 +19,6 @@ bool is_alnum_cp(uint32_t c) {
     default:
       return false;
   }
-}
-
-bool is_regex_word_cp(uint32_t c) {
-  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
-  // PCRE2's property tables (Alphabetic and Join_Control are not in utf8proc's), compiled once.
-  static pcre2_code* const word = [] {
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    const char* p = R"(^[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]$)";
-    return pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off,
-                         nullptr);
-  }();
-  if (!word) return is_alnum_cp(c);
-  std::string s;
-  append_utf8(s, c);
-  thread_local struct Md {
-    pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
-    ~Md() { pcre2_match_data_free(md); }
-  } tl;
-  return pcre2_match(word, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0, 0, tl.md, nullptr) >= 0;
 }
 
 bool is_numeric_cp(uint32_t c) {

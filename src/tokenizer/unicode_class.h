@@ -9,9 +9,6 @@ namespace anvil::tok {
 
 bool is_whitespace_cp(uint32_t c);   // Rust char::is_whitespace (the White_Space property)
 bool is_alnum_cp(uint32_t c);        // Rust char::is_alphanumeric
-// The Rust regex crate's \w (Alphabetic, M, Nd, Pc, Join_Control): what tokenizers' added tokens
-// with single_word take for a word character next to a match.
-bool is_regex_word_cp(uint32_t c);
 bool is_numeric_cp(uint32_t c);      // Rust char::is_numeric: general category Nd, Nl or No
 bool is_punctuation_cp(uint32_t c);  // tokenizers' is_punc: ASCII punctuation or category P*
 // Appends Rust's char::to_lowercase(c): the full lowercase mapping (U+0130 becomes two scalars).

@@ -116,6 +116,14 @@ std::vector<int32_t> chain_tokens(int n_pages, int base) {
   return t;
 }
 
+// Records session `name` over the full pages of `toks` (sequence 0) in a store opened and closed here.
+void record_session(Rig& r, const std::string& name, const std::vector<int32_t>& toks, int pages) {
+  auto st = r.open();
+  ASSERT_TRUE(st->session_begin(name, 0, toks, 64).is_ok());
+  r.write(*st, toks, 0, pages);
+  ASSERT_TRUE(st->session_end(0, pages * P, -1, *r.pool).is_ok());
+}
+
 int64_t verify_problems(KVStore& st) {
   std::vector<std::string> problems;
   int64_t n = 0;
@@ -882,12 +890,7 @@ TEST(KVPageRecord, HeaderIsTheWholeObjectDumped) {
 TEST(KVStore, DamagedSessionRowIsAnErrorAndFormatOneIsMigrated) {
   Rig r;
   const auto toks = chain_tokens(2, 300);
-  {
-    auto st = r.open();
-    ASSERT_TRUE(st->session_begin("s", 0, toks, 64).is_ok());
-    r.write(*st, toks, 0, 2);
-    ASSERT_TRUE(st->session_end(0, 2 * P, -1, *r.pool).is_ok());
-  }
+  record_session(r, "s", toks, 2);
   const std::string cat = r.dir + "/catalog.db";
   auto set_tokens = [&](std::vector<int32_t> t) {
     SqliteDb db;
@@ -962,12 +965,7 @@ TEST(KVStore, SessionIsUnsavedWhenTheStoreDirectoryIsRemovedMeanwhile) {
 // as it is when repair is off (anvil kv) and moved aside when on (a model run: the store is a cache).
 TEST(KVStore, NewerOrDamagedCatalogsAreReportedNotOverwritten) {
   Rig r;
-  {
-    auto st = r.open();
-    ASSERT_TRUE(st->session_begin("s", 0, chain_tokens(2, 300), 64).is_ok());
-    r.write(*st, chain_tokens(2, 300), 0, 2);
-    ASSERT_TRUE(st->session_end(0, 2 * P, -1, *r.pool).is_ok());
-  }
+  record_session(r, "s", chain_tokens(2, 300), 2);
   const std::string cat = r.dir + "/catalog.db";
   {
     SqliteDb db;

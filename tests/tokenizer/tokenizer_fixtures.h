@@ -1,8 +1,14 @@
 // Shared helpers for the tokenizer tests: the conformance corpus and the expected results that
 // scripts/make_tokenizer_fixtures.py froze from Hugging Face tokenizers.
 #pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,6 +20,36 @@
 namespace anvil::test {
 
 inline std::string tokenizer_data(const std::string& rel) { return std::string(ANVIL_TEST_DATA) + "/tokenizer/" + rel; }
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The tests that run Hugging Face tokenizers from Python as their reference (and skip without it).
+inline bool python_tokenizers_available() { return std::system("python3 -c 'import tokenizers' 2>/dev/null") == 0; }
+inline constexpr const char* kNoPythonTokenizers =
+    "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
+
+// A fresh scratch directory for one test (per process).
+inline std::string scratch_dir(const std::string& what) {
+  const std::string dir = ::testing::TempDir() + "/" + what + "_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Runs the Python `script` with `dir` as its argument; the script writes dir/expected.json, which
+// is returned (null, with a test failure, when the script fails).
+inline nlohmann::json run_python_reference(const std::string& dir, const std::string& script) {
+  std::ofstream(dir + "/ref.py") << script;
+  if (std::system(("python3 " + dir + "/ref.py " + dir).c_str()) != 0) {
+    ADD_FAILURE() << "the Python reference script failed (" << dir << "/ref.py)";
+    return nullptr;
+  }
+  return nlohmann::json::parse(read_text(dir + "/expected.json"));
+}
 
 inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;

@@ -26,20 +26,7 @@ namespace {
 using nlohmann::json;
 using test::tokenizer_data;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool have_tokenizers() { return std::system("python3 -c 'import tokenizers' 2>/dev/null") == 0; }
-
-std::string temp_dir(const char* what) {
-  const std::string dir = ::testing::TempDir() + "/" + what + "_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using test::read_text;
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 
@@ -90,7 +77,7 @@ std::string first_differences(const Ranges& a, const Ranges& b) {
 // four more patterns pin down: [\P{L}x] still takes the letters new since Unicode 14, [\p{Cn}] the
 // characters assigned since.
 TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
-  if (!have_tokenizers()) GTEST_SKIP() << "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
   const bool all_planes = std::getenv("ANVIL_UNICODE_ALL_PLANES") && std::string(std::getenv("ANVIL_UNICODE_ALL_PLANES")) == "1";
   std::vector<uint32_t> cps;
   for (uint32_t c = 0; c < 0x110000; ++c) {
@@ -134,7 +121,7 @@ TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
       {R"([\p{Mn}])", [](const UnicodeDeltaRange& d) { return std::string(d.old_gc) == "Mn"; }},
       {R"([\p{Cn}])", [](const UnicodeDeltaRange& d) { return std::string(d.old_gc) == "Cn"; }},
   };
-  const std::string dir = temp_dir("onig_unicode16");
+  const std::string dir = test::scratch_dir("onig_unicode16");
   std::vector<std::string> python_patterns = patterns;
   for (const auto& k : known) python_patterns.push_back(k.pattern);
   std::ofstream(dir + "/patterns.json") << json(python_patterns).dump();
@@ -155,9 +142,8 @@ TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
       "                else: r.append([c, c])\n"
       "    out.append(r)\n"
       "json.dump(out, open(d + '/expected.json', 'w'))\n";
-  std::ofstream(dir + "/ref.py") << py;
-  ASSERT_EQ(std::system(("python3 " + dir + "/ref.py " + dir).c_str()), 0);
-  const json want = json::parse(read_file(dir + "/expected.json"));
+  const json want = test::run_python_reference(dir, py);
+  ASSERT_FALSE(want.is_null());
   ASSERT_EQ(want.size(), python_patterns.size());
   size_t compared = 0;
   for (size_t i = 0; i < patterns.size(); ++i) {
@@ -250,9 +236,9 @@ std::vector<std::string> unicode16_texts(int random_count) {
 // Oniguruma reads as the letters "pL"), encode texts of Unicode 15 and 16 characters as tokenizers
 // does.
 TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
-  if (!have_tokenizers()) GTEST_SKIP() << "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
-  const std::string dir = temp_dir("onig_unicode16_enc");
-  const json base = json::parse(read_file(tokenizer_data("qwen3/tokenizer.json")));
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  const std::string dir = test::scratch_dir("onig_unicode16_enc");
+  const json base = json::parse(read_text(tokenizer_data("qwen3/tokenizer.json")));
   ASSERT_EQ(base["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
   const json byte_level = base["pre_tokenizer"]["pretokenizers"][1];
   auto with_split = [&](const std::string& pattern) {
@@ -296,9 +282,8 @@ TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
       "    tok = Tokenizer.from_file(d + '/' + n + '.json')\n"
       "    out[n] = [tok.encode(t, add_special_tokens=False).ids for t in texts]\n"
       "json.dump(out, open(d + '/expected.json', 'w'))\n";
-  std::ofstream(dir + "/ref.py") << py;
-  ASSERT_EQ(std::system(("python3 " + dir + "/ref.py " + dir).c_str()), 0);
-  const json want = json::parse(read_file(dir + "/expected.json"));
+  const json want = test::run_python_reference(dir, py);
+  ASSERT_FALSE(want.is_null());
   size_t code_points = 0;
   for (const auto& t : texts)
     for (char c : t) code_points += (uint8_t(c) & 0xC0) != 0x80;

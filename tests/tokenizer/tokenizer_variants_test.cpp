@@ -23,15 +23,10 @@ using nlohmann::json;
 using test::fnv1a64;
 using test::tokenizer_data;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::read_text;
 
 const json& variants() {
-  static const json v = json::parse(read_file(tokenizer_data("variants/variants.json")));
+  static const json v = json::parse(read_text(tokenizer_data("variants/variants.json")));
   return v;
 }
 
@@ -45,7 +40,7 @@ std::vector<std::string> variant_names() {
 std::string variant_json(const std::string& name) {
   for (const auto& v : variants()) {
     if (v["name"] != name) continue;
-    json j = json::parse(read_file(tokenizer_data(v["base"].get<std::string>() + "/tokenizer.json")));
+    json j = json::parse(read_text(tokenizer_data(v["base"].get<std::string>() + "/tokenizer.json")));
     for (auto it = v["overrides"].begin(); it != v["overrides"].end(); ++it) {
       const std::string& k = it.key();
       if (k.rfind("model.", 0) == 0) j["model"][k.substr(6)] = it.value();
@@ -168,7 +163,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Variant, ::testing::ValuesIn(variant_names())
 // The files the hub ships for Mistral-7B / Mixtral have exactly this shape; a regression that
 // refused them would otherwise only show as a skipped model.
 TEST(SentencePieceLayout, MistralStyleFileHasTheExpectedShape) {
-  const json j = json::parse(read_file(tokenizer_data("sp-llama/tokenizer.json")));
+  const json j = json::parse(read_text(tokenizer_data("sp-llama/tokenizer.json")));
   EXPECT_TRUE(j["pre_tokenizer"].is_null());
   EXPECT_EQ(j["normalizer"]["normalizers"][0]["type"], "Prepend");
   EXPECT_EQ(j["normalizer"]["normalizers"][1]["type"], "Replace");
@@ -268,11 +263,9 @@ namespace {
 // replaced by one made of \s and \w, encode characters on those edges as tokenizers does (run
 // here from Python; the test skips without it).
 TEST(OnigurumaClasses, WhitespaceAndWordEscapesMatchTokenizers) {
-  if (std::system("python3 -c 'import tokenizers' 2>/dev/null") != 0)
-    GTEST_SKIP() << "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
-  const std::string dir = ::testing::TempDir() + "/onig_classes_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  json base = json::parse(read_file(tokenizer_data("qwen3/tokenizer.json")));
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  const std::string dir = test::scratch_dir("onig_classes");
+  json base = json::parse(read_text(tokenizer_data("qwen3/tokenizer.json")));
   json words = base;
   ASSERT_EQ(words["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
   words["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = R"(\w+|\s+|[^\s\w]+|\W)";
@@ -289,14 +282,15 @@ TEST(OnigurumaClasses, WhitespaceAndWordEscapesMatchTokenizers) {
       "from tokenizers import Tokenizer\n"
       "d = sys.argv[1]\n"
       "texts = json.load(open(d + '/texts.json'))\n"
-      "out = {n: [Tokenizer.from_file(d + '/' + n + '.json').encode(t, add_special_tokens=False).ids for t in texts]\n"
-      "       for n in ('qwen3', 'words')}\n"
+      "out = {}\n"
+      "for n in ('qwen3', 'words'):\n"
+      "    tok = Tokenizer.from_file(d + '/' + n + '.json')  # once: the file is 11 MB\n"
+      "    out[n] = [tok.encode(t, add_special_tokens=False).ids for t in texts]\n"
       "json.dump(out, open(d + '/expected.json', 'w'))\n";
-  std::ofstream(dir + "/ref.py") << py;
-  ASSERT_EQ(std::system(("python3 " + dir + "/ref.py " + dir).c_str()), 0);
-  const json want = json::parse(read_file(dir + "/expected.json"));
+  const json want = test::run_python_reference(dir, py);
+  ASSERT_FALSE(want.is_null());
   for (const char* name : {"qwen3", "words"}) {
-    auto tok = Tokenizer::from_json_text(read_file(dir + "/" + name + ".json"), name);
+    auto tok = Tokenizer::from_json_text(read_text(dir + "/" + name + ".json"), name);
     ASSERT_TRUE(tok.is_ok()) << tok.status().message();
     for (size_t i = 0; i < texts.size(); ++i)
       EXPECT_EQ(json((*tok)->encode(texts[i], false)), want[name][i]) << name << ": " << json(texts[i]).dump();
@@ -309,10 +303,8 @@ TEST(OnigurumaClasses, WhitespaceAndWordEscapesMatchTokenizers) {
 // match, '½' does not, whatever the token's own edges. Reference: tokenizers, from Python (skips
 // without it).
 TEST(OnigurumaClasses, SingleWordAddedTokensMatchTokenizers) {
-  if (std::system("python3 -c 'import tokenizers' 2>/dev/null") != 0)
-    GTEST_SKIP() << "python3 with tokenizers is not installed (scripts/setup.sh puts it in .pydeps)";
-  const std::string dir = ::testing::TempDir() + "/single_word_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  const std::string dir = test::scratch_dir("single_word");
   const std::vector<std::string> texts = {"_ab", "ab\u00bd", "ab\u0301", "x ab y", "ab", "aab", "ab1", "a\u200dab",
                                           "q<x>q", "<x>", "\u00bdab\u00bd", "ab_ ab"};
   std::ofstream(dir + "/texts.json") << json(texts).dump();
@@ -327,9 +319,8 @@ TEST(OnigurumaClasses, SingleWordAddedTokensMatchTokenizers) {
       "tok.save(d + '/tokenizer.json')\n"
       "texts = json.load(open(d + '/texts.json'))\n"
       "json.dump([tok.encode(t, add_special_tokens=False).ids for t in texts], open(d + '/expected.json', 'w'))\n";
-  std::ofstream(dir + "/ref.py") << py;
-  ASSERT_EQ(std::system(("python3 " + dir + "/ref.py " + dir).c_str()), 0);
-  const json want = json::parse(read_file(dir + "/expected.json"));
+  const json want = test::run_python_reference(dir, py);
+  ASSERT_FALSE(want.is_null());
   auto tok = Tokenizer::load(dir + "/tokenizer.json");
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
   for (size_t i = 0; i < texts.size(); ++i)
