@@ -29,6 +29,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 int main(int argc, char** argv) {
   CLI::App app{"anvil: a native LLM inference engine for Qwen3-family (MLX and Hugging Face safetensors) models"};
+  app.name("anvil");  // help's usage lines read "anvil run [OPTIONS]", not "run [OPTIONS]"
   app.set_version_flag("--version", "anvil 0.1.0");
   app.require_subcommand(1);
   auto& reg = anvil::cli::command_registry();

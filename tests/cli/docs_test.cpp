@@ -69,6 +69,8 @@ TEST(CliDocs, EveryHelpOptionIsInTheReference) {
     EXPECT_FALSE(own.empty()) << "docs/cli.md has no '## anvil " << c << "' section";
     auto help = run_anvil({c, "--help"});
     ASSERT_EQ(help.exit_code, 0) << c;
+    // The usage line is one a user can paste: it names the program and the command.
+    EXPECT_NE(help.out.find("Usage: anvil " + c + " "), std::string::npos) << help.out.substr(0, 200);
     auto flags = long_flags(help.out);
     EXPECT_FALSE(flags.empty()) << c;
     for (const std::string& f : flags)
