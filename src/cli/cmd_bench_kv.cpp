@@ -320,14 +320,13 @@ int bench_overhead(BenchKvArgs& a) {
   auto stack = build_stack(a.model, a.batch);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
-  if (a.kv.off) return fail("bench-kv needs the store (drop --no-kv-store)");
   auto fresh = fresh_store_dir(a.kv.dir, "/tmp/anvil-bench-kv-overhead");
   if (!fresh.is_ok()) return fail(fresh.status().message());
   a.kv.dir = *fresh;
   auto attached = attach_kv_store(a.kv, s);
   if (!attached.is_ok()) return fail(attached.status().message());
   AttachedStore& store = *attached;
-  if (!store) return fail("bench-kv needs the store (drop --no-kv-store)");
+  if (!store) return fail("bench-kv: the store did not open");
   const ModelConfig& c = s.model->config;
   std::mt19937_64 rng(0);
   GenerateRequest req;
@@ -418,7 +417,7 @@ Command reg("bench-kv", "Benchmark the durable KV store: decode overhead on vs o
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<BenchKvArgs>();
               add_model_options(app, a->model);
-              add_kv_store_options(app, a->kv, false);
+              add_kv_store_options(app, a->kv, /*session_flags=*/false, /*off_flag=*/false);
               app.add_option("--prompt-tokens", a->prompt, "Prompt length in tokens (random ids)")->capture_default_str();
               app.add_option("-n,--max-tokens", a->n, "Tokens to generate per run")->capture_default_str();
               app.add_option("--seqs", a->batch, "Sequences decoded together (per-token time = per step)")
@@ -433,8 +432,23 @@ Command reg("bench-kv", "Benchmark the durable KV store: decode overhead on vs o
               app.add_option("--reps", a->reps, "--restore-pages: repetitions (medians reported)")
                   ->capture_default_str();
               app.add_flag("--json", a->json, "Print one line of JSON");
-              return [a] {
+              return [a, &app] {
                 if (Status st = check_bench_kv_args(*a); !st.is_ok()) return fail(st.message());
+                // --open-lookup and --restore-pages build their own store and pool (no model): a flag
+                // they would ignore is refused by name instead.
+                if (a->restore_pages > 0 || a->open_lookup > 0) {
+                  const char* mode = a->restore_pages > 0 ? "--restore-pages" : "--open-lookup";
+                  std::vector<std::string> used = {"--kv-store", "--json", "--open-lookup", "--restore-pages", "--help"};
+                  if (a->restore_pages > 0) used.insert(used.end(), {"--reps", "--device"});
+                  for (const CLI::Option* o : app.get_options()) {
+                    if (o->count() == 0) continue;
+                    if (o->get_lnames().empty()) continue;
+                    const std::string name = "--" + o->get_lnames().front();
+                    if (std::find(used.begin(), used.end(), name) == used.end())
+                      return fail(name + " has no effect with " + std::string(mode) +
+                                  " (it measures a store and pool of its own)");
+                  }
+                }
                 if (a->restore_pages > 0) return bench_restore(*a);
                 return a->open_lookup > 0 ? bench_open_lookup(*a) : bench_overhead(*a);
               };

@@ -4,14 +4,14 @@
 
 namespace anvil::cli {
 
-void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags) {
+void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags, bool off_flag) {
   app.add_option("--kv-store", f.dir,
                  "Durable KV store directory (default: $XDG_CACHE_HOME/anvil/kv or ~/.cache/anvil/kv)")
       ->check([](const std::string& v) {
         return v.empty() ? std::string("an empty directory name (leave --kv-store out for the default store)")
                          : std::string();
       });
-  app.add_flag("--no-kv-store", f.off, "Do not persist or restore KV pages");
+  if (off_flag) app.add_flag("--no-kv-store", f.off, "Do not persist or restore KV pages");
   app.add_option("--kv-store-max", f.max, "Size cap of the store (LRU eviction of unreferenced pages)")
       ->capture_default_str();
   app.add_option("--kv-durability", f.durability,

@@ -26,7 +26,8 @@ struct KVStoreFlags {
   bool resume = false;
   bool profile = false;
 };
-void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags = true);
+// `off_flag`: whether --no-kv-store is offered (bench-kv measures the store and has none).
+void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags = true, bool off_flag = true);
 // The --kv-store directory (flag or default) and the store options the flags describe.
 Result<KVStoreOptions> kv_store_options(const KVStoreFlags& f);
 

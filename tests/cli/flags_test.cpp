@@ -103,7 +103,8 @@ TEST(CliSampling, BadValuesAreRefusedByName) {
 // A bad --kv-warm size is refused by name before the model loads.
 // Flags whose bad values once did harm: an empty --api-key (authentication silently off), a
 // negative --max-body (wrapped to no limit), --threads past any machine (an abort), bench-kv on a
-// directory of someone else's files (deleted), bench-kv's own ranges (aborts); and tokenize takes
+// directory of someone else's files (deleted), bench-kv's own ranges (aborts) and flags its
+// --open-lookup / --restore-pages modes would ignore; and tokenize takes
 // an empty file or stdin as no ids, as it does an empty -p.
 TEST(CliFlags, HarmfulValuesAreRefused) {
   struct Case {
@@ -120,6 +121,9 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
       {{"bench-kv", "--kv-store", victim.string(), "--open-lookup", "10"}, "new or empty directory"},
       {{"bench-kv", "--synthetic", "tiny", "--prompt-tokens", "-5"}, "--prompt-tokens must be in"},
       {{"bench-kv", "--synthetic", "tiny", "--open-lookup", "3"}, "--open-lookup must be"},
+      {{"bench-kv", "--open-lookup", "64", "--kv-durability", "bogus"}, "--kv-durability has no effect with --open-lookup"},
+      {{"bench-kv", "--restore-pages", "8", "--synthetic", "tiny"}, "--synthetic has no effect with --restore-pages"},
+      {{"bench-kv", "--synthetic", "tiny", "--no-kv-store"}, "not expected: --no-kv-store"},
       {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "--ctx must be >= 1"},
       {{"serve", "-m", kModel, "--no-kv-store", "--host", ""}, "--host is empty"},
       {{"synth", "--shape", "tiny", "--out", ""}, "--out: an empty directory name"},
