@@ -40,6 +40,36 @@ std::string quant_desc(const WeightMatrix& m) {
          std::string(dtype_name(m.dtype)) + " scales)";
 }
 
+// The formats of a group of matrices, most common first, with their counts: a mixed checkpoint
+// (mlx-community's "mixed", DWQ, per-module overrides) shows each with its share.
+std::vector<std::pair<int, std::string>> format_counts(const std::vector<const WeightMatrix*>& mats) {
+  std::map<std::string, int> formats;
+  for (const WeightMatrix* m : mats)
+    if (m->data) ++formats[quant_desc(*m)];
+  std::vector<std::pair<int, std::string>> by_count;
+  for (auto& [f, n] : formats) by_count.push_back({n, f});
+  std::stable_sort(by_count.begin(), by_count.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  return by_count;
+}
+
+std::string formats_desc(const std::vector<std::pair<int, std::string>>& by_count) {
+  int total = 0;
+  for (auto& [n, f] : by_count) total += n;
+  std::string d = by_count.empty() ? "-" : "";
+  for (size_t i = 0; i < by_count.size(); ++i) {
+    if (i) d += ", ";
+    d += by_count[i].second;
+    if (by_count.size() > 1) d += " (" + std::to_string(by_count[i].first) + " of " + std::to_string(total) + ")";
+  }
+  return by_count.size() > 1 ? "mixed: " + d : d;
+}
+
+nlohmann::json formats_json(const std::vector<std::pair<int, std::string>>& by_count) {
+  nlohmann::json j = nlohmann::json::object();
+  for (auto& [n, f] : by_count) j[f] = n;
+  return j;
+}
+
 int run_inspect(const InspectArgs& a) {
   if (a.model.empty() == a.synthetic.empty()) return fail("give exactly one of -m/--model DIR and --synthetic NAME");
   if (a.ctx < 1) return fail("--ctx must be >= 1, got " + std::to_string(a.ctx));
@@ -54,6 +84,19 @@ int run_inspect(const InspectArgs& a) {
                  "[anvil] warning: --ctx %d is above the model's max_position_embeddings (%d): positions past it "
                  "were never trained (generate caps its default context there)\n",
                  a.ctx, c.max_position_embeddings);
+  // The layers' dense matrices (attention, dense MLPs, a shared expert) and the routed experts'.
+  std::vector<const WeightMatrix*> layer_mats, expert_mats, router_mats;
+  for (const auto& l : w.layers) {
+    for (const WeightMatrix* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) layer_mats.push_back(x);
+    if (!l.moe) continue;
+    router_mats.push_back(&l.experts.router);
+    for (const WeightMatrix* x : {&l.experts.shared_gate, &l.experts.shared_up, &l.experts.shared_down})
+      layer_mats.push_back(x);
+    for (const auto* v : {&l.experts.gate, &l.experts.up, &l.experts.down})
+      for (const WeightMatrix& x : *v) expert_mats.push_back(&x);
+  }
+  const auto layer_formats = format_counts(layer_mats), expert_formats = format_counts(expert_mats),
+             router_formats = format_counts(router_mats);
   const size_t kv_elem = a.kv_dtype == "bf16" ? 2 : 4;
   const size_t kv_per_token = size_t(2) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_elem;
   const size_t weights = w.total_bytes();
@@ -111,6 +154,12 @@ int run_inspect(const InspectArgs& a) {
                   {"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
                   {"norm_topk_prob", c.norm_topk_prob}, {"moe_layers", moe_layers}};
     }
+    j["formats"] = {{"embed", quant_desc(w.embed)}, {"lm_head", quant_desc(w.lm_head)},
+                    {"layers", formats_json(layer_formats)}};
+    if (c.is_moe()) {
+      j["formats"]["experts"] = formats_json(expert_formats);
+      j["formats"]["router"] = formats_json(router_formats);
+    }
     j["weight_bytes"] = weights;
     j["bytes_per_token"] = per_token;
     j["kv_bytes_per_token"] = kv_per_token;
@@ -130,41 +179,20 @@ int run_inspect(const InspectArgs& a) {
   std::printf("features         %s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
               c.rope_scaling.type.empty() ? "" : ("rope-" + c.rope_scaling.type + " ").c_str(),
               w.tied ? "tied-embeddings" : "separate-lm-head");
-  // Every layer matrix's format, most common first: a mixed checkpoint (mlx-community's "mixed",
-  // DWQ, per-module overrides) shows each with its share.
-  std::map<std::string, int> formats;
-  int n_mats = 0;
-  for (const auto& l : w.layers)
-    for (const WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
-      if (m->data) ++formats[quant_desc(*m)], ++n_mats;
-  std::vector<std::pair<int, std::string>> by_count;
-  for (auto& [f, n] : formats) by_count.push_back({n, f});
-  std::sort(by_count.begin(), by_count.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  std::string layers_desc = by_count.empty() ? "-" : "";
-  for (size_t i = 0; i < by_count.size(); ++i) {
-    if (i) layers_desc += ", ";
-    layers_desc += by_count[i].second;
-    if (by_count.size() > 1) layers_desc += " (" + std::to_string(by_count[i].first) + " of " + std::to_string(n_mats) + ")";
-  }
-  if (by_count.size() > 1) layers_desc = "mixed: " + layers_desc;
+  const std::string layers_desc = formats_desc(layer_formats);
   std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(), layers_desc.c_str(),
               quant_desc(w.lm_head).c_str());
   if (c.is_moe()) {
     int moe_layers = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);
-    const WeightMatrix* router = nullptr;
-    for (auto& l : w.layers)
-      if (l.moe) {
-        router = &l.experts.router;
-        break;
-      }
-    std::printf("experts          %d per MoE layer (%d of %d layers), %d per token, width %d%s%s; router %s\n",
+    std::printf("experts          %d per MoE layer (%d of %d layers), %d per token, width %d%s%s; experts %s; "
+                "router %s\n",
                 c.num_experts, moe_layers, c.num_hidden_layers, c.num_experts_per_tok, c.moe_intermediate_size,
                 c.norm_topk_prob ? ", top-k renormalized" : "",
                 c.shared_expert_intermediate_size
                     ? (", shared expert " + std::to_string(c.shared_expert_intermediate_size)).c_str()
                     : "",
-                router ? quant_desc(*router).c_str() : "-");
+                formats_desc(expert_formats).c_str(), formats_desc(router_formats).c_str());
   }
   std::printf("parameters       %.3f M total, %.3f M active per token\n", w.parameter_count() / 1e6,
               w.active_parameter_count() / 1e6);

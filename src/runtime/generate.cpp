@@ -40,7 +40,7 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   for (int i = 0; i < req.max_new_tokens; ++i) {
     int32_t id = ((device_greedy || device_sample) && i > 0) ? next[0]
                                                                : sampler.sample(logits.data(), V, engine.seq_tokens(seq));
-    if (id < 0) return invalid_argument("sampling: every token was filtered out (check --top-k/--top-p/--min-p)");
+    if (id < 0) return internal_error(kNoFiniteLogit);
     t_last = clock::now();
     if (i == 0) t_first = t_last;
     r.ids.push_back(id);

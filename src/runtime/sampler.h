@@ -52,6 +52,13 @@ Status validate(const SamplingParams& p);
 void apply_logit_processors(const SamplingParams& p, float* logits, int vocab, std::span<const int32_t> history,
                             std::span<const int32_t> suppressed = {});
 
+// What a caller reports when sample() returns -1. The filters (top-k, top-p, min-p) always keep a
+// token, so it means no logit was finite: NaN or -inf from the model (a checkpoint with NaN/Inf
+// weights, activations overflowing), or every token suppressed.
+inline constexpr const char* kNoFiniteLogit =
+    "sampling: no token has a finite logit (the model's output is NaN or -inf: check the checkpoint's weights "
+    "for NaN/Inf values), or every token was suppressed";
+
 class Sampler {
  public:
   // `params` must pass validate(); use create() to check.

@@ -505,7 +505,7 @@ void Scheduler::on_token(Active& a, Sampled s) {
   const int32_t id = s.id;
   TokenInfo& info = s.info;
   if (id < 0) {
-    fail(a, invalid_argument("sampling: every token was filtered out (check top_k / top_p / min_p)"));
+    fail(a, internal_error(kNoFiniteLogit));
     return;
   }
   // A session records every sampled token, the end-of-sequence one too (as anvil generate does).

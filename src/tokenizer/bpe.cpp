@@ -65,8 +65,11 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::json& j, A
   m->token_to_id_.reserve(vocab.size());
   m->bytes_to_id_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
       return invalid_argument(join_path(path, "vocab") + "[\"" + it.key() + "\"]: expected a non-negative integer id");
+    if (it.value().get<int64_t>() > kMaxTokenId)
+      return invalid_argument(join_path(path, "vocab") + "[\"" + it.key() + "\"]: id " + it.value().dump() +
+                              " is too large (at most " + std::to_string(kMaxTokenId) + ")");
     const int32_t id = it.value().get<int32_t>();
     if (size_t(id) >= m->id_to_token_.size()) m->id_to_token_.resize(size_t(id) + 1);
     m->id_to_token_[id] = it.key();

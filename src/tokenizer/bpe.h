@@ -23,6 +23,10 @@
 
 namespace anvil::tok {
 
+// The largest token id a tokenizer.json may use: the id tables are dense arrays indexed by id, so an
+// id far beyond any real vocabulary (the largest are ~260k) would ask for gigabytes; it is refused.
+inline constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
+
 class BpeModel {
  public:
   enum class Alphabet { kBytes, kChars };

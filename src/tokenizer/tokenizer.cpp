@@ -25,8 +25,11 @@ Result<std::vector<tok::AddedToken>> parse_added(const nlohmann::json& j) {
     const auto& e = j[i];
     const std::string where = "added_tokens[" + std::to_string(i) + "]";
     if (!e.is_object()) return invalid_argument(where + ": expected an object");
-    if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 || e["id"].get<int64_t>() > INT32_MAX)
+    if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0)
       return invalid_argument(where + ".id: expected a non-negative integer");
+    if (e["id"].get<int64_t>() > tok::kMaxTokenId)
+      return invalid_argument(where + ".id: " + e["id"].dump() + " is too large (at most " +
+                              std::to_string(tok::kMaxTokenId) + ")");
     if (!e.contains("content") || !e["content"].is_string()) return invalid_argument(where + ".content: expected a string");
     tok::AddedToken t;
     t.id = e["id"].get<int32_t>();

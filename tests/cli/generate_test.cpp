@@ -107,6 +107,22 @@ TEST(CliInspect, ReportsTheModel) {
   EXPECT_LT(j["bytes_per_token"].get<double>(), j["weight_bytes"].get<double>() * 1.01);
 }
 
+// An MoE model's expert matrices have their own format line and JSON counts (before, only the
+// attention matrices' format and the router's were shown): one entry per expert matrix.
+TEST(CliInspect, ShowsTheExpertsFormats) {
+  auto r = run_anvil({"inspect", "--synthetic", "tiny-moe:q4g64", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  const int layers = j["layers"], experts = j["moe"]["experts"];
+  ASSERT_EQ(j["moe"]["moe_layers"], layers);
+  const auto& f = j["formats"];
+  EXPECT_EQ(f["experts"], (nlohmann::json{{"q4g64 (BF16 scales)", layers * experts * 3}})) << f.dump();
+  EXPECT_EQ(f["router"], (nlohmann::json{{"q8g64 (BF16 scales)", layers}})) << f.dump();  // routers stay 8-bit
+  EXPECT_EQ(f["layers"], (nlohmann::json{{"q4g64 (BF16 scales)", layers * 4}})) << "q, k, v, o: " << f.dump();
+  auto t = run_anvil({"inspect", "--synthetic", "tiny-moe:q4g64"});
+  EXPECT_NE(t.out.find("experts q4g64 (BF16 scales); router q8g64"), std::string::npos) << t.out;
+}
+
 TEST(CliSynth, WritesALoadableCheckpoint) {
   fs::path dir = fs::temp_directory_path() / ("anvil_synth_" + std::to_string(getpid()));
   auto r = run_anvil({"synth", "--shape", "tiny", "--quant", "q8g64", "--out", dir.string()}, true);

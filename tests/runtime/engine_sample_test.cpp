@@ -217,3 +217,44 @@ TEST(EngineSample, BadArgumentsAreErrors) {
 
 }  // namespace
 }  // namespace anvil::testing
+
+namespace anvil::testing {
+namespace {
+
+// A checkpoint with NaN weights makes every logit NaN. generate() then says so (an internal error
+// naming the logits and the weights), not that the sampling filters removed every token: greedy
+// decoding has no filter to blame.
+TEST(EngineSample, NanWeightsAreReportedAsNonFiniteLogits) {
+  auto m = shared_model("tiny:bf16");
+  ASSERT_TRUE(m);
+  ModelWeights w = m->weights;
+  ASSERT_EQ(w.final_norm.dtype, DType::kBF16);
+  std::vector<uint16_t> nan_norm(size_t(w.final_norm.n), 0x7FC0);  // bf16 quiet NaN
+  w.final_norm.data = nan_norm.data();
+  auto backend = make_cpu_backend(2);
+  auto up = upload_weights(w, *backend);
+  ASSERT_TRUE(up.is_ok()) << up.status().message();
+  auto tf = Transformer::create(m->config, *up, *backend, 64);
+  ASSERT_TRUE(tf.is_ok()) << tf.status().message();
+  FixtureOptions o;
+  auto e = Engine::create(**tf, m->fingerprint, o.engine);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  for (float temperature : {0.0f, 0.8f}) {
+    auto s = (*e)->seq_create();
+    ASSERT_TRUE(s.is_ok());
+    GenerateRequest req;
+    req.prompt = random_ids(5, 1, m->config.vocab_size);
+    req.max_new_tokens = 4;
+    req.sampling.temperature = temperature;
+    req.sampling.top_p = 0.9f;
+    auto r = generate(**e, *s, req, nullptr);
+    ASSERT_FALSE(r.is_ok()) << "T=" << temperature;
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+    EXPECT_NE(r.status().message().find("no token has a finite logit"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("NaN/Inf"), std::string::npos) << r.status().message();
+    (*e)->seq_release(*s);
+  }
+}
+
+}  // namespace
+}  // namespace anvil::testing

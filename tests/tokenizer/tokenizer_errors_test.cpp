@@ -226,6 +226,22 @@ TEST(TokenizerLoad, MalformedAddedToken) {
   EXPECT_ERROR_MENTIONS(load_error(j), StatusCode::kInvalidArgument, "added_tokens[0].content");
 }
 
+// Ids index dense tables: one far past any vocabulary (2^31 - 1 once overflowed the table size and
+// aborted; 4e8 asked for gigabytes) is refused by name, in the added tokens and in the model's vocab.
+TEST(TokenizerLoad, HugeTokenIdsAreRefused) {
+  for (int64_t id : {int64_t(2147483647), int64_t(400000000), int64_t(1) << 24}) {
+    json a = minimal();
+    a["added_tokens"][0]["id"] = id;
+    EXPECT_ERROR_MENTIONS(load_error(a), StatusCode::kInvalidArgument, "added_tokens[0].id: " + std::to_string(id) + " is too large");
+    json v = minimal();
+    v["model"]["vocab"]["abc"] = id;
+    EXPECT_ERROR_MENTIONS(load_error(v), StatusCode::kInvalidArgument, "is too large (at most 16777215)");
+  }
+  json ok = minimal();
+  ok["added_tokens"][0]["id"] = (int64_t(1) << 24) - 1;  // the largest id taken
+  EXPECT_TRUE(Tokenizer::from_json_text(ok.dump(), "test.json").is_ok());
+}
+
 // Split behaviors other than Isolated, checked on a literal "-" pattern with encode/decode of a
 // byte-level vocab: the pieces each behavior produces are visible in the ids.
 TEST(TokenizerLoad, SplitBehaviorsShapePreTokens) {
