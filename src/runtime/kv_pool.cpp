@@ -110,7 +110,26 @@ const std::vector<int32_t>* KVPool::prefix_tokens_of(int32_t page, const Hash128
 
 bool KVPool::prefix_insert(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens, int32_t page) {
   check_used(page, "prefix_insert");
-  if (index_.count(key)) return false;  // already known (or a colliding key): keep the existing page
+  if (auto it = index_.find(key); it != index_.end()) {
+    // Already known. Where the indexed page holds the same prefix and nothing but the index uses it
+    // (loaded ahead of any request, or left by a finished one) while the caller computed the same
+    // page again, the index takes the caller's page and the duplicate goes back to the free list.
+    // Kept, it could not be evicted while the caller's next page is indexed under it (invariant 5),
+    // so a sequence that regenerates a stored chain would hold its pages twice, and a request sized
+    // to the pool would find it full. A colliding key, or a page others use, is left as it is.
+    Entry& e = it->second;
+    if (e.page == page || refcount_[size_t(e.page)] != 1 || e.parent != parent || entry_of_page_[size_t(page)] ||
+        !std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end()))
+      return false;
+    const int32_t old = e.page;
+    entry_of_page_[size_t(old)] = nullptr;
+    entry_of_page_[size_t(page)] = &e;
+    e.page = page;
+    ++refcount_[size_t(page)];  // the index's own reference (the caller holds one, so not evictable)
+    update_evictable(&e, true);
+    kv_page_release(old);  // refcount 1 -> 0: onto the free list
+    return true;
+  }
   Entry* parent_entry = nullptr;
   if (!parent.is_zero()) {
     auto pit = index_.find(parent);

@@ -58,6 +58,8 @@ class KVPool {
   // up, least recently used leaf first, when the pool runs out of free pages.
   // Indexes `page` (a full page whose key, parent and tokens are given) unless the key is already
   // indexed or the parent is not (the page would be unreachable). Returns whether it was indexed.
+  // An indexed page with the same key, parent and tokens that only the index holds is replaced by
+  // `page` and freed (a sequence that computed a stored prefix again holds it once, not twice).
   bool prefix_insert(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens, int32_t page);
   // The page with this key whose parent and token ids are also equal (retained for the caller), or -1.
   int32_t prefix_lookup(const Hash128& key, const Hash128& parent, std::span<const int32_t> tokens);

@@ -100,6 +100,48 @@ TEST(KVPool, EvictsLeavesBeforeParents) {
   (void)a;
 }
 
+// A chain only the index holds (a server's prefixes loaded from the store before any request) and
+// a sequence that computes the same pages again: the index takes the sequence's pages and frees its
+// own, so the pool holds the chain once. Before, the stored chain stayed pinned under the
+// sequence's next page (a parent with an indexed child is never evicted), and a request sized to
+// the pool ran out of pages (a server with 128 pages failed at 1,921 of 2,009 tokens).
+TEST(KVPool, ASequenceRecomputingAnUnusedChainTakesItsPlace) {
+  Pool p(4);
+  std::vector<int32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8}, t2 = {9, 10, 11, 12};
+  const Hash128 k0 = kv_page_key(kRoot, Hash128{}, t0), k1 = kv_page_key(kRoot, k0, t1), k2 = kv_page_key(kRoot, k1, t2);
+  int32_t w0 = p.pool->kv_page_alloc(), w1 = p.pool->kv_page_alloc();  // the loaded chain
+  ASSERT_TRUE(p.pool->prefix_insert(k0, Hash128{}, t0, w0));
+  ASSERT_TRUE(p.pool->prefix_insert(k1, k0, t1, w1));
+  p.pool->kv_page_release(w0);
+  p.pool->kv_page_release(w1);
+  // The sequence computes page 0 (a free page), then page 0's twin is freed when it is published.
+  int32_t s0 = p.pool->kv_page_alloc();
+  ASSERT_TRUE(p.pool->prefix_insert(k0, Hash128{}, t0, s0)) << "the index takes the sequence's page";
+  EXPECT_EQ(p.pool->n_free(), 2) << "the loaded twin is free again";
+  EXPECT_EQ(p.pool->refcount(s0), 2);
+  int32_t s1 = p.pool->kv_page_alloc();
+  ASSERT_TRUE(p.pool->prefix_insert(k1, k0, t1, s1));
+  int32_t s2 = p.pool->kv_page_alloc();
+  ASSERT_TRUE(p.pool->prefix_insert(k2, k1, t2, s2));
+  // The sequence holds 3 pages, the index nothing else: the 4th page is there to take.
+  EXPECT_EQ(p.pool->prefix_entries(), 3u);
+  EXPECT_GE(p.pool->kv_page_alloc(), 0);
+  Hash128 parent;
+  ASSERT_NE(p.pool->prefix_tokens_of(s1, k1, &parent), nullptr);
+  EXPECT_EQ(parent, k0);
+  // A twin another holder uses stays; so does one under another parent or with other tokens.
+  Pool q(4);
+  int32_t u0 = q.pool->kv_page_alloc(), v0 = q.pool->kv_page_alloc();
+  ASSERT_TRUE(q.pool->prefix_insert(k0, Hash128{}, t0, u0));  // u0 held by its sequence and the index
+  EXPECT_FALSE(q.pool->prefix_insert(k0, Hash128{}, t0, v0));
+  EXPECT_EQ(q.pool->prefix_lookup(k0, Hash128{}, t0), u0);
+  q.pool->kv_page_release(u0);
+  q.pool->kv_page_release(u0);  // u0: only the index now
+  EXPECT_FALSE(q.pool->prefix_insert(k0, Hash128{}, t1, v0)) << "a colliding key is never replaced";
+  EXPECT_EQ(q.pool->prefix_lookup(k0, Hash128{}, t0), u0);
+  q.pool->kv_page_release(u0);
+}
+
 TEST(KVPool, PagesInUseAreNeverEvicted) {
   Pool p(2);
   std::vector<int32_t> t0 = {1, 2, 3, 4};
