@@ -9,7 +9,9 @@
 
 namespace anvil {
 
-enum class StatusCode { kOk = 0, kInvalidArgument, kNotFound, kIoError, kCorrupt, kUnsupported, kOutOfMemory, kInternal };
+// kBusy: something is in use by another request or process (a KV store session another process
+// records); trying again later may succeed.
+enum class StatusCode { kOk = 0, kInvalidArgument, kNotFound, kIoError, kCorrupt, kUnsupported, kOutOfMemory, kInternal, kBusy };
 
 class [[nodiscard]] Status {
  public:
@@ -38,6 +40,7 @@ inline Status io_error(std::string m) { return Status(StatusCode::kIoError, std:
 inline Status corrupt(std::string m) { return Status(StatusCode::kCorrupt, std::move(m)); }
 inline Status unsupported(std::string m) { return Status(StatusCode::kUnsupported, std::move(m)); }
 inline Status internal_error(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
+inline Status busy(std::string m) { return Status(StatusCode::kBusy, std::move(m)); }
 
 template <typename T>
 class [[nodiscard]] Result {

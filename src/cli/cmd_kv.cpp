@@ -84,18 +84,32 @@ int run_kv(KvArgs& a) {
       j["segments"] = s.segments;
       j["segment_file_bytes"] = s.segment_file_bytes;
       j["sessions"] = nlohmann::json::array();
-      for (auto& x : sessions)
-        j["sessions"].push_back({{"name", x.name}, {"tokens", x.tokens.size()}, {"durable_tokens", x.durable_pos},
-                                 {"updated", when(x.updated_us)}});
+      for (auto& x : sessions) {
+        if (!x.damaged.empty())  // listed, marked: its token ids are not trusted
+          j["sessions"].push_back({{"name", x.name}, {"damaged", true}, {"error", x.damaged},
+                                   {"updated", when(x.updated_us)}});
+        else
+          j["sessions"].push_back({{"name", x.name}, {"tokens", x.tokens.size()}, {"durable_tokens", x.durable_pos},
+                                   {"updated", when(x.updated_us)}});
+      }
       std::printf("%s\n", j.dump().c_str());
       return 0;
     }
-    std::printf("%s: %lld pages (%s), %lld segments (%s on disk), %zu sessions\n", o.dir.c_str(),
+    size_t damaged = 0;
+    for (auto& x : sessions) damaged += !x.damaged.empty();
+    std::printf("%s: %lld pages (%s), %lld segments (%s on disk), %zu sessions%s\n", o.dir.c_str(),
                 (long long)s.pages, mib(s.page_bytes).c_str(), (long long)s.segments,
-                mib(s.segment_file_bytes).c_str(), sessions.size());
-    for (auto& x : sessions)
-      std::printf("  %-24s %7zu tokens, %7d durable, updated %s UTC\n", x.name.c_str(), x.tokens.size(), x.durable_pos,
-                  when(x.updated_us).c_str());
+                mib(s.segment_file_bytes).c_str(), sessions.size(),
+                damaged ? (" (" + std::to_string(damaged) + " damaged: see anvil kv verify)").c_str() : "");
+    for (auto& x : sessions) {
+      if (!x.damaged.empty())
+        std::printf("  %-24s DAMAGED: its token ids or conversation fail their checksum (anvil kv verify; "
+                    "anvil kv rm %s), updated %s UTC\n",
+                    x.name.c_str(), x.name.c_str(), when(x.updated_us).c_str());
+      else
+        std::printf("  %-24s %7zu tokens, %7d durable, updated %s UTC\n", x.name.c_str(), x.tokens.size(),
+                    x.durable_pos, when(x.updated_us).c_str());
+    }
     return 0;
   }
   if (a.show->parsed()) {

@@ -357,6 +357,13 @@ void KVStore::flush() {
 
 // ---- sessions ----
 
+namespace {
+bool disk_full(const Status& s) {
+  return !s.is_ok() && (s.message().find("disk is full") != std::string::npos ||
+                        s.message().find(std::strerror(ENOSPC)) != std::string::npos);
+}
+}  // namespace
+
 Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name) {
   SqliteStmt q;
   ANVIL_RETURN_IF_ERROR(q.prepare(db_,
@@ -387,16 +394,27 @@ Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name)
 std::vector<SessionInfo> KVStore::list_sessions() {
   std::vector<SessionInfo> out;
   SqliteStmt q;
-  if (!q.prepare(db_, "SELECT name FROM sessions ORDER BY name").is_ok()) return out;
-  std::vector<std::string> names;
+  if (!q.prepare(db_, "SELECT name, fingerprint, durable_pos, updated FROM sessions ORDER BY name").is_ok()) return out;
+  std::vector<SessionInfo> rows;
   while (true) {
     auto r = q.step();
     if (!r.is_ok() || !*r) break;
-    names.push_back(q.col_text(0));
+    SessionInfo s;
+    s.name = q.col_text(0);
+    s.fingerprint = q.col_hash(1);
+    s.durable_pos = int(q.col_int(2));
+    s.updated_us = q.col_int(3);
+    rows.push_back(std::move(s));
   }
-  for (auto& n : names) {
-    auto s = get_session(n);
-    if (s.is_ok() && *s) out.push_back(**s);
+  for (auto& row : rows) {
+    auto s = get_session(row.name);
+    if (s.is_ok()) {
+      if (*s) out.push_back(**s);  // (none: removed meanwhile)
+      continue;
+    }
+    // A damaged row is listed, marked, never left out silently (its tokens are not trusted).
+    row.damaged = s.status().message();
+    out.push_back(std::move(row));
   }
   return out;
 }
@@ -437,13 +455,6 @@ Status KVStore::fork_session(const std::string& from, const std::string& to) {
   return db_.exec("COMMIT");
 }
 
-namespace {
-bool disk_full(const Status& s) {
-  return !s.is_ok() && (s.message().find("disk is full") != std::string::npos ||
-                        s.message().find(std::strerror(ENOSPC)) != std::string::npos);
-}
-}  // namespace
-
 void KVStore::ensure_reserve() {
   const std::string path = opts_.dir + "/reserve";
   struct stat sb;
@@ -457,10 +468,30 @@ void KVStore::ensure_reserve() {
 
 bool KVStore::free_reserve() { return ::unlink((opts_.dir + "/reserve").c_str()) == 0; }
 
+// Invariant 9: claimed first, so that no recording (here or in another process) writes the row
+// back after it is deleted; a claim this store already holds (anvil run's) is kept.
 Status KVStore::remove_session(const std::string& name) {
-  Status st = remove_session_once(name);
-  if (disk_full(st) && free_reserve()) st = remove_session_once(name);
+  bool claimed_here = false;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lk(sess_mu_);
+    if (rec_named(name))
+      return busy("session '" + name + "' is being recorded by this process; it can be removed once its turn has ended");
+    if (!claims_.count(name)) {
+      st = claim_locked(name, /*held=*/true);
+      if (disk_full(st) && free_reserve()) st = claim_locked(name, true);  // its lock file needs room
+      claimed_here = st.is_ok();
+    }
+  }
+  if (st.code() == StatusCode::kBusy)
+    return busy("cannot remove session '" + name + "': it is in use by another process on the store " + opts_.dir +
+                " (being recorded or continued); remove it once that process has finished with it");
+  if (st.is_ok()) {
+    st = remove_session_once(name);
+    if (disk_full(st) && free_reserve()) st = remove_session_once(name);
+  }
   ensure_reserve();
+  if (claimed_here) release_session(name);
   return st;
 }
 
@@ -536,8 +567,8 @@ Status KVStore::claim_locked(const std::string& name, bool held) {
   const std::string path = dir + "/" + hash128(name.data(), name.size()).hex() + ".lock";
   ANVIL_ASSIGN_OR_RETURN(auto f, env_->open_append(path));
   if (!f->try_lock())
-    return invalid_argument("session '" + name + "' is in use by another process on the store " + opts_.dir +
-                            " (one recording per session at a time)");
+    return busy("session '" + name + "' is in use by another process on the store " + opts_.dir +
+                " (one recording per session at a time)");
   claims_[name] = Claim{std::move(f), held};
   return Status::ok();
 }
@@ -560,7 +591,7 @@ Status KVStore::session_begin(const std::string& name, int seq, std::span<const 
   if (!writer_) return internal_error("kv store: session_begin before attach");
   if (name.empty()) return invalid_argument("--session: empty name");
   std::lock_guard<std::mutex> lk(sess_mu_);
-  if (rec_named(name)) return invalid_argument("session '" + name + "' is already being recorded");
+  if (rec_named(name)) return busy("session '" + name + "' is already being recorded");
   if (rec_of_seq(seq)) return internal_error("kv store: sequence " + std::to_string(seq) + " already records a session");
   ANVIL_RETURN_IF_ERROR(claim_locked(name, false));
   auto r = std::make_unique<SessRec>();

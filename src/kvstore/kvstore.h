@@ -39,7 +39,11 @@
 //     each under a distinct name and bound to at most one engine sequence at a time; a recording
 //     lives from session_begin until session_finish has seen its last state committed. Across
 //     processes a name is claimed first (claim_session: the flock of locks/<hash of the name>.lock,
-//     held until session_finish), so two processes never record one session at once.
+//     held until session_finish or release_session), so two processes never record one session at
+//     once. Whoever reads a session to continue it claims it before reading (anvil generate/run,
+//     the server at a request's validation), so what it continues is what is committed; and
+//     remove_session claims it too, so a session another process records is never removed under
+//     it (a recording would write the row back, without the page references it wrote before).
 //
 // A page's life (the function behind each transition):
 //
@@ -119,6 +123,9 @@ struct SessionInfo {
   int tail_first = 0, tail_n = 0;
   int64_t updated_us = 0;
   std::string meta;  // free-form (anvil run keeps its conversation here)
+  // list_sessions only: not empty when the row fails its checksum (invariant 8): why, naming the
+  // session. Its tokens and meta are then empty (never trusted); kv verify reports it, kv rm removes it.
+  std::string damaged;
 };
 
 struct StoreStats {
@@ -155,25 +162,31 @@ class KVStore : public PageStore {
 
   // ---- sessions ----
   Result<std::optional<SessionInfo>> get_session(const std::string& name);
+  // Every session, by name; one whose row fails its checksum is listed too, with `damaged` set.
   std::vector<SessionInfo> list_sessions();
   // Copies session `from` (its tokens, tail and page references) to a new session `to`.
   Status fork_session(const std::string& from, const std::string& to);
+  // Removes session `name` (its row and page references; gc evicts the pages). Refused (kBusy)
+  // while it is being recorded, here or by another process: it claims the name first (invariant
+  // 9), so a recording elsewhere cannot write the row back at its next flush. A claim this store
+  // already holds (claim_session) is kept.
   Status remove_session(const std::string& name);
   // The reserve: kReserveBytes of dir/reserve, made when a store is opened (where there is room),
   // given up when remove_session or gc finds the disk full, so that freeing space never needs space
   // (SQLite's log grows before a delete commits); made again afterwards.
   static constexpr uint64_t kReserveBytes = 4ull << 20;
-  // Claims session `name` for this store (invariant 9): refused while another process has claimed
-  // it. A caller that reads the session before recording it (anvil generate/run) claims it first, so
-  // that no other process changes it in between, and holds it until release_session or the store
-  // closes (across anvil run's turns); session_begin claims it otherwise, and session_finish lets
-  // that claim go (the server's requests).
+  // Claims session `name` for this store (invariant 9): refused (kBusy) while another process has
+  // claimed it. A caller that reads the session before recording it claims it first, so that no
+  // other process changes it in between, and holds it until release_session or the store closes:
+  // anvil generate/run (across anvil run's turns), and the server from a request's validation to the
+  // end of its turn. session_begin claims a name not claimed yet, and session_finish lets that claim
+  // go; a claim taken here outlives the recording until release_session.
   Status claim_session(const std::string& name);
   void release_session(const std::string& name);
   // Starts recording sequence `seq` as session `name`, whose tokens so far are `tokens` (max_tokens
   // bounds its length: the token buffer is allocated here, not on the decode path). Refused while
-  // `name` is already being recorded, here or by another process, or `seq` already records another
-  // session (invariant 9).
+  // `name` is already being recorded, here or by another process (kBusy), or `seq` already records
+  // another session (invariant 9).
   Status session_begin(const std::string& name, int seq, std::span<const int32_t> tokens, int max_tokens,
                        const std::string& meta = "");
   // Decode thread, after each token of sequence `seq`: records it and, once per flush interval,

@@ -54,6 +54,7 @@ ApiError status_error(const Status& st) {
   switch (st.code()) {
     case StatusCode::kInvalidArgument: return api_error(400, "", st.message());
     case StatusCode::kOutOfMemory: return api_error(503, "", st.message(), "server_busy", "server_error");
+    case StatusCode::kBusy: return api_error(409, "session", st.message(), "session_busy");
     default: return api_error(500, "", st.message(), "", "server_error");
   }
 }
@@ -149,15 +150,18 @@ struct HttpServer::Impl {
 
 
 namespace {
-// One request's hold on a session (sessions.h): the name's lock from validation to the end of the
-// turn, and the end of its recording (KVStore::session_finish, which waits for the commit, so a
-// reply that is complete is durable). Ending it without a successful reply keeps the session's
-// conversation as it was (its tokens keep whatever was generated: tokens are the truth).
+// One request's hold on a session (sessions.h): the name's lock in this server and its claim in the
+// store (KVStore::claim_session: no other process changes it meanwhile), both from validation,
+// before the session is read, to the end of the turn; and the end of its recording
+// (KVStore::session_finish, which waits for the commit, so a reply that is complete is durable).
+// Ending it without a successful reply keeps the session's conversation as it was (its tokens keep
+// whatever was generated: tokens are the truth).
 struct SessionTurn {
   SessionLocks* locks = nullptr;
   KVStore* store = nullptr;
   std::string name;
   bool chat = false;
+  bool claimed = false;   // the store's claim is this turn's to let go
   std::shared_ptr<Job> job;
   ojson messages;         // chat: the stored messages + this request's
   std::string keep_meta;  // the meta recorded when the turn does not succeed
@@ -182,6 +186,7 @@ struct SessionTurn {
         if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", name.c_str(), d.status().message().c_str());
       }
     }
+    if (claimed) store->release_session(name);
     locks->release(name);
   }
   ~SessionTurn() { end(nullptr); }
@@ -211,8 +216,22 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     turn->store = opts.store;
     turn->name = r.session;
     turn->chat = chat;
+    // Claimed before it is read (invariant 9 of kvstore.h): what this turn continues is what is
+    // committed when it runs, since no other process can change the session until the turn ends.
+    Status claim;
     Result<std::optional<SessionInfo>> got = std::optional<SessionInfo>();
-    sched->call([&] { got = opts.store->get_session(r.session); });
+    sched->call([&] {
+      claim = opts.store->claim_session(r.session);
+      if (claim.is_ok()) got = opts.store->get_session(r.session);
+    });
+    if (claim.code() == StatusCode::kBusy)
+      return send_error(res, api_error(409, "session", "session '" + r.session +
+                                                           "' is in use by another process on this server's KV store "
+                                                           "(anvil run/generate or another server); send the turn when "
+                                                           "that one has finished",
+                                       "session_busy"));
+    if (!claim.is_ok()) return send_error(res, api_error(500, "session", claim.message(), "", "server_error"));
+    turn->claimed = true;
     if (!got.is_ok()) return send_error(res, api_error(500, "session", got.status().message(), "", "server_error"));
     sinfo = *got;
     if (sinfo && sinfo->fingerprint != opts.store->fingerprint())
@@ -457,6 +476,8 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     else st = opts.store->remove_session(name);
   });
   sessions.release(name);
+  if (st.code() == StatusCode::kBusy)  // another process records (or continues) it
+    return send_error(res, api_error(409, "session", st.message(), "session_busy"));
   if (st.code() == StatusCode::kNotFound)
     return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
   if (!st.is_ok()) return send_error(res, api_error(500, "session", st.message(), "", "server_error"));

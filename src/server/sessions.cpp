@@ -41,6 +41,12 @@ ojson session_json(const SessionInfo& s, bool detail) {
   ojson j = ojson::object();
   j["id"] = s.name;
   j["object"] = "session";
+  if (!s.damaged.empty()) {  // listed, marked: its tokens and messages are not trusted
+    j["damaged"] = true;
+    j["error"] = s.damaged;
+    j["updated"] = s.updated_us / 1000000;
+    return j;
+  }
   const bool chat = is_chat_session(s);
   j["type"] = chat ? "chat" : "completion";
   j["tokens"] = s.tokens.size();

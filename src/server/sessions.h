@@ -49,7 +49,8 @@ std::optional<ApiError> session_messages(const SessionInfo& s, nlohmann::ordered
 bool is_chat_session(const SessionInfo& s);
 // The meta a chat session records: anvil run's format.
 std::string chat_session_meta(const nlohmann::ordered_json& messages);
-// GET /v1/sessions entry; with `detail`, the messages too.
+// GET /v1/sessions entry; with `detail`, the messages too. A damaged session (list_sessions) is
+// {id, object, damaged: true, error, updated}.
 nlohmann::ordered_json session_json(const SessionInfo& s, bool detail);
 
 }  // namespace anvil::server

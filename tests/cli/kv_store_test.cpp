@@ -15,6 +15,8 @@
 #include <thread>
 
 #include "cli_helpers.h"
+#include "kvstore/kvstore.h"
+#include "kvstore/sqlite_db.h"
 
 using anvil::test::run_anvil;
 namespace fs = std::filesystem;
@@ -478,6 +480,50 @@ TEST(KvStoreCli, RmAndGcWorkOnAFullDisk) {
   EXPECT_EQ(v.exit_code, 0) << v.out;
   EXPECT_EQ(std::system(("umount " + mnt).c_str()), 0);
   fs::remove(mnt);
+}
+
+// kv ls lists a session whose row fails its checksum, marked damaged (text and --json), instead of
+// leaving it out; kv rm of a session another process holds (here: this test process's claim, as
+// anvil run --session holds it) is refused naming it, and the session stays.
+TEST(KvStoreCli, LsMarksADamagedSessionAndRmRefusesOneInUse) {
+  StoreDir d;
+  for (const char* name : {"a", "b"}) {
+    auto r = run_anvil(gen(d.path, {"-p", kPrompt, "-n", "4", "--session", name}), true);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+  {
+    anvil::SqliteDb db;
+    ASSERT_TRUE(db.open(d.path + "/catalog.db", 10000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET tokens = zeroblob(length(tokens)) WHERE name = 'b'").is_ok());
+  }
+  auto ls = run_anvil({"kv", "ls", "--kv-store", d.path});
+  EXPECT_EQ(ls.exit_code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("2 sessions (1 damaged: see anvil kv verify)"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("DAMAGED"), std::string::npos) << ls.out;
+  auto lj = run_anvil({"kv", "ls", "--kv-store", d.path, "--json"});
+  EXPECT_EQ(lj.exit_code, 0) << lj.out;
+  auto j = nlohmann::json::parse(lj.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << lj.out;
+  ASSERT_EQ(j["sessions"].size(), 2u) << lj.out;
+  EXPECT_EQ(j["sessions"][0]["name"], "a");
+  EXPECT_FALSE(j["sessions"][0].contains("damaged"));
+  EXPECT_EQ(j["sessions"][1]["name"], "b");
+  EXPECT_EQ(j["sessions"][1]["damaged"], true);
+  EXPECT_NE(j["sessions"][1]["error"].get<std::string>().find("session 'b' is damaged"), std::string::npos) << lj.out;
+  anvil::KVStoreOptions o;
+  o.dir = d.path;
+  auto other = anvil::KVStore::open(o);
+  ASSERT_TRUE(other.is_ok()) << other.status().message();
+  ASSERT_TRUE((*other)->claim_session("a").is_ok());
+  auto rm = run_anvil({"kv", "rm", "a", "--kv-store", d.path}, true);
+  EXPECT_NE(rm.exit_code, 0) << rm.out;
+  EXPECT_NE(rm.out.find("cannot remove session 'a': it is in use by another process"), std::string::npos) << rm.out;
+  EXPECT_EQ(run_anvil({"kv", "show", "a", "--kv-store", d.path}).exit_code, 0) << "a refused rm removed it";
+  (*other)->release_session("a");
+  rm = run_anvil({"kv", "rm", "a", "--kv-store", d.path}, true);
+  EXPECT_EQ(rm.exit_code, 0) << rm.out;
+  rm = run_anvil({"kv", "rm", "b", "--kv-store", d.path}, true);
+  EXPECT_EQ(rm.exit_code, 0) << "a damaged session is removed like any: " << rm.out;
 }
 
 // Two servers never share a port: the second is refused (the HTTP library's default SO_REUSEPORT

@@ -1036,5 +1036,88 @@ TEST(KVStore, VerifyReportsSegmentFilesNoRowKnows) {
   EXPECT_NE(problems[0].find("seg-00009999.kv: 100 bytes that no catalog row knows"), std::string::npos) << problems[0];
 }
 
+
+// Invariant 9 for removal: a session another store handle (another process) records is not removed
+// under it; its recording would write the row back at its next flush without the page references
+// it wrote before, and a later gc would evict those pages. Refused with kBusy naming the session,
+// and the row stays as it is; once the recording ends, the removal works and nothing brings it back.
+TEST(KVStore, RemovingASessionAnotherProcessRecordsIsRefused) {
+  Rig r;
+  const auto toks = chain_tokens(2, 300);  // 9 tokens
+  record_session(r, "s", toks, 2);
+  auto rec = r.open();  // the recorder: goes on with s
+  ASSERT_TRUE(rec->session_begin("s", 0, toks, 64).is_ok());
+  auto other = KVStore::open(r.opts());  // anvil kv rm, or a server's DELETE, in another process
+  ASSERT_TRUE(other.is_ok()) << other.status().message();
+  Status rm = (*other)->remove_session("s");
+  ASSERT_FALSE(rm.is_ok()) << "removed a session another process records";
+  EXPECT_EQ(rm.code(), StatusCode::kBusy);
+  EXPECT_NE(rm.message().find("cannot remove session 's'"), std::string::npos) << rm.message();
+  EXPECT_NE(rm.message().find("in use by another process"), std::string::npos) << rm.message();
+  auto still = (*other)->get_session("s");
+  ASSERT_TRUE(still.is_ok() && *still);
+  EXPECT_EQ((*still)->tokens, toks);
+  // Claiming it (to read and continue it) is refused alike, as kBusy.
+  Status claim = (*other)->claim_session("s");
+  EXPECT_EQ(claim.code(), StatusCode::kBusy) << claim.message();
+  // The recorder itself cannot remove what it records.
+  EXPECT_EQ(rec->remove_session("s").code(), StatusCode::kBusy);
+  // The recording goes on and ends; its rows are all there.
+  const int32_t t1 = 5000;
+  rec->session_note(0, std::span<const int32_t>(&t1, 1), int(toks.size()) - 1, -1, *r.pool);
+  auto d = rec->session_end(0, 2 * P, -1, *r.pool);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  // Now the name is free: removed, and it stays removed (the recorder flushes nothing more).
+  ASSERT_TRUE((*other)->remove_session("s").is_ok());
+  rec->flush();
+  auto gone = (*other)->get_session("s");
+  ASSERT_TRUE(gone.is_ok());
+  EXPECT_FALSE(*gone);
+  // A removal lets its claim go (a recording may take the name again), and keeps one the caller
+  // held before (anvil run's, across its turns).
+  record_session(r, "t", toks, 2);
+  ASSERT_TRUE((*other)->claim_session("t").is_ok());
+  ASSERT_TRUE((*other)->remove_session("t").is_ok());
+  EXPECT_EQ(rec->claim_session("t").code(), StatusCode::kBusy) << "the caller's own claim was let go by the removal";
+  (*other)->release_session("t");
+  EXPECT_TRUE(rec->claim_session("t").is_ok());
+  rec->release_session("t");
+  record_session(r, "u", toks, 2);
+  ASSERT_TRUE((*other)->remove_session("u").is_ok());
+  EXPECT_TRUE(rec->claim_session("u").is_ok()) << "the removal kept the claim it took";
+}
+
+// kv ls / GET /v1/sessions: a session whose row fails its checksum is listed, marked damaged with
+// the reason naming it, never left out silently.
+TEST(KVStore, ListSessionsMarksADamagedRow) {
+  Rig r;
+  const auto toks = chain_tokens(2, 300);
+  record_session(r, "good", toks, 2);
+  record_session(r, "bad", toks, 2);
+  {
+    SqliteDb db;
+    ASSERT_TRUE(db.open(r.dir + "/catalog.db", 1000).is_ok());
+    auto flipped = toks;
+    flipped[3] ^= 1;
+    SqliteStmt u;
+    ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET tokens = ? WHERE name = 'bad'").is_ok());
+    u.bind_blob(1, flipped.data(), flipped.size() * 4);
+    ASSERT_TRUE(u.run().is_ok());
+  }
+  auto st = r.open();
+  auto all = st->list_sessions();
+  ASSERT_EQ(all.size(), 2u) << "the damaged session was left out";
+  EXPECT_EQ(all[0].name, "bad");
+  EXPECT_NE(all[0].damaged.find("session 'bad' is damaged"), std::string::npos) << all[0].damaged;
+  EXPECT_TRUE(all[0].tokens.empty()) << "a damaged row's tokens are not trusted";
+  EXPECT_EQ(all[0].fingerprint, r.fp);
+  EXPECT_GT(all[0].updated_us, 0);
+  EXPECT_EQ(all[1].name, "good");
+  EXPECT_TRUE(all[1].damaged.empty());
+  EXPECT_EQ(all[1].tokens, toks);
+  ASSERT_TRUE(st->remove_session("bad").is_ok()) << "a damaged session can be removed";
+  EXPECT_EQ(st->list_sessions().size(), 1u);
+}
+
 }  // namespace
 }  // namespace anvil

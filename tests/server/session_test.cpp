@@ -9,6 +9,9 @@
 #include <regex>
 #include <thread>
 
+#include "kvstore/catalog.h"
+#include "kvstore/kvstore.h"
+#include "kvstore/sqlite_db.h"
 #include "server_process.h"
 
 using anvil::test::RawConnection;
@@ -20,8 +23,8 @@ namespace {
 
 struct Srv {
   std::unique_ptr<ServerProcess> p;
-  explicit Srv(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {"--synthetic", "tiny", "-c", "512", "-np", "4", "-t", "2"};
+  explicit Srv(const std::vector<std::string>& extra, const std::string& np = "4") {
+    std::vector<std::string> args = {"--synthetic", "tiny", "-c", "512", "-np", np, "-t", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     p = std::make_unique<ServerProcess>(args);
   }
@@ -245,4 +248,134 @@ TEST(ServeStore, WithoutTheStoreSessionsAreRefused) {
   EXPECT_EQ(st, 400);
   EXPECT_EQ(s.metric("anvil_kv_store_pages_written_total"), -1) << "no store counters without a store";
   EXPECT_EQ(s.p->terminate(30), 0);
+}
+
+namespace {
+std::string store_dir(const char* what) {
+  return (fs::temp_directory_path() / (std::string("anvil_serve_") + what + "_" + std::to_string(::getpid()))).string();
+}
+std::string error_message(const json& j) {
+  return j.contains("error") && j["error"].contains("message") ? j["error"]["message"].dump() : j.dump();
+}
+json doc_turn(const std::string& prompt, int max_tokens, const std::string& session) {
+  return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"session", session}, {"ignore_eos", true}};
+}
+}  // namespace
+
+// A session another process on the store holds (this test process, through its own store handle:
+// anvil run/generate, or another server): a request naming it and its DELETE get 409 session_busy
+// (docs/api.md), and the server neither continues nor removes it; once let go, both work.
+TEST(ServeStore, ASessionAnotherProcessHoldsIsBusy) {
+  const std::string dir = store_dir("held");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    auto d1 = a.post("/v1/completions", doc_turn("Once upon a time", 4, "held"), &st);
+    ASSERT_EQ(st, 200) << d1;
+    const json before = a.get("/v1/sessions/held", &st);
+    ASSERT_EQ(st, 200) << before;
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    auto other = anvil::KVStore::open(o);
+    ASSERT_TRUE(other.is_ok()) << other.status().message();
+    ASSERT_TRUE((*other)->claim_session("held").is_ok()) << "the server kept the session after its turn ended";
+    auto e = a.post("/v1/completions", doc_turn(" and then", 2, "held"), &st);
+    EXPECT_EQ(st, 409) << e;
+    EXPECT_EQ(e["error"]["code"], "session_busy") << e;
+    EXPECT_EQ(e["error"]["param"], "session") << e;
+    EXPECT_NE(error_message(e).find("another process"), std::string::npos) << e;
+    // A chat request naming a new session another process claimed (anvil run --session NEW) too.
+    ASSERT_TRUE((*other)->claim_session("fresh").is_ok());
+    e = a.post("/v1/chat/completions", chat("hi", "fresh", 1), &st);
+    EXPECT_EQ(st, 409) << e;
+    EXPECT_EQ(e["error"]["code"], "session_busy") << e;
+    json body;
+    EXPECT_EQ(a.del("/v1/sessions/held", &body), 409) << body;
+    EXPECT_EQ(body["error"]["code"], "session_busy") << body;
+    EXPECT_NE(error_message(body).find("in use by another process"), std::string::npos) << body;
+    auto now = a.get("/v1/sessions/held", &st);
+    ASSERT_EQ(st, 200) << "a DELETE refused must leave the session: " << now;
+    EXPECT_EQ(now["tokens"], before["tokens"]);
+    // Let go: the next turn continues it, and DELETE removes it.
+    (*other)->release_session("held");
+    (*other)->release_session("fresh");
+    auto d2 = a.post("/v1/completions", doc_turn(" and then", 2, "held"), &st);
+    ASSERT_EQ(st, 200) << d2;
+    EXPECT_GT(d2["usage"]["prompt_tokens"].get<int>(), before["tokens"].get<int>());
+    EXPECT_EQ(a.del("/v1/sessions/held", &body), 200) << body;
+    a.get("/v1/sessions/held", &st);
+    EXPECT_EQ(st, 404);
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
+// The lost update: a request for a session, queued behind a busy slot, must not continue what the
+// session held when it was validated if another process committed a turn of it meanwhile (that turn
+// would be written over). The request claims the session when it is validated, so the other process
+// is refused until the request's turn ends; the turn continues exactly what is committed.
+TEST(ServeStore, AQueuedRequestHoldsItsSessionAgainstOtherProcesses) {
+  const std::string dir = store_dir("queued");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir}, "1");
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    auto d1 = a.post("/v1/completions", doc_turn("Once upon a time", 4, "X"), &st);
+    ASSERT_EQ(st, 200) << d1;
+    const int n0 = a.get("/v1/sessions/X", &st)["tokens"];
+    ASSERT_EQ(st, 200);
+    // The only slot is taken by a long request; the session's turn waits in the queue.
+    RawConnection conn(a.p->port());
+    const std::string b = json{{"prompt", kDoc}, {"max_tokens", 440}, {"temperature", 0}, {"ignore_eos", true}}.dump();
+    ASSERT_TRUE(conn.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b));
+    for (int i = 0; i < 250 && a.metric("anvil_requests_running") < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_EQ(a.metric("anvil_requests_running"), 1);
+    json queued;
+    int queued_st = 0;
+    std::thread t([&] { queued = a.post("/v1/completions", doc_turn("", 5, "X"), &queued_st); });
+    for (int i = 0; i < 250 && a.metric("anvil_requests_waiting") < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const bool was_queued = a.metric("anvil_requests_waiting") >= 1;
+    // Another process continues X by 10 tokens (what anvil generate --session X --resume does:
+    // claim, read, commit a longer row), if it may.
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    auto other = anvil::KVStore::open(o);
+    ASSERT_TRUE(other.is_ok()) << other.status().message();
+    int committed = n0;
+    anvil::Status claim = (*other)->claim_session("X");
+    if (claim.is_ok()) {
+      auto info = (*other)->get_session("X");
+      ASSERT_TRUE(info.is_ok() && *info);
+      std::vector<int32_t> toks = (*info)->tokens;
+      for (int i = 0; i < 10; ++i) toks.push_back(toks[size_t(i)]);
+      anvil::SqliteDb db;
+      ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+      anvil::SqliteStmt u;
+      ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET tokens = ?, sum = ? WHERE name = 'X'").is_ok());
+      u.bind_blob(1, toks.data(), toks.size() * 4);
+      u.bind(2, int64_t(anvil::session_sum(toks.data(), toks.size(), (*info)->meta)));
+      ASSERT_TRUE(u.run().is_ok());
+      committed = int(toks.size());
+      (*other)->release_session("X");
+    }
+    EXPECT_FALSE(claim.is_ok()) << "another process claimed a session a queued request had validated"
+                                << (was_queued ? "" : " (the request was no longer queued)");
+    EXPECT_EQ(claim.code(), anvil::StatusCode::kBusy) << claim.message();
+    conn.close();  // the long request's client goes away: the slot frees, the queued turn runs
+    t.join();
+    ASSERT_EQ(queued_st, 200) << queued;
+    EXPECT_EQ(queued["usage"]["prompt_tokens"], committed) << "the turn must continue what is committed";
+    EXPECT_EQ(a.get("/v1/sessions/X", &st)["tokens"], committed + 5) << "a committed turn was written over";
+    // The turn over, the session is free for other processes again.
+    EXPECT_TRUE((*other)->claim_session("X").is_ok());
+    (*other)->release_session("X");
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
 }
