@@ -267,13 +267,29 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
     }
   hdr_buf_ = std::move(main_scratch.hdr);
   if (failed_at < run.size()) {
-    const RestoreItem& it = run[failed_at];
     ++counters_.restore_corrupt;
+    // Every page past the first failure is recomputed, so every one of them is checked now too:
+    // a damaged row left standing would make the writer skip the recomputed page as already
+    // stored (invariant 6) and count it durable, and the next restore stop there again (a
+    // truncated segment healed one page per resume). Only the bad ones are dropped: a sound page
+    // may be another session's too.
+    std::vector<std::pair<size_t, StatusCode>> bad{{failed_at, failed.code()}};
+    for (size_t j = failed_at + 1; j < run.size(); ++j) {
+      const int i = first + int(j);
+      PageMeta meta;
+      auto r = read_record(run[j].seg, run[j].off, run[j].len, run[j].sum, run[j].key, run[j].parent, i * P,
+                           tokens.subspan(size_t(i) * P, size_t(P)), &meta);
+      if (!r.is_ok()) bad.push_back({j, r.status().code()});
+    }
     std::lock_guard<std::mutex> lk(pin_mu_);
-    const bool lost = failed.code() == StatusCode::kNotFound;
-    bad_.push_back({it.key, it.seg, lost ? -1 : it.off});
-    if (lost) lost_segs_.insert(it.seg);
-    else bad_locs_.insert({it.seg, it.off});
+    for (auto [j, code] : bad) {
+      const RestoreItem& it = run[j];
+      const bool lost = code == StatusCode::kNotFound;
+      if (lost && lost_segs_.count(it.seg)) continue;  // its rows all go already
+      bad_.push_back({it.key, it.seg, lost ? -1 : it.off});
+      if (lost) lost_segs_.insert(it.seg);
+      else bad_locs_.insert({it.seg, it.off});
+    }
   }
   // 3. Installed only now, after every page of the run loaded, validated and (on a device) landed.
   Status done = backend_->wait_device_copies();
