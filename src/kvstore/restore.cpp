@@ -1,6 +1,8 @@
 // KVStore restores: a run of full pages found in the catalog is read, checked (invariant 3) and
 // landed in fresh pool pages, and handed to the engine only when the whole run succeeded; a
-// session's partial tail page likewise. Anything missing or bad is a miss, never an error.
+// session's partial tail page likewise. Anything missing or bad is a miss, never an error; after a
+// bad record every later record of the run is checked too, and each bad one dropped by the writer
+// (invariant 3), so that the recomputed pages are stored again.
 //
 // Restore bandwidth (docs/benchmarks.md): each record is read once, straight into its KV page on
 // the CPU backend (on a device backend into one of two pinned staging slots, the host->device copy
