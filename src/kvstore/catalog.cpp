@@ -47,7 +47,9 @@ Status catalog_init(SqliteDb& db) {
       PRIMARY KEY(session, idx)) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS session_pages_key ON session_pages(key);
     INSERT OR IGNORE INTO meta VALUES('format_version', ')" +
-                 std::to_string(kCatalogVersion) + "');");
+                 std::to_string(kCatalogVersion) + "');" +
+                 // A catalog with no segment yet has nothing to recount (live_bytes_recount_once).
+                 "INSERT OR IGNORE INTO meta SELECT 'live_bytes', 'exact' WHERE NOT EXISTS (SELECT 1 FROM segments);");
 }
 
 Status catalog_migrate(SqliteDb& db) {
@@ -183,6 +185,14 @@ Result<int64_t> live_bytes_recount(SqliteDb& db) {
     return s;
   }
   return int64_t(m->size());
+}
+
+Result<int64_t> live_bytes_recount_once(SqliteDb& db) {
+  ANVIL_ASSIGN_OR_RETURN(int64_t done, catalog_int(db, "SELECT COUNT(*) FROM meta WHERE k = 'live_bytes' AND v = 'exact'"));
+  if (done) return int64_t(0);
+  ANVIL_ASSIGN_OR_RETURN(int64_t fixed, live_bytes_recount(db));
+  ANVIL_RETURN_IF_ERROR(db.exec("INSERT OR REPLACE INTO meta VALUES('live_bytes', 'exact')"));
+  return fixed;
 }
 
 Result<int64_t> evict_lru(SqliteDb& db, uint64_t target, const std::function<bool(const Hash128&)>& pinned) {

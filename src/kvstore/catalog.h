@@ -16,7 +16,7 @@
 //     sum: XXH3-64 of the tokens blob then meta (session_sum), so a damaged row is an error, never
 //     another conversation (format 2; rows of format 1 have none and are taken as they are)
 //   session_pages(session, idx, key)   the full pages a session references (never evicted)
-//   meta(k, v)                         format_version
+//   meta(k, v)                         format_version; live_bytes = 'exact' (live_bytes_recount_once)
 #pragma once
 #include <functional>
 #include <memory>
@@ -72,6 +72,11 @@ Result<std::vector<LiveMismatch>> live_bytes_mismatches(SqliteDb& db);
 // Sets every segment's live_bytes to the bytes its rows reference, in one transaction when any
 // differs (a read only when none does). Returns the segments corrected.
 Result<int64_t> live_bytes_recount(SqliteDb& db);
+// live_bytes_recount, once per catalog: meta('live_bytes', 'exact') marks a catalog this accounting
+// has kept since (a new one, or one recounted); older anvils do not clear it, so a catalog one of
+// them wrote to since is recounted by gc (and reported by verify) instead. Returns the segments
+// corrected.
+Result<int64_t> live_bytes_recount_once(SqliteDb& db);
 
 // Deletes the least recently used pages that no session references and `pinned` does not claim,
 // until the live bytes are <= target. Returns the pages evicted.

@@ -56,8 +56,8 @@
 //     page), compact_segments (bytes moved from the old segment to the new, a shared tail once),
 //     remove_session (its tail, unless a fork shares it); fork_session only adds a reference to a
 //     record already counted. The size cap and compaction go by it. kv verify reports a segment
-//     whose count disagrees; gc, and each writer when it starts, recounts such a catalog (an older
-//     anvil's).
+//     whose count disagrees; gc recounts it, and so does the first writer to start on a catalog
+//     not marked as kept by this accounting (an older anvil's: live_bytes_recount_once).
 //
 // A page's life (the function behind each transition):
 //
