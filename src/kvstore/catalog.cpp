@@ -42,11 +42,14 @@ Status catalog_init(SqliteDb& db) {
       tail_checksum INTEGER, tail_first INTEGER, tail_n INTEGER, tail_parent BLOB,
       updated INTEGER NOT NULL, meta TEXT NOT NULL DEFAULT '', sum INTEGER);
     CREATE INDEX IF NOT EXISTS sessions_tail ON sessions(tail_parent, tail_first);
+    CREATE INDEX IF NOT EXISTS sessions_tail_record ON sessions(tail_segment, tail_offset);
     CREATE TABLE IF NOT EXISTS session_pages(session TEXT NOT NULL, idx INTEGER NOT NULL, key BLOB NOT NULL,
       PRIMARY KEY(session, idx)) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS session_pages_key ON session_pages(key);
     INSERT OR IGNORE INTO meta VALUES('format_version', ')" +
-                 std::to_string(kCatalogVersion) + "');");
+                 std::to_string(kCatalogVersion) + "');" +
+                 // A catalog with no segment yet has nothing to recount (live_bytes_recount_once).
+                 "INSERT OR IGNORE INTO meta SELECT 'live_bytes', 'exact' WHERE NOT EXISTS (SELECT 1 FROM segments);");
 }
 
 Status catalog_migrate(SqliteDb& db) {
@@ -110,6 +113,86 @@ Result<int64_t> catalog_int(SqliteDb& db, const std::string& sql) {
 
 Result<int64_t> catalog_live_bytes(SqliteDb& db) {
   return catalog_int(db, "SELECT COALESCE(SUM(live_bytes), 0) FROM segments");
+}
+
+namespace {
+
+// Session rows that reference the tail record at (seg, off).
+Result<int64_t> tail_refs(SqliteDb& db, int64_t seg, int64_t off) {
+  SqliteStmt q;
+  ANVIL_RETURN_IF_ERROR(q.prepare(db, "SELECT COUNT(*) FROM sessions WHERE tail_segment = ? AND tail_offset = ? AND "
+                                      "tail_length > 0"));
+  q.bind(1, seg);
+  q.bind(2, off);
+  ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
+  return row ? q.col_int(0) : int64_t(0);
+}
+
+Status add_live(SqliteDb& db, int64_t seg, int64_t delta) {
+  SqliteStmt u;
+  ANVIL_RETURN_IF_ERROR(u.prepare(db, "UPDATE segments SET live_bytes = MAX(0, live_bytes + ?) WHERE id = ?"));
+  u.bind(1, delta);
+  u.bind(2, seg);
+  return u.run();
+}
+
+// Per segment: its recorded live_bytes and the bytes its rows reference (pages, then each distinct
+// tail record once).
+constexpr const char* kLiveSql =
+    "SELECT s.id, s.live_bytes, "
+    "(SELECT COALESCE(SUM(p.length), 0) FROM pages p WHERE p.segment = s.id) + "
+    "(SELECT COALESCE(SUM(t.len), 0) FROM (SELECT DISTINCT tail_offset, tail_length AS len FROM sessions "
+    "WHERE tail_segment = s.id AND tail_length > 0) t) FROM segments s";
+
+}  // namespace
+
+Status tail_ref_added(SqliteDb& db, int64_t seg, int64_t off, int64_t len) {
+  ANVIL_ASSIGN_OR_RETURN(int64_t n, tail_refs(db, seg, off));
+  return n == 1 && len > 0 ? add_live(db, seg, len) : Status::ok();
+}
+
+Status tail_ref_dropped(SqliteDb& db, int64_t seg, int64_t off, int64_t len) {
+  ANVIL_ASSIGN_OR_RETURN(int64_t n, tail_refs(db, seg, off));
+  return n == 0 && len > 0 ? add_live(db, seg, -len) : Status::ok();
+}
+
+Result<std::vector<LiveMismatch>> live_bytes_mismatches(SqliteDb& db) {
+  std::vector<LiveMismatch> out;
+  SqliteStmt q;
+  ANVIL_RETURN_IF_ERROR(q.prepare(db, kLiveSql));
+  while (true) {
+    ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
+    if (!row) break;
+    if (q.col_int(1) != q.col_int(2)) out.push_back({q.col_int(0), q.col_int(1), q.col_int(2)});
+  }
+  return out;
+}
+
+Result<int64_t> live_bytes_recount(SqliteDb& db) {
+  {
+    ANVIL_ASSIGN_OR_RETURN(auto m, live_bytes_mismatches(db));
+    if (m.empty()) return int64_t(0);
+  }
+  ANVIL_RETURN_IF_ERROR(db.exec("BEGIN IMMEDIATE"));
+  auto m = live_bytes_mismatches(db);  // again, now that no other writer runs
+  Status s = m.status();
+  for (size_t i = 0; s.is_ok() && i < m->size(); ++i)
+    s = db.exec("UPDATE segments SET live_bytes = " + std::to_string((*m)[i].referenced) + " WHERE id = " +
+                std::to_string((*m)[i].segment));
+  if (s.is_ok()) s = db.exec("COMMIT");
+  if (!s.is_ok()) {
+    (void)db.exec("ROLLBACK");
+    return s;
+  }
+  return int64_t(m->size());
+}
+
+Result<int64_t> live_bytes_recount_once(SqliteDb& db) {
+  ANVIL_ASSIGN_OR_RETURN(int64_t done, catalog_int(db, "SELECT COUNT(*) FROM meta WHERE k = 'live_bytes' AND v = 'exact'"));
+  if (done) return int64_t(0);
+  ANVIL_ASSIGN_OR_RETURN(int64_t fixed, live_bytes_recount(db));
+  ANVIL_RETURN_IF_ERROR(db.exec("INSERT OR REPLACE INTO meta VALUES('live_bytes', 'exact')"));
+  return fixed;
 }
 
 Result<int64_t> evict_lru(SqliteDb& db, uint64_t target, const std::function<bool(const Hash128&)>& pinned) {
@@ -177,11 +260,11 @@ Result<int64_t> compact_segments(SqliteDb& db, Env* env, const std::string& dir,
   std::vector<uint8_t> buf;
   for (const Seg& sg : segs) {
     const std::string path = segment_file(dir, sg.id);
-    // Live records of this segment: pages and session tails.
+    // Live records of this segment: pages, and session tail records (each once, however many
+    // session rows share it: a fork shares its parent's).
     struct Rec {
       bool tail;
-      std::string name;  // tail: session name
-      Hash128 key;       // page
+      Hash128 key;  // page
       int64_t off, len, sum;
     };
     std::vector<Rec> recs;
@@ -192,16 +275,17 @@ Result<int64_t> compact_segments(SqliteDb& db, Env* env, const std::string& dir,
       while (true) {
         ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
         if (!row) break;
-        recs.push_back({false, "", q.col_hash(0), q.col_int(1), q.col_int(2), q.col_int(3)});
+        recs.push_back({false, q.col_hash(0), q.col_int(1), q.col_int(2), q.col_int(3)});
       }
       SqliteStmt t;
-      ANVIL_RETURN_IF_ERROR(
-          t.prepare(db, "SELECT name, tail_offset, tail_length, tail_checksum FROM sessions WHERE tail_segment = ?"));
+      ANVIL_RETURN_IF_ERROR(t.prepare(db,
+          "SELECT DISTINCT tail_offset, tail_length, tail_checksum FROM sessions WHERE tail_segment = ? AND "
+          "tail_length > 0"));
       t.bind(1, sg.id);
       while (true) {
         ANVIL_ASSIGN_OR_RETURN(bool row, t.step());
         if (!row) break;
-        recs.push_back({true, t.col_text(0), {}, t.col_int(1), t.col_int(2), t.col_int(3)});
+        recs.push_back({true, {}, t.col_int(0), t.col_int(1), t.col_int(2)});
       }
     }
     struct Moved {
@@ -230,23 +314,31 @@ Result<int64_t> compact_segments(SqliteDb& db, Env* env, const std::string& dir,
     ANVIL_RETURN_IF_ERROR(db.exec("BEGIN IMMEDIATE"));
     SqliteStmt up_page, up_tail, del_seg, add_live, end_seg;
     Status s = up_page.prepare(db, "UPDATE pages SET segment = ?, offset = ? WHERE key = ? AND segment = ? AND offset = ?");
-    if (s.is_ok()) s = up_tail.prepare(db, "UPDATE sessions SET tail_segment = ?, tail_offset = ? WHERE name = ? AND tail_segment = ? AND tail_offset = ?");
-    if (s.is_ok()) s = add_live.prepare(db, "UPDATE segments SET live_bytes = live_bytes + ? WHERE id = ?");
+    if (s.is_ok()) s = up_tail.prepare(db, "UPDATE sessions SET tail_segment = ?, tail_offset = ? WHERE tail_segment = ? AND tail_offset = ?");
+    if (s.is_ok()) s = add_live.prepare(db, "UPDATE segments SET live_bytes = MAX(0, live_bytes + ?) WHERE id = ?");
     if (s.is_ok()) s = end_seg.prepare(db, "UPDATE segments SET committed_end = ? WHERE id = ?");
     for (const Moved& m : moved) {
       if (!s.is_ok()) break;
+      // Moved only where the row still references the old record (another process may have
+      // evicted, removed or moved it meanwhile); its bytes then move from one segment's live_bytes
+      // to the other's, once per record (a shared tail's rows all move together).
+      int b = 1;
       SqliteStmt& u = m.r.tail ? up_tail : up_page;
-      u.bind(1, out_id);
-      u.bind(2, m.new_off);
-      if (m.r.tail) u.bind(3, m.r.name);
-      else u.bind(3, m.r.key);
-      u.bind(4, sg.id);
-      u.bind(5, m.r.off);
+      u.bind(b++, out_id);
+      u.bind(b++, m.new_off);
+      if (!m.r.tail) u.bind(b++, m.r.key);
+      u.bind(b++, sg.id);
+      u.bind(b++, m.r.off);
       s = u.run();
-      if (s.is_ok() && sqlite3_changes(db.handle()) == 1) {
+      if (s.is_ok() && sqlite3_changes(db.handle()) >= 1) {
         add_live.bind(1, m.r.len);
         add_live.bind(2, out_id);
         s = add_live.run();
+        if (s.is_ok()) {
+          add_live.bind(1, -m.r.len);
+          add_live.bind(2, sg.id);
+          s = add_live.run();
+        }
       }
     }
     if (s.is_ok() && out) {

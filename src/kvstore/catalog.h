@@ -5,12 +5,18 @@
 //
 // Tables
 //   segments(id, committed_end, live_bytes, sealed, owner_pid)   one row per segment file
+//     live_bytes: the bytes of the distinct records of the segment that rows reference: every
+//     page row's length, plus each session tail record's length once however many session rows
+//     share it (a fork shares its parent's tail). Every change of a reference changes it in the
+//     same transaction (the writer's commit, evict_lru, compact_segments, remove_session,
+//     fork_session adds a reference to a record already counted); live_bytes_recount repairs a
+//     catalog that drifted (an older anvil's, or a bug), kv verify reports one.
 //   pages(key, parent, fingerprint, first_pos, tokens, segment, offset, length, checksum, last_used)
 //   sessions(name, fingerprint, tokens, durable_pos, tail_*, updated, meta, sum)
 //     sum: XXH3-64 of the tokens blob then meta (session_sum), so a damaged row is an error, never
 //     another conversation (format 2; rows of format 1 have none and are taken as they are)
 //   session_pages(session, idx, key)   the full pages a session references (never evicted)
-//   meta(k, v)                         format_version
+//   meta(k, v)                         format_version; live_bytes = 'exact' (live_bytes_recount_once)
 #pragma once
 #include <functional>
 #include <memory>
@@ -49,6 +55,28 @@ Result<NewSegment> segment_create(SqliteDb& db, Env* env, const std::string& dir
 Result<int64_t> catalog_int(SqliteDb& db, const std::string& sql);
 // Bytes of live records (pages and session tails).
 Result<int64_t> catalog_live_bytes(SqliteDb& db);
+
+// A session row now references the tail record (seg, off) of `len` bytes (call after the row was
+// written): counted in live_bytes when it is the record's only reference.
+Status tail_ref_added(SqliteDb& db, int64_t seg, int64_t off, int64_t len);
+// A session row no longer references the tail record (seg, off) (call after the row was changed or
+// deleted): its bytes leave live_bytes when no other row references it.
+Status tail_ref_dropped(SqliteDb& db, int64_t seg, int64_t off, int64_t len);
+
+// A segment whose recorded live_bytes differs from the bytes its rows reference.
+struct LiveMismatch {
+  int64_t segment = 0, recorded = 0, referenced = 0;
+};
+// Every such segment, read in the caller's snapshot (one statement).
+Result<std::vector<LiveMismatch>> live_bytes_mismatches(SqliteDb& db);
+// Sets every segment's live_bytes to the bytes its rows reference, in one transaction when any
+// differs (a read only when none does). Returns the segments corrected.
+Result<int64_t> live_bytes_recount(SqliteDb& db);
+// live_bytes_recount, once per catalog: meta('live_bytes', 'exact') marks a catalog this accounting
+// has kept since (a new one, or one recounted); older anvils do not clear it, so a catalog one of
+// them wrote to since is recounted by gc (and reported by verify) instead. Returns the segments
+// corrected.
+Result<int64_t> live_bytes_recount_once(SqliteDb& db);
 
 // Deletes the least recently used pages that no session references and `pinned` does not claim,
 // until the live bytes are <= target. Returns the pages evicted.

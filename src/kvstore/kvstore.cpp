@@ -426,7 +426,7 @@ Status KVStore::fork_session(const std::string& from, const std::string& to) {
     (void)db_.exec("ROLLBACK");
     return s;
   };
-  SqliteStmt exists, copy, copy_pages, add_live;
+  SqliteStmt exists, copy, copy_pages;
   Status st = exists.prepare(db_, "SELECT COUNT(*) FROM sessions WHERE name = ?");
   if (!st.is_ok()) return fail(st);
   exists.bind(1, to);
@@ -446,6 +446,7 @@ Status KVStore::fork_session(const std::string& from, const std::string& to) {
   st = copy.run();
   if (!st.is_ok()) return fail(st);
   if (sqlite3_changes(db_.handle()) != 1) return fail(not_found("no session named '" + from + "' in " + opts_.dir));
+  // The copied row shares the parent's tail record, already counted in live_bytes (catalog.h).
   st = copy_pages.prepare(db_, "INSERT INTO session_pages(session, idx, key) SELECT ?, idx, key FROM session_pages WHERE session = ?");
   if (!st.is_ok()) return fail(st);
   copy_pages.bind(1, to);
@@ -504,29 +505,25 @@ Result<int64_t> KVStore::gc(std::optional<uint64_t> target) {
 
 Status KVStore::remove_session_once(const std::string& name) {
   ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
-  SqliteStmt tail, dead, del, del_pages;
-  Status st = tail.prepare(db_, "SELECT tail_segment, COALESCE(tail_length, 0) FROM sessions WHERE name = ?");
+  SqliteStmt tail, del, del_pages;
+  int64_t seg = 0, off = 0, len = 0;
+  Status st = tail.prepare(db_,
+      "SELECT COALESCE(tail_segment, 0), COALESCE(tail_offset, 0), COALESCE(tail_length, 0) FROM sessions WHERE name = ?");
   if (st.is_ok()) {
     tail.bind(1, name);
     auto r = tail.step();
     if (!r.is_ok()) st = r.status();
     else if (!*r) st = not_found("no session named '" + name + "' in " + opts_.dir);
-  }
-  if (st.is_ok()) {
-    const int64_t seg = tail.col_int(0), len = tail.col_int(1);
+    else seg = tail.col_int(0), off = tail.col_int(1), len = tail.col_int(2);
     tail.reset();
-    st = dead.prepare(db_, "UPDATE segments SET live_bytes = MAX(0, live_bytes - ?) WHERE id = ?");
-    if (st.is_ok()) {
-      dead.bind(1, len);
-      dead.bind(2, seg);
-      st = dead.run();
-    }
   }
   if (st.is_ok()) st = del.prepare(db_, "DELETE FROM sessions WHERE name = ?");
   if (st.is_ok()) {
     del.bind(1, name);
     st = del.run();
   }
+  // Its tail's bytes are dead unless a fork of it shares the record (catalog.h: live_bytes).
+  if (st.is_ok() && len > 0) st = tail_ref_dropped(db_, seg, off, len);
   if (st.is_ok()) st = del_pages.prepare(db_, "DELETE FROM session_pages WHERE session = ?");
   if (st.is_ok()) {
     del_pages.bind(1, name);

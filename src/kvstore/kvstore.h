@@ -17,6 +17,11 @@
 //  3. A record is trusted only after three checks: the catalog's XXH3 of the record, the record's
 //     own XXH3 of its data, and its metadata (fingerprint, key, parent, token ids) equal to what the
 //     reader expected. A failed check is a miss (counted), never an error and never wrong KV.
+//     A restore that fails at a record of its run checks every later record of the run too (they
+//     are recomputed either way) and hands each bad row to the writer, whose next commit deletes
+//     it: the recomputed pages are then stored again rather than deduplicated against damaged rows
+//     (invariant 6), so one resume heals a session and its durable position counts no page known
+//     bad. Sound rows past the first bad one are kept (another session may use them).
 //  4. The decode thread never allocates, does I/O or touches SQLite for the store: page_full and
 //     session_note take a mutex, retain the pool page and write a descriptor into a preallocated
 //     ring. Only a named session may block it (back-pressure, counted in decode_blocked_ns); an
@@ -31,6 +36,9 @@
 //  7. Eviction (LRU under max_bytes) removes only pages that no session references and no reader of
 //     this process has pinned; compaction moves live records out of mostly-dead sealed segments
 //     before deleting them. A reader that loses a race with another process's GC gets a miss.
+//     verify, which reads rows in batches while a GC or a writer may run, reads again a row whose
+//     record fails its checks and reports it only when the catalog still has that row unchanged
+//     (compaction commits the moved rows before it deletes the old file).
 //  8. A session's row (its token ids: the truth; KV is a cache of them) and its durable position
 //     (tokens whose KV is committed for every layer) are rewritten at every flush, with the XXH3 of
 //     its token ids and conversation (catalog format 2): a row that fails it is an error naming the
@@ -44,6 +52,16 @@
 //     the server at a request's validation), so what it continues is what is committed; and
 //     remove_session claims it too, so a session another process records is never removed under
 //     it (a recording would write the row back, without the page references it wrote before).
+// 10. A segment's live_bytes is the bytes of its distinct records that rows reference: every page
+//     row's record, and every session tail record once however many session rows share it (a fork
+//     shares its parent's). Whatever adds or drops a reference changes it in the same transaction:
+//     the writer's commit (a new page; a session row's new tail, or its old tail let go when no
+//     other row shares it, also when the new row has none), evict_lru and drop_bad_rows (a deleted
+//     page), compact_segments (bytes moved from the old segment to the new, a shared tail once),
+//     remove_session (its tail, unless a fork shares it); fork_session only adds a reference to a
+//     record already counted. The size cap and compaction go by it. kv verify reports a segment
+//     whose count disagrees; gc recounts it, and so does the first writer to start on a catalog
+//     not marked as kept by this accounting (an older anvil's: live_bytes_recount_once).
 //
 // A page's life (the function behind each transition):
 //

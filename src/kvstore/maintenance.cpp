@@ -1,6 +1,10 @@
 // KVStore maintenance (anvil kv): gc, verify, export.
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <optional>
+#include <thread>
 
 #include "format/safetensors.h"
 #include "kvstore/catalog.h"
@@ -14,6 +18,8 @@ Result<int64_t> KVStore::gc_once(std::optional<uint64_t> target) {
     std::lock_guard<std::mutex> lk(pin_mu_);
     return pinned_.count(k) > 0;
   };
+  // Eviction goes by live_bytes: a drifted count is corrected first.
+  ANVIL_RETURN_IF_ERROR(live_bytes_recount(db_).status());
   ANVIL_ASSIGN_OR_RETURN(int64_t n, evict_lru(db_, target.value_or(opts_.max_bytes), pinned));
   counters_.pages_evicted += n;
   std::set<int64_t> own;
@@ -64,6 +70,139 @@ std::string check_record(Env* env, const std::string& dir, int64_t seg, int64_t 
 
 }  // namespace
 
+namespace {
+
+// A pages row as verify reads it.
+struct PageRow {
+  Hash128 key, parent;
+  int first_pos = 0;
+  std::vector<int32_t> tokens;
+  int64_t seg = 0, off = 0, len = 0;
+  uint64_t sum = 0;
+  bool operator==(const PageRow&) const = default;
+};
+constexpr const char* kPageCols = "SELECT key, parent, first_pos, tokens, segment, offset, length, checksum FROM pages";
+PageRow page_row(const SqliteStmt& q) {
+  PageRow r;
+  r.key = q.col_hash(0);
+  r.parent = q.col_hash(1);
+  r.first_pos = int(q.col_int(2));
+  const int32_t* t = static_cast<const int32_t*>(q.col_blob(3));
+  r.tokens.assign(t, t + q.col_bytes(3) / 4);
+  r.seg = q.col_int(4);
+  r.off = q.col_int(5);
+  r.len = q.col_int(6);
+  r.sum = uint64_t(q.col_int(7));
+  return r;
+}
+
+// A sessions row as verify reads it.
+struct SessRow {
+  std::string name, meta;
+  std::vector<int32_t> tokens;
+  bool ragged = false, has_sum = false;  // ragged: a tokens blob that is no whole number of ids
+  uint64_t sum = 0;
+  int64_t durable = 0, tseg = 0, toff = 0, tlen = 0;
+  uint64_t tsum = 0;
+  int first = 0, n = 0;
+  Hash128 tparent;
+  bool operator==(const SessRow&) const = default;
+};
+constexpr const char* kSessCols =
+    "SELECT name, tokens, tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n, tail_parent, "
+    "durable_pos, meta, sum FROM sessions";
+SessRow sess_row(const SqliteStmt& q) {
+  SessRow r;
+  r.name = q.col_text(0);
+  const int32_t* t = static_cast<const int32_t*>(q.col_blob(1));
+  r.tokens.assign(t, t + q.col_bytes(1) / 4);
+  r.ragged = q.col_bytes(1) % 4 != 0;
+  r.tseg = q.col_int(2);
+  r.toff = q.col_int(3);
+  r.tlen = q.col_int(4);
+  r.tsum = uint64_t(q.col_int(5));
+  r.first = int(q.col_int(6));
+  r.n = int(q.col_int(7));
+  r.tparent = q.col_hash(8);
+  r.durable = q.col_int(9);
+  r.meta = q.col_text(10);
+  r.has_sum = !q.col_null(11);
+  r.sum = uint64_t(q.col_int(11));
+  return r;
+}
+
+// Reads the rows of `cols` in key order, `batch` at a time, each batch in a read of its own: a long
+// verify holds no snapshot that other processes' changes would leave behind. `each` gets every
+// row; `again` re-reads one row by its key now (nullopt: gone).
+template <typename Row, typename Key>
+Status scan_rows(SqliteDb& db, const std::string& cols, const char* key_col, int batch, Row (*read)(const SqliteStmt&),
+                 Key (*key_of)(const Row&), const std::function<Status(Row&)>& each) {
+  SqliteStmt first, next;
+  const std::string order = std::string(" ORDER BY ") + key_col + " LIMIT " + std::to_string(batch);
+  ANVIL_RETURN_IF_ERROR(first.prepare(db, cols + order));
+  ANVIL_RETURN_IF_ERROR(next.prepare(db, cols + " WHERE " + key_col + " > ?" + order));
+  std::vector<Row> rows;
+  bool started = false;
+  Key last{};
+  while (true) {
+    rows.clear();
+    SqliteStmt& q = started ? next : first;
+    if (started) q.bind(1, last);
+    while (true) {
+      auto row = q.step();
+      if (!row.is_ok()) {
+        q.reset();
+        return row.status();
+      }
+      if (!*row) break;
+      rows.push_back(read(q));
+    }
+    q.reset();
+    if (rows.empty()) return Status::ok();
+    started = true;
+    last = key_of(rows.back());
+    for (Row& r : rows) ANVIL_RETURN_IF_ERROR(each(r));
+  }
+}
+
+// Re-reads one row by its key (nullopt: gone).
+template <typename Row, typename Key>
+Result<std::optional<Row>> reread_row(SqliteStmt& one, const Key& key, Row (*read)(const SqliteStmt&)) {
+  one.bind(1, key);
+  auto row = one.step();
+  if (!row.is_ok()) {
+    one.reset();
+    return row.status();
+  }
+  std::optional<Row> out;
+  if (*row) out = read(one);
+  one.reset();
+  return out;
+}
+
+// A check that found a problem is done again on the row as the catalog has it now, for as long as
+// the row keeps changing: a concurrent gc commits the moved rows of a compacted segment and only
+// then deletes its file (compact_segments), eviction deletes rows, and a writer rewrites a
+// session's row at every flush, so a stale row can point at a file that is gone or bytes that are
+// no longer its. Only a row still there and unchanged (the catalog's current truth) is reported.
+template <typename Row, typename Key>
+Result<std::string> recheck(SqliteStmt& one, Row& r, const Key& key, Row (*read)(const SqliteStmt&),
+                            const std::function<std::string(const Row&)>& check, std::string problem) {
+  for (int tries = 0; !problem.empty() && tries < 16; ++tries) {
+    ANVIL_ASSIGN_OR_RETURN(auto now, reread_row(one, key, read));
+    if (!now) return std::string();  // evicted or removed meanwhile
+    if (*now == r) break;            // unchanged: the problem is real
+    r = std::move(*now);
+    problem = check(r);
+  }
+  return problem;
+}
+
+Hash128 page_key_of(const PageRow& r) { return r.key; }
+std::string sess_key_of(const SessRow& r) { return r.name; }
+
+}  // namespace
+
 Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
   *checked = 0;
   {
@@ -80,6 +219,15 @@ Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
       if (line != "ok") problems->push_back("catalog integrity_check: " + line);
     }
   }
+  // Each segment's live_bytes against the bytes its rows reference (one statement: one snapshot,
+  // and every change of a reference changes live_bytes in the same transaction).
+  {
+    ANVIL_ASSIGN_OR_RETURN(auto mism, live_bytes_mismatches(db_));
+    for (const LiveMismatch& m : mism)
+      problems->push_back(segment_file(opts_.dir, m.segment) + ": its catalog row counts " + std::to_string(m.recorded) +
+                          " live bytes, its rows reference " + std::to_string(m.referenced) +
+                          " (the size cap and compaction go by the count; `anvil kv gc` recounts it)");
+  }
   std::map<int64_t, int64_t> seg_end;
   {
     SqliteStmt q;
@@ -94,8 +242,12 @@ Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
     const std::string path = segment_file(opts_.dir, id);
     auto size = env_->file_size(path);
     if (!size.is_ok()) {
-      ANVIL_ASSIGN_OR_RETURN(int64_t refs, catalog_int(db_, "SELECT COUNT(*) FROM pages WHERE segment = " + std::to_string(id)));
-      if (refs > 0) problems->push_back(path + ": missing, " + std::to_string(refs) + " pages reference it");
+      // Counted now, not in the snapshot above: a gc may have moved the rows and deleted the file since.
+      const std::string sid = std::to_string(id);
+      ANVIL_ASSIGN_OR_RETURN(int64_t refs, catalog_int(db_, "SELECT (SELECT COUNT(*) FROM pages WHERE segment = " + sid +
+                                                                ") + (SELECT COUNT(*) FROM sessions WHERE tail_segment = " +
+                                                                sid + ")"));
+      if (refs > 0) problems->push_back(path + ": missing, " + std::to_string(refs) + " records reference it");
     } else if (int64_t(*size) < end) {
       problems->push_back(path + ": " + std::to_string(*size) + " bytes, shorter than its committed " +
                           std::to_string(end));
@@ -103,54 +255,71 @@ Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
   }
   // Segment files the catalog does not know: their rows are gone (a lost or damaged catalog WAL
   // rolls the catalog back silently) or a gc was interrupted between its commit and the unlink.
+  // Checked again at the end: a segment created after the snapshot above (a writer's, or a
+  // concurrent gc's output) is known by then, and one whose row a concurrent gc just deleted is gone.
+  std::vector<std::string> unknown;
   if (auto names = env_->list_dir(opts_.dir); names.is_ok())
     for (const std::string& n : *names) {
       int64_t id;
-      if (!parse_segment_file(n, &id) || seg_end.count(id)) continue;
+      if (parse_segment_file(n, &id) && !seg_end.count(id)) unknown.push_back(n);
+    }
+  std::vector<uint8_t> buf;
+  // Every page row, each record read and checked (recheck: a concurrent gc or writer).
+  {
+    SqliteStmt one;
+    ANVIL_RETURN_IF_ERROR(one.prepare(db_, std::string(kPageCols) + " WHERE key = ?"));
+    std::function<std::string(const PageRow&)> check = [&](const PageRow& r) {
+      return check_record(env_, opts_.dir, r.seg, r.off, r.len, r.sum, &r.key, r.parent, r.first_pos, r.tokens.data(),
+                          r.tokens.size(), buf);
+    };
+    Status st = scan_rows<PageRow, Hash128>(db_, kPageCols, "key", 256, page_row, page_key_of,
+        [&](PageRow& r) -> Status {
+          ++*checked;
+          ANVIL_ASSIGN_OR_RETURN(std::string p, recheck(one, r, r.key, page_row, check, check(r)));
+          if (!p.empty()) problems->push_back("page " + r.key.hex() + ": " + p);
+          return Status::ok();
+        });
+    ANVIL_RETURN_IF_ERROR(st);
+  }
+  // Every session row: its checksum, durable position and tail record.
+  {
+    SqliteStmt one;
+    ANVIL_RETURN_IF_ERROR(one.prepare(db_, std::string(kSessCols) + " WHERE name = ?"));
+    bool tail_checked = false;
+    std::function<std::string(const SessRow&)> check = [&](const SessRow& r) -> std::string {
+      tail_checked = false;
+      if (r.ragged || (r.has_sum && r.sum != session_sum(r.tokens.data(), r.tokens.size(), r.meta)))
+        return "session " + r.name + ": its token ids or conversation fail their checksum";
+      if (r.durable > int64_t(r.tokens.size())) return "session " + r.name + ": durable position past its tokens";
+      if (r.n <= 0) return "";
+      if (size_t(r.first + r.n) > r.tokens.size()) return "session " + r.name + ": tail past its tokens";
+      tail_checked = true;
+      std::string p = check_record(env_, opts_.dir, r.tseg, r.toff, r.tlen, r.tsum, nullptr, r.tparent, r.first,
+                                   r.tokens.data() + r.first, size_t(r.n), buf);
+      return p.empty() ? p : "session " + r.name + " tail: " + p;
+    };
+    Status st = scan_rows<SessRow, std::string>(db_, kSessCols, "name", 64, sess_row, sess_key_of,
+        [&](SessRow& r) -> Status {
+          ++*checked;
+          ANVIL_ASSIGN_OR_RETURN(std::string p, recheck(one, r, r.name, sess_row, check, check(r)));
+          if (tail_checked) ++*checked;
+          if (!p.empty()) problems->push_back(p);
+          return Status::ok();
+        });
+    ANVIL_RETURN_IF_ERROR(st);
+  }
+  if (!unknown.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a gc between its commit and the unlink
+    for (const std::string& n : unknown) {
+      int64_t id = 0;
+      parse_segment_file(n, &id);
+      ANVIL_ASSIGN_OR_RETURN(int64_t known, catalog_int(db_, "SELECT COUNT(*) FROM segments WHERE id = " + std::to_string(id)));
       auto size = env_->file_size(opts_.dir + "/" + n);
-      if (size.is_ok() && *size > 0)
+      if (!known && size.is_ok() && *size > 0)
         problems->push_back(opts_.dir + "/" + n + ": " + std::to_string(*size) +
                             " bytes that no catalog row knows (lost catalog rows, or an interrupted gc; `anvil kv gc` "
                             "removes the file)");
     }
-  std::vector<uint8_t> buf;
-  SqliteStmt q;
-  ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT key, parent, first_pos, tokens, segment, offset, length, checksum FROM pages"));
-  while (true) {
-    ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
-    if (!row) break;
-    const Hash128 key = q.col_hash(0);
-    std::string p = check_record(env_, opts_.dir, q.col_int(4), q.col_int(5), q.col_int(6), uint64_t(q.col_int(7)), &key,
-                                 q.col_hash(1), int(q.col_int(2)), static_cast<const int32_t*>(q.col_blob(3)),
-                                 q.col_bytes(3) / 4, buf);
-    ++*checked;
-    if (!p.empty()) problems->push_back("page " + key.hex() + ": " + p);
-  }
-  SqliteStmt t;
-  ANVIL_RETURN_IF_ERROR(t.prepare(db_,
-      "SELECT name, tokens, tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n, tail_parent, "
-      "durable_pos, meta, sum FROM sessions"));
-  while (true) {
-    ANVIL_ASSIGN_OR_RETURN(bool row, t.step());
-    if (!row) break;
-    const std::string name = t.col_text(0);
-    const size_t n_tok = t.col_bytes(1) / 4;
-    const int32_t* toks = static_cast<const int32_t*>(t.col_blob(1));
-    ++*checked;
-    if (t.col_bytes(1) % 4 != 0 ||
-        (!t.col_null(11) && uint64_t(t.col_int(11)) != session_sum(toks, n_tok, t.col_text(10))))
-      problems->push_back("session " + name + ": its token ids or conversation fail their checksum");
-    if (t.col_int(9) > int64_t(n_tok)) problems->push_back("session " + name + ": durable position past its tokens");
-    const int first = int(t.col_int(6)), n = int(t.col_int(7));
-    if (n <= 0) continue;
-    if (size_t(first + n) > n_tok) {
-      problems->push_back("session " + name + ": tail past its tokens");
-      continue;
-    }
-    std::string p = check_record(env_, opts_.dir, t.col_int(2), t.col_int(3), t.col_int(4), uint64_t(t.col_int(5)),
-                                 nullptr, t.col_hash(8), first, toks + first, size_t(n), buf);
-    ++*checked;
-    if (!p.empty()) problems->push_back("session " + name + " tail: " + p);
   }
   return Status::ok();
 }

@@ -1,6 +1,8 @@
 // KVStore restores: a run of full pages found in the catalog is read, checked (invariant 3) and
 // landed in fresh pool pages, and handed to the engine only when the whole run succeeded; a
-// session's partial tail page likewise. Anything missing or bad is a miss, never an error.
+// session's partial tail page likewise. Anything missing or bad is a miss, never an error; after a
+// bad record every later record of the run is checked too, and each bad one dropped by the writer
+// (invariant 3), so that the recomputed pages are stored again.
 //
 // Restore bandwidth (docs/benchmarks.md): each record is read once, straight into its KV page on
 // the CPU backend (on a device backend into one of two pinned staging slots, the host->device copy
@@ -267,13 +269,29 @@ int KVStore::restore_pages(std::span<const int32_t> tokens, int first, const Has
     }
   hdr_buf_ = std::move(main_scratch.hdr);
   if (failed_at < run.size()) {
-    const RestoreItem& it = run[failed_at];
     ++counters_.restore_corrupt;
+    // Every page past the first failure is recomputed, so every one of them is checked now too:
+    // a damaged row left standing would make the writer skip the recomputed page as already
+    // stored (invariant 6) and count it durable, and the next restore stop there again (a
+    // truncated segment healed one page per resume). Only the bad ones are dropped: a sound page
+    // may be another session's too.
+    std::vector<std::pair<size_t, StatusCode>> bad{{failed_at, failed.code()}};
+    for (size_t j = failed_at + 1; j < run.size(); ++j) {
+      const int i = first + int(j);
+      PageMeta meta;
+      auto r = read_record(run[j].seg, run[j].off, run[j].len, run[j].sum, run[j].key, run[j].parent, i * P,
+                           tokens.subspan(size_t(i) * P, size_t(P)), &meta);
+      if (!r.is_ok()) bad.push_back({j, r.status().code()});
+    }
     std::lock_guard<std::mutex> lk(pin_mu_);
-    const bool lost = failed.code() == StatusCode::kNotFound;
-    bad_.push_back({it.key, it.seg, lost ? -1 : it.off});
-    if (lost) lost_segs_.insert(it.seg);
-    else bad_locs_.insert({it.seg, it.off});
+    for (auto [j, code] : bad) {
+      const RestoreItem& it = run[j];
+      const bool lost = code == StatusCode::kNotFound;
+      if (lost && lost_segs_.count(it.seg)) continue;  // its rows all go already
+      bad_.push_back({it.key, it.seg, lost ? -1 : it.off});
+      if (lost) lost_segs_.insert(it.seg);
+      else bad_locs_.insert({it.seg, it.off});
+    }
   }
   // 3. Installed only now, after every page of the run loaded, validated and (on a device) landed.
   Status done = backend_->wait_device_copies();
