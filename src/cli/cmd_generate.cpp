@@ -30,6 +30,8 @@ struct GenerateArgs {
 int run_generate(GenerateArgs& a) {
   auto prompt_text = read_prompt(a.prompt);
   if (!prompt_text.is_ok()) return fail(prompt_text.status().message());
+  if (prompt_text->has_value()) **prompt_text = valid_utf8_input(std::move(**prompt_text), "the prompt");
+  a.system = valid_utf8_input(std::move(a.system), "--system");
   const bool have_text = prompt_text->has_value();
   const bool continuing = a.kv.resume || !a.kv.fork.empty();  // the session has a prompt; one given is appended
   if (have_text && !a.ids.empty())
@@ -116,6 +118,13 @@ int run_generate(GenerateArgs& a) {
   }
   const bool print_ids = !a.json && !have_text;
   std::string all_text, all_reasoning;
+  // Prints a chunk: the reasoning with --show-reasoning, then a blank line (the newlines around the
+  // reasoning are trimmed: TextOutput) before the answer's first text.
+  auto print_chunk = [&](const TextOutput::Chunk& c) {
+    if (a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
+    if (!c.content.empty() && a.show_reasoning && !all_reasoning.empty() && all_text.empty()) std::fputs("\n\n", stdout);
+    std::fputs(c.content.c_str(), stdout);
+  };
   install_sigint_handler();
   auto on_token = [&](int32_t id) -> bool {
     if (!plan.name.empty())  // the sampled id has no KV yet: n_kv still ends before it
@@ -128,13 +137,12 @@ int run_generate(GenerateArgs& a) {
     if (text) {
       bool is_eos = !a.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
       TextOutput::Chunk c = is_eos ? TextOutput::Chunk{} : text->push(id);
-      all_text += c.content;
       all_reasoning += c.reasoning;
       if (!a.json && have_text) {
-        if (!c.reasoning.empty() && a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
-        std::fputs(c.content.c_str(), stdout);
+        print_chunk(c);
         std::fflush(stdout);
       }
+      all_text += c.content;
       if (text->stopped()) return false;
     }
     return !interrupted();
@@ -155,12 +163,9 @@ int run_generate(GenerateArgs& a) {
   const int store_tokens = s.engine->seq_store_tokens(*seq);
   if (text) {
     TextOutput::Chunk c = text->flush();
-    all_text += c.content;
     all_reasoning += c.reasoning;
-    if (!a.json && have_text) {
-      if (a.show_reasoning) std::fputs(c.reasoning.c_str(), stdout);
-      std::fputs(c.content.c_str(), stdout);
-    }
+    if (!a.json && have_text) print_chunk(c);
+    all_text += c.content;
   }
   std::string finish = r->finish_reason;
   if (finish == "cancelled" && text && text->stopped()) finish = "stop";

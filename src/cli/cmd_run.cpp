@@ -60,9 +60,20 @@ bool read_line(std::string* line) {
   }
 }
 
+// An answer as the conversation records it: its content, and its reasoning (when the model wrote
+// any) as reasoning_content, as the server records a reply; the chat template decides whether a
+// later prompt shows it.
+nlohmann::ordered_json assistant_message(const TextOutput::Chunk& answer) {
+  nlohmann::ordered_json m = {{"role", "assistant"}, {"content", answer.content}};
+  if (!answer.reasoning.empty()) m["reasoning_content"] = answer.reasoning;
+  return m;
+}
+
 int run_chat(RunArgs& a) {
   auto one_prompt = read_prompt(a.prompt);
   if (!one_prompt.is_ok()) return fail(one_prompt.status().message());
+  if (one_prompt->has_value()) **one_prompt = valid_utf8_input(std::move(**one_prompt), "the prompt");
+  a.system = valid_utf8_input(std::move(a.system), "--system");
   if (a.n < 1) return fail("-n/--max-tokens must be >= 1, got " + std::to_string(a.n));
   if (a.show_reasoning && a.hide_reasoning) return fail("--show-reasoning and --hide-reasoning contradict each other");
   auto model_dir = model_dir_of(a.model);
@@ -99,7 +110,8 @@ int run_chat(RunArgs& a) {
   req.sampling = *sampling;
   req.eos_ids = s.model->config.eos_token_ids;
   // Each turn draws from its own stream (seed + turn number), so asking the same thing again gives
-  // a fresh answer while a given --seed still reproduces the whole session.
+  // a fresh answer while a given --seed still reproduces the whole session; a resumed session goes
+  // on counting where it stopped (its meta's "turns").
   const uint64_t session_seed = sampling->seed;
   uint64_t turn_no = 0;
   // Room the prompt must leave for the answer, else the oldest turns go.
@@ -125,14 +137,18 @@ int run_chat(RunArgs& a) {
       auto asked = text.encode_messages(messages, a.thinking);
       if (asked.is_ok() && plan.history.size() >= asked->size() &&
           std::equal(asked->begin(), asked->end(), plan.history.begin())) {
-        std::string answer;
+        TextOutput::Chunk answer;
         int n = 0;
         text.begin_answer();
+        auto add = [&](const TextOutput::Chunk& c) {
+          answer.reasoning += c.reasoning;
+          answer.content += c.content;
+        };
         for (size_t i = asked->size(); i < plan.history.size(); ++i)
-          if (!is_eos(plan.history[i])) answer += text.push(plan.history[i]).content, ++n;
-        answer += text.flush().content;
+          if (!is_eos(plan.history[i])) add(text.push(plan.history[i])), ++n;
+        add(text.flush());
         if (n > 0) {
-          messages.push_back({{"role", "assistant"}, {"content", answer}});
+          messages.push_back(assistant_message(answer));
           cut = "the last answer was cut short after " + std::to_string(n) + " tokens; it is kept as it was";
         } else {
           messages.erase(messages.end() - 1);
@@ -146,6 +162,14 @@ int run_chat(RunArgs& a) {
         if (!is_eos(plan.history[i])) document.push_back(plan.history[i]), ++n;
       if (n > 0) cut = "the last answer was cut short after " + std::to_string(n) + " tokens; it is kept as it was";
     }
+    // The turns begun so far (the next answer's seed is seed + turns). A meta without the count (a
+    // session last continued over HTTP: the server records only the messages) counts its answers.
+    if (m.contains("turns") && m["turns"].is_number_unsigned()) {
+      turn_no = m["turns"].get<uint64_t>();
+    } else {
+      for (const auto& msg : messages)
+        if (msg.is_object() && msg.value("role", "") == "assistant") ++turn_no;
+    }
     if (chat)
       std::printf("(resumed session %s: %zu messages%s)\n", plan.name.c_str(), messages.size(),
                   cut.empty() ? "" : ("; " + cut).c_str());
@@ -153,8 +177,11 @@ int run_chat(RunArgs& a) {
       std::printf("(resumed session %s: %zu tokens of text%s)\n", plan.name.c_str(), document.size(),
                   cut.empty() ? "" : ("; " + cut).c_str());
   }
-  auto session_meta = [&] {
-    return nlohmann::ordered_json{{"messages", messages}, {"document", document}}.dump();
+  // The conversation as a session records it: anvil run's format (the server's too), plus the
+  // number of turns begun (the next answer's seed).
+  auto session_meta = [&](const nlohmann::ordered_json& msgs, const std::vector<int32_t>& doc) {
+    return nlohmann::ordered_json{{"messages", msgs}, {"document", doc}, {"turns", turn_no}}.dump(
+        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   };
   int seq = -1;
   if (interactive)
@@ -171,6 +198,7 @@ int run_chat(RunArgs& a) {
       std::printf("> ");
       std::fflush(stdout);
       if (!read_line(&line)) break;
+      line = valid_utf8_input(std::move(line), "the message");
       if (line == "/quit" || line == "/exit") break;
       if (line == "/reset") {
         messages.erase(messages.begin() + first_turn, messages.end());
@@ -182,35 +210,52 @@ int run_chat(RunArgs& a) {
     } else {
       line = **one_prompt;
     }
+    // This turn's conversation (or document): the history plus the new message, its oldest turns
+    // dropped when it does not fit. The history itself changes only once the turn is answered, so
+    // a message that is refused (too long) or fails leaves it as it was.
     Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
     int dropped_turns = 0, dropped_tokens = 0;
+    nlohmann::ordered_json turn_messages = messages;
+    std::vector<int32_t> turn_document = document;
     if (chat) {
-      messages.push_back({{"role", "user"}, {"content", line}});
+      turn_messages.push_back({{"role", "user"}, {"content", line}});
       for (;;) {
-        prompt = text.encode_messages(messages, a.thinking);
+        prompt = text.encode_messages(turn_messages, a.thinking);
         if (!prompt.is_ok() || int(prompt->size()) + answer_room <= s.ctx) break;
         // Drop the oldest exchange: everything up to the next user message after the first one.
-        auto next_user = std::find_if(messages.begin() + first_turn + 1, messages.end(),
+        auto next_user = std::find_if(turn_messages.begin() + first_turn + 1, turn_messages.end(),
                                       [](const auto& m) { return m["role"] == "user"; });
-        if (next_user == messages.end()) break;  // only this turn is left
+        if (next_user == turn_messages.end()) break;  // only this turn is left
         dropped_turns++;
-        messages.erase(messages.begin() + first_turn, next_user);
+        turn_messages.erase(turn_messages.begin() + first_turn, next_user);
       }
     } else {
       // The document starts with the tokenizer's BOS (if it has one); later lines continue it.
-      auto ids = document.empty() ? text.encode(line, !a.no_special_tokens) : text.encode("\n" + line, false);
+      auto ids = turn_document.empty() ? text.encode(line, !a.no_special_tokens) : text.encode("\n" + line, false);
       if (ids.is_ok()) {
-        document.insert(document.end(), ids->begin(), ids->end());
-        if (int(document.size()) + answer_room > s.ctx) {
-          dropped_tokens = std::min(int(document.size()) - 1, int(document.size()) + answer_room - s.ctx);
-          document.erase(document.begin(), document.begin() + dropped_tokens);
+        turn_document.insert(turn_document.end(), ids->begin(), ids->end());
+        if (int(turn_document.size()) + answer_room > s.ctx) {
+          dropped_tokens = std::min(int(turn_document.size()) - 1, int(turn_document.size()) + answer_room - s.ctx);
+          turn_document.erase(turn_document.begin(), turn_document.begin() + dropped_tokens);
         }
-        prompt = document;
+        prompt = turn_document;
       } else {
         prompt = ids.status();
       }
     }
     if (!prompt.is_ok()) return fail(prompt.status().message());
+    if (int(prompt->size()) > s.ctx) {
+      // Even alone (every earlier turn dropped) the message does not fit: refused, nothing dropped.
+      std::fprintf(stderr,
+                   "anvil: error: the message is too long: %s %zu tokens, more than --ctx %d (raise --ctx); the "
+                   "conversation is unchanged\n",
+                   !a.system.empty() ? "with the system message and the chat template it is"
+                   : chat            ? "through the chat template it is"
+                                     : "it is",
+                   prompt->size(), s.ctx);
+      if (!interactive) return 1;
+      continue;
+    }
     if (dropped_turns > 0)
       std::fprintf(stderr, "[anvil] the conversation no longer fits in --ctx %d: dropped the %d oldest turn%s\n", s.ctx,
                    dropped_turns, dropped_turns == 1 ? "" : "s");
@@ -225,27 +270,31 @@ int run_chat(RunArgs& a) {
     req.prompt = *prompt;
     req.sampling.seed = session_seed + turn_no++;
     if (!plan.name.empty()) {
-      Status st = store->session_begin(plan.name, seq, req.prompt, s.ctx + 1, session_meta());
+      Status st = store->session_begin(plan.name, seq, req.prompt, s.ctx + 1, session_meta(turn_messages, turn_document));
       if (!st.is_ok()) return fail(st.message());
     }
     text.begin_answer();
     clear_interrupted();
-    std::string answer;
+    TextOutput::Chunk answer;
     std::vector<int32_t> answer_ids;
-    bool dimmed = false;
+    bool dimmed = false, reasoning_shown = false;
     auto emit = [&](const TextOutput::Chunk& c) {
       if (show_reasoning && !c.reasoning.empty()) {
         if (!dimmed) std::fputs(dim_on, stdout);
-        dimmed = true;
+        dimmed = reasoning_shown = true;
         std::fputs(c.reasoning.c_str(), stdout);
       }
       if (!c.content.empty()) {
         if (dimmed) std::fputs(dim_off, stdout);
         dimmed = false;
+        // The newlines around the reasoning are trimmed (TextOutput): a blank line parts it from
+        // the answer.
+        if (reasoning_shown && answer.content.empty()) std::fputs("\n\n", stdout);
         std::fputs(c.content.c_str(), stdout);
       }
       std::fflush(stdout);
-      answer += c.content;
+      answer.reasoning += c.reasoning;
+      answer.content += c.content;
     };
     auto on_token = [&](int32_t id) -> bool {
       if (!plan.name.empty())
@@ -268,8 +317,7 @@ int run_chat(RunArgs& a) {
           std::fprintf(stderr, "anvil: error: %s\n", d.status().message().c_str());
       std::fprintf(stderr, "anvil: error: %s\n", r.status().message().c_str());
       if (!interactive) return 1;
-      if (chat) messages.erase(messages.end() - 1);
-      continue;
+      continue;  // the history is as it was before this message
     }
     std::string finish = r->finish_reason;
     if (finish == "cancelled") finish = interrupted() ? "interrupted" : "stop";
@@ -281,11 +329,13 @@ int run_chat(RunArgs& a) {
       std::fprintf(stderr, "[anvil] the answer ended inside the model's reasoning (-n %d counts it too): raise -n, "
                            "or --no-thinking\n", a.n);
     clear_interrupted();
-    if (chat) messages.push_back({{"role", "assistant"}, {"content", answer}});
+    messages = std::move(turn_messages);
+    document = std::move(turn_document);
+    if (chat) messages.push_back(assistant_message(answer));
     else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
     if (!plan.name.empty()) {
       auto d = store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
-                                  session_meta());
+                                  session_meta(messages, document));
       if (!d.is_ok()) {
         std::fprintf(stderr, "anvil: error: %s\n", d.status().message().c_str());
         if (!interactive) return 1;

@@ -14,6 +14,7 @@
 #include "base/mmap_file.h"
 #include "base/thread_pool.h"
 #include "format/hf_cache.h"
+#include "tokenizer/byte_level.h"
 #ifdef ANVIL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -241,6 +242,19 @@ Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allo
     return std::optional<std::string>();
   }
   return std::optional<std::string>(std::move(text));
+}
+
+std::string valid_utf8_input(std::string text, const std::string& what) {
+  if (tok::is_valid_utf8(text)) return text;
+  size_t at = 0;
+  for (uint32_t cp; at < text.size();) {
+    const size_t n = tok::utf8_decode_one(text, at, &cp);
+    if (n == 0) break;
+    at += n;
+  }
+  std::fprintf(stderr, "[anvil] %s is not valid UTF-8 (the first invalid byte, 0x%02X, is at byte offset %zu): "
+                       "invalid bytes are replaced by U+FFFD\n", what.c_str(), unsigned(uint8_t(text[at])), at);
+  return tok::utf8_lossy(text);
 }
 
 Result<std::string> model_dir_of(const ModelOptions& o) {

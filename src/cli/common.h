@@ -73,6 +73,13 @@ void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what
 // allow_empty: an empty text is a text (tokenize: no ids), not an error.
 Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allow_empty = false);
 
+// User text (a prompt, a typed line, --system) as valid UTF-8: invalid bytes become U+FFFD, as the
+// tokenizer would encode them anyway (Rust's from_utf8_lossy), and a line on stderr names `what`
+// and the byte offset of the first one. The text is then what the model sees, what a session
+// records and what the chat template renders. (The server instead refuses a body that is not
+// UTF-8 with 400 invalid_utf8: JSON text must be UTF-8.)
+std::string valid_utf8_input(std::string text, const std::string& what);
+
 struct Stack {
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<Backend> backend;

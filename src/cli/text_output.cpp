@@ -59,8 +59,10 @@ Result<std::vector<int32_t>> TextOutput::encode_chat(const std::string& system, 
 
 void TextOutput::begin_answer() {
   dec_ = std::make_unique<StreamDecoder>(*tok_, /*skip_special=*/true);
-  stop_ = std::make_unique<StopMatcher>(stops_);
-  split_ = chat_ && splits_reasoning_ ? std::make_unique<ReasoningSplitter>(prompt_opens_reasoning_) : nullptr;
+  const bool split = chat_ && splits_reasoning_;
+  // A stop string never cuts a reasoning tag (stop_strings.h): the server's rule too.
+  stop_ = std::make_unique<StopMatcher>(stops_, split ? reasoning_tags() : std::vector<std::string>{});
+  split_ = split ? std::make_unique<ReasoningShaper>(prompt_opens_reasoning_) : nullptr;
 }
 
 TextOutput::Chunk TextOutput::route(const std::string& text) {

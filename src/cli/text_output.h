@@ -1,7 +1,8 @@
 // Text in and out for the CLI: tokenizer, chat template, streaming detokenizer, stop strings and
 // the <think> reasoning split, composed in the order tokens flow:
-//   id -> StreamDecoder (whole UTF-8 only) -> StopMatcher (holds back a possible stop prefix)
-//      -> ReasoningSplitter (chat only) -> {reasoning, content}
+//   id -> StreamDecoder (whole UTF-8 only) -> StopMatcher (holds back a possible stop prefix;
+//         the <think>/</think> tags are atomic to it) -> ReasoningShaper (chat only: the split
+//         and the Qwen3 newline trimming, as the server does) -> {reasoning, content}
 #pragma once
 #include <memory>
 #include <optional>
@@ -63,7 +64,7 @@ class TextOutput {
   std::vector<std::string> stops_;
   std::unique_ptr<StreamDecoder> dec_;
   std::unique_ptr<StopMatcher> stop_;
-  std::unique_ptr<ReasoningSplitter> split_;
+  std::unique_ptr<ReasoningShaper> split_;
 };
 
 }  // namespace anvil::cli

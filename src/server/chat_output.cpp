@@ -86,37 +86,12 @@ ToolCallParser::Out ToolCallParser::flush() {
 }
 
 ChatOutput::ChatOutput(bool split_reasoning, bool starts_in_reasoning, bool parse_tool_calls) {
-  if (split_reasoning) split_ = std::make_unique<ReasoningSplitter>(starts_in_reasoning);
+  if (split_reasoning) split_ = std::make_unique<ReasoningShaper>(starts_in_reasoning);
   if (parse_tool_calls) tools_ = std::make_unique<ToolCallParser>();
 }
 
 void ChatOutput::shape(std::string r, std::string c, bool final, Delta* d) {
-  if (!r.empty()) {
-    saw_reasoning_ = true;
-    if (!reasoning_started_) {
-      r.erase(0, r.find_first_not_of('\n') == std::string::npos ? r.size() : r.find_first_not_of('\n'));
-      reasoning_started_ = !r.empty();
-    }
-    if (!r.empty()) {
-      std::string all = held_newlines_ + r;
-      held_newlines_.clear();
-      size_t last = all.find_last_not_of('\n');
-      if (last == std::string::npos) {
-        held_newlines_ = all;
-      } else {
-        held_newlines_ = all.substr(last + 1);
-        d->reasoning += all.substr(0, last + 1);
-      }
-    }
-  }
-  if (!c.empty()) {
-    held_newlines_.clear();  // the reasoning is over
-    if (saw_reasoning_ && !content_started_) {
-      size_t first = c.find_first_not_of('\n');
-      c.erase(0, first == std::string::npos ? c.size() : first);
-    }
-    if (!c.empty()) content_started_ = true;
-  }
+  d->reasoning += r;
   if (tools_) {
     ToolCallParser::Out o = tools_->push(c);
     if (final) {

@@ -1,6 +1,6 @@
 // Shapes a chat reply's text stream into OpenAI message fields, incrementally:
-//   text -> ReasoningSplitter (<think>..</think> -> reasoning_content)
-//        -> newline trimming (the newlines around the reasoning are template formatting)
+//   text -> ReasoningShaper (<think>..</think> -> reasoning_content; the newlines around the
+//           reasoning are template formatting and are trimmed, as the CLI does: reasoning.h)
 //        -> ToolCallParser (Qwen/Hermes "<tool_call>\n{json}\n</tool_call>" blocks -> tool_calls)
 // The same code serves streaming (each push() is one SSE delta) and non-streaming replies (the
 // concatenation of every delta), so both give the same message.
@@ -50,10 +50,8 @@ class ChatOutput {
 
  private:
   void shape(std::string reasoning, std::string content, bool final, Delta* d);
-  std::unique_ptr<ReasoningSplitter> split_;
+  std::unique_ptr<ReasoningShaper> split_;
   std::unique_ptr<ToolCallParser> tools_;
-  bool reasoning_started_ = false, saw_reasoning_ = false, content_started_ = false;
-  std::string held_newlines_;  // trailing newlines of the reasoning so far
 };
 
 }  // namespace anvil::server

@@ -315,6 +315,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                      "context_length_exceeded"));
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
+  if (chat && split_reasoning) g.stop_atomic = reasoning_tags();  // a stop never cuts a tag
   if (turn) {
     g.session = r.session;
     g.session_meta = turn->keep_meta;

@@ -23,6 +23,9 @@ struct GenerationParams {
   float presence_penalty = 0.0f;   // OpenAI: logit -= presence * [count > 0], over generated tokens
   float frequency_penalty = 0.0f;  // OpenAI: logit -= frequency * count, over generated tokens
   std::vector<std::string> stop;
+  // Markup a stop string never cuts (StopMatcher): the reasoning tags when a chat reply's
+  // reasoning is split off.
+  std::vector<std::string> stop_atomic;
   int top_logprobs = -1;  // -1: no logprobs; else the number of alternatives per token (0..20)
   bool ignore_eos = false;
   // Non-empty: record this request's sequence as durable session `session` (the prompt already

@@ -173,6 +173,7 @@ ojson Reply::assistant_message() const {
   ojson msg = ojson::object();
   msg["role"] = "assistant";
   msg["content"] = content;
+  if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
   if (!calls.empty()) msg["tool_calls"] = tool_calls_json(calls, 0, false);
   return msg;
 }

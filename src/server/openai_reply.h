@@ -49,8 +49,10 @@ struct Reply {
   ojson response() const;                            // the non-streaming body, after on_done
   ojson chunk(ojson choice) const;                   // one chunk object around `choice`
   ojson usage() const;
-  // The reply as a message of the conversation (content and tool_calls; the reasoning is left out,
-  // as chat templates drop it from earlier turns): what a session records.
+  // The reply as a message of the conversation (content, reasoning_content when the model wrote
+  // reasoning, tool_calls), as a client echoes the reply back: what a session records. The chat
+  // template decides whether the reasoning is rendered (Qwen3: only for the turns after the last
+  // user message, the tool-call loop), so a session renders as the stateless request would.
   ojson assistant_message() const;
 
  private:

@@ -15,8 +15,13 @@ bool vocabulary_has_reasoning(const Tokenizer& tok) {
   return tok.token_to_id("<think>").has_value() && tok.token_to_id("</think>").has_value();
 }
 
+std::vector<std::string> reasoning_tags() { return {"<think>", "</think>"}; }
+
 ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_tag, std::string close_tag)
-    : open_(std::move(open_tag)), close_(std::move(close_tag)), in_reasoning_(starts_in_reasoning) {}
+    : open_(std::move(open_tag)),
+      close_(std::move(close_tag)),
+      in_reasoning_(starts_in_reasoning),
+      opened_(starts_in_reasoning) {}
 
 ReasoningSplitter::Out ReasoningSplitter::push(std::string_view text) {
   Out out;
@@ -29,6 +34,7 @@ ReasoningSplitter::Out ReasoningSplitter::push(std::string_view text) {
       side.append(held_, 0, at);
       held_.erase(0, at + tag.size());
       in_reasoning_ = !in_reasoning_;
+      opened_ = opened_ || in_reasoning_;
       continue;
     }
     // Hold back the longest suffix that is a proper prefix of the tag we are waiting for.
@@ -48,6 +54,52 @@ ReasoningSplitter::Out ReasoningSplitter::flush() {
   Out out;
   (in_reasoning_ ? out.reasoning : out.content).swap(held_);
   held_.clear();
+  return out;
+}
+
+ReasoningShaper::ReasoningShaper(bool starts_in_reasoning) : split_(starts_in_reasoning) {}
+
+void ReasoningShaper::shape(ReasoningSplitter::Out in, ReasoningSplitter::Out* out) {
+  std::string& r = in.reasoning;
+  std::string& c = in.content;
+  if (!r.empty()) {
+    if (!reasoning_started_) {
+      const size_t first = r.find_first_not_of('\n');
+      r.erase(0, first == std::string::npos ? r.size() : first);
+      reasoning_started_ = !r.empty();
+    }
+    if (!r.empty()) {
+      std::string all = held_newlines_ + r;
+      held_newlines_.clear();
+      const size_t last = all.find_last_not_of('\n');
+      if (last == std::string::npos) {
+        held_newlines_ = all;
+      } else {
+        held_newlines_ = all.substr(last + 1);
+        out->reasoning += all.substr(0, last + 1);
+      }
+    }
+  }
+  if (!c.empty()) {
+    held_newlines_.clear();  // the reasoning is over
+    if (split_.opened() && !content_started_) {
+      const size_t first = c.find_first_not_of('\n');
+      c.erase(0, first == std::string::npos ? c.size() : first);
+    }
+    if (!c.empty()) content_started_ = true;
+    out->content += c;
+  }
+}
+
+ReasoningSplitter::Out ReasoningShaper::push(std::string_view text) {
+  ReasoningSplitter::Out out;
+  shape(split_.push(text), &out);
+  return out;
+}
+
+ReasoningSplitter::Out ReasoningShaper::flush() {
+  ReasoningSplitter::Out out;
+  shape(split_.flush(), &out);
   return out;
 }
 

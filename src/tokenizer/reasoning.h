@@ -2,11 +2,12 @@
 // Tags may arrive split across pushes: a suffix that could be the start of the next tag is held
 // back until it resolves. Tags themselves are not emitted. `starts_in_reasoning` is for chat
 // templates that already opened <think> in the prompt (the output then starts with reasoning).
-// One newline right after </think> is kept in content, as generated; callers that want the
-// Qwen3-style trimmed content strip it themselves.
+// The newlines right after </think> are kept in content, as generated; ReasoningShaper below
+// trims them (and the reasoning's own opening and closing newlines) as Qwen3's template does.
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tokenizer/tokenizer.h"
 
@@ -23,6 +24,10 @@ bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag =
 // from the answer only then (the CLI and the server alike).
 bool vocabulary_has_reasoning(const Tokenizer& tok);
 
+// The reasoning tags, {"<think>", "</think>"}: atomic markup to the stop-string matcher wherever
+// reasoning is split off (stop_strings.h).
+std::vector<std::string> reasoning_tags();
+
 class ReasoningSplitter {
  public:
   struct Out {
@@ -33,11 +38,33 @@ class ReasoningSplitter {
   Out push(std::string_view text);
   Out flush();  // emits any held-back partial tag as text of the current side
   bool in_reasoning() const { return in_reasoning_; }
+  // A reasoning block was opened: the stream started in one, or a <think> came.
+  bool opened() const { return opened_; }
 
  private:
   std::string open_, close_;
-  bool in_reasoning_;
+  bool in_reasoning_, opened_;
   std::string held_;
+};
+
+// ReasoningSplitter plus the newline trimming that makes a reply what the chat template writes back
+// for an earlier turn (Qwen3 renders reasoning_content.strip('\n') and content.lstrip('\n') after
+// </think>): newlines that open or close the reasoning, and those that start the content after a
+// reasoning block, are template formatting and are dropped. The CLI (anvil run/generate) and the
+// server (reasoning_content/content) shape a reply with this one class, so the same tokens give
+// the same text, also in a session's stored messages.
+class ReasoningShaper {
+ public:
+  explicit ReasoningShaper(bool starts_in_reasoning = false);
+  ReasoningSplitter::Out push(std::string_view text);
+  ReasoningSplitter::Out flush();
+  bool in_reasoning() const { return split_.in_reasoning(); }
+
+ private:
+  void shape(ReasoningSplitter::Out in, ReasoningSplitter::Out* out);
+  ReasoningSplitter split_;
+  bool reasoning_started_ = false, content_started_ = false;
+  std::string held_newlines_;  // trailing newlines of the reasoning so far
 };
 
 }  // namespace anvil

@@ -1,6 +1,7 @@
 // StopMatcher: emitted text + stop == input up to the stop, for every way of chunking the input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "tokenizer/stop_strings.h"
@@ -99,6 +100,96 @@ TEST(StopMatcher, RandomStreamsMatchReference) {
     }
     const StopRun want = reference(stops, text), got = run_chunks(stops, chunks);
     ASSERT_EQ(got.emitted, want.emitted) << text;
+    ASSERT_EQ(got.stopped, want.stopped) << text;
+  }
+}
+
+
+// Atomic markup (a thinking model's <think> tags): a stop string matches only inside the text
+// between the tags, or a whole tag, and the tags pass through whole. The reference cuts the whole
+// text into tags and the text between them, left to right, and runs the plain reference on each
+// piece of text.
+StopRun reference_atomic(const std::vector<std::string>& stops, const std::vector<std::string>& tags,
+                         const std::string& text) {
+  std::string out, seg;
+  for (size_t i = 0; i <= text.size();) {
+    std::string tag;
+    for (const auto& t : tags)
+      if (text.compare(i, t.size(), t) == 0 && t.size() > tag.size()) tag = t;
+    if (!tag.empty() || i == text.size()) {
+      const StopRun r = reference(stops, seg);
+      if (r.stopped) return {out + r.emitted, true};
+      out += seg;
+      seg.clear();
+      if (i == text.size()) break;
+      if (std::find(stops.begin(), stops.end(), tag) != stops.end()) return {out, true};
+      out += tag;
+      i += tag.size();
+    } else {
+      seg += text[i++];
+    }
+  }
+  return {out, false};
+}
+
+TEST(StopMatcher, AtomicTagsAreNeverCut) {
+  const std::vector<std::string> tags = {"<think>", "</think>"};
+  auto run = [&](const std::vector<std::string>& stops, const std::vector<std::string>& chunks) {
+    StopMatcher m(stops, tags);
+    StopRun r{"", false};
+    for (const auto& c : chunks) r.emitted += m.push(c);
+    r.emitted += m.flush();
+    r.stopped = m.stopped();
+    return r;
+  };
+  const std::string text = "<think>Let me think</think>\n\nAnswer: <b>yes</b>";
+  for (std::vector<std::string> stops :
+       {std::vector<std::string>{">"}, {"think"}, {"k>"}, {"/"}, {"<"}, {"</think>"}, {"<think>"}, {"think</think>"},
+        {"\n"}, {"b>"}, {"me", ">"}, {"</"}}) {
+    const StopRun want = reference_atomic(stops, tags, text);
+    for (size_t i = 0; i <= text.size(); ++i)
+      for (size_t j = i; j <= text.size(); j += 3) {
+        const StopRun got = run(stops, {text.substr(0, i), text.substr(i, j - i), text.substr(j)});
+        ASSERT_EQ(got.emitted, want.emitted) << stops[0] << " split at " << i << "," << j;
+        ASSERT_EQ(got.stopped, want.stopped) << stops[0];
+      }
+  }
+  EXPECT_EQ(reference_atomic({">"}, tags, text).emitted, text.substr(0, text.find("<b>") + 2));
+  EXPECT_EQ(reference_atomic({"think"}, tags, text).emitted, "<think>Let me ");
+  EXPECT_EQ(reference_atomic({"</think>"}, tags, text).emitted, "<think>Let me think");
+  // A possible tag start that never completes is text at the end.
+  StopMatcher m({"hi"}, tags);
+  EXPECT_EQ(m.push("x<thi"), "x");
+  EXPECT_EQ(m.flush(), "<t");
+  EXPECT_TRUE(m.stopped());
+}
+
+TEST(StopMatcher, AtomicTagsRandomStreamsMatchReference) {
+  std::mt19937 rng(11);
+  const std::vector<std::string> tags = {"<a>", "</a>"};
+  const std::string alphabet = "ab<>/";
+  for (int iter = 0; iter < 4000; ++iter) {
+    std::vector<std::string> stops(1 + rng() % 3);
+    for (auto& s : stops)
+      for (size_t k = 0, n = 1 + rng() % 4; k < n; ++k) s += alphabet[rng() % alphabet.size()];
+    std::string text;
+    for (size_t k = 0, n = rng() % 30; k < n; ++k) {
+      if (rng() % 6 == 0) text += tags[rng() % 2];
+      else text += alphabet[rng() % alphabet.size()];
+    }
+    std::vector<std::string> chunks;
+    for (size_t p = 0; p < text.size();) {
+      const size_t len = std::min(text.size() - p, size_t(rng() % 5));
+      chunks.push_back(text.substr(p, len));
+      p += len;
+    }
+    StopMatcher m(stops, tags);
+    StopRun got{"", false};
+    for (const auto& c : chunks) got.emitted += m.push(c);
+    got.emitted += m.flush();
+    got.stopped = m.stopped();
+    const StopRun want = reference_atomic(stops, tags, text);
+    ASSERT_EQ(got.emitted, want.emitted) << text << " stops " << stops[0];
     ASSERT_EQ(got.stopped, want.stopped) << text;
   }
 }

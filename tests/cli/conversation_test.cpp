@@ -1,0 +1,255 @@
+// anvil run / generate as a conversation goes on: user text that is not UTF-8, a thinking model's
+// answer as it is shown and kept in the history (against Qwen3's own template), stop strings
+// around the <think> tags, a message too long for --ctx, and the per-turn seed across --resume.
+// The thinking model is scripted (scripted_model.h): its reply is known, so the expectations are
+// derived from the script, never copied from an output.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "cli_helpers.h"
+#include "kvstore/kvstore.h"
+#include "scripted_model.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/tokenizer_config.h"
+
+using anvil::test::anvil_command;
+using anvil::test::run_anvil;
+using anvil::test::run_shell;
+using anvil::test::shell_quote;
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+class Conversation : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = (fs::temp_directory_path() / ("anvil_conv_think_" + std::to_string(::getpid()))).string();
+    error_ = anvil::test::make_think_model(model_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(model_); }
+  void SetUp() override {
+    ASSERT_TRUE(error_.empty()) << error_;
+    store_ = (fs::temp_directory_path() / ("anvil_conv_store_" + std::to_string(::getpid()) + "_" +
+                                           ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+                 .string();
+    fs::remove_all(store_);
+  }
+  void TearDown() override { fs::remove_all(store_); }
+
+  // The session `name` in this test's store: its token ids and meta.
+  anvil::SessionInfo session(const std::string& name) {
+    anvil::KVStoreOptions o;
+    o.dir = store_;
+    auto st = anvil::KVStore::open(o);
+    EXPECT_TRUE(st.is_ok()) << st.status().message();
+    if (!st.is_ok()) return {};
+    auto s = (*st)->get_session(name);
+    EXPECT_TRUE(s.is_ok() && s->has_value()) << name;
+    return s.is_ok() && s->has_value() ? **s : anvil::SessionInfo{};
+  }
+  // `anvil run ARGS` with stdin from printf FORMAT; stdout, and stderr into *err.
+  anvil::test::ProcResult run_piped(const std::string& printf_format, const std::vector<std::string>& args,
+                                    std::string* err = nullptr) {
+    const std::string err_file = store_ + ".err";
+    auto r = run_shell("printf " + shell_quote(printf_format) + " | " + anvil_command(args) + " 2>" + err_file);
+    std::ifstream f(err_file);
+    if (err) *err = std::string(std::istreambuf_iterator<char>(f), {});
+    fs::remove(err_file);
+    return r;
+  }
+
+  static std::string model_, error_;
+  std::string store_;
+};
+std::string Conversation::model_, Conversation::error_;
+
+std::string lstrip_newlines(std::string s) {
+  s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
+  return s;
+}
+
+// The "[anvil] prompt N tokens" of each answered turn, in order.
+std::vector<int> prompt_sizes(const std::string& err) {
+  std::vector<int> out;
+  std::regex re("\\[anvil\\] prompt ([0-9]+) tokens");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) out.push_back(std::stoi((*it)[1]));
+  return out;
+}
+
+}  // namespace
+
+// Input that is not UTF-8 is repaired (U+FFFD, as the tokenizer encodes it anyway) with a line
+// naming the byte offset, in run with a session too (it used to abort while recording the meta):
+// the conversation goes on, the session records valid text that encodes to the same tokens.
+TEST_F(Conversation, InvalidUtf8InputIsReplacedAndTheSessionStaysValid) {
+  std::string err;
+  auto r = run_piped("hi\\n\\377\\376 bad\\nagain\\n",
+                     {"run", "-m", model_, "-n", "5", "--kv-store", store_, "--session", "u1"}, &err);
+  ASSERT_EQ(r.exit_code, 0) << r.out << err;
+  EXPECT_NE(err.find("not valid UTF-8"), std::string::npos) << err;
+  EXPECT_NE(err.find("byte offset 0"), std::string::npos) << err;
+  auto meta = ojson::parse(session("u1").meta, nullptr, false);
+  ASSERT_TRUE(meta.is_object()) << session("u1").meta;
+  const ojson& msgs = meta["messages"];
+  ASSERT_EQ(msgs.size(), 6u) << msgs.dump() << "\nthree questions, three answers";
+  const std::string stored = msgs[2]["content"];
+  EXPECT_TRUE(anvil::tok::is_valid_utf8(stored)) << stored;
+  anvil::test::ScriptTokens tk(model_);
+  EXPECT_EQ(tk.text(stored), tk.text("\xff\xfe bad")) << "the stored text encodes as the raw bytes did";
+  EXPECT_EQ(msgs[4]["content"], "again");
+
+  // -p in Latin-1: accepted, the offset named; the turn is the same as the repaired text typed.
+  std::string latin1 = "caf\xe9";
+  auto p = run_anvil({"run", "-m", model_, "-n", "5", "--kv-store", store_, "--session", "u2", "-p", latin1}, true);
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  EXPECT_NE(p.out.find("byte offset 3"), std::string::npos) << p.out;
+  auto m2 = ojson::parse(session("u2").meta, nullptr, false);
+  ASSERT_TRUE(m2.is_object());
+  EXPECT_EQ(tk.text(m2["messages"][0]["content"].get<std::string>()), tk.text(latin1));
+  // A resume of it works (the meta parses).
+  auto q = run_anvil({"run", "-m", model_, "-n", "5", "--kv-store", store_, "--session", "u2", "--resume", "-p", "more"}, true);
+  EXPECT_EQ(q.exit_code, 0) << q.out;
+  // generate says it the same way.
+  auto g = run_anvil({"generate", "-m", model_, "-n", "3", "--no-kv-store", "-p", latin1}, true);
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_NE(g.out.find("byte offset 3"), std::string::npos) << g.out;
+}
+
+// The answer after </think> is what Qwen3's template keeps of an assistant turn: its leading
+// newlines stripped. run -p and generate print it so, and run's history holds it so: the second
+// turn's prompt is the template's rendering of the raw first reply (the template strips it
+// itself: an independent reference), and run stores what the server stores (content and
+// reasoning_content).
+TEST_F(Conversation, ThinkingAnswerIsTrimmedAsTheTemplateKeepsIt) {
+  const std::string answer = lstrip_newlines(anvil::test::kThinkReply.substr(anvil::test::kThinkReply.find("</think>") + 8));
+  auto r = run_anvil({"run", "-m", model_, "-p", "hi", "--no-kv-store"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, answer + "\n");
+  auto g = run_anvil({"generate", "-m", model_, "-p", "hi", "--no-kv-store"});
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_EQ(g.out, answer + "\n");
+  auto gj = run_anvil({"generate", "-m", model_, "-p", "hi", "--no-kv-store", "--json"});
+  auto j = nlohmann::json::parse(gj.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << gj.out;
+  EXPECT_EQ(j["text"], answer);
+  EXPECT_EQ(j["reasoning"], anvil::test::kThinkReasoning);
+  // --show-reasoning: the reasoning, a blank line, the answer.
+  auto gs = run_anvil({"generate", "-m", model_, "-p", "hi", "--no-kv-store", "--show-reasoning"});
+  EXPECT_EQ(gs.out, anvil::test::kThinkReasoning + "\n\n" + answer + "\n");
+
+  std::string err;
+  auto two = run_piped("hi\\nagain\\n", {"run", "-m", model_, "--kv-store", store_, "--session", "t1"}, &err);
+  ASSERT_EQ(two.exit_code, 0) << two.out << err;
+  anvil::SessionInfo s = session("t1");
+  auto meta = ojson::parse(s.meta, nullptr, false);
+  ASSERT_TRUE(meta.is_object());
+  EXPECT_EQ(meta["messages"][1],
+            (ojson{{"role", "assistant"}, {"content", answer}, {"reasoning_content", anvil::test::kThinkReasoning}}));
+  auto cfg = anvil::load_tokenizer_config(model_);
+  ASSERT_TRUE(cfg.is_ok());
+  ojson raw = ojson::array({ojson{{"role", "user"}, {"content", "hi"}},
+                            ojson{{"role", "assistant"}, {"content", anvil::test::kThinkReply}},
+                            ojson{{"role", "user"}, {"content", "again"}}});
+  auto text = anvil::apply_chat_template(*cfg, raw, ojson(), true, std::nullopt);
+  ASSERT_TRUE(text.is_ok()) << text.status().message();
+  anvil::test::ScriptTokens tk(model_);
+  const std::vector<int32_t> want = tk.text(*text);
+  ASSERT_GE(s.tokens.size(), want.size());
+  EXPECT_EQ(std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + want.size()), want)
+      << "the second turn's prompt is the template's own rendering of the history";
+}
+
+// Stop strings never cut a <think>/</think> tag: they match inside the reasoning or the answer
+// (or a whole tag), so no fragment of a tag is ever printed. Expected text from the script.
+TEST_F(Conversation, StopStringsNeverSplitTheReasoningTags) {
+  const std::string& reply = anvil::test::kThinkReply;
+  const std::string R = anvil::test::kThinkReasoning;
+  const std::string C = reply.substr(reply.find("</think>") + 8);
+  for (std::string stop : {">", "<", "/", "think", "k>", "<th", "me", "Answer", ": ", "\n", "</think>", "<think>",
+                           "think</think>", "zzz"}) {
+    std::string want_r, want_c;
+    if (stop == "<think>") {
+    } else if (stop == "</think>") {
+      want_r = R;
+    } else if (size_t at = R.find(stop); at != std::string::npos) {
+      want_r = R.substr(0, at);
+    } else if (size_t at = C.find(stop); at != std::string::npos) {
+      want_r = R, want_c = lstrip_newlines(C.substr(0, at));
+    } else {
+      want_r = R, want_c = lstrip_newlines(C);
+    }
+    auto g = run_anvil({"generate", "-m", model_, "-p", "hi", "--no-kv-store", "--json", "--stop", stop});
+    auto j = nlohmann::json::parse(g.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << stop << ": " << g.out;
+    EXPECT_EQ(j["reasoning"], want_r) << "stop " << nlohmann::json(stop).dump();
+    EXPECT_EQ(j["text"], want_c) << "stop " << nlohmann::json(stop).dump();
+    EXPECT_EQ(j["finish_reason"], "stop");
+    // The plain output shows the same answer.
+    if (stop == ">" || stop == "think" || stop == ": ") {
+      auto p = run_anvil({"generate", "-m", model_, "-p", "hi", "--no-kv-store", "--stop", stop});
+      EXPECT_EQ(p.out, want_c + "\n") << "stop " << nlohmann::json(stop).dump();
+    }
+  }
+}
+
+// A message too long for --ctx even alone is refused and the conversation is unchanged: the
+// transcript around it is the one without it (no turn dropped for it).
+TEST_F(Conversation, TooLongMessageLeavesTheHistoryAlone) {
+  std::string long_line;
+  for (int i = 0; i < 300; ++i) long_line += "word ";
+  const std::vector<std::string> args = {"run", "--synthetic", "tiny", "-n", "24", "-c", "256", "--temp", "0",
+                                         "--no-kv-store"};
+  std::string err_with, err_without;
+  auto with = run_piped("hi\\n" + long_line + "\\nok\\n", args, &err_with);
+  auto without = run_piped("hi\\nok\\n", args, &err_without);
+  ASSERT_EQ(without.exit_code, 0) << err_without;
+  EXPECT_EQ(with.exit_code, 0) << err_with;
+  EXPECT_NE(err_with.find("too long"), std::string::npos) << err_with;
+  EXPECT_EQ(err_with.find("dropped"), std::string::npos) << err_with;
+  EXPECT_EQ(prompt_sizes(err_with), prompt_sizes(err_without)) << err_with << "\n---\n" << err_without;
+  ASSERT_EQ(prompt_sizes(err_without).size(), 2u) << err_without;
+  EXPECT_GT(prompt_sizes(err_without)[1], prompt_sizes(err_without)[0]) << "turn 'ok' sees turn 'hi'";
+  // Every answer is the same: the refused turn prints only its prompt marker.
+  std::string w = with.out;
+  const size_t refused = w.find("> > ");
+  ASSERT_NE(refused, std::string::npos) << w;
+  w.erase(refused, 2);
+  EXPECT_EQ(w, without.out);
+}
+
+// Answer k of a session uses seed + k, also when the session is resumed in a new process: a sampled
+// conversation interrupted after each turn gives the uninterrupted one's answers.
+TEST_F(Conversation, ResumedSessionContinuesTheSeedSequence) {
+  const std::vector<std::string> common = {"run", "--synthetic", "tiny", "-n", "12", "--temp", "1", "--seed", "7"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto whole = run_piped("hello\\nsecond turn\\nthird\\n", with({"--no-kv-store"}));
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  // stdout: "> " answer "\n" per turn, then the last "> ".
+  std::vector<std::string> answers;
+  for (size_t at = 0; (at = whole.out.find("> ", at)) != std::string::npos;) {
+    size_t end = whole.out.find("\n> ", at);
+    if (end == std::string::npos) break;
+    answers.push_back(whole.out.substr(at + 2, end - at - 2));
+    at = end + 1;
+  }
+  ASSERT_EQ(answers.size(), 3u) << whole.out;
+  std::vector<std::string> turns = {"hello", "second turn", "third"};
+  for (size_t k = 0; k < turns.size(); ++k) {
+    std::vector<std::string> extra = {"--kv-store", store_, "--session", "s1", "-p", turns[k]};
+    if (k > 0) extra.push_back("--resume");
+    auto r = run_anvil(with(extra));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    std::string got = r.out;
+    if (k > 0) got.erase(0, got.find('\n') + 1);  // "(resumed session s1: ...)"
+    EXPECT_EQ(got, answers[k] + "\n") << "turn " << k;
+  }
+}
