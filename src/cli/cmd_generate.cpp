@@ -60,6 +60,9 @@ int run_generate(GenerateArgs& a) {
   if (chat && !a.chat && !a.system.empty() && !has_chat_template(tok_dir))
     return fail("--system needs a chat template, and " + tok_dir +
                 " has none: drop --system (the prompt is then sent as is)");
+  if (have_text && !chat && a.thinking)
+    std::fprintf(stderr, "[anvil] warning: --thinking/--no-thinking have no effect: %s\n",
+                 a.raw ? "--raw sends the prompt without the chat template" : "the model has no chat template");
   std::unique_ptr<TextOutput> text;
   std::vector<int32_t> prompt;
   if (have_text) {

@@ -95,9 +95,12 @@ int run_chat(RunArgs& a) {
   const bool show_reasoning = a.show_reasoning || (tty && !a.hide_reasoning);
   const char* dim_on = tty ? "\x1b[2m" : "";
   const char* dim_off = tty ? "\x1b[0m" : "";
+  if (!chat && !a.system.empty())  // as anvil generate: never dropped silently
+    return fail("--system needs a chat template, and " + dir +
+                " has none: drop --system (anvil run is then in completion mode: the model continues your text)");
   if (!chat)
-    std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)\n",
-                 dir.c_str());
+    std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)%s\n",
+                 dir.c_str(), a.thinking ? "; --thinking/--no-thinking have no effect" : "");
   auto opened = open_store_session(a.kv, s);  // declared after the stack: detached and flushed before it goes
   if (!opened.is_ok()) return fail(opened.status().message());
   AttachedStore& store = opened->store;

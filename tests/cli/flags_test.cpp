@@ -124,6 +124,9 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
       {{"bench-kv", "--open-lookup", "64", "--kv-durability", "bogus"}, "--kv-durability has no effect with --open-lookup"},
       {{"bench-kv", "--restore-pages", "8", "--synthetic", "tiny"}, "--synthetic has no effect with --restore-pages"},
       {{"bench-kv", "--synthetic", "tiny", "--no-kv-store"}, "not expected: --no-kv-store"},
+      // A system message for a model without a chat template is refused, not dropped (run did).
+      {{"run", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
+      {{"generate", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
       {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "--ctx must be >= 1"},
       {{"serve", "-m", kModel, "--no-kv-store", "--host", ""}, "--host is empty"},
       {{"synth", "--shape", "tiny", "--out", ""}, "--out: an empty directory name"},
