@@ -472,7 +472,14 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
   sched->call([&] {
     // Only this model's sessions are visible here (as in the list); another model's is not found.
     auto s = opts.store->get_session(name);
-    if (!s.is_ok()) st = s.status();
+    if (!s.is_ok() && s.status().code() == StatusCode::kCorrupt) {
+      // A damaged row (listed, marked damaged): removed as anvil kv rm removes it, if it is this
+      // model's (its fingerprint column is read without the checksummed tokens).
+      bool ours = false;
+      for (const SessionInfo& x : opts.store->list_sessions())
+        if (x.name == name) ours = x.fingerprint == opts.store->fingerprint();
+      st = ours ? opts.store->remove_session(name) : not_found("no session named '" + name + "'");
+    } else if (!s.is_ok()) st = s.status();
     else if (!*s || (*s)->fingerprint != opts.store->fingerprint()) st = not_found("no session named '" + name + "'");
     else st = opts.store->remove_session(name);
   });

@@ -207,11 +207,21 @@ void Scheduler::preempt(Active& a) {
 
 void Scheduler::loop() {
   for (;;) {
-    std::vector<std::unique_ptr<Active>> incoming;
+    std::vector<std::unique_ptr<Active>> incoming, gone;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty() || !calls_.empty(); });
       if (stop_) break;
+      // A queued job whose client went away leaves the queue now, not when a sequence frees up:
+      // its queue place and its session (claimed from validation, also against other processes)
+      // are given back within a step.
+      for (auto it = queue_.begin(); it != queue_.end();)
+        if ((*it)->job->cancelled()) {
+          gone.push_back(std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
       while (!queue_.empty() && int(active_.size() + incoming.size()) < engine_.options().max_seqs) {
         incoming.push_back(std::move(queue_.front()));
         queue_.pop_front();
@@ -219,6 +229,7 @@ void Scheduler::loop() {
     }
     const auto t0 = clock::now();
     run_calls();
+    admit(gone);  // (each is cancelled: ended, with no sequence)
     admit(incoming);
     // Cancelled jobs leave at the step boundary.
     for (auto& a : active_)

@@ -379,3 +379,62 @@ TEST(ServeStore, AQueuedRequestHoldsItsSessionAgainstOtherProcesses) {
   }
   fs::remove_all(dir);
 }
+
+// A queued session turn whose client goes away gives its session and its queue place back within
+// a step, not when a sequence frees up (the claim also holds other processes off: kv rm, anvil run).
+// And a damaged session (its row fails its checksum) is listed marked, and DELETE removes it, as
+// anvil kv rm does.
+TEST(ServeStore, AQueuedTurnLeftByItsClientAndADamagedSessionAreGivenBack) {
+  const std::string dir = store_dir("leftq");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir, "--max-queue", "1"}, "1");
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    ASSERT_EQ((a.post("/v1/completions", doc_turn("Once upon a time", 4, "Q"), &st), st), 200);
+    RawConnection running(a.p->port()), queued(a.p->port());
+    auto send = [](RawConnection& c, const json& body) {
+      const std::string b = body.dump();
+      return c.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b);
+    };
+    // The only slot: a long request (~440 tokens of the tiny model, seconds on 2 cores).
+    ASSERT_TRUE(send(running, json{{"prompt", kDoc}, {"max_tokens", 440}, {"temperature", 0}, {"ignore_eos", true}}));
+    for (int i = 0; i < 250 && a.metric("anvil_requests_running") < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_EQ(a.metric("anvil_requests_running"), 1);
+    ASSERT_TRUE(send(queued, doc_turn(" and then", 3, "Q")));
+    for (int i = 0; i < 250 && a.metric("anvil_requests_waiting") < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(a.metric("anvil_requests_waiting"), 1);
+    queued.close();  // its client goes away while it waits
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    auto other = anvil::KVStore::open(o);
+    ASSERT_TRUE(other.is_ok()) << other.status().message();
+    bool freed = false;
+    for (int i = 0; i < 100 && !freed; ++i) {  // bounded: 2 s, while the long request still runs
+      freed = a.metric("anvil_requests_waiting") == 0 && (*other)->claim_session("Q").is_ok();
+      if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(freed) << "the left turn kept its queue place or its session";
+    EXPECT_EQ(a.metric("anvil_requests_running"), 1) << "the long request should still be running";
+    (*other)->release_session("Q");
+    running.close();
+    // A damaged row: listed marked, and DELETE removes it.
+    {
+      anvil::SqliteDb db;
+      ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+      anvil::SqliteStmt u;
+      ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET meta = meta || ' ' WHERE name = 'Q'").is_ok());
+      ASSERT_TRUE(u.run().is_ok());
+    }
+    const json listed = find_session(a.get("/v1/sessions", &st), "Q");
+    EXPECT_EQ(listed["damaged"], true) << listed;
+    json body;
+    EXPECT_EQ(a.del("/v1/sessions/Q", &body), 200) << body;
+    EXPECT_TRUE(find_session(a.get("/v1/sessions", &st), "Q").is_null()) << "still listed after DELETE";
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
