@@ -316,6 +316,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
   if (chat && split_reasoning) g.stop_atomic = reasoning_tags();  // a stop never cuts a tag
+  if (chat && r.parse_tool_calls) {  // nor a tool call's markup
+    g.stop_atomic.push_back("<tool_call>");
+    g.stop_atomic.push_back("</tool_call>");
+  }
   if (turn) {
     g.session = r.session;
     g.session_meta = turn->keep_meta;

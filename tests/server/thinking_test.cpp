@@ -155,6 +155,23 @@ TEST(ServeThinking, SessionRendersAsTheStatelessRequest) {
   json detail = json::parse(got->body);
   ASSERT_TRUE(detail.contains("messages")) << detail.dump();
   EXPECT_EQ(detail["messages"][1].value("reasoning_content", ""), "I should") << detail.dump();
+  // With tools, <tool_call> and </tool_call> are whole too: a stop string made of their characters
+  // leaves the call intact (before, stop ">" gave content "Sure<tool_call"); one in the text before
+  // the call ends the reply there.
+  for (const std::string stop : {">", "<", "/", "_call", "Sure"}) {
+    json r = s.post({{"messages", {user}}, {"tools", tools}, {"temperature", 0}, {"stop", {stop}}}, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    const json& m = r["choices"][0]["message"];
+    if (stop == "Sure") {
+      EXPECT_EQ(m["content"].is_string() ? m["content"].get<std::string>() : "", "") << m.dump();
+      EXPECT_FALSE(m.contains("tool_calls")) << m.dump();
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+    } else {
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << "stop " << stop << ": " << r.dump();
+      ASSERT_EQ(m["tool_calls"].size(), 1u) << "stop " << stop << ": " << m.dump();
+      EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "f");
+    }
+  }
   s.p->terminate(30);
   fs::remove_all(dir);
   fs::remove_all(store);
