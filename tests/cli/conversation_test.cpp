@@ -68,11 +68,6 @@ class Conversation : public ::testing::Test {
 };
 std::string Conversation::model_, Conversation::error_;
 
-std::string lstrip_newlines(std::string s) {
-  s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
-  return s;
-}
-
 // The "[anvil] prompt N tokens" of each answered turn, in order.
 std::vector<int> prompt_sizes(const std::string& err) {
   std::vector<int> out;
@@ -126,7 +121,7 @@ TEST_F(Conversation, InvalidUtf8InputIsReplacedAndTheSessionStaysValid) {
 // itself: an independent reference), and run stores what the server stores (content and
 // reasoning_content).
 TEST_F(Conversation, ThinkingAnswerIsTrimmedAsTheTemplateKeepsIt) {
-  const std::string answer = lstrip_newlines(anvil::test::kThinkReply.substr(anvil::test::kThinkReply.find("</think>") + 8));
+  const std::string answer = anvil::test::lstrip_newlines(anvil::test::kThinkReply.substr(anvil::test::kThinkReply.find("</think>") + 8));
   auto r = run_anvil({"run", "-m", model_, "-p", "hi", "--no-kv-store"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out, answer + "\n");
@@ -167,22 +162,10 @@ TEST_F(Conversation, ThinkingAnswerIsTrimmedAsTheTemplateKeepsIt) {
 // Stop strings never cut a <think>/</think> tag: they match inside the reasoning or the answer
 // (or a whole tag), so no fragment of a tag is ever printed. Expected text from the script.
 TEST_F(Conversation, StopStringsNeverSplitTheReasoningTags) {
-  const std::string& reply = anvil::test::kThinkReply;
-  const std::string R = anvil::test::kThinkReasoning;
-  const std::string C = reply.substr(reply.find("</think>") + 8);
   for (std::string stop : {">", "<", "/", "think", "k>", "<th", "me", "Answer", ": ", "\n", "</think>", "<think>",
                            "think</think>", "zzz"}) {
     std::string want_r, want_c;
-    if (stop == "<think>") {
-    } else if (stop == "</think>") {
-      want_r = R;
-    } else if (size_t at = R.find(stop); at != std::string::npos) {
-      want_r = R.substr(0, at);
-    } else if (size_t at = C.find(stop); at != std::string::npos) {
-      want_r = R, want_c = lstrip_newlines(C.substr(0, at));
-    } else {
-      want_r = R, want_c = lstrip_newlines(C);
-    }
+    anvil::test::think_reply_under_stop(stop, &want_r, &want_c);
     auto g = run_anvil({"generate", "-m", model_, "-p", "hi", "--no-kv-store", "--json", "--stop", stop});
     auto j = nlohmann::json::parse(g.out, nullptr, false);
     ASSERT_TRUE(j.is_object()) << stop << ": " << g.out;

@@ -7,6 +7,7 @@
 // (198; with enable_thinking=false, "</think>\n\n": 271), which is where a reply's chain starts.
 // Shared by the cli and server tests (header only).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -141,6 +142,30 @@ inline std::string make_scripted(const std::string& dir, const std::vector<Scrip
 inline const std::string kThinkReasoning = "Let me think";
 inline const std::string kThinkAnswer = "Answer: \xF0\x9F\x98\x80 \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x92\xBB \xE4\xB8\xAD";
 inline const std::string kThinkReply = "<think>" + kThinkReasoning + "</think>\n\n" + kThinkAnswer;
+
+inline std::string lstrip_newlines(std::string s) {
+  s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
+  return s;
+}
+
+// What the think model's reply comes to under one stop string, by the rule of stop_strings.h: it
+// matches inside the reasoning or the answer, or a whole tag, never inside a tag or across one.
+// The answer is trimmed of its leading newlines (the reasoning shaper's rule).
+inline void think_reply_under_stop(const std::string& stop, std::string* reasoning, std::string* answer) {
+  const std::string& R = kThinkReasoning;
+  const std::string C = kThinkReply.substr(kThinkReply.find("</think>") + 8);
+  reasoning->clear(), answer->clear();
+  if (stop == "<think>") {
+  } else if (stop == "</think>") {
+    *reasoning = R;
+  } else if (size_t at = R.find(stop); at != std::string::npos) {
+    *reasoning = R.substr(0, at);
+  } else if (size_t at = C.find(stop); at != std::string::npos) {
+    *reasoning = R, *answer = lstrip_newlines(C.substr(0, at));
+  } else {
+    *reasoning = R, *answer = lstrip_newlines(C);
+  }
+}
 
 inline std::string make_think_model(const std::string& dir) {
   if (std::string e = synth_tiny(dir); !e.empty()) return e;

@@ -53,11 +53,6 @@ struct Served {
   }
 };
 
-std::string lstrip_newlines(std::string s) {
-  s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
-  return s;
-}
-
 std::string temp_dir(const std::string& what) {
   return (fs::temp_directory_path() / ("anvil_srv_" + what + "_" + std::to_string(::getpid()))).string();
 }
@@ -71,22 +66,10 @@ TEST(ServeThinking, StopStringsNeverSplitTheReasoningTags) {
   ASSERT_EQ(anvil::test::make_think_model(dir), "");
   Served s{std::make_unique<ServerProcess>(std::vector<std::string>{"-m", dir, "-c", "256", "-np", "2", "-t", "2"})};
   ASSERT_TRUE(s.p->ok()) << s.p->startup_output();
-  const std::string& reply = anvil::test::kThinkReply;
-  const std::string R = anvil::test::kThinkReasoning;
-  const std::string C = reply.substr(reply.find("</think>") + 8);
   for (std::string stop : {">", "<", "/", "think", "k>", "<th", "me", "Answer", ": ", "</think>", "<think>",
                            "think</think>", "zzz"}) {
     std::string want_r, want_c;
-    if (stop == "<think>") {
-    } else if (stop == "</think>") {
-      want_r = R;
-    } else if (size_t at = R.find(stop); at != std::string::npos) {
-      want_r = R.substr(0, at);
-    } else if (size_t at = C.find(stop); at != std::string::npos) {
-      want_r = R, want_c = lstrip_newlines(C.substr(0, at));
-    } else {
-      want_r = R, want_c = lstrip_newlines(C);
-    }
+    anvil::test::think_reply_under_stop(stop, &want_r, &want_c);
     json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"temperature", 0}, {"max_tokens", 64},
                  {"stop", {stop}}};
     int status = 0;

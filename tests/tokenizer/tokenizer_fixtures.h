@@ -51,6 +51,24 @@ inline nlohmann::json run_python_reference(const std::string& dir, const std::st
   return nlohmann::json::parse(read_text(dir + "/expected.json"));
 }
 
+// tokenizers' ids for every text under each tokenizer file dir/NAME.json, loaded once per name:
+// {NAME: [[ids of text 0], ...]} (null, with a test failure, when the script fails).
+inline nlohmann::json reference_encodings(const std::string& dir, const std::vector<std::string>& names,
+                                          const std::vector<std::string>& texts) {
+  std::ofstream(dir + "/names.json") << nlohmann::json(names).dump();
+  std::ofstream(dir + "/texts.json") << nlohmann::json(texts).dump();
+  return run_python_reference(dir,
+                              "import json, sys\n"
+                              "from tokenizers import Tokenizer\n"
+                              "d = sys.argv[1]\n"
+                              "texts = json.load(open(d + '/texts.json'))\n"
+                              "out = {}\n"
+                              "for n in json.load(open(d + '/names.json')):\n"
+                              "    tok = Tokenizer.from_file(d + '/' + n + '.json')\n"
+                              "    out[n] = [tok.encode(t, add_special_tokens=False).ids for t in texts]\n"
+                              "json.dump(out, open(d + '/expected.json', 'w'))\n");
+}
+
 inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream f(path);

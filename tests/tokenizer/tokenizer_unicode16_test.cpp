@@ -265,24 +265,12 @@ TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
 
   std::vector<std::string> texts = unicode16_texts(400);
   for (const char* t : {"pLL pL", "PNN P", "apLb"}) texts.push_back(t);
-  json names = json::array();
+  std::vector<std::string> names;
   for (const auto& [name, j] : variants) {
     std::ofstream(dir + "/" + name + ".json") << j.dump();
     names.push_back(name);
   }
-  std::ofstream(dir + "/variant_names.json") << names.dump();
-  std::ofstream(dir + "/texts.json") << json(texts).dump();
-  const std::string py =
-      "import json, sys\n"
-      "from tokenizers import Tokenizer\n"
-      "d = sys.argv[1]\n"
-      "texts = json.load(open(d + '/texts.json'))\n"
-      "out = {}\n"
-      "for n in json.load(open(d + '/variant_names.json')):\n"
-      "    tok = Tokenizer.from_file(d + '/' + n + '.json')\n"
-      "    out[n] = [tok.encode(t, add_special_tokens=False).ids for t in texts]\n"
-      "json.dump(out, open(d + '/expected.json', 'w'))\n";
-  const json want = test::run_python_reference(dir, py);
+  const json want = test::reference_encodings(dir, names, texts);
   ASSERT_FALSE(want.is_null());
   size_t code_points = 0;
   for (const auto& t : texts)

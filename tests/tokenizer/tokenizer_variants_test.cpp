@@ -276,18 +276,7 @@ TEST(OnigurumaClasses, WhitespaceAndWordEscapesMatchTokenizers) {
       "a\u200db",   "a\x1c b",     "a\u00a0b\u3000c", "\u2160\u2161 \u0660\u0661", "\u16ee x\u200bz",
       "tab\there\r\nnew  line", "I'M DON'T \u0301\u0301",
   };
-  std::ofstream(dir + "/texts.json") << json(texts).dump();
-  const std::string py =
-      "import json, sys\n"
-      "from tokenizers import Tokenizer\n"
-      "d = sys.argv[1]\n"
-      "texts = json.load(open(d + '/texts.json'))\n"
-      "out = {}\n"
-      "for n in ('qwen3', 'words'):\n"
-      "    tok = Tokenizer.from_file(d + '/' + n + '.json')  # once: the file is 11 MB\n"
-      "    out[n] = [tok.encode(t, add_special_tokens=False).ids for t in texts]\n"
-      "json.dump(out, open(d + '/expected.json', 'w'))\n";
-  const json want = test::run_python_reference(dir, py);
+  const json want = test::reference_encodings(dir, {"qwen3", "words"}, texts);  // each loaded once (11 MB)
   ASSERT_FALSE(want.is_null());
   for (const char* name : {"qwen3", "words"}) {
     auto tok = Tokenizer::from_json_text(read_text(dir + "/" + name + ".json"), name);
