@@ -414,6 +414,7 @@ std::optional<ApiError> parse_chat_request(const std::string& body, const Reques
   if (auto e = parse_common(b, d, r)) return e;
   if (auto e = parse_messages(b, r)) return e;
   if (auto e = parse_tools(b, r)) return e;
+  if (auto e = get_bool(b, "parallel_tool_calls", &r->parallel_tool_calls)) return e;
   if (auto e = get_bool(b, "logprobs", &r->logprobs)) return e;
   int64_t top = 0;
   bool top_given = false;

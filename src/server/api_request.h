@@ -4,10 +4,11 @@
 // Accepted (chat and completions): model, max_tokens / max_completion_tokens, temperature, top_p,
 // top_k, min_p, seed, stop, presence_penalty, frequency_penalty, repetition_penalty, n (= 1),
 // stream, stream_options.include_usage, ignore_eos (vLLM/llama-server extension), session;
-// chat: messages, tools, tool_choice ("auto" / "none" / "required" / a named function), logprobs, top_logprobs,
-// chat_template_kwargs, reasoning_effort is ignored; completions: prompt (string, [string],
-// token ids), logprobs (0..20), echo=false. Unknown fields are ignored, as OpenAI's SDKs send
-// extras; fields whose meaning anvil cannot honour are refused rather than silently ignored.
+// chat: messages, tools, tool_choice ("auto" / "none" / "required" / a named function),
+// parallel_tool_calls, logprobs, top_logprobs, chat_template_kwargs, reasoning_effort is ignored;
+// completions: prompt (string, [string], token ids), logprobs (0..20), echo=false. Unknown fields
+// are ignored, as OpenAI's SDKs send extras; fields whose meaning anvil cannot honour are refused
+// rather than silently ignored.
 #pragma once
 #include <optional>
 #include <string>
@@ -47,6 +48,7 @@ struct ApiRequest {
   bool parse_tool_calls = false;
   std::string tool_choice = "auto";  // auto, none, required, function (forced_tool names it)
   std::string forced_tool;           // tool_choice naming a function: tools holds only it
+  bool parallel_tool_calls = true;   // false: the reply keeps its first tool call only (vLLM)
   // completions
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;

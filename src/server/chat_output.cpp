@@ -65,7 +65,7 @@ ToolCallParser::Out ToolCallParser::push(std::string_view text) {
     in_block_ = false;
     ToolCall c;
     if (parse_call(block.substr(kOpen.size(), end - kOpen.size()), &c)) {
-      o.calls.push_back(std::move(c));
+      if (max_calls_ <= 0 || n_calls_ < max_calls_) o.calls.push_back(std::move(c));
       ++n_calls_;
       ws_held_.clear();
     } else {
@@ -85,9 +85,9 @@ ToolCallParser::Out ToolCallParser::flush() {
   return o;
 }
 
-ChatOutput::ChatOutput(bool split_reasoning, bool starts_in_reasoning, bool parse_tool_calls) {
+ChatOutput::ChatOutput(bool split_reasoning, bool starts_in_reasoning, bool parse_tool_calls, int max_tool_calls) {
   if (split_reasoning) split_ = std::make_unique<ReasoningShaper>(starts_in_reasoning);
-  if (parse_tool_calls) tools_ = std::make_unique<ToolCallParser>();
+  if (parse_tool_calls) tools_ = std::make_unique<ToolCallParser>(max_tool_calls);
 }
 
 void ChatOutput::shape(std::string r, std::string c, bool final, Delta* d) {

@@ -19,9 +19,12 @@ struct ToolCall {
 };
 
 // Finds "<tool_call>{...}</tool_call>" blocks in a text stream. A block whose body is not a JSON
-// object with a string "name" stays in the content as text, as generated.
+// object with a string "name" stays in the content as text, as generated. With max_calls > 0, the
+// valid calls after the first max_calls are dropped (parallel_tool_calls: false keeps the first, as
+// vLLM does); their blocks are not content either.
 class ToolCallParser {
  public:
+  explicit ToolCallParser(int max_calls = 0) : max_calls_(max_calls) {}
   struct Out {
     std::string content;
     std::vector<ToolCall> calls;
@@ -33,7 +36,8 @@ class ToolCallParser {
  private:
   std::string buf_;  // text held back: a possible start of "<tool_call>", or an open block
   bool in_block_ = false;
-  int n_calls_ = 0;
+  int n_calls_ = 0;  // valid calls parsed, dropped ones included
+  int max_calls_ = 0;  // 0: no limit
   std::string ws_held_;  // whitespace after a call, emitted only if content follows
 };
 
@@ -44,7 +48,8 @@ class ChatOutput {
     std::vector<ToolCall> tool_calls;
     bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
   };
-  ChatOutput(bool split_reasoning, bool starts_in_reasoning, bool parse_tool_calls);
+  // max_tool_calls: see ToolCallParser (0: every call).
+  ChatOutput(bool split_reasoning, bool starts_in_reasoning, bool parse_tool_calls, int max_tool_calls = 0);
   Delta push(std::string_view text);
   Delta flush();
 

@@ -345,7 +345,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   reply->job = job;
   reply->tok = &tok;
   if (chat) {
-    reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls);
+    reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls,
+                                              r.parallel_tool_calls ? 0 : 1);
     if (!forced.empty()) {
       (void)reply->out->push(forced);  // an open tool call: nothing to show yet
       reply->tool_required = true;

@@ -49,6 +49,10 @@ TEST(ApiRequest, AcceptsEveryDocumentedParameter) {
   EXPECT_EQ(r.gen.top_logprobs, 5);
   EXPECT_TRUE(r.stream && r.include_usage && r.parse_tool_calls);
   EXPECT_EQ(r.enable_thinking, std::optional<bool>(false));
+  EXPECT_TRUE(r.parallel_tool_calls);
+  ApiRequest p;
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"parallel_tool_calls":false})", &p));
+  EXPECT_FALSE(p.parallel_tool_calls);
   ApiRequest c;
   ASSERT_FALSE(completion(R"({"prompt":[1,2,3],"max_completion_tokens":3,"logprobs":2})", &c));
   EXPECT_TRUE(c.prompt_is_ids);
@@ -105,6 +109,7 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
       {"{" + kMsgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
       {"{" + kMsgs + R"(,"chat_template_kwargs":[]})", "chat_template_kwargs"},
       {"{" + kMsgs + R"(,"session":""})", "session"},
+      {"{" + kMsgs + R"(,"parallel_tool_calls":"no"})", "parallel_tool_calls"},
   };
   for (const Case& c : chat_cases) {
     auto e = chat(c.body);
@@ -223,6 +228,22 @@ TEST(ChatOutput, QwenToolCallsUnderAnyChunking) {
   d = run("x <tool_call>\n{\"name\": \"f\"", 4, false, true);
   EXPECT_TRUE(d.tool_calls.empty());
   EXPECT_EQ(d.content, "x <tool_call>\n{\"name\": \"f\"");
+  // parallel_tool_calls false (max_tool_calls 1): the first call only; the later blocks are
+  // neither calls nor content, a block that is not a call stays text.
+  for (size_t n : {1, 2, 7, 1000}) {
+    ChatOutput out(true, false, true, 1);
+    ChatOutput::Delta all;
+    const std::string more = text + "<tool_call>oops</tool_call>";
+    for (size_t i = 0; i < more.size(); i += n) {
+      auto d = out.push(more.substr(i, n));
+      all.content += d.content;
+      for (auto& c : d.tool_calls) all.tool_calls.push_back(c);
+    }
+    all.content += out.flush().content;
+    ASSERT_EQ(all.tool_calls.size(), 1u) << n;
+    EXPECT_EQ(all.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(all.content, "I will call it.\n\n<tool_call>oops</tool_call>") << n;
+  }
   // Without tools, the tags are plain text.
   d = run("<tool_call>{\"name\":\"f\"}</tool_call>", 2, false, false);
   EXPECT_TRUE(d.tool_calls.empty());

@@ -85,6 +85,39 @@ try:
 except openai.BadRequestError as e:
     check(e.param == "tool_choice", "unknown tool_choice function -> param tool_choice")
 
+# What agent frameworks send: parallel_tool_calls (LangChain's structured output sets it false),
+# text parts, an assistant turn with tool_calls and null content, a tool result, user/metadata/store.
+hist = [{"role": "developer", "content": [{"type": "text", "text": "Be terse."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"}], "name": "bob"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+r4 = client.chat.completions.create(model=model, messages=hist, max_completion_tokens=3, temperature=0, tools=tools,
+                                    parallel_tool_calls=False, user="u1", metadata={"k": "v"}, store=False)
+check(r4.usage.completion_tokens <= 3 and r4.choices[0].finish_reason in ("stop", "length", "tool_calls"),
+      "tool history, parallel_tool_calls=False, max_completion_tokens")
+# What anvil cannot honour is refused with the parameter named, not ignored.
+for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                      ({"response_format": {"type": "json_object"}}, "response_format"),
+                      ({"logit_bias": {"5": 100}}, "logit_bias"), ({"stop": [str(i) for i in range(17)]}, "stop"),
+                      ]:
+    try:
+        client.chat.completions.create(model=model, messages=msgs, max_tokens=2, **kwargs)
+        check(False, f"{param} refused")
+    except openai.BadRequestError as e:
+        check(e.param == param, f"{param} refused: {e.message}")
+try:
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * 600}], max_tokens=2)
+    check(False, "prompt beyond the context rejected")
+except openai.BadRequestError as e:
+    check(e.code == "context_length_exceeded" and "512" in e.message, f"context_length_exceeded: {e.message}")
+try:
+    client.models.retrieve("no-such-model")
+    check(False, "models.retrieve of an unknown id")
+except openai.NotFoundError as e:
+    check(e.code == "model_not_found", "models.retrieve unknown -> NotFoundError")
+check(client.models.retrieve(model).id == model, "models.retrieve")
+
 # A session through extra_body: the second turn sends only its message and continues the first.
 import json, os, time, urllib.request
 name = f"openai-check-{os.getpid()}-{int(time.time())}"
