@@ -415,6 +415,23 @@ std::optional<ApiError> parse_chat_request(const std::string& body, const Reques
   if (auto e = parse_messages(b, r)) return e;
   if (auto e = parse_tools(b, r)) return e;
   if (auto e = get_bool(b, "parallel_tool_calls", &r->parallel_tool_calls)) return e;
+  // Honoured by OpenAI but not by anvil: refused rather than ignored, which would answer another
+  // request than the client's (no functions offered to the model, no audio written).
+  if (const ojson* f = field(b, "functions"))
+    if (!f->is_array() || !f->empty())
+      return bad("functions", "'functions' (OpenAI's deprecated function calling) is not supported: send them as "
+                              "'tools' ([{\"type\": \"function\", \"function\": {...}}])");
+  if (const ojson* fc = field(b, "function_call"))
+    if (!fc->is_string() || (*fc != "none" && *fc != "auto"))
+      return bad("function_call", "'function_call' (OpenAI's deprecated function calling) is not supported: use "
+                                  "'tools' and 'tool_choice'");
+  if (const ojson* m = field(b, "modalities")) {
+    if (!m->is_array()) return bad("modalities", "'modalities' must be an array, got " + type_name(*m));
+    for (const ojson& x : *m)
+      if (x != "text")
+        return bad("modalities", "'modalities' may hold only \"text\" (this model writes text), got " + x.dump());
+  }
+  if (field(b, "audio")) return bad("audio", "'audio' output is not supported: this model writes text only");
   if (auto e = get_bool(b, "logprobs", &r->logprobs)) return e;
   int64_t top = 0;
   bool top_given = false;

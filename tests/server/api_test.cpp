@@ -50,8 +50,10 @@ TEST(ApiRequest, AcceptsEveryDocumentedParameter) {
   EXPECT_TRUE(r.stream && r.include_usage && r.parse_tool_calls);
   EXPECT_EQ(r.enable_thinking, std::optional<bool>(false));
   EXPECT_TRUE(r.parallel_tool_calls);
+  // What the SDKs send by default, or that asks for nothing anvil lacks.
   ApiRequest p;
-  ASSERT_FALSE(chat("{" + kMsgs + R"(,"parallel_tool_calls":false})", &p));
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"parallel_tool_calls":false,"functions":[],"function_call":"auto",
+    "modalities":["text"],"audio":null})", &p));
   EXPECT_FALSE(p.parallel_tool_calls);
   ApiRequest c;
   ASSERT_FALSE(completion(R"({"prompt":[1,2,3],"max_completion_tokens":3,"logprobs":2})", &c));
@@ -110,6 +112,11 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
       {"{" + kMsgs + R"(,"chat_template_kwargs":[]})", "chat_template_kwargs"},
       {"{" + kMsgs + R"(,"session":""})", "session"},
       {"{" + kMsgs + R"(,"parallel_tool_calls":"no"})", "parallel_tool_calls"},
+      // Honoured by OpenAI, not by anvil: refused rather than silently ignored.
+      {"{" + kMsgs + R"(,"functions":[{"name":"f","parameters":{"type":"object"}}]})", "functions"},
+      {"{" + kMsgs + R"(,"function_call":{"name":"f"}})", "function_call"},
+      {"{" + kMsgs + R"(,"modalities":["text","audio"]})", "modalities"},
+      {"{" + kMsgs + R"(,"audio":{"voice":"alloy","format":"wav"}})", "audio"},
   };
   for (const Case& c : chat_cases) {
     auto e = chat(c.body);

@@ -100,7 +100,8 @@ check(r4.usage.completion_tokens <= 3 and r4.choices[0].finish_reason in ("stop"
 for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                       ({"response_format": {"type": "json_object"}}, "response_format"),
                       ({"logit_bias": {"5": 100}}, "logit_bias"), ({"stop": [str(i) for i in range(17)]}, "stop"),
-                      ]:
+                      ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
+                      ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities")]:
     try:
         client.chat.completions.create(model=model, messages=msgs, max_tokens=2, **kwargs)
         check(False, f"{param} refused")
