@@ -983,6 +983,27 @@ TEST(KVStoreAccounting, RandomSaveResumeForkRmGcKeepsLiveBytesExact) {
   }
 }
 
+// gc under a cap that needs more than one batch of evictions (1,024 pages) reaches it in one call:
+// it took one batch per call, so a kv gc, or a writer's eviction, left the store over its cap.
+TEST(KVStoreEviction, OneGcEvictsMoreThanABatch) {
+  Rig r;
+  auto o = r.opts();
+  o.flush_pages = 256;
+  auto st = r.open(o);
+  const int chains = 1100;
+  for (int c = 0; c < chains; ++c) {
+    r.write(*st, chain_tokens(1, 10 * c), 0, 1, /*seq=*/c % 8);
+    if (c % 32 == 31) st->reap(*r.pool, true);
+  }
+  st->flush();
+  st->reap(*r.pool, true);
+  ASSERT_EQ(st->stats().pages, chains);
+  ASSERT_TRUE(st->gc(0).is_ok());
+  EXPECT_EQ(st->stats().pages, 0);
+  EXPECT_EQ(st->counters().pages_evicted.load(), chains);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+}
+
 // A catalog whose live_bytes drifted (an older anvil's accounting): verify names the segment, gc
 // recounts it first, and so does a model run's writer when it starts.
 TEST(KVStoreAccounting, VerifyReportsDriftedLiveBytesAndGcOrAttachRecounts) {
