@@ -184,6 +184,7 @@ nlohmann::ordered_json kv_profile_json(const KVStore& store) {
   j["restore_misses"] = c.restore_misses.load();
   j["restore_corrupt"] = c.restore_corrupt.load();
   j["pages_evicted"] = c.pages_evicted.load();
+  j["over_cap_warnings"] = c.over_cap_warnings.load();
   return j;
 }
 

@@ -199,44 +199,55 @@ Result<int64_t> evict_lru(SqliteDb& db, uint64_t target, const std::function<boo
   ANVIL_ASSIGN_OR_RETURN(int64_t live, catalog_live_bytes(db));
   if (uint64_t(live) <= target) return int64_t(0);
   SqliteStmt sel, del, seg;
+  constexpr int kBatch = 1024;
   ANVIL_RETURN_IF_ERROR(sel.prepare(db,
       "SELECT key, segment, length FROM pages WHERE NOT EXISTS (SELECT 1 FROM session_pages sp WHERE sp.key = "
-      "pages.key) ORDER BY last_used LIMIT 1024"));
+      "pages.key) ORDER BY last_used LIMIT " + std::to_string(kBatch)));
   ANVIL_RETURN_IF_ERROR(del.prepare(db, "DELETE FROM pages WHERE key = ?"));
   ANVIL_RETURN_IF_ERROR(seg.prepare(db, "UPDATE segments SET live_bytes = live_bytes - ? WHERE id = ?"));
   struct Victim {
     Hash128 key;
     int64_t seg, len;
   };
-  std::vector<Victim> victims;
-  int64_t freed = 0;
-  while (true) {
-    ANVIL_ASSIGN_OR_RETURN(bool row, sel.step());
-    if (!row) break;
-    Victim v{sel.col_hash(0), sel.col_int(1), sel.col_int(2)};
-    if (pinned(v.key)) continue;
-    victims.push_back(v);
-    freed += v.len;
-    if (uint64_t(live - freed) <= target) break;
-  }
-  sel.reset();
-  if (victims.empty()) return int64_t(0);
-  ANVIL_RETURN_IF_ERROR(db.exec("BEGIN IMMEDIATE"));
-  for (const Victim& v : victims) {
-    del.bind(1, v.key);
-    Status s = del.run();
-    if (s.is_ok() && sqlite3_changes(db.handle()) == 1) {  // another process may have evicted it already
-      seg.bind(1, v.len);
-      seg.bind(2, v.seg);
-      s = seg.run();
+  int64_t evicted = 0;
+  // A batch of the least recently used at a time, each in a transaction of its own, until the live
+  // bytes are under the target or nothing evictable is left (a batch of pinned pages only).
+  while (uint64_t(live) > target) {
+    std::vector<Victim> victims;
+    int64_t freed = 0;
+    int seen = 0;
+    while (true) {
+      ANVIL_ASSIGN_OR_RETURN(bool row, sel.step());
+      if (!row) break;
+      ++seen;
+      Victim v{sel.col_hash(0), sel.col_int(1), sel.col_int(2)};
+      if (pinned(v.key)) continue;
+      victims.push_back(v);
+      freed += v.len;
+      if (uint64_t(live - freed) <= target) break;
     }
-    if (!s.is_ok()) {
-      (void)db.exec("ROLLBACK");
-      return s;
+    sel.reset();
+    if (victims.empty()) break;
+    ANVIL_RETURN_IF_ERROR(db.exec("BEGIN IMMEDIATE"));
+    for (const Victim& v : victims) {
+      del.bind(1, v.key);
+      Status s = del.run();
+      if (s.is_ok() && sqlite3_changes(db.handle()) == 1) {  // another process may have evicted it already
+        seg.bind(1, v.len);
+        seg.bind(2, v.seg);
+        s = seg.run();
+      }
+      if (!s.is_ok()) {
+        (void)db.exec("ROLLBACK");
+        return s;
+      }
     }
+    ANVIL_RETURN_IF_ERROR(db.exec("COMMIT"));
+    evicted += int64_t(victims.size());
+    if (seen < kBatch) break;  // that was every candidate
+    ANVIL_ASSIGN_OR_RETURN(live, catalog_live_bytes(db));
   }
-  ANVIL_RETURN_IF_ERROR(db.exec("COMMIT"));
-  return int64_t(victims.size());
+  return evicted;
 }
 
 Result<int64_t> compact_segments(SqliteDb& db, Env* env, const std::string& dir, const std::set<int64_t>& own) {

@@ -79,7 +79,8 @@ Result<int64_t> live_bytes_recount(SqliteDb& db);
 Result<int64_t> live_bytes_recount_once(SqliteDb& db);
 
 // Deletes the least recently used pages that no session references and `pinned` does not claim,
-// until the live bytes are <= target. Returns the pages evicted.
+// in batches (a transaction each), until the live bytes are <= target or no such page is left.
+// Returns the pages evicted.
 Result<int64_t> evict_lru(SqliteDb& db, uint64_t target, const std::function<bool(const Hash128&)>& pinned);
 
 // Rewrites the live records of sealed segments that are at most half live into a new segment and

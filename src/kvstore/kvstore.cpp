@@ -723,6 +723,7 @@ StoreStats KVStore::stats() {
   s.page_bytes = get("SELECT COALESCE(SUM(length), 0) FROM pages");
   s.sessions = get("SELECT COUNT(*) FROM sessions");
   s.segments = get("SELECT COUNT(*) FROM segments");
+  if (auto live = catalog_live_bytes(db_); live.is_ok()) s.live_bytes = *live;
   auto names = env_->list_dir(opts_.dir);
   if (names.is_ok())
     for (auto& n : *names) {

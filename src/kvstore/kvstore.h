@@ -36,6 +36,22 @@
 //  7. Eviction (LRU under max_bytes) removes only pages that no session references and no reader of
 //     this process has pinned; compaction moves live records out of mostly-dead sealed segments
 //     before deleting them. A reader that loses a race with another process's GC gets a miss.
+//     The order, and why: a session is what a user asked to keep, by name (kv rm gives it up); an
+//     anonymous page is a cache of a prompt that may never come again. So anonymous pages go first,
+//     least recently used first, in batches until the cap is met; a saved session's pages and tail
+//     are never evicted, whether it is idle, claimed (anvil run between turns, a server request from
+//     its validation) or being recorded, here or in another process. A recording's pages are
+//     referenced from the transaction that commits them: the writer rewrites the session's row (its
+//     tokens so far, its session_pages) in the commit that inserts a page of it, or that follows the
+//     dedup of one against a stored page, not only once a tail note comes (every flush interval, so
+//     never during a long prefill), since until then they were the catalog's oldest unreferenced
+//     pages, this process's and any other's first victims. Until the recording's first tail note,
+//     such a row keeps the tail it had (a resumed session's) where the recording's tokens still hold
+//     that tail's tokens. What eviction cannot take may alone exceed the cap: the store then stays
+//     over it (the documented exception), the writer says so on stderr once each time it happens
+//     (over_cap_warnings), and kv gc reports its live bytes; removing sessions frees it. Left open:
+//     a recording's page deduplicated against an anonymous page that another process evicts before
+//     the flush that references it (one flush interval) is recomputed on resume.
 //     verify, which reads rows in batches while a GC or a writer may run, reads again a row whose
 //     record fails its checks and reports it only when the catalog still has that row unchanged
 //     (compaction commits the moved rows before it deletes the old file).
@@ -73,7 +89,9 @@
 //                                       |  ^  restore_pages: read, check, install in the pool (pinned)
 //                                       v
 //                 evicted (row deleted) --compact_segments--> reclaimed (segment rewritten/removed)
-//        (Writer::evict_lru under max_bytes; KVStore::remove_session makes pages unreferenced)
+//        (Writer::evict_lru under max_bytes, of unreferenced pages only: a page of a session being
+//         recorded is referenced by the commit that inserts it; KVStore::remove_session makes pages
+//         unreferenced)
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -106,7 +124,7 @@ inline constexpr int kMaxKVQueuePages = 65536;
 
 struct KVStoreOptions {
   std::string dir;
-  uint64_t max_bytes = 8ull << 30;     // size cap; LRU eviction of unreferenced pages above it
+  uint64_t max_bytes = 8ull << 30;     // size cap; LRU eviction of unreferenced pages above it (invariant 7)
   Durability durability = Durability::kInterval;
   int flush_ms = 100;                  // interval durability: flush at least this often ...
   int flush_pages = 64;                // ... or after this many records
@@ -131,6 +149,8 @@ struct KVStoreCounters {
   std::atomic<int64_t> sync_ns{0}, commit_ns{0};  // of writer_busy_ns: in fdatasync, in catalog commits
   std::atomic<int64_t> restored_pages{0}, restored_bytes{0}, restore_misses{0}, restore_corrupt{0};
   std::atomic<int64_t> restore_ns{0}, pages_evicted{0};
+  // Times the writer found the store over its cap with nothing left to evict (warned on stderr).
+  std::atomic<int64_t> over_cap_warnings{0};
 };
 
 struct SessionInfo {
@@ -148,6 +168,7 @@ struct SessionInfo {
 
 struct StoreStats {
   int64_t pages = 0, page_bytes = 0, sessions = 0, segments = 0, segment_file_bytes = 0;
+  int64_t live_bytes = 0;  // what the size cap goes by: page records and session tails (invariant 10)
 };
 
 class KVStore : public PageStore {
@@ -231,7 +252,8 @@ class KVStore : public PageStore {
   // ---- maintenance (anvil kv) ----
   StoreStats stats();
   // Evicts LRU unreferenced pages until the store is under max_bytes (or `target` bytes when
-  // given), then compacts segments that are mostly dead. Returns the bytes reclaimed on disk.
+  // given) or none is left (sessions' KV is never evicted: stats().live_bytes may stay above it),
+  // then compacts segments that are mostly dead. Returns the bytes reclaimed on disk.
   Result<int64_t> gc(std::optional<uint64_t> target = std::nullopt);
   // PRAGMA integrity_check, every record's checksums and metadata, every segment's length.
   // Appends one line per problem; ok when none.

@@ -43,6 +43,7 @@ class KVStore::Writer {
     ANVIL_RETURN_IF_ERROR(old_tail_.prepare(db_,
         "SELECT tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n FROM sessions "
         "WHERE name = ? AND tail_segment IS NOT NULL AND tail_length > 0"));
+    ANVIL_RETURN_IF_ERROR(row_tail_.prepare(db_, "SELECT tokens, tail_parent FROM sessions WHERE name = ?"));
     ANVIL_RETURN_IF_ERROR(put_session_.prepare(db_,
         "INSERT INTO sessions(name, fingerprint, tokens, durable_pos, tail_segment, tail_offset, tail_length, "
         "tail_checksum, tail_first, tail_n, tail_parent, updated, meta, sum) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
@@ -180,6 +181,9 @@ class KVStore::Writer {
   }
 
   void write_page(const Desc& d, const int32_t* tokens) {
+    // A recording's page: its row (and so its reference to this page) is written in the commit that
+    // inserts the page, or that follows the dedup against a stored one (invariant 7).
+    if (d.session) wsess(d.session);
     if (known(d.key)) {  // invariant 6
       give_back(d.page);
       ++s_.counters_.pages_deduped;
@@ -218,6 +222,10 @@ class KVStore::Writer {
     bool dirty = false, ending = false;
     Tail tail;
     bool tail_committed = false;
+    // A tail descriptor of this recording came (its tail state, or none on a page boundary). Before
+    // one comes, a row written for the recording's pages keeps the tail the row had (a resumed
+    // session's) where the recording's tokens still hold that tail's tokens.
+    bool own_tail = false;
     std::vector<Hash128> keys;  // chain keys of the session's full pages, as far as computed
     int present = 0, pages_written = 0;
   };
@@ -245,6 +253,7 @@ class KVStore::Writer {
   void write_tail(const Desc& d, const int32_t* tokens) {
     const PageLayout& L = s_.layout_;
     WSess& w = wsess(d.session);
+    w.own_tail = true;
     if (d.page < 0) {  // the session's tokens only: its KV ends on a page boundary
       w.tail.valid = false;
       return;
@@ -333,6 +342,30 @@ class KVStore::Writer {
     return std::min(d, int(toks.size()));
   }
 
+  // Before the recording's first tail descriptor: the row's tail `old` stays the session's tail when
+  // the recording's tokens hold its tokens (a resume appends to them; anvil run's dropped turns do
+  // not), so that rewriting the row for the recording's pages loses none of its durable rows.
+  Status keep_row_tail(WSess& w, const std::string& name, const Tail& old, const std::vector<int32_t>& toks) {
+    w.tail.valid = false;
+    row_tail_.bind(1, name);
+    ANVIL_ASSIGN_OR_RETURN(bool row, row_tail_.step());
+    bool keep = false;
+    Hash128 parent;
+    if (row && old.first >= 0 && old.n > 0 && size_t(old.first) + size_t(old.n) <= toks.size() &&
+        size_t(row_tail_.col_bytes(0)) >= (size_t(old.first) + size_t(old.n)) * 4) {
+      const int32_t* t = static_cast<const int32_t*>(row_tail_.col_blob(0));
+      keep = std::equal(t + old.first, t + old.first + old.n, toks.begin() + old.first);
+      parent = row_tail_.col_hash(1);
+    }
+    row_tail_.reset();
+    if (keep) {
+      w.tail = old;
+      w.tail.parent = parent;
+      w.tail_committed = true;
+    }
+    return Status::ok();
+  }
+
   // Rewrites the row of every session that changed since the last commit (invariant 8).
   Status commit_sessions(int64_t now) {
     for (auto& [id, w] : ws_) {
@@ -340,7 +373,6 @@ class KVStore::Writer {
       std::vector<int32_t> toks;
       std::string name, meta;
       if (!session_tokens(id, SIZE_MAX, &toks, &name, &meta)) continue;
-      const int durable = session_durable(w, toks);
       // The tail record the row references now (none when it has no row yet, or no tail).
       old_tail_.bind(1, name);
       ANVIL_ASSIGN_OR_RETURN(bool had, old_tail_.step());
@@ -349,6 +381,7 @@ class KVStore::Writer {
         old = Tail{true, old_tail_.col_int(0), old_tail_.col_int(1), old_tail_.col_int(2), uint64_t(old_tail_.col_int(3)),
                    int(old_tail_.col_int(4)), int(old_tail_.col_int(5)), {}};
       old_tail_.reset();
+      if (had && !w.own_tail) ANVIL_RETURN_IF_ERROR(keep_row_tail(w, name, old, toks));
       // A committed tail that a compaction moved since (compact_segments rewrites the row): the
       // row's location is the live one, the one this process wrote may be deleted.
       if (had && w.tail.valid && w.tail_committed && old.len == w.tail.len && old.sum == w.tail.sum &&
@@ -356,6 +389,7 @@ class KVStore::Writer {
         w.tail.seg = old.seg;
         w.tail.off = old.off;
       }
+      const int durable = session_durable(w, toks);
       put_session_.bind(1, name);
       put_session_.bind(2, s_.fingerprint_);
       put_session_.bind_blob(3, toks.data(), toks.size() * 4);
@@ -544,9 +578,29 @@ class KVStore::Writer {
     };
     auto n = evict_lru(db_, s_.opts_.max_bytes / 10 * 9, pinned);
     if (n.is_ok()) s_.counters_.pages_evicted += *n;
+    warn_over_cap();
     std::set<int64_t> own;
     if (seg_) own.insert(seg_id_);
     (void)compact_segments(db_, s_.env_, s_.opts_.dir, own);
+  }
+
+  // What eviction cannot take (invariant 7: pages sessions reference, session tails, pages a
+  // restore has pinned) may alone exceed the cap: the store then stays over it. Said once each time
+  // it happens (again after the store was back under its cap), with what frees the room.
+  void warn_over_cap() {
+    auto live = catalog_live_bytes(db_);
+    if (!live.is_ok()) return;
+    const bool over = uint64_t(*live) > s_.opts_.max_bytes;
+    if (over && !over_cap_warned_) {
+      auto mib = [](int64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
+      std::fprintf(stderr,
+                   "[anvil] kv store %s: %s live after eviction, over --kv-store-max %s: what is left is the KV "
+                   "of saved sessions (their pages and tails), which is never evicted; the store stays over its "
+                   "cap until sessions are removed (anvil kv rm NAME) or the cap is raised\n",
+                   s_.opts_.dir.c_str(), mib(*live).c_str(), mib(int64_t(s_.opts_.max_bytes)).c_str());
+      ++s_.counters_.over_cap_warnings;
+    }
+    over_cap_warned_ = over;
   }
 
   struct Pending {
@@ -558,8 +612,8 @@ class KVStore::Writer {
   };
   KVStore& s_;
   SqliteDb db_;
-  SqliteStmt has_page_, ins_page_, add_live_, set_end_, seal_, touch_, old_tail_, put_session_, put_sess_page_,
-      trim_sess_pages_;
+  SqliteStmt has_page_, ins_page_, add_live_, set_end_, seal_, touch_, old_tail_, row_tail_, put_session_,
+      put_sess_page_, trim_sess_pages_;
   void* stage_ = nullptr;
   XXH3_state_t* xxh_ = XXH3_createState();
   bool copy_error_reported_ = false;
@@ -572,6 +626,7 @@ class KVStore::Writer {
   Clock::time_point first_pending_;
   uint64_t ticket_ = 0;
   bool warned_ = false, commit_warned_ = false;
+  bool over_cap_warned_ = false;  // warn_over_cap said so, and the store has not been under its cap since
   std::string commit_error_;  // the last catalog commit's error; empty once one succeeds
   std::vector<std::pair<uint32_t, int>> committed_sessions_;  // (recording, durable) rows of this commit
   // The recorded sessions.

@@ -453,6 +453,39 @@ TEST(KvStoreCli, ChatRunKilledMidAnswerResumesWithWhatWasAnswered) {
   run_killed_mid_answer({"--synthetic", "tiny:q4g64"}, false);
 }
 
+// A session recorded under a cap far below its own KV (--kv-store-max 1, a commit per page, no tail
+// note during the run): its pages were committed before its row referenced them, so the writer's
+// eviction after each commit took every one of them and the session ended with none of its prompt
+// durable. Now they are referenced from their first commit: kept, the store stays over its cap and
+// says so (what is left is sessions' KV), the resume restores all of it, and kv gc reports the live
+// bytes it could not take.
+TEST(KvStoreCli, ASessionKeepsItsKVUnderATinyCap) {
+  StoreDir d;
+  std::string prompt;
+  for (int i = 0; i < 8; ++i) prompt += "def add_" + std::to_string(i) + "(a, b):\n    return a + b\n\n";
+  const std::string err = d.path + ".stderr";
+  auto r = anvil::test::run_shell(
+      anvil::test::anvil_command(gen(d.path, {"-p", prompt, "-n", "6", "--session", "s", "--kv-store-max", "1",
+                                              "--kv-flush-pages", "1", "--kv-flush-ms", "60000"})) +
+      " 2>" + err);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto a = last_json(r.out);
+  const int n = int(a["session_ids"].size());
+  ASSERT_GT(n, 64) << "the prompt spans several pages";
+  EXPECT_EQ(a["session_durable_tokens"].get<int>(), n - 1) << "the session's KV was evicted while it was recorded";
+  std::ifstream ef(err);
+  const std::string e((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+  fs::remove(err);
+  EXPECT_NE(e.find("over --kv-store-max"), std::string::npos) << e;
+  auto b = run_json(gen(d.path, {"--session", "s", "--resume", "-n", "2", "--kv-store-max", "1"}));
+  EXPECT_EQ(b["store_prompt_tokens"].get<int>(), n - 1) << "the resume restores the whole session";
+  auto gc = run_anvil({"kv", "gc", "--max", "1", "--kv-store", d.path, "--json"}, true);
+  EXPECT_EQ(gc.exit_code, 0) << gc.out;
+  EXPECT_NE(gc.out.find("never evicted"), std::string::npos) << gc.out;
+  EXPECT_GT(last_json(gc.out)["live_bytes"].get<int64_t>(), 1) << gc.out;
+  EXPECT_EQ(run_anvil({"kv", "verify", "--kv-store", d.path}).exit_code, 0);
+}
+
 // On a full disk, `kv rm` and `kv gc` still free space: the store keeps a reserve file that they give
 // up when SQLite's log cannot grow. Needs a small file system of its own (a tmpfs: root only).
 TEST(KvStoreCli, RmAndGcWorkOnAFullDisk) {

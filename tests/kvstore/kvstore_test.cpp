@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -911,8 +912,8 @@ TEST(KVStoreAccounting, LiveBytesFollowForksRemovesAndBoundaryResumes) {
 // A random sequence of saves, resumes (a tail or a page boundary), forks, removals, gc at several
 // caps, with segments rolling over every few records (compaction) and a small cap (the writer's own
 // eviction), reopening the store now and then: after every step live_bytes equals the bytes the
-// rows reference, and verify finds nothing. (Under so small a cap the writer may evict a recording's
-// pages before its row references them: its durable position then says so, which is not checked here.)
+// rows reference, and verify finds nothing. Every save and resume ends with all its KV durable: under
+// so small a cap the writer evicted a recording's pages before its row referenced them (invariant 7).
 TEST(KVStoreAccounting, RandomSaveResumeForkRmGcKeepsLiveBytesExact) {
   for (uint32_t seed : {1u, 2u, 3u}) {
     Rig r;
@@ -933,7 +934,7 @@ TEST(KVStoreAccounting, RandomSaveResumeForkRmGcKeepsLiveBytesExact) {
         toks.resize(toks.size() - 1 + size_t(pick(P)));
         const int n_kv = int(toks.size()) - pick(2);
         what = "save " + name + " n_kv " + std::to_string(n_kv);
-        save_session(r, *st, name, toks, n_kv, step, false);
+        save_session(r, *st, name, toks, n_kv, step);
         sessions[name] = toks;
       } else if (op < 6) {  // a resume: a few more tokens, restored from the store first
         auto it = std::next(sessions.begin(), pick(int(sessions.size())));
@@ -943,7 +944,7 @@ TEST(KVStoreAccounting, RandomSaveResumeForkRmGcKeepsLiveBytesExact) {
         const int n_kv = int(toks.size()) - pick(2);
         what = "resume " + it->first + " n_kv " + std::to_string(n_kv);
         r.restore(*st, toks, n_kv / P);
-        save_session(r, *st, it->first, toks, n_kv, step, false);
+        save_session(r, *st, it->first, toks, n_kv, step);
         it->second = toks;
       } else if (op < 7) {
         auto it = std::next(sessions.begin(), pick(int(sessions.size())));
@@ -981,6 +982,250 @@ TEST(KVStoreAccounting, RandomSaveResumeForkRmGcKeepsLiveBytesExact) {
     EXPECT_EQ(st->stats().pages, 0) << "seed " << seed;
     EXPECT_EQ(total_live_bytes(r.dir), 0) << "seed " << seed;
   }
+}
+
+// ---- eviction under the size cap: a session being recorded keeps its pages ----
+
+// Which pages of the chain over `toks` (pages [0, n)) the catalog holds now, read on a connection
+// of its own (a restore would touch them, changing the LRU order under test).
+std::vector<bool> pages_held(Rig& r, const std::vector<int32_t>& toks, int n) {
+  SqliteDb db;
+  EXPECT_TRUE(db.open(r.dir + "/catalog.db", 1000).is_ok());
+  SqliteStmt q;
+  EXPECT_TRUE(q.prepare(db, "SELECT COUNT(*) FROM pages WHERE key = ?").is_ok());
+  std::vector<bool> held;
+  Hash128 parent;
+  for (int i = 0; i < n; ++i) {
+    const Hash128 key = kv_page_key(r.fp, parent, std::span<const int32_t>(toks).subspan(size_t(i) * P, P));
+    q.bind(1, key);
+    auto row = q.step();
+    held.push_back(row.is_ok() && *row && q.col_int(0) == 1);
+    q.reset();
+    parent = key;
+  }
+  return held;
+}
+
+int count_held(const std::vector<bool>& held) { return int(std::count(held.begin(), held.end(), true)); }
+
+// The bytes one page's record takes in the store (what the cap counts per page).
+uint64_t page_record_bytes() {
+  Rig r;
+  {
+    auto st = r.open();
+    r.write(*st, chain_tokens(1, 5), 0, 1);
+  }
+  auto st = r.open();
+  return uint64_t(st->stats().page_bytes);
+}
+
+// Anonymous traffic (another request's prompt, a prefix): `chains` chains of `pages` pages each,
+// each committed by a flush of its own, so every one is more recent than what came before.
+void anonymous_traffic(Rig& r, KVStore& st, int chains, int pages, int base) {
+  for (int c = 0; c < chains; ++c) {
+    r.write(st, chain_tokens(pages, base + 7919 * c), 0, pages, /*seq=*/40 + c);
+    st.flush();
+    st.reap(*r.pool, true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // distinct last_used
+  }
+}
+
+// A long conversation recorded turn after turn under a tight cap, with other traffic in between:
+// the pages each turn adds are committed (a flush of their own, as under a long prefill) before any
+// tail of the turn was noted. They were unreferenced until the turn's row was written at its end,
+// and, older than the traffic that followed, the writer's eviction took them first: the session
+// lost its cache (its durable position said so) while anonymous pages stayed. Now the recording's
+// pages are referenced in the transaction that commits them, so only anonymous pages go.
+TEST(KVStoreEviction, ARecordingSessionKeepsItsPagesUnderATightCap) {
+  const uint64_t rec = page_record_bytes();
+  Rig r;
+  auto o = r.opts();
+  o.flush_ms = 60'000;  // no commit but the test's flushes; no tail falls due by itself
+  o.max_bytes = 14 * rec;
+  auto st = r.open(o);
+  const int turns = 4, per_turn = 3;
+  auto toks = chain_tokens(turns * per_turn, 100);
+  for (int t = 0; t < turns; ++t) {
+    const int upto = (t + 1) * per_turn;
+    std::vector<int32_t> so_far(toks.begin(), toks.begin() + upto * P + 1);
+    ASSERT_TRUE(st->session_begin("chat", 0, so_far, 256).is_ok());
+    for (int i = t * per_turn; i < upto; ++i) {  // the turn's prefill: committed page by page
+      r.write(*st, so_far, i, 1);
+      st->flush();
+    }
+    anonymous_traffic(r, *st, 2, 2, 50'000 + 1000 * t);  // other requests while the turn runs
+    const std::vector<bool> mid = pages_held(r, toks, upto);
+    EXPECT_EQ(count_held(mid), upto) << "turn " << t << ": the recording lost " << upto - count_held(mid)
+                                     << " of its " << upto << " pages to eviction while it ran";
+    auto d = st->session_end(0, upto * P, -1, *r.pool);
+    ASSERT_TRUE(d.is_ok()) << d.status().message();
+    EXPECT_EQ(*d, upto * P) << "turn " << t << ": the session's durable position";
+  }
+  // The cap held: anonymous pages made the room.
+  EXPECT_LE(uint64_t(total_live_bytes(r.dir)), o.max_bytes);
+  EXPECT_GT(st->counters().pages_evicted.load(), 0);
+  // A later resume restores the whole conversation.
+  st.reset();
+  st = r.open(o);
+  EXPECT_EQ(r.restore(*st, toks, turns * per_turn), turns * per_turn);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+// The same across processes (two store handles on one directory, as two processes): one records a
+// session while the other serves anonymous traffic under the same cap, its writer evicting, and
+// runs anvil kv gc. The recording's committed pages are the catalog's oldest unreferenced ones and
+// were the other process's first victims; now they are referenced from their first commit.
+TEST(KVStoreEviction, AnotherProcessesEvictionLeavesARecordingsPages) {
+  const uint64_t rec = page_record_bytes();
+  Rig r;
+  auto o = r.opts();
+  o.flush_ms = 60'000;
+  o.max_bytes = 10 * rec;
+  auto a = r.open(o);  // records "long"
+  auto toks = chain_tokens(6, 300);
+  ASSERT_TRUE(a->session_begin("long", 0, toks, 256).is_ok());
+  for (int i = 0; i < 6; ++i) {
+    r.write(*a, toks, i, 1);
+    a->flush();
+  }
+  a->reap(*r.pool, true);
+  auto b = r.open(o);  // another process on the store: its own traffic, its own writer's eviction
+  EXPECT_EQ(b->claim_session("long").code(), StatusCode::kBusy) << "the recording's claim is across processes";
+  anonymous_traffic(r, *b, 4, 2, 90'000);
+  EXPECT_GT(b->counters().pages_evicted.load(), 0) << "the other process's writer evicted";
+  EXPECT_EQ(count_held(pages_held(r, toks, 6)), 6) << "the other process's writer evicted the recording's pages";
+  ASSERT_TRUE(b->gc(0).is_ok());  // anvil kv gc --max 0 meanwhile
+  EXPECT_EQ(count_held(pages_held(r, toks, 6)), 6) << "gc evicted the recording's pages";
+  auto d = a->session_end(0, 6 * P, -1, *r.pool);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(*d, 6 * P);
+  EXPECT_EQ(r.restore(*b, toks, 6), 6);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+}
+
+// A recording's row is now written in the commit of its first page, before its first tail note. A
+// resumed session's row keeps the tail it had there while the recording's tokens still hold that
+// tail's tokens (a resume appends to them): a crash before the recording's own first tail loses no
+// durable row. Where they do not (anvil run dropped the oldest turns), the old tail is let go, with
+// live_bytes exact either way.
+TEST(KVStoreEviction, ARowWrittenForARecordingsPagesKeepsTheTailItHad) {
+  Rig r;
+  auto toks = chain_tokens(2, 600);  // 9 tokens
+  toks.push_back(77);
+  toks.push_back(78);                // 11: 2 full pages, and KV for 10 (a tail of 2 rows)
+  {
+    auto st = r.open();
+    save_session(r, *st, "s", toks, 10, /*seed=*/4242);
+  }
+  auto o = r.opts();
+  o.flush_ms = 60'000;
+  {
+    auto st = r.open(o);
+    auto more = toks;
+    more.push_back(79);  // the next turn's prompt: the tail's page is not full yet
+    ASSERT_TRUE(st->session_begin("s", 0, more, 64).is_ok());
+    r.write(*st, more, 1, 1);  // page 1 computed again (its record was found damaged, say)
+    st->flush();               // the row is written for it: the recording's tokens, the old tail
+    st->reap(*r.pool, true);
+    auto mid = st->get_session("s");
+    ASSERT_TRUE(mid.is_ok() && *mid);
+    EXPECT_EQ((*mid)->tokens, more);
+    st->abandon();  // the process dies before the recording's first tail note
+  }
+  {
+    auto st = r.open(o);
+    auto info = st->get_session("s");
+    ASSERT_TRUE(info.is_ok() && *info);
+    EXPECT_EQ((*info)->tail_first, 2 * P);
+    EXPECT_EQ((*info)->tail_n, 2) << "the row lost the tail it had";
+    EXPECT_EQ((*info)->durable_pos, 10);
+    std::vector<int32_t> pages;
+    std::vector<Hash128> keys;
+    ASSERT_EQ(st->restore_pages((*info)->tokens, 0, Hash128{}, 2, *r.pool, &pages, &keys), 2);
+    int32_t tp = -1;
+    EXPECT_EQ(st->restore_tail((*info)->tokens, 2 * P, keys.back(), 2, *r.pool, &tp), 2);
+    EXPECT_EQ(r.page_ptr(tp)[0], uint8_t((4242 * 131) & 0xff));
+    for (int32_t p : pages) r.pool->kv_page_release(p);
+    r.pool->kv_page_release(tp);
+    EXPECT_EQ(live_bytes_drift(r.dir), "");
+    // Other tokens where the tail was: the row written for page 0 has no tail, and durable goes by pages.
+    auto other = toks;
+    other[8] += 1;
+    ASSERT_TRUE(st->session_begin("s", 0, other, 64).is_ok());
+    r.write(*st, other, 0, 1);
+    st->flush();
+    auto now = st->get_session("s");
+    ASSERT_TRUE(now.is_ok() && *now);
+    EXPECT_EQ((*now)->tokens, other);
+    EXPECT_EQ((*now)->tail_n, 0) << "a tail of tokens the session no longer has";
+    EXPECT_EQ((*now)->durable_pos, 2 * P);
+    EXPECT_EQ(live_bytes_drift(r.dir), "");
+    auto d = st->session_end(0, 2 * P, -1, *r.pool);
+    ASSERT_TRUE(d.is_ok()) << d.status().message();
+    EXPECT_EQ(live_bytes_drift(r.dir), "");
+    EXPECT_EQ(verify_problems(*st), 0);
+  }
+}
+
+// When what sessions reference alone is over the cap (the documented exception): every anonymous
+// page goes, no session page does, the store stays over its cap and says so once on stderr (again
+// only after it was back under); kv rm and gc then bring it under the cap.
+TEST(KVStoreEviction, SessionsOverTheCapAreKeptAndSaidSo) {
+  const uint64_t rec = page_record_bytes();
+  Rig r;
+  auto o = r.opts();
+  o.max_bytes = 4 * rec;
+  auto st = r.open(o);
+  anonymous_traffic(r, *st, 2, 1, 70'000);
+  const auto a = chain_tokens(3, 100), b = chain_tokens(3, 200);
+  ::testing::internal::CaptureStderr();
+  save_session(r, *st, "a", a, 3 * P);
+  save_session(r, *st, "b", b, 3 * P);  // 6 pages of sessions, a cap of 4
+  anonymous_traffic(r, *st, 2, 1, 80'000);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count_held(pages_held(r, a, 3)), 3);
+  EXPECT_EQ(count_held(pages_held(r, b, 3)), 3);
+  EXPECT_EQ(st->stats().pages, 6) << "every anonymous page is evicted first";
+  EXPECT_GT(uint64_t(total_live_bytes(r.dir)), o.max_bytes);
+  EXPECT_EQ(st->counters().over_cap_warnings.load(), 1) << err;
+  EXPECT_NE(err.find("over --kv-store-max"), std::string::npos) << err;
+  EXPECT_NE(err.find("anvil kv rm"), std::string::npos) << err;
+  // kv rm of one session: the next gc brings the store under its cap.
+  ASSERT_TRUE(st->remove_session("b").is_ok());
+  ASSERT_TRUE(st->gc().is_ok());
+  EXPECT_LE(uint64_t(total_live_bytes(r.dir)), o.max_bytes);
+  EXPECT_EQ(count_held(pages_held(r, a, 3)), 3);
+  // Under the cap again at a flush, then over it once more: said again.
+  anonymous_traffic(r, *st, 1, 1, 90'000);
+  ::testing::internal::CaptureStderr();
+  save_session(r, *st, "c", chain_tokens(3, 300), 3 * P);
+  anonymous_traffic(r, *st, 1, 1, 95'000);
+  (void)::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(st->counters().over_cap_warnings.load(), 2);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
+// gc under a cap that needs more than one batch of evictions (1,024 pages) reaches it in one call:
+// it took one batch per call, so a kv gc, or a writer's eviction, left the store over its cap.
+TEST(KVStoreEviction, OneGcEvictsMoreThanABatch) {
+  Rig r;
+  auto o = r.opts();
+  o.flush_pages = 256;
+  auto st = r.open(o);
+  const int chains = 1100;
+  for (int c = 0; c < chains; ++c) {
+    r.write(*st, chain_tokens(1, 10 * c), 0, 1, /*seq=*/c % 8);
+    if (c % 32 == 31) st->reap(*r.pool, true);
+  }
+  st->flush();
+  st->reap(*r.pool, true);
+  ASSERT_EQ(st->stats().pages, chains);
+  ASSERT_TRUE(st->gc(0).is_ok());
+  EXPECT_EQ(st->stats().pages, 0);
+  EXPECT_EQ(st->counters().pages_evicted.load(), chains);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
 }
 
 // A catalog whose live_bytes drifted (an older anvil's accounting): verify names the segment, gc
