@@ -301,21 +301,23 @@ Value get_item(const Value& obj, const Value& key, int line) {
     case Kind::kUndefined: fail(obj.s, line);
     case Kind::kList: case Kind::kString: {
       if (key.kind == Kind::kString) return get_attr(obj, key.s, line);
-      if (obj.kind == Kind::kList && !obj.fn_name.empty() && obj.fn_name != kGroupTuple)  // a dict view
-        return Value::undefined("'" + obj.fn_name + " object' has no element " + repr(key, line));
+      // jinja2's undefined for a missing element: "list object has no element 5" (no quotes,
+      // unlike "'list object' has no attribute 'x'").
+      auto no_element = [&] { return Value::undefined(type_name(obj) + " object has no element " + repr(key, line)); };
+      if (is_list_like_object(obj) && obj.fn_name != kRange) return no_element();  // a dict view
       if (key.kind != Kind::kInt && key.kind != Kind::kBool)
         fail("indices must be integers, not " + type_name(key), line);
       int64_t k = key.kind == Kind::kBool ? key.b : key.i;
       if (obj.kind == Kind::kList) {
         int64_t n = static_cast<int64_t>(obj.list->size());
         if (k < 0) k += n;
-        if (k < 0 || k >= n) return Value::undefined("list index " + std::to_string(key.i) + " out of range");
+        if (k < 0 || k >= n) return no_element();
         return (*obj.list)[k];
       }
       std::vector<std::string> chars = utf8_chars(obj.s);
       int64_t n = static_cast<int64_t>(chars.size());
       if (k < 0) k += n;
-      if (k < 0 || k >= n) return Value::undefined("string index " + std::to_string(key.i) + " out of range");
+      if (k < 0 || k >= n) return no_element();
       return Value::string(chars[k]);
     }
     case Kind::kDict: case Kind::kNamespace: {
@@ -329,7 +331,7 @@ Value get_item(const Value& obj, const Value& key, int line) {
       }
       if (const Value* v = obj.dict->find(key)) return *v;
       if (!hashable(key)) fail("unhashable type: '" + type_name(key) + "'", line);
-      return Value::undefined("'dict object' has no element " + repr(key, line));
+      return Value::undefined("dict object has no element " + repr(key, line));
     }
     default: return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + to_str(key, line) + "'");
   }
@@ -340,6 +342,17 @@ void check_namespace_name(const std::string& name, int line) {
     fail("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + name +
              "'. Please rename the attribute.",
          line);
+}
+
+Value make_range(int64_t start, int64_t stop, int64_t step, int line) {
+  if ((stop - start) / step > 100000) fail("range() too large (sandbox limit is 100000 items)", line);
+  ValueList items;
+  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) items.push_back(Value::integer(k));
+  Value out = Value::make_list(std::move(items));
+  out.fn_name = kRange;
+  out.s = "range(" + std::to_string(start) + ", " + std::to_string(stop) +
+          (step == 1 ? std::string() : ", " + std::to_string(step)) + ")";
+  return out;
 }
 
 void install_globals(std::map<std::string, Value>& frame) {
@@ -355,10 +368,7 @@ void install_globals(std::map<std::string, Value>& frame) {
       fail("range() expects 1 to 3 arguments", line);
     }
     if (step == 0) fail("range() step must not be zero", line);
-    if ((stop - start) / step > 100000) fail("range() too large (sandbox limit is 100000 items)", line);
-    ValueList out;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value::integer(k));
-    return Value::make_list(std::move(out));
+    return make_range(start, stop, step, line);
   });
   auto make_mapping = [](Args& a, int line, Kind kind) {
     ValueDict d;
@@ -736,7 +746,7 @@ bool apply_test(const std::string& name, const Value& v, Args& a, int line) {
   if (name == "mapping") return v.kind == Kind::kDict;
   if (name == "iterable") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
   if (name == "sequence") return v.kind == Kind::kList || v.kind == Kind::kDict || v.kind == Kind::kString || v.is_undefined();
-  if (name == "callable") return v.kind == Kind::kCallable;
+  if (name == "callable") return v.kind == Kind::kCallable || v.is_undefined();  // jinja2's Undefined has __call__
   // jinja2: value % 2 == 0, value % 2 == 1, value % num == 0 (floats too: 1.5 is divisibleby 0.5).
   if (name == "even") return equals(binary_op("%", v, Value::integer(2), line), Value::integer(0));
   if (name == "odd") return equals(binary_op("%", v, Value::integer(2), line), Value::integer(1));

@@ -3,8 +3,10 @@
 // fresh frame (assignments inside never leak out, hence namespace()), if-blocks do not; a macro
 // sees the template's top-level frame plus its own.
 #include <algorithm>
+#include <cinttypes>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,8 +28,12 @@ int64_t as_int(const Value& v, const char* what, int line) {
   fail(std::string(what) + " must be an integer, got '" + type_name(v) + "'", line);
 }
 
-// Python slice index normalization: returns the indices selected by [start:stop:step] of n items.
-std::vector<int64_t> slice_indices(int64_t n, const Value* start, const Value* stop, const Value* step, int line) {
+// Python slice normalization (slice.indices(n)): [start:stop:step] of n items as the bounds b, e
+// and step st, which select b, b + st, ... up to (excluding) e.
+struct SliceBounds {
+  int64_t b, e, st;
+};
+SliceBounds slice_bounds(int64_t n, const Value* start, const Value* stop, const Value* step, int line) {
   int64_t st = (step && step->kind != Kind::kNone) ? as_int(*step, "slice step", line) : 1;
   if (st == 0) fail("slice step cannot be zero", line);
   auto norm = [&](const Value* v, int64_t dflt) -> int64_t {
@@ -37,7 +43,12 @@ std::vector<int64_t> slice_indices(int64_t n, const Value* start, const Value* s
     if (st > 0) return std::clamp<int64_t>(x, 0, n);
     return std::clamp<int64_t>(x, -1, n - 1);
   };
-  int64_t b = norm(start, st > 0 ? 0 : n - 1), e = norm(stop, st > 0 ? n : -1);
+  return {norm(start, st > 0 ? 0 : n - 1), norm(stop, st > 0 ? n : -1), st};
+}
+
+// The indices selected by [start:stop:step] of n items.
+std::vector<int64_t> slice_indices(int64_t n, const Value* start, const Value* stop, const Value* step, int line) {
+  auto [b, e, st] = slice_bounds(n, start, stop, step, line);
   std::vector<int64_t> out;
   if (st > 0) {
     for (int64_t k = b; k < e; k += st) out.push_back(k);
@@ -224,7 +235,7 @@ class Evaluator {
   Value make_caller(const Node& n) {
     const Node* node = &n;
     auto scope = std::make_shared<std::vector<Frame>>(frames_);
-    return Value::callable("caller", [this, node, scope](Args& args, int line) -> Value {
+    Value caller = Value::callable("caller", [this, node, scope](Args& args, int line) -> Value {
       DepthGuard guard(this, line);
       std::vector<Frame> saved = std::move(frames_);
       frames_ = *scope;
@@ -236,6 +247,8 @@ class Evaluator {
       if (f != Flow::kNormal) fail("'break'/'continue' outside of a for loop", line);
       return Value::string(std::move(out));
     });
+    caller.s = "<Macro anonymous>";  // as jinja2 prints a call block's caller
+    return caller;
   }
 
   // Binds call arguments to a macro's (or caller's) parameters in the current frame, as jinja2's
@@ -298,6 +311,7 @@ class Evaluator {
              if (f != Flow::kNormal) fail("'break'/'continue' outside of a for loop", line);
              return Value::string(std::move(out));
            });
+    macro.s = "<Macro '" + n.name + "'>";  // as jinja2 prints a macro object
     assign(n.name, std::move(macro));
   }
 
@@ -387,10 +401,28 @@ class Evaluator {
     fail("internal error: unknown expression", e.line);
   }
 
+  // Python's order: positional, *iterable, keyword, **mapping (a keyword given twice is an error).
   Args eval_args(const Expr& e) {
     Args a;
     for (auto& x : e.items) a.pos.push_back(eval(*x));
+    if (e.star_args) {
+      Value it = eval(*e.star_args);
+      if (it.kind != Kind::kUndefined && it.kind != Kind::kList && it.kind != Kind::kDict && it.kind != Kind::kString)
+        fail("Value after * must be an iterable, not " + type_name(it), e.line);
+      for (Value& v : iterate(it, e.line)) a.pos.push_back(std::move(v));
+    }
     for (auto& [k, x] : e.kwargs) a.kw.emplace_back(k, eval(*x));
+    if (e.star_kwargs) {
+      Value m = eval(*e.star_kwargs);
+      if (m.is_undefined()) fail(m.s, e.line);
+      if (m.kind != Kind::kDict) fail("argument after ** must be a mapping, not " + type_name(m), e.line);
+      for (auto& [k, v] : m.dict->items) {
+        if (k.kind != Kind::kString) fail("keywords must be strings", e.line);
+        for (auto& [name, _] : a.kw)
+          if (name == k.s) fail("got multiple values for keyword argument '" + k.s + "'", e.line);
+        a.kw.emplace_back(k.s, v);
+      }
+    }
     return a;
   }
 
@@ -420,6 +452,13 @@ class Evaluator {
       std::string out;
       for (int64_t k : slice_indices(static_cast<int64_t>(chars.size()), start, stop, step, line)) out += chars[k];
       return Value::string(out);
+    }
+    if (obj.kind == Kind::kList && obj.fn_name == kRange) {
+      // Python: a slice of a range is a range, range(start + b*step, start + e*step, step*st).
+      int64_t r_start = 0, r_stop = 0, r_step = 1;
+      std::sscanf(obj.s.c_str(), "range(%" SCNd64 ", %" SCNd64 ", %" SCNd64, &r_start, &r_stop, &r_step);
+      auto [b, e, st] = slice_bounds(static_cast<int64_t>(obj.list->size()), start, stop, step, line);
+      return make_range(r_start + b * r_step, r_start + e * r_step, r_step * st, line);
     }
     if (obj.kind == Kind::kList && (obj.fn_name.empty() || obj.fn_name == kGroupTuple)) {
       ValueList items;
@@ -485,6 +524,7 @@ Value binary_op(const std::string& op, const Value& l, const Value& r, int line)
   auto type_error = [&]() -> Value {
     fail("unsupported operand type(s) for " + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'", line);
   };
+  if ((op == "+" || op == "*") && (is_list_like_object(l) || is_list_like_object(r))) return type_error();
   if (op == "+") {
     if (l.kind == Kind::kString && r.kind == Kind::kString) return Value::string(l.s + r.s);
     if (l.kind == Kind::kList && r.kind == Kind::kList && l.is_tuple == r.is_tuple) {

@@ -42,12 +42,14 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;                      // kString; for kUndefined: the hint for the error message
+  std::string s;                      // kString; for kUndefined: the hint for the error message;
+                                      // kCallable: how it prints when not "<function name>" (a
+                                      // macro: <Macro 'name'>); a range (kList): its repr
   std::shared_ptr<const ValueList> list;  // kList (is_tuple: repr with parentheses)
   bool is_tuple = false;
   std::shared_ptr<ValueDict> dict;    // kDict (never mutated after creation) and kNamespace (mutable)
   std::shared_ptr<const Callable> fn;  // kCallable
-  std::string fn_name;
+  std::string fn_name;                // kCallable: its name; kList: see kGroupTuple below
 
   Value() = default;
   Value(const Value&) = default;
@@ -87,9 +89,16 @@ std::string py_float_repr(double d);
 // indent < 0 means None; indent_str overrides the per-level indent text when set.
 std::string to_json(const Value& v, int indent, const std::string* indent_str, const std::string& item_sep,
                     const std::string& key_sep, bool sort_keys, int line, bool ensure_ascii = false);
-// A list Value whose fn_name is this is jinja2's groupby result tuple (grouper, list); any other
-// non-empty fn_name on a list marks a dict view (dict_keys, dict_values, dict_items).
+// A list Value whose fn_name is this is jinja2's groupby result tuple (grouper, list); one whose
+// fn_name is kRange is a Python range (its items, and its repr "range(start, stop[, step])" in s);
+// any other non-empty fn_name on a list marks a dict view (dict_keys, dict_values, dict_items).
 inline const char* kGroupTuple = "_GroupTuple";
+inline const char* kRange = "range";
+// A range or a dict view: a list Value that is another Python type (no list concatenation).
+inline bool is_list_like_object(const Value& v) {
+  return v.kind == Kind::kList && !v.fn_name.empty() && v.fn_name != kGroupTuple;
+}
+Value make_range(int64_t start, int64_t stop, int64_t step, int line);
 bool equals(const Value& a, const Value& b);
 bool hashable(const Value& v);  // usable as a dict key (str, number, bool, None, tuple of those)
 int compare(const Value& a, const Value& b, int line);  // <0, 0, >0; errors on unorderable types
@@ -121,6 +130,7 @@ struct Expr {
   std::vector<ExprPtr> items;    // kList/kTuple items; kDict keys and values interleaved;
                                  // kCall/kFilter/kTest positional args; kSlice [start, stop, step] (nullable)
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // kCall/kFilter/kTest
+  ExprPtr star_args, star_kwargs;  // kCall/kFilter/kTest: f(*star_args, **star_kwargs), or null
   ExprPtr a, b, c;               // operands: object / left / right; kCond: a=then, b=cond, c=else
   std::vector<std::string> ops;  // kCompare: ops[k] joins operand k and k+1 (operands in items)
   bool negated = false;          // kTest: "is not"

@@ -85,6 +85,16 @@ std::string decode_string_literal(const std::string& body, int line) {
       case 'x': append_utf8(out, hex(2)); break;
       case 'u': append_utf8(out, hex(4)); break;
       case 'U': append_utf8(out, hex(8)); break;
+      case 'N': {
+        // \N{NAME}: Python looks the character up in the Unicode name database, which we do
+        // not carry. Refused by name, never left in the text as if it were literal.
+        size_t close = body.find('}', i);
+        if (i + 1 >= body.size() || body[i + 1] != '{' || close == std::string::npos)
+          fail("malformed \\N character escape in string literal", line);
+        fail("unsupported construct: the string escape \\" + body.substr(i, close + 1 - i) +
+                 " (Unicode character names are not supported; write the character itself or \\uXXXX)",
+             line);
+      }
       default:
         if (e >= '0' && e <= '7') {
           uint32_t v = e - '0';

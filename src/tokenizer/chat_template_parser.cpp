@@ -130,7 +130,7 @@ class Parser {
       if (x) d = std::max(d, x->depth);
     for (auto& [k, x] : e->kwargs)
       if (x) d = std::max(d, x->depth);
-    for (const ExprPtr* x : {&e->a, &e->b, &e->c})
+    for (const ExprPtr* x : {&e->a, &e->b, &e->c, &e->star_args, &e->star_kwargs})
       if (*x) d = std::max(d, (*x)->depth);
     e->depth = d + 1;
     if (e->depth > kMaxTemplateNesting) too_deep(e->line);
@@ -657,17 +657,29 @@ class Parser {
     return finish(std::move(s));
   }
 
+  // jinja2's call arguments: positional ones, then keyword ones, with at most one *iterable
+  // (after the positional ones) and one **mapping (last).
   void parse_args(Expr& call) {
     expect_op("(");
+    auto invalid = [&] { fail("invalid syntax for function call expression", cur().line); };
     while (!is_op(")")) {
-      if (!call.items.empty() || !call.kwargs.empty()) expect_op(",");
+      if (!call.items.empty() || !call.kwargs.empty() || call.star_args || call.star_kwargs) expect_op(",");
       if (is_op(")")) break;
-      if (is_op("*") || is_op("**")) fail("unsupported construct: *args/**kwargs in a call", cur().line);
-      if (cur().type == Tok::kName && peek().type == Tok::kOp && peek().text == "=") {
+      if (is_op("*")) {
+        if (call.star_args || call.star_kwargs) invalid();
+        ++i_;
+        call.star_args = parse_expression();
+      } else if (is_op("**")) {
+        if (call.star_kwargs) invalid();
+        ++i_;
+        call.star_kwargs = parse_expression();
+      } else if (cur().type == Tok::kName && peek().type == Tok::kOp && peek().text == "=") {
+        if (call.star_kwargs) invalid();
         std::string key = next().text;
         ++i_;
         call.kwargs.emplace_back(key, parse_expression());
       } else {
+        if (call.star_args || call.star_kwargs) invalid();
         if (!call.kwargs.empty()) fail("positional argument follows keyword argument", cur().line);
         call.items.push_back(parse_expression());
       }

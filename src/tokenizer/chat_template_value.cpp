@@ -191,7 +191,7 @@ std::string type_name(const Value& v) {
     case Kind::kInt: return "int";
     case Kind::kFloat: return "float";
     case Kind::kString: return "str";
-    case Kind::kList: return v.is_tuple ? "tuple" : "list";
+    case Kind::kList: return is_list_like_object(v) ? v.fn_name : v.is_tuple ? "tuple" : "list";
     case Kind::kDict: return "dict";
     case Kind::kNamespace: return "Namespace";
     case Kind::kCallable: return "function";
@@ -415,6 +415,7 @@ std::string repr_at(const Value& v, int line, std::vector<const void*>& active) 
   switch (v.kind) {
     case Kind::kString: return repr_string(v.s);
     case Kind::kList: {
+      if (v.fn_name == kRange) return v.s;
       if (!v.fn_name.empty() && v.fn_name != kGroupTuple) {  // a dict view: dict_keys([...])
         // (_GroupTuple prints as a plain tuple, as jinja2 defines it)
         Value plain = v;
@@ -466,7 +467,7 @@ std::string to_str(const Value& v, int line) {
     case Kind::kInt: return std::to_string(v.i);
     case Kind::kFloat: return py_float_repr(v.f);
     case Kind::kString: return v.s;
-    case Kind::kCallable: return "<function " + v.fn_name + ">";
+    case Kind::kCallable: return v.s.empty() ? "<function " + v.fn_name + ">" : v.s;
     default: return repr(v, line);
   }
 }
@@ -490,6 +491,7 @@ bool equals_at(const Value& a, const Value& b, int depth) {
     case Kind::kString: return a.s == b.s;
     case Kind::kList: {
       if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
+      if ((a.fn_name == kRange) != (b.fn_name == kRange)) return false;  // range(2) != [0, 1]
       if (a.list == b.list) return true;  // the same object (Python compares items by identity first)
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals_at((*a.list)[k], (*b.list)[k], depth + 1)) return false;

@@ -79,6 +79,42 @@ TEST(TemplateEngine, UnsupportedTagNamesIt) {
   EXPECT_NE(st.message().find("unsupported tag 'include' at line 3"), std::string::npos) << st.message();
 }
 
+// jinja2 decodes "\N{BULLET}" through Python's Unicode name database, which we do not carry: the
+// escape is a compile error naming it, never the literal text \N{BULLET} in the prompt.
+TEST(TemplateEngine, UnicodeNameEscapeIsRefusedByName) {
+  Status st = compile_error("a\n{{ '- ' if x else \"\\N{BULLET} \" }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("\\N{BULLET}"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("at line 2"), std::string::npos) << st.message();
+  st = compile_error("{{ '\\N' }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("malformed \\N character escape"), std::string::npos) << st.message();
+  // The other escapes Python's unicode-escape knows still decode.
+  auto t = ChatTemplate::compile("{{ '\\u00e9\\x41\\101\\q' }}");
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  auto out = t->render(ojson::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, "\xc3\xa9" "AA\\q");
+}
+
+// f(**x): x must be a mapping with string keys, and a keyword may come once (Python's TypeErrors;
+// jinja2 prefixes the first with the name of its call() method, so these are not in snippets.json).
+TEST(TemplateEngine, StarStarArgumentsMustBeAMappingOfNewKeywords) {
+  const std::string m = "{% macro m(a=1) %}{{ a }}{% endmacro %}";
+  Status st = render_error(m + "{{ m(**[1]) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("argument after ** must be a mapping, not list"), std::string::npos) << st.message();
+  st = render_error(m + "{{ m(**{1: 2}) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("keywords must be strings"), std::string::npos) << st.message();
+  st = render_error(m + "{{ m(a=1, **{'a': 2}) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("got multiple values for keyword argument 'a'"), std::string::npos) << st.message();
+  st = render_error(m + "{{ m(**nothing) }}");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("'nothing' is undefined"), std::string::npos) << st.message();
+}
+
 TEST(TemplateEngine, UnclosedBlockSaysWhatWasOpen) {
   Status st = compile_error("{% for x in xs %}\n{% if x %}{{ x }}{% endfor %}");
   ASSERT_FALSE(st.is_ok());
