@@ -167,6 +167,10 @@ try:
     check(False, "huge max_tokens rejected")
 except openai.BadRequestError as e:
     check(e.param == "max_tokens", "huge max_tokens -> param max_tokens")
+# The key under a lowercase scheme, or as X-Api-Key (the client still sends its own Bearer header).
+for headers in [{"Authorization": "bearer " + key}, {"X-Api-Key": key}]:
+    other = openai.OpenAI(base_url=base + "/v1", api_key="placeholder", max_retries=0, default_headers=headers)
+    check([m.id for m in other.models.list().data] == [model], f"key sent as {list(headers)[0]}")
 try:
     openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
     check(False, "wrong key rejected")
