@@ -240,6 +240,21 @@ TEST_F(Http, CompletionsWithIdsAndLogprobs) {
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-6);
   }
   EXPECT_EQ(r["usage"]["prompt_tokens"], 4);
+  // logprobs 0: each top_logprobs entry is the sampled token alone (OpenAI: always the sampled
+  // token's logprob; vLLM likewise), not {}. Sampled at temperature 1, so not always the likeliest.
+  for (double temp : {0.0, 1.0}) {
+    auto z = post("/v1/completions", {{"prompt", "def f(x):"}, {"max_tokens", 6}, {"temperature", temp},
+                                      {"logprobs", 0}, {"ignore_eos", true}, {"seed", 3}}, &st);
+    ASSERT_EQ(st, 200) << z;
+    auto& zl = z["choices"][0]["logprobs"];
+    ASSERT_EQ(zl["tokens"].size(), 6u) << z;
+    for (size_t i = 0; i < 6; ++i) {
+      ASSERT_EQ(zl["top_logprobs"][i].size(), 1u) << zl;
+      const std::string token = zl["tokens"][i].get<std::string>();
+      ASSERT_TRUE(zl["top_logprobs"][i].contains(token)) << zl;
+      EXPECT_DOUBLE_EQ(zl["top_logprobs"][i][token].get<double>(), zl["token_logprobs"][i].get<double>());
+    }
+  }
 }
 
 // Seeds: any of 0..2^64-1 is its own (those past 2^63 were once all the same), a seed reproduces its

@@ -147,6 +147,10 @@ except openai.BadRequestError as e:
 r = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6, temperature=0, logprobs=1)
 check(r.object == "text_completion" and r.usage.completion_tokens <= 6, "completion object")
 check(len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens, "completion logprobs")
+r0 = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=4, temperature=0, logprobs=0)
+l0 = r0.choices[0].logprobs
+check(all(top == {tok: lp} for top, tok, lp in zip(l0.top_logprobs, l0.tokens, l0.token_logprobs))
+      and len(l0.top_logprobs) == r0.usage.completion_tokens, f"logprobs=0: the sampled token alone {l0.top_logprobs}")
 pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6,
                                                                    temperature=0, stream=True)]
 check("".join(pieces) == r.choices[0].text, "streamed completion == non-streamed")
