@@ -171,6 +171,9 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
       e->message = "'stream_options.include_usage' must be a boolean";
       return e;
     }
+    // As OpenAI and vLLM: options for a stream need one (an empty object asks for nothing).
+    if (!so->empty() && !r->stream)
+      return bad("stream_options", "'stream_options' is only allowed with 'stream': true");
   }
   if (auto e = get_bool(b, "ignore_eos", &g.ignore_eos)) return e;
   if (const ojson* s = field(b, "session")) {

@@ -170,6 +170,28 @@ TEST(ApiRequest, MessagesBecomeTemplateInput) {
   EXPECT_EQ(r.messages[3]["tool_call_id"], "c1");
 }
 
+// stream_options without stream: 400, as OpenAI and vLLM answer (it asks for a stream's usage
+// chunk that a one-shot reply never sends); null or an empty object asks for nothing and passes.
+TEST(ApiRequest, StreamOptionsNeedAStream) {
+  for (bool is_chat : {true, false}) {
+    auto parse = [&](const std::string& extra) {
+      return is_chat ? chat("{" + kMsgs + extra + "}") : completion(R"({"prompt":"x")" + extra + "}");
+    };
+    for (const char* extra : {R"(,"stream_options":{"include_usage":true})",
+                              R"(,"stream":false,"stream_options":{"include_usage":false})"}) {
+      auto e = parse(extra);
+      ASSERT_TRUE(e) << extra;
+      EXPECT_EQ(e->param, "stream_options");
+      EXPECT_NE(e->message.find("'stream': true"), std::string::npos) << e->message;
+    }
+    for (const char* extra : {R"(,"stream_options":null)", R"(,"stream":false,"stream_options":null)",
+                              R"(,"stream_options":{})", R"(,"stream":true,"stream_options":{"include_usage":true})"}) {
+      auto e = parse(extra);
+      EXPECT_FALSE(e) << extra << " -> " << e->message;
+    }
+  }
+}
+
 TEST(ApiRequest, Utf8Validation) {
   EXPECT_TRUE(is_valid_utf8("plain"));
   EXPECT_TRUE(is_valid_utf8("h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));

@@ -101,7 +101,8 @@ for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, 
                       ({"response_format": {"type": "json_object"}}, "response_format"),
                       ({"logit_bias": {"5": 100}}, "logit_bias"), ({"stop": [str(i) for i in range(17)]}, "stop"),
                       ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
-                      ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities")]:
+                      ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities"),
+                      ({"stream_options": {"include_usage": True}}, "stream_options")]:
     try:
         client.chat.completions.create(model=model, messages=msgs, max_tokens=2, **kwargs)
         check(False, f"{param} refused")
