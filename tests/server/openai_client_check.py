@@ -96,6 +96,23 @@ r4 = client.chat.completions.create(model=model, messages=hist, max_completion_t
                                     parallel_tool_calls=False, user="u1", metadata={"k": "v"}, store=False)
 check(r4.usage.completion_tokens <= 3 and r4.choices[0].finish_reason in ("stop", "length", "tool_calls"),
       "tool history, parallel_tool_calls=False, max_completion_tokens")
+# Responses-API text parts ("input_text") and a replayed assistant turn with null content and no
+# tool_calls are taken (as vLLM takes them).
+r5 = client.chat.completions.create(model=model, max_tokens=2, temperature=0, messages=[
+    {"role": "user", "content": [{"type": "input_text", "text": "Hi."}]}, {"role": "assistant", "content": None},
+    {"role": "user", "content": [{"type": "text", "text": "Again."}]}])
+check(r5.choices[0].finish_reason in ("stop", "length"), "input_text parts, an assistant turn with null content")
+# Media parts and the deprecated function_call in a history are refused, naming what was sent.
+for bad_msgs, says in [([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+                        "'image_url' is not supported"),
+                       ([{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}],
+                        "function_call")]:
+    try:
+        client.chat.completions.create(model=model, messages=bad_msgs, max_tokens=2)
+        check(False, f"{says} refused")
+    except openai.BadRequestError as e:
+        check(e.param == "messages" and says in e.message, f"refused: {e.message}")
 # What anvil cannot honour is refused with the parameter named, not ignored.
 for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                       ({"response_format": {"type": "json_object"}}, "response_format"),
