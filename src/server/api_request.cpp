@@ -171,6 +171,9 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
       e->message = "'stream_options.include_usage' must be a boolean";
       return e;
     }
+    // As OpenAI and vLLM: options for a stream need one (an empty object asks for nothing).
+    if (!so->empty() && !r->stream)
+      return bad("stream_options", "'stream_options' is only allowed with 'stream': true");
   }
   if (auto e = get_bool(b, "ignore_eos", &g.ignore_eos)) return e;
   if (const ojson* s = field(b, "session")) {
@@ -192,13 +195,25 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
   return std::nullopt;
 }
 
-// Message content as the template wants it: a string (text parts joined), or null.
-std::optional<ApiError> flatten_content(const ojson& c, const std::string& where, ojson* out) {
+// Content part types that carry media: refused, since anvil's models read text.
+bool is_media_part(const std::string& type) {
+  static const char* const kMedia[] = {"image_url", "input_image", "input_audio", "audio_url", "video_url",
+                                       "file",      "input_file",  "image_embeds", "audio_embeds"};
+  for (const char* m : kMedia)
+    if (type == m) return true;
+  return false;
+}
+
+// Message content as the template wants it: a string (text parts joined), or null. Text parts are
+// "text", and also "input_text" / "output_text" (the Responses API's names, which some clients send
+// to chat completions; vLLM takes them too); an assistant message's "refusal" parts are its text.
+std::optional<ApiError> flatten_content(const ojson& c, const std::string& where, const std::string& role, ojson* out) {
   if (c.is_null() || c.is_string()) {
     *out = c;
     return std::nullopt;
   }
   if (!c.is_array()) return bad("messages", "'" + where + ".content' must be a string or an array of content parts, got " + type_name(c));
+  static const std::string kSendText = "send the content as a string or as text parts ({\"type\": \"text\", \"text\": ...})";
   std::string text;
   for (size_t j = 0; j < c.size(); ++j) {
     const ojson& p = c[j];
@@ -206,10 +221,19 @@ std::optional<ApiError> flatten_content(const ojson& c, const std::string& where
     if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
       return bad("messages", "'" + pw + "' must be an object with a string 'type'");
     std::string type = p["type"].get<std::string>();
-    if (type != "text")
-      return bad("messages", "'" + pw + ".type' '" + type + "' is not supported: this model takes text only");
-    if (!p.contains("text") || !p["text"].is_string()) return bad("messages", "'" + pw + ".text' must be a string");
-    text += p["text"].get<std::string>();
+    const char* key = "text";
+    if (type == "refusal") {
+      if (role != "assistant")
+        return bad("messages", "'" + pw + ".type' 'refusal' is only valid in an assistant message; " + kSendText);
+      key = "refusal";
+    } else if (is_media_part(type)) {
+      return bad("messages", "'" + pw + ".type' '" + type + "' is not supported: this model reads text only; " + kSendText);
+    } else if (type != "text" && type != "input_text" && type != "output_text") {
+      return bad("messages", "'" + pw + ".type' '" + type + "' is not a content part type anvil knows; " + kSendText);
+    }
+    if (!p.contains(key) || !p[key].is_string())
+      return bad("messages", "'" + pw + "." + key + "' must be a string (a part of type '" + type + "')");
+    text += p[key].get<std::string>();
   }
   *out = text;
   return std::nullopt;
@@ -227,20 +251,32 @@ std::optional<ApiError> parse_messages(const ojson& b, ApiRequest* r) {
     if (!m.contains("role") || !m["role"].is_string()) return bad("messages", "'" + where + ".role' must be a string");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
+    if (role == "function")
+      return bad("messages", "'" + where + ".role' 'function' (OpenAI's deprecated function calling) is not supported: "
+                                 "send a tool's result as role 'tool' with the 'tool_call_id' of its call");
     if (role != "system" && role != "user" && role != "assistant" && role != "tool")
       return bad("messages", "'" + where + ".role' must be one of system, developer, user, assistant, tool; got '" +
                                  role + "'");
     ojson out = ojson::object();
     out["role"] = role;
     ojson content;
-    if (auto e = flatten_content(m.contains("content") ? m["content"] : ojson(), where, &content)) return e;
-    const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
-    if (content.is_null() && !(role == "assistant" && has_calls))
+    if (auto e = flatten_content(m.contains("content") ? m["content"] : ojson(), where, role, &content)) return e;
+    // An assistant turn may have no content (OpenAI asks for it unless there are tool_calls, but
+    // clients that replay a history send null, and vLLM takes it): it is an empty one.
+    if (content.is_null() && role != "assistant")
       return bad("messages", "'" + where + ".content' is required for role '" + role + "'");
     out["content"] = content.is_null() ? ojson("") : content;
     for (auto it = m.begin(); it != m.end(); ++it) {
       const std::string& k = it.key();
       if (k == "role" || k == "content") continue;
+      if (k == "function_call") {
+        // The deprecated form of a call in the history: the template knows tool_calls only, so it
+        // would be dropped from the prompt. Refused, as the request's 'functions' are.
+        if (it->is_null()) continue;
+        return bad("messages", "'" + where + ".function_call' (OpenAI's deprecated function calling) is not "
+                                   "supported: send the call as 'tool_calls' ([{\"id\": ..., \"type\": \"function\", "
+                                   "\"function\": {\"name\": ..., \"arguments\": ...}}]) and its result as a 'tool' message");
+      }
       if (k == "tool_calls" && !it->is_null()) {
         if (role != "assistant") return bad("messages", "'" + where + ".tool_calls' is only valid for role 'assistant'");
         if (!it->is_array()) return bad("messages", "'" + where + ".tool_calls' must be an array");

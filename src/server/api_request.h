@@ -3,8 +3,9 @@
 //   {"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}}
 // Accepted (chat and completions): model, max_tokens / max_completion_tokens, temperature, top_p,
 // top_k, min_p, seed, stop, presence_penalty, frequency_penalty, repetition_penalty, n (= 1),
-// stream, stream_options.include_usage, ignore_eos (vLLM/llama-server extension), session;
-// chat: messages, tools, tool_choice ("auto" / "none" / "required" / a named function),
+// stream, stream_options.include_usage (with stream only), ignore_eos (vLLM/llama-server extension),
+// session; chat: messages (text parts: text, input_text, output_text; an assistant's refusal parts;
+// an assistant's content may be null), tools, tool_choice ("auto" / "none" / "required" / a named function),
 // parallel_tool_calls, logprobs, top_logprobs, chat_template_kwargs, reasoning_effort is ignored;
 // completions: prompt (string, [string], token ids), logprobs (0..20), echo=false. Unknown fields
 // are ignored, as OpenAI's SDKs send extras; fields whose meaning anvil cannot honour are refused

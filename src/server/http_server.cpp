@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "server/api_key.h"
 #include "server/chat_output.h"
 #include "server/chat_page.h"
 #include "server/connection_probe.h"
@@ -100,12 +101,6 @@ std::string endpoint_label(const std::string& path) {
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
   if (path == "/v1/sessions" || path.rfind("/v1/sessions/", 0) == 0) return "/v1/sessions";
   return "other";
-}
-
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  unsigned char d = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) d |= uint8_t(a[i] ^ (i < b.size() ? b[i] : 0));
-  return d == 0;
 }
 
 }  // namespace
@@ -594,7 +589,8 @@ void HttpServer::Impl::routes() {
                              return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' ||
                                     c == ' ';
                            });
-        res.set_header("Access-Control-Allow-Headers", plain ? asked : std::string("Authorization, Content-Type"));
+        res.set_header("Access-Control-Allow-Headers",
+                       plain ? asked : std::string("Authorization, Content-Type, X-Api-Key"));
         res.set_header("Access-Control-Max-Age", "600");
       }
       res.status = 204;
@@ -620,12 +616,11 @@ void HttpServer::Impl::routes() {
     }
     const bool open = req.path == "/" || req.path == "/health" || req.path == "/v1/health";
     if (!opts.api_key.empty() && !open) {
-      const std::string h = req.get_header_value("Authorization");
-      if (!constant_time_equal(h, "Bearer " + opts.api_key)) {
-        send_error(res, api_error(401, "",
-                                  h.empty() ? "Missing API key: send 'Authorization: Bearer <key>'"
-                                            : "Invalid API key",
-                                  "invalid_api_key", "authentication_error"));
+      const ApiKeyCheck check =
+          check_api_key(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key"), opts.api_key);
+      if (check != ApiKeyCheck::kOk) {
+        send_error(res, api_error(401, "", api_key_error_message(check), "invalid_api_key", "authentication_error"));
+        res.set_header("WWW-Authenticate", "Bearer");  // RFC 9110 §11.6.1: a 401 names the scheme it takes
         return httplib::Server::HandlerResponse::Handled;
       }
     }

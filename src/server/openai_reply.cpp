@@ -42,6 +42,10 @@ void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
     // The legacy format keys the alternatives by their text: tokens that decode alike (pieces of one
     // character all decode to U+FFFD) share a key, which keeps the likeliest of them (the first).
     for (const TokenLogprob& x : t.top) top.emplace(tok->decode(std::span<const int32_t>(&x.id, 1)), x.logprob);
+    // And the sampled token, when it is not among them (OpenAI: "the API will always return the
+    // logprob of the sampled token, so there may be up to logprobs+1 elements"; vLLM does so too):
+    // logprobs 0 gives the sampled token alone.
+    top.emplace(piece, t.logprob);
     (*o)["top_logprobs"].push_back(top);
     // Offsets count characters of the text, as OpenAI's: a character counts where its first byte is.
     (*o)["text_offset"].push_back(text_offset);

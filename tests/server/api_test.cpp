@@ -170,6 +170,116 @@ TEST(ApiRequest, MessagesBecomeTemplateInput) {
   EXPECT_EQ(r.messages[3]["tool_call_id"], "c1");
 }
 
+// Text parts under the Responses API's names ("input_text", "output_text", which some clients send
+// to chat completions, and vLLM takes) are text; an assistant turn's "refusal" parts are its text.
+TEST(ApiRequest, TextPartsUnderEveryNameAndAnAssistantsRefusal) {
+  ApiRequest r;
+  auto e = chat(R"({"messages":[{"role":"system","content":[{"type":"input_text","text":"be "},{"type":"text","text":"terse"}]},
+      {"role":"user","content":[{"type":"input_text","text":"q"}]},
+      {"role":"assistant","content":[{"type":"output_text","text":"no: "},{"type":"refusal","refusal":"I can't."}]},
+      {"role":"user","content":"again"}]})",
+                &r);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0]["content"], "be terse");
+  EXPECT_EQ(r.messages[1]["content"], "q");
+  EXPECT_EQ(r.messages[2]["content"], "no: I can't.");
+}
+
+// Every part anvil refuses names the part, its type, and what to send instead.
+TEST(ApiRequest, RefusedContentPartsNameThePartAndWhatToSend) {
+  struct Case {
+    std::string messages;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {R"([{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}])",
+       {"'messages[0].content[1].type' 'image_url'", "text only", R"({"type": "text", "text": ...})"}},
+      {R"([{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}])",
+       {"'messages[0].content[0].type' 'input_audio'", "text only"}},
+      {R"([{"role":"user","content":[{"type":"file","file":{"file_id":"f"}}]}])", {"'file'", "text only"}},
+      {R"([{"role":"user","content":[{"type":"input_image","image_url":"http://x"}]}])", {"'input_image'", "text only"}},
+      {R"([{"role":"user","content":[{"type":"txt","text":"a"}]}])",
+       {"'txt' is not a content part type", R"({"type": "text", "text": ...})"}},
+      {R"([{"role":"user","content":[{"type":"refusal","refusal":"no"}]}])",
+       {"'messages[0].content[0].type' 'refusal' is only valid in an assistant message"}},
+      {R"([{"role":"user","content":[{"type":"input_text"}]}])", {"'messages[0].content[0].text' must be a string"}},
+      {R"([{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"refusal","text":"no"}]}])",
+       {"'messages[1].content[0].refusal' must be a string"}},
+  };
+  for (const Case& c : cases) {
+    auto e = chat(R"({"messages":)" + c.messages + "}");
+    ASSERT_TRUE(e) << c.messages;
+    EXPECT_EQ(e->status, 400);
+    EXPECT_EQ(e->param, "messages");
+    for (const std::string& s : c.says) EXPECT_NE(e->message.find(s), std::string::npos) << e->message;
+    EXPECT_EQ(e->message.find("this model takes text only"), std::string::npos) << e->message;
+  }
+}
+
+// stream_options without stream: 400, as OpenAI and vLLM answer (it asks for a stream's usage
+// chunk that a one-shot reply never sends); null or an empty object asks for nothing and passes.
+TEST(ApiRequest, StreamOptionsNeedAStream) {
+  for (bool is_chat : {true, false}) {
+    auto parse = [&](const std::string& extra) {
+      return is_chat ? chat("{" + kMsgs + extra + "}") : completion(R"({"prompt":"x")" + extra + "}");
+    };
+    for (const char* extra : {R"(,"stream_options":{"include_usage":true})",
+                              R"(,"stream":false,"stream_options":{"include_usage":false})"}) {
+      auto e = parse(extra);
+      ASSERT_TRUE(e) << extra;
+      EXPECT_EQ(e->param, "stream_options");
+      EXPECT_NE(e->message.find("'stream': true"), std::string::npos) << e->message;
+    }
+    for (const char* extra : {R"(,"stream_options":null)", R"(,"stream":false,"stream_options":null)",
+                              R"(,"stream_options":{})", R"(,"stream":true,"stream_options":{"include_usage":true})"}) {
+      auto e = parse(extra);
+      EXPECT_FALSE(e) << extra << " -> " << e->message;
+    }
+  }
+}
+
+// An assistant turn without content or tool_calls (a replayed history, vLLM takes it): empty content.
+// Other roles still need content.
+TEST(ApiRequest, AnAssistantTurnWithoutContentIsEmpty) {
+  ApiRequest r;
+  auto e = chat(R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null},
+      {"role":"user","content":"q2"},{"role":"assistant"},{"role":"user","content":"q3"}]})",
+                &r);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(r.messages.size(), 5u);
+  EXPECT_EQ(r.messages[1]["content"], "");
+  EXPECT_EQ(r.messages[3]["content"], "");
+  for (const char* role : {"user", "system", "tool"}) {
+    auto u = chat(std::string(R"({"messages":[{"role":")") + role + R"(","content":null}]})");
+    ASSERT_TRUE(u) << role;
+    EXPECT_NE(u->message.find("'messages[0].content' is required"), std::string::npos) << u->message;
+  }
+}
+
+// The deprecated function_call in a history (and role 'function', its result) would reach the
+// template, which knows tool_calls only and drops it: refused, naming what to send instead, as the
+// request's own 'functions' / 'function_call' are. A null one (a replayed response object) passes
+// and is not handed to the template.
+TEST(ApiRequest, DeprecatedFunctionCallInTheHistoryIsRefused) {
+  auto e = chat(R"({"messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}}]})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages");
+  EXPECT_NE(e->message.find("'messages[1].function_call'"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("'tool_calls'"), std::string::npos) << e->message;
+  auto f = chat(R"({"messages":[{"role":"user","content":"q"},{"role":"function","name":"f","content":"42"}]})");
+  ASSERT_TRUE(f);
+  EXPECT_NE(f->message.find("'messages[1].role' 'function'"), std::string::npos) << f->message;
+  EXPECT_NE(f->message.find("role 'tool'"), std::string::npos) << f->message;
+  ApiRequest r;
+  auto ok = chat(R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a","function_call":null},
+      {"role":"user","content":"q2"}]})",
+                 &r);
+  ASSERT_FALSE(ok) << ok->message;
+  EXPECT_FALSE(r.messages[1].contains("function_call")) << r.messages[1];
+}
+
 TEST(ApiRequest, Utf8Validation) {
   EXPECT_TRUE(is_valid_utf8("plain"));
   EXPECT_TRUE(is_valid_utf8("h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));

@@ -240,6 +240,21 @@ TEST_F(Http, CompletionsWithIdsAndLogprobs) {
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-6);
   }
   EXPECT_EQ(r["usage"]["prompt_tokens"], 4);
+  // logprobs 0: each top_logprobs entry is the sampled token alone (OpenAI: always the sampled
+  // token's logprob; vLLM likewise), not {}. Sampled at temperature 1, so not always the likeliest.
+  for (double temp : {0.0, 1.0}) {
+    auto z = post("/v1/completions", {{"prompt", "def f(x):"}, {"max_tokens", 6}, {"temperature", temp},
+                                      {"logprobs", 0}, {"ignore_eos", true}, {"seed", 3}}, &st);
+    ASSERT_EQ(st, 200) << z;
+    auto& zl = z["choices"][0]["logprobs"];
+    ASSERT_EQ(zl["tokens"].size(), 6u) << z;
+    for (size_t i = 0; i < 6; ++i) {
+      ASSERT_EQ(zl["top_logprobs"][i].size(), 1u) << zl;
+      const std::string token = zl["tokens"][i].get<std::string>();
+      ASSERT_TRUE(zl["top_logprobs"][i].contains(token)) << zl;
+      EXPECT_DOUBLE_EQ(zl["top_logprobs"][i][token].get<double>(), zl["token_logprobs"][i].get<double>());
+    }
+  }
 }
 
 // Seeds: any of 0..2^64-1 is its own (those past 2^63 were once all the same), a seed reproduces its
@@ -366,9 +381,47 @@ TEST_F(Http, ApiKeyAndCors) {
   auto none = c.Get("/v1/models");
   EXPECT_EQ(none->status, 401);
   EXPECT_EQ(json::parse(none->body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(none->get_header_value("WWW-Authenticate"), "Bearer");
   auto wrong = c.Get("/v1/models", {{"Authorization", "Bearer nope"}});
   EXPECT_EQ(wrong->status, 401);
+  EXPECT_EQ(json::parse(wrong->body)["error"]["message"], "Invalid API key");
   EXPECT_EQ(c.Post("/v1/completions", R"({"prompt":"x"})", "application/json")->status, 401);
+  // The auth scheme is case-insensitive (RFC 9110 §11.1), spaces and tabs around the key are
+  // tolerated, and X-Api-Key carries the key too (as llama-server takes it); either header that
+  // carries it is enough.
+  const std::string key = kKey;
+  for (const httplib::Headers& ok : std::vector<httplib::Headers>{
+           {{"Authorization", "bearer " + key}},
+           {{"Authorization", "BEARER   " + key + "  "}},
+           {{"Authorization", "BeArEr\t" + key}},
+           {{"X-Api-Key", key}},
+           {{"x-api-key", " " + key}},
+           {{"Authorization", "Bearer sk-placeholder"}, {"X-Api-Key", key}}}) {
+    auto r = c.Get("/v1/models", ok);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << ok.begin()->first << ": " << ok.begin()->second << " -> " << r->body;
+  }
+  struct Refused {
+    httplib::Headers headers;
+    std::string says;
+  };
+  for (const Refused& bad : std::vector<Refused>{
+           {{{"Authorization", "bearer nope"}}, "Invalid API key"},
+           {{{"Authorization", "bearer"}}, "Missing API key"},
+           {{{"Authorization", "Bearer " + key + "x"}}, "Invalid API key"},
+           {{{"Authorization", "Bearer" + key}}, "Bearer scheme"},
+           {{{"Authorization", key}}, "Bearer scheme"},
+           {{{"Authorization", "Basic " + key}}, "Bearer scheme"},
+           {{{"X-Api-Key", "nope"}}, "Invalid API key"},
+           {{{"Authorization", ""}}, "Missing API key"}}) {
+    auto r = c.Get("/v1/models", bad.headers);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << bad.headers.begin()->second;
+    auto j = json::parse(r->body, nullptr, false);
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(bad.says), std::string::npos)
+        << bad.headers.begin()->second << " -> " << r->body;
+    EXPECT_EQ(r->body.find(key), std::string::npos) << "a 401 never quotes what was sent";
+  }
   auto pre = c.Options("/v1/chat/completions", {{"Origin", "http://app.example"},
                                                 {"Access-Control-Request-Method", "POST"}});
   ASSERT_TRUE(pre);

@@ -96,12 +96,30 @@ r4 = client.chat.completions.create(model=model, messages=hist, max_completion_t
                                     parallel_tool_calls=False, user="u1", metadata={"k": "v"}, store=False)
 check(r4.usage.completion_tokens <= 3 and r4.choices[0].finish_reason in ("stop", "length", "tool_calls"),
       "tool history, parallel_tool_calls=False, max_completion_tokens")
+# Responses-API text parts ("input_text") and a replayed assistant turn with null content and no
+# tool_calls are taken (as vLLM takes them).
+r5 = client.chat.completions.create(model=model, max_tokens=2, temperature=0, messages=[
+    {"role": "user", "content": [{"type": "input_text", "text": "Hi."}]}, {"role": "assistant", "content": None},
+    {"role": "user", "content": [{"type": "text", "text": "Again."}]}])
+check(r5.choices[0].finish_reason in ("stop", "length"), "input_text parts, an assistant turn with null content")
+# Media parts and the deprecated function_call in a history are refused, naming what was sent.
+for bad_msgs, says in [([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+                        "'image_url' is not supported"),
+                       ([{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}],
+                        "function_call")]:
+    try:
+        client.chat.completions.create(model=model, messages=bad_msgs, max_tokens=2)
+        check(False, f"{says} refused")
+    except openai.BadRequestError as e:
+        check(e.param == "messages" and says in e.message, f"refused: {e.message}")
 # What anvil cannot honour is refused with the parameter named, not ignored.
 for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                       ({"response_format": {"type": "json_object"}}, "response_format"),
                       ({"logit_bias": {"5": 100}}, "logit_bias"), ({"stop": [str(i) for i in range(17)]}, "stop"),
                       ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
-                      ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities")]:
+                      ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities"),
+                      ({"stream_options": {"include_usage": True}}, "stream_options")]:
     try:
         client.chat.completions.create(model=model, messages=msgs, max_tokens=2, **kwargs)
         check(False, f"{param} refused")
@@ -147,6 +165,10 @@ except openai.BadRequestError as e:
 r = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6, temperature=0, logprobs=1)
 check(r.object == "text_completion" and r.usage.completion_tokens <= 6, "completion object")
 check(len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens, "completion logprobs")
+r0 = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=4, temperature=0, logprobs=0)
+l0 = r0.choices[0].logprobs
+check(all(top == {tok: lp} for top, tok, lp in zip(l0.top_logprobs, l0.tokens, l0.token_logprobs))
+      and len(l0.top_logprobs) == r0.usage.completion_tokens, f"logprobs=0: the sampled token alone {l0.top_logprobs}")
 pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6,
                                                                    temperature=0, stream=True)]
 check("".join(pieces) == r.choices[0].text, "streamed completion == non-streamed")
@@ -167,6 +189,10 @@ try:
     check(False, "huge max_tokens rejected")
 except openai.BadRequestError as e:
     check(e.param == "max_tokens", "huge max_tokens -> param max_tokens")
+# The key under a lowercase scheme, or as X-Api-Key (the client still sends its own Bearer header).
+for headers in [{"Authorization": "bearer " + key}, {"X-Api-Key": key}]:
+    other = openai.OpenAI(base_url=base + "/v1", api_key="placeholder", max_retries=0, default_headers=headers)
+    check([m.id for m in other.models.list().data] == [model], f"key sent as {list(headers)[0]}")
 try:
     openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
     check(False, "wrong key rejected")

@@ -261,3 +261,41 @@ TEST(Reply, LegacyTopLogprobsKeepTheLikeliestOfTokensThatDecodeAlike) {
   EXPECT_FLOAT_EQ(top["\xEF\xBF\xBD"].get<float>(), -0.25f) << top;
   EXPECT_FLOAT_EQ(top["x"].get<float>(), -2.0f) << top;
 }
+
+// Legacy completions: top_logprobs holds the sampled token too ("the API will always return the
+// logprob of the sampled token, so there may be up to logprobs+1 elements", OpenAI; vLLM likewise):
+// logprobs 0 gives it alone (it was {}), and a sampled token outside the top ones is added to them;
+// streamed or not.
+TEST(Reply, LegacyTopLogprobsHoldTheSampledToken) {
+  const Tokenizer& tok = qwen_tokenizer();
+  const int32_t hi = tok.encode("Hi")[0], x = tok.encode("x")[0], y = tok.encode("y")[0];
+  auto event = [&](int32_t id, float lp, std::vector<TokenLogprob> top) {
+    JobEvent e = delta(tok.decode(std::span<const int32_t>(&id, 1)), id);
+    e.tokens[0].logprob = lp;
+    e.tokens[0].top = std::move(top);
+    return e;
+  };
+  for (bool stream : {false, true}) {
+    auto comp = make_reply(false, stream, false, true);
+    std::string sse;
+    sse += comp->on_delta(event(hi, -0.25f, {}));                             // logprobs 0
+    sse += comp->on_delta(event(y, -3.0f, {{x, -0.5f}, {hi, -1.0f}}));        // sampled outside the top 2
+    sse += comp->on_delta(event(x, -0.5f, {{x, -0.5f}, {hi, -1.0f}}));        // sampled among them
+    sse += comp->on_done("length");
+    nlohmann::ordered_json top = nlohmann::ordered_json::array();
+    if (stream) {
+      bool done = false;
+      for (const auto& ev : parse_sse(sse, &done))
+        if (ev.contains("choices") && !ev["choices"].empty() && ev["choices"][0]["logprobs"].is_object())
+          for (const auto& t : ev["choices"][0]["logprobs"]["top_logprobs"]) top.push_back(t);
+    } else {
+      top = comp->response()["choices"][0]["logprobs"]["top_logprobs"];
+    }
+    ASSERT_EQ(top.size(), 3u) << top;
+    EXPECT_EQ(top[0], nlohmann::ordered_json({{"Hi", -0.25f}})) << stream;
+    ASSERT_EQ(top[1].size(), 3u) << top[1];
+    EXPECT_FLOAT_EQ(top[1]["y"].get<float>(), -3.0f);
+    EXPECT_FLOAT_EQ(top[1]["x"].get<float>(), -0.5f);
+    EXPECT_EQ(top[2].size(), 2u) << top[2];
+  }
+}
