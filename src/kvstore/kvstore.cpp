@@ -391,6 +391,24 @@ Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name)
   return std::optional<SessionInfo>(std::move(s));
 }
 
+Result<std::optional<SessionInfo>> KVStore::find_session(const std::string& name) {
+  auto s = get_session(name);
+  if (s.is_ok() || s.status().code() != StatusCode::kCorrupt) return s;
+  // A damaged row is found, marked, never taken for a missing one (its tokens are not trusted).
+  SqliteStmt q;
+  ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT fingerprint, durable_pos, updated FROM sessions WHERE name = ?"));
+  q.bind(1, name);
+  ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
+  if (!row) return std::optional<SessionInfo>();  // removed meanwhile
+  SessionInfo d;
+  d.name = name;
+  d.fingerprint = q.col_hash(0);
+  d.durable_pos = int(q.col_int(1));
+  d.updated_us = q.col_int(2);
+  d.damaged = s.status().message();
+  return std::optional<SessionInfo>(std::move(d));
+}
+
 std::vector<SessionInfo> KVStore::list_sessions() {
   std::vector<SessionInfo> out;
   SqliteStmt q;

@@ -201,6 +201,11 @@ class KVStore : public PageStore {
 
   // ---- sessions ----
   Result<std::optional<SessionInfo>> get_session(const std::string& name);
+  // Session `name` as list_sessions lists it: a row that fails its checksum is no error here but a
+  // SessionInfo with `damaged` set (its fingerprint, durable position and update time read, which
+  // the checksum does not cover; its tokens and meta left empty), nothing in the catalog changed.
+  // For a caller that must tell a damaged session from a missing one (the server's requests).
+  Result<std::optional<SessionInfo>> find_session(const std::string& name);
   // Every session, by name; one whose row fails its checksum is listed too, with `damaged` set.
   std::vector<SessionInfo> list_sessions();
   // Copies session `from` (its tokens, tail and page references) to a new session `to`.

@@ -217,7 +217,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     Result<std::optional<SessionInfo>> got = std::optional<SessionInfo>();
     sched->call([&] {
       claim = opts.store->claim_session(r.session);
-      if (claim.is_ok()) got = opts.store->get_session(r.session);
+      if (claim.is_ok()) got = opts.store->find_session(r.session);
     });
     if (claim.code() == StatusCode::kBusy)
       return send_error(res, api_error(409, "session", "session '" + r.session +
@@ -233,6 +233,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       return send_error(res, api_error(400, "session", "session '" + r.session +
                                                            "' was recorded with another model or KV layout (--kv-dtype, "
                                                            "--page-size)"));
+    // Its own record cannot be trusted: refused, and left as it is (the turn ends here: its claim
+    // and lock are let go, nothing was recorded).
+    if (sinfo && !sinfo->damaged.empty()) return send_error(res, session_damaged_error(*sinfo));
     if (chat) {
       ojson stored = ojson::array();
       if (sinfo)
@@ -459,7 +462,8 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     return send_error(res, api_error(400, "session", "sessions need the durable KV store, and this server runs without one"));
   Result<std::optional<SessionInfo>> got = std::optional<SessionInfo>();
   if (!remove) {
-    sched->call([&] { got = opts.store->get_session(name); });
+    // A damaged session is shown as the list shows it (damaged: true, error), not as an error.
+    sched->call([&] { got = opts.store->find_session(name); });
     if (!got.is_ok()) return send_error(res, api_error(500, "session", got.status().message(), "", "server_error"));
     if (!*got || (*got)->fingerprint != opts.store->fingerprint())
       return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
@@ -471,15 +475,10 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
   Status st;
   sched->call([&] {
     // Only this model's sessions are visible here (as in the list); another model's is not found.
-    auto s = opts.store->get_session(name);
-    if (!s.is_ok() && s.status().code() == StatusCode::kCorrupt) {
-      // A damaged row (listed, marked damaged): removed as anvil kv rm removes it, if it is this
-      // model's (its fingerprint column is read without the checksummed tokens).
-      bool ours = false;
-      for (const SessionInfo& x : opts.store->list_sessions())
-        if (x.name == name) ours = x.fingerprint == opts.store->fingerprint();
-      st = ours ? opts.store->remove_session(name) : not_found("no session named '" + name + "'");
-    } else if (!s.is_ok()) st = s.status();
+    // A damaged one (listed, marked damaged) is removed as anvil kv rm removes it, if it is this
+    // model's (find_session reads its fingerprint column without the checksummed tokens).
+    auto s = opts.store->find_session(name);
+    if (!s.is_ok()) st = s.status();
     else if (!*s || (*s)->fingerprint != opts.store->fingerprint()) st = not_found("no session named '" + name + "'");
     else st = opts.store->remove_session(name);
   });

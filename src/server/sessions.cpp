@@ -13,6 +13,18 @@ bool is_chat_session(const SessionInfo& s) {
   return m.is_object() && m.contains("messages") && m["messages"].is_array();
 }
 
+ApiError session_damaged_error(const SessionInfo& s) {
+  ApiError e;
+  e.status = 409;
+  e.param = "session";
+  e.code = "session_damaged";
+  e.message = "session '" + s.name +
+              "' is damaged: its token ids or conversation in the KV store fail their checksum, so it cannot be "
+              "continued (it is kept as it is). Remove it with DELETE /v1/sessions/" + s.name + " (or anvil kv rm " +
+              s.name + " on the server's store), then start it again";
+  return e;
+}
+
 std::optional<ApiError> session_messages(const SessionInfo& s, ojson* messages) {
   ojson m = parse_meta(s);
   if (!m.is_object() || !m.contains("messages") || !m["messages"].is_array()) {

@@ -45,6 +45,11 @@ class SessionLocks {
 // A stored session's conversation: its messages, or an ApiError (param "session") when it is a
 // completion session. A session that does not exist yet has none.
 std::optional<ApiError> session_messages(const SessionInfo& s, nlohmann::ordered_json* messages);
+// A request naming a session whose own record is damaged (KVStore::find_session: its token ids or
+// conversation fail their checksum): 409 `session_damaged`, naming what is damaged and the remedy.
+// The session is kept as it is (never continued, overwritten or dropped by a request); DELETE removes
+// it. Damaged KV pages of a sound session are no error: they are recomputed (and stored again).
+ApiError session_damaged_error(const SessionInfo& s);
 // True when the session holds a conversation (its meta has "messages").
 bool is_chat_session(const SessionInfo& s);
 // The meta a chat session records: anvil run's format.

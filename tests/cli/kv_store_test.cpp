@@ -559,6 +559,55 @@ TEST(KvStoreCli, LsMarksADamagedSessionAndRmRefusesOneInUse) {
   EXPECT_EQ(rm.exit_code, 0) << "a damaged session is removed like any: " << rm.out;
 }
 
+// A session whose own record is damaged (a generate session's token ids, a run session's
+// conversation): --resume, --session NAME and --fork from it are refused (exit code 1) naming the
+// session and `anvil kv rm`, as the server refuses it (409 session_damaged), and nothing changes:
+// the rows stay byte for byte and no fork is made. kv rm then frees the name for a new session.
+TEST(KvStoreCli, ADamagedSessionIsRefusedAndLeftAsItIs) {
+  StoreDir d;
+  ASSERT_EQ(run_anvil(gen(d.path, {"-p", kPrompt, "-n", "4", "--session", "doc"}), true).exit_code, 0);
+  auto made = run_anvil({"run", "--device", "cpu", "-m", kModel, "-n", "4", "--temp", "0", "--kv-store", d.path,
+                         "--session", "conv", "-p", kPrompt}, true);
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  auto rows = [&] {
+    anvil::SqliteDb db;
+    EXPECT_TRUE(db.open(d.path + "/catalog.db", 10000).is_ok());
+    anvil::SqliteStmt q;
+    EXPECT_TRUE(q.prepare(db, "SELECT name || '|' || hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || "
+                              "durable_pos || '|' || updated FROM sessions ORDER BY name").is_ok());
+    std::string all;
+    for (auto r = q.step(); r.is_ok() && *r; r = q.step()) all += q.col_text(0) + "\n";
+    return all;
+  };
+  {
+    anvil::SqliteDb db;
+    ASSERT_TRUE(db.open(d.path + "/catalog.db", 10000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET tokens = zeroblob(length(tokens)) WHERE name = 'doc'").is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET meta = replace(meta, 'messages', 'massages') WHERE name = 'conv'").is_ok());
+  }
+  const std::string before = rows();
+  ASSERT_NE(before.find("conv|"), std::string::npos) << before;
+  ASSERT_NE(before.find("doc|"), std::string::npos) << before;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> tries = {
+      {"doc", gen(d.path, {"-p", " x", "-n", "2", "--session", "doc", "--resume"})},
+      {"doc", gen(d.path, {"-p", " x", "-n", "2", "--session", "doc"})},
+      {"doc", gen(d.path, {"-p", " x", "-n", "2", "--session", "doc", "--fork", "doc2"})},
+      {"conv", {"run", "--device", "cpu", "-m", kModel, "-n", "2", "--kv-store", d.path, "--session", "conv",
+                "--resume", "-p", "more"}},
+      {"conv", gen(d.path, {"-n", "2", "--session", "conv", "--resume"})},
+  };
+  for (const auto& [name, args] : tries) {
+    auto r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("session '" + name + "' is damaged"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("anvil kv rm " + name), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(rows(), before) << "a refused run changed a session (or made the fork)";
+  ASSERT_EQ(run_anvil({"kv", "rm", "doc", "--kv-store", d.path}, true).exit_code, 0);
+  auto fresh = run_json(gen(d.path, {"-p", kPrompt, "-n", "2", "--session", "doc"}));
+  EXPECT_EQ(fresh["session"], "doc");
+}
+
 // Two servers never share a port: the second is refused (the HTTP library's default SO_REUSEPORT
 // let it bind, and the kernel then split the connections between two servers).
 TEST(ServeCli, ASecondServerOnABusyPortIsRefused) {

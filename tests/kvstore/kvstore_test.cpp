@@ -1715,5 +1715,52 @@ TEST(KVStore, ListSessionsMarksADamagedRow) {
   EXPECT_EQ(st->list_sessions().size(), 1u);
 }
 
+// find_session: one session as list_sessions lists it. A damaged row is found, marked, with the
+// columns its checksum does not cover (so a caller tells it from a missing session, and another
+// model's from this one's), and the catalog is left unchanged; a sound row is get_session's.
+TEST(KVStore, FindSessionMarksADamagedRowAndChangesNothing) {
+  Rig r;
+  const auto toks = chain_tokens(2, 300);
+  record_session(r, "good", toks, 2);
+  record_session(r, "bad", toks, 2);
+  const std::string cat = r.dir + "/catalog.db";
+  auto row = [&] {
+    SqliteDb db;
+    EXPECT_TRUE(db.open(cat, 1000).is_ok());
+    SqliteStmt q;
+    EXPECT_TRUE(q.prepare(db, "SELECT hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || durable_pos FROM "
+                              "sessions WHERE name = 'bad'").is_ok());
+    auto got = q.step();
+    return got.is_ok() && *got ? q.col_text(0) : std::string();
+  };
+  {
+    SqliteDb db;
+    ASSERT_TRUE(db.open(cat, 1000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET tokens = substr(tokens, 1, length(tokens) - 1) WHERE name = 'bad'").is_ok());
+  }
+  const std::string before = row();
+  ASSERT_FALSE(before.empty());
+  auto st = r.open();
+  auto bad = st->find_session("bad");
+  ASSERT_TRUE(bad.is_ok()) << bad.status().message();
+  ASSERT_TRUE(bad->has_value()) << "a damaged session was taken for a missing one";
+  const SessionInfo& b = **bad;
+  EXPECT_EQ(b.name, "bad");
+  EXPECT_NE(b.damaged.find("session 'bad' is damaged"), std::string::npos) << b.damaged;
+  EXPECT_TRUE(b.tokens.empty() && b.meta.empty()) << "a damaged row's tokens are not trusted";
+  EXPECT_EQ(b.fingerprint, r.fp);
+  EXPECT_EQ(b.durable_pos, 2 * P);  // record_session committed its 2 pages
+  EXPECT_GT(b.updated_us, 0);
+  EXPECT_EQ(st->get_session("bad").status().code(), StatusCode::kCorrupt) << "get_session still refuses it";
+  auto good = st->find_session("good");
+  ASSERT_TRUE(good.is_ok() && *good) << good.status().message();
+  EXPECT_TRUE((*good)->damaged.empty());
+  EXPECT_EQ((*good)->tokens, toks);
+  auto none = st->find_session("none");
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_EQ(row(), before) << "find_session changed the damaged row";
+}
+
 }  // namespace
 }  // namespace anvil

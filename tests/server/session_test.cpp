@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -437,4 +438,217 @@ TEST(ServeStore, AQueuedTurnLeftByItsClientAndADamagedSessionAreGivenBack) {
     EXPECT_EQ(a.p->terminate(30), 0);
   }
   fs::remove_all(dir);
+}
+
+namespace {
+// Every session row of the catalog, byte for byte (tokens, meta, checksum, positions, tail, time).
+std::string session_rows(const std::string& dir) {
+  anvil::SqliteDb db;
+  if (!db.open(dir + "/catalog.db", 10000).is_ok()) return "(no catalog)";
+  anvil::SqliteStmt q;
+  if (!q.prepare(db, "SELECT name || '|' || hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || durable_pos "
+                     "|| '|' || quote(tail_segment) || '|' || quote(tail_offset) || '|' || updated FROM sessions "
+                     "ORDER BY name").is_ok())
+    return "(no sessions table)";
+  std::string all;
+  for (auto r = q.step(); r.is_ok() && *r; r = q.step()) all += q.col_text(0) + "\n";
+  return all;
+}
+void damage(const std::string& dir, const std::string& sql) {
+  anvil::SqliteDb db;
+  ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  ASSERT_TRUE(db.exec(sql).is_ok()) << sql;
+}
+}  // namespace
+
+// A request naming a session whose own record is damaged (its token ids or conversation fail their
+// checksum: a changed conversation, changed token ids, a token blob cut mid-id) is a client error,
+// 409 session_damaged naming the session and the remedy, streaming or not, on either endpoint (it
+// answered 500 server_error). The server changes nothing: every session row, damaged or not, stays
+// byte for byte; the session is not held afterwards; GET shows it as the list does (it answered
+// 500 too); DELETE removes it, and the name then starts a new session.
+TEST(ServeStore, ADamagedSessionIsAClientErrorAndIsLeftAsItIs) {
+  const std::string dir = store_dir("damaged");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    for (const char* name : {"conv", "cut"}) {
+      auto t = a.post("/v1/chat/completions", chat("Hello, who are you?", name), &st);
+      ASSERT_EQ(st, 200) << t;
+    }
+    for (const char* name : {"doc", "keep"}) {
+      auto t = a.post("/v1/completions", doc_turn("Once upon a time", 4, name), &st);
+      ASSERT_EQ(st, 200) << t;
+    }
+    damage(dir, "UPDATE sessions SET meta = replace(meta, 'Hello', 'Jello') WHERE name = 'conv'");
+    damage(dir, "UPDATE sessions SET tokens = substr(tokens, 1, length(tokens) - 1) WHERE name = 'cut'");
+    damage(dir, "UPDATE sessions SET tokens = zeroblob(length(tokens)) WHERE name = 'doc'");
+    const std::string rows = session_rows(dir);
+    struct Probe {
+      const char* name;
+      bool chat;
+    };
+    for (const Probe& p : {Probe{"conv", true}, Probe{"cut", true}, Probe{"doc", false}, Probe{"conv", false},
+                           Probe{"doc", true}}) {
+      for (bool stream : {false, true}) {
+        json body = p.chat ? chat("And then?", p.name) : doc_turn(" and then", 3, p.name);
+        body["stream"] = stream;
+        const std::string what = std::string(p.name) + (p.chat ? " chat" : " completion") + (stream ? " stream" : "");
+        auto e = a.post(p.chat ? "/v1/chat/completions" : "/v1/completions", body, &st);
+        EXPECT_EQ(st, 409) << what << ": " << e;
+        EXPECT_EQ(e["error"]["code"], "session_damaged") << what << ": " << e;
+        EXPECT_EQ(e["error"]["param"], "session") << what << ": " << e;
+        EXPECT_EQ(e["error"]["type"], "invalid_request_error") << what << ": " << e;
+        const std::string m = error_message(e);
+        for (const std::string& part : {"session '" + std::string(p.name) + "' is damaged", std::string("checksum"),
+                                        "DELETE /v1/sessions/" + std::string(p.name),
+                                        "anvil kv rm " + std::string(p.name)})
+          EXPECT_NE(m.find(part), std::string::npos) << what << ": the message lacks '" << part << "': " << m;
+      }
+    }
+    EXPECT_EQ(session_rows(dir), rows) << "a refused request changed a session";
+    // The refusals held nothing: another process may claim them, and the sound session goes on.
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    {
+      auto other = anvil::KVStore::open(o);
+      ASSERT_TRUE(other.is_ok()) << other.status().message();
+      for (const char* name : {"conv", "cut", "doc"})
+        EXPECT_TRUE((*other)->claim_session(name).is_ok()) << name << " is still held";
+    }
+    auto k = a.post("/v1/completions", doc_turn(" and then", 3, "keep"), &st);
+    EXPECT_EQ(st, 200) << k;
+    // GET shows it as the list does.
+    auto g = a.get("/v1/sessions/conv", &st);
+    EXPECT_EQ(st, 200) << g;
+    EXPECT_EQ(g["id"], "conv") << g;
+    EXPECT_EQ(g["damaged"], true) << g;
+    EXPECT_NE((g["error"].is_string() ? g["error"].get<std::string>() : "").find("session 'conv' is damaged"),
+              std::string::npos)
+        << g;
+    EXPECT_EQ(g, find_session(a.get("/v1/sessions", &st), "conv"));
+    // DELETE removes it; the name then starts afresh.
+    json body;
+    EXPECT_EQ(a.del("/v1/sessions/conv", &body), 200) << body;
+    auto fresh = a.post("/v1/chat/completions", chat("Hello, who are you?", "conv"), &st);
+    EXPECT_EQ(st, 200) << fresh;
+    auto now = a.get("/v1/sessions/conv", &st);
+    EXPECT_EQ(st, 200) << now;
+    EXPECT_EQ(now["messages"].size(), 2u) << now;
+    EXPECT_EQ(find_session(a.get("/v1/sessions", &st), "cut")["damaged"], true) << "another damaged session changed";
+    // To a server of another KV layout, this model's damaged session is another model's session,
+    // damaged or not: 400 as for an intact one, not found by GET and DELETE, and left as it is.
+    {
+      const std::string cut_row = session_rows(dir);
+      Srv b({"--kv-store", dir, "--kv-dtype", "f32"});
+      ASSERT_TRUE(b.p->ok()) << b.p->startup_output();
+      auto e = b.post("/v1/chat/completions", chat("And then?", "cut"), &st);
+      EXPECT_EQ(st, 400) << e;
+      EXPECT_NE(error_message(e).find("another model"), std::string::npos) << e;
+      b.get("/v1/sessions/cut", &st);
+      EXPECT_EQ(st, 404);
+      EXPECT_EQ(b.del("/v1/sessions/cut"), 404);
+      EXPECT_EQ(session_rows(dir), cut_row);
+      EXPECT_EQ(b.p->terminate(30), 0);
+    }
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
+// Damaged KV pages of a sound session are only cache: the next turn recomputes them, with the output
+// a server on an intact copy of the store gives, and stores them again (the store heals: verify finds
+// nothing, and a later turn restores every page).
+TEST(ServeStore, DamagedPagesOfASessionAreRecomputedAndStoredAgain) {
+  const std::string dir = store_dir("pages"), intact = dir + ".intact";
+  fs::remove_all(dir);
+  fs::remove_all(intact);
+  const std::vector<std::string> store = {"--kv-store", dir, "--kv-warm", "0"};
+  {
+    Srv a(store);
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    auto d1 = a.post("/v1/completions", doc_turn(kDoc, 4, "pages"), &st);
+    ASSERT_EQ(st, 200) << d1;
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::copy(dir, intact, fs::copy_options::recursive);
+  // A flipped byte in the middle of every record the session references: its pages and its tail.
+  {
+    anvil::SqliteDb db;
+    ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+    anvil::SqliteStmt q;
+    ASSERT_TRUE(q.prepare(db, "SELECT p.segment, p.offset + p.length / 2 FROM session_pages s JOIN pages p ON "
+                              "p.key = s.key WHERE s.session = 'pages' UNION ALL SELECT tail_segment, tail_offset + "
+                              "tail_length / 2 FROM sessions WHERE name = 'pages' AND tail_segment IS NOT NULL")
+                    .is_ok());
+    int flipped = 0;
+    for (auto r = q.step(); r.is_ok() && *r; r = q.step(), ++flipped) {
+      std::fstream f(anvil::segment_file(dir, q.col_int(0)), std::ios::in | std::ios::out | std::ios::binary);
+      ASSERT_TRUE(f.good());
+      f.seekg(q.col_int(1));
+      const char c = char(f.get());
+      f.seekp(q.col_int(1));
+      f.put(char(c ^ 0x5a));
+    }
+    ASSERT_GE(flipped, 3) << "the session should reference pages and its tail";
+  }
+  anvil::KVStoreOptions o;
+  o.dir = dir;
+  o.repair = false;
+  {
+    auto st = anvil::KVStore::open(o);
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    std::vector<std::string> problems;
+    int64_t n = 0;
+    ASSERT_TRUE((*st)->verify(&problems, &n).is_ok());
+    EXPECT_GE(problems.size(), 3u) << "the damage should be visible to verify";
+  }
+  const json turn = doc_turn(" and then", 6, "pages");
+  json ref;
+  int st = 0;
+  {
+    Srv r({"--kv-store", intact, "--kv-warm", "0"});
+    ASSERT_TRUE(r.p->ok()) << r.p->startup_output();
+    ref = r.post("/v1/completions", turn, &st);
+    ASSERT_EQ(st, 200) << ref;
+    EXPECT_EQ(r.p->terminate(30), 0);
+  }
+  {
+    Srv b(store);
+    ASSERT_TRUE(b.p->ok()) << b.p->startup_output();
+    auto healed = b.post("/v1/completions", turn, &st);
+    ASSERT_EQ(st, 200) << healed;
+    EXPECT_EQ(healed["choices"][0]["text"], ref["choices"][0]["text"]);
+    EXPECT_EQ(healed["usage"]["prompt_tokens"], ref["usage"]["prompt_tokens"]);
+    EXPECT_LT(healed["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+              ref["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>())
+        << "the damaged pages should have been recomputed";
+    EXPECT_GE(b.metric("anvil_kv_store_restore_corrupt_total"), 1);
+    EXPECT_EQ(b.p->terminate(30), 0);
+  }
+  {
+    auto st2 = anvil::KVStore::open(o);
+    ASSERT_TRUE(st2.is_ok()) << st2.status().message();
+    std::vector<std::string> problems;
+    int64_t n = 0;
+    ASSERT_TRUE((*st2)->verify(&problems, &n).is_ok());
+    EXPECT_TRUE(problems.empty()) << "not healed: " << json(problems);
+  }
+  {
+    Srv c(store);
+    ASSERT_TRUE(c.p->ok()) << c.p->startup_output();
+    const json before = c.get("/v1/sessions/pages", &st);
+    ASSERT_EQ(st, 200) << before;
+    auto again = c.post("/v1/completions", doc_turn(" more", 2, "pages"), &st);
+    ASSERT_EQ(st, 200) << again;
+    EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], before["durable_tokens"])
+        << "every page and the partial last page should come from the store";
+    EXPECT_EQ(c.metric("anvil_kv_store_restore_corrupt_total"), 0);
+    EXPECT_EQ(c.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+  fs::remove_all(intact);
 }
