@@ -20,6 +20,11 @@ Math (Qwen3 / Qwen2 / Llama decoder, pre-norm):
     llama3 rope scaling: wavelen = 2pi / inv_freq; wavelen < orig/high_ff: keep; wavelen > orig/low_ff:
       inv_freq / factor; else smooth = (orig / wavelen - low_ff) / (high_ff - low_ff),
       inv_freq' = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    yarn rope scaling (transformers' _compute_yarn_parameters): corr(r) = D ln(orig / (2 pi r)) / (2 ln theta);
+      low = floor(corr(beta_fast = 32)), high = ceil(corr(beta_slow = 1)) (no rounding with truncate false),
+      clamped to [0, D - 1]; ramp[i] = clip((i - low) / (high - low), 0, 1);
+      inv_freq' = inv_freq / factor * ramp + inv_freq * (1 - ramp); orig defaults to max_position_embeddings;
+      cos and sin are multiplied by attention_factor (default 0.1 ln(factor) + 1), i.e. q and k are
     GQA: query head h reads kv head h // (H / KV); causal softmax(q k^T / sqrt(D)); o = concat_h(...) Wo^T
     h += o;  m = rmsnorm(h, post_attention_layernorm);  h += Wdown (silu(Wgate m) * Wup m)
   logits = rmsnorm(h, model.norm) lm_head^T   (tied: lm_head = embed_tokens)
@@ -27,6 +32,7 @@ MLX affine quantization: weight uint32 [out, in*bits/32]; each row is a little-e
 element k occupies bits [k*bits, (k+1)*bits); w[o, k] = scales[o, k // gs] * q + biases[o, k // gs].
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -110,11 +116,37 @@ class Weights:
         return self.t[name]
 
 
+def yarn_attention_factor(sc):
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+    if sc.get("attention_factor") is not None:
+        return sc["attention_factor"]
+    if sc.get("mscale") and sc.get("mscale_all_dim"):
+        return mscale(sc["factor"], sc["mscale"]) / mscale(sc["factor"], sc["mscale_all_dim"])
+    return mscale(sc["factor"])
+
+
 def rope_inv_freq(cfg, D, ablate):
+    """(inv_freq [D/2], attention factor multiplying cos and sin)."""
     theta = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
     sc = cfg.get("rope_scaling")
-    if sc and sc.get("rope_type", sc.get("type")) == "llama3" and ablate != "no_llama3_scaling":
+    kind = sc.get("rope_type", sc.get("type")) if sc else None
+    if kind == "yarn":
+        factor = sc["factor"]
+        orig = sc.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        corr = lambda r: D * math.log(orig / (r * 2 * math.pi)) / (2 * math.log(theta))  # noqa: E731
+        low, high = corr(sc.get("beta_fast") or 32), corr(sc.get("beta_slow") or 1)
+        if sc.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, D - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(D // 2) - low) / (high - low), 0, 1)
+        if ablate != "no_yarn_freqs":
+            inv = inv / factor * ramp + inv * (1 - ramp)
+        return inv, (1.0 if ablate == "no_yarn_attention_factor" else yarn_attention_factor(sc))
+    if kind == "llama3" and ablate != "no_llama3_scaling":
         factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
         orig = sc["original_max_position_embeddings"]
         wavelen = 2 * np.pi / inv
@@ -123,15 +155,16 @@ def rope_inv_freq(cfg, D, ablate):
         mid = (wavelen >= orig / hi) & (wavelen <= orig / lo)
         inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
     elif sc and ablate != "no_llama3_scaling":
-        assert sc.get("rope_type", sc.get("type")) in (None, "default"), sc
-    return inv
+        assert kind in (None, "default"), sc
+    return inv, 1.0
 
 
-def apply_rope(x, inv, ablate):
-    """x [T, heads, D]; positions 0..T-1."""
+def apply_rope(x, rope, ablate):
+    """x [T, heads, D]; positions 0..T-1; rope = (inv_freq, attention factor)."""
+    inv, factor = rope
     T, _, D = x.shape
     ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]        # [T, D/2]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = factor * np.cos(ang)[:, None, :], factor * np.sin(ang)[:, None, :]
     if ablate == "interleaved_rope":                                      # GPT-J pairs (2i, 2i+1)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         out = np.empty_like(x)
@@ -203,15 +236,19 @@ def rel_err(ours, ref):
 
 
 ABLATIONS = ["bf16_activations", "interleaved_rope", "eps_1e-5_vs_1e-6", "gqa_modulo", "no_qk_norm",
-             "no_qkv_bias", "no_llama3_scaling", "quant_msb_first"]
+             "no_qkv_bias", "no_llama3_scaling", "no_yarn_freqs", "no_yarn_attention_factor", "quant_msb_first"]
 
 
 def applies(ablation, W):
     cfg = W.cfg
+    sc = cfg.get("rope_scaling") or {}
+    kind = sc.get("rope_type", sc.get("type"))
     return {
         "no_qk_norm": W.has("model.layers.0.self_attn.q_norm.weight"),
         "no_qkv_bias": W.has("model.layers.0.self_attn.q_proj.bias"),
-        "no_llama3_scaling": bool(cfg.get("rope_scaling")),
+        "no_llama3_scaling": kind == "llama3",
+        "no_yarn_freqs": kind == "yarn",
+        "no_yarn_attention_factor": kind == "yarn",
         "quant_msb_first": bool(cfg.get("quantization")),
     }.get(ablation, True)
 

@@ -137,9 +137,10 @@ def greedy(runner, ids, steps):
 
 
 def versions(kind):
-    import torch, transformers, safetensors, tokenizers
+    import safetensors
     v = {"numpy": np.__version__, "python": sys.version.split()[0], "safetensors": safetensors.__version__}
-    if kind == "hf":
+    if kind == "hf":  # torch only where it is the reference: an mlx-lm fixture needs neither it nor transformers
+        import torch, transformers
         v.update(transformers=transformers.__version__, torch=torch.__version__)
     else:
         import mlx.core as mx

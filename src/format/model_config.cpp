@@ -222,7 +222,24 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
       return r.error("high_freq_factor", "must be greater than low_freq_factor");
     return Status::ok();
   }
-  return r.unsupported_value("rope_type", "unsupported rope scaling '" + type + "' (supported: default, linear, llama3)");
+  if (type == "yarn") {
+    // transformers requires the factor; the rest default as in its _compute_yarn_parameters (beta_fast 32,
+    // beta_slow 1, original_max_position_embeddings = max_position_embeddings, truncate true, and the
+    // attention factor 0.1 ln(factor) + 1 unless given, or mscale and mscale_all_dim give it).
+    ANVIL_RETURN_IF_ERROR(r.get_double("factor", &s.factor, true, true));
+    s.original_max_position_embeddings = c->max_position_embeddings;
+    ANVIL_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &s.original_max_position_embeddings,
+                                    c->max_position_embeddings <= 0, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("beta_fast", &s.beta_fast, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("beta_slow", &s.beta_slow, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("attention_factor", &s.attention_factor, true));
+    ANVIL_RETURN_IF_ERROR(r.get_double("mscale", &s.mscale, false));
+    ANVIL_RETURN_IF_ERROR(r.get_double("mscale_all_dim", &s.mscale_all_dim, false));
+    ANVIL_RETURN_IF_ERROR(r.get_bool("truncate", &s.truncate));
+    return Status::ok();
+  }
+  return r.unsupported_value("rope_type",
+                             "unsupported rope scaling '" + type + "' (supported: default, linear, llama3, yarn)");
 }
 
 bool valid_bits(int b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
@@ -374,8 +391,8 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     ANVIL_RETURN_IF_ERROR(r.get_double("rope_theta", &c.rope_theta, true));
   }
   ANVIL_RETURN_IF_ERROR(f.get_double("rope_theta", &c.rope_theta, true));
-  ANVIL_RETURN_IF_ERROR(parse_rope_scaling(f, label, &c));
   ANVIL_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &c.max_position_embeddings, false, true));
+  ANVIL_RETURN_IF_ERROR(parse_rope_scaling(f, label, &c));  // yarn's default context is the one above
   ANVIL_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
 
   // Qwen2/Qwen3 (dense and MoE): with use_sliding_window, transformers limits attention to a window

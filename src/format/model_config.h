@@ -32,11 +32,19 @@ struct QuantConfig {
 };
 
 struct RopeScaling {
-  std::string type;  // "" (none), "llama3", "linear", "default"
+  std::string type;  // "" (none), "llama3", "linear", "yarn", "default"
   double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  // llama3 (required) and yarn (default: max_position_embeddings): the context length trained on.
   int original_max_position_embeddings = 8192;
+  // yarn, as transformers' _compute_yarn_parameters reads them (0 / absent: its defaults).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double attention_factor = 0.0;  // 0: derived from factor (and mscale / mscale_all_dim)
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  bool truncate = true;  // round the correction range outwards to whole dimensions
 };
 
 struct ModelConfig {

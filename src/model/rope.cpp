@@ -1,5 +1,6 @@
 #include "model/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace anvil {
@@ -28,8 +29,45 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
       }
       f = float(freq);
     }
+  } else if (rs.type == "yarn") {
+    // YaRN (transformers' _compute_yarn_parameters): dimensions that turn fewer than beta_slow times over
+    // the original context are interpolated (inv_freq / factor), those turning more than beta_fast times
+    // are kept, and a linear ramp over the dimensions between blends the two.
+    const double D = cfg.head_dim, base = cfg.rope_theta;
+    const double old_len = rs.original_max_position_embeddings;
+    auto correction_dim = [&](double rotations) {
+      return D * std::log(old_len / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+    };
+    double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+    if (rs.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, D - 1);
+    if (low == high) high += 0.001;  // as transformers: no division by zero
+    for (int i = 0; i < half; ++i) {
+      const double extrapolated = 1.0 / std::pow(base, double(2 * i) / D);
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      // ramp 0: keep the frequency (extrapolate); ramp 1: divide it by the factor (interpolate).
+      inv[i] = float(extrapolated / rs.factor * ramp + extrapolated * (1.0 - ramp));
+    }
   }
   return inv;
+}
+
+double rope_attention_factor(const ModelConfig& cfg) {
+  const RopeScaling& rs = cfg.rope_scaling;
+  if (rs.type != "yarn") return 1.0;
+  if (rs.attention_factor > 0) return rs.attention_factor;
+  auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  if (rs.mscale != 0 && rs.mscale_all_dim != 0)
+    return mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim);
+  return mscale(rs.factor, 1.0);
+}
+
+float attention_softmax_scale(const ModelConfig& cfg) {
+  // YaRN multiplies cos and sin, so both q and k, by the attention factor: the scores by its square.
+  const double af = rope_attention_factor(cfg);
+  if (af == 1.0) return 1.0f / std::sqrt(float(cfg.head_dim));
+  return float(af * af / std::sqrt(double(cfg.head_dim)));
 }
 
 }  // namespace anvil

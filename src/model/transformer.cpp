@@ -104,7 +104,7 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
   const int64_t H = cfg_.hidden_size, QD = int64_t(cfg_.num_attention_heads) * cfg_.head_dim,
                 KD = int64_t(cfg_.num_key_value_heads) * cfg_.head_dim, F = cfg_.intermediate_size;
   const float eps = float(cfg_.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
+  const float scale = attention_softmax_scale(cfg_);
   Backend& be = backend_;
   Act h = act(h_, T, H), x = act(x_, T, H), q = act(q_, T, QD), k = act(k_, T, KD), v = act(v_, T, KD),
       attn = act(attn_, T, QD), o = act(o_, T, H), gate = act(gate_, T, F);

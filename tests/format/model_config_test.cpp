@@ -127,12 +127,74 @@ TEST(ModelConfig, LegacyLlama3RopeScalingSpellings) {
   json j = base_config();
   j["model_type"] = "llama";
   j["attention_bias"] = true;
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_error(j, {"rope_scaling.rope_type", "yarn"}, StatusCode::kUnsupported);
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  expect_error(j, {"rope_scaling.rope_type", "longrope"}, StatusCode::kUnsupported);
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
+  expect_error(j, {"rope_scaling.rope_type", "dynamic"}, StatusCode::kUnsupported);
   j.erase("rope_scaling");
   auto c = parse(j);
   ASSERT_TRUE(c.is_ok());
   EXPECT_TRUE(c->attention_bias);
+}
+
+// YaRN as Qwen3's model cards have users add it to config.json ({"rope_type": "yarn", "factor": 4.0,
+// "original_max_position_embeddings": 32768}; the legacy "type" key and transformers 5's rope_parameters
+// too): the factor is required, the other parameters take transformers' defaults (beta_fast 32,
+// beta_slow 1, the original context = max_position_embeddings, truncate, derived attention factor).
+TEST(ModelConfig, YarnRopeScaling) {
+  json j = base_config();
+  j["max_position_embeddings"] = 40960;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  auto c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_EQ(c->max_position_embeddings, 40960);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.beta_slow, 1.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.attention_factor, 0.0);
+  EXPECT_TRUE(c->rope_scaling.truncate);
+
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"beta_fast", 16}, {"beta_slow", 2.0},
+                       {"attention_factor", 1.5}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}, {"truncate", false}};
+  c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 40960);  // max_position_embeddings
+  EXPECT_DOUBLE_EQ(c->rope_scaling.beta_fast, 16.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.beta_slow, 2.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.attention_factor, 1.5);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.mscale, 0.707);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.mscale_all_dim, 0.707);
+  EXPECT_FALSE(c->rope_scaling.truncate);
+
+  // transformers 5: rope_parameters holds rope_theta and the scaling.
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
+                          {"original_max_position_embeddings", 32768}};
+  c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 32768);
+
+  j = base_config();
+  j["max_position_embeddings"] = 40960;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 32768}};
+  expect_error(j, {"rope_scaling.factor", "missing"});
+  j["rope_scaling"]["factor"] = 0;
+  expect_error(j, {"rope_scaling.factor", "positive"});
+  j["rope_scaling"]["factor"] = 4.0;
+  j["rope_scaling"]["beta_fast"] = "32";
+  expect_error(j, {"rope_scaling.beta_fast"});
+  j["rope_scaling"].erase("beta_fast");
+  j["rope_scaling"]["truncate"] = 1;
+  expect_error(j, {"rope_scaling.truncate"});
+  // Neither the original context nor max_position_embeddings: nothing to scale from.
+  j = base_config();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error(j, {"rope_scaling.original_max_position_embeddings", "missing"});
 }
 
 TEST(ModelConfig, DefaultsForOptionalFields) {

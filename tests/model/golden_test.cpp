@@ -6,7 +6,8 @@
 // ANVIL_SHARED_DIR (meta.json "shared_model"); without it those tests skip. scripts/make_golden_fixtures.py
 // makes all of it (scripts/make_moe_golden_fixtures.py the mixture-of-experts models: <arch>-bf16 with
 // per-expert HF tensors against transformers, <arch>-q4 with stacked 4-bit experts and an 8-bit router
-// against mlx-lm, for qwen3_moe, qwen2_moe, olmoe and mixtral); scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
+// against mlx-lm, for qwen3_moe, qwen2_moe, olmoe and mixtral; scripts/make_yarn_golden_fixtures.py qwen3-yarn,
+// a Qwen3 with YaRN rope scaling, against mlx-lm); scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
 //
 // The engine is driven as a user would:
 //   anvil generate -m DIR --ids 1,2,3 -n 0 --dump-logits OUT.npy                 -> logits [T, vocab]
@@ -30,8 +31,9 @@
 //  * A float64 numpy forward lands within 6e-7..1.5e-6 of every reference (scripts/golden_numpy_check.py).
 //  * Bugs stay far above the limit (same tool, max rel_err over prompt 0): interleaved instead of
 //    rotate-half RoPE 0.49..1.3, wrong GQA head mapping (h % KV) 0.79..1.6, q/k norm skipped 0.42..1.3,
-//    llama3 rope scaling skipped 0.75, Qwen2 q/k/v bias skipped 1.0, MLX bits read MSB-first 1.6..2.0:
-//    >= 14x the bf16-KV bound. With an f32 KV cache even small errors show: rms_norm_eps 1e-5 vs 1e-6
+//    llama3 rope scaling skipped 0.75, YaRN's frequencies or its attention factor skipped 0.38..0.49 and
+//    0.34..0.36 (qwen3-yarn, both prompts), Qwen2 q/k/v bias skipped 1.0, MLX bits read MSB-first 1.6..2.0:
+//    >= 11x the bf16-KV bound. With an f32 KV cache even small errors show: rms_norm_eps 1e-5 vs 1e-6
 //    (1e-5..1e-3) exceeds the fp32-path bound.
 //
 // Argmax: must equal the reference's at every position except near-ties, where near-tie means the
@@ -328,7 +330,9 @@ TEST(GoldenFixtures, AllModelsPresentAndConsistent) {
       "qwen3-q8g64",
       // mixture of experts (scripts/make_moe_golden_fixtures.py)
       "qwen3-moe-bf16", "qwen3-moe-q4", "qwen2-moe-bf16", "qwen2-moe-q4", "olmoe-bf16", "olmoe-q4", "mixtral-bf16",
-      "mixtral-q4"};
+      "mixtral-q4",
+      // YaRN rope scaling, against mlx-lm (scripts/make_yarn_golden_fixtures.py)
+      "qwen3-yarn"};
   const auto have = golden_models();
   for (const auto& m : expected)
     EXPECT_NE(std::find(have.begin(), have.end(), m), have.end()) << "missing golden fixture " << m;
