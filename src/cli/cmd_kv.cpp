@@ -26,9 +26,15 @@ std::string when(int64_t us) {
   return b;
 }
 
+// MiB with one decimal; below 1 MiB in KiB, below 1 KiB in bytes (a tiny --max read "0.0 MiB").
 std::string mib(int64_t bytes) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / (1 << 20));
+  if (bytes < 1024)
+    std::snprintf(b, sizeof b, "%lld B", (long long)bytes);
+  else if (bytes < (1 << 20))
+    std::snprintf(b, sizeof b, "%.1f KiB", double(bytes) / 1024);
+  else
+    std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / (1 << 20));
   return b;
 }
 

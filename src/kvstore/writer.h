@@ -208,6 +208,7 @@ class KVStore::Writer {
     pending_keys_.insert(d.key);
     ++pending_records_;
     ++s_.counters_.pages_written;
+    if (!d.session) anon_written_ = true;
   }
 
   // The writer's state of one recorded session (by recording id).
@@ -569,8 +570,18 @@ class KVStore::Writer {
   }
 
   void maybe_gc() {
+    // Over the cap with nothing evictable (sessions' KV only): the search for victims scans every
+    // page, so it is not run again at every flush while nothing new could be evictable: not until
+    // this writer stores an anonymous page, or kRetryOverCap passed (pages a session gave up here or
+    // in another process: kv rm, a run's dropped turns, add no bytes meanwhile).
+    const auto now = Clock::now();
+    if (stuck_over_cap_ && !anon_written_ && now < retry_gc_at_) return;
+    anon_written_ = false;
     auto live = catalog_live_bytes(db_);
-    if (!live.is_ok() || uint64_t(*live) <= s_.opts_.max_bytes) return;
+    if (!live.is_ok() || uint64_t(*live) <= s_.opts_.max_bytes) {
+      stuck_over_cap_ = false;
+      return;
+    }
     // Evict to 90% of the cap so eviction runs in batches, not at every flush.
     auto pinned = [this](const Hash128& k) {
       std::lock_guard<std::mutex> lk(s_.pin_mu_);
@@ -578,7 +589,8 @@ class KVStore::Writer {
     };
     auto n = evict_lru(db_, s_.opts_.max_bytes / 10 * 9, pinned);
     if (n.is_ok()) s_.counters_.pages_evicted += *n;
-    warn_over_cap();
+    stuck_over_cap_ = warn_over_cap();
+    retry_gc_at_ = now + kRetryOverCap;
     std::set<int64_t> own;
     if (seg_) own.insert(seg_id_);
     (void)compact_segments(db_, s_.env_, s_.opts_.dir, own);
@@ -587,9 +599,10 @@ class KVStore::Writer {
   // What eviction cannot take (invariant 7: pages sessions reference, session tails, pages a
   // restore has pinned) may alone exceed the cap: the store then stays over it. Said once each time
   // it happens (again after the store was back under its cap), with what frees the room.
-  void warn_over_cap() {
+  // Returns whether the store is still over its cap.
+  bool warn_over_cap() {
     auto live = catalog_live_bytes(db_);
-    if (!live.is_ok()) return;
+    if (!live.is_ok()) return false;
     const bool over = uint64_t(*live) > s_.opts_.max_bytes;
     if (over && !over_cap_warned_) {
       auto mib = [](int64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
@@ -601,6 +614,7 @@ class KVStore::Writer {
       ++s_.counters_.over_cap_warnings;
     }
     over_cap_warned_ = over;
+    return over;
   }
 
   struct Pending {
@@ -627,6 +641,10 @@ class KVStore::Writer {
   uint64_t ticket_ = 0;
   bool warned_ = false, commit_warned_ = false;
   bool over_cap_warned_ = false;  // warn_over_cap said so, and the store has not been under its cap since
+  // maybe_gc's back-off while sessions alone keep the store over its cap.
+  static constexpr std::chrono::seconds kRetryOverCap{5};
+  bool stuck_over_cap_ = false, anon_written_ = false;
+  Clock::time_point retry_gc_at_{};
   std::string commit_error_;  // the last catalog commit's error; empty once one succeeds
   std::vector<std::pair<uint32_t, int>> committed_sessions_;  // (recording, durable) rows of this commit
   // The recorded sessions.

@@ -750,6 +750,9 @@ Result<int> HttpServer::start() {
     add("anvil_kv_store_restore_misses_total", "Prefix pages looked up in the store and not found", c.restore_misses);
     add("anvil_kv_store_restore_corrupt_total", "Store records that failed a check (recomputed instead)", c.restore_corrupt);
     add("anvil_kv_store_pages_evicted_total", "Pages evicted under --kv-store-max", c.pages_evicted);
+    add("anvil_kv_store_over_cap_total",
+        "Times the store stayed over --kv-store-max with only saved sessions' KV left (never evicted)",
+        c.over_cap_warnings);
     metrics_->add_gauge("anvil_kv_store_queue_high_water", "Most descriptors ever waiting in the writer's queue",
                         [&c] { return double(c.queue_high_water.load()); });
     metrics_->add_gauge("anvil_kv_store_queue_depth", "Descriptors waiting in the writer's queue now",
