@@ -50,7 +50,9 @@ int run_generate(GenerateArgs& a) {
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
   const std::string tok_dir = tokenizer_dir_of(s);
-  auto opened = open_store_session(a.kv, s);  // declared after the stack: detached and flushed before it goes
+  // A session of generate's is a completion document (meta ""): another kind is refused, not overwritten.
+  auto opened = open_store_session(a.kv, s, SessionKind::kCompletion);  // declared after the stack: detached
+                                                                        // and flushed before it goes
   if (!opened.is_ok()) return fail(opened.status().message());
   AttachedStore& store = opened->store;
   const SessionPlan& plan = opened->plan;

@@ -92,7 +92,8 @@ int run_kv(KvArgs& a) {
       j["sessions"] = nlohmann::json::array();
       for (auto& x : sessions) {
         if (!x.damaged.empty())  // listed, marked: its token ids are not trusted
-          j["sessions"].push_back({{"name", x.name}, {"damaged", true}, {"error", x.damaged},
+          j["sessions"].push_back({{"name", x.name}, {"damaged", true},
+                                   {"error", "session '" + x.name + "' is damaged (" + x.damaged + "); remove it with anvil kv rm " + x.name},
                                    {"updated", when(x.updated_us)}});
         else
           j["sessions"].push_back({{"name", x.name}, {"tokens", x.tokens.size()}, {"durable_tokens", x.durable_pos},
@@ -109,9 +110,8 @@ int run_kv(KvArgs& a) {
                 damaged ? (" (" + std::to_string(damaged) + " damaged: see anvil kv verify)").c_str() : "");
     for (auto& x : sessions) {
       if (!x.damaged.empty())
-        std::printf("  %-24s DAMAGED: its token ids or conversation fail their checksum (anvil kv verify; "
-                    "anvil kv rm %s), updated %s UTC\n",
-                    x.name.c_str(), x.name.c_str(), when(x.updated_us).c_str());
+        std::printf("  %-24s DAMAGED: %s (anvil kv verify; anvil kv rm %s), updated %s UTC\n", x.name.c_str(),
+                    x.damaged.c_str(), x.name.c_str(), when(x.updated_us).c_str());
       else
         std::printf("  %-24s %7zu tokens, %7d durable, updated %s UTC\n", x.name.c_str(), x.tokens.size(),
                     x.durable_pos, when(x.updated_us).c_str());

@@ -101,7 +101,9 @@ int run_chat(RunArgs& a) {
   if (!chat)
     std::fprintf(stderr, "[anvil] %s has no chat template: completion mode (the model continues your text)%s\n",
                  dir.c_str(), a.thinking ? "; --thinking/--no-thinking have no effect" : "");
-  auto opened = open_store_session(a.kv, s);  // declared after the stack: detached and flushed before it goes
+  // A session of run's is a conversation (a model without a chat template: its text); another kind is
+  // refused (plan_session), never overwritten. Declared after the stack: detached and flushed before it goes.
+  auto opened = open_store_session(a.kv, s, chat ? SessionKind::kChat : SessionKind::kRunText);
   if (!opened.is_ok()) return fail(opened.status().message());
   AttachedStore& store = opened->store;
   const SessionPlan& plan = opened->plan;
@@ -124,11 +126,11 @@ int run_chat(RunArgs& a) {
   const size_t first_turn = messages.size();
   std::vector<int32_t> document;  // completion mode
   if (plan.resumed) {  // a session keeps the conversation in its meta
+    // Of this command's kind (plan_session, session_kind.h): "messages" is an array of messages,
+    // "document" (absent: empty) an array of token ids.
     auto m = nlohmann::ordered_json::parse(plan.meta, nullptr, false);
-    if (!m.is_object() || !m.contains("messages") || !m.contains("document"))
-      return fail("session '" + a.kv.session + "' was not recorded by anvil run (use anvil generate --resume)");
     messages = m["messages"];
-    document = m["document"].get<std::vector<int32_t>>();
+    if (m.contains("document")) document = m["document"].get<std::vector<int32_t>>();
     // A turn cut short (the process died mid-answer): the conversation was recorded when the turn
     // began, its token ids at every flush since. What was answered is kept; a question that got
     // no answer at all is dropped, so that the roles still alternate.

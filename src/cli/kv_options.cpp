@@ -110,7 +110,37 @@ static std::string bad_name(const char* flag, const std::string& name) {
          "'.' or '-' (the server's rule: names appear in its URLs)";
 }
 
-Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
+// Why the command recording `want` does not take stored session `info`, of another kind, and what does.
+static std::string other_kind(const KVStoreFlags& f, const SessionInfo& info, SessionKind want) {
+  const SessionKind have = session_kind(info.meta);
+  const char* cmd = want == SessionKind::kCompletion ? "anvil generate" : "anvil run";
+  const std::string flags = "--session " + f.session + (f.fork.empty() ? " --resume" : " --fork " + f.fork);
+  std::string m = "session '" + f.session + "' " + (f.resume || !f.fork.empty() ? "" : "already exists and ") +
+                  "holds " + session_kind_what(have);
+  switch (have) {
+    case SessionKind::kCompletion:
+      m += ", which " + std::string(cmd) + " cannot continue: continue it with anvil generate " + flags;
+      break;
+    case SessionKind::kChat:
+    case SessionKind::kRunText:
+      if (want == SessionKind::kCompletion)
+        m += ", which anvil generate cannot continue (it would overwrite the " +
+             std::string(have == SessionKind::kChat ? "conversation" : "text") + "): continue it with anvil run " +
+             flags;
+      else if (have == SessionKind::kChat)
+        m += ", and this model has no chat template: anvil run (in completion mode) cannot continue it";
+      else
+        m += ", and this model has a chat template: anvil run cannot continue that text as a conversation";
+      break;
+    case SessionKind::kUnreadable:
+      m += ": neither anvil generate nor anvil run continues it; remove it with anvil kv rm " + f.session;
+      break;
+  }
+  if (!f.resume && f.fork.empty() && have != SessionKind::kUnreadable) m += ", or `anvil kv rm " + f.session + "`";
+  return m + " (it is left as it is)";
+}
+
+Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionKind kind) {
   SessionPlan p;
   if (f.session.empty()) {
     if (f.resume || !f.fork.empty()) return invalid_argument("--resume and --fork need --session NAME");
@@ -128,6 +158,7 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
     if (info->fingerprint != store->fingerprint())
       return invalid_argument("session '" + f.session +
                               "' was recorded with another model or KV layout (--kv-dtype, --page-size)");
+    if (session_kind(info->meta) != kind) return invalid_argument(other_kind(f, *info, kind));  // before a fork
     p.history = info->tokens;
     p.meta = info->meta;
     p.resumed = true;
@@ -140,6 +171,7 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
     }
   } else {
     if (!valid_session_name(f.session)) return invalid_argument(bad_name("--session", f.session));
+    if (info && session_kind(info->meta) != kind) return invalid_argument(other_kind(f, *info, kind));
     if (info)
       return invalid_argument("session '" + f.session +
                               "' already exists: --resume to continue it, --fork NEW to branch from it, or "
@@ -149,12 +181,12 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store) {
   return p;
 }
 
-Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s) {
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s, SessionKind kind) {
   auto attached = attach_kv_store(f, s);
   if (!attached.is_ok()) return attached.status();
   StoreSession r{std::move(attached).value(), {}};  // AttachedStore moves by construction only
   if (r.store) {
-    ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get()));
+    ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get(), kind));
   }
   return r;
 }

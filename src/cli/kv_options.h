@@ -11,6 +11,7 @@
 
 #include "cli/common.h"
 #include "kvstore/kvstore.h"
+#include "kvstore/session_kind.h"
 
 namespace anvil::cli {
 
@@ -54,14 +55,18 @@ class AttachedStore {
 Result<AttachedStore> attach_kv_store(const KVStoreFlags& f, Stack& s);
 
 // Session flags resolved against the store: the tokens to start from (the stored session's, for
-// --resume/--fork) and the name to record under.
+// --resume/--fork) and the name to record under. `kind`: what the command records (session_kind.h:
+// anvil generate a completion document, anvil run a conversation, or its text for a model without a
+// chat template); a stored session of another kind is refused (--resume, --fork from it, or its name
+// for a new session), naming what it holds and what continues it, before anything is written: the
+// command would record its own meta over the session's (a conversation lost to anvil generate).
 struct SessionPlan {
   std::string name;                 // empty: no session
   std::vector<int32_t> history;     // tokens of the resumed/forked session
   std::string meta;                 // its meta (anvil run's conversation)
   bool resumed = false;
 };
-Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store);
+Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionKind kind);
 
 // attach_kv_store, then plan_session when a store is open: what a model-running subcommand does
 // before its first sequence. Declare the result after the stack (the store goes first).
@@ -69,7 +74,7 @@ struct StoreSession {
   AttachedStore store;
   SessionPlan plan;
 };
-Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s);
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s, SessionKind kind);
 
 // --profile: the store's counters, one line each, to `out`; and the same as JSON.
 void print_kv_profile(const KVStore& store, int store_prompt_tokens, std::FILE* out);

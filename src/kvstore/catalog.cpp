@@ -9,6 +9,7 @@
 
 #include "kvstore/checksum.h"
 #include "kvstore/page_record.h"
+#include "kvstore/session_kind.h"
 
 namespace anvil {
 
@@ -74,6 +75,22 @@ uint64_t session_sum(const int32_t* tokens, size_t n, const std::string& meta) {
   const uint64_t h = XXH3_64bits_digest(s);
   XXH3_freeState(s);
   return h;
+}
+
+std::string session_damage(size_t token_bytes, const int32_t* tokens, const std::string& meta, const uint64_t* sum) {
+  if (sum) {
+    if (token_bytes % 4 != 0 || *sum != session_sum(tokens, token_bytes / 4, meta))
+      return "its token ids or conversation fail their checksum";
+    return "";
+  }
+  // Format 1: no checksum; what can be checked is that the row is one anvil could have written.
+  if (token_bytes % 4 != 0)
+    return "its token ids are cut short: " + std::to_string(token_bytes) +
+           " bytes, not a whole number of ids, and its row, of an older store format, has no checksum";
+  if (session_kind(meta) == SessionKind::kUnreadable)
+    return "its conversation is unreadable: its meta is neither empty nor a conversation as anvil records one, and "
+           "its row, of an older store format, has no checksum";
+  return "";
 }
 
 std::string segment_file(const std::string& dir, int64_t id) {

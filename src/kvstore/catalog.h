@@ -14,7 +14,8 @@
 //   pages(key, parent, fingerprint, first_pos, tokens, segment, offset, length, checksum, last_used)
 //   sessions(name, fingerprint, tokens, durable_pos, tail_*, updated, meta, sum)
 //     sum: XXH3-64 of the tokens blob then meta (session_sum), so a damaged row is an error, never
-//     another conversation (format 2; rows of format 1 have none and are taken as they are)
+//     another conversation (format 2; rows of format 1 have none: their meta must at least be of
+//     a kind anvil writes, session_damage)
 //   session_pages(session, idx, key)   the full pages a session references (never evicted)
 //   meta(k, v)                         format_version; live_bytes = 'exact' (live_bytes_recount_once)
 #pragma once
@@ -41,6 +42,13 @@ Status catalog_migrate(SqliteDb& db);
 
 // A session row's checksum: XXH3-64 over its token ids' bytes, then its meta text.
 uint64_t session_sum(const int32_t* tokens, size_t n, const std::string& meta);
+
+// Why a session row is damaged, or "" when it is sound (invariant 8 of kvstore.h): its checksum
+// fails (format 2), or, a row of format 1 having none, its token ids are cut mid-id or its meta is
+// of no kind anvil writes (session_kind.h): such a meta is what a damaged row of that format looks
+// like, never a session to continue or overwrite. A few words, naming neither session nor store.
+// `sum`: the row's checksum, nullptr when it has none.
+std::string session_damage(size_t token_bytes, const int32_t* tokens, const std::string& meta, const uint64_t* sum);
 
 std::string segment_file(const std::string& dir, int64_t id);
 bool parse_segment_file(const std::string& name, int64_t* id);

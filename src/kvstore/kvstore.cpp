@@ -365,6 +365,14 @@ bool disk_full(const Status& s) {
 }  // namespace
 
 Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name) {
+  ANVIL_ASSIGN_OR_RETURN(auto s, find_session(name));
+  if (s && !s->damaged.empty())
+    return corrupt("kv store " + opts_.dir + ": session '" + name + "' is damaged (" + s->damaged +
+                   "); remove it with anvil kv rm " + name);
+  return s;
+}
+
+Result<std::optional<SessionInfo>> KVStore::find_session(const std::string& name) {
   SqliteStmt q;
   ANVIL_RETURN_IF_ERROR(q.prepare(db_,
       "SELECT fingerprint, tokens, durable_pos, COALESCE(tail_first, 0), COALESCE(tail_n, 0), updated, meta, sum "
@@ -382,57 +390,39 @@ Result<std::optional<SessionInfo>> KVStore::get_session(const std::string& name)
   s.tail_n = int(q.col_int(4));
   s.updated_us = q.col_int(5);
   s.meta = q.col_text(6);
-  // A damaged row is an error, never another conversation (rows of format 1 have no sum).
-  if (q.col_bytes(1) % 4 != 0 ||
-      (!q.col_null(7) && uint64_t(q.col_int(7)) != session_sum(s.tokens.data(), s.tokens.size(), s.meta)))
-    return corrupt("kv store " + opts_.dir + ": session '" + name +
-                   "' is damaged (its token ids or conversation fail their checksum); remove it with anvil kv rm " +
-                   name);
+  const uint64_t sum = uint64_t(q.col_int(7));
+  // A damaged row is found, marked, never another conversation, nor taken for a missing one.
+  if (std::string why = session_damage(size_t(q.col_bytes(1)), t, s.meta, q.col_null(7) ? nullptr : &sum);
+      !why.empty()) {
+    s.damaged = why;
+    s.tokens.clear();  // not trusted
+    s.meta.clear();
+    s.tail_first = s.tail_n = 0;
+  }
   return std::optional<SessionInfo>(std::move(s));
-}
-
-Result<std::optional<SessionInfo>> KVStore::find_session(const std::string& name) {
-  auto s = get_session(name);
-  if (s.is_ok() || s.status().code() != StatusCode::kCorrupt) return s;
-  // A damaged row is found, marked, never taken for a missing one (its tokens are not trusted).
-  SqliteStmt q;
-  ANVIL_RETURN_IF_ERROR(q.prepare(db_, "SELECT fingerprint, durable_pos, updated FROM sessions WHERE name = ?"));
-  q.bind(1, name);
-  ANVIL_ASSIGN_OR_RETURN(bool row, q.step());
-  if (!row) return std::optional<SessionInfo>();  // removed meanwhile
-  SessionInfo d;
-  d.name = name;
-  d.fingerprint = q.col_hash(0);
-  d.durable_pos = int(q.col_int(1));
-  d.updated_us = q.col_int(2);
-  d.damaged = s.status().message();
-  return std::optional<SessionInfo>(std::move(d));
 }
 
 std::vector<SessionInfo> KVStore::list_sessions() {
   std::vector<SessionInfo> out;
   SqliteStmt q;
-  if (!q.prepare(db_, "SELECT name, fingerprint, durable_pos, updated FROM sessions ORDER BY name").is_ok()) return out;
-  std::vector<SessionInfo> rows;
+  if (!q.prepare(db_, "SELECT name FROM sessions ORDER BY name").is_ok()) return out;
+  std::vector<std::string> names;
   while (true) {
     auto r = q.step();
     if (!r.is_ok() || !*r) break;
-    SessionInfo s;
-    s.name = q.col_text(0);
-    s.fingerprint = q.col_hash(1);
-    s.durable_pos = int(q.col_int(2));
-    s.updated_us = q.col_int(3);
-    rows.push_back(std::move(s));
+    names.push_back(q.col_text(0));
   }
-  for (auto& row : rows) {
-    auto s = get_session(row.name);
+  // A damaged row is listed, marked, never left out silently (its tokens are not trusted).
+  for (const std::string& name : names) {
+    auto s = find_session(name);
     if (s.is_ok()) {
-      if (*s) out.push_back(**s);  // (none: removed meanwhile)
+      if (*s) out.push_back(std::move(**s));  // (none: removed meanwhile)
       continue;
     }
-    // A damaged row is listed, marked, never left out silently (its tokens are not trusted).
-    row.damaged = s.status().message();
-    out.push_back(std::move(row));
+    SessionInfo e;  // a row that cannot be read now is listed too, with why
+    e.name = name;
+    e.damaged = "it could not be read: " + s.status().message();
+    out.push_back(std::move(e));
   }
   return out;
 }

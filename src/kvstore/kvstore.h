@@ -58,7 +58,9 @@
 //  8. A session's row (its token ids: the truth; KV is a cache of them) and its durable position
 //     (tokens whose KV is committed for every layer) are rewritten at every flush, with the XXH3 of
 //     its token ids and conversation (catalog format 2): a row that fails it is an error naming the
-//     session (get_session, verify), never another conversation resumed.
+//     session (get_session, verify), never another conversation resumed. A row of format 1 (no
+//     checksum) whose meta is of no kind anvil writes (session_kind.h) is damaged alike; every
+//     reader (get_session, find_session, list_sessions, verify) says so by session_damage.
 //  9. Any number of sessions may be recorded at once (the server records one per running request),
 //     each under a distinct name and bound to at most one engine sequence at a time; a recording
 //     lives from session_begin until session_finish has seen its last state committed. Across
@@ -160,9 +162,11 @@ struct SessionInfo {
   int durable_pos = 0;
   int tail_first = 0, tail_n = 0;
   int64_t updated_us = 0;
-  std::string meta;  // free-form (anvil run keeps its conversation here)
-  // list_sessions only: not empty when the row fails its checksum (invariant 8): why, naming the
-  // session. Its tokens and meta are then empty (never trusted); kv verify reports it, kv rm removes it.
+  std::string meta;  // free-form: what anvil writes is "" or a conversation (session_kind.h)
+  // find_session/list_sessions only: not empty when the row is damaged (invariant 8): why, in a few
+  // words naming neither the session nor the store's path (session_damage of catalog.h; the server
+  // shows it to its clients). Its tokens and meta are then empty (never trusted); kv verify reports
+  // it, kv rm removes it.
   std::string damaged;
 };
 
@@ -201,10 +205,11 @@ class KVStore : public PageStore {
 
   // ---- sessions ----
   Result<std::optional<SessionInfo>> get_session(const std::string& name);
-  // Session `name` as list_sessions lists it: a row that fails its checksum is no error here but a
+  // Session `name` as list_sessions lists it: a damaged row (session_damage) is no error here but a
   // SessionInfo with `damaged` set (its fingerprint, durable position and update time read, which
   // the checksum does not cover; its tokens and meta left empty), nothing in the catalog changed.
   // For a caller that must tell a damaged session from a missing one (the server's requests).
+  // get_session returns such a row as an error (kCorrupt) naming the store, the session and kv rm.
   Result<std::optional<SessionInfo>> find_session(const std::string& name);
   // Every session, by name; one whose row fails its checksum is listed too, with `damaged` set.
   std::vector<SessionInfo> list_sessions();

@@ -100,7 +100,8 @@ PageRow page_row(const SqliteStmt& q) {
 struct SessRow {
   std::string name, meta;
   std::vector<int32_t> tokens;
-  bool ragged = false, has_sum = false;  // ragged: a tokens blob that is no whole number of ids
+  size_t token_bytes = 0;  // the tokens blob's (not a multiple of 4: cut mid-id)
+  bool has_sum = false;
   uint64_t sum = 0;
   int64_t durable = 0, tseg = 0, toff = 0, tlen = 0;
   uint64_t tsum = 0;
@@ -116,7 +117,7 @@ SessRow sess_row(const SqliteStmt& q) {
   r.name = q.col_text(0);
   const int32_t* t = static_cast<const int32_t*>(q.col_blob(1));
   r.tokens.assign(t, t + q.col_bytes(1) / 4);
-  r.ragged = q.col_bytes(1) % 4 != 0;
+  r.token_bytes = q.col_bytes(1);
   r.tseg = q.col_int(2);
   r.toff = q.col_int(3);
   r.tlen = q.col_int(4);
@@ -288,8 +289,9 @@ Status KVStore::verify(std::vector<std::string>* problems, int64_t* checked) {
     bool tail_checked = false;
     std::function<std::string(const SessRow&)> check = [&](const SessRow& r) -> std::string {
       tail_checked = false;
-      if (r.ragged || (r.has_sum && r.sum != session_sum(r.tokens.data(), r.tokens.size(), r.meta)))
-        return "session " + r.name + ": its token ids or conversation fail their checksum";
+      if (std::string why = session_damage(r.token_bytes, r.tokens.data(), r.meta, r.has_sum ? &r.sum : nullptr);
+          !why.empty())
+        return "session " + r.name + ": " + why;
       if (r.durable > int64_t(r.tokens.size())) return "session " + r.name + ": durable position past its tokens";
       if (r.n <= 0) return "";
       if (size_t(r.first + r.n) > r.tokens.size()) return "session " + r.name + ": tail past its tokens";

@@ -137,6 +137,9 @@ struct HttpServer::Impl {
   void handle_sessions(const httplib::Request& req, httplib::Response& res);
   void handle_session(const httplib::Request& req, httplib::Response& res, bool remove);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
+  // `e` as a client may see it: the KV store's directory (a path of this host, in the store's own
+  // messages) left out of its message; the server's log keeps the whole message.
+  ApiError for_client(ApiError e) const;
   ojson model_json() const {
     return ojson{{"id", opts.defaults.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "anvil"},
                  {"max_model_len", opts.defaults.max_context}};
@@ -225,9 +228,11 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                                            "(anvil run/generate or another server); send the turn when "
                                                            "that one has finished",
                                        "session_busy"));
-    if (!claim.is_ok()) return send_error(res, api_error(500, "session", claim.message(), "", "server_error"));
+    if (!claim.is_ok())
+      return send_error(res, for_client(api_error(500, "session", claim.message(), "", "server_error")));
     turn->claimed = true;
-    if (!got.is_ok()) return send_error(res, api_error(500, "session", got.status().message(), "", "server_error"));
+    if (!got.is_ok())
+      return send_error(res, for_client(api_error(500, "session", got.status().message(), "", "server_error")));
     sinfo = *got;
     if (sinfo && sinfo->fingerprint != opts.store->fingerprint())
       return send_error(res, api_error(400, "session", "session '" + r.session +
@@ -245,10 +250,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       r.messages = stored;
       turn->messages = std::move(stored);
     } else {
-      if (sinfo && is_chat_session(*sinfo))
-        return send_error(res, api_error(400, "session", "session '" + r.session +
-                                                             "' holds a conversation: continue it with "
-                                                             "/v1/chat/completions"));
+      if (sinfo)
+        if (auto e = session_kind_error(*sinfo, /*chat=*/false)) return send_error(res, *e);
       turn->keep_meta = sinfo ? sinfo->meta : "";
     }
   }
@@ -372,7 +375,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
           reply->on_delta(e);
         } else if (e.kind == JobEvent::kError) {
           if (turn) turn->end(nullptr);
-          return send_error(res, status_error(e.error));
+          return send_error(res, for_client(status_error(e.error)));
         } else {
           reply->on_done(e.finish_reason);
           if (turn) turn->end(reply.get());
@@ -392,7 +395,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   auto last_write = std::make_shared<clock::time_point>(clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [reply, started, last_write, turn](size_t, httplib::DataSink& sink) -> bool {
+      [this, reply, started, last_write, turn](size_t, httplib::DataSink& sink) -> bool {
         auto write = [&](const std::string& s) {
           if (s.empty()) return true;
           *last_write = clock::now();
@@ -424,7 +427,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
             if (turn) turn->end(reply.get());  // the last chunk goes out once the turn is durable
           } else {
             if (turn) turn->end(nullptr);
-            ApiError ae = status_error(e.error);
+            ApiError ae = for_client(status_error(e.error));
             out = "data: " + dump(error_body(ae)) + "\n\ndata: [DONE]\n\n";
           }
           if (!write(out)) return reply->job->cancel(), false;
@@ -464,7 +467,8 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
   if (!remove) {
     // A damaged session is shown as the list shows it (damaged: true, error), not as an error.
     sched->call([&] { got = opts.store->find_session(name); });
-    if (!got.is_ok()) return send_error(res, api_error(500, "session", got.status().message(), "", "server_error"));
+    if (!got.is_ok())
+      return send_error(res, for_client(api_error(500, "session", got.status().message(), "", "server_error")));
     if (!*got || (*got)->fingerprint != opts.store->fingerprint())
       return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
     return send_json(res, 200, session_json(**got, true));
@@ -484,11 +488,26 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
   });
   sessions.release(name);
   if (st.code() == StatusCode::kBusy)  // another process records (or continues) it
-    return send_error(res, api_error(409, "session", st.message(), "session_busy"));
+    return send_error(res, for_client(api_error(409, "session", st.message(), "session_busy")));
   if (st.code() == StatusCode::kNotFound)
     return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
-  if (!st.is_ok()) return send_error(res, api_error(500, "session", st.message(), "", "server_error"));
+  if (!st.is_ok()) return send_error(res, for_client(api_error(500, "session", st.message(), "", "server_error")));
   send_json(res, 200, {{"id", name}, {"object", "session"}, {"deleted", true}});
+}
+
+ApiError HttpServer::Impl::for_client(ApiError e) const {
+  if (!opts.store || opts.store->dir().empty()) return e;
+  const std::string& dir = opts.store->dir();
+  if (e.message.find(dir) == std::string::npos) return e;
+  std::fprintf(stderr, "[anvil] %s\n", e.message.c_str());
+  std::string m = e.message;
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"kv store " + dir, "the server's KV store"},
+                                 {"--kv-store " + dir, "the server's KV store"},
+                                 {"the store " + dir, "the server's KV store"},
+                                 {dir, "<kv store>"}})
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size())) m.replace(at, from.size(), to);
+  e.message = std::move(m);
+  return e;
 }
 
 void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {

@@ -8,39 +8,47 @@ namespace {
 ojson parse_meta(const SessionInfo& s) { return ojson::parse(s.meta, nullptr, false); }
 }  // namespace
 
-bool is_chat_session(const SessionInfo& s) {
-  ojson m = parse_meta(s);
-  return m.is_object() && m.contains("messages") && m["messages"].is_array();
-}
-
 ApiError session_damaged_error(const SessionInfo& s) {
   ApiError e;
   e.status = 409;
   e.param = "session";
   e.code = "session_damaged";
-  e.message = "session '" + s.name +
-              "' is damaged: its token ids or conversation in the KV store fail their checksum, so it cannot be "
-              "continued (it is kept as it is). Remove it with DELETE /v1/sessions/" + s.name + " (or anvil kv rm " +
-              s.name + " on the server's store), then start it again";
+  // s.damaged names no path of the server's: what a client may be told.
+  e.message = "session '" + s.name + "' is damaged (" + s.damaged +
+              "), so it cannot be continued (it is kept as it is). Remove it with DELETE /v1/sessions/" + s.name +
+              " (or anvil kv rm " + s.name + " on the server's store), then start it again";
+  return e;
+}
+
+std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat) {
+  const SessionKind k = session_kind(s.meta);
+  if (k == (chat ? SessionKind::kChat : SessionKind::kCompletion)) return std::nullopt;
+  ApiError e;
+  e.param = "session";
+  switch (k) {
+    case SessionKind::kCompletion:
+      e.message = "session '" + s.name + "' holds a completion document (" + std::to_string(s.tokens.size()) +
+                  " tokens), not a conversation: continue it with /v1/completions";
+      break;
+    case SessionKind::kChat:
+      e.message = "session '" + s.name + "' holds a conversation: continue it with /v1/chat/completions";
+      break;
+    case SessionKind::kRunText:
+      e.message = "session '" + s.name +
+                  "' was recorded by anvil run in completion mode (a model without a chat template): continue it "
+                  "with anvil run --session " + s.name + " --resume";
+      break;
+    case SessionKind::kUnreadable:
+      e.message = "session '" + s.name + "' holds " + session_kind_what(k) +
+                  ": neither endpoint continues it; remove it with DELETE /v1/sessions/" + s.name;
+      break;
+  }
   return e;
 }
 
 std::optional<ApiError> session_messages(const SessionInfo& s, ojson* messages) {
-  ojson m = parse_meta(s);
-  if (!m.is_object() || !m.contains("messages") || !m["messages"].is_array()) {
-    ApiError e;
-    e.param = "session";
-    e.message = "session '" + s.name + "' holds a completion document (" + std::to_string(s.tokens.size()) +
-                " tokens), not a conversation: continue it with /v1/completions";
-    return e;
-  }
-  if (m.contains("document") && m["document"].is_array() && !m["document"].empty()) {
-    ApiError e;
-    e.param = "session";
-    e.message = "session '" + s.name + "' was recorded by anvil run in completion mode (no chat template)";
-    return e;
-  }
-  *messages = m["messages"];
+  if (auto e = session_kind_error(s, /*chat=*/true)) return e;
+  *messages = parse_meta(s)["messages"];
   return std::nullopt;
 }
 
@@ -55,11 +63,13 @@ ojson session_json(const SessionInfo& s, bool detail) {
   j["object"] = "session";
   if (!s.damaged.empty()) {  // listed, marked: its tokens and messages are not trusted
     j["damaged"] = true;
-    j["error"] = s.damaged;
+    j["error"] = "session '" + s.name + "' is damaged (" + s.damaged + ")";  // no path of the server's
     j["updated"] = s.updated_us / 1000000;
     return j;
   }
-  const bool chat = is_chat_session(s);
+  // anvil run's completion-mode text keeps its (system) messages too: listed with them, as before.
+  const SessionKind kind = session_kind(s.meta);
+  const bool chat = kind == SessionKind::kChat || kind == SessionKind::kRunText;
   j["type"] = chat ? "chat" : "completion";
   j["tokens"] = s.tokens.size();
   j["durable_tokens"] = s.durable_pos;  // tokens whose KV is committed in the store

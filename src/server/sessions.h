@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvstore/kvstore.h"
+#include "kvstore/session_kind.h"
 #include "server/api_request.h"
 
 namespace anvil::server {
@@ -42,20 +43,23 @@ class SessionLocks {
   std::set<std::string> busy_;
 };
 
-// A stored session's conversation: its messages, or an ApiError (param "session") when it is a
-// completion session. A session that does not exist yet has none.
+// An ApiError (400, param "session") when stored session `s` is not of the kind the endpoint
+// continues (session_kind.h: a conversation for chat, a completion document for completions),
+// naming what it holds and what continues it; nullopt when it is.
+std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat);
+// A stored session's conversation: its messages, or session_kind_error's when it holds none. A
+// session that does not exist yet has none.
 std::optional<ApiError> session_messages(const SessionInfo& s, nlohmann::ordered_json* messages);
 // A request naming a session whose own record is damaged (KVStore::find_session: its token ids or
 // conversation fail their checksum): 409 `session_damaged`, naming what is damaged and the remedy.
 // The session is kept as it is (never continued, overwritten or dropped by a request); DELETE removes
 // it. Damaged KV pages of a sound session are no error: they are recomputed (and stored again).
 ApiError session_damaged_error(const SessionInfo& s);
-// True when the session holds a conversation (its meta has "messages").
-bool is_chat_session(const SessionInfo& s);
 // The meta a chat session records: anvil run's format.
 std::string chat_session_meta(const nlohmann::ordered_json& messages);
 // GET /v1/sessions entry; with `detail`, the messages too. A damaged session (list_sessions) is
-// {id, object, damaged: true, error, updated}.
+// {id, object, damaged: true, error, updated}; its error names the session and why, never a path of
+// the server's (the store's own message names its directory: the server's log may show that).
 nlohmann::ordered_json session_json(const SessionInfo& s, bool detail);
 
 }  // namespace anvil::server

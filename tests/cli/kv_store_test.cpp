@@ -351,7 +351,10 @@ TEST(KvStoreCli, ASessionInUseByAnotherProcessIsRefused) {
   int st = 0;
   waitpid(pid, &st, 0);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  auto later = run_anvil(gen(d.path, {"--session", "S", "--resume", "-n", "4"}), true);
+  // Let go, it is continued again, by anvil run (what records its kind: generate refuses it).
+  auto later = run_anvil({"run", "--device", "cpu", "-m", kModel, "--kv-store", d.path, "--session", "S", "--resume",
+                          "-p", "x = 1", "-n", "4", "--temp", "0"},
+                         true);
   EXPECT_EQ(later.exit_code, 0) << later.out;
   for (const std::string bad : {std::string(), std::string("a/b"), std::string("../x"), std::string("-x"),
                                 std::string(129, 'a'), std::string("has space")}) {
@@ -606,6 +609,129 @@ TEST(KvStoreCli, ADamagedSessionIsRefusedAndLeftAsItIs) {
   ASSERT_EQ(run_anvil({"kv", "rm", "doc", "--kv-store", d.path}, true).exit_code, 0);
   auto fresh = run_json(gen(d.path, {"-p", kPrompt, "-n", "2", "--session", "doc"}));
   EXPECT_EQ(fresh["session"], "doc");
+}
+
+namespace {
+// Every session row of a store, byte for byte (tokens, meta, checksum, positions, time).
+std::string session_rows(const std::string& dir) {
+  anvil::SqliteDb db;
+  EXPECT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  anvil::SqliteStmt q;
+  EXPECT_TRUE(q.prepare(db, "SELECT name || '|' || hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || "
+                            "durable_pos || '|' || updated FROM sessions ORDER BY name").is_ok());
+  std::string all;
+  for (auto r = q.step(); r.is_ok() && *r; r = q.step()) all += q.col_text(0) + "\n";
+  return all;
+}
+}  // namespace
+
+// A session is continued only by what records its kind (a conversation: anvil run; anvil run's
+// completion-mode text: anvil run; a completion document: anvil generate). anvil generate --resume
+// on a conversation recorded it back with meta "", wiping the conversation (anvil run --resume then
+// refused it as "not recorded by anvil run"); anvil run --fork from a generate session made the fork
+// before refusing it. Now each is refused (exit 1) naming what the session holds and the command
+// that continues it, with the flags given, and nothing changes: the rows stay byte for byte, no fork
+// is made, and the conversation goes on with anvil run.
+TEST(KvStoreCli, ASessionIsNotContinuedByTheOtherCommand) {
+  StoreDir d;
+  const std::vector<std::string> chat_model = {"--synthetic", "tiny"};  // a chat template
+  const std::vector<std::string> text_model = {"-m", kModel};          // none: run's completion mode
+  auto cmd = [&](const char* verb, const std::vector<std::string>& model, std::vector<std::string> extra) {
+    std::vector<std::string> a = {verb, "--device", "cpu", "--kv-store", d.path, "--temp", "0", "-n", "3"};
+    a.insert(a.end(), model.begin(), model.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(run_anvil(cmd("run", chat_model, {"--session", "c", "-p", "Hello"}), true).exit_code, 0);
+  ASSERT_EQ(run_anvil(cmd("run", text_model, {"--session", "t", "-p", kPrompt}), true).exit_code, 0);
+  ASSERT_EQ(run_anvil(cmd("generate", text_model, {"--session", "g", "-p", kPrompt}), true).exit_code, 0);
+  const std::string before = session_rows(d.path);
+  ASSERT_NE(before.find("c|"), std::string::npos) << before;
+  struct Try {
+    std::vector<std::string> args;
+    std::vector<std::string> says;
+  };
+  const std::vector<Try> tries = {
+      {cmd("generate", chat_model, {"--session", "c", "--resume", "-p", " more"}),
+       {"session 'c' holds a conversation", "anvil run --session c --resume"}},
+      {cmd("generate", chat_model, {"--session", "c", "--resume"}),
+       {"session 'c' holds a conversation", "anvil run --session c --resume"}},
+      {cmd("generate", chat_model, {"--session", "c", "--fork", "c2", "-p", " more"}),
+       {"session 'c' holds a conversation", "anvil run --session c --fork c2"}},
+      {cmd("generate", chat_model, {"--session", "c", "-p", " more"}),
+       {"session 'c' already exists and holds a conversation", "anvil run --session c --resume", "anvil kv rm c"}},
+      {cmd("generate", text_model, {"--session", "t", "--resume", "-p", " more"}),
+       {"session 't' holds anvil run's completion-mode text", "anvil run --session t --resume"}},
+      {cmd("run", text_model, {"--session", "g", "--resume", "-p", "more"}),
+       {"session 'g' holds a completion document", "anvil generate --session g --resume"}},
+      {cmd("run", text_model, {"--session", "g", "--fork", "g2", "-p", "more"}),
+       {"session 'g' holds a completion document", "anvil generate --session g --fork g2"}},
+  };
+  for (const Try& t : tries) {
+    auto r = run_anvil(t.args, true);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    for (const std::string& part : t.says) EXPECT_NE(r.out.find(part), std::string::npos) << part << ": " << r.out;
+  }
+  EXPECT_EQ(session_rows(d.path), before) << "a refused command changed a session (or made a fork)";
+  auto again = run_anvil(cmd("run", chat_model, {"--session", "c", "--resume", "-p", "And then?"}), true);
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("(resumed session c: 2 messages)"), std::string::npos) << again.out;
+  auto text = run_anvil(cmd("run", text_model, {"--session", "t", "--resume", "-p", "x = 1"}), true);
+  EXPECT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("(resumed session t:"), std::string::npos) << text.out;
+}
+
+// A session row of the older catalog format (no checksum) whose meta is no session anvil writes
+// (cut short): damaged, as a row failing its checksum is. anvil generate --resume continued it (and
+// wrote its meta over), anvil run --resume called it a generate session; now both refuse it naming
+// the session, why and kv rm, and leave it. kv ls gives each damaged row its own reason (it printed
+// "fail their checksum" for every one), kv verify reports it.
+TEST(KvStoreCli, AnOlderSessionWithAnUnreadableConversationIsDamaged) {
+  StoreDir d;
+  ASSERT_EQ(run_anvil(gen(d.path, {"-p", kPrompt, "-n", "4", "--session", "doc"}), true).exit_code, 0);
+  for (const char* name : {"conv", "sound"}) {
+    auto made = run_anvil({"run", "--device", "cpu", "-m", kModel, "-n", "4", "--temp", "0", "--kv-store", d.path,
+                           "--session", name, "-p", kPrompt}, true);
+    ASSERT_EQ(made.exit_code, 0) << made.out;
+  }
+  {
+    anvil::SqliteDb db;
+    ASSERT_TRUE(db.open(d.path + "/catalog.db", 10000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET sum = NULL WHERE name IN ('conv', 'sound')").is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET meta = substr(meta, 1, length(meta) / 2) WHERE name = 'conv'").is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET tokens = zeroblob(length(tokens)) WHERE name = 'doc'").is_ok());
+  }
+  const std::string before = session_rows(d.path);
+  const std::vector<std::vector<std::string>> tries = {
+      gen(d.path, {"-n", "2", "--session", "conv", "--resume"}),
+      gen(d.path, {"-p", " x", "-n", "2", "--session", "conv", "--fork", "conv2"}),
+      {"run", "--device", "cpu", "-m", kModel, "-n", "2", "--kv-store", d.path, "--session", "conv", "--resume", "-p",
+       "more"},
+  };
+  for (const auto& args : tries) {
+    auto r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    for (const char* part : {"session 'conv' is damaged (its conversation is unreadable", "anvil kv rm conv"})
+      EXPECT_NE(r.out.find(part), std::string::npos) << part << ": " << r.out;
+  }
+  EXPECT_EQ(session_rows(d.path), before) << "a refused command changed a session";
+  auto ls = run_anvil({"kv", "ls", "--kv-store", d.path});
+  EXPECT_EQ(ls.exit_code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("3 sessions (2 damaged: see anvil kv verify)"), std::string::npos) << ls.out;
+  auto line = [&](const std::string& name) {
+    auto at = ls.out.find("\n  " + name + " ");
+    return at == std::string::npos ? std::string() : ls.out.substr(at + 1, ls.out.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_NE(line("conv").find("DAMAGED: its conversation is unreadable"), std::string::npos) << ls.out;
+  EXPECT_EQ(line("conv").find("fail their checksum"), std::string::npos) << ls.out;
+  EXPECT_NE(line("doc").find("DAMAGED: its token ids or conversation fail their checksum"), std::string::npos) << ls.out;
+  EXPECT_EQ(line("sound").find("DAMAGED"), std::string::npos) << "a sound row of the older format: " << ls.out;
+  auto v = run_anvil({"kv", "verify", "--kv-store", d.path});
+  EXPECT_EQ(v.exit_code, 1) << v.out;
+  EXPECT_NE(v.out.find("session conv: its conversation is unreadable"), std::string::npos) << v.out;
+  auto resumed = run_anvil({"run", "--device", "cpu", "-m", kModel, "-n", "2", "--temp", "0", "--kv-store", d.path,
+                            "--session", "sound", "--resume", "-p", "x = 1"}, true);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
 }
 
 // Two servers never share a port: the second is refused (the HTTP library's default SO_REUSEPORT

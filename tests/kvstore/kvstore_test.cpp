@@ -23,6 +23,7 @@
 #include "kvstore/catalog.h"
 #include "kvstore/fault_env.h"
 #include "kvstore/kvstore.h"
+#include "kvstore/session_kind.h"
 #include "kvstore/sqlite_db.h"
 #include "runtime/kv_pool.h"
 
@@ -1684,7 +1685,7 @@ TEST(KVStore, RemovingASessionAnotherProcessRecordsIsRefused) {
 }
 
 // kv ls / GET /v1/sessions: a session whose row fails its checksum is listed, marked damaged with
-// the reason naming it, never left out silently.
+// the reason (naming no path: the server shows it to clients), never left out silently.
 TEST(KVStore, ListSessionsMarksADamagedRow) {
   Rig r;
   const auto toks = chain_tokens(2, 300);
@@ -1704,7 +1705,7 @@ TEST(KVStore, ListSessionsMarksADamagedRow) {
   auto all = st->list_sessions();
   ASSERT_EQ(all.size(), 2u) << "the damaged session was left out";
   EXPECT_EQ(all[0].name, "bad");
-  EXPECT_NE(all[0].damaged.find("session 'bad' is damaged"), std::string::npos) << all[0].damaged;
+  EXPECT_EQ(all[0].damaged, "its token ids or conversation fail their checksum");
   EXPECT_TRUE(all[0].tokens.empty()) << "a damaged row's tokens are not trusted";
   EXPECT_EQ(all[0].fingerprint, r.fp);
   EXPECT_GT(all[0].updated_us, 0);
@@ -1746,7 +1747,7 @@ TEST(KVStore, FindSessionMarksADamagedRowAndChangesNothing) {
   ASSERT_TRUE(bad->has_value()) << "a damaged session was taken for a missing one";
   const SessionInfo& b = **bad;
   EXPECT_EQ(b.name, "bad");
-  EXPECT_NE(b.damaged.find("session 'bad' is damaged"), std::string::npos) << b.damaged;
+  EXPECT_EQ(b.damaged, "its token ids or conversation fail their checksum");
   EXPECT_TRUE(b.tokens.empty() && b.meta.empty()) << "a damaged row's tokens are not trusted";
   EXPECT_EQ(b.fingerprint, r.fp);
   EXPECT_EQ(b.durable_pos, 2 * P);  // record_session committed its 2 pages
@@ -1760,6 +1761,87 @@ TEST(KVStore, FindSessionMarksADamagedRowAndChangesNothing) {
   ASSERT_TRUE(none.is_ok());
   EXPECT_FALSE(none->has_value());
   EXPECT_EQ(row(), before) << "find_session changed the damaged row";
+}
+
+// The metas every anvil has written (anvil generate and /v1/completions: ""; anvil run: messages,
+// document and turns; /v1/chat/completions: messages and document) read as their kinds; anything
+// else, which no anvil writes, is unreadable.
+TEST(KVStore, SessionKindReadsWhatEachWriterRecords) {
+  EXPECT_EQ(session_kind(""), SessionKind::kCompletion);
+  EXPECT_EQ(session_kind(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"yo",)"
+                         R"("reasoning_content":"hm"}],"document":[],"turns":1})"),
+            SessionKind::kChat);
+  EXPECT_EQ(session_kind(R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text",)"
+                         R"("text":"hi"}]}],"document":[]})"),
+            SessionKind::kChat);
+  EXPECT_EQ(session_kind(R"({"messages":[]})"), SessionKind::kChat);
+  EXPECT_EQ(session_kind(R"({"messages":[],"document":[1,2,2147483647],"turns":3})"), SessionKind::kRunText);
+  for (const char* m : {"meta!", "{", "null", "[]", "{}", "\"\"", R"({"massages":[]})", R"({"messages":5})",
+                        R"({"messages":[1]})", R"({"messages":[{"content":"x"}]})", R"({"messages":[{"role":7}]})",
+                        R"({"messages":[],"document":"x"})", R"({"messages":[],"document":[1.5]})",
+                        R"({"messages":[],"document":[2147483648]})", R"({"messages":[],"document":[-2147483649]})",
+                        R"({"messages":[{"role":"user","content":"hi"}],"document":[]})" "x"})
+    EXPECT_EQ(session_kind(m), SessionKind::kUnreadable) << m;
+}
+
+// A row of the older catalog format (no checksum) is damaged when its meta is of no kind anvil
+// writes or its token ids are cut mid-id: get_session refuses it naming the session, the reason and
+// kv rm; find_session and list_sessions mark it with the same reason (no path in it); verify
+// reports it. Rows of that format with the metas anvil writes are read as they are. (The meta was
+// taken as a completion document: a chat request was told to use /v1/completions, and anvil
+// generate --resume overwrote it.)
+TEST(KVStore, AnOlderRowWithAnUnreadableMetaIsDamaged) {
+  Rig r;
+  const auto toks = chain_tokens(2, 300);
+  const std::string chat = R"({"messages":[{"role":"user","content":"hi"}],"document":[],"turns":1})";
+  const std::string text = R"({"messages":[],"document":[5,6],"turns":1})";
+  const std::map<std::string, std::string> metas = {
+      {"doc", ""}, {"chat", chat}, {"text", text}, {"bad", chat}, {"cut", ""}};
+  for (const auto& [name, meta] : metas) {
+    auto st = r.open();
+    ASSERT_TRUE(st->session_begin(name, 0, toks, 64, meta).is_ok());
+    r.write(*st, toks, 0, 2);
+    ASSERT_TRUE(st->session_end(0, 2 * P, -1, *r.pool, meta).is_ok());
+  }
+  {  // rows as format 1 left them: no checksum
+    SqliteDb db;
+    ASSERT_TRUE(db.open(r.dir + "/catalog.db", 1000).is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET sum = NULL").is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET meta = substr(meta, 1, 20) WHERE name = 'bad'").is_ok());
+    ASSERT_TRUE(db.exec("UPDATE sessions SET tokens = substr(tokens, 1, length(tokens) - 2) WHERE name = 'cut'").is_ok());
+  }
+  auto st = r.open();
+  for (const char* name : {"doc", "chat", "text"}) {
+    auto s = st->get_session(name);
+    ASSERT_TRUE(s.is_ok() && *s) << name << ": " << s.status().message();
+    EXPECT_EQ((*s)->meta, metas.at(name));
+    EXPECT_EQ((*s)->tokens, toks);
+  }
+  const std::string unreadable = "its conversation is unreadable";
+  const std::string cut = "its token ids are cut short: " + std::to_string(toks.size() * 4 - 2) + " bytes";
+  auto bad = st->get_session("bad");
+  ASSERT_FALSE(bad.is_ok()) << "a format-1 row with an unreadable meta was read as a session";
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt);
+  for (const std::string& part : {std::string("session 'bad' is damaged (") + unreadable, std::string("anvil kv rm bad")})
+    EXPECT_NE(bad.status().message().find(part), std::string::npos) << bad.status().message();
+  EXPECT_EQ(st->get_session("cut").status().code(), StatusCode::kCorrupt);
+  auto found = st->find_session("bad");
+  ASSERT_TRUE(found.is_ok() && *found) << found.status().message();
+  EXPECT_EQ((*found)->damaged.rfind(unreadable, 0), 0u) << (*found)->damaged;
+  EXPECT_EQ((*found)->damaged.find(r.dir), std::string::npos) << "a path in " << (*found)->damaged;
+  EXPECT_TRUE((*found)->meta.empty() && (*found)->tokens.empty());
+  std::map<std::string, std::string> listed;
+  for (const SessionInfo& s : st->list_sessions()) listed[s.name] = s.damaged;
+  ASSERT_EQ(listed.size(), 5u);
+  EXPECT_EQ(listed["bad"], (*found)->damaged);
+  EXPECT_EQ(listed["cut"].rfind(cut, 0), 0u) << listed["cut"];
+  for (const char* name : {"doc", "chat", "text"}) EXPECT_EQ(listed[name], "") << name;
+  std::vector<std::string> problems;
+  int64_t n = 0;
+  ASSERT_TRUE(st->verify(&problems, &n).is_ok());
+  ASSERT_EQ(problems.size(), 2u) << ::testing::PrintToString(problems);
+  EXPECT_EQ(problems[0], "session bad: " + listed["bad"]);
+  EXPECT_EQ(problems[1], "session cut: " + listed["cut"]);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // deleted, across a restart too. One store directory, two server processes one after the other.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/wait.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -529,6 +531,7 @@ TEST(ServeStore, ADamagedSessionIsAClientErrorAndIsLeftAsItIs) {
               std::string::npos)
         << g;
     EXPECT_EQ(g, find_session(a.get("/v1/sessions", &st), "conv"));
+    EXPECT_EQ(g.dump().find(dir), std::string::npos) << "the server's store path shown to a client: " << g;
     // DELETE removes it; the name then starts afresh.
     json body;
     EXPECT_EQ(a.del("/v1/sessions/conv", &body), 200) << body;
@@ -553,6 +556,117 @@ TEST(ServeStore, ADamagedSessionIsAClientErrorAndIsLeftAsItIs) {
       EXPECT_EQ(session_rows(dir), cut_row);
       EXPECT_EQ(b.p->terminate(30), 0);
     }
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
+namespace {
+// Runs the anvil CLI; its exit code and its stdout and stderr together.
+std::pair<int, std::string> anvil_cli(const std::vector<std::string>& args) {
+  std::string cmd = ANVIL_BINARY;
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char b[4096];
+  for (size_t n; (n = fread(b, 1, sizeof b, p)) > 0;) out.append(b, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+// Rewrites session `name`'s meta (its checksum recomputed: a row as anvil would have written it).
+void set_meta(const std::string& dir, const std::string& name, const std::string& meta) {
+  anvil::SqliteDb db;
+  ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  anvil::SqliteStmt q, u;
+  ASSERT_TRUE(q.prepare(db, "SELECT tokens FROM sessions WHERE name = ?").is_ok());
+  q.bind(1, name);
+  auto row = q.step();
+  ASSERT_TRUE(row.is_ok() && *row) << name;
+  std::vector<int32_t> toks(q.col_bytes(0) / 4);
+  std::memcpy(toks.data(), q.col_blob(0), toks.size() * 4);
+  ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET meta = ?, sum = ? WHERE name = ?").is_ok());
+  u.bind(1, meta);
+  u.bind(2, int64_t(anvil::session_sum(toks.data(), toks.size(), meta)));
+  u.bind(3, name);
+  ASSERT_TRUE(u.run().is_ok());
+}
+}  // namespace
+
+// A session is continued only by what records its kind. A conversation the server recorded is
+// refused by anvil generate (--resume and --fork: it recorded meta "" over it, and the server then
+// called it a completion document), and a completion document by anvil run; a session anvil run
+// recorded in completion mode is refused by /v1/completions naming anvil run (it said "holds a
+// conversation: continue it with /v1/chat/completions", which refuses it too). A row of the older
+// store format (no checksum) whose conversation is unreadable is damaged: 409 session_damaged saying
+// so on both endpoints (chat answered 400 "holds a completion document"), listed damaged. Nothing
+// changes any row, no error shows the store's path (a DELETE refused because another process holds
+// the session showed it too), and the conversation goes on afterwards.
+TEST(ServeStore, ASessionIsContinuedOnlyAsItsKind) {
+  const std::string dir = store_dir("kinds");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    for (const char* name : {"talk", "old"}) ASSERT_EQ((a.post("/v1/chat/completions", chat("Hello", name), &st), st), 200);
+    for (const char* name : {"doc", "text"})
+      ASSERT_EQ((a.post("/v1/completions", doc_turn("Once upon a time", 4, name), &st), st), 200);
+    set_meta(dir, "text", R"({"messages":[],"document":[5,6,7],"turns":1})");  // anvil run's, no chat template
+    damage(dir, "UPDATE sessions SET sum = NULL, meta = substr(meta, 1, length(meta) - 3) WHERE name = 'old'");
+    const std::string rows = session_rows(dir);
+    auto cli = [&](const char* verb, std::vector<std::string> extra) {
+      std::vector<std::string> args = {verb, "--device", "cpu", "--synthetic", "tiny", "--kv-store", dir, "-n", "2"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      return anvil_cli(args);
+    };
+    for (const auto& extra : std::vector<std::vector<std::string>>{{"--session", "talk", "--resume", "-p", " x"},
+                                                                   {"--session", "talk", "--fork", "talk2"}}) {
+      auto [code, out] = cli("generate", extra);
+      EXPECT_EQ(code, 1) << out;
+      EXPECT_NE(out.find("session 'talk' holds a conversation"), std::string::npos) << out;
+      EXPECT_NE(out.find("anvil run --session talk"), std::string::npos) << out;
+    }
+    {
+      auto [code, out] = cli("run", {"--session", "doc", "--resume", "-p", "x"});
+      EXPECT_EQ(code, 1) << out;
+      EXPECT_NE(out.find("anvil generate --session doc --resume"), std::string::npos) << out;
+    }
+    auto e = a.post("/v1/completions", doc_turn(" and", 2, "text"), &st);
+    EXPECT_EQ(st, 400) << e;
+    EXPECT_NE(error_message(e).find("anvil run --session text --resume"), std::string::npos) << e;
+    EXPECT_EQ(error_message(e).find("/v1/chat/completions"), std::string::npos) << e;
+    e = a.post("/v1/chat/completions", chat("And?", "text"), &st);
+    EXPECT_EQ(st, 400) << e;
+    for (bool chat_ep : {true, false}) {
+      e = a.post(chat_ep ? "/v1/chat/completions" : "/v1/completions",
+                 chat_ep ? chat("And?", "old") : doc_turn(" and", 2, "old"), &st);
+      EXPECT_EQ(st, 409) << e;
+      EXPECT_EQ(e["error"]["code"], "session_damaged") << e;
+      EXPECT_NE(error_message(e).find("session 'old' is damaged (its conversation is unreadable"), std::string::npos)
+          << e;
+      EXPECT_EQ(error_message(e).find(dir), std::string::npos) << "the store's path: " << e;
+    }
+    const json listed = a.get("/v1/sessions", &st);
+    EXPECT_EQ(find_session(listed, "old")["damaged"], true) << listed;
+    EXPECT_EQ(listed.dump().find(dir), std::string::npos) << "the store's path: " << listed;
+    const json one = a.get("/v1/sessions/old", &st);
+    EXPECT_EQ(one, find_session(listed, "old"));
+    {  // DELETE of a session another process holds: 409, and the store's message without its path
+      anvil::KVStoreOptions o;
+      o.dir = dir;
+      auto other = anvil::KVStore::open(o);
+      ASSERT_TRUE(other.is_ok()) << other.status().message();
+      ASSERT_TRUE((*other)->claim_session("doc").is_ok());
+      json body;
+      EXPECT_EQ(a.del("/v1/sessions/doc", &body), 409) << body;
+      EXPECT_NE(error_message(body).find("in use by another process"), std::string::npos) << body;
+      EXPECT_EQ(body.dump().find(dir), std::string::npos) << "the store's path: " << body;
+    }
+    EXPECT_EQ(session_rows(dir), rows) << "a refused request or command changed a session";
+    auto t = a.post("/v1/chat/completions", chat("And then?", "talk"), &st);
+    EXPECT_EQ(st, 200) << t;
+    EXPECT_EQ(a.get("/v1/sessions/talk", &st)["messages"].size(), 4u) << "the conversation was not kept";
     EXPECT_EQ(a.p->terminate(30), 0);
   }
   fs::remove_all(dir);
