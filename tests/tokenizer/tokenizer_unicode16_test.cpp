@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer_fixtures.h"
 
@@ -150,6 +151,47 @@ TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
   std::filesystem::remove_all(dir);
 }
 
+// The Digits pre-tokenizer is Rust's char::is_numeric, whose tables in tokenizers 0.23.3 are
+// Unicode 17.0; anvil's is utf8proc's (Unicode 15.0) corrected by unicode_rust.inc. Over every
+// code point of planes 0-3 and 14, each followed by "x", the pieces are exactly tokenizers' (the
+// digits new in 16.0 and 17.0, U+10D40.. Garay, U+11DE0.., U+16FF4.., included).
+TEST(RustUnicode17, DigitsPreTokenizerIsolatesTheCodePointsTokenizersDoes) {
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  std::string text;
+  for (uint32_t c = 0; c < 0xE1000; ++c) {
+    if ((c >= 0xD800 && c < 0xE000) || (c >= 0x40000 && c < 0xE0000)) continue;
+    tok::append_utf8(text, c);
+    text += 'x';
+  }
+  const std::string dir = test::scratch_dir("rust_unicode17");
+  std::ofstream(dir + "/text.txt", std::ios::binary) << text;
+  const json want = test::run_python_reference(
+      dir,
+      "import json, sys\n"
+      "from tokenizers import pre_tokenizers as pt\n"
+      "d = sys.argv[1]\n"
+      "text = open(d + '/text.txt', encoding='utf-8', newline='').read()\n"
+      "out = [p for p, _ in pt.Digits(individual_digits=True).pre_tokenize_str(text)]\n"
+      "json.dump(out, open(d + '/expected.json', 'w'))\n");
+  ASSERT_FALSE(want.is_null());
+  auto pre = tok::PreTokenizer::from_json(json{{"type", "Digits"}, {"individual_digits", true}});
+  ASSERT_TRUE(pre.is_ok()) << pre.status().message();
+  std::vector<std::string> got;
+  pre->split(text, got);
+  const auto expected = want.get<std::vector<std::string>>();
+  EXPECT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size() && i < expected.size(); ++i) {
+    if (got[i] == expected[i]) continue;
+    uint32_t a = 0, b = 0;
+    tok::utf8_decode_one(got[i], 0, &a);
+    tok::utf8_decode_one(expected[i], 0, &b);
+    ADD_FAILURE() << "piece " << i << " differs: anvil's starts with U+" << std::hex << a << " (" << got[i].size()
+                  << " bytes), tokenizers' with U+" << b << " (" << expected[i].size() << " bytes)";
+    break;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The code points new in Unicode 15 and 16 that the texts below draw from (no pair of them
 // composes under NFC, which Qwen3's normalizer applies): CJK Extensions H and I, Kawi, Nag Mundari,
 // Garay (digits, letters of both cases, marks, a dash, symbols), Kaktovik numerals, the outlined
@@ -270,6 +312,63 @@ TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
     }
   }
   std::printf("compared %zu texts (%zu code points) under %zu tokenizers\n", texts.size(), code_points, variants.size());
+  std::filesystem::remove_all(dir);
+}
+
+// tokenizers' NFC/NFD/NFKC/NFKD (the unicode-normalization-alignments crate, Unicode 12-era data)
+// and the Debian utf8proc (15.0) both have no data for the characters of Unicode 16: both leave
+// them as they are, the Unicode 16 canonical pairs (Todhri, Tulu-Tigalari, Gurung Khema, Kirat Rai)
+// and precomposed forms and compatibility characters (outlined letters) included, between older
+// characters that both normalize. (Characters of Unicode 12.1 to 15.0 with decompositions or
+// combining classes differ: utf8proc normalizes them, tokenizers does not; docs/architecture.md.)
+TEST(OnigurumaUnicode16, NormalizersLeaveUnicode16CharactersAsTokenizersDoes) {
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  auto u = [](std::initializer_list<uint32_t> cps) {
+    std::string s;
+    for (uint32_t c : cps) tok::append_utf8(s, c);
+    return s;
+  };
+  const std::vector<std::pair<uint32_t, uint32_t>> unicode16 = {
+      {0x10D40, 0x10D65}, {0x10D69, 0x10D85}, {0x10D8E, 0x10D8F}, {0x105C0, 0x105F3}, {0x11380, 0x113E2},
+      {0x16100, 0x16139}, {0x16D40, 0x16D79}, {0x1E5D0, 0x1E5FA}, {0x11BC0, 0x11BE1}, {0x1CCF0, 0x1CCF9},
+      {0x1CC00, 0x1CCF9}, {0x13460, 0x13480}, {0xA7CB, 0xA7CD}, {0xA7DA, 0xA7DC}, {0x1C89, 0x1C8A},
+      {0x0897, 0x0897}, {0x10EC2, 0x10EC4}, {0x10EFC, 0x10EFC}, {0x11B00, 0x11B09}};
+  std::vector<std::string> texts = {u({0x105D2, 0x0307}), u({0x105DA, 0x0307}), u({0x11382, 0x113C9}),
+                                    u({0x11384, 0x113BB}), u({0x113C2, 0x113C2}), u({0x16D67, 0x16D67}),
+                                    u({0x105C9}), u({0x105E4}), u({0x113C5}), u({0x113C7}), u({0x16D68}),
+                                    u({0x1611E, 0x1611F}), u({0x1CCD6, 0x1CCEF}), "e" + u({0x0301, 0x10D69}) + "A" + u({0x030A})};
+  std::vector<uint32_t> fresh;
+  for (auto [a, b] : unicode16)
+    for (uint32_t c = a; c <= b; ++c) fresh.push_back(c);
+  const std::vector<std::string> pool = {"e", u({0x0301}), u({0x0323}), "A", u({0x030A}), u({0xFB01}), u({0x2460}),
+                                         u({0x1100}), u({0x1161}), u({0xAC00}), " ", "7", u({0x212B})};
+  std::mt19937 rng(1600);
+  for (int i = 0; i < 300; ++i) {
+    std::string t;
+    for (int k = 0, len = 1 + int(rng() % 10); k < len; ++k) t += rng() % 2 ? u({fresh[rng() % fresh.size()]}) : pool[rng() % pool.size()];
+    texts.push_back(t);
+  }
+  const std::string dir = test::scratch_dir("onig_unicode16_norm");
+  std::ofstream(dir + "/texts.json") << json(texts).dump();
+  const json want = test::run_python_reference(
+      dir,
+      "import json, sys\n"
+      "from tokenizers import normalizers as nm\n"
+      "d = sys.argv[1]\n"
+      "texts = json.load(open(d + '/texts.json'))\n"
+      "out = {f: [getattr(nm, f)().normalize_str(t) for t in texts] for f in ('NFC', 'NFD', 'NFKC', 'NFKD')}\n"
+      "json.dump(out, open(d + '/expected.json', 'w'))\n");
+  ASSERT_FALSE(want.is_null());
+  for (const char* form : {"NFC", "NFD", "NFKC", "NFKD"}) {
+    auto n = tok::Normalizer::from_json(json{{"type", form}});
+    ASSERT_TRUE(n.is_ok()) << n.status().message();
+    int failures = 0;
+    for (size_t i = 0; i < texts.size() && failures < 5; ++i) {
+      const std::string got = n->apply(texts[i]);
+      EXPECT_EQ(got, want[form][i].get<std::string>()) << form << ": " << json(texts[i]).dump();
+      failures += got != want[form][i].get<std::string>();
+    }
+  }
   std::filesystem::remove_all(dir);
 }
 
