@@ -17,8 +17,12 @@ It writes:
                             and split; LlamaConverter's legacy=False output; byte fallback off, fuse_unk
                             on/off; NFKC, NFD, NFKD, Lowercase, Strip, Replace with a regex, Prepend;
                             Whitespace, WhitespaceSplit, Punctuation, Digits, Split with a string
-                            pattern in every behavior and invert; a null decoder)
-  variants/corpus_extra.jsonl  inputs aimed at these layouts, used with ../corpus.jsonl
+                            pattern in every behavior and invert; a null decoder; Split with
+                            Oniguruma regexes: negated properties, \\D and \\W inside classes, nested
+                            classes and intersections, script properties)
+  variants/corpus_extra.jsonl  inputs aimed at these layouts, used with ../corpus.jsonl (the uni_*
+                            ones, texts of many scripts and of Unicode 15/16 characters, are the inputs
+                            of the comp-regex-* variants)
   variants/expected_<variant>.jsonl  tokenizers' ids, decode and decode(skip_special_tokens=True) per
                             input (long inputs as count + FNV-1a hashes, as make_tokenizer_fixtures.py
                             does), and random id sequences with their decodes.
@@ -54,6 +58,48 @@ EXTRA = [
     ("sp_only_space", " "),
     ("sp_only_metaspace", "\u2581"),
 ]
+
+# Inputs for the Split-regex variants (comp-regex-*): letters of many scripts, digits, marks, emoji,
+# whitespace variants, characters new in Unicode 15 and 16, unassigned and private-use code points.
+# Their tokens are mostly [UNK] in comp-bpe; the variants remove what their pattern matches, so the
+# ids show exactly which characters matched.
+UNI_POOL = (
+    "aZq\u00e9\u00df\u0130\ua7cb\ua7cd"           # Latin, with Latin letters new in Unicode 16
+    "\u03b1\u03a9\u0436\u0416\u05d0\u05e9\u0627\u0628\u060c\u0640"  # Greek, Cyrillic, Hebrew, Arabic (+ comma, tatweel)
+    "\u0915\u093f\u0964\u0e01\u0e31\u0e3f"        # Devanagari (+ vowel sign, danda), Thai (+ mark, baht)
+    "\u4e2d\u9fff\u3005\u3001\u3002\u30fc\u3042\u30a2\uff71\ud55c\u1100"  # Han, CJK punctuation, kana, Hangul
+    "\U00031350\U000323af\U0002ebf0\U0002ee5d"    # CJK Extensions H (Unicode 15) and I (15.1)
+    "\U00011f04\U00011f34\U00011f50"              # Kawi letter, mark, digit (15)
+    "\U0001e4d0\U0001e4ec\U0001e4f0"              # Nag Mundari letter, mark, digit (15)
+    "\U00010d50\U00010d70\U00010d40\U00010d6e\U00010d69"  # Garay capital, small, digit, dash, mark (16)
+    "\U000105c0\U0001ccf0\U0001d2c0\U0001171e"    # Todhri (16), outlined digit (16), Kaktovik (15), Ahom Mn->Mc
+    "0179\u0660\u0966\uff10\u00b2\u2163\u00bd"   # digits of several scripts, superscript, Roman numeral, fraction
+    "\u0301\u0308\u200d\ufe0f\u20e3"              # combining marks, ZWJ, VS16, enclosing keycap
+    "\U0001f44d\U0001f3fd\U0001f468\U0001f469\u2764\U0001f1eb\U0001f1f7"  # emoji, skin tone, flag letters
+    " \t\n\r\u00a0\u2028\u3000\u1680\u180e\u200b\u0085\u2009"  # whitespace variants (and U+180E, U+200B: not)
+    ".,!?-_'(\u2014\u00ab\u20ac$+<"               # punctuation and symbols
+    "\u0378\U0002fffe\ue000\U000f0000"            # unassigned, a noncharacter, private use
+)
+UNI_INPUTS = [
+    ("uni_latin_greek_cyrillic", "Hello \u03b1\u03b2\u03b3 \u0416\u0438\u0437\u043d\u044c caf\u00e9 \u0130stanbul"),
+    ("uni_cjk", "\u4e2d\u6587\u3001\u65e5\u672c\u8a9e\u3002\u3072\u3089\u304c\u306a \u30ab\u30bf\u30ab\u30ca\u30fc "
+                "\ud55c\uad6d\uc5b4 \u3005\u3006"),
+    ("uni_cjk_new", "\U00031350\U00031351x\U0002ebf0 \U000323af\u4e2d\U0002ee5d"),
+    ("uni_rtl", "\u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627\u060c \u0639\u0640\u0640\u0631\u0628\u064a"),
+    ("uni_indic_thai", "\u0939\u093f\u0928\u094d\u0926\u0940\u0964 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \u0e3f5"),
+    ("uni_digits", "0123 \u0660\u0661\u0662 \u0966\u0967 \uff11\uff12 \u00b2\u00b3 \u2163 \u00bd \U00010d40\U00010d41 "
+                   "\U00011f50 \U0001e4f0 \U0001ccf0 \U0001d2c0"),
+    ("uni_new_letters", "\U00010d50\U00010d70\U00010d71 \U00011f04\U00011f34 \U0001e4d0\U0001e4ec \U000105c0 "
+                        "A\ua7cbb\ua7cdC s\U0001171et"),
+    ("uni_marks", "e\u0301 a\u0308 \u0915\u093f n\u0303\u0323 x\u20e3 1\ufe0f\u20e3"),
+    ("uni_emoji", "\U0001f44d\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f \U0001f1eb\U0001f1f7 a\U0001f44bb"),
+    ("uni_spaces", "a\u00a0b\u2028c\u3000d\u1680e\u180ef\u200bg\u0085h\u2009i\tj\r\nk"),
+    ("uni_unassigned", "x\u0378y\U0002fffez\ue000w\U000f0000v"),
+    ("uni_punct", "\u00abquote\u00bb \u2014 dash, \u20ac5 $6 a_b (x) <y> it's"),
+]
+_uni_rng = random.Random(1516)
+for _k in range(12):
+    UNI_INPUTS.append(("uni_random_%d" % _k, "".join(_uni_rng.choice(UNI_POOL) for _ in range(_uni_rng.randint(6, 24)))))
 
 COMP_INPUTS = {"empty", "ascii_prose", "code_python", "whitespace_runs", "leading_trailing", "digits", "punct",
                "mixed_unicode", "combining", "scripts", "emoji", "invisible", "added_variants", "sp_leading_spaces",
@@ -243,9 +289,39 @@ def variants(sp_nonlegacy):
         for invert in (False, True):
             name = "comp-split-%s%s" % (behavior.lower(), "-invert" if invert else "")
             v[name] = ("comp-bpe", {"pre_tokenizer": seq_pre(split_str(" ", behavior, invert))})
+    # Split with Oniguruma patterns (Removed, so the ids show which characters matched): negated
+    # properties inside classes, \D and \W inside classes, nested classes and intersections, and
+    # script properties (Unicode 16.0 Script, as Oniguruma has it).
+    for name, pattern, behavior in REGEX_VARIANTS:
+        v["comp-regex-" + name] = ("comp-bpe", {"pre_tokenizer": {
+            "type": "Split", "pattern": {"Regex": pattern}, "behavior": behavior, "invert": False}})
     v["comp-split-multichar"] = ("comp-bpe", {"pre_tokenizer": seq_pre(split_str("he", "MergedWithPrevious"),
                                                                        split_str(". ", "Removed"))})
     return v
+
+
+REGEX_VARIANTS = [
+    ("not-letter", r"[\P{L}]", "Removed"),
+    ("letter-double-negation", r"[^\P{L}]", "Removed"),
+    ("not-number-or-space", r"[\P{N}\s]", "Removed"),
+    ("number-not-letter", r"[^\p{L}\P{N}]", "Removed"),
+    ("caret-negations", r"[\p{^L}\P{^Lu}]", "Removed"),
+    ("long-name-negation", r"[\P{Letter}\p{Uppercase_Letter}]", "Removed"),
+    ("nonword-or-digit", r"[\W\d]", "Removed"),
+    ("not-nondigit", r"[^\D]", "Removed"),
+    ("marks-unassigned", r"[\p{Mn}\p{Cn}]", "Removed"),
+    ("not-letter-runs", r"[\P{L}]+", "Removed"),
+    ("nested-class", r"[a-c[\P{L}&&[^\s]]]", "Removed"),
+    ("intersection", r"[\p{L}&&[^\p{Latin}]]", "Removed"),
+    ("negated-intersection", r"[^\P{L}&&[^\p{Han}]]", "Removed"),
+    ("hex-digit-escapes", r"\h|[\H&&\p{N}]", "Removed"),
+    ("scripts-cjk", r"\p{Han}|[\p{Hiragana}\p{Katakana}]|\p{Hangul}", "Removed"),
+    ("scripts-other", r"[\p{Thai}\p{Greek}\p{Cyrillic}\p{Arabic}\p{Hebrew}\p{Devanagari}]", "Removed"),
+    ("not-latin", r"[^\p{Latin}\s]", "Removed"),
+    ("not-han", r"[\P{Hani}]", "Removed"),
+    ("common-inherited", r"\p{Common}|\p{Zinh}", "Removed"),
+    ("new-scripts", r"\p{Garay}|\p{Kawi}|\p{Nag_Mundari}|\p{Todhri}", "Removed"),
+]
 
 
 def build_variant(bases, base_name, overrides):
@@ -281,7 +357,7 @@ def main():
         print("wrote", name, os.path.getsize(os.path.join(OUT, name, "tokenizer.json")), "bytes")
 
     with open(os.path.join(OUT, "variants", "corpus_extra.jsonl"), "w", encoding="utf-8") as f:
-        for name, text in EXTRA:
+        for name, text in EXTRA + UNI_INPUTS:
             f.write(json.dumps({"name": name, "text": text}, ensure_ascii=False) + "\n")
     corpus = [(n, t, False) for n, t in base.CORPUS + EXTRA]
     # One long input (a ~100 KB single pre-token for the layouts without a pre-tokenizer).
@@ -290,6 +366,7 @@ def main():
     # The component variants use a subset of the inputs (their pre-tokenizers, not the BPE, are
     # what they test); the SentencePiece layouts use all of them.
     comp_corpus = [c for c in corpus if c[0] in COMP_INPUTS]
+    regex_corpus = [(n, t, False) for n, t in UNI_INPUTS]
     vs = variants(sp_nonlegacy)
     listing = []
     for name, (base_name, overrides) in vs.items():
@@ -297,8 +374,9 @@ def main():
         tok = Tokenizer.from_str(json.dumps(d))
         sp = base_name == "sp-llama"
         listing.append({"name": name, "base": base_name, "overrides": overrides})
-        write_expected(os.path.join(OUT, "variants", "expected_%s.jsonl" % name), tok, corpus if sp else comp_corpus,
-                       random.Random(99), 24 if sp else 8)
+        inputs = corpus if sp else regex_corpus if name.startswith("comp-regex-") else comp_corpus
+        write_expected(os.path.join(OUT, "variants", "expected_%s.jsonl" % name), tok, inputs, random.Random(99),
+                       24 if sp else 8)
     with open(os.path.join(OUT, "variants", "variants.json"), "w", encoding="utf-8") as f:
         json.dump(listing, f, ensure_ascii=False, indent=1)
 

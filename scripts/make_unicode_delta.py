@@ -5,7 +5,7 @@ between Unicode 14.0.0 and Unicode 16.0.0, as ranges of consecutive code points 
 
 Why: tokenizers compiles Split / ByteLevel patterns with Oniguruma, whose Unicode data is 16.0
 (tokenizers 0.23.3), while anvil compiles them with PCRE2 10.42, whose tables are Unicode 14.0. The
-pre-tokenizer (src/tokenizer/pretokenizer.cpp, oniguruma_classes) adds these ranges to \\p{X},
+pattern rewrite (src/tokenizer/onig_pattern.cpp, onig_to_pcre2) adds these ranges to \\p{X},
 \\P{X}, \\d and \\w so that a pattern classifies characters as Oniguruma does.
 
 Sources:
@@ -65,7 +65,7 @@ def render(ranges, new_module):
         "// PCRE2 10.42's tables) and Unicode " + NEW_VERSION + " (unicodedata2 "
         + getattr(new_module, "__version__", NEW_VERSION) + "; Oniguruma's tables in tokenizers 0.23.3),",
         "// as ranges of code points sharing one (old, new) pair, grouped by new category, each group",
-        "// sorted by code point. Included by pretokenizer.cpp.",
+        "// sorted by code point. Included by onig_pattern.cpp.",
         "// " + ", ".join(f"{k} {v}" for k, v in sorted(count_by_new(ranges).items())) + " code points.",
         "",
         "struct UnicodeDeltaRange {",

@@ -1,5 +1,6 @@
 // anvil inspect: what a checkpoint is and what running it costs.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -23,9 +24,9 @@ struct InspectArgs {
 };
 
 std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
-  while (bytes >= 1024 && u < 4) {
+  while (bytes >= 1024 && u < 6) {
     bytes /= 1024;
     ++u;
   }
@@ -101,14 +102,20 @@ int run_inspect(const InspectArgs& a) {
   const size_t kv_per_token = size_t(2) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_elem;
   const size_t weights = w.total_bytes();
   const size_t per_token = w.bytes_per_token();
-  const size_t kv_total = kv_per_token * size_t(a.ctx) * size_t(a.seqs);
+  // Checked: an absurd --ctx x --seqs is an error naming them, never a wrapped-around figure.
+  auto kv_checked = kv_cache_bytes(kv_per_token, a.ctx, a.seqs, "--ctx", "--seqs");
+  if (!kv_checked.is_ok()) return fail(kv_checked.status().message());
+  const size_t kv_total = *kv_checked;
   // Activation scratch of one forward of --batch's default tokens (float32 on CPU): h, x, q, k, v,
   // attn, o, gate, up, logits (see Transformer::alloc_scratch).
   const size_t batch = kCpuDefaultBatch;
   const size_t QD = size_t(c.num_attention_heads) * c.head_dim, KD = size_t(c.num_key_value_heads) * c.head_dim;
   const size_t act = batch * 4 * (3 * size_t(c.hidden_size) + 2 * QD + 2 * KD + 2 * size_t(c.intermediate_size) +
                                   size_t(c.vocab_size));
-  const size_t total = weights + kv_total + act;
+  size_t total = 0;
+  if (__builtin_add_overflow(weights, kv_total, &total) || __builtin_add_overflow(total, act, &total))
+    return fail("the memory plan for --ctx " + std::to_string(a.ctx) + " x --seqs " + std::to_string(a.seqs) +
+                " is more than 64-bit memory can address: lower --ctx or --seqs");
   // The GPU plan (CUDA backend: bf16 activations, F32 logits, the preflight's 256 MiB margin) against
   // the first GPU's free memory, and the longest context that fits beside the weights.
   std::string gpu_name;
@@ -126,7 +133,9 @@ int run_inspect(const InspectArgs& a) {
           size_t(logit_rows_for(gpu_batch, a.seqs)) * 4 * size_t(c.vocab_size);
       const size_t margin = size_t(256) << 20;
       const size_t kv_gpu_per_token = kv_per_token / kv_elem * 2 * size_t(a.seqs);
-      gpu_need = weights + kv_gpu_per_token * size_t(a.ctx) + act_gpu + margin;
+      // In long double: the bf16 KV of an absurd context only has to compare as "does NOT fit".
+      const long double need = (long double)weights + (long double)kv_gpu_per_token * a.ctx + act_gpu + margin;
+      gpu_need = need >= 18446744073709551615.0L ? SIZE_MAX : size_t(need);
       const double room = double(gpu_free) - double(weights + act_gpu + margin);
       gpu_fit_ctx = room > 0 ? int64_t(room / double(kv_gpu_per_token)) : 0;
     }

@@ -262,6 +262,20 @@ Result<std::string> model_dir_of(const ModelOptions& o) {
   return resolve_model_path(o.model);
 }
 
+Result<uint64_t> kv_cache_bytes(uint64_t per_token, int64_t ctx, int64_t seqs, const std::string& ctx_flag,
+                                const std::string& seqs_flag) {
+  uint64_t tokens = 0, bytes = 0;
+  if (ctx >= 0 && seqs >= 0 && !__builtin_mul_overflow(uint64_t(ctx), uint64_t(seqs), &tokens) &&
+      !__builtin_mul_overflow(tokens, per_token, &bytes))
+    return bytes;
+  char exact[64];
+  std::snprintf(exact, sizeof exact, "%.3Le", (long double)per_token * ctx * seqs);
+  return invalid_argument("the KV cache for a context of " + std::to_string(ctx) + " tokens (" + ctx_flag + ") x " +
+                          std::to_string(seqs) + " sequence(s) (" + seqs_flag + ") at " + std::to_string(per_token) +
+                          " bytes per token would be " + exact +
+                          " bytes, more than 64-bit memory can address: lower " + ctx_flag + " or " + seqs_flag);
+}
+
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
@@ -309,6 +323,17 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
                  "anvil: warning: --ctx %d is above the model's max_position_embeddings (%d): positions past %d "
                  "were never trained and the output may degrade\n",
                  s.ctx, max_pos, max_pos);
+  {
+    // The KV pool holds max_seqs sequences of the context rounded up to whole pages; an absurd
+    // --ctx x -np is refused here, before anything is allocated from it.
+    const ModelConfig& c = s.model->config;
+    const uint64_t per_token = uint64_t(2) * uint64_t(c.num_hidden_layers) * uint64_t(c.num_key_value_heads) *
+                               uint64_t(c.head_dim) * dtype_size(eo.kv_dtype);
+    const int64_t pages = (int64_t(s.ctx) + o.page_size - 1) / o.page_size;
+    auto kv = kv_cache_bytes(per_token, s.ctx, max_seqs, "-c/--ctx", "-np/--parallel");
+    if (kv.is_ok()) kv = kv_cache_bytes(per_token, pages * o.page_size, max_seqs, "-c/--ctx", "-np/--parallel");
+    if (!kv.is_ok()) return kv.status();
+  }
   const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
   const int batch = o.batch > 0 ? o.batch : default_batch(on_cuda, max_seqs);
 #ifdef ANVIL_HAVE_CUDA

@@ -80,6 +80,13 @@ Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allo
 // UTF-8 with 400 invalid_utf8: JSON text must be UTF-8.)
 std::string valid_utf8_input(std::string text, const std::string& what);
 
+// The bytes of a KV cache of `seqs` sequences of `ctx` tokens at `per_token` bytes a token, or a
+// clear error naming the flags as the user typed them (`ctx_flag`, `seqs_flag`) when that product
+// does not fit in 64 bits: an absurd context or sequence count must never wrap around to a small
+// figure or allocation.
+Result<uint64_t> kv_cache_bytes(uint64_t per_token, int64_t ctx, int64_t seqs, const std::string& ctx_flag,
+                                const std::string& seqs_flag);
+
 struct Stack {
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<Backend> backend;

@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace anvil {
 
@@ -31,8 +32,15 @@ Status Engine::init() {
   kv.n_kv_heads = c.num_key_value_heads;
   kv.head_dim = c.head_dim;
   kv.page_size = opts_.page_size;
-  max_pages_per_seq_ = (opts_.max_context + opts_.page_size - 1) / opts_.page_size;
+  // In 64 bits: a context near INT_MAX plus a page would wrap around in int.
+  max_pages_per_seq_ = int((int64_t(opts_.max_context) + opts_.page_size - 1) / opts_.page_size);
   kv.n_pages = opts_.kv_pages > 0 ? opts_.kv_pages : int64_t(max_pages_per_seq_) * opts_.max_seqs;
+  if (kv.n_pages > INT32_MAX)
+    return invalid_argument("KV cache: " + std::to_string(opts_.max_seqs) + " sequence(s) of " +
+                            std::to_string(max_pages_per_seq_) + " pages (a context of " +
+                            std::to_string(opts_.max_context) + " tokens in pages of " + std::to_string(opts_.page_size) +
+                            ") is " + std::to_string(kv.n_pages) + " pages, more than the pool's limit of " +
+                            std::to_string(INT32_MAX) + ": lower the context or the number of sequences");
   pool_ = std::make_unique<KVPool>(model_.backend(), kv);
   ANVIL_RETURN_IF_ERROR(pool_->init());
   Backend& be = model_.backend();
@@ -41,7 +49,11 @@ Status Engine::init() {
   pos_dev_ = static_cast<int32_t*>(p1);
   ANVIL_ASSIGN_OR_RETURN(void* p2, be.alloc(size_t(T) * 4));
   seq_dev_ = static_cast<int32_t*>(p2);
-  ANVIL_ASSIGN_OR_RETURN(void* p3, be.alloc(size_t(opts_.max_seqs) * max_pages_per_seq_ * 4));
+  size_t table_bytes = 0;  // the page tables: one int32 per page of every sequence
+  if (__builtin_mul_overflow(size_t(opts_.max_seqs) * 4, size_t(max_pages_per_seq_), &table_bytes))
+    return invalid_argument("KV cache: the page tables of " + std::to_string(opts_.max_seqs) + " sequences of " +
+                            std::to_string(max_pages_per_seq_) + " pages do not fit in 64-bit memory");
+  ANVIL_ASSIGN_OR_RETURN(void* p3, be.alloc(table_bytes));
   table_dev_ = static_cast<int32_t*>(p3);
   return Status::ok();
 }

@@ -35,7 +35,10 @@ KVPool::~KVPool() {
 Status KVPool::init() {
   if (view_.n_pages <= 0) return invalid_argument("KV cache: the memory budget leaves no page");
   if (view_.n_pages > INT32_MAX) return invalid_argument("KV cache: too many pages");
-  size_t bytes = view_.page_bytes() * size_t(view_.n_pages);
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(view_.page_bytes(), size_t(view_.n_pages), &bytes))
+    return invalid_argument("KV cache: " + std::to_string(view_.n_pages) + " pages of " +
+                            std::to_string(view_.page_bytes()) + " bytes do not fit in 64-bit memory");
   auto p = backend_.alloc(bytes);
   if (!p.is_ok())
     return p.status().with_context("KV cache: allocating " + std::to_string(view_.n_pages) + " pages (" +

@@ -8,6 +8,7 @@
 #include <pcre2.h>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/onig_pattern.h"
 #include "tokenizer/unicode_class.h"
 
 namespace anvil::tok {
@@ -16,7 +17,7 @@ namespace anvil::tok {
 static const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 // The Whitespace pre-tokenizer's pattern, \w+|[^\w\s]+ in Rust's regex crate, where \w is
 // Alphabetic, M, Nd, Pc and Join_Control and \s is White_Space (PCRE2's \w and \s differ). L and Nl
-// are in Alphabetic, and are named so that oniguruma_classes adds what Unicode 16.0 (the regex
+// are in Alphabetic, and are named so that onig_to_pcre2 adds what Unicode 16.0 (the regex
 // crate's tables in tokenizers 0.23.3) put in them since PCRE2's Unicode 14.0.
 static const char* kWhitespacePattern =
     R"([\p{Alphabetic}\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+|)"
@@ -52,214 +53,8 @@ class Regex {
   bool jit_ = false;
 };
 
-namespace {
-
-#include "tokenizer/unicode_delta.inc"
-
-// The 30 two-letter general categories, one bit each in a category mask.
-constexpr const char* kGcNames[] = {"Cc", "Cf", "Cn", "Co", "Cs", "Ll", "Lm", "Lo", "Lt", "Lu", "Mc", "Me", "Mn", "Nd", "Nl",
-                                    "No", "Pc", "Pd", "Pe", "Pf", "Pi", "Po", "Ps", "Sc", "Sk", "Sm", "So", "Zl", "Zp", "Zs"};
-
-uint32_t gc_bit(const char* gc) {
-  for (uint32_t i = 0; i < std::size(kGcNames); ++i)
-    if (kGcNames[i][0] == gc[0] && kGcNames[i][1] == gc[1]) return 1u << i;
-  return 0;
-}
-
-// The categories whose names start with `major` ("L" gives Ll Lm Lo Lt Lu), or the one named.
-uint32_t gc_mask(const char* names) {
-  uint32_t m = 0;
-  for (uint32_t i = 0; i < std::size(kGcNames); ++i)
-    if (names[1] ? (kGcNames[i][0] == names[0] && kGcNames[i][1] == names[1]) : kGcNames[i][0] == names[0]) m |= 1u << i;
-  return m;
-}
-
-struct GcProperty {
-  const char* pcre2;  // PCRE2's name for it
-  uint32_t mask;
-};
-
-// A general-category property by the name Oniguruma takes (short or long name, or the aliases
-// cntrl, digit, punct, Combining_Mark; case, spaces, '_' and '-' ignored; PCRE2 10.42 knows only
-// the short names). nullptr for every other property (scripts, binary properties), which passes
-// unchanged.
-const GcProperty* gc_property(const std::string& raw) {
-  std::string n;
-  for (char c : raw)
-    if (c != ' ' && c != '_' && c != '-') n += char(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  struct Entry {
-    const char* names;  // normalized, '|'-separated
-    GcProperty prop;
-  };
-  static const Entry kTable[] = {
-      {"c|other", {"C", gc_mask("C")}},
-      {"cc|control|cntrl", {"Cc", gc_mask("Cc")}},
-      {"cf|format", {"Cf", gc_mask("Cf")}},
-      {"cn|unassigned", {"Cn", gc_mask("Cn")}},
-      {"co|privateuse", {"Co", gc_mask("Co")}},
-      {"cs|surrogate", {"Cs", gc_mask("Cs")}},
-      {"l|letter", {"L", gc_mask("L")}},
-      {"lc|casedletter", {"L&", gc_mask("Lu") | gc_mask("Ll") | gc_mask("Lt")}},
-      {"ll|lowercaseletter", {"Ll", gc_mask("Ll")}},
-      {"lm|modifierletter", {"Lm", gc_mask("Lm")}},
-      {"lo|otherletter", {"Lo", gc_mask("Lo")}},
-      {"lt|titlecaseletter", {"Lt", gc_mask("Lt")}},
-      {"lu|uppercaseletter", {"Lu", gc_mask("Lu")}},
-      {"m|mark|combiningmark", {"M", gc_mask("M")}},
-      {"mc|spacingmark", {"Mc", gc_mask("Mc")}},
-      {"me|enclosingmark", {"Me", gc_mask("Me")}},
-      {"mn|nonspacingmark", {"Mn", gc_mask("Mn")}},
-      {"n|number", {"N", gc_mask("N")}},
-      {"nd|decimalnumber|digit", {"Nd", gc_mask("Nd")}},
-      {"nl|letternumber", {"Nl", gc_mask("Nl")}},
-      {"no|othernumber", {"No", gc_mask("No")}},
-      {"p|punctuation|punct", {"P", gc_mask("P")}},
-      {"pc|connectorpunctuation", {"Pc", gc_mask("Pc")}},
-      {"pd|dashpunctuation", {"Pd", gc_mask("Pd")}},
-      {"pe|closepunctuation", {"Pe", gc_mask("Pe")}},
-      {"pf|finalpunctuation", {"Pf", gc_mask("Pf")}},
-      {"pi|initialpunctuation", {"Pi", gc_mask("Pi")}},
-      {"po|otherpunctuation", {"Po", gc_mask("Po")}},
-      {"ps|openpunctuation", {"Ps", gc_mask("Ps")}},
-      {"s|symbol", {"S", gc_mask("S")}},
-      {"sc|currencysymbol", {"Sc", gc_mask("Sc")}},
-      {"sk|modifiersymbol", {"Sk", gc_mask("Sk")}},
-      {"sm|mathsymbol", {"Sm", gc_mask("Sm")}},
-      {"so|othersymbol", {"So", gc_mask("So")}},
-      {"z|separator", {"Z", gc_mask("Z")}},
-      {"zl|lineseparator", {"Zl", gc_mask("Zl")}},
-      {"zp|paragraphseparator", {"Zp", gc_mask("Zp")}},
-      {"zs|spaceseparator", {"Zs", gc_mask("Zs")}},
-  };
-  for (const Entry& e : kTable) {
-    std::string_view names = e.names;
-    while (!names.empty()) {
-      const size_t bar = names.find('|');
-      if (names.substr(0, bar) == n) return &e.prop;
-      names = bar == std::string_view::npos ? std::string_view() : names.substr(bar + 1);
-    }
-  }
-  return nullptr;
-}
-
-// The code points that Unicode 16.0 puts in the categories of `mask` and Unicode 14.0 did not
-// (`added`), or the reverse, as class items: "\x{10D50}-\x{10D65}\x{1171E}...".
-std::string delta_items(uint32_t mask, bool added) {
-  std::vector<std::pair<uint32_t, uint32_t>> r;
-  for (const UnicodeDeltaRange& d : kUnicodeDelta) {
-    const bool in_old = mask & gc_bit(d.old_gc), in_new = mask & gc_bit(d.new_gc);
-    if (added ? (in_new && !in_old) : (in_old && !in_new)) r.push_back({d.first, d.last});
-  }
-  std::sort(r.begin(), r.end());
-  std::vector<std::pair<uint32_t, uint32_t>> merged;
-  for (const auto& x : r) {
-    if (!merged.empty() && merged.back().second + 1 >= x.first) merged.back().second = std::max(merged.back().second, x.second);
-    else merged.push_back(x);
-  }
-  std::string out;
-  char buf[32];
-  for (auto [a, b] : merged) {
-    if (a == b) std::snprintf(buf, sizeof(buf), "\\x{%X}", a);
-    else std::snprintf(buf, sizeof(buf), "\\x{%X}-\\x{%X}", a, b);
-    out += buf;
-  }
-  return out;
-}
-
-// Appends a set of characters whose Unicode 16.0 membership is the categories of `mask`, given as
-// PCRE2 (Unicode 14.0) class items: `pos` its members, `neg` its complement as one item ("" where
-// none). Outside a class, what left the categories is kept out by a lookahead; inside a class that
-// cannot be expressed (PCRE2 10.42 has no class subtraction), so a negated set inside a class
-// still takes the characters that joined the categories, and a plain one still takes those that
-// left them (Unicode 14 to 16: U+1171E, Mn to Mc, and the newly assigned, no longer Cn or C).
-void append_set(std::string& out, const std::string& pos, const std::string& neg, uint32_t mask, bool negate,
-                bool in_class) {
-  const std::string add = delta_items(mask, true), rem = delta_items(mask, false);
-  if (in_class) {
-    out += negate ? neg + rem : pos + add;
-    return;
-  }
-  if (!negate) {
-    std::string cls = add.empty() && pos.rfind("\\p{", 0) == 0 && pos.find('}') + 1 == pos.size() ? pos
-                                                                                                  : "[" + pos + add + "]";
-    out += rem.empty() ? cls : "(?:(?![" + rem + "])" + cls + ")";
-  } else {
-    const std::string cls = add.empty() && !neg.empty() ? neg : "[^" + pos + add + "]";
-    out += rem.empty() ? cls : "(?:[" + rem + "]|" + cls + ")";
-  }
-}
-
-}  // namespace
-
-// tokenizers compiles its patterns with Oniguruma (Unicode 16.0 tables), whose \s is the
-// White_Space property and whose \w is Alphabetic, marks, decimal digits and connector punctuation
-// (outside a class also the Latin-1 numbers U+00B2 U+00B3 U+00B9 U+00BC-U+00BE, but no other No);
-// PCRE2's (with UCP) differ: its \s also takes U+180E, its \w takes no marks and no Pc but '_'. So
-// those escapes are spelled out as Unicode properties before PCRE2 sees the pattern, in and out of
-// character classes (\W inside a class is left as it is). PCRE2 10.42's tables are Unicode 14.0:
-// \w, \d and the general-category properties \p{X} / \P{X} / \p{^X} (long names too, which PCRE2
-// does not know) get the code points that changed category since (unicode_delta.inc), so e.g.
-// \p{L} takes the Garay and CJK Extension H letters; see append_set for what a class cannot say.
-// \pL without a brace is the letter 'p' then 'L' in Oniguruma's Ruby syntax, so it becomes "p".
-// Other properties (scripts such as \p{Han}, binary ones such as \p{Alphabetic}) keep PCRE2's
-// Unicode 14.0 data. Everything else, escapes included, passes unchanged.
-static const char* kOnigWord = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
-static const char* kOnigWordOutsideClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{B2}\x{B3}\x{B9}\x{BC}-\x{BE})";
-std::string oniguruma_classes(const std::string& p) {
-  // Alphabetic holds L and Nl.
-  static const uint32_t kWordMask = gc_mask("L") | gc_mask("Nl") | gc_mask("M") | gc_mask("Nd") | gc_mask("Pc");
-  std::string out;
-  bool in_class = false;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const char c = p[i];
-    if (c == '\\' && i + 1 < p.size()) {
-      const char n = p[++i];
-      if (n == 's') out += R"(\p{White_Space})";
-      else if (n == 'S') out += R"(\P{White_Space})";
-      else if (n == 'w') append_set(out, in_class ? kOnigWord : kOnigWordOutsideClass, "", kWordMask, false, in_class);
-      else if (n == 'W') {
-        if (in_class) out += R"(\W)";
-        else append_set(out, kOnigWordOutsideClass, "", kWordMask, true, false);
-      } else if (n == 'd' || n == 'D') append_set(out, R"(\p{Nd})", R"(\P{Nd})", gc_mask("Nd"), n == 'D', in_class);
-      else if ((n == 'p' || n == 'P') && (i + 1 >= p.size() || p[i + 1] != '{')) out += n;
-      else if (n == 'p' || n == 'P') {
-        const size_t close = p.find('}', i + 2);
-        std::string name = close == std::string::npos ? "" : p.substr(i + 2, close - i - 2);
-        const bool caret = !name.empty() && name[0] == '^';
-        const GcProperty* gc = close == std::string::npos ? nullptr : gc_property(caret ? name.substr(1) : name);
-        if (!gc) {
-          out += c, out += n;
-          continue;
-        }
-        const std::string pcre2 = gc->pcre2;
-        append_set(out, "\\p{" + pcre2 + "}", "\\P{" + pcre2 + "}", gc->mask, (n == 'P') != caret, in_class);
-        i = close;
-      } else out += c, out += n;
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
-      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];  // a leading ] is a member
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] inside a class
-      const size_t e = p.find(":]", i + 2);
-      if (e != std::string::npos) {
-        out.append(p, i, e + 2 - i);
-        i = e + 1;
-        continue;
-      }
-    }
-    if (in_class && c == ']') in_class = false;
-    out += c;
-  }
-  return out;
-}
-
 Result<std::shared_ptr<const Regex>> compile_regex(const std::string& raw_pattern, bool literal, const std::string& what) {
-  const std::string pattern = literal ? raw_pattern : oniguruma_classes(raw_pattern);
+  const std::string pattern = literal ? raw_pattern : onig_to_pcre2(raw_pattern);
   int err = 0;
   PCRE2_SIZE erroff = 0;
   // UCP only changes how \d, \w, \s and POSIX classes behave, which a literal has none of (and

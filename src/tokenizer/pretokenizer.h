@@ -63,7 +63,8 @@ class PreTokenizer {
   std::vector<Step> steps_;
 };
 
-// Compiles a PCRE2 pattern with UTF and UCP; exposed for tests of the regex layer.
+// Compiles an Oniguruma pattern (rewritten for PCRE2 by onig_to_pcre2) or a literal with PCRE2,
+// UTF and UCP; exposed for tests of the regex layer.
 Result<std::shared_ptr<const Regex>> compile_regex(const std::string& pattern, bool literal, const std::string& what);
 // Splits `text` by the regex: ranges covering the text in order (empty matches split nothing).
 void regex_ranges(const Regex& re, std::string_view text, std::vector<SplitRange>& out);

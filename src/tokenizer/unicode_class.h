@@ -1,6 +1,11 @@
 // Character classes and case mapping as the Rust standard library defines them, which is what
 // tokenizers' normalizers and pre-tokenizers call (char::is_whitespace, is_alphanumeric,
-// is_numeric, to_lowercase; unicode_categories' is_punctuation). Backed by utf8proc's tables.
+// is_numeric, to_lowercase; unicode_categories' is_punctuation). Backed by utf8proc's tables
+// (Debian's 2.8.0: Unicode 15.0). is_alnum_cp and is_numeric_cp follow the Rust standard library of
+// tokenizers 0.23.3 (Unicode 17.0) through a generated table of what changed category since 15.0.
+// Not matched (docs/architecture.md): append_lowercase lacks the case pairs new in 16.0 and 17.0
+// (utf8proc has no newer data, and the script has no case-mapping source to draw from), and
+// is_punctuation_cp is Unicode 15.0 where tokenizers' unicode_categories crate is Unicode 8.0.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -207,6 +207,27 @@ TEST(CliContext, WarnsAboveMaxPositionEmbeddings) {
   EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
 }
 
+// The KV pool is max_seqs x the context: a product past 64 bits is refused by name before anything
+// is allocated (serve once failed on its activations' allocation, and a larger per-token size could
+// wrap the pool's byte count around to a small allocation), and a context near INT_MAX no longer
+// wraps the page count around to "the memory budget leaves no page".
+TEST(CliContext, AbsurdContextTimesParallelIsAClearErrorNotAnOverflow) {
+  auto r = anvil::test::run_shell("timeout 60 " +
+                                  anvil::test::anvil_command({"serve", "--synthetic", "tiny", "--port", "0", "--no-kv-store",
+                                                              "-np", "2147483647", "-c", "2147483647"}) + " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("the KV cache for a context of 2147483647 tokens (-c/--ctx) x 2147483647 sequence(s) "
+                       "(-np/--parallel)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("more than 64-bit memory can address"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("alloc"), std::string::npos) << "refused before allocating: " << r.out;
+  // 512 bytes a token x 2^31 tokens (rounded up to pages) is 1 TiB: either this machine allocates it
+  // (overcommit) and generates, or the pool says so; never a wrapped page count.
+  auto g = run_anvil({"generate", "--synthetic", "tiny", "--ids", "1", "-n", "1", "--no-kv-store", "-c", "2147483647"}, true);
+  EXPECT_EQ(g.out.find("leaves no page"), std::string::npos) << g.out;
+  if (g.exit_code != 0)
+    EXPECT_NE(g.out.find("KV cache: allocating 134217728 pages (1048576 MiB)"), std::string::npos) << g.out;
+}
+
 // Defect 5: synth refuses a non-empty --out unless --force.
 TEST(CliSynth, RefusesANonEmptyDirectoryWithoutForce) {
   fs::path dir = temp_dir("synth_force");

@@ -107,6 +107,31 @@ TEST(CliInspect, ReportsTheModel) {
   EXPECT_LT(j["bytes_per_token"].get<double>(), j["weight_bytes"].get<double>() * 1.01);
 }
 
+// The memory plan's KV figure is exact up to 2^64 bytes (it printed a wrapped-around figure past
+// it), with units up to EiB, and past 2^64 an error naming --ctx and --seqs.
+TEST(CliInspect, HugeMemoryPlansAreExactAndAbsurdOnesAnError) {
+  // qwen3-0.6b: 2 (K,V) x 28 layers x 8 kv heads x 128 x 2 bytes (bf16) = 114688 bytes a token;
+  // the largest plan inspect takes (--ctx 2^31-1 x --seqs 65536) is 14 EiB, just under 2^64.
+  auto r = run_anvil({"inspect", "--synthetic", "qwen3-0.6b", "--json", "--ctx", "2147483647", "--seqs", "65536"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const unsigned __int128 want = (unsigned __int128)114688 * 2147483647 * 65536;
+  ASSERT_LT(want, (unsigned __int128)1 << 64);
+  EXPECT_EQ(j["kv_bytes_per_token"], 114688);
+  EXPECT_EQ(j["memory_plan"]["kv_cache"].get<uint64_t>(), uint64_t(want));
+  EXPECT_GT(j["memory_plan"]["total"].get<uint64_t>(), uint64_t(want));
+  auto t = run_anvil({"inspect", "--synthetic", "qwen3-0.6b", "--ctx", "2147483647", "--seqs", "65536"});
+  EXPECT_NE(t.out.find("KV 14.00 EiB"), std::string::npos) << t.out;
+  // f32 doubles it past 2^64.
+  auto e = run_anvil({"inspect", "--synthetic", "qwen3-0.6b", "--ctx", "2147483647", "--seqs", "65536", "--kv-dtype",
+                      "f32", "--json"}, true);
+  EXPECT_EQ(e.exit_code, 1) << e.out;
+  EXPECT_EQ(e.out.find("memory_plan"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("the KV cache for a context of 2147483647 tokens (--ctx) x 65536 sequence(s) (--seqs) at "
+                       "229376 bytes per token would be 3.228e+19 bytes, more than 64-bit memory can address"),
+            std::string::npos) << e.out;
+}
+
 // An MoE model's expert matrices have their own format line and JSON counts (before, only the
 // attention matrices' format and the router's were shown): one entry per expert matrix.
 TEST(CliInspect, ShowsTheExpertsFormats) {

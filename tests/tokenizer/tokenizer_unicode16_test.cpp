@@ -1,7 +1,8 @@
 // tokenizers compiles Split and ByteLevel patterns with Oniguruma, whose Unicode data is 16.0;
-// anvil compiles them with PCRE2 10.42, whose tables are 14.0. oniguruma_classes adds what changed
+// anvil compiles them with PCRE2 10.42, whose tables are 14.0. onig_to_pcre2 adds what changed
 // category since (src/tokenizer/unicode_delta.inc, scripts/make_unicode_delta.py) to \p{X}, \P{X},
-// \d and \w. These tests compare with tokenizers run from Python (they skip without it): which code
+// \d and \w, and spells scripts out as Unicode 16.0 ranges (unicode_scripts.inc,
+// scripts/make_unicode_scripts.py). These tests compare with tokenizers run from Python (they skip without it): which code
 // points each pattern matches, and how the Qwen3 tokenizer and copies of it with other patterns
 // encode texts of Unicode 15 and 16 characters.
 #include <gtest/gtest.h>
@@ -15,13 +16,12 @@
 #include <sstream>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer_fixtures.h"
 
 namespace anvil {
 namespace {
-
-#include "tokenizer/unicode_delta.inc"
 
 using nlohmann::json;
 using test::tokenizer_data;
@@ -73,9 +73,8 @@ std::string first_differences(const Ranges& a, const Ranges& b) {
 // Every general-category spelling Oniguruma takes, \d and \w, in and out of classes, negated and
 // not: the code points each matches in a text of every scalar value of planes 0-3 and 14 (all of
 // assigned Unicode but private use; ANVIL_UNICODE_ALL_PLANES=1 takes all 17 planes) are exactly
-// those tokenizers' Oniguruma matches. Inside a class PCRE2 cannot take characters out, which
-// four more patterns pin down: [\P{L}x] still takes the letters new since Unicode 14, [\p{Cn}] the
-// characters assigned since.
+// those tokenizers' Oniguruma matches; so are negated categories inside classes (which PCRE2
+// cannot subtract from a class), nested classes and intersections, \h, and script properties.
 TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
   if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
   const bool all_planes = std::getenv("ANVIL_UNICODE_ALL_PLANES") && std::string(std::getenv("ANVIL_UNICODE_ALL_PLANES")) == "1";
@@ -107,24 +106,20 @@ TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
       R"([^\s\p{L}\p{N}])", R"([^\r\n\p{L}\p{N}])", R"([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])",
       R"([\p{Ll}\p{Lm}\p{Lo}\p{M}])", R"([\p{P}\p{S}])", R"([^\p{L}\p{P}\p{S}])", R"([\P{Cn}x])", R"([\P{C}x])",
       R"((?i)\p{Lu})",
-  };
-  // Inside a class PCRE2 cannot take characters out: a negated property there still takes what
-  // joined the category since Unicode 14, and a plain one what left it. Pinned: anvil matches
-  // Oniguruma's code points plus exactly those.
-  struct Known {
-    const char* pattern;
-    bool (*extra)(const UnicodeDeltaRange&);
-  };
-  const std::vector<Known> known = {
-      {R"([\P{L}x])", [](const UnicodeDeltaRange& d) { return d.new_gc[0] == 'L' && d.old_gc[0] != 'L'; }},
-      {R"([\P{Nd}])", [](const UnicodeDeltaRange& d) { return std::string(d.new_gc) == "Nd"; }},
-      {R"([\p{Mn}])", [](const UnicodeDeltaRange& d) { return std::string(d.old_gc) == "Mn"; }},
-      {R"([\p{Cn}])", [](const UnicodeDeltaRange& d) { return std::string(d.old_gc) == "Cn"; }},
+      // negated categories, \D and \W inside classes (PCRE2 cannot take characters out of a class:
+      // these become lookahead expressions), nested classes and intersections
+      R"([\P{L}x])", R"([\P{Nd}])", R"([\p{Mn}])", R"([\p{Cn}])", R"([^\P{L}])", R"([\P{N}\s])",
+      R"([^\p{L}\P{N}])", R"([\p{^L}\P{^Lu}])", R"([\W\d])", R"([^\W])", R"([^\D])", R"([\D_])",
+      R"([a-c[\P{L}&&[^\s]]])", R"([\p{L}&&[^a-z]])", R"([^\P{L}&&[^\p{Han}]])", R"([\h])", R"(\H)",
+      // scripts: Unicode 16.0's Script property (PCRE2's is Unicode 14.0 Script_Extensions)
+      R"(\p{Han})", R"(\p{Hani})", R"(\P{Han})", R"([\P{han}x])", R"(\p{Hiragana})", R"(\p{Katakana})",
+      R"(\p{Hangul})", R"(\p{Thai})", R"(\p{Latin})", R"(\p{Cyrillic})", R"(\p{Greek})", R"(\p{Arabic})",
+      R"(\p{Hebrew})", R"(\p{Devanagari})", R"(\p{Common})", R"(\p{Inherited})", R"(\p{Qaai})", R"(\p{Unknown})",
+      R"(\p{Garay})", R"(\p{Kawi})", R"(\p{Nag Mundari})", R"(\p{Khitan_Small_Script})", R"(\p{^Latin})",
+      R"([\p{Han}\p{Hiragana}\p{Katakana}])", R"([^\p{Latin}\s])", R"((?i)\p{Greek})", R"((?i)[\p{Greek}])",
   };
   const std::string dir = test::scratch_dir("onig_unicode16");
-  std::vector<std::string> python_patterns = patterns;
-  for (const auto& k : known) python_patterns.push_back(k.pattern);
-  std::ofstream(dir + "/patterns.json") << json(python_patterns).dump();
+  std::ofstream(dir + "/patterns.json") << json(patterns).dump();
   std::ofstream(dir + "/cps.json") << json(cps).dump();
   const std::string py =
       "import json, sys\n"
@@ -144,7 +139,7 @@ TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
       "json.dump(out, open(d + '/expected.json', 'w'))\n";
   const json want = test::run_python_reference(dir, py);
   ASSERT_FALSE(want.is_null());
-  ASSERT_EQ(want.size(), python_patterns.size());
+  ASSERT_EQ(want.size(), patterns.size());
   size_t compared = 0;
   for (size_t i = 0; i < patterns.size(); ++i) {
     const Ranges w = want[i].get<Ranges>();
@@ -152,20 +147,48 @@ TEST(OnigurumaUnicode16, PropertyEscapesMatchTheCodePointsTokenizersDoes) {
     EXPECT_EQ(got, w) << patterns[i] << ": " << first_differences(got, w);
     ++compared;
   }
-  for (size_t i = 0; i < known.size(); ++i) {
-    std::vector<std::pair<uint32_t, uint32_t>> w = want[patterns.size() + i].get<Ranges>();
-    for (const UnicodeDeltaRange& d : kUnicodeDelta)
-      if (known[i].extra(d) && (all_planes || d.first < 0x40000)) w.push_back({d.first, d.last});
-    std::sort(w.begin(), w.end());
-    Ranges merged;
-    for (auto [a, b] : w) {
-      if (!merged.empty() && merged.back().second + 1 >= a) merged.back().second = std::max(merged.back().second, b);
-      else merged.push_back({a, b});
-    }
-    const Ranges got = anvil_matched(known[i].pattern, cps, text, byte_of);
-    EXPECT_EQ(got, merged) << known[i].pattern << " (known difference): " << first_differences(got, merged);
+  std::printf("compared %zu patterns over %zu code points\n", compared, cps.size());
+  std::filesystem::remove_all(dir);
+}
+
+// The Digits pre-tokenizer is Rust's char::is_numeric, whose tables in tokenizers 0.23.3 are
+// Unicode 17.0; anvil's is utf8proc's (Unicode 15.0) corrected by unicode_rust.inc. Over every
+// code point of planes 0-3 and 14, each followed by "x", the pieces are exactly tokenizers' (the
+// digits new in 16.0 and 17.0, U+10D40.. Garay, U+11DE0.., U+16FF4.., included).
+TEST(RustUnicode17, DigitsPreTokenizerIsolatesTheCodePointsTokenizersDoes) {
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  std::string text;
+  for (uint32_t c = 0; c < 0xE1000; ++c) {
+    if ((c >= 0xD800 && c < 0xE000) || (c >= 0x40000 && c < 0xE0000)) continue;
+    tok::append_utf8(text, c);
+    text += 'x';
   }
-  std::printf("compared %zu patterns (and %zu known differences) over %zu code points\n", compared, known.size(), cps.size());
+  const std::string dir = test::scratch_dir("rust_unicode17");
+  std::ofstream(dir + "/text.txt", std::ios::binary) << text;
+  const json want = test::run_python_reference(
+      dir,
+      "import json, sys\n"
+      "from tokenizers import pre_tokenizers as pt\n"
+      "d = sys.argv[1]\n"
+      "text = open(d + '/text.txt', encoding='utf-8', newline='').read()\n"
+      "out = [p for p, _ in pt.Digits(individual_digits=True).pre_tokenize_str(text)]\n"
+      "json.dump(out, open(d + '/expected.json', 'w'))\n");
+  ASSERT_FALSE(want.is_null());
+  auto pre = tok::PreTokenizer::from_json(json{{"type", "Digits"}, {"individual_digits", true}});
+  ASSERT_TRUE(pre.is_ok()) << pre.status().message();
+  std::vector<std::string> got;
+  pre->split(text, got);
+  const auto expected = want.get<std::vector<std::string>>();
+  EXPECT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size() && i < expected.size(); ++i) {
+    if (got[i] == expected[i]) continue;
+    uint32_t a = 0, b = 0;
+    tok::utf8_decode_one(got[i], 0, &a);
+    tok::utf8_decode_one(expected[i], 0, &b);
+    ADD_FAILURE() << "piece " << i << " differs: anvil's starts with U+" << std::hex << a << " (" << got[i].size()
+                  << " bytes), tokenizers' with U+" << b << " (" << expected[i].size() << " bytes)";
+    break;
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -233,7 +256,8 @@ std::vector<std::string> unicode16_texts(int random_count) {
 // The Qwen3 tokenizer, and its model under other pre-tokenizers (patterns of \p{Lu}, \p{Ll},
 // \p{N}, \P{L}; Oniguruma's long names and \d; \w and \W; the GPT-2 pattern of ByteLevel
 // use_regex; the Whitespace pre-tokenizer, which is the regex crate's \w+|[^\w\s]+; \pL, which
-// Oniguruma reads as the letters "pL"), encode texts of Unicode 15 and 16 characters as tokenizers
+// Oniguruma reads as the letters "pL"; scripts; negated categories inside classes and
+// intersections), encode texts of Unicode 15 and 16 characters as tokenizers
 // does.
 TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
   if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
@@ -255,6 +279,8 @@ TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
       {"long-names", with_split(R"(\p{Uppercase_Letter}\p{Lowercase_Letter}*|\p{Letter}+|\d+|\p{Number}|\p{^L}+)")},
       {"words", with_split(R"(\w+|\s+|[^\s\w]+|\W)")},
       {"literal-p", with_split(R"(\pL+|\PN|\p{L}+|\P{L})")},
+      {"scripts", with_split(R"(\p{Han}+|[\p{Hiragana}\p{Katakana}]+|\p{Latin}+|[^\p{Han}\p{Latin}\s]+|\s+)")},
+      {"class-negations", with_split(R"([^\P{L}\p{Lu}]+|[\P{L}&&\P{N}&&\S]+|[\D&&[^\P{N}]]+|\s+)")},
   };
   json gpt2 = base;
   gpt2["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}};
@@ -286,6 +312,63 @@ TEST(OnigurumaUnicode16, Qwen3EncodesNewCharactersAsTokenizers) {
     }
   }
   std::printf("compared %zu texts (%zu code points) under %zu tokenizers\n", texts.size(), code_points, variants.size());
+  std::filesystem::remove_all(dir);
+}
+
+// tokenizers' NFC/NFD/NFKC/NFKD (the unicode-normalization-alignments crate, Unicode 12-era data)
+// and the Debian utf8proc (15.0) both have no data for the characters of Unicode 16: both leave
+// them as they are, the Unicode 16 canonical pairs (Todhri, Tulu-Tigalari, Gurung Khema, Kirat Rai)
+// and precomposed forms and compatibility characters (outlined letters) included, between older
+// characters that both normalize. (Characters of Unicode 12.1 to 15.0 with decompositions or
+// combining classes differ: utf8proc normalizes them, tokenizers does not; docs/architecture.md.)
+TEST(OnigurumaUnicode16, NormalizersLeaveUnicode16CharactersAsTokenizersDoes) {
+  if (!test::python_tokenizers_available()) GTEST_SKIP() << test::kNoPythonTokenizers;
+  auto u = [](std::initializer_list<uint32_t> cps) {
+    std::string s;
+    for (uint32_t c : cps) tok::append_utf8(s, c);
+    return s;
+  };
+  const std::vector<std::pair<uint32_t, uint32_t>> unicode16 = {
+      {0x10D40, 0x10D65}, {0x10D69, 0x10D85}, {0x10D8E, 0x10D8F}, {0x105C0, 0x105F3}, {0x11380, 0x113E2},
+      {0x16100, 0x16139}, {0x16D40, 0x16D79}, {0x1E5D0, 0x1E5FA}, {0x11BC0, 0x11BE1}, {0x1CCF0, 0x1CCF9},
+      {0x1CC00, 0x1CCF9}, {0x13460, 0x13480}, {0xA7CB, 0xA7CD}, {0xA7DA, 0xA7DC}, {0x1C89, 0x1C8A},
+      {0x0897, 0x0897}, {0x10EC2, 0x10EC4}, {0x10EFC, 0x10EFC}, {0x11B00, 0x11B09}};
+  std::vector<std::string> texts = {u({0x105D2, 0x0307}), u({0x105DA, 0x0307}), u({0x11382, 0x113C9}),
+                                    u({0x11384, 0x113BB}), u({0x113C2, 0x113C2}), u({0x16D67, 0x16D67}),
+                                    u({0x105C9}), u({0x105E4}), u({0x113C5}), u({0x113C7}), u({0x16D68}),
+                                    u({0x1611E, 0x1611F}), u({0x1CCD6, 0x1CCEF}), "e" + u({0x0301, 0x10D69}) + "A" + u({0x030A})};
+  std::vector<uint32_t> fresh;
+  for (auto [a, b] : unicode16)
+    for (uint32_t c = a; c <= b; ++c) fresh.push_back(c);
+  const std::vector<std::string> pool = {"e", u({0x0301}), u({0x0323}), "A", u({0x030A}), u({0xFB01}), u({0x2460}),
+                                         u({0x1100}), u({0x1161}), u({0xAC00}), " ", "7", u({0x212B})};
+  std::mt19937 rng(1600);
+  for (int i = 0; i < 300; ++i) {
+    std::string t;
+    for (int k = 0, len = 1 + int(rng() % 10); k < len; ++k) t += rng() % 2 ? u({fresh[rng() % fresh.size()]}) : pool[rng() % pool.size()];
+    texts.push_back(t);
+  }
+  const std::string dir = test::scratch_dir("onig_unicode16_norm");
+  std::ofstream(dir + "/texts.json") << json(texts).dump();
+  const json want = test::run_python_reference(
+      dir,
+      "import json, sys\n"
+      "from tokenizers import normalizers as nm\n"
+      "d = sys.argv[1]\n"
+      "texts = json.load(open(d + '/texts.json'))\n"
+      "out = {f: [getattr(nm, f)().normalize_str(t) for t in texts] for f in ('NFC', 'NFD', 'NFKC', 'NFKD')}\n"
+      "json.dump(out, open(d + '/expected.json', 'w'))\n");
+  ASSERT_FALSE(want.is_null());
+  for (const char* form : {"NFC", "NFD", "NFKC", "NFKD"}) {
+    auto n = tok::Normalizer::from_json(json{{"type", form}});
+    ASSERT_TRUE(n.is_ok()) << n.status().message();
+    int failures = 0;
+    for (size_t i = 0; i < texts.size() && failures < 5; ++i) {
+      const std::string got = n->apply(texts[i]);
+      EXPECT_EQ(got, want[form][i].get<std::string>()) << form << ": " << json(texts[i]).dump();
+      failures += got != want[form][i].get<std::string>();
+    }
+  }
   std::filesystem::remove_all(dir);
 }
 
