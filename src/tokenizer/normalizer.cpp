@@ -233,6 +233,7 @@ bool Normalizer::apply_step(const Step& s, std::string_view in, std::string& out
       return ranges.empty() || !ranges[0].is_match || !s.content.empty();
     }
   }
+  return false;  // not reached: every Step::Kind returns above
 }
 
 std::string Normalizer::apply(std::string_view text, bool* keeps_start) const {
