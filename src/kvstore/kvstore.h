@@ -46,9 +46,12 @@
 //     dedup of one against a stored page, not only once a tail note comes (every flush interval, so
 //     never during a long prefill), since until then they were the catalog's oldest unreferenced
 //     pages, this process's and any other's first victims. Until the recording's first tail note,
-//     such a row keeps the tail it had (a resumed session's) where the recording's tokens still hold
-//     that tail's tokens. What eviction cannot take may alone exceed the cap: the store then stays
-//     over it (the documented exception), the writer says so on stderr once each time it happens
+//     such a row keeps the tail it had (a resumed session's) where the recording's tokens begin with
+//     all the tokens that tail is the KV of: its own, and before them those of its parent chain key
+//     (tokens equal across the tail's positions alone may follow another prefix, as after anvil
+//     run's dropped turns; that tail was kept, counted durable and exported as the session's KV).
+//     What eviction cannot take may alone exceed the cap: the store then stays over it (the
+//     documented exception), the writer says so on stderr once each time it happens
 //     (over_cap_warnings), and kv gc reports its live bytes; removing sessions frees it. Left open:
 //     a recording's page deduplicated against an anonymous page that another process evicts before
 //     the flush that references it (one flush interval) is recomputed on resume.

@@ -43,7 +43,8 @@ class KVStore::Writer {
     ANVIL_RETURN_IF_ERROR(old_tail_.prepare(db_,
         "SELECT tail_segment, tail_offset, tail_length, tail_checksum, tail_first, tail_n FROM sessions "
         "WHERE name = ? AND tail_segment IS NOT NULL AND tail_length > 0"));
-    ANVIL_RETURN_IF_ERROR(row_tail_.prepare(db_, "SELECT tokens, tail_parent FROM sessions WHERE name = ?"));
+    ANVIL_RETURN_IF_ERROR(
+        row_tail_.prepare(db_, "SELECT tokens, tail_parent, fingerprint FROM sessions WHERE name = ?"));
     ANVIL_RETURN_IF_ERROR(put_session_.prepare(db_,
         "INSERT INTO sessions(name, fingerprint, tokens, durable_pos, tail_segment, tail_offset, tail_length, "
         "tail_checksum, tail_first, tail_n, tail_parent, updated, meta, sum) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
@@ -225,7 +226,7 @@ class KVStore::Writer {
     bool tail_committed = false;
     // A tail descriptor of this recording came (its tail state, or none on a page boundary). Before
     // one comes, a row written for the recording's pages keeps the tail the row had (a resumed
-    // session's) where the recording's tokens still hold that tail's tokens.
+    // session's) where the recording's tokens still begin with all of that tail's (keep_row_tail).
     bool own_tail = false;
     std::vector<Hash128> keys;  // chain keys of the session's full pages, as far as computed
     int present = 0, pages_written = 0;
@@ -344,19 +345,26 @@ class KVStore::Writer {
   }
 
   // Before the recording's first tail descriptor: the row's tail `old` stays the session's tail when
-  // the recording's tokens hold its tokens (a resume appends to them; anvil run's dropped turns do
-  // not), so that rewriting the row for the recording's pages loses none of its durable rows.
+  // the recording's tokens begin with the tokens it is the KV of (a resume appends to them; anvil
+  // run's dropped turns do not), so that rewriting the row for the recording's pages loses none of
+  // its durable rows. Its own tokens equal is not enough: they may recur where the tail was on
+  // another prefix (dropped turns of a repetitive text); the tail's parent, the chain key of every
+  // token before it (and of the model), must be the recording's too.
   Status keep_row_tail(WSess& w, const std::string& name, const Tail& old, const std::vector<int32_t>& toks) {
+    const int P = s_.layout_.page_size;
     w.tail.valid = false;
     row_tail_.bind(1, name);
     ANVIL_ASSIGN_OR_RETURN(bool row, row_tail_.step());
     bool keep = false;
     Hash128 parent;
-    if (row && old.first >= 0 && old.n > 0 && size_t(old.first) + size_t(old.n) <= toks.size() &&
-        size_t(row_tail_.col_bytes(0)) >= (size_t(old.first) + size_t(old.n)) * 4) {
+    if (row && old.first >= 0 && old.first % P == 0 && old.n > 0 && size_t(old.first) + size_t(old.n) <= toks.size() &&
+        size_t(row_tail_.col_bytes(0)) >= (size_t(old.first) + size_t(old.n)) * 4 &&
+        row_tail_.col_hash(2) == s_.fingerprint_) {
       const int32_t* t = static_cast<const int32_t*>(row_tail_.col_blob(0));
-      keep = std::equal(t + old.first, t + old.first + old.n, toks.begin() + old.first);
       parent = row_tail_.col_hash(1);
+      extend_session_keys(w, toks, old.first / P);
+      const Hash128 chain = old.first ? w.keys[size_t(old.first / P) - 1] : Hash128{};
+      keep = parent == chain && std::equal(t + old.first, t + old.first + old.n, toks.begin() + old.first);
     }
     row_tail_.reset();
     if (keep) {

@@ -1169,6 +1169,52 @@ TEST(KVStoreEviction, ARowWrittenForARecordingsPagesKeepsTheTailItHad) {
   }
 }
 
+// The tail a resumed session's row keeps (above) is the KV of its tokens only where the recording's
+// tokens equal the row's up to the tail's end, not only across the tail's own positions: anvil run,
+// dropping the oldest turns, may bring the same tokens to where the tail was on another prefix (a
+// repetitive text; a chat template's closing tokens). The row kept that tail there: its durable
+// position counted it on top of the new pages, and kv export appended that other prefix's KV to the
+// session's. Now it is let go, as for any other tokens.
+TEST(KVStoreEviction, ARowKeepsItsTailOnlyOnTheSamePrefix) {
+  Rig r;
+  auto toks = chain_tokens(2, 600);  // 9 tokens
+  toks.push_back(77);
+  toks.push_back(78);                // 11: 2 full pages, and KV for 10 (a tail of 2 rows at 8)
+  {
+    auto st = r.open();
+    save_session(r, *st, "s", toks, 10, /*seed=*/4242);
+  }
+  auto o = r.opts();
+  o.flush_ms = 60'000;
+  auto st = r.open(o);
+  auto other = toks;
+  other[0] += 1;  // another first page; the tail's tokens (8, 9) are where they were
+  ASSERT_TRUE(st->session_begin("s", 0, other, 64).is_ok());
+  r.write(*st, other, 0, 2);  // both pages of the new prefix committed, no tail note yet
+  st->flush();
+  st->reap(*r.pool, true);
+  auto now = st->get_session("s");
+  ASSERT_TRUE(now.is_ok() && *now);
+  EXPECT_EQ((*now)->tokens, other);
+  EXPECT_EQ((*now)->tail_n, 0) << "the row kept a tail computed on another prefix";
+  EXPECT_EQ((*now)->durable_pos, 2 * P) << "the durable position counts a tail of another prefix";
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+  const std::string out = r.dir + "/s.safetensors";
+  ASSERT_TRUE(st->export_session("s", out).is_ok());
+  std::ifstream f(out, std::ios::binary);
+  uint64_t hdr = 0;
+  f.read(reinterpret_cast<char*>(&hdr), 8);
+  std::string h(size_t(hdr), '\0');
+  f.read(h.data(), std::streamsize(hdr));
+  EXPECT_EQ(nlohmann::json::parse(h)["__metadata__"]["kv_tokens"], std::to_string(2 * P))
+      << "kv export appended another prefix's tail";
+  auto d = st->session_end(0, 2 * P, -1, *r.pool);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(*d, 2 * P);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
 // When what sessions reference alone is over the cap (the documented exception): every anonymous
 // page goes, no session page does, the store stays over its cap and says so once on stderr (again
 // only after it was back under); kv rm and gc then bring it under the cap.
