@@ -63,7 +63,13 @@
 //     its token ids and conversation (catalog format 2): a row that fails it is an error naming the
 //     session (get_session, verify), never another conversation resumed. A row of format 1 (no
 //     checksum) whose meta is of no kind anvil writes (session_kind.h) is damaged alike; every
-//     reader (get_session, find_session, list_sessions, verify) says so by session_damage.
+//     reader (get_session, find_session, list_sessions, verify) says so by session_damage. A commit
+//     that fails (a full disk fails SQLite's COMMIT) rolls the row and its page references back with
+//     the batch's pages (lost: recomputed on resume), and the writer's account of the recording
+//     with them (its committed leading pages, the references its row has: Writer::uncommitted_):
+//     the next commit writes every reference again and counts durable only pages the catalog has.
+//     (It kept both as if committed: the session's pages stayed unreferenced, evictable while it
+//     was recorded, and its durable position, reported as saved, counted pages never stored.)
 //  9. Any number of sessions may be recorded at once (the server records one per running request),
 //     each under a distinct name and bound to at most one engine sequence at a time; a recording
 //     lives from session_begin until session_finish has seen its last state committed. Across

@@ -229,6 +229,8 @@ class KVStore::Writer {
     // session's) where the recording's tokens still begin with all of that tail's (keep_row_tail).
     bool own_tail = false;
     std::vector<Hash128> keys;  // chain keys of the session's full pages, as far as computed
+    // Leading pages committed, and page references (session_pages rows) written, as of the last
+    // commit that succeeded (a failed one puts them back: uncommitted_).
     int present = 0, pages_written = 0;
   };
   WSess& wsess(int32_t id) {
@@ -382,6 +384,7 @@ class KVStore::Writer {
       std::vector<int32_t> toks;
       std::string name, meta;
       if (!session_tokens(id, SIZE_MAX, &toks, &name, &meta)) continue;
+      uncommitted_.push_back({id, w.present, w.pages_written});  // undone if the transaction is not
       // The tail record the row references now (none when it has no row yet, or no tail).
       old_tail_.bind(1, name);
       ANVIL_ASSIGN_OR_RETURN(bool had, old_tail_.step());
@@ -455,6 +458,7 @@ class KVStore::Writer {
 
   Status commit() {
     committed_sessions_.clear();
+    uncommitted_.clear();
     ANVIL_RETURN_IF_ERROR(db_.exec("BEGIN IMMEDIATE"));
     const int64_t now = now_us();
     int64_t live_added = 0;
@@ -528,6 +532,13 @@ class KVStore::Writer {
       ++s_.counters_.transactions;
       if (!st.is_ok()) {
         (void)db_.exec("ROLLBACK");
+        // The rolled back rows and references are not written, nor durable the batch's pages, lost
+        // with it (its records are past committed_end): the next commit writes them again from there.
+        for (const Uncommitted& u : uncommitted_)
+          if (auto it = ws_.find(u.id); it != ws_.end()) {
+            it->second.present = u.present;
+            it->second.pages_written = u.pages_written;
+          }
         ++s_.counters_.write_errors;
         if (!commit_warned_) {
           std::fprintf(stderr, "[anvil] kv store: catalog commit failed: %s\n", st.message().c_str());
@@ -655,6 +666,13 @@ class KVStore::Writer {
   Clock::time_point retry_gc_at_{};
   std::string commit_error_;  // the last catalog commit's error; empty once one succeeds
   std::vector<std::pair<uint32_t, int>> committed_sessions_;  // (recording, durable) rows of this commit
+  // What commit_sessions found of each recording it wrote (its committed leading pages, the page
+  // references its row has): put back when the transaction fails, with the pages of the batch.
+  struct Uncommitted {
+    uint32_t id;
+    int present, pages_written;
+  };
+  std::vector<Uncommitted> uncommitted_;
   // The recorded sessions.
   std::map<uint32_t, WSess> ws_;
   bool any_dirty_ = false;  // some ws_ entry is dirty

@@ -1215,6 +1215,50 @@ TEST(KVStoreEviction, ARowKeepsItsTailOnlyOnTheSamePrefix) {
   EXPECT_EQ(verify_problems(*st), 0);
 }
 
+// A commit that fails after the recording's row is written in it (a full disk fails SQLite's COMMIT;
+// here a trigger fails the last statement before it) rolls back the row and its page references with
+// the batch's pages, which are lost (recomputed on a resume). The writer counted both as done anyway:
+// the next commit wrote no page reference for any page it had known of (the session's pages stayed
+// evictable, by this process or any other, while it was recorded) and a durable position that
+// counted the lost pages (reported to the user as saved, missing on resume). Now its account of
+// what is written and what is durable is rolled back with the transaction.
+TEST(KVStoreEviction, AFailedCommitRollsBackTheRecordingsReferencesAndDurablePosition) {
+  Rig r;
+  auto o = r.opts();
+  o.flush_ms = 60'000;
+  auto st = r.open(o);
+  auto toks = chain_tokens(3, 500);  // 3 full pages
+  ASSERT_TRUE(st->session_begin("s", 0, toks, 64).is_ok());
+  SqliteDb other;
+  ASSERT_TRUE(other.open(r.dir + "/catalog.db", 1000).is_ok());
+  ASSERT_TRUE(other.exec("CREATE TRIGGER fail_commit BEFORE UPDATE OF committed_end ON segments "
+                         "BEGIN SELECT RAISE(ABORT, 'injected: the disk is full'); END").is_ok());
+  r.write(*st, toks, 0, 2);
+  ::testing::internal::CaptureStderr();
+  st->flush();  // pages 0 and 1, the row and its references: rolled back
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("catalog commit failed"), std::string::npos) << err;
+  EXPECT_EQ(st->counters().write_errors.load(), 1);
+  ASSERT_TRUE(other.exec("DROP TRIGGER fail_commit").is_ok());
+  r.write(*st, toks, 2, 1);
+  st->flush();  // page 2 and the row: committed
+  st->reap(*r.pool, true);
+  auto refs = catalog_int(other, "SELECT COUNT(*) FROM session_pages WHERE session = 's'");
+  ASSERT_TRUE(refs.is_ok());
+  EXPECT_EQ(*refs, 3) << "the recording's pages are not referenced: evictable while it is recorded";
+  const std::vector<bool> held = pages_held(r, toks, 3);
+  EXPECT_EQ(held, (std::vector<bool>{false, false, true})) << "pages 0 and 1 went with the failed commit";
+  auto mid = st->get_session("s");
+  ASSERT_TRUE(mid.is_ok() && *mid);
+  EXPECT_EQ((*mid)->durable_pos, 0) << "the durable position counts pages that were never committed";
+  auto d = st->session_end(0, 3 * P, -1, *r.pool);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(*d, 0) << "reported durable, but pages 0 and 1 are not in the store";
+  EXPECT_EQ(r.restore(*st, toks, 3), 0);
+  EXPECT_EQ(live_bytes_drift(r.dir), "");
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
 // When what sessions reference alone is over the cap (the documented exception): every anonymous
 // page goes, no session page does, the store stays over its cap and says so once on stderr (again
 // only after it was back under); kv rm and gc then bring it under the cap.
