@@ -1,7 +1,8 @@
 // The durable KV store against a real KV pool on the CPU backend: round trips across reopen,
 // identity checks (a key match alone is never trusted), corruption and missing files as misses,
 // recovery, injected I/O faults (short write, ENOSPC, failed fsync, crash), the bounded queue's
-// drop/back-pressure rules, sessions with a partial tail, GC and compaction.
+// drop/back-pressure rules, sessions with a partial tail, GC and compaction, recordings cut by a
+// crash or a failed commit at random points.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -1257,6 +1258,155 @@ TEST(KVStoreEviction, AFailedCommitRollsBackTheRecordingsReferencesAndDurablePos
   EXPECT_EQ(r.restore(*st, toks, 3), 0);
   EXPECT_EQ(live_bytes_drift(r.dir), "");
   EXPECT_EQ(verify_problems(*st), 0);
+}
+
+// ---- crashes at random points of recordings (a new session, a resume, a resume whose tokens changed, a fork) ----
+
+// The rows a resumed tail must hold: the tail page's rows below `n` as fill(seed) wrote them.
+bool tail_rows_are(Rig& r, int32_t page, int32_t seed, int n) {
+  const PageLayout L{DType::kBF16, 2, 2, 8, P};
+  std::vector<uint8_t> want(r.page_bytes());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = uint8_t((seed * 131 + i * 7) & 0xff);
+  for (size_t b = 0; b < L.n_blocks(); ++b)
+    if (std::memcmp(r.page_ptr(page) + b * L.block_bytes(P), want.data() + b * L.block_bytes(P), L.block_bytes(n)) != 0)
+      return false;
+  return true;
+}
+
+// A tail's bytes as a function of what it is the KV of (its first token and length, its position).
+int32_t tail_seed(const std::vector<int32_t>& toks, int first, int n) {
+  return toks[size_t(first)] * 7 + first * 131 + n;
+}
+
+// Each seed: rounds of a recording (a new session; a resume that appends; a resume whose first page
+// changed as after anvil run's dropped turns, its last tokens kept; a fork continued), its pages
+// committed flush by flush, tail notes between, a small cap and segments rolling over, now and then
+// a commit that fails; the process dies (abandon) at a random point or ends the recording. After each round, reopened: verify and
+// live_bytes are clean, and every session restores at least what its row says is durable, the
+// tail's rows being the KV of the session's own tokens.
+TEST(KVStoreCrash, RecordingsCutAtRandomPointsRestoreWhatTheyReportDurable) {
+  const uint64_t rec = page_record_bytes();
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    Rig r;
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return int(rng() % uint32_t(n)); };
+    std::map<std::string, std::vector<int32_t>> last;  // tokens as last begun (a crash may leave them)
+    for (int round = 0; round < 10; ++round) {
+      auto o = r.opts();
+      o.flush_ms = pick(2) ? 1 : 60'000;
+      o.max_bytes = pick(2) ? 12 * rec : (64ull << 20);
+      o.segment_bytes = uint64_t(pick(2) ? 3 : 1000) * rec;
+      auto st = r.open(o);
+      std::string name = "s" + std::to_string(pick(3));
+      std::vector<int32_t> toks;
+      const int op = pick(4);
+      std::string what;
+      if (!last.count(name) || op == 0) {
+        auto info = st->get_session(name);
+        if (info.is_ok() && *info) ASSERT_TRUE(st->remove_session(name).is_ok());
+        toks = chain_tokens(1 + pick(4), 1000 * int(seed) + 100 * round);
+        toks.resize(toks.size() - 1 + size_t(pick(P)));
+        what = "new";
+      } else {
+        auto info = st->get_session(name);
+        ASSERT_TRUE(info.is_ok());
+        if (!*info) continue;
+        toks = (*info)->tokens;
+        if (op == 2 && toks.size() > size_t(P)) {  // dropped turns: another first page, the rest kept
+          for (int i = 0; i < P; ++i) toks[size_t(i)] += 1 + int32_t(seed);
+          what = "changed";
+        } else if (op == 3) {
+          const std::string f = name + "f" + std::to_string(round);
+          ASSERT_TRUE(st->fork_session(name, f).is_ok());
+          name = f;
+          what = "fork";
+        } else {
+          what = "resume";
+        }
+        for (int k = pick(2 * P) + 1; k > 0; --k) toks.push_back(int32_t(5000 + pick(50)));
+      }
+      last[name] = toks;
+      SCOPED_TRACE("seed " + std::to_string(seed) + " round " + std::to_string(round) + ": " + what + " " + name +
+                   ", " + std::to_string(toks.size()) + " tokens");
+      const int n_kv = int(toks.size()) - pick(2);
+      const int full = n_kv / P;
+      ASSERT_TRUE(st->session_begin(name, 0, toks, 256).is_ok());
+      const int crash_at = pick(2) ? pick(full + 2) : -1;  // after this many pages (-1: no crash)
+      const int fail_at = pick(3) ? -1 : pick(full + 1);    // a commit that fails after this page
+      bool crashed = false;
+      for (int i = 0; i <= full && !crashed; ++i) {
+        if (i == crash_at) {
+          if (pick(2)) st->flush();
+          st->abandon();
+          crashed = true;
+          break;
+        }
+        if (i == full) break;
+        r.write(*st, toks, i, 1);
+        if (i == fail_at) {  // a full disk fails the commit's last statement (the rows are written)
+          SqliteDb other;
+          ASSERT_TRUE(other.open(r.dir + "/catalog.db", 10000).is_ok());
+          ASSERT_TRUE(other.exec("CREATE TRIGGER fail_commit BEFORE UPDATE OF committed_end ON segments "
+                                 "BEGIN SELECT RAISE(ABORT, 'injected: the disk is full'); END").is_ok());
+          ::testing::internal::CaptureStderr();
+          st->flush();
+          (void)::testing::internal::GetCapturedStderr();
+          ASSERT_TRUE(other.exec("DROP TRIGGER fail_commit").is_ok());
+        }
+        if (pick(2)) st->flush();
+        if (pick(3) == 0 && (i + 1) * P < n_kv) {  // a tail note (flush_ms 1: due) of the KV so far
+          const int kv = (i + 1) * P + pick(std::min(P, n_kv - (i + 1) * P));
+          int32_t tail = -1;
+          if (kv % P) {
+            tail = r.pool->kv_page_alloc();
+            r.fill(tail, tail_seed(toks, kv - kv % P, kv % P));
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          st->session_note(0, {}, kv, tail, *r.pool);
+          if (tail >= 0) r.pool->kv_page_release(tail);
+          if (pick(2)) st->flush();
+        }
+        st->reap(*r.pool, false);
+      }
+      if (!crashed) {
+        int32_t tail = -1;
+        if (n_kv % P) {
+          tail = r.pool->kv_page_alloc();
+          r.fill(tail, tail_seed(toks, n_kv - n_kv % P, n_kv % P));
+        }
+        auto d = st->session_end(0, n_kv, tail, *r.pool);
+        ASSERT_TRUE(d.is_ok()) << d.status().message();
+        if (tail >= 0) r.pool->kv_page_release(tail);
+      }
+      st.reset();
+      st = r.open(o);
+      EXPECT_EQ(verify_problems(*st), 0);
+      EXPECT_EQ(live_bytes_drift(r.dir), "");
+      for (const SessionInfo& s : st->list_sessions()) {
+        ASSERT_TRUE(s.damaged.empty()) << s.damaged;
+        EXPECT_LE(s.durable_pos, int(s.tokens.size())) << s.name;
+        std::vector<int32_t> pages;
+        std::vector<Hash128> keys;
+        const int want_pages = s.durable_pos / P;
+        const int got = st->restore_pages(s.tokens, 0, Hash128{}, want_pages, *r.pool, &pages, &keys);
+        int restored = got * P;
+        if (got == want_pages && s.durable_pos % P) {
+          int32_t tp = -1;
+          const int n = st->restore_tail(s.tokens, want_pages * P, want_pages ? keys.back() : Hash128{},
+                                         s.durable_pos % P, *r.pool, &tp);
+          if (n > 0) {
+            EXPECT_TRUE(tail_rows_are(r, tp, tail_seed(s.tokens, want_pages * P, s.tail_n), n))
+                << s.name << ": a tail that is not the KV of the session's tokens";
+            r.pool->kv_page_release(tp);
+          }
+          restored += n;
+        }
+        for (int32_t p : pages) r.pool->kv_page_release(p);
+        EXPECT_GE(restored, s.durable_pos) << s.name << ": listed durable, not restored (tail " << s.tail_first << "+"
+                                           << s.tail_n << ", " << s.tokens.size() << " tokens)";
+      }
+    }
+  }
 }
 
 // When what sessions reference alone is over the cap (the documented exception): every anonymous
