@@ -94,6 +94,7 @@ class KVStore::Writer {
         }
       }
       const auto t0 = Clock::now();
+      busy_from_ = t0;
       bool flush_now = stopping;
       if (have) {
         if (pending_records_ == 0 && !any_dirty_) first_pending_ = t0;
@@ -110,7 +111,7 @@ class KVStore::Writer {
           t0 - first_pending_ >= std::chrono::milliseconds(s_.opts_.flush_ms))
         flush_now = true;
       if (flush_now) flush();
-      s_.counters_.writer_busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      account_busy();
       if (stopping) return;
     }
   }
@@ -583,9 +584,17 @@ class KVStore::Writer {
       if (seal_.run().is_ok()) seg_.reset();
     }
     maybe_gc();
+    account_busy();  // before the flush is done: a caller of flush() reads writer_busy_ns after it
     std::lock_guard<std::mutex> lk(s_.mu_);
     s_.done_ticket_ = std::max(s_.done_ticket_, ticket_);
     s_.cv_done_.notify_all();
+  }
+
+  // Adds the time since busy_from_ to writer_busy_ns (the loop's iteration so far).
+  void account_busy() {
+    const auto now = Clock::now();
+    s_.counters_.writer_busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(now - busy_from_).count();
+    busy_from_ = now;
   }
 
   void maybe_gc() {
@@ -664,6 +673,7 @@ class KVStore::Writer {
   static constexpr std::chrono::seconds kRetryOverCap{5};
   bool stuck_over_cap_ = false, anon_written_ = false;
   Clock::time_point retry_gc_at_{};
+  Clock::time_point busy_from_{};  // the start of the time not yet added to writer_busy_ns
   std::string commit_error_;  // the last catalog commit's error; empty once one succeeds
   std::vector<std::pair<uint32_t, int>> committed_sessions_;  // (recording, durable) rows of this commit
   // What commit_sessions found of each recording it wrote (its committed leading pages, the page
