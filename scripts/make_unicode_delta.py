@@ -22,9 +22,9 @@ Sources:
 import argparse
 import sys
 import unicodedata
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from unicode_gen import ROOT, write_or_check
+
 OUT = ROOT / "src" / "tokenizer" / "unicode_delta.inc"
 OLD_VERSION = "14.0.0"
 NEW_VERSION = "16.0.0"
@@ -98,13 +98,7 @@ def main():
                  f"expected {OLD_VERSION} (PCRE2 10.42's tables); run it with Python 3.11")
     new = load_new()
     text = render(delta_ranges(unicodedata, new), new)
-    if args.check:
-        if OUT.read_text() != text:
-            sys.exit(f"{OUT.relative_to(ROOT)} is stale: rerun scripts/make_unicode_delta.py")
-        print(f"{OUT.relative_to(ROOT)} is up to date")
-        return
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}: {text.count(chr(10) + '    {')} ranges")
+    write_or_check(OUT, text, args.check, "make_unicode_delta.py", f"{text.count(chr(10) + '    {')} ranges")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from unicode_gen import ROOT, write_or_check
+
 OUT = ROOT / "src" / "tokenizer" / "unicode_rust.inc"
 OLD_VERSION = "15.0.0"
 NEW_VERSION = "17.0.0"
@@ -91,13 +92,7 @@ def main():
     old = load(args.old, OLD_VERSION)
     new = load(args.new, NEW_VERSION)
     text = render(delta_ranges(old, new))
-    if args.check:
-        if OUT.read_text() != text:
-            sys.exit(f"{OUT.relative_to(ROOT)} is stale: rerun scripts/make_unicode_rust.py")
-        print(f"{OUT.relative_to(ROOT)} is up to date")
-        return
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}: {text.count(chr(10) + '    {')} ranges")
+    write_or_check(OUT, text, args.check, "make_unicode_rust.py", f"{text.count(chr(10) + '    {')} ranges")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ file is committed, and only regenerating it needs the package:
 """
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from unicode_gen import ROOT, write_or_check
+
 OUT = ROOT / "src" / "tokenizer" / "unicode_scripts.inc"
 VERSION = "16.0.0"
 
@@ -118,13 +118,7 @@ def main():
     ud = load()
     scripts, names, ranges = build(ud)
     text = render(scripts, names, ranges)
-    if args.check:
-        if OUT.read_text() != text:
-            sys.exit(f"{OUT.relative_to(ROOT)} is stale: rerun scripts/make_unicode_scripts.py")
-        print(f"{OUT.relative_to(ROOT)} is up to date")
-        return
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}: {len(scripts)} scripts, {len(names)} names, {len(ranges)} ranges")
+    write_or_check(OUT, text, args.check, "make_unicode_scripts.py", f"{len(scripts)} scripts, {len(names)} names, {len(ranges)} ranges")
 
 
 if __name__ == "__main__":

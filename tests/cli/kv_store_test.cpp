@@ -562,6 +562,20 @@ TEST(KvStoreCli, LsMarksADamagedSessionAndRmRefusesOneInUse) {
   EXPECT_EQ(rm.exit_code, 0) << "a damaged session is removed like any: " << rm.out;
 }
 
+namespace {
+// Every session row of a store, byte for byte (tokens, meta, checksum, positions, time).
+std::string session_rows(const std::string& dir) {
+  anvil::SqliteDb db;
+  EXPECT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  anvil::SqliteStmt q;
+  EXPECT_TRUE(q.prepare(db, "SELECT name || '|' || hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || "
+                            "durable_pos || '|' || updated FROM sessions ORDER BY name").is_ok());
+  std::string all;
+  for (auto r = q.step(); r.is_ok() && *r; r = q.step()) all += q.col_text(0) + "\n";
+  return all;
+}
+}  // namespace
+
 // A session whose own record is damaged (a generate session's token ids, a run session's
 // conversation): --resume, --session NAME and --fork from it are refused (exit code 1) naming the
 // session and `anvil kv rm`, as the server refuses it (409 session_damaged), and nothing changes:
@@ -572,16 +586,7 @@ TEST(KvStoreCli, ADamagedSessionIsRefusedAndLeftAsItIs) {
   auto made = run_anvil({"run", "--device", "cpu", "-m", kModel, "-n", "4", "--temp", "0", "--kv-store", d.path,
                          "--session", "conv", "-p", kPrompt}, true);
   ASSERT_EQ(made.exit_code, 0) << made.out;
-  auto rows = [&] {
-    anvil::SqliteDb db;
-    EXPECT_TRUE(db.open(d.path + "/catalog.db", 10000).is_ok());
-    anvil::SqliteStmt q;
-    EXPECT_TRUE(q.prepare(db, "SELECT name || '|' || hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || "
-                              "durable_pos || '|' || updated FROM sessions ORDER BY name").is_ok());
-    std::string all;
-    for (auto r = q.step(); r.is_ok() && *r; r = q.step()) all += q.col_text(0) + "\n";
-    return all;
-  };
+  auto rows = [&] { return session_rows(d.path); };
   {
     anvil::SqliteDb db;
     ASSERT_TRUE(db.open(d.path + "/catalog.db", 10000).is_ok());
@@ -611,19 +616,6 @@ TEST(KvStoreCli, ADamagedSessionIsRefusedAndLeftAsItIs) {
   EXPECT_EQ(fresh["session"], "doc");
 }
 
-namespace {
-// Every session row of a store, byte for byte (tokens, meta, checksum, positions, time).
-std::string session_rows(const std::string& dir) {
-  anvil::SqliteDb db;
-  EXPECT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
-  anvil::SqliteStmt q;
-  EXPECT_TRUE(q.prepare(db, "SELECT name || '|' || hex(tokens) || '|' || hex(meta) || '|' || quote(sum) || '|' || "
-                            "durable_pos || '|' || updated FROM sessions ORDER BY name").is_ok());
-  std::string all;
-  for (auto r = q.step(); r.is_ok() && *r; r = q.step()) all += q.col_text(0) + "\n";
-  return all;
-}
-}  // namespace
 
 // A session is continued only by what records its kind (a conversation: anvil run; anvil run's
 // completion-mode text: anvil run; a completion document: anvil generate). anvil generate --resume

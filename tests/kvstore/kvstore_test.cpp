@@ -867,6 +867,17 @@ void save_session(Rig& r, KVStore& st, const std::string& name, const std::vecto
   if (tail >= 0) r.pool->kv_page_release(tail);
 }
 
+// Session "s" saved in a store of its own: 2 full pages of chain_tokens(2, 600), 2 more tokens, and
+// KV for 10 of its 11 tokens (a tail of 2 rows at 8). Returns its tokens.
+std::vector<int32_t> save_pages_and_a_tail(Rig& r) {
+  auto toks = chain_tokens(2, 600);  // 9 tokens
+  toks.push_back(77);
+  toks.push_back(78);
+  auto st = r.open();
+  save_session(r, *st, "s", toks, 10, /*seed=*/4242);
+  return toks;
+}
+
 // A fork shares its parent's tail record: counted once, however many sessions reference it, and
 // gone only with the last of them. A resume whose KV ends on a page boundary drops the old tail.
 TEST(KVStoreAccounting, LiveBytesFollowForksRemovesAndBoundaryResumes) {
@@ -1113,13 +1124,7 @@ TEST(KVStoreEviction, AnotherProcessesEvictionLeavesARecordingsPages) {
 // live_bytes exact either way.
 TEST(KVStoreEviction, ARowWrittenForARecordingsPagesKeepsTheTailItHad) {
   Rig r;
-  auto toks = chain_tokens(2, 600);  // 9 tokens
-  toks.push_back(77);
-  toks.push_back(78);                // 11: 2 full pages, and KV for 10 (a tail of 2 rows)
-  {
-    auto st = r.open();
-    save_session(r, *st, "s", toks, 10, /*seed=*/4242);
-  }
+  const auto toks = save_pages_and_a_tail(r);
   auto o = r.opts();
   o.flush_ms = 60'000;
   {
@@ -1178,13 +1183,7 @@ TEST(KVStoreEviction, ARowWrittenForARecordingsPagesKeepsTheTailItHad) {
 // session's. Now it is let go, as for any other tokens.
 TEST(KVStoreEviction, ARowKeepsItsTailOnlyOnTheSamePrefix) {
   Rig r;
-  auto toks = chain_tokens(2, 600);  // 9 tokens
-  toks.push_back(77);
-  toks.push_back(78);                // 11: 2 full pages, and KV for 10 (a tail of 2 rows at 8)
-  {
-    auto st = r.open();
-    save_session(r, *st, "s", toks, 10, /*seed=*/4242);
-  }
+  const auto toks = save_pages_and_a_tail(r);
   auto o = r.opts();
   o.flush_ms = 60'000;
   auto st = r.open(o);

@@ -15,9 +15,11 @@
 #include <thread>
 
 #include "server_process.h"
+#include "sse.h"
 
 using anvil::test::RawConnection;
 using anvil::test::ServerProcess;
+using anvil::test::sse_events;
 using json = nlohmann::json;
 
 namespace {
@@ -64,21 +66,6 @@ class Http : public ::testing::Test {
   static ServerProcess* server_;
 };
 ServerProcess* Http::server_ = nullptr;
-
-// Parses an SSE body into its data payloads (without "[DONE]"); *done says whether it ended.
-std::vector<json> sse_events(const std::string& body, bool* done) {
-  std::vector<json> out;
-  *done = false;
-  size_t pos = 0;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    size_t end = body.find("\n\n", pos);
-    std::string d = body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (d == "[DONE]") *done = true;
-    else out.push_back(json::parse(d, nullptr, false));
-  }
-  return out;
-}
 
 json chat_body(const std::string& user, int max_tokens, bool stream = false) {
   return {{"model", kModel},

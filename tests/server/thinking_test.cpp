@@ -11,6 +11,7 @@
 
 #include "../cli/scripted_model.h"
 #include "server_process.h"
+#include "sse.h"
 
 using anvil::test::ServerProcess;
 using json = nlohmann::json;
@@ -35,13 +36,9 @@ struct Served {
     body["stream"] = true;
     auto r = client().Post("/v1/chat/completions", body.dump(), "application/json");
     ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
-    size_t pos = 0;
-    while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
-      const size_t end = r->body.find("\n\n", pos);
-      const std::string d = r->body.substr(pos + 6, end - pos - 6);
-      pos = end;
-      if (d == "[DONE]") break;
-      json e = json::parse(d);
+    bool done = false;
+    for (const json& e : anvil::test::sse_events(r->body, &done)) {
+      ASSERT_FALSE(e.is_discarded()) << r->body;
       for (const json& c : e["choices"]) {
         const json& delta = c["delta"];
         if (delta.contains("reasoning_content") && delta["reasoning_content"].is_string())
@@ -50,6 +47,7 @@ struct Served {
         if (c["finish_reason"].is_string()) *finish = c["finish_reason"];
       }
     }
+    EXPECT_TRUE(done) << r->body;
   }
 };
 

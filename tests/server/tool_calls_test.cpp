@@ -10,6 +10,7 @@
 
 #include "../cli/scripted_model.h"
 #include "server_process.h"
+#include "sse.h"
 
 using anvil::test::ServerProcess;
 using json = nlohmann::json;
@@ -34,14 +35,9 @@ void ask(int port, json body, bool stream, json* calls, std::string* finish, std
     *finish = j["choices"][0]["finish_reason"];
     return;
   }
-  size_t pos = 0;
-  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = r->body.find("\n\n", pos);
-    const std::string d = r->body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (d == "[DONE]") break;
-    json e = json::parse(d);
-    ASSERT_FALSE(e.contains("error")) << d;
+  bool done = false;
+  for (const json& e : anvil::test::sse_events(r->body, &done)) {
+    ASSERT_FALSE(e.is_discarded() || e.contains("error")) << r->body;
     for (const json& ch : e["choices"]) {
       const json& delta = ch["delta"];
       if (delta.contains("tool_calls"))
@@ -50,6 +46,7 @@ void ask(int port, json body, bool stream, json* calls, std::string* finish, std
       if (ch["finish_reason"].is_string()) *finish = ch["finish_reason"];
     }
   }
+  EXPECT_TRUE(done) << r->body;
 }
 
 }  // namespace
