@@ -41,6 +41,22 @@ int connection_socket(const std::string& remote_addr, int remote_port, int local
   return -1;
 }
 
+std::vector<int> connection_sockets(int local_port) {
+  std::vector<int> fds;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(e.path().filename().c_str());
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;  // not a socket
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;   // not connected (the listener)
+    std::string lh;
+    int lp;
+    if (host_port(local, ll, &lh, &lp) && lp == local_port) fds.push_back(fd);
+  }
+  return fds;
+}
+
 bool peer_closed(int fd) {
   char c;
   const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -1,9 +1,11 @@
 // Finds out whether the client of a non-streaming request is still there. cpp-httplib 0.11 (the
 // Debian package) does not give a handler its socket, so connection_socket() finds it among this
 // process's descriptors by the request's addresses (local port + peer address and port identify a
-// TCP connection); peer_closed() then peeks at it without consuming anything.
+// TCP connection); peer_closed() then peeks at it without consuming anything. Nor does it close its
+// connections when it stops: connection_sockets() finds them all, for the server's shutdown.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace anvil::server {
 
@@ -13,5 +15,10 @@ int connection_socket(const std::string& remote_addr, int remote_port, int local
 // True when the peer has closed the connection (EOF or an error). A client that half-closes its
 // side after sending the request counts as gone: HTTP clients do not do that.
 bool peer_closed(int fd);
+// Every connected socket of this process whose local port is local_port: the server's accepted
+// connections (a client of the server in this process has another local port). The descriptors
+// are only a snapshot: the HTTP threads close theirs at any time (shutdown() on a number that has
+// gone, or now names a file, fails harmlessly).
+std::vector<int> connection_sockets(int local_port);
 
 }  // namespace anvil::server

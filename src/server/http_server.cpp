@@ -821,6 +821,21 @@ void HttpServer::shutdown() {
   const auto deadline = clock::now() + std::chrono::seconds(5);
   while (m.open_streams.load() > 0 && clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.svr.stop();
+  // The HTTP library's stop() closes only the listening socket, and serve() returns once every
+  // HTTP thread has: a thread waiting on an idle keep-alive connection holds the exit for the
+  // keep-alive timeout (5 s), one reading a request its client stopped sending midway for the read
+  // timeout (30 s), whatever --shutdown-timeout says. So the connections still open are ended here:
+  // their reading side first, which wakes those threads (they read the end of the stream) and lets
+  // a request already received be read and answered (503) and a reply being written go out whole;
+  // after a grace second, their writing side too, for a thread blocked writing to a client that
+  // stopped reading (it would wait out the write timeout).
+  if (m.port > 0) {
+    for (int fd : connection_sockets(m.port)) ::shutdown(fd, SHUT_RD);
+    const auto grace = clock::now() + std::chrono::seconds(1);
+    while (!connection_sockets(m.port).empty() && clock::now() < grace)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int fd : connection_sockets(m.port)) ::shutdown(fd, SHUT_RDWR);
+  }
 }
 
 }  // namespace anvil::server

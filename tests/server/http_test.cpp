@@ -633,6 +633,53 @@ TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
   EXPECT_EQ(srv.terminate(30), 0);
 }
 
+// SIGTERM with connections that hold no job: an idle keep-alive connection (its reply sent), a
+// request whose body stopped midway, one whose headers did. The HTTP library would wait on them
+// for its keep-alive timeout (5 s) and its read timeout (30 s) before serve() returned; the server
+// ends them instead, so it exits at once with nothing running.
+TEST(HttpLimits, SigtermDoesNotWaitForIdleOrHalfSentConnections) {
+  ServerProcess srv({"--synthetic", "tiny", "-c", "256", "-np", "1", "-t", "2", "--shutdown-timeout", "1"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  RawConnection idle(srv.port()), half_body(srv.port()), half_headers(srv.port());
+  ASSERT_TRUE(idle.send_all("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_NE(idle.read_until("\"ok\"", 10).find("200 OK"), std::string::npos);
+  const std::string b = R"({"prompt": "x", "max_tokens": 1})";
+  ASSERT_TRUE(half_body.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b.substr(0, 5)));
+  ASSERT_TRUE(half_headers.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server's threads are reading them
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(srv.terminate(15), 0) << "the server did not exit within 15 s of SIGTERM";
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 4.0);
+}
+
+// A complete request that arrives while the server drains is read and answered 503 with
+// Retry-After, and the running stream still finishes.
+TEST(HttpLimits, ARequestSentAsSigtermComesIsAnswered503) {
+  ServerProcess srv({"--synthetic", "tiny", "-c", "2048", "-np", "1", "-t", "2", "--shutdown-timeout", "30"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  // A running stream keeps the server draining for a while after the signal.
+  RawConnection running(srv.port()), late(srv.port());
+  json body = chat_body("Go", 1500, true);
+  body.erase("model");
+  const std::string b = body.dump();
+  ASSERT_TRUE(running.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b));
+  ASSERT_NE(running.read_until("\"delta\":{\"content\":\"", 30).find("chunk"), std::string::npos);
+  kill(srv.pid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string c = R"({"prompt": "x", "max_tokens": 1})";
+  ASSERT_TRUE(late.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " + std::to_string(c.size()) + "\r\n\r\n" + c));
+  const std::string got = late.read_until("shutting down", 30);
+  EXPECT_NE(got.find("HTTP/1.1 503"), std::string::npos) << got;
+  EXPECT_NE(got.find("Retry-After: 1"), std::string::npos) << got;
+  const std::string a = running.read_until("data: [DONE]", 60);
+  EXPECT_NE(a.find("\"finish_reason\":\"length\""), std::string::npos) << a.substr(a.size() > 500 ? a.size() - 500 : 0);
+  EXPECT_EQ(srv.terminate(30), 0);
+}
+
 // The bundled model (no chat template): chat completions answer 400, and a greedy completion is
 // the text `anvil generate` produces for the same prompt (a different code path: extend/decode).
 TEST(HttpBundledModel, CompletionEqualsGenerateAndChatNeedsATemplate) {
