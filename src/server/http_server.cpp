@@ -17,6 +17,7 @@
 #include "server/chat_output.h"
 #include "server/chat_page.h"
 #include "server/connection_probe.h"
+#include "server/http_threads.h"
 #include "server/openai_reply.h"
 #include "server/sessions.h"
 #include "tokenizer/reasoning.h"
@@ -777,9 +778,12 @@ Result<int> HttpServer::start() {
     metrics_->add_gauge("anvil_kv_store_queue_depth", "Descriptors waiting in the writer's queue now",
                         [st] { return double(st->queued()); });
   }
+  // Threads for every running and queued stream plus a few from the start; more as connections
+  // need them (idle keep-alive ones, stalled clients), so that none waits unanswered (HttpThreads).
   const int threads = m.opts.http_threads > 0 ? m.opts.http_threads
                                               : m.engine.options().max_seqs + m.opts.max_queue + 8;
-  m.svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  const size_t max_threads = std::max<size_t>(size_t(threads), m.opts.max_http_threads);
+  m.svr.new_task_queue = [threads, max_threads] { return new HttpThreads(size_t(threads), max_threads); };
   m.svr.set_payload_max_length(m.opts.max_body_bytes);
   m.svr.set_read_timeout(30, 0);
   m.svr.set_write_timeout(30, 0);

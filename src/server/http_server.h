@@ -21,7 +21,8 @@ struct ServerOptions {
   std::string cors_origin;     // non-empty: Access-Control-Allow-Origin value ("*" allowed); empty: no CORS
   size_t max_body_bytes = 8u << 20;
   int max_queue = 64;          // requests waiting for a sequence slot; more get 503
-  int http_threads = 0;        // 0: enough for every running and queued stream, plus a few
+  int http_threads = 0;        // started at once; 0: enough for every running and queued stream, plus a few
+  size_t max_http_threads = 1024;  // more are started as connections need them, up to this (HttpThreads)
   double shutdown_timeout_s = 30;  // SIGTERM: how long running requests may take to finish
   bool chat_page = true;
   RequestDefaults defaults;

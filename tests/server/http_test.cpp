@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 #include <chrono>
+#include <memory>
 #include <regex>
 #include <set>
 #include <thread>
@@ -652,6 +653,58 @@ TEST(HttpLimits, SigtermDoesNotWaitForIdleOrHalfSentConnections) {
   EXPECT_EQ(srv.terminate(15), 0) << "the server did not exit within 15 s of SIGTERM";
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 4.0);
+}
+
+// Connections that hold an HTTP thread without a job (a client that stopped sending its request
+// midway, idle keep-alive connections: the openai SDKs keep theirs) do not make later clients wait:
+// a server of one sequence and one queue place starts 10 HTTP threads, and 24 stalled connections
+// held them all, so /health and a request waited unanswered for the read timeout (30 s). Threads
+// are now started as connections need them: both are answered at once, and a burst beyond the
+// queue gets its 503 at once too.
+TEST(HttpLimits, StalledAndIdleConnectionsDoNotMakeOthersWait) {
+  ServerProcess srv({"--synthetic", "tiny", "-c", "256", "-np", "1", "-t", "2", "--max-queue", "1"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  std::vector<std::unique_ptr<RawConnection>> held;
+  for (int i = 0; i < 24; ++i) {
+    held.push_back(std::make_unique<RawConnection>(srv.port()));
+    if (i % 2) {
+      ASSERT_TRUE(held.back()->send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));  // stalls in its headers
+    } else {
+      ASSERT_TRUE(held.back()->send_all("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));  // then stays idle
+      ASSERT_NE(held.back()->read_until("\"ok\"", 10).find("200 OK"), std::string::npos);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // every one of them holds a thread
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(20, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h) << httplib::to_string(h.error());
+  EXPECT_EQ(h->status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  // A burst of 12 requests at one sequence and one queue place: each is answered (200 or 503) at
+  // once, none waits for a thread.
+  std::vector<int> status(12, 0);
+  std::vector<double> took(12, 0);
+  std::vector<std::thread> burst;
+  for (int i = 0; i < 12; ++i)
+    burst.emplace_back([&, i] {
+      httplib::Client bc("127.0.0.1", srv.port());
+      bc.set_read_timeout(20, 0);
+      const auto b0 = std::chrono::steady_clock::now();
+      auto r = bc.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+      status[size_t(i)] = r ? r->status : -1;
+      took[size_t(i)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
+    });
+  for (auto& t : burst) t.join();
+  int ok = 0;
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_TRUE(status[size_t(i)] == 200 || status[size_t(i)] == 503) << "request " << i << ": " << status[size_t(i)];
+    EXPECT_LT(took[size_t(i)], 3.0) << "request " << i;
+    ok += status[size_t(i)] == 200;
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_EQ(srv.terminate(15), 0);
 }
 
 // A complete request that arrives while the server drains is read and answered 503 with
