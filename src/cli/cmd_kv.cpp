@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/kv_options.h"
 #include "kvstore/kvstore.h"
+#include "kvstore/session_kind.h"
 
 namespace anvil::cli {
 namespace {
@@ -96,7 +97,8 @@ int run_kv(KvArgs& a) {
                                    {"error", "session '" + x.name + "' is damaged (" + x.damaged + "); remove it with anvil kv rm " + x.name},
                                    {"updated", when(x.updated_us)}});
         else
-          j["sessions"].push_back({{"name", x.name}, {"tokens", x.tokens.size()}, {"durable_tokens", x.durable_pos},
+          j["sessions"].push_back({{"name", x.name}, {"type", session_kind_name(session_kind(x.meta))},
+                                   {"tokens", x.tokens.size()}, {"durable_tokens", x.durable_pos},
                                    {"updated", when(x.updated_us)}});
       }
       std::printf("%s\n", j.dump().c_str());
@@ -113,8 +115,9 @@ int run_kv(KvArgs& a) {
         std::printf("  %-24s DAMAGED: %s (anvil kv verify; anvil kv rm %s), updated %s UTC\n", x.name.c_str(),
                     x.damaged.c_str(), x.name.c_str(), when(x.updated_us).c_str());
       else
-        std::printf("  %-24s %7zu tokens, %7d durable, updated %s UTC\n", x.name.c_str(), x.tokens.size(),
-                    x.durable_pos, when(x.updated_us).c_str());
+        std::printf("  %-24s %-10s %7zu tokens, %7d durable, updated %s UTC\n", x.name.c_str(),
+                    session_kind_name(session_kind(x.meta)), x.tokens.size(), x.durable_pos,
+                    when(x.updated_us).c_str());
     }
     return 0;
   }
@@ -126,6 +129,7 @@ int run_kv(KvArgs& a) {
     nlohmann::ordered_json j;
     j["name"] = x.name;
     j["fingerprint"] = x.fingerprint.hex();
+    j["type"] = session_kind_name(session_kind(x.meta));
     j["tokens"] = x.tokens.size();
     j["durable_tokens"] = x.durable_pos;
     j["tail"] = {{"first_pos", x.tail_first}, {"tokens", x.tail_n}};

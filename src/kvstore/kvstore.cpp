@@ -206,6 +206,7 @@ Status KVStore::attach(Backend& backend, const KVCacheView& kv, const Hash128& f
   ring_tokens_.assign(Q * size_t(kv.page_size), 0);
   released_.reserve(Q + 4);
   released_swap_.reserve(Q + 4);
+  failed_cap_ = size_t(std::max<int64_t>(kv.n_pages, 1));
   writer_ = std::make_unique<Writer>(*this);
   ANVIL_RETURN_IF_ERROR(writer_->init());
   reserve_restore_staging();
@@ -314,6 +315,38 @@ bool KVStore::page_offer(const Hash128& key, const Hash128& parent, int first_po
     return false;
   ++counters_.pages_reoffered;
   return true;
+}
+
+void KVStore::pages_failed(const std::vector<FailedPage>& pages) {
+  if (pages.empty()) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const FailedPage& p : pages)
+    if (failed_.size() < failed_cap_) failed_.push_back(p);  // beyond: a future miss, as before
+  failed_n_ = failed_.size();
+  if (failed_retry_ms_ == 0) failed_retry_ms_ = std::max(opts_.retry_ms, 0);
+  failed_ready_at_ = Clock::now() + std::chrono::milliseconds(failed_retry_ms_);
+  failed_recovered_ = false;
+  counters_.pages_failed += int64_t(pages.size());
+}
+
+void KVStore::writer_recovered() {
+  std::lock_guard<std::mutex> lk(mu_);
+  failed_recovered_ = true;
+  failed_retry_ms_ = std::max(opts_.retry_ms, 0);
+  failed_ready_at_ = Clock::now();
+}
+
+void KVStore::take_failed(bool all, const std::function<void(int32_t, const Hash128&, int)>& f) {
+  if (failed_n_ == 0) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!all && Clock::now() < failed_ready_at_) return;
+  // A retry while the store has not recovered: the next one waits twice as long (up to 64 times
+  // retry_ms), so a disk that stays full costs ever fewer attempts.
+  if (!failed_recovered_ && !all)
+    failed_retry_ms_ = std::min<int64_t>(int64_t(failed_retry_ms_) * 2, int64_t(std::max(opts_.retry_ms, 0)) * 64);
+  for (const FailedPage& p : failed_) f(p.page, p.key, p.first_pos);
+  failed_.clear();  // keeps its capacity: the writer refills it
+  failed_n_ = 0;
 }
 
 void KVStore::reap(KVPool& pool, bool wait) {

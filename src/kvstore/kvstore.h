@@ -89,12 +89,25 @@
 //     record already counted. The size cap and compaction go by it. kv verify reports a segment
 //     whose count disagrees; gc recounts it, and so does the first writer to start on a catalog
 //     not marked as kept by this accounting (an older anvil's: live_bytes_recount_once).
+// 11. A full page that the writer took but could not store (its append or fdatasync failed, or
+//     the catalog commit of its batch: a full disk, an I/O error) is not lost for good: the writer
+//     lists it (pages_failed: its pool page, chain key and position) and the engine takes the list
+//     (take_failed) and offers each page again, as a dropped one (invariant 4), while its prefix
+//     index still holds it under that key. The list is handed over once a later commit has stored
+//     a page (the disk works again), or retry_ms after the last failure, doubled at each retry that
+//     fails again up to 64 times (a disk that stays full is tried ever less often, never at every
+//     step), and all of it before the store is detached
+//     (Engine::persist_dropped). Nothing is counted durable before its own commit succeeds (a
+//     session's durable position counts catalog rows only, invariant 8), and the list is bounded
+//     by the pool's pages. A page evicted from the prefix index meanwhile is forgotten (a future
+//     miss, recomputed and then stored), as a dropped one is.
 //
 // A page's life (the function behind each transition):
 //
 //   [full in pool] --page_full--> enqueued --Writer::write_page--> written (appended, in the OS cache)
 //        enqueued --(ring full, not a session)--> dropped          |
 //        dropped --page_offer (ring half empty, still indexed)--> enqueued
+//        written/synced --(append, sync or COMMIT failed)--> failed --take_failed + page_offer--> enqueued
 //                                                                  v  Writer::flush: fdatasync
 //                                   committed <--Writer::flush: COMMIT-- synced
 //                                       |  ^  restore_pages: read, check, install in the pool (pinned)
@@ -107,6 +120,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -145,6 +159,11 @@ struct KVStoreOptions {
   // many have accumulated, so the flush's fdatasync waits for less (0: never; durability none never).
   uint64_t writeback_bytes = 1ull << 20;
   int busy_timeout_ms = 10000;         // SQLite lock wait (two processes on one store)
+  // Full pages whose write or catalog commit failed (a full disk) are handed back to the engine to
+  // offer again (take_failed, invariant 11) once a later commit has stored a page (the writer
+  // recovered), or this long after the last failure; while it lasts, each retry doubles the wait
+  // (up to 64 times this), so a disk that stays full is tried ever less often.
+  int retry_ms = 1000;
   // A corrupt catalog: true (engines, for which the store is a cache) moves it aside and starts an
   // empty one; false (anvil kv, which inspects) returns the error and changes nothing.
   bool repair = true;
@@ -155,6 +174,7 @@ struct KVStoreOptions {
 struct KVStoreCounters {
   std::atomic<int64_t> pages_enqueued{0}, pages_written{0}, pages_deduped{0}, pages_dropped{0};
   std::atomic<int64_t> pages_reoffered{0};  // dropped pages queued again by page_offer
+  std::atomic<int64_t> pages_failed{0};     // full pages a failed write or commit lost (take_failed)
   std::atomic<int64_t> tails_written{0}, bytes_written{0}, fsyncs{0}, transactions{0}, write_errors{0};
   std::atomic<int64_t> queue_high_water{0}, writer_busy_ns{0}, decode_blocked_ns{0};
   std::atomic<int64_t> sync_ns{0}, commit_ns{0};  // of writer_busy_ns: in fdatasync, in catalog commits
@@ -209,6 +229,7 @@ class KVStore : public PageStore {
   int restore_tail(std::span<const int32_t> tokens, int first_pos, const Hash128& parent, int max_tokens,
                    KVPool& pool, int32_t* page) override;
   std::vector<std::vector<int32_t>> recent_prefixes(size_t max_pages) override;
+  void take_failed(bool all, const std::function<void(int32_t, const Hash128&, int)>& f) override;
   void reap(KVPool& pool, bool wait) override;
   bool reap_for(KVPool& pool, std::chrono::milliseconds max_wait) override;
 
@@ -375,6 +396,21 @@ class KVStore : public PageStore {
   // Pages the writer has copied, waiting for the decode thread to release them (reap()).
   std::vector<int32_t> released_, released_swap_;
   int64_t retained_ = 0;
+  // Full pages a failed write or commit lost (invariant 11), for take_failed: at most the pool's
+  // pages (a page is listed once per failure; the engine keeps one slot per pool page anyway).
+  struct FailedPage {
+    int32_t page, first_pos;
+    Hash128 key;
+  };
+  std::vector<FailedPage> failed_;
+  std::atomic<size_t> failed_n_{0};  // failed_.size(), read without mu_ by the decode thread
+  size_t failed_cap_ = 0;
+  std::chrono::steady_clock::time_point failed_ready_at_{};  // handed over from then on
+  int failed_retry_ms_ = 0;        // the wait after a failure: retry_ms, doubled at each retry that
+  bool failed_recovered_ = false;  // ... came before the store recovered (a commit stored a page)
+  // Writer: `pages` were lost (not stored); the store recovered (a commit stored a page).
+  void pages_failed(const std::vector<FailedPage>& pages);
+  void writer_recovered();
 
   // Sessions being recorded (invariant 9), by recording id (the descriptor's `session`). The
   // decode thread finds a sequence's recording by a scan: there are at most a few dozen.

@@ -33,4 +33,14 @@ std::string session_kind_what(SessionKind k) {
   return "a record of no kind anvil writes (its meta is neither empty nor a conversation)";
 }
 
+const char* session_kind_name(SessionKind k) {
+  switch (k) {
+    case SessionKind::kCompletion: return "completion";
+    case SessionKind::kChat: return "chat";
+    case SessionKind::kRunText: return "run_text";
+    case SessionKind::kUnreadable: break;
+  }
+  return "unknown";
+}
+
 }  // namespace anvil

@@ -27,4 +27,10 @@ SessionKind session_kind(const std::string& meta);
 // What a session of kind `k` holds, for messages: "a completion document", "a conversation", ...
 std::string session_kind_what(SessionKind k);
 
+// The kind's name in listings (GET /v1/sessions "type", anvil kv ls): "completion" (continued by
+// anvil generate and /v1/completions), "chat" (anvil run and /v1/chat/completions), "run_text"
+// (anvil run's completion-mode text: only anvil run continues it, neither endpoint) and "unknown"
+// (kUnreadable: nothing continues it).
+const char* session_kind_name(SessionKind k);
+
 }  // namespace anvil

@@ -204,9 +204,12 @@ class KVStore::Writer {
     meta.first_pos = d.first_pos;
     meta.tokens.assign(tokens, tokens + d.n);
     auto r = append_record(meta, L.data_bytes(d.n));
-    if (!r.is_ok()) return write_failed(r.status());
+    if (!r.is_ok()) {
+      failed_.push_back({d.page, d.first_pos, d.key});  // this page too: offered again (invariant 11)
+      return write_failed(r.status());
+    }
     pending_.push_back({d.key, d.parent, d.first_pos, std::move(meta.tokens), r->first,
-                        int64_t(seg_->size()) - r->first, r->second});
+                        int64_t(seg_->size()) - r->first, r->second, d.page});
     pending_keys_.insert(d.key);
     ++pending_records_;
     ++s_.counters_.pages_written;
@@ -302,15 +305,19 @@ class KVStore::Writer {
     }
   }
 
-  // A failed append or sync: the batch's records are abandoned (their pages become misses, a
-  // session's durable position does not advance), the segment is cut back to its committed end
-  // and sealed, and the next record starts a new segment.
+  // A failed append or sync: the batch's records are abandoned (a session's durable position does
+  // not advance; its pages are handed back to the engine to offer again, invariant 11), the
+  // segment is cut back to its committed end and sealed, and the next record starts a new segment.
   void write_failed(const Status& st) {
     ++s_.counters_.write_errors;
     if (!warned_) {
-      std::fprintf(stderr, "[anvil] kv store: %s (pages of this batch are not persisted)\n", st.message().c_str());
+      std::fprintf(stderr,
+                   "[anvil] kv store: %s (pages of this batch are not persisted; they are offered again once the "
+                   "store can write)\n",
+                   st.message().c_str());
       warned_ = true;
     }
+    lose_pending();
     pending_.clear();
     pending_keys_.clear();
     pending_records_ = 0;
@@ -323,6 +330,14 @@ class KVStore::Writer {
       (void)seal_.run();
       seg_.reset();
     }
+  }
+
+  // The batch's pages (and any page failed_ already holds) go to the store's failed list, for the
+  // engine to offer again (invariant 11).
+  void lose_pending() {
+    for (const Pending& p : pending_) failed_.push_back({p.page, p.first_pos, p.key});
+    s_.pages_failed(failed_);
+    failed_.clear();
   }
 
   void extend_session_keys(WSess& w, const std::vector<int32_t>& toks, int full) {
@@ -542,12 +557,17 @@ class KVStore::Writer {
           }
         ++s_.counters_.write_errors;
         if (!commit_warned_) {
-          std::fprintf(stderr, "[anvil] kv store: catalog commit failed: %s\n", st.message().c_str());
+          std::fprintf(stderr,
+                       "[anvil] kv store: catalog commit failed: %s (its pages are offered again once a commit "
+                       "succeeds)\n",
+                       st.message().c_str());
           commit_warned_ = true;
         }
         commit_error_ = st.message();
+        lose_pending();  // the batch's pages: not stored, offered again (invariant 11)
       } else {
         if (seg_) committed_end_ = int64_t(seg_->size());
+        if (pending_records_ > 0) s_.writer_recovered();  // records written, synced and committed
         for (auto& [id, w] : ws_)
           if (w.tail.valid) w.tail_committed = true;
         commit_error_.clear();
@@ -651,7 +671,9 @@ class KVStore::Writer {
     std::vector<int32_t> tokens;
     int64_t off, len;
     uint64_t sum;
+    int32_t page;  // the pool page it was copied from (the engine offers it again if lost)
   };
+  std::vector<FailedPage> failed_;  // pages lost by this failure, for lose_pending
   KVStore& s_;
   SqliteDb db_;
   SqliteStmt has_page_, ins_page_, add_live_, set_end_, seal_, touch_, old_tail_, row_tail_, put_session_,

@@ -227,8 +227,15 @@ void Engine::note_dropped(int32_t page, const Hash128& key, int first_pos) {
   dropped_pos_[size_t(page)] = first_pos;
 }
 
+void Engine::take_failed(bool all) {
+  store_->take_failed(all, [this](int32_t page, const Hash128& key, int first_pos) {
+    note_dropped(page, key, first_pos);
+  });
+}
+
 size_t Engine::offer_dropped() {
   if (!store_) return 0;
+  take_failed(false);  // pages the store could not write (a full disk), once it can again
   while (dropped_head_ < dropped_.size()) {
     const int32_t page = dropped_[dropped_head_];
     const Hash128 key = dropped_key_[size_t(page)];
@@ -244,6 +251,10 @@ size_t Engine::offer_dropped() {
 
 void Engine::persist_dropped() {
   if (!store_) return;
+  // What the store has queued is committed or has failed by now; what failed is offered once more,
+  // whenever the store last failed (the process is about to let its prefix cache go).
+  store_->flush();
+  take_failed(true);
   for (size_t left = offer_dropped(); left > 0;) {
     store_->flush();  // the queue drains: room for the next round
     store_->reap(*pool_, false);
@@ -255,7 +266,7 @@ void Engine::persist_dropped() {
 
 void Engine::store_tick() {
   store_->reap(*pool_, false);  // pages the store's writer has copied come back
-  if (dropped_head_ < dropped_.size()) offer_dropped();
+  offer_dropped();              // dropped and failed pages offered again (nothing to do: two loads)
 }
 
 Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t>& ids,

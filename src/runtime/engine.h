@@ -58,10 +58,11 @@ class Engine {
   void set_page_store(PageStore* store);
   PageStore* page_store() const { return store_; }
   const Hash128& cache_root() const { return root_; }
-  // Full pages the store dropped (its queue was full under a burst of pages) and the prefix index
-  // still holds are offered to it again (PageStore::page_offer), oldest first, at every step and
-  // extend, as long as it takes them; a page evicted meanwhile is forgotten. Returns how many still
-  // wait. The server also calls it while idle.
+  // Full pages the store dropped (its queue was full under a burst of pages), or could not write
+  // (PageStore::take_failed: a failed write or commit, handed over once the store recovered), and
+  // the prefix index still holds are offered to it again (PageStore::page_offer), oldest first, at
+  // every step and extend, as long as it takes them; a page evicted meanwhile is forgotten.
+  // Returns how many still wait. The server also calls it while idle.
   size_t offer_dropped();
   // Loads the store's most recently used prefixes (PageStore::recent_prefixes), at most max_pages
   // pages, into the prefix index, as a sequence reusing them would, without computing anything: a
@@ -71,9 +72,10 @@ class Engine {
     size_t prefixes = 0, pages = 0;  // prefixes touched, pages restored from the store
   };
   Warmed warm_from_store(size_t max_pages);
-  // Before the store is detached or shut down: offers every dropped page still indexed, letting the
-  // store's queue drain (PageStore::flush) between rounds, until none is left or one round makes no
-  // progress.
+  // Before the store is detached or shut down: flushes the store, then offers every dropped or
+  // failed page still indexed (failed ones whenever the store last failed: one more try), letting
+  // the store's queue drain (PageStore::flush) between rounds, until none is left or one round
+  // makes no progress.
   void persist_dropped();
 
   // Appends `tokens` to the sequence and computes their KV. Writes the logits of the last token to
@@ -148,6 +150,7 @@ class Engine {
                   std::vector<Hash128>* keys, Hash128* parent, bool mark);
   void publish_full_pages(Seq& s);
   void store_tick();  // the store's copied pages back (reap), then offer_dropped
+  void take_failed(bool all);  // the store's failed pages into the dropped list (note_dropped)
   void note_dropped(int32_t page, const Hash128& key, int first_pos);
   struct Greedy {
     std::span<const int32_t> suppress;

@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -48,6 +49,16 @@ class PageStore {
   virtual std::vector<std::vector<int32_t>> recent_prefixes(size_t max_pages) {
     (void)max_pages;
     return {};
+  }
+  // Full pages the store took (page_full, page_offer) but could not store: their write or the
+  // commit of their batch failed (a full disk). Calls f(pool page, key, first position) for each,
+  // once, so that the engine offers them again (page_offer) while its prefix index holds them.
+  // The store hands them over once it has recovered (a later commit stored a page) or a retry
+  // interval has passed since the last failure; `all`: now, whatever the time (before detaching).
+  // Decode thread; no allocation. Default: none.
+  virtual void take_failed(bool all, const std::function<void(int32_t, const Hash128&, int)>& f) {
+    (void)all;
+    (void)f;
   }
   // Blocks until every page queued so far is written and committed (or failed).
   virtual void flush() = 0;

@@ -204,9 +204,12 @@ bool is_media_part(const std::string& type) {
   return false;
 }
 
-// Message content as the template wants it: a string (text parts joined), or null. Text parts are
-// "text", and also "input_text" / "output_text" (the Responses API's names, which some clients send
-// to chat completions; vLLM takes them too); an assistant message's "refusal" parts are its text.
+// Message content as the template wants it: a string, or null. Text parts are "text", and also
+// "input_text" / "output_text" (the Responses API's names, which some clients send to chat
+// completions; vLLM takes them too); an assistant message's "refusal" parts are its text. The parts
+// that are not empty are joined with "\n", as vLLM ("string" content format) and llama.cpp's server
+// (a template that takes string content) join them, so that the same request renders the same
+// prompt on either; mlx-lm's server joins them with "", which runs two blocks' words together.
 std::optional<ApiError> flatten_content(const ojson& c, const std::string& where, const std::string& role, ojson* out) {
   if (c.is_null() || c.is_string()) {
     *out = c;
@@ -233,7 +236,10 @@ std::optional<ApiError> flatten_content(const ojson& c, const std::string& where
     }
     if (!p.contains(key) || !p[key].is_string())
       return bad("messages", "'" + pw + "." + key + "' must be a string (a part of type '" + type + "')");
-    text += p[key].get<std::string>();
+    const std::string& part = p[key].get_ref<const std::string&>();
+    if (part.empty()) continue;  // vLLM drops an empty part: no separator for it
+    if (!text.empty()) text += '\n';
+    text += part;
   }
   *out = text;
   return std::nullopt;

@@ -67,14 +67,14 @@ ojson session_json(const SessionInfo& s, bool detail) {
     j["updated"] = s.updated_us / 1000000;
     return j;
   }
-  // anvil run's completion-mode text keeps its (system) messages too: listed with them, as before.
+  // Its kind as the endpoints take it (session_kind_error): "chat" only for a conversation, which
+  // alone has messages; anvil run's completion-mode text is "run_text", continued by neither.
   const SessionKind kind = session_kind(s.meta);
-  const bool chat = kind == SessionKind::kChat || kind == SessionKind::kRunText;
-  j["type"] = chat ? "chat" : "completion";
+  j["type"] = session_kind_name(kind);
   j["tokens"] = s.tokens.size();
   j["durable_tokens"] = s.durable_pos;  // tokens whose KV is committed in the store
   j["updated"] = s.updated_us / 1000000;
-  if (chat) {
+  if (kind == SessionKind::kChat) {
     ojson m = parse_meta(s);
     j["messages"] = detail ? m["messages"] : ojson(m["messages"].size());
   }

@@ -165,7 +165,7 @@ TEST(ApiRequest, MessagesBecomeTemplateInput) {
                     &r));
   ASSERT_EQ(r.messages.size(), 4u);
   EXPECT_EQ(r.messages[0]["role"], "system");
-  EXPECT_EQ(r.messages[0]["content"], "ab");
+  EXPECT_EQ(r.messages[0]["content"], "a\nb");
   EXPECT_EQ(r.messages[2]["tool_calls"][0]["function"]["name"], "f");
   EXPECT_EQ(r.messages[3]["tool_call_id"], "c1");
 }
@@ -181,9 +181,38 @@ TEST(ApiRequest, TextPartsUnderEveryNameAndAnAssistantsRefusal) {
                 &r);
   ASSERT_FALSE(e) << e->message;
   ASSERT_EQ(r.messages.size(), 4u);
-  EXPECT_EQ(r.messages[0]["content"], "be terse");
+  EXPECT_EQ(r.messages[0]["content"], "be \nterse");
   EXPECT_EQ(r.messages[1]["content"], "q");
-  EXPECT_EQ(r.messages[2]["content"], "no: I can't.");
+  EXPECT_EQ(r.messages[2]["content"], "no: \nI can't.");
+}
+
+// A message's text parts are joined with "\n", leaving out empty ones, as vLLM joins them (its
+// "string" content format: "\n".join of the parts that are not empty) and llama.cpp's server for a
+// template that takes string content. They were joined with "": two blocks ran into one word
+// ("Hello" + "world" = "Helloworld"), and the same request rendered another prompt than on vLLM.
+TEST(ApiRequest, TextPartsAreJoinedWithANewlineAsVllmJoinsThem) {
+  struct Case {
+    std::vector<std::string> parts;
+    std::string joined;  // "\n".join(p for p in parts if p), vLLM's rule
+  };
+  const std::vector<Case> cases = {
+      {{"Hello", "world"}, "Hello\nworld"},
+      {{"one"}, "one"},
+      {{"a", "", "b"}, "a\nb"},
+      {{"", "q", ""}, "q"},
+      {{"", ""}, ""},
+      {{"line\n", "next"}, "line\n\nnext"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+    for (const std::string& t : c.parts) parts.push_back({{"type", "text"}, {"text", t}});
+    nlohmann::ordered_json body = {{"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", parts}}})}};
+    ApiRequest r;
+    auto e = chat(body.dump(), &r);
+    ASSERT_FALSE(e) << e->message;
+    ASSERT_EQ(r.messages.size(), 1u);
+    EXPECT_EQ(r.messages[0]["content"], c.joined) << body.dump();
+  }
 }
 
 // Every part anvil refuses names the part, its type, and what to send instead.

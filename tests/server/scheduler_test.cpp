@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kvstore/fault_env.h"
+#include "kvstore/sqlite_db.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "server/scheduler.h"
@@ -407,12 +408,15 @@ TEST(Scheduler, LogprobsAreTheRawDistribution) {
 
 // A durable store in `dir` (through `env` when given; a writer's queue of `queue_pages` when > 0)
 // attached to s's engine and pool.
-static std::unique_ptr<KVStore> attach_store(Stack& s, const std::string& dir, Env* env = nullptr, int queue_pages = 0) {
+// retry_ms when >= 0: KVStoreOptions::retry_ms.
+static std::unique_ptr<KVStore> attach_store(Stack& s, const std::string& dir, Env* env = nullptr, int queue_pages = 0,
+                                             int retry_ms = -1) {
   KVStoreOptions so;
   so.dir = dir;
   so.flush_ms = 5;
   so.env = env;
   if (queue_pages > 0) so.queue_pages = queue_pages;
+  if (retry_ms >= 0) so.retry_ms = retry_ms;
   auto opened = KVStore::open(so);
   EXPECT_TRUE(opened.is_ok()) << opened.status().message();
   if (!opened.is_ok()) return nullptr;
@@ -663,6 +667,120 @@ TEST(EngineStore, DroppedPageEvictedMeanwhileIsForgotten) {
 // takes its KV from memory, with the logits of a full recompute. The most recent prefix comes
 // first, a prefix shared by two is loaded once, and a budget cuts the last one taken short (the
 // rest then comes from the store on demand, as without warming).
+namespace {
+// Makes every catalog commit of the store in `dir` fail (a full disk fails SQLite's COMMIT; here a
+// trigger fails the commit's last statement, through a connection of the test's), or lets them be.
+void fail_commits(const std::string& dir, bool on) {
+  SqliteDb db;
+  ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  ASSERT_TRUE(db.exec(on ? "CREATE TRIGGER fail_commit BEFORE UPDATE OF committed_end ON segments "
+                           "BEGIN SELECT RAISE(ABORT, 'injected: the disk is full'); END"
+                         : "DROP TRIGGER fail_commit")
+                  .is_ok());
+}
+// Problems `anvil kv verify` would report on the store in `dir`.
+std::vector<std::string> verify_store(const std::string& dir) {
+  KVStoreOptions o;
+  o.dir = dir;
+  o.repair = false;
+  auto st = KVStore::open(o);
+  if (!st.is_ok()) return {st.status().message()};
+  std::vector<std::string> problems;
+  int64_t records = 0;
+  Status v = (*st)->verify(&problems, &records);
+  if (!v.is_ok() && problems.empty()) problems.push_back(v.message());
+  return problems;
+}
+}  // namespace
+
+// The pages of a batch whose catalog commit failed (a full disk) were lost for good: the writer
+// dropped them, and the engine, whose prefix cache still held them, never offered them again, so
+// the store never had the prompt (every restart recomputed it) although the disk had room again.
+// Now the store hands them back (PageStore::take_failed) once a commit stores a page again, and
+// the engine offers them as it offers dropped ones: a restart finds the whole prompt, with the KV a
+// fresh computation gives. While the store has not recovered (and the retry interval, an hour
+// here, has not passed), nothing is offered: no retry at every step. The store verifies clean.
+TEST(EngineStore, PagesOfAFailedCommitAreOfferedAgainOnceTheStoreRecovers) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_failed_commit_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto first = random_ids(200, 404), second = random_ids(100, 405);  // 12 and 6 full pages
+  {
+    Stack s = make_stack(64, 4);
+    std::unique_ptr<KVStore> store = attach_store(s, dir, nullptr, 0, /*retry_ms=*/3'600'000);
+    ASSERT_TRUE(store);
+    fail_commits(dir, true);
+    std::vector<float> logits;
+    auto a = s.engine->seq_create();
+    ASSERT_TRUE(a.is_ok());
+    ::testing::internal::CaptureStderr();
+    ASSERT_TRUE(s.engine->extend(*a, first, &logits, nullptr).is_ok());
+    store->flush();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("catalog commit failed"), std::string::npos) << err;
+    EXPECT_GE(store->counters().write_errors.load(), 1);
+    EXPECT_EQ(store->counters().pages_failed.load(), 12);
+    s.engine->seq_release(*a);
+    EXPECT_EQ(s.engine->offer_dropped(), 0u);
+    EXPECT_EQ(store->counters().pages_reoffered.load(), 0) << "offered again before the store recovered";
+    fail_commits(dir, false);
+    // A later request: its pages commit, so the store can write again.
+    auto b = s.engine->seq_create();
+    ASSERT_TRUE(b.is_ok());
+    ASSERT_TRUE(s.engine->extend(*b, second, &logits, nullptr).is_ok());
+    store->flush();
+    s.engine->seq_release(*b);
+    EXPECT_EQ(s.engine->offer_dropped(), 0u);  // (the server does this while idle; a step does it too)
+    EXPECT_EQ(store->counters().pages_reoffered.load(), 12) << "the failed commit's pages were not offered again";
+    store->flush();
+    EXPECT_EQ(store->counters().pages_failed.load(), 12);
+    detach_store(s, *store);
+  }
+  const Restored r = restored_after_restart(dir, first);
+  EXPECT_EQ(r.from_store, 192) << "the pages of the failed commit never reached the store";
+  EXPECT_LE(r.max_diff, kRestoredLogitTol);
+  EXPECT_EQ(verify_store(dir), std::vector<std::string>{});
+  fs::remove_all(dir);
+}
+
+// The same for pages whose append failed (no space left on the device): before the store is
+// detached (what anvil generate/run do on exit, and anvil serve at shutdown) every page that failed
+// is offered once more, whether or not the store wrote anything since, so a disk that has room
+// again by then gets the prompt; a restart finds all of it.
+TEST(EngineStore, PagesOfAFailedWriteAreOfferedAgainBeforeDetach) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_failed_write_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto prompt = random_ids(200, 406);
+  {
+    Stack s = make_stack(64, 4);
+    FaultEnv env;
+    std::unique_ptr<KVStore> store = attach_store(s, dir, &env, 0, /*retry_ms=*/3'600'000);
+    ASSERT_TRUE(store);
+    env.set_space_left(0);
+    auto seq = s.engine->seq_create();
+    ASSERT_TRUE(seq.is_ok());
+    std::vector<float> logits;
+    ::testing::internal::CaptureStderr();
+    ASSERT_TRUE(s.engine->extend(*seq, prompt, &logits, nullptr).is_ok());
+    store->flush();
+    (void)::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(store->counters().pages_failed.load(), 12);
+    EXPECT_EQ(s.engine->offer_dropped(), 0u);
+    EXPECT_EQ(store->counters().pages_reoffered.load(), 0);
+    env.set_space_left(-1);
+    s.engine->persist_dropped();
+    EXPECT_EQ(store->counters().pages_reoffered.load(), 12);
+    s.engine->seq_release(*seq);
+    detach_store(s, *store);
+  }
+  const Restored r = restored_after_restart(dir, prompt);
+  EXPECT_EQ(r.from_store, 192) << "the pages whose write failed never reached the store";
+  EXPECT_LE(r.max_diff, kRestoredLogitTol);
+  EXPECT_EQ(verify_store(dir), std::vector<std::string>{});
+  fs::remove_all(dir);
+}
+
 TEST(EngineStore, WarmFromStoreLoadsTheRecentPrefixesIntoTheIndex) {
   namespace fs = std::filesystem;
   const std::string dir = (fs::temp_directory_path() / ("anvil_warm_" + std::to_string(::getpid()))).string();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -670,6 +671,89 @@ TEST(ServeStore, ASessionIsContinuedOnlyAsItsKind) {
     EXPECT_EQ(a.p->terminate(30), 0);
   }
   fs::remove_all(dir);
+}
+
+// Each session is listed as the kind it is, the one the endpoints continue it as, by GET
+// /v1/sessions and anvil kv ls (text and --json) alike, whichever producer recorded it: anvil run
+// (chat, and completion mode: a model without a chat template), anvil generate --session, and the
+// server's two endpoints. anvil run's completion-mode text was listed "type": "chat" (with
+// "messages": 0) although /v1/chat/completions refuses it (its meta holds no conversation), and
+// kv ls gave no kind at all. One model (the tiny code model: its weights and config are its
+// fingerprint), with and without a chat template, so the server lists every session.
+TEST(ServeStore, EachSessionIsListedAsItsKind) {
+  const std::string model = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+  const std::string dir = store_dir("listed"), chat_model = dir + ".model";
+  fs::remove_all(dir);
+  fs::remove_all(chat_model);
+  fs::create_directories(chat_model);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+    fs::create_symlink(model + "/" + f, chat_model + "/" + f);
+  {
+    std::ifstream in(model + "/tokenizer_config.json");
+    json cfg = json::parse(in);
+    ASSERT_FALSE(cfg.contains("chat_template")) << "the tiny code model is the one without a chat template";
+    cfg["chat_template"] =
+        "{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}";
+    std::ofstream(chat_model + "/tokenizer_config.json") << cfg.dump();
+  }
+  auto cli = [&](const char* verb, const std::string& m, std::vector<std::string> extra) {
+    std::vector<std::string> args = {verb, "--device", "cpu", "-m", m, "--kv-store", dir, "-n", "3", "--temp", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return anvil_cli(args);
+  };
+  for (auto [code, out] : {cli("run", chat_model, {"--session", "run-chat", "-p", "Hello"}),
+                           cli("run", model, {"--session", "run-text", "-p", "def f(x):"}),
+                           cli("generate", model, {"--session", "gen", "-p", "def f(x):"})})
+    ASSERT_EQ(code, 0) << out;
+  const std::map<std::string, std::string> want = {{"run-chat", "chat"}, {"run-text", "run_text"}, {"gen", "completion"},
+                                                   {"srv-chat", "chat"}, {"srv-doc", "completion"}};
+  ServerProcess srv({"-m", chat_model, "-c", "256", "--kv-store", dir, "-t", "2"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  auto post = [&](const char* path, const json& body) {
+    auto r = c.Post(path, body.dump(), "application/json");
+    return r ? r->status : -1;
+  };
+  ASSERT_EQ(post("/v1/chat/completions", chat("Hello", "srv-chat", 3)), 200);
+  ASSERT_EQ(post("/v1/completions", doc_turn("def g(y):", 3, "srv-doc")), 200);
+  auto listed = c.Get("/v1/sessions");
+  ASSERT_TRUE(listed && listed->status == 200);
+  const json list = json::parse(listed->body);
+  for (const auto& [name, type] : want) {
+    const json s = find_session(list, name);
+    EXPECT_EQ(s["type"], type) << name << ": " << list;
+    EXPECT_EQ(s.contains("messages"), type == "chat") << name << ": only a conversation has messages: " << s;
+    auto one = c.Get(("/v1/sessions/" + name).c_str());
+    ASSERT_TRUE(one && one->status == 200) << name;
+    EXPECT_EQ(json::parse(one->body)["type"], type) << name;
+  }
+  // What each endpoint does with it is what its type says: continued by the one it names, refused
+  // by the other (run_text by both).
+  for (const auto& [name, type] : want) {
+    EXPECT_EQ(post("/v1/chat/completions", chat("And?", name, 1)), type == "chat" ? 200 : 400) << name;
+    EXPECT_EQ(post("/v1/completions", doc_turn(" more", 1, name)), type == "completion" ? 200 : 400) << name;
+  }
+  EXPECT_EQ(srv.terminate(30), 0);
+  auto [code, out] = anvil_cli({"kv", "ls", "--kv-store", dir, "--json"});
+  ASSERT_EQ(code, 0) << out;
+  const json ls = json::parse(out.substr(out.rfind('\n', out.size() - 2) + 1));  // its last line: stderr comes first
+  std::map<std::string, std::string> got;
+  for (const json& s : ls["sessions"]) got[s["name"]] = s.value("type", "");
+  EXPECT_EQ(got, want) << ls;
+  auto [tcode, text] = anvil_cli({"kv", "ls", "--kv-store", dir});
+  ASSERT_EQ(tcode, 0) << text;
+  for (const auto& [name, type] : want)
+    EXPECT_TRUE(std::regex_search(text, std::regex("\n  " + name + " +" + type + " +[0-9]+ tokens")))
+        << name << " " << type << ": " << text;
+  for (const auto& [name, type] : want) {
+    auto [scode, shown] = anvil_cli({"kv", "show", name, "--kv-store", dir, "--json"});
+    ASSERT_EQ(scode, 0) << shown;
+    EXPECT_EQ(json::parse(shown.substr(shown.rfind('\n', shown.size() - 2) + 1))["type"], type) << name;
+  }
+  fs::remove_all(dir);
+  fs::remove_all(chat_model);
 }
 
 // Damaged KV pages of a sound session are only cache: the next turn recomputes them, with the output
