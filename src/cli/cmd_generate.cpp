@@ -121,7 +121,10 @@ int run_generate(GenerateArgs& a) {
     Status st = store->session_begin(plan.name, *seq, prompt, s.ctx + 1);
     if (!st.is_ok()) return fail(st.message());
   }
-  const bool print_ids = !a.json && !have_text;
+  // Text for a text prompt, and for a session continued without one (--resume/--fork: the
+  // session's document is text); ids for --ids, and where no tokenizer can decode them.
+  const bool print_text = !a.json && text && a.ids.empty();
+  const bool print_ids = !a.json && !print_text;
   std::string all_text, all_reasoning;
   // Prints a chunk: the reasoning with --show-reasoning, then a blank line (the newlines around the
   // reasoning are trimmed: TextOutput) before the answer's first text.
@@ -143,7 +146,7 @@ int run_generate(GenerateArgs& a) {
       bool is_eos = !a.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
       TextOutput::Chunk c = is_eos ? TextOutput::Chunk{} : text->push(id);
       all_reasoning += c.reasoning;
-      if (!a.json && have_text) {
+      if (print_text) {
         print_chunk(c);
         std::fflush(stdout);
       }
@@ -169,7 +172,7 @@ int run_generate(GenerateArgs& a) {
   if (text) {
     TextOutput::Chunk c = text->flush();
     all_reasoning += c.reasoning;
-    if (!a.json && have_text) print_chunk(c);
+    if (print_text) print_chunk(c);
     all_text += c.content;
   }
   std::string finish = r->finish_reason;
