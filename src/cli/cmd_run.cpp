@@ -189,6 +189,7 @@ int run_chat(RunArgs& a) {
         -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   };
   int seq = -1;
+  int exit_code = 0;  // a one-turn run (-p/-f) that Ctrl-C stopped: 130, as anvil generate
   if (interactive)
     std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
                 "answer.\n",
@@ -347,10 +348,13 @@ int run_chat(RunArgs& a) {
       }
     }
     if (store && a.kv.profile) print_kv_profile(*store.get(), s.engine->seq_store_tokens(seq), stderr);
-    if (!interactive) break;
+    if (!interactive) {
+      if (finish == "interrupted") exit_code = 130;
+      break;
+    }
   }
   if (seq >= 0) s.engine->seq_release(seq);
-  return 0;
+  return exit_code;
 }
 
 Command reg("run", "Chat with a model in the terminal (multi-turn), or answer one prompt with -p/-f", 5,

@@ -410,21 +410,29 @@ TEST(CliPrompt, ChatTemplateByDefaultRawOnRequest) {
   EXPECT_FALSE(last_json_line(code.out)["chat_template"].get<bool>());
 }
 
-// Ctrl-C during generate stops it cleanly: the text so far, then the summary (speed, peak memory).
+// Ctrl-C during generate, or during run answering one message (-p), stops it cleanly: the text so
+// far, then the summary (speed, peak memory), and exit code 130, so a script can tell a cut answer
+// from a whole one (run -p exited 0).
 TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
-  const std::string cmd =
-      anvil_command({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ignore-eos", "--ctx", "40010"});
-  // The shell starts anvil in the background and sends SIGINT once it is generating: once text has
-  // appeared (a background job of a non-interactive shell ignores SIGINT until anvil installs its
-  // handler, so a signal sent during a slow start-up — a GPU's initialisation — would be lost).
-  // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
-  const std::string out = ::testing::TempDir() + "/interrupt_out.txt";
-  auto r = run_shell("(" + cmd + " > " + out +
-                     " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
-                     " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
-                     "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
-                     "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
-  EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  for (const std::string command : {"generate", "run"}) {
+    SCOPED_TRACE(command);
+    // run has no --ignore-eos: greedy, this prompt's answer runs far past the time the test waits.
+    std::vector<std::string> args = {command, "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ctx", "40010",
+                                     "--temp", "0", "--no-kv-store"};
+    if (command == "generate") args.push_back("--ignore-eos");
+    const std::string cmd = anvil_command(args);
+    // The shell starts anvil in the background and sends SIGINT once it is generating: once text has
+    // appeared (a background job of a non-interactive shell ignores SIGINT until anvil installs its
+    // handler, so a signal sent during a slow start-up — a GPU's initialisation — would be lost).
+    // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
+    const std::string out = ::testing::TempDir() + "/interrupt_out.txt";
+    auto r = run_shell("(" + cmd + " > " + out +
+                       " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
+                       " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
+                       "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                       "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
+    EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  }
 }
