@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/output.h"
 
 namespace {
 
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   app.name("anvil");  // help's usage lines read "anvil run [OPTIONS]", not "run [OPTIONS]"
   app.set_version_flag("--version", "anvil 0.1.0");
   app.require_subcommand(1);
+  anvil::cli::watch_output();  // a closed stdout is a write error to handle, not a SIGPIPE death
   auto& reg = anvil::cli::command_registry();
   std::sort(reg.begin(), reg.end(), [](auto& a, auto& b) { return a.order < b.order; });
   std::vector<std::pair<CLI::App*, std::function<int()>>> subs;
@@ -65,7 +67,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version print and exit 0 as the library does; any other parse error follows the
     // CLI's one contract (docs/cli.md): "anvil: error: ..." on stderr, exit code 1.
-    if (e.get_exit_code() == 0) return app.exit(e);
+    if (e.get_exit_code() == 0) return anvil::cli::finish_output(app.exit(e));
     if (argc == 1) {
       std::fputs(app.help().c_str(), stderr);
       return 1;
@@ -80,6 +82,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (auto& [sub, run] : subs)
-    if (sub->parsed()) return run();
+    if (sub->parsed()) return anvil::cli::finish_output(run());
   return 1;
 }

@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/kv_options.h"
 #include "cli/interrupt.h"
+#include "cli/output.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "runtime/generate.h"
@@ -202,8 +203,7 @@ int run_chat(RunArgs& a) {
     std::string line;
     if (interactive) {
       std::printf("> ");
-      std::fflush(stdout);
-      if (!read_line(&line)) break;
+      if (!output_ok() || !read_line(&line)) break;  // nobody reads the answers any more, or end of input
       line = valid_utf8_input(std::move(line), "the message");
       if (line == "/quit" || line == "/exit") break;
       if (line == "/reset") {
@@ -298,7 +298,7 @@ int run_chat(RunArgs& a) {
         if (reasoning_shown && answer.content.empty()) std::fputs("\n\n", stdout);
         std::fputs(c.content.c_str(), stdout);
       }
-      std::fflush(stdout);
+      output_ok();  // flushes: the answer streams (a failed write is noticed by on_token)
       answer.reasoning += c.reasoning;
       answer.content += c.content;
     };
@@ -309,7 +309,7 @@ int run_chat(RunArgs& a) {
       if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) return false;
       answer_ids.push_back(id);
       emit(text.push(id));
-      return !interrupted();
+      return !interrupted() && output_ok();  // Ctrl-C, or the output is gone (a closed pipe)
     };
     auto r = generate(*s.engine, seq, req, on_token);
     const bool still_thinking = text.in_reasoning();
@@ -326,9 +326,9 @@ int run_chat(RunArgs& a) {
       continue;  // the history is as it was before this message
     }
     std::string finish = r->finish_reason;
-    if (finish == "cancelled") finish = interrupted() ? "interrupted" : "stop";
+    if (finish == "cancelled") finish = interrupted() || !output_ok() ? "interrupted" : "stop";
     if (finish == "interrupted") std::printf("(stopped)\n");
-    std::fflush(stdout);
+    output_ok();  // flushes (the summary goes to stderr after the answer)
     std::fprintf(stderr, "[anvil] %s\n", generation_summary(*r, finish).c_str());
     // -n counts the reasoning too: say so when the answer never got past it.
     if (finish == "length" && still_thinking)
@@ -352,6 +352,7 @@ int run_chat(RunArgs& a) {
       if (finish == "interrupted") exit_code = 130;
       break;
     }
+    if (!output_ok()) break;  // the answer was cut short because nobody reads it: main() says how
   }
   if (seq >= 0) s.engine->seq_release(seq);
   return exit_code;
