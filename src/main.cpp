@@ -26,6 +26,24 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// When `word` is none of `names`: "unknown <what> 'word'; did you mean '<closest>'? (<what>s: ...;
+// see <help>)" on stderr, and true. A mistyped subcommand is named, never a generic parse error.
+bool refuse_unknown(const std::string& word, const std::vector<std::string>& names, const std::string& what,
+                    const std::string& help) {
+  std::string best, list;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& n : names) {
+    list += (list.empty() ? "" : ", ") + n;
+    size_t d = edit_distance(word, n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  if (best_d == 0) return false;
+  std::string hint = best_d <= std::max<size_t>(2, best.size() / 3) ? "; did you mean '" + best + "'?" : "";
+  std::fprintf(stderr, "anvil: error: unknown %s '%s'%s (%ss: %s; see %s --help)\n", what.c_str(), word.c_str(),
+               hint.c_str(), what.c_str(), list.c_str(), help.c_str());
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,20 +61,24 @@ int main(int argc, char** argv) {
   }
   // The first word names the command: an unknown one is named, with the closest command.
   if (argc > 1 && argv[1][0] != '-') {
-    const std::string word = argv[1];
-    std::string best, names;
-    size_t best_d = SIZE_MAX;
-    for (auto& c : reg) {
-      names += (names.empty() ? "" : ", ") + c.name;
-      size_t d = edit_distance(word, c.name);
-      if (d < best_d) best_d = d, best = c.name;
-      if (d == 0) best_d = 0;
-    }
-    if (best_d != 0) {
-      std::string hint = best_d <= std::max<size_t>(2, best.size() / 3) ? "; did you mean '" + best + "'?" : "";
-      std::fprintf(stderr, "anvil: error: unknown command '%s'%s (commands: %s; see anvil --help)\n", word.c_str(),
-                   hint.c_str(), names.c_str());
-      return 1;
+    std::vector<std::string> names;
+    for (auto& c : reg) names.push_back(c.name);
+    if (refuse_unknown(argv[1], names, "command", "anvil")) return 1;
+    // So is a command's own subcommand (anvil kv lss): its first word that is neither an option
+    // nor an option's value.
+    CLI::App* cmd = app.get_subcommand(argv[1]);
+    std::vector<std::string> subs_of;
+    for (CLI::App* s : cmd->get_subcommands([](CLI::App*) { return true; })) subs_of.push_back(s->get_name());
+    for (int i = 2; i < argc && !subs_of.empty(); ++i) {
+      const std::string w = argv[i];
+      if (w == "--") break;
+      if (w[0] == '-') {
+        const CLI::Option* o = w.find('=') == std::string::npos ? cmd->get_option_no_throw(w) : nullptr;
+        if (o && o->get_items_expected_min() > 0) ++i;  // its value
+        continue;
+      }
+      if (refuse_unknown(w, subs_of, std::string(argv[1]) + " subcommand", std::string("anvil ") + argv[1])) return 1;
+      break;
     }
   }
   // llama-server spells --parallel "-np"; CLI11 short names are one letter, so map it here.

@@ -295,6 +295,20 @@ TEST(CliErrors, TypoAndEmptyPrompt) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("unknown command 'genrate'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("did you mean 'generate'"), std::string::npos) << r.out;
+  // So is a mistyped subcommand of kv (it read "A subcommand is required"), after its options too;
+  // an option's value that looks like a subcommand is a value.
+  const std::string store = ::testing::TempDir() + "/anvil_typo_store_" + std::to_string(getpid());
+  for (const auto& [args, said] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"kv", "lss"}, "unknown kv subcommand 'lss'; did you mean 'ls'?"},
+           {{"kv", "--kv-store", store, "verfy"}, "unknown kv subcommand 'verfy'; did you mean 'verify'?"},
+           {{"kv", "--kv-store=" + store, "remove", "x"}, "unknown kv subcommand 'remove'"}}) {
+    r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("anvil: error: " + said), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("see anvil kv --help"), std::string::npos) << r.out;
+  }
+  r = run_anvil({"kv", "--kv-store", "ls", "ls"}, true);
+  EXPECT_EQ(r.exit_code, 0) << "a store directory named ls: " << r.out;
   r = run_anvil({"generate", "-m", kModel, "-p", ""}, true);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("the prompt is empty"), std::string::npos) << r.out;
