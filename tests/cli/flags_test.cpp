@@ -207,6 +207,24 @@ TEST(CliContext, WarnsAboveMaxPositionEmbeddings) {
   EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
 }
 
+// A forward pass never holds more tokens than the context (of every sequence): a larger --batch is
+// lowered to it, as llama.cpp lowers n_batch to n_ctx, and gives the same tokens; it allocated
+// activations for every row it named (--batch 100000000: "cpu alloc: could not allocate
+// 153600000000 bytes", with no flag named).
+TEST(CliContext, BatchAboveTheContextIsLoweredToIt) {
+  const std::vector<std::string> base = {"generate", "--device", "cpu", "-m", kModel, "-p", "def f(x):\n", "-n", "8",
+                                         "--temp", "0", "--no-kv-store", "--json"};
+  auto plain = run_anvil(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  for (const std::string batch : {"100000000", "2147483647"}) {
+    auto args = base;
+    args.insert(args.end(), {"--batch", batch});
+    auto r = run_anvil(args, true);
+    ASSERT_EQ(r.exit_code, 0) << "--batch " << batch << ": " << r.out;
+    EXPECT_EQ(last_json_line(r.out)["ids"], last_json_line(plain.out)["ids"]) << r.out;
+  }
+}
+
 // The KV pool is max_seqs x the context: a product past 64 bits is refused by name before anything
 // is allocated (serve once failed on its activations' allocation, and a larger per-token size could
 // wrap the pool's byte count around to a small allocation), and a context near INT_MAX no longer
