@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/output.h"
 
 namespace {
 
@@ -25,6 +26,24 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// When `word` is none of `names`: "unknown <what> 'word'; did you mean '<closest>'? (<what>s: ...;
+// see <help>)" on stderr, and true. A mistyped subcommand is named, never a generic parse error.
+bool refuse_unknown(const std::string& word, const std::vector<std::string>& names, const std::string& what,
+                    const std::string& help) {
+  std::string best, list;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& n : names) {
+    list += (list.empty() ? "" : ", ") + n;
+    size_t d = edit_distance(word, n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  if (best_d == 0) return false;
+  std::string hint = best_d <= std::max<size_t>(2, best.size() / 3) ? "; did you mean '" + best + "'?" : "";
+  std::fprintf(stderr, "anvil: error: unknown %s '%s'%s (%ss: %s; see %s --help)\n", what.c_str(), word.c_str(),
+               hint.c_str(), what.c_str(), list.c_str(), help.c_str());
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,6 +51,7 @@ int main(int argc, char** argv) {
   app.name("anvil");  // help's usage lines read "anvil run [OPTIONS]", not "run [OPTIONS]"
   app.set_version_flag("--version", "anvil 0.1.0");
   app.require_subcommand(1);
+  anvil::cli::watch_output();  // a closed stdout is a write error to handle, not a SIGPIPE death
   auto& reg = anvil::cli::command_registry();
   std::sort(reg.begin(), reg.end(), [](auto& a, auto& b) { return a.order < b.order; });
   std::vector<std::pair<CLI::App*, std::function<int()>>> subs;
@@ -41,20 +61,24 @@ int main(int argc, char** argv) {
   }
   // The first word names the command: an unknown one is named, with the closest command.
   if (argc > 1 && argv[1][0] != '-') {
-    const std::string word = argv[1];
-    std::string best, names;
-    size_t best_d = SIZE_MAX;
-    for (auto& c : reg) {
-      names += (names.empty() ? "" : ", ") + c.name;
-      size_t d = edit_distance(word, c.name);
-      if (d < best_d) best_d = d, best = c.name;
-      if (d == 0) best_d = 0;
-    }
-    if (best_d != 0) {
-      std::string hint = best_d <= std::max<size_t>(2, best.size() / 3) ? "; did you mean '" + best + "'?" : "";
-      std::fprintf(stderr, "anvil: error: unknown command '%s'%s (commands: %s; see anvil --help)\n", word.c_str(),
-                   hint.c_str(), names.c_str());
-      return 1;
+    std::vector<std::string> names;
+    for (auto& c : reg) names.push_back(c.name);
+    if (refuse_unknown(argv[1], names, "command", "anvil")) return 1;
+    // So is a command's own subcommand (anvil kv lss): its first word that is neither an option
+    // nor an option's value.
+    CLI::App* cmd = app.get_subcommand(argv[1]);
+    std::vector<std::string> subs_of;
+    for (CLI::App* s : cmd->get_subcommands([](CLI::App*) { return true; })) subs_of.push_back(s->get_name());
+    for (int i = 2; i < argc && !subs_of.empty(); ++i) {
+      const std::string w = argv[i];
+      if (w == "--") break;
+      if (w[0] == '-') {
+        const CLI::Option* o = w.find('=') == std::string::npos ? cmd->get_option_no_throw(w) : nullptr;
+        if (o && o->get_items_expected_min() > 0) ++i;  // its value
+        continue;
+      }
+      if (refuse_unknown(w, subs_of, std::string(argv[1]) + " subcommand", std::string("anvil ") + argv[1])) return 1;
+      break;
     }
   }
   // llama-server spells --parallel "-np"; CLI11 short names are one letter, so map it here.
@@ -65,7 +89,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version print and exit 0 as the library does; any other parse error follows the
     // CLI's one contract (docs/cli.md): "anvil: error: ..." on stderr, exit code 1.
-    if (e.get_exit_code() == 0) return app.exit(e);
+    if (e.get_exit_code() == 0) return anvil::cli::finish_output(app.exit(e));
     if (argc == 1) {
       std::fputs(app.help().c_str(), stderr);
       return 1;
@@ -80,6 +104,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (auto& [sub, run] : subs)
-    if (sub->parsed()) return run();
+    if (sub->parsed()) return anvil::cli::finish_output(run());
   return 1;
 }

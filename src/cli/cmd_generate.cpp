@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "cli/kv_options.h"
+#include "cli/output.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "format/npy.h"
@@ -121,7 +122,10 @@ int run_generate(GenerateArgs& a) {
     Status st = store->session_begin(plan.name, *seq, prompt, s.ctx + 1);
     if (!st.is_ok()) return fail(st.message());
   }
-  const bool print_ids = !a.json && !have_text;
+  // Text for a text prompt, and for a session continued without one (--resume/--fork: the
+  // session's document is text); ids for --ids, and where no tokenizer can decode them.
+  const bool print_text = !a.json && text && a.ids.empty();
+  const bool print_ids = !a.json && !print_text;
   std::string all_text, all_reasoning;
   // Prints a chunk: the reasoning with --show-reasoning, then a blank line (the newlines around the
   // reasoning are trimmed: TextOutput) before the answer's first text.
@@ -135,22 +139,18 @@ int run_generate(GenerateArgs& a) {
     if (!plan.name.empty())  // the sampled id has no KV yet: n_kv still ends before it
       store->session_note(*seq, std::span<const int32_t>(&id, 1), s.engine->seq_kv(*seq), s.engine->seq_tail_page(*seq),
                           s.engine->pool());
-    if (print_ids) {
-      std::printf("%d ", id);
-      std::fflush(stdout);
-    }
+    if (print_ids) std::printf("%d ", id);
     if (text) {
       bool is_eos = !a.ignore_eos && std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
       TextOutput::Chunk c = is_eos ? TextOutput::Chunk{} : text->push(id);
       all_reasoning += c.reasoning;
-      if (!a.json && have_text) {
-        print_chunk(c);
-        std::fflush(stdout);
-      }
+      if (print_text) print_chunk(c);
       all_text += c.content;
       if (text->stopped()) return false;
     }
-    return !interrupted();
+    // Streamed as it comes (output_ok flushes). Ctrl-C, or nobody left to read the output (a closed
+    // pipe: main() exits 141), stops here, and a session still records what was generated.
+    return !interrupted() && output_ok();
   };
   auto r = generate(*s.engine, *seq, req, on_token);
   int durable = -1;
@@ -169,7 +169,7 @@ int run_generate(GenerateArgs& a) {
   if (text) {
     TextOutput::Chunk c = text->flush();
     all_reasoning += c.reasoning;
-    if (!a.json && have_text) print_chunk(c);
+    if (print_text) print_chunk(c);
     all_text += c.content;
   }
   std::string finish = r->finish_reason;
@@ -204,7 +204,7 @@ int run_generate(GenerateArgs& a) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");
-    std::fflush(stdout);  // the text ends before the summary starts, also when both go to one pipe
+    output_ok();  // flushes: the text ends before the summary starts, also when both go to one pipe
     std::string seed = req.sampling.temperature > 0 ? ", seed " + std::to_string(req.sampling.seed) : "";
     std::fprintf(stderr, "[anvil] %s%s\n", generation_summary(*r, finish).c_str(), seed.c_str());
     // -n counts every generated token, hidden reasoning included: say so when it ran out there.

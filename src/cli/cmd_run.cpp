@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/kv_options.h"
 #include "cli/interrupt.h"
+#include "cli/output.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "runtime/generate.h"
@@ -189,6 +190,7 @@ int run_chat(RunArgs& a) {
         -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   };
   int seq = -1;
+  int exit_code = 0;  // a one-turn run (-p/-f) that Ctrl-C stopped: 130, as anvil generate
   if (interactive)
     std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
                 "answer.\n",
@@ -201,8 +203,7 @@ int run_chat(RunArgs& a) {
     std::string line;
     if (interactive) {
       std::printf("> ");
-      std::fflush(stdout);
-      if (!read_line(&line)) break;
+      if (!output_ok() || !read_line(&line)) break;  // nobody reads the answers any more, or end of input
       line = valid_utf8_input(std::move(line), "the message");
       if (line == "/quit" || line == "/exit") break;
       if (line == "/reset") {
@@ -297,7 +298,7 @@ int run_chat(RunArgs& a) {
         if (reasoning_shown && answer.content.empty()) std::fputs("\n\n", stdout);
         std::fputs(c.content.c_str(), stdout);
       }
-      std::fflush(stdout);
+      output_ok();  // flushes: the answer streams (a failed write is noticed by on_token)
       answer.reasoning += c.reasoning;
       answer.content += c.content;
     };
@@ -308,7 +309,7 @@ int run_chat(RunArgs& a) {
       if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) return false;
       answer_ids.push_back(id);
       emit(text.push(id));
-      return !interrupted();
+      return !interrupted() && output_ok();  // Ctrl-C, or the output is gone (a closed pipe)
     };
     auto r = generate(*s.engine, seq, req, on_token);
     const bool still_thinking = text.in_reasoning();
@@ -325,9 +326,9 @@ int run_chat(RunArgs& a) {
       continue;  // the history is as it was before this message
     }
     std::string finish = r->finish_reason;
-    if (finish == "cancelled") finish = interrupted() ? "interrupted" : "stop";
+    if (finish == "cancelled") finish = interrupted() || !output_ok() ? "interrupted" : "stop";
     if (finish == "interrupted") std::printf("(stopped)\n");
-    std::fflush(stdout);
+    output_ok();  // flushes (the summary goes to stderr after the answer)
     std::fprintf(stderr, "[anvil] %s\n", generation_summary(*r, finish).c_str());
     // -n counts the reasoning too: say so when the answer never got past it.
     if (finish == "length" && still_thinking)
@@ -347,10 +348,14 @@ int run_chat(RunArgs& a) {
       }
     }
     if (store && a.kv.profile) print_kv_profile(*store.get(), s.engine->seq_store_tokens(seq), stderr);
-    if (!interactive) break;
+    if (!interactive) {
+      if (finish == "interrupted") exit_code = 130;
+      break;
+    }
+    if (!output_ok()) break;  // the answer was cut short because nobody reads it: main() says how
   }
   if (seq >= 0) s.engine->seq_release(seq);
-  return 0;
+  return exit_code;
 }
 
 Command reg("run", "Chat with a model in the terminal (multi-turn), or answer one prompt with -p/-f", 5,

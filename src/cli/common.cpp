@@ -335,7 +335,11 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     if (!kv.is_ok()) return kv.status();
   }
   const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
-  const int batch = o.batch > 0 ? o.batch : default_batch(on_cuda, max_seqs);
+  // No forward pass holds more tokens than every sequence's whole context: a larger --batch (or
+  // default) is lowered to that, as llama.cpp lowers n_batch to n_ctx, instead of allocating
+  // activations for rows no step can fill (--batch 100000000 failed to allocate 143 GiB).
+  const int batch = int(std::min<int64_t>(o.batch > 0 ? o.batch : default_batch(on_cuda, max_seqs),
+                                          int64_t(s.ctx) * max_seqs));
 #ifdef ANVIL_HAVE_CUDA
   if (on_cuda) ANVIL_RETURN_IF_ERROR(cuda_memory_preflight(*s.model, o, batch, s.ctx, max_seqs));
 #endif
@@ -362,7 +366,13 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     }
     run_on = s.profiler.get();
   }
-  ANVIL_ASSIGN_OR_RETURN(s.transformer, Transformer::create(s.model->config, dw, *run_on, batch, logit_rows_for(batch, max_seqs)));
+  auto transformer = Transformer::create(s.model->config, dw, *run_on, batch, logit_rows_for(batch, max_seqs));
+  if (!transformer.is_ok() && transformer.status().code() == StatusCode::kOutOfMemory)  // scratch sized by the batch
+    return Status(transformer.status().code(), "the activations for --batch " + std::to_string(batch) +
+                                                   " tokens per forward pass: " + transformer.status().message() +
+                                                   " (lower --batch or --ctx)");
+  if (!transformer.is_ok()) return transformer.status();
+  s.transformer = std::move(transformer).value();
   eo.page_size = o.page_size;
   eo.max_context = s.ctx;
   eo.max_seqs = max_seqs;

@@ -207,6 +207,24 @@ TEST(CliContext, WarnsAboveMaxPositionEmbeddings) {
   EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
 }
 
+// A forward pass never holds more tokens than the context (of every sequence): a larger --batch is
+// lowered to it, as llama.cpp lowers n_batch to n_ctx, and gives the same tokens; it allocated
+// activations for every row it named (--batch 100000000: "cpu alloc: could not allocate
+// 153600000000 bytes", with no flag named).
+TEST(CliContext, BatchAboveTheContextIsLoweredToIt) {
+  const std::vector<std::string> base = {"generate", "--device", "cpu", "-m", kModel, "-p", "def f(x):\n", "-n", "8",
+                                         "--temp", "0", "--no-kv-store", "--json"};
+  auto plain = run_anvil(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  for (const std::string batch : {"100000000", "2147483647"}) {
+    auto args = base;
+    args.insert(args.end(), {"--batch", batch});
+    auto r = run_anvil(args, true);
+    ASSERT_EQ(r.exit_code, 0) << "--batch " << batch << ": " << r.out;
+    EXPECT_EQ(last_json_line(r.out)["ids"], last_json_line(plain.out)["ids"]) << r.out;
+  }
+}
+
 // The KV pool is max_seqs x the context: a product past 64 bits is refused by name before anything
 // is allocated (serve once failed on its activations' allocation, and a larger per-token size could
 // wrap the pool's byte count around to a small allocation), and a context near INT_MAX no longer
@@ -295,6 +313,20 @@ TEST(CliErrors, TypoAndEmptyPrompt) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("unknown command 'genrate'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("did you mean 'generate'"), std::string::npos) << r.out;
+  // So is a mistyped subcommand of kv (it read "A subcommand is required"), after its options too;
+  // an option's value that looks like a subcommand is a value.
+  const std::string store = ::testing::TempDir() + "/anvil_typo_store_" + std::to_string(getpid());
+  for (const auto& [args, said] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"kv", "lss"}, "unknown kv subcommand 'lss'; did you mean 'ls'?"},
+           {{"kv", "--kv-store", store, "verfy"}, "unknown kv subcommand 'verfy'; did you mean 'verify'?"},
+           {{"kv", "--kv-store=" + store, "remove", "x"}, "unknown kv subcommand 'remove'"}}) {
+    r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("anvil: error: " + said), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("see anvil kv --help"), std::string::npos) << r.out;
+  }
+  r = run_anvil({"kv", "--kv-store", "ls", "ls"}, true);
+  EXPECT_EQ(r.exit_code, 0) << "a store directory named ls: " << r.out;
   r = run_anvil({"generate", "-m", kModel, "-p", ""}, true);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("the prompt is empty"), std::string::npos) << r.out;
@@ -410,21 +442,29 @@ TEST(CliPrompt, ChatTemplateByDefaultRawOnRequest) {
   EXPECT_FALSE(last_json_line(code.out)["chat_template"].get<bool>());
 }
 
-// Ctrl-C during generate stops it cleanly: the text so far, then the summary (speed, peak memory).
+// Ctrl-C during generate, or during run answering one message (-p), stops it cleanly: the text so
+// far, then the summary (speed, peak memory), and exit code 130, so a script can tell a cut answer
+// from a whole one (run -p exited 0).
 TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
-  const std::string cmd =
-      anvil_command({"generate", "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ignore-eos", "--ctx", "40010"});
-  // The shell starts anvil in the background and sends SIGINT once it is generating: once text has
-  // appeared (a background job of a non-interactive shell ignores SIGINT until anvil installs its
-  // handler, so a signal sent during a slow start-up — a GPU's initialisation — would be lost).
-  // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
-  const std::string out = ::testing::TempDir() + "/interrupt_out.txt";
-  auto r = run_shell("(" + cmd + " > " + out +
-                     " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
-                     " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
-                     "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
-                     "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
-  EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  for (const std::string command : {"generate", "run"}) {
+    SCOPED_TRACE(command);
+    // run has no --ignore-eos: greedy, this prompt's answer runs far past the time the test waits.
+    std::vector<std::string> args = {command, "-m", kModel, "-p", "def f(x):\n", "-n", "40000", "--ctx", "40010",
+                                     "--temp", "0", "--no-kv-store"};
+    if (command == "generate") args.push_back("--ignore-eos");
+    const std::string cmd = anvil_command(args);
+    // The shell starts anvil in the background and sends SIGINT once it is generating: once text has
+    // appeared (a background job of a non-interactive shell ignores SIGINT until anvil installs its
+    // handler, so a signal sent during a slow start-up — a GPU's initialisation — would be lost).
+    // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
+    const std::string out = ::testing::TempDir() + "/interrupt_out.txt";
+    auto r = run_shell("(" + cmd + " > " + out +
+                       " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
+                       " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
+                       "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                       "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
+    EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  }
 }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "cli_helpers.h"
@@ -307,6 +308,44 @@ TEST(KvStoreCli, ResumeWithAnExtraPromptAppendsIt) {
   auto plain = run_json(gen("", {"--ids", csv, "-n", "6"}));
   EXPECT_EQ(ids_of(b), ids_of(plain)) << "the same as sending the whole history as a prompt";
   EXPECT_GT(b["store_prompt_tokens"].get<int>(), 0);
+}
+
+// A session continued without a prompt (--resume or --fork, no -p) prints its continuation as text,
+// as the run that recorded it did, not as token ids (which only --ids, or a model without a
+// tokenizer, gets): the same text --json reports for the same tokens.
+TEST(KvStoreCli, ContinuingWithoutAPromptPrintsText) {
+  StoreDir d;
+  run_json(gen(d.path, {"-p", kPrompt, "-n", "6", "--session", "s"}));
+  for (const std::string how : {"--resume", "--fork"}) {
+    SCOPED_TRACE(how);
+    // Two equal copies of the session: one continued as plain output, one with --json.
+    for (const std::string copy : {"plain", "json"}) run_json(gen(d.path, {"--session", "s", "--fork", copy, "-n", "0"}));
+    auto args = [&](const std::string& name) {
+      std::vector<std::string> a = {"generate", "--device", "cpu", "-m", kModel, "--temp", "0", "--ignore-eos",
+                                    "--kv-store", d.path, "--session", name, "-n", "12"};
+      if (how == "--resume") a.push_back("--resume");
+      else a.insert(a.end(), {"--fork", name + "_next"});
+      return a;
+    };
+    auto plain = run_anvil(args("plain"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.out;
+    auto json_args = args("json");
+    json_args.push_back("--json");
+    auto j = run_json(json_args);
+    ASSERT_EQ(ids_of(j).size(), 12u);
+    const std::string text = j["text"].get<std::string>();
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(plain.out, text + "\n") << "ids " << j["ids"].dump();
+    for (const std::string copy : {"plain", "json"}) run_anvil({"kv", "rm", copy, "--kv-store", d.path});
+  }
+  // --ids still prints ids.
+  auto ids = run_anvil({"generate", "--device", "cpu", "-m", kModel, "--temp", "0", "--ignore-eos", "--kv-store", d.path,
+                        "--session", "s", "--resume", "--ids", "300,301", "-n", "3"});
+  ASSERT_EQ(ids.exit_code, 0) << ids.out;
+  std::istringstream in(ids.out);
+  int n = 0;
+  for (int id; in >> id;) ++n;
+  EXPECT_EQ(n, 3) << ids.out;
 }
 
 // Two processes recording one session at once would interleave two turns into one row (one of them
