@@ -124,7 +124,6 @@ int run_chat(RunArgs& a) {
   const int answer_room = std::min(a.n, std::max(1, s.ctx / 4));
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
-  const size_t first_turn = messages.size();
   std::vector<int32_t> document;  // completion mode
   if (plan.resumed) {  // a session keeps the conversation in its meta
     // Of this command's kind (plan_session, session_kind.h): "messages" is an array of messages,
@@ -140,9 +139,23 @@ int run_chat(RunArgs& a) {
       return std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
     };
     if (chat && !messages.empty() && messages.back()["role"] == "user") {
-      auto asked = text.encode_messages(messages, a.thinking);
-      if (asked.is_ok() && plan.history.size() >= asked->size() &&
-          std::equal(asked->begin(), asked->end(), plan.history.begin())) {
+      // The prompt the cut turn was given: the conversation rendered with the thinking flag of the
+      // run that began it, which need not be this run's (--thinking/--no-thinking is per run). Of
+      // the renderings the session's tokens begin with, the longest is that prompt (Qwen3's
+      // enable_thinking=false one adds an empty think block to the other).
+      std::optional<std::vector<int32_t>> asked;
+      std::optional<bool> asked_thinking;
+      for (std::optional<bool> th : {a.thinking, std::optional<bool>(), std::optional<bool>(true),
+                                     std::optional<bool>(false)}) {
+        auto ids = text.encode_messages(messages, th);
+        if (ids.is_ok() && plan.history.size() >= ids->size() &&
+            std::equal(ids->begin(), ids->end(), plan.history.begin()) && (!asked || ids->size() > asked->size())) {
+          asked = std::move(*ids);
+          asked_thinking = th;
+        }
+      }
+      if (asked) {
+        (void)text.encode_messages(messages, asked_thinking);  // the answer's reasoning split follows that prompt
         TextOutput::Chunk answer;
         int n = 0;
         text.begin_answer();
@@ -183,6 +196,11 @@ int run_chat(RunArgs& a) {
       std::printf("(resumed session %s: %zu tokens of text%s)\n", plan.name.c_str(), document.size(),
                   cut.empty() ? "" : ("; " + cut).c_str());
   }
+  // The first message a dropped turn or /reset may take: the system message stays, the --system of
+  // this run or the one a resumed conversation begins with (it was this run's --system when the
+  // session began, and a resumed run without --system keeps it as an uninterrupted run would).
+  const size_t first_turn =
+      !messages.empty() && messages[0].is_object() && messages[0].value("role", "") == "system" ? 1 : 0;
   // The conversation as a session records it: anvil run's format (the server's too), plus the
   // number of turns begun (the next answer's seed).
   auto session_meta = [&](const nlohmann::ordered_json& msgs, const std::vector<int32_t>& doc) {

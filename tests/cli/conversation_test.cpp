@@ -236,3 +236,49 @@ TEST_F(Conversation, ResumedSessionContinuesTheSeedSequence) {
     EXPECT_EQ(got, answers[k] + "\n") << "turn " << k;
   }
 }
+
+// A session's system message stays when a resumed run drops the oldest turns (the conversation no
+// longer fits in --ctx) or clears it with /reset, as in an uninterrupted run: the resumed run
+// without --system took the system message for the oldest turn and dropped it (later prompts then
+// differed from the uninterrupted run's), and /reset cleared it.
+TEST_F(Conversation, AResumedSessionKeepsItsSystemMessage) {
+  const std::string system = "You are a careful assistant who answers briefly.";
+  const std::vector<std::string> turns = {"first question", "second question", "third question", "fourth question",
+                                          "fifth question"};
+  const std::vector<std::string> common = {"run", "--synthetic", "tiny", "-n", "16", "-c", "128", "--temp", "0"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::string lines, err_whole;
+  for (const auto& t : turns) lines += t + "\\n";
+  auto whole = run_piped(lines, with({"--no-kv-store", "--system", system}), &err_whole);
+  ASSERT_EQ(whole.exit_code, 0) << err_whole;
+  ASSERT_NE(err_whole.find("dropped"), std::string::npos) << "no turn was dropped: raise the turns\n" << err_whole;
+  std::vector<int> resumed;
+  for (size_t k = 0; k < turns.size(); ++k) {
+    std::vector<std::string> extra = {"--kv-store", store_, "--session", "s", "-p", turns[k]};
+    if (k == 0) extra.insert(extra.end(), {"--system", system});
+    else extra.push_back("--resume");
+    auto r = run_anvil(with(extra), true);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    for (int n : prompt_sizes(r.out)) resumed.push_back(n);
+  }
+  EXPECT_EQ(resumed, prompt_sizes(err_whole)) << err_whole;
+  auto meta = ojson::parse(session("s").meta);
+  ASSERT_FALSE(meta["messages"].empty());
+  EXPECT_EQ(meta["messages"][0], (ojson{{"role", "system"}, {"content", system}})) << meta.dump();
+  // /reset in a resumed run keeps the system message: its next prompt is a fresh conversation's.
+  std::string err_reset, err_fresh;
+  auto reset = run_piped("/reset\\nhello\\n", with({"--kv-store", store_, "--session", "s", "--resume"}), &err_reset);
+  auto fresh = run_piped("hello\\n", with({"--no-kv-store", "--system", system}), &err_fresh);
+  ASSERT_EQ(reset.exit_code, 0) << err_reset;
+  ASSERT_EQ(fresh.exit_code, 0) << err_fresh;
+  EXPECT_EQ(prompt_sizes(err_reset), prompt_sizes(err_fresh)) << err_reset << "\n---\n" << err_fresh;
+  std::string after = reset.out.substr(reset.out.find('\n') + 1);  // "(resumed session s: ...)"
+  const std::string cleared = "(conversation cleared)\n> ";
+  ASSERT_NE(after.find(cleared), std::string::npos) << after;
+  after.erase(after.find(cleared), cleared.size());
+  EXPECT_EQ(after, fresh.out) << "the same answer";
+}

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -439,8 +440,11 @@ TEST(KvStoreCli, VerifyReportsADamagedCatalogAndLeavesIt) {
 // every flush, its conversation only when the turn began. Resuming keeps the answer as far as it
 // was committed (said on the console), never drops it or glues the next line onto the question:
 // in completion mode (the tiny code model) as text, in chat mode (a model with a chat template) as
-// the assistant's message.
-void run_killed_mid_answer(const std::vector<std::string>& model, bool completion) {
+// the assistant's message. `killed` / `resumed`: more flags for the run that is killed and for the
+// one that resumes it (--thinking/--no-thinking is per run: the resume finds the cut turn's prompt
+// whatever its own).
+void run_killed_mid_answer(const std::vector<std::string>& model, bool completion,
+                           const std::vector<std::string>& killed = {}, const std::vector<std::string>& resumed = {}) {
   StoreDir d;
   fs::create_directories(d.path);
   pid_t pid = fork();
@@ -453,6 +457,7 @@ void run_killed_mid_answer(const std::vector<std::string>& model, bool completio
     args.insert(args.end(), model.begin(), model.end());
     args.insert(args.end(), {"--kv-store", d.path, "--session", "K", "-p", kPrompt, "-n", "100000", "--temp", "0.9",
                              "--seed", "4", "-t", "1"});
+    args.insert(args.end(), killed.begin(), killed.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -476,9 +481,33 @@ void run_killed_mid_answer(const std::vector<std::string>& model, bool completio
   std::vector<std::string> again = {"run", "--device", "cpu"};
   again.insert(again.end(), model.begin(), model.end());
   again.insert(again.end(), {"--kv-store", d.path, "--session", "K", "--resume", "-p", "x = 1", "-n", "2", "--temp", "0"});
+  again.insert(again.end(), resumed.begin(), resumed.end());
   auto r = run_anvil(again, true);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("the last answer was cut short after"), std::string::npos) << r.out;
+  if (!completion) {
+    // Every committed token after the cut turn's prompt is its answer (none of that prompt's), and
+    // the conversation goes on as question, answer, question, answer.
+    std::vector<std::string> ask = {"run", "--device", "cpu", "--no-kv-store", "-p", kPrompt, "-n", "1"};
+    ask.insert(ask.begin() + 1, model.begin(), model.end());
+    ask.insert(ask.end(), killed.begin(), killed.end());
+    auto p = run_anvil(ask, true);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(p.out, m, std::regex("prompt ([0-9]+) tokens"))) << p.out;
+    const int asked = std::stoi(m[1]);
+    EXPECT_NE(r.out.find("cut short after " + std::to_string(committed - asked) + " tokens"), std::string::npos)
+        << r.out << "(" << committed << " tokens committed, a prompt of " << asked << ")";
+    anvil::KVStoreOptions o;
+    o.dir = d.path;
+    auto st = anvil::KVStore::open(o);
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    auto s = (*st)->get_session("K");
+    ASSERT_TRUE(s.is_ok() && s->has_value());
+    std::vector<std::string> roles;
+    const auto meta = nlohmann::json::parse((*s)->meta);
+    for (const auto& msg : meta["messages"]) roles.push_back(msg["role"]);
+    EXPECT_EQ(roles, (std::vector<std::string>{"user", "assistant", "user", "assistant"})) << (*s)->meta;
+  }
   // A chat turn is re-rendered through the template (the answer's text, re-encoded, and Qwen3's
   // template drops earlier reasoning): the ids need not repeat. A document goes on exactly.
   if (!completion) return;
@@ -493,6 +522,14 @@ void run_killed_mid_answer(const std::vector<std::string>& model, bool completio
 TEST(KvStoreCli, RunKilledMidAnswerResumesWithWhatWasAnswered) { run_killed_mid_answer({"-m", kModel}, true); }
 TEST(KvStoreCli, ChatRunKilledMidAnswerResumesWithWhatWasAnswered) {
   run_killed_mid_answer({"--synthetic", "tiny:q4g64"}, false);
+}
+// The cut turn thought (Qwen3's default) and the resuming run says --no-thinking, or the other way
+// round: the resume rendered the conversation with its own flag only, so it missed the cut turn's
+// prompt, kept neither the answer nor the question's end (two user messages in a row followed), or
+// counted the empty think block of a --no-thinking prompt as answered tokens.
+TEST(KvStoreCli, ChatRunKilledMidAnswerResumesUnderAnotherThinkingFlag) {
+  run_killed_mid_answer({"--synthetic", "tiny:q4g64"}, false, {}, {"--no-thinking"});
+  run_killed_mid_answer({"--synthetic", "tiny:q4g64"}, false, {"--no-thinking"}, {"--thinking"});
 }
 
 // A session recorded under a cap far below its own KV (--kv-store-max 1, a commit per page, no tail
