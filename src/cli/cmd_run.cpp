@@ -104,7 +104,21 @@ int run_chat(RunArgs& a) {
                  dir.c_str(), a.thinking ? "; --thinking/--no-thinking have no effect" : "");
   // A session of run's is a conversation (a model without a chat template: its text); another kind is
   // refused (plan_session), never overwritten. Declared after the stack: detached and flushed before it goes.
-  auto opened = open_store_session(a.kv, s, chat ? SessionKind::kChat : SessionKind::kRunText);
+  // A conversation that has begun keeps its system message: --system may repeat it, never change or
+  // add one (it would be dropped silently), so another is refused before anything is written.
+  SessionCheck same_system;
+  if (chat && !a.system.empty())
+    same_system = [&](const SessionInfo& info) -> Status {
+      const auto m = nlohmann::ordered_json::parse(info.meta, nullptr, false);
+      const auto msgs = m.is_object() ? m.value("messages", nlohmann::ordered_json::array()) : nlohmann::ordered_json();
+      const bool has = msgs.is_array() && !msgs.empty() && msgs[0].is_object() && msgs[0].value("role", "") == "system";
+      if (has && msgs[0].contains("content") && msgs[0]["content"] == a.system) return Status::ok();
+      return invalid_argument("--system: session '" + info.name + "' " +
+                              (has ? "began with another system message" : "has no system message") +
+                              ", and a conversation keeps the one it began with: drop --system to continue it as "
+                              "it is, or begin a new session with it (the session is left as it is)");
+    };
+  auto opened = open_store_session(a.kv, s, chat ? SessionKind::kChat : SessionKind::kRunText, same_system);
   if (!opened.is_ok()) return fail(opened.status().message());
   AttachedStore& store = opened->store;
   const SessionPlan& plan = opened->plan;

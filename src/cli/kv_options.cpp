@@ -140,7 +140,7 @@ static std::string other_kind(const KVStoreFlags& f, const SessionInfo& info, Se
   return m + " (it is left as it is)";
 }
 
-Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionKind kind) {
+Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionKind kind, const SessionCheck& accept) {
   SessionPlan p;
   if (f.session.empty()) {
     if (f.resume || !f.fork.empty()) return invalid_argument("--resume and --fork need --session NAME");
@@ -159,6 +159,7 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionK
       return invalid_argument("session '" + f.session +
                               "' was recorded with another model or KV layout (--kv-dtype, --page-size)");
     if (session_kind(info->meta) != kind) return invalid_argument(other_kind(f, *info, kind));  // before a fork
+    if (accept) ANVIL_RETURN_IF_ERROR(accept(*info));
     p.history = info->tokens;
     p.meta = info->meta;
     p.resumed = true;
@@ -181,12 +182,12 @@ Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionK
   return p;
 }
 
-Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s, SessionKind kind) {
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s, SessionKind kind, const SessionCheck& accept) {
   auto attached = attach_kv_store(f, s);
   if (!attached.is_ok()) return attached.status();
   StoreSession r{std::move(attached).value(), {}};  // AttachedStore moves by construction only
   if (r.store) {
-    ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get(), kind));
+    ANVIL_ASSIGN_OR_RETURN(r.plan, plan_session(f, r.store.get(), kind, accept));
   }
   return r;
 }

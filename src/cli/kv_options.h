@@ -4,6 +4,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,7 +67,12 @@ struct SessionPlan {
   std::string meta;                 // its meta (anvil run's conversation)
   bool resumed = false;
 };
-Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionKind kind);
+// `accept`, when given, vets a stored session that is to be continued (--resume, --fork from it)
+// once its kind is right, before a fork is made: an error from it is the plan's (anvil run: a
+// --system other than the conversation's own).
+using SessionCheck = std::function<Status(const SessionInfo&)>;
+Result<SessionPlan> plan_session(const KVStoreFlags& f, KVStore* store, SessionKind kind,
+                                 const SessionCheck& accept = {});
 
 // attach_kv_store, then plan_session when a store is open: what a model-running subcommand does
 // before its first sequence. Declare the result after the stack (the store goes first).
@@ -74,7 +80,8 @@ struct StoreSession {
   AttachedStore store;
   SessionPlan plan;
 };
-Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s, SessionKind kind);
+Result<StoreSession> open_store_session(const KVStoreFlags& f, Stack& s, SessionKind kind,
+                                        const SessionCheck& accept = {});
 
 // --profile: the store's counters, one line each, to `out`; and the same as JSON.
 void print_kv_profile(const KVStore& store, int store_prompt_tokens, std::FILE* out);

@@ -282,3 +282,41 @@ TEST_F(Conversation, AResumedSessionKeepsItsSystemMessage) {
   after.erase(after.find(cleared), cleared.size());
   EXPECT_EQ(after, fresh.out) << "the same answer";
 }
+
+// --system on a resumed (or forked) conversation: the one it began with is kept, so another one was
+// dropped without a word. Now it may repeat the conversation's own; another (or one for a session
+// begun without) is refused, exit code 1, and the session is left as it is (no fork made).
+TEST_F(Conversation, ASystemMessageOtherThanTheSessionsIsRefused) {
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"run", "--synthetic", "tiny", "-n", "4", "--temp", "0", "--kv-store", store_};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_anvil(a, true);
+  };
+  ASSERT_EQ(run({"--session", "s", "--system", "Be brief.", "-p", "hi"}).exit_code, 0);
+  auto same = run({"--session", "s", "--resume", "--system", "Be brief.", "-p", "again"});
+  EXPECT_EQ(same.exit_code, 0) << same.out;
+  const auto before = session("s");
+  for (const auto& extra : {std::vector<std::string>{"--resume"}, std::vector<std::string>{"--fork", "t"}}) {
+    std::vector<std::string> a = {"--session", "s", "--system", "Be verbose.", "-p", "more"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto other = run(a);
+    EXPECT_EQ(other.exit_code, 1) << other.out;
+    EXPECT_NE(other.out.find("--system: session 's' began with another system message"), std::string::npos)
+        << other.out;
+  }
+  const auto after = session("s");
+  EXPECT_EQ(after.tokens, before.tokens);
+  EXPECT_EQ(after.meta, before.meta);
+  anvil::KVStoreOptions o;
+  o.dir = store_;
+  auto st = anvil::KVStore::open(o);
+  ASSERT_TRUE(st.is_ok());
+  auto t = (*st)->get_session("t");
+  ASSERT_TRUE(t.is_ok());
+  EXPECT_FALSE(t->has_value()) << "the refused --fork made a session";
+  st->reset();
+  ASSERT_EQ(run({"--session", "n", "-p", "hi"}).exit_code, 0);
+  auto none = run({"--session", "n", "--resume", "--system", "Be brief.", "-p", "again"});
+  EXPECT_EQ(none.exit_code, 1) << none.out;
+  EXPECT_NE(none.out.find("session 'n' has no system message"), std::string::npos) << none.out;
+}
