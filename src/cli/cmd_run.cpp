@@ -21,6 +21,7 @@
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "runtime/generate.h"
+#include "tokenizer/cut_turn.h"
 
 namespace anvil::cli {
 namespace {
@@ -152,43 +153,14 @@ int run_chat(RunArgs& a) {
     auto is_eos = [&](int32_t id) {
       return std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end();
     };
-    if (chat && !messages.empty() && messages.back()["role"] == "user") {
-      // The prompt the cut turn was given: the conversation rendered with the thinking flag of the
-      // run that began it, which need not be this run's (--thinking/--no-thinking is per run). Of
-      // the renderings the session's tokens begin with, the longest is that prompt (Qwen3's
-      // enable_thinking=false one adds an empty think block to the other).
-      std::optional<std::vector<int32_t>> asked;
-      std::optional<bool> asked_thinking;
-      for (std::optional<bool> th : {a.thinking, std::optional<bool>(), std::optional<bool>(true),
-                                     std::optional<bool>(false)}) {
-        auto ids = text.encode_messages(messages, th);
-        if (ids.is_ok() && plan.history.size() >= ids->size() &&
-            std::equal(ids->begin(), ids->end(), plan.history.begin()) && (!asked || ids->size() > asked->size())) {
-          asked = std::move(*ids);
-          asked_thinking = th;
-        }
-      }
-      if (asked) {
-        (void)text.encode_messages(messages, asked_thinking);  // the answer's reasoning split follows that prompt
-        TextOutput::Chunk answer;
-        int n = 0;
-        text.begin_answer();
-        auto add = [&](const TextOutput::Chunk& c) {
-          answer.reasoning += c.reasoning;
-          answer.content += c.content;
-        };
-        for (size_t i = asked->size(); i < plan.history.size(); ++i)
-          if (!is_eos(plan.history[i])) add(text.push(plan.history[i])), ++n;
-        add(text.flush());
-        if (n > 0) {
-          messages.push_back(assistant_message(answer));
-          cut = "the last answer was cut short after " + std::to_string(n) + " tokens; it is kept as it was";
-        } else {
-          messages.erase(messages.end() - 1);
-          cut = "the last message was never answered; it is dropped";
-        }
-      }
-    } else if (!chat && plan.history.size() > document.size() &&
+    if (chat) {
+      CutAnswer answer;  // (cut_turn.h: the server takes such a turn up alike)
+      if (take_up_cut_turn(text.config(), text.tokenizer(), &messages, plan.history, req.eos_ids, a.thinking,
+                           &answer))
+        cut = answer.tokens > 0 ? "the last answer was cut short after " + std::to_string(answer.tokens) +
+                                      " tokens; it is kept as it was"
+                                : "the last message was never answered; it is dropped";
+    } else if (plan.history.size() > document.size() &&
                std::equal(document.begin(), document.end(), plan.history.begin())) {
       size_t n = 0;
       for (size_t i = document.size(); i < plan.history.size(); ++i)

@@ -53,6 +53,7 @@ class TextOutput {
   // Inside <think> ... </think> (chat only): the text so far is reasoning.
   bool in_reasoning() const { return split_ && split_->in_reasoning(); }
   const Tokenizer& tokenizer() const { return *tok_; }
+  const TokenizerConfig& config() const { return cfg_; }
 
  private:
   Chunk route(const std::string& text);

@@ -20,6 +20,7 @@
 #include "server/http_threads.h"
 #include "server/openai_reply.h"
 #include "server/sessions.h"
+#include "tokenizer/cut_turn.h"
 #include "tokenizer/reasoning.h"
 
 namespace anvil::server {
@@ -244,8 +245,13 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     if (sinfo && !sinfo->damaged.empty()) return send_error(res, session_damaged_error(*sinfo));
     if (chat) {
       ojson stored = ojson::array();
-      if (sinfo)
+      if (sinfo) {
         if (auto e = session_messages(*sinfo, &stored)) return send_error(res, *e);
+        // A turn anvil run began and never finished (killed mid-answer: its conversation ends with
+        // the question) is taken up as anvil run --resume takes it up (cut_turn.h): what was
+        // answered is the assistant's message, an unanswered question is dropped.
+        (void)take_up_cut_turn(cfg, tok, &stored, sinfo->tokens, opts.eos_ids, r.enable_thinking);
+      }
       turn->keep_meta = sinfo ? sinfo->meta : chat_session_meta(stored);
       for (const ojson& m : r.messages) stored.push_back(m);
       r.messages = stored;

@@ -6,7 +6,8 @@
 // conversation started in `anvil run --session` continues over HTTP and back. A chat request sends
 // only its new messages; the server renders the stored messages + the new ones through the chat
 // template (the stored tokens' pages make that prefix a cache hit) and, when the turn succeeds,
-// records the new messages and the reply. A completion session (anvil generate's, or one started
+// records the new messages and the reply; a turn anvil run began and never finished is taken up first,
+// as anvil run --resume does (tokenizer/cut_turn.h). A completion session (anvil generate's, or one started
 // with /v1/completions) has no messages: the prompt is appended to its tokens.
 //
 // One request at a time per session: SessionLocks hands a name to one request; a second gets 409.

@@ -850,3 +850,74 @@ TEST(ServeStore, DamagedPagesOfASessionAreRecomputedAndStoredAgain) {
   fs::remove_all(dir);
   fs::remove_all(intact);
 }
+
+// A conversation anvil run was recording when it was killed mid-answer: its meta ends with the
+// question (recorded when the turn began), its token ids run on into the answer. anvil run --resume
+// keeps what was answered as the assistant's message; the server appended the next message to the
+// question instead (two user messages in a row, the answer lost), so the same session continued
+// over HTTP became another conversation. Now both take the turn up alike (cut_turn.h): the same
+// messages, the same prompt. The cut turn ran with --no-thinking and neither continuation says so.
+TEST(ServeStore, AConversationCutInAnvilRunIsTakenUpAsAnvilRunDoes) {
+  const std::string dir = store_dir("cut_run"), copy = dir + ".copy";
+  fs::remove_all(dir);
+  fs::remove_all(copy);
+  auto run = [&](const std::string& store, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run", "--device", "cpu", "--synthetic", "tiny", "--kv-store", store,
+                                     "-n", "8", "--temp", "0", "-c", "512", "--session", "s"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return anvil_cli(args);
+  };
+  {
+    auto [code, out] = run(dir, {"-p", "Hello there"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  {
+    auto [code, out] = run(dir, {"--resume", "-p", "And then?", "--no-thinking"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  // The state a kill -9 after the answer's last flush leaves: the conversation as the turn began.
+  json meta;
+  {
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    auto st = anvil::KVStore::open(o);
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    auto s = (*st)->get_session("s");
+    ASSERT_TRUE(s.is_ok() && s->has_value());
+    meta = json::parse((*s)->meta);
+  }
+  ASSERT_EQ(meta["messages"].size(), 4u) << meta;
+  const json answer = meta["messages"][3];
+  meta["messages"].erase(3);
+  set_meta(dir, "s", meta.dump());
+  fs::copy(dir, copy, fs::copy_options::recursive);
+
+  auto [code, out] = run(dir, {"--resume", "-p", "Why?"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("the last answer was cut short after"), std::string::npos) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("prompt ([0-9]+) tokens"))) << out;
+  const int run_prompt = std::stoi(m[1]);
+  json by_run;
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    by_run = a.get("/v1/sessions/s", &st)["messages"];
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  ASSERT_EQ(by_run.size(), 6u) << by_run;
+  EXPECT_EQ(by_run[3], answer) << "anvil run kept the answer as it was recorded";
+  {
+    Srv b({"--kv-store", copy});
+    ASSERT_TRUE(b.p->ok()) << b.p->startup_output();
+    int st = 0;
+    auto t = b.post("/v1/chat/completions", chat("Why?", "s", 8), &st);
+    ASSERT_EQ(st, 200) << t;
+    EXPECT_EQ(t["usage"]["prompt_tokens"], run_prompt) << "the same conversation renders the same prompt";
+    EXPECT_EQ(b.get("/v1/sessions/s", &st)["messages"], by_run);
+    EXPECT_EQ(b.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+  fs::remove_all(copy);
+}
