@@ -152,6 +152,7 @@ int run_generate(GenerateArgs& a) {
     // pipe: main() exits 141), stops here, and a session still records what was generated.
     return !interrupted() && output_ok();
   };
+  req.keep_prefilling = [] { return !interrupted(); };  // Ctrl-C during a long prompt stops it between chunks
   auto r = generate(*s.engine, *seq, req, on_token);
   int durable = -1;
   std::string not_saved;  // why the session's last state could not be committed (a full disk)
@@ -176,7 +177,7 @@ int run_generate(GenerateArgs& a) {
   if (finish == "cancelled" && text && text->stopped()) finish = "stop";
   else if (finish == "cancelled") finish = "interrupted";
   if (a.json) {
-    const double prefill_tps = r->prefill_s > 0 ? (r->prompt_tokens - r->reused_tokens) / r->prefill_s : 0;
+    const double prefill_tps = r->prefill_s > 0 ? (r->prompt_done - r->reused_tokens) / r->prefill_s : 0;
     const double decode_tps = r->decode_s > 0 && r->ids.size() > 1 ? (r->ids.size() - 1) / r->decode_s : 0;
     nlohmann::ordered_json j;
     j["ids"] = r->ids;
@@ -187,6 +188,7 @@ int run_generate(GenerateArgs& a) {
     j["finish_reason"] = finish;
     j["prompt_tokens"] = r->prompt_tokens;
     j["cached_prompt_tokens"] = r->reused_tokens;
+    if (r->prompt_done < r->prompt_tokens) j["prefilled_prompt_tokens"] = r->prompt_done;  // Ctrl-C in the prompt
     if (store) j["store_prompt_tokens"] = store_tokens;
     if (!plan.name.empty()) {
       std::vector<int32_t> all = prompt;

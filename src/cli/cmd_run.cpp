@@ -315,6 +315,7 @@ int run_chat(RunArgs& a) {
       emit(text.push(id));
       return !interrupted() && output_ok();  // Ctrl-C, or the output is gone (a closed pipe)
     };
+    req.keep_prefilling = [] { return !interrupted(); };  // Ctrl-C during a long prompt stops it between chunks
     auto r = generate(*s.engine, seq, req, on_token);
     const bool still_thinking = text.in_reasoning();
     emit(text.flush());
@@ -339,10 +340,16 @@ int run_chat(RunArgs& a) {
       std::fprintf(stderr, "[anvil] the answer ended inside the model's reasoning (-n %d counts it too): raise -n, "
                            "or --no-thinking\n", a.n);
     clear_interrupted();
-    messages = std::move(turn_messages);
-    document = std::move(turn_document);
-    if (chat) messages.push_back(assistant_message(answer));
-    else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
+    // Stopped inside its prompt (Ctrl-C during a long prefill): the message got no answer, so the
+    // conversation stays as it was before it (the prompt's computed pages stay cached for a retry).
+    const bool unanswered = r->prompt_done < r->prompt_tokens;
+    if (unanswered) std::fprintf(stderr, "[anvil] stopped before the answer began: the message is not kept\n");
+    if (!unanswered) {
+      messages = std::move(turn_messages);
+      document = std::move(turn_document);
+      if (chat) messages.push_back(assistant_message(answer));
+      else document.insert(document.end(), answer_ids.begin(), answer_ids.end());
+    }
     if (!plan.name.empty()) {
       auto d = store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq), s.engine->pool(),
                                   session_meta(messages, document));

@@ -424,12 +424,15 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
 }
 
 std::string generation_summary(const GenerateResult& r, const std::string& finish) {
-  const double prefill_tps = r.prefill_s > 0 ? (r.prompt_tokens - r.reused_tokens) / r.prefill_s : 0;
+  const double prefill_tps = r.prefill_s > 0 ? (r.prompt_done - r.reused_tokens) / r.prefill_s : 0;
   const double decode_tps = r.decode_s > 0 && r.ids.size() > 1 ? (r.ids.size() - 1) / r.decode_s : 0;
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "prompt %d tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), finish: %s, peak memory %.0f MiB",
-                r.prompt_tokens, prefill_tps, r.ids.size(), decode_tps, finish.c_str(), peak_rss_mib());
+  // A prefill stopped midway (Ctrl-C during a long prompt) says how far it got.
+  const std::string prompt = r.prompt_done < r.prompt_tokens ? std::to_string(r.prompt_done) + " of " +
+                                                                   std::to_string(r.prompt_tokens) + " prompt tokens"
+                                                             : "prompt " + std::to_string(r.prompt_tokens) + " tokens";
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s (%.1f tok/s), generated %zu tokens (%.1f tok/s), finish: %s, peak memory %.0f MiB",
+                prompt.c_str(), prefill_tps, r.ids.size(), decode_tps, finish.c_str(), peak_rss_mib());
   return buf;
 }
 

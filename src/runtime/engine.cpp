@@ -301,7 +301,7 @@ Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t
 }
 
 Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<float>* last_logits,
-                      std::vector<float>* all_logits) {
+                      std::vector<float>* all_logits, const std::function<bool()>& keep_going) {
   if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("extend: no such sequence");
   if (tokens.empty()) return invalid_argument("extend: no tokens");
   if (store_) store_tick();
@@ -337,7 +337,12 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
   // Every token's logits: chunks of at most the rows the model keeps logits for.
   const int chunk = all_logits ? std::min(model_.max_tokens(), model_.max_logit_rows()) : model_.max_tokens();
   std::vector<float> chunk_logits;
-  while (s.n_kv < int(s.tokens.size())) {
+  if (last_logits) last_logits->clear();
+  for (bool first = true; s.n_kv < int(s.tokens.size()); first = false) {
+    if (!first && keep_going && !keep_going()) {
+      s.tokens.resize(size_t(s.n_kv));  // stopped: the chunks computed so far keep their KV and pages
+      return Status::ok();
+    }
     int n = std::min(chunk, int(s.tokens.size()) - s.n_kv);
     std::vector<int32_t> ids(s.tokens.begin() + s.n_kv, s.tokens.begin() + s.n_kv + n);
     std::vector<int32_t> pos(n), sidx(n, 0);

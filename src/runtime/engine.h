@@ -80,8 +80,13 @@ class Engine {
 
   // Appends `tokens` to the sequence and computes their KV. Writes the logits of the last token to
   // last_logits ([vocab]) and, when all_logits is set, of every new token ([n, vocab]).
+  // keep_going, when given, is asked before each prefill chunk after the first (a long prompt on a
+  // CPU takes minutes: Ctrl-C must not wait for all of it); false stops there: the chunks computed
+  // so far keep their KV (and go to the prefix index and the store like any full page), the rest of
+  // `tokens` is not appended, last_logits is left empty, and extend returns ok, so the caller sees
+  // the stop as seq_tokens() ending short of what it asked for.
   Status extend(int seq, std::span<const int32_t> tokens, std::vector<float>* last_logits,
-                std::vector<float>* all_logits = nullptr);
+                std::vector<float>* all_logits = nullptr, const std::function<bool()>& keep_going = {});
   // Appends tokens[i] to seqs[i] for every i in one batched forward; logits: [n, vocab].
   Status decode(std::span<const int> seqs, std::span<const int32_t> tokens, std::vector<float>* logits);
   // The same step, sampling greedily on the backend (Transformer::forward_greedy): (*next)[i] is the

@@ -25,8 +25,15 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   const int V = engine.model().config().vocab_size;
   Sampler sampler(req.sampling);
   if (req.ignore_eos) sampler.set_suppressed(req.eos_ids);
-  ANVIL_RETURN_IF_ERROR(engine.extend(seq, req.prompt, &logits));
+  const size_t want = engine.seq_tokens(seq).size() + req.prompt.size();
+  ANVIL_RETURN_IF_ERROR(engine.extend(seq, req.prompt, &logits, nullptr, req.keep_prefilling));
   r.reused_tokens = engine.seq_cached_tokens(seq);
+  r.prompt_done = r.prompt_tokens - int(want - engine.seq_tokens(seq).size());
+  if (r.prompt_done < r.prompt_tokens) {  // stopped between prefill chunks
+    r.finish_reason = "cancelled";
+    r.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+    return r;
+  }
   r.finish_reason = "length";
   auto t_first = clock::now(), t_last = t_first;
   // Greedy without a penalty needs no logits on the host: after the first token, the backend samples

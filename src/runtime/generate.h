@@ -16,6 +16,10 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<int32_t> eos_ids;
   bool ignore_eos = false;  // EOS ids are suppressed (never sampled), as the benchmark protocol asks
+  // Asked between prefill chunks (Engine::extend's keep_going); false stops the prefill there:
+  // finish_reason "cancelled" with no ids, the chunks computed so far kept (the sequence ends at the
+  // last of them). on_token's false stops the decode the same way.
+  std::function<bool()> keep_prefilling;
 };
 
 struct GenerateResult {
@@ -23,6 +27,7 @@ struct GenerateResult {
   std::string finish_reason;  // "stop" (EOS), "length" (max_new_tokens, or the context limit is reached), "cancelled"
   int prompt_tokens = 0;
   int reused_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  int prompt_done = 0;    // prompt tokens with KV: all of them, unless keep_prefilling stopped the prefill
   double prefill_s = 0;   // start -> first token
   double decode_s = 0;    // first token -> last token
 };

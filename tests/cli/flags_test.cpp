@@ -468,3 +468,30 @@ TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
     EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
   }
 }
+
+// Ctrl-C during a long prompt stops its prefill at the end of the current chunk (--batch 1: a token),
+// not after the whole prompt and a first token: the summary says how far it got, nothing is
+// generated, exit 130. (~4,000 tokens one at a time take seconds here; the signal comes 0.5 s after
+// start-up's first line.)
+TEST(CliInterrupt, CtrlCDuringThePromptStopsItsPrefill) {
+  const std::string prompt_file = ::testing::TempDir() + "/long_prompt.txt";
+  {
+    std::ofstream f(prompt_file);
+    for (int i = 0; i < 500; ++i) f << "def f(x):\n    return x\n";
+  }
+  for (const std::string command : {"generate", "run"}) {
+    SCOPED_TRACE(command);
+    const std::string cmd = anvil_command({command, "-m", kModel, "-f", prompt_file, "-n", "8", "--ctx", "4096",
+                                           "--batch", "1", "--temp", "0", "--no-kv-store"});
+    const std::string out = ::testing::TempDir() + "/prefill_interrupt_out.txt";
+    auto r = run_shell("(" + cmd + " > " + out +
+                       " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
+                       " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
+                       "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                       "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
+    EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("generated 0 tokens"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" prompt tokens ("), std::string::npos) << "no 'N of M prompt tokens': " << r.out;
+    EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
+  }
+}
