@@ -606,7 +606,7 @@ static std::string allowed_methods(const std::string& path) {
     const size_t n = std::strlen(prefix);
     return path.size() > n && path.compare(0, n, prefix) == 0;
   };
-  if (under("/v1/sessions/") && path.find('/', 13) == std::string::npos) return "GET, HEAD, DELETE";
+  if (under("/v1/sessions/")) return "GET, HEAD, DELETE";  // (a name with a '/' is refused by the handler)
   if (under("/v1/models/")) return "GET, HEAD";
   return "";
 }
@@ -717,8 +717,10 @@ void HttpServer::Impl::routes() {
   svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_tokenize(q, s); });
   svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_detokenize(q, s); });
   svr.Get("/v1/sessions", [this](const httplib::Request& q, httplib::Response& s) { handle_sessions(q, s); });
-  svr.Get(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
-  svr.Delete(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
+  // Any name, '/' included: the path is matched decoded, so /v1/sessions/a%2Fb asks for "a/b", which
+  // handle_session refuses as it refuses every invalid name (400, naming the rule).
+  svr.Get(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
+  svr.Delete(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
     send_json(s, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
   });
