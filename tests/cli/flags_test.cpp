@@ -380,6 +380,27 @@ TEST(CliKv, NoStoreIsSaidAndJsonEverywhere) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("no KV store at"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(missing)) << "kv created the mistyped store";
+  // A file is no store either: every subcommand says so (not "create directory ...: Not a
+  // directory", as if kv were making one), and leaves the file as it was.
+  const fs::path file = temp_dir("kv_file");
+  { std::ofstream(file) << "precious"; }
+  for (const std::vector<std::string>& sub : {std::vector<std::string>{"ls"}, {"ls", "--json"}, {"verify"}, {"gc"},
+                                              {"show", "s"}, {"rm", "s"}}) {
+    std::vector<std::string> args = {"kv"};
+    args.insert(args.end(), sub.begin(), sub.end());
+    args.insert(args.end(), {"--kv-store", file.string()});
+    r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << sub[0] << ": " << r.out;
+    EXPECT_NE(r.out.find("no KV store at " + file.string() + " (it is not a directory)"), std::string::npos)
+        << sub[0] << ": " << r.out;
+    EXPECT_EQ(r.out.find("create directory"), std::string::npos) << sub[0] << ": " << r.out;
+  }
+  {
+    std::ifstream in(file);
+    std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(kept, "precious");
+  }
+  fs::remove(file);
   const fs::path dir = temp_dir("kv_json");
   r = run_anvil({"generate", "-m", kModel, "--raw", "-p", "def f(x):", "-n", "20", "--temp", "0", "--kv-store",
                  dir.string(), "--session", "s"});
