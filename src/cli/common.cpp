@@ -220,18 +220,28 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
 
 void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what) {
   add_text_option(app, "-p,--prompt", o.text, what + "; '-' reads it from stdin", "TEXT");
-  add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead", "FILE");
+  add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead ('-': stdin)", "FILE");
+}
+
+Result<std::string> read_input_file(const std::string& flag, const std::string& path) {
+  if (path == "-") {
+    std::string text(std::istreambuf_iterator<char>(std::cin), {});
+    if (std::cin.bad()) return io_error(flag + " -: cannot read stdin");
+    return text;
+  }
+  auto got = read_file(path);  // (a directory: "Is a directory", not an exception)
+  if (!got.is_ok()) return io_error(flag + " " + got.status().message());
+  return got;
 }
 
 Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allow_empty) {
   if (o.text && o.file) return invalid_argument("give the prompt once: -p/--prompt TEXT or -f/--file FILE, not both");
   std::string text;
   if (o.file) {
-    auto got = read_file(*o.file);  // (a directory: "Is a directory", not an exception)
-    if (!got.is_ok()) return io_error("-f/--file " + got.status().message());
-    text = std::move(*got);
+    ANVIL_ASSIGN_OR_RETURN(text, read_input_file("-f/--file", *o.file));
     if (text.empty() && !allow_empty)
-      return invalid_argument("-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
+      return invalid_argument(*o.file == "-" ? "-f -: stdin was empty, so the prompt is empty"
+                                             : "-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
   } else if (o.text && *o.text == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     if (text.empty() && !allow_empty) return invalid_argument("-p -: stdin was empty, so the prompt is empty");

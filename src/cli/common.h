@@ -63,7 +63,11 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o);
 // absent or -1 (report it: SamplingParams::seed reproduces the run). `model_dir` may be empty.
 Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir);
 
-// The prompt: -p TEXT, -p - (all of stdin), or -f FILE.
+// What a flag that names an input file reads: FILE's bytes, or all of stdin for "-" (the Unix
+// convention; a file named "-" is ./-). `flag` starts the error ("-f/--file x: No such file ...").
+Result<std::string> read_input_file(const std::string& flag, const std::string& path);
+
+// The prompt: -p TEXT, -p - or -f - (all of stdin), or -f FILE.
 struct PromptOptions {
   std::optional<std::string> text, file;
 };

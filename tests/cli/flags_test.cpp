@@ -439,6 +439,24 @@ TEST(CliPrompt, StdinAndFileMatchTheFlag) {
   ASSERT_EQ(g.exit_code, 0) << g.out;
   EXPECT_EQ(last_json_line(g.out)["ids"], want);
   fs::remove(f);
+  // -f - reads stdin as -p - does, in generate, run and tokenize alike; an empty stdin is an empty prompt.
+  s = run_shell("printf 'def add(a, b):\\n' | " +
+                anvil_command({"generate", "-m", kModel, "-f", "-", "-n", "8", "--temp", "0", "--json"}));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(last_json_line(s.out)["ids"], want);
+  const std::string answer = run_anvil({"generate", "-m", kModel, "-p", text, "-n", "8", "--temp", "0",
+                                        "--no-kv-store"}).out;
+  s = run_shell("printf 'def add(a, b):\\n' | " +
+                anvil_command({"run", "-m", kModel, "-f", "-", "-n", "8", "--temp", "0", "--no-kv-store"}) +
+                " 2>/dev/null");
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(s.out, answer) << "run -f - answered another prompt than generate -p";
+  s = run_shell("printf 'def add(a, b):\\n' | " + anvil_command({"tokenize", "-m", kModel, "-f", "-", "--json"}));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(s.out, run_anvil({"tokenize", "-m", kModel, "-p", text, "--json"}).out);
+  s = run_shell(anvil_command({"generate", "-m", kModel, "-f", "-", "-n", "8"}) + " < /dev/null 2>&1");
+  EXPECT_EQ(s.exit_code, 1) << s.out;
+  EXPECT_NE(s.out.find("-f -: stdin was empty"), std::string::npos) << s.out;
   auto both = run_anvil({"generate", "-m", kModel, "-f", "/nonexistent/prompt.txt", "-n", "8"}, true);
   EXPECT_EQ(both.exit_code, 1);
   EXPECT_NE(both.out.find("/nonexistent/prompt.txt"), std::string::npos) << both.out;
