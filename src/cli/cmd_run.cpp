@@ -4,8 +4,9 @@
 // new turn is prefilled. When the next turn would not fit in --ctx, the oldest turns are dropped
 // (the system message stays) and the user is told. Ctrl-C stops the current answer; /reset clears
 // the history; /quit or Ctrl-D leaves. A model without a chat template runs in completion mode: the
-// text typed so far and the model's answers form one growing document (its oldest tokens are
-// dropped the same way).
+// text typed so far and the model's answers form one growing document (the oldest tokens of the
+// earlier text are dropped the same way; the new text never is). A message that does not fit in
+// --ctx even alone is refused in both modes, and the history is left as it was.
 #include <unistd.h>
 
 #include <algorithm>
@@ -239,9 +240,12 @@ int run_chat(RunArgs& a) {
       // The document starts with the tokenizer's BOS (if it has one); later lines continue it.
       auto ids = turn_document.empty() ? text.encode(line, !a.no_special_tokens) : text.encode("\n" + line, false);
       if (ids.is_ok()) {
+        // Only the earlier text gives way: the new text is never cut (too long even alone, it is
+        // refused below, as a chat message is, and as generate refuses a prompt over --ctx).
+        const int earlier = int(turn_document.size());
         turn_document.insert(turn_document.end(), ids->begin(), ids->end());
         if (int(turn_document.size()) + answer_room > s.ctx) {
-          dropped_tokens = std::min(int(turn_document.size()) - 1, int(turn_document.size()) + answer_room - s.ctx);
+          dropped_tokens = std::min(earlier, int(turn_document.size()) + answer_room - s.ctx);
           turn_document.erase(turn_document.begin(), turn_document.begin() + dropped_tokens);
         }
         prompt = turn_document;
@@ -254,11 +258,11 @@ int run_chat(RunArgs& a) {
       // Even alone (every earlier turn dropped) the message does not fit: refused, nothing dropped.
       std::fprintf(stderr,
                    "anvil: error: the message is too long: %s %zu tokens, more than --ctx %d (raise --ctx); the "
-                   "conversation is unchanged\n",
+                   "%s unchanged\n",
                    !a.system.empty() ? "with the system message and the chat template it is"
                    : chat            ? "through the chat template it is"
                                      : "it is",
-                   prompt->size(), s.ctx);
+                   prompt->size(), s.ctx, chat ? "conversation is" : "text so far is");
       if (!interactive) return 1;
       continue;
     }
