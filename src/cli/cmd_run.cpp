@@ -368,9 +368,9 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
               add_model_options(app, a->model);
               add_prompt_options(app, a->prompt, "Answer this one message and exit");
               app.add_option("--system", a->system, "System message");
-              app.add_option("-n,--max-tokens", a->n,
-                             "Maximum tokens per answer, >= 1; the <think> reasoning counts too")
-                  ->capture_default_str();
+              add_int_option(app, "-n,--max-tokens", a->n,
+                             "Maximum tokens per answer, >= 1; the <think> reasoning counts too", 1, INT32_MAX)
+                  ->default_str(std::to_string(a->n));
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv);
               add_thinking_flags(app, &a->thinking);
