@@ -44,6 +44,52 @@ bool refuse_unknown(const std::string& word, const std::vector<std::string>& nam
   return true;
 }
 
+// The option of `app` (or of an app it falls through to, the kv subcommands' parent) that the
+// word `w` names ("--ctx", "-c", "--ctx=5"), or null.
+const CLI::Option* option_named(CLI::App* app, const std::string& w) {
+  const std::string name = w.substr(0, w.find('='));
+  for (CLI::App* a = app; a; a = a->get_parent())
+    if (const CLI::Option* o = a->get_option_no_throw(name)) return o;
+  return nullptr;
+}
+
+// A flag is never taken for the value of the option before it (`bench --prompt --runs 1` read
+// "--runs" as the prompt length): an option that needs a value, followed by another option of the
+// command, is refused naming both, "anvil: error: --prompt needs a value (INT), but the next
+// argument is the option --runs ...". A value that does start with '-' is still given as
+// --name=VALUE, and words that name no option ("-", "-1") stay values. args: argv[1..], in order.
+bool refuse_option_as_value(CLI::App& app, const std::vector<std::string>& args) {
+  CLI::App* cur = &app;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& w = args[i];
+    if (w == "--") break;
+    if (w.size() < 2 || w[0] != '-') {  // a (sub)command, or a positional value
+      for (CLI::App* sub : cur->get_subcommands([](CLI::App*) { return true; }))
+        if (sub->get_name() == w) {
+          cur = sub;
+          break;
+        }
+      continue;
+    }
+    const CLI::Option* o = w.find('=') == std::string::npos ? option_named(cur, w) : nullptr;
+    if (!o || o->get_items_expected_min() == 0 || i + 1 >= args.size()) continue;
+    const std::string& next = args[i + 1];
+    if (next.size() >= 2 && next[0] == '-' && next != "--" && option_named(cur, next)) {
+      const auto& longs = o->get_lnames();
+      const std::string spelled = longs.empty() ? w : "--" + longs.front();
+      std::string where = "anvil";
+      for (CLI::App* a = cur; a && a != &app; a = a->get_parent()) where.insert(5, " " + a->get_name());
+      std::fprintf(stderr,
+                   "anvil: error: %s needs a value (%s), but the next argument is the option %s: give %s its value "
+                   "(one that starts with '-' is written %s=VALUE) (see %s --help)\n",
+                   w.c_str(), o->get_type_name().c_str(), next.c_str(), w.c_str(), spelled.c_str(), where.c_str());
+      return true;
+    }
+    ++i;  // its value
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,7 +129,9 @@ int main(int argc, char** argv) {
   }
   // llama-server spells --parallel "-np"; CLI11 short names are one letter, so map it here.
   std::vector<std::string> args;
-  for (int i = argc - 1; i >= 1; --i) args.push_back(std::string(argv[i]) == "-np" ? "--parallel" : argv[i]);
+  for (int i = 1; i < argc; ++i) args.push_back(std::string(argv[i]) == "-np" ? "--parallel" : argv[i]);
+  if (refuse_option_as_value(app, args)) return 1;
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {

@@ -56,11 +56,7 @@ Result<DecodeProfile> profile_decode(Stack& s, const GenerateRequest& req) {
 }
 
 int run_bench(BenchArgs& a) {
-  if (a.prompt < 1 || a.prompt > (1 << 24))
-    return fail("--prompt-tokens must be in [1, 16777216], got " + std::to_string(a.prompt));
-  if (a.n < 2 || a.n > (1 << 24)) return fail("-n/--max-tokens must be in [2, 16777216], got " + std::to_string(a.n));
-  if (a.model.ctx_given && a.model.ctx < 1) return fail("--ctx must be >= 1, got " + std::to_string(a.model.ctx));
-  if (a.runs < 1) return fail("--runs must be >= 1, got " + std::to_string(a.runs));
+  // (The flags' ranges are checked as the command line is parsed: add_int_option.)
   a.model.no_prefix_cache = true;  // every run must prefill for real
   a.model.profile = a.profile;
   if (!a.model.ctx_given || a.model.ctx < a.prompt + a.n) {
@@ -227,12 +223,15 @@ Command reg("bench", "Benchmark prefill and decode speed (protocol: docs/bench-p
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<BenchArgs>();
               add_model_options(app, a->model);
-              app.add_option("--prompt-tokens", a->prompt, "Prompt length in tokens (random ids), >= 1")
-                  ->capture_default_str();
-              app.add_option("--prompt", a->prompt)->group("");  // the old spelling, hidden
-              app.add_option("-n,--max-tokens", a->n, "Tokens to generate, >= 2")->capture_default_str();
-              app.add_option("--runs", a->runs, "Timed runs (the best is reported) after one warm-up")
-                  ->capture_default_str();
+              add_int_option(app, "--prompt-tokens", a->prompt, "Prompt length in tokens (random ids), 1 to 2^24", 1,
+                             1 << 24)
+                  ->default_str(std::to_string(a->prompt));
+              add_int_option(app, "--prompt", a->prompt, "", 1, 1 << 24)->group("");  // the old spelling, hidden
+              add_int_option(app, "-n,--max-tokens", a->n, "Tokens to generate, 2 to 2^24", 2, 1 << 24)
+                  ->default_str(std::to_string(a->n));
+              add_int_option(app, "--runs", a->runs, "Timed runs (the best is reported) after one warm-up, >= 1", 1,
+                             INT32_MAX)
+                  ->default_str(std::to_string(a->runs));
               app.add_flag("--json", a->json, "Print JSON");
               app.add_flag("--profile", a->profile,
                            "After the timed runs, one more run with every backend op timed: decode time per token "

@@ -228,9 +228,9 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
               add_prompt_options(app, a->prompt,
                                  "Prompt text, sent through the model's chat template when it has one (--raw: as is)");
               app.add_option("--ids", a->ids, "Prompt as token ids, sent as is: 1,2,3");
-              app.add_option("-n,--max-tokens", a->n,
-                             "Maximum tokens to generate, >= 0; hidden <think> reasoning counts too")
-                  ->capture_default_str();
+              add_int_option(app, "-n,--max-tokens", a->n,
+                             "Maximum tokens to generate, >= 0; hidden <think> reasoning counts too", 0, INT32_MAX)
+                  ->default_str(std::to_string(a->n));
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");

@@ -226,8 +226,10 @@ Command reg("inspect", "Show a model's architecture, size, bytes per token and a
               auto a = std::make_shared<InspectArgs>();
               app.add_option("-m,--model", a->model, "Model directory or Hugging Face repo id in the local cache");
               app.add_option("--synthetic", a->synthetic, "A synthetic shape NAME[:QUANT] instead of -m");
-              app.add_option("-c,--ctx", a->ctx, "Context length for the memory plan")->capture_default_str();
-              app.add_option("--seqs", a->seqs, "Concurrent sequences for the memory plan")->capture_default_str();
+              add_int_option(app, "-c,--ctx", a->ctx, "Context length for the memory plan", 1, INT32_MAX)
+                  ->default_str(std::to_string(a->ctx));
+              add_int_option(app, "--seqs", a->seqs, "Concurrent sequences for the memory plan, 1 to 65536", 1, 65536)
+                  ->default_str(std::to_string(a->seqs));
               app.add_option("--kv-dtype", a->kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
               app.add_flag("--json", a->json, "Print JSON");
               return [a] { return run_inspect(*a); };

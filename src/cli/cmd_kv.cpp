@@ -64,6 +64,10 @@ int run_kv(KvArgs& a) {
     }
     return fail("no KV store at " + o.dir + " (the directory does not exist)");
   }
+  // Nor is a file one: said as such, not as a failure to create the store there.
+  if (!std::filesystem::is_directory(o.dir, ec))
+    return fail("no KV store at " + o.dir + " (it is not a directory)" +
+                (a.dir.empty() ? "" : ": --kv-store names a store's directory"));
   auto opened = KVStore::open(o);
   if (!opened.is_ok()) {
     if (a.verify->parsed() && opened.status().code() == StatusCode::kCorrupt) {

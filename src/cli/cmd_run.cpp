@@ -4,8 +4,9 @@
 // new turn is prefilled. When the next turn would not fit in --ctx, the oldest turns are dropped
 // (the system message stays) and the user is told. Ctrl-C stops the current answer; /reset clears
 // the history; /quit or Ctrl-D leaves. A model without a chat template runs in completion mode: the
-// text typed so far and the model's answers form one growing document (its oldest tokens are
-// dropped the same way).
+// text typed so far and the model's answers form one growing document (the oldest tokens of the
+// earlier text are dropped the same way; the new text never is). A message that does not fit in
+// --ctx even alone is refused in both modes, and the history is left as it was.
 #include <unistd.h>
 
 #include <algorithm>
@@ -243,9 +244,12 @@ int run_chat(RunArgs& a) {
       // The document starts with the tokenizer's BOS (if it has one); later lines continue it.
       auto ids = turn_document.empty() ? text.encode(line, !a.no_special_tokens) : text.encode("\n" + line, false);
       if (ids.is_ok()) {
+        // Only the earlier text gives way: the new text is never cut (too long even alone, it is
+        // refused below, as a chat message is, and as generate refuses a prompt over --ctx).
+        const int earlier = int(turn_document.size());
         turn_document.insert(turn_document.end(), ids->begin(), ids->end());
         if (int(turn_document.size()) + answer_room > s.ctx) {
-          dropped_tokens = std::min(int(turn_document.size()) - 1, int(turn_document.size()) + answer_room - s.ctx);
+          dropped_tokens = std::min(earlier, int(turn_document.size()) + answer_room - s.ctx);
           turn_document.erase(turn_document.begin(), turn_document.begin() + dropped_tokens);
         }
         prompt = turn_document;
@@ -258,11 +262,11 @@ int run_chat(RunArgs& a) {
       // Even alone (every earlier turn dropped) the message does not fit: refused, nothing dropped.
       std::fprintf(stderr,
                    "anvil: error: the message is too long: %s %zu tokens, more than --ctx %d (raise --ctx); the "
-                   "conversation is unchanged\n",
+                   "%s unchanged\n",
                    !a.system.empty() ? "with the system message and the chat template it is"
                    : chat            ? "through the chat template it is"
                                      : "it is",
-                   prompt->size(), s.ctx);
+                   prompt->size(), s.ctx, chat ? "conversation is" : "text so far is");
       if (!interactive) return 1;
       continue;
     }
@@ -375,9 +379,9 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
               add_model_options(app, a->model);
               add_prompt_options(app, a->prompt, "Answer this one message and exit");
               app.add_option("--system", a->system, "System message");
-              app.add_option("-n,--max-tokens", a->n,
-                             "Maximum tokens per answer, >= 1; the <think> reasoning counts too")
-                  ->capture_default_str();
+              add_int_option(app, "-n,--max-tokens", a->n,
+                             "Maximum tokens per answer, >= 1; the <think> reasoning counts too", 1, INT32_MAX)
+                  ->default_str(std::to_string(a->n));
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv);
               add_thinking_flags(app, &a->thinking);

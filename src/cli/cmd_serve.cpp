@@ -158,21 +158,27 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<ServeArgs>();
               add_model_options(app, a->model);
-              app.add_option("--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length")
-                  ->each([a](const std::string&) { a->model.ctx_given = true; });
+              add_int_option(app, "--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length", 1, INT32_MAX, "",
+                             [a] { a->model.ctx_given = true; });
               add_sampling_options(app, a->sampling);
               add_kv_store_options(app, a->kv, /*session_flags=*/false);  // sessions are per request
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
-              app.add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();
-              app.add_option("--parallel", a->parallel, "Sequences decoded together (-np)")->capture_default_str();
+              add_int_option(app, "--port", a->server.port, "Port to listen on (0: any free port)", 0, 65535,
+                             "0 = any free port")
+                  ->default_str(std::to_string(a->server.port));
+              add_int_option(app, "--parallel", a->parallel, "Sequences decoded together (-np)", 1, INT32_MAX)
+                  ->default_str(std::to_string(a->parallel));
               app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY'")
                   ->each([a](const std::string&) { a->api_key_given = true; });
               app.add_option("--alias", a->alias, "Model name in the API (default: the model directory's name)");
               app.add_option("--cors", a->server.cors_origin,
                              "Allow browser pages from this origin (e.g. http://localhost:3000, or *); default: none");
-              app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for a slot; more get 503")
-                  ->capture_default_str();
-              app.add_option("--max-body", a->max_body_mb, "Largest request body, in MiB")->capture_default_str();
+              add_int_option(app, "--max-queue", a->server.max_queue, "Requests that may wait for a slot; more get 503", 0,
+                             INT32_MAX)
+                  ->default_str(std::to_string(a->server.max_queue));
+              add_int_option(app, "--max-body", a->max_body_mb, "Largest request body, in MiB", int64_t(1),
+                             int64_t(1) << 20, "MiB")
+                  ->default_str(std::to_string(a->max_body_mb));
               app.add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
                              "Seconds running requests get to finish after SIGTERM")
                   ->capture_default_str()
@@ -180,7 +186,7 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
                     char* end = nullptr;
                     const double d = std::strtod(v.c_str(), &end);
                     return end && *end == '\0' && std::isfinite(d) && d >= 0 ? std::string()
-                                                                             : std::string("must be a number of seconds >= 0");
+                                                                             : "must be a number of seconds >= 0, got '" + v + "'";
                   });
               app.add_flag("--no-chat-page", a->no_chat_page, "Do not serve the chat page at /");
               app.add_option("--kv-warm", a->kv_warm,

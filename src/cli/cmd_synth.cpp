@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "model/loader.h"
 #include "model/synth.h"
 
@@ -71,11 +72,8 @@ Command reg("synth", "Write a random-weight checkpoint for a benchmark shape (no
               app.add_flag("--config-only", a->config_only,
                            "Write config.json, generation_config.json and the tokenizer, no weights (for tools "
                            "that generate the weights themselves, e.g. scripts/bench_llamacpp_moe.sh)");
-              app.add_option("--seed", a->seed, "Random seed, 0 to 2^64-1")
-                  ->capture_default_str()
-                  ->check([](const std::string& v) {
-                    return !v.empty() && v[0] == '-' ? std::string("must be 0 or more") : std::string();
-                  });
+              add_int_option(app, "--seed", a->seed, "Random seed, 0 to 2^64-1", uint64_t(0), UINT64_MAX)
+                  ->default_str(std::to_string(a->seed));
               app.add_option("--tokenizer", a->tokenizer, "Directory with tokenizer.json/tokenizer_config.json to copy "
                                                           "(default: the Qwen3 tokenizer shipped with anvil)");
               return [a] { return run_synth(*a); };

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "cli/thinking_flags.h"
 #include "format/hf_cache.h"
 #include "base/mmap_file.h"
@@ -13,11 +14,12 @@
 namespace anvil::cli {
 namespace {
 
+// FILE's JSON, or stdin's for "-".
 Result<nlohmann::ordered_json> read_json_file(const std::string& path, const char* what) {
-  auto text = read_file(path);  // (a directory: "Is a directory", not an exception)
-  if (!text.is_ok()) return io_error(std::string(what) + " " + text.status().message());
-  auto j = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument(std::string(what) + " " + path + ": not valid JSON");
+  ANVIL_ASSIGN_OR_RETURN(std::string text, read_input_file(what, path));
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return invalid_argument(std::string(what) + " " + (path == "-" ? "- (stdin)" : path) + ": not valid JSON");
   return j;
 }
 
@@ -30,12 +32,16 @@ Command template_command("template", "Render the chat template for a conversatio
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("-m,--model", o->model, "Model directory (with tokenizer_config.json) or a Hugging Face repo id in the local cache")->required();
-  sub.add_option("--messages", o->messages, "JSON file: an array of {role, content, ...} messages")->required();
-  sub.add_option("--tools", o->tools, "JSON file: an array of tool schemas");
-  sub.add_option("--context", o->context, "JSON file: an object of extra template variables");
+  sub.add_option("--messages", o->messages, "JSON file: an array of {role, content, ...} messages ('-': stdin)")
+      ->required();
+  sub.add_option("--tools", o->tools, "JSON file: an array of tool schemas ('-': stdin)");
+  sub.add_option("--context", o->context, "JSON file: an object of extra template variables ('-': stdin)");
   sub.add_flag("--no-generation-prompt", o->no_generation_prompt, "Do not append the assistant prompt");
   add_thinking_flags(sub, &o->thinking);
   return [o]() -> int {
+    if (int(o->messages == "-") + int(o->tools == "-") + int(o->context == "-") > 1)
+      return fail("stdin ('-') can be read once: give it to one of --messages, --tools and --context, and files to "
+                  "the others");
     auto dir = resolve_model_path(o->model);
     if (!dir.is_ok()) return fail(dir.status().message());
     auto cfg = load_tokenizer_config(*dir);

@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "base/mmap_file.h"
 #include "base/thread_pool.h"
@@ -29,22 +32,16 @@ CLI::Option* add_text_option(CLI::App& app, const std::string& names, std::optio
       ->type_name(type_name);
 }
 
-// Parses a whole string as a float; NaN and infinities are refused by the callers' range checks.
-Result<double> parse_number(const std::string& flag, const std::string& text) {
+// A sampling flag's value: a whole string that is a number (an integer when `integer`) for which
+// `accepted` holds, else an error naming the flag, what it takes (`what`: "a number >= 0 (0 =
+// greedy)") and the value, the same message whether the text is no number or one out of range.
+Result<double> parse_sampling_value(const std::string& flag, const std::string& text, bool integer,
+                                    const std::string& what, bool (*accepted)(double)) {
   char* end = nullptr;
   errno = 0;
-  double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != 0 || errno == ERANGE)
-    return invalid_argument(flag + ": '" + text + "' is not a number");
-  return v;
-}
-
-Result<long long> parse_integer(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != 0 || errno == ERANGE)
-    return invalid_argument(flag + ": '" + text + "' is not an integer");
+  const double v = integer ? double(std::strtoll(text.c_str(), &end, 10)) : std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != 0 || errno == ERANGE || !accepted(v))
+    return invalid_argument(flag + " must be " + what + ", got '" + text + "'");
   return v;
 }
 
@@ -56,6 +53,49 @@ uint64_t random_seed() {
 
 }  // namespace
 
+std::string int_range_error(const std::string& flags, const std::string& lo, const std::string& hi,
+                            const std::string& note, const std::string& value) {
+  std::string names = flags;
+  std::replace(names.begin(), names.end(), ',', '/');
+  return names + " must be an integer in [" + lo + ", " + hi + "]" + (note.empty() ? "" : " (" + note + ")") +
+         ", got '" + value + "'";
+}
+
+template <class T>
+CLI::Option* add_int_option(CLI::App& app, const std::string& names, T& out, const std::string& help, T lo, T hi,
+                            const std::string& note, std::function<void()> on_value) {
+  auto set = [&out, names, lo, hi, note, on_value](const std::string& v) {
+    // Digits with an optional sign, nothing else (strtoll alone takes " 12", "0x1f" in base 0, ...).
+    bool ok = !v.empty() && v.size() <= 40;
+    for (size_t i = 0; ok && i < v.size(); ++i)
+      ok = std::isdigit(static_cast<unsigned char>(v[i])) || (i == 0 && (v[0] == '-' || v[0] == '+') && v.size() > 1);
+    T value{};
+    if (ok) {
+      errno = 0;
+      if constexpr (std::is_signed_v<T>) {
+        const long long x = std::strtoll(v.c_str(), nullptr, 10);
+        ok = errno != ERANGE && x >= (long long)lo && x <= (long long)hi;
+        value = T(x);
+      } else {
+        const unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+        ok = v[0] != '-' && errno != ERANGE && x >= (unsigned long long)lo && x <= (unsigned long long)hi;
+        value = T(x);
+      }
+    }
+    // (A ValidationError of one argument is printed as it is: "anvil: error: <message> (see ...)".)
+    if (!ok) throw CLI::ValidationError(int_range_error(names, std::to_string(lo), std::to_string(hi), note, v));
+    out = value;
+    if (on_value) on_value();
+  };
+  return app.add_option_function<std::string>(names, set, help)->type_name(std::is_signed_v<T> ? "INT" : "UINT");
+}
+template CLI::Option* add_int_option<int>(CLI::App&, const std::string&, int&, const std::string&, int, int,
+                                          const std::string&, std::function<void()>);
+template CLI::Option* add_int_option<int64_t>(CLI::App&, const std::string&, int64_t&, const std::string&, int64_t,
+                                              int64_t, const std::string&, std::function<void()>);
+template CLI::Option* add_int_option<uint64_t>(CLI::App&, const std::string&, uint64_t&, const std::string&, uint64_t,
+                                               uint64_t, const std::string&, std::function<void()>);
+
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
   app.add_option("-m,--model", o.model, "Model directory, or a Hugging Face repo id present in the local HF cache");
   if (allow_synthetic)
@@ -64,15 +104,18 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
                    "(shapes: tiny, qwen3-0.6b, qwen3-8b, gqa-2kv, tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L; QUANT: bf16, q4g64, q8g64, ...)");
   app.add_option("--device", o.device, "Where the model runs: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
       ->capture_default_str();
-  app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
-  app.add_option("-c,--ctx", o.ctx,
+  add_int_option(app, "-t,--threads", o.threads, "CPU threads, 0 to 4096 (default: all cores)", 0, 4096, "0 = all cores");
+  add_int_option(app, "-c,--ctx", o.ctx,
                  "Maximum context length in tokens, prompt and output together, >= 1 (default: 4096, or the "
-                 "model's max_position_embeddings when smaller)")
-      ->each([&o](const std::string&) { o.ctx_given = true; });
-  app.add_option("--batch", o.batch,
+                 "model's max_position_embeddings when smaller)",
+                 1, INT32_MAX, "", [&o] { o.ctx_given = true; });
+  add_int_option(app, "--batch", o.batch,
                  "Maximum tokens per forward pass (prefill chunk); default " + std::to_string(kCudaDefaultBatch) +
-                     " on CUDA, " + std::to_string(kCpuDefaultBatch) + " on the CPU (0: that default)");
-  app.add_option("--page-size", o.page_size, "KV cache page size in tokens")->capture_default_str();
+                     " on CUDA, " + std::to_string(kCpuDefaultBatch) + " on the CPU (0: that default)",
+                 0, INT32_MAX, "0 = the device's default");
+  add_int_option(app, "--page-size", o.page_size,
+                 "KV cache page size in tokens, 1 to " + std::to_string(kMaxPageSize), 1, kMaxPageSize)
+      ->default_str(std::to_string(o.page_size));
   app.add_option("--kv-dtype", o.kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "Do not reuse KV pages across sequences");
 }
@@ -117,29 +160,30 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
     }
   }
   if (o.temp) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--temp", *o.temp));
-    if (!std::isfinite(v) || v < 0) return invalid_argument("--temp must be a number >= 0 (0 = greedy), got " + *o.temp);
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_sampling_value("--temp", *o.temp, false, "a number >= 0 (0 = greedy)",
+                                                          [](double x) { return std::isfinite(x) && x >= 0; }));
     p.temperature = float(v);
   }
   if (o.top_k) {
-    ANVIL_ASSIGN_OR_RETURN(long long v, parse_integer("--top-k", *o.top_k));
-    if (v < 0 || v > INT32_MAX) return invalid_argument("--top-k must be an integer >= 0 (0 = off), got " + *o.top_k);
+    ANVIL_ASSIGN_OR_RETURN(double v,
+                           parse_sampling_value("--top-k", *o.top_k, true, "an integer in [0, 2147483647] (0 = off)",
+                                                [](double x) { return x >= 0 && x <= INT32_MAX; }));
     p.top_k = int(v);
   }
   if (o.top_p) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--top-p", *o.top_p));
-    if (!(v > 0 && v <= 1)) return invalid_argument("--top-p must be in (0, 1] (1 = off), got " + *o.top_p);
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_sampling_value("--top-p", *o.top_p, false, "a number in (0, 1] (1 = off)",
+                                                          [](double x) { return x > 0 && x <= 1; }));
     p.top_p = float(v);
   }
   if (o.min_p) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--min-p", *o.min_p));
-    if (!(v >= 0 && v < 1)) return invalid_argument("--min-p must be in [0, 1) (0 = off), got " + *o.min_p);
+    ANVIL_ASSIGN_OR_RETURN(double v, parse_sampling_value("--min-p", *o.min_p, false, "a number in [0, 1) (0 = off)",
+                                                          [](double x) { return x >= 0 && x < 1; }));
     p.min_p = float(v);
   }
   if (o.repeat_penalty) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_number("--repeat-penalty", *o.repeat_penalty));
-    if (!std::isfinite(v) || v <= 0)
-      return invalid_argument("--repeat-penalty must be a number > 0 (1 = off), got " + *o.repeat_penalty);
+    ANVIL_ASSIGN_OR_RETURN(double v,
+                           parse_sampling_value("--repeat-penalty", *o.repeat_penalty, false, "a number > 0 (1 = off)",
+                                                [](double x) { return std::isfinite(x) && x > 0; }));
     p.repetition_penalty = float(v);
   }
   p.seed = random_seed();
@@ -149,7 +193,8 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
     errno = 0;
     unsigned long long v = std::strtoull(s.c_str(), &end, 10);
     if (s.empty() || s[0] == '-' || s[0] == '+' || *end != 0 || errno == ERANGE)
-      return invalid_argument("--seed must be an integer from 0 to 18446744073709551615, or -1 for a random seed; got " + s);
+      return invalid_argument("--seed must be an integer in [0, 18446744073709551615], or -1 for a random seed, got '" +
+                              s + "'");
     p.seed = v;
   }
   // generation_config.json values the sampler cannot take are the checkpoint's problem: say where.
@@ -220,18 +265,28 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
 
 void add_prompt_options(CLI::App& app, PromptOptions& o, const std::string& what) {
   add_text_option(app, "-p,--prompt", o.text, what + "; '-' reads it from stdin", "TEXT");
-  add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead", "FILE");
+  add_text_option(app, "-f,--file", o.file, "Read the -p text from this file instead ('-': stdin)", "FILE");
+}
+
+Result<std::string> read_input_file(const std::string& flag, const std::string& path) {
+  if (path == "-") {
+    std::string text(std::istreambuf_iterator<char>(std::cin), {});
+    if (std::cin.bad()) return io_error(flag + " -: cannot read stdin");
+    return text;
+  }
+  auto got = read_file(path);  // (a directory: "Is a directory", not an exception)
+  if (!got.is_ok()) return io_error(flag + " " + got.status().message());
+  return got;
 }
 
 Result<std::optional<std::string>> read_prompt(const PromptOptions& o, bool allow_empty) {
   if (o.text && o.file) return invalid_argument("give the prompt once: -p/--prompt TEXT or -f/--file FILE, not both");
   std::string text;
   if (o.file) {
-    auto got = read_file(*o.file);  // (a directory: "Is a directory", not an exception)
-    if (!got.is_ok()) return io_error("-f/--file " + got.status().message());
-    text = std::move(*got);
+    ANVIL_ASSIGN_OR_RETURN(text, read_input_file("-f/--file", *o.file));
     if (text.empty() && !allow_empty)
-      return invalid_argument("-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
+      return invalid_argument(*o.file == "-" ? "-f -: stdin was empty, so the prompt is empty"
+                                             : "-f/--file " + *o.file + ": the file is empty, so the prompt is empty");
   } else if (o.text && *o.text == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     if (text.empty() && !allow_empty) return invalid_argument("-p -: stdin was empty, so the prompt is empty");
@@ -280,13 +335,18 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
   if (o.threads < 0 || o.threads > 4096)
-    return invalid_argument("--threads must be in [0, 4096] (0 = all cores), got " + std::to_string(o.threads));
+    return invalid_argument(int_range_error("-t,--threads", "0", "4096", "0 = all cores", std::to_string(o.threads)));
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && o.threads > int(cores))
     std::fprintf(stderr, "[anvil] warning: --threads %d is more than this machine's %u cores: the threads share them "
                          "and wait on each other (slower)\n", o.threads, cores);
-  if (o.batch < 0) return invalid_argument("--batch must be >= 1 (0: the device's default), got " + std::to_string(o.batch));
-  if (o.ctx_given && o.ctx < 1) return invalid_argument("--ctx must be >= 1, got " + std::to_string(o.ctx));
-  if (o.page_size < 1) return invalid_argument("--page-size must be >= 1, got " + std::to_string(o.page_size));
+  if (o.batch < 0)
+    return invalid_argument(int_range_error("--batch", "0", std::to_string(INT32_MAX), "0 = the device's default",
+                                            std::to_string(o.batch)));
+  if (o.ctx_given && o.ctx < 1)
+    return invalid_argument(int_range_error("-c,--ctx", "1", std::to_string(INT32_MAX), "", std::to_string(o.ctx)));
+  if (o.page_size < 1 || o.page_size > kMaxPageSize)
+    return invalid_argument(
+        int_range_error("--page-size", "1", std::to_string(kMaxPageSize), "", std::to_string(o.page_size)));
   EngineOptions eo;
   if (o.kv_dtype == "bf16") eo.kv_dtype = DType::kBF16;
   else if (o.kv_dtype == "f32") eo.kv_dtype = DType::kF32;
@@ -377,7 +437,15 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   eo.max_context = s.ctx;
   eo.max_seqs = max_seqs;
   eo.prefix_cache = !o.no_prefix_cache;
-  ANVIL_ASSIGN_OR_RETURN(s.engine, Engine::create(*s.transformer, s.model->fingerprint, eo));
+  auto engine = Engine::create(*s.transformer, s.model->fingerprint, eo);
+  if (!engine.is_ok() && engine.status().code() == StatusCode::kOutOfMemory)  // the KV pool, sized by the flags
+    return Status(engine.status().code(),
+                  "the KV cache for -c/--ctx " + std::to_string(s.ctx) + " tokens x " + std::to_string(max_seqs) +
+                      " sequence(s), in pages of --page-size " + std::to_string(o.page_size) + " tokens: " +
+                      engine.status().message() + " (lower --ctx" + (max_seqs > 1 ? ", -np/--parallel" : "") +
+                      " or --page-size)");
+  if (!engine.is_ok()) return engine.status();
+  s.engine = std::move(engine).value();
   return s;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,25 @@ inline int default_batch(bool on_cuda, int max_seqs) {
 // and at least 256 (--dump-logits' chunks), never more than --batch.
 inline int logit_rows_for(int batch, int max_seqs) { return std::min(batch, std::max(max_seqs, 256)); }
 
+// --page-size's range. Any size in it works with every kernel (they index pages by division, with no
+// multiple required); above it a page only wastes memory (a context rounds up to whole pages, and the
+// store's writer keeps --kv-queue pages of token ids).
+inline constexpr int kMaxPageSize = 65536;
+
+// Integer flags. add_int_option declares one bound to `out`: a value that is not a whole number in
+// [lo, hi] ("abc", "1e3", "1.5", "2147483648" for an int) is refused while the command line is
+// parsed, naming the flag, the value and what it takes: "-c/--ctx must be an integer in [1,
+// 2147483647], got 'abc'"; `note` follows the range ("0 = all cores"). `on_value` runs after a
+// value is stored (e.g. to note that the flag was given). For a default in --help, chain
+// ->default_str(). Defined for int, int64_t and uint64_t.
+template <class T>
+CLI::Option* add_int_option(CLI::App& app, const std::string& names, T& out, const std::string& help, T lo, T hi,
+                            const std::string& note = "", std::function<void()> on_value = nullptr);
+// The message of a value outside [lo, hi] (or not an integer): "<flags> must be an integer in [lo, hi]
+// (note), got 'value'", `flags` as declared ("-c,--ctx" reads "-c/--ctx").
+std::string int_range_error(const std::string& flags, const std::string& lo, const std::string& hi,
+                            const std::string& note, const std::string& value);
+
 struct ModelOptions {
   std::string model;      // -m
   std::string synthetic;  // --synthetic NAME[:QUANT]
@@ -63,7 +83,11 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o);
 // absent or -1 (report it: SamplingParams::seed reproduces the run). `model_dir` may be empty.
 Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir);
 
-// The prompt: -p TEXT, -p - (all of stdin), or -f FILE.
+// What a flag that names an input file reads: FILE's bytes, or all of stdin for "-" (the Unix
+// convention; a file named "-" is ./-). `flag` starts the error ("-f/--file x: No such file ...").
+Result<std::string> read_input_file(const std::string& flag, const std::string& path);
+
+// The prompt: -p TEXT, -p - or -f - (all of stdin), or -f FILE.
 struct PromptOptions {
   std::optional<std::string> text, file;
 };

@@ -17,9 +17,12 @@ void add_kv_store_options(CLI::App& app, KVStoreFlags& f, bool session_flags, bo
   app.add_option("--kv-durability", f.durability,
                  "none (no fsync), interval (fsync+commit every --kv-flush-ms), sync (after every page)")
       ->capture_default_str();
-  app.add_option("--kv-flush-ms", f.flush_ms, "Flush the store at least this often")->capture_default_str();
-  app.add_option("--kv-flush-pages", f.flush_pages, "... or after this many pages")->capture_default_str();
-  app.add_option("--kv-queue", f.queue_pages, "Pages the store's writer queue holds")->capture_default_str();
+  add_int_option(app, "--kv-flush-ms", f.flush_ms, "Flush the store at least this often", 1, INT32_MAX)
+      ->default_str(std::to_string(f.flush_ms));
+  add_int_option(app, "--kv-flush-pages", f.flush_pages, "... or after this many pages", 1, INT32_MAX)
+      ->default_str(std::to_string(f.flush_pages));
+  add_int_option(app, "--kv-queue", f.queue_pages, "Pages the store's writer queue holds", 2, kMaxKVQueuePages)
+      ->default_str(std::to_string(f.queue_pages));
   if (session_flags) {
     const auto not_empty = [](const std::string& v) { return v.empty() ? std::string("an empty session name") : std::string(); };
     app.add_option("--session", f.session,
@@ -42,8 +45,8 @@ Result<KVStoreOptions> kv_store_options(const KVStoreFlags& f) {
   if (f.flush_ms < 1) return invalid_argument("--kv-flush-ms must be >= 1");
   if (f.flush_pages < 1) return invalid_argument("--kv-flush-pages must be >= 1");
   if (f.queue_pages < 2 || f.queue_pages > kMaxKVQueuePages)
-    return invalid_argument("--kv-queue must be in [2, " + std::to_string(kMaxKVQueuePages) + "], got " +
-                            std::to_string(f.queue_pages));
+    return invalid_argument(
+        int_range_error("--kv-queue", "2", std::to_string(kMaxKVQueuePages), "", std::to_string(f.queue_pages)));
   o.flush_ms = f.flush_ms;
   o.flush_pages = f.flush_pages;
   o.queue_pages = f.queue_pages;

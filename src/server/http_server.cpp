@@ -41,6 +41,26 @@ void send_error(httplib::Response& res, const ApiError& e) {
   send_json(res, e.status, error_body(e));
 }
 
+// send_error, and the connection closes after the reply (for a request whose body is left unread,
+// which would otherwise be read as the next request). cpp-httplib 0.11 closes a connection only
+// when the request asked for it or a write fails: a header the handler sets is just sent. So the
+// request is marked "Connection: close" (the reply then says so, without the Keep-Alive header it
+// would get), and the body goes out through a content provider that writes all of it, then
+// cancels: the library ends the connection, whole reply sent.
+void send_error_and_close(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  // (The request is not const where the library holds it; only this handler's view of it is.)
+  auto& headers = const_cast<httplib::Request&>(req).headers;
+  headers.erase("Connection");
+  headers.emplace("Connection", "close");
+  res.status = e.status;
+  auto body = std::make_shared<std::string>(dump(error_body(e)));
+  res.set_content_provider(body->size(), "application/json",
+                           [body](size_t offset, size_t length, httplib::DataSink& sink) {
+                             sink.write(body->data() + offset, length);
+                             return false;  // written: now cancel, which closes the connection
+                           });
+}
+
 ApiError api_error(int status, const std::string& param, const std::string& message, const std::string& code = "",
                    const std::string& type = "invalid_request_error") {
   ApiError e;
@@ -592,7 +612,7 @@ static std::string allowed_methods(const std::string& path) {
     const size_t n = std::strlen(prefix);
     return path.size() > n && path.compare(0, n, prefix) == 0;
   };
-  if (under("/v1/sessions/") && path.find('/', 13) == std::string::npos) return "GET, HEAD, DELETE";
+  if (under("/v1/sessions/")) return "GET, HEAD, DELETE";  // (a name with a '/' is refused by the handler)
   if (under("/v1/models/")) return "GET, HEAD";
   return "";
 }
@@ -625,11 +645,12 @@ void HttpServer::Impl::routes() {
     // library checks Content-Length only, and reads a chunked or unannounced body whole).
     if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
         (req.has_header("Transfer-Encoding") || !req.has_header("Content-Length"))) {
-      send_error(res, api_error(411, "",
-                                "Send the request body with a Content-Length header (chunked or unannounced bodies "
-                                "are not accepted)",
-                                "length_required"));
-      res.set_header("Connection", "close");
+      // Its body (if any) is not read: the connection closes after the reply.
+      send_error_and_close(req, res,
+                           api_error(411, "",
+                                     "Send the request body with a Content-Length header (chunked or unannounced "
+                                     "bodies are not accepted)",
+                                     "length_required"));
       return httplib::Server::HandlerResponse::Handled;
     }
     // Every body is JSON, whatever its Content-Type says. `curl -d` sends
@@ -652,7 +673,8 @@ void HttpServer::Impl::routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    // Answered already: a body, or one a content provider writes (send_error_and_close).
+    if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     if (res.status == 404 && !allowed_methods(req.path).empty()) {
       // A known endpoint under another method: 405 with the methods it takes, as vLLM answers.
@@ -701,8 +723,10 @@ void HttpServer::Impl::routes() {
   svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_tokenize(q, s); });
   svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_detokenize(q, s); });
   svr.Get("/v1/sessions", [this](const httplib::Request& q, httplib::Response& s) { handle_sessions(q, s); });
-  svr.Get(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
-  svr.Delete(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
+  // Any name, '/' included: the path is matched decoded, so /v1/sessions/a%2Fb asks for "a/b", which
+  // handle_session refuses as it refuses every invalid name (400, naming the rule).
+  svr.Get(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
+  svr.Delete(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
     send_json(s, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
   });

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -203,6 +204,49 @@ TEST_F(Conversation, TooLongMessageLeavesTheHistoryAlone) {
   ASSERT_NE(refused, std::string::npos) << w;
   w.erase(refused, 2);
   EXPECT_EQ(w, without.out);
+}
+
+// Completion mode (a model without a chat template) refuses a message over --ctx as chat mode does,
+// instead of cutting its first tokens (run -f long.txt -c 64 answered the text's last 60 tokens),
+// and as generate refuses such a prompt; only the earlier text gives way to a new message.
+TEST_F(Conversation, CompletionModeRefusesAMessageOverTheContext) {
+  const std::string code_model = std::string(ANVIL_SOURCE_DIR) + "/models/anvil-tiny-code-q4";
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += "def f(x):\n    return x\n";
+  const fs::path file = fs::path(store_ + ".long.txt");
+  { std::ofstream(file) << long_text; }
+  for (const char* command : {"run", "generate"}) {
+    auto r = run_anvil({command, "-m", code_model, "-f", file.string(), "-c", "64", "-n", "4", "--no-kv-store"}, true);
+    EXPECT_EQ(r.exit_code, 1) << command << ": " << r.out;
+    EXPECT_NE(r.out.find("(raise --ctx)"), std::string::npos) << command << ": " << r.out;
+    EXPECT_EQ(r.out.find("dropped"), std::string::npos) << command << ": " << r.out;
+    EXPECT_EQ(r.out.find("[anvil] prompt"), std::string::npos) << command << " answered: " << r.out;
+  }
+  fs::remove(file);
+  // Typed: the long line is refused and the text so far is unchanged; the next line continues it.
+  std::string long_line;
+  for (int i = 0; i < 100; ++i) long_line += "x = 1; ";
+  const std::vector<std::string> args = {"run", "-m", code_model, "-n", "8", "-c", "128", "--temp", "0", "--no-kv-store"};
+  std::string err_with, err_without;
+  auto with = run_piped("def f(x):\n" + long_line + "\n    return x\n", args, &err_with);
+  auto without = run_piped("def f(x):\n    return x\n", args, &err_without);
+  ASSERT_EQ(without.exit_code, 0) << err_without;
+  EXPECT_EQ(with.exit_code, 0) << err_with;
+  EXPECT_NE(err_with.find("the message is too long: it is"), std::string::npos) << err_with;
+  EXPECT_NE(err_with.find("the text so far is unchanged"), std::string::npos) << err_with;
+  EXPECT_EQ(err_with.find("dropped"), std::string::npos) << err_with;
+  EXPECT_EQ(prompt_sizes(err_with), prompt_sizes(err_without)) << err_with << "\n---\n" << err_without;
+  // A text that outgrows the context loses its oldest tokens, never the new line's: each turn's
+  // prompt holds at least the line just typed.
+  std::string lines;
+  for (int i = 0; i < 6; ++i) lines += "def function_number_" + std::to_string(i) + "(a, b, c):\n";
+  std::string err_grow;
+  auto grow = run_piped(lines, {"run", "-m", code_model, "-n", "16", "-c", "48", "--temp", "0", "--no-kv-store"},
+                        &err_grow);
+  EXPECT_EQ(grow.exit_code, 0) << err_grow;
+  EXPECT_NE(err_grow.find("the text no longer fits in --ctx 48: dropped its first"), std::string::npos) << err_grow;
+  EXPECT_EQ(err_grow.find("too long"), std::string::npos) << err_grow;
+  EXPECT_EQ(prompt_sizes(err_grow).size(), 6u) << err_grow;
 }
 
 // Answer k of a session uses seed + k, also when the session is resumed in a new process: a sampled

@@ -79,8 +79,9 @@ TEST(CliSampling, BadValuesAreRefusedByName) {
   };
   const Case cases[] = {
       {"--temp", "-1", ">= 0"},          {"--temp", "nan", ">= 0"},         {"--temp", "inf", ">= 0"},
-      {"--temp", "warm", "not a number"}, {"--top-p", "-0.5", "(0, 1]"},    {"--top-p", "1.5", "(0, 1]"},
-      {"--top-k", "-3", ">= 0"},         {"--top-k", "2.5", "not an integer"}, {"--min-p", "-0.1", "[0, 1)"},
+      {"--temp", "warm", "must be a number >= 0"}, {"--top-p", "-0.5", "(0, 1]"},    {"--top-p", "1.5", "(0, 1]"},
+      {"--top-k", "-3", "[0, 2147483647]"}, {"--top-k", "2.5", "must be an integer in [0, 2147483647]"},
+      {"--min-p", "-0.1", "[0, 1)"},
       {"--repeat-penalty", "-2", "> 0"}, {"--repeat-penalty", "0", "> 0"},  {"--seed", "-2", "-1"},
       {"--seed", "18446744073709551616", "18446744073709551615"},
   };
@@ -116,10 +117,10 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
   { std::ofstream(victim / "notes.txt") << "precious"; }
   const std::vector<Case> cases = {
       {{"serve", "-m", kModel, "--no-kv-store", "--api-key", ""}, "--api-key is empty"},
-      {{"serve", "-m", kModel, "--no-kv-store", "--max-body", "-1"}, "--max-body must be in"},
-      {{"generate", "-m", kModel, "-p", "x", "-n", "1", "--no-kv-store", "-t", "100000"}, "--threads must be in"},
+      {{"serve", "-m", kModel, "--no-kv-store", "--max-body", "-1"}, "--max-body must be an integer in [1, 1048576]"},
+      {{"generate", "-m", kModel, "-p", "x", "-n", "1", "--no-kv-store", "-t", "100000"}, "-t/--threads must be an integer in [0, 4096]"},
       {{"bench-kv", "--kv-store", victim.string(), "--open-lookup", "10"}, "new or empty directory"},
-      {{"bench-kv", "--synthetic", "tiny", "--prompt-tokens", "-5"}, "--prompt-tokens must be in"},
+      {{"bench-kv", "--synthetic", "tiny", "--prompt-tokens", "-5"}, "--prompt-tokens must be an integer in [1, 16777216]"},
       {{"bench-kv", "--synthetic", "tiny", "--open-lookup", "3"}, "--open-lookup must be"},
       {{"bench-kv", "--open-lookup", "64", "--kv-durability", "bogus"}, "--kv-durability has no effect with --open-lookup"},
       {{"bench-kv", "--restore-pages", "8", "--synthetic", "tiny"}, "--synthetic has no effect with --restore-pages"},
@@ -127,7 +128,7 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
       // A system message for a model without a chat template is refused, not dropped (run did).
       {{"run", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
       {{"generate", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
-      {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "--ctx must be >= 1"},
+      {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "-c/--ctx must be an integer in [1, 2147483647], got '0'"},
       {{"serve", "-m", kModel, "--no-kv-store", "--host", ""}, "--host is empty"},
       {{"synth", "--shape", "tiny", "--out", ""}, "--out: an empty directory name"},
       {{"synth", "--shape", "tiny-moe", "--quant", "q4g128", "--out", (victim / "moe").string()}, "does not divide"},
@@ -367,7 +368,102 @@ TEST(CliErrors, TypoAndEmptyPrompt) {
                  temp_dir("kvq").string(), "--kv-queue", "999999999"},
                 true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("--kv-queue must be in [2, 65536]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--kv-queue must be an integer in [2, 65536], got '999999999'"), std::string::npos) << r.out;
+}
+
+// A flag is never read as the value of the option before it: bench --prompt --runs 1 failed with
+// "Could not convert:  = --runs". The option that lacks its value is named with what it takes; a
+// value that starts with '-' but names no option (-1, -) is still a value, and --name=VALUE passes
+// any text.
+TEST(CliFlags, AnOptionIsNeverTheValueOfTheOneBefore) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {{"bench", "--synthetic", "tiny", "--prompt", "--runs", "1"},
+       "--prompt needs a value (INT), but the next argument is the option --runs"},
+      {{"generate", "-m", kModel, "-p", "--json"}, "-p needs a value (TEXT), but the next argument is the option --json"},
+      {{"generate", "-m", kModel, "-p", "x", "-c", "-n", "4"},
+       "-c needs a value (INT), but the next argument is the option -n"},
+      {{"kv", "ls", "--kv-store", "--json"}, "--kv-store needs a value (TEXT), but the next argument is the option --json"},
+      {{"serve", "-m", kModel, "--port", "--api-key=k"}, "--port needs a value (INT), but the next argument is the option --api-key=k"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_anvil(c.args, true);
+    EXPECT_EQ(r.exit_code, 1) << c.needle << ": " << r.out;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("Could not convert"), std::string::npos) << r.out;
+  }
+  // The spelling that passes a value starting with '-': the prompt "--json", as is.
+  auto r = run_anvil({"generate", "-m", kModel, "--raw", "--prompt=--json", "-n", "1", "--no-kv-store", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto t = run_anvil({"tokenize", "-m", kModel, "-p", "--json"}, true);  // (the same rule in tokenize)
+  EXPECT_EQ(t.exit_code, 1) << t.out;
+  auto ids = run_anvil({"tokenize", "-m", kModel, "--add-special-tokens", "--prompt=--json", "--json"});
+  ASSERT_EQ(ids.exit_code, 0) << ids.out;
+  EXPECT_EQ(last_json_line(r.out)["prompt_tokens"], last_json_line(ids.out)["ids"].size()) << r.out;
+}
+
+// Every integer flag refuses a value that is no integer of its range as the command line is
+// parsed, naming the flag as declared, the value and the range (CLI11 said "Could not convert:
+// --ctx = abc"); the sampling flags say the same of theirs.
+TEST(CliFlags, NumericValuesAreRefusedWithTheFlagTheValueAndTheRange) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<std::string> gen = {"generate", "-m", kModel, "-p", "x", "--no-kv-store"};
+  auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
+    a.insert(a.end(), more);
+    return a;
+  };
+  const std::vector<Case> cases = {
+      {with(gen, {"-c", "abc"}), "-c/--ctx must be an integer in [1, 2147483647], got 'abc'"},
+      {with(gen, {"--ctx", "2147483648"}), "-c/--ctx must be an integer in [1, 2147483647], got '2147483648'"},
+      {with(gen, {"-n", "1e3"}), "-n/--max-tokens must be an integer in [0, 2147483647], got '1e3'"},
+      {with(gen, {"-t", "x"}), "-t/--threads must be an integer in [0, 4096] (0 = all cores), got 'x'"},
+      {with(gen, {"--batch", "1.5"}), "--batch must be an integer in [0, 2147483647] (0 = the device's default), got '1.5'"},
+      {with(gen, {"--page-size", "100000000"}), "--page-size must be an integer in [1, 65536], got '100000000'"},
+      {with(gen, {"--page-size", "0"}), "--page-size must be an integer in [1, 65536], got '0'"},
+      {with(gen, {"--kv-flush-ms", "0x10"}), "--kv-flush-ms must be an integer in [1, 2147483647], got '0x10'"},
+      {with(gen, {"--temp", "x"}), "--temp must be a number >= 0 (0 = greedy), got 'x'"},
+      {with(gen, {"--top-k", "9999999999"}), "--top-k must be an integer in [0, 2147483647] (0 = off), got '9999999999'"},
+      {{"run", "-m", kModel, "-p", "x", "-n", "0"}, "-n/--max-tokens must be an integer in [1, 2147483647], got '0'"},
+      {{"bench", "--synthetic", "tiny", "--runs", "0"}, "--runs must be an integer in [1, 2147483647], got '0'"},
+      {{"bench", "--synthetic", "tiny", "--prompt", "x"}, "--prompt must be an integer in [1, 16777216], got 'x'"},
+      {{"bench-kv", "--pairs", "1001"}, "--pairs must be an integer in [1, 1000], got '1001'"},
+      {{"inspect", "-m", kModel, "--seqs", " 2"}, "--seqs must be an integer in [1, 65536], got ' 2'"},
+      {{"serve", "-m", kModel, "--port", "70000"}, "--port must be an integer in [0, 65535] (0 = any free port), got '70000'"},
+      {{"serve", "-m", kModel, "--max-body", "8M"}, "--max-body must be an integer in [1, 1048576] (MiB), got '8M'"},
+      {{"serve", "-m", kModel, "--ctx-size", "-5"}, "--ctx-size must be an integer in [1, 2147483647], got '-5'"},
+      {{"synth", "--shape", "tiny", "--out", "/nonexistent/x", "--seed", "-1"},
+       "--seed must be an integer in [0, 18446744073709551615], got '-1'"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_anvil(c.args, true);
+    EXPECT_EQ(r.exit_code, 1) << c.message << ": " << r.out;
+    EXPECT_NE(r.out.find("anvil: error: " + c.message), std::string::npos) << r.out;
+  }
+  // The ends of a range are accepted.
+  for (const char* page : {"1", "65536"}) {
+    auto r = run_anvil(with(gen, {"--raw", "-n", "2", "--page-size", page}), true);
+    EXPECT_EQ(r.exit_code, 0) << page << ": " << r.out;
+  }
+}
+
+// A KV cache that cannot be allocated names the flags that size it (it said only "KV cache:
+// allocating N pages (M MiB): cpu alloc: ...").
+TEST(CliFlags, AKvCacheTooLargeToAllocateNamesItsFlags) {
+  auto r = run_anvil({"generate", "-m", kModel, "-p", "x", "-n", "1", "--no-kv-store", "--kv-dtype", "f32", "-c",
+                      "2147483647", "--page-size", "65536"},
+                     true);
+  if (r.exit_code == 0) GTEST_SKIP() << "this machine allocated a 13 TB KV cache (memory overcommit): nothing to refuse";
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("the KV cache for -c/--ctx 2147483647 tokens x 1 sequence(s), in pages of --page-size 65536"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(lower --ctx or --page-size)"), std::string::npos) << r.out;
 }
 
 // anvil kv never creates a store, and every subcommand's --json is JSON.
@@ -380,6 +476,27 @@ TEST(CliKv, NoStoreIsSaidAndJsonEverywhere) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("no KV store at"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(missing)) << "kv created the mistyped store";
+  // A file is no store either: every subcommand says so (not "create directory ...: Not a
+  // directory", as if kv were making one), and leaves the file as it was.
+  const fs::path file = temp_dir("kv_file");
+  { std::ofstream(file) << "precious"; }
+  for (const std::vector<std::string>& sub : {std::vector<std::string>{"ls"}, {"ls", "--json"}, {"verify"}, {"gc"},
+                                              {"show", "s"}, {"rm", "s"}}) {
+    std::vector<std::string> args = {"kv"};
+    args.insert(args.end(), sub.begin(), sub.end());
+    args.insert(args.end(), {"--kv-store", file.string()});
+    r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 1) << sub[0] << ": " << r.out;
+    EXPECT_NE(r.out.find("no KV store at " + file.string() + " (it is not a directory)"), std::string::npos)
+        << sub[0] << ": " << r.out;
+    EXPECT_EQ(r.out.find("create directory"), std::string::npos) << sub[0] << ": " << r.out;
+  }
+  {
+    std::ifstream in(file);
+    std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(kept, "precious");
+  }
+  fs::remove(file);
   const fs::path dir = temp_dir("kv_json");
   r = run_anvil({"generate", "-m", kModel, "--raw", "-p", "def f(x):", "-n", "20", "--temp", "0", "--kv-store",
                  dir.string(), "--session", "s"});
@@ -418,6 +535,24 @@ TEST(CliPrompt, StdinAndFileMatchTheFlag) {
   ASSERT_EQ(g.exit_code, 0) << g.out;
   EXPECT_EQ(last_json_line(g.out)["ids"], want);
   fs::remove(f);
+  // -f - reads stdin as -p - does, in generate, run and tokenize alike; an empty stdin is an empty prompt.
+  s = run_shell("printf 'def add(a, b):\\n' | " +
+                anvil_command({"generate", "-m", kModel, "-f", "-", "-n", "8", "--temp", "0", "--json"}));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(last_json_line(s.out)["ids"], want);
+  const std::string answer = run_anvil({"generate", "-m", kModel, "-p", text, "-n", "8", "--temp", "0",
+                                        "--no-kv-store"}).out;
+  s = run_shell("printf 'def add(a, b):\\n' | " +
+                anvil_command({"run", "-m", kModel, "-f", "-", "-n", "8", "--temp", "0", "--no-kv-store"}) +
+                " 2>/dev/null");
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(s.out, answer) << "run -f - answered another prompt than generate -p";
+  s = run_shell("printf 'def add(a, b):\\n' | " + anvil_command({"tokenize", "-m", kModel, "-f", "-", "--json"}));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(s.out, run_anvil({"tokenize", "-m", kModel, "-p", text, "--json"}).out);
+  s = run_shell(anvil_command({"generate", "-m", kModel, "-f", "-", "-n", "8"}) + " < /dev/null 2>&1");
+  EXPECT_EQ(s.exit_code, 1) << s.out;
+  EXPECT_NE(s.out.find("-f -: stdin was empty"), std::string::npos) << s.out;
   auto both = run_anvil({"generate", "-m", kModel, "-f", "/nonexistent/prompt.txt", "-n", "8"}, true);
   EXPECT_EQ(both.exit_code, 1);
   EXPECT_NE(both.out.find("/nonexistent/prompt.txt"), std::string::npos) << both.out;

@@ -139,6 +139,30 @@ TEST(CliTemplate, RaiseExceptionIsAnError) {
       << err.out;
 }
 
+// "-" reads a JSON file from stdin, with the same rendering as the file; only one flag may take it.
+TEST(CliTemplate, DashReadsStdin) {
+  ojson expected = load(kDir + "/expected_qwen3.json");
+  ojson c = find_case("tool_call_dict_args");
+  ASSERT_FALSE(c.is_null());
+  ASSERT_TRUE(c.contains("tools"));
+  const std::string m = write_temp("m3.json", c["messages"].dump()), t = write_temp("t3.json", c["tools"].dump());
+  const std::string base = "template -m " + kDir + "/qwen3" +
+                           (c["add_generation_prompt"].get<bool>() ? "" : " --no-generation-prompt") +
+                           (c["enable_thinking"].get<bool>() ? " --thinking" : " --no-thinking");
+  RunResult messages_in = run(base + " --messages - --tools " + t + " < " + m);
+  EXPECT_EQ(messages_in.exit_code, 0) << messages_in.out;
+  EXPECT_EQ(messages_in.out, expected["tool_call_dict_args"]["text"].get<std::string>());
+  RunResult tools_in = run(base + " --messages " + m + " --tools - < " + t);
+  EXPECT_EQ(tools_in.exit_code, 0) << tools_in.out;
+  EXPECT_EQ(tools_in.out, expected["tool_call_dict_args"]["text"].get<std::string>());
+  RunResult twice = run(base + " --messages - --tools - < " + m, true);
+  EXPECT_EQ(twice.exit_code, 1) << twice.out;
+  EXPECT_NE(twice.out.find("stdin ('-') can be read once"), std::string::npos) << twice.out;
+  RunResult bad = run(base + " --messages - < /dev/null", true);
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--messages - (stdin): not valid JSON"), std::string::npos) << bad.out;
+}
+
 TEST(CliTemplate, BadMessagesJsonFails) {
   std::string bad = write_temp("bad.json", "[{\"role\": \"user\", \"content\": ");
   RunResult r = run("template -m " + kDir + "/qwen3 --messages " + bad, true);

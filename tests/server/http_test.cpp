@@ -339,6 +339,15 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
     const std::string reply = raw.read_until("length_required", 10);
     EXPECT_NE(reply.find("HTTP/1.1 411"), std::string::npos) << reply;
     EXPECT_NE(reply.find("\"length_required\""), std::string::npos) << reply;
+    // The body was never read, so the connection closes after the reply (its bytes would otherwise
+    // be taken for the next request), and the reply says so, without a Keep-Alive header that
+    // says the opposite. The server closes it well within its 5 s keep-alive wait.
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
+    EXPECT_EQ(reply.find("Keep-Alive"), std::string::npos) << reply;
+    EXPECT_TRUE(raw.wait_closed(3)) << "the connection stayed open after the 411";
+    const size_t json_at = reply.find("\r\n\r\n");
+    ASSERT_NE(json_at, std::string::npos) << reply;
+    EXPECT_EQ(json::parse(reply.substr(json_at + 4), nullptr, false)["error"]["code"], "length_required") << reply;
   }
   // Unknown endpoint.
   auto nf = c.Post("/v1/embeddings", auth(), "{}", "application/json");

@@ -124,6 +124,19 @@ std::string RawConnection::read_until(const std::string& needle, double timeout_
   return buf_;
 }
 
+bool RawConnection::wait_closed(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (fd_ >= 0 && std::chrono::steady_clock::now() < deadline) {
+    pollfd pf{fd_, POLLIN, 0};
+    if (poll(&pf, 1, 50) <= 0) continue;
+    char b[4096];
+    ssize_t n = recv(fd_, b, sizeof b, 0);
+    if (n <= 0) return true;  // EOF (or a reset): closed
+    buf_.append(b, size_t(n));
+  }
+  return false;
+}
+
 void RawConnection::close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

@@ -34,6 +34,9 @@ class RawConnection {
   bool send_all(const std::string& data);
   // Reads until `needle` has been seen or timeout; returns everything read.
   std::string read_until(const std::string& needle, double timeout_s);
+  // Reads (keeping what arrives) until the peer closes the connection: true, or false when it is
+  // still open after timeout_s.
+  bool wait_closed(double timeout_s);
   void close();
 
  private:

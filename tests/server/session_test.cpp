@@ -216,6 +216,17 @@ TEST(ServeStore, RestartKeepsPrefixCacheAndSessions) {
     b.get("/v1/sessions/conv", &st);
     EXPECT_EQ(st, 404);
     EXPECT_EQ(b.del("/v1/sessions/.hidden"), 400);
+    // So is a name with a '/', sent encoded (the route sees the decoded path) or not: 400 naming
+    // the rule, as for every invalid name, not 404 unknown_url.
+    for (const char* path : {"/v1/sessions/a%2Fb", "/v1/sessions/a/b"}) {
+      EXPECT_EQ(b.del(path, &body), 400) << path << ": " << body;
+      EXPECT_EQ(body["error"]["param"], "session") << path << ": " << body;
+      EXPECT_NE(body["error"]["message"].get<std::string>().find("A-Z a-z 0-9 . _ -"), std::string::npos) << body;
+      body = b.get(path, &st);
+      EXPECT_EQ(st, 400) << path << ": " << body;
+      EXPECT_NE(body["error"]["message"].get<std::string>().find("'a/b' is not a session name"), std::string::npos)
+          << body;
+    }
     EXPECT_TRUE(find_session(b.get("/v1/sessions", &st), "conv").is_null());
     EXPECT_EQ(b.p->terminate(30), 0);
   }
