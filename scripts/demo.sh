@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's first command: installs dependencies, builds only the anvil executable (the tests,
-# benchmarks and CUDA library are left to scripts/test.sh), then runs the README's demo commands
-# exactly as written there (tests/cli/docs_test.cpp checks that they match).
+# The README's first command: installs dependencies, builds only the anvil executable (with the CUDA
+# backend it links when nvcc exists; the tests and benchmarks are left to scripts/test.sh), then runs
+# the README's demo commands exactly as written there (tests/cli/docs_test.cpp checks that they match).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
