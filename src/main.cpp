@@ -129,7 +129,10 @@ int main(int argc, char** argv) {
   }
   // llama-server spells --parallel "-np"; CLI11 short names are one letter, so map it here.
   std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i) args.push_back(std::string(argv[i]) == "-np" ? "--parallel" : argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string w = argv[i];
+    args.push_back(w == "-np" ? "--parallel" : w.rfind("-np=", 0) == 0 ? "--parallel=" + w.substr(4) : w);
+  }
   if (refuse_option_as_value(app, args)) return 1;
   std::reverse(args.begin(), args.end());  // CLI11 takes them last first
   try {

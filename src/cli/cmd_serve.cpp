@@ -168,7 +168,7 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
                   ->default_str(std::to_string(a->server.port));
               add_int_option(app, "--parallel", a->parallel, "Sequences decoded together (-np)", 1, INT32_MAX)
                   ->default_str(std::to_string(a->parallel));
-              app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY'")
+              app.add_option("--api-key", a->server.api_key, "Require the key on every endpoint but / and /health: 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'")
                   ->each([a](const std::string&) { a->api_key_given = true; });
               app.add_option("--alias", a->alias, "Model name in the API (default: the model directory's name)");
               app.add_option("--cors", a->server.cors_origin,

@@ -130,6 +130,9 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
       {{"generate", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
       {{"bench", "--synthetic", "tiny", "-c", "0", "-n", "4", "--prompt-tokens", "8"}, "-c/--ctx must be an integer in [1, 2147483647], got '0'"},
       {{"serve", "-m", kModel, "--no-kv-store", "--host", ""}, "--host is empty"},
+      // llama-server's -np, also written -np=N, is --parallel and checked as it is.
+      {{"serve", "-m", kModel, "--no-kv-store", "-np", "0"}, "--parallel must be an integer in [1, 2147483647], got '0'"},
+      {{"serve", "-m", kModel, "--no-kv-store", "-np=0"}, "--parallel must be an integer in [1, 2147483647], got '0'"},
       {{"synth", "--shape", "tiny", "--out", ""}, "--out: an empty directory name"},
       {{"synth", "--shape", "tiny-moe", "--quant", "q4g128", "--out", (victim / "moe").string()}, "does not divide"},
   };
