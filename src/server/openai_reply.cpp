@@ -47,10 +47,10 @@ void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
     // logprobs 0 gives the sampled token alone.
     top.emplace(piece, t.logprob);
     (*o)["top_logprobs"].push_back(top);
-    // Offsets count characters of the text, as OpenAI's: a character counts where its first byte is.
-    (*o)["text_offset"].push_back(text_offset);
-    for (unsigned char c : tok->token_raw_bytes(t.id))
-      if ((c & 0xC0) != 0x80) ++text_offset;
+    // Offsets count characters of the text, as OpenAI's: a character counts where its first byte is
+    // (tokenizer/text_offsets.h: the text's own rules, U+FFFD and skipped special tokens included).
+    if (!offsets) offsets = std::make_unique<TextOffsets>(*tok, /*skip_special=*/true);  // as the scheduler decodes
+    (*o)["text_offset"].push_back(offsets->push(t.id));
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "server/chat_output.h"
 #include "server/job.h"
+#include "tokenizer/text_offsets.h"
 #include "tokenizer/tokenizer.h"
 
 namespace anvil::server {
@@ -35,7 +36,7 @@ struct Reply {
   ojson lp_chat = ojson::array();
   ojson lp_completion = {{"tokens", ojson::array()}, {"token_logprobs", ojson::array()},
                          {"top_logprobs", ojson::array()}, {"text_offset", ojson::array()}};
-  size_t text_offset = 0;
+  std::unique_ptr<TextOffsets> offsets;  // completions' text_offset, made on first use
   int n_calls = 0;
   std::string finish;
   // tool_choice "required" or a named function: the reply must call one of allowed_tools.

@@ -4,6 +4,8 @@
 
 #include "model/loader.h"
 #include "server/openai_reply.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/stream_decoder.h"
 
 using namespace anvil;
 using namespace anvil::server;
@@ -178,6 +180,75 @@ TEST(Reply, LogprobsOfTokensThatSplitACharacter) {
   EXPECT_EQ(offsets[1], 1) << "after 'a', one character in";
   for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
   EXPECT_EQ(offsets.back(), 2) << "'b' is the third character";
+}
+
+// What a random-weight model writes: bytes that never form a character (a lone continuation
+// byte, a lead byte cut short, E0 80, which is two invalid bytes), a special token in the middle of
+// the text (skipped by the server's decoder) and a character split over tokens. text_offset counts
+// the characters of the text returned, so the offset of token i is the length of decode(ids[0, i))
+// in characters (tokenizers decodes every invalid sequence to one U+FFFD). It used to count the
+// tokens' lead bytes: an invalid continuation byte's U+FFFD was missed and a skipped special
+// token's own text ("<|im_start|>", 12 characters) was counted, so the offsets ran off the text.
+TEST(Reply, TextOffsetsFollowTheTextOfArbitraryTokens) {
+  const Tokenizer& tok = qwen_tokenizer();
+  auto byte_token = [&](uint8_t b) {
+    std::string s;
+    tok::append_utf8(s, tok::byte_to_codepoint()[b]);
+    return *tok.token_to_id(s);
+  };
+  auto text_ids = [&](const std::string& t) { return tok.encode(t); };
+  std::vector<int32_t> ids;
+  auto add = [&](std::vector<int32_t> v) { ids.insert(ids.end(), v.begin(), v.end()); };
+  add(text_ids("a"));
+  add({byte_token(0x80)});                           // a lone continuation byte: one U+FFFD
+  add(text_ids("b"));
+  add({byte_token(0xF0), byte_token(0x9F)});         // an emoji's first two bytes, never finished
+  add(text_ids("c"));
+  add({*tok.token_to_id("<|im_start|>")});           // special: not in the text
+  add(text_ids("d"));
+  add({byte_token(0xE0), byte_token(0x80)});         // E0 80: two invalid bytes, two U+FFFD
+  add(text_ids("e\xF0\xA0\x80\x80" "f"));          // U+20000 over several tokens
+  add({byte_token(0xE4)});                           // a lead byte at the very end
+  const std::string text = tok.decode(ids, /*skip_special=*/true);
+  for (bool stream : {false, true}) {
+    auto comp = make_reply(false, stream, false, true);
+    StreamDecoder dec(tok, /*skip_special=*/true);  // as the scheduler makes the deltas
+    std::string sse;
+    for (int32_t id : ids) sse += comp->on_delta(delta(dec.push(id), id));
+    JobEvent last;
+    last.text = dec.flush();
+    sse += comp->on_delta(last);
+    sse += comp->on_done("length");
+    nlohmann::ordered_json offsets = nlohmann::ordered_json::array();
+    std::string got_text;
+    if (stream) {
+      bool done = false;
+      for (const auto& c : parse_sse(sse, &done))
+        if (c.contains("choices") && !c["choices"].empty()) {
+          got_text += c["choices"][0]["text"].get<std::string>();
+          if (!c["choices"][0]["logprobs"].is_null())
+            for (const auto& o : c["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+        }
+    } else {
+      const auto j = comp->response();
+      got_text = j["choices"][0]["text"];
+      offsets = j["choices"][0]["logprobs"]["text_offset"];
+    }
+    EXPECT_EQ(got_text, text);
+    ASSERT_EQ(offsets.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string before = tok.decode(std::span<const int32_t>(ids.data(), i), /*skip_special=*/true);
+      size_t chars = 0;
+      for (unsigned char c : before) chars += (c & 0xC0) != 0x80;
+      EXPECT_EQ(offsets[i].get<size_t>(), chars) << "token " << i << " (id " << ids[i] << "), stream " << stream;
+    }
+    // By hand: "a" 0, the lone byte 1, "b" 2, F0 3, 9F 4 (in F0's character), "c" 4, <|im_start|> 5, "d" 5.
+    EXPECT_EQ(offsets[2], 2);
+    EXPECT_EQ(offsets[5], 4);
+    EXPECT_EQ(offsets[6], 5);
+    EXPECT_EQ(offsets[7], 5);
+    EXPECT_EQ(offsets[9], 7) << "E0 80 are two characters";
+  }
 }
 
 TEST(Reply, WithoutToolsTheTagsAreContent) {
