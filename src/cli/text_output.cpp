@@ -61,7 +61,8 @@ void TextOutput::begin_answer() {
   dec_ = std::make_unique<StreamDecoder>(*tok_, /*skip_special=*/true);
   const bool split = chat_ && splits_reasoning_;
   // A stop string never cuts a reasoning tag (stop_strings.h): the server's rule too.
-  stop_ = std::make_unique<StopMatcher>(stops_, split ? reasoning_tags() : std::vector<std::string>{});
+  stop_ = std::make_unique<StopMatcher>(stops_, split ? std::vector<MarkupPair>{reasoning_markup(prompt_opens_reasoning_)}
+                                                     : std::vector<MarkupPair>{});
   split_ = split ? std::make_unique<ReasoningShaper>(prompt_opens_reasoning_) : nullptr;
 }
 

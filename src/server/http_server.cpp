@@ -343,11 +343,11 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                      "context_length_exceeded"));
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
-  if (chat && split_reasoning) g.stop_atomic = reasoning_tags();  // a stop never cuts a tag
-  if (chat && r.parse_tool_calls) {  // nor a tool call's markup
-    g.stop_atomic.push_back("<tool_call>");
-    g.stop_atomic.push_back("</tool_call>");
-  }
+  // A stop never cuts a tag that opens or closes the reasoning, nor a tool call's; the state they
+  // start in is the one the reply's ChatOutput starts in (a forced call is open, its prefill having
+  // closed the reasoning).
+  if (chat && split_reasoning) g.stop_markup.push_back(reasoning_markup(starts_in_reasoning && forced.empty()));
+  if (chat && r.parse_tool_calls) g.stop_markup.push_back({"<tool_call>", "</tool_call>", !forced.empty()});
   if (turn) {
     g.session = r.session;
     g.session_meta = turn->keep_meta;

@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "runtime/sampler.h"
+#include "tokenizer/stop_strings.h"
 
 namespace anvil::server {
 
@@ -24,8 +25,8 @@ struct GenerationParams {
   float frequency_penalty = 0.0f;  // OpenAI: logit -= frequency * count, over generated tokens
   std::vector<std::string> stop;
   // Markup a stop string never cuts (StopMatcher): the reasoning tags when a chat reply's
-  // reasoning is split off.
-  std::vector<std::string> stop_atomic;
+  // reasoning is split off, then the tool-call tags when tool calls are parsed.
+  std::vector<MarkupPair> stop_markup;
   int top_logprobs = -1;  // -1: no logprobs; else the number of alternatives per token (0..20)
   bool ignore_eos = false;
   // Non-empty: record this request's sequence as durable session `session` (the prompt already

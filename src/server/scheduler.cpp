@@ -334,7 +334,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
       a.sampler = std::make_unique<Sampler>(p.sampling);
       if (p.ignore_eos) a.sampler->set_suppressed(opts_.eos_ids);
       a.dec = std::make_unique<StreamDecoder>(tok_, /*skip_special=*/true);
-      a.stop = std::make_unique<StopMatcher>(p.stop, p.stop_atomic);
+      a.stop = std::make_unique<StopMatcher>(p.stop, p.stop_markup);
       const int cached = engine_.seq_cached_tokens(a.seq);
       a.job->set_prompt_stats(int(p.prompt.size()), cached);
       metrics_.prompt_tokens += p.prompt.size();

@@ -15,7 +15,7 @@ bool vocabulary_has_reasoning(const Tokenizer& tok) {
   return tok.token_to_id("<think>").has_value() && tok.token_to_id("</think>").has_value();
 }
 
-std::vector<std::string> reasoning_tags() { return {"<think>", "</think>"}; }
+MarkupPair reasoning_markup(bool starts_in_reasoning) { return {"<think>", "</think>", starts_in_reasoning}; }
 
 ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_tag, std::string close_tag)
     : open_(std::move(open_tag)),

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 
 namespace anvil {
@@ -24,9 +25,9 @@ bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag =
 // from the answer only then (the CLI and the server alike).
 bool vocabulary_has_reasoning(const Tokenizer& tok);
 
-// The reasoning tags, {"<think>", "</think>"}: atomic markup to the stop-string matcher wherever
-// reasoning is split off (stop_strings.h).
-std::vector<std::string> reasoning_tags();
+// The reasoning tags, <think> and </think>: markup to the stop-string matcher wherever reasoning is
+// split off (stop_strings.h), starting inside when the prompt opened the reasoning.
+MarkupPair reasoning_markup(bool starts_in_reasoning);
 
 class ReasoningSplitter {
  public:

@@ -7,12 +7,13 @@ namespace anvil {
 namespace {
 
 // Length of the longest suffix of s[0, end) that is a proper prefix of one of `strs`.
-size_t longest_partial(const std::string& s, size_t end, const std::vector<std::string>& strs) {
+template <class Strings>
+size_t longest_partial(const std::string& s, size_t end, const Strings& strs) {
   size_t keep = 0;
-  for (const auto& t : strs) {
+  for (std::string_view t : strs) {
     const size_t max_k = std::min(t.size() - 1, end);
     for (size_t k = max_k; k > keep; --k)
-      if (s.compare(end - k, k, t, 0, k) == 0) {
+      if (std::string_view(s).substr(end - k, k) == t.substr(0, k)) {
         keep = k;
         break;
       }
@@ -22,11 +23,20 @@ size_t longest_partial(const std::string& s, size_t end, const std::vector<std::
 
 }  // namespace
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, std::vector<std::string> atomic) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, std::vector<MarkupPair> markup) {
   for (auto& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
-  for (auto& a : atomic)
-    if (!a.empty()) atomic_.push_back(std::move(a));
+  for (auto& m : markup)
+    if (!m.open.empty() && !m.close.empty()) markup_.push_back(std::move(m));
+}
+
+std::vector<std::pair<std::string_view, size_t>> StopMatcher::switching_tags() const {
+  std::vector<std::pair<std::string_view, size_t>> tags;
+  for (size_t k = 0; k < markup_.size(); ++k) {
+    tags.emplace_back(markup_[k].inside ? markup_[k].close : markup_[k].open, k);
+    if (markup_[k].inside) break;  // the pairs after it see none of this text
+  }
+  return tags;
 }
 
 size_t StopMatcher::first_match(size_t end) const {
@@ -51,17 +61,21 @@ std::string StopMatcher::push(std::string_view text) {
   held_.append(text);
   std::string out;
   for (;;) {
-    // The first whole tag ends the text a stop string may match in; a possible start of one at
-    // the end is not text yet.
-    size_t tag_at = std::string::npos, tag_len = 0;
-    for (const auto& a : atomic_) {
-      const size_t at = held_.find(a);
-      if (at != std::string::npos && (at < tag_at || (at == tag_at && a.size() > tag_len))) {
+    // The first tag that switches ends the text a stop string may match in; a possible start of
+    // one at the end is not text yet.
+    const auto tags = switching_tags();
+    size_t tag_at = std::string::npos, tag_len = 0, pair = 0;
+    for (const auto& [t, k] : tags) {
+      const size_t at = held_.find(t);
+      if (at != std::string::npos && (at < tag_at || (at == tag_at && t.size() > tag_len))) {
         tag_at = at;
-        tag_len = a.size();
+        tag_len = t.size();
+        pair = k;
       }
     }
-    const size_t seg_end = tag_at != std::string::npos ? tag_at : held_.size() - longest_partial(held_, held_.size(), atomic_);
+    std::vector<std::string_view> tag_strings;
+    for (const auto& tk : tags) tag_strings.push_back(tk.first);
+    const size_t seg_end = tag_at != std::string::npos ? tag_at : held_.size() - longest_partial(held_, held_.size(), tag_strings);
     if (const size_t at = first_match(seg_end); at != std::string::npos) {
       stopped_ = true;
       out.append(held_, 0, at);
@@ -86,6 +100,7 @@ std::string StopMatcher::push(std::string_view text) {
     }
     out.append(held_, 0, tag_at + tag_len);
     held_.erase(0, tag_at + tag_len);
+    markup_[pair].inside = !markup_[pair].inside;
   }
 }
 

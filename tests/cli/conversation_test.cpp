@@ -181,6 +181,26 @@ TEST_F(Conversation, StopStringsNeverSplitTheReasoningTags) {
   }
 }
 
+// A "</think>" with no reasoning open is text of the answer, and a stop string matches inside it
+// as in any text (the server's rule: ServeThinking.StopStringsMatchInsideTagsThatSwitchNothing).
+// It used to be atomic wherever it stood: --stop ink printed "Hi</think> there..." whole.
+TEST(ConversationStrayTags, StopStringsMatchInsideTagsThatSwitchNothing) {
+  const std::string model = (fs::temp_directory_path() / ("anvil_conv_stray_" + std::to_string(::getpid()))).string();
+  ASSERT_EQ(anvil::test::make_stray_tags_model(model), "");
+  const std::string& reply = anvil::test::kStrayTagsReply;
+  for (std::string stop : {"ink", "n", "/", "ool", "zzz"}) {
+    const std::string want = reply.substr(0, std::min(reply.size(), reply.find(stop)));
+    auto g = run_anvil({"generate", "-m", model, "-p", "hi", "--no-kv-store", "--json", "--stop", stop});
+    auto j = nlohmann::json::parse(g.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << stop << ": " << g.out;
+    EXPECT_EQ(j["text"], want) << "stop " << nlohmann::json(stop).dump();
+    EXPECT_EQ(j["finish_reason"], "stop");
+    auto p = run_anvil({"generate", "-m", model, "-p", "hi", "--no-kv-store", "--stop", stop});
+    EXPECT_EQ(p.out, want + "\n") << "stop " << nlohmann::json(stop).dump();
+  }
+  fs::remove_all(model);
+}
+
 // A message too long for --ctx even alone is refused and the conversation is unchanged: the
 // transcript around it is the one without it (no turn dropped for it).
 TEST_F(Conversation, TooLongMessageLeavesTheHistoryAlone) {

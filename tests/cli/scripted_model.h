@@ -177,4 +177,20 @@ inline std::string make_think_model(const std::string& dir) {
   return make_scripted(dir, {{tk.text("\n").at(0), think}, {tk.text("\n\n").at(0), tk.text(kThinkAnswer)}});
 }
 
+// A model that writes the tags where they switch nothing (as a random-weight model may): after the
+// generation prompt, kStrayTagsReply, a "</think>" with no reasoning open and a "</tool_call>" with
+// no call open, both text of the answer; then <|im_end|>.
+inline const std::string kStrayTagsReply = "Hi</think> there</tool_call> now";
+
+inline std::string make_stray_tags_model(const std::string& dir) {
+  if (std::string e = synth_tiny(dir); !e.empty()) return e;
+  ScriptTokens tk(dir);
+  std::vector<int32_t> reply = tk.text("Hi");
+  reply.push_back(tk.id("</think>"));
+  for (int32_t t : tk.text(" there")) reply.push_back(t);
+  reply.push_back(tk.id("</tool_call>"));
+  for (int32_t t : tk.text(" now")) reply.push_back(t);
+  return make_scripted(dir, {{tk.text("\n").at(0), reply}});
+}
+
 }  // namespace anvil::test

@@ -87,6 +87,42 @@ TEST(ServeThinking, StopStringsNeverSplitTheReasoningTags) {
   fs::remove_all(dir);
 }
 
+// A tag that switches nothing (a "</think>" with no reasoning open, a "</tool_call>" with no call
+// open) is text of the content, and a stop string matches inside it as in any text: the content
+// never holds the stop string. Such tags used to be atomic wherever they stood, so stop "ink" let
+// "Hi</think> there..." through whole.
+TEST(ServeThinking, StopStringsMatchInsideTagsThatSwitchNothing) {
+  const std::string dir = temp_dir("stray");
+  ASSERT_EQ(anvil::test::make_stray_tags_model(dir), "");
+  Served s{std::make_unique<ServerProcess>(std::vector<std::string>{"-m", dir, "-c", "256", "-np", "2", "-t", "2"})};
+  ASSERT_TRUE(s.p->ok()) << s.p->startup_output();
+  const std::string& reply = anvil::test::kStrayTagsReply;
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])");
+  for (bool with_tools : {false, true})
+    for (std::string stop : {"ink", "n", "/", "ool", "l_", "zzz"}) {
+      const std::string want = reply.substr(0, std::min(reply.size(), reply.find(stop)));
+      json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"temperature", 0}, {"max_tokens", 64},
+                   {"stop", {stop}}};
+      if (with_tools) body["tools"] = tools;
+      const std::string what = "stop " + json(stop).dump() + (with_tools ? " with tools" : "");
+      int status = 0;
+      json r = s.post(body, &status);
+      ASSERT_EQ(status, 200) << r.dump();
+      const json& m = r["choices"][0]["message"];
+      EXPECT_FALSE(m.contains("reasoning_content")) << what;
+      EXPECT_FALSE(m.contains("tool_calls")) << what;
+      EXPECT_EQ(m["content"], want) << what;
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << what;
+      std::string sr, sc, sf;
+      s.stream(body, &sr, &sc, &sf);
+      EXPECT_EQ(sr, "") << "stream, " << what;
+      EXPECT_EQ(sc, want) << "stream, " << what;
+      EXPECT_EQ(sf, "stop") << "stream, " << what;
+    }
+  s.p->terminate(30);
+  fs::remove_all(dir);
+}
+
 // A tool-call loop through a session gives the prompt (and reply) of the stateless request that
 // echoes the reply back as the client got it: reasoning_content included, which Qwen3's template
 // renders for the assistant turns after the last user message.

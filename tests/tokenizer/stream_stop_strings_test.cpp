@@ -105,17 +105,25 @@ TEST(StopMatcher, RandomStreamsMatchReference) {
 }
 
 
-// Atomic markup (a thinking model's <think> tags): a stop string matches only inside the text
-// between the tags, or a whole tag, and the tags pass through whole. The reference cuts the whole
-// text into tags and the text between them, left to right, and runs the plain reference on each
-// piece of text.
-StopRun reference_atomic(const std::vector<std::string>& stops, const std::vector<std::string>& tags,
-                         const std::string& text) {
+// Markup (a thinking model's <think> tags, a tool call's): a stop string matches only inside the
+// text between the tags, or a whole tag, and the tags pass through whole. Only a tag that switches
+// is markup (a pair's closing tag inside it, its opening tag outside; a pair only while the pairs
+// before it are outside); elsewhere the same characters are text. The reference walks the whole
+// text left to right, cuts it into switching tags and the text between them, and runs the plain
+// reference on each piece of text.
+StopRun reference_markup(const std::vector<std::string>& stops, std::vector<MarkupPair> pairs, const std::string& text) {
   std::string out, seg;
   for (size_t i = 0; i <= text.size();) {
     std::string tag;
-    for (const auto& t : tags)
-      if (text.compare(i, t.size(), t) == 0 && t.size() > tag.size()) tag = t;
+    size_t pair = 0;
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      const std::string& t = pairs[k].inside ? pairs[k].close : pairs[k].open;
+      if (text.compare(i, t.size(), t) == 0 && t.size() > tag.size()) {
+        tag = t;
+        pair = k;
+      }
+      if (pairs[k].inside) break;
+    }
     if (!tag.empty() || i == text.size()) {
       const StopRun r = reference(stops, seg);
       if (r.stopped) return {out + r.emitted, true};
@@ -125,6 +133,7 @@ StopRun reference_atomic(const std::vector<std::string>& stops, const std::vecto
       if (std::find(stops.begin(), stops.end(), tag) != stops.end()) return {out, true};
       out += tag;
       i += tag.size();
+      pairs[pair].inside = !pairs[pair].inside;
     } else {
       seg += text[i++];
     }
@@ -132,31 +141,41 @@ StopRun reference_atomic(const std::vector<std::string>& stops, const std::vecto
   return {out, false};
 }
 
+StopRun run_markup(const std::vector<std::string>& stops, const std::vector<MarkupPair>& pairs,
+                   const std::vector<std::string>& chunks) {
+  StopMatcher m(stops, pairs);
+  StopRun r{"", false};
+  for (const auto& c : chunks) r.emitted += m.push(c);
+  r.emitted += m.flush();
+  r.stopped = m.stopped();
+  return r;
+}
+
+// Every split of `text` into three chunks gives the reference's result.
+void check_markup_splits(const std::vector<std::string>& stops, const std::vector<MarkupPair>& pairs,
+                         const std::string& text) {
+  const StopRun want = reference_markup(stops, pairs, text);
+  for (size_t i = 0; i <= text.size(); ++i)
+    for (size_t j = i; j <= text.size(); j += 3) {
+      const StopRun got = run_markup(stops, pairs, {text.substr(0, i), text.substr(i, j - i), text.substr(j)});
+      ASSERT_EQ(got.emitted, want.emitted) << stops[0] << " split at " << i << "," << j << " of " << text;
+      ASSERT_EQ(got.stopped, want.stopped) << stops[0] << " in " << text;
+    }
+}
+
+const MarkupPair kThink{"<think>", "</think>"};
+const MarkupPair kTool{"<tool_call>", "</tool_call>"};
+
 TEST(StopMatcher, AtomicTagsAreNeverCut) {
-  const std::vector<std::string> tags = {"<think>", "</think>"};
-  auto run = [&](const std::vector<std::string>& stops, const std::vector<std::string>& chunks) {
-    StopMatcher m(stops, tags);
-    StopRun r{"", false};
-    for (const auto& c : chunks) r.emitted += m.push(c);
-    r.emitted += m.flush();
-    r.stopped = m.stopped();
-    return r;
-  };
+  const std::vector<MarkupPair> tags = {kThink};
   const std::string text = "<think>Let me think</think>\n\nAnswer: <b>yes</b>";
   for (std::vector<std::string> stops :
        {std::vector<std::string>{">"}, {"think"}, {"k>"}, {"/"}, {"<"}, {"</think>"}, {"<think>"}, {"think</think>"},
-        {"\n"}, {"b>"}, {"me", ">"}, {"</"}}) {
-    const StopRun want = reference_atomic(stops, tags, text);
-    for (size_t i = 0; i <= text.size(); ++i)
-      for (size_t j = i; j <= text.size(); j += 3) {
-        const StopRun got = run(stops, {text.substr(0, i), text.substr(i, j - i), text.substr(j)});
-        ASSERT_EQ(got.emitted, want.emitted) << stops[0] << " split at " << i << "," << j;
-        ASSERT_EQ(got.stopped, want.stopped) << stops[0];
-      }
-  }
-  EXPECT_EQ(reference_atomic({">"}, tags, text).emitted, text.substr(0, text.find("<b>") + 2));
-  EXPECT_EQ(reference_atomic({"think"}, tags, text).emitted, "<think>Let me ");
-  EXPECT_EQ(reference_atomic({"</think>"}, tags, text).emitted, "<think>Let me think");
+        {"\n"}, {"b>"}, {"me", ">"}, {"</"}})
+    check_markup_splits(stops, tags, text);
+  EXPECT_EQ(reference_markup({">"}, tags, text).emitted, text.substr(0, text.find("<b>") + 2));
+  EXPECT_EQ(reference_markup({"think"}, tags, text).emitted, "<think>Let me ");
+  EXPECT_EQ(reference_markup({"</think>"}, tags, text).emitted, "<think>Let me think");
   // A possible tag start that never completes is text at the end.
   StopMatcher m({"hi"}, tags);
   EXPECT_EQ(m.push("x<thi"), "x");
@@ -164,9 +183,41 @@ TEST(StopMatcher, AtomicTagsAreNeverCut) {
   EXPECT_TRUE(m.stopped());
 }
 
-TEST(StopMatcher, AtomicTagsRandomStreamsMatchReference) {
+// A tag that switches nothing is text, as the reasoning split and the tool-call parser leave it in
+// the output (a random-weight model writes them anywhere): a "</think>" in the content with no
+// reasoning open, a "<think>" inside the reasoning, a "<tool_call>" inside a call or inside the
+// reasoning. A stop string matches in them as in any other text, so the output never holds the
+// stop string. (They were markup wherever they stood: stop "ink" let "x</think>" through whole.)
+TEST(StopMatcher, TagsThatSwitchNothingAreText) {
+  auto run = [](const std::vector<std::string>& stops, const std::vector<MarkupPair>& pairs, const std::string& text) {
+    return run_markup(stops, pairs, {text}).emitted;
+  };
+  EXPECT_EQ(run({"ink"}, {kThink}, "x</think>y"), "x</th");
+  EXPECT_EQ(run({"n"}, {kThink}, "x</think>y"), "x</thi");
+  EXPECT_EQ(run({"ink"}, {kThink}, "<think>a<think>b</think>c"), "<think>a<th");
+  // The tags that do switch stay whole: the opening <think> and its </think>.
+  EXPECT_EQ(run({"ink"}, {kThink}, "<think>a</think>c</think>"), "<think>a</think>c</th");
+  // A prompt that opened <think>: the first </think> closes it, a <think> before it is text.
+  EXPECT_EQ(run({"<t"}, {MarkupPair{"<think>", "</think>", true}}, "a<think>b</think>"), "a");
+  EXPECT_EQ(run({"k>"}, {MarkupPair{"<think>", "</think>", true}}, "a</think>b</think>"), "a</think>b</thin");
+  // Tool calls: inside a call its closing tag is markup, another <tool_call> is its text.
+  EXPECT_EQ(run({"call"}, {kThink, kTool}, "<tool_call>{<tool_call>}</tool_call>"), "<tool_call>{<tool_");
+  // ... and inside the reasoning (which the tool-call parser never sees) tool tags are text too.
+  EXPECT_EQ(run({"ol_"}, {kThink, kTool}, "<think><tool_call></think><tool_call>"), "<think><to");
+  EXPECT_EQ(run({"ol_"}, {kThink, kTool}, "<think>r</think><tool_call>x</tool_call>"),
+            "<think>r</think><tool_call>x</tool_call>");
+  // A prefilled call (tool_choice required) starts inside: its </tool_call> is markup, a stray one after it text.
+  EXPECT_EQ(run({"/t"}, {kThink, MarkupPair{"<tool_call>", "</tool_call>", true}}, "x\"}</tool_call></tool_call>"),
+            "x\"}</tool_call><");
+  for (std::vector<std::string> stops : {std::vector<std::string>{"ink"}, {"<"}, {">"}, {"</think>"}, {"/t"}, {"k><"}})
+    for (const std::string text : {"a</think>b<think>c<think>d</think>e</think>", "<tool_call>x<think>y</think>z</tool_call>w",
+                                   "<think><tool_call></think></tool_call><tool_call></tool_call>"})
+      check_markup_splits(stops, {kThink, kTool}, text);
+}
+
+TEST(StopMatcher, MarkupRandomStreamsMatchReference) {
   std::mt19937 rng(11);
-  const std::vector<std::string> tags = {"<a>", "</a>"};
+  const std::vector<std::string> tags = {"<a>", "</a>", "<b>", "</b>"};
   const std::string alphabet = "ab<>/";
   for (int iter = 0; iter < 4000; ++iter) {
     std::vector<std::string> stops(1 + rng() % 3);
@@ -174,7 +225,7 @@ TEST(StopMatcher, AtomicTagsRandomStreamsMatchReference) {
       for (size_t k = 0, n = 1 + rng() % 4; k < n; ++k) s += alphabet[rng() % alphabet.size()];
     std::string text;
     for (size_t k = 0, n = rng() % 30; k < n; ++k) {
-      if (rng() % 6 == 0) text += tags[rng() % 2];
+      if (rng() % 6 == 0) text += tags[rng() % tags.size()];
       else text += alphabet[rng() % alphabet.size()];
     }
     std::vector<std::string> chunks;
@@ -183,12 +234,8 @@ TEST(StopMatcher, AtomicTagsRandomStreamsMatchReference) {
       chunks.push_back(text.substr(p, len));
       p += len;
     }
-    StopMatcher m(stops, tags);
-    StopRun got{"", false};
-    for (const auto& c : chunks) got.emitted += m.push(c);
-    got.emitted += m.flush();
-    got.stopped = m.stopped();
-    const StopRun want = reference_atomic(stops, tags, text);
+    const std::vector<MarkupPair> pairs = {{"<a>", "</a>", rng() % 4 == 0}, {"<b>", "</b>", rng() % 4 == 0}};
+    const StopRun got = run_markup(stops, pairs, chunks), want = reference_markup(stops, pairs, text);
     ASSERT_EQ(got.emitted, want.emitted) << text << " stops " << stops[0];
     ASSERT_EQ(got.stopped, want.stopped) << text;
   }
