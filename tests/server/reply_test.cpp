@@ -183,7 +183,7 @@ TEST(Reply, LogprobsOfTokensThatSplitACharacter) {
 }
 
 // What a random-weight model writes: bytes that never form a character (a lone continuation
-// byte, a lead byte cut short, E0 80, which is two invalid bytes), a special token in the middle of
+// byte, a lead byte cut short, E0 80, which is two invalid bytes, a lone surrogate), a special token in the middle of
 // the text (skipped by the server's decoder) and a character split over tokens. text_offset counts
 // the characters of the text returned, so the offset of token i is the length of decode(ids[0, i))
 // in characters (tokenizers decodes every invalid sequence to one U+FFFD). It used to count the
@@ -208,6 +208,7 @@ TEST(Reply, TextOffsetsFollowTheTextOfArbitraryTokens) {
   add(text_ids("d"));
   add({byte_token(0xE0), byte_token(0x80)});         // E0 80: two invalid bytes, two U+FFFD
   add(text_ids("e\xF0\xA0\x80\x80" "f"));          // U+20000 over several tokens
+  add({byte_token(0xED), byte_token(0xA0), byte_token(0x80)});  // a UTF-16 surrogate's bytes: three U+FFFD
   add({byte_token(0xE4)});                           // a lead byte at the very end
   const std::string text = tok.decode(ids, /*skip_special=*/true);
   for (bool stream : {false, true}) {
