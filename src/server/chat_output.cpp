@@ -49,11 +49,13 @@ ToolCallParser::Out ToolCallParser::push(std::string_view text) {
       size_t emit = at != std::string::npos ? at : buf_.size() - partial_suffix(buf_, kOpen);
       std::string piece = buf_.substr(0, emit);
       buf_.erase(0, emit);
-      if (n_calls_ > 0 && all_space(ws_held_ + piece)) {
+      if (after_call_ && all_space(piece)) {
         ws_held_ += piece;  // between or after calls: dropped unless real content follows
-      } else {
+      } else if (!piece.empty()) {
+        // Content: whitespace after it is content too, however the text was chunked.
         o.content += ws_held_ + piece;
         ws_held_.clear();
+        after_call_ = false;
       }
       if (at == std::string::npos) break;
       in_block_ = true;
@@ -68,9 +70,11 @@ ToolCallParser::Out ToolCallParser::push(std::string_view text) {
       if (max_calls_ <= 0 || n_calls_ < max_calls_) o.calls.push_back(std::move(c));
       ++n_calls_;
       ws_held_.clear();
+      after_call_ = true;
     } else {
       o.content += ws_held_ + block;
       ws_held_.clear();
+      after_call_ = false;
     }
   }
   return o;
@@ -78,10 +82,11 @@ ToolCallParser::Out ToolCallParser::push(std::string_view text) {
 
 ToolCallParser::Out ToolCallParser::flush() {
   Out o;
-  if (!(n_calls_ > 0 && all_space(ws_held_ + buf_))) o.content = ws_held_ + buf_;
+  if (!(after_call_ && all_space(buf_))) o.content = ws_held_ + buf_;
   buf_.clear();
   ws_held_.clear();
   in_block_ = false;
+  after_call_ = false;
   return o;
 }
 

@@ -39,6 +39,7 @@ class ToolCallParser {
   int n_calls_ = 0;  // valid calls parsed, dropped ones included
   int max_calls_ = 0;  // 0: no limit
   std::string ws_held_;  // whitespace after a call, emitted only if content follows
+  bool after_call_ = false;  // since the last call, only whitespace (held in ws_held_) came
 };
 
 class ChatOutput {

@@ -23,15 +23,14 @@ ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning, std::string open_
       in_reasoning_(starts_in_reasoning),
       opened_(starts_in_reasoning) {}
 
-ReasoningSplitter::Out ReasoningSplitter::push(std::string_view text) {
-  Out out;
+std::vector<ReasoningSplitter::Segment> ReasoningSplitter::push_segments(std::string_view text) {
+  std::vector<Segment> segs;
   held_.append(text);
   for (;;) {
     const std::string& tag = in_reasoning_ ? close_ : open_;
-    std::string& side = in_reasoning_ ? out.reasoning : out.content;
     const size_t at = held_.find(tag);
     if (at != std::string::npos) {
-      side.append(held_, 0, at);
+      segs.push_back({in_reasoning_, held_.substr(0, at), opened_});
       held_.erase(0, at + tag.size());
       in_reasoning_ = !in_reasoning_;
       opened_ = opened_ || in_reasoning_;
@@ -44,24 +43,36 @@ ReasoningSplitter::Out ReasoningSplitter::push(std::string_view text) {
         keep = k;
         break;
       }
-    side.append(held_, 0, held_.size() - keep);
+    segs.push_back({in_reasoning_, held_.substr(0, held_.size() - keep), opened_});
     held_.erase(0, held_.size() - keep);
-    return out;
+    return segs;
   }
+}
+
+ReasoningSplitter::Segment ReasoningSplitter::flush_segment() {
+  Segment seg{in_reasoning_, std::move(held_), opened_};
+  held_.clear();
+  return seg;
+}
+
+ReasoningSplitter::Out ReasoningSplitter::push(std::string_view text) {
+  Out out;
+  for (Segment& s : push_segments(text)) (s.reasoning ? out.reasoning : out.content) += s.text;
+  return out;
 }
 
 ReasoningSplitter::Out ReasoningSplitter::flush() {
   Out out;
-  (in_reasoning_ ? out.reasoning : out.content).swap(held_);
-  held_.clear();
+  Segment s = flush_segment();
+  (s.reasoning ? out.reasoning : out.content) = std::move(s.text);
   return out;
 }
 
 ReasoningShaper::ReasoningShaper(bool starts_in_reasoning) : split_(starts_in_reasoning) {}
 
-void ReasoningShaper::shape(ReasoningSplitter::Out in, ReasoningSplitter::Out* out) {
-  std::string& r = in.reasoning;
-  std::string& c = in.content;
+void ReasoningShaper::shape(ReasoningSplitter::Segment seg, ReasoningSplitter::Out* out) {
+  std::string r, c;
+  (seg.reasoning ? r : c) = std::move(seg.text);
   if (!r.empty()) {
     if (!reasoning_started_) {
       const size_t first = r.find_first_not_of('\n');
@@ -82,7 +93,7 @@ void ReasoningShaper::shape(ReasoningSplitter::Out in, ReasoningSplitter::Out* o
   }
   if (!c.empty()) {
     held_newlines_.clear();  // the reasoning is over
-    if (split_.opened() && !content_started_) {
+    if (seg.opened && !content_started_) {  // content after a reasoning block, not before one
       const size_t first = c.find_first_not_of('\n');
       c.erase(0, first == std::string::npos ? c.size() : first);
     }
@@ -93,13 +104,13 @@ void ReasoningShaper::shape(ReasoningSplitter::Out in, ReasoningSplitter::Out* o
 
 ReasoningSplitter::Out ReasoningShaper::push(std::string_view text) {
   ReasoningSplitter::Out out;
-  shape(split_.push(text), &out);
+  for (ReasoningSplitter::Segment& s : split_.push_segments(text)) shape(std::move(s), &out);
   return out;
 }
 
 ReasoningSplitter::Out ReasoningShaper::flush() {
   ReasoningSplitter::Out out;
-  shape(split_.flush(), &out);
+  shape(split_.flush_segment(), &out);
   return out;
 }
 

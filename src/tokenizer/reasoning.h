@@ -34,10 +34,19 @@ class ReasoningSplitter {
   struct Out {
     std::string reasoning, content;
   };
+  // A piece of the text on one side, in order: push() gives one per side the text passes through
+  // (a tag that switches sides ends a segment; a segment may be empty).
+  struct Segment {
+    bool reasoning = false;
+    std::string text;
+    bool opened = false;  // a reasoning block had been opened when this text came (opened())
+  };
   explicit ReasoningSplitter(bool starts_in_reasoning = false, std::string open_tag = "<think>",
                              std::string close_tag = "</think>");
-  Out push(std::string_view text);
+  Out push(std::string_view text);  // the segments' text joined by side
   Out flush();  // emits any held-back partial tag as text of the current side
+  std::vector<Segment> push_segments(std::string_view text);
+  Segment flush_segment();
   bool in_reasoning() const { return in_reasoning_; }
   // A reasoning block was opened: the stream started in one, or a <think> came.
   bool opened() const { return opened_; }
@@ -62,7 +71,9 @@ class ReasoningShaper {
   bool in_reasoning() const { return split_.in_reasoning(); }
 
  private:
-  void shape(ReasoningSplitter::Out in, ReasoningSplitter::Out* out);
+  // One segment at a time: whether content follows a reasoning block is a property of the
+  // segment, not of the push it came in (else the result would depend on how the text is chunked).
+  void shape(ReasoningSplitter::Segment seg, ReasoningSplitter::Out* out);
   ReasoningSplitter split_;
   bool reasoning_started_ = false, content_started_ = false;
   std::string held_newlines_;  // trailing newlines of the reasoning so far

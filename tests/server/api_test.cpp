@@ -2,6 +2,8 @@
 // (reasoning split, Qwen-style tool calls) under every chunking, and the metrics text format.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "server/api_request.h"
 #include "server/chat_output.h"
 #include "server/metrics.h"
@@ -350,6 +352,51 @@ TEST(ChatOutput, ReasoningSplitAndTrimUnderAnyChunking) {
   // No reasoning at all: content untouched, leading newline included.
   d = run("\nplain", 1, false, false);
   EXPECT_EQ(d.content, "\nplain");
+}
+
+// A reply is the same however its text is chunked (per token, or several tokens at once when a
+// stop string held text back), also for the arbitrary tags a random-weight model writes. Newlines
+// the content starts with before any <think> are the model's text: only those after a reasoning
+// block are template formatting. They were dropped when the <think> after them came in the same
+// push, so a stop string that never matched changed the content. Likewise whitespace after content
+// that follows a tool call was dropped when it came in a piece of its own.
+TEST(ChatOutput, SameReplyUnderAnyChunkingOfArbitraryTags) {
+  for (size_t n : {1, 2, 3, 1000}) {
+    auto d = run("\n<think>r</think>\n\nx", n, false, false);
+    EXPECT_EQ(d.content, "\n\n\nx") << n;
+    EXPECT_EQ(d.reasoning, "r") << n;
+    d = run("\n\n\xE4\xB8\xAD<think>\n\n</think>y", n, false, true);
+    EXPECT_EQ(d.content, "\n\n\xE4\xB8\xADy") << n;
+    d = run("\n</think><think>", n, false, false);
+    EXPECT_EQ(d.content, "\n</think>") << n;
+    // After a call, whitespace is dropped until content comes; whitespace after that content is
+    // content (it was dropped when it came in a piece of its own).
+    d = run("<tool_call>{\"name\": \"f\"}</tool_call>\n x\n", n, false, true);
+    EXPECT_EQ(d.content, "\n x\n") << n;
+    d = run("<tool_call>{\"name\": \"f\"}</tool_call>\n<tool_call>{\"name\": \"g\"}</tool_call>\n", n, false, true);
+    EXPECT_EQ(d.content, "") << n;
+  }
+  std::mt19937 rng(3);
+  const std::vector<std::string> pieces = {"<think>", "</think>", "<tool_call>", "</tool_call>",
+                                           "{\"name\": \"f\", \"arguments\": {\"a\": 1}}", "{\"name\": 5}", "{", "\"",
+                                           "\n", "\n\n", "x", " ", "\xE4\xB8\xAD", "<", "</", "think>", "tool_call>"};
+  auto calls = [](const ChatOutput::Delta& d) {
+    std::vector<std::string> v;
+    for (const auto& c : d.tool_calls) v.push_back(c.name + "|" + c.arguments);
+    return v;
+  };
+  for (int it = 0; it < 3000; ++it) {
+    std::string text;
+    for (int k = 0, m = int(rng() % 14); k < m; ++k) text += pieces[rng() % pieces.size()];
+    const bool starts = rng() % 3 == 0, tools = rng() % 2 == 0;
+    const auto whole = run(text, text.size() + 1, starts, tools);
+    for (size_t n : {size_t(1), size_t(1 + rng() % 7)}) {
+      const auto parts = run(text, n, starts, tools);
+      ASSERT_EQ(parts.reasoning, whole.reasoning) << testing::PrintToString(text) << " in pieces of " << n;
+      ASSERT_EQ(parts.content, whole.content) << testing::PrintToString(text) << " in pieces of " << n;
+      ASSERT_EQ(calls(parts), calls(whole)) << testing::PrintToString(text) << " in pieces of " << n;
+    }
+  }
 }
 
 TEST(ChatOutput, QwenToolCallsUnderAnyChunking) {
