@@ -252,6 +252,38 @@ TEST(Reply, TextOffsetsFollowTheTextOfArbitraryTokens) {
   }
 }
 
+// A SentencePiece-style tokenizer (Replace "▁" -> " ", ByteFallback, Fuse, Strip): a token decoded
+// alone loses its leading space (the Strip of the text's start), so counting each token's own
+// decode ran one character short for every word after the first, the error growing along the
+// text. The offsets are the lengths of the prefixes' decodes; tokenizers gives, for "hello world
+// 中文 ok" (▁hello ▁world ▁ <0xE4> <0xB8> <0xAD> <0xE6> <0x96> <0x87> ▁o k), 0 5 11 12 13 14 13 16 17 14 16.
+TEST(Reply, TextOffsetsOfASentencePieceTokenizer) {
+  const std::string path = std::string(ANVIL_TEST_DATA) + "/tokenizer/sp-llama/tokenizer.json";
+  auto loaded = Tokenizer::load(path);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  const Tokenizer& tok = **loaded;
+  const std::vector<int32_t> ids = tok.encode("hello world \xE4\xB8\xAD\xE6\x96\x87 ok");
+  ASSERT_EQ(ids.size(), 11u) << "the tokenizer fixture changed";
+  auto comp = make_reply(false, false, false, true);
+  comp->tok = &tok;
+  StreamDecoder dec(tok, /*skip_special=*/true);
+  for (int32_t id : ids) comp->on_delta(delta(dec.push(id), id));
+  JobEvent last;
+  last.text = dec.flush();
+  comp->on_delta(last);
+  comp->on_done("length");
+  const auto j = comp->response();
+  EXPECT_EQ(j["choices"][0]["text"], "hello world \xE4\xB8\xAD\xE6\x96\x87 ok");
+  const auto& offsets = j["choices"][0]["logprobs"]["text_offset"];
+  ASSERT_EQ(offsets.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    size_t chars = 0;
+    for (unsigned char c : tok.decode(std::span<const int32_t>(ids.data(), i))) chars += (c & 0xC0) != 0x80;
+    EXPECT_EQ(offsets[i].get<size_t>(), chars) << "token " << i;
+  }
+  EXPECT_EQ(offsets, nlohmann::ordered_json::array({0, 5, 11, 12, 13, 14, 13, 16, 17, 14, 16}));
+}
+
 TEST(Reply, WithoutToolsTheTagsAreContent) {
   auto r = make_reply(true, false, false);
   r->on_delta(delta("<tool_call>{\"name\": \"f\"}</tool_call>"));
