@@ -174,7 +174,8 @@ int run_generate(GenerateArgs& a) {
     all_text += c.content;
   }
   std::string finish = r->finish_reason;
-  if (finish == "cancelled" && text && text->stopped()) finish = "stop";
+  // A stop string may complete in the text the flush released (the U+FFFD of a character -n cut short).
+  if ((finish == "cancelled" || finish == "length") && text && text->stopped()) finish = "stop";
   else if (finish == "cancelled") finish = "interrupted";
   if (a.json) {
     const double prefill_tps = r->prefill_s > 0 ? (r->prompt_done - r->reused_tokens) / r->prefill_s : 0;

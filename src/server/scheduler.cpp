@@ -177,13 +177,15 @@ void Scheduler::release(Active& a) {
   a.seq = -1;
 }
 
-void Scheduler::finish(Active& a, const std::string& reason) {
+void Scheduler::finish(Active& a, std::string reason) {
   // Text held back by the decoder (an incomplete UTF-8 tail) or the stop matcher (a possible stop
-  // prefix that never completed) belongs to the output.
+  // prefix that never completed) belongs to the output. A stop string may complete in it (the
+  // U+FFFD of a character max_tokens cut short): the reply then ended at a stop string.
   if (reason != "cancelled" && a.dec && a.stop && !a.stop->stopped()) {
     std::string rest = a.stop->push(a.dec->flush());
     rest += a.stop->flush();
     if (!rest.empty()) emit(a.job, {JobEvent::kDelta, std::move(rest), {}, {}, {}});
+    if (a.stop->stopped()) reason = "stop";
   }
   if (reason == "cancelled") metrics_.cancelled++;
   metrics_.e2e.observe(std::chrono::duration<double>(clock::now() - a.job->submitted).count());

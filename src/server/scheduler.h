@@ -85,7 +85,7 @@ class Scheduler {
   // The page counts, then the running count (wait_idle() reads them in the other order).
   void publish_counts();
   bool run_step();
-  void finish(Active& a, const std::string& reason);
+  void finish(Active& a, std::string reason);
   void fail(Active& a, const Status& st);
   void release(Active& a);
   void preempt(Active& a);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <tuple>
 
 #include "cli_helpers.h"
 #include "kvstore/kvstore.h"
@@ -197,6 +198,25 @@ TEST(ConversationStrayTags, StopStringsMatchInsideTagsThatSwitchNothing) {
     EXPECT_EQ(j["finish_reason"], "stop");
     auto p = run_anvil({"generate", "-m", model, "-p", "hi", "--no-kv-store", "--stop", stop});
     EXPECT_EQ(p.out, want + "\n") << "stop " << nlohmann::json(stop).dump();
+  }
+  fs::remove_all(model);
+}
+
+// -n cuts the answer inside a character: it ends with U+FFFD, as decode gives it, and a stop string
+// that completes in that last text ends the answer at a stop: finish "stop" (it said "length").
+TEST(ConversationCutChar, StopStringCompletedByTheLastHeldTextIsAStop) {
+  const std::string model = (fs::temp_directory_path() / ("anvil_conv_cut_" + std::to_string(::getpid()))).string();
+  ASSERT_EQ(anvil::test::make_cut_char_model(model), "");
+  const std::string fffd = "\xEF\xBF\xBD";
+  for (const auto& [stop, want, finish] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"zzz", "Hi" + fffd, "length"}, {fffd, "Hi", "stop"}}) {
+    auto g = run_anvil({"generate", "-m", model, "-p", "hi", "-n", "3", "--no-kv-store", "--json", "--stop", stop});
+    auto j = nlohmann::json::parse(g.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << g.out;
+    EXPECT_EQ(j["text"], want) << nlohmann::json(stop).dump();
+    EXPECT_EQ(j["finish_reason"], finish) << nlohmann::json(stop).dump();
+    auto p = run_anvil({"generate", "-m", model, "-p", "hi", "-n", "3", "--no-kv-store", "--stop", stop});
+    EXPECT_EQ(p.out, want + "\n") << nlohmann::json(stop).dump();
   }
   fs::remove_all(model);
 }

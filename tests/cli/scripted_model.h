@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
 
 namespace anvil::test {
@@ -190,6 +191,23 @@ inline std::string make_stray_tags_model(const std::string& dir) {
   for (int32_t t : tk.text(" there")) reply.push_back(t);
   reply.push_back(tk.id("</tool_call>"));
   for (int32_t t : tk.text(" now")) reply.push_back(t);
+  return make_scripted(dir, {{tk.text("\n").at(0), reply}});
+}
+
+// A model that writes "Hi" and then the first two bytes of an emoji (F0 9F, byte-level tokens of
+// their own) after the generation prompt, then <|im_end|>: with -n 3 / max_tokens 3 the reply ends
+// inside the character, which decodes to U+FFFD.
+inline std::string make_cut_char_model(const std::string& dir) {
+  if (std::string e = synth_tiny(dir); !e.empty()) return e;
+  ScriptTokens tk(dir);
+  auto byte_token = [&](uint8_t b) {
+    std::string s;
+    tok::append_utf8(s, tok::byte_to_codepoint()[b]);
+    return tk.id(s);
+  };
+  std::vector<int32_t> reply = tk.text("Hi");
+  reply.push_back(byte_token(0xF0));
+  reply.push_back(byte_token(0x9F));
   return make_scripted(dir, {{tk.text("\n").at(0), reply}});
 }
 

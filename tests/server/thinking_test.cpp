@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "../cli/scripted_model.h"
@@ -119,6 +120,34 @@ TEST(ServeThinking, StopStringsMatchInsideTagsThatSwitchNothing) {
       EXPECT_EQ(sc, want) << "stream, " << what;
       EXPECT_EQ(sf, "stop") << "stream, " << what;
     }
+  s.p->terminate(30);
+  fs::remove_all(dir);
+}
+
+// A reply that max_tokens cuts inside a character ends with the U+FFFD decode gives it, released
+// when the reply ends; a stop string that completes in it ends the reply there, and the reply ended
+// at a stop string: finish_reason "stop" (it said "length"), streamed or not.
+TEST(ServeThinking, StopStringCompletedByTheLastHeldTextIsAStop) {
+  const std::string dir = temp_dir("cutchar");
+  ASSERT_EQ(anvil::test::make_cut_char_model(dir), "");
+  Served s{std::make_unique<ServerProcess>(std::vector<std::string>{"-m", dir, "-c", "256", "-np", "2", "-t", "2"})};
+  ASSERT_TRUE(s.p->ok()) << s.p->startup_output();
+  const std::string fffd = "\xEF\xBF\xBD";
+  for (const auto& [stop, content, finish] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"zzz", "Hi" + fffd, "length"}, {fffd, "Hi", "stop"}, {"i" + fffd, "H", "stop"}}) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"temperature", 0}, {"max_tokens", 3},
+                 {"stop", {stop}}};
+    int status = 0;
+    json r = s.post(body, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    EXPECT_EQ(r["choices"][0]["message"]["content"], content) << json(stop).dump();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], finish) << json(stop).dump();
+    EXPECT_EQ(r["usage"]["completion_tokens"], 3);
+    std::string sr, sc, sf;
+    s.stream(body, &sr, &sc, &sf);
+    EXPECT_EQ(sc, content) << "stream, " << json(stop).dump();
+    EXPECT_EQ(sf, finish) << "stream, " << json(stop).dump();
+  }
   s.p->terminate(30);
   fs::remove_all(dir);
 }
