@@ -24,7 +24,12 @@ bool host_port(const sockaddr_storage& ss, socklen_t len, std::string* host, int
 }
 }  // namespace
 
-int connection_socket(const std::string& remote_addr, int remote_port, int local_port) {
+namespace {
+
+// Calls f(fd, local port, peer host, peer port) for each connected socket of this process (the
+// listener, not connected, is left out), until f returns true.
+template <typename F>
+void scan_connected_sockets(F&& f) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     const int fd = std::atoi(e.path().filename().c_str());
@@ -34,26 +39,29 @@ int connection_socket(const std::string& remote_addr, int remote_port, int local
     if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;   // not connected
     std::string lh, ph;
     int lp, pp;
-    if (!host_port(local, ll, &lh, &lp) || lp != local_port) continue;
-    if (!host_port(peer, pl, &ph, &pp) || pp != remote_port || ph != remote_addr) continue;
-    return fd;
+    if (!host_port(local, ll, &lh, &lp) || !host_port(peer, pl, &ph, &pp)) continue;
+    if (f(fd, lp, ph, pp)) return;
   }
-  return -1;
+}
+
+}  // namespace
+
+int connection_socket(const std::string& remote_addr, int remote_port, int local_port) {
+  int found = -1;
+  scan_connected_sockets([&](int fd, int lp, const std::string& ph, int pp) {
+    if (lp != local_port || pp != remote_port || ph != remote_addr) return false;
+    found = fd;
+    return true;
+  });
+  return found;
 }
 
 std::vector<int> connection_sockets(int local_port) {
   std::vector<int> fds;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const int fd = std::atoi(e.path().filename().c_str());
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;  // not a socket
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;   // not connected (the listener)
-    std::string lh;
-    int lp;
-    if (host_port(local, ll, &lh, &lp) && lp == local_port) fds.push_back(fd);
-  }
+  scan_connected_sockets([&](int fd, int lp, const std::string&, int) {
+    if (lp == local_port) fds.push_back(fd);
+    return false;
+  });
   return fds;
 }
 

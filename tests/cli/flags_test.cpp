@@ -583,6 +583,19 @@ TEST(CliPrompt, ChatTemplateByDefaultRawOnRequest) {
 // Ctrl-C during generate, or during run answering one message (-p), stops it cleanly: the text so
 // far, then the summary (speed, peak memory), and exit code 130, so a script can tell a cut answer
 // from a whole one (run -p exited 0).
+// Runs `cmd` in the background with its output in `out`, and sends it SIGINT 0.5 s after its first
+// output (a background job of a non-interactive shell ignores SIGINT until anvil installs its
+// handler, so a signal sent during a slow start-up, a GPU's initialisation, would be lost). A
+// binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging. The output
+// then "rc=<exit code>".
+anvil::test::ProcResult interrupt_once_started(const std::string& cmd, const std::string& out) {
+  return run_shell("(" + cmd + " > " + out +
+                   " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
+                   " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
+                   "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
+                   "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
+}
+
 TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
   for (const std::string command : {"generate", "run"}) {
     SCOPED_TRACE(command);
@@ -591,16 +604,8 @@ TEST(CliInterrupt, GenerateSummarizesWhenInterrupted) {
                                      "--temp", "0", "--no-kv-store"};
     if (command == "generate") args.push_back("--ignore-eos");
     const std::string cmd = anvil_command(args);
-    // The shell starts anvil in the background and sends SIGINT once it is generating: once text has
-    // appeared (a background job of a non-interactive shell ignores SIGINT until anvil installs its
-    // handler, so a signal sent during a slow start-up — a GPU's initialisation — would be lost).
-    // A binary that ignores SIGINT is killed 20 s later, so the test fails instead of hanging.
     const std::string out = ::testing::TempDir() + "/interrupt_out.txt";
-    auto r = run_shell("(" + cmd + " > " + out +
-                       " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
-                       " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
-                       "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
-                       "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
+    auto r = interrupt_once_started(cmd, out);
     EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("peak memory"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
@@ -622,11 +627,7 @@ TEST(CliInterrupt, CtrlCDuringThePromptStopsItsPrefill) {
     const std::string cmd = anvil_command({command, "-m", kModel, "-f", prompt_file, "-n", "8", "--ctx", "4096",
                                            "--batch", "1", "--temp", "0", "--no-kv-store"});
     const std::string out = ::testing::TempDir() + "/prefill_interrupt_out.txt";
-    auto r = run_shell("(" + cmd + " > " + out +
-                       " 2>&1 & pid=$!; for i in $(seq 300); do [ -s " + out +
-                       " ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; "
-                       "(sleep 20; kill -KILL $pid) >/dev/null 2>&1 & killer=$!; "
-                       "wait $pid; rc=$?; kill $killer 2>/dev/null; cat " + out + "; echo \"rc=$rc\") 2>&1");
+    auto r = interrupt_once_started(cmd, out);
     EXPECT_NE(r.out.find("finish: interrupted"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("generated 0 tokens"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(" prompt tokens ("), std::string::npos) << "no 'N of M prompt tokens': " << r.out;
