@@ -6,39 +6,20 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/did_you_mean.h"
 #include "cli/output.h"
 
 namespace {
-
-// Levenshtein distance, for "did you mean" on a mistyped subcommand.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 
 // When `word` is none of `names`: "unknown <what> 'word'; did you mean '<closest>'? (<what>s: ...;
 // see <help>)" on stderr, and true. A mistyped subcommand is named, never a generic parse error.
 bool refuse_unknown(const std::string& word, const std::vector<std::string>& names, const std::string& what,
                     const std::string& help) {
-  std::string best, list;
-  size_t best_d = SIZE_MAX;
-  for (const std::string& n : names) {
-    list += (list.empty() ? "" : ", ") + n;
-    size_t d = edit_distance(word, n);
-    if (d < best_d) best_d = d, best = n;
-  }
-  if (best_d == 0) return false;
-  std::string hint = best_d <= std::max<size_t>(2, best.size() / 3) ? "; did you mean '" + best + "'?" : "";
+  if (std::find(names.begin(), names.end(), word) != names.end()) return false;
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  const std::string best = anvil::cli::closest_name(word, names);
+  std::string hint = best.empty() ? "" : "; did you mean '" + best + "'?";
   std::fprintf(stderr, "anvil: error: unknown %s '%s'%s (%ss: %s; see %s --help)\n", what.c_str(), word.c_str(),
                hint.c_str(), what.c_str(), list.c_str(), help.c_str());
   return true;
