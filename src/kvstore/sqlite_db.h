@@ -38,7 +38,12 @@ class SqliteStmt {
   // Binding (1-based, as SQLite). Blobs and text are copied (SQLITE_TRANSIENT).
   void bind(int i, int64_t v) { sqlite3_bind_int64(st_, i, v); }
   void bind(int i, const std::string& text) { sqlite3_bind_text(st_, i, text.data(), int(text.size()), SQLITE_TRANSIENT); }
-  void bind_blob(int i, const void* p, size_t n) { sqlite3_bind_blob(st_, i, p, int(n), SQLITE_TRANSIENT); }
+  // An empty blob is bound as one, never as NULL (sqlite3_bind_blob makes a null pointer NULL, so
+  // an empty std::vector's data() did, which a NOT NULL column refuses: a session of no tokens).
+  void bind_blob(int i, const void* p, size_t n) {
+    if (n == 0) sqlite3_bind_zeroblob(st_, i, 0);
+    else sqlite3_bind_blob(st_, i, p, int(n), SQLITE_TRANSIENT);
+  }
   void bind(int i, const Hash128& h) { bind_blob(i, &h, sizeof h); }
   // One step: true with a row, false when done; errors as Status.
   Result<bool> step();

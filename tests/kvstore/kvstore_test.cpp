@@ -616,6 +616,29 @@ TEST(KVStore, ASessionWhoseRowCannotCommitIsReportedAndRetried) {
   EXPECT_FALSE(*lost) << "no state of 'lost' ever committed";
 }
 
+// A session of no tokens (anvil run's conversation after /reset: its meta is what it holds) is saved
+// and read back: its empty token list was bound as NULL, which the catalog's NOT NULL column refused
+// ("session 'empty' was not saved"), and the session kept its earlier state.
+TEST(KVStore, SessionOfNoTokensIsSaved) {
+  Rig r;
+  auto toks = chain_tokens(2, 70);
+  record_session(r, "empty", toks, 2);
+  {
+    auto st = r.open();
+    ASSERT_TRUE(st->session_begin("empty", 0, std::vector<int32_t>{}, 64, "cleared").is_ok());
+    auto d = st->session_end(0, 0, -1, *r.pool);
+    ASSERT_TRUE(d.is_ok()) << d.status().message();
+    EXPECT_EQ(*d, 0);
+  }
+  auto st = r.open();
+  auto info = st->get_session("empty");
+  ASSERT_TRUE(info.is_ok() && *info) << (info.is_ok() ? "no session" : info.status().message());
+  EXPECT_TRUE((*info)->tokens.empty());
+  EXPECT_EQ((*info)->durable_pos, 0);
+  EXPECT_EQ((*info)->meta, "cleared");
+  EXPECT_EQ(verify_problems(*st), 0);
+}
+
 TEST(KVStore, SessionTailRestoresExactRows) {
   Rig r;
   auto toks = chain_tokens(3, 40);  // 13 tokens: 3 full pages + 1
