@@ -3,10 +3,11 @@
 // template and starts a new sequence, whose earlier pages come from the prefix cache, so only the
 // new turn is prefilled. When the next turn would not fit in --ctx, the oldest turns are dropped
 // (the system message stays) and the user is told. Ctrl-C stops the current answer; /reset clears
-// the history; /quit or Ctrl-D leaves. A model without a chat template runs in completion mode: the
-// text typed so far and the model's answers form one growing document (the oldest tokens of the
-// earlier text are dropped the same way; the new text never is). A message that does not fit in
-// --ctx even alone is refused in both modes, and the history is left as it was.
+// the history; /quit or Ctrl-D leaves; a line is a command or text by run_line.h's rule. A model
+// without a chat template runs in completion mode: the text typed so far and the model's answers
+// form one growing document (the oldest tokens of the earlier text are dropped the same way; the
+// new text never is). A message that does not fit in --ctx even alone
+// is refused in both modes, and the history is left as it was.
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "cli/kv_options.h"
 #include "cli/interrupt.h"
 #include "cli/output.h"
+#include "cli/run_line.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
 #include "runtime/generate.h"
@@ -38,29 +40,29 @@ struct RunArgs {
   bool show_reasoning = false, hide_reasoning = false, no_special_tokens = false;
 };
 
-// Reads one line from stdin; false on EOF. An interrupted read (Ctrl-C at the prompt) returns an
-// empty line.
+// Reads one line from stdin, every byte of it (a NUL too: fgets' C string lost the rest of the
+// line and ran it into the next one); false on EOF. An interrupted read (Ctrl-C at the prompt)
+// returns an empty line.
 bool read_line(std::string* line) {
   line->clear();
   for (;;) {
-    char buf[4096];
     errno = 0;
-    if (!std::fgets(buf, sizeof buf, stdin)) {
+    const int c = std::getc(stdin);
+    if (c == EOF) {
       if (errno == EINTR || interrupted()) {
         clearerr(stdin);
         clear_interrupted();
+        line->clear();
         std::printf("\n");
         return true;
       }
       return !line->empty();
     }
-    *line += buf;
-    if (!line->empty() && line->back() == '\n') {
-      line->pop_back();
-      if (!line->empty() && line->back() == '\r') line->pop_back();
-      return true;
-    }
+    if (c == '\n') break;
+    line->push_back(char(c));
   }
+  if (!line->empty() && line->back() == '\r') line->pop_back();
+  return true;
 }
 
 // An answer as the conversation records it: its content, and its reasoning (when the model wrote
@@ -197,8 +199,8 @@ int run_chat(RunArgs& a) {
   int seq = -1;
   int exit_code = 0;  // a one-turn run (-p/-f) that Ctrl-C stopped: 130, as anvil generate
   if (interactive)
-    std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, Ctrl-C stops an "
-                "answer.\n",
+    std::printf("anvil run: %s. Type a message; /reset clears the conversation, /quit leaves, /help lists the "
+                "commands, Ctrl-C stops an answer.\n",
                 s.model->source.c_str());
   if (sampling->temperature > 0)
     std::fprintf(stderr, "[anvil] sampling at temperature %g with seed %llu (--seed %llu repeats this session)\n",
@@ -208,16 +210,45 @@ int run_chat(RunArgs& a) {
     std::string line;
     if (interactive) {
       std::printf("> ");
-      if (!output_ok() || !read_line(&line)) break;  // nobody reads the answers any more, or end of input
-      line = valid_utf8_input(std::move(line), "the message");
-      if (line == "/quit" || line == "/exit") break;
-      if (line == "/reset") {
-        messages.erase(messages.begin() + first_turn, messages.end());
-        document.clear();
-        std::printf("(conversation cleared)\n");
+      if (!output_ok()) break;  // nobody reads the answers any more
+      if (!read_line(&line)) {  // end of input: on a terminal (Ctrl-D), the shell's prompt goes on a line of its own
+        if (isatty(STDIN_FILENO)) std::printf("\n");
+        break;
+      }
+      const TypedLine typed = classify_typed_line(valid_utf8_input(std::move(line), "the message"));
+      if (typed.kind == TypedLine::kNothing) continue;
+      if (typed.kind == TypedLine::kRefused) {
+        std::fprintf(stderr, "anvil: error: %s\n", typed.text.c_str());
         continue;
       }
-      if (line.empty()) continue;
+      if (typed.kind == TypedLine::kCommand) {
+        if (typed.text == "/quit" || typed.text == "/exit") break;
+        if (typed.text == "/help") std::fputs(run_help(!chat).c_str(), stdout);
+        if (typed.text == "/reset") {
+          messages.erase(messages.begin() + first_turn, messages.end());
+          document.clear();
+          // A session records the cleared conversation now, as a turn records its own: a run that
+          // ends here (Ctrl-D, /quit) leaves it cleared, and --resume begins afresh.
+          if (!plan.name.empty()) {
+            if (seq >= 0) s.engine->seq_release(seq);
+            auto new_seq = s.engine->seq_create();
+            if (!new_seq.is_ok()) return fail(new_seq.status().message());
+            seq = *new_seq;
+            Status st = store->session_begin(plan.name, seq, {}, s.ctx + 1, session_meta(messages, document));
+            if (st.is_ok())
+              if (auto d = store->session_end(seq, s.engine->seq_kv(seq), s.engine->seq_tail_page(seq),
+                                              s.engine->pool(), session_meta(messages, document));
+                  !d.is_ok())
+                st = d.status();
+            if (!st.is_ok())
+              std::fprintf(stderr, "anvil: error: session '%s' still holds the conversation before /reset: %s\n",
+                           plan.name.c_str(), st.message().c_str());
+          }
+          std::printf("(conversation cleared)\n");
+        }
+        continue;
+      }
+      line = typed.text;
     } else {
       line = **one_prompt;
     }

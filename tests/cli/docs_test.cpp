@@ -3,6 +3,7 @@
 // runs, and the benchmark protocol cited is in the repository.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -78,6 +79,25 @@ TEST(CliDocs, EveryHelpOptionIsInTheReference) {
                   shared.find("," + f) != std::string::npos || shared.find("`" + f) != std::string::npos)
           << "anvil " << c << " " << f << " is not in docs/cli.md";
   }
+}
+
+// Every command that anvil run's /help lists (its "  /name  ..." lines) is in docs/cli.md's anvil
+// run section. There was no /help: it went to the model as a message.
+TEST(CliDocs, EveryRunCommandIsInTheReference) {
+  const std::string own = section(read(kRoot / "docs" / "cli.md"), "## anvil run");
+  ASSERT_FALSE(own.empty());
+  auto r = anvil::test::run_shell("printf '/help\\n' | " +
+                                  anvil::test::anvil_command({"run", "--synthetic", "tiny", "--no-kv-store"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::vector<std::string> names;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("  /", 0) == 0) names.push_back(line.substr(2, line.find(' ', 2) - 2));
+  EXPECT_GE(names.size(), 4u) << r.out;
+  for (const std::string& want : {"/help", "/reset", "/quit"})
+    EXPECT_TRUE(std::find(names.begin(), names.end(), want) != names.end()) << want << " is not in /help:\n" << r.out;
+  for (const std::string& n : names)
+    EXPECT_NE(own.find("`" + n + "`"), std::string::npos) << "anvil run's " << n << " is not in docs/cli.md";
 }
 
 TEST(CliDocs, ReadmeDemoIsWhatTheScriptRuns) {

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -122,6 +123,8 @@ TEST(RunPty, CompletionModeWithoutTemplate) {
   ASSERT_TRUE(p.wait_for("\n> ", mark)) << p.out();
   p.send("\x04");  // Ctrl-D: end of input quits
   EXPECT_EQ(p.wait_exit(), 0) << p.out();
+  // ... after a newline, so that the shell's prompt is not left after "> ".
+  EXPECT_EQ(p.out().substr(p.out().size() - std::min<size_t>(4, p.out().size())), "> \r\n") << p.out();
 }
 
 namespace {
