@@ -5,8 +5,8 @@
 // (the system message stays) and the user is told. Ctrl-C stops the current answer; /reset clears
 // the history; /quit or Ctrl-D leaves; a line is a command or text by run_line.h's rule. A model
 // without a chat template runs in completion mode: the text typed so far and the model's answers
-// form one growing document (the oldest tokens of the earlier text are dropped the same way; the
-// new text never is). A message that does not fit in --ctx even alone
+// form one growing document (the oldest tokens of the earlier text are dropped the same way, after
+// the BOS it begins with; the new text never is). A message that does not fit in --ctx even alone
 // is refused in both modes, and the history is left as it was.
 #include <unistd.h>
 
@@ -143,6 +143,17 @@ int run_chat(RunArgs& a) {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
   std::vector<int32_t> document;  // completion mode
+  // What the tokenizer puts before a text (its BOS, when add_bos_token asks for one): a document
+  // that begins with it keeps it when its oldest tokens are dropped, as the model saw it at the
+  // start (dropping it changed every later answer). Found by encoding a probe with and without.
+  std::vector<int32_t> lead;
+  if (!chat) {
+    auto with = text.encode("x", true), without = text.encode("x", false);
+    if (with.is_ok() && without.is_ok() && !without->empty()) {
+      auto at = std::search(with->begin(), with->end(), without->begin(), without->end());
+      if (at != with->end()) lead.assign(with->begin(), at);
+    }
+  }
   if (plan.resumed) {  // a session keeps the conversation in its meta
     // Of this command's kind (plan_session, session_kind.h): "messages" is an array of messages,
     // "document" (absent: empty) an array of token ids.
@@ -257,6 +268,7 @@ int run_chat(RunArgs& a) {
     // a message that is refused (too long) or fails leaves it as it was.
     Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
     int dropped_turns = 0, dropped_tokens = 0;
+    bool kept_lead = false;  // completion mode: the dropped tokens came after the document's BOS
     nlohmann::ordered_json turn_messages = messages;
     std::vector<int32_t> turn_document = document;
     if (chat) {
@@ -277,11 +289,14 @@ int run_chat(RunArgs& a) {
       if (ids.is_ok()) {
         // Only the earlier text gives way: the new text is never cut (too long even alone, it is
         // refused below, as a chat message is, and as generate refuses a prompt over --ctx).
-        const int earlier = int(turn_document.size());
+        kept_lead = !lead.empty() && turn_document.size() > lead.size() &&
+                    std::equal(lead.begin(), lead.end(), turn_document.begin());
+        const int keep = kept_lead ? int(lead.size()) : 0;
+        const int earlier = int(turn_document.size()) - keep;
         turn_document.insert(turn_document.end(), ids->begin(), ids->end());
         if (int(turn_document.size()) + answer_room > s.ctx) {
           dropped_tokens = std::min(earlier, int(turn_document.size()) + answer_room - s.ctx);
-          turn_document.erase(turn_document.begin(), turn_document.begin() + dropped_tokens);
+          turn_document.erase(turn_document.begin() + keep, turn_document.begin() + keep + dropped_tokens);
         }
         prompt = turn_document;
       } else {
@@ -305,8 +320,8 @@ int run_chat(RunArgs& a) {
       std::fprintf(stderr, "[anvil] the conversation no longer fits in --ctx %d: dropped the %d oldest turn%s\n", s.ctx,
                    dropped_turns, dropped_turns == 1 ? "" : "s");
     if (dropped_tokens > 0)
-      std::fprintf(stderr, "[anvil] the text no longer fits in --ctx %d: dropped its first %d tokens\n", s.ctx,
-                   dropped_tokens);
+      std::fprintf(stderr, "[anvil] the text no longer fits in --ctx %d: dropped its first %d tokens%s\n", s.ctx,
+                   dropped_tokens, kept_lead ? " after the BOS it begins with (which stays)" : "");
     // The previous turn's full pages stay in the prefix index, so releasing first loses nothing.
     if (seq >= 0) s.engine->seq_release(seq);
     auto new_seq = s.engine->seq_create();

@@ -5,13 +5,16 @@
 // References: the rendered prompts come from transformers' apply_chat_template and their ids from
 // `tokenizers` (frozen in expected.json); the streamed text is checked against decode().
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_helpers.h"
+#include "kvstore/kvstore.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
 
@@ -183,4 +186,70 @@ TEST(SentencePieceModel, RawPromptStartsWithBos) {
                         "0", "--json"});
   ASSERT_EQ(off.exit_code, 0) << off.out;
   EXPECT_EQ(last_json_line(off.out)["prompt_tokens"].get<size_t>(), plain_ids.size());
+}
+
+// anvil run's completion mode (the model without its chat template) on a tokenizer that adds a BOS:
+// when the text outgrows --ctx, its oldest tokens are dropped after the BOS, which stays (it was
+// dropped with them, so every later prompt began mid-text without it). Turn by turn (--resume), each
+// prompt is the BOS and the last tokens of the text so far plus the new line (encoded alone); with
+// --no-special-tokens the text has no BOS and none is put back.
+TEST(SentencePieceModel, RunCompletionModeKeepsTheBosWhenTheTextIsCut) {
+  const fs::path dir = fs::temp_directory_path() / ("anvil_sp_nochat_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy(kModel, dir / "model", fs::copy_options::recursive);
+  const fs::path cfg_path = dir / "model" / "tokenizer_config.json";
+  auto cfg = nlohmann::json::parse(std::ifstream(cfg_path));
+  ASSERT_TRUE(cfg.value("add_bos_token", false));
+  cfg.erase("chat_template");
+  std::ofstream(cfg_path) << cfg.dump();
+  const int32_t bos = 1;
+  const std::vector<std::string> lines = {"Once upon a time there was a", "and then the dragon came and",
+                                          "so it goes on and on and on", "until the end of the story"};
+  for (bool special : {true, false}) {
+    SCOPED_TRACE(special ? "with the BOS" : "--no-special-tokens");
+    const std::string store = (dir / (special ? "store-bos" : "store-plain")).string();
+    std::vector<int32_t> text;  // the document after the last turn
+    bool dropped = false;
+    for (size_t k = 0; k < lines.size(); ++k) {
+      std::vector<std::string> args = {"run", "-m", (dir / "model").string(), "-p", lines[k], "-n", "8", "-c", "40",
+                                       "--temp", "0", "--kv-store", store, "--session", "s"};
+      if (k > 0) args.push_back("--resume");
+      if (!special) args.push_back("--no-special-tokens");
+      auto r = run_anvil(args, true);
+      ASSERT_EQ(r.exit_code, 0) << r.out;
+      const size_t at = r.out.find("[anvil] prompt ");
+      ASSERT_NE(at, std::string::npos) << r.out;
+      const size_t n = std::stoul(r.out.substr(at + 15));
+      const bool cut = r.out.find("dropped its first") != std::string::npos;
+      dropped = dropped || cut;
+      anvil::KVStoreOptions o;
+      o.dir = store;
+      auto st = anvil::KVStore::open(o);
+      ASSERT_TRUE(st.is_ok()) << st.status().message();
+      auto s = (*st)->get_session("s");
+      ASSERT_TRUE(s.is_ok() && s->has_value());
+      ASSERT_GE((*s)->tokens.size(), n);
+      const std::vector<int32_t> prompt((*s)->tokens.begin(), (*s)->tokens.begin() + long(n));
+      // What the prompt holds: the text so far and the new line (the first line: with the BOS).
+      std::vector<int32_t> whole = text;
+      if (k == 0 && special) whole.push_back(bos);
+      for (int32_t id : model_tokenizer().encode(k == 0 ? lines[k] : "\n" + lines[k], false)) whole.push_back(id);
+      std::vector<int32_t> want = whole;
+      if (cut) {
+        ASSERT_LT(n, whole.size()) << r.out;
+        want.assign(whole.end() - long(n) + (special ? 1 : 0), whole.end());
+        if (special) want.insert(want.begin(), bos);
+      }
+      EXPECT_EQ(prompt, want) << "turn " << k << ": " << r.out;
+      EXPECT_EQ(!prompt.empty() && prompt[0] == bos, special) << "turn " << k << ": " << r.out;
+      auto meta = nlohmann::json::parse((*s)->meta, nullptr, false);
+      ASSERT_TRUE(meta.is_object()) << (*s)->meta;
+      text = meta["document"].get<std::vector<int32_t>>();
+      ASSERT_GE(text.size(), n);
+      EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), text.begin())) << "turn " << k;
+    }
+    EXPECT_TRUE(dropped) << "no turn outgrew --ctx 40: lengthen the lines";
+  }
+  fs::remove_all(dir);
 }
