@@ -134,6 +134,9 @@ struct SampleRowParams {
 // sequence, how often each id occurs in its repetition-penalty window; row r first applies its
 // updates[update_offsets[r] .. update_offsets[r+1]) (+(id+1) counts one more id, -(id+1) one fewer)
 // to counts[params[r].count_row], so the history is maintained on the device step by step.
+// Row r's logit_bias (runtime/sampler.h LogitBias), applied before everything else:
+// logits[bias_ids[j]] += bias_values[j] for j in [bias_offsets[r], bias_offsets[r+1]), the ids of a
+// row distinct and below vocab (bias_offsets null: no row has a bias).
 struct SampleArgs {
   const SampleRowParams* params = nullptr;  // [R]
   const int32_t* suppress = nullptr;        // never sampled (e.g. EOS when ignored)
@@ -142,6 +145,9 @@ struct SampleArgs {
   const int32_t* updates = nullptr;
   const int32_t* update_offsets = nullptr;  // [R + 1]
   void* scratch = nullptr;                  // sample_scratch_bytes(R, vocab)
+  const int32_t* bias_offsets = nullptr;    // [R + 1]
+  const int32_t* bias_ids = nullptr;
+  const float* bias_values = nullptr;
 };
 // ---- end sampling on the device ----
 
@@ -288,7 +294,7 @@ class Backend {
   virtual void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) = 0;
   // Full sampling on the device (issue 9): ids[r] = the token runtime/sampler.h's Sampler picks for
   // row r of logits (F32 [R, vocab], overwritten with the processed logits) with params[r], the
-  // history counted in counts (after the row's updates), a.suppress, and params[r].random as the
+  // row's logit bias, the history counted in counts (after the row's updates), a.suppress, and params[r].random as the
   // draw's 53 random bits (-1 when no token is possible). Exactly the Sampler's token, bit for bit
   // (base/sample_math.h says why that holds). vocab <= sampling::kMaxVocab.
   virtual bool has_sample_rows() const { return false; }

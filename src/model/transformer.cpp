@@ -256,7 +256,10 @@ Status Transformer::forward_on_device(const int32_t* ids, const BatchView& batch
                               uint64_t(reinterpret_cast<uintptr_t>(sa.params)), uint64_t(reinterpret_cast<uintptr_t>(sa.counts)),
                               uint64_t(reinterpret_cast<uintptr_t>(sa.updates)),
                               uint64_t(reinterpret_cast<uintptr_t>(sa.update_offsets)),
-                              uint64_t(reinterpret_cast<uintptr_t>(sa.scratch))};
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.scratch)),
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.bias_offsets)),
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.bias_ids)),
+                              uint64_t(reinterpret_cast<uintptr_t>(sa.bias_values))};
     uint64_t key = 1469598103934665603ull;
     for (uint64_t p : parts) key = (key ^ p) * 1099511628211ull;
     if (!be.graph_launch(key)) {

@@ -96,7 +96,8 @@ class Engine {
 
   // The same step with the full sampler on the backend (engine_sample.cpp, Backend::sample_rows):
   // (*next)[i] is the token seqs[i] samples with params[i] and the 53 random bits random[i] (its
-  // Sampler's next_random53()), never one of `suppress` (-1: no token possible). Exactly the token
+  // Sampler's next_random53()), never one of `suppress` (-1: no token possible), with params[i]'s
+  // logit_bias (ids at or above the vocabulary: invalid_argument). Exactly the token
   // the host Sampler picks from decode()'s logits with the sequence's tokens as history. The
   // repetition-penalty history lives on the device as per-sequence token counts, updated by the
   // tokens each step adds (and drops from the window); only the ids come back.
@@ -199,8 +200,13 @@ class Engine {
     int32_t* offsets = nullptr;         // [max_seqs + 1]
     void* scratch = nullptr;
     size_t update_cap = 0;
+    int32_t* bias_offsets = nullptr;  // [max_seqs + 1]: each row's logit_bias entries
+    int32_t* bias_ids = nullptr;      // [max_seqs * kMaxLogitBiasEntries]
+    float* bias_values = nullptr;     // [max_seqs * kMaxLogitBiasEntries]
     std::vector<SampleRowParams> host_params;
     std::vector<int32_t> host_updates, host_offsets, zeros;
+    std::vector<int32_t> host_bias_offsets, host_bias_ids, uploaded_bias_offsets;
+    std::vector<float> host_bias_values;
   } samp_;
   Status sample_state_init();
   Status sample_upload(std::span<const int> seqs, std::span<const int32_t> extra, std::span<const SamplingParams> params,

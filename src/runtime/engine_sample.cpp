@@ -28,6 +28,14 @@ Status Engine::sample_state_init() {
   samp_.updates = static_cast<int32_t*>(p);
   ANVIL_ASSIGN_OR_RETURN(p, be.alloc(size_t(R + 1) * 4));
   samp_.offsets = static_cast<int32_t*>(p);
+  const size_t bias_cap = size_t(R) * size_t(kMaxLogitBiasEntries);
+  ANVIL_ASSIGN_OR_RETURN(p, be.alloc(size_t(R + 1) * 4));
+  samp_.bias_offsets = static_cast<int32_t*>(p);
+  ANVIL_ASSIGN_OR_RETURN(p, be.alloc(bias_cap * 4));
+  samp_.bias_ids = static_cast<int32_t*>(p);
+  ANVIL_ASSIGN_OR_RETURN(p, be.alloc(bias_cap * 4));
+  samp_.bias_values = static_cast<float*>(p);
+  samp_.uploaded_bias_offsets.clear();  // nothing uploaded yet
   const size_t scratch = be.sample_scratch_bytes(R, V);
   if (scratch > 0) {
     ANVIL_ASSIGN_OR_RETURN(samp_.scratch, be.alloc(scratch));
@@ -39,7 +47,8 @@ Status Engine::sample_state_init() {
 
 void Engine::sample_state_free() {
   Backend& be = model_.backend();
-  for (void* p : {(void*)samp_.params, (void*)samp_.counts, (void*)samp_.updates, (void*)samp_.offsets, samp_.scratch})
+  for (void* p : {(void*)samp_.params, (void*)samp_.counts, (void*)samp_.updates, (void*)samp_.offsets, samp_.scratch,
+                  (void*)samp_.bias_offsets, (void*)samp_.bias_ids, (void*)samp_.bias_values})
     if (p) be.free(p);
   samp_ = SampleState{};
 }
@@ -73,11 +82,25 @@ Status Engine::sample_upload(std::span<const int> seqs, std::span<const int32_t>
   Backend& be = model_.backend();
   const int64_t V = model_.config().vocab_size;
   const size_t R = seqs.size();
+  // Checked before any sequence's state changes.
+  for (const SamplingParams& p : params)
+    for (const LogitBias& b : p.logit_bias)
+      if (b.id >= V)
+        return invalid_argument("sampling parameter 'logit_bias': token id " + std::to_string(b.id) +
+                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
   samp_.host_params.resize(R);
   samp_.host_updates.clear();
   samp_.host_offsets.assign(1, 0);
+  samp_.host_bias_offsets.assign(1, 0);
+  samp_.host_bias_ids.clear();
+  samp_.host_bias_values.clear();
   for (size_t i = 0; i < R; ++i) {
     const SamplingParams& p = params[i];
+    for (const LogitBias& b : p.logit_bias) {
+      samp_.host_bias_ids.push_back(b.id);
+      samp_.host_bias_values.push_back(b.bias);
+    }
+    samp_.host_bias_offsets.push_back(int32_t(samp_.host_bias_ids.size()));
     SampleRowParams& rp = samp_.host_params[i];
     rp = SampleRowParams{p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, -1, random[i]};
     if (p.repetition_penalty != 1.0f) {
@@ -104,11 +127,23 @@ Status Engine::sample_upload(std::span<const int> seqs, std::span<const int32_t>
   be.copy_to_device(samp_.offsets, samp_.host_offsets.data(), samp_.host_offsets.size() * 4);
   if (!samp_.host_updates.empty())
     be.copy_to_device(samp_.updates, samp_.host_updates.data(), samp_.host_updates.size() * 4);
+  // The bias offsets only when they changed (steps without any logit_bias upload nothing more).
+  if (samp_.host_bias_offsets != samp_.uploaded_bias_offsets) {
+    be.copy_to_device(samp_.bias_offsets, samp_.host_bias_offsets.data(), samp_.host_bias_offsets.size() * 4);
+    samp_.uploaded_bias_offsets = samp_.host_bias_offsets;
+  }
+  if (!samp_.host_bias_ids.empty()) {
+    be.copy_to_device(samp_.bias_ids, samp_.host_bias_ids.data(), samp_.host_bias_ids.size() * 4);
+    be.copy_to_device(samp_.bias_values, samp_.host_bias_values.data(), samp_.host_bias_values.size() * 4);
+  }
   out->params = samp_.params;
   out->counts = samp_.counts;
   out->updates = samp_.updates;
   out->update_offsets = samp_.offsets;
   out->scratch = samp_.scratch;
+  out->bias_offsets = samp_.bias_offsets;
+  out->bias_ids = samp_.bias_ids;
+  out->bias_values = samp_.bias_values;
   return Status::ok();
 }
 

@@ -36,9 +36,10 @@ Result<GenerateResult> generate(Engine& engine, int seq, const GenerateRequest& 
   }
   r.finish_reason = "length";
   auto t_first = clock::now(), t_last = t_first;
-  // Greedy without a penalty needs no logits on the host: after the first token, the backend samples
-  // (Engine::decode_greedy) and only the token id comes back.
-  const bool device_greedy = req.sampling.temperature == 0 && req.sampling.repetition_penalty == 1.0f;
+  // Greedy without a penalty or a logit bias needs no logits on the host: after the first token, the
+  // backend samples (Engine::decode_greedy) and only the token id comes back.
+  const bool device_greedy = req.sampling.temperature == 0 && req.sampling.repetition_penalty == 1.0f &&
+                             req.sampling.logit_bias.empty();
   // Any other sampling on the backend too (Engine::decode_sample): by default on CUDA, where it saves
   // copying a [vocab] logits row back per token; ANVIL_CUDA_DEVICE_SAMPLER=0/1 forces it off/on.
   const bool device_sample = !device_greedy && device_sampler_enabled(engine.model().backend());

@@ -38,6 +38,18 @@ Status validate(const SamplingParams& p) {
   if (p.repetition_window < 0)
     return invalid_argument("sampling parameter 'repetition_window': expected >= 0 (0 = whole history), got " +
                             std::to_string(p.repetition_window));
+  if (p.logit_bias.size() > size_t(kMaxLogitBiasEntries))
+    return invalid_argument("sampling parameter 'logit_bias': at most " + std::to_string(kMaxLogitBiasEntries) +
+                            " entries, got " + std::to_string(p.logit_bias.size()));
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const LogitBias& b = p.logit_bias[i];
+    if (b.id < 0 || (i > 0 && b.id <= p.logit_bias[i - 1].id))
+      return invalid_argument("sampling parameter 'logit_bias': token ids must be >= 0, each once, in ascending "
+                              "order; got " + std::to_string(b.id) + " at entry " + std::to_string(i));
+    if (!(b.bias >= -kMaxLogitBias && b.bias <= kMaxLogitBias))
+      return invalid_argument("sampling parameter 'logit_bias': the bias of token " + std::to_string(b.id) +
+                              " must be in [-100, 100], got " + std::to_string(b.bias));
+  }
   return Status::ok();
 }
 
@@ -49,6 +61,8 @@ Result<Sampler> Sampler::create(const SamplingParams& params) {
 }
 
 void Sampler::penalize_and_suppress(float* logits, int vocab, std::span<const int32_t> history) {
+  for (const LogitBias& b : params_.logit_bias)
+    if (b.id < vocab) logits[b.id] += b.bias;
   const float penalty = params_.repetition_penalty;
   if (penalty != 1.0f && !history.empty()) {
     if (seen_.size() < size_t(vocab)) seen_.assign(size_t(vocab), 0u);

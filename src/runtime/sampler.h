@@ -1,8 +1,14 @@
-// Next-token sampling with the logits processors of transformers' generate(), in its order:
-//   repetition penalty -> suppressed tokens (-inf) -> [sampling only] temperature -> top-k -> top-p
-//   -> min-p -> draw from the renormalized distribution with a seeded PRNG.
-// temperature == 0 is greedy: argmax after the penalty and suppression (ties -> lowest id), as
-// generate(do_sample=False) applies no warpers.
+// Next-token sampling with the logits processors of transformers' generate(), in its order, after
+// OpenAI's logit_bias:
+//   logit bias -> repetition penalty -> suppressed tokens (-inf) -> [sampling only] temperature
+//   -> top-k -> top-p -> min-p -> draw from the renormalized distribution with a seeded PRNG.
+// temperature == 0 is greedy: argmax after the bias, the penalty and suppression (ties -> lowest
+// id), as generate(do_sample=False) applies no warpers.
+// The bias comes first, as in vLLM (its logit-bias processor runs before the penalties) and
+// llama.cpp (logit-bias is the first sampler of its chain): logits[id] += bias, one float addition
+// per listed id (the device samplers do the same addition, so the draw stays bit-identical). The
+// server's presence/frequency penalties (OpenAI's, scheduler.cpp) are applied to the logits before
+// the Sampler sees them, so before the bias.
 //
 // Semantics follow transformers exactly where it is deterministic:
 //  - repetition penalty (RepetitionPenaltyLogitsProcessor): each distinct id in the history window
@@ -32,6 +38,16 @@
 
 namespace anvil {
 
+// One entry of OpenAI's logit_bias: `bias` added to token `id`'s logit.
+struct LogitBias {
+  int32_t id = 0;
+  float bias = 0.0f;
+  bool operator==(const LogitBias&) const = default;
+};
+// logit_bias bounds: OpenAI's range of a bias, and at most this many entries per request.
+inline constexpr float kMaxLogitBias = 100.0f;
+inline constexpr int kMaxLogitBiasEntries = 1024;
+
 struct SamplingParams {
   float temperature = 0.0f;        // 0 = greedy
   int top_k = 0;                   // 0 = off
@@ -40,14 +56,20 @@ struct SamplingParams {
   float repetition_penalty = 1.0f; // HF semantics: logits of tokens already present: >0 divided, <0 multiplied
   int repetition_window = 0;       // the last N history tokens; 0 = whole history
   uint64_t seed = 0;
+  // Added to the logits before everything else; ids ascending, each once (validate() checks).
+  // Ids outside [0, vocab) are ignored here; the server and the CLI refuse them first.
+  std::vector<LogitBias> logit_bias;
 };
 
 // temperature >= 0 (finite), top_k >= 0, top_p in (0, 1], min_p in [0, 1), repetition_penalty > 0
-// (finite), repetition_window >= 0. The message names the parameter and the accepted range.
+// (finite), repetition_window >= 0, logit_bias: at most kMaxLogitBiasEntries entries, ids >= 0
+// strictly ascending, biases in [-kMaxLogitBias, kMaxLogitBias]. The message names the parameter
+// and the accepted range.
 Status validate(const SamplingParams& p);
 
 // Applies the processors above to logits [vocab] in place; removed tokens become -inf (NaN logits
-// are treated as -inf when sampling). For temperature == 0 only the penalty and suppression apply.
+// are treated as -inf when sampling). For temperature == 0 only the bias, the penalty and
+// suppression apply.
 // `p` must pass validate().
 void apply_logit_processors(const SamplingParams& p, float* logits, int vocab, std::span<const int32_t> history,
                             std::span<const int32_t> suppressed = {});
@@ -87,6 +109,7 @@ class Sampler {
   // exp(logit - max)) and their fixed-point q_, and returns the sum of q_; 0 when no token survives.
   // Greedy: not used.
   uint64_t filter(float* logits, int vocab, std::span<const int32_t> history);
+  // The bias, the repetition penalty and suppression: the processors greedy applies too.
   void penalize_and_suppress(float* logits, int vocab, std::span<const int32_t> history);
   int32_t argmax(const float* logits, int vocab) const;
   void select_top_k(const float* logits, int vocab);

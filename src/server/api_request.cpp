@@ -86,6 +86,49 @@ std::optional<ApiError> get_int(const ojson& o, const char* key, int64_t lo, int
   return std::nullopt;
 }
 
+// OpenAI's logit_bias: {"<token id>": bias, ...}, the id a decimal integer string, the bias a number
+// in [-100, 100]. Out: the entries by ascending id (SamplingParams::logit_bias); {} is no bias.
+std::optional<ApiError> parse_logit_bias(const ojson& lb, int vocab_size, std::vector<LogitBias>* out) {
+  if (!lb.is_object())
+    return bad("logit_bias", "'logit_bias' must be an object mapping token ids (strings) to biases in [-100, 100], got " +
+                                 type_name(lb));
+  if (lb.size() > size_t(kMaxLogitBiasEntries))
+    return bad("logit_bias", "'logit_bias' takes at most " + std::to_string(kMaxLogitBiasEntries) + " entries, got " +
+                                 std::to_string(lb.size()));
+  std::vector<LogitBias> v;
+  for (auto it = lb.begin(); it != lb.end(); ++it) {
+    const std::string& key = it.key();
+    const std::string shown = "'logit_bias[\"" + key.substr(0, 40) + "\"]'";
+    int64_t id = 0;
+    bool ok = !key.empty() && key.size() <= 10;
+    for (char c : key) {
+      ok = ok && c >= '0' && c <= '9';
+      if (ok) id = id * 10 + (c - '0');
+    }
+    if (!ok || id > INT32_MAX)
+      return bad("logit_bias", "'logit_bias' keys must be token ids (decimal integers >= 0), got '" +
+                                   key.substr(0, 40) + "'");
+    if (vocab_size > 0 && id >= vocab_size)
+      return bad("logit_bias", shown + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                   std::to_string(vocab_size) + ")");
+    const ojson& x = it.value();
+    if (!x.is_number()) return bad("logit_bias", shown + " must be a number, got " + type_name(x));
+    const double bias = x.get<double>();
+    if (!std::isfinite(bias) || bias < -kMaxLogitBias || bias > kMaxLogitBias) {
+      char m[96];
+      std::snprintf(m, sizeof m, " must be in [-100, 100], got %g", bias);
+      return bad("logit_bias", shown + m);
+    }
+    v.push_back({int32_t(id), float(bias)});
+  }
+  std::sort(v.begin(), v.end(), [](const LogitBias& a, const LogitBias& b) { return a.id < b.id; });
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i].id == v[i - 1].id)
+      return bad("logit_bias", "'logit_bias' names token " + std::to_string(v[i].id) + " twice");
+  *out = std::move(v);
+  return std::nullopt;
+}
+
 // The parameters chat and completions share.
 std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, ApiRequest* r) {
   if (const ojson* m = field(b, "model")) {
@@ -191,7 +234,7 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
                                         "' is not supported (anvil has no constrained decoding); use 'text'");
   }
   if (const ojson* lb = field(b, "logit_bias"))
-    if (!lb->is_object() || !lb->empty()) return bad("logit_bias", "'logit_bias' is not supported");
+    if (auto e = parse_logit_bias(*lb, d.vocab_size, &g.sampling.logit_bias)) return e;
   return std::nullopt;
 }
 

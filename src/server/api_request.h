@@ -2,7 +2,8 @@
 // `param` name the offending field and what was expected, rendered as OpenAI's error body:
 //   {"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}}
 // Accepted (chat and completions): model, max_tokens / max_completion_tokens, temperature, top_p,
-// top_k, min_p, seed, stop, presence_penalty, frequency_penalty, repetition_penalty, n (= 1),
+// top_k, min_p, seed, stop, presence_penalty, frequency_penalty, repetition_penalty, logit_bias
+// (token id strings -> a bias in [-100, 100], at most kMaxLogitBiasEntries), n (= 1),
 // stream, stream_options.include_usage (with stream only), ignore_eos (vLLM/llama-server extension),
 // session; chat: messages (text parts: text, input_text, output_text; an assistant's refusal parts;
 // an assistant's content may be null), tools, tool_choice ("auto" / "none" / "required" / a named function),
@@ -36,6 +37,7 @@ struct RequestDefaults {
   std::string model_alt;  // also accepted (the -m argument)
   SamplingParams sampling;
   int max_context = 4096;
+  int vocab_size = 0;  // logit_bias ids must be below it (0: not checked)
 };
 
 struct ApiRequest {

@@ -151,6 +151,7 @@ struct HttpServer::Impl {
       : opts(std::move(o)), engine(e), tok(t), cfg(std::move(c)), metrics(m) {
     has_template = !cfg.chat_template.empty() || !cfg.named_chat_templates.empty();
     split_reasoning = vocabulary_has_reasoning(tok);
+    opts.defaults.vocab_size = int(engine.model().config().vocab_size);  // logit_bias ids are checked against it
   }
 
   void routes();

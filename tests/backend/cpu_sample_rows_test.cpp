@@ -4,6 +4,7 @@
 // penalty windows maintained through count updates.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -102,6 +103,65 @@ TEST(SampleRows, EqualsHostSamplerExactly) {
   EXPECT_GT(distinct_nonzero, 100);  // and many draws that are not the argmax
   std::printf("  %d rows compared, %d with no possible token, %d draws off the argmax\n", n, minus_one,
               distinct_nonzero);
+}
+
+// OpenAI's logit_bias, rows batched with and without biases (-100 on the top token, +100 on
+// another, random ones between): the same token as the host Sampler, which adds the bias first.
+TEST(SampleRows, LogitBiasEqualsHostSamplerExactly) {
+  auto be = make_cpu_backend(1);
+  const int V = 3001, R = 8;
+  const std::vector<int32_t> suppress = {1};
+  std::mt19937 rng(23);
+  int compared = 0, moved = 0;
+  for (const Combo& c : combos()) {
+    std::vector<float> logits;
+    std::vector<SampleRowParams> rp;
+    std::vector<int32_t> want, counts(size_t(R) * V, 0), updates, offs = {0}, bias_offs = {0}, bias_ids;
+    std::vector<float> bias_values;
+    for (int r = 0; r < R; ++r) {
+      SamplingParams p;
+      p.temperature = c.t, p.top_k = c.k, p.top_p = c.top_p, p.min_p = c.min_p;
+      p.repetition_penalty = c.pen, p.repetition_window = 0, p.seed = rng();
+      auto l = make_row(V, r % 3, rng);
+      if (r % 3 != 2) {  // every third row has no bias
+        const int32_t top = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+        std::vector<int32_t> ids = {top, int32_t(rng() % V)};
+        for (int i = 0; i < 20; ++i) ids.push_back(int32_t(rng() % V));
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        std::uniform_real_distribution<float> ud(-6.0f, 6.0f);
+        for (int32_t id : ids) p.logit_bias.push_back({id, id == top ? -100.0f : ud(rng)});
+        if (r % 3 == 1 && p.logit_bias[0].id != top) p.logit_bias[0].bias = 100.0f;
+      }
+      ASSERT_TRUE(validate(p).is_ok()) << validate(p).message();
+      for (const LogitBias& b : p.logit_bias) bias_ids.push_back(b.id), bias_values.push_back(b.bias);
+      bias_offs.push_back(int32_t(bias_ids.size()));
+      const std::vector<int32_t> history = {7, 9, 7, int32_t(rng() % V)};
+      Sampler host(p);
+      host.set_suppressed(suppress);
+      auto hl = l;
+      want.push_back(host.sample(hl.data(), V, history));
+      SamplingParams np = p;
+      np.logit_bias.clear();
+      Sampler plain(np);
+      plain.set_suppressed(suppress);
+      hl = l;
+      moved += plain.sample(hl.data(), V, history) != want.back();
+      for (int32_t t : history) updates.push_back(t + 1);
+      offs.push_back(int32_t(updates.size()));
+      rp.push_back({p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, r, Sampler(p).next_random53()});
+      logits.insert(logits.end(), l.begin(), l.end());
+    }
+    SampleArgs a;
+    a.params = rp.data(), a.suppress = suppress.data(), a.n_suppress = int(suppress.size());
+    a.counts = counts.data(), a.updates = updates.data(), a.update_offsets = offs.data();
+    a.bias_offsets = bias_offs.data(), a.bias_ids = bias_ids.data(), a.bias_values = bias_values.data();
+    std::vector<int32_t> got(R, -7);
+    be->sample_rows(Act{logits.data(), R, V, DType::kF32}, a, got.data());
+    ASSERT_EQ(got, want) << "T=" << c.t << " k=" << c.k << " top_p=" << c.top_p << " min_p=" << c.min_p;
+    compared += R;
+  }
+  EXPECT_GT(moved, compared / 3) << "the biases changed many picks";
 }
 
 // Qwen3's vocabulary, several rows in one call with different parameters and seeds.

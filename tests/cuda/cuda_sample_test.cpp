@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "base/sample_math.h"
 #include "cuda_test_util.h"
@@ -38,17 +39,24 @@ class CudaSample : public CudaFixture {
     return l;
   }
 
+  // Each row's logit bias, as SampleArgs takes it (host memory; run() uploads it).
+  struct RowBias {
+    std::vector<int32_t> offsets = {0}, ids;
+    std::vector<float> values;
+  };
+
   // Samples R rows on both backends; the rows' histories are given as count updates applied to
   // counts rows 0..R-1 (the device keeps its counts across calls: dev_counts persists).
   void run(int64_t V, const std::vector<SampleRowParams>& rp, const std::vector<float>& logits,
            const std::vector<int32_t>& suppress, const std::vector<int32_t>& updates,
            const std::vector<int32_t>& offsets, std::vector<int32_t>* cpu_counts, Guarded* dev_counts,
-           std::vector<int32_t>* cpu_ids, std::vector<int32_t>* gpu_ids) {
+           std::vector<int32_t>* cpu_ids, std::vector<int32_t>* gpu_ids, const RowBias* bias = nullptr) {
     const int R = int(rp.size());
     auto cl = logits;
     SampleArgs a;
     a.params = rp.data(), a.suppress = suppress.data(), a.n_suppress = int(suppress.size());
     a.counts = cpu_counts->data(), a.updates = updates.data(), a.update_offsets = offsets.data();
+    if (bias) a.bias_offsets = bias->offsets.data(), a.bias_ids = bias->ids.data(), a.bias_values = bias->values.data();
     cpu_ids->assign(size_t(R), -7);
     cpu_->sample_rows(Act{cl.data(), R, V, DType::kF32}, a, cpu_ids->data());
 
@@ -65,6 +73,16 @@ class CudaSample : public CudaFixture {
     d.counts = static_cast<int32_t*>(dev_counts->data());
     d.updates = static_cast<const int32_t*>(gu.data()), d.update_offsets = static_cast<const int32_t*>(go.data());
     d.scratch = gsc.data();
+    std::vector<int32_t> bi;
+    std::vector<float> bv;
+    if (bias) bi = bias->ids, bv = bias->values;
+    bi.push_back(0), bv.push_back(0.0f);  // never an empty buffer
+    Guarded gbo = dev_bytes(bias ? bias->offsets.data() : offsets.data(), offsets.size() * 4);
+    Guarded gbi = dev_bytes(bi.data(), bi.size() * 4), gbv = dev_bytes(bv.data(), bv.size() * 4);
+    if (bias) {
+      d.bias_offsets = static_cast<const int32_t*>(gbo.data());
+      d.bias_ids = static_cast<const int32_t*>(gbi.data()), d.bias_values = static_cast<const float*>(gbv.data());
+    }
     gpu_->sample_rows(Act{gl.data(), R, V, DType::kF32}, d, static_cast<int32_t*>(gi.data()));
     gpu_ids->assign(size_t(R), -7);
     gpu_->copy_to_host(gpu_ids->data(), gi.data(), size_t(R) * 4);
@@ -124,6 +142,76 @@ TEST_F(CudaSample, RowsEqualHostSamplerExactly) {
   EXPECT_GT(off_argmax, 30);
   std::printf("  %d rows equal on the GPU, the CPU reference and the host Sampler (%d off the argmax)\n", compared,
               off_argmax);
+}
+
+// OpenAI's logit_bias on the device: every row with its own biases (none, small ones, -100 on the
+// top token, +100 on a low one), with every processor after it; the GPU, the CPU reference and the
+// host Sampler (which adds the bias first, runtime/sampler.h) pick the same token, exactly.
+TEST_F(CudaSample, RowsWithLogitBiasEqualHostSamplerExactly) {
+  const std::vector<int32_t> suppress = {0, 2};
+  int compared = 0, forced = 0, moved = 0;
+  for (int64_t V : {int64_t(3001), int64_t(151936)}) {
+    const int R = 16;
+    for (int call = 0; call < 8; ++call) {
+      std::vector<SampleRowParams> rp;
+      std::vector<float> logits;
+      std::vector<int32_t> updates, offsets = {0}, want, plain;
+      RowBias bias;
+      for (int r = 0; r < R; ++r) {
+        SamplingParams p;
+        const float temps[] = {0.0f, 0.7f, 1.0f, 1.3f};
+        p.temperature = temps[(r + call) % 4];
+        p.top_k = r % 3 == 0 ? 40 : 0;
+        p.top_p = r % 4 == 1 ? 0.9f : 1.0f;
+        p.min_p = r % 5 == 2 ? 0.05f : 0.0f;
+        p.repetition_penalty = r % 2 ? 1.3f : 1.0f;
+        p.seed = rng_();
+        auto l = row(V, r % 3);
+        const int32_t top = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+        std::set<int32_t> ids;
+        const int n_bias = r % 4 == 3 ? 0 : 1 + int(rng_() % 300);  // some rows have none
+        while (int(ids.size()) < n_bias) ids.insert(int32_t(rng_() % uint32_t(V)));
+        if (n_bias > 0) ids.insert(top);
+        std::uniform_real_distribution<float> ud(-10.0f, 10.0f);
+        const int32_t low = ids.empty() ? -1 : *ids.begin();
+        for (int32_t id : ids) {
+          const float b = id == top ? -100.0f : (id == low && r % 2 ? 100.0f : ud(rng_));
+          p.logit_bias.push_back({id, b});
+          bias.ids.push_back(id), bias.values.push_back(b);
+        }
+        bias.offsets.push_back(int32_t(bias.ids.size()));
+        ASSERT_TRUE(validate(p).is_ok()) << validate(p).message();
+        std::vector<int32_t> history;
+        for (int i = 0; i < 12; ++i) history.push_back(int32_t(rng_() % 40));
+        Sampler host(p);
+        host.set_suppressed(suppress);
+        auto hl = l;
+        want.push_back(host.sample(hl.data(), int(V), history));
+        SamplingParams np = p;
+        np.logit_bias.clear();
+        Sampler unbiased(np);
+        unbiased.set_suppressed(suppress);
+        hl = l;
+        plain.push_back(unbiased.sample(hl.data(), int(V), history));
+        moved += want.back() != plain.back();
+        forced += low >= 0 && r % 2 && low != top && want.back() == low;
+        logits.insert(logits.end(), l.begin(), l.end());
+        for (int32_t t : history) updates.push_back(t + 1);
+        offsets.push_back(int32_t(updates.size()));
+        rp.push_back({p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, r, Sampler(p).next_random53()});
+      }
+      std::vector<int32_t> cpu_counts(size_t(R) * V, 0), cpu_ids, gpu_ids;
+      Guarded dc = dev_bytes(cpu_counts.data(), cpu_counts.size() * 4);
+      run(V, rp, logits, suppress, updates, offsets, &cpu_counts, &dc, &cpu_ids, &gpu_ids, &bias);
+      ASSERT_EQ(cpu_ids, want) << "vocab " << V << " call " << call;
+      ASSERT_EQ(gpu_ids, want) << "vocab " << V << " call " << call;
+      compared += R;
+    }
+  }
+  EXPECT_GT(moved, compared / 2) << "the biases changed most picks";
+  EXPECT_GT(forced, 10) << "+100 forced its token";
+  std::printf("  %d biased rows equal on the GPU, the CPU reference and the host Sampler (%d moved by the bias)\n",
+              compared, moved);
 }
 
 // A generation: the counts live on the device across steps, updated by one add and (with a window)

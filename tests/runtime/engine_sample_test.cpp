@@ -5,6 +5,7 @@
 // reused, the random stream, batching rows with different parameters) is checked everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "engine_test_util.h"
@@ -83,12 +84,11 @@ TEST(EngineSample, DecodeSampleEqualsHostSampler) {
 // Engine::step_sample (continuous batching, the server's path) against step() + host Samplers: steps
 // that mix a prompt chunk that wants no token, prompts finishing, and decode tokens; sequences
 // joining late and leaving early, so the count rows and their windows change between steps.
-TEST(EngineSample, StepSampleEqualsHostSamplerOverMixedSteps) {
+void step_sample_equals_host(const std::vector<SamplingParams>& ps) {
   FixtureOptions o;
   auto h = make_engine(o), d = make_engine(o);
   ASSERT_TRUE(h.engine && d.engine);
   const int V = h.vocab();
-  const auto ps = configs();
   const std::vector<int32_t> suppress = {5};
   struct Side {
     Engine* e;
@@ -155,6 +155,111 @@ TEST(EngineSample, StepSampleEqualsHostSamplerOverMixedSteps) {
   std::vector<int32_t> next;
   EXPECT_FALSE(dev.e->step_sample(std::vector<Engine::StepItem>{{dev.seq[0], 1, true}}, {}, {}, {}, &next).is_ok())
       << "one parameter set per sampling item";
+}
+
+TEST(EngineSample, StepSampleEqualsHostSamplerOverMixedSteps) { step_sample_equals_host(configs()); }
+
+// OpenAI's logit_bias on the device path: rows with and without biases in one batch, greedy and
+// sampled, the bias pushing the model's favourite tokens away (-100) and others up.
+std::vector<SamplingParams> biased_configs() {
+  auto ps = configs();
+  ps[0].logit_bias = {{1, 5.0f}, {4, -100.0f}, {9, 2.5f}, {20, -1.25f}};
+  // ps[1]: none (a row without a bias between biased ones)
+  ps[2].repetition_penalty = 1.0f;  // greedy with a bias alone
+  ps[2].logit_bias = {{2, 3.0f}, {6, 7.5f}, {13, -4.0f}};
+  ps[3].logit_bias = {{0, 100.0f}};
+  for (const SamplingParams& p : ps) EXPECT_TRUE(validate(p).is_ok()) << validate(p).message();
+  return ps;
+}
+
+TEST(EngineSample, DecodeSampleWithLogitBiasEqualsHostSampler) {
+  FixtureOptions o;
+  auto h = make_engine(o), d = make_engine(o);
+  ASSERT_TRUE(h.engine && d.engine);
+  const auto ps = biased_configs();
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < ps.size(); ++i) prompts.push_back(random_ids(5 + int(i) * 3, 70 + i, h.vocab()));
+  run_both(*h.engine, *d.engine, prompts, ps, 16, {});
+  // The same slots with the rows' parameters rotated: the device biases follow the rows.
+  run_both(*h.engine, *d.engine, prompts, {ps[1], ps[2], ps[3], ps[0]}, 10, {3});
+}
+
+TEST(EngineSample, StepSampleWithLogitBiasEqualsHostSampler) { step_sample_equals_host(biased_configs()); }
+
+// A bias naming a token outside the model's vocabulary is refused before the step, naming logit_bias.
+TEST(EngineSample, LogitBiasOutsideTheVocabularyIsAnError) {
+  FixtureOptions o;
+  auto f = make_engine(o);
+  ASSERT_TRUE(f.engine);
+  auto s = f.engine->seq_create();
+  ASSERT_TRUE(s.is_ok());
+  std::vector<float> l;
+  ASSERT_TRUE(f.engine->extend(*s, random_ids(4, 1, f.vocab()), &l).is_ok());
+  const int seq = *s;
+  const int32_t tok = 5;
+  SamplingParams p;
+  p.logit_bias = {{f.vocab(), 1.0f}};
+  const uint64_t u = 0;
+  std::vector<int32_t> next;
+  Status st = f.engine->decode_sample({&seq, 1}, {&tok, 1}, {&p, 1}, {&u, 1}, {}, &next);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("logit_bias"), std::string::npos) << st.message();
+  EXPECT_EQ(f.engine->seq_tokens(seq).size(), 4u) << "nothing appended";
+  p.logit_bias = {{f.vocab() - 1, 1.0f}};
+  EXPECT_TRUE(f.engine->decode_sample({&seq, 1}, {&tok, 1}, {&p, 1}, {&u, 1}, {}, &next).is_ok());
+}
+
+// generate() with a greedy logit bias: the device greedy path (decode_greedy, which has no bias)
+// must not be taken, on either switch setting. The tokens equal a step-by-step host reference
+// (decode + Sampler), and differ from the unbiased run's.
+TEST(EngineSample, GenerateGreedyWithLogitBiasEqualsHostReference) {
+  FixtureOptions o;
+  auto f = make_engine(o);
+  ASSERT_TRUE(f.engine);
+  const int V = f.vocab();
+  GenerateRequest req;
+  req.prompt = random_ids(9, 17, V);
+  req.max_new_tokens = 12;
+  auto gen = [&](const char* device) {
+    setenv("ANVIL_CUDA_DEVICE_SAMPLER", device, 1);
+    auto s = f.engine->seq_create();
+    EXPECT_TRUE(s.is_ok());
+    auto r = generate(*f.engine, *s, req, nullptr);
+    f.engine->seq_release(*s);
+    unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    return r.is_ok() ? r->ids : std::vector<int32_t>{};
+  };
+  const auto plain = gen("0");
+  ASSERT_EQ(plain.size(), 12u);
+  // Push away the unbiased run's tokens after its first, and favour a few others.
+  for (size_t i = 1; i < plain.size(); ++i) req.sampling.logit_bias.push_back({plain[i], -100.0f});
+  for (int32_t id : {3, 8, 15}) req.sampling.logit_bias.push_back({id, 1.5f});
+  std::sort(req.sampling.logit_bias.begin(), req.sampling.logit_bias.end(),
+            [](const LogitBias& a, const LogitBias& b) { return a.id < b.id; });
+  req.sampling.logit_bias.erase(std::unique(req.sampling.logit_bias.begin(), req.sampling.logit_bias.end(),
+                                            [](const LogitBias& a, const LogitBias& b) { return a.id == b.id; }),
+                                req.sampling.logit_bias.end());
+  ASSERT_TRUE(validate(req.sampling).is_ok());
+  // The reference: every step's logits on the host, the bias added, the argmax.
+  std::vector<int32_t> want;
+  {
+    auto s = f.engine->seq_create();
+    ASSERT_TRUE(s.is_ok());
+    std::vector<float> l;
+    ASSERT_TRUE(f.engine->extend(*s, req.prompt, &l).is_ok());
+    for (int i = 0; i < req.max_new_tokens; ++i) {
+      for (const LogitBias& b : req.sampling.logit_bias) l[size_t(b.id)] += b.bias;
+      const int32_t id = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+      want.push_back(id);
+      int seq = *s;
+      ASSERT_TRUE(f.engine->decode({&seq, 1}, {&id, 1}, &l).is_ok());
+    }
+    f.engine->seq_release(*s);
+  }
+  EXPECT_NE(want, plain);
+  EXPECT_EQ(gen("0"), want) << "host path";
+  EXPECT_EQ(gen("1"), want) << "device sampler path";
 }
 
 // generate() with ANVIL_CUDA_DEVICE_SAMPLER=1 takes the device path and gives the host path's tokens.

@@ -199,6 +199,18 @@ TEST(Sampler, BadParametersNameTheParameter) {
   p = {}; p.repetition_penalty = 0.0f; expect_error(p, "repetition_penalty");
   p = {}; p.repetition_penalty = -1.0f; expect_error(p, "repetition_penalty");
   p = {}; p.repetition_window = -2; expect_error(p, "repetition_window");
+  p = {}; p.logit_bias = {{5, 1.0f}, {5, 2.0f}}; expect_error(p, "logit_bias");     // an id twice
+  p = {}; p.logit_bias = {{7, 1.0f}, {5, 2.0f}}; expect_error(p, "logit_bias");     // not ascending
+  p = {}; p.logit_bias = {{-1, 1.0f}}; expect_error(p, "logit_bias");
+  p = {}; p.logit_bias = {{1, 100.5f}}; expect_error(p, "logit_bias");
+  p = {}; p.logit_bias = {{1, -101.0f}}; expect_error(p, "logit_bias");
+  p = {}; p.logit_bias = {{1, NAN}}; expect_error(p, "logit_bias");
+  p = {};
+  for (int i = 0; i <= kMaxLogitBiasEntries; ++i) p.logit_bias.push_back({i, 1.0f});
+  expect_error(p, "logit_bias");
+  p.logit_bias.pop_back();
+  EXPECT_TRUE(validate(p).is_ok());
+  p = {}; p.logit_bias = {{0, -100.0f}, {3, 100.0f}}; EXPECT_TRUE(validate(p).is_ok());
   p = {}; EXPECT_TRUE(validate(p).is_ok());
   p.temperature = 0.7f; p.top_k = 40; p.top_p = 1.0f; p.min_p = 0.0f; p.repetition_penalty = 1.1f;
   EXPECT_TRUE(Sampler::create(p).is_ok());
@@ -284,4 +296,136 @@ TEST(Sampler, RepetitionPenaltyOncePerDistinctTokenWithinWindow) {
   l = {4.0f, -4.0f, 4.0f, 4.0f, 1.0f};
   all.sample(l.data(), 5, history);
   EXPECT_EQ(l, (std::vector<float>{2.0f, -8.0f, 4.0f, 2.0f, 1.0f}));
+}
+
+// logit_bias: -100 on the greedy token hands the pick to the runner-up; +100 on any token forces it,
+// greedy and sampled; a bias outside the vocabulary is ignored by the sampler (callers refuse it).
+TEST(Sampler, LogitBiasMovesTheGreedyPickAndForcesATokenWhenSampling) {
+  const int vocab = 5000;
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    const auto logits = random_logits(vocab, 3.0f, seed);
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    SamplingParams p;
+    auto w = logits;
+    ASSERT_EQ(Sampler(p).sample(w.data(), vocab, {}), order[0]);
+    p.logit_bias = {{order[0], -100.0f}};
+    w = logits;
+    EXPECT_EQ(Sampler(p).sample(w.data(), vocab, {}), order[1]) << "seed " << seed;
+    // +100 on a token far down the list forces it, greedy and at temperature 1 (every other token's
+    // weight is then below the sampler's 2^-44 floor).
+    const int32_t low = order[size_t(vocab / 2 + seed)];
+    p.logit_bias = {{std::min(low, order[0]), 0.0f}, {std::max(low, order[0]), 0.0f}};
+    for (auto& b : p.logit_bias) b.bias = b.id == low ? 100.0f : -3.0f;
+    ASSERT_TRUE(validate(p).is_ok());
+    w = logits;
+    EXPECT_EQ(Sampler(p).sample(w.data(), vocab, {}), low);
+    p.temperature = 1.0f;
+    p.seed = seed;
+    Sampler s(p);
+    for (int t = 0; t < 20; ++t) {
+      w = logits;
+      EXPECT_EQ(s.sample(w.data(), vocab, {}), low);
+    }
+    // The distribution moves exactly as softmax(logits + bias) says.
+    p.logit_bias = {{order[0], -2.5f}, {low, 4.0f}};
+    if (order[0] > low) std::swap(p.logit_bias[0], p.logit_bias[1]);
+    w = logits;
+    const auto probs = Sampler(p).probabilities(w.data(), vocab, {});
+    std::vector<float> biased = logits;
+    biased[size_t(order[0])] += -2.5f;
+    biased[size_t(low)] += 4.0f;
+    const auto want = softmax(biased, 1.0);
+    for (int i = 0; i < vocab; ++i) ASSERT_NEAR(probs[size_t(i)], want[size_t(i)], 1e-6 + 1e-5 * want[size_t(i)]) << i;
+  }
+  // An id outside the vocabulary changes nothing.
+  SamplingParams p;
+  p.logit_bias = {{vocab + 3, 100.0f}};
+  auto a = random_logits(vocab, 3.0f, 99), b = a;
+  Sampler(SamplingParams{}).sample(a.data(), vocab, {});
+  Sampler(p).sample(b.data(), vocab, {});
+  EXPECT_EQ(a, b);
+}
+
+// Seeded draws with a logit bias (and every other processor) against an independent Python
+// reference (tests/runtime/logit_bias_reference.py: its own float32 rounding, math.exp, its own
+// sort-based top-k/top-p): the same token for every draw of every case.
+TEST(Sampler, SeededDrawsWithLogitBiasMatchPythonReference) {
+  if (std::system("python3 -c 'import json, math, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 is missing";
+  const int vocab = 300;
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::vector<int32_t>> got;
+  std::mt19937 rng(7);
+  const float temps[] = {0.0f, 0.7f, 1.0f, 1.6f};
+  const int ks[] = {0, 5, 40};
+  const float top_ps[] = {1.0f, 0.9f, 0.5f};
+  int n_cases = 0;
+  for (float t : temps)
+    for (int k : ks)
+      for (float top_p : top_ps)
+        for (int variant = 0; variant < 3; ++variant) {
+          SamplingParams p;
+          p.temperature = t, p.top_k = k, p.top_p = top_p;
+          p.min_p = variant == 2 ? 0.05f : 0.0f;
+          p.repetition_penalty = variant == 1 ? 1.3f : 1.0f;
+          p.seed = rng();
+          auto logits = random_logits(vocab, 2.0f, rng());
+          std::vector<int32_t> history;
+          for (int i = 0; i < 10; ++i) history.push_back(int32_t(rng() % 60));
+          // Biases of every size on a dozen ids, the top tokens among them.
+          std::set<int32_t> ids;
+          while (ids.size() < 12) ids.insert(int32_t(rng() % vocab));
+          const int32_t top = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          ids.insert(top);
+          std::uniform_real_distribution<float> ud(-8.0f, 8.0f);
+          for (int32_t id : ids) p.logit_bias.push_back({id, id == top ? -100.0f : std::round(ud(rng) * 64) / 64});
+          if (variant == 0) p.logit_bias.back().bias = 100.0f;
+          ASSERT_TRUE(validate(p).is_ok());
+          const std::vector<int32_t> suppressed = {int32_t(rng() % vocab)};
+          Sampler s(p);
+          s.set_suppressed(suppressed);
+          std::mt19937_64 stream(p.seed);  // the 53-bit numbers the sampler draws with
+          std::vector<uint64_t> random;
+          std::vector<int32_t> picks;
+          for (int d = 0; d < 25; ++d) {
+            auto w = logits;
+            picks.push_back(s.sample(w.data(), vocab, history));
+            random.push_back(t > 0 ? stream() >> 11 : 0);
+          }
+          got.push_back(picks);
+          nlohmann::json c;
+          c["logits"] = logits;
+          nlohmann::json bias = nlohmann::json::object();
+          for (const LogitBias& b : p.logit_bias) bias[std::to_string(b.id)] = b.bias;
+          c["bias"] = bias;
+          c["history"] = history;
+          c["suppressed"] = suppressed;
+          c["temperature"] = t, c["top_k"] = k, c["top_p"] = top_p, c["min_p"] = p.min_p;
+          c["repetition_penalty"] = p.repetition_penalty;
+          c["random"] = random;
+          cases.push_back(c);
+          ++n_cases;
+        }
+  const std::string path = testing::TempDir() + "anvil_logit_bias_cases.json";
+  std::ofstream(path) << cases.dump();
+  const std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/runtime/logit_bias_reference.py " + path;
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(f);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(f), 0) << out;
+  std::remove(path.c_str());
+  const auto want = nlohmann::json::parse(out);
+  ASSERT_EQ(want.size(), got.size());
+  int off_top = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(want[i].get<std::vector<int32_t>>(), got[i]) << "case " << i << ": " << cases[i]["temperature"] << " k "
+                                                          << cases[i]["top_k"] << " top_p " << cases[i]["top_p"];
+    for (int32_t id : got[i]) off_top += cases[i]["bias"].value(std::to_string(id), 0.0f) != -100.0f;
+  }
+  EXPECT_EQ(n_cases, 108);
+  EXPECT_GT(off_top, 1000);
 }

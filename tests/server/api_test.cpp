@@ -111,6 +111,17 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
       {"{" + kMsgs + R"(,"tool_choice":"required"})", "tool_choice"},
       {"{" + kMsgs + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice"},
       {"{" + kMsgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"{" + kMsgs + R"(,"logit_bias":[1,2]})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"x":1}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"-1":1}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"1.5":1}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"":1}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"99999999999":1}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"5":100.5}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"5":-101}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"5":"1"}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"5":null}})", "logit_bias"},
+      {"{" + kMsgs + R"(,"logit_bias":{"5":1,"05":2}})", "logit_bias"},  // the same token twice
       {"{" + kMsgs + R"(,"chat_template_kwargs":[]})", "chat_template_kwargs"},
       {"{" + kMsgs + R"(,"session":""})", "session"},
       {"{" + kMsgs + R"(,"parallel_tool_calls":"no"})", "parallel_tool_calls"},
@@ -146,6 +157,43 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
     ASSERT_TRUE(e.has_value()) << c.body;
     EXPECT_EQ(e->param, c.param) << c.body << " -> " << e->message;
   }
+}
+
+// OpenAI's logit_bias: token id strings to biases in [-100, 100], kept by ascending id; ids at or
+// above the vocabulary and more than kMaxLogitBiasEntries entries are refused, naming logit_bias.
+TEST(ApiRequest, LogitBias) {
+  ApiRequest r;
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"logit_bias":{"30":-100,"7":2.5,"0":100,"12":0}})", &r));
+  const std::vector<anvil::LogitBias> want = {{0, 100.0f}, {7, 2.5f}, {12, 0.0f}, {30, -100.0f}};
+  EXPECT_EQ(r.gen.sampling.logit_bias, want);
+  ApiRequest c;
+  ASSERT_FALSE(completion(R"({"prompt":"x","logit_bias":{"3":-1}})", &c));
+  EXPECT_EQ(c.gen.sampling.logit_bias, (std::vector<anvil::LogitBias>{{3, -1.0f}}));
+  ApiRequest none;
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"logit_bias":{}})", &none));
+  EXPECT_TRUE(none.gen.sampling.logit_bias.empty());
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"logit_bias":null})", &none));
+  EXPECT_TRUE(none.gen.sampling.logit_bias.empty());
+
+  RequestDefaults d = defaults();
+  d.vocab_size = 100;
+  ApiRequest tmp;
+  EXPECT_FALSE(parse_chat_request("{" + kMsgs + R"(,"logit_bias":{"99":1}})", d, &tmp));
+  auto e = parse_chat_request("{" + kMsgs + R"(,"logit_bias":{"100":1}})", d, &tmp);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "logit_bias");
+  EXPECT_NE(e->message.find("outside the vocabulary [0, 100)"), std::string::npos) << e->message;
+
+  std::string many = "{";
+  for (int i = 0; i <= anvil::kMaxLogitBiasEntries; ++i) many += (i ? ",\"" : "\"") + std::to_string(i) + "\":1";
+  many += "}";
+  e = chat("{" + kMsgs + R"(,"logit_bias":)" + many + "}");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "logit_bias");
+  EXPECT_NE(e->message.find("at most 1024"), std::string::npos) << e->message;
+  e = chat("{" + kMsgs + R"(,"logit_bias":{"5":101}})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("'logit_bias[\"5\"]' must be in [-100, 100], got 101"), std::string::npos) << e->message;
 }
 
 TEST(ApiRequest, ErrorBodyHasOpenAIShape) {

@@ -116,7 +116,10 @@ for bad_msgs, says in [([{"role": "user", "content": [{"type": "image_url", "ima
 # What anvil cannot honour is refused with the parameter named, not ignored.
 for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                       ({"response_format": {"type": "json_object"}}, "response_format"),
-                      ({"logit_bias": {"5": 100}}, "logit_bias"), ({"stop": [str(i) for i in range(17)]}, "stop"),
+                      ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
+                      ({"logit_bias": {"5": "a"}}, "logit_bias"), ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+                      ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+                      ({"stop": [str(i) for i in range(17)]}, "stop"),
                       ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
                       ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities"),
                       ({"stream_options": {"include_usage": True}}, "stream_options")]:
@@ -172,6 +175,49 @@ check(all(top == {tok: lp} for top, tok, lp in zip(l0.top_logprobs, l0.tokens, l
 pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6,
                                                                    temperature=0, stream=True)]
 check("".join(pieces) == r.choices[0].text, "streamed completion == non-streamed")
+
+# logit_bias (OpenAI's: token id strings -> a bias added to the logits). +100 forces a token on both
+# endpoints, greedy and sampled, streamed too; -100 on the greedy token hands the pick to the
+# runner-up (the reply's logprobs are the model's raw ones, so the runner-up is the second of them).
+def post(path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def token_id(text):  # the one token whose text this is, or None
+    ids = post("/tokenize", {"content": text})["tokens"]
+    return ids[0] if len(ids) == 1 and post("/detokenize", {"tokens": ids})["content"] == text else None
+
+
+forced = token_id("hello")
+check(forced is not None, "'hello' is one token")
+for temp in (0, 1.0):
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=temp, seed=5,
+                                       logit_bias={str(forced): 100})
+    check(r.choices[0].message.content == "hello" * 4, f"chat, T={temp}: +100 forces the token: {r.choices[0].message.content!r}")
+    r = client.completions.create(model=model, prompt="def f(x):", max_tokens=4, temperature=temp, seed=5,
+                                  logit_bias={str(forced): 100})
+    check(r.choices[0].text == "hello" * 4, f"completion, T={temp}: +100 forces the token: {r.choices[0].text!r}")
+parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+    model=model, messages=msgs, max_tokens=4, temperature=0.8, seed=9, stream=True, logit_bias={str(forced): 100})
+    if ch.choices]
+check("".join(parts) == "hello" * 4, f"streamed chat with logit_bias: {parts}")
+moved = 0
+for prompt in ["def add(a, b):", "import os\n", "class A:", "x = [1, 2", "for i in range(", "# a comment"]:
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    top = sorted(lp.top_logprobs[0].items(), key=lambda kv: -kv[1])
+    first = token_id(lp.tokens[0])
+    if first is None or len(top) < 2 or token_id(top[1][0]) is None or top[0][1] == top[1][1]:
+        continue  # a token whose text does not name it alone (a byte piece), or a tie
+    b = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=2,
+                                  logit_bias={str(first): -100})
+    check(b.choices[0].logprobs.tokens[0] == top[1][0],
+          f"{prompt!r}: -100 on {lp.tokens[0]!r} picks the runner-up {top[1][0]!r}: {b.choices[0].logprobs.tokens[0]!r}")
+    moved += 1
+check(moved >= 2, f"-100 checked on {moved} prompts")
 
 # Errors map to the client's exception types, naming the parameter.
 try:

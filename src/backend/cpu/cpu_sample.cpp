@@ -2,7 +2,8 @@
 // kernel (src/backend/cuda/sample_rows.cu) step by step, so the algorithm the GPU runs is checked
 // against the host Sampler wherever the tests run. The Sampler sorts; a GPU block cannot sort 152k
 // logits per token cheaply, so both device samplers select by radix descent instead:
-//   1. apply the row's count updates; suppression, penalty, temperature (NaN -> -inf), row max m;
+//   1. apply the row's count updates; logit bias, suppression, penalty, temperature (NaN -> -inf),
+//      row max m;
 //   2. compact the candidates: tokens with logit - m >= kMinRelLogit (every token with a nonzero
 //      fixed-point weight; the rest can change no decision, see base/sample_math.h);
 //   3. top-k: the k-th largest value by a 4-pass radix select on order_key over the candidates
@@ -56,8 +57,11 @@ uint64_t descend(const std::vector<Cand>& c, int bits, KeyFn key, WFn weight, Pr
 }
 
 int32_t sample_row(float* l, int64_t V, const SampleRowParams& p, const int32_t* suppress, int n_suppress,
-                   const int32_t* counts) {
-  // 1. Suppression, then the penalty and (below) the temperature: the Sampler penalizes before it
+                   const int32_t* counts, const int32_t* bias_ids, const float* bias_values, int n_bias) {
+  // 1. The logit bias first, as the Sampler adds it (one float addition per id).
+  for (int j = 0; j < n_bias; ++j)
+    if (bias_ids[j] >= 0 && bias_ids[j] < V) l[bias_ids[j]] += bias_values[j];
+  // Suppression, then the penalty and (below) the temperature: the Sampler penalizes before it
   // suppresses, but -inf stays -inf under both, and the CUDA kernel fuses the rest into one pass.
   for (int j = 0; j < n_suppress; ++j)
     if (suppress[j] >= 0 && suppress[j] < V) l[suppress[j]] = -INFINITY;
@@ -138,7 +142,9 @@ void sample_rows(const Act& logits, const SampleArgs& a, int32_t* ids) {
         const int32_t e = a.updates[u], id = (e > 0 ? e : -e) - 1;
         if (e != 0 && id < V) counts[id] += e > 0 ? 1 : -1;
       }
-    ids[r] = sample_row(static_cast<float*>(logits.data) + r * V, V, p, a.suppress, a.n_suppress, counts);
+    const int32_t b0 = a.bias_offsets ? a.bias_offsets[r] : 0, b1 = a.bias_offsets ? a.bias_offsets[r + 1] : 0;
+    ids[r] = sample_row(static_cast<float*>(logits.data) + r * V, V, p, a.suppress, a.n_suppress, counts,
+                        a.bias_ids + b0, a.bias_values + b0, b1 - b0);
   }
 }
 

@@ -705,12 +705,15 @@ class CudaBackend final : public Backend {
         !expect(logits.cols <= sampling::kMaxVocab, "sample_rows: vocab " + std::to_string(logits.cols) +
                                                         " above the limit " + std::to_string(sampling::kMaxVocab)) ||
         !expect(a.params && a.scratch && (a.n_suppress == 0 || a.suppress),
-                "sample_rows: params, scratch and suppress must be set"))
+                "sample_rows: params, scratch and suppress must be set") ||
+        !expect(!a.bias_offsets || (a.bias_ids && a.bias_values),
+                "sample_rows: bias_offsets needs bias_ids and bias_values"))
       return;
     Prof pr(this, "sample");
     launched(cuda::sample_rows(static_cast<float*>(logits.data), int(logits.rows), logits.cols,
                                reinterpret_cast<const cuda::SampleRowDev*>(a.params), a.suppress, a.n_suppress,
-                               a.counts, a.updates, a.update_offsets, a.scratch, ids, st_),
+                               a.counts, a.updates, a.update_offsets, a.bias_offsets, a.bias_ids, a.bias_values,
+                               a.scratch, ids, st_),
              "sample_rows");
   }
   void to_host_f32(Act x, float* dst) override {

@@ -242,8 +242,10 @@ struct SampleRowDev {
 };
 size_t sample_scratch_bytes(int rows, int64_t vocab);
 // logits: F32 [rows, vocab], overwritten with the processed logits. One block per row.
+// bias_*: backend.h SampleArgs' logit bias (bias_offsets null: none).
 cudaError_t sample_rows(float* logits, int rows, int64_t vocab, const SampleRowDev* params, const int32_t* suppress,
                         int n_suppress, int32_t* counts, const int32_t* updates, const int32_t* update_offsets,
+                        const int32_t* bias_offsets, const int32_t* bias_ids, const float* bias_values,
                         void* scratch, int32_t* ids, cudaStream_t s);
 
 // ---- persist_decode.cu: one decode token through every dense layer in one persistent launch ----

@@ -2,7 +2,7 @@
 // no host round trip. One 1024-thread block per row; the algorithm is the CPU reference's
 // (src/backend/cpu/cpu_sample.cpp, which states it), step for step:
 //   passes over the row's [vocab] logits in global memory (L2-resident, ~600 KB for Qwen3): count
-//   updates and suppression, penalty/temperature in place with the maximum (or the argmax for a
+//   updates, the logit bias and suppression, penalty/temperature in place with the maximum (or the argmax for a
 //   greedy row), and the compaction of the candidates (logit - max >= kMinRelLogit) with their fixed-point
 //   weights into the row's scratch; then top-k, top-p and the draw as 8-bit radix descents over the
 //   candidates only (typically hundreds to a few thousand), each pass one shared-memory histogram.
@@ -134,7 +134,8 @@ __device__ unsigned long long descend(const Cand* c, int n, int bits, KeyFn key,
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t V, const SampleRowDev* params,
                                                           const int32_t* suppress, int n_suppress, int32_t* counts,
                                                           const int32_t* updates, const int32_t* offsets,
-                                                          Cand* scratch, int32_t* ids) {
+                                                          const int32_t* bias_offsets, const int32_t* bias_ids,
+                                                          const float* bias_values, Cand* scratch, int32_t* ids) {
   pdl_begin();
   __shared__ float part_f[32];
   __shared__ int part_i[32];
@@ -155,7 +156,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t
     }
     __syncthreads();
   }
-  // Suppression first: -inf stays -inf under the penalty (a finite positive factor) and the
+  // The logit bias before everything, as the Sampler adds it (__fadd_rn: the host's one rounding).
+  // A row's ids are distinct, so the threads never touch the same logit.
+  if (bias_offsets) {
+    for (int j = bias_offsets[r] + tid; j < bias_offsets[r + 1]; j += blockDim.x)
+      if (bias_ids[j] >= 0 && bias_ids[j] < V) l[bias_ids[j]] = __fadd_rn(l[bias_ids[j]], bias_values[j]);
+    __syncthreads();
+  }
+  // Suppression next: -inf stays -inf under the penalty (a finite positive factor) and the
   // temperature, so this equals the Sampler's penalty -> suppression -> temperature, and the pass
   // below can take the maximum (or, greedy, the argmax) as it goes.
   for (int j = tid; j < n_suppress; j += blockDim.x)
@@ -269,9 +277,10 @@ size_t sample_scratch_bytes(int rows, int64_t vocab) { return size_t(rows) * siz
 
 cudaError_t sample_rows(float* logits, int rows, int64_t vocab, const SampleRowDev* params, const int32_t* suppress,
                         int n_suppress, int32_t* counts, const int32_t* updates, const int32_t* update_offsets,
+                        const int32_t* bias_offsets, const int32_t* bias_ids, const float* bias_values,
                         void* scratch, int32_t* ids, cudaStream_t s) {
   launch_k(sample_kernel, dim3(rows), dim3(kThreads), 0, s, logits, vocab, params, suppress, n_suppress, counts,
-           updates, update_offsets, static_cast<Cand*>(scratch), ids);
+           updates, update_offsets, bias_offsets, bias_ids, bias_values, static_cast<Cand*>(scratch), ids);
   return cudaGetLastError();
 }
 
