@@ -19,6 +19,7 @@
 #include "server/connection_probe.h"
 #include "server/http_threads.h"
 #include "server/openai_reply.h"
+#include "server/session_locks.h"
 #include "server/sessions.h"
 #include "tokenizer/cut_turn.h"
 #include "tokenizer/reasoning.h"
@@ -170,6 +171,48 @@ struct HttpServer::Impl {
 
 
 namespace {
+// A request's hold on its session as the requests that find it held see it (SessionLocks::Holder):
+// leaving once its client has gone away (its connection's peer closed; its job is then cancelled
+// here, so that the scheduler drops it at its next step instead of when the stream's next write
+// fails), its job was cancelled, or its turn is ending. Only a connection seen closed counts: one
+// that cannot be found is taken as live (never a live client's turn cancelled by mistake).
+class RequestHolder : public SessionLocks::Holder {
+ public:
+  explicit RequestHolder(const httplib::Request& req)
+      : remote_addr_(req.remote_addr), remote_port_(req.remote_port), local_port_(req.local_port) {}
+
+  bool leaving() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (leaving_ || (job_ && job_->cancelled())) return leaving_ = true;
+    // The socket is still this request's: it holds the session, and lets go of it before its handler
+    // returns and the HTTP library closes the connection (SessionLocks calls this under its mutex,
+    // which that release takes).
+    const int fd = connection_socket(remote_addr_, remote_port_, local_port_);
+    if (fd < 0 || !peer_closed(fd)) return false;
+    leaving_ = true;
+    if (job_) job_->cancel();
+    return true;
+  }
+  // The request's job, once submitted (cancelled at once when its client was seen gone before).
+  void set_job(std::shared_ptr<Job> job) {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = std::move(job);
+    if (leaving_) job_->cancel();
+  }
+  // The turn is ending (SessionTurn::end): it lets go once its recording is committed.
+  void ending() {
+    std::lock_guard<std::mutex> lk(mu_);
+    leaving_ = true;
+  }
+
+ private:
+  const std::string remote_addr_;
+  const int remote_port_, local_port_;
+  std::mutex mu_;
+  bool leaving_ = false;
+  std::shared_ptr<Job> job_;
+};
+
 // One request's hold on a session (sessions.h): the name's lock in this server and its claim in the
 // store (KVStore::claim_session: no other process changes it meanwhile), both from validation,
 // before the session is read, to the end of the turn; and the end of its recording
@@ -178,6 +221,7 @@ namespace {
 // whatever was generated: tokens are the truth).
 struct SessionTurn {
   SessionLocks* locks = nullptr;
+  std::shared_ptr<RequestHolder> holder;  // what a request that finds the session held asks
   KVStore* store = nullptr;
   std::string name;
   bool chat = false;
@@ -191,6 +235,7 @@ struct SessionTurn {
   void end(const Reply* reply) {
     if (ended) return;
     ended = true;
+    holder->ending();  // a next turn that comes meanwhile waits for the release below
     if (job) {
       if (!job->wait_ended(std::chrono::milliseconds(0))) job->cancel();
       while (!job->wait_ended(std::chrono::seconds(1))) {
@@ -226,13 +271,24 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       return send_error(res, api_error(400, "session",
                                        "'session' needs the durable KV store, and this server runs without one "
                                        "(--no-kv-store, or a device the store does not support yet)"));
-    if (!sessions.try_acquire(r.session))
-      return send_error(res, api_error(409, "session", "session '" + r.session +
-                                                           "' is in use by another request; send the next turn when "
-                                                           "that one has finished",
-                                       "session_busy"));
+    // A request holding the session whose client has gone (a stopped stream) is waited for, bounded.
+    auto holder = std::make_shared<RequestHolder>(req);
+    switch (sessions.acquire(r.session, holder)) {
+      case SessionLocks::Acquire::kAcquired: break;
+      case SessionLocks::Acquire::kBusy:
+        return send_error(res, api_error(409, "session", "session '" + r.session +
+                                                             "' is in use by another request; send the next turn when "
+                                                             "that one has finished",
+                                         "session_busy"));
+      case SessionLocks::Acquire::kTimedOut:
+        return send_error(res, api_error(409, "session", "session '" + r.session +
+                                                             "' is still held by a request whose client went away; "
+                                                             "send the turn again in a moment",
+                                         "session_busy"));
+    }
     turn = std::make_shared<SessionTurn>();
     turn->locks = &sessions;
+    turn->holder = std::move(holder);
     turn->store = opts.store;
     turn->name = r.session;
     turn->chat = chat;
@@ -360,7 +416,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     metrics.rejected_busy++;
     return send_error(res, api_error(503, "", st.message(), "server_busy", "server_error"));
   }
-  if (turn) turn->job = job;
+  if (turn) {
+    turn->job = job;
+    turn->holder->set_job(job);
+  }
 
   auto reply = std::make_shared<Reply>();
   reply->chat = chat;
@@ -500,7 +559,8 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
       return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
     return send_json(res, 200, session_json(**got, true));
   }
-  if (!sessions.try_acquire(name))
+  // As a request does: a request holding it whose client has gone is waited for (bounded).
+  if (sessions.acquire(name, nullptr) != SessionLocks::Acquire::kAcquired)
     return send_error(res, api_error(409, "session", "session '" + name + "' is in use by a running request",
                                      "session_busy"));
   Status st;

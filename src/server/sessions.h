@@ -10,10 +10,9 @@
 // as anvil run --resume does (tokenizer/cut_turn.h). A completion session (anvil generate's, or one started
 // with /v1/completions) has no messages: the prompt is appended to its tokens.
 //
-// One request at a time per session: SessionLocks hands a name to one request; a second gets 409.
+// One request at a time per session: SessionLocks (session_locks.h) hands a name to one request; a
+// second gets 409, unless the one holding it is on its way out (its client gone): it then waits.
 #pragma once
-#include <mutex>
-#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -23,26 +22,6 @@
 #include "server/api_request.h"
 
 namespace anvil::server {
-
-class SessionLocks {
- public:
-  bool try_acquire(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return busy_.insert(name).second;
-  }
-  void release(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
-    busy_.erase(name);
-  }
-  bool busy(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return busy_.count(name) > 0;
-  }
-
- private:
-  std::mutex mu_;
-  std::set<std::string> busy_;
-};
 
 // An ApiError (400, param "session") when stored session `s` is not of the kind the endpoint
 // continues (session_kind.h: a conversation for chat, a completion document for completions),

@@ -932,3 +932,101 @@ TEST(ServeStore, AConversationCutInAnvilRunIsTakenUpAsAnvilRunDoes) {
   fs::remove_all(dir);
   fs::remove_all(copy);
 }
+
+namespace {
+// Sends `body` to `path` on `c` as one HTTP/1.1 request.
+bool send_post(RawConnection& c, const std::string& path, const json& body) {
+  const std::string b = body.dump();
+  return c.send_all("POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                    std::to_string(b.size()) + "\r\n\r\n" + b);
+}
+// How many times `needle` occurs in `s`.
+size_t count_of(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// A chat UI's stop button: the client closes its stream in the middle of the reply and sends the
+// next message at once, naming the same session. The stopped request held the session until the
+// server noticed the disconnect and its turn ended (~70 ms), so the next message got 409
+// session_busy. Now a request whose session is held by a request whose client has gone waits for
+// that one to let go (bounded), and is served exactly as if the stop had finished first: the same
+// prompt and reply, the same conversation, as the same turns sent once the stopped one had ended.
+// A request left by its non-streaming client alike. Two live requests on one session still get
+// 409 at once for the second, and so does a DELETE.
+TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
+  const std::string dir = store_dir("stopped");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    // Turn 1, then a long turn 2 stopped by its client, then turn 3 at once (or, for the reference,
+    // once the session is free again: what a client had to do).
+    auto stop_then_next = [&](const std::string& session, bool stream, bool wait_first, int* status) {
+      auto t1 = a.post("/v1/chat/completions", chat("Hello, who are you?", session), &st);
+      EXPECT_EQ(st, 200) << t1;
+      {
+        RawConnection c(a.p->port());
+        json b = chat("Tell me a very long story.", session, 400);
+        b["ignore_eos"] = true;
+        b["stream"] = stream;
+        EXPECT_TRUE(send_post(c, "/v1/chat/completions", b));
+        if (stream) {
+          // A few chunks of the reply: it is well under way (400 tokens take seconds here).
+          std::string got;
+          for (int i = 0; i < 600 && count_of(got, "data: ") < 4; ++i) got = c.read_until("\x01", 0.05);  // (never sent)
+          EXPECT_GE(count_of(got, "data: "), 4u) << got;
+          EXPECT_EQ(got.find("[DONE]"), std::string::npos) << "the reply ended before the stop";
+        } else {
+          for (int i = 0; i < 250 && a.metric("anvil_requests_running") < 1; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          EXPECT_EQ(a.metric("anvil_requests_running"), 1);
+        }
+      }  // closed: the stop
+      json t3;
+      for (int i = 0; i < 100; ++i) {
+        t3 = a.post("/v1/chat/completions", chat("Why?", session, 8), status);
+        if (!wait_first || *status != 409) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      return t3;
+    };
+    for (bool stream : {true, false}) {
+      const std::string what = stream ? "stream" : "non-streaming";
+      const std::string ref = stream ? "ref_s" : "ref_n", now = stream ? "now_s" : "now_n";
+      int ref_st = 0, now_st = 0;
+      const json want = stop_then_next(ref, stream, /*wait_first=*/true, &ref_st);
+      ASSERT_EQ(ref_st, 200) << what << ": " << want;
+      const json got = stop_then_next(now, stream, /*wait_first=*/false, &now_st);
+      ASSERT_EQ(now_st, 200) << what << ": the next turn right after the stop was refused: " << got;
+      EXPECT_EQ(got["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]) << what;
+      EXPECT_EQ(got["choices"][0]["message"], want["choices"][0]["message"]) << what;
+      const json ref_conv = a.get("/v1/sessions/" + ref, &st), now_conv = a.get("/v1/sessions/" + now, &st);
+      ASSERT_EQ(st, 200);
+      EXPECT_EQ(now_conv["messages"], ref_conv["messages"]) << what;
+      EXPECT_EQ(now_conv["messages"].size(), 4u) << what << ": the stopped turn leaves the conversation as it was";
+    }
+    // Two live requests on one session: the second gets 409 at once (it does not wait for the first).
+    {
+      RawConnection c(a.p->port());
+      json b = chat("Tell me a very long story.", "live", 400);
+      b["ignore_eos"] = true;
+      b["stream"] = true;
+      ASSERT_TRUE(send_post(c, "/v1/chat/completions", b));
+      ASSERT_NE(c.read_until("data: ", 30).find("data: "), std::string::npos);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto e = a.post("/v1/chat/completions", chat("me too", "live", 1), &st);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_EQ(st, 409) << e;
+      EXPECT_EQ(e["error"]["code"], "session_busy") << e;
+      EXPECT_LT(waited, 1.0) << "a request on a session a live request holds waited for it";
+      EXPECT_EQ(a.del("/v1/sessions/live"), 409);
+      EXPECT_EQ(c.read_until("[DONE]", 0.2).find("[DONE]"), std::string::npos) << "the live stream was ended";
+    }
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
