@@ -21,7 +21,6 @@
 #include "server/openai_reply.h"
 #include "server/session_locks.h"
 #include "server/sessions.h"
-#include "tokenizer/cut_turn.h"
 #include "tokenizer/reasoning.h"
 
 namespace anvil::server {
@@ -163,6 +162,7 @@ struct HttpServer::Impl {
   // `e` as a client may see it: the KV store's directory (a path of this host, in the store's own
   // messages) left out of its message; the server's log keeps the whole message.
   ApiError for_client(ApiError e) const;
+  ChatModel chat_model() const { return ChatModel{cfg, tok, opts.eos_ids}; }
   ojson model_json() const {
     return ojson{{"id", opts.defaults.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "anvil"},
                  {"max_model_len", opts.defaults.max_context}};
@@ -322,11 +322,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     if (chat) {
       ojson stored = ojson::array();
       if (sinfo) {
-        if (auto e = session_messages(*sinfo, &stored)) return send_error(res, *e);
         // A turn anvil run began and never finished (killed mid-answer: its conversation ends with
         // the question) is taken up as anvil run --resume takes it up (cut_turn.h): what was
         // answered is the assistant's message, an unanswered question is dropped.
-        (void)take_up_cut_turn(cfg, tok, &stored, sinfo->tokens, opts.eos_ids, r.enable_thinking);
+        if (auto e = session_messages(*sinfo, chat_model(), r.enable_thinking, &stored)) return send_error(res, *e);
       }
       turn->keep_meta = sinfo ? sinfo->meta : chat_session_meta(stored);
       for (const ojson& m : r.messages) stored.push_back(m);
@@ -538,7 +537,7 @@ void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Respons
   sched->call([&] { all = opts.store->list_sessions(); });
   ojson data = ojson::array();
   for (const SessionInfo& s : all)
-    if (s.fingerprint == opts.store->fingerprint()) data.push_back(session_json(s, false));  // this model's only
+    if (s.fingerprint == opts.store->fingerprint()) data.push_back(session_json(s, false, chat_model()));  // this model's only
   send_json(res, 200, {{"object", "list"}, {"data", data}});
 }
 
@@ -557,7 +556,7 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
       return send_error(res, for_client(api_error(500, "session", got.status().message(), "", "server_error")));
     if (!*got || (*got)->fingerprint != opts.store->fingerprint())
       return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
-    return send_json(res, 200, session_json(**got, true));
+    return send_json(res, 200, session_json(**got, true, chat_model()));
   }
   // As a request does: a request holding it whose client has gone is waited for (bounded).
   if (sessions.acquire(name, nullptr) != SessionLocks::Acquire::kAcquired)

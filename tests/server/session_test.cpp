@@ -1030,3 +1030,102 @@ TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
   }
   fs::remove_all(dir);
 }
+
+namespace {
+// Rewrites session `name`'s token ids and meta (its checksum recomputed: a row as anvil would have
+// written it).
+void set_row(const std::string& dir, const std::string& name, const std::vector<int32_t>& toks, const std::string& meta) {
+  anvil::SqliteDb db;
+  ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  anvil::SqliteStmt u;
+  ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET tokens = ?, meta = ?, sum = ? WHERE name = ?").is_ok());
+  u.bind_blob(1, toks.data(), toks.size() * 4);
+  u.bind(2, meta);
+  u.bind(3, int64_t(anvil::session_sum(toks.data(), toks.size(), meta)));
+  u.bind(4, name);
+  ASSERT_TRUE(u.run().is_ok());
+}
+}  // namespace
+
+// GET /v1/sessions/NAME of a conversation whose turn anvil run was killed in shows what a request
+// naming it continues (as anvil run --resume takes it up, cut_turn.h): the answer so far as the
+// assistant's message, an unanswered question dropped. It showed the stored conversation as it was
+// (ending with the question), which no continuation uses. The list counts the same messages, and
+// the next turn's conversation begins with exactly what GET showed.
+TEST(ServeStore, ASessionCutInAnvilRunIsShownAsItIsContinued) {
+  const std::string dir = store_dir("cut_shown");
+  fs::remove_all(dir);
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run", "--device", "cpu", "--synthetic", "tiny", "--kv-store", dir,
+                                     "-n", "8", "--temp", "0", "-c", "512", "--session", "s"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return anvil_cli(args);
+  };
+  {
+    auto [code, out] = run({"-p", "Hello there"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  {
+    auto [code, out] = run({"--resume", "-p", "And then?"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  // The state a kill -9 after the answer's last flush leaves: the conversation as the turn began.
+  json meta;
+  std::vector<int32_t> tokens;
+  {
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    auto st = anvil::KVStore::open(o);
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    auto s = (*st)->get_session("s");
+    ASSERT_TRUE(s.is_ok() && s->has_value());
+    meta = json::parse((*s)->meta);
+    tokens = (*s)->tokens;
+  }
+  ASSERT_EQ(meta["messages"].size(), 4u) << meta;
+  const json answered = meta["messages"];
+  meta["messages"].erase(3);
+  set_meta(dir, "s", meta.dump());
+  json shown, q = json::array();
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    shown = a.get("/v1/sessions/s", &st);
+    ASSERT_EQ(st, 200) << shown;
+    EXPECT_EQ(shown["messages"], answered) << "the cut answer, as anvil run --resume takes it up";
+    EXPECT_EQ(find_session(a.get("/v1/sessions", &st), "s")["messages"], answered.size());
+    EXPECT_EQ(shown["tokens"], tokens.size()) << "the session's tokens are shown as they are";
+    auto t = a.post("/v1/chat/completions", chat("Why?", "s", 8), &st);
+    ASSERT_EQ(st, 200) << t;
+    const json after = a.get("/v1/sessions/s", &st)["messages"];
+    ASSERT_EQ(after.size(), shown["messages"].size() + 2) << after;
+    for (size_t i = 0; i < shown["messages"].size(); ++i) EXPECT_EQ(after[i], shown["messages"][i]) << i;
+    // A question the killed run never began to answer (its prompt recorded, no token after it).
+    for (const json& m : after) q.push_back(m);
+    q.push_back({{"role", "user"}, {"content", "Really?"}});
+    auto ids = a.post("/tokenize", {{"messages", q}}, &st);
+    ASSERT_EQ(st, 200) << ids;
+    tokens = ids["tokens"].get<std::vector<int32_t>>();
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  set_row(dir, "s", tokens, json{{"messages", q}, {"document", json::array()}}.dump());
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    shown = a.get("/v1/sessions/s", &st);
+    ASSERT_EQ(st, 200) << shown;
+    EXPECT_EQ(shown["messages"].size(), q.size() - 1) << "the unanswered question is dropped: " << shown;
+    EXPECT_EQ(shown["messages"].back(), q[q.size() - 2]) << shown;
+    EXPECT_EQ(find_session(a.get("/v1/sessions", &st), "s")["messages"], q.size() - 1);
+    auto t = a.post("/v1/chat/completions", chat("Go on.", "s", 8), &st);
+    ASSERT_EQ(st, 200) << t;
+    const json after = a.get("/v1/sessions/s", &st)["messages"];
+    ASSERT_EQ(after.size(), shown["messages"].size() + 2) << after;
+    for (size_t i = 0; i < shown["messages"].size(); ++i) EXPECT_EQ(after[i], shown["messages"][i]) << i;
+    EXPECT_EQ(after[after.size() - 2]["content"], "Go on.");
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
