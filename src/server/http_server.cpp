@@ -321,13 +321,18 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     if (sinfo && !sinfo->damaged.empty()) return send_error(res, session_damaged_error(*sinfo));
     if (chat) {
       ojson stored = ojson::array();
+      bool taken_up = false;
       if (sinfo) {
         // A turn anvil run began and never finished (killed mid-answer: its conversation ends with
         // the question) is taken up as anvil run --resume takes it up (cut_turn.h): what was
         // answered is the assistant's message, an unanswered question is dropped.
-        if (auto e = session_messages(*sinfo, chat_model(), r.enable_thinking, &stored)) return send_error(res, *e);
+        if (auto e = session_messages(*sinfo, chat_model(), r.enable_thinking, &stored, &taken_up))
+          return send_error(res, *e);
       }
-      turn->keep_meta = sinfo ? sinfo->meta : chat_session_meta(stored);
+      // What a turn that fails records: the conversation as this turn continued it. A taken-up turn
+      // stays taken up: the stored conversation, ending with the question, would read the failed
+      // turn's tokens (recorded: tokens are the truth) as the cut answer's next time.
+      turn->keep_meta = sinfo && !taken_up ? sinfo->meta : chat_session_meta(stored);
       for (const ojson& m : r.messages) stored.push_back(m);
       r.messages = stored;
       turn->messages = std::move(stored);

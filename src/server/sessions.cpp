@@ -49,13 +49,14 @@ std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat) {
 }
 
 std::optional<ApiError> session_messages(const SessionInfo& s, const ChatModel& model, std::optional<bool> thinking,
-                                         ojson* messages) {
+                                         ojson* messages, bool* taken_up) {
   if (auto e = session_kind_error(s, /*chat=*/true)) return e;
   *messages = parse_meta(s)["messages"];
   // A turn anvil run was killed in (its conversation ends with the question, its tokens run on past
   // its prompt): nothing to do for any other conversation (cut_answer looks no further than its
   // last message's role).
-  (void)take_up_cut_turn(model.cfg, model.tok, messages, s.tokens, model.eos_ids, thinking);
+  const bool took = take_up_cut_turn(model.cfg, model.tok, messages, s.tokens, model.eos_ids, thinking);
+  if (taken_up) *taken_up = took;
   return std::nullopt;
 }
 

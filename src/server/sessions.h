@@ -44,9 +44,10 @@ std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat);
 // run began and never finished taken up as anvil run --resume takes it up (take_up_cut_turn: what
 // was answered is the assistant's message, an unanswered question is dropped), rendered with the
 // request's thinking flag (`thinking`) tried first; or session_kind_error's when it holds none. A
-// session that does not exist yet has none.
+// session that does not exist yet has none. `taken_up`, when given: whether a cut turn was taken up
+// (the messages then differ from the stored ones).
 std::optional<ApiError> session_messages(const SessionInfo& s, const ChatModel& model, std::optional<bool> thinking,
-                                         nlohmann::ordered_json* messages);
+                                         nlohmann::ordered_json* messages, bool* taken_up = nullptr);
 // A request naming a session whose own record is damaged (KVStore::find_session: its token ids or
 // conversation fail their checksum): 409 `session_damaged`, naming what is damaged and the remedy.
 // The session is kept as it is (never continued, overwritten or dropped by a request); DELETE removes

@@ -1096,6 +1096,24 @@ TEST(ServeStore, ASessionCutInAnvilRunIsShownAsItIsContinued) {
     EXPECT_EQ(shown["messages"], answered) << "the cut answer, as anvil run --resume takes it up";
     EXPECT_EQ(find_session(a.get("/v1/sessions", &st), "s")["messages"], answered.size());
     EXPECT_EQ(shown["tokens"], tokens.size()) << "the session's tokens are shown as they are";
+    // A turn that fails (its client goes away) leaves the conversation as it is continued: the
+    // turn it took up stays taken up. (It recorded the conversation as stored, ending with the
+    // question, after tokens that now ran on through the failed turn: the next turn took all of
+    // them, the failed turn's question and partial reply too, for the cut answer.)
+    {
+      RawConnection c(a.p->port());
+      json b = chat("Tell me a very long story.", "s", 400);
+      b["ignore_eos"] = true;
+      ASSERT_TRUE(send_post(c, "/v1/chat/completions", b));
+      for (int i = 0; i < 250 && a.metric("anvil_requests_running") < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_EQ(a.metric("anvil_requests_running"), 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a few tokens of its reply
+    }
+    const json failed = a.get("/v1/sessions/s", &st);
+    ASSERT_EQ(st, 200) << failed;
+    EXPECT_EQ(failed["messages"], shown["messages"]) << "a failed turn changed the conversation";
+    EXPECT_GT(failed["tokens"].get<int>(), shown["tokens"].get<int>()) << "the failed turn's tokens are kept";
     auto t = a.post("/v1/chat/completions", chat("Why?", "s", 8), &st);
     ASSERT_EQ(st, 200) << t;
     const json after = a.get("/v1/sessions/s", &st)["messages"];
