@@ -1110,10 +1110,11 @@ TEST(ServeStore, ASessionCutInAnvilRunIsShownAsItIsContinued) {
       EXPECT_EQ(a.metric("anvil_requests_running"), 1);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a few tokens of its reply
     }
+    // (Whenever it is read: while the stopped turn still ends, or after.)
     const json failed = a.get("/v1/sessions/s", &st);
     ASSERT_EQ(st, 200) << failed;
     EXPECT_EQ(failed["messages"], shown["messages"]) << "a failed turn changed the conversation";
-    EXPECT_GT(failed["tokens"].get<int>(), shown["tokens"].get<int>()) << "the failed turn's tokens are kept";
+    // The next turn waits for the stopped one to let go of the session, and goes on from `shown`.
     auto t = a.post("/v1/chat/completions", chat("Why?", "s", 8), &st);
     ASSERT_EQ(st, 200) << t;
     const json after = a.get("/v1/sessions/s", &st)["messages"];
