@@ -319,21 +319,43 @@ bool KVStore::page_offer(const Hash128& key, const Hash128& parent, int first_po
 
 void KVStore::pages_failed(const std::vector<FailedPage>& pages) {
   if (pages.empty()) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  for (const FailedPage& p : pages)
-    if (failed_.size() < failed_cap_) failed_.push_back(p);  // beyond: a future miss, as before
-  failed_n_ = failed_.size();
-  if (failed_retry_ms_ == 0) failed_retry_ms_ = std::max(opts_.retry_ms, 0);
-  failed_ready_at_ = Clock::now() + std::chrono::milliseconds(failed_retry_ms_);
-  failed_recovered_ = false;
-  counters_.pages_failed += int64_t(pages.size());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const FailedPage& p : pages)
+      if (failed_.size() < failed_cap_) failed_.push_back(p);  // beyond: a future miss, as before
+    failed_n_ = failed_.size();
+    if (failed_retry_ms_ == 0) failed_retry_ms_ = std::max(opts_.retry_ms, 0);
+    failed_ready_at_ = Clock::now() + std::chrono::milliseconds(failed_retry_ms_);
+    failed_recovered_ = false;
+    counters_.pages_failed += int64_t(pages.size());
+  }
+  notify_failed_listener();
 }
 
 void KVStore::writer_recovered() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failed_recovered_ = true;
+    failed_retry_ms_ = std::max(opts_.retry_ms, 0);
+    failed_ready_at_ = Clock::now();
+  }
+  if (failed_n_ > 0) notify_failed_listener();  // they are due now
+}
+
+std::optional<Clock::time_point> KVStore::failed_ready_at() {
   std::lock_guard<std::mutex> lk(mu_);
-  failed_recovered_ = true;
-  failed_retry_ms_ = std::max(opts_.retry_ms, 0);
-  failed_ready_at_ = Clock::now();
+  if (failed_.empty()) return std::nullopt;
+  return failed_ready_at_;
+}
+
+void KVStore::set_failed_listener(std::function<void()> f) {
+  std::lock_guard<std::mutex> lk(failed_listener_mu_);
+  failed_listener_ = std::move(f);
+}
+
+void KVStore::notify_failed_listener() {
+  std::lock_guard<std::mutex> lk(failed_listener_mu_);
+  if (failed_listener_) failed_listener_();
 }
 
 void KVStore::take_failed(bool all, const std::function<void(int32_t, const Hash128&, int)>& f) {

@@ -100,7 +100,21 @@
 //     (Engine::persist_dropped). Nothing is counted durable before its own commit succeeds (a
 //     session's durable position counts catalog rows only, invariant 8), and the list is bounded
 //     by the pool's pages. A page evicted from the prefix index meanwhile is forgotten (a future
-//     miss, recomputed and then stored), as a dropped one is.
+//     miss, recomputed and then stored), as a dropped one is. An owner that runs no step for a
+//     while (an idle server) waits for failed_ready_at, woken by set_failed_listener's call when
+//     pages fail or the store recovers, and offers them then, without a request.
+//     Not retried, by design: (a) a session tail whose append failed. A tail is a partial page the
+//     recording's sequence still writes: a later tail note of the recording (every flush interval)
+//     supersedes it, and the final one (session_close) is of a sequence released right after,
+//     whose partial page is in no prefix index, so its KV is gone from the pool and nothing is
+//     left to write again; the session's token ids (the truth) are in its row (or session_finish
+//     reports that the row did not commit), its durable position stops at its last stored page,
+//     and a resume recomputes the tail's < page-size tokens. (b) A page whose copy off the device
+//     failed (copy_failed): on the CPU the copy is a memcpy that cannot fail; CUDA's copier
+//     (cuda_page_copy.cpp) keeps the first error of its device->host stream and returns it for
+//     every later copy, so a retry could never succeed in this process (nor could any other page's
+//     write: the store stops storing, said once on stderr, counted in write_errors). The page
+//     stays a miss, recomputed and stored by the next process.
 //
 // A page's life (the function behind each transition):
 //
@@ -230,6 +244,14 @@ class KVStore : public PageStore {
                    KVPool& pool, int32_t* page) override;
   std::vector<std::vector<int32_t>> recent_prefixes(size_t max_pages) override;
   void take_failed(bool all, const std::function<void(int32_t, const Hash128&, int)>& f) override;
+  // When full pages wait in the failed list (invariant 11): the time take_failed(false) hands them
+  // over (it may have passed); nullopt when none wait. Any thread.
+  std::optional<std::chrono::steady_clock::time_point> failed_ready_at();
+  // Called by the writer thread, holding none of the store's locks, each time pages join the failed
+  // list or the store recovers while some wait: so that an owner with nothing else to do (an idle
+  // server) can wait for failed_ready_at and offer them again without a step. Keep it short; it must
+  // not call into the store's writer-side (flush, session_finish). nullptr: none.
+  void set_failed_listener(std::function<void()> f);
   void reap(KVPool& pool, bool wait) override;
   bool reap_for(KVPool& pool, std::chrono::milliseconds max_wait) override;
 
@@ -411,6 +433,9 @@ class KVStore : public PageStore {
   // Writer: `pages` were lost (not stored); the store recovered (a commit stored a page).
   void pages_failed(const std::vector<FailedPage>& pages);
   void writer_recovered();
+  std::mutex failed_listener_mu_;  // held while the listener runs, so that clearing it waits for that
+  std::function<void()> failed_listener_;
+  void notify_failed_listener();
 
   // Sessions being recorded (invariant 9), by recording id (the descriptor's `session`). The
   // decode thread finds a sequence's recording by a scan: there are at most a few dozen.

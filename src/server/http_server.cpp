@@ -19,8 +19,8 @@
 #include "server/connection_probe.h"
 #include "server/http_threads.h"
 #include "server/openai_reply.h"
+#include "server/session_locks.h"
 #include "server/sessions.h"
-#include "tokenizer/cut_turn.h"
 #include "tokenizer/reasoning.h"
 
 namespace anvil::server {
@@ -163,6 +163,7 @@ struct HttpServer::Impl {
   // `e` as a client may see it: the KV store's directory (a path of this host, in the store's own
   // messages) left out of its message; the server's log keeps the whole message.
   ApiError for_client(ApiError e) const;
+  ChatModel chat_model() const { return ChatModel{cfg, tok, opts.eos_ids}; }
   ojson model_json() const {
     return ojson{{"id", opts.defaults.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "anvil"},
                  {"max_model_len", opts.defaults.max_context}};
@@ -171,6 +172,48 @@ struct HttpServer::Impl {
 
 
 namespace {
+// A request's hold on its session as the requests that find it held see it (SessionLocks::Holder):
+// leaving once its client has gone away (its connection's peer closed; its job is then cancelled
+// here, so that the scheduler drops it at its next step instead of when the stream's next write
+// fails), its job was cancelled, or its turn is ending. Only a connection seen closed counts: one
+// that cannot be found is taken as live (never a live client's turn cancelled by mistake).
+class RequestHolder : public SessionLocks::Holder {
+ public:
+  explicit RequestHolder(const httplib::Request& req)
+      : remote_addr_(req.remote_addr), remote_port_(req.remote_port), local_port_(req.local_port) {}
+
+  bool leaving() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (leaving_ || (job_ && job_->cancelled())) return leaving_ = true;
+    // The socket is still this request's: it holds the session, and lets go of it before its handler
+    // returns and the HTTP library closes the connection (SessionLocks calls this under its mutex,
+    // which that release takes).
+    const int fd = connection_socket(remote_addr_, remote_port_, local_port_);
+    if (fd < 0 || !peer_closed(fd)) return false;
+    leaving_ = true;
+    if (job_) job_->cancel();
+    return true;
+  }
+  // The request's job, once submitted (cancelled at once when its client was seen gone before).
+  void set_job(std::shared_ptr<Job> job) {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = std::move(job);
+    if (leaving_) job_->cancel();
+  }
+  // The turn is ending (SessionTurn::end): it lets go once its recording is committed.
+  void ending() {
+    std::lock_guard<std::mutex> lk(mu_);
+    leaving_ = true;
+  }
+
+ private:
+  const std::string remote_addr_;
+  const int remote_port_, local_port_;
+  std::mutex mu_;
+  bool leaving_ = false;
+  std::shared_ptr<Job> job_;
+};
+
 // One request's hold on a session (sessions.h): the name's lock in this server and its claim in the
 // store (KVStore::claim_session: no other process changes it meanwhile), both from validation,
 // before the session is read, to the end of the turn; and the end of its recording
@@ -179,6 +222,7 @@ namespace {
 // whatever was generated: tokens are the truth).
 struct SessionTurn {
   SessionLocks* locks = nullptr;
+  std::shared_ptr<RequestHolder> holder;  // what a request that finds the session held asks
   KVStore* store = nullptr;
   std::string name;
   bool chat = false;
@@ -192,6 +236,7 @@ struct SessionTurn {
   void end(const Reply* reply) {
     if (ended) return;
     ended = true;
+    holder->ending();  // a next turn that comes meanwhile waits for the release below
     if (job) {
       if (!job->wait_ended(std::chrono::milliseconds(0))) job->cancel();
       while (!job->wait_ended(std::chrono::seconds(1))) {
@@ -227,13 +272,24 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       return send_error(res, api_error(400, "session",
                                        "'session' needs the durable KV store, and this server runs without one "
                                        "(--no-kv-store, or a device the store does not support yet)"));
-    if (!sessions.try_acquire(r.session))
-      return send_error(res, api_error(409, "session", "session '" + r.session +
-                                                           "' is in use by another request; send the next turn when "
-                                                           "that one has finished",
-                                       "session_busy"));
+    // A request holding the session whose client has gone (a stopped stream) is waited for, bounded.
+    auto holder = std::make_shared<RequestHolder>(req);
+    switch (sessions.acquire(r.session, holder)) {
+      case SessionLocks::Acquire::kAcquired: break;
+      case SessionLocks::Acquire::kBusy:
+        return send_error(res, api_error(409, "session", "session '" + r.session +
+                                                             "' is in use by another request; send the next turn when "
+                                                             "that one has finished",
+                                         "session_busy"));
+      case SessionLocks::Acquire::kTimedOut:
+        return send_error(res, api_error(409, "session", "session '" + r.session +
+                                                             "' is still held by a request whose client went away; "
+                                                             "send the turn again in a moment",
+                                         "session_busy"));
+    }
     turn = std::make_shared<SessionTurn>();
     turn->locks = &sessions;
+    turn->holder = std::move(holder);
     turn->store = opts.store;
     turn->name = r.session;
     turn->chat = chat;
@@ -266,14 +322,18 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     if (sinfo && !sinfo->damaged.empty()) return send_error(res, session_damaged_error(*sinfo));
     if (chat) {
       ojson stored = ojson::array();
+      bool taken_up = false;
       if (sinfo) {
-        if (auto e = session_messages(*sinfo, &stored)) return send_error(res, *e);
         // A turn anvil run began and never finished (killed mid-answer: its conversation ends with
         // the question) is taken up as anvil run --resume takes it up (cut_turn.h): what was
         // answered is the assistant's message, an unanswered question is dropped.
-        (void)take_up_cut_turn(cfg, tok, &stored, sinfo->tokens, opts.eos_ids, r.enable_thinking);
+        if (auto e = session_messages(*sinfo, chat_model(), r.enable_thinking, &stored, &taken_up))
+          return send_error(res, *e);
       }
-      turn->keep_meta = sinfo ? sinfo->meta : chat_session_meta(stored);
+      // What a turn that fails records: the conversation as this turn continued it. A taken-up turn
+      // stays taken up: the stored conversation, ending with the question, would read the failed
+      // turn's tokens (recorded: tokens are the truth) as the cut answer's next time.
+      turn->keep_meta = sinfo && !taken_up ? sinfo->meta : chat_session_meta(stored);
       for (const ojson& m : r.messages) stored.push_back(m);
       r.messages = stored;
       turn->messages = std::move(stored);
@@ -361,7 +421,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     metrics.rejected_busy++;
     return send_error(res, api_error(503, "", st.message(), "server_busy", "server_error"));
   }
-  if (turn) turn->job = job;
+  if (turn) {
+    turn->job = job;
+    turn->holder->set_job(job);
+  }
 
   auto reply = std::make_shared<Reply>();
   reply->chat = chat;
@@ -480,7 +543,7 @@ void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Respons
   sched->call([&] { all = opts.store->list_sessions(); });
   ojson data = ojson::array();
   for (const SessionInfo& s : all)
-    if (s.fingerprint == opts.store->fingerprint()) data.push_back(session_json(s, false));  // this model's only
+    if (s.fingerprint == opts.store->fingerprint()) data.push_back(session_json(s, false, chat_model()));  // this model's only
   send_json(res, 200, {{"object", "list"}, {"data", data}});
 }
 
@@ -499,9 +562,10 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
       return send_error(res, for_client(api_error(500, "session", got.status().message(), "", "server_error")));
     if (!*got || (*got)->fingerprint != opts.store->fingerprint())
       return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
-    return send_json(res, 200, session_json(**got, true));
+    return send_json(res, 200, session_json(**got, true, chat_model()));
   }
-  if (!sessions.try_acquire(name))
+  // As a request does: a request holding it whose client has gone is waited for (bounded).
+  if (sessions.acquire(name, nullptr) != SessionLocks::Acquire::kAcquired)
     return send_error(res, api_error(409, "session", "session '" + name + "' is in use by a running request",
                                      "session_busy"));
   Status st;

@@ -72,6 +72,13 @@ void Scheduler::start() {
   // the Notifier (for measuring the host's part of a step against it).
   const char* n = std::getenv("ANVIL_SERVE_NOTIFIER");
   if (!(n && *n == '0')) notifier_ = std::make_unique<Notifier>();
+  // Pages the store failed to write wake an idle loop for their retry (wait_for_work). The mutex
+  // orders the wake-up after the loop's look at the store: taken, then notified.
+  if (opts_.store)
+    opts_.store->set_failed_listener([this] {
+      { std::lock_guard<std::mutex> lk(mu_); }
+      cv_.notify_all();
+    });
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -110,6 +117,7 @@ void Scheduler::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (opts_.store) opts_.store->set_failed_listener(nullptr);  // (waits for a call in progress)
   notifier_.reset();  // wakes whatever the loop posted last; from here on emit() wakes at once
   // Whatever is left (the thread ended or never ran) ends now.
   std::deque<std::unique_ptr<Active>> left;
@@ -212,7 +220,7 @@ void Scheduler::loop() {
     std::vector<std::unique_ptr<Active>> incoming, gone;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !active_.empty() || !calls_.empty(); });
+      wait_for_work(lk);
       if (stop_) break;
       // A queued job whose client went away leaves the queue now, not when a sequence frees up:
       // its queue place and its session (claimed from validation, also against other processes)
@@ -282,6 +290,30 @@ void Scheduler::loop() {
     calls.swap(calls_);
   }
   for (auto& c : calls) c();
+}
+
+void Scheduler::wait_for_work(std::unique_lock<std::mutex>& lk) {
+  for (;;) {
+    if (stop_ || !queue_.empty() || !active_.empty() || !calls_.empty()) return;
+    // Idle, while full pages the store could not write (a full disk) wait for their retry
+    // (invariant 11 of kvstore.h): the loop wakes when it is due, and its idle pass offers them
+    // again (Engine::offer_dropped), so they become durable without a request. The store wakes it
+    // when pages fail or it recovers (set_failed_listener, under mu_: no wake-up is lost between
+    // this look and the wait); with nothing failed, this waits for work alone. A due time already
+    // woken for once and still listed (the engine did not take them: cannot happen while the engine
+    // holds this store) is not woken for again: never a busy loop.
+    std::optional<clock::time_point> due = opts_.store ? opts_.store->failed_ready_at() : std::nullopt;
+    if (due && retry_woken_for_ && *retry_woken_for_ == *due) due.reset();
+    if (!due) {
+      cv_.wait(lk);
+      continue;
+    }
+    if (clock::now() >= *due) {
+      retry_woken_for_ = due;
+      return;
+    }
+    cv_.wait_until(lk, *due);
+  }
 }
 
 void Scheduler::publish_counts() {

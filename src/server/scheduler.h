@@ -26,12 +26,18 @@
 //  6. Events are queued on their jobs as the step produces them, but the jobs' HTTP threads are
 //     woken by the Notifier's thread, handed the iteration's jobs once at its end (server/notifier.h):
 //     the wake-ups overlap the next forward pass instead of delaying it.
+//  7. Idle, the loop takes back the pages the store's writer has copied and offers it the pages it
+//     dropped; and while full pages the store could not write (a full disk) wait for their retry
+//     (kvstore.h, invariant 11), it wakes when the retry is due (KVStore::failed_ready_at; the
+//     store wakes it when pages fail or it recovers) and offers them again, so they become durable
+//     without a request. With nothing failed an idle loop waits for work alone.
 #pragma once
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -81,6 +87,9 @@ class Scheduler {
  private:
   struct Active;
   void loop();
+  // The loop's wait (lk holds mu_): until there is work (a job, a call, stop), or the store's failed
+  // pages are due for their retry while idle (invariant 7).
+  void wait_for_work(std::unique_lock<std::mutex>& lk);
   void admit(std::vector<std::unique_ptr<Active>>& incoming);
   // The page counts, then the running count (wait_idle() reads them in the other order).
   void publish_counts();
@@ -132,6 +141,7 @@ class Scheduler {
   bool device_sample_ = false;        // device_sampler_enabled() for this engine's backend  // sample_row over a step's rows (a row of a 152k vocabulary: ~1 ms)
   std::vector<std::unique_ptr<Active>> active_;
   int64_t admit_counter_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> retry_woken_for_;  // wait_for_work's last retry wake
   int64_t step_no_ = 0;
   std::vector<float> logits_;
   std::unique_ptr<Notifier> notifier_;  // from start() until stop() has joined the thread

@@ -1,5 +1,7 @@
 #include "server/sessions.h"
 
+#include "tokenizer/cut_turn.h"
+
 namespace anvil::server {
 
 using ojson = nlohmann::ordered_json;
@@ -46,9 +48,15 @@ std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat) {
   return e;
 }
 
-std::optional<ApiError> session_messages(const SessionInfo& s, ojson* messages) {
+std::optional<ApiError> session_messages(const SessionInfo& s, const ChatModel& model, std::optional<bool> thinking,
+                                         ojson* messages, bool* taken_up) {
   if (auto e = session_kind_error(s, /*chat=*/true)) return e;
   *messages = parse_meta(s)["messages"];
+  // A turn anvil run was killed in (its conversation ends with the question, its tokens run on past
+  // its prompt): nothing to do for any other conversation (cut_answer looks no further than its
+  // last message's role).
+  const bool took = take_up_cut_turn(model.cfg, model.tok, messages, s.tokens, model.eos_ids, thinking);
+  if (taken_up) *taken_up = took;
   return std::nullopt;
 }
 
@@ -57,7 +65,7 @@ std::string chat_session_meta(const ojson& messages) {
                                                                          nlohmann::json::error_handler_t::replace);
 }
 
-ojson session_json(const SessionInfo& s, bool detail) {
+ojson session_json(const SessionInfo& s, bool detail, const ChatModel& model) {
   ojson j = ojson::object();
   j["id"] = s.name;
   j["object"] = "session";
@@ -75,8 +83,9 @@ ojson session_json(const SessionInfo& s, bool detail) {
   j["durable_tokens"] = s.durable_pos;  // tokens whose KV is committed in the store
   j["updated"] = s.updated_us / 1000000;
   if (kind == SessionKind::kChat) {
-    ojson m = parse_meta(s);
-    j["messages"] = detail ? m["messages"] : ojson(m["messages"].size());
+    ojson m;
+    (void)session_messages(s, model, std::nullopt, &m);  // (a conversation: no error)
+    j["messages"] = detail ? m : ojson(m.size());
   }
   return j;
 }

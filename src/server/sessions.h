@@ -10,10 +10,12 @@
 // as anvil run --resume does (tokenizer/cut_turn.h). A completion session (anvil generate's, or one started
 // with /v1/completions) has no messages: the prompt is appended to its tokens.
 //
-// One request at a time per session: SessionLocks hands a name to one request; a second gets 409.
+// One request at a time per session: SessionLocks (session_locks.h) hands a name to one request; a
+// second gets 409, unless the one holding it is on its way out (its client gone): it then waits.
 #pragma once
-#include <mutex>
-#include <set>
+#include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,36 +23,31 @@
 #include "kvstore/kvstore.h"
 #include "kvstore/session_kind.h"
 #include "server/api_request.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
 
 namespace anvil::server {
 
-class SessionLocks {
- public:
-  bool try_acquire(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return busy_.insert(name).second;
-  }
-  void release(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
-    busy_.erase(name);
-  }
-  bool busy(const std::string& name) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return busy_.count(name) > 0;
-  }
-
- private:
-  std::mutex mu_;
-  std::set<std::string> busy_;
+// What takes up a chat session's cut turn (cut_turn.h): the model's tokenizer, chat template and
+// end-of-sequence ids.
+struct ChatModel {
+  const TokenizerConfig& cfg;
+  const Tokenizer& tok;
+  std::span<const int32_t> eos_ids;
 };
 
 // An ApiError (400, param "session") when stored session `s` is not of the kind the endpoint
 // continues (session_kind.h: a conversation for chat, a completion document for completions),
 // naming what it holds and what continues it; nullopt when it is.
 std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat);
-// A stored session's conversation: its messages, or session_kind_error's when it holds none. A
-// session that does not exist yet has none.
-std::optional<ApiError> session_messages(const SessionInfo& s, nlohmann::ordered_json* messages);
+// A stored session's conversation as a request naming it continues it: its messages, a turn anvil
+// run began and never finished taken up as anvil run --resume takes it up (take_up_cut_turn: what
+// was answered is the assistant's message, an unanswered question is dropped), rendered with the
+// request's thinking flag (`thinking`) tried first; or session_kind_error's when it holds none. A
+// session that does not exist yet has none. `taken_up`, when given: whether a cut turn was taken up
+// (the messages then differ from the stored ones).
+std::optional<ApiError> session_messages(const SessionInfo& s, const ChatModel& model, std::optional<bool> thinking,
+                                         nlohmann::ordered_json* messages, bool* taken_up = nullptr);
 // A request naming a session whose own record is damaged (KVStore::find_session: its token ids or
 // conversation fail their checksum): 409 `session_damaged`, naming what is damaged and the remedy.
 // The session is kept as it is (never continued, overwritten or dropped by a request); DELETE removes
@@ -58,9 +55,10 @@ std::optional<ApiError> session_messages(const SessionInfo& s, nlohmann::ordered
 ApiError session_damaged_error(const SessionInfo& s);
 // The meta a chat session records: anvil run's format.
 std::string chat_session_meta(const nlohmann::ordered_json& messages);
-// GET /v1/sessions entry; with `detail`, the messages too. A damaged session (list_sessions) is
+// GET /v1/sessions entry; with `detail`, the messages too: those a request naming it continues
+// (session_messages), so that what is shown is what the next turn goes on from. A damaged session (list_sessions) is
 // {id, object, damaged: true, error, updated}; its error names the session and why, never a path of
 // the server's (the store's own message names its directory: the server's log may show that).
-nlohmann::ordered_json session_json(const SessionInfo& s, bool detail);
+nlohmann::ordered_json session_json(const SessionInfo& s, bool detail, const ChatModel& model);
 
 }  // namespace anvil::server

@@ -907,3 +907,59 @@ TEST(Scheduler, IdleServerWritesThePagesItsStoreDropped) {
   EXPECT_LE(r.max_diff, kRestoredLogitTol);
   fs::remove_all(dir);
 }
+
+// Pages whose write failed (no space left on the device) are retried by an idle server: it wakes
+// when the store's retry is due (retry_ms after the failure, doubled while writes keep failing)
+// and offers them again, without a request. It offered them only when a step ran (or at
+// shutdown), so on a server without traffic they stayed unwritten after the disk had room again,
+// and a kill -9 lost them. While the disk stays full the retries back off (no busy loop), and
+// once it has room the pages become durable: a restart restores the whole prompt.
+TEST(Scheduler, IdleServerRetriesThePagesWhoseWriteFailed) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("anvil_sched_retry_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  const auto prompt = random_ids(200, 407);  // 12 full pages
+  {
+    Stack s = make_stack(64, 4);
+    FaultEnv env;
+    std::unique_ptr<KVStore> store = attach_store(s, dir, &env, 0, /*retry_ms=*/50);
+    ASSERT_TRUE(store);
+    Metrics m;
+    auto opts = sched_opts();
+    opts.store = store.get();
+    {
+      Scheduler sch(*s.engine, *s.tok, m, opts);
+      sch.start();
+      env.set_space_left(0);  // a full disk
+      ::testing::internal::CaptureStderr();
+      auto job = std::make_shared<Job>(greedy(prompt, 4));
+      ASSERT_TRUE(sch.submit(job).is_ok());
+      Outcome o = collect(*job);
+      EXPECT_EQ(o.finish, "length") << o.error.message();
+      ASSERT_TRUE(sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(20)));
+      const uint64_t steps = m.steps.load();
+      // Idle, the disk still full: retried, but backing off (50, 100, 200, 400 ms ...: a handful of
+      // rounds of 12 pages in a second, not one per loop).
+      const auto full_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+      while (std::chrono::steady_clock::now() < full_until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const int64_t offered_while_full = store->counters().pages_reoffered.load();
+      EXPECT_GE(offered_while_full, 12) << "the idle server never retried the failed pages";
+      EXPECT_LE(offered_while_full, 12 * 8) << "retried without backing off";
+      EXPECT_EQ(store->counters().pages_written.load(), 0);
+      env.set_space_left(-1);  // room again; no request comes
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (store->counters().pages_written.load() < 12 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      (void)::testing::internal::GetCapturedStderr();
+      EXPECT_EQ(store->counters().pages_written.load(), 12) << "the idle server did not write the failed pages";
+      EXPECT_EQ(m.steps.load(), steps) << "a step ran: the retry was not the idle server's";
+      // Durable without a detach (what a kill -9 would leave): the store's own commits.
+      store->flush();
+    }
+    detach_store(s, *store);
+  }
+  const Restored r = restored_after_restart(dir, prompt);
+  EXPECT_EQ(r.from_store, 192) << "the failed pages never reached the store";
+  EXPECT_LE(r.max_diff, kRestoredLogitTol);
+  fs::remove_all(dir);
+}

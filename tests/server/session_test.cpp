@@ -932,3 +932,219 @@ TEST(ServeStore, AConversationCutInAnvilRunIsTakenUpAsAnvilRunDoes) {
   fs::remove_all(dir);
   fs::remove_all(copy);
 }
+
+namespace {
+// Sends `body` to `path` on `c` as one HTTP/1.1 request.
+bool send_post(RawConnection& c, const std::string& path, const json& body) {
+  const std::string b = body.dump();
+  return c.send_all("POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                    std::to_string(b.size()) + "\r\n\r\n" + b);
+}
+// How many times `needle` occurs in `s`.
+size_t count_of(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// A chat UI's stop button: the client closes its stream in the middle of the reply and sends the
+// next message at once, naming the same session. The stopped request held the session until the
+// server noticed the disconnect and its turn ended (~70 ms), so the next message got 409
+// session_busy. Now a request whose session is held by a request whose client has gone waits for
+// that one to let go (bounded), and is served exactly as if the stop had finished first: the same
+// prompt and reply, the same conversation, as the same turns sent once the stopped one had ended.
+// A request left by its non-streaming client alike. Two live requests on one session still get
+// 409 at once for the second, and so does a DELETE.
+TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
+  const std::string dir = store_dir("stopped");
+  fs::remove_all(dir);
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    // Turn 1, then a long turn 2 stopped by its client, then turn 3 at once (or, for the reference,
+    // once the session is free again: what a client had to do).
+    auto stop_then_next = [&](const std::string& session, bool stream, bool wait_first, int* status) {
+      auto t1 = a.post("/v1/chat/completions", chat("Hello, who are you?", session), &st);
+      EXPECT_EQ(st, 200) << t1;
+      {
+        RawConnection c(a.p->port());
+        json b = chat("Tell me a very long story.", session, 400);
+        b["ignore_eos"] = true;
+        b["stream"] = stream;
+        EXPECT_TRUE(send_post(c, "/v1/chat/completions", b));
+        if (stream) {
+          // A few chunks of the reply: it is well under way (400 tokens take seconds here).
+          std::string got;
+          for (int i = 0; i < 600 && count_of(got, "data: ") < 4; ++i) got = c.read_until("\x01", 0.05);  // (never sent)
+          EXPECT_GE(count_of(got, "data: "), 4u) << got;
+          EXPECT_EQ(got.find("[DONE]"), std::string::npos) << "the reply ended before the stop";
+        } else {
+          for (int i = 0; i < 250 && a.metric("anvil_requests_running") < 1; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          EXPECT_EQ(a.metric("anvil_requests_running"), 1);
+        }
+      }  // closed: the stop
+      json t3;
+      for (int i = 0; i < 100; ++i) {
+        t3 = a.post("/v1/chat/completions", chat("Why?", session, 8), status);
+        if (!wait_first || *status != 409) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      return t3;
+    };
+    for (bool stream : {true, false}) {
+      const std::string what = stream ? "stream" : "non-streaming";
+      const std::string ref = stream ? "ref_s" : "ref_n", now = stream ? "now_s" : "now_n";
+      int ref_st = 0, now_st = 0;
+      const json want = stop_then_next(ref, stream, /*wait_first=*/true, &ref_st);
+      ASSERT_EQ(ref_st, 200) << what << ": " << want;
+      const json got = stop_then_next(now, stream, /*wait_first=*/false, &now_st);
+      ASSERT_EQ(now_st, 200) << what << ": the next turn right after the stop was refused: " << got;
+      EXPECT_EQ(got["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]) << what;
+      EXPECT_EQ(got["choices"][0]["message"], want["choices"][0]["message"]) << what;
+      const json ref_conv = a.get("/v1/sessions/" + ref, &st), now_conv = a.get("/v1/sessions/" + now, &st);
+      ASSERT_EQ(st, 200);
+      EXPECT_EQ(now_conv["messages"], ref_conv["messages"]) << what;
+      EXPECT_EQ(now_conv["messages"].size(), 4u) << what << ": the stopped turn leaves the conversation as it was";
+    }
+    // Two live requests on one session: the second gets 409 at once (it does not wait for the first).
+    {
+      RawConnection c(a.p->port());
+      json b = chat("Tell me a very long story.", "live", 400);
+      b["ignore_eos"] = true;
+      b["stream"] = true;
+      ASSERT_TRUE(send_post(c, "/v1/chat/completions", b));
+      ASSERT_NE(c.read_until("data: ", 30).find("data: "), std::string::npos);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto e = a.post("/v1/chat/completions", chat("me too", "live", 1), &st);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_EQ(st, 409) << e;
+      EXPECT_EQ(e["error"]["code"], "session_busy") << e;
+      EXPECT_LT(waited, 1.0) << "a request on a session a live request holds waited for it";
+      EXPECT_EQ(a.del("/v1/sessions/live"), 409);
+      EXPECT_EQ(c.read_until("[DONE]", 0.2).find("[DONE]"), std::string::npos) << "the live stream was ended";
+    }
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
+namespace {
+// Rewrites session `name`'s token ids and meta (its checksum recomputed: a row as anvil would have
+// written it).
+void set_row(const std::string& dir, const std::string& name, const std::vector<int32_t>& toks, const std::string& meta) {
+  anvil::SqliteDb db;
+  ASSERT_TRUE(db.open(dir + "/catalog.db", 10000).is_ok());
+  anvil::SqliteStmt u;
+  ASSERT_TRUE(u.prepare(db, "UPDATE sessions SET tokens = ?, meta = ?, sum = ? WHERE name = ?").is_ok());
+  u.bind_blob(1, toks.data(), toks.size() * 4);
+  u.bind(2, meta);
+  u.bind(3, int64_t(anvil::session_sum(toks.data(), toks.size(), meta)));
+  u.bind(4, name);
+  ASSERT_TRUE(u.run().is_ok());
+}
+}  // namespace
+
+// GET /v1/sessions/NAME of a conversation whose turn anvil run was killed in shows what a request
+// naming it continues (as anvil run --resume takes it up, cut_turn.h): the answer so far as the
+// assistant's message, an unanswered question dropped. It showed the stored conversation as it was
+// (ending with the question), which no continuation uses. The list counts the same messages, and
+// the next turn's conversation begins with exactly what GET showed.
+TEST(ServeStore, ASessionCutInAnvilRunIsShownAsItIsContinued) {
+  const std::string dir = store_dir("cut_shown");
+  fs::remove_all(dir);
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run", "--device", "cpu", "--synthetic", "tiny", "--kv-store", dir,
+                                     "-n", "8", "--temp", "0", "-c", "512", "--session", "s"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return anvil_cli(args);
+  };
+  {
+    auto [code, out] = run({"-p", "Hello there"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  {
+    auto [code, out] = run({"--resume", "-p", "And then?"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  // The state a kill -9 after the answer's last flush leaves: the conversation as the turn began.
+  json meta;
+  std::vector<int32_t> tokens;
+  {
+    anvil::KVStoreOptions o;
+    o.dir = dir;
+    auto st = anvil::KVStore::open(o);
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    auto s = (*st)->get_session("s");
+    ASSERT_TRUE(s.is_ok() && s->has_value());
+    meta = json::parse((*s)->meta);
+    tokens = (*s)->tokens;
+  }
+  ASSERT_EQ(meta["messages"].size(), 4u) << meta;
+  const json answered = meta["messages"];
+  meta["messages"].erase(3);
+  set_meta(dir, "s", meta.dump());
+  json shown, q = json::array();
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    shown = a.get("/v1/sessions/s", &st);
+    ASSERT_EQ(st, 200) << shown;
+    EXPECT_EQ(shown["messages"], answered) << "the cut answer, as anvil run --resume takes it up";
+    EXPECT_EQ(find_session(a.get("/v1/sessions", &st), "s")["messages"], answered.size());
+    EXPECT_EQ(shown["tokens"], tokens.size()) << "the session's tokens are shown as they are";
+    // A turn that fails (its client goes away) leaves the conversation as it is continued: the
+    // turn it took up stays taken up. (It recorded the conversation as stored, ending with the
+    // question, after tokens that now ran on through the failed turn: the next turn took all of
+    // them, the failed turn's question and partial reply too, for the cut answer.)
+    {
+      RawConnection c(a.p->port());
+      json b = chat("Tell me a very long story.", "s", 400);
+      b["ignore_eos"] = true;
+      ASSERT_TRUE(send_post(c, "/v1/chat/completions", b));
+      for (int i = 0; i < 250 && a.metric("anvil_requests_running") < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_EQ(a.metric("anvil_requests_running"), 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a few tokens of its reply
+    }
+    // (Whenever it is read: while the stopped turn still ends, or after.)
+    const json failed = a.get("/v1/sessions/s", &st);
+    ASSERT_EQ(st, 200) << failed;
+    EXPECT_EQ(failed["messages"], shown["messages"]) << "a failed turn changed the conversation";
+    // The next turn waits for the stopped one to let go of the session, and goes on from `shown`.
+    auto t = a.post("/v1/chat/completions", chat("Why?", "s", 8), &st);
+    ASSERT_EQ(st, 200) << t;
+    const json after = a.get("/v1/sessions/s", &st)["messages"];
+    ASSERT_EQ(after.size(), shown["messages"].size() + 2) << after;
+    for (size_t i = 0; i < shown["messages"].size(); ++i) EXPECT_EQ(after[i], shown["messages"][i]) << i;
+    // A question the killed run never began to answer (its prompt recorded, no token after it).
+    for (const json& m : after) q.push_back(m);
+    q.push_back({{"role", "user"}, {"content", "Really?"}});
+    auto ids = a.post("/tokenize", {{"messages", q}}, &st);
+    ASSERT_EQ(st, 200) << ids;
+    tokens = ids["tokens"].get<std::vector<int32_t>>();
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  set_row(dir, "s", tokens, json{{"messages", q}, {"document", json::array()}}.dump());
+  {
+    Srv a({"--kv-store", dir});
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    shown = a.get("/v1/sessions/s", &st);
+    ASSERT_EQ(st, 200) << shown;
+    EXPECT_EQ(shown["messages"].size(), q.size() - 1) << "the unanswered question is dropped: " << shown;
+    EXPECT_EQ(shown["messages"].back(), q[q.size() - 2]) << shown;
+    EXPECT_EQ(find_session(a.get("/v1/sessions", &st), "s")["messages"], q.size() - 1);
+    auto t = a.post("/v1/chat/completions", chat("Go on.", "s", 8), &st);
+    ASSERT_EQ(st, 200) << t;
+    const json after = a.get("/v1/sessions/s", &st)["messages"];
+    ASSERT_EQ(after.size(), shown["messages"].size() + 2) << after;
+    for (size_t i = 0; i < shown["messages"].size(); ++i) EXPECT_EQ(after[i], shown["messages"][i]) << i;
+    EXPECT_EQ(after[after.size() - 2]["content"], "Go on.");
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
