@@ -16,7 +16,7 @@ namespace anvil::cli {
 namespace {
 
 struct InspectArgs {
-  std::string model, synthetic;
+  std::string model, revision, synthetic;
   int ctx = 4096;
   int seqs = 1;
   std::string kv_dtype = "bf16";
@@ -73,10 +73,12 @@ nlohmann::json formats_json(const std::vector<std::pair<int, std::string>>& by_c
 
 int run_inspect(const InspectArgs& a) {
   if (a.model.empty() == a.synthetic.empty()) return fail("give exactly one of -m/--model DIR and --synthetic NAME");
+  if (!a.revision.empty() && a.model.empty())
+    return fail("--revision selects a revision of the repo id -m names; --synthetic has none");
   if (a.ctx < 1) return fail("--ctx must be >= 1, got " + std::to_string(a.ctx));
   if (a.seqs < 1 || a.seqs > 65536) return fail("--seqs must be in [1, 65536], got " + std::to_string(a.seqs));
   if (a.kv_dtype != "bf16" && a.kv_dtype != "f32") return fail("--kv-dtype must be bf16 or f32, got '" + a.kv_dtype + "'");
-  auto m = a.model.empty() ? load_synthetic(a.synthetic) : load_model(a.model);
+  auto m = a.model.empty() ? load_synthetic(a.synthetic) : load_model(a.model, a.revision);
   if (!m.is_ok()) return fail(m.status().message());
   const ModelConfig& c = (*m)->config;
   const ModelWeights& w = (*m)->weights;
@@ -225,6 +227,7 @@ Command reg("inspect", "Show a model's architecture, size, bytes per token and a
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<InspectArgs>();
               app.add_option("-m,--model", a->model, "Model directory or Hugging Face repo id in the local cache");
+              add_revision_option(app, a->revision);
               app.add_option("--synthetic", a->synthetic, "A synthetic shape NAME[:QUANT] instead of -m");
               add_int_option(app, "-c,--ctx", a->ctx, "Context length for the memory plan", 1, INT32_MAX)
                   ->default_str(std::to_string(a->ctx));

@@ -26,12 +26,13 @@ Result<nlohmann::ordered_json> read_json_file(const std::string& path, const cha
 Command template_command("template", "Render the chat template for a conversation (messages JSON)", 60,
                          [](CLI::App& sub) -> std::function<int()> {
   struct Opts {
-    std::string model, messages, tools, context;
+    std::string model, revision, messages, tools, context;
     bool no_generation_prompt = false;
     std::optional<bool> thinking;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("-m,--model", o->model, "Model directory (with tokenizer_config.json) or a Hugging Face repo id in the local cache")->required();
+  add_revision_option(sub, o->revision);
   sub.add_option("--messages", o->messages, "JSON file: an array of {role, content, ...} messages ('-': stdin)")
       ->required();
   sub.add_option("--tools", o->tools, "JSON file: an array of tool schemas ('-': stdin)");
@@ -42,7 +43,7 @@ Command template_command("template", "Render the chat template for a conversatio
     if (int(o->messages == "-") + int(o->tools == "-") + int(o->context == "-") > 1)
       return fail("stdin ('-') can be read once: give it to one of --messages, --tools and --context, and files to "
                   "the others");
-    auto dir = resolve_model_path(o->model);
+    auto dir = resolve_model_path(o->model, o->revision, ModelFiles::kTokenizer);
     if (!dir.is_ok()) return fail(dir.status().message());
     auto cfg = load_tokenizer_config(*dir);
     if (!cfg.is_ok()) return fail(cfg.status().message());

@@ -18,7 +18,7 @@ namespace anvil::cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string model;
+  std::string model, revision;
   PromptOptions text;
   bool json = false, add_special = false;
 };
@@ -26,7 +26,7 @@ struct TokenizeArgs {
 // -m: a model directory holding tokenizer.json, or a Hugging Face repo id in the local cache.
 int run_tokenize(const TokenizeArgs& a) {
   namespace fs = std::filesystem;
-  auto resolved = resolve_model_path(a.model);
+  auto resolved = resolve_model_path(a.model, a.revision, ModelFiles::kTokenizer);
   if (!resolved.is_ok()) return fail(resolved.status().message());
   const fs::path dir(*resolved);
   std::error_code ec;
@@ -64,6 +64,7 @@ int run_tokenize(const TokenizeArgs& a) {
 Command reg("tokenize", "Print the token ids of a text under a model's tokenizer.json", 70, [](CLI::App& sub) {
   auto a = std::make_shared<TokenizeArgs>();
   sub.add_option("-m,--model", a->model, "Model directory containing tokenizer.json, or a Hugging Face repo id in the local cache")->required();
+  add_revision_option(sub, a->revision);
   add_prompt_options(sub, a->text, "Text to tokenize (default: all of stdin)");
   sub.add_option_function<std::string>("--text", [a](const std::string& v) { a->text.text = v; })
       ->group("");  // the old spelling, hidden

@@ -98,6 +98,7 @@ template CLI::Option* add_int_option<uint64_t>(CLI::App&, const std::string&, ui
 
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
   app.add_option("-m,--model", o.model, "Model directory, or a Hugging Face repo id present in the local HF cache");
+  add_revision_option(app, o.revision);
   if (allow_synthetic)
     app.add_option("--synthetic", o.synthetic,
                    "Build a random-weight model in memory instead: NAME[:QUANT], e.g. qwen3-0.6b:q4g64 "
@@ -118,6 +119,13 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
       ->default_str(std::to_string(o.page_size));
   app.add_option("--kv-dtype", o.kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "Do not reuse KV pages across sequences");
+}
+
+void add_revision_option(CLI::App& app, std::string& revision) {
+  app.add_option("--revision", revision,
+                 "With -m REPO_ID: the revision to use from the local HF cache: a branch or tag name (as in the "
+                 "cache's refs/), or a commit hash, whole or its first 4+ digits (default: main)")
+      ->type_name("REV");
 }
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
@@ -314,7 +322,7 @@ std::string valid_utf8_input(std::string text, const std::string& what) {
 
 Result<std::string> model_dir_of(const ModelOptions& o) {
   if (o.model.empty()) return std::string();
-  return resolve_model_path(o.model);
+  return resolve_model_path(o.model, o.revision);
 }
 
 Result<uint64_t> kv_cache_bytes(uint64_t per_token, int64_t ctx, int64_t seqs, const std::string& ctx_flag,
@@ -334,6 +342,8 @@ Result<uint64_t> kv_cache_bytes(uint64_t per_token, int64_t ctx, int64_t seqs, c
 Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (o.model.empty() == o.synthetic.empty())
     return invalid_argument("give exactly one of -m/--model DIR and --synthetic NAME[:QUANT]");
+  if (!o.revision.empty() && o.model.empty())
+    return invalid_argument("--revision selects a revision of the repo id -m names; --synthetic has none");
   if (o.threads < 0 || o.threads > 4096)
     return invalid_argument(int_range_error("-t,--threads", "0", "4096", "0 = all cores", std::to_string(o.threads)));
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && o.threads > int(cores))
@@ -355,7 +365,7 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   // The device first: a missing GPU is reported before a large model is read.
   ANVIL_ASSIGN_OR_RETURN(s.backend, make_backend(o.device, o.threads));
   if (!o.model.empty()) {
-    ANVIL_ASSIGN_OR_RETURN(s.model, load_model(o.model));
+    ANVIL_ASSIGN_OR_RETURN(s.model, load_model(o.model, o.revision));
   } else {
     ANVIL_ASSIGN_OR_RETURN(s.model, load_synthetic(o.synthetic));
   }

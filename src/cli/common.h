@@ -59,6 +59,7 @@ std::string int_range_error(const std::string& flags, const std::string& lo, con
 
 struct ModelOptions {
   std::string model;      // -m
+  std::string revision;   // --revision: of a repo id -m names (empty: main)
   std::string synthetic;  // --synthetic NAME[:QUANT]
   std::string device = "auto";  // --device auto|cpu|cuda
   int threads = 0;        // 0 = all cores
@@ -71,6 +72,8 @@ struct ModelOptions {
   bool profile = false;   // anvil bench --profile: run through a ProfilingBackend (Stack::profiler)
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic = true);
+// --revision REV, for every command whose -m may name a Hugging Face repo id (format/hf_cache.h).
+void add_revision_option(CLI::App& app, std::string& revision);
 
 // The sampling flags, kept as the user typed them and parsed by resolve_sampling(), so a bad value
 // ("-1", "nan", "abc") is refused with the flag's name and range instead of being read as "unset".

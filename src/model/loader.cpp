@@ -10,8 +10,8 @@
 
 namespace anvil {
 
-Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo) {
-  ANVIL_ASSIGN_OR_RETURN(std::string dir, resolve_model_path(path_or_repo));
+Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo, const std::string& revision) {
+  ANVIL_ASSIGN_OR_RETURN(std::string dir, resolve_model_path(path_or_repo, revision));
   auto m = std::make_unique<LoadedModel>();
   m->source = dir;
   m->dir = dir;

@@ -24,8 +24,9 @@ struct LoadedModel {
   Hash128 fingerprint;
 };
 
-// `path_or_repo`: a model directory or a repo id found in the HF cache.
-Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo);
+// `path_or_repo`: a model directory or a repo id found in the HF cache, at `revision` (empty: main;
+// format/hf_cache.h).
+Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path_or_repo, const std::string& revision = "");
 // "NAME[:QUANT]", e.g. "qwen3-0.6b:q4g64" (QUANT defaults to q4g64).
 Result<std::unique_ptr<LoadedModel>> load_synthetic(const std::string& spec);
 

@@ -634,3 +634,50 @@ TEST(CliInterrupt, CtrlCDuringThePromptStopsItsPrefill) {
     EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out;
   }
 }
+
+// -m REPO_ID --revision REV: the snapshot of that branch, tag or commit in the Hugging Face cache is the
+// one read (here two revisions holding different tokenizers); a revision that is not cached is refused
+// naming what is, and --revision with a directory or --synthetic is refused rather than ignored.
+TEST(CliModel, RevisionSelectsTheCachedSnapshot) {
+  const fs::path cache = temp_dir("hub_revision");
+  const fs::path repo = cache / "models--org--tok";
+  const std::string main_commit(40, 'a'), v2_commit(40, 'b');
+  const std::string data = std::string(ANVIL_SOURCE_DIR) + "/tests/data/tokenizer/";
+  fs::create_directories(repo / "refs");
+  fs::create_directories(repo / "snapshots" / main_commit);
+  fs::create_directories(repo / "snapshots" / v2_commit);
+  fs::copy_file(data + "gpt2-style/tokenizer.json", repo / "snapshots" / main_commit / "tokenizer.json");
+  fs::copy_file(data + "qwen3/tokenizer.json", repo / "snapshots" / v2_commit / "tokenizer.json");
+  std::ofstream(repo / "refs" / "main") << main_commit;
+  std::ofstream(repo / "refs" / "v2") << v2_commit;
+  const std::string env = "HF_HUB_CACHE=" + shell_quote(cache.string()) + " ";
+  auto ids = [&](const std::vector<std::string>& args) {
+    auto r = run_shell(env + anvil_command(args) + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return r.out;
+  };
+  const std::string text = "Hello, world! 12345 ümlaut";
+  const std::string gpt2 = ids({"tokenize", "-m", data + "gpt2-style", "-p", text});
+  const std::string qwen3 = ids({"tokenize", "-m", data + "qwen3", "-p", text});
+  ASSERT_NE(gpt2, qwen3);
+  EXPECT_EQ(ids({"tokenize", "-m", "org/tok", "-p", text}), gpt2);
+  EXPECT_EQ(ids({"tokenize", "-m", "org/tok", "--revision", "v2", "-p", text}), qwen3);
+  EXPECT_EQ(ids({"tokenize", "-m", "org/tok", "--revision", v2_commit, "-p", text}), qwen3);
+  EXPECT_EQ(ids({"tokenize", "-m", "org/tok", "--revision", "bbbbbbb", "-p", text}), qwen3);
+
+  auto r = run_shell(env + anvil_command({"tokenize", "-m", "org/tok", "--revision", "v3", "-p", text}) + " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("revision 'v3' is not cached"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("v2 -> " + v2_commit), std::string::npos) << r.out;
+
+  r = run_anvil({"tokenize", "-m", data + "qwen3", "--revision", "v2", "-p", text}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("is a directory"), std::string::npos) << r.out;
+  r = run_anvil({"generate", "--synthetic", "tiny", "--revision", "v2", "-p", "x", "-n", "1", "--device", "cpu"}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--synthetic has none"), std::string::npos) << r.out;
+  r = run_anvil({"inspect", "--synthetic", "tiny", "--revision", "v2"}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--synthetic has none"), std::string::npos) << r.out;
+  fs::remove_all(cache);
+}
