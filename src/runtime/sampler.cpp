@@ -82,6 +82,9 @@ void Sampler::penalize_and_suppress(float* logits, int vocab, std::span<const in
   }
   for (int32_t id : suppressed_)
     if (id >= 0 && id < vocab) logits[id] = kNegInf;
+  if (allowed_)
+    for (int i = 0; i < vocab; ++i)
+      if (!((allowed_[size_t(i) / 64] >> (i % 64)) & 1)) logits[i] = kNegInf;
 }
 
 int32_t Sampler::argmax(const float* logits, int vocab) const {

@@ -1,6 +1,7 @@
 // Next-token sampling with the logits processors of transformers' generate(), in its order, after
 // OpenAI's logit_bias:
-//   logit bias -> repetition penalty -> suppressed tokens (-inf) -> [sampling only] temperature
+//   logit bias -> repetition penalty -> suppressed tokens and tokens outside the allowed mask (-inf)
+//   -> [sampling only] temperature
 //   -> top-k -> top-p -> min-p -> draw from the renormalized distribution with a seeded PRNG.
 // temperature == 0 is greedy: argmax after the bias, the penalty and suppression (ties -> lowest
 // id), as generate(do_sample=False) applies no warpers.
@@ -102,6 +103,11 @@ class Sampler {
 
   // Tokens that are never produced (e.g. EOS when ignoring it): their logits become -inf.
   void set_suppressed(std::vector<int32_t> ids) { suppressed_ = std::move(ids); }
+  // Only the tokens of this bitset (bit id % 64 of word id / 64, at least vocab bits) are produced:
+  // every other logit becomes -inf with the suppressed ones, so greedy and seeded draws pick from
+  // the masked distribution exactly (JSON mode, runtime/json_mask.h). Not owned: it must stay valid
+  // through the calls that use it; nullptr (the default) allows every token.
+  void set_allowed(const uint64_t* bits) { allowed_ = bits; }
   const SamplingParams& params() const { return params_; }
 
  private:
@@ -117,6 +123,7 @@ class Sampler {
 
   SamplingParams params_;
   std::vector<int32_t> suppressed_;
+  const uint64_t* allowed_ = nullptr;
   std::mt19937_64 rng_;
   // Scratch reused across calls (no allocation per token once sized).
   std::vector<uint32_t> seen_;  // [vocab] epoch stamps for distinct history ids

@@ -229,9 +229,19 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
   if (const ojson* rf = field(b, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       return bad("response_format", "'response_format' must be an object with a string 'type'");
-    if ((*rf)["type"] != "text")
-      return bad("response_format", "'response_format' type '" + (*rf)["type"].get<std::string>() +
-                                        "' is not supported (anvil has no constrained decoding); use 'text'");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "json_schema")
+      return bad("response_format", "'response_format' type 'json_schema' is not supported: anvil constrains a reply "
+                                    "to JSON syntax only; use {\"type\": \"json_object\"} and describe the schema "
+                                    "in the prompt");
+    if (type != "text" && type != "json_object")
+      return bad("response_format", "'response_format' type '" + type.substr(0, 100) +
+                                        "' is not supported; use 'text' or 'json_object'");
+    g.json_object = type == "json_object";
+    // After the object only an end-of-sequence token may come, which ignore_eos forbids.
+    if (g.json_object && g.ignore_eos)
+      return bad("response_format", "'response_format' json_object ends the reply with the end-of-sequence token once "
+                                    "the object is closed; it cannot be combined with 'ignore_eos'");
   }
   if (const ojson* lb = field(b, "logit_bias"))
     if (auto e = parse_logit_bias(*lb, d.vocab_size, &g.sampling.logit_bias)) return e;
@@ -500,6 +510,12 @@ std::optional<ApiError> parse_chat_request(const std::string& body, const Reques
   if (auto e = parse_messages(b, r)) return e;
   if (auto e = parse_tools(b, r)) return e;
   if (auto e = get_bool(b, "parallel_tool_calls", &r->parallel_tool_calls)) return e;
+  // A reply is either tool calls or content; JSON mode constrains the content to one object, which
+  // would leave no way to call a tool.
+  if (r->gen.json_object && r->parse_tool_calls)
+    return bad("response_format", "'response_format' json_object cannot be combined with 'tools' (the reply would be "
+                                  "held to a JSON object and could call no tool); leave 'tools' out or set "
+                                  "'tool_choice' to 'none'");
   // Honoured by OpenAI but not by anvil: refused rather than ignored, which would answer another
   // request than the client's (no functions offered to the model, no audio written).
   if (const ojson* f = field(b, "functions"))

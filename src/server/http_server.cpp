@@ -404,6 +404,15 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                      "context_length_exceeded"));
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
+  if (g.json_object) {
+    if (auto v = sched->json_vocab(); !v.is_ok()) return send_error(res, api_error(400, "response_format", v.status().message()));
+    // Reasoning is not constrained: the content is, from its first token (after </think>).
+    if (chat && split_reasoning) {
+      g.json_think_open = *tok.token_to_id("<think>");  // split_reasoning: the vocabulary has both tags
+      g.json_think_close = *tok.token_to_id("</think>");
+      g.json_in_reasoning = starts_in_reasoning;
+    }
+  }
   // A stop never cuts a tag that opens or closes the reasoning, nor a tool call's; the state they
   // start in is the one the reply's ChatOutput starts in (a forced call is open, its prefill having
   // closed the reasoning).

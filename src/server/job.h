@@ -29,6 +29,15 @@ struct GenerationParams {
   std::vector<MarkupPair> stop_markup;
   int top_logprobs = -1;  // -1: no logprobs; else the number of alternatives per token (0..20)
   bool ignore_eos = false;
+  // JSON mode (response_format json_object): the reply's content is a JSON object, by constrained
+  // decoding (runtime/json_mask.h), and the reply ends with an end-of-sequence id once the object
+  // is closed. Reasoning comes first where the model writes it: the reply may open with
+  // json_think_open (<think>; -1: no reasoning) as its first token, or starts inside the reasoning
+  // (json_in_reasoning: the prompt opened it); the constraint then begins after json_think_close
+  // (</think>), and until then anything but an end-of-sequence id may be sampled.
+  bool json_object = false;
+  bool json_in_reasoning = false;
+  int32_t json_think_open = -1, json_think_close = -1;
   // Non-empty: record this request's sequence as durable session `session` (the prompt already
   // holds the session's earlier tokens); see Scheduler and docs/api.md, "Sessions".
   std::string session;

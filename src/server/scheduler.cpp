@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "runtime/generate.h"
+#include "server/json_mode.h"
 #include "tokenizer/stop_strings.h"
 #include "tokenizer/stream_decoder.h"
 
@@ -46,6 +47,9 @@ struct Scheduler::Active {
   std::unordered_map<int32_t, int> counts;  // generated token -> occurrences (presence/frequency)
   clock::time_point last_token;
   std::vector<float> scratch;         // logits copy for logprobs
+  std::unique_ptr<JsonConstraint> json;  // JSON mode: what the reply may hold next
+  bool json_waiting = false;             // in reasoning: the constraint begins after params.json_think_close
+  std::vector<uint64_t> json_first;      // the first token's mask: the JSON's, and <think>
 };
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, SchedulerOptions opts)
@@ -96,6 +100,20 @@ Status Scheduler::submit(std::shared_ptr<Job> job) {
   }
   cv_.notify_all();
   return Status::ok();
+}
+
+Result<std::shared_ptr<const JsonVocab>> Scheduler::json_vocab() {
+  std::lock_guard<std::mutex> lk(json_mu_);
+  if (!json_built_) {
+    auto v = server::json_vocab(tok_, int(engine_.model().config().vocab_size), opts_.eos_ids);
+    if (v.is_ok())
+      json_vocab_ = *v;
+    else
+      json_error_ = v.status();
+    json_built_ = true;
+  }
+  if (!json_vocab_) return json_error_;
+  return json_vocab_;
 }
 
 int Scheduler::queued() const {
@@ -369,6 +387,15 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
       if (p.ignore_eos) a.sampler->set_suppressed(opts_.eos_ids);
       a.dec = std::make_unique<StreamDecoder>(tok_, /*skip_special=*/true);
       a.stop = std::make_unique<StopMatcher>(p.stop, p.stop_markup);
+      if (p.json_object) {
+        auto v = json_vocab();
+        if (!v.is_ok()) {
+          fail(a, v.status());
+          continue;
+        }
+        a.json = std::make_unique<JsonConstraint>(*v);
+        a.json_waiting = p.json_in_reasoning;
+      }
       const int cached = engine_.seq_cached_tokens(a.seq);
       a.job->set_prompt_stats(int(p.prompt.size()), cached);
       metrics_.prompt_tokens += p.prompt.size();
@@ -486,7 +513,8 @@ int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const 
   for (size_t i = 0; i < run.size(); ++i) {
     if (!run[i].want_logits) continue;
     const GenerationParams& p = owner[i]->job->params;
-    if (p.top_logprobs >= 0 || p.presence_penalty != 0 || p.frequency_penalty != 0) return 0;
+    // JSON mode's token mask is host work on the logits too.
+    if (p.top_logprobs >= 0 || p.presence_penalty != 0 || p.frequency_penalty != 0 || p.json_object) return 0;
     if (ignore_eos >= 0 && ignore_eos != int(p.ignore_eos)) return 0;
     ignore_eos = int(p.ignore_eos);
     rows.push_back(owner[i]);
@@ -538,7 +566,20 @@ Scheduler::Sampled Scheduler::sample_row(Active& a, float* logits) {
   }
   if (p.presence_penalty != 0 || p.frequency_penalty != 0)
     for (auto& [id, c] : a.counts) logits[id] -= p.presence_penalty + p.frequency_penalty * float(c);
+  // JSON mode: only the tokens that keep the reply a valid beginning of a JSON object (or, once it
+  // is closed, an end-of-sequence id); before the constraint begins (reasoning first), anything but
+  // an end-of-sequence id, so the reply cannot end before its JSON.
+  if (a.json) {
+    const std::vector<uint64_t>* mask = a.json_waiting ? &a.json->vocab().all_but_eos() : &a.json->allowed();
+    if (!a.json_waiting && a.generated == 0 && p.json_think_open >= 0 && p.json_think_open < V) {
+      a.json_first = *mask;  // the reply may open its reasoning instead
+      a.json_first[size_t(p.json_think_open) / 64] |= uint64_t(1) << (p.json_think_open % 64);
+      mask = &a.json_first;
+    }
+    a.sampler->set_allowed(mask->data());
+  }
   const int32_t id = a.sampler->sample(logits, V, engine_.seq_tokens(a.seq));
+  a.sampler->set_allowed(nullptr);
   out.id = id;
   info.id = id;
   if (id >= 0 && p.top_logprobs >= 0) info.logprob = float(a.scratch[size_t(id)] - lse);
@@ -568,6 +609,16 @@ void Scheduler::on_token(Active& a, Sampled s) {
   ++a.generated;
   metrics_.generation_tokens++;
   a.job->add_completion_tokens(1);
+  if (a.json && !is_eos) {
+    if (a.json_waiting) {
+      a.json_waiting = id != p.json_think_close;
+    } else if (a.generated == 1 && id == p.json_think_open) {
+      a.json_waiting = true;
+    } else if (!a.json->accept(id)) {  // the mask allowed it: cannot happen
+      fail(a, internal_error("JSON mode: token " + std::to_string(id) + " was sampled but does not continue the JSON"));
+      return;
+    }
+  }
   if (is_eos) {
     finish(a, "stop");
     return;

@@ -44,6 +44,7 @@
 #include "base/thread_pool.h"
 #include "kvstore/kvstore.h"
 #include "runtime/engine.h"
+#include "runtime/json_mask.h"
 #include "server/job.h"
 #include "server/metrics.h"
 #include "server/notifier.h"
@@ -76,6 +77,10 @@ class Scheduler {
   // Runs fn on the scheduler thread between two steps and waits for it (invariant 5); once the
   // thread has stopped, on the caller's thread (one caller at a time).
   void call(const std::function<void()>& fn);
+
+  // JSON mode's vocabulary (server/json_mode.h), built on first use (a 152k vocabulary: ~0.1 s),
+  // from any thread; the error (a tokenizer JSON mode cannot take) is kept and returned each time.
+  Result<std::shared_ptr<const JsonVocab>> json_vocab();
 
   int queued() const;
   int running() const { return running_.load(); }
@@ -134,6 +139,10 @@ class Scheduler {
   std::atomic<bool> draining_{false};
   std::atomic<int> running_{0};
   std::atomic<int64_t> pages_used_{0}, prefix_pages_{0};
+  std::mutex json_mu_;
+  std::shared_ptr<const JsonVocab> json_vocab_;  // guarded by json_mu_ until built, then read-only
+  Status json_error_;                            // guarded by json_mu_
+  bool json_built_ = false;                      // guarded by json_mu_
 
   // Scheduler thread only.
   std::unique_ptr<ThreadPool> sample_pool_;

@@ -64,6 +64,24 @@ TEST(ApiRequest, AcceptsEveryDocumentedParameter) {
   EXPECT_EQ(*c.max_tokens, 3);
 }
 
+// JSON mode: response_format json_object on both endpoints; with tools only when tool_choice is
+// "none" (the tools are then left out of the prompt); "text" is the default.
+TEST(ApiRequest, ResponseFormatJsonObject) {
+  ApiRequest r, t, n, c;
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"response_format":{"type":"json_object"}})", &r));
+  EXPECT_TRUE(r.gen.json_object);
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"response_format":{"type":"text"}})", &t));
+  EXPECT_FALSE(t.gen.json_object);
+  ASSERT_FALSE(chat("{" + kMsgs + R"(,"response_format":{"type":"json_object"},"tool_choice":"none",
+    "tools":[{"type":"function","function":{"name":"f"}}]})", &n));
+  EXPECT_TRUE(n.gen.json_object && !n.parse_tool_calls);
+  ASSERT_FALSE(completion(R"({"prompt":"x","response_format":{"type":"json_object"}})", &c));
+  EXPECT_TRUE(c.gen.json_object);
+  auto e = chat("{" + kMsgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("json_object"), std::string::npos) << e->message;
+}
+
 TEST(ApiRequest, EveryBadInputNamesItsParameter) {
   struct Case {
     std::string body;
@@ -110,7 +128,11 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
       {"{" + kMsgs + R"(,"tools":[{"type":"function","function":{}}]})", "tools"},
       {"{" + kMsgs + R"(,"tool_choice":"required"})", "tool_choice"},
       {"{" + kMsgs + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice"},
-      {"{" + kMsgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"{" + kMsgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})", "response_format"},
+      {"{" + kMsgs + R"(,"response_format":{"type":"yaml"}})", "response_format"},
+      {"{" + kMsgs + R"(,"response_format":"json_object"})", "response_format"},
+      {"{" + kMsgs + R"(,"response_format":{"type":"json_object"},"ignore_eos":true})", "response_format"},
+      {"{" + kMsgs + R"(,"response_format":{"type":"json_object"},"tools":[{"type":"function","function":{"name":"f"}}]})", "response_format"},
       {"{" + kMsgs + R"(,"logit_bias":[1,2]})", "logit_bias"},
       {"{" + kMsgs + R"(,"logit_bias":{"x":1}})", "logit_bias"},
       {"{" + kMsgs + R"(,"logit_bias":{"-1":1}})", "logit_bias"},

@@ -115,7 +115,8 @@ for bad_msgs, says in [([{"role": "user", "content": [{"type": "image_url", "ima
         check(e.param == "messages" and says in e.message, f"refused: {e.message}")
 # What anvil cannot honour is refused with the parameter named, not ignored.
 for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-                      ({"response_format": {"type": "json_object"}}, "response_format"),
+                      ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+                       "response_format"),
                       ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
                       ({"logit_bias": {"5": "a"}}, "logit_bias"), ({"logit_bias": {"99999999": 1}}, "logit_bias"),
                       ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
