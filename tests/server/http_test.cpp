@@ -19,6 +19,7 @@
 #include "sse.h"
 
 using anvil::test::RawConnection;
+using anvil::test::run_python_check;
 using anvil::test::ServerProcess;
 using anvil::test::sse_events;
 using json = nlohmann::json;
@@ -569,25 +570,8 @@ TEST_F(Http, ToolChoiceRequiredAndNamedStartTheAnswerInsideACall) {
   EXPECT_EQ(e["error"]["param"], "tool_choice");
 }
 
-namespace {
-// Runs a tests/server/*.py check against the shared server; exit 77 means "cannot run here".
-std::pair<int, std::string> run_check(const std::string& script, int port, const std::vector<std::string>& args) {
-  std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
-                    std::to_string(port);
-  for (auto& a : args) cmd += " " + a;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char b[4096];
-  size_t n;
-  while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-}  // namespace
-
 TEST_F(Http, OpenAIPythonClient) {
-  auto [code, out] = run_check("openai_client_check.py", server_->port(), {kKey, kModel});
+  auto [code, out] = run_python_check("openai_client_check.py", server_->port(), {kKey, kModel});
   if (code == 77) GTEST_SKIP() << out;
   EXPECT_EQ(code, 0) << out;
 }
@@ -595,7 +579,7 @@ TEST_F(Http, OpenAIPythonClient) {
 // The chat page in headless Chromium: a message, the streamed reply (equal to the API's), the
 // model name and tokens/s, and the stop button cancelling on the server.
 TEST_F(Http, ChatPageInHeadlessChromium) {
-  auto [code, out] = run_check("chat_page_check.py", server_->port(), {kKey});
+  auto [code, out] = run_python_check("chat_page_check.py", server_->port(), {kKey});
   if (code == 77) GTEST_SKIP() << out;
   EXPECT_EQ(code, 0) << out;
 }

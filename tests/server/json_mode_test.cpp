@@ -21,6 +21,7 @@
 #include "sse.h"
 #include "tokenizer/tokenizer.h"
 
+using anvil::test::run_python_check;
 using anvil::test::ServerProcess;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -29,19 +30,6 @@ namespace {
 
 const std::string kShared = ANVIL_SHARED_DIR;
 
-std::pair<int, std::string> run_check(const std::string& script, int port, const std::vector<std::string>& args) {
-  std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
-                    std::to_string(port);
-  for (auto& a : args) cmd += " " + a;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char b[4096];
-  size_t n;
-  while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
 
 // The tiny trained model with a plain chat template beside it (its own tokenizer_config.json has
 // none), files linked, not copied.
@@ -174,7 +162,7 @@ TEST(JsonMode, TinyModelRepliesParseAsObjects) {
   if (dir.empty()) GTEST_SKIP() << "no " << kShared << "/fixtures/anvil-tiny-code";
   ServerProcess srv({"-m", dir, "-c", "1024", "-np", "4", "-t", "2", "--no-kv-store", "--alias", "tiny"});
   ASSERT_TRUE(srv.ok()) << srv.startup_output();
-  auto [code, out] = run_check("json_mode_check.py", srv.port(), {"none", "tiny", "1", "200"});
+  auto [code, out] = run_python_check("json_mode_check.py", srv.port(), {"none", "tiny", "1", "200"});
   fs::remove_all(dir);
   if (code == 77) GTEST_SKIP() << out;
   EXPECT_EQ(code, 0) << out;

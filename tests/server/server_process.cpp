@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -140,6 +141,20 @@ bool RawConnection::wait_closed(double timeout_s) {
 void RawConnection::close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+}
+
+std::pair<int, std::string> run_python_check(const std::string& script, int port, const std::vector<std::string>& args) {
+  std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
+                    std::to_string(port);
+  for (auto& a : args) cmd += " " + a;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char b[4096];
+  size_t n;
+  while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
 }  // namespace anvil::test

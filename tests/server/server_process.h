@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace anvil::test {
@@ -43,5 +44,9 @@ class RawConnection {
   int fd_ = -1;
   std::string buf_;
 };
+
+// Runs python3 tests/server/SCRIPT http://127.0.0.1:PORT ARGS... against a running server: its exit
+// status (77: "cannot run here") and its output, stdout and stderr together.
+std::pair<int, std::string> run_python_check(const std::string& script, int port, const std::vector<std::string>& args);
 
 }  // namespace anvil::test
