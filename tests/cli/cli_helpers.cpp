@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <regex>
 
 namespace anvil::test {
 
@@ -35,6 +36,13 @@ ProcResult run_shell(const std::string& cmd) {
   int st = pclose(p);
   r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+std::vector<int> prompt_sizes(const std::string& err) {
+  std::vector<int> out;
+  std::regex re("\\[anvil\\] prompt ([0-9]+) tokens");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) out.push_back(std::stoi((*it)[1]));
+  return out;
 }
 
 }  // namespace anvil::test

@@ -21,4 +21,7 @@ ProcResult run_shell(const std::string& command_line);
 // ANVIL_BINARY and args, shell-quoted, as one command line (for run_shell).
 std::string anvil_command(const std::vector<std::string>& args);
 
+// The "[anvil] prompt N tokens" lines of anvil run's stderr (one per answered turn), their N in order.
+std::vector<int> prompt_sizes(const std::string& err);
+
 }  // namespace anvil::test

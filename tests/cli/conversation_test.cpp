@@ -70,15 +70,9 @@ class Conversation : public ::testing::Test {
 };
 std::string Conversation::model_, Conversation::error_;
 
-// The "[anvil] prompt N tokens" of each answered turn, in order.
-std::vector<int> prompt_sizes(const std::string& err) {
-  std::vector<int> out;
-  std::regex re("\\[anvil\\] prompt ([0-9]+) tokens");
-  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) out.push_back(std::stoi((*it)[1]));
-  return out;
-}
-
 }  // namespace
+
+using anvil::test::prompt_sizes;
 
 // Input that is not UTF-8 is repaired (U+FFFD, as the tokenizer encodes it anyway) with a line
 // naming the byte offset, in run with a session too (it used to abort while recording the meta):

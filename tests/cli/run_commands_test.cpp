@@ -68,15 +68,9 @@ class RunCommands : public ::testing::Test {
   std::string store_;
 };
 
-// The "[anvil] prompt N tokens" of each answered turn, in order.
-std::vector<int> prompt_sizes(const std::string& err) {
-  std::vector<int> out;
-  std::regex re("\\[anvil\\] prompt ([0-9]+) tokens");
-  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) out.push_back(std::stoi((*it)[1]));
-  return out;
-}
-
 }  // namespace
+
+using anvil::test::prompt_sizes;
 
 // A mistyped command (/rest for /reset) was sent to the model as a message and kept as a turn. Now
 // it is refused, naming the closest command and the list; so is a known command with words after
