@@ -79,7 +79,7 @@ bool JsonAutomaton::start_value(uint8_t b) {
 
 bool JsonAutomaton::push_structural(uint8_t b) {
   if (is_ws(b)) {
-    if (ws_ >= kJsonMaxWhitespace) return false;
+    if (ws_ >= (mode_ == kStart ? kJsonMaxLeadingWhitespace : kJsonMaxWhitespace)) return false;
     ++ws_;
     return true;
   }

@@ -11,9 +11,10 @@
 //    above U+10FFFF), a multi-byte character may arrive over several push() calls;
 //  - numbers: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?; literals true, false, null;
 //  - nesting at most kJsonMaxDepth containers deep (the stack is 64 bits);
-//  - at most kJsonMaxWhitespace consecutive whitespace bytes (space, \t, \n, \r) wherever whitespace
-//    may go (before the object, between tokens), and none after the object: a model cannot loop on
-//    whitespace, and the text ends exactly where the object does.
+//  - at most kJsonMaxWhitespace consecutive whitespace bytes (space, \t, \n, \r) between tokens, at
+//    most kJsonMaxLeadingWhitespace before the object (the "\n\n" a reasoning model writes after
+//    </think>), and none after it: a model cannot loop on whitespace, and the text ends exactly
+//    where the object does.
 // Every prefix push() accepts can be completed (a string closed, a number given a digit, the
 // containers closed: each state has a next byte), so a decoder that only ever takes accepted bytes
 // never reaches a dead end.
@@ -29,6 +30,7 @@ namespace anvil {
 
 inline constexpr int kJsonMaxDepth = 64;
 inline constexpr int kJsonMaxWhitespace = 20;
+inline constexpr int kJsonMaxLeadingWhitespace = 2;
 
 class JsonAutomaton {
  public:

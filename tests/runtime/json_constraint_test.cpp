@@ -182,7 +182,9 @@ TEST(JsonAutomaton, BoundsNestingAndWhitespace) {
   b = a;
   EXPECT_TRUE(b.push('1'));
   JsonAutomaton w;
-  EXPECT_TRUE(w.push(std::string(kJsonMaxWhitespace, ' ')));
+  EXPECT_TRUE(w.push(std::string(kJsonMaxLeadingWhitespace, '\n')));
+  EXPECT_FALSE(JsonAutomaton(w).push(' ')) << "more whitespace before the object";
+  EXPECT_TRUE(w.push("{" + std::string(kJsonMaxWhitespace, ' ')));
   EXPECT_FALSE(w.push(' '));
   JsonAutomaton v;
   EXPECT_TRUE(v.push("{" + std::string(kJsonMaxWhitespace, '\n') + "\"k\"" + std::string(kJsonMaxWhitespace, '\t')));

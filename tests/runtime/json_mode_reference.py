@@ -11,7 +11,7 @@ The verdict is anvil's definition of an accepted text, written with Python's par
   - json.loads accepts the text, NaN/Infinity refused, and the value is an object;
   - no lone UTF-16 surrogate from a \\u escape (the decoded strings encode as strict UTF-8 again);
   - containers nest at most 64 deep;
-  - at most 20 consecutive whitespace bytes outside strings, and none after the object.
+  - at most 20 consecutive whitespace bytes outside strings, at most 2 before the object, none after it.
 """
 import json
 import random
@@ -19,6 +19,7 @@ import sys
 
 MAX_DEPTH = 64
 MAX_WS = 20
+MAX_LEADING_WS = 2
 
 
 def _no_constant(name):
@@ -52,7 +53,7 @@ def _whitespace_ok(text):
         run = 0
         if ch == '"':
             in_str = True
-    return text == text.rstrip(" \t\n\r")
+    return text == text.rstrip(" \t\n\r") and len(text) - len(text.lstrip(" \t\n\r")) <= MAX_LEADING_WS
 
 
 def accepted(data):
@@ -158,7 +159,7 @@ def corpus(seed, n):
         '{"a":[}', '{"a":{]}', '{,}', '{"a":1}}', '',
         '{"a":' + '[' * 63 + '1' + ']' * 63 + '}', '{"a":' + '[' * 64 + '1' + ']' * 64 + '}',
         '{' + '"a":{' * 63 + '}' * 64, '{' + '"a":{' * 64 + '}' * 65,
-        '{' + ' ' * 20 + '}', '{' + ' ' * 21 + '}', ' ' * 20 + '{}', ' ' * 21 + '{}',
+        '{' + ' ' * 20 + '}', '{' + ' ' * 21 + '}', ' ' * 20 + '{}', ' ' * 21 + '{}', '\n\n{}', ' \n\t{}',
     ]
     out = [(t.encode("utf-8"), 0) for t in fixed]
     raw_fixed = [b'{"a":"\xc3\xa9"}', b'{"a":"\xc3"}', b'{"a":"\xc0\x80"}', b'{"a":"\xed\xa0\x80"}',
@@ -167,7 +168,7 @@ def corpus(seed, n):
     out += [(t, 0) for t in raw_fixed]
     while len(out) < n:
         text = gen_object(rng, 1, rng.choice([2, 4, 8]))
-        data = (ws(rng) + text).encode("utf-8")
+        data = (ws(rng)[:rng.choice([0, 0, 1, 2, 3])] + text).encode("utf-8")
         out.append((data, len(data) if accepted(data) else 0))
         if not accepted(data):
             continue
