@@ -7,9 +7,9 @@
 // message naming the flag and the value: the id a decimal integer >= 0, the bias a finite number in
 // [-100, 100]. llama.cpp's `-inf` ("never") is taken as -100, the lowest bias there is (the API's:
 // OpenAI says -100 should ban the token); +inf and NaN are refused. The same token twice is an
-// error (no silent choice between the two values). The ids are stored
-// ascending, as SamplingParams needs them. An id at or above the model's vocabulary can only be
-// known once it loads: check_logit_bias_vocab() refuses it before anything is generated.
+// error (no silent choice between the two values). The ids are stored ascending, as SamplingParams
+// needs them. An id at or above the model's vocabulary can only be known once the model loads:
+// check_logit_bias_vocab() refuses it then, before anything is generated.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
