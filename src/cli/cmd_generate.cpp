@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/interrupt.h"
 #include "cli/kv_options.h"
+#include "cli/logit_bias_option.h"
 #include "cli/output.h"
 #include "cli/text_output.h"
 #include "cli/thinking_flags.h"
@@ -50,6 +51,9 @@ int run_generate(GenerateArgs& a) {
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
+  // -l/--logit-bias ids past the logits row are refused before anything runs (the sampler would skip them).
+  if (Status st = check_logit_bias_vocab(sampling->logit_bias, s.model->config.vocab_size); !st.is_ok())
+    return fail(st.message());
   const std::string tok_dir = tokenizer_dir_of(s);
   // A session of generate's is a completion document (meta ""): another kind is refused, not overwritten.
   auto opened = open_store_session(a.kv, s, SessionKind::kCompletion);  // declared after the stack: detached
@@ -233,6 +237,7 @@ Command reg("generate", "Generate text (or token ids) from a prompt, streaming a
                              "Maximum tokens to generate, >= 0; hidden <think> reasoning counts too", 0, INT32_MAX)
                   ->default_str(std::to_string(a->n));
               add_sampling_options(app, a->sampling);
+              add_logit_bias_option(app, a->sampling.logit_bias);
               add_kv_store_options(app, a->kv);
               app.add_flag("--ignore-eos", a->ignore_eos, "Never stop at EOS (EOS ids are suppressed)");
               app.add_option("--stop", a->stops, "Stop when this string is produced (repeatable)")

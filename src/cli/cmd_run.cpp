@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/kv_options.h"
+#include "cli/logit_bias_option.h"
 #include "cli/interrupt.h"
 #include "cli/output.h"
 #include "cli/run_line.h"
@@ -88,6 +89,9 @@ int run_chat(RunArgs& a) {
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;
+  // -l/--logit-bias ids past the logits row are refused before anything runs (the sampler would skip them).
+  if (Status st = check_logit_bias_vocab(sampling->logit_bias, s.model->config.vocab_size); !st.is_ok())
+    return fail(st.message());
   const std::string dir = tokenizer_dir_of(s);
   const bool chat = has_chat_template(dir);
   auto text_r = TextOutput::open(dir, chat, a.show_reasoning, {});
@@ -429,6 +433,7 @@ Command reg("run", "Chat with a model in the terminal (multi-turn), or answer on
                              "Maximum tokens per answer, >= 1; the <think> reasoning counts too", 1, INT32_MAX)
                   ->default_str(std::to_string(a->n));
               add_sampling_options(app, a->sampling);
+              add_logit_bias_option(app, a->sampling.logit_bias);
               add_kv_store_options(app, a->kv);
               add_thinking_flags(app, &a->thinking);
               app.add_flag("--show-reasoning", a->show_reasoning,

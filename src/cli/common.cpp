@@ -205,6 +205,7 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
                               s + "'");
     p.seed = v;
   }
+  p.logit_bias = o.logit_bias;
   // generation_config.json values the sampler cannot take are the checkpoint's problem: say where.
   Status st = validate(p);
   if (!st.is_ok()) return invalid_argument(st.message() + " (from " + model_dir + "/generation_config.json)");

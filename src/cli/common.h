@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/profile_backend.h"
@@ -79,11 +80,14 @@ void add_revision_option(CLI::App& app, std::string& revision);
 // ("-1", "nan", "abc") is refused with the flag's name and range instead of being read as "unset".
 struct SamplingOptions {
   std::optional<std::string> temp, top_k, top_p, min_p, repeat_penalty, seed;
+  // -l/--logit-bias (generate and run only: cli/logit_bias_option.h), checked as parsed, ascending ids.
+  std::vector<LogitBias> logit_bias;
 };
 void add_sampling_options(CLI::App& app, SamplingOptions& o);
 // Flags win; then DIR/generation_config.json (temperature/top_k/top_p/min_p/repetition_penalty,
-// do_sample=false means greedy); else greedy. The seed is --seed, or a random one when it is
-// absent or -1 (report it: SamplingParams::seed reproduces the run). `model_dir` may be empty.
+// do_sample=false means greedy); else greedy. The logit bias is -l/--logit-bias's. The seed is
+// --seed, or a random one when it is absent or -1 (report it: SamplingParams::seed reproduces the
+// run). `model_dir` may be empty.
 Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir);
 
 // What a flag that names an input file reads: FILE's bytes, or all of stdin for "-" (the Unix
