@@ -622,6 +622,7 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     return send_error(res, api_error(409, "session", "session '" + name + "' is in use by a running request",
                                      "session_busy"));
   Status st;
+  bool removing = false;  // found: st is remove_session's
   sched->call([&] {
     // Only this model's sessions are visible here (as in the list); another model's is not found.
     // A damaged one (listed, marked damaged) is removed as anvil kv rm removes it, if it is this
@@ -629,13 +630,15 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     auto s = opts.store->find_session(name);
     if (!s.is_ok()) st = s.status();
     else if (!*s || (*s)->fingerprint != opts.store->fingerprint()) st = not_found("no session named '" + name + "'");
-    else st = opts.store->remove_session(name);
+    else removing = true, st = opts.store->remove_session(name);
   });
   sessions.release(name);
   if (st.code() == StatusCode::kBusy)  // another process records (or continues) it
     return send_error(res, for_client(api_error(409, "session", st.message(), "session_busy")));
   if (st.code() == StatusCode::kNotFound)
     return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
+  // The removal did not commit (a full disk even after the store gave up its reserve, an I/O error).
+  if (!st.is_ok() && removing) return send_error(res, for_client(session_not_removed_error(name, st)));
   if (!st.is_ok()) return send_error(res, for_client(api_error(500, "session", st.message(), "", "server_error")));
   send_json(res, 200, {{"id", name}, {"object", "session"}, {"deleted", true}});
 }

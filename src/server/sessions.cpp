@@ -71,6 +71,18 @@ ApiError session_not_saved_error(const std::string& name, bool chat, const Sessi
   return e;
 }
 
+ApiError session_not_removed_error(const std::string& name, const Status& why) {
+  ApiError e;
+  e.status = 507;
+  e.param = "session";
+  e.type = "server_error";
+  e.code = "session_not_removed";
+  // remove_session rolls its transaction back: the row and its page references are as they were.
+  e.message = "session '" + name + "' was not removed: " + why.message() +
+              "; it is kept as it was (nothing of it changed): remove it again once the store can commit";
+  return e;
+}
+
 std::optional<ApiError> session_kind_error(const SessionInfo& s, bool chat) {
   const SessionKind k = session_kind(s.meta);
   if (k == (chat ? SessionKind::kChat : SessionKind::kCompletion)) return std::nullopt;

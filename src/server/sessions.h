@@ -68,6 +68,9 @@ struct SessionBefore {
 // against `before`; `streamed` says where the reply went (the deltas, or the error's `response`).
 ApiError session_not_saved_error(const std::string& name, bool chat, const SessionBefore& before, const Status& why,
                                  const Result<std::optional<SessionInfo>>& now, const ChatModel& model, bool streamed);
+// DELETE of session `name` whose removal did not commit (KVStore::remove_session's error `why`;
+// its transaction rolled back): 507 `session_not_removed`, saying the session is kept as it was.
+ApiError session_not_removed_error(const std::string& name, const Status& why);
 // The meta a chat session records: anvil run's format.
 std::string chat_session_meta(const nlohmann::ordered_json& messages);
 // GET /v1/sessions entry; with `detail`, the messages too: those a request naming it continues

@@ -1,11 +1,12 @@
 // A session turn the KV store cannot make durable (a full disk fails the catalog's commit, or an
 // I/O error) is an error to the client, never a 200 for a turn that is not saved (docs/api.md,
 // Sessions): 507 `session_not_saved` with the reply in the error (not streamed), or an error event
-// instead of the last chunk (streamed); the session holds what the message says; and once the
-// store commits again the session goes on from what it holds. The fault is injected as
-// tests/kvstore and the scheduler's tests inject it: a trigger in the catalog (through a connection
-// of the test's: the server is another process on the same store) fails the writer's commit, as
-// SQLite's COMMIT fails on a full disk.
+// instead of the last chunk (streamed); the session holds what the message says; DELETE alike
+// (507 `session_not_removed`, the session kept); and once the store commits again the session goes
+// on from what it holds. The fault is injected as tests/kvstore and the scheduler's tests inject
+// it: a trigger in the catalog (through a connection of the test's: the server is another process
+// on the same store) fails the writer's commit, as SQLite's COMMIT fails on a full disk, or a
+// session's DELETE.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -96,6 +97,7 @@ void set_trigger(const std::string& dir, const std::string& name, const std::str
 void fail_commits(const std::string& dir, bool on) {
   set_trigger(dir, "fail_commit", "BEFORE UPDATE OF committed_end ON segments", on);
 }
+void fail_deletes(const std::string& dir, bool on) { set_trigger(dir, "fail_delete", "BEFORE DELETE ON sessions", on); }
 
 // What a 507 session_not_saved error must say: its fields, the session, the cause, what it holds.
 void expect_not_saved(const json& err, const std::string& name, const std::string& holds, const std::string& what) {
@@ -273,6 +275,41 @@ TEST(ServeStoreFault, TheOpenAIClientSeesTheTurnWasNotSaved) {
     EXPECT_EQ(code, 0) << out;
     EXPECT_EQ(a.requests("/v1/chat/completions", 507), 1) << "the client sent the failed turn again";
     EXPECT_EQ(a.get("/v1/sessions/conv", &st)["messages"].size(), 2u);
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
+// DELETE of a session whose removal the store cannot commit answered 500 with the catalog's bare
+// message ("catalog: DELETE FROM sessions ...: injected ..."), naming neither the session nor what
+// became of it. Now 507 session_not_removed, param session, naming the session and the cause and
+// saying it is kept as it was; it is (GET shows it unchanged), and once the store commits again
+// DELETE removes it.
+TEST(ServeStoreFault, ADeleteThatCannotBeCommittedIs507AndKeepsTheSession) {
+  const std::string dir = store_dir("delete");
+  fs::remove_all(dir);
+  {
+    Srv a(dir);
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    ASSERT_EQ((a.post("/v1/chat/completions", chat("Hello, who are you?", "conv"), &st), st), 200);
+    const json before = a.get("/v1/sessions/conv", &st);
+    fail_deletes(dir, true);
+    json body;
+    EXPECT_EQ(a.del("/v1/sessions/conv", &body), 507) << body;
+    EXPECT_EQ(body["error"]["code"], "session_not_removed") << body;
+    EXPECT_EQ(body["error"]["param"], "session") << body;
+    EXPECT_EQ(body["error"]["type"], "server_error") << body;
+    const std::string m = message_of(body["error"]);
+    for (const std::string& part : {std::string("session 'conv' was not removed"),
+                                    std::string("injected: the disk is full"), std::string("it is kept as it was")})
+      EXPECT_NE(m.find(part), std::string::npos) << "the message lacks '" << part << "': " << m;
+    EXPECT_EQ(m.find(dir), std::string::npos) << "the server's store path shown to a client: " << m;
+    EXPECT_EQ(a.get("/v1/sessions/conv", &st), before);
+    fail_deletes(dir, false);
+    EXPECT_EQ(a.del("/v1/sessions/conv", &body), 200) << body;
+    a.get("/v1/sessions/conv", &st);
+    EXPECT_EQ(st, 404);
     EXPECT_EQ(a.p->terminate(30), 0);
   }
   fs::remove_all(dir);
