@@ -425,6 +425,8 @@ ojson error_body(const ApiError& e) {
   err["type"] = e.type;
   err["param"] = e.param.empty() ? ojson() : ojson(e.param);
   err["code"] = e.code.empty() ? ojson() : ojson(e.code);
+  if (e.extra.is_object())
+    for (const auto& [k, v] : e.extra.items()) err[k] = v;
   return ojson{{"error", err}};
 }
 

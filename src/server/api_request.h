@@ -29,6 +29,9 @@ struct ApiError {
   std::string param;  // "" -> null
   std::string type = "invalid_request_error";
   std::string code;   // "" -> null
+  // More fields of the error object, after those (an object, or null: none): what a client should not
+  // lose with the error, e.g. the reply of a session turn that was not saved.
+  nlohmann::ordered_json extra;
 };
 nlohmann::ordered_json error_body(const ApiError& e);
 

@@ -214,6 +214,14 @@ class RequestHolder : public SessionLocks::Holder {
   std::shared_ptr<Job> job_;
 };
 
+// What became of a turn whose last state the store could not commit (a full disk, an I/O error):
+// session_finish's error, and the session as it is afterwards, read back while the turn still
+// claims it (no other process can have changed it since).
+struct NotSaved {
+  Status why;
+  Result<std::optional<SessionInfo>> now = std::optional<SessionInfo>();
+};
+
 // One request's hold on a session (sessions.h): the name's lock in this server and its claim in the
 // store (KVStore::claim_session: no other process changes it meanwhile), both from validation,
 // before the session is read, to the end of the turn; and the end of its recording
@@ -224,18 +232,23 @@ struct SessionTurn {
   SessionLocks* locks = nullptr;
   std::shared_ptr<RequestHolder> holder;  // what a request that finds the session held asks
   KVStore* store = nullptr;
+  Scheduler* sched = nullptr;  // reads the store on its thread (the store's connection is the scheduler's)
   std::string name;
   bool chat = false;
   bool claimed = false;   // the store's claim is this turn's to let go
   std::shared_ptr<Job> job;
   ojson messages;         // chat: the stored messages + this request's
   std::string keep_meta;  // the meta recorded when the turn does not succeed
+  SessionBefore before;   // the session as this turn found it (what a turn not saved is told against)
   bool ended = false;
 
-  // `reply`: the finished reply (kDone), or nullptr (an error, or the client went away).
-  void end(const Reply* reply) {
-    if (ended) return;
+  // `reply`: the finished reply (kDone), or nullptr (an error, or the client went away). Returns
+  // what became of a turn whose last state could not be committed (nullopt: it was, or nothing was
+  // recorded), for the reply to say so; it is logged either way.
+  std::optional<NotSaved> end(const Reply* reply) {
+    if (ended) return std::nullopt;
     ended = true;
+    std::optional<NotSaved> lost;
     holder->ending();  // a next turn that comes meanwhile waits for the release below
     if (job) {
       if (!job->wait_ended(std::chrono::milliseconds(0))) job->cancel();
@@ -249,11 +262,16 @@ struct SessionTurn {
           meta = chat_session_meta(m);
         }
         auto d = store->session_finish(name, meta);
-        if (!d.is_ok()) std::fprintf(stderr, "[anvil] session %s: %s\n", name.c_str(), d.status().message().c_str());
+        if (!d.is_ok()) {
+          std::fprintf(stderr, "[anvil] session %s: %s\n", name.c_str(), d.status().message().c_str());
+          lost = NotSaved{d.status()};
+          sched->call([&] { lost->now = store->find_session(name); });
+        }
       }
     }
     if (claimed) store->release_session(name);
     locks->release(name);
+    return lost;
   }
   ~SessionTurn() { end(nullptr); }
 };
@@ -291,6 +309,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     turn->locks = &sessions;
     turn->holder = std::move(holder);
     turn->store = opts.store;
+    turn->sched = sched.get();
     turn->name = r.session;
     turn->chat = chat;
     // Claimed before it is read (invariant 9 of kvstore.h): what this turn continues is what is
@@ -313,6 +332,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     if (!got.is_ok())
       return send_error(res, for_client(api_error(500, "session", got.status().message(), "", "server_error")));
     sinfo = *got;
+    turn->before.existed = sinfo.has_value();
     if (sinfo && sinfo->fingerprint != opts.store->fingerprint())
       return send_error(res, api_error(400, "session", "session '" + r.session +
                                                            "' was recorded with another model or KV layout (--kv-dtype, "
@@ -334,6 +354,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       // stays taken up: the stored conversation, ending with the question, would read the failed
       // turn's tokens (recorded: tokens are the truth) as the cut answer's next time.
       turn->keep_meta = sinfo && !taken_up ? sinfo->meta : chat_session_meta(stored);
+      turn->before.messages = stored;
       for (const ojson& m : r.messages) stored.push_back(m);
       r.messages = stored;
       turn->messages = std::move(stored);
@@ -341,6 +362,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       if (sinfo)
         if (auto e = session_kind_error(*sinfo, /*chat=*/false)) return send_error(res, *e);
       turn->keep_meta = sinfo ? sinfo->meta : "";
+      if (sinfo) turn->before.tokens = sinfo->tokens;
     }
   }
   const int ctx = opts.defaults.max_context;
@@ -478,10 +500,21 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
           return send_error(res, for_client(status_error(e.error)));
         } else {
           reply->on_done(e.finish_reason);
-          if (turn) turn->end(reply.get());
+          std::optional<NotSaved> lost;
+          if (turn) lost = turn->end(reply.get());
           if (!reply->violation.empty())
             return send_error(res, api_error(500, "tool_choice", reply->violation, "tool_choice_not_followed",
                                              "server_error"));
+          if (lost) {
+            // Not a 200 for a turn that is not saved; the reply goes with the error, so nothing is
+            // lost. Sent once: a client that retries a 5xx would generate the turn again (the
+            // openai client obeys x-should-retry).
+            ApiError ae = for_client(session_not_saved_error(turn->name, chat, turn->before, lost->why, lost->now,
+                                                             chat_model(), /*streamed=*/false));
+            ae.extra = {{"response", reply->response()}};
+            res.set_header("x-should-retry", "false");
+            return send_error(res, ae);
+          }
           return send_json(res, 200, reply->response());
         }
       }
@@ -523,8 +556,19 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
           if (e.kind == JobEvent::kDelta) {
             out = reply->on_delta(e);
           } else if (e.kind == JobEvent::kDone) {
-            out = reply->on_done(e.finish_reason);
-            if (turn) turn->end(reply.get());  // the last chunk goes out once the turn is durable
+            out = reply->on_finish(e.finish_reason);
+            std::optional<NotSaved> lost;
+            if (turn) lost = turn->end(reply.get());  // the last chunk goes out once the turn is durable
+            if (lost && reply->violation.empty()) {
+              // Instead of the chunk with finish_reason (the deltas are out already): the error
+              // event, which carries what the last chunks would have.
+              ApiError ae = for_client(session_not_saved_error(turn->name, turn->chat, turn->before, lost->why,
+                                                               lost->now, chat_model(), /*streamed=*/true));
+              ae.extra = {{"finish_reason", reply->finish}, {"usage", reply->usage()}};
+              out += Reply::error_close(error_body(ae));
+            } else {
+              out += reply->on_close();
+            }
           } else {
             if (turn) turn->end(nullptr);
             ApiError ae = for_client(status_error(e.error));
@@ -578,6 +622,7 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     return send_error(res, api_error(409, "session", "session '" + name + "' is in use by a running request",
                                      "session_busy"));
   Status st;
+  bool removing = false;  // found: st is remove_session's
   sched->call([&] {
     // Only this model's sessions are visible here (as in the list); another model's is not found.
     // A damaged one (listed, marked damaged) is removed as anvil kv rm removes it, if it is this
@@ -585,13 +630,15 @@ void HttpServer::Impl::handle_session(const httplib::Request& req, httplib::Resp
     auto s = opts.store->find_session(name);
     if (!s.is_ok()) st = s.status();
     else if (!*s || (*s)->fingerprint != opts.store->fingerprint()) st = not_found("no session named '" + name + "'");
-    else st = opts.store->remove_session(name);
+    else removing = true, st = opts.store->remove_session(name);
   });
   sessions.release(name);
   if (st.code() == StatusCode::kBusy)  // another process records (or continues) it
     return send_error(res, for_client(api_error(409, "session", st.message(), "session_busy")));
   if (st.code() == StatusCode::kNotFound)
     return send_error(res, api_error(404, "session", "no session named '" + name + "'", "session_not_found"));
+  // The removal did not commit (a full disk even after the store gave up its reserve, an I/O error).
+  if (!st.is_ok() && removing) return send_error(res, for_client(session_not_removed_error(name, st)));
   if (!st.is_ok()) return send_error(res, for_client(api_error(500, "session", st.message(), "", "server_error")));
   send_json(res, 200, {{"id", name}, {"object", "session"}, {"deleted", true}});
 }

@@ -131,25 +131,32 @@ std::string Reply::chat_delta_sse(const ChatOutput::Delta& d, const ojson& lp) {
 // The end: flushes held text; streaming gets the final chunk(s) and [DONE].
 
 std::string Reply::on_done(const std::string& reason) {
+  std::string sse = on_finish(reason);  // first: on_close reads what it settles
+  return sse + on_close();
+}
+
+std::string Reply::on_finish(const std::string& reason) {
   finish = reason;
-  std::string sse;
-  if (chat) {
-    ChatOutput::Delta d = out->flush();
-    content += d.content;
-    reasoning += d.reasoning;
-    for (auto& c : d.tool_calls) calls.push_back(c);
-    if (!calls.empty() && finish == "stop") finish = "tool_calls";
-    violation = tool_choice_violation();
-    // The held text of a call that never closed is not sent when it breaks tool_choice: the
-    // request fails instead of returning text the client did not ask for (as without streaming).
-    if (stream && violation.empty()) sse += chat_delta_sse(d, ojson());
-  }
+  if (!chat) return "";
+  ChatOutput::Delta d = out->flush();
+  content += d.content;
+  reasoning += d.reasoning;
+  for (auto& c : d.tool_calls) calls.push_back(c);
+  if (!calls.empty() && finish == "stop") finish = "tool_calls";
+  violation = tool_choice_violation();
+  // The held text of a call that never closed is not sent when it breaks tool_choice: the
+  // request fails instead of returning text the client did not ask for (as without streaming).
+  return stream && violation.empty() ? chat_delta_sse(d, ojson()) : "";
+}
+
+std::string Reply::error_close(const ojson& error_body) { return "data: " + dump(error_body) + "\n\ndata: [DONE]\n\n"; }
+
+std::string Reply::on_close() const {
   if (!stream) return "";
-  if (!violation.empty()) {  // the last chunk is the error instead of a finish_reason
-    ojson err = {{"error", {{"message", violation}, {"type", "server_error"}, {"param", "tool_choice"},
-                            {"code", "tool_choice_not_followed"}}}};
-    return sse + "data: " + dump(err) + "\n\ndata: [DONE]\n\n";
-  }
+  if (!violation.empty())  // the last chunk is the error instead of a finish_reason
+    return error_close({{"error", {{"message", violation}, {"type", "server_error"}, {"param", "tool_choice"},
+                                   {"code", "tool_choice_not_followed"}}}});
+  std::string sse;
   if (chat) sse += "data: " + dump(chunk({{"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
   else sse += "data: " + dump(chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
   if (include_usage) {

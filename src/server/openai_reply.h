@@ -46,7 +46,14 @@ struct Reply {
 
   // Event handlers: the SSE text to write now ("" when nothing; always "" when not streaming).
   std::string on_delta(const JobEvent& e);
-  std::string on_done(const std::string& reason);  // last chunks, usage, [DONE]
+  std::string on_done(const std::string& reason);  // last chunks, usage, [DONE]: on_finish + on_close
+  // on_done in two steps, for a caller that acts between them (a session's turn is saved once the
+  // reply is whole: assistant_message): the held text (on_finish: finish, violation and the
+  // accumulated reply are final after it), then the chunk with finish_reason, usage and [DONE]
+  // (on_close), or instead of them an error event and [DONE] (error_close).
+  std::string on_finish(const std::string& reason);
+  std::string on_close() const;
+  static std::string error_close(const nlohmann::ordered_json& error_body);
   ojson response() const;                            // the non-streaming body, after on_done
   ojson chunk(ojson choice) const;                   // one chunk object around `choice`
   ojson usage() const;

@@ -1,5 +1,7 @@
 #include "server/sessions.h"
 
+#include <algorithm>
+
 #include "tokenizer/cut_turn.h"
 
 namespace anvil::server {
@@ -19,6 +21,65 @@ ApiError session_damaged_error(const SessionInfo& s) {
   e.message = "session '" + s.name + "' is damaged (" + s.damaged +
               "), so it cannot be continued (it is kept as it is). Remove it with DELETE /v1/sessions/" + s.name +
               " (or anvil kv rm " + s.name + " on the server's store), then start it again";
+  return e;
+}
+
+ApiError session_not_saved_error(const std::string& name, bool chat, const SessionBefore& before, const Status& why,
+                                 const Result<std::optional<SessionInfo>>& now, const ChatModel& model, bool streamed) {
+  std::string holds;
+  bool as_before = false;  // nothing of the turn is in it: sending the turn again is the remedy
+  if (!now.is_ok()) {
+    holds = "what the session holds now could not be read (" + now.status().message() + ")";
+  } else if (!*now) {
+    holds = before.existed ? "the session no longer exists" : "the session was not created";
+    as_before = !before.existed;
+  } else if (const SessionInfo& s = **now; !s.damaged.empty()) {
+    holds = "its stored record is damaged (" + s.damaged + ")";
+  } else if (chat) {
+    // Every state the turn recorded has the conversation it continued as its meta: mid-turn
+    // flushes that committed change only the tokens, which the next turn renders anew.
+    ojson shown = ojson::array();
+    const bool read = !session_messages(s, model, std::nullopt, &shown);
+    const std::string n = std::to_string(shown.size()) + (shown.size() == 1 ? " message" : " messages");
+    as_before = read && shown == before.messages;
+    holds = as_before ? "it holds its conversation as it was before this turn (" + n +
+                            "): this turn's messages and reply are not in it"
+                      : "it holds a conversation of " + n + ", as GET /v1/sessions/" + name + " shows it";
+  } else {
+    // A completion document is its tokens: a mid-turn flush that committed holds part of the turn.
+    const size_t n = s.tokens.size(), b = before.tokens.size();
+    const bool extends =
+        before.existed && n >= b && std::equal(before.tokens.begin(), before.tokens.end(), s.tokens.begin());
+    as_before = extends && n == b;
+    if (as_before)
+      holds = "it holds its document as it was before this turn (" + std::to_string(b) +
+              " tokens): this turn's prompt and reply are not in it";
+    else if (extends)
+      holds = "it holds " + std::to_string(n) + " tokens: its document before this turn (" + std::to_string(b) +
+              " tokens) and the first " + std::to_string(n - b) + " of this turn's prompt and reply; the rest is not in it";
+    else
+      holds = "it holds " + std::to_string(n) + " tokens, as GET /v1/sessions/" + name + " shows them";
+  }
+  ApiError e;
+  e.status = 507;
+  e.param = "session";
+  e.type = "server_error";
+  e.code = "session_not_saved";
+  e.message = why.message() + "; " + holds;  // why names the session ("session 'NAME' was not saved: ...")
+  if (as_before) e.message += "; send the turn again once the store can save it";
+  e.message += streamed ? " (the reply is the text streamed before this error)" : " (the reply is in this error's 'response')";
+  return e;
+}
+
+ApiError session_not_removed_error(const std::string& name, const Status& why) {
+  ApiError e;
+  e.status = 507;
+  e.param = "session";
+  e.type = "server_error";
+  e.code = "session_not_removed";
+  // remove_session rolls its transaction back: the row and its page references are as they were.
+  e.message = "session '" + name + "' was not removed: " + why.message() +
+              "; it is kept as it was (nothing of it changed): remove it again once the store can commit";
   return e;
 }
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,23 @@ std::optional<ApiError> session_messages(const SessionInfo& s, const ChatModel& 
 // The session is kept as it is (never continued, overwritten or dropped by a request); DELETE removes
 // it. Damaged KV pages of a sound session are no error: they are recomputed (and stored again).
 ApiError session_damaged_error(const SessionInfo& s);
+// A session as a request's turn found it: whether it existed, its conversation as the turn
+// continued it (chat) and its tokens (a completion document).
+struct SessionBefore {
+  bool existed = false;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  std::vector<int32_t> tokens;
+};
+// A turn whose last state the store could not commit (KVStore::session_finish's error `why`: a full
+// disk, an I/O error): 507 `session_not_saved`, param "session", naming the session and the cause,
+// and what session `name` holds instead, from `now` (read back from the store while the turn still
+// claimed it; a chat session's messages as GET /v1/sessions/NAME shows them, through `model`)
+// against `before`; `streamed` says where the reply went (the deltas, or the error's `response`).
+ApiError session_not_saved_error(const std::string& name, bool chat, const SessionBefore& before, const Status& why,
+                                 const Result<std::optional<SessionInfo>>& now, const ChatModel& model, bool streamed);
+// DELETE of session `name` whose removal did not commit (KVStore::remove_session's error `why`;
+// its transaction rolled back): 507 `session_not_removed`, saying the session is kept as it was.
+ApiError session_not_removed_error(const std::string& name, const Status& why);
 // The meta a chat session records: anvil run's format.
 std::string chat_session_meta(const nlohmann::ordered_json& messages);
 // GET /v1/sessions entry; with `detail`, the messages too: those a request naming it continues
