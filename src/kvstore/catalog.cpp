@@ -62,7 +62,7 @@ Status catalog_migrate(SqliteDb& db) {
   Status st = has.status();
   if (st.is_ok() && *has == 0) st = db.exec("ALTER TABLE sessions ADD COLUMN sum INTEGER");
   if (st.is_ok()) st = db.exec("UPDATE meta SET v = '2' WHERE k = 'format_version' AND v = '1'");
-  if (st.is_ok()) st = db.exec("COMMIT");
+  if (st.is_ok()) st = db.commit();
   if (!st.is_ok()) (void)db.exec("ROLLBACK");
   return st;
 }
@@ -196,7 +196,7 @@ Result<int64_t> live_bytes_recount(SqliteDb& db) {
   for (size_t i = 0; s.is_ok() && i < m->size(); ++i)
     s = db.exec("UPDATE segments SET live_bytes = " + std::to_string((*m)[i].referenced) + " WHERE id = " +
                 std::to_string((*m)[i].segment));
-  if (s.is_ok()) s = db.exec("COMMIT");
+  if (s.is_ok()) s = db.commit();
   if (!s.is_ok()) {
     (void)db.exec("ROLLBACK");
     return s;
@@ -259,7 +259,7 @@ Result<int64_t> evict_lru(SqliteDb& db, uint64_t target, const std::function<boo
         return s;
       }
     }
-    ANVIL_RETURN_IF_ERROR(db.exec("COMMIT"));
+    ANVIL_RETURN_IF_ERROR(db.commit());
     evicted += int64_t(victims.size());
     if (seen < kBatch) break;  // that was every candidate
     ANVIL_ASSIGN_OR_RETURN(live, catalog_live_bytes(db));
@@ -388,7 +388,7 @@ Result<int64_t> compact_segments(SqliteDb& db, Env* env, const std::string& dir,
       (void)db.exec("ROLLBACK");
       return s;
     }
-    ANVIL_RETURN_IF_ERROR(db.exec("COMMIT"));
+    ANVIL_RETURN_IF_ERROR(db.commit());
     if (left == 0) {
       auto size = env->file_size(path);
       if (env->remove(path).is_ok()) reclaimed += size.is_ok() ? int64_t(*size) : sg.end;

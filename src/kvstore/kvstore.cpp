@@ -516,7 +516,7 @@ Status KVStore::fork_session(const std::string& from, const std::string& to) {
   copy_pages.bind(2, from);
   st = copy_pages.run();
   if (!st.is_ok()) return fail(st);
-  return db_.exec("COMMIT");
+  return db_.commit();
 }
 
 void KVStore::ensure_reserve() {
@@ -596,7 +596,7 @@ Status KVStore::remove_session_once(const std::string& name) {
     (void)db_.exec("ROLLBACK");
     return st;
   }
-  return db_.exec("COMMIT");
+  return db_.commit();
 }
 
 KVStore::SessRec* KVStore::rec_of_seq(int seq) {

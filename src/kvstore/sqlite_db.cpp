@@ -40,6 +40,12 @@ Status SqliteDb::exec(const std::string& sql) {
   return Status::ok();
 }
 
+Status SqliteDb::commit() {
+  Status st = exec("COMMIT");
+  if (!st.is_ok() && !sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK");
+  return st;
+}
+
 SqliteStmt::~SqliteStmt() {
   if (st_) sqlite3_finalize(st_);
 }

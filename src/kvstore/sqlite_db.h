@@ -21,6 +21,11 @@ class SqliteDb {
   // instead of failing.
   Status open(const std::string& path, int busy_timeout_ms);
   Status exec(const std::string& sql);
+  // COMMIT, and where it fails with the transaction still open (SQLite leaves it open after some
+  // errors, e.g. a busy lock or a deferred constraint, and rolls back by itself after others, e.g. a
+  // full disk), ROLLBACK: a failed commit never leaves the connection inside a transaction, where
+  // the next BEGIN would fail and later statements would join the abandoned one.
+  Status commit();
   sqlite3* handle() const { return db_; }
   Status error(const std::string& what) const;
 

@@ -525,7 +525,7 @@ class KVStore::Writer {
         ANVIL_RETURN_IF_ERROR(add_live_.run());
       }
     }
-    return db_.exec("COMMIT");
+    return db_.commit();
   }
 
   void flush() {

@@ -2107,4 +2107,36 @@ TEST(KVStore, AnOlderRowWithAnUnreadableMetaIsDamaged) {
 }
 
 }  // namespace
+// A COMMIT that fails with the transaction still open (here a deferred foreign key, which SQLite
+// checks at COMMIT and then leaves the transaction open; a busy lock does the same) must not leave
+// the connection inside it: SqliteDb::commit rolls it back, so the next BEGIN works and nothing of
+// the failed transaction is committed later by someone else's COMMIT.
+TEST(KVStoreCatalog, AFailedCommitLeavesNoTransactionOpen) {
+  const std::string path = fs::temp_directory_path() / ("anvil_commit_" + std::to_string(::getpid()) + ".db");
+  fs::remove(path);
+  {
+    SqliteDb db;
+    ASSERT_TRUE(db.open(path, 1000).is_ok());
+    ASSERT_TRUE(db.exec("PRAGMA foreign_keys = ON").is_ok());
+    ASSERT_TRUE(db.exec("CREATE TABLE p(id INTEGER PRIMARY KEY)").is_ok());
+    ASSERT_TRUE(db.exec("CREATE TABLE c(pid INTEGER REFERENCES p(id) DEFERRABLE INITIALLY DEFERRED)").is_ok());
+    ASSERT_TRUE(db.exec("BEGIN IMMEDIATE").is_ok());
+    ASSERT_TRUE(db.exec("INSERT INTO c VALUES (7)").is_ok());  // no parent 7: fails at COMMIT
+    Status st = db.commit();
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("COMMIT"), std::string::npos) << st.message();
+    EXPECT_TRUE(sqlite3_get_autocommit(db.handle())) << "the failed transaction is still open";
+    // The connection works as before, and the failed insert is gone.
+    ASSERT_TRUE(db.exec("BEGIN IMMEDIATE").is_ok());
+    ASSERT_TRUE(db.exec("INSERT INTO p VALUES (1)").is_ok());
+    ASSERT_TRUE(db.commit().is_ok());
+    SqliteStmt n;
+    ASSERT_TRUE(n.prepare(db, "SELECT (SELECT COUNT(*) FROM c), (SELECT COUNT(*) FROM p)").is_ok());
+    ASSERT_TRUE(*n.step());
+    EXPECT_EQ(n.col_int(0), 0);
+    EXPECT_EQ(n.col_int(1), 1);
+  }
+  fs::remove(path);
+}
+
 }  // namespace anvil
