@@ -10,11 +10,13 @@
 
 namespace anvil::server {
 
-// The tokens of `tok` below `vocab` (the model's vocabulary) with their bytes; added tokens (special
-// or not: <think>, <tool_call>, the chat markup) are never allowed inside the JSON. Needs a decoder
-// that is ByteLevel alone (Qwen, Llama 3, GPT-2 style), where a reply's text is exactly its tokens'
-// bytes joined; other decoders (SentencePiece's Metaspace, byte fallback) change a token's text by
-// its neighbours and are refused with an error saying so. eos_ids: the ids that may end the reply.
+// The tokens of `tok` below `vocab` (the model's vocabulary) with their bytes (token_raw_bytes: what
+// each adds to the text); added tokens (special or not: <think>, <tool_call>, the chat markup) are
+// never allowed inside the JSON. The reply's text is then its tokens' bytes joined, less what the
+// decoder cuts at the text's edges (a SentencePiece reply's first space): still JSON when that is
+// whitespace. Refused, with an error naming why: a decoder whose tokens' bytes depend on their
+// neighbours (Decoder::check_exact_token_bytes), a whole-text Strip of anything but whitespace, a
+// byte that is no token's (a mask could be empty). eos_ids: the ids that may end the reply.
 Result<std::shared_ptr<const JsonVocab>> json_vocab(const Tokenizer& tok, int vocab, const std::vector<int32_t>& eos_ids);
 
 }  // namespace anvil::server

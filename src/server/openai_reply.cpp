@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tokenizer/byte_level.h"
+
 namespace anvil::server {
 
 namespace {
@@ -13,19 +15,19 @@ ojson token_bytes_json(const std::string& s) {
 }
 }  // namespace
 
+std::string Reply::token_string(int32_t id) const { return tok::utf8_lossy(tok->token_raw_bytes(id)); }
+
 std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 ojson Reply::chat_logprobs(const std::vector<TokenInfo>& toks) const {
   ojson a = ojson::array();
   for (const TokenInfo& t : toks) {
     // "token" is the token's text (a partial character shows as U+FFFD); "bytes" its own bytes, from
-    // which a client rebuilds characters split over tokens, as OpenAI's.
-    std::string piece = tok->decode(std::span<const int32_t>(&t.id, 1));
+    // which a client rebuilds characters split over tokens, as OpenAI's (token_string).
+    std::string piece = token_string(t.id);
     ojson top = ojson::array();
-    for (const TokenLogprob& x : t.top) {
-      std::string p = tok->decode(std::span<const int32_t>(&x.id, 1));
-      top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", token_bytes_json(tok->token_raw_bytes(x.id))}});
-    }
+    for (const TokenLogprob& x : t.top)
+      top.push_back({{"token", token_string(x.id)}, {"logprob", x.logprob}, {"bytes", token_bytes_json(tok->token_raw_bytes(x.id))}});
     a.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", token_bytes_json(tok->token_raw_bytes(t.id))},
                  {"top_logprobs", top}});
   }
@@ -35,13 +37,13 @@ ojson Reply::chat_logprobs(const std::vector<TokenInfo>& toks) const {
 
 void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
   for (const TokenInfo& t : toks) {
-    std::string piece = tok->decode(std::span<const int32_t>(&t.id, 1));
+    std::string piece = token_string(t.id);
     (*o)["tokens"].push_back(piece);
     (*o)["token_logprobs"].push_back(t.logprob);
     ojson top = ojson::object();
     // The legacy format keys the alternatives by their text: tokens that decode alike (pieces of one
     // character all decode to U+FFFD) share a key, which keeps the likeliest of them (the first).
-    for (const TokenLogprob& x : t.top) top.emplace(tok->decode(std::span<const int32_t>(&x.id, 1)), x.logprob);
+    for (const TokenLogprob& x : t.top) top.emplace(token_string(x.id), x.logprob);
     // And the sampled token, when it is not among them (OpenAI: "the API will always return the
     // logprob of the sampled token, so there may be up to logprobs+1 elements"; vLLM does so too):
     // logprobs 0 gives the sampled token alone.

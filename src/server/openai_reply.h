@@ -1,8 +1,10 @@
 // One request's reply: turns the scheduler's job events into OpenAI JSON — SSE chunks while
 // streaming, or one chat.completion / text_completion object at the end. Chat replies go through
 // ChatOutput (reasoning_content, tool_calls); logprobs are rendered in the chat format
-// (content[{token, logprob, bytes, top_logprobs}]; token: the token decoded alone, so one holding
-// part of a character shows U+FFFD; bytes: its own bytes) or the legacy completions one.
+// (content[{token, logprob, bytes, top_logprobs}]; bytes: the token's own bytes,
+// Tokenizer::token_raw_bytes, so the bytes of a reply's tokens joined are its text's, up to the
+// decoder's cut of the text's first space; token: those bytes as text, so one holding part of a
+// character shows U+FFFD and a SentencePiece "▁word" keeps its space) or the legacy completions one.
 #pragma once
 #include <memory>
 #include <string>
@@ -65,6 +67,12 @@ struct Reply {
 
  private:
   std::string tool_choice_violation() const;
+  // A token's "token" string: the lossy UTF-8 of its own bytes. vLLM's is decode() of the token
+  // alone with the spaces of its leading "▁" put back (convert_ids_list_to_tokens), where the
+  // pre-tokenizer is Metaspace (Llama 2 re-converted, TinyLlama): the same text there; this does
+  // it for every decoder, Mistral's legacy Replace-based layout too (vLLM: the word without its
+  // space). A byte-fallback token shows U+FFFD in both.
+  std::string token_string(int32_t id) const;
   ojson chat_logprobs(const std::vector<TokenInfo>& toks) const;
   void completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o);
   static ojson tool_calls_json(const std::vector<ToolCall>& calls, int first_index, bool with_index);

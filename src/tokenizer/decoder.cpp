@@ -118,6 +118,127 @@ Result<Decoder> Decoder::from_json(const nlohmann::json& j, const std::string& p
   return d;
 }
 
+namespace {
+
+const char* step_name(int kind) {
+  static const char* const names[] = {"ByteLevel", "ByteFallback", "Fuse", "Strip", "Replace", "Metaspace"};
+  return names[kind];
+}
+
+// tokenizers' Strip of one token: up to `start` leading and `stop` trailing `content` characters.
+std::string strip_chars(std::string_view t, uint32_t ch, size_t start, size_t stop) {
+  std::vector<std::string_view> chars;
+  std::vector<uint32_t> cps;
+  for_each_char(t, [&](uint32_t cp, std::string_view bytes) {
+    chars.push_back(bytes);
+    cps.push_back(cp);
+  });
+  size_t b = 0, e = chars.size();
+  while (b < start && b < e && cps[b] == ch) ++b;
+  for (size_t k = 0; k < stop && e > b && cps[e - 1] == ch; ++k) --e;
+  std::string r;
+  for (size_t i = b; i < e; ++i) r.append(chars[i]);
+  return r;
+}
+
+}  // namespace
+
+std::string Decoder::token_bytes(std::string_view token, bool first) const {
+  std::string t(token);
+  bool fused = false;  // a fusing step came before: later steps see the whole text as one token
+  for (const Step& s : steps_) {
+    switch (s.kind) {
+      case Step::kByteLevel:
+        if (auto b = byte_level_to_bytes(t)) t = std::move(*b);
+        fused = true;
+        break;
+      case Step::kFuse:
+        fused = true;
+        break;
+      case Step::kByteFallback: {
+        uint8_t b;
+        if (!fused && byte_token(t, &b)) t.assign(1, char(b));
+        break;
+      }
+      case Step::kStrip:
+        if (!fused && is_valid_utf8(t)) t = strip_chars(t, s.ch, s.start, s.stop);
+        break;  // after a fusing step: the text's edges (strip_text_edges)
+      case Step::kReplace:
+        if (s.regex && is_valid_utf8(t)) {  // a lone byte of a longer character matches no pattern
+          std::vector<SplitRange> ranges;
+          regex_ranges(*s.regex, t, ranges);
+          std::string r;
+          for (const auto& x : ranges) r.append(x.is_match ? std::string_view(s.content) : std::string_view(t).substr(x.begin, x.end - x.begin));
+          t = std::move(r);
+        }
+        break;
+      case Step::kMetaspace: {
+        if (!is_valid_utf8(t)) break;
+        // After a fusing step the whole text is Metaspace's first token.
+        const bool drop = (first || fused) && s.drop_first;
+        std::string r;
+        for_each_char(t, [&](uint32_t cp, std::string_view bytes) {
+          if (cp != s.ch) r.append(bytes);
+          else if (!drop) r.push_back(' ');
+        });
+        t = std::move(r);
+        break;
+      }
+    }
+  }
+  return first ? t : separator_ + t;
+}
+
+void Decoder::strip_text_edges(std::string& bytes) const {
+  bool fused = false;
+  for (const Step& s : steps_) {
+    if (s.kind == Step::kFuse || s.kind == Step::kByteLevel) fused = true;
+    if (s.kind != Step::kStrip || !fused) continue;
+    size_t b = 0, e = bytes.size();
+    const size_t n = s.content.size();
+    for (size_t k = 0; k < s.start && e - b >= n && bytes.compare(b, n, s.content) == 0; ++k) b += n;
+    for (size_t k = 0; k < s.stop && e - b >= n && bytes.compare(e - n, n, s.content) == 0; ++k) e -= n;
+    bytes = bytes.substr(b, e - b);
+  }
+}
+
+std::vector<std::string> Decoder::edge_strip_contents() const {
+  std::vector<std::string> out;
+  bool fused = false;
+  for (const Step& s : steps_) {
+    if (s.kind == Step::kFuse || s.kind == Step::kByteLevel) fused = true;
+    if (s.kind == Step::kStrip && fused) out.push_back(s.content);
+  }
+  return out;
+}
+
+Status Decoder::check_exact_token_bytes() const {
+  bool fused = false, byte_level = false, byte_fallback = false, edge_strip = false;
+  std::string fuser;
+  for (const Step& s : steps_) {
+    const std::string name = step_name(s.kind);
+    auto refuse = [&](const std::string& why) {
+      return unsupported("the decoder's " + name + " step " + why + ", so a token's bytes depend on its neighbours");
+    };
+    if (edge_strip && s.kind != Step::kStrip && s.kind != Step::kFuse) return refuse("comes after a Strip of the whole text");
+    if (fused && (s.kind == Step::kByteFallback || s.kind == Step::kByteLevel ||
+                  (s.kind == Step::kReplace && !s.single_char_pattern)))
+      return refuse("comes after " + fuser + ", where it acts on the whole text");
+    if (byte_level && (s.kind == Step::kReplace || s.kind == Step::kMetaspace))
+      return refuse("comes after ByteLevel, where it reads bytes that are not yet characters");
+    if (s.kind == Step::kStrip && !fused && byte_fallback)
+      return refuse("comes after ByteFallback and before any Fuse, where it strips a run of byte tokens as one token");
+    if (s.kind == Step::kStrip && fused) edge_strip = true;
+    if (s.kind == Step::kByteFallback) byte_fallback = true;
+    if (s.kind == Step::kByteLevel) byte_level = true;
+    if ((s.kind == Step::kFuse || s.kind == Step::kByteLevel) && !fused) {
+      fused = true;
+      fuser = name;
+    }
+  }
+  return Status::ok();
+}
+
 DecodeStream::DecodeStream(const Decoder& d) : d_(d), st_(d.steps_.size() + 1) {}
 
 void DecodeStream::push(std::string_view token, std::string& out) { feed(0, token, true, out); }

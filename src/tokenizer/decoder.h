@@ -36,6 +36,31 @@ class Decoder {
   // Exactly tokenizers' ByteLevel decoder: text = lossy UTF-8 of the tokens' bytes.
   bool is_byte_level_only() const { return steps_.size() == 1 && steps_[0].kind == Step::kByteLevel; }
 
+  // Per-token bytes (Tokenizer::token_raw_bytes states the invariant they keep with decode).
+  // The steps split in two: per-token steps (ByteLevel's byte table, ByteFallback's "<0xNN>" -> the
+  // byte NN, Replace, Metaspace, a Strip before any fusing step, the null decoder's separator),
+  // and whole-text ones, which only touch the text's edges: a Strip after a fusing step (Fuse,
+  // ByteLevel) cuts the text's first `start` and last `stop` `content` characters; Metaspace
+  // (prepend_scheme first/always) drops the replacement characters of the text's first token where
+  // it writes a space elsewhere; the null decoder puts no separator before the first token.
+  //
+  // token_bytes: the bytes `token` (a vocab entry or added token's content) adds to a decoded text,
+  // before any UTF-8 repair: every per-token step applied to it alone, as the text's first token
+  // when `first`, else as one in its middle. A byte of a longer character stays that byte.
+  std::string token_bytes(std::string_view token, bool first = false) const;
+  // The whole-text Strip steps applied to joined token bytes (their start and stop cuts).
+  void strip_text_edges(std::string& bytes) const;
+  // The characters the whole-text Strip steps may cut from the text's ends.
+  std::vector<std::string> edge_strip_contents() const;
+  // OK when token_bytes() is exact for every token: joined and edge-stripped, the tokens' bytes are
+  // decode's text before UTF-8 repair, for any id sequence (Tokenizer::token_raw_bytes). Otherwise
+  // an error naming the step that makes a token's bytes depend on its neighbours: a ByteFallback,
+  // ByteLevel, or a Replace whose pattern is longer than one character, after a fusing step (they
+  // then act on the whole text); a Replace or Metaspace after ByteLevel (they would read bytes
+  // that are not yet characters); any step but Strip after a whole-text Strip; a Strip before any
+  // fusing step that follows a ByteFallback (it strips a run of byte tokens as one token).
+  Status check_exact_token_bytes() const;
+
  private:
   friend class DecodeStream;
   struct Step {

@@ -123,10 +123,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
       raw_tok.push_back(a);
     }
   }
-  if (t->decoder_.is_byte_level_only()) {
-    t->token_bytes_.resize(t->token_text_.size());
-    for (size_t id = 0; id < t->token_text_.size(); ++id) t->token_bytes_[id] = decoded_bytes(t->token_text_[id]);
-  }
+  t->byte_level_only_ = t->decoder_.is_byte_level_only();
+  t->token_bytes_.resize(t->token_text_.size());
+  for (size_t id = 0; id < t->token_text_.size(); ++id)
+    t->token_bytes_[id] = t->byte_level_only_ ? decoded_bytes(t->token_text_[id]) : t->decoder_.token_bytes(t->token_text_[id]);
   {
     const nlohmann::json post = j.value("post_processor", nlohmann::json());
     auto p = tok::PostProcessor::from_json(post, t->vocab_size_);
@@ -188,14 +188,23 @@ const std::string* Tokenizer::token_text(int32_t id) const {
   return id >= 0 && id < vocab_size_ && known_[size_t(id)] ? &token_text_[size_t(id)] : nullptr;
 }
 
-std::string Tokenizer::token_raw_bytes(int32_t id) const {
-  if (!token_text(id)) return "";
-  if (!token_bytes_.empty()) return token_bytes_[size_t(id)];
-  return decode(std::span<const int32_t>(&id, 1));
+std::string Tokenizer::token_raw_bytes(int32_t id) const { return token_text(id) ? token_bytes_[size_t(id)] : ""; }
+
+std::string Tokenizer::join_raw_bytes(std::span<const int32_t> ids, bool skip_special) const {
+  std::string out;
+  bool first = true;
+  for (int32_t id : ids) {
+    const std::string* t = token_text(id);
+    if (!t || (skip_special && is_special(id))) continue;
+    out += first ? decoder_.token_bytes(*t, true) : token_bytes_[size_t(id)];
+    first = false;
+  }
+  decoder_.strip_text_edges(out);
+  return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
-  if (!token_bytes_.empty()) {  // ByteLevel decoder: lossy UTF-8 of the tokens' bytes
+  if (byte_level_only_) {  // ByteLevel decoder: lossy UTF-8 of the tokens' bytes
     std::string bytes;
     for (int32_t id : ids) {
       if (!token_text(id) || (skip_special && is_special(id))) continue;

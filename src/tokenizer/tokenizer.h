@@ -48,10 +48,28 @@ class Tokenizer {
   std::string id_to_token(int32_t id) const;  // "" for an unknown id
   bool is_special(int32_t id) const;
 
-  // The bytes one token decodes to, before any UTF-8 repair: a token that holds part of a
-  // character gives those bytes (what OpenAI's logprobs "bytes" carry). With a decoder other than
-  // ByteLevel alone, decode() of the one id. "" for an id not in the vocabulary.
+  // The bytes token `id` adds to a decoded text where it is not the text's first token, before
+  // any UTF-8 repair (OpenAI's logprobs "bytes"; JSON mode's view of a token): the decoder's
+  // per-token steps applied to it alone (tok::Decoder::token_bytes). So a byte-level token gives
+  // its bytes, a byte-fallback token "<0xE4>" the byte 0xE4 (decode() of it alone: U+FFFD), a
+  // SentencePiece "▁Hello" " Hello" (decode() of it alone: "Hello", the text's first space being
+  // stripped), an added or special token its content. "" for an id not in the vocabulary.
+  //
+  // Invariant (tests/tokenizer/token_bytes_test.cpp, against Hugging Face tokenizers' decode on
+  // every decoder layout): for any ids (and with skip_special, on both sides),
+  //   decode(ids) == utf8_lossy(join_raw_bytes(ids)),
+  // where join_raw_bytes(ids) is concat(token_raw_bytes(ids[i])) with only the decoder's text-edge
+  // rules applied, which only ever delete: the first token's spaces from "▁" (Metaspace with
+  // prepend_scheme first/always) or its separator space (a null decoder), then up to `start`
+  // leading and `stop` trailing `content` characters (a Strip after Fuse/ByteLevel: Llama 2 and
+  // Mistral cut one leading space). So the text is the tokens' bytes joined, less a space at its
+  // start. It holds for every decoder that passes Decoder::check_exact_token_bytes(), except for
+  // lossy repair (ByteFallback turns each byte of a byte-token run that is not valid UTF-8 into
+  // U+FFFD, utf8_lossy each maximal invalid sequence) and a byte-token run that spells a character
+  // a later step rewrites (the bytes of "▁" before Metaspace; no encoding produces it).
   std::string token_raw_bytes(int32_t id) const;
+  // The tokens' bytes joined as decode() joins them, before UTF-8 repair (see token_raw_bytes).
+  std::string join_raw_bytes(std::span<const int32_t> ids, bool skip_special = false) const;
   // The token string of an id as tokenizers' decode sees it (added token content, else the vocab
   // entry); nullptr for an id that is not in the vocabulary.
   const std::string* token_text(int32_t id) const;
@@ -81,7 +99,8 @@ class Tokenizer {
   tok::AddedTokenMatcher raw_matcher_, normalized_matcher_;
   std::vector<std::string> token_text_;   // by id: what decode() sees
   std::vector<uint8_t> known_;            // by id: 1 when the id is in the vocabulary
-  std::vector<std::string> token_bytes_;  // by id, only with a ByteLevel-only decoder: its bytes
+  std::vector<std::string> token_bytes_;  // by id: token_raw_bytes
+  bool byte_level_only_ = false;          // decode() is the lossy UTF-8 of the tokens' bytes joined
   std::vector<uint8_t> special_;          // by id
   int vocab_size_ = 0;
 };

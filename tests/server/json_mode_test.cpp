@@ -142,15 +142,103 @@ TEST(JsonMode, Qwen3VocabularyMask) {
   }
 }
 
-// A byte-level tokenizer is needed: a SentencePiece-style decoder (Metaspace) is refused by name.
-TEST(JsonMode, RefusesATokenizerThatIsNotByteLevel) {
+// A SentencePiece vocabulary (Mistral's layout: Replace "▁" -> " ", ByteFallback, Fuse, Strip) is
+// taken: each token's bytes are what it adds to the text ("▁{" is " {", "<0xE4>" the byte E4), and
+// the decoder only cuts the text's first space, which JSON does not need. Random walks over allowed
+// tokens never find an empty mask before the object closes (the byte-fallback tokens give every
+// byte), then find exactly EOS; the mask equals pushing every token's bytes through the automaton;
+// [INST] and </s> are never allowed inside. The decoded text of each walk is a JSON object.
+TEST(JsonMode, SentencePieceVocabularyMask) {
   const std::string path = std::string(ANVIL_TEST_DATA) + "/tokenizer/sp-llama/tokenizer.json";
   if (!fs::exists(path)) GTEST_SKIP() << "no " << path;
   auto tok = anvil::Tokenizer::load(path);
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
-  auto v = anvil::server::json_vocab(**tok, (*tok)->vocab_size(), {2});
-  ASSERT_FALSE(v.is_ok());
-  EXPECT_NE(v.status().message().find("byte-level"), std::string::npos) << v.status().message();
+  const int V = (*tok)->vocab_size();
+  auto vocab = anvil::server::json_vocab(**tok, V, {2});
+  ASSERT_TRUE(vocab.is_ok()) << vocab.status().message();
+  for (const char* t : {"[INST]", "[/INST]", "<s>"}) EXPECT_TRUE((*vocab)->bytes(*(*tok)->token_to_id(t)).empty()) << t;
+  EXPECT_EQ((*vocab)->bytes(*(*tok)->token_to_id("<0xE4>")), "\xE4");
+  const int32_t space = *(*tok)->token_to_id("\u2581");
+  EXPECT_EQ((*vocab)->bytes(space), " ");
+  auto brute = [&](const anvil::JsonAutomaton& s, const std::vector<uint64_t>& mask) {
+    for (int32_t id = 0; id < V; ++id) {
+      anvil::JsonAutomaton t = s;
+      const std::string& b = (*vocab)->bytes(id);
+      const bool ok = !b.empty() && t.push(b);
+      ASSERT_EQ(anvil::mask_has(mask, id), ok) << "token " << id << " '" << b << "'";
+    }
+  };
+  std::mt19937 rng(7);
+  int completed = 0;
+  for (int walk = 0; walk < 40; ++walk) {
+    anvil::JsonConstraint c(*vocab);
+    std::vector<int32_t> ids;
+    for (int step = 0; step < 400; ++step) {
+      const std::vector<uint64_t>& m = c.allowed();
+      std::vector<int32_t> allowed;
+      for (int32_t id = 0; id < V; ++id)
+        if (anvil::mask_has(m, id)) allowed.push_back(id);
+      if (step == 0) {
+        EXPECT_TRUE(anvil::mask_has(m, space)) << "a leading space (the \"▁\" a SentencePiece text starts with)";
+        brute(c.state(), m);
+      }
+      if (c.complete()) {
+        EXPECT_EQ(allowed, std::vector<int32_t>{2});
+        ++completed;
+        break;
+      }
+      ASSERT_FALSE(allowed.empty()) << "walk " << walk << " step " << step;
+      if (step % 25 == 3) brute(c.state(), m);
+      int32_t pick = allowed[rng() % allowed.size()];
+      if (step > 20 && rng() % 2 == 0)  // often close what is open, so that walks finish
+        for (const char* b : {"<0x22>", "<0x7D>", "<0x5D>", "<0x3A>", "<0x30>", "<0x65>", "<0x6C>", "<0x75>", "<0x72>"}) {
+          const int32_t id = *(*tok)->token_to_id(b);
+          if (anvil::mask_has(m, id)) {
+            pick = id;
+            break;
+          }
+        }
+      ASSERT_TRUE(c.accept(pick));
+      ids.push_back(pick);
+    }
+    if (!c.complete()) continue;
+    // The text the reply would show: the decode of the walk, its first space cut. Still an object.
+    const std::string text = (*tok)->decode(ids);
+    const auto parsed = json::parse(text, nullptr, false);
+    EXPECT_TRUE(parsed.is_object()) << text;
+  }
+  EXPECT_GE(completed, 20);
+}
+
+// Where a token's bytes depend on its neighbours, or the decoder cuts what JSON may need, or some
+// byte is no token's (the mask could run empty), JSON mode is refused with the reason named.
+TEST(JsonMode, RefusesTokenizersWithoutExactTokenBytes) {
+  const std::string sp = std::string(ANVIL_TEST_DATA) + "/tokenizer/sp-llama/tokenizer.json";
+  const std::string comp = std::string(ANVIL_TEST_DATA) + "/tokenizer/comp-bpe/tokenizer.json";
+  if (!fs::exists(sp) || !fs::exists(comp)) GTEST_SKIP() << "no tokenizer fixtures";
+  struct Case {
+    std::string path;
+    json decoder;  // null: unchanged
+    const char* expect;
+  };
+  const Case cases[] = {
+      {sp, json::parse(R"({"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"ByteFallback"}]})"),
+       "ByteFallback step comes after Fuse"},
+      {sp, json::parse(R"({"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"\u2581"},"content":" "},)"
+                       R"({"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":"}","start":0,"stop":1}]})"),
+       "Strip cuts '}'"},
+      {comp, nullptr, "no token is the single byte 0x00"},
+  };
+  for (const Case& c : cases) {
+    json j = json::parse(std::ifstream(c.path));
+    if (!c.decoder.is_null()) j["decoder"] = c.decoder;
+    auto tok = anvil::Tokenizer::from_json_text(j.dump(), c.path);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+    auto v = anvil::server::json_vocab(**tok, (*tok)->vocab_size(), {2});
+    ASSERT_FALSE(v.is_ok()) << c.expect;
+    EXPECT_NE(v.status().message().find(c.expect), std::string::npos) << v.status().message();
+    EXPECT_NE(v.status().message().find("json_object"), std::string::npos) << v.status().message();
+  }
 }
 
 // The tiny trained model, which writes Python, held to JSON: every reply that stops is an object

@@ -284,6 +284,84 @@ TEST(Reply, TextOffsetsOfASentencePieceTokenizer) {
   EXPECT_EQ(offsets, nlohmann::ordered_json::array({0, 5, 11, 12, 13, 14, 13, 16, 17, 14, 16}));
 }
 
+// The same tokenizer's logprobs: "bytes" are each token's own bytes, so joined they are the reply's
+// text, but for the one leading space the decoder's Strip cuts from it (OpenAI's contract: the
+// bytes rebuild the text). They were each token's decode alone: a word's "▁" lost its space and a
+// byte-fallback token of a longer character gave U+FFFD's bytes, so nothing rebuilt the text.
+// "token" is those bytes as text: " world" (vLLM's for a "▁" token), U+FFFD for a partial character.
+TEST(Reply, LogprobsBytesOfASentencePieceTokenizer) {
+  const std::string path = std::string(ANVIL_TEST_DATA) + "/tokenizer/sp-llama/tokenizer.json";
+  auto loaded = Tokenizer::load(path);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  const Tokenizer& tok = **loaded;
+  const std::string text = "hello  world \xE4\xB8\xAD\xE6\x96\x87 {\"k\": \"\xF0\x9F\xA6\x80\"}";  // 中文, 🦀
+  const std::vector<int32_t> ids = tok.encode(text);
+  // What each token should show, from its vocab entry: "▁w..." is " w...", "<0xNN>" the byte NN
+  // (U+FFFD as text when NN is not ASCII), anything else itself.
+  std::vector<std::string> want_bytes;
+  int partial = 0;
+  for (int32_t id : ids) {
+    const std::string v = tok.id_to_token(id);
+    if (v.size() == 6 && v.rfind("<0x", 0) == 0) {
+      want_bytes.push_back(std::string(1, char(std::stoi(v.substr(3, 2), nullptr, 16))));
+      partial += (unsigned char)want_bytes.back()[0] >= 0x80;
+    } else {
+      std::string w;
+      for (size_t i = 0; i < v.size();) {
+        if (v.compare(i, 3, "\u2581") == 0) {
+          w += ' ';
+          i += 3;
+        } else {
+          w += v[i++];
+        }
+      }
+      want_bytes.push_back(w);
+    }
+  }
+  ASSERT_GE(partial, 6) << "中文 should be byte-fallback tokens in this small vocabulary";
+  for (bool chat : {true, false}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    auto r = make_reply(chat, false, false, true);
+    r->tok = &tok;
+    StreamDecoder dec(tok, /*skip_special=*/true);
+    for (int32_t id : ids) {
+      JobEvent e = delta(dec.push(id), id);
+      e.tokens[0].top = {{id, -0.5f}, {ids[0], -1.5f}};
+      r->on_delta(e);
+    }
+    JobEvent last;
+    last.text = dec.flush();
+    r->on_delta(last);
+    r->on_done("length");
+    const auto j = r->response();
+    std::vector<std::string> tokens;
+    if (chat) {
+      EXPECT_EQ(j["choices"][0]["message"]["content"], text);
+      const auto& lp = j["choices"][0]["logprobs"]["content"];
+      ASSERT_EQ(lp.size(), ids.size());
+      std::string joined;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::string b;
+        for (const auto& c : lp[i]["bytes"]) b += char(c.get<int>());
+        EXPECT_EQ(b, want_bytes[i]) << "token " << i << " " << tok.id_to_token(ids[i]);
+        joined += b;
+        tokens.push_back(lp[i]["token"]);
+        const auto& alt = lp[i]["top_logprobs"][1];  // ids[0], "▁hello"
+        EXPECT_EQ(alt["token"], " hello");
+        EXPECT_EQ(alt["bytes"], nlohmann::ordered_json::array({32, 104, 101, 108, 108, 111}));
+      }
+      EXPECT_EQ(joined, " " + text) << "the bytes are the text, with the space the decoder cuts at its start";
+    } else {
+      EXPECT_EQ(j["choices"][0]["text"], text);
+      for (const auto& t : j["choices"][0]["logprobs"]["tokens"]) tokens.push_back(t);
+      ASSERT_EQ(tokens.size(), ids.size());
+      EXPECT_TRUE(j["choices"][0]["logprobs"]["top_logprobs"][1].contains(" hello"));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(tokens[i], tok::utf8_lossy(want_bytes[i])) << "token " << i;
+    EXPECT_EQ(tokens[0], " hello");
+  }
+}
+
 TEST(Reply, WithoutToolsTheTagsAreContent) {
   auto r = make_reply(true, false, false);
   r->on_delta(delta("<tool_call>{\"name\": \"f\"}</tool_call>"));
