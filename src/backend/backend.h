@@ -129,7 +129,16 @@ struct SampleRowParams {
   int32_t top_k = 0;
   int32_t count_row = -1;           // row of SampleArgs::counts with this sequence's history; -1: no penalty
   uint64_t random = 0;              // 53 random bits: Sampler::next_random53() of the row's sampler
+  uint32_t flags = 0;               // kSampleRow*: 0 samples the row as described at sample_rows
 };
+// SampleRowParams::flags. A step may mix rows the device samples with rows sampled on the host
+// (Engine::step_sample: log-probabilities, presence/frequency penalties, JSON mode) and rows that
+// suppress SampleArgs::suppress (EOS when ignored) with rows that do not.
+// kSampleRowSkip: not sampled: the row's logits and counts are left as they are (the caller copies
+// the logits out afterwards) and ids[r] = -1; the other fields are not read.
+inline constexpr uint32_t kSampleRowSkip = 1;
+// kSampleRowNoSuppress: SampleArgs::suppress does not apply to this row.
+inline constexpr uint32_t kSampleRowNoSuppress = 2;
 // Everything sample_rows reads besides the logits, in backend memory. counts[row, vocab] holds, per
 // sequence, how often each id occurs in its repetition-penalty window; row r first applies its
 // updates[update_offsets[r] .. update_offsets[r+1]) (+(id+1) counts one more id, -(id+1) one fewer)
@@ -294,9 +303,10 @@ class Backend {
   virtual void argmax_rows(Act logits, const int32_t* suppress, int n_suppress, int32_t* ids) = 0;
   // Full sampling on the device (issue 9): ids[r] = the token runtime/sampler.h's Sampler picks for
   // row r of logits (F32 [R, vocab], overwritten with the processed logits) with params[r], the
-  // row's logit bias, the history counted in counts (after the row's updates), a.suppress, and params[r].random as the
-  // draw's 53 random bits (-1 when no token is possible). Exactly the Sampler's token, bit for bit
-  // (base/sample_math.h says why that holds). vocab <= sampling::kMaxVocab.
+  // row's logit bias, the history counted in counts (after the row's updates), a.suppress (unless
+  // the row's flags say kSampleRowNoSuppress), and params[r].random as the draw's 53 random bits (-1
+  // when no token is possible). Exactly the Sampler's token, bit for bit (base/sample_math.h says
+  // why that holds). A kSampleRowSkip row is not touched (ids[r] = -1). vocab <= sampling::kMaxVocab.
   virtual bool has_sample_rows() const { return false; }
   virtual size_t sample_scratch_bytes(int rows, int64_t vocab) const { return 0; }
   virtual void sample_rows(Act logits, const SampleArgs& a, int32_t* ids);

@@ -209,19 +209,26 @@ Status Transformer::forward_greedy(const int32_t* ids, const BatchView& batch, c
 
 Status Transformer::forward_sample(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                                    const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
-                                   const SampleArgs& args, int32_t* out_ids) {
+                                   const SampleArgs& args, int32_t* out_ids, std::span<const int> host_rows,
+                                   float* host_logits) {
   if (!backend_.has_sample_rows()) return unsupported("the " + backend_.name() + " backend has no device sampler");
-  return forward_on_device(ids, batch, kv, logit_rows, suppress, &args, out_ids);
+  return forward_on_device(ids, batch, kv, logit_rows, suppress, &args, out_ids, host_rows, host_logits);
 }
 
 Status Transformer::forward_on_device(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                                       const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
-                                      const SampleArgs* sample, int32_t* out_ids) {
+                                      const SampleArgs* sample, int32_t* out_ids, std::span<const int> host_rows,
+                                      float* host_logits) {
   ANVIL_RETURN_IF_ERROR(check_batch(ids, batch, logit_rows));
   if (suppress.size() > size_t(kMaxSuppress))
     return invalid_argument("forward_greedy: at most " + std::to_string(kMaxSuppress) + " suppressed tokens");
   const int T = batch.n_tokens, R = int(logit_rows.size());
   if (R == 0) return invalid_argument("forward_greedy: no logit rows");
+  if (!host_rows.empty() && (!sample || !host_logits))
+    return invalid_argument("forward_sample: host rows need the sampler and a host logits buffer");
+  for (size_t i = 0; i < host_rows.size(); ++i)
+    if (host_rows[i] < 0 || host_rows[i] >= R || (i > 0 && host_rows[i] <= host_rows[i - 1]))
+      return invalid_argument("forward_sample: host rows must be ascending logit rows below " + std::to_string(R));
   SampleArgs sa;
   if (sample) {
     sa = *sample;
@@ -271,6 +278,16 @@ Status Transformer::forward_on_device(const int32_t* ids, const BatchView& batch
     }
   } else {
     body();
+  }
+  // The host rows' logits, which sample_rows left as the head wrote them: each run of adjacent rows
+  // in one copy, and no other row.
+  const size_t V = size_t(cfg_.vocab_size);
+  for (size_t i = 0; i < host_rows.size();) {
+    size_t j = i + 1;
+    while (j < host_rows.size() && host_rows[j] == host_rows[j - 1] + 1) ++j;
+    be.copy_to_host(host_logits + i * V, static_cast<const float*>(logits_) + size_t(host_rows[i]) * V,
+                    (j - i) * V * sizeof(float));
+    i = j;
   }
   be.copy_to_host(out_ids, out_ids_dev_, size_t(R) * sizeof(int32_t));
   return be.synchronize();

@@ -51,9 +51,13 @@ class Transformer {
   // The same again with the full sampler on the backend (Backend::sample_rows, issue 9): out_ids[i]
   // is the token row logit_rows[i] samples with args.params[i] (device memory, as are args' buffers;
   // args.suppress/n_suppress are replaced by `suppress`, like forward_greedy's). Graphs as above.
+  // host_rows (ascending indices i into logit_rows) lists the rows whose args.params flags say
+  // kSampleRowSkip: their logits, as the model gave them, are copied to host_logits
+  // ([host_rows.size(), vocab] F32, host memory), and out_ids[i] is -1; only those rows' logits
+  // leave the backend (adjacent rows in one copy).
   Status forward_sample(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                         const std::vector<int>& logit_rows, std::span<const int32_t> suppress, const SampleArgs& args,
-                        int32_t* out_ids);
+                        int32_t* out_ids, std::span<const int> host_rows = {}, float* host_logits = nullptr);
   // Graphs captured so far (0 without graph support).
   int graphs_captured() const { return int(graph_keys_.size()); }
   // Whether one-sequence decode tokens run every layer in one backend launch (decode_layers).
@@ -76,7 +80,8 @@ class Transformer {
   // forward_greedy (sample == nullptr) and forward_sample.
   Status forward_on_device(const int32_t* ids, const BatchView& batch, const KVCacheView& kv,
                            const std::vector<int>& logit_rows, std::span<const int32_t> suppress,
-                           const SampleArgs* sample, int32_t* out_ids);
+                           const SampleArgs* sample, int32_t* out_ids, std::span<const int> host_rows = {},
+                           float* host_logits = nullptr);
   Act act(void* p, int64_t rows, int64_t cols) const { return Act{p, rows, cols, backend_.act_dtype()}; }
 
   ModelConfig cfg_;

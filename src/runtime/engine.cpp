@@ -294,9 +294,14 @@ Status Engine::run_batch(const std::vector<int>& seqs, const std::vector<int32_t
   b.page_table = table_dev_;
   b.pos_host = pos.data();
   b.seq_host = seq_idx.data();
-  if (greedy && greedy->sample)
-    return model_.forward_sample(ids.data(), b, pool_->view(), logit_rows, greedy->suppress, *greedy->sample, greedy->ids);
+  // Counted when asked for: a failed forward may have copied some of them.
+  if (greedy && greedy->sample) {
+    logit_rows_to_host_ += greedy->host_rows.size();
+    return model_.forward_sample(ids.data(), b, pool_->view(), logit_rows, greedy->suppress, *greedy->sample,
+                                 greedy->ids, greedy->host_rows, greedy->host_logits);
+  }
   if (greedy) return model_.forward_greedy(ids.data(), b, pool_->view(), logit_rows, greedy->suppress, greedy->ids);
+  logit_rows_to_host_ += logit_rows.size();
   return model_.forward(ids.data(), b, pool_->view(), logit_rows, logits);
 }
 

@@ -122,16 +122,31 @@ class Engine {
   // One forward over every item (distinct sequences, sum of n_tokens <= the model's max tokens,
   // at most max_seqs items). logits: [items wanting logits, vocab], in item order.
   Status step(std::span<const StepItem> items, std::vector<float>* logits);
+  // How step_sample takes one row (an item wanting logits).
+  struct RowMode {
+    bool host = false;     // not sampled: its logits come back (host_logits) for the caller to sample
+    bool suppress = true;  // `suppress` applies to it
+  };
   // The same step sampling on the backend (engine_sample.cpp): (*next)[r] is the token the r-th item
   // wanting logits samples with params[r] and random[r], never one of `suppress` (-1: none
   // possible); exactly the token the host Sampler picks from step()'s logits row r with the
   // sequence's tokens as history. Only the ids come back.
+  // modes (empty: every row sampled, suppressing) says per row otherwise: a host row is not sampled
+  // ((*next)[r] = -1; its params[r] and random[r] are not read, and its repetition-penalty counts on
+  // the device stay as they were); its logits row, as step() would return it, goes to *host_logits
+  // ([host rows, vocab], in row order), and only those rows are copied from the device. A row whose
+  // suppress is false samples as if `suppress` were empty.
   Status step_sample(std::span<const StepItem> items, std::span<const SamplingParams> params,
-                     std::span<const uint64_t> random, std::span<const int32_t> suppress, std::vector<int32_t>* next);
+                     std::span<const uint64_t> random, std::span<const int32_t> suppress, std::vector<int32_t>* next,
+                     std::span<const RowMode> modes = {}, std::vector<float>* host_logits = nullptr);
   // The last successful step()/step_sample(): nanoseconds from its start until its forward pass began
   // issuing kernels (checking the items, taking pages, building and uploading the batch and the
   // sampler's inputs). On a GPU, host time that the device waits through (Transformer::last_issue).
   uint64_t last_step_prep_ns() const { return last_step_prep_ns_; }
+  // Rows of logits ([vocab] fp32 each) copied from the backend to the host so far: every logits row
+  // of extend/decode/step, a step_sample's host rows; none for decode_greedy/decode_sample or a
+  // step_sample's sampled rows.
+  uint64_t logit_rows_to_host() const { return logit_rows_to_host_; }
 
  private:
   struct Seq {
@@ -162,6 +177,8 @@ class Engine {
     std::span<const int32_t> suppress;
     int32_t* ids;
     const SampleArgs* sample = nullptr;  // decode_sample: the full sampler instead of argmax
+    std::span<const int> host_rows = {};  // step_sample: rows not sampled, their logits to host_logits
+    float* host_logits = nullptr;
   };
   // Runs one forward over tokens (seq_of[t], pos_of[t]); `seqs` lists the distinct sequences in order.
   // With `greedy`, samples on the backend into greedy->ids instead of returning logits.
@@ -193,6 +210,7 @@ class Engine {
   std::vector<int32_t> dropped_;
   size_t dropped_head_ = 0;
   uint64_t last_step_prep_ns_ = 0;
+  uint64_t logit_rows_to_host_ = 0;
   struct SampleState {  // decode_sample's buffers (engine_sample.cpp), allocated on first use
     SampleRowParams* params = nullptr;  // [max_seqs]
     int32_t* counts = nullptr;          // [max_seqs, vocab], row = sequence id
@@ -210,8 +228,9 @@ class Engine {
   } samp_;
   Status sample_state_init();
   Status sample_upload(std::span<const int> seqs, std::span<const int32_t> extra, std::span<const SamplingParams> params,
-                       std::span<const uint64_t> random, SampleArgs* out);
-  void sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params);
+                       std::span<const uint64_t> random, std::span<const RowMode> modes, SampleArgs* out);
+  void sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params,
+                        std::span<const RowMode> modes);
   // step()/step_sample(): checks the items, takes their pages and runs one forward, then advances
   // the sequences. With `sample` (step_sample), called once the items are known valid and before any
   // page is taken, the forward samples on the backend (its Greedy) instead of returning logits.

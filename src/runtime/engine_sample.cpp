@@ -64,28 +64,31 @@ Status Engine::decode_sample(std::span<const int> seqs, std::span<const int32_t>
     if (sq < 0 || sq >= int(seqs_.size()) || !seqs_[sq].live)
       return invalid_argument("decode: no such sequence: " + std::to_string(sq));
   SampleArgs args;
-  ANVIL_RETURN_IF_ERROR(sample_upload(seqs, tokens, params, random, &args));
+  ANVIL_RETURN_IF_ERROR(sample_upload(seqs, tokens, params, random, {}, &args));
   next->resize(seqs.size());
   Greedy g{suppress, next->data(), &args};
   ANVIL_RETURN_IF_ERROR(decode_impl(seqs, tokens, nullptr, &g));
-  sample_committed(seqs, params);
+  sample_committed(seqs, params, {});
   return Status::ok();
 }
 
 // The rows' parameters and count updates, uploaded. Row i samples for sequence seqs[i], whose
 // history after this step is its tokens plus extra[i] (decode: the token the step appends) or just
-// its tokens (extra empty: step(), whose tokens are already appended).
+// its tokens (extra empty: step(), whose tokens are already appended). modes (empty: every row
+// sampled, suppressing): a host row is uploaded as kSampleRowSkip (no bias, no count updates), a row
+// that does not suppress as kSampleRowNoSuppress.
 Status Engine::sample_upload(std::span<const int> seqs, std::span<const int32_t> extra,
                              std::span<const SamplingParams> params, std::span<const uint64_t> random,
-                             SampleArgs* out) {
+                             std::span<const RowMode> modes, SampleArgs* out) {
   ANVIL_RETURN_IF_ERROR(sample_state_init());
   Backend& be = model_.backend();
   const int64_t V = model_.config().vocab_size;
   const size_t R = seqs.size();
+  auto host = [&](size_t i) { return !modes.empty() && modes[i].host; };
   // Checked before any sequence's state changes.
-  for (const SamplingParams& p : params)
-    for (const LogitBias& b : p.logit_bias)
-      if (b.id >= V)
+  for (size_t i = 0; i < R; ++i)
+    for (const LogitBias& b : params[i].logit_bias)
+      if (!host(i) && b.id >= V)
         return invalid_argument("sampling parameter 'logit_bias': token id " + std::to_string(b.id) +
                                 " is outside the vocabulary [0, " + std::to_string(V) + ")");
   samp_.host_params.resize(R);
@@ -95,14 +98,22 @@ Status Engine::sample_upload(std::span<const int> seqs, std::span<const int32_t>
   samp_.host_bias_ids.clear();
   samp_.host_bias_values.clear();
   for (size_t i = 0; i < R; ++i) {
+    SampleRowParams& rp = samp_.host_params[i];
+    if (host(i)) {  // sampled on the host: the device leaves it alone
+      rp = SampleRowParams{};
+      rp.flags = kSampleRowSkip;
+      samp_.host_bias_offsets.push_back(int32_t(samp_.host_bias_ids.size()));
+      samp_.host_offsets.push_back(int32_t(samp_.host_updates.size()));
+      continue;
+    }
     const SamplingParams& p = params[i];
     for (const LogitBias& b : p.logit_bias) {
       samp_.host_bias_ids.push_back(b.id);
       samp_.host_bias_values.push_back(b.bias);
     }
     samp_.host_bias_offsets.push_back(int32_t(samp_.host_bias_ids.size()));
-    SampleRowParams& rp = samp_.host_params[i];
-    rp = SampleRowParams{p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, -1, random[i]};
+    const uint32_t flags = !modes.empty() && !modes[i].suppress ? kSampleRowNoSuppress : 0;
+    rp = SampleRowParams{p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, -1, random[i], flags};
     if (p.repetition_penalty != 1.0f) {
       Seq& s = seqs_[seqs[i]];
       rp.count_row = seqs[i];
@@ -147,10 +158,12 @@ Status Engine::sample_upload(std::span<const int> seqs, std::span<const int32_t>
   return Status::ok();
 }
 
-// After a successful step: the device counts of these sequences now cover all their tokens.
-void Engine::sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params) {
+// After a successful step: the device counts of these sequences now cover all their tokens (a host
+// row's were not touched).
+void Engine::sample_committed(std::span<const int> seqs, std::span<const SamplingParams> params,
+                              std::span<const RowMode> modes) {
   for (size_t i = 0; i < seqs.size(); ++i)
-    if (params[i].repetition_penalty != 1.0f) {
+    if (params[i].repetition_penalty != 1.0f && (modes.empty() || !modes[i].host)) {
       Seq& s = seqs_[seqs[i]];
       s.sample_counted = int(s.tokens.size());  // the step's tokens are appended by now
       s.sample_window = params[i].repetition_window;

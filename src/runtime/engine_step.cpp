@@ -87,22 +87,32 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
 
 Status Engine::step_sample(std::span<const StepItem> items, std::span<const SamplingParams> params,
                            std::span<const uint64_t> random, std::span<const int32_t> suppress,
-                           std::vector<int32_t>* next) {
+                           std::vector<int32_t>* next, std::span<const RowMode> modes,
+                           std::vector<float>* host_logits) {
   std::vector<int> seqs;  // the items that sample, in order (step_impl checks them)
   for (const StepItem& it : items)
     if (it.want_logits) seqs.push_back(it.seq);
   if (params.size() != seqs.size() || random.size() != seqs.size())
     return invalid_argument("step_sample: one parameter set and one random number per item that wants a token");
   if (seqs.empty()) return invalid_argument("step_sample: no item wants a token");
-  for (const SamplingParams& p : params) ANVIL_RETURN_IF_ERROR(validate(p));
+  if (!modes.empty() && modes.size() != seqs.size())
+    return invalid_argument("step_sample: one row mode per item that wants a token, or none");
+  std::vector<int> host_rows;  // the rows whose logits come back instead of a token
+  for (size_t r = 0; r < modes.size(); ++r)
+    if (modes[r].host) host_rows.push_back(int(r));
+  if (!host_rows.empty() && !host_logits)
+    return invalid_argument("step_sample: host rows need a buffer for their logits");
+  for (size_t r = 0; r < params.size(); ++r)
+    if (modes.empty() || !modes[r].host) ANVIL_RETURN_IF_ERROR(validate(params[r]));
   SampleArgs args;
   ANVIL_RETURN_IF_ERROR(step_impl(items, nullptr, [&](Greedy* g) -> Status {
-    ANVIL_RETURN_IF_ERROR(sample_upload(seqs, {}, params, random, &args));
+    ANVIL_RETURN_IF_ERROR(sample_upload(seqs, {}, params, random, modes, &args));
     next->resize(seqs.size());
-    *g = Greedy{suppress, next->data(), &args};
+    if (host_logits) host_logits->resize(host_rows.size() * size_t(model_.config().vocab_size));
+    *g = Greedy{suppress, next->data(), &args, host_rows, host_logits ? host_logits->data() : nullptr};
     return Status::ok();
   }));
-  sample_committed(seqs, params);
+  sample_committed(seqs, params, modes);
   return Status::ok();
 }
 

@@ -94,6 +94,11 @@ std::string Metrics::render() const {
   seconds("anvil_step_prep_seconds_total",
           "Time of the forward passes before their kernels were issued (building and uploading the batch), within theirs",
           prep_ns.load());
+  counter("anvil_logit_rows_to_host_total",
+          "Rows of logits (vocabulary-sized, fp32) the steps copied to the host to sample there: every row on the host "
+          "path; with the device sampler, only the rows of requests with logprobs, presence/frequency penalties or "
+          "JSON mode",
+          logit_rows_to_host.load());
   o += "# HELP anvil_time_to_first_token_seconds Submit to first generated token\n"
        "# TYPE anvil_time_to_first_token_seconds histogram\n";
   ttft.render("anvil_time_to_first_token_seconds", &o);

@@ -41,6 +41,9 @@ class Metrics {
   // scheduler adds an iteration's figures after it, steps last; render() reads steps first.
   // prep_ns: the part of the forward passes before their kernels were issued (Engine::last_step_prep_ns).
   std::atomic<uint64_t> steps{0}, step_ns{0}, forward_ns{0}, prep_ns{0};
+  // Rows of logits ([vocab] fp32 each) the steps copied to the host (Engine::logit_rows_to_host):
+  // with the device sampler, only the rows of requests that need host work on them.
+  std::atomic<uint64_t> logit_rows_to_host{0};
   // Gauges: name -> (help, sampler), rendered in name order.
   void add_gauge(const std::string& name, const std::string& help, std::function<double()> value);
   // A counter kept elsewhere (the KV store's), sampled when rendered.

@@ -26,8 +26,10 @@ uint64_t ns_since(clock::time_point t0) {
 template <class F>
 Status Scheduler::timed_forward(F&& forward) {
   const auto t0 = clock::now();
+  const uint64_t rows0 = engine_.logit_rows_to_host();
   Status st = forward();
   forward_ns_ += ns_since(t0);
+  metrics_.logit_rows_to_host += engine_.logit_rows_to_host() - rows0;
   if (st.is_ok()) prep_ns_ += engine_.last_step_prep_ns();
   ++forwards_;
   return st;
@@ -498,43 +500,60 @@ bool Scheduler::run_step() {
   return true;
 }
 
-// The whole step sampled on the backend (Engine::step_sample): where the backend samples on the
-// device by default (CUDA; device_sampler_enabled), and no row needs the full logits on the host
-// (log-probabilities, presence/frequency penalties) and every row suppresses the same tokens. Only
-// the sampled ids come back; each row draws the next number of its Sampler's stream, so the tokens
-// are the ones the host path would sample. Returns 0 (nothing done) where it does not apply, 1 when
-// the step ran, -1 when it failed (every owner failed with the error).
+// The step sampled on the backend (Engine::step_sample), where the backend samples on the device by
+// default (CUDA; device_sampler_enabled). A row whose job needs its full logits on the host
+// (log-probabilities, presence/frequency penalties, JSON mode's token mask) is a host row: only its
+// logits row comes back and sample_row samples it, as the host path does. The other rows are
+// sampled on the device, each suppressing the EOS ids or not as its job's ignore_eos says, and only
+// their ids come back; each draws the next number of its Sampler's stream, so every row's token is
+// the one the host path samples. Returns 0 (nothing done) where it does not apply (every row a host
+// row: Engine::step copies the same rows), 1 when the step ran, -1 when it failed (every owner
+// failed with the error).
 int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner) {
   if (!device_sample_) return 0;
   std::vector<Active*> rows;
   std::vector<SamplingParams> params;
   std::vector<uint64_t> random;
-  int ignore_eos = -1;
+  std::vector<Engine::RowMode> modes;
+  bool any_device = false, any_suppress = false;
   for (size_t i = 0; i < run.size(); ++i) {
     if (!run[i].want_logits) continue;
     const GenerationParams& p = owner[i]->job->params;
-    // JSON mode's token mask is host work on the logits too.
-    if (p.top_logprobs >= 0 || p.presence_penalty != 0 || p.frequency_penalty != 0 || p.json_object) return 0;
-    if (ignore_eos >= 0 && ignore_eos != int(p.ignore_eos)) return 0;
-    ignore_eos = int(p.ignore_eos);
+    Engine::RowMode m;
+    m.host = p.top_logprobs >= 0 || p.presence_penalty != 0 || p.frequency_penalty != 0 || p.json_object;
+    m.suppress = p.ignore_eos;
+    any_device |= !m.host;
+    any_suppress |= !m.host && m.suppress;
     rows.push_back(owner[i]);
     params.push_back(p.sampling);
+    modes.push_back(m);
   }
-  if (rows.empty()) return 0;
+  if (!any_device) return 0;
   for (size_t r = 0; r < rows.size(); ++r)
-    random.push_back(params[r].temperature > 0 ? rows[r]->sampler->next_random53() : 0);
+    random.push_back(!modes[r].host && params[r].temperature > 0 ? rows[r]->sampler->next_random53() : 0);
   const std::vector<int32_t> none;
-  Status st =
-      timed_forward([&] { return engine_.step_sample(run, params, random, ignore_eos == 1 ? opts_.eos_ids : none, &sampled_ids_); });
+  Status st = timed_forward([&] {
+    return engine_.step_sample(run, params, random, any_suppress ? opts_.eos_ids : none, &sampled_ids_, modes,
+                               &logits_);
+  });
   if (!st.is_ok()) {
     for (Active* a : owner) fail(*a, st.with_context("forward pass"));
     return -1;
   }
+  // The host rows, whose logits lie in logits_ in row order: sampled as on the host path (in
+  // parallel, each row touching only its own Active), before any token is applied.
+  const size_t V = size_t(engine_.model().config().vocab_size);
+  std::vector<size_t> host;
+  for (size_t r = 0; r < rows.size(); ++r)
+    if (modes[r].host) host.push_back(r);
+  std::vector<Sampled> sampled(rows.size());
+  sample_pool_->parallel_for(int64_t(host.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t h = b; h < e; ++h)
+      sampled[host[size_t(h)]] = sample_row(*rows[host[size_t(h)]], logits_.data() + size_t(h) * V);
+  });
   for (size_t r = 0; r < rows.size(); ++r) {
-    Sampled s;
-    s.id = sampled_ids_[r];
-    s.info.id = s.id;
-    on_token(*rows[r], std::move(s));
+    if (!modes[r].host) sampled[r].id = sampled[r].info.id = sampled_ids_[r];
+    on_token(*rows[r], std::move(sampled[r]));
   }
   return 1;
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backend/backend.h"
@@ -196,6 +197,63 @@ TEST(SampleRows, FullVocabBatchedRows) {
   std::vector<int32_t> got(R, -7);
   be->sample_rows(Act{logits.data(), R, V, DType::kF32}, a, got.data());
   EXPECT_EQ(got, want);
+}
+
+// The rows' flags (Engine::step_sample's mixed step): a kSampleRowSkip row is not sampled (id -1,
+// its logits and counts untouched, for the host to sample it), a kSampleRowNoSuppress row samples as
+// if nothing were suppressed, and the call's other rows as ever: each the host Sampler's token.
+TEST(SampleRows, RowFlagsSkipAndNoSuppress) {
+  auto be = make_cpu_backend(1);
+  const int V = 3001, R = 9;
+  std::mt19937 rng(31);
+  std::vector<float> logits;
+  std::vector<int32_t> suppress;  // the 3 likeliest ids of every row: suppression decides
+  for (int r = 0; r < R; ++r) {
+    auto l = make_row(V, r % 2 ? 0 : 2, rng);
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int i = 0; i < V; ++i) idx[size_t(i)] = i;
+    std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(), [&](int32_t x, int32_t y) {
+      return l[size_t(x)] > l[size_t(y)] || (l[size_t(x)] == l[size_t(y)] && x < y);
+    });
+    suppress.insert(suppress.end(), idx.begin(), idx.begin() + 3);
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  std::vector<SampleRowParams> rp(R);
+  std::vector<int32_t> want(R), counts(size_t(R) * V, 0), updates, offs = {0};
+  int unsuppressed_hits = 0;
+  for (int r = 0; r < R; ++r) {
+    SamplingParams p;
+    p.temperature = r % 3 == 0 ? 0.0f : 0.8f;
+    p.repetition_penalty = r % 4 == 1 ? 1.3f : 1.0f;
+    p.seed = 50 + r;
+    const uint32_t flags = r % 3 == 2 ? kSampleRowSkip : (r % 2 ? kSampleRowNoSuppress : 0);
+    const std::vector<int32_t> history = {int32_t(r), 40, 41};
+    Sampler host(p);
+    if (!(flags & kSampleRowNoSuppress)) host.set_suppressed(suppress);
+    std::vector<float> l(logits.begin() + size_t(r) * V, logits.begin() + size_t(r + 1) * V);
+    const int32_t t = host.sample(l.data(), V, history);
+    want[size_t(r)] = flags & kSampleRowSkip ? -1 : t;
+    unsuppressed_hits +=
+        flags == kSampleRowNoSuppress && std::find(suppress.begin(), suppress.end(), t) != suppress.end();
+    rp[size_t(r)] = {p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, r, Sampler(p).next_random53(),
+                     flags};
+    for (int32_t h : history) updates.push_back(h + 1);
+    offs.push_back(int32_t(updates.size()));
+  }
+  SampleArgs a;
+  a.params = rp.data(), a.suppress = suppress.data(), a.n_suppress = int(suppress.size());
+  a.counts = counts.data(), a.updates = updates.data(), a.update_offsets = offs.data();
+  auto w = logits;
+  std::vector<int32_t> got(R, -7);
+  be->sample_rows(Act{w.data(), R, V, DType::kF32}, a, got.data());
+  EXPECT_EQ(got, want);
+  EXPECT_GT(unsuppressed_hits, 0) << "no unsuppressed row picked a suppressed id: the test cannot tell the flag";
+  for (int r = 2; r < R; r += 3) {  // the skipped rows
+    const size_t at = size_t(r) * V;
+    EXPECT_EQ(std::memcmp(w.data() + at, logits.data() + at, size_t(V) * 4), 0) << "row " << r << " changed";
+    EXPECT_TRUE(std::all_of(counts.begin() + at, counts.begin() + at + V, [](int32_t c) { return c == 0; }))
+        << "row " << r << ": its count updates were applied";
+  }
 }
 
 // The penalty reads the counts, so a wrong update (or none) must change the result: the top token

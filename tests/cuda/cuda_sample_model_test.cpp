@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_model_stack.h"
@@ -67,6 +69,107 @@ TEST(CudaSampleModel, DeviceSamplerEqualsHostSamplerOverCudaLogits) {
     unsetenv("ANVIL_NO_GRAPH");
     EXPECT_EQ(run(s, p, true), host) << "graph replayed";
   }
+}
+
+// The server's mixed step on CUDA (Engine::step_sample with row modes): two rows sampled on the
+// device (one suppressing, one not) beside two host rows, whose logits rows alone come back, as one
+// copy (adjacent). Against a first pass over the same sequences through step() (every row's logits
+// on the host, a host Sampler per row): the device rows' tokens are the Sampler's, the host rows'
+// logits are step()'s bit for bit; with the decode graph, without it, and replayed.
+TEST(CudaSampleModel, MixedStepEqualsHostPathOverCudaLogits) {
+  Stack s = make_cuda_model_stack("tiny:q4g64", 512, 4);
+  if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
+  Engine& e = *s.engine;
+  const int V = s.model->config.vocab_size, kSteps = 12;
+  const auto cs = configs();
+  const std::vector<SamplingParams> ps = {cs[0], cs[2], cs[1], cs[3]};
+  std::vector<Engine::RowMode> modes(ps.size());
+  modes[1].suppress = false;  // greedy, nothing suppressed
+  modes[2].host = modes[3].host = true;
+  // Prompts under a page (16 tokens): the second pass computes them as the first did.
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    prompts.emplace_back();
+    for (int k = 0; k < 6 + 2 * int(i); ++k) prompts.back().push_back(int32_t((k * 7919 + 31 * i + 5) % V));
+  }
+  std::vector<int32_t> suppress;
+  std::vector<std::vector<int32_t>> want(ps.size());
+  std::vector<std::vector<float>> want_logits;  // the host rows' logits, per step
+  // mixed = false: the reference (step() + host Samplers); true: step_sample with the modes.
+  auto pass = [&](bool mixed) {
+    std::vector<int> seq;
+    std::vector<Sampler> smp;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto q = e.seq_create();
+      ASSERT_TRUE(q.is_ok());
+      seq.push_back(*q);
+      ASSERT_TRUE(e.seq_append(*q, prompts[i]).is_ok());
+      smp.emplace_back(ps[i]);
+      if (mixed && modes[i].suppress) smp.back().set_suppressed(suppress);
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<Engine::StepItem> items;
+      for (int q : seq) items.push_back({q, e.seq_pending(q), true});
+      const uint64_t rows0 = e.logit_rows_to_host();
+      std::vector<int32_t> got(ps.size(), -1);
+      if (!mixed) {
+        std::vector<float> logits;
+        ASSERT_TRUE(e.step(items, &logits).is_ok());
+        if (step == 0) {  // suppress the 4 likeliest ids of each device row's first logits
+          for (size_t i : {0, 1}) {
+            const float* l = logits.data() + i * size_t(V);
+            std::vector<int32_t> idx(static_cast<size_t>(V));
+            for (int t = 0; t < V; ++t) idx[size_t(t)] = t;
+            std::partial_sort(idx.begin(), idx.begin() + 4, idx.end(),
+                              [&](int32_t x, int32_t y) { return l[x] > l[y]; });
+            suppress.insert(suppress.end(), idx.begin(), idx.begin() + 4);
+          }
+          for (size_t i = 0; i < ps.size(); ++i)
+            if (modes[i].suppress) smp[i].set_suppressed(suppress);
+        }
+        for (size_t i = 2; i < 4; ++i)
+          want_logits.emplace_back(logits.begin() + i * size_t(V), logits.begin() + (i + 1) * size_t(V));
+        for (size_t i = 0; i < ps.size(); ++i)
+          got[i] = smp[i].sample(logits.data() + i * size_t(V), V, e.seq_tokens(seq[i]));
+      } else {
+        std::vector<uint64_t> u;
+        for (size_t i = 0; i < ps.size(); ++i)
+          u.push_back(!modes[i].host && ps[i].temperature > 0 ? smp[i].next_random53() : 0);
+        std::vector<float> host_logits;
+        Status st = e.step_sample(items, ps, u, suppress, &got, modes, &host_logits);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        EXPECT_EQ(e.logit_rows_to_host() - rows0, 2u) << "only the host rows' logits";
+        ASSERT_EQ(host_logits.size(), 2 * size_t(V));
+        for (size_t h = 0; h < 2; ++h) {
+          const size_t i = 2 + h;
+          float* hl = host_logits.data() + h * size_t(V);
+          ASSERT_EQ(std::memcmp(hl, want_logits[size_t(step) * 2 + h].data(), size_t(V) * 4), 0)
+              << "row " << i << " step " << step;
+          ASSERT_EQ(got[i], -1);
+          got[i] = smp[i].sample(hl, V, e.seq_tokens(seq[i]));
+        }
+      }
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (mixed) {
+          ASSERT_EQ(got[i], want[i][size_t(step)]) << "row " << i << " step " << step;
+        } else {
+          want[i].push_back(got[i]);
+        }
+        ASSERT_TRUE(e.seq_append(seq[i], std::span<const int32_t>(&got[i], 1)).is_ok());
+      }
+    }
+    for (int q : seq) e.seq_release(q);
+  };
+  pass(false);
+  int hits = 0;  // the unsuppressed device row sampling a suppressed id: the modes made a difference
+  for (int32_t t : want[1]) hits += std::find(suppress.begin(), suppress.end(), t) != suppress.end();
+  EXPECT_GT(hits, 0);
+  pass(true);
+  EXPECT_GE(s.tf->graphs_captured(), 1) << "the decode steps ran as a graph";
+  setenv("ANVIL_NO_GRAPH", "1", 1);
+  pass(true);
+  unsetenv("ANVIL_NO_GRAPH");
+  pass(true);  // the graph replayed
 }
 
 std::vector<int32_t> cli_ids(const std::string& device, bool switch_on) {

@@ -6,7 +6,9 @@
 // is compared too, and the device's penalty counts after their updates.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -50,7 +52,8 @@ class CudaSample : public CudaFixture {
   void run(int64_t V, const std::vector<SampleRowParams>& rp, const std::vector<float>& logits,
            const std::vector<int32_t>& suppress, const std::vector<int32_t>& updates,
            const std::vector<int32_t>& offsets, std::vector<int32_t>* cpu_counts, Guarded* dev_counts,
-           std::vector<int32_t>* cpu_ids, std::vector<int32_t>* gpu_ids, const RowBias* bias = nullptr) {
+           std::vector<int32_t>* cpu_ids, std::vector<int32_t>* gpu_ids, const RowBias* bias = nullptr,
+           std::vector<float>* cpu_logits = nullptr, std::vector<float>* gpu_logits = nullptr) {
     const int R = int(rp.size());
     auto cl = logits;
     SampleArgs a;
@@ -59,6 +62,7 @@ class CudaSample : public CudaFixture {
     if (bias) a.bias_offsets = bias->offsets.data(), a.bias_ids = bias->ids.data(), a.bias_values = bias->values.data();
     cpu_ids->assign(size_t(R), -7);
     cpu_->sample_rows(Act{cl.data(), R, V, DType::kF32}, a, cpu_ids->data());
+    if (cpu_logits) *cpu_logits = cl;
 
     Guarded gl = dev_bytes(logits.data(), logits.size() * 4), gp = dev_bytes(rp.data(), rp.size() * sizeof rp[0]);
     std::vector<int32_t> sp = suppress, up = updates;  // one spare element: never an empty buffer
@@ -88,6 +92,11 @@ class CudaSample : public CudaFixture {
     gpu_->copy_to_host(gpu_ids->data(), gi.data(), size_t(R) * 4);
     ASSERT_TRUE(gpu_->synchronize().is_ok());
     read(gi, DType::kF32, "sample_rows ids");  // guard bytes around the ids untouched
+    if (gpu_logits) {
+      gpu_logits->assign(logits.size(), 0.0f);
+      gpu_->copy_to_host(gpu_logits->data(), gl.data(), logits.size() * 4);
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+    }
     std::vector<int32_t> gc(cpu_counts->size());
     gpu_->copy_to_host(gc.data(), dev_counts->data(), gc.size() * 4);
     ASSERT_TRUE(gpu_->synchronize().is_ok());
@@ -212,6 +221,68 @@ TEST_F(CudaSample, RowsWithLogitBiasEqualHostSamplerExactly) {
   EXPECT_GT(forced, 10) << "+100 forced its token";
   std::printf("  %d biased rows equal on the GPU, the CPU reference and the host Sampler (%d moved by the bias)\n",
               compared, moved);
+}
+
+// The rows' flags (a mixed server step, Engine::step_sample): a kSampleRowSkip row is not sampled
+// (id -1, its logits and its counts row untouched, so the host can sample it from them), a
+// kSampleRowNoSuppress row samples as if nothing were suppressed, and the other rows of the same
+// call are sampled as ever. The GPU, the CPU reference and the host Sampler agree exactly.
+TEST_F(CudaSample, RowFlagsSkipAndNoSuppress) {
+  const int64_t V = 151936;
+  const int R = 12;
+  std::vector<SampleRowParams> rp;
+  std::vector<float> logits;
+  std::vector<int32_t> updates, offsets = {0}, want, suppress;
+  // Rows of kind 2 (peaked): suppress the likeliest ids of every row, so that suppression decides.
+  std::vector<std::vector<float>> rows;
+  for (int r = 0; r < R; ++r) {
+    rows.push_back(row(V, 2));
+    const auto& l = rows.back();
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) idx[size_t(i)] = int32_t(i);
+    std::partial_sort(idx.begin(), idx.begin() + 4, idx.end(), [&](int32_t x, int32_t y) {
+      return l[size_t(x)] > l[size_t(y)] || (l[size_t(x)] == l[size_t(y)] && x < y);
+    });
+    suppress.insert(suppress.end(), idx.begin(), idx.begin() + 4);
+  }
+  int unsuppressed_hits = 0;
+  for (int r = 0; r < R; ++r) {
+    SamplingParams p;
+    p.temperature = r % 3 == 0 ? 0.0f : 0.9f;
+    p.top_k = r % 2 ? 50 : 0;
+    p.repetition_penalty = r % 4 == 1 ? 1.3f : 1.0f;
+    p.seed = rng_();
+    const uint32_t flags = r % 3 == 2 ? kSampleRowSkip : (r % 2 ? kSampleRowNoSuppress : 0);
+    std::vector<int32_t> history = {int32_t(r), int32_t(r + 7), 30};
+    Sampler host(p);
+    if (!(flags & kSampleRowNoSuppress)) host.set_suppressed(suppress);
+    auto hl = rows[size_t(r)];
+    const int32_t t = host.sample(hl.data(), int(V), history);
+    want.push_back(flags & kSampleRowSkip ? -1 : t);
+    unsuppressed_hits +=
+        flags == kSampleRowNoSuppress && std::find(suppress.begin(), suppress.end(), t) != suppress.end();
+    logits.insert(logits.end(), rows[size_t(r)].begin(), rows[size_t(r)].end());
+    for (int32_t h : history) updates.push_back(h + 1);
+    offsets.push_back(int32_t(updates.size()));
+    rp.push_back(
+        {p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.top_k, r, Sampler(p).next_random53(), flags});
+  }
+  std::vector<int32_t> cpu_counts(size_t(R) * V, 0), cpu_ids, gpu_ids;
+  Guarded dc = dev_bytes(cpu_counts.data(), cpu_counts.size() * 4);
+  std::vector<float> cpu_logits, gpu_logits;
+  run(V, rp, logits, suppress, updates, offsets, &cpu_counts, &dc, &cpu_ids, &gpu_ids, nullptr, &cpu_logits,
+      &gpu_logits);
+  EXPECT_EQ(cpu_ids, want);
+  EXPECT_EQ(gpu_ids, want);
+  EXPECT_GT(unsuppressed_hits, 0) << "no unsuppressed row picked a suppressed id: the test cannot tell the flag";
+  for (int r = 0; r < R; ++r) {
+    if (!(rp[size_t(r)].flags & kSampleRowSkip)) continue;
+    const size_t at = size_t(r) * size_t(V);
+    EXPECT_EQ(std::memcmp(gpu_logits.data() + at, logits.data() + at, size_t(V) * 4), 0) << "GPU row " << r;
+    EXPECT_EQ(std::memcmp(cpu_logits.data() + at, logits.data() + at, size_t(V) * 4), 0) << "CPU row " << r;
+    for (int64_t i = 0; i < V; ++i)
+      ASSERT_EQ(cpu_counts[at + size_t(i)], 0) << "row " << r << ": a skipped row's count updates were applied";
+  }
 }
 
 // A generation: the counts live on the device across steps, updated by one add and (with a window)

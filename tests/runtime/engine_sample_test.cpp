@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "engine_test_util.h"
 #include "runtime/generate.h"
@@ -158,6 +159,112 @@ void step_sample_equals_host(const std::vector<SamplingParams>& ps) {
 }
 
 TEST(EngineSample, StepSampleEqualsHostSamplerOverMixedSteps) { step_sample_equals_host(configs()); }
+
+// Engine::step_sample with row modes (the server's mixed step): rows sampled on the host (their
+// logits come back, in row order) beside rows sampled on the device, and device rows suppressing
+// `suppress` beside device rows that do not. Against step() + a host Sampler per row: each device
+// row's token is the Sampler's with that row's own suppression, each host row's logits are step()'s
+// row bit for bit (so its Sampler picks the same token), and only the host rows' logits leave the
+// backend (Engine::logit_rows_to_host).
+TEST(EngineSample, StepSampleMixesHostRowsAndDeviceRows) {
+  FixtureOptions o;
+  o.engine.max_seqs = 6;
+  auto h = make_engine(o), d = make_engine(o);
+  ASSERT_TRUE(h.engine && d.engine);
+  const int V = h.vocab();
+  auto ps = configs();
+  ps.push_back(ps[0]), ps.back().seed = 9;
+  ps.push_back(ps[1]), ps.back().seed = 10;
+  // Rows 1, 3 and 4 on the host (3 and 4 adjacent: one copy); rows 2 (greedy) and 5 sample on the
+  // device without suppression, row 0 with it.
+  std::vector<Engine::RowMode> modes(ps.size());
+  for (size_t i : {1, 3, 4}) modes[i].host = true;
+  for (size_t i : {2, 4, 5}) modes[i].suppress = false;
+  const size_t n_host = 3;
+  std::vector<int> hs, ds;
+  std::vector<Sampler> host_s, dev_s;  // dev_s: the device rows' random streams, the host rows' samplers
+  for (size_t i = 0; i < ps.size(); ++i) {
+    auto a = h.engine->seq_create(), b = d.engine->seq_create();
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    hs.push_back(*a), ds.push_back(*b);
+    host_s.emplace_back(ps[i]), dev_s.emplace_back(ps[i]);
+    const auto prompt = random_ids(5 + 2 * int(i), 500 + i, V);
+    ASSERT_TRUE(h.engine->seq_append(*a, prompt).is_ok());
+    ASSERT_TRUE(d.engine->seq_append(*b, prompt).is_ok());
+  }
+  std::vector<int32_t> suppress;
+  int compared = 0, unsuppressed_hits = 0;
+  for (int step = 0; step < 16; ++step) {
+    std::vector<Engine::StepItem> hi, di;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      hi.push_back({hs[i], h.engine->seq_pending(hs[i]), true});
+      di.push_back({ds[i], d.engine->seq_pending(ds[i]), true});
+    }
+    const uint64_t h0 = h.engine->logit_rows_to_host(), d0 = d.engine->logit_rows_to_host();
+    std::vector<float> logits;
+    ASSERT_TRUE(h.engine->step(hi, &logits).is_ok());
+    EXPECT_EQ(h.engine->logit_rows_to_host() - h0, ps.size()) << "step(): every row";
+    if (step == 0) {
+      // The suppressed ids: the 8 likeliest of each unsuppressed device row's first logits, so those
+      // rows sample some of them (and the suppressing rows would too, were they not suppressed).
+      for (size_t i : {0, 2, 5}) {
+        std::vector<int32_t> idx(size_t(V), 0);
+        for (int t = 0; t < V; ++t) idx[size_t(t)] = t;
+        const float* l = logits.data() + i * size_t(V);
+        std::partial_sort(idx.begin(), idx.begin() + 8, idx.end(), [&](int32_t x, int32_t y) { return l[x] > l[y]; });
+        suppress.insert(suppress.end(), idx.begin(), idx.begin() + 8);
+      }
+      std::sort(suppress.begin(), suppress.end());
+      suppress.erase(std::unique(suppress.begin(), suppress.end()), suppress.end());
+      for (size_t i = 0; i < ps.size(); ++i)
+        if (modes[i].suppress) host_s[i].set_suppressed(suppress), dev_s[i].set_suppressed(suppress);
+    }
+    std::vector<uint64_t> u;
+    for (size_t i = 0; i < ps.size(); ++i)
+      u.push_back(!modes[i].host && ps[i].temperature > 0 ? dev_s[i].next_random53() : 0);
+    std::vector<int32_t> next;
+    std::vector<float> host_logits;
+    Status st = d.engine->step_sample(di, ps, u, suppress, &next, modes, &host_logits);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(d.engine->logit_rows_to_host() - d0, n_host) << "step_sample: the host rows only";
+    ASSERT_EQ(next.size(), ps.size());
+    ASSERT_EQ(host_logits.size(), n_host * size_t(V));
+    size_t k = 0;  // the next host row's place in host_logits
+    for (size_t i = 0; i < ps.size(); ++i) {
+      float* hl = logits.data() + i * size_t(V);
+      int32_t got = next[i];
+      if (modes[i].host) {
+        ASSERT_EQ(got, -1) << "a host row is not sampled on the device";
+        ASSERT_EQ(std::memcmp(host_logits.data() + k * size_t(V), hl, size_t(V) * sizeof(float)), 0)
+            << "row " << i << " step " << step << ": not step()'s logits";
+        got = dev_s[i].sample(host_logits.data() + k * size_t(V), V, d.engine->seq_tokens(ds[i]));
+        ++k;
+      }
+      const int32_t want = host_s[i].sample(hl, V, h.engine->seq_tokens(hs[i]));
+      ASSERT_EQ(got, want) << "row " << i << " step " << step;
+      const bool in_suppress = std::binary_search(suppress.begin(), suppress.end(), want);
+      if (modes[i].suppress) ASSERT_FALSE(in_suppress) << "row " << i << " sampled a suppressed id";
+      else unsuppressed_hits += in_suppress && !modes[i].host;
+      ASSERT_TRUE(h.engine->seq_append(hs[i], std::span<const int32_t>(&want, 1)).is_ok());
+      ASSERT_TRUE(d.engine->seq_append(ds[i], std::span<const int32_t>(&want, 1)).is_ok());
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 16 * int(ps.size()));
+  EXPECT_GT(unsuppressed_hits, 0) << "the rows that do not suppress never sampled a suppressed id: the test "
+                                     "cannot tell per-row suppression from none";
+  // Bad modes are refused before the step: one per sampling row, and host rows need a buffer.
+  std::vector<Engine::StepItem> one = {{ds[0], 1, true}};
+  const SamplingParams p0 = ps[0];
+  const uint64_t u0 = 0;
+  std::vector<int32_t> next;
+  const std::vector<Engine::RowMode> two(2), host_row = {Engine::RowMode{true, true}};
+  EXPECT_FALSE(d.engine->step_sample(one, {&p0, 1}, {&u0, 1}, {}, &next, two, nullptr).is_ok());
+  Status st = d.engine->step_sample(one, {&p0, 1}, {&u0, 1}, {}, &next, host_row, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("host rows"), std::string::npos) << st.message();
+  EXPECT_EQ(d.engine->seq_pending(ds[0]), 1) << "nothing computed";
+}
 
 // OpenAI's logit_bias on the device path: rows with and without biases in one batch, greedy and
 // sampled, the bias pushing the model's favourite tokens away (-100) and others up.

@@ -200,7 +200,7 @@ TEST(Scheduler, ConcurrentGreedyRequestsMatchAlone) {
 // The device sampler in the scheduler (Engine::step_sample; by default on CUDA, forced here on the
 // CPU backend's reference op): concurrent seeded requests with different sampling settings, prompts
 // prefilled in chunks beside running streams, give exactly the tokens of the host path; a request
-// asking for logprobs (full logits on the host) sends its steps down the host path, same tokens.
+// asking for logprobs (its logits row on the host) makes its row of each step a host row, same tokens.
 TEST(Scheduler, DeviceSamplerGivesTheHostPathsTokens) {
   std::vector<GenerationParams> params;
   for (int i = 0; i < 6; ++i) {
@@ -239,6 +239,82 @@ TEST(Scheduler, DeviceSamplerGivesTheHostPathsTokens) {
   for (auto& v : host) ASSERT_EQ(v.size(), 14u);
   EXPECT_EQ(run("1", false), host) << "device sampler";
   EXPECT_EQ(run("1", true), host) << "device sampler with one request asking for logprobs";
+}
+
+// A mixed step (Engine::step_sample with row modes): in a batch of seeded requests where some need
+// host work on their logits (logprobs, presence/frequency penalties, JSON mode) and the others
+// differ in ignore_eos, only the former's logits rows come to the host and are sampled there; the
+// others are sampled on the device (forced here on the CPU backend's reference op). Every request
+// gets the tokens it gets alone and the tokens of the all-host path, and the logits rows copied
+// (Metrics::logit_rows_to_host) are exactly the host requests' tokens.
+TEST(Scheduler, MixedStepCopiesOnlyTheHostRowsLogits) {
+  std::vector<GenerationParams> params;
+  for (int i = 0; i < 7; ++i) {
+    GenerationParams p = greedy(random_ids(6 + 5 * i, 900 + i), 12);
+    p.sampling.temperature = i == 0 ? 0.0f : 0.6f + 0.1f * float(i);
+    p.sampling.top_k = i % 2 ? 40 : 0;
+    p.sampling.top_p = i == 5 ? 0.9f : 1.0f;
+    p.sampling.repetition_penalty = i >= 5 ? 1.2f : 1.0f;
+    p.sampling.seed = uint64_t(60 + i);
+    params.push_back(p);
+  }
+  params[1].top_logprobs = 3;
+  params[2].presence_penalty = 0.5f, params[2].frequency_penalty = 0.25f;
+  params[3].json_object = true, params[3].ignore_eos = false;  // (the API refuses json_object with ignore_eos)
+  params[4].ignore_eos = false;
+  params[6].ignore_eos = false;
+  auto needs_host = [](const GenerationParams& p) {
+    return p.top_logprobs >= 0 || p.presence_penalty != 0 || p.frequency_penalty != 0 || p.json_object;
+  };
+  struct Run {
+    std::vector<Outcome> out;
+    uint64_t rows_to_host = 0;
+  };
+  // The requests together (queued before the first step), or each alone.
+  auto run = [&](const char* device_sampler, bool together) {
+    setenv("ANVIL_CUDA_DEVICE_SAMPLER", device_sampler, 1);
+    Run r;
+    Stack s = make_stack(64, 8);
+    Metrics m;
+    Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+    std::vector<std::shared_ptr<Job>> jobs;
+    if (together) {
+      for (auto& p : params) {
+        jobs.push_back(std::make_shared<Job>(p));
+        EXPECT_TRUE(sch.submit(jobs.back()).is_ok());
+      }
+      sch.start();
+      for (auto& j : jobs) r.out.push_back(collect(*j));
+    } else {
+      sch.start();
+      for (auto& p : params) {
+        jobs.push_back(std::make_shared<Job>(p));
+        EXPECT_TRUE(sch.submit(jobs.back()).is_ok());
+        r.out.push_back(collect(*jobs.back()));
+      }
+    }
+    sch.stop();
+    unsetenv("ANVIL_CUDA_DEVICE_SAMPLER");
+    uint64_t all_rows = 0, host_rows = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      EXPECT_TRUE(r.out[i].finish == "length" || r.out[i].finish == "stop") << i << ": " << r.out[i].error.message();
+      all_rows += uint64_t(jobs[i]->completion_tokens());  // one logits row per sampled token
+      if (needs_host(params[i])) host_rows += uint64_t(jobs[i]->completion_tokens());
+    }
+    r.rows_to_host = m.logit_rows_to_host.load();
+    EXPECT_EQ(r.rows_to_host, std::string(device_sampler) == "1" ? host_rows : all_rows)
+        << "device sampler " << device_sampler << (together ? ", together" : ", alone");
+    return r;
+  };
+  const Run host = run("0", true), mixed = run("1", true), alone = run("1", false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(mixed.out[i].ids, alone.out[i].ids) << "request " << i << ": mixed step vs alone";
+    EXPECT_EQ(mixed.out[i].ids, host.out[i].ids) << "request " << i << ": mixed step vs the host path";
+    EXPECT_EQ(mixed.out[i].text, host.out[i].text) << "request " << i;
+    EXPECT_EQ(mixed.out[i].finish, host.out[i].finish) << "request " << i;
+  }
+  EXPECT_LT(mixed.rows_to_host, host.rows_to_host) << "the plain rows stayed on the device";
+  EXPECT_GT(mixed.rows_to_host, 0u);
 }
 
 // With a 16-token step budget, a 300-token prompt is prefilled over ~20 steps while a running

@@ -136,6 +136,11 @@ void sample_rows(const Act& logits, const SampleArgs& a, int32_t* ids) {
   const int64_t V = logits.cols;
   for (int64_t r = 0; r < logits.rows; ++r) {
     const SampleRowParams& p = a.params[r];
+    if (p.flags & kSampleRowSkip) {  // sampled on the host: logits and counts stay as they are
+      ids[r] = -1;
+      continue;
+    }
+    const int n_suppress = (p.flags & kSampleRowNoSuppress) ? 0 : a.n_suppress;
     int32_t* counts = p.count_row >= 0 && a.counts ? a.counts + int64_t(p.count_row) * V : nullptr;
     if (counts && a.update_offsets)
       for (int32_t u = a.update_offsets[r]; u < a.update_offsets[r + 1]; ++u) {
@@ -143,7 +148,7 @@ void sample_rows(const Act& logits, const SampleArgs& a, int32_t* ids) {
         if (e != 0 && id < V) counts[id] += e > 0 ? 1 : -1;
       }
     const int32_t b0 = a.bias_offsets ? a.bias_offsets[r] : 0, b1 = a.bias_offsets ? a.bias_offsets[r + 1] : 0;
-    ids[r] = sample_row(static_cast<float*>(logits.data) + r * V, V, p, a.suppress, a.n_suppress, counts,
+    ids[r] = sample_row(static_cast<float*>(logits.data) + r * V, V, p, a.suppress, n_suppress, counts,
                         a.bias_ids + b0, a.bias_values + b0, b1 - b0);
   }
 }

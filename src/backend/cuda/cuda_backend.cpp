@@ -700,7 +700,9 @@ class CudaBackend final : public Backend {
   void sample_rows(Act logits, const SampleArgs& a, int32_t* ids) override {
     static_assert(sizeof(SampleRowParams) == sizeof(cuda::SampleRowDev) &&
                   offsetof(SampleRowParams, top_k) == offsetof(cuda::SampleRowDev, top_k) &&
-                  offsetof(SampleRowParams, random) == offsetof(cuda::SampleRowDev, random));
+                  offsetof(SampleRowParams, random) == offsetof(cuda::SampleRowDev, random) &&
+                  offsetof(SampleRowParams, flags) == offsetof(cuda::SampleRowDev, flags) &&
+                  kSampleRowSkip == cuda::kSampleDevSkip && kSampleRowNoSuppress == cuda::kSampleDevNoSuppress);
     if (!expect(logits.dtype == DType::kF32, "sample_rows: logits must be F32") ||
         !expect(logits.cols <= sampling::kMaxVocab, "sample_rows: vocab " + std::to_string(logits.cols) +
                                                         " above the limit " + std::to_string(sampling::kMaxVocab)) ||

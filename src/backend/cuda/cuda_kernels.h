@@ -239,7 +239,10 @@ struct SampleRowDev {
   float temperature, top_p, min_p, repetition_penalty;
   int32_t top_k, count_row;
   uint64_t random;
+  uint32_t flags;
 };
+// Its flags: backend.h kSampleRowSkip and kSampleRowNoSuppress (cuda_backend.cpp checks the values).
+constexpr uint32_t kSampleDevSkip = 1, kSampleDevNoSuppress = 2;
 size_t sample_scratch_bytes(int rows, int64_t vocab);
 // logits: F32 [rows, vocab], overwritten with the processed logits. One block per row.
 // bias_*: backend.h SampleArgs' logit bias (bias_offsets null: none).

@@ -10,6 +10,8 @@
 // (__fdiv_rn/__fmul_rn/__fsub_rn: immune to --use_fast_math and contraction), exp is
 // sampling::det_exp_impl with __dadd_rn/__dmul_rn (never fused, the host's sequence of roundings),
 // masses are integer sums (exact in any order), and the random number is the host sampler's.
+// A row flagged kSampleDevSkip (sampled on the host) is left as it is; kSampleDevNoSuppress exempts
+// a row from the suppression list.
 #include <cfloat>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -143,6 +145,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int64_t
   __shared__ int s_n;
   const int r = blockIdx.x, tid = threadIdx.x;
   const SampleRowDev p = params[r];
+  if (p.flags & kSampleDevSkip) {  // sampled on the host: its logits (copied out later) and counts stay
+    if (tid == 0) ids[r] = -1;
+    return;
+  }
+  if (p.flags & kSampleDevNoSuppress) n_suppress = 0;
   float* l = logits + int64_t(r) * V;
   Cand* c = scratch + int64_t(r) * V;
   int32_t* cnt = p.count_row >= 0 && counts ? counts + int64_t(p.count_row) * V : nullptr;
