@@ -387,13 +387,25 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     }
   }
   const int max_pos = s.model->config.max_position_embeddings;  // 0: the config does not say
+  const int window = s.model->config.sliding_window;            // 0: none
   s.ctx = o.ctx;
-  if (!o.ctx_given) s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
-  else if (max_pos > 0 && s.ctx > max_pos)
+  if (!o.ctx_given) {
+    s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
+    if (window > 0) s.ctx = std::min(s.ctx, window);
+  } else if (window > 0 && s.ctx > window) {
+    // The engine attends over the whole context: the model's attention over its last `window`
+    // positions only while the context is no longer than that. Past it the output would differ.
+    return invalid_argument("-c/--ctx " + std::to_string(s.ctx) + " is more than the model's sliding_window (" +
+                            std::to_string(window) + " tokens, config.json): anvil attends over the whole "
+                            "context, which is the model's sliding-window attention only within " +
+                            std::to_string(window) + " tokens; give -c/--ctx " + std::to_string(window) +
+                            " or less");
+  } else if (max_pos > 0 && s.ctx > max_pos) {
     std::fprintf(stderr,
                  "anvil: warning: --ctx %d is above the model's max_position_embeddings (%d): positions past %d "
                  "were never trained and the output may degrade\n",
                  s.ctx, max_pos, max_pos);
+  }
   {
     // The KV pool holds max_seqs sequences of the context rounded up to whole pages; an absurd
     // --ctx x -np is refused here, before anything is allocated from it.
