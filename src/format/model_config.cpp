@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/mmap_file.h"
+#include "base/optional_file.h"
 
 namespace anvil {
 
@@ -505,18 +506,18 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 Result<ModelConfig> load_model_config(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return not_found(path + ": missing (a model directory needs config.json)");
-  ANVIL_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  ANVIL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(text, path));
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> text, read_optional_file(path));  // a link to nothing: named
+  if (!text) return not_found(path + ": missing (a model directory needs config.json)");
+  ANVIL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(*text, path));
 
-  // generation_config.json may list more stop ids (e.g. <|im_end|> besides <|endoftext|>).
+  // generation_config.json may list more stop ids (e.g. <|im_end|> besides <|endoftext|>): absent is
+  // fine, there but unreadable is an error (a model run without its stop ids would not stop).
   const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
-  if (fs::is_regular_file(gen_path, ec)) {
-    ANVIL_ASSIGN_OR_RETURN(std::string gen_text, read_file(gen_path));
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> gen_text, read_optional_file(gen_path));
+  if (gen_text) {
     json gen;
     try {
-      gen = json::parse(gen_text);
+      gen = json::parse(*gen_text);
     } catch (const json::exception& e) {
       return invalid_argument(gen_path + ": not valid JSON: " + e.what());
     }

@@ -508,3 +508,32 @@ TEST(ModelConfigLoad, ErrorsArePrefixedWithThePath) {
   ASSERT_FALSE(c.is_ok());
   EXPECT_TRUE(contains(c.status().message(), d.file("config.json") + ": field 'vocab_size'")) << c.status().message();
 }
+
+// config.json or generation_config.json that is there but unreadable (a symbolic link to a blob an
+// interrupted download never wrote, a directory in its place) is an error naming it and why; a
+// dangling generation_config.json was skipped as absent, and the model ran without its stop ids.
+// Absent generation_config.json stays fine.
+TEST(ModelConfigLoad, UnreadableFilesAreNamedNotTakenForAbsent) {
+  anvil_test::TempDir d;
+  json j = base_config();
+  anvil_test::write_text(d.file("config.json"), j.dump());
+  ASSERT_TRUE(load_model_config(d.path()).is_ok());  // no generation_config.json: fine
+  std::filesystem::create_symlink(d.file("blobs/missing"), d.file("generation_config.json"));
+  auto c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("generation_config.json") + ": a symbolic link to '" +
+                                                 d.file("blobs/missing") + "', which does not exist"))
+      << c.status().message();
+  std::filesystem::remove(d.file("generation_config.json"));
+  std::filesystem::create_directory(d.file("generation_config.json"));
+  c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("generation_config.json") + ": a directory, not a file"))
+      << c.status().message();
+  std::filesystem::remove(d.file("generation_config.json"));
+  std::filesystem::remove(d.file("config.json"));
+  std::filesystem::create_symlink(d.file("blobs/config"), d.file("config.json"));
+  c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("config.json") + ": a symbolic link to")) << c.status().message();
+}
