@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/kv_options.h"
+#include "cli/logit_bias_option.h"
 #include "runtime/warmup.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer_config.h"
@@ -166,6 +167,7 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               add_int_option(app, "--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length", 1, INT32_MAX, "",
                              [a] { a->model.ctx_given = true; });
               add_sampling_options(app, a->sampling);
+              add_logit_bias_refusal(app);  // per request here: the body's logit_bias
               add_kv_store_options(app, a->kv, /*session_flags=*/false);  // sessions are per request
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
               add_int_option(app, "--port", a->server.port, "Port to listen on (0: any free port)", 0, 65535,
