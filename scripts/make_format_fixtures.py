@@ -12,22 +12,29 @@ check our reader against an independent writer:
   writer_match.json      the same, as values
   npy_*.npy / npy.json   numpy.save outputs (f4, i4, f2, i8, a scalar and an empty array) + values
   config_llama.json, config_qwen2.json   config.json files as transformers writes them
-  config_expected.json   what transformers' config objects say about those two and the shared
+  config_mistral*.json   Mistral configs as the Hub's checkpoints have them (v0.3: sliding_window null;
+                         Nemo: an explicit head_dim of 128 on a hidden size of 5120 with 32 heads; v0.1:
+                         sliding_window 4096; one with sliding_window and num_key_value_heads left out)
+  config_expected.json   what transformers' config objects say about those and the shared
                          anvil-tiny-code{,-q4} configs (the values parse_model_config must produce)
 
 Re-run: python3 scripts/make_format_fixtures.py   (needs numpy, torch, safetensors, transformers;
 reads ../shared/fixtures/anvil-tiny-code* beside the checkout, or $ANVIL_SHARED_DIR)
+        python3 scripts/make_format_fixtures.py configs   (the config files only: needs transformers, no torch)
 """
 import json
 import os
+import sys
 
 import numpy as np
-import torch
-from safetensors.torch import save_file
+
+if sys.argv[1:] != ["configs"]:
+    import torch
+    from safetensors.torch import save_file
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "format")
 
-ST_NAME = {
+ST_NAME = {} if sys.argv[1:] == ["configs"] else {
     torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
     torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.uint16: "U16",
     torch.int32: "I32", torch.uint32: "U32", torch.int64: "I64", torch.uint64: "U64", torch.bool: "BOOL",
@@ -114,6 +121,13 @@ def main():
 
 
 def config_facts(c):
+    facts = config_facts_common(c)
+    if c.model_type in ("mistral", "mixtral"):  # None: no window
+        facts["sliding_window"] = c.sliding_window
+    return facts
+
+
+def config_facts_common(c):
     rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
     theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
     eos = c.eos_token_id
@@ -150,6 +164,32 @@ def make_configs():
         with open(os.path.join(OUT, name), "w") as fp:
             fp.write(c.to_json_string())
         expected[name] = config_facts(type(c).from_json_file(os.path.join(OUT, name)))
+    # Mistral, written as the Hub's config.json files are (the fields of mistralai's own), parsed back by
+    # transformers' MistralConfig.
+    common = dict(architectures=["MistralForCausalLM"], model_type="mistral", vocab_size=1000,
+                  intermediate_size=512, num_hidden_layers=2, hidden_act="silu", bos_token_id=1, eos_token_id=2,
+                  rms_norm_eps=1e-05, tie_word_embeddings=False, torch_dtype="bfloat16")
+    mistral = {
+        # v0.2 / v0.3: rope_theta 1e6, no window
+        "config_mistral.json": dict(common, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                    max_position_embeddings=32768, rope_theta=1000000.0, sliding_window=None),
+        # Mistral-Nemo: head_dim 128 with 32 heads on a hidden size of 5120 (not 5120 / 32 = 160)
+        "config_mistral_nemo.json": dict(common, hidden_size=5120, num_attention_heads=32, num_key_value_heads=8,
+                                         head_dim=128, max_position_embeddings=1024000, rope_theta=1000000.0,
+                                         sliding_window=None),
+        # v0.1: a window of 4096 positions
+        "config_mistral_v01.json": dict(common, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                        max_position_embeddings=32768, rope_theta=10000.0, sliding_window=4096),
+        # sliding_window and num_key_value_heads left out: MistralConfig's defaults (4096 and 8)
+        "config_mistral_defaults.json": dict(common, hidden_size=512, num_attention_heads=16,
+                                             max_position_embeddings=32768),
+    }
+    from transformers import MistralConfig
+    for name, fields in mistral.items():
+        with open(os.path.join(OUT, name), "w") as fp:
+            json.dump(fields, fp, indent=2)
+            fp.write("\n")
+        expected[name] = config_facts(MistralConfig.from_json_file(os.path.join(OUT, name)))
     shared = os.environ.get("ANVIL_SHARED_DIR",
                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
     for d in ("anvil-tiny-code", "anvil-tiny-code-q4"):
@@ -159,4 +199,7 @@ def make_configs():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["configs"]:
+        make_configs()
+    else:
+        main()

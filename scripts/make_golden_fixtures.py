@@ -13,7 +13,8 @@ For every model this writes, into tests/data/golden/<name>/:
                 by an independent reference (transformers for HF checkpoints, mlx-lm for MLX ones)
   meta.json     prompts, 24-token greedy continuations of the float32 reference (EOS ignored), the minimum
                 top1-top2 margin along each greedy path (a prompt is only accepted if that margin is >=
-                MIN_MARGIN and the bf16 run of the reference produces the same 24 tokens), and the error of
+                MIN_MARGIN, the bf16 run of the reference produces the same 24 tokens, and the path has no
+                EOS id: an engine's --ignore-eos never picks one, so it could not follow), and the error of
                 the same reference run in bf16 against its float32 run (how far an engine that computes
                 in bf16 is expected to land).
 
@@ -158,9 +159,20 @@ def random_prompt_candidates(seed, vocab, n=200):
         yield [int(x) for x in rng.integers(1, vocab, size=length)]  # id 0 is EOS; keep it out
 
 
+def eos_ids(model_dir):
+    """The stop ids of config.json and generation_config.json (an int or a list in each)."""
+    ids = set()
+    for f in ("config.json", "generation_config.json"):
+        p = Path(model_dir) / f
+        v = json.loads(p.read_text()).get("eos_token_id") if p.exists() else None
+        ids.update(v if isinstance(v, list) else [] if v is None else [v])
+    return ids
+
+
 def write_fixture(name, kind, model_dir, candidates, min_margin, extra_meta=None, n_prompts=2):
     """Select prompts, compute references, write ref_<k>.npy and meta.json into OUT/name."""
     dst = OUT / name
+    eos = eos_ids(model_dir)
     dst.mkdir(parents=True, exist_ok=True)
     if kind == "hf":
         import torch
@@ -187,6 +199,12 @@ def write_fixture(name, kind, model_dir, candidates, min_margin, extra_meta=None
         if text is not None and took_text:
             continue  # at most one real-text prompt; the other is random ids
         cont, margins = greedy(f32, ids, GREEDY_STEPS)
+        # The engine's greedy run ignores EOS by never picking it (--ignore-eos, as llama.cpp's): a path
+        # through an EOS id is one it cannot follow.
+        if eos & set(cont):
+            meta["rejected_prompt_candidates"] += 1
+            print(f"  {name}: reject prompt (greedy path reaches an EOS id)")
+            continue
         if min(margins) < min_margin:
             meta["rejected_prompt_candidates"] += 1
             print(f"  {name}: reject prompt (greedy near-tie {min(margins):.4f})")

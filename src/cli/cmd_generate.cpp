@@ -63,8 +63,14 @@ int run_generate(GenerateArgs& a) {
   const SessionPlan& plan = opened->plan;
 
   // The chat template by default for text (as mlx-lm does), when the model has one.
-  const bool chat = have_text && !a.raw && (a.chat || !a.system.empty() || has_chat_template(tok_dir));
-  if (chat && !a.chat && !a.system.empty() && !has_chat_template(tok_dir))
+  bool has_template = false;
+  if (have_text && !a.raw) {
+    auto h = has_chat_template(tok_dir);
+    if (!h.is_ok()) return fail(h.status().message());
+    has_template = *h;
+  }
+  const bool chat = have_text && !a.raw && (a.chat || !a.system.empty() || has_template);
+  if (chat && !a.chat && !a.system.empty() && !has_template)
     return fail("--system needs a chat template, and " + tok_dir +
                 " has none: drop --system (the prompt is then sent as is)");
   if (have_text && !chat && a.thinking)

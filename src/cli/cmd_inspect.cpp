@@ -87,6 +87,11 @@ int run_inspect(const InspectArgs& a) {
                  "[anvil] warning: --ctx %d is above the model's max_position_embeddings (%d): positions past it "
                  "were never trained (generate caps its default context there)\n",
                  a.ctx, c.max_position_embeddings);
+  if (c.sliding_window > 0 && a.ctx > c.sliding_window)
+    std::fprintf(stderr,
+                 "[anvil] warning: --ctx %d is above the model's sliding_window (%d): generate, run and serve refuse "
+                 "a context past it (their default stops there)\n",
+                 a.ctx, c.sliding_window);
   // The layers' dense matrices (attention, dense MLPs, a shared expert) and the routed experts'.
   std::vector<const WeightMatrix*> layer_mats, expert_mats, router_mats;
   for (const auto& l : w.layers) {
@@ -154,6 +159,7 @@ int run_inspect(const InspectArgs& a) {
     j["head_dim"] = c.head_dim;
     j["intermediate_size"] = c.intermediate_size;
     j["vocab_size"] = c.vocab_size;
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json();
     j["tied_embeddings"] = w.tied;
     j["parameters"] = w.parameter_count();
     j["active_parameters"] = w.active_parameter_count();
@@ -187,8 +193,9 @@ int run_inspect(const InspectArgs& a) {
   std::printf("layers           %d, hidden %d, heads %d / kv heads %d, head dim %d, ffn %d, vocab %d\n",
               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
               c.intermediate_size, c.vocab_size);
-  std::printf("features         %s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
+  std::printf("features         %s%s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
               c.rope_scaling.type.empty() ? "" : ("rope-" + c.rope_scaling.type + " ").c_str(),
+              c.sliding_window > 0 ? ("sliding-window " + std::to_string(c.sliding_window) + " (context capped there) ").c_str() : "",
               w.tied ? "tied-embeddings" : "separate-lm-head");
   const std::string layers_desc = formats_desc(layer_formats);
   std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(), layers_desc.c_str(),

@@ -93,7 +93,9 @@ int run_chat(RunArgs& a) {
   if (Status st = check_logit_bias_vocab(sampling->logit_bias, s.model->config.vocab_size); !st.is_ok())
     return fail(st.message());
   const std::string dir = tokenizer_dir_of(s);
-  const bool chat = has_chat_template(dir);
+  auto has_template = has_chat_template(dir);
+  if (!has_template.is_ok()) return fail(has_template.status().message());
+  const bool chat = *has_template;
   auto text_r = TextOutput::open(dir, chat, a.show_reasoning, {});
   if (!text_r.is_ok()) return fail(text_r.status().message());
   TextOutput& text = **text_r;

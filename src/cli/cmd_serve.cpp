@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <thread>
 
+#include "base/optional_file.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/kv_options.h"
+#include "cli/logit_bias_option.h"
 #include "runtime/warmup.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer_config.h"
@@ -93,7 +95,7 @@ int run_serve(ServeArgs& a) {
     }
   }
   const std::string dir = tokenizer_dir_of(s);
-  if (dir.empty() || !std::filesystem::exists(dir + "/tokenizer.json"))
+  if (dir.empty() || !path_present(dir + "/tokenizer.json"))  // a link to nothing: Tokenizer::load names it
     return fail("the server needs a tokenizer: no tokenizer.json in " + (dir.empty() ? s.model->source : dir));
   auto tok = Tokenizer::load(dir + "/tokenizer.json");
   if (!tok.is_ok()) return fail(tok.status().message());
@@ -102,8 +104,12 @@ int run_serve(ServeArgs& a) {
     cfg = *c;
     // add_bos_token/add_eos_token decide a text completion prompt's BOS/EOS.
     if (Status st = apply_special_token_flags(cfg, tok->get()); !st.is_ok()) return fail(st.message());
-  } else std::fprintf(stderr, "[anvil] no usable tokenizer_config.json (%s): chat completions are off\n",
-                    c.status().message().c_str());
+  } else if (c.status().code() == StatusCode::kNotFound) {
+    std::fprintf(stderr, "[anvil] no tokenizer_config.json (%s): chat completions are off\n",
+                 c.status().message().c_str());
+  } else {  // there but unreadable (a link to nothing, no permission, not JSON): never served without it
+    return fail(c.status().message());
+  }
 
   server::ServerOptions& so = a.server;
   so.max_body_bytes = size_t(a.max_body_mb) << 20;
@@ -161,6 +167,7 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               add_int_option(app, "--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length", 1, INT32_MAX, "",
                              [a] { a->model.ctx_given = true; });
               add_sampling_options(app, a->sampling);
+              add_logit_bias_refusal(app);  // per request here: the body's logit_bias
               add_kv_store_options(app, a->kv, /*session_flags=*/false);  // sessions are per request
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
               add_int_option(app, "--port", a->server.port, "Port to listen on (0: any free port)", 0, 65535,

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string>
 
+#include "base/optional_file.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "format/hf_cache.h"
@@ -29,12 +30,12 @@ int run_tokenize(const TokenizeArgs& a) {
   auto resolved = resolve_model_path(a.model, a.revision, ModelFiles::kTokenizer);
   if (!resolved.is_ok()) return fail(resolved.status().message());
   const fs::path dir(*resolved);
-  std::error_code ec;
   const fs::path tj = dir / "tokenizer.json";
-  if (!fs::is_regular_file(tj, ec)) return fail(tj.string() + ": file not found (the model directory has no tokenizer.json)");
+  if (!path_present(tj.string()))  // a link to nothing is there: Tokenizer::load names it
+    return fail(tj.string() + ": file not found (the model directory has no tokenizer.json)");
   auto tok = Tokenizer::load(tj.string());
   if (!tok.is_ok()) return fail(tok.status().message());
-  if (a.add_special && fs::exists(dir / "tokenizer_config.json", ec)) {
+  if (a.add_special && path_present((dir / "tokenizer_config.json").string())) {
     auto cfg = load_tokenizer_config(dir.string());
     if (!cfg.is_ok()) return fail(cfg.status().message());
     if (Status st = apply_special_token_flags(*cfg, tok->get()); !st.is_ok()) return fail(st.message());

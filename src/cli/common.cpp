@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "base/mmap_file.h"
+#include "base/optional_file.h"
 #include "base/thread_pool.h"
 #include "format/hf_cache.h"
 #include "tokenizer/byte_level.h"
@@ -145,26 +146,28 @@ void add_sampling_options(CLI::App& app, SamplingOptions& o) {
 Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir) {
   SamplingParams p;
   if (!model_dir.empty()) {
-    auto text = read_file(model_dir + "/generation_config.json");
-    if (text.is_ok()) {
+    // Absent: no defaults from it. There but unreadable or not a JSON object: an error naming it
+    // (load_model_config reads it too, for the stop ids).
+    const std::string gen_path = model_dir + "/generation_config.json";
+    ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> text, read_optional_file(gen_path));
+    if (text) {
       auto j = nlohmann::json::parse(*text, nullptr, false);
-      if (j.is_object()) {
-        bool do_sample = true;
-        if (j.contains("do_sample") && !j["do_sample"].is_null()) {
-          if (!j["do_sample"].is_boolean())
-            return invalid_argument(model_dir + "/generation_config.json: do_sample must be true or false, got " +
-                                    j["do_sample"].dump());
-          do_sample = j["do_sample"].get<bool>();
-        }
-        if (do_sample && j.contains("temperature") && j["temperature"].is_number())
-          p.temperature = j["temperature"].get<float>();
-        if (j.contains("top_k") && j["top_k"].is_number_integer()) p.top_k = j["top_k"].get<int>();
-        if (j.contains("top_p") && j["top_p"].is_number()) p.top_p = j["top_p"].get<float>();
-        if (j.contains("min_p") && j["min_p"].is_number()) p.min_p = j["min_p"].get<float>();
-        if (j.contains("repetition_penalty") && j["repetition_penalty"].is_number())
-          p.repetition_penalty = j["repetition_penalty"].get<float>();
-        if (!do_sample) p.temperature = 0;
+      if (j.is_discarded()) return invalid_argument(gen_path + ": not valid JSON");
+      if (!j.is_object()) return invalid_argument(gen_path + ": expected a JSON object at the top level");
+      bool do_sample = true;
+      if (j.contains("do_sample") && !j["do_sample"].is_null()) {
+        if (!j["do_sample"].is_boolean())
+          return invalid_argument(gen_path + ": do_sample must be true or false, got " + j["do_sample"].dump());
+        do_sample = j["do_sample"].get<bool>();
       }
+      if (do_sample && j.contains("temperature") && j["temperature"].is_number())
+        p.temperature = j["temperature"].get<float>();
+      if (j.contains("top_k") && j["top_k"].is_number_integer()) p.top_k = j["top_k"].get<int>();
+      if (j.contains("top_p") && j["top_p"].is_number()) p.top_p = j["top_p"].get<float>();
+      if (j.contains("min_p") && j["min_p"].is_number()) p.min_p = j["min_p"].get<float>();
+      if (j.contains("repetition_penalty") && j["repetition_penalty"].is_number())
+        p.repetition_penalty = j["repetition_penalty"].get<float>();
+      if (!do_sample) p.temperature = 0;
     }
   }
   if (o.temp) {
@@ -387,13 +390,25 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     }
   }
   const int max_pos = s.model->config.max_position_embeddings;  // 0: the config does not say
+  const int window = s.model->config.sliding_window;            // 0: none
   s.ctx = o.ctx;
-  if (!o.ctx_given) s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
-  else if (max_pos > 0 && s.ctx > max_pos)
+  if (!o.ctx_given) {
+    s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
+    if (window > 0) s.ctx = std::min(s.ctx, window);
+  } else if (window > 0 && s.ctx > window) {
+    // The engine attends over the whole context: the model's attention over its last `window`
+    // positions only while the context is no longer than that. Past it the output would differ.
+    return invalid_argument("-c/--ctx " + std::to_string(s.ctx) + " is more than the model's sliding_window (" +
+                            std::to_string(window) + " tokens, config.json): anvil attends over the whole "
+                            "context, which is the model's sliding-window attention only within " +
+                            std::to_string(window) + " tokens; give -c/--ctx " + std::to_string(window) +
+                            " or less");
+  } else if (max_pos > 0 && s.ctx > max_pos) {
     std::fprintf(stderr,
                  "anvil: warning: --ctx %d is above the model's max_position_embeddings (%d): positions past %d "
                  "were never trained and the output may degrade\n",
                  s.ctx, max_pos, max_pos);
+  }
   {
     // The KV pool holds max_seqs sequences of the context rounded up to whole pages; an absurd
     // --ctx x -np is refused here, before anything is allocated from it.

@@ -2,18 +2,24 @@
 
 #include <filesystem>
 
+#include "base/optional_file.h"
+
 namespace anvil::cli {
 
-bool has_chat_template(const std::string& dir) {
+Result<bool> has_chat_template(const std::string& dir) {
   if (dir.empty()) return false;
   auto cfg = load_tokenizer_config(dir);
-  return cfg.is_ok() && !cfg->chat_template.empty();
+  if (!cfg.is_ok()) {
+    if (cfg.status().code() == StatusCode::kNotFound) return false;  // no tokenizer_config.json
+    return cfg.status();
+  }
+  return !cfg->chat_template.empty();
 }
 
 Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, bool chat, bool show_reasoning,
                                                      std::vector<std::string> stops) {
   std::string path = dir + "/tokenizer.json";
-  if (dir.empty() || !std::filesystem::exists(path))
+  if (dir.empty() || !path_present(path))  // a link to nothing is there: Tokenizer::load names it
     return not_found("no tokenizer.json in " + (dir.empty() ? std::string("the model") : dir) +
                      ": text cannot be encoded or decoded (anvil generate takes a prompt as token ids with --ids)");
   auto t = std::unique_ptr<TextOutput>(new TextOutput());
@@ -21,7 +27,7 @@ Result<std::unique_ptr<TextOutput>> TextOutput::open(const std::string& dir, boo
   // Reasoning is split only where the model can write it: both tags in its vocabulary.
   t->splits_reasoning_ = vocabulary_has_reasoning(*t->tok_);
   // The config decides the raw prompt's BOS/EOS (add_bos_token/add_eos_token) even without chat.
-  const bool has_config = std::filesystem::exists(dir + "/tokenizer_config.json");
+  const bool has_config = path_present(dir + "/tokenizer_config.json");  // unreadable: an error below
   if (has_config || chat) {
     ANVIL_ASSIGN_OR_RETURN(t->cfg_, load_tokenizer_config(dir));
   }

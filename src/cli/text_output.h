@@ -21,8 +21,10 @@
 
 namespace anvil::cli {
 
-// True when DIR's tokenizer_config.json (or chat_template.jinja/.json) carries a chat template.
-bool has_chat_template(const std::string& dir);
+// Whether DIR's tokenizer_config.json (or chat_template.jinja/.json) carries a chat template: false
+// when there is no tokenizer_config.json; an error naming the file when one of them is there but
+// unreadable (a link to a missing blob, no permission, not JSON), never a silent "no template".
+Result<bool> has_chat_template(const std::string& dir);
 
 class TextOutput {
  public:

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/mmap_file.h"
+#include "base/optional_file.h"
 
 namespace anvil {
 
@@ -24,6 +25,7 @@ const char* arch_name(Arch a) {
     case Arch::kQwen2Moe: return "qwen2_moe";
     case Arch::kOlmoe: return "olmoe";
     case Arch::kMixtral: return "mixtral";
+    case Arch::kMistral: return "mistral";
   }
   return "?";
 }
@@ -41,7 +43,7 @@ QuantSpec QuantConfig::for_module(const std::string& module_path) const {
 
 namespace {
 
-constexpr const char* kSupportedArchs = "qwen3, qwen2, llama, qwen3_moe, qwen2_moe, olmoe, mixtral";
+constexpr const char* kSupportedArchs = "qwen3, qwen2, llama, mistral, qwen3_moe, qwen2_moe, olmoe, mixtral";
 
 // Field access with the file label and the field path carried along for error messages.
 class Fields {
@@ -138,6 +140,7 @@ bool arch_from_model_type(const std::string& t, Arch* out) {
   else if (t == "qwen2_moe") *out = Arch::kQwen2Moe;
   else if (t == "olmoe") *out = Arch::kOlmoe;
   else if (t == "mixtral") *out = Arch::kMixtral;
+  else if (t == "mistral") *out = Arch::kMistral;
   else return false;
   return true;
 }
@@ -150,6 +153,7 @@ bool arch_from_class(const std::string& c, Arch* out) {
   else if (c == "Qwen2MoeForCausalLM") *out = Arch::kQwen2Moe;
   else if (c == "OlmoeForCausalLM") *out = Arch::kOlmoe;
   else if (c == "MixtralForCausalLM") *out = Arch::kMixtral;
+  else if (c == "MistralForCausalLM") *out = Arch::kMistral;
   else return false;
   return true;
 }
@@ -240,6 +244,22 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
   }
   return r.unsupported_value("rope_type",
                              "unsupported rope scaling '" + type + "' (supported: default, linear, llama3, yarn)");
+}
+
+// Mistral's and Mixtral's sliding_window, as their transformers config classes read it: null is
+// none, absent is the class default (MistralConfig: 4096; MixtralConfig: none), else a positive
+// integer W: each position attends to the last W. The engine's attention is over the whole
+// context, which is the same while the context is at most W tokens; build_stack caps it there.
+Status parse_sliding_window(const Fields& f, const json& root, ModelConfig* c) {
+  auto it = root.find("sliding_window");
+  if (it == root.end()) {
+    if (c->arch == Arch::kMistral) c->sliding_window = 4096;
+    return Status::ok();
+  }
+  if (it->is_null()) return Status::ok();
+  if (!f.get_int("sliding_window", &c->sliding_window, false, true).is_ok())
+    return f.wrong_type("sliding_window", "a positive integer (a window of that many positions) or null (none)");
+  return Status::ok();
 }
 
 bool valid_bits(int b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
@@ -365,12 +385,14 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   ANVIL_RETURN_IF_ERROR(f.get_int("intermediate_size", &c.intermediate_size, true, true));
   ANVIL_RETURN_IF_ERROR(f.get_int("num_hidden_layers", &c.num_hidden_layers, true, true));
   ANVIL_RETURN_IF_ERROR(f.get_int("num_attention_heads", &c.num_attention_heads, true, true));
-  c.num_key_value_heads = c.num_attention_heads;
+  // Absent: as many as the query heads, or MistralConfig's default of 8.
+  c.num_key_value_heads = c.arch == Arch::kMistral ? 8 : c.num_attention_heads;
   ANVIL_RETURN_IF_ERROR(f.get_int("num_key_value_heads", &c.num_key_value_heads, false, true));
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     return f.error("num_key_value_heads", "must divide num_attention_heads (" +
                                               std::to_string(c.num_attention_heads) + "), got " +
-                                              std::to_string(c.num_key_value_heads));
+                                              std::to_string(c.num_key_value_heads) +
+                                              (f.has("num_key_value_heads") ? "" : " (the default when absent)"));
   if (f.has("head_dim")) {
     ANVIL_RETURN_IF_ERROR(f.get_int("head_dim", &c.head_dim, false, true));
   } else {
@@ -445,6 +467,10 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     case Arch::kLlama:
       ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
       break;
+    case Arch::kMistral:
+      // Llama's computation; MistralAttention has no biases and its config no attention_bias.
+      ANVIL_RETURN_IF_ERROR(parse_sliding_window(f, root, &c));
+      break;
     case Arch::kQwen3Moe:
       c.qk_norm = true;
       ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
@@ -459,9 +485,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
       ANVIL_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
       break;
     case Arch::kMixtral:
-      // Sliding-window attention is not implemented; real Mixtral configs say null.
-      if (f.has("sliding_window"))
-        return f.unsupported_value("sliding_window", "sliding-window attention is not supported (expected null)");
+      ANVIL_RETURN_IF_ERROR(parse_sliding_window(f, root, &c));  // real Mixtral configs say null
       break;
   }
   switch (c.arch) {
@@ -482,18 +506,18 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 Result<ModelConfig> load_model_config(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return not_found(path + ": missing (a model directory needs config.json)");
-  ANVIL_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  ANVIL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(text, path));
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> text, read_optional_file(path));  // a link to nothing: named
+  if (!text) return not_found(path + ": missing (a model directory needs config.json)");
+  ANVIL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(*text, path));
 
-  // generation_config.json may list more stop ids (e.g. <|im_end|> besides <|endoftext|>).
+  // generation_config.json may list more stop ids (e.g. <|im_end|> besides <|endoftext|>): absent is
+  // fine, there but unreadable is an error (a model run without its stop ids would not stop).
   const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
-  if (fs::is_regular_file(gen_path, ec)) {
-    ANVIL_ASSIGN_OR_RETURN(std::string gen_text, read_file(gen_path));
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> gen_text, read_optional_file(gen_path));
+  if (gen_text) {
     json gen;
     try {
-      gen = json::parse(gen_text);
+      gen = json::parse(*gen_text);
     } catch (const json::exception& e) {
       return invalid_argument(gen_path + ": not valid JSON: " + e.what());
     }

@@ -1,9 +1,8 @@
 #include "tokenizer/tokenizer.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "base/optional_file.h"
 #include "tokenizer/byte_level.h"
 
 namespace anvil {
@@ -48,12 +47,10 @@ Result<std::vector<tok::AddedToken>> parse_added(const nlohmann::json& j) {
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found(path + ": cannot open tokenizer file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return io_error(path + ": read error");
-  return from_json_text(ss.str(), path);
+  // A file that is there but unreadable (a link to a missing blob, no permission) says so.
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> text, read_optional_file(path));
+  if (!text) return not_found(path + ": cannot open tokenizer file: not found");
+  return from_json_text(*text, path);
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& text, const std::string& label) {

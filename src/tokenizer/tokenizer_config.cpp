@@ -3,10 +3,9 @@
 #include "tokenizer/tokenizer_config.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
+#include "base/optional_file.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -16,19 +15,14 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return io_error(path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-Result<ojson> read_json(const std::string& path) {
-  ANVIL_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+// A file of the model directory that may be absent (nullopt); present but unreadable or not JSON
+// is an error naming it (base/optional_file.h).
+Result<std::optional<ojson>> read_optional_json(const std::string& path) {
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> text, read_optional_file(path));
+  if (!text) return std::optional<ojson>();
+  ojson j = ojson::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return corrupt(path + ": not valid JSON");
-  return j;
+  return std::optional<ojson>(std::move(j));
 }
 
 // A special token is a string or an AddedToken dict {"content": ...}; null/absent means none.
@@ -72,8 +66,9 @@ Status read_template_field(const ojson& value, TokenizerConfig* cfg, const std::
 Result<TokenizerConfig> load_tokenizer_config(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(dir) / "tokenizer_config.json").string();
-  if (!fs::exists(path)) return not_found(path + ": not found (a model directory needs tokenizer_config.json)");
-  ANVIL_ASSIGN_OR_RETURN(ojson j, read_json(path));
+  ANVIL_ASSIGN_OR_RETURN(std::optional<ojson> config, read_optional_json(path));
+  if (!config) return not_found(path + ": not found (a model directory needs tokenizer_config.json)");
+  const ojson& j = *config;
   if (!j.is_object()) return corrupt(path + ": expected a JSON object");
   TokenizerConfig cfg;
   cfg.config_path = path;
@@ -91,11 +86,17 @@ Result<TokenizerConfig> load_tokenizer_config(const std::string& dir) {
 
   const std::string jinja_path = (fs::path(dir) / "chat_template.jinja").string();
   const std::string json_path = (fs::path(dir) / "chat_template.json").string();
-  if (fs::exists(jinja_path)) {
-    ANVIL_ASSIGN_OR_RETURN(cfg.chat_template, read_file(jinja_path));
+  // chat_template.jinja wins; chat_template.json is read only without it (as transformers does).
+  ANVIL_ASSIGN_OR_RETURN(std::optional<std::string> jinja, read_optional_file(jinja_path));
+  std::optional<ojson> template_json;
+  if (!jinja) {
+    ANVIL_ASSIGN_OR_RETURN(template_json, read_optional_json(json_path));
+  }
+  if (jinja) {
+    cfg.chat_template = std::move(*jinja);
     cfg.source = jinja_path;
-  } else if (fs::exists(json_path)) {
-    ANVIL_ASSIGN_OR_RETURN(ojson t, read_json(json_path));
+  } else if (template_json) {
+    ojson& t = *template_json;
     if (!t.is_object() || !t.contains("chat_template"))
       return corrupt(json_path + ": expected an object with a 'chat_template' field");
     ANVIL_RETURN_IF_ERROR(read_template_field(t["chat_template"], &cfg, json_path));

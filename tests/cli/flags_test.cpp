@@ -211,6 +211,65 @@ TEST(CliContext, WarnsAboveMaxPositionEmbeddings) {
   EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
 }
 
+// A model with a sliding_window W (Mistral v0.1's 4096, Mixtral's when set) attends over its last W
+// positions; anvil attends over the whole context, the same thing only while the context is at most W
+// tokens. So the default context stops at W, and a larger --ctx (generate, run, serve's --ctx-size)
+// is refused naming sliding_window, before anything runs. The golden Mistral fixture has W = 64 and
+// max_position_embeddings 512; the same checkpoint with sliding_window null gets the usual default.
+TEST(CliContext, SlidingWindowCapsTheContext) {
+  const fs::path mistral = fs::path(ANVIL_TEST_DATA) / "golden" / "mistral-bf16";
+  const fs::path mixtral = fs::path(ANVIL_TEST_DATA) / "golden" / "mixtral-bf16";
+  // The model's own directory, its files linked, with config.json's sliding_window set to `window`.
+  auto with_window = [](const fs::path& src, const std::string& tag, nlohmann::json window) {
+    const fs::path d = temp_dir(tag);
+    fs::create_directories(d);
+    for (auto& e : fs::directory_iterator(src))
+      if (e.path().filename() != "config.json") fs::create_symlink(e.path(), d / e.path().filename());
+    auto cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+    cfg["sliding_window"] = window;
+    std::ofstream(d / "config.json") << cfg.dump(2);
+    return d;
+  };
+  // Positions used by a greedy run of -n 200 from 3 prompt ids: the context's, as in ExactLimit... above.
+  auto positions = [](const fs::path& dir, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"generate", "--device", "cpu", "--no-kv-store", "-m", dir.string(), "--ids",
+                                     "1,2,3", "-n", "200", "--ignore-eos", "--temp", "0", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_anvil(args, true);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    auto j = last_json_line(r.out);
+    return j.is_object() ? j["prompt_tokens"].get<int>() + int(j["ids"].size()) - 1 : -1;
+  };
+  EXPECT_EQ(positions(mistral, {}), 64);
+  EXPECT_EQ(positions(mistral, {"--ctx", "64"}), 64);
+  EXPECT_EQ(positions(mistral, {"--ctx", "40"}), 40);
+  const fs::path mixtral32 = with_window(mixtral, "mixtral_window", 32);
+  EXPECT_EQ(positions(mixtral32, {}), 32);
+  const fs::path unwindowed = with_window(mistral, "mistral_null_window", nullptr);
+  EXPECT_EQ(positions(unwindowed, {}), 202);  // no cap: 3 + 200 - 1 positions fit in min(4096, 512)
+  for (const auto& [dir, w] : {std::pair{mistral, 64}, std::pair{mixtral32, 32}}) {
+    const std::string over = std::to_string(w + 1);
+    const std::string says = "-c/--ctx " + over + " is more than the model's sliding_window (" + std::to_string(w) +
+                             " tokens, config.json)";
+    for (const char* cmd : {"generate", "run"}) {
+      auto r = run_anvil({cmd, "--device", "cpu", "--no-kv-store", "-m", dir.string(), "-p", "x", "-n", "2", "--ctx",
+                          over},
+                         true);
+      EXPECT_EQ(r.exit_code, 1) << cmd << ": " << r.out;
+      EXPECT_NE(r.out.find(says), std::string::npos) << cmd << ": " << r.out;
+    }
+    // (under timeout: a server that started anyway would never exit)
+    auto s = run_shell("timeout 60 " +
+                       anvil_command({"serve", "--device", "cpu", "--no-kv-store", "-m", dir.string(), "--port", "0",
+                                      "--ctx-size", over}) +
+                       " 2>&1");
+    EXPECT_EQ(s.exit_code, 1) << s.out;
+    EXPECT_NE(s.out.find(says), std::string::npos) << s.out;
+  }
+  fs::remove_all(mixtral32);
+  fs::remove_all(unwindowed);
+}
+
 // A forward pass never holds more tokens than the context (of every sequence): a larger --batch is
 // lowered to it, as llama.cpp lowers n_batch to n_ctx, and gives the same tokens; it allocated
 // activations for every row it named (--batch 100000000: "cpu alloc: could not allocate

@@ -62,6 +62,8 @@ void expect_matches_reference(const ModelConfig& c, const json& e) {
   EXPECT_EQ(c.eos_token_ids, e["eos_token_ids"].get<std::vector<int>>());
   EXPECT_EQ(c.bos_token_id, e["bos_token_id"].get<int>());
   EXPECT_EQ(c.torch_dtype, e["dtype"] == "bfloat16" ? DType::kBF16 : e["dtype"] == "float16" ? DType::kF16 : DType::kF32);
+  if (e.contains("sliding_window"))  // mistral and mixtral: null is none (0 here)
+    EXPECT_EQ(c.sliding_window, e["sliding_window"].is_null() ? 0 : e["sliding_window"].get<int>());
   // Architecture facts transformers encodes in its modeling code rather than the config.
   EXPECT_EQ(c.qk_norm, c.arch == Arch::kQwen3);
   if (c.arch == Arch::kQwen2) EXPECT_TRUE(c.attention_bias);
@@ -86,6 +88,61 @@ TEST(ModelConfig, TransformersWrittenConfigsMatchTransformers) {
     expect_matches_reference(*c, ref[name]);
     EXPECT_FALSE(c->quant.default_spec.quantized());
   }
+}
+
+// Mistral as the Hub writes it (v0.3, Nemo's explicit head_dim, v0.1's window, and one leaving
+// sliding_window and num_key_value_heads to MistralConfig's defaults), against what transformers'
+// MistralConfig makes of the same files (scripts/make_format_fixtures.py configs).
+TEST(ModelConfig, MistralConfigsMatchTransformers) {
+  json ref = reference();
+  for (const char* name : {"config_mistral.json", "config_mistral_nemo.json", "config_mistral_v01.json",
+                           "config_mistral_defaults.json"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(ref.contains(name)) << "config_expected.json has no " << name;
+    auto text = read_file(kData + name);
+    ASSERT_TRUE(text.is_ok());
+    auto c = parse_model_config(*text, name);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    EXPECT_EQ(c->arch, Arch::kMistral);
+    expect_matches_reference(*c, ref[name]);
+    EXPECT_FALSE(c->attention_bias);
+    EXPECT_FALSE(c->qk_norm || c->qk_norm_full);
+    EXPECT_FALSE(c->is_moe());
+  }
+}
+
+// Identified by architectures alone as well; printed as "mistral"; a bad sliding_window is named.
+TEST(ModelConfig, MistralByClassNameAndBadSlidingWindow) {
+  json j = base_config();
+  j.erase("model_type");
+  j["architectures"] = {"MistralForCausalLM"};
+  auto c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->arch, Arch::kMistral);
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_STREQ(arch_name(c->arch), "mistral");
+  EXPECT_EQ(c->sliding_window, 4096);  // absent: MistralConfig's default
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(j)->sliding_window, 0);
+  j["sliding_window"] = 128;
+  EXPECT_EQ(parse(j)->sliding_window, 128);
+  for (json bad : {json(0), json(-4096), json(4096.5), json("4096"), json(true), json(int64_t(1) << 40)}) {
+    j["sliding_window"] = bad;
+    expect_error(j, {"'sliding_window'", "a positive integer", "or null", bad.dump()});
+  }
+  // A config that gives no num_key_value_heads gets MistralConfig's 8, which must divide the heads.
+  j = base_config();
+  j["model_type"] = "mistral";
+  j.erase("num_key_value_heads");
+  j["num_attention_heads"] = 12;
+  j["hidden_size"] = 768;
+  expect_error(j, {"'num_key_value_heads'", "got 8 (the default when absent)"});
+  // Qwen and Llama have no sliding_window of their own: it is read (and capped) only where the model has one.
+  j = base_config();
+  j["sliding_window"] = 4096;
+  EXPECT_EQ(parse(j)->sliding_window, 0);
+  j["model_type"] = "llama";
+  EXPECT_EQ(parse(j)->sliding_window, 0);
 }
 
 TEST(ModelConfig, SharedTinyModelsMatchTransformers) {
@@ -450,4 +507,33 @@ TEST(ModelConfigLoad, ErrorsArePrefixedWithThePath) {
   c = load_model_config(d.path());
   ASSERT_FALSE(c.is_ok());
   EXPECT_TRUE(contains(c.status().message(), d.file("config.json") + ": field 'vocab_size'")) << c.status().message();
+}
+
+// config.json or generation_config.json that is there but unreadable (a symbolic link to a blob an
+// interrupted download never wrote, a directory in its place) is an error naming it and why; a
+// dangling generation_config.json was skipped as absent, and the model ran without its stop ids.
+// Absent generation_config.json stays fine.
+TEST(ModelConfigLoad, UnreadableFilesAreNamedNotTakenForAbsent) {
+  anvil_test::TempDir d;
+  json j = base_config();
+  anvil_test::write_text(d.file("config.json"), j.dump());
+  ASSERT_TRUE(load_model_config(d.path()).is_ok());  // no generation_config.json: fine
+  std::filesystem::create_symlink(d.file("blobs/missing"), d.file("generation_config.json"));
+  auto c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("generation_config.json") + ": a symbolic link to '" +
+                                                 d.file("blobs/missing") + "', which does not exist"))
+      << c.status().message();
+  std::filesystem::remove(d.file("generation_config.json"));
+  std::filesystem::create_directory(d.file("generation_config.json"));
+  c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("generation_config.json") + ": a directory, not a file"))
+      << c.status().message();
+  std::filesystem::remove(d.file("generation_config.json"));
+  std::filesystem::remove(d.file("config.json"));
+  std::filesystem::create_symlink(d.file("blobs/config"), d.file("config.json"));
+  c = load_model_config(d.path());
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), d.file("config.json") + ": a symbolic link to")) << c.status().message();
 }

@@ -92,11 +92,19 @@ TEST(MoEConfig, Errors) {
   j = moe_config("olmoe");
   j["clip_qkv"] = 8.0;
   EXPECT_EQ(parse(j).status().code(), StatusCode::kUnsupported);
+  // Mixtral's sliding_window, as Mistral's: a window is taken (the context is capped at it), null and
+  // absent (MixtralConfig's default) are none, anything else is named.
   j = moe_config("mixtral");
   j["sliding_window"] = 4096;
-  EXPECT_EQ(parse(j).status().code(), StatusCode::kUnsupported);
+  ASSERT_TRUE(parse(j).is_ok()) << parse(j).status().message();
+  EXPECT_EQ(parse(j)->sliding_window, 4096);
   j["sliding_window"] = nullptr;
-  EXPECT_TRUE(parse(j).is_ok());
+  ASSERT_TRUE(parse(j).is_ok());
+  EXPECT_EQ(parse(j)->sliding_window, 0);
+  j.erase("sliding_window");
+  EXPECT_EQ(parse(j)->sliding_window, 0);
+  j["sliding_window"] = "4096";
+  EXPECT_TRUE(contains(parse(j).status().message(), "'sliding_window'")) << parse(j).status().message();
   // Qwen's use_sliding_window: refused where a layer would slide (from max_window_layers on).
   j = moe_config("qwen3_moe");
   const int layers = j["num_hidden_layers"].get<int>();

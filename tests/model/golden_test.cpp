@@ -7,7 +7,9 @@
 // makes all of it (scripts/make_moe_golden_fixtures.py the mixture-of-experts models: <arch>-bf16 with
 // per-expert HF tensors against transformers, <arch>-q4 with stacked 4-bit experts and an 8-bit router
 // against mlx-lm, for qwen3_moe, qwen2_moe, olmoe and mixtral; scripts/make_yarn_golden_fixtures.py qwen3-yarn,
-// a Qwen3 with YaRN rope scaling, against mlx-lm); scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
+// a Qwen3 with YaRN rope scaling, against mlx-lm; scripts/make_mistral_golden_fixtures.py mistral-bf16, a
+// Mistral with head_dim != hidden / heads and a sliding_window the context is capped at, against mlx-lm);
+// scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
 //
 // The engine is driven as a user would:
 //   anvil generate -m DIR --ids 1,2,3 -n 0 --dump-logits OUT.npy                 -> logits [T, vocab]
@@ -332,7 +334,9 @@ TEST(GoldenFixtures, AllModelsPresentAndConsistent) {
       "qwen3-moe-bf16", "qwen3-moe-q4", "qwen2-moe-bf16", "qwen2-moe-q4", "olmoe-bf16", "olmoe-q4", "mixtral-bf16",
       "mixtral-q4",
       // YaRN rope scaling, against mlx-lm (scripts/make_yarn_golden_fixtures.py)
-      "qwen3-yarn"};
+      "qwen3-yarn",
+      // Mistral: head_dim != hidden / heads, a sliding_window above the prompts (make_mistral_golden_fixtures.py)
+      "mistral-bf16"};
   const auto have = golden_models();
   for (const auto& m : expected)
     EXPECT_NE(std::find(have.begin(), have.end(), m), have.end()) << "missing golden fixture " << m;
