@@ -37,7 +37,7 @@
 # attention in token groups, the default since session 35, against ANVIL_CUDA_ATTN_CHUNK=0: the off path's tests and golden, then 4,112-token prompts in
 # chunks of 16, 32 and 64 tokens both ways), famin (session 35: the prefill kernel's smallest chunk,
 # ANVIL_CUDA_FA_MIN, at 64 against above the chunk size, 64- to 256-token chunks), batchk / batchtune
-# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), moepf (session 26: the chosen experts pulled into L2 by the routing kernel, ANVIL_MOE_ROUTE_PREFETCH=N), wavepf (session 26: the wave-ahead L2 prefetch of the streamed mat-vec, ANVIL_QGEMV_WAVE_PF, and of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
+# (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), wavepf (session 26: the wave-ahead L2 prefetch of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
@@ -776,21 +776,18 @@ if [ "$what" != tests ]; then
     for r in 1 4; do ANVIL_GEMV_BF16=0 pd ANVIL_GEMV_BF16_R=$r qwen3-8b:bf16; done
     for e in X=default ANVIL_GEMV_BF16=0; do pd $e qwen3-0.6b:bf16; done
   elif [ "$set" = wavepf ]; then
-    # Session 26: the streamed q4 mat-vec's blocks pull a later wave's tile into L2
-    # (ANVIL_QGEMV_WAVE_PF=1, =2 with evict_last), and the L2 prefetch kernel spread over every SM
-    # (one warp per SM, 16 KB pieces; it held the chain up when a few blocks issued it all): the
-    # linear op and model tests under them, then decode (tg64, best of 2), two rounds, interleaved;
-    # the MoE routing's expert prefetch once against the default.
-    pt ANVIL_QGEMV_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaModel.*' "linear op and model tests"
+    # Session 26: the L2 prefetch kernel spread over every SM (one warp per SM, 16 KB pieces; it held
+    # the chain up when a few blocks issued it all) or forked: the model tests under it, then decode
+    # (tg64, best of 2), two rounds, interleaved. (The streamed mat-vec's wave-ahead prefetch and the
+    # MoE routing's expert prefetch were removed in session 41.)
     pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*' "model tests"
     for r in 1 2; do
-      for e in X=default ANVIL_QGEMV_WAVE_PF=1 ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 \
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH=32,1,1 \
                ANVIL_CUDA_L2_PREFETCH_MLP=32 ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ANVIL_CUDA_L2_PREFETCH=32,0,1,1; do
         pd $e qwen3-8b:q4g64
       done
-      for e in X=default ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=8,1,1 ANVIL_CUDA_L2_PREFETCH=8,0,1,1; do pd $e qwen3-0.6b:q4g64; done
+      for e in X=default ANVIL_CUDA_L2_PREFETCH=8,1,1 ANVIL_CUDA_L2_PREFETCH=8,0,1,1; do pd $e qwen3-0.6b:q4g64; done
     done
-    for e in X=default ANVIL_MOE_ROUTE_PREFETCH=1 ANVIL_QGEMV_WAVE_PF=2; do pd $e qwen3-30b-a3b-16L:q4g64; done
     # The batch kernel's wave-ahead prefetch (ANVIL_QGEMM_WAVE_PF): its op and model tests, then the
     # 32- and 64-sequence steps, ROUNDS rounds (1).
     pt ANVIL_QGEMM_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Batch*:CudaModel.*' "batch op and model tests"
@@ -848,30 +845,15 @@ if [ "$what" != tests ]; then
       echo "### persist tests, =2 (bulk copies per row): rc=$? $(grep -E '^\[  (PASSED|FAILED)|worst' "$OUT/persist2_tests.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     }
   elif [ "$set" = wavepf1 ]; then
-    # wavepf cut to ~3 minutes after the build (a short device budget): the streamed mat-vec's
-    # wave-ahead prefetch and the spread / forked L2 prefetch kernel, decode once each, most
-    # telling first (a timeout still leaves those), then the tests under them.
-    for e in X=default ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=16,0,1,1; do pd $e qwen3-8b:q4g64; done
-    for e in X=default ANVIL_QGEMV_WAVE_PF=2 ANVIL_CUDA_L2_PREFETCH=8,0,1,1; do pd $e qwen3-0.6b:q4g64; done
-    for e in ANVIL_QGEMV_WAVE_PF=1 ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH_MLP=32 X=default; do
+    # wavepf cut to ~3 minutes after the build (a short device budget): the spread / forked L2
+    # prefetch kernel, decode once each, most telling first (a timeout still leaves those), then
+    # the tests under it.
+    for e in X=default ANVIL_CUDA_L2_PREFETCH=16,0,1,1; do pd $e qwen3-8b:q4g64; done
+    for e in X=default ANVIL_CUDA_L2_PREFETCH=8,0,1,1; do pd $e qwen3-0.6b:q4g64; done
+    for e in ANVIL_CUDA_L2_PREFETCH=16,1,1 ANVIL_CUDA_L2_PREFETCH_MLP=32 X=default; do
       pd $e qwen3-8b:q4g64
     done
-    pt ANVIL_QGEMV_WAVE_PF=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.Linear*:CudaModel.*Graph*' "linear op and graph tests"
     pt ANVIL_CUDA_L2_PREFETCH=16,0,1,1 ./build-gpu/tests/anvil_test_cuda 'CudaModel.*Graph*:CudaModel.L2*' "model tests"
-  elif [ "$set" = moepf ]; then
-    # The routing kernel's L2 prefetch of the chosen experts (ANVIL_MOE_ROUTE_PREFETCH=N: gate, + up,
-    # + down; session 26): the MoE tests and MoE golden on CUDA under N = 3, then decode of
-    # qwen3-30b-a3b-16L (tg64, best of 2) for N = 0..3 interleaved, ROUNDS rounds (2), and the
-    # 48-layer model once each for 0, 2 and 3.
-    pt ANVIL_MOE_ROUTE_PREFETCH=3 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
-    ANVIL_MOE_ROUTE_PREFETCH=3 timeout 150 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' > /tmp/pf_golden.log 2>&1
-    echo "### ANVIL_MOE_ROUTE_PREFETCH=3 MoE golden: rc=$? $(grep -E '^\[  (PASSED|FAILED)' /tmp/pf_golden.log | tr '\n' ' ')" >> "$OUT/bench.log"
-    for r in $(seq 1 "${ROUNDS:-2}"); do
-      for e in X=default ANVIL_MOE_ROUTE_PREFETCH=1 ANVIL_MOE_ROUTE_PREFETCH=2 ANVIL_MOE_ROUTE_PREFETCH=3; do
-        pd $e qwen3-30b-a3b-16L:q4g64
-      done
-    done
-    for e in X=default ANVIL_MOE_ROUTE_PREFETCH=2 ANVIL_MOE_ROUTE_PREFETCH=3; do pd $e qwen3-30b-a3b:q4g64; done
   elif [ "$set" = l2pf ]; then
     # Weights pulled into L2 while decode attention runs (ANVIL_CUDA_L2_PREFETCH=MB[,1]: MB per layer,
     # the o projection whole, then the tails of gate and up; ,1 issued before the prefetch kernel's

@@ -1,4 +1,4 @@
-// The wave-ahead L2 prefetches (src/backend/cuda/prefetch_ranges.h) stay inside the matrices they
+// The batch kernel's wave-ahead L2 prefetch (src/backend/cuda/prefetch_ranges.h) stays inside the matrices they
 // name: a bulk prefetch past an allocation's end could fault, and one that misses rows prefetches
 // nothing useful. Host arithmetic only: runs without a GPU.
 #include <gtest/gtest.h>
@@ -11,38 +11,6 @@
 
 namespace anvil::cuda {
 namespace {
-
-TEST(CudaPrefetchRanges, StreamTilesCoverEachMatrixOnceAndStayInside) {
-  // The streamed kernel's shapes: K a multiple of 128, (K / group) % 8 == 0 (async_ok's checks).
-  for (int64_t K : {128, 1024, 2048, 4096, 12288, 24576})
-    for (int64_t group : {32, 64, 128}) {
-      const int64_t ng = K / group;
-      if (ng % 8 != 0) continue;
-      for (int64_t rows : {1, 15, 16, 17, 100, 1024, 4096, 151936}) {
-        const int64_t tiles = (rows + 15) / 16;
-        int64_t covered = 0, scovered = 0;
-        for (int64_t t = 0; t < tiles; ++t) {
-          ByteRange w, s;
-          ASSERT_TRUE(stream_tile_ranges(rows, 16 * t, K, ng, &w, &s)) << rows << "x" << K << " tile " << t;
-          EXPECT_EQ(w.off % 16, 0);
-          EXPECT_EQ(w.bytes % 16, 0);
-          EXPECT_EQ(s.off % 16, 0);
-          EXPECT_EQ(s.bytes % 16, 0);
-          EXPECT_GT(w.bytes, 0);
-          EXPECT_LE(w.off + w.bytes, rows * K / 2) << rows << "x" << K << " tile " << t;
-          EXPECT_LE(s.off + s.bytes, rows * ng * 2) << rows << "x" << K << " tile " << t;
-          EXPECT_EQ(w.off, covered);  // tiles in order, back to back
-          covered += w.bytes, scovered += s.bytes;
-        }
-        EXPECT_EQ(covered, rows * K / 2);
-        EXPECT_EQ(scovered, rows * ng * 2);
-        ByteRange w, s;
-        EXPECT_FALSE(stream_tile_ranges(rows, 16 * tiles, K, ng, &w, &s)) << "past the last tile";
-      }
-    }
-  ByteRange w, s;  // beyond a 32-bit prefetch size: not issued
-  EXPECT_FALSE(stream_tile_ranges(16, 0, int64_t(1) << 28, (int64_t(1) << 28) / 64, &w, &s));
-}
 
 TEST(CudaPrefetchRanges, BatchBlocksAheadAreTheLaterWavesOnce) {
   for (int64_t gx : {1, 7, 64, 96, 192})

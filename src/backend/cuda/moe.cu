@@ -218,27 +218,6 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(MoERouteArgs a) {
 constexpr int kRouteCWarps = 16;      // warps per block: one router row each for E <= 16 C
 constexpr int kRouteCMaxCluster = 8;  // the portable cluster size
 
-// Bytes of one expert's data and of its scales (= biases) in m's format.
-__device__ __forceinline__ int64_t expert_data_bytes(const MoEMats& m) {
-  const int64_t n = m.rows * m.cols;
-  return m.fmt <= 8 ? n * m.fmt / 8 : m.fmt == 32 ? n * 4 : n * 2;
-}
-__device__ __forceinline__ int64_t expert_group_bytes(const MoEMats& m) {
-  return m.fmt <= 8 && m.group > 0 ? m.rows * (m.cols / m.group) * (m.dtype == Elem::kF32 ? 4 : 2) : 0;
-}
-
-// cp.async.bulk.prefetch.L2 over [p, p + bytes), widened to 16-byte bounds (weights are uploaded
-// 256-byte aligned and padded, so the widened range stays inside the allocation), 64 KB at a time.
-__device__ __forceinline__ void prefetch_l2_range(const void* p, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (!p || bytes <= 0) return;
-  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes) + 15) & ~uintptr_t(15);
-  for (uintptr_t q = b; q < e; q += 65536)
-    prefetch_l2_bulk(reinterpret_cast<const void*>(q), uint32_t(e - q < 65536 ? e - q : 65536), false);
-#endif
-}
-
 // p (>= 0, or NaN) ordered as the CPU's arg-max passes take it: NaN below every probability.
 [[maybe_unused]] __device__ __forceinline__ float route_key(float p) { return p == p ? p : -1.0f; }
 
@@ -248,16 +227,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
   __trap();  // clusters need sm_90: below it the host takes route_kernel (route_cluster_on)
 #else
   namespace cg = cooperative_groups;
-  // The chosen experts' prefetches (a.n_pf): thread e of block 0 holds expert e's pointers, read
-  // before the wait (the tables are written once, at upload).
-  ExpertPtrs pf[3];
-  pdl_launch();
-  if (a.n_pf > 0 && blockIdx.x == 0 && int(threadIdx.x) < a.E) {
-#pragma unroll
-    for (int m = 0; m < 3; ++m)
-      if (m < a.n_pf) pf[m] = a.pf[m].ptrs[threadIdx.x];
-  }
-  pdl_wait();
+  pdl_begin();
   __shared__ float s_logit[kRouteTok][kMoEMaxExperts];  // block 0's: the tile's logits
   __shared__ __align__(16) float s_p[kMoEMaxExperts];   // one token's probabilities (-2 past E)
   __shared__ float s_red[kRouteCWarps];
@@ -336,17 +306,7 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
         rank += (u.x > v) + (u.y > v) + (u.z > v) + (u.w > v) +
                 ((u.x == v) & (b4 < e)) + ((u.y == v) & (b4 + 1 < e)) + ((u.z == v) & (b4 + 2 < e)) + ((u.w == v) & (b4 + 3 < e));
       }
-      if (rank < a.k) {
-        s_sel_e[rank] = e, s_sel_w[rank] = l[j];
-        if (a.n_pf > 0 && j == 0)
-#pragma unroll
-          for (int m = 0; m < 3; ++m)
-            if (m < a.n_pf) {
-              prefetch_l2_range(pf[m].data, expert_data_bytes(a.pf[m]));
-              prefetch_l2_range(pf[m].scales, expert_group_bytes(a.pf[m]));
-              prefetch_l2_range(pf[m].biases, expert_group_bytes(a.pf[m]));
-            }
-      }
+      if (rank < a.k) s_sel_e[rank] = e, s_sel_w[rank] = l[j];
     }
     __syncthreads();
     if (warp == 0) {

@@ -64,12 +64,6 @@ struct MoERouteArgs {
   int32_t* idx = nullptr;   // [T, k]
   float* wt = nullptr;      // [T, k]
   float* shared_coef = nullptr;  // [T]: sigmoid(x_t . shared_gate); written when shared_gate.data
-  // Decode through the cluster kernel only: as soon as block 0 has ranked a token's experts, the
-  // thread of each chosen expert issues cp.async.bulk.prefetch.L2 over its first n_pf matrices of pf
-  // (gate, up, down), so the expert kernels, which cannot copy before the routing is done, find
-  // their weights in L2 or on the way (ANVIL_MOE_ROUTE_PREFETCH=N, off by default: for measuring).
-  MoEMats pf[3];
-  int n_pf = 0;
 };
 cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s);
 

@@ -253,17 +253,6 @@ Status MoERunner::route(const void* x, const MoEWeights& w, const MoEPlan& p, cu
   ra.E = w.num_experts, ra.k = w.top_k, ra.norm_topk = w.norm_topk_prob;
   ra.logits = p.logits, ra.counters = p.counters, ra.idx = p.idx, ra.wt = p.wt, ra.shared_coef = p.coef;
   ra.x = x, ra.T = int(p.T), ra.H = p.H;
-  // ANVIL_MOE_ROUTE_PREFETCH=N (1..3; off by default, for measuring): at decode the routing kernel
-  // pulls the chosen experts' gate (1), up (2) and down (3) matrices into L2 as soon as it has
-  // ranked them (moe.h MoERouteArgs::pf).
-  static const int route_pf = [] {
-    const char* e = std::getenv("ANVIL_MOE_ROUTE_PREFETCH");
-    return e && *e >= '1' && *e <= '3' ? *e - '0' : 0;
-  }();
-  if (p.decode && !p.skip_experts && route_pf > 0) {
-    ra.pf[0] = p.gate, ra.pf[1] = p.up, ra.pf[2] = p.down;
-    ra.n_pf = route_pf;
-  }
   ++*launches;
   return launch_status(moe_route(ra, s), "moe_route");
 }

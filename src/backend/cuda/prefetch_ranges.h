@@ -1,4 +1,4 @@
-// Where the wave-ahead L2 prefetches read (ANVIL_QGEMV_WAVE_PF, ANVIL_QGEMM_WAVE_PF): the byte
+// Where the batch kernel's wave-ahead L2 prefetch reads (ANVIL_QGEMM_WAVE_PF): the byte
 // ranges of the weights that a block of a later wave will read, relative to the matrix's base. The
 // kernels issue them as cp.async.bulk.prefetch.L2 (16-byte aligned, sizes a multiple of 16, 32-bit);
 // tests/cuda/cuda_prefetch_ranges_test.cpp checks on the host that every range lies inside its
@@ -19,17 +19,6 @@ struct ByteRange {
   int64_t off = 0;    // from the matrix's (or its scales') base
   int64_t bytes = 0;  // 0: nothing to prefetch
 };
-
-// The streamed one-token kernel's tile (qgemv_stream.cu): rows [r0, r0 + 16) of a matrix of `rows`
-// rows (the last tile may be short), K columns, ng groups per row. w: its weights; s: its scales
-// (the biases' range is the same). False when the tile is empty or too large for one prefetch.
-ANVIL_HD inline bool stream_tile_ranges(int64_t rows, int64_t r0, int64_t K, int64_t ng, ByteRange* w, ByteRange* s) {
-  const int64_t nr = rows - r0 < 16 ? rows - r0 : 16;
-  if (nr <= 0 || nr * (K / 2) >= (int64_t(1) << 31)) return false;
-  w->off = r0 * (K / 2), w->bytes = nr * (K / 2);
-  s->off = r0 * ng * 2, s->bytes = nr * ng * 2;
-  return true;
-}
 
 // The batch kernel's block (qgemm_batch.cu) `lin` blocks after block (bx, by) of a gx x gy grid,
 // counted x fastest: its row block and split, or false past the grid's end.

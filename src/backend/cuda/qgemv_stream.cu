@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <utility>
 
-#include "backend/cuda/prefetch_ranges.h"
 #include "backend/cuda/qgemv_int.cuh"
 
 namespace anvil::cuda::tc {
@@ -117,20 +116,6 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   for (int i = 0; i < S; ++i) {
     if (i < n) issue(i);
     cp_async_commit();  // group i (group 0 also holds the scales)
-  }
-  if (p.pf_wave > 0 && threadIdx.x == 0 && int64_t(blockIdx.x) + p.pf_wave < int64_t(gridDim.x)) {
-    // The tile a later wave's block reads (q4: K / 2 bytes per row, ng scales and biases per row;
-    // rows are contiguous, so each part is one range).
-    int64_t n0 = 0;
-    const TcSeg& nm = tile_seg(p, int64_t(blockIdx.x) + p.pf_wave, &n0);
-    ByteRange wr, sr;
-    if (stream_tile_ranges(nm.rows, n0, K, ng, &wr, &sr)) {
-      auto pf = [&](const void* base, const ByteRange& r) {
-        prefetch_l2_bulk(static_cast<const uint8_t*>(base) + r.off, uint32_t(r.bytes), p.pf_keep);
-      };
-      pf(nm.w, wr), pf(nm.scales, sr), pf(nm.biases, sr);
-      if constexpr (SWIGLU) pf(p.up.w, wr), pf(p.up.scales, sr), pf(p.up.biases, sr);
-    }
   }
   __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
   if (threadIdx.x < 8) tok_ss[threadIdx.x] = 0.0f;
@@ -267,27 +252,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-// ANVIL_QGEMV_WAVE_PF=1 (off by default; for measuring): launches of more tiles than the device
-// holds at once (qwen3-8b's gate/up: 768 tiles, 528 resident; the LM heads) have each block pull a
-// later wave's tile into L2 before its PDL wait (TcParams::pf_wave), so the later waves, which
-// start only as the first blocks leave, read L2; =2: with the evict_last priority.
-int wave_pf_mode() {
-  static const int v = wave_pf_setting("ANVIL_QGEMV_WAVE_PF");
-  return v;
-}
-
 template <bool SW, int W, int S, bool INT>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
   static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  TcParams q = p;
-  if (wave_pf_mode() > 0) {
-    const int64_t wave =
-        int64_t(resident_blocks(qgemv4_async_kernel<SW, W, S, INT>, W * 32, smem, kAsyncMaxSmem)) * sm_count();
-    if (wave > 0 && tiles > wave) q.pf_wave = wave, q.pf_keep = wave_pf_mode() == 2;
-  }
-  launch_k(qgemv4_async_kernel<SW, W, S, INT>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, q);
+  launch_k(qgemv4_async_kernel<SW, W, S, INT>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
 }
 

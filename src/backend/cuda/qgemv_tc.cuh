@@ -41,14 +41,9 @@ struct TcParams {
   // One token on the integer path: x as int16 planes already (GemvScratch::xplanes), copied instead
   // of staged; or null.
   const void* xplanes = nullptr;
-  // The streamed kernel's wave-ahead prefetch (ANVIL_QGEMV_WAVE_PF, off by default): block b pulls
-  // the weights, scales and biases of block b + pf_wave (the blocks resident at once: it runs in a
-  // later wave) into L2 before its PDL wait; pf_keep: with the evict_last priority. 0: off.
-  int64_t pf_wave = 0;
-  bool pf_keep = false;
 };
 
-// A wave-ahead prefetch switch (ANVIL_QGEMV_WAVE_PF, ANVIL_QGEMM_WAVE_PF): 0 off, 1 on, 2 on with
+// A wave-ahead prefetch switch (ANVIL_QGEMM_WAVE_PF): 0 off, 1 on, 2 on with
 // the evict_last priority.
 inline int wave_pf_setting(const char* var) {
   const char* e = std::getenv(var);
