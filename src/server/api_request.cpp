@@ -419,6 +419,8 @@ std::optional<ApiError> parse_tools(const ojson& b, ApiRequest* r) {
 
 }  // namespace
 
+std::string json_type_name(const ojson& v) { return type_name(v); }
+
 ojson error_body(const ApiError& e) {
   ojson err = ojson::object();
   err["message"] = e.message;
@@ -507,6 +509,10 @@ std::optional<ApiError> parse_json_object(const std::string& body, ojson* out) {
 std::optional<ApiError> parse_chat_request(const std::string& body, const RequestDefaults& d, ApiRequest* r) {
   ojson b;
   if (auto e = parse_json_object(body, &b)) return e;
+  return parse_chat_object(b, d, r);
+}
+
+std::optional<ApiError> parse_chat_object(const ojson& b, const RequestDefaults& d, ApiRequest* r) {
   r->chat = true;
   if (auto e = parse_common(b, d, r)) return e;
   if (auto e = parse_messages(b, r)) return e;

@@ -71,11 +71,17 @@ struct ApiRequest {
 
 // `body` is the raw request body. Returns the error, or nullopt with *out filled.
 std::optional<ApiError> parse_chat_request(const std::string& body, const RequestDefaults& d, ApiRequest* out);
+// The same, for a body already parsed (parse_json_object): /v1/responses translates its own body to
+// a chat request's (responses_request.h).
+std::optional<ApiError> parse_chat_object(const nlohmann::ordered_json& body, const RequestDefaults& d,
+                                          ApiRequest* out);
 std::optional<ApiError> parse_completion_request(const std::string& body, const RequestDefaults& d,
                                                  ApiRequest* out);
 // The body as a JSON object, or the error (invalid UTF-8, malformed JSON, not an object).
 std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::ordered_json* out);
 bool is_valid_utf8(std::string_view s);
+// "a string", "an object", "null"...: what an error says a field was.
+std::string json_type_name(const nlohmann::ordered_json& v);
 // A session name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-' (kvstore.h: the CLI's rule too).
 using anvil::valid_session_name;
 

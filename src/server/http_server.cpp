@@ -19,6 +19,7 @@
 #include "server/connection_probe.h"
 #include "server/http_threads.h"
 #include "server/openai_reply.h"
+#include "server/responses_reply.h"
 #include "server/session_locks.h"
 #include "server/sessions.h"
 #include "tokenizer/reasoning.h"
@@ -114,7 +115,7 @@ int64_t unix_now() {
 
 // Endpoint label for the request counter (a fixed set: unknown paths must not grow the metric).
 std::string endpoint_label(const std::string& path) {
-  static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+  static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
                                 "/tokenize", "/detokenize", "/"};
   for (const char* k : known)
     if (path == k) return k;
@@ -155,7 +156,11 @@ struct HttpServer::Impl {
   }
 
   void routes();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  // chat: /v1/chat/completions, or with `responses` /v1/responses (the chat path, another reply); else
+  // /v1/completions.
+  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses = false);
+  void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
+                       ResponsesEcho echo, bool stream, bool starts_in_reasoning);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_sessions(const httplib::Request& req, httplib::Response& res);
   void handle_session(const httplib::Request& req, httplib::Response& res, bool remove);
@@ -277,11 +282,14 @@ struct SessionTurn {
 };
 }  // namespace
 
-void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses) {
   if (draining.load())
     return send_error(res, api_error(503, "", "the server is shutting down", "server_busy", "server_error"));
   ApiRequest r;
-  auto err = chat ? parse_chat_request(req.body, opts.defaults, &r) : parse_completion_request(req.body, opts.defaults, &r);
+  ResponsesEcho echo;
+  auto err = responses ? parse_responses_request(req.body, opts.defaults, &r, &echo)
+             : chat    ? parse_chat_request(req.body, opts.defaults, &r)
+                       : parse_completion_request(req.body, opts.defaults, &r);
   if (err) return send_error(res, *err);
   std::shared_ptr<SessionTurn> turn;
   std::optional<SessionInfo> sinfo;
@@ -370,13 +378,13 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   std::vector<int32_t> prompt;
   bool starts_in_reasoning = false;
   std::string forced;  // text the answer starts with (tool_choice required / named)
-  const char* prompt_param = chat ? "messages" : "prompt";
+  const char* prompt_param = responses ? "input" : chat ? "messages" : "prompt";
   if (chat) {
     if (!has_template)
-      return send_error(res, api_error(400, "messages",
+      return send_error(res, api_error(400, prompt_param,
                                        "this model has no chat template (tokenizer_config.json); use /v1/completions"));
     auto text = apply_chat_template(cfg, r.messages, r.tools, true, r.enable_thinking, r.template_kwargs);
-    if (!text.is_ok()) return send_error(res, api_error(400, "messages", text.status().message()));
+    if (!text.is_ok()) return send_error(res, api_error(400, prompt_param, text.status().message()));
     starts_in_reasoning = split_reasoning && prompt_opens_reasoning(*text);
     if (r.tool_choice == "required" || r.tool_choice == "function") {
       // As vLLM and llama-server do for Qwen/Hermes templates, but by prefilling instead of a
@@ -419,8 +427,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
                                      "context_length_exceeded"));
   const int room = ctx - int(prompt.size());
   if (r.max_tokens && *r.max_tokens > room)
-    return send_error(res, api_error(400, "max_tokens",
-                                     "max_tokens is " + std::to_string(*r.max_tokens) + " but the prompt (" +
+    return send_error(res, api_error(400, responses ? "max_output_tokens" : "max_tokens",
+                                     std::string(responses ? "max_output_tokens" : "max_tokens") + " is " + std::to_string(*r.max_tokens) + " but the prompt (" +
                                          std::to_string(prompt.size()) + " tokens) leaves room for " +
                                          std::to_string(room) + " in the " + std::to_string(ctx) + "-token context",
                                      "context_length_exceeded"));
@@ -459,7 +467,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
 
   auto reply = std::make_shared<Reply>();
   reply->chat = chat;
-  reply->stream = r.stream;
+  reply->stream = r.stream && !responses;  // a Responses reply renders the chat one's accumulated parts
   reply->include_usage = r.include_usage;
   reply->logprobs = r.logprobs;
   reply->id = random_id(chat ? "chatcmpl-" : "cmpl-");
@@ -478,6 +486,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
         for (const ojson& t : r.tools) reply->allowed_tools.push_back(t["function"]["name"].get<std::string>());
     }
   }
+  if (responses)
+    return serve_responses(req, res, std::move(reply), std::move(echo), r.stream, starts_in_reasoning && forced.empty());
 
   if (!r.stream) {
     // A client that goes away is noticed within ~100 ms and its sequence cancelled (its pages
@@ -585,6 +595,85 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       [this, reply, turn](bool success) {
         if (!success) reply->job->cancel();
         if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
+        open_streams--;
+      });
+}
+
+// A /v1/responses request's reply, its job submitted: the chat reply's parts as a Response object,
+// or its events (responses_reply.h). No session: the endpoint is stateless.
+void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
+                                       ResponsesEcho echo, bool stream, bool starts_in_reasoning) {
+  std::shared_ptr<Job> job = reply->job;
+  const int32_t think_open = split_reasoning ? *tok.token_to_id("<think>") : -1;
+  const int32_t think_close = split_reasoning ? *tok.token_to_id("</think>") : -1;
+  auto rr = std::make_shared<ResponsesReply>(std::move(reply), std::move(echo), stream, think_open, think_close,
+                                             starts_in_reasoning);
+  if (!stream) {
+    // As chat's: a client that goes away is noticed within ~100 ms and its sequence cancelled.
+    int fd = -2;
+    auto next_probe = clock::now() + std::chrono::milliseconds(100);
+    for (;;) {
+      std::vector<JobEvent> evs;
+      job->wait(&evs, std::chrono::milliseconds(100));
+      if (clock::now() >= next_probe && !job->cancelled()) {
+        next_probe = clock::now() + std::chrono::milliseconds(100);
+        if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
+        if (fd >= 0 && peer_closed(fd)) job->cancel();
+      }
+      for (const JobEvent& e : evs) {
+        if (e.kind == JobEvent::kDelta) {
+          rr->on_delta(e);
+        } else if (e.kind == JobEvent::kError) {
+          return send_error(res, for_client(status_error(e.error)));
+        } else {
+          rr->on_done(e.finish_reason);
+          if (!rr->violation().empty())
+            return send_error(res, api_error(500, "tool_choice", rr->violation(), "tool_choice_not_followed",
+                                             "server_error"));
+          return send_json(res, 200, rr->response());
+        }
+      }
+    }
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  open_streams++;
+  auto started = std::make_shared<bool>(false);
+  auto last_write = std::make_shared<clock::time_point>(clock::now());
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, rr, job, started, last_write](size_t, httplib::DataSink& sink) -> bool {
+        auto write = [&](const std::string& s) {
+          if (s.empty()) return true;
+          *last_write = clock::now();
+          return sink.write(s.data(), s.size());
+        };
+        if (!*started) {
+          *started = true;
+          if (!write(rr->on_start())) return job->cancel(), false;
+        }
+        std::vector<JobEvent> evs;
+        if (!job->wait(&evs, std::chrono::milliseconds(250))) {
+          // A comment line: keeps proxies from timing out, and finds a client that has gone.
+          if (clock::now() - *last_write > std::chrono::seconds(1) && !write(": keep-alive\n\n"))
+            return job->cancel(), false;
+          return true;
+        }
+        for (const JobEvent& e : evs) {
+          std::string out;
+          if (e.kind == JobEvent::kDelta) out = rr->on_delta(e);
+          else if (e.kind == JobEvent::kDone) out = rr->on_done(e.finish_reason);
+          else out = rr->on_error(for_client(status_error(e.error)));
+          if (!write(out)) return job->cancel(), false;
+          if (e.kind != JobEvent::kDelta) {
+            sink.done();
+            return true;
+          }
+        }
+        return true;
+      },
+      [this, job](bool success) {
+        if (!success) job->cancel();
         open_streams--;
       });
 }
@@ -723,7 +812,7 @@ void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::R
 // with the routes below.
 static std::string allowed_methods(const std::string& path) {
   static const char* const kPost[] = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                                      "/tokenize", "/detokenize"};
+                                      "/v1/responses", "/tokenize", "/detokenize"};
   static const char* const kGet[] = {"/v1/sessions", "/v1/models", "/health", "/v1/health", "/metrics"};
   for (const char* p : kPost)
     if (path == p) return "POST";
@@ -840,6 +929,7 @@ void HttpServer::Impl::routes() {
   svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, true); });
   svr.Post("/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, true); });
   svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, false); });
+  svr.Post("/v1/responses", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, true, true); });
   svr.Post("/completions", [this](const httplib::Request& q, httplib::Response& s) { handle_generate(q, s, false); });
   svr.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_tokenize(q, s); });
   svr.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& s) { handle_detokenize(q, s); });
