@@ -256,6 +256,24 @@ TEST(CliDocs, EveryDefaultInHelpIsTheReferences) {
   EXPECT_GE(checked, 30);
 }
 
+// docs/api.md's table of `anvil serve`'s options (before "## Endpoints") has every option of
+// `anvil serve --help`, and every option it lists is one of serve's.
+TEST(CliDocs, ApiReferenceListsEveryServeOption) {
+  const std::string api = read(kRoot / "docs" / "api.md");
+  const std::string table = api.substr(0, api.find("\n## Endpoints"));
+  ASSERT_NE(table.size(), api.size()) << "docs/api.md has no '## Endpoints'";
+  std::set<std::string> serve;
+  for (const HelpOption& o : command_options("serve"))
+    for (const std::string& f : o.long_names()) {
+      serve.insert(f);
+      if (f == o.long_name()) EXPECT_TRUE(names_flag(table, f)) << "anvil serve " << f << " is not in docs/api.md";
+    }
+  ASSERT_GE(serve.size(), 20u);
+  for (const std::string& cell : table_first_cells(table))
+    for (const std::string& f : flags_in(cell))
+      EXPECT_TRUE(serve.count(f)) << "docs/api.md lists " << f << ", which anvil serve does not have";
+}
+
 // Every command line the README shows (its fenced blocks' lines that start with "anvil CMD") uses
 // only options that anvil CMD has.
 TEST(CliDocs, ReadmeExamplesUseExistingOptions) {
