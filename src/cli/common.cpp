@@ -46,6 +46,50 @@ Result<double> parse_sampling_value(const std::string& flag, const std::string& 
   return v;
 }
 
+// One sampling flag's value, checked: the number it gives (--seed: -1 for "a random one", else 0
+// and the seed in *seed), or the error naming the flag, what it takes and the value. The same
+// check runs as the command line is parsed (add_sampling_options: a bad value stops the command
+// before a model is loaded, as docs/cli.md says of every numeric flag) and in resolve_sampling.
+Result<double> sampling_flag_value(const std::string& flag, const std::string& text, uint64_t* seed = nullptr) {
+  if (flag == "--temp")
+    return parse_sampling_value(flag, text, false, "a number >= 0 (0 = greedy)",
+                                [](double x) { return std::isfinite(x) && x >= 0; });
+  if (flag == "--top-k")
+    return parse_sampling_value(flag, text, true, "an integer in [0, 2147483647] (0 = off)",
+                                [](double x) { return x >= 0 && x <= INT32_MAX; });
+  if (flag == "--top-p")
+    return parse_sampling_value(flag, text, false, "a number in (0, 1] (1 = off)",
+                                [](double x) { return x > 0 && x <= 1; });
+  if (flag == "--min-p")
+    return parse_sampling_value(flag, text, false, "a number in [0, 1) (0 = off)",
+                                [](double x) { return x >= 0 && x < 1; });
+  if (flag == "--repeat-penalty")
+    return parse_sampling_value(flag, text, false, "a number > 0 (1 = off)",
+                                [](double x) { return std::isfinite(x) && x > 0; });
+  // --seed
+  if (text == "-1") return -1.0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || text[0] == '+' || *end != 0 || errno == ERANGE)
+    return invalid_argument("--seed must be an integer in [0, 18446744073709551615], or -1 for a random seed, got '" +
+                            text + "'");
+  if (seed) *seed = v;
+  return 0.0;
+}
+
+// A sampling flag: kept as typed, after its value has passed sampling_flag_value.
+CLI::Option* add_sampling_option(CLI::App& app, const std::string& names, std::optional<std::string>& out,
+                                 const std::string& help, const std::string& type_name) {
+  const std::string flag = names.substr(0, names.find(','));
+  auto set = [&out, flag](const std::string& v) {
+    // (A ValidationError of one argument is printed as it is: "anvil: error: <message> (see ...)".)
+    if (auto r = sampling_flag_value(flag, v); !r.is_ok()) throw CLI::ValidationError(r.status().message());
+    out = v;
+  };
+  return app.add_option_function<std::string>(names, set, help)->type_name(type_name);
+}
+
 uint64_t random_seed() {
   std::random_device rd;
   // 53 bits, so the seed --json reports survives any JSON parser (doubles) exactly.
@@ -130,17 +174,19 @@ void add_revision_option(CLI::App& app, std::string& revision) {
 }
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
-  add_text_option(app, "--temp,--temperature", o.temp,
-                  "Sampling temperature >= 0; 0 = greedy (default: generation_config.json, else 0)", "FLOAT");
-  add_text_option(app, "--top-k", o.top_k, "Keep the k most likely tokens, k >= 0 (0 = off)", "INT");
-  add_text_option(app, "--top-p", o.top_p,
-                  "Nucleus sampling, in (0, 1]: keep the smallest set with this much probability (1 = off)", "FLOAT");
-  add_text_option(app, "--min-p", o.min_p, "Drop tokens below min-p times the top probability, in [0, 1) (0 = off)", "FLOAT");
-  add_text_option(app, "--repeat-penalty", o.repeat_penalty, "Repetition penalty > 0 (1 = off)", "FLOAT");
-  add_text_option(app, "--seed", o.seed,
-                  "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed, which generate --json "
-                  "reports)",
-                  "INT");
+  add_sampling_option(app, "--temp,--temperature", o.temp,
+                      "Sampling temperature >= 0; 0 = greedy (default: generation_config.json, else 0)", "FLOAT");
+  add_sampling_option(app, "--top-k", o.top_k, "Keep the k most likely tokens, k >= 0 (0 = off)", "INT");
+  add_sampling_option(app, "--top-p", o.top_p,
+                      "Nucleus sampling, in (0, 1]: keep the smallest set with this much probability (1 = off)",
+                      "FLOAT");
+  add_sampling_option(app, "--min-p", o.min_p,
+                      "Drop tokens below min-p times the top probability, in [0, 1) (0 = off)", "FLOAT");
+  add_sampling_option(app, "--repeat-penalty", o.repeat_penalty, "Repetition penalty > 0 (1 = off)", "FLOAT");
+  add_sampling_option(app, "--seed", o.seed,
+                      "Random seed for sampling, 0 to 2^64-1 (default or -1: a random seed, which generate --json "
+                      "reports)",
+                      "INT");
 }
 
 Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::string& model_dir) {
@@ -171,43 +217,27 @@ Result<SamplingParams> resolve_sampling(const SamplingOptions& o, const std::str
     }
   }
   if (o.temp) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_sampling_value("--temp", *o.temp, false, "a number >= 0 (0 = greedy)",
-                                                          [](double x) { return std::isfinite(x) && x >= 0; }));
+    ANVIL_ASSIGN_OR_RETURN(double v, sampling_flag_value("--temp", *o.temp));
     p.temperature = float(v);
   }
   if (o.top_k) {
-    ANVIL_ASSIGN_OR_RETURN(double v,
-                           parse_sampling_value("--top-k", *o.top_k, true, "an integer in [0, 2147483647] (0 = off)",
-                                                [](double x) { return x >= 0 && x <= INT32_MAX; }));
+    ANVIL_ASSIGN_OR_RETURN(double v, sampling_flag_value("--top-k", *o.top_k));
     p.top_k = int(v);
   }
   if (o.top_p) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_sampling_value("--top-p", *o.top_p, false, "a number in (0, 1] (1 = off)",
-                                                          [](double x) { return x > 0 && x <= 1; }));
+    ANVIL_ASSIGN_OR_RETURN(double v, sampling_flag_value("--top-p", *o.top_p));
     p.top_p = float(v);
   }
   if (o.min_p) {
-    ANVIL_ASSIGN_OR_RETURN(double v, parse_sampling_value("--min-p", *o.min_p, false, "a number in [0, 1) (0 = off)",
-                                                          [](double x) { return x >= 0 && x < 1; }));
+    ANVIL_ASSIGN_OR_RETURN(double v, sampling_flag_value("--min-p", *o.min_p));
     p.min_p = float(v);
   }
   if (o.repeat_penalty) {
-    ANVIL_ASSIGN_OR_RETURN(double v,
-                           parse_sampling_value("--repeat-penalty", *o.repeat_penalty, false, "a number > 0 (1 = off)",
-                                                [](double x) { return std::isfinite(x) && x > 0; }));
+    ANVIL_ASSIGN_OR_RETURN(double v, sampling_flag_value("--repeat-penalty", *o.repeat_penalty));
     p.repetition_penalty = float(v);
   }
   p.seed = random_seed();
-  if (o.seed && *o.seed != "-1") {
-    const std::string& s = *o.seed;
-    char* end = nullptr;
-    errno = 0;
-    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-    if (s.empty() || s[0] == '-' || s[0] == '+' || *end != 0 || errno == ERANGE)
-      return invalid_argument("--seed must be an integer in [0, 18446744073709551615], or -1 for a random seed, got '" +
-                              s + "'");
-    p.seed = v;
-  }
+  if (o.seed) ANVIL_RETURN_IF_ERROR(sampling_flag_value("--seed", *o.seed, &p.seed).status());  // -1 keeps it
   p.logit_bias = o.logit_bias;
   // generation_config.json values the sampler cannot take are the checkpoint's problem: say where.
   Status st = validate(p);

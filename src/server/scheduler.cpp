@@ -41,6 +41,7 @@ struct Scheduler::Active {
   int64_t order = 0;                  // admission order; the newest is preempted first
   std::vector<int32_t> tokens;        // while queued after preemption: prompt + generated (the last pending)
   bool admitted_once = false;
+  bool holds_place = false;           // taken from the queue: counted in seqs_taken_ until released
   bool session_open = false;          // recording job->params.session (KVStore::session_begin .. close)
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> dec;
@@ -95,8 +96,13 @@ Status Scheduler::submit(std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) return Status(StatusCode::kOutOfMemory, "the server is shutting down");
-    if (int(queue_.size()) >= opts_.max_queue)
-      return Status(StatusCode::kOutOfMemory, "the server is busy: " + std::to_string(queue_.size()) +
+    // The queue holds jobs about to take a free sequence too: only those beyond the free sequences
+    // wait, and --max-queue bounds them (0: none wait; it refused every request). A job gives its
+    // place back before its end is sent, so a client that saw its request end finds the place free.
+    const int free_seqs = std::max(0, engine_.options().max_seqs - seqs_taken_);
+    const int waiting = int(queue_.size()) - free_seqs;  // < 0: this job finds a free sequence too
+    if (waiting >= opts_.max_queue)
+      return Status(StatusCode::kOutOfMemory, "the server is busy: " + std::to_string(waiting) +
                                                   " requests are already waiting (raise --max-queue)");
     queue_.push_back(std::move(a));
   }
@@ -203,6 +209,14 @@ void Scheduler::emit(const std::shared_ptr<Job>& job, JobEvent e) {
 void Scheduler::release(Active& a) {
   if (a.seq >= 0) engine_.seq_release(a.seq);
   a.seq = -1;
+  give_back_place(a);
+}
+
+void Scheduler::give_back_place(Active& a) {
+  if (!a.holds_place) return;
+  a.holds_place = false;
+  std::lock_guard<std::mutex> lk(mu_);
+  --seqs_taken_;
 }
 
 void Scheduler::finish(Active& a, std::string reason) {
@@ -253,6 +267,8 @@ void Scheduler::loop() {
           ++it;
         }
       while (!queue_.empty() && int(active_.size() + incoming.size()) < engine_.options().max_seqs) {
+        queue_.front()->holds_place = true;
+        ++seqs_taken_;
         incoming.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
@@ -348,6 +364,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
     if (a.job->cancelled()) {
       metrics_.cancelled++;
       close_session(a);
+      give_back_place(a);
       emit(a.job, {JobEvent::kDone, {}, {}, "cancelled", {}});
       continue;
     }

@@ -53,7 +53,7 @@
 namespace anvil::server {
 
 struct SchedulerOptions {
-  int max_queue = 64;       // jobs waiting for a slot; more are refused (503)
+  int max_queue = 64;       // jobs waiting for a slot (beyond the free ones); more are refused (503)
   int step_tokens = 0;      // token budget of one step; 0 = the model's max tokens per forward
   std::vector<int32_t> eos_ids;
   KVStore* store = nullptr;  // the durable store attached to the engine, or none
@@ -101,7 +101,8 @@ class Scheduler {
   bool run_step();
   void finish(Active& a, std::string reason);
   void fail(Active& a, const Status& st);
-  void release(Active& a);
+  void release(Active& a);  // its sequence, then its place (give_back_place)
+  void give_back_place(Active& a);
   void preempt(Active& a);
   // One sampled row: what sample_row computes from the logits (in parallel over the step's rows,
   // each row touching only its own Active), then on_token applies it (serially, in row order).
@@ -132,6 +133,10 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Active>> queue_;  // guarded by mu_; preempted jobs go to the front
+  // Guarded by mu_: the jobs the loop has taken from the queue and not yet released (each holds or
+  // is about to hold a sequence; Active::holds_place). submit() counts a job as waiting only when
+  // no sequence is free for it.
+  int seqs_taken_ = 0;
   bool stop_ = false;                           // guarded by mu_
   bool thread_done_ = true;                     // guarded by mu_: the loop is not running (call() runs inline)
   std::deque<std::function<void()>> calls_;     // guarded by mu_

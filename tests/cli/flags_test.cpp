@@ -514,6 +514,40 @@ TEST(CliFlags, NumericValuesAreRefusedWithTheFlagTheValueAndTheRange) {
   }
 }
 
+// The sampling flags' values are checked as the command line is parsed, as docs/cli.md says of every
+// numeric flag: a bad one stops the command before anything is loaded. They were checked only after
+// the model was found (generate, run) or loaded, warmed up and given its store (serve), so
+// `anvil serve --temp x` loaded the whole model to refuse it, and with a mistyped -m the error named
+// the model instead of the flag.
+TEST(CliSampling, BadValuesAreRefusedBeforeTheModelIsLoaded) {
+  const std::string missing = "/nonexistent/anvil-model-dir";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> flags = {
+      {{"--temp", "x"}, "--temp must be a number >= 0 (0 = greedy), got 'x'"},
+      {{"--temperature", "-1"}, "--temp must be a number >= 0 (0 = greedy), got '-1'"},
+      {{"--top-k", "-1"}, "--top-k must be an integer in [0, 2147483647] (0 = off), got '-1'"},
+      {{"--top-p", "0"}, "--top-p must be a number in (0, 1] (1 = off), got '0'"},
+      {{"--min-p", "1"}, "--min-p must be a number in [0, 1) (0 = off), got '1'"},
+      {{"--repeat-penalty", "0"}, "--repeat-penalty must be a number > 0 (1 = off), got '0'"},
+      {{"--seed", "1.5"}, "--seed must be an integer in [0, 18446744073709551615], or -1 for a random seed, got '1.5'"},
+  };
+  for (const std::string cmd : {"generate", "run", "serve"})
+    for (const auto& [flag, message] : flags) {
+      std::vector<std::string> args = {cmd, "-m", missing, "-p", "x"};
+      if (cmd == "serve") args = {cmd, "-m", missing, "--port", "0"};
+      args.insert(args.end(), flag.begin(), flag.end());
+      auto r = run_anvil(args, true);
+      EXPECT_EQ(r.exit_code, 1) << cmd << " " << flag[0] << ": " << r.out;
+      EXPECT_NE(r.out.find("anvil: error: " + message + " (see anvil " + cmd + " --help)"), std::string::npos)
+          << cmd << " " << flag[0] << ": " << r.out;
+      EXPECT_EQ(r.out.find("not found"), std::string::npos) << "the model was looked for first: " << r.out;
+    }
+  // Good values still pass (a seed of -1 is a random one).
+  auto r = run_anvil({"generate", "-m", kModel, "-p", "x", "-n", "2", "--no-kv-store", "--temp", "0.5", "--top-k",
+                      "5", "--top-p", "0.9", "--min-p", "0.05", "--repeat-penalty", "1.1", "--seed", "-1"},
+                     true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
 // A KV cache that cannot be allocated names the flags that size it (it said only "KV cache:
 // allocating N pages (M MiB): cpu alloc: ...").
 TEST(CliFlags, AKvCacheTooLargeToAllocateNamesItsFlags) {

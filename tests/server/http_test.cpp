@@ -627,6 +627,35 @@ TEST(HttpLimits, FullQueueGets503WithRetryAfterAndSigtermDrains) {
   EXPECT_EQ(srv.terminate(30), 0);
 }
 
+// --max-queue 0: no request waits, but one that finds a free sequence is served. Every request got
+// 503 ("0 requests are already waiting"), an idle server's too, since the queue the limit counted
+// holds the requests about to take a free sequence as well.
+TEST(HttpLimits, MaxQueueZeroServesWhileASequenceIsFree) {
+  ServerProcess srv({"--synthetic", "tiny", "-c", "2048", "-np", "1", "-t", "2", "--max-queue", "0"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(30, 0);
+  for (int i = 0; i < 2; ++i) {  // one after the other: the sequence is free each time
+    auto r = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":2})", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
+  // With the one sequence streaming, the next request has nowhere to wait: 503 at once.
+  RawConnection running(srv.port());
+  json body = chat_body("Go", 2000, true);
+  body.erase("model");
+  const std::string b = body.dump();
+  ASSERT_TRUE(running.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b));
+  ASSERT_NE(running.read_until("\"delta\":{\"content\":\"", 30).find("chunk"), std::string::npos);
+  auto r = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  running.close();  // the client goes away: its request is cancelled
+  EXPECT_EQ(srv.terminate(30), 0);
+}
+
 // SIGTERM with connections that hold no job: an idle keep-alive connection (its reply sent), a
 // request whose body stopped midway, one whose headers did. The HTTP library would wait on them
 // for its keep-alive timeout (5 s) and its read timeout (30 s) before serve() returned; the server

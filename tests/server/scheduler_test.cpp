@@ -436,14 +436,47 @@ TEST(Scheduler, QueueLimitAndDrainRefuse) {
   Stack s = make_stack(64, 2);
   Metrics m;
   Scheduler sch(*s.engine, *s.tok, m, sched_opts(0, /*max_queue=*/2));
-  // Not started: jobs stay queued.
-  EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
-  EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+  // Not started: jobs stay queued. The first two take the two free sequences; two more wait.
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok()) << i;
   Status st = sch.submit(std::make_shared<Job>(greedy({1, 2}, 2)));
   EXPECT_EQ(st.code(), StatusCode::kOutOfMemory);
   EXPECT_NE(st.message().find("busy"), std::string::npos);
   sch.begin_drain();
   EXPECT_FALSE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+}
+
+// --max-queue bounds the requests that wait for a sequence, not those that find one free: with
+// --max-queue 0 every request was refused, an idle server's too ("0 requests are already waiting").
+TEST(Scheduler, MaxQueueZeroTakesRequestsWhileASequenceIsFree) {
+  Stack s = make_stack(64, 2);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts(0, /*max_queue=*/0));
+  EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+  EXPECT_TRUE(sch.submit(std::make_shared<Job>(greedy({1, 2}, 2))).is_ok());
+  Status st = sch.submit(std::make_shared<Job>(greedy({1, 2}, 2)));  // no sequence left, no queue place
+  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(st.message().find("0 requests are already waiting"), std::string::npos) << st.message();
+  // Started, the two finish; their sequences are free again and the next two are taken.
+  sch.start();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < 2; ++i) {
+      jobs.push_back(std::make_shared<Job>(greedy({1, 2, 3}, 2)));
+      // A sequence is free once the earlier round's jobs have ended (bounded wait for the loop).
+      Status sub = sch.submit(jobs.back());
+      for (int t = 0; t < 200 && !sub.is_ok(); ++t) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        sub = sch.submit(jobs.back());
+      }
+      ASSERT_TRUE(sub.is_ok()) << "round " << round << " job " << i << ": " << sub.message();
+    }
+    for (auto& job : jobs)
+      for (bool done = false; !done;) {
+        std::vector<JobEvent> evs;
+        job->wait(&evs, std::chrono::milliseconds(200));
+        for (auto& e : evs) done |= e.kind != JobEvent::kDelta;
+      }
+  }
 }
 
 TEST(Scheduler, LogprobsAreTheRawDistribution) {
