@@ -28,6 +28,8 @@ Math (Qwen3 / Qwen2 / Llama decoder, pre-norm):
     GQA: query head h reads kv head h // (H / KV); causal softmax(q k^T / sqrt(D)); o = concat_h(...) Wo^T
     h += o;  m = rmsnorm(h, post_attention_layernorm);  h += Wdown (silu(Wgate m) * Wup m)
   logits = rmsnorm(h, model.norm) lm_head^T   (tied: lm_head = embed_tokens)
+Phi-3 (model_type phi3) fuses the projections: qkv = a Wqkv^T, q | k | v its columns [0, H D), [H D, (H + KV) D),
+  [(H + KV) D, (H + 2 KV) D); gu = m Wgate_up^T, gate its first intermediate_size columns, up the rest.
 MLX affine quantization: weight uint32 [out, in*bits/32]; each row is a little-endian bit stream in which
 element k occupies bits [k*bits, (k+1)*bits); w[o, k] = scales[o, k // gs] * q + biases[o, k // gs].
 """
@@ -201,9 +203,16 @@ def forward(model_dir, ids, ablate=None):
             if W.has(p + "self_attn." + name + ".bias") and ablate != "no_qkv_bias":
                 y = y + W.vector(p + "self_attn." + name + ".bias")
             return y
-        q = proj("q_proj", a).reshape(T, H, D)
-        k = proj("k_proj", a).reshape(T, KV, D)
-        v = proj("v_proj", a).reshape(T, KV, D)
+        if W.has(p + "self_attn.qkv_proj.weight"):  # Phi-3: one product, its output sliced
+            qkv = proj("qkv_proj", a)
+            q, k, v = np.split(qkv, [H * D, (H + KV) * D], axis=-1)
+            if ablate == "qkv_order_kqv":
+                k, q = np.split(qkv, [KV * D], axis=-1)[0], qkv[:, KV * D:(KV + H) * D]
+            q, k, v = q.reshape(T, H, D), k.reshape(T, KV, D), v.reshape(T, KV, D)
+        else:
+            q = proj("q_proj", a).reshape(T, H, D)
+            k = proj("k_proj", a).reshape(T, KV, D)
+            v = proj("v_proj", a).reshape(T, KV, D)
         if W.has(p + "self_attn.q_norm.weight") and ablate != "no_qk_norm":
             q = rmsnorm(q, W.vector(p + "self_attn.q_norm.weight"), eps)
             k = rmsnorm(k, W.vector(p + "self_attn.k_norm.weight"), eps)
@@ -217,7 +226,12 @@ def forward(model_dir, ids, ablate=None):
             o[:, hh, :] = (s / s.sum(-1, keepdims=True)) @ v[:, kvh, :]
         h = bf(h + bf(o.reshape(T, H * D)) @ W.matrix(p + "self_attn.o_proj").T)
         m = bf(rmsnorm(h, W.vector(p + "post_attention_layernorm.weight"), eps))
-        g, u = m @ W.matrix(p + "mlp.gate_proj").T, m @ W.matrix(p + "mlp.up_proj").T
+        if W.has(p + "mlp.gate_up_proj.weight"):  # Phi-3: gate first, then up
+            g, u = np.split(m @ W.matrix(p + "mlp.gate_up_proj").T, 2, axis=-1)
+            if ablate == "up_gate_order":
+                g, u = u, g
+        else:
+            g, u = m @ W.matrix(p + "mlp.gate_proj").T, m @ W.matrix(p + "mlp.up_proj").T
         h = bf(h + bf(g / (1 + np.exp(-g)) * u) @ W.matrix(p + "mlp.down_proj").T)
     hn = bf(rmsnorm(h, W.vector("model.norm.weight"), eps))
     head = emb if cfg.get("tie_word_embeddings") and not W.has("lm_head.weight") else W.matrix("lm_head")
@@ -236,7 +250,8 @@ def rel_err(ours, ref):
 
 
 ABLATIONS = ["bf16_activations", "interleaved_rope", "eps_1e-5_vs_1e-6", "gqa_modulo", "no_qk_norm",
-             "no_qkv_bias", "no_llama3_scaling", "no_yarn_freqs", "no_yarn_attention_factor", "quant_msb_first"]
+             "no_qkv_bias", "no_llama3_scaling", "no_yarn_freqs", "no_yarn_attention_factor", "quant_msb_first",
+             "qkv_order_kqv", "up_gate_order"]
 
 
 def applies(ablation, W):
@@ -250,6 +265,8 @@ def applies(ablation, W):
         "no_yarn_freqs": kind == "yarn",
         "no_yarn_attention_factor": kind == "yarn",
         "quant_msb_first": bool(cfg.get("quantization")),
+        "qkv_order_kqv": W.has("model.layers.0.self_attn.qkv_proj.weight"),
+        "up_gate_order": W.has("model.layers.0.mlp.gate_up_proj.weight"),
     }.get(ablation, True)
 
 

@@ -15,6 +15,10 @@ check our reader against an independent writer:
   config_mistral*.json   Mistral configs as the Hub's checkpoints have them (v0.3: sliding_window null;
                          Nemo: an explicit head_dim of 128 on a hidden size of 5120 with 32 heads; v0.1:
                          sliding_window 4096; one with sliding_window and num_key_value_heads left out)
+  config_phi3*.json, config_phi4.json   Phi-3 family configs (model_type phi3) as the Hub has them (Phi-3-mini-4k:
+                         sliding_window 2047, multi-head; Phi-4: 40 heads over 10 kv heads, rope_theta 250000, no
+                         window), one leaving Phi3Config's defaults out, and one as transformers 5 writes it
+                         (rope_parameters with partial_rotary_factor inside)
   config_expected.json   what transformers' config objects say about those and the shared
                          anvil-tiny-code{,-q4} configs (the values parse_model_config must produce)
 
@@ -122,7 +126,7 @@ def main():
 
 def config_facts(c):
     facts = config_facts_common(c)
-    if c.model_type in ("mistral", "mixtral"):  # None: no window
+    if c.model_type in ("mistral", "mixtral", "phi3"):  # None: no window
         facts["sliding_window"] = c.sliding_window
     return facts
 
@@ -190,6 +194,41 @@ def make_configs():
             json.dump(fields, fp, indent=2)
             fp.write("\n")
         expected[name] = config_facts(MistralConfig.from_json_file(os.path.join(OUT, name)))
+    # Phi-3 / Phi-4 (model_type phi3), written as the Hub's config.json files are, parsed back by Phi3Config.
+    phi_common = dict(architectures=["Phi3ForCausalLM"], model_type="phi3", attention_bias=False,
+                      attention_dropout=0.0, embd_pdrop=0.0, resid_pdrop=0.0, hidden_act="silu",
+                      initializer_range=0.02, rms_norm_eps=1e-05, rope_scaling=None, tie_word_embeddings=False,
+                      torch_dtype="bfloat16", use_cache=True)
+    phi3 = {
+        # microsoft/Phi-3-mini-4k-instruct: 32 heads of 96, no grouping, a window of 2047 positions
+        "config_phi3_mini_4k.json": dict(phi_common, bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+                                         hidden_size=3072, intermediate_size=8192, max_position_embeddings=4096,
+                                         original_max_position_embeddings=4096, num_attention_heads=32,
+                                         num_hidden_layers=32, num_key_value_heads=32, rope_theta=10000.0,
+                                         sliding_window=2047, vocab_size=32064),
+        # microsoft/phi-4: 40 heads of 128 over 10 kv heads, rope_theta 250000, no window
+        "config_phi4.json": dict(phi_common, bos_token_id=100257, eos_token_id=100265, pad_token_id=100349,
+                                 hidden_size=5120, intermediate_size=17920, max_position_embeddings=16384,
+                                 original_max_position_embeddings=16384, num_attention_heads=40, num_hidden_layers=40,
+                                 num_key_value_heads=10, rope_theta=250000, sliding_window=None, vocab_size=100352),
+        # num_key_value_heads, rms_norm_eps, rope_theta, max_position_embeddings and sliding_window left out
+        "config_phi3_defaults.json": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", vocab_size=1000,
+                                          hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                          num_attention_heads=8, bos_token_id=1, eos_token_id=2),
+    }
+    from transformers import Phi3Config
+    for name, fields in phi3.items():
+        with open(os.path.join(OUT, name), "w") as fp:
+            json.dump(fields, fp, indent=2)
+            fp.write("\n")
+        expected[name] = config_facts(Phi3Config.from_json_file(os.path.join(OUT, name)))
+    # As transformers 5 writes a Phi-3 config: rope_parameters, with partial_rotary_factor inside.
+    v5 = Phi3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                    num_key_value_heads=4, rope_theta=250000.0, sliding_window=2047, bos_token_id=1, eos_token_id=2,
+                    pad_token_id=2)
+    with open(os.path.join(OUT, "config_phi3_v5.json"), "w") as fp:
+        fp.write(v5.to_json_string())
+    expected["config_phi3_v5.json"] = config_facts(Phi3Config.from_json_file(os.path.join(OUT, "config_phi3_v5.json")))
     shared = os.environ.get("ANVIL_SHARED_DIR",
                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
     for d in ("anvil-tiny-code", "anvil-tiny-code-q4"):

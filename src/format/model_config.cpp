@@ -26,6 +26,7 @@ const char* arch_name(Arch a) {
     case Arch::kOlmoe: return "olmoe";
     case Arch::kMixtral: return "mixtral";
     case Arch::kMistral: return "mistral";
+    case Arch::kPhi3: return "phi3";
   }
   return "?";
 }
@@ -43,7 +44,7 @@ QuantSpec QuantConfig::for_module(const std::string& module_path) const {
 
 namespace {
 
-constexpr const char* kSupportedArchs = "qwen3, qwen2, llama, mistral, qwen3_moe, qwen2_moe, olmoe, mixtral";
+constexpr const char* kSupportedArchs = "qwen3, qwen2, llama, mistral, phi3, qwen3_moe, qwen2_moe, olmoe, mixtral";
 
 // Field access with the file label and the field path carried along for error messages.
 class Fields {
@@ -141,6 +142,7 @@ bool arch_from_model_type(const std::string& t, Arch* out) {
   else if (t == "olmoe") *out = Arch::kOlmoe;
   else if (t == "mixtral") *out = Arch::kMixtral;
   else if (t == "mistral") *out = Arch::kMistral;
+  else if (t == "phi3") *out = Arch::kPhi3;
   else return false;
   return true;
 }
@@ -154,6 +156,7 @@ bool arch_from_class(const std::string& c, Arch* out) {
   else if (c == "OlmoeForCausalLM") *out = Arch::kOlmoe;
   else if (c == "MixtralForCausalLM") *out = Arch::kMixtral;
   else if (c == "MistralForCausalLM") *out = Arch::kMistral;
+  else if (c == "Phi3ForCausalLM") *out = Arch::kPhi3;
   else return false;
   return true;
 }
@@ -192,6 +195,20 @@ Status parse_dtype(const Fields& f, ModelConfig* c) {
   return Status::ok();
 }
 
+// Phi3Config takes no rope scaling but its own LongRoPE ("longrope"; the older "su" and "yarn" are
+// read as "longrope", not as the YaRN of other families): a Phi-3 config with one is refused by name.
+Status refuse_phi3_rope_scaling(const Fields& r, bool rope_type_key, const std::string& type) {
+  const char* key = rope_type_key ? "rope_type" : "type";
+  if (type == "longrope" || type == "su" || type == "yarn")
+    return r.unsupported_value(
+        key, "Phi-3's LongRoPE scaling ('" + type + "'" +
+                 (type == "longrope" ? std::string() : ", which Phi3Config reads as 'longrope'") +
+                 ") is not supported: the long-context phi3 checkpoints use it (Phi-3-mini-128k, Phi-3-medium-128k, "
+                 "Phi-3.5-mini, Phi-4-mini); the 4k-context Phi-3 and Phi-4, whose rope_scaling is null, load");
+  return r.unsupported_value(key, "rope scaling '" + type +
+                                      "' is not one a Phi-3 model has (Phi3Config takes only 'default' and 'longrope')");
+}
+
 // Rope scaling comes from `rope_scaling` (transformers < 5, MLX) or from `rope_parameters`
 // (transformers >= 5, which also holds rope_theta there); the type key is `rope_type` or `type`.
 Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig* c) {
@@ -207,10 +224,12 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
   RopeScaling& s = c->rope_scaling;
   s.type = type;
   if (type == "default") return Status::ok();
+  if (c->arch == Arch::kPhi3 && !type.empty()) return refuse_phi3_rope_scaling(r, rs->contains("rope_type"), type);
   if (type == "") {
-    // transformers refuses a scaling without its type; an object of only rope_theta (v5) is no scaling.
+    // transformers refuses a scaling without its type; an object of only rope_theta (v5) is no scaling
+    // (partial_rotary_factor, which v5 may keep there too, is checked apart).
     for (auto it = rs->begin(); it != rs->end(); ++it)
-      if (it.key() != "rope_theta" && !it->is_null())
+      if (it.key() != "rope_theta" && it.key() != "partial_rotary_factor" && !it->is_null())
         return r.error("rope_type", "missing (required next to '" + it.key() + "'; e.g. \"linear\" or \"llama3\")");
     return Status::ok();
   }
@@ -246,8 +265,8 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
                              "unsupported rope scaling '" + type + "' (supported: default, linear, llama3, yarn)");
 }
 
-// Mistral's and Mixtral's sliding_window, as their transformers config classes read it: null is
-// none, absent is the class default (MistralConfig: 4096; MixtralConfig: none), else a positive
+// Mistral's, Mixtral's and Phi-3's sliding_window, as their transformers config classes read it: null is
+// none, absent is the class default (MistralConfig: 4096; MixtralConfig, Phi3Config: none), else a positive
 // integer W: each position attends to the last W. The engine's attention is over the whole
 // context, which is the same while the context is at most W tokens; build_stack caps it there.
 Status parse_sliding_window(const Fields& f, const json& root, ModelConfig* c) {
@@ -405,7 +424,8 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 
   // Defaults for fields a config may leave out: those of transformers' config class per architecture.
   if (c.arch == Arch::kMixtral) c.rope_theta = 1e6;
-  if (c.arch == Arch::kMixtral || c.arch == Arch::kOlmoe) c.rms_norm_eps = 1e-5;
+  if (c.arch == Arch::kMixtral || c.arch == Arch::kOlmoe || c.arch == Arch::kPhi3) c.rms_norm_eps = 1e-5;
+  if (c.arch == Arch::kPhi3) c.max_position_embeddings = 4096;  // Phi3Config's
   ANVIL_RETURN_IF_ERROR(f.get_double("rms_norm_eps", &c.rms_norm_eps, true));
   // transformers >= 5 moves rope_theta (and the scaling type) into rope_parameters.
   if (const json* rp = f.get("rope_parameters"); rp && rp->is_object()) {
@@ -448,10 +468,18 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     ANVIL_RETURN_IF_ERROR(f.get_string("hidden_act", &act));
     if (act != "silu" && act != "swish")
       return f.unsupported_value("hidden_act", "activation '" + act + "' is not supported (the MLP is SwiGLU with silu)");
-    double rotary = 1.0;
-    ANVIL_RETURN_IF_ERROR(f.get_double("partial_rotary_factor", &rotary, true));
-    if (rotary != 1.0)
-      return f.unsupported_value("partial_rotary_factor", "partial rotary embeddings are not supported (expected 1.0)");
+    // Top level, or (transformers >= 5 writes it there, Phi3Config always) inside rope_parameters.
+    const json none = json::object();
+    const json* rp = f.get("rope_parameters");
+    const Fields r(rp && rp->is_object() ? *rp : none, label, "rope_parameters.");
+    for (const Fields* at : {static_cast<const Fields*>(&f), &r}) {
+      double rotary = 1.0;
+      ANVIL_RETURN_IF_ERROR(at->get_double("partial_rotary_factor", &rotary, true));
+      if (rotary != 1.0)
+        return at->unsupported_value("partial_rotary_factor",
+                                     "partial rotary embeddings (RoPE over " + json(rotary).dump() +
+                                         " of each head, as Phi-4-mini's 0.75) are not supported (expected 1.0)");
+    }
     bool mlp_bias = false;
     ANVIL_RETURN_IF_ERROR(f.get_bool("mlp_bias", &mlp_bias));
     if (mlp_bias) return f.unsupported_value("mlp_bias", "MLP biases are not supported (expected false)");
@@ -469,6 +497,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
       break;
     case Arch::kMistral:
       // Llama's computation; MistralAttention has no biases and its config no attention_bias.
+      ANVIL_RETURN_IF_ERROR(parse_sliding_window(f, root, &c));
+      break;
+    case Arch::kPhi3:
+      // Llama's computation with fused projections; Phi3Attention and Phi3MLP have no biases (the Hub's
+      // configs say attention_bias false, which Phi3Config does not read). resid_pdrop, embd_pdrop,
+      // attention_dropout are training-only; original_max_position_embeddings only matters to LongRoPE.
       ANVIL_RETURN_IF_ERROR(parse_sliding_window(f, root, &c));
       break;
     case Arch::kQwen3Moe:

@@ -1,4 +1,4 @@
-// config.json -> ModelConfig for the qwen3, qwen2, llama and mistral families and the mixture-of-experts
+// config.json -> ModelConfig for the qwen3, qwen2, llama, mistral and phi3 families and the mixture-of-experts
 // families qwen3_moe, qwen2_moe, olmoe and mixtral, every required field checked.
 // Errors name the file and the field: "config.json: field 'num_attention_heads': expected a positive integer".
 #pragma once
@@ -13,7 +13,9 @@
 namespace anvil {
 
 // kMistral computes what kLlama does (no biases anywhere); it differs in its config (sliding_window).
-enum class Arch { kQwen3, kQwen2, kLlama, kQwen3Moe, kQwen2Moe, kOlmoe, kMixtral, kMistral };
+// kPhi3 (Phi-3, Phi-3.5-mini, Phi-4) computes it too; its checkpoints fuse q/k/v into one qkv_proj and
+// gate/up into one gate_up_proj, which model/weights.cpp splits into row views at load.
+enum class Arch { kQwen3, kQwen2, kLlama, kQwen3Moe, kQwen2Moe, kOlmoe, kMixtral, kMistral, kPhi3 };
 const char* arch_name(Arch a);
 
 // MLX affine quantization of one module: w = scales * q + biases, per group of `group_size` inputs.
@@ -62,7 +64,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int max_position_embeddings = 0;
-  // Mistral's and Mixtral's sliding_window: attention over the last W positions (0: none). The engine
+  // Mistral's, Mixtral's and Phi-3's sliding_window: attention over the last W positions (0: none). The engine
   // attends over the whole context, which is the same thing while the context is at most W tokens:
   // the context is capped at W (cli/common.cpp build_stack), never run past it.
   int sliding_window = 0;

@@ -165,6 +165,41 @@ class Binder {
   std::string label_;
 };
 
+// Rows [first, first + n) of `m`: a view into the same bytes. MLX affine quantization packs and groups
+// each row on its own (a row is cols * bits / 32 whole words, its scales and biases cols / group_size
+// values), so a quantized matrix splits at any row with its scales and biases, and every row of the
+// view starts where a row of `m` did (what a backend's alignment of rows rests on is kept).
+WeightMatrix row_view(const WeightMatrix& m, int64_t first, int64_t n) {
+  WeightMatrix v = m;
+  v.rows = n;
+  auto at = [&](const void* base, size_t row_bytes) -> const void* {
+    return base ? static_cast<const uint8_t*>(base) + size_t(first) * row_bytes : nullptr;
+  };
+  v.data = at(m.data, m.data_bytes() / size_t(m.rows));
+  v.scales = at(m.scales, m.group_bytes() / size_t(m.rows));
+  v.biases = at(m.biases, m.group_bytes() / size_t(m.rows));
+  v.bias = at(m.bias, dtype_size(m.bias_dtype));
+  return v;
+}
+
+// A module that stores several projections stacked along its output rows (Phi-3's qkv_proj and
+// gate_up_proj), split into one view per part: `rows` lists the parts' row counts in stored order.
+// A bad shape is named with what the parts are (`what`).
+Result<std::vector<WeightMatrix>> fused(const Binder& b, const std::string& module, const std::vector<int64_t>& rows,
+                                        int64_t cols, const std::string& what) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  Result<WeightMatrix> m = b.matrix(module, total, cols, false);
+  if (!m.is_ok()) return Status(m.status().code(), m.status().message() + " (" + what + ")");
+  std::vector<WeightMatrix> parts;
+  int64_t first = 0;
+  for (int64_t r : rows) {
+    parts.push_back(row_view(*m, first, r));
+    first += r;
+  }
+  return parts;
+}
+
 // The routed experts of layer prefix `p` (e.g. "model.layers.3."): router, experts in either layout, and
 // qwen2_moe's shared expert.
 Status bind_moe(const ModelConfig& cfg, const Binder& b, const std::string& p, MoEWeights* m) {
@@ -226,6 +261,14 @@ Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lo
   } else {
     ANVIL_ASSIGN_OR_RETURN(mw.lm_head, b.matrix("lm_head", V, H, false));
   }
+  // Phi-3 stores q, k, v as one qkv_proj [QD + 2 KD, H], in that order, and gate, up as one gate_up_proj
+  // [2 F, H], gate first (transformers' Phi3MLP chunk(2), mlx-lm's split): bound as row views of them.
+  const bool phi3 = cfg.arch == Arch::kPhi3;
+  const std::string qkv_what = "Phi-3's q, k and v projections fused: " + std::to_string(cfg.num_attention_heads) +
+                               " + 2 x " + std::to_string(cfg.num_key_value_heads) + " heads of " +
+                               std::to_string(cfg.head_dim) + " rows";
+  const std::string gate_up_what =
+      "Phi-3's gate and up projections fused: 2 x intermediate_size " + std::to_string(F) + " rows";
   for (int l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights lw;
@@ -239,15 +282,27 @@ Result<ModelWeights> bind_weights(const ModelConfig& cfg, const TensorLookup& lo
       ANVIL_ASSIGN_OR_RETURN(lw.k_norm, b.vector(p + "self_attn.k_norm.weight", KD));
     }
     const bool qkv_bias = cfg.attention_bias;
-    ANVIL_ASSIGN_OR_RETURN(lw.q, b.matrix(p + "self_attn.q_proj", QD, H, qkv_bias));
-    ANVIL_ASSIGN_OR_RETURN(lw.k, b.matrix(p + "self_attn.k_proj", KD, H, qkv_bias));
-    ANVIL_ASSIGN_OR_RETURN(lw.v, b.matrix(p + "self_attn.v_proj", KD, H, qkv_bias));
+    if (phi3) {
+      ANVIL_ASSIGN_OR_RETURN(std::vector<WeightMatrix> qkv, fused(b, p + "self_attn.qkv_proj", {QD, KD, KD}, H, qkv_what));
+      lw.q = qkv[0];
+      lw.k = qkv[1];
+      lw.v = qkv[2];
+    } else {
+      ANVIL_ASSIGN_OR_RETURN(lw.q, b.matrix(p + "self_attn.q_proj", QD, H, qkv_bias));
+      ANVIL_ASSIGN_OR_RETURN(lw.k, b.matrix(p + "self_attn.k_proj", KD, H, qkv_bias));
+      ANVIL_ASSIGN_OR_RETURN(lw.v, b.matrix(p + "self_attn.v_proj", KD, H, qkv_bias));
+    }
     // Llama's and Qwen3's attention_bias also covers o_proj; Qwen2 has biases on q/k/v only.
     bool o_bias = cfg.attention_bias && cfg.arch != Arch::kQwen2 && cfg.arch != Arch::kQwen2Moe;
     ANVIL_ASSIGN_OR_RETURN(lw.o, b.matrix(p + "self_attn.o_proj", H, QD, o_bias));
     if (cfg.is_moe_layer(l)) {
       lw.moe = true;
       ANVIL_RETURN_IF_ERROR(bind_moe(cfg, b, p, &lw.experts));
+    } else if (phi3) {
+      ANVIL_ASSIGN_OR_RETURN(std::vector<WeightMatrix> gate_up, fused(b, p + "mlp.gate_up_proj", {F, F}, H, gate_up_what));
+      lw.gate = gate_up[0];
+      lw.up = gate_up[1];
+      ANVIL_ASSIGN_OR_RETURN(lw.down, b.matrix(p + "mlp.down_proj", H, F, false));
     } else {
       ANVIL_ASSIGN_OR_RETURN(lw.gate, b.matrix(p + "mlp.gate_proj", F, H, false));
       ANVIL_ASSIGN_OR_RETURN(lw.up, b.matrix(p + "mlp.up_proj", F, H, false));

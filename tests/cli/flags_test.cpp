@@ -211,13 +211,15 @@ TEST(CliContext, WarnsAboveMaxPositionEmbeddings) {
   EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
 }
 
-// A model with a sliding_window W (Mistral v0.1's 4096, Mixtral's when set) attends over its last W
+// A model with a sliding_window W (Mistral v0.1's 4096, Mixtral's when set, Phi-3-mini-4k's 2047) attends over its last W
 // positions; anvil attends over the whole context, the same thing only while the context is at most W
 // tokens. So the default context stops at W, and a larger --ctx (generate, run, serve's --ctx-size)
 // is refused naming sliding_window, before anything runs. The golden Mistral fixture has W = 64 and
-// max_position_embeddings 512; the same checkpoint with sliding_window null gets the usual default.
+// max_position_embeddings 512; the same checkpoint with sliding_window null gets the usual default. So
+// has the quantized Phi-3 fixture.
 TEST(CliContext, SlidingWindowCapsTheContext) {
   const fs::path mistral = fs::path(ANVIL_TEST_DATA) / "golden" / "mistral-bf16";
+  const fs::path phi3 = fs::path(ANVIL_TEST_DATA) / "golden" / "phi3-q4";
   const fs::path mixtral = fs::path(ANVIL_TEST_DATA) / "golden" / "mixtral-bf16";
   // The model's own directory, its files linked, with config.json's sliding_window set to `window`.
   auto with_window = [](const fs::path& src, const std::string& tag, nlohmann::json window) {
@@ -243,11 +245,12 @@ TEST(CliContext, SlidingWindowCapsTheContext) {
   EXPECT_EQ(positions(mistral, {}), 64);
   EXPECT_EQ(positions(mistral, {"--ctx", "64"}), 64);
   EXPECT_EQ(positions(mistral, {"--ctx", "40"}), 40);
+  EXPECT_EQ(positions(phi3, {}), 64);
   const fs::path mixtral32 = with_window(mixtral, "mixtral_window", 32);
   EXPECT_EQ(positions(mixtral32, {}), 32);
   const fs::path unwindowed = with_window(mistral, "mistral_null_window", nullptr);
   EXPECT_EQ(positions(unwindowed, {}), 202);  // no cap: 3 + 200 - 1 positions fit in min(4096, 512)
-  for (const auto& [dir, w] : {std::pair{mistral, 64}, std::pair{mixtral32, 32}}) {
+  for (const auto& [dir, w] : {std::pair{mistral, 64}, std::pair{mixtral32, 32}, std::pair{phi3, 64}}) {
     const std::string over = std::to_string(w + 1);
     const std::string says = "-c/--ctx " + over + " is more than the model's sliding_window (" + std::to_string(w) +
                              " tokens, config.json)";

@@ -145,6 +145,91 @@ TEST(ModelConfig, MistralByClassNameAndBadSlidingWindow) {
   EXPECT_EQ(parse(j)->sliding_window, 0);
 }
 
+// Phi-3 / Phi-4 as the Hub writes them (Phi-3-mini-4k's window of 2047 over 32 heads of 96, Phi-4's 40
+// heads over 10 kv heads and no window), one leaving Phi3Config's defaults out (kv heads = heads,
+// rms_norm_eps 1e-5, max_position_embeddings 4096, no window), and one as transformers 5 writes it
+// (rope_parameters holding partial_rotary_factor 1.0), against what transformers' Phi3Config makes of
+// the same files (scripts/make_format_fixtures.py configs).
+TEST(ModelConfig, Phi3ConfigsMatchTransformers) {
+  json ref = reference();
+  for (const char* name : {"config_phi3_mini_4k.json", "config_phi4.json", "config_phi3_defaults.json",
+                           "config_phi3_v5.json"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(ref.contains(name)) << "config_expected.json has no " << name;
+    auto text = read_file(kData + name);
+    ASSERT_TRUE(text.is_ok());
+    auto c = parse_model_config(*text, name);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    EXPECT_EQ(c->arch, Arch::kPhi3);
+    ASSERT_TRUE(ref[name].contains("sliding_window"));
+    expect_matches_reference(*c, ref[name]);
+    EXPECT_FALSE(c->attention_bias);
+    EXPECT_FALSE(c->qk_norm || c->qk_norm_full);
+    EXPECT_FALSE(c->is_moe());
+  }
+}
+
+// Identified by architectures alone as well, printed as "phi3". What Phi-3 checkpoints ask for that the
+// engine lacks is refused by name: LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini; the older
+// configs' "su", and "yarn", which Phi3Config reads as longrope, not as other families' YaRN), any other
+// scaling (Phi3Config takes none), and Phi-4-mini's partial_rotary_factor, top level or inside
+// transformers 5's rope_parameters.
+TEST(ModelConfig, Phi3ByClassNameAndLongRopeRefusedByName) {
+  json j = base_config();
+  j.erase("model_type");
+  j["architectures"] = {"Phi3ForCausalLM"};
+  auto c = parse(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->arch, Arch::kPhi3);
+  EXPECT_EQ(c->model_type, "phi3");
+  EXPECT_STREQ(arch_name(c->arch), "phi3");
+  EXPECT_EQ(c->sliding_window, 0);  // absent: Phi3Config's None
+  j["sliding_window"] = 2047;
+  EXPECT_EQ(parse(j)->sliding_window, 2047);
+  j["sliding_window"] = "2047";
+  expect_error(j, {"'sliding_window'", "a positive integer", "or null"});
+
+  // Phi-3.5-mini-instruct: LongRoPE over a 131072 context from an original 4096.
+  json phi35 = base_config();
+  phi35["model_type"] = "phi3";
+  phi35["max_position_embeddings"] = 131072;
+  phi35["original_max_position_embeddings"] = 4096;
+  phi35["sliding_window"] = 262144;
+  phi35["rope_scaling"] = {{"type", "longrope"},
+                           {"long_factor", std::vector<double>(16, 1.5)},
+                           {"short_factor", std::vector<double>(16, 1.0)}};
+  expect_error(phi35, {"'rope_scaling.type'", "Phi-3's LongRoPE scaling ('longrope')", "not supported", "Phi-3.5-mini"},
+               StatusCode::kUnsupported);
+  for (const char* older : {"su", "yarn"}) {
+    phi35["rope_scaling"]["type"] = older;
+    expect_error(phi35, {"'rope_scaling.type'", std::string("LongRoPE scaling ('") + older + "', which Phi3Config reads as 'longrope')"},
+                 StatusCode::kUnsupported);
+  }
+  phi35["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};  // Qwen3's YaRN, which a Qwen3 config takes
+  expect_error(phi35, {"'rope_scaling.rope_type'", "LongRoPE"}, StatusCode::kUnsupported);
+  phi35["model_type"] = "qwen3";
+  EXPECT_TRUE(parse(phi35).is_ok()) << parse(phi35).status().message();
+  phi35["model_type"] = "phi3";
+  phi35["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  expect_error(phi35, {"'rope_scaling.type'", "'linear'", "Phi3Config takes only 'default' and 'longrope'"},
+               StatusCode::kUnsupported);
+  phi35["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_TRUE(parse(phi35).is_ok()) << parse(phi35).status().message();
+
+  // Phi-4-mini: RoPE over 0.75 of each head.
+  json phi4mini = base_config();
+  phi4mini["model_type"] = "phi3";
+  phi4mini["partial_rotary_factor"] = 0.75;
+  expect_error(phi4mini, {"'partial_rotary_factor'", "0.75", "not supported"}, StatusCode::kUnsupported);
+  phi4mini.erase("partial_rotary_factor");
+  phi4mini["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.75}};
+  expect_error(phi4mini, {"'rope_parameters.partial_rotary_factor'", "0.75"}, StatusCode::kUnsupported);
+  phi4mini["rope_parameters"]["partial_rotary_factor"] = 1.0;
+  EXPECT_TRUE(parse(phi4mini).is_ok()) << parse(phi4mini).status().message();
+  phi4mini["rope_parameters"].erase("rope_type");  // no type: rope_theta and partial_rotary_factor are no scaling
+  EXPECT_TRUE(parse(phi4mini).is_ok()) << parse(phi4mini).status().message();
+}
+
 TEST(ModelConfig, SharedTinyModelsMatchTransformers) {
   if (!std::filesystem::exists(kShared + "anvil-tiny-code")) GTEST_SKIP() << kShared << " not present";
   json ref = reference();
@@ -352,6 +437,15 @@ TEST(ModelConfig, PerArchitectureDefaults) {
   ASSERT_TRUE(o.is_ok()) << o.status().message();
   EXPECT_EQ(o->rope_theta, 10000.0);
   EXPECT_EQ(o->rms_norm_eps, 1e-5);
+  j = base_config();
+  j["model_type"] = "phi3";
+  j.erase("num_key_value_heads");
+  auto p = parse(j);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->rope_theta, 10000.0);
+  EXPECT_EQ(p->rms_norm_eps, 1e-5);
+  EXPECT_EQ(p->max_position_embeddings, 4096);
+  EXPECT_EQ(p->num_key_value_heads, p->num_attention_heads);
 }
 
 TEST(ModelConfigBad, MalformedJson) {
