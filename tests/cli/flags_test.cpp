@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "cli_helpers.h"
 
@@ -270,6 +271,43 @@ TEST(CliContext, SlidingWindowCapsTheContext) {
   }
   fs::remove_all(mixtral32);
   fs::remove_all(unwindowed);
+}
+
+// bench sizes its own context, prompt + generated tokens (or a larger -c/--ctx): above the model's
+// sliding_window it was refused as "-c/--ctx 640 is more than ...; give -c/--ctx 64 or less", naming
+// a flag the user did not type, and one that would not help (bench raises a smaller -c to the sum).
+// Now the refusal says what bench computed and which flags lower it; a -c/--ctx the user gave that is
+// the larger is still the one named. Within the window bench runs.
+TEST(CliContext, BenchAboveTheSlidingWindowNamesItsOwnFlags) {
+  const std::string mistral = std::string(ANVIL_TEST_DATA) + "/golden/mistral-bf16";  // sliding_window 64
+  auto bench = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"bench", "--device", "cpu", "-m", mistral, "--runs", "1", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_anvil(args, true);
+  };
+  const std::string why = " is more than the model's sliding_window (64 tokens, config.json)";
+  for (const auto& [extra, p, n] : std::vector<std::tuple<std::vector<std::string>, int, int>>{
+           {{"--prompt-tokens", "60", "-n", "10"}, 60, 10},
+           {{}, 512, 128},  // the defaults
+           {{"-c", "40", "--prompt-tokens", "60", "-n", "10"}, 60, 10},  // -c raised to the sum
+           {{"-c", "70", "--prompt-tokens", "60", "-n", "10"}, 60, 10}}) {
+    auto r = bench(extra);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    const std::string said = "anvil: error: the context, --prompt-tokens " + std::to_string(p) + " + -n " +
+                             std::to_string(n) + " = " + std::to_string(p + n) + " tokens," + why;
+    EXPECT_NE(r.out.find(said), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("give --prompt-tokens + -n of 64 or less"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("-c/--ctx"), std::string::npos) << r.out;
+  }
+  auto r = bench({"-c", "100", "--prompt-tokens", "50", "-n", "10"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("-c/--ctx 100" + why), std::string::npos) << r.out;
+  r = bench({"--prompt-tokens", "54", "-n", "10"});  // 64: the whole window
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["prompt_tokens"], 54);
+  EXPECT_EQ(j["generated_tokens"], 10);
 }
 
 // A forward pass never holds more tokens than the context (of every sequence): a larger --batch is
