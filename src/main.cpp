@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "cli/did_you_mean.h"
 #include "cli/output.h"
+#include "cli/unexpected_flag.h"
 
 namespace {
 
@@ -100,8 +101,9 @@ int main(int argc, char** argv) {
       const std::string w = argv[i];
       if (w == "--") break;
       if (w[0] == '-') {
-        const CLI::Option* o = w.find('=') == std::string::npos ? cmd->get_option_no_throw(w) : nullptr;
-        if (o && o->get_items_expected_min() > 0) ++i;  // its value
+        const CLI::Option* o = cmd->get_option_no_throw(w.substr(0, w.find('=')));
+        if (!o) break;  // not the command's flag: the parse names it (and the word after may be its value)
+        if (w.find('=') == std::string::npos && o->get_items_expected_min() > 0) ++i;  // its value
         continue;
       }
       if (refuse_unknown(w, subs_of, std::string(argv[1]) + " subcommand", std::string("anvil ") + argv[1])) return 1;
@@ -126,6 +128,13 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stderr);
       return 1;
     }
+    // A flag the command does not have: which commands have it, or the closest of its own.
+    // (Also where CLI11 finds a required argument missing first: the stray flag is the likelier cause.)
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) || dynamic_cast<const CLI::RequiredError*>(&e))
+      if (auto u = anvil::cli::explain_unexpected_flag(app)) {
+        std::fprintf(stderr, "anvil: error: %s (see %s --help)\n", u->message.c_str(), u->command.c_str());
+        return 1;
+      }
     std::string where = "anvil";
     for (CLI::App* sub = &app; sub;) {
       auto parsed = sub->get_subcommands();

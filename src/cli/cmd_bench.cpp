@@ -66,6 +66,13 @@ int run_bench(BenchArgs& a) {
     a.model.ctx = std::max(a.prompt + a.n, a.model.ctx_given ? a.model.ctx : 0);
     a.model.ctx_given = true;
   }
+  // The context is the run's own size unless a larger -c/--ctx was given: an error about it (above
+  // the model's sliding_window) then names the flags that set it, not -c/--ctx.
+  if (a.model.ctx == a.prompt + a.n) {
+    a.model.ctx_computed = "--prompt-tokens " + std::to_string(a.prompt) + " + -n " + std::to_string(a.n) + " = " +
+                           std::to_string(a.model.ctx) + " tokens";
+    a.model.ctx_lowered_by = "--prompt-tokens + -n";
+  }
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;

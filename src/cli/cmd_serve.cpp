@@ -16,7 +16,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/kv_options.h"
-#include "cli/logit_bias_option.h"
+#include "cli/unexpected_flag.h"
 #include "runtime/warmup.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer_config.h"
@@ -167,7 +167,26 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               add_int_option(app, "--ctx-size", a->model.ctx, "Same as -c/--ctx: the context length", 1, INT32_MAX, "",
                              [a] { a->model.ctx_given = true; });
               add_sampling_options(app, a->sampling);
-              add_logit_bias_refusal(app);  // per request here: the body's logit_bias
+              // The flags of run and generate that a request carries here: named, with the body's field.
+              add_flag_hint(app, {"--prompt", "--file", "--ids"},
+                            "each request carries its own prompt, the \"messages\" of POST /v1/chat/completions "
+                            "or the \"prompt\" of POST /v1/completions (docs/api.md)");
+              add_flag_hint(app, {"--system"},
+                            "a request's system prompt is a message of its \"messages\", {\"role\": \"system\", "
+                            "\"content\": ...} (docs/api.md)");
+              add_flag_hint(app, {"--session", "--resume"},
+                            "a request names its session in the \"session\" field of its body, which continues "
+                            "that session or starts it (docs/api.md, Sessions)");
+              add_flag_hint(app, {"--logit-bias"},
+                            "each request carries its own bias, the logit_bias field of its body ({\"logit_bias\": "
+                            "{\"15043\": 1.5}}: token id -> bias in [-100, 100]; docs/api.md)");
+              add_flag_hint(app, {"--max-tokens"},
+                            "each request sets its own \"max_tokens\" (default: the rest of the context; docs/api.md)");
+              add_flag_hint(app, {"--stop"}, "each request gives its own \"stop\" strings (docs/api.md)");
+              add_flag_hint(app, {"--ignore-eos"}, "a request sets \"ignore_eos\": true (docs/api.md)");
+              add_flag_hint(app, {"--thinking", "--no-thinking"},
+                            "a chat request sets it in its \"chat_template_kwargs\", e.g. {\"enable_thinking\": "
+                            "false} (docs/api.md)");
               add_kv_store_options(app, a->kv, /*session_flags=*/false);  // sessions are per request
               app.add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
               add_int_option(app, "--port", a->server.port, "Port to listen on (0: any free port)", 0, 65535,

@@ -428,16 +428,19 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   } else if (window > 0 && s.ctx > window) {
     // The engine attends over the whole context: the model's attention over its last `window`
     // positions only while the context is no longer than that. Past it the output would differ.
-    return invalid_argument("-c/--ctx " + std::to_string(s.ctx) + " is more than the model's sliding_window (" +
-                            std::to_string(window) + " tokens, config.json): anvil attends over the whole "
-                            "context, which is the model's sliding-window attention only within " +
-                            std::to_string(window) + " tokens; give -c/--ctx " + std::to_string(window) +
+    const bool computed = !o.ctx_computed.empty();
+    return invalid_argument((computed ? "the context, " + o.ctx_computed + "," : "-c/--ctx " + std::to_string(s.ctx)) +
+                            " is more than the model's sliding_window (" + std::to_string(window) +
+                            " tokens, config.json): anvil attends over the whole context, which is the model's "
+                            "sliding-window attention only within " + std::to_string(window) + " tokens; give " +
+                            (computed ? o.ctx_lowered_by + " of " : "-c/--ctx ") + std::to_string(window) +
                             " or less");
   } else if (max_pos > 0 && s.ctx > max_pos) {
+    const std::string what = o.ctx_computed.empty() ? "--ctx " + std::to_string(s.ctx) : "the context, " + o.ctx_computed + ",";
     std::fprintf(stderr,
-                 "anvil: warning: --ctx %d is above the model's max_position_embeddings (%d): positions past %d "
+                 "anvil: warning: %s is above the model's max_position_embeddings (%d): positions past %d "
                  "were never trained and the output may degrade\n",
-                 s.ctx, max_pos, max_pos);
+                 what.c_str(), max_pos, max_pos);
   }
   {
     // The KV pool holds max_seqs sequences of the context rounded up to whole pages; an absurd

@@ -66,6 +66,10 @@ struct ModelOptions {
   int threads = 0;        // 0 = all cores
   int ctx = 0;            // --ctx, when ctx_given; else kDefaultContext capped by the model
   bool ctx_given = false;
+  // Set by a command that computes ctx itself from other flags (bench: the prompt and the tokens it
+  // generates): how, "--prompt-tokens 60 + -n 10 = 70 tokens", and the flags that lower it,
+  // "--prompt-tokens + -n". An error about the context then names these, not -c/--ctx.
+  std::string ctx_computed, ctx_lowered_by;
   int batch = 0;          // max tokens per forward (prefill chunk); 0 = default_batch() for the device
   int page_size = 16;
   std::string kv_dtype = "bf16";

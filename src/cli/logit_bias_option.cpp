@@ -94,20 +94,6 @@ CLI::Option* add_logit_bias_option(CLI::App& app, std::vector<LogitBias>& out) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
-void add_logit_bias_refusal(CLI::App& app) {
-  auto refuse = [](const std::vector<std::string>&) {
-    throw CLI::ValidationError(std::string(kFlag) +
-                               " is not a flag of anvil serve: each request carries its own bias, the logit_bias "
-                               "field of its body ({\"logit_bias\": {\"15043\": 1.5}}: token id -> bias in "
-                               "[-100, 100]; docs/api.md)");
-  };
-  // Zero or one value, so that "-l" alone and "-l 5+1" both reach the message.
-  app.add_option_function<std::vector<std::string>>("-l,--logit-bias", refuse, "")
-      ->expected(0, 1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->group("");
-}
-
 Status check_logit_bias_vocab(const std::vector<LogitBias>& bias, int64_t vocab) {
   for (const LogitBias& b : bias)
     if (b.id >= vocab)

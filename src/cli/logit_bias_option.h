@@ -1,7 +1,7 @@
 // -l/--logit-bias TOKEN_ID(+/-)BIAS of anvil generate and anvil run, spelled as llama.cpp spells it
 // (`-l 15043+1.5`, `-l 15043-1`), or TOKEN_ID=BIAS (`-l 15043=-1`): BIAS is added to the token's
 // logit before any other sampling step (SamplingParams::logit_bias, OpenAI's logit_bias). Not on
-// serve: there a request carries its own logit_bias (add_logit_bias_refusal says so).
+// serve: there a request carries its own logit_bias (cmd_serve.cpp's add_flag_hint says so).
 //
 // Repeatable, one token per flag. Each value is checked while the command line is parsed, the
 // message naming the flag and the value: the id a decimal integer >= 0, the bias a finite number in
@@ -26,11 +26,6 @@ Result<LogitBias> parse_logit_bias_value(const std::string& text);
 
 // Declares -l/--logit-bias on `app`; `out` gets every entry given, by ascending id.
 CLI::Option* add_logit_bias_option(CLI::App& app, std::vector<LogitBias>& out);
-
-// anvil serve's -l/--logit-bias: hidden from --help, and given (with or without a value) it is refused
-// while the command line is parsed, saying that a request carries its own bias (the body's logit_bias)
-// instead of CLI11's "The following arguments were not expected".
-void add_logit_bias_refusal(CLI::App& app);
 
 // An error naming -l/--logit-bias when an id is >= vocab (the model's logits row).
 Status check_logit_bias_vocab(const std::vector<LogitBias>& bias, int64_t vocab);

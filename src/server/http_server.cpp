@@ -22,6 +22,7 @@
 #include "server/responses_reply.h"
 #include "server/session_locks.h"
 #include "server/sessions.h"
+#include "tokenizer/byte_level.h"
 #include "tokenizer/reasoning.h"
 
 namespace anvil::server {
@@ -781,8 +782,16 @@ void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Res
   std::vector<int32_t> ids = tok.encode(text, add_special);
   ojson tokens = ojson::array();
   for (int32_t id : ids) {
-    if (with_pieces) tokens.push_back({{"id", id}, {"piece", tok.decode(std::span<const int32_t>(&id, 1))}});
-    else tokens.push_back(id);
+    if (!with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    // A piece is the token's own text (Tokenizer::token_raw_bytes, as logprobs give it), not the
+    // token decoded alone, which loses a SentencePiece "▁Hello"'s space: so the pieces joined are
+    // the text, less the one leading space the decoder cuts. As llama-server: a string, or the
+    // bytes as a list of integers where they are not UTF-8 (a byte token of part of a character).
+    const std::string bytes = tok.token_raw_bytes(id);
+    tokens.push_back({{"id", id}, {"piece", tok::is_valid_utf8(bytes) ? ojson(bytes) : token_bytes_json(bytes)}});
   }
   send_json(res, 200, {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", opts.defaults.max_context}});
 }

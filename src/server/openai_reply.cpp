@@ -8,12 +8,13 @@ namespace anvil::server {
 
 namespace {
 std::string dump(const ojson& j) { return dump_json(j); }
+}  // namespace
+
 ojson token_bytes_json(const std::string& s) {
   ojson a = ojson::array();
   for (unsigned char c : s) a.push_back(int(c));
   return a;
 }
-}  // namespace
 
 std::string Reply::token_string(int32_t id) const { return tok::utf8_lossy(tok->token_raw_bytes(id)); }
 

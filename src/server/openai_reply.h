@@ -24,6 +24,9 @@ using ojson = nlohmann::ordered_json;
 // JSON text; invalid UTF-8 (never expected: text comes from StreamDecoder) is replaced, not thrown.
 std::string dump_json(const ojson& j);
 
+// A token's bytes as logprobs give them (OpenAI's "bytes"): an array of integers 0..255.
+ojson token_bytes_json(const std::string& bytes);
+
 struct Reply {
   bool chat = false;
   bool stream = false, include_usage = false, logprobs = false;

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
+#include <tuple>
 
 #include "cli_helpers.h"
 
@@ -124,7 +127,7 @@ TEST(CliFlags, HarmfulValuesAreRefused) {
       {{"bench-kv", "--synthetic", "tiny", "--open-lookup", "3"}, "--open-lookup must be"},
       {{"bench-kv", "--open-lookup", "64", "--kv-durability", "bogus"}, "--kv-durability has no effect with --open-lookup"},
       {{"bench-kv", "--restore-pages", "8", "--synthetic", "tiny"}, "--synthetic has no effect with --restore-pages"},
-      {{"bench-kv", "--synthetic", "tiny", "--no-kv-store"}, "not expected: --no-kv-store"},
+      {{"bench-kv", "--synthetic", "tiny", "--no-kv-store"}, "--no-kv-store is not a flag of anvil bench-kv"},
       // A system message for a model without a chat template is refused, not dropped (run did).
       {{"run", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
       {{"generate", "-m", kModel, "-p", "def f", "-n", "2", "--system", "Be brief.", "--no-kv-store"}, "--system needs a chat template"},
@@ -271,6 +274,43 @@ TEST(CliContext, SlidingWindowCapsTheContext) {
   }
   fs::remove_all(mixtral32);
   fs::remove_all(unwindowed);
+}
+
+// bench sizes its own context, prompt + generated tokens (or a larger -c/--ctx): above the model's
+// sliding_window it was refused as "-c/--ctx 640 is more than ...; give -c/--ctx 64 or less", naming
+// a flag the user did not type, and one that would not help (bench raises a smaller -c to the sum).
+// Now the refusal says what bench computed and which flags lower it; a -c/--ctx the user gave that is
+// the larger is still the one named. Within the window bench runs.
+TEST(CliContext, BenchAboveTheSlidingWindowNamesItsOwnFlags) {
+  const std::string mistral = std::string(ANVIL_TEST_DATA) + "/golden/mistral-bf16";  // sliding_window 64
+  auto bench = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"bench", "--device", "cpu", "-m", mistral, "--runs", "1", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_anvil(args, true);
+  };
+  const std::string why = " is more than the model's sliding_window (64 tokens, config.json)";
+  for (const auto& [extra, p, n] : std::vector<std::tuple<std::vector<std::string>, int, int>>{
+           {{"--prompt-tokens", "60", "-n", "10"}, 60, 10},
+           {{}, 512, 128},  // the defaults
+           {{"-c", "40", "--prompt-tokens", "60", "-n", "10"}, 60, 10},  // -c raised to the sum
+           {{"-c", "70", "--prompt-tokens", "60", "-n", "10"}, 60, 10}}) {
+    auto r = bench(extra);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    const std::string said = "anvil: error: the context, --prompt-tokens " + std::to_string(p) + " + -n " +
+                             std::to_string(n) + " = " + std::to_string(p + n) + " tokens," + why;
+    EXPECT_NE(r.out.find(said), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("give --prompt-tokens + -n of 64 or less"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("-c/--ctx"), std::string::npos) << r.out;
+  }
+  auto r = bench({"-c", "100", "--prompt-tokens", "50", "-n", "10"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("-c/--ctx 100" + why), std::string::npos) << r.out;
+  r = bench({"--prompt-tokens", "54", "-n", "10"});  // 64: the whole window
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["prompt_tokens"], 54);
+  EXPECT_EQ(j["generated_tokens"], 10);
 }
 
 // A forward pass never holds more tokens than the context (of every sequence): a larger --batch is
@@ -434,6 +474,118 @@ TEST(CliErrors, TypoAndEmptyPrompt) {
                 true);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("--kv-queue must be an integer in [2, 65536], got '999999999'"), std::string::npos) << r.out;
+}
+
+namespace {
+
+// The commands whose --help lists `flag` ("--port", "-m"), in `anvil --help`'s order, kv's subcommands
+// as "kv ls" (those of kv only where kv itself lacks it): the reference for the error's list.
+std::vector<std::string> commands_listing(const std::string& flag) {
+  struct Help {
+    std::set<std::string> flags;
+    std::vector<std::string> subs;  // "Subcommands:"
+  };
+  auto read_help = [](const std::vector<std::string>& cmd) {
+    std::vector<std::string> args = cmd;
+    args.push_back("--help");
+    Help h;
+    bool in_subs = false;
+    std::istringstream in(run_anvil(args).out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Subcommands:", 0) == 0) in_subs = true;
+      else if (!line.empty() && line[0] != ' ') in_subs = false;
+      else if (in_subs && line.size() > 2) h.subs.push_back(line.substr(2, line.find(' ', 2) - 2));
+      else if (line.rfind("  -", 0) == 0) {
+        std::istringstream names(line.substr(2, line.find(' ', 2) - 2));
+        for (std::string n; std::getline(names, n, ',');) h.flags.insert(n);
+      }
+    }
+    return h;
+  };
+  // Every command's help, read once: (command, its help).
+  static const std::vector<std::pair<std::string, Help>> helps = [&] {
+    std::vector<std::pair<std::string, Help>> all;
+    for (const std::string& c : read_help({}).subs) {
+      all.emplace_back(c, read_help({c}));
+      for (const std::string& s : std::vector<std::string>(all.back().second.subs))
+        all.emplace_back(c + " " + s, read_help({c, s}));
+    }
+    return all;
+  }();
+  std::vector<std::string> out;
+  for (const auto& [cmd, h] : helps) {
+    const auto space = cmd.find(' ');
+    const bool parent_has = space != std::string::npos && std::find(out.begin(), out.end(), cmd.substr(0, space)) != out.end();
+    if (h.flags.count(flag) && !parent_has) out.push_back(cmd);
+  }
+  return out;
+}
+
+std::string join_and(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return s;
+}
+
+}  // namespace
+
+// A flag of one command given to another was CLI11's "The following arguments were not expected:
+// 8080 --port". Now the error names the flag, the command it was given to and the commands that have
+// it (as their --help lists them); serve says which field of a request's body carries what run and
+// generate take as flags; a flag written before the subcommand it belongs to is told to go after it;
+// a flag no command has gets the closest of the command's own (did you mean). Exit code 1, before
+// anything runs (serve under timeout: a server that started anyway would never exit).
+TEST(CliFlags, AnotherCommandsFlagNamesTheCommandsThatHaveIt) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string said;
+  };
+  const std::string store = temp_dir("other_flag_store").string();
+  const std::vector<Case> cases = {
+      {{"serve", "-m", kModel, "--no-kv-store", "--port", "0", "-p", "hi"},
+       "-p/--prompt is not a flag of anvil serve: each request carries its own prompt, the \"messages\" of POST "
+       "/v1/chat/completions or the \"prompt\" of POST /v1/completions (docs/api.md); it is a flag of " +
+           join_and(commands_listing("--prompt")) + " (see anvil serve --help)"},
+      {{"serve", "-m", kModel, "--no-kv-store", "--port", "0", "--session", "x"},
+       "--session is not a flag of anvil serve: a request names its session in the \"session\" field of its body"},
+      {{"serve", "-m", kModel, "--no-kv-store", "--port", "0", "--system", "Be brief."},
+       "--system is not a flag of anvil serve: a request's system prompt is a message of its \"messages\""},
+      {{"serve", "-m", kModel, "--no-kv-store", "--port", "0", "-n", "5"},
+       "-n/--max-tokens is not a flag of anvil serve: each request sets its own \"max_tokens\""},
+      {{"generate", "-m", kModel, "-p", "x", "--port", "8080"},
+       "--port is not a flag of anvil generate; it is a flag of serve (see anvil generate --help)"},
+      {{"generate", "-m", kModel, "-p", "x", "--port=8080"},
+       "--port is not a flag of anvil generate; it is a flag of serve (see anvil generate --help)"},
+      {{"run", "-m", kModel, "-p", "x", "--api-key", "k"}, "--api-key is not a flag of anvil run; it is a flag of serve"},
+      {{"bench", "--synthetic", "tiny", "--session", "s"},
+       "--session is not a flag of anvil bench; it is a flag of " + join_and(commands_listing("--session")) +
+           " (see anvil bench --help)"},
+      {{"kv", "--kv-store", store, "ls", "-m", kModel},
+       "-m/--model is not a flag of anvil kv ls; it is a flag of " + join_and(commands_listing("-m")) +
+           " (see anvil kv ls --help)"},
+      {{"bench-kv", "--synthetic", "tiny", "--no-kv-store"},
+       "--no-kv-store is not a flag of anvil bench-kv; it is a flag of " + join_and(commands_listing("--no-kv-store"))},
+      {{"kv", "--json", "ls"}, "--json is a flag of anvil kv ls: give it after 'ls' (see anvil kv ls --help)"},
+      {{"generate", "-m", kModel, "--promt", "x"},
+       "anvil generate has no flag --promt; did you mean --prompt? (see anvil generate --help)"},
+      {{"kv", "ls", "--kv-stor", store}, "anvil kv ls has no flag --kv-stor; did you mean --kv-store?"},
+      {{"generate", "-m", kModel, "-p", "x", "-x"}, "anvil generate has no flag -x (see anvil generate --help)"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_shell("timeout 60 " + anvil_command(c.args) + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << c.args[0] << ": " << r.out;
+    EXPECT_NE(r.out.find("anvil: error: " + c.said), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("not expected"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(store)) << "kv ls made a store despite the bad flag";
+  // The reference itself: --port is serve's alone, -m several commands'.
+  EXPECT_EQ(commands_listing("--port"), std::vector<std::string>{"serve"});
+  EXPECT_GT(commands_listing("-m").size(), 3u);
+  // A word that is no flag keeps CLI11's message.
+  auto r = run_anvil({"generate", "-m", kModel, "-p", "x", "stray"}, true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("not expected: stray"), std::string::npos) << r.out;
 }
 
 // A flag is never read as the value of the option before it: bench --prompt --runs 1 failed with

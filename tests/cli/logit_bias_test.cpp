@@ -146,12 +146,12 @@ TEST(CliLogitBias, BadValuesAreRefusedByName) {
 }
 
 // serve has no such flag: a request carries its own logit_bias, which the refusal says, whatever the
-// spelling and with or without a value (not CLI11's "The following arguments were not expected"), while
-// the command line is parsed (before the model loads, and under timeout: a server that started anyway
-// would never exit). --help does not list it.
+// spelling and with or without a value (not CLI11's "The following arguments were not expected"), and
+// which commands do have it (cli/unexpected_flag.h), while the command line is parsed (before the model
+// loads, and under timeout: a server that started anyway would never exit). --help does not list it.
 TEST(CliLogitBias, ServeSaysTheBiasIsPerRequest) {
   for (const std::vector<std::string>& flag : std::vector<std::vector<std::string>>{
-           {"-l", "15+1"}, {"--logit-bias", "15+1"}, {"--logit-bias=15-inf"}, {"-l"}, {"-l", "abc"}}) {
+           {"-l", "15+1"}, {"--logit-bias", "15+1"}, {"--logit-bias=15-inf"}, {"-l15+1"}, {"-l"}, {"-l", "abc"}}) {
     std::vector<std::string> args = {"serve", "-m", kModel, "--port", "0", "--no-kv-store"};
     args.insert(args.end(), flag.begin(), flag.end());
     auto r = anvil::test::run_shell("timeout 60 " + anvil::test::anvil_command(args) + " 2>&1");
@@ -160,6 +160,7 @@ TEST(CliLogitBias, ServeSaysTheBiasIsPerRequest) {
                          "logit_bias field of its body"),
               std::string::npos)
         << flag[0] << ": " << r.out;
+    EXPECT_NE(r.out.find("; it is a flag of run and generate (see anvil serve --help)"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("not expected"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
   }

@@ -166,6 +166,35 @@ TEST_F(Http, TokenizeDetokenizeRoundTrip) {
   EXPECT_EQ(st, 400);
 }
 
+// /tokenize's with_pieces on Qwen3's byte-level vocabulary: a piece is the token's own text, a string,
+// or as llama-server gives it the list of its bytes where a token holds part of a character (" 🤗" is
+// "ĠðŁ", "¤", "Ĺ": " \xF0\x9F", "\xA4", "\x97"; " 媽" is three too), which decoded alone read U+FFFD.
+// The pieces joined are the text; every piece against Hugging Face tokenizers' vocabulary
+// (tokenize_pieces_check.py).
+TEST_F(Http, TokenizePiecesAreTheTokensOwnText) {
+  int st = 0;
+  const std::string text = "Hi, emoji \U0001F917 and \u5abd";
+  auto p = post("/tokenize", {{"content", text}, {"with_pieces", true}}, &st);
+  ASSERT_EQ(st, 200) << p;
+  std::string joined;
+  int lists = 0;
+  for (const json& t : p["tokens"]) {
+    if (t["piece"].is_string()) {
+      joined += t["piece"].get<std::string>();
+      EXPECT_EQ(t["piece"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos) << p;
+    } else {
+      ++lists;
+      for (const json& c : t["piece"]) joined += char(c.get<int>());
+    }
+  }
+  EXPECT_EQ(joined, text) << p;
+  EXPECT_EQ(lists, 6) << "🤗's three tokens and \" 媽\"'s three: " << p;
+  auto [code, out] = run_python_check("tokenize_pieces_check.py", server_->port(),
+                                      {kKey, std::string(ANVIL_SOURCE_DIR) + "/tests/data/tokenizer/qwen3/tokenizer.json"});
+  if (code == 77) GTEST_SKIP() << out;
+  EXPECT_EQ(code, 0) << out;
+}
+
 TEST_F(Http, ChatStreamEqualsNonStreamAndReportsUsage) {
   int st = 0;
   auto r = post("/v1/chat/completions", chat_body("Tell me a story", 12), &st);

@@ -141,6 +141,56 @@ TEST(SentencePieceServer, LogprobsBytesRebuildTheText) {
   EXPECT_GE(leading_space, 4);
 }
 
+namespace {
+// The bytes of /tokenize's with_pieces pieces joined: a string piece's UTF-8, a list piece's bytes.
+std::string joined_pieces(const json& tokens, int* lists) {
+  std::string b;
+  for (const json& t : tokens) {
+    if (t["piece"].is_string()) {
+      b += t["piece"].get<std::string>();
+    } else {
+      ++*lists;
+      for (const json& c : t["piece"]) b += char(c.get<int>());
+    }
+  }
+  return b;
+}
+}  // namespace
+
+// /tokenize's with_pieces gave each token decoded alone, so "▁Hello" read "Hello" and the pieces
+// joined lost every space. A piece is now the token's own text, as llama-server gives it: a string, or
+// the list of its bytes where they are not UTF-8 (llama-server's README: 'á' in a SentencePiece
+// vocabulary without it is the byte tokens [195] and [161]). The pieces joined are the text, but for
+// the leading space the decoder cuts. Then every piece against Hugging Face tokenizers' vocabulary
+// (tokenize_pieces_check.py).
+TEST(SentencePieceServer, TokenizePiecesAreTheTokensOwnText) {
+  if (!fs::exists(kModel + "/model.safetensors")) GTEST_SKIP() << "no " << kModel;
+  ServerProcess srv({"-m", kModel, "-c", "256", "-np", "1", "-t", "2", "--no-kv-store"});
+  ASSERT_TRUE(srv.ok()) << srv.startup_output();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  auto pieces = [&](const std::string& text) {
+    auto r = c.Post("/tokenize", json{{"content", text}, {"with_pieces", true}}.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
+    return r ? json::parse(r->body)["tokens"] : json::array();
+  };
+  auto t = pieces("\u00e1");
+  ASSERT_EQ(t.size(), 3u) << t.dump();
+  EXPECT_EQ(t[0]["piece"], " ") << t.dump();  // "▁": the space the tokenizer puts before the text
+  EXPECT_EQ(t[1]["piece"], json::array({0xC3})) << t.dump();
+  EXPECT_EQ(t[2]["piece"], json::array({0xA1})) << t.dump();
+  for (const std::string text : {"Hello world", "This is a test string with unicode \u5abd and emoji \U0001F917"}) {
+    int lists = 0;
+    t = pieces(text);
+    EXPECT_EQ(cut_first_space(joined_pieces(t, &lists)), text) << t.dump();
+    EXPECT_EQ(t[0]["piece"].get<std::string>().substr(0, 1), " ") << t.dump();
+    if (text != "Hello world") EXPECT_EQ(lists, 7) << "媽's 3 byte tokens and 🤗's 4, and none else: " << t.dump();
+  }
+  auto [code, out] = run_python_check("tokenize_pieces_check.py", srv.port(), {"-", kModel + "/tokenizer.json"});
+  if (code == 77) GTEST_SKIP() << out;
+  EXPECT_EQ(code, 0) << out;
+}
+
 // The random model held to JSON: replies that stop parse, replies cut short are beginnings.
 TEST(SentencePieceServer, JsonModeRepliesParseAsObjects) {
   if (!fs::exists(kModel + "/model.safetensors")) GTEST_SKIP() << "no " << kModel;
