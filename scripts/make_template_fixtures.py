@@ -27,6 +27,25 @@ import sys
 
 from transformers.utils import chat_template_utils as ctu
 
+# Templates that date their prompt (strftime_now: SmolLM3, Mistral Small, Llama 3.x, LFM2) render
+# the day they are frozen on; pin it to the instant the C++ test pins anvil's strftime_now to
+# (ANVIL_TEMPLATE_NOW in tests/tokenizer/template_conformance_test.cpp), in UTC.
+FIXTURE_NOW = 1796558400  # 2026-12-06 12:00:00 UTC
+os.environ["TZ"] = "UTC"
+import time as _time  # noqa: E402
+_time.tzset()
+import datetime as _dt  # noqa: E402
+
+
+class _PinnedDatetime(_dt.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return _dt.datetime.fromtimestamp(FIXTURE_NOW, tz)
+
+
+if hasattr(ctu, "datetime"):
+    ctu.datetime = _PinnedDatetime
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data", "templates")
 SHARED_QWEN = os.environ.get("ANVIL_QWEN3_TOKENIZER", "/work/shared/fixtures/qwen3-tokenizer")

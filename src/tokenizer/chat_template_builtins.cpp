@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <string>
@@ -395,7 +396,15 @@ void install_globals(std::map<std::string, Value>& frame) {
   frame["strftime_now"] = Value::callable("strftime_now", [](Args& a, int line) {
     if (a.pos.empty()) fail("strftime_now() needs a format", line);
     const std::string& fmt = need_str(a.pos[0], "strftime_now", line);
+    // The local time now, as transformers' strftime_now; ANVIL_TEMPLATE_NOW=SECONDS (since the Unix
+    // epoch) pins it, so a prompt that a template dates renders the same on any day (the template
+    // conformance test compares with renderings frozen on one day).
     std::time_t now = std::time(nullptr);
+    if (const char* e = std::getenv("ANVIL_TEMPLATE_NOW"); e && *e) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (end && *end == '\0') now = static_cast<std::time_t>(v);
+    }
     std::tm tm{};
     localtime_r(&now, &tm);
     char buf[256];

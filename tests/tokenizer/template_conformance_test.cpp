@@ -72,7 +72,30 @@ std::string read_text(const std::string& path) {
 // transformers' render_jinja_template (frozen by scripts/make_template_fixtures.py). Where the
 // reference raised (raise_exception, or a Python TypeError on the conversation), we must refuse
 // with the same message.
+// The instant scripts/make_template_fixtures.py pins transformers' strftime_now to (ANVIL_TEMPLATE_NOW
+// there too), in UTC: templates that date their prompt (SmolLM3, Mistral Small, Llama 3.x, LFM2)
+// then render the same text on any day.
+constexpr const char* kFixtureNow = "1796558400";  // 2026-12-06 12:00:00 UTC
+
+struct PinnedClock {
+  std::string old_tz;
+  bool had_tz = false;
+  PinnedClock() {
+    if (const char* tz = std::getenv("TZ")) old_tz = tz, had_tz = true;
+    ::setenv("TZ", "UTC", 1);
+    ::tzset();
+    ::setenv("ANVIL_TEMPLATE_NOW", kFixtureNow, 1);
+  }
+  ~PinnedClock() {
+    ::unsetenv("ANVIL_TEMPLATE_NOW");
+    if (had_tz) ::setenv("TZ", old_tz.c_str(), 1);
+    else ::unsetenv("TZ");
+    ::tzset();
+  }
+};
+
 TEST(TemplateConformance, RealTemplates) {
+  PinnedClock clock;
   ojson spec = load(kDir + "/real/sources.json");
   ojson cases = load(kDir + "/conversations_real.json");
   ojson expected = load(kDir + "/expected_real.json");
