@@ -51,8 +51,8 @@ Result<double> parse_sampling_value(const std::string& flag, const std::string& 
 // check runs as the command line is parsed (add_sampling_options: a bad value stops the command
 // before a model is loaded, as docs/cli.md says of every numeric flag) and in resolve_sampling.
 Result<double> sampling_flag_value(const std::string& flag, const std::string& text, uint64_t* seed = nullptr) {
-  if (flag == "--temp")
-    return parse_sampling_value(flag, text, false, "a number >= 0 (0 = greedy)",
+  if (flag == "--temp")  // declared --temp,--temperature: named as both, as -c/--ctx and -n/--max-tokens are
+    return parse_sampling_value("--temp/--temperature", text, false, "a number >= 0 (0 = greedy)",
                                 [](double x) { return std::isfinite(x) && x >= 0; });
   if (flag == "--top-k")
     return parse_sampling_value(flag, text, true, "an integer in [0, 2147483647] (0 = off)",

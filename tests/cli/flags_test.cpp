@@ -721,7 +721,7 @@ TEST(CliFlags, NumericValuesAreRefusedWithTheFlagTheValueAndTheRange) {
       {with(gen, {"--page-size", "100000000"}), "--page-size must be an integer in [1, 65536], got '100000000'"},
       {with(gen, {"--page-size", "0"}), "--page-size must be an integer in [1, 65536], got '0'"},
       {with(gen, {"--kv-flush-ms", "0x10"}), "--kv-flush-ms must be an integer in [1, 2147483647], got '0x10'"},
-      {with(gen, {"--temp", "x"}), "--temp must be a number >= 0 (0 = greedy), got 'x'"},
+      {with(gen, {"--temp", "x"}), "--temp/--temperature must be a number >= 0 (0 = greedy), got 'x'"},
       {with(gen, {"--top-k", "9999999999"}), "--top-k must be an integer in [0, 2147483647] (0 = off), got '9999999999'"},
       {{"run", "-m", kModel, "-p", "x", "-n", "0"}, "-n/--max-tokens must be an integer in [1, 2147483647], got '0'"},
       {{"bench", "--synthetic", "tiny", "--runs", "0"}, "--runs must be an integer in [1, 2147483647], got '0'"},
@@ -754,8 +754,9 @@ TEST(CliFlags, NumericValuesAreRefusedWithTheFlagTheValueAndTheRange) {
 TEST(CliSampling, BadValuesAreRefusedBeforeTheModelIsLoaded) {
   const std::string missing = "/nonexistent/anvil-model-dir";
   const std::vector<std::pair<std::vector<std::string>, std::string>> flags = {
-      {{"--temp", "x"}, "--temp must be a number >= 0 (0 = greedy), got 'x'"},
-      {{"--temperature", "-1"}, "--temp must be a number >= 0 (0 = greedy), got '-1'"},
+      // --temp's two spellings are both named, as -c/--ctx's are (--temperature's error said --temp).
+      {{"--temp", "x"}, "--temp/--temperature must be a number >= 0 (0 = greedy), got 'x'"},
+      {{"--temperature", "-1"}, "--temp/--temperature must be a number >= 0 (0 = greedy), got '-1'"},
       {{"--top-k", "-1"}, "--top-k must be an integer in [0, 2147483647] (0 = off), got '-1'"},
       {{"--top-p", "0"}, "--top-p must be a number in (0, 1] (1 = off), got '0'"},
       {{"--min-p", "1"}, "--min-p must be a number in [0, 1) (0 = off), got '1'"},
