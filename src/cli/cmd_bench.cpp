@@ -59,20 +59,7 @@ int run_bench(BenchArgs& a) {
   // (The flags' ranges are checked as the command line is parsed: add_int_option.)
   a.model.no_prefix_cache = true;  // every run must prefill for real
   a.model.profile = a.profile;
-  if (!a.model.ctx_given || a.model.ctx < a.prompt + a.n) {
-    if (a.model.ctx_given)  // said, not silent: the run needs the room
-      std::fprintf(stderr, "[anvil] --ctx %d is below --prompt-tokens + -n = %d; using %d\n", a.model.ctx,
-                   a.prompt + a.n, a.prompt + a.n);
-    a.model.ctx = std::max(a.prompt + a.n, a.model.ctx_given ? a.model.ctx : 0);
-    a.model.ctx_given = true;
-  }
-  // The context is the run's own size unless a larger -c/--ctx was given: an error about it (above
-  // the model's sliding_window) then names the flags that set it, not -c/--ctx.
-  if (a.model.ctx == a.prompt + a.n) {
-    a.model.ctx_computed = "--prompt-tokens " + std::to_string(a.prompt) + " + -n " + std::to_string(a.n) + " = " +
-                           std::to_string(a.model.ctx) + " tokens";
-    a.model.ctx_lowered_by = "--prompt-tokens + -n";
-  }
+  size_context_for_run(a.model, a.prompt, a.n);  // prompt + n, or a larger -c/--ctx
   auto stack = build_stack(a.model);
   if (!stack.is_ok()) return fail(stack.status().message());
   Stack& s = *stack;

@@ -309,7 +309,10 @@ int bench_restore(BenchKvArgs& a) {
 
 int bench_overhead(BenchKvArgs& a) {
   a.model.no_prefix_cache = true;  // every run prefills and persists new pages
-  if (a.model.ctx < a.prompt + a.n) a.model.ctx = a.prompt + a.n;
+  // Each sequence's context: prompt + n (or a larger -c/--ctx), kept by build_stack even above its
+  // default (4096, or the model's sliding_window) and named as such in its errors.
+  size_context_for_run(a.model, a.prompt, a.n);
+  a.model.seqs_flag = "--seqs";
   if (a.batch < 1) return fail("--seqs must be >= 1");
   auto stack = build_stack(a.model, a.batch);
   if (!stack.is_ok()) return fail(stack.status().message());

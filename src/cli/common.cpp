@@ -51,8 +51,8 @@ Result<double> parse_sampling_value(const std::string& flag, const std::string& 
 // check runs as the command line is parsed (add_sampling_options: a bad value stops the command
 // before a model is loaded, as docs/cli.md says of every numeric flag) and in resolve_sampling.
 Result<double> sampling_flag_value(const std::string& flag, const std::string& text, uint64_t* seed = nullptr) {
-  if (flag == "--temp")
-    return parse_sampling_value(flag, text, false, "a number >= 0 (0 = greedy)",
+  if (flag == "--temp")  // declared --temp,--temperature: named as both, as -c/--ctx and -n/--max-tokens are
+    return parse_sampling_value("--temp/--temperature", text, false, "a number >= 0 (0 = greedy)",
                                 [](double x) { return std::isfinite(x) && x >= 0; });
   if (flag == "--top-k")
     return parse_sampling_value(flag, text, true, "an integer in [0, 2147483647] (0 = off)",
@@ -88,6 +88,17 @@ CLI::Option* add_sampling_option(CLI::App& app, const std::string& names, std::o
     out = v;
   };
   return app.add_option_function<std::string>(names, set, help)->type_name(type_name);
+}
+
+// How build_stack's errors name the context in force: "-c/--ctx 8192 tokens", or, where the command
+// computed it (ModelOptions::ctx_computed), "the context, --prompt-tokens 60 + -n 10 = 70 tokens,";
+// and the flag(s) that lower it, "-c/--ctx" or "--prompt-tokens + -n" (`short_name`: "--ctx", as a
+// list of flags to lower names it).
+std::string context_described(const ModelOptions& o, int64_t ctx) {
+  return o.ctx_computed.empty() ? "-c/--ctx " + std::to_string(ctx) + " tokens" : "the context, " + o.ctx_computed + ",";
+}
+std::string context_flag(const ModelOptions& o, bool short_name = false) {
+  return !o.ctx_computed.empty() ? o.ctx_lowered_by : short_name ? "--ctx" : "-c/--ctx";
 }
 
 uint64_t random_seed() {
@@ -164,6 +175,23 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
       ->default_str(std::to_string(o.page_size));
   app.add_option("--kv-dtype", o.kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "Do not reuse KV pages across sequences");
+}
+
+void size_context_for_run(ModelOptions& o, int prompt, int n) {
+  const int needed = prompt + n;  // (each at most 2^24: no overflow)
+  if (!o.ctx_given || o.ctx < needed) {
+    if (o.ctx_given)  // said, not silent: the run needs the room
+      std::fprintf(stderr, "[anvil] --ctx %d is below --prompt-tokens + -n = %d; using %d\n", o.ctx, needed, needed);
+    o.ctx = needed;
+    o.ctx_given = true;  // build_stack keeps it: the default context (4096, or the sliding window) may be smaller
+  }
+  // The context is the run's own size unless a larger -c/--ctx was given: an error about it (above
+  // the model's sliding_window, a KV cache too large) then names the flags that set it, not -c/--ctx.
+  if (o.ctx == needed) {
+    o.ctx_computed = "--prompt-tokens " + std::to_string(prompt) + " + -n " + std::to_string(n) + " = " +
+                     std::to_string(needed) + " tokens";
+    o.ctx_lowered_by = "--prompt-tokens + -n";
+  }
 }
 
 void add_revision_option(CLI::App& app, std::string& revision) {
@@ -299,7 +327,8 @@ static Status cuda_memory_preflight(const LoadedModel& m, const ModelOptions& o,
                     " of " + gb(double(total_b)) + " is free";
   const double room = double(free_b) - weights - acts - deq - margin;
   const int64_t fit = room > 0 ? int64_t(room / kv_per_token) / o.page_size * o.page_size : 0;
-  if (fit >= o.page_size) msg += "; a context of at most " + std::to_string(fit) + " tokens would fit (--ctx)";
+  if (fit >= o.page_size)
+    msg += "; a context of at most " + std::to_string(fit) + " tokens would fit (" + context_flag(o, true) + ")";
   else msg += "; the weights alone do not fit (try a smaller quantization, or --device cpu)";
   return Status(StatusCode::kOutOfMemory, msg);
 }
@@ -429,12 +458,11 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     // The engine attends over the whole context: the model's attention over its last `window`
     // positions only while the context is no longer than that. Past it the output would differ.
     const bool computed = !o.ctx_computed.empty();
-    return invalid_argument((computed ? "the context, " + o.ctx_computed + "," : "-c/--ctx " + std::to_string(s.ctx)) +
+    return invalid_argument((computed ? context_described(o, s.ctx) : "-c/--ctx " + std::to_string(s.ctx)) +
                             " is more than the model's sliding_window (" + std::to_string(window) +
                             " tokens, config.json): anvil attends over the whole context, which is the model's "
                             "sliding-window attention only within " + std::to_string(window) + " tokens; give " +
-                            (computed ? o.ctx_lowered_by + " of " : "-c/--ctx ") + std::to_string(window) +
-                            " or less");
+                            context_flag(o) + (computed ? " of " : " ") + std::to_string(window) + " or less");
   } else if (max_pos > 0 && s.ctx > max_pos) {
     const std::string what = o.ctx_computed.empty() ? "--ctx " + std::to_string(s.ctx) : "the context, " + o.ctx_computed + ",";
     std::fprintf(stderr,
@@ -449,8 +477,8 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     const uint64_t per_token = uint64_t(2) * uint64_t(c.num_hidden_layers) * uint64_t(c.num_key_value_heads) *
                                uint64_t(c.head_dim) * dtype_size(eo.kv_dtype);
     const int64_t pages = (int64_t(s.ctx) + o.page_size - 1) / o.page_size;
-    auto kv = kv_cache_bytes(per_token, s.ctx, max_seqs, "-c/--ctx", "-np/--parallel");
-    if (kv.is_ok()) kv = kv_cache_bytes(per_token, pages * o.page_size, max_seqs, "-c/--ctx", "-np/--parallel");
+    auto kv = kv_cache_bytes(per_token, s.ctx, max_seqs, context_flag(o), o.seqs_flag);
+    if (kv.is_ok()) kv = kv_cache_bytes(per_token, pages * o.page_size, max_seqs, context_flag(o), o.seqs_flag);
     if (!kv.is_ok()) return kv.status();
   }
   const bool on_cuda = s.backend->name().rfind("cuda", 0) == 0;
@@ -489,7 +517,7 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   if (!transformer.is_ok() && transformer.status().code() == StatusCode::kOutOfMemory)  // scratch sized by the batch
     return Status(transformer.status().code(), "the activations for --batch " + std::to_string(batch) +
                                                    " tokens per forward pass: " + transformer.status().message() +
-                                                   " (lower --batch or --ctx)");
+                                                   " (lower --batch or " + context_flag(o, true) + ")");
   if (!transformer.is_ok()) return transformer.status();
   s.transformer = std::move(transformer).value();
   eo.page_size = o.page_size;
@@ -499,10 +527,10 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   auto engine = Engine::create(*s.transformer, s.model->fingerprint, eo);
   if (!engine.is_ok() && engine.status().code() == StatusCode::kOutOfMemory)  // the KV pool, sized by the flags
     return Status(engine.status().code(),
-                  "the KV cache for -c/--ctx " + std::to_string(s.ctx) + " tokens x " + std::to_string(max_seqs) +
+                  "the KV cache for " + context_described(o, s.ctx) + " x " + std::to_string(max_seqs) +
                       " sequence(s), in pages of --page-size " + std::to_string(o.page_size) + " tokens: " +
-                      engine.status().message() + " (lower --ctx" + (max_seqs > 1 ? ", -np/--parallel" : "") +
-                      " or --page-size)");
+                      engine.status().message() + " (lower " + context_flag(o, true) +
+                      (max_seqs > 1 ? ", " + o.seqs_flag : "") + " or --page-size)");
   if (!engine.is_ok()) return engine.status();
   s.engine = std::move(engine).value();
   return s;

@@ -66,10 +66,12 @@ struct ModelOptions {
   int threads = 0;        // 0 = all cores
   int ctx = 0;            // --ctx, when ctx_given; else kDefaultContext capped by the model
   bool ctx_given = false;
-  // Set by a command that computes ctx itself from other flags (bench: the prompt and the tokens it
-  // generates): how, "--prompt-tokens 60 + -n 10 = 70 tokens", and the flags that lower it,
-  // "--prompt-tokens + -n". An error about the context then names these, not -c/--ctx.
+  // Set by a command that computes ctx itself from other flags (bench, bench-kv: the prompt and the
+  // tokens it generates; size_context_for_run): how, "--prompt-tokens 60 + -n 10 = 70 tokens", and the
+  // flags that lower it, "--prompt-tokens + -n". An error about the context then names these, not -c/--ctx.
   std::string ctx_computed, ctx_lowered_by;
+  // The flag that sets build_stack's max_seqs, as errors about the KV cache name it (bench-kv: --seqs).
+  std::string seqs_flag = "-np/--parallel";
   int batch = 0;          // max tokens per forward (prefill chunk); 0 = default_batch() for the device
   int page_size = 16;
   std::string kv_dtype = "bf16";
@@ -77,6 +79,11 @@ struct ModelOptions {
   bool profile = false;   // anvil bench --profile: run through a ProfilingBackend (Stack::profiler)
 };
 void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic = true);
+// For a command whose run needs `prompt` + `n` positions of context (bench, bench-kv): the context is
+// that sum unless a larger -c/--ctx was given (a smaller one is raised to it, said on stderr), and
+// when it is the sum, ctx_computed / ctx_lowered_by say so, so that build_stack's errors name
+// --prompt-tokens + -n, the flags the user typed, instead of -c/--ctx.
+void size_context_for_run(ModelOptions& o, int prompt, int n);
 // --revision REV, for every command whose -m may name a Hugging Face repo id (format/hf_cache.h).
 void add_revision_option(CLI::App& app, std::string& revision);
 

@@ -313,6 +313,83 @@ TEST(CliContext, BenchAboveTheSlidingWindowNamesItsOwnFlags) {
   EXPECT_EQ(j["generated_tokens"], 10);
 }
 
+// bench-kv sizes its context as bench does, --prompt-tokens + -n (or a larger -c/--ctx), and build_stack
+// keeps it. It raised the context without saying it was given, so build_stack put the default in its
+// place: --prompt-tokens 5000 -n 8 failed at the first prefill ("sequence of 5000 tokens exceeds the
+// context limit of 4096 (raise --ctx)"), and on the Mistral fixture (sliding_window 64) --prompt-tokens
+// 60 -n 10 ran in 64 positions, each run stopping after 5 of its 10 tokens while the report said 10.
+// Now the first runs in full, and the second is refused naming what bench-kv computed, as bench's is.
+TEST(CliContext, BenchKvKeepsItsComputedContext) {
+  auto bench_kv = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"bench-kv", "--device", "cpu", "--pairs", "1", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_anvil(args, true);
+  };
+  // Every timed run decodes n tokens: n - 1 per-token intervals each, one off run and one on run.
+  auto expect_full_runs = [](const anvil::test::ProcResult& r, int n) {
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    auto j = last_json_line(r.out);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["store_off"]["tokens"], n - 1) << r.out;
+    EXPECT_EQ(j["store_on"]["tokens"], n - 1) << r.out;
+  };
+  expect_full_runs(bench_kv({"--synthetic", "tiny", "--prompt-tokens", "5000", "-n", "8"}), 8);  // above 4096
+  const std::string mistral = std::string(ANVIL_TEST_DATA) + "/golden/mistral-bf16";  // sliding_window 64
+  const std::string why = " is more than the model's sliding_window (64 tokens, config.json)";
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"--prompt-tokens", "60", "-n", "10"},
+           {"--prompt-tokens", "60", "-n", "10", "--seqs", "2"},
+           {"-c", "40", "--prompt-tokens", "60", "-n", "10"}}) {  // -c raised to the sum
+    std::vector<std::string> args = {"-m", mistral};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = bench_kv(args);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("anvil: error: the context, --prompt-tokens 60 + -n 10 = 70 tokens," + why),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("give --prompt-tokens + -n of 64 or less"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("-c/--ctx"), std::string::npos) << r.out;
+  }
+  auto r = bench_kv({"-m", mistral, "-c", "100", "--prompt-tokens", "50", "-n", "10"});  // a larger -c is named
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("-c/--ctx 100" + why), std::string::npos) << r.out;
+  expect_full_runs(bench_kv({"-m", mistral, "--prompt-tokens", "54", "-n", "10"}), 10);  // 64: the whole window
+  expect_full_runs(bench_kv({"-m", mistral, "--prompt-tokens", "54", "-n", "10", "--seqs", "2"}), 10);
+}
+
+// A KV cache bench-kv cannot have names the flags that size it there, --prompt-tokens + -n and --seqs:
+// it named -c/--ctx and -np/--parallel, which the user did not type (-np is not even a bench-kv flag).
+// Both errors: a size past 64 bits, refused before anything is allocated, and a pool past the 128 TiB a
+// process can map (f32, 2^25 tokens in 64Ki-token pages x 65536 sequences: 2 PiB), whatever the
+// machine's memory overcommit. (--batch 256: the default batch is at least --seqs.)
+TEST(CliContext, BenchKvKvCacheErrorsNameItsOwnFlags) {
+  const std::vector<std::string> base = {"bench-kv", "--device", "cpu", "--synthetic", "tiny", "--prompt-tokens",
+                                         "16777216", "-n", "16777216", "--batch", "256", "--pairs", "1"};
+  auto with = [&](const std::vector<std::string>& extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_shell("timeout 120 " + anvil_command(args) + " 2>&1");
+  };
+  auto r = with({"--seqs", "2147483647"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("the KV cache for a context of 33554432 tokens (--prompt-tokens + -n) x 2147483647 "
+                       "sequence(s) (--seqs)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("more than 64-bit memory can address: lower --prompt-tokens + -n or --seqs"),
+            std::string::npos)
+      << r.out;
+  r = with({"--seqs", "65536", "--kv-dtype", "f32", "--page-size", "65536"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("anvil: error: the KV cache for the context, --prompt-tokens 16777216 + -n 16777216 = "
+                       "33554432 tokens, x 65536 sequence(s), in pages of --page-size 65536 tokens: "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(lower --prompt-tokens + -n, --seqs or --page-size)"), std::string::npos) << r.out;
+  for (const char* other : {"-c/--ctx", "--ctx,", "-np/--parallel"})
+    EXPECT_EQ(r.out.find(other), std::string::npos) << other << ": " << r.out;
+}
+
 // A forward pass never holds more tokens than the context (of every sequence): a larger --batch is
 // lowered to it, as llama.cpp lowers n_batch to n_ctx, and gives the same tokens; it allocated
 // activations for every row it named (--batch 100000000: "cpu alloc: could not allocate
@@ -644,7 +721,7 @@ TEST(CliFlags, NumericValuesAreRefusedWithTheFlagTheValueAndTheRange) {
       {with(gen, {"--page-size", "100000000"}), "--page-size must be an integer in [1, 65536], got '100000000'"},
       {with(gen, {"--page-size", "0"}), "--page-size must be an integer in [1, 65536], got '0'"},
       {with(gen, {"--kv-flush-ms", "0x10"}), "--kv-flush-ms must be an integer in [1, 2147483647], got '0x10'"},
-      {with(gen, {"--temp", "x"}), "--temp must be a number >= 0 (0 = greedy), got 'x'"},
+      {with(gen, {"--temp", "x"}), "--temp/--temperature must be a number >= 0 (0 = greedy), got 'x'"},
       {with(gen, {"--top-k", "9999999999"}), "--top-k must be an integer in [0, 2147483647] (0 = off), got '9999999999'"},
       {{"run", "-m", kModel, "-p", "x", "-n", "0"}, "-n/--max-tokens must be an integer in [1, 2147483647], got '0'"},
       {{"bench", "--synthetic", "tiny", "--runs", "0"}, "--runs must be an integer in [1, 2147483647], got '0'"},
@@ -677,8 +754,9 @@ TEST(CliFlags, NumericValuesAreRefusedWithTheFlagTheValueAndTheRange) {
 TEST(CliSampling, BadValuesAreRefusedBeforeTheModelIsLoaded) {
   const std::string missing = "/nonexistent/anvil-model-dir";
   const std::vector<std::pair<std::vector<std::string>, std::string>> flags = {
-      {{"--temp", "x"}, "--temp must be a number >= 0 (0 = greedy), got 'x'"},
-      {{"--temperature", "-1"}, "--temp must be a number >= 0 (0 = greedy), got '-1'"},
+      // --temp's two spellings are both named, as -c/--ctx's are (--temperature's error said --temp).
+      {{"--temp", "x"}, "--temp/--temperature must be a number >= 0 (0 = greedy), got 'x'"},
+      {{"--temperature", "-1"}, "--temp/--temperature must be a number >= 0 (0 = greedy), got '-1'"},
       {{"--top-k", "-1"}, "--top-k must be an integer in [0, 2147483647] (0 = off), got '-1'"},
       {{"--top-p", "0"}, "--top-p must be a number in (0, 1] (1 = off), got '0'"},
       {{"--min-p", "1"}, "--min-p must be a number in [0, 1) (0 = off), got '1'"},
