@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -176,6 +178,42 @@ struct HttpServer::Impl {
   }
 };
 
+
+namespace {
+// A non-streamed request's job, waited for: each event goes to `on_event` until it returns true (the
+// reply is sent). A client that goes away is noticed within ~100 ms and its job cancelled (its
+// sequence's pages freed); its socket is looked up only once the request has run that long.
+void wait_unstreamed(const httplib::Request& req, Job& job, const std::function<bool(const JobEvent&)>& on_event) {
+  int fd = -2;
+  auto next_probe = clock::now() + std::chrono::milliseconds(100);
+  for (;;) {
+    std::vector<JobEvent> evs;
+    job.wait(&evs, std::chrono::milliseconds(100));
+    if (clock::now() >= next_probe && !job.cancelled()) {
+      next_probe = clock::now() + std::chrono::milliseconds(100);
+      if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
+      if (fd >= 0 && peer_closed(fd)) job.cancel();
+    }
+    for (const JobEvent& e : evs)
+      if (on_event(e)) return;
+  }
+}
+
+// One wait of a stream's content provider for its job's next events (into *evs). False when none
+// came: then, after a second without a write, a comment line keeps proxies from timing out and finds
+// a client that has gone (the second write to a closed socket fails: *gone).
+bool stream_events(Job& job, std::vector<JobEvent>* evs, clock::time_point* last_write, httplib::DataSink& sink,
+                   bool* gone) {
+  *gone = false;
+  if (job.wait(evs, std::chrono::milliseconds(250))) return true;
+  if (clock::now() - *last_write > std::chrono::seconds(1)) {
+    static const std::string kKeepAlive = ": keep-alive\n\n";
+    *last_write = clock::now();
+    *gone = !sink.write(kKeepAlive.data(), kKeepAlive.size());
+  }
+  return false;
+}
+}  // namespace
 
 namespace {
 // A request's hold on its session as the requests that find it held see it (SessionLocks::Holder):
@@ -491,45 +529,36 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     return serve_responses(req, res, std::move(reply), std::move(echo), r.stream, starts_in_reasoning && forced.empty());
 
   if (!r.stream) {
-    // A client that goes away is noticed within ~100 ms and its sequence cancelled (its pages
-    // freed); its socket is looked up only once the request has run that long.
-    int fd = -2;
-    auto next_probe = clock::now() + std::chrono::milliseconds(100);
-    for (;;) {
-      std::vector<JobEvent> evs;
-      job->wait(&evs, std::chrono::milliseconds(100));
-      if (clock::now() >= next_probe && !job->cancelled()) {
-        next_probe = clock::now() + std::chrono::milliseconds(100);
-        if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
-        if (fd >= 0 && peer_closed(fd)) job->cancel();
-      }
-      for (const JobEvent& e : evs) {
-        if (e.kind == JobEvent::kDelta) {
-          reply->on_delta(e);
-        } else if (e.kind == JobEvent::kError) {
-          if (turn) turn->end(nullptr);
-          return send_error(res, for_client(status_error(e.error)));
+    wait_unstreamed(req, *job, [&](const JobEvent& e) {
+      if (e.kind == JobEvent::kDelta) {
+        reply->on_delta(e);
+        return false;
+      } else if (e.kind == JobEvent::kError) {
+        if (turn) turn->end(nullptr);
+        send_error(res, for_client(status_error(e.error)));
+        return true;
+      } else {
+        reply->on_done(e.finish_reason);
+        std::optional<NotSaved> lost;
+        if (turn) lost = turn->end(reply.get());
+        if (!reply->violation.empty()) {
+          send_error(res, api_error(500, "tool_choice", reply->violation, "tool_choice_not_followed", "server_error"));
+        } else if (lost) {
+          // Not a 200 for a turn that is not saved; the reply goes with the error, so nothing is
+          // lost. Sent once: a client that retries a 5xx would generate the turn again (the
+          // openai client obeys x-should-retry).
+          ApiError ae = for_client(session_not_saved_error(turn->name, chat, turn->before, lost->why, lost->now,
+                                                           chat_model(), /*streamed=*/false));
+          ae.extra = {{"response", reply->response()}};
+          res.set_header("x-should-retry", "false");
+          send_error(res, ae);
         } else {
-          reply->on_done(e.finish_reason);
-          std::optional<NotSaved> lost;
-          if (turn) lost = turn->end(reply.get());
-          if (!reply->violation.empty())
-            return send_error(res, api_error(500, "tool_choice", reply->violation, "tool_choice_not_followed",
-                                             "server_error"));
-          if (lost) {
-            // Not a 200 for a turn that is not saved; the reply goes with the error, so nothing is
-            // lost. Sent once: a client that retries a 5xx would generate the turn again (the
-            // openai client obeys x-should-retry).
-            ApiError ae = for_client(session_not_saved_error(turn->name, chat, turn->before, lost->why, lost->now,
-                                                             chat_model(), /*streamed=*/false));
-            ae.extra = {{"response", reply->response()}};
-            res.set_header("x-should-retry", "false");
-            return send_error(res, ae);
-          }
-          return send_json(res, 200, reply->response());
+          send_json(res, 200, reply->response());
         }
+        return true;
       }
-    }
+    });
+    return;
   }
 
   res.set_header("Cache-Control", "no-cache");
@@ -554,14 +583,11 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
             if (!write("data: " + dump(first) + "\n\n")) return reply->job->cancel(), false;
           }
         }
+        // No token for a while (a long prefill, or a full queue): stream_events keeps the
+        // connection alive and finds a client that has gone.
         std::vector<JobEvent> evs;
-        if (!reply->job->wait(&evs, std::chrono::milliseconds(250))) {
-          // No token for a while (a long prefill, or a full queue): a comment line keeps proxies
-          // from timing out and finds a client that has gone (the second write to a closed socket fails).
-          if (clock::now() - *last_write > std::chrono::seconds(1) && !write(": keep-alive\n\n"))
-            return reply->job->cancel(), false;
-          return true;
-        }
+        bool gone = false;
+        if (!stream_events(*reply->job, &evs, last_write.get(), sink, &gone)) return gone ? (reply->job->cancel(), false) : true;
         for (const JobEvent& e : evs) {
           std::string out;
           if (e.kind == JobEvent::kDelta) {
@@ -610,31 +636,23 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
   auto rr = std::make_shared<ResponsesReply>(std::move(reply), std::move(echo), stream, think_open, think_close,
                                              starts_in_reasoning);
   if (!stream) {
-    // As chat's: a client that goes away is noticed within ~100 ms and its sequence cancelled.
-    int fd = -2;
-    auto next_probe = clock::now() + std::chrono::milliseconds(100);
-    for (;;) {
-      std::vector<JobEvent> evs;
-      job->wait(&evs, std::chrono::milliseconds(100));
-      if (clock::now() >= next_probe && !job->cancelled()) {
-        next_probe = clock::now() + std::chrono::milliseconds(100);
-        if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
-        if (fd >= 0 && peer_closed(fd)) job->cancel();
+    wait_unstreamed(req, *job, [&](const JobEvent& e) {
+      if (e.kind == JobEvent::kDelta) {
+        rr->on_delta(e);
+        return false;
       }
-      for (const JobEvent& e : evs) {
-        if (e.kind == JobEvent::kDelta) {
-          rr->on_delta(e);
-        } else if (e.kind == JobEvent::kError) {
-          return send_error(res, for_client(status_error(e.error)));
-        } else {
-          rr->on_done(e.finish_reason);
-          if (!rr->violation().empty())
-            return send_error(res, api_error(500, "tool_choice", rr->violation(), "tool_choice_not_followed",
-                                             "server_error"));
-          return send_json(res, 200, rr->response());
-        }
+      if (e.kind == JobEvent::kError) {
+        send_error(res, for_client(status_error(e.error)));
+      } else {
+        rr->on_done(e.finish_reason);
+        if (!rr->violation().empty())
+          send_error(res, api_error(500, "tool_choice", rr->violation(), "tool_choice_not_followed", "server_error"));
+        else
+          send_json(res, 200, rr->response());
       }
-    }
+      return true;
+    });
+    return;
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -654,12 +672,8 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
           if (!write(rr->on_start())) return job->cancel(), false;
         }
         std::vector<JobEvent> evs;
-        if (!job->wait(&evs, std::chrono::milliseconds(250))) {
-          // A comment line: keeps proxies from timing out, and finds a client that has gone.
-          if (clock::now() - *last_write > std::chrono::seconds(1) && !write(": keep-alive\n\n"))
-            return job->cancel(), false;
-          return true;
-        }
+        bool gone = false;
+        if (!stream_events(*job, &evs, last_write.get(), sink, &gone)) return gone ? (job->cancel(), false) : true;
         for (const JobEvent& e : evs) {
           std::string out;
           if (e.kind == JobEvent::kDelta) out = rr->on_delta(e);
