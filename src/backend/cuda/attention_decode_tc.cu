@@ -63,12 +63,6 @@ using tc::pack_bf16;
 constexpr int kAW = 4;   // warps per block
 constexpr int kAP = 16;  // positions per warp tile
 constexpr int kAS = 3;   // ring stages per warp
-constexpr int kMergeBatch = 16;  // splits merged with their loads batched (the largest cluster on the H200)
-#ifdef ANVIL_ATTN_MERGE_LOOP  // session 42's A/B build only: the merge as before (a loop of loads per split)
-constexpr bool kMergeLoop = true;
-#else
-constexpr bool kMergeLoop = false;
-#endif
 
 // Shared memory of one block: the warps' rings [kAW][kAS][K, V][kAP rows][D] bf16; after the loop the
 // same bytes hold the merge: m, l [kAW][16] and acc [kAW][16][D] fp32, then (FUSED) the block's
@@ -442,39 +436,18 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     trace::point(5);  // every split's state in its block
     for (int i = s * blockDim.x + threadIdx.x; i < rows * D; i += n_splits * blockDim.x) {
       const int hg = i / D, d = i % D;
-      float M = -FLT_MAX, L = 0.0f, A = 0.0f;
-      if (!kMergeLoop && live <= kMergeBatch) {
-        // Every split's (max, sum, acc) loaded at once: one round trip through the cluster's shared
-        // memory instead of one per split and loop (the same arithmetic in the same order as below).
-        float vm[kMergeBatch], vl[kMergeBatch], va[kMergeBatch];
-#pragma unroll
-        for (int sp = 0; sp < kMergeBatch; ++sp)
-          if (sp < live) {
-            const float* rm = cluster.map_shared_rank(cm, sp);
-            vm[sp] = rm[hg], vl[sp] = rm[16 + hg], va[sp] = rm[32 + hg * D + d];
-          }
-#pragma unroll
-        for (int sp = 0; sp < kMergeBatch; ++sp)
-          if (sp < live && vl[sp] > 0.0f) M = fmaxf(M, vm[sp]);
-#pragma unroll
-        for (int sp = 0; sp < kMergeBatch; ++sp)
-          if (sp < live) {
-            const float w = vl[sp] > 0.0f ? exp2f(vm[sp] - M) : 0.0f;
-            L += vl[sp] * w;
-            A += va[sp] * w;
-          }
-      } else {
-        for (int sp = 0; sp < live; ++sp) {
-          const float* rm = cluster.map_shared_rank(cm, sp);
-          if (rm[16 + hg] > 0.0f) M = fmaxf(M, rm[hg]);
-        }
-        for (int sp = 0; sp < live; ++sp) {
-          const float* rm = cluster.map_shared_rank(cm, sp);
-          const float ls = rm[16 + hg];
-          const float w = ls > 0.0f ? exp2f(rm[hg] - M) : 0.0f;
-          L += ls * w;
-          A += rm[32 + hg * D + d] * w;
-        }
+      float M = -FLT_MAX;
+      for (int sp = 0; sp < live; ++sp) {
+        const float* rm = cluster.map_shared_rank(cm, sp);
+        if (rm[16 + hg] > 0.0f) M = fmaxf(M, rm[hg]);
+      }
+      float L = 0.0f, A = 0.0f;
+      for (int sp = 0; sp < live; ++sp) {
+        const float* rm = cluster.map_shared_rank(cm, sp);
+        const float ls = rm[16 + hg];
+        const float w = ls > 0.0f ? exp2f(rm[hg] - M) : 0.0f;
+        L += ls * w;
+        A += rm[32 + hg * D + d] * w;
       }
       out[row_th(hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
     }
