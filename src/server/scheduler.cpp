@@ -125,8 +125,10 @@ Result<std::shared_ptr<const JsonVocab>> Scheduler::json_vocab() {
 }
 
 int Scheduler::queued() const {
+  // As submit() counts them: jobs about to take a free sequence at the next step do not wait.
   std::lock_guard<std::mutex> lk(mu_);
-  return int(queue_.size());
+  const int free_seqs = std::max(0, engine_.options().max_seqs - seqs_taken_);
+  return std::max(0, int(queue_.size()) - free_seqs);
 }
 
 void Scheduler::begin_drain() { draining_.store(true); }

@@ -82,6 +82,8 @@ class Scheduler {
   // from any thread; the error (a tokenizer JSON mode cannot take) is kept and returned each time.
   Result<std::shared_ptr<const JsonVocab>> json_vocab();
 
+  // Jobs waiting for a sequence: those queued beyond the free sequences (the gauge
+  // anvil_requests_waiting, the count --max-queue bounds).
   int queued() const;
   int running() const { return running_.load(); }
   int64_t kv_pages_used() const { return pages_used_.load(); }
