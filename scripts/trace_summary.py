@@ -143,6 +143,23 @@ def main():
             print(f"  {key[0]} x {key[1]} blocks ({len(d['body'])} launches): body {statistics.median(d['body']):.2f}, "
                   f"handoff {statistics.median(d['handoff']):.2f}; " + "; ".join(parts))
 
+    # Decode attention's phases (attention_decode_tc.cu: 2 every warp's positions done, 3 the warps'
+    # states in shared memory, 4 the block's state merged, 5 past the first cluster barrier, 9 end).
+    att = collections.defaultdict(list)
+    for k in inst:
+        if k["fam"] != "attention":
+            continue
+        for b in k["blocks"].values():
+            prev = 1
+            for ph, label in ((2, "wait->positions"), (3, "->warps stored"), (4, "->block merged"),
+                              (5, "->cluster barrier"), (9, "->end")):
+                if ph in b and prev in b:
+                    att[label].append(b[ph] - b[prev])
+                    prev = ph
+    if att:
+        print("\nattention phases (median / max over blocks and launches, us): " + "; ".join(
+            f"{m} {statistics.median(v):.2f}/{max(v):.2f}" for m, v in att.items()))
+
     # One layer in detail: the kernels between two norms in the middle of the step.
     norms = [i for i, k in enumerate(inst) if k["fam"] == "norm"]
     if len(norms) >= 4:
