@@ -23,6 +23,7 @@
 
 using anvil::test::run_python_check;
 using anvil::test::ServerProcess;
+using anvil::test::tiny_with_template;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -31,23 +32,6 @@ namespace {
 const std::string kShared = ANVIL_SHARED_DIR;
 
 
-// The tiny trained model with a plain chat template beside it (its own tokenizer_config.json has
-// none), files linked, not copied.
-std::string tiny_with_template() {
-  const std::string src = kShared + "/fixtures/anvil-tiny-code";
-  if (!fs::exists(src + "/model.safetensors")) return "";
-  const std::string dir = (fs::temp_directory_path() / ("anvil_json_tiny_" + std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
-    fs::create_symlink(src + "/" + f, dir + "/" + f);
-  json cfg = json::parse(std::ifstream(src + "/tokenizer_config.json"));
-  cfg["chat_template"] =
-      "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-      "{% if add_generation_prompt %}answer = {% endif %}";
-  std::ofstream(dir + "/tokenizer_config.json") << cfg.dump();
-  return dir;
-}
 
 }  // namespace
 
@@ -246,7 +230,7 @@ TEST(JsonMode, RefusesTokenizersWithoutExactTokenBytes) {
 // through the openai client: chat and completions, greedy and seeded at several temperatures,
 // streamed and not).
 TEST(JsonMode, TinyModelRepliesParseAsObjects) {
-  const std::string dir = tiny_with_template();
+  const std::string dir = tiny_with_template("json_tiny");
   if (dir.empty()) GTEST_SKIP() << "no " << kShared << "/fixtures/anvil-tiny-code";
   ServerProcess srv({"-m", dir, "-c", "1024", "-np", "4", "-t", "2", "--no-kv-store", "--alias", "tiny"});
   ASSERT_TRUE(srv.ok()) << srv.startup_output();
@@ -262,7 +246,7 @@ TEST(JsonMode, TinyModelRepliesParseAsObjects) {
 // and in the constrained one's company by the host Sampler (the mask is host work), so this also
 // holds them to each other.
 TEST(JsonMode, UnconstrainedNeighbourGetsTheSameTokens) {
-  const std::string dir = tiny_with_template();
+  const std::string dir = tiny_with_template("json_tiny");
   if (dir.empty()) GTEST_SKIP() << "no " << kShared << "/fixtures/anvil-tiny-code";
   for (const char* device : {"0", "1"}) {
     ::setenv("ANVIL_CUDA_DEVICE_SAMPLER", device, 1);

@@ -20,6 +20,7 @@
 using namespace anvil::server;
 using anvil::test::run_python_check;
 using anvil::test::ServerProcess;
+using anvil::test::tiny_with_template;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -534,18 +535,8 @@ TEST_F(ResponsesServe, OpenAIPythonClientToolRoundTrip) {
 // /v1/responses equals /v1/chat/completions for the same messages, streamed and not; JSON mode;
 // refused fields as the client's errors.
 TEST(ResponsesTiny, OpenAIPythonClientEqualsChat) {
-  const std::string src = std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code";
-  if (!fs::exists(src + "/model.safetensors")) GTEST_SKIP() << "no " << src;
-  const std::string dir = (fs::temp_directory_path() / ("anvil_resp_tiny_" + std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
-    fs::create_symlink(src + "/" + f, dir + "/" + f);
-  json cfg = json::parse(std::ifstream(src + "/tokenizer_config.json"));
-  cfg["chat_template"] =
-      "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-      "{% if add_generation_prompt %}answer = {% endif %}";
-  std::ofstream(dir + "/tokenizer_config.json") << cfg.dump();
+  const std::string dir = tiny_with_template("resp_tiny");
+  if (dir.empty()) GTEST_SKIP() << "no " << ANVIL_SHARED_DIR << "/fixtures/anvil-tiny-code";
   ServerProcess srv({"-m", dir, "-c", "1024", "-np", "4", "-t", "2", "--no-kv-store", "--alias", "tiny"});
   ASSERT_TRUE(srv.ok()) << srv.startup_output();
   auto [code, out] = run_python_check("responses_check.py", srv.port(), {"tiny", "text"});

@@ -13,7 +13,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 namespace anvil::test {
 
@@ -155,6 +159,23 @@ std::pair<int, std::string> run_python_check(const std::string& script, int port
   while ((n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
   int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string tiny_with_template(const std::string& tag) {
+  namespace fs = std::filesystem;
+  const std::string src = std::string(ANVIL_SHARED_DIR) + "/fixtures/anvil-tiny-code";
+  if (!fs::exists(src + "/model.safetensors")) return "";
+  const std::string dir = (fs::temp_directory_path() / ("anvil_" + tag + "_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+    fs::create_symlink(src + "/" + f, dir + "/" + f);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/tokenizer_config.json"));
+  cfg["chat_template"] =
+      "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+      "{% if add_generation_prompt %}answer = {% endif %}";
+  std::ofstream(dir + "/tokenizer_config.json") << cfg.dump();
+  return dir;
 }
 
 }  // namespace anvil::test

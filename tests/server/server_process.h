@@ -49,4 +49,9 @@ class RawConnection {
 // status (77: "cannot run here") and its output, stdout and stderr together.
 std::pair<int, std::string> run_python_check(const std::string& script, int port, const std::vector<std::string>& args);
 
+// The shared tiny trained model in a temporary directory named after `tag`, its files linked, with
+// a plain chat template beside it (its own tokenizer_config.json has none); "" without
+// ANVIL_SHARED_DIR's fixture. The caller removes the directory.
+std::string tiny_with_template(const std::string& tag);
+
 }  // namespace anvil::test
