@@ -78,6 +78,13 @@ __device__ __forceinline__ void cp4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(anvil::cuda::smem_u32(dst)), "l"(src) : "memory");
 }
 
+// Thread 0: the block's mbarrier initialized, expecting `bytes` of bulk copies.
+__device__ __forceinline__ void bar_begin(uint64_t* bar, unsigned bytes) {
+  anvil::cuda::mbar_init(bar, 1);
+  anvil::cuda::mbar_init_fence();
+  anvil::cuda::mbar_expect_tx(bar, bytes);
+}
+
 // Shared memory: gate/up 32 KB of weights + 4 KB of scales and biases; down 48 KB.
 constexpr int kSmem = 49152 + 4096;
 
@@ -115,9 +122,7 @@ __global__ void __launch_bounds__(kThreads) fetch_kernel(Args a) {
       __syncthreads();
     } else {
       if (t == 0) {
-        anvil::cuda::mbar_init(&bar, 1);
-        anvil::cuda::mbar_init_fence();
-        anvil::cuda::mbar_expect_tx(&bar, 32768 + 4096);
+        bar_begin(&bar, 32768 + 4096);
         anvil::cuda::bulk_copy(smem, e.g + r0 * kRowB, 16384, &bar);
         anvil::cuda::bulk_copy(smem + 16384, e.u + r0 * kRowB, 16384, &bar);
         anvil::cuda::bulk_copy(smem + 32768, e.gs + r0 * 64, 1024, &bar);
@@ -141,9 +146,7 @@ __global__ void __launch_bounds__(kThreads) fetch_kernel(Args a) {
       __syncthreads();
     } else {
       if (t == 0) {
-        anvil::cuda::mbar_init(&bar, 1);
-        anvil::cuda::mbar_init_fence();
-        anvil::cuda::mbar_expect_tx(&bar, unsigned(nbytes));
+        bar_begin(&bar, unsigned(nbytes));
         for (int s = 0; s < kK; ++s)
           anvil::cuda::bulk_copy(smem + s * 6144, a.ex[a.idx[s]].d + r0 * kDRowB, 6144, &bar);
       }
@@ -214,13 +217,6 @@ __global__ void plain_kernel(const uint4* w, int64_t n, uint4* out, uint64_t* ti
   if (threadIdx.x == 0) times[blockIdx.x * 3] = t0, times[blockIdx.x * 3 + 1] = t0, times[blockIdx.x * 3 + 2] = gtimer();
 }
 
-uint4 reduce(const uint4* d, int64_t n) {
-  std::vector<uint4> h(static_cast<size_t>(n));
-  CK(cudaMemcpy(h.data(), d, size_t(n) * sizeof(uint4), cudaMemcpyDeviceToHost));
-  uint4 s = make_uint4(0, 0, 0, 0);
-  for (const uint4& v : h) s.x ^= v.x, s.y ^= v.y, s.z ^= v.z, s.w ^= v.w;
-  return s;
-}
 
 struct Span {
   double total, staged_med, start_spread;
@@ -236,10 +232,6 @@ Span span(const uint64_t* dt, int blocks) {
   return {double(e - s0) * 1e-3, st[st.size() / 2], double(s1 - s0) * 1e-3};
 }
 
-uint64_t mix(uint64_t v) {
-  v ^= v >> 33, v *= 0xff51afd7ed558ccdULL, v ^= v >> 33, v *= 0xc4ceb9fe1a85ec53ULL, v ^= v >> 33;
-  return v;
-}
 __global__ void fill_kernel(uint64_t* p, int64_t n, uint64_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint64_t v = uint64_t(i) * 0x9e3779b97f4a7c15ULL + seed;
@@ -328,11 +320,11 @@ int main(int argc, char** argv) {
       const Span s = span(d_t, blocks);
       tot.push_back(s.total), stg.push_back(s.staged_med), spr.push_back(s.start_spread);
       if (r < 2) {
-        const uint4 got = reduce(d_out, int64_t(blocks) * kThreads);
+        const uint4 got = xor_reduce(d_out, int64_t(blocks) * kThreads);
         check_kernel<<<blocks, kThreads>>>(a, blocks);
         CK(cudaGetLastError());
-        const uint4 want = reduce(d_out, int64_t(blocks) * kThreads);
-        ok = ok && got.x == want.x && got.y == want.y && got.z == want.z && got.w == want.w;
+        const uint4 want = xor_reduce(d_out, int64_t(blocks) * kThreads);
+        ok = ok && same(got, want);
       }
     }
     std::sort(tot.begin(), tot.end()), std::sort(stg.begin(), stg.end()), std::sort(spr.begin(), spr.end());

@@ -188,10 +188,6 @@ struct Bufs {
   uint8_t* x = nullptr;
 };
 
-uint64_t mix(uint64_t v) {
-  v ^= v >> 33, v *= 0xff51afd7ed558ccdULL, v ^= v >> 33, v *= 0xc4ceb9fe1a85ec53ULL, v ^= v >> 33;
-  return v;
-}
 
 Bufs make_bufs(const Matrix& m, int64_t xbytes) {
   Bufs b;
@@ -214,14 +210,6 @@ Bufs make_bufs(const Matrix& m, int64_t xbytes) {
   return b;
 }
 
-uint4 reduce(const uint4* d, int64_t n) {
-  std::vector<uint4> h(static_cast<size_t>(n));
-  CK(cudaMemcpy(h.data(), d, size_t(n) * sizeof(uint4), cudaMemcpyDeviceToHost));
-  uint4 s = make_uint4(0, 0, 0, 0);
-  for (const uint4& v : h) s.x ^= v.x, s.y ^= v.y, s.z ^= v.z, s.w ^= v.w;
-  return s;
-}
-bool same(uint4 a, uint4 b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
 
 int g_sms = 0;
 uint4* g_out = nullptr;
@@ -243,7 +231,7 @@ void run_plain(const Matrix& m, Bufs& b) {
   CK(cudaEventCreate(&e1));
   plain_kernel<<<grid, threads>>>(reinterpret_cast<const uint4*>(b.w[0]), n, g_out);
   CK(cudaDeviceSynchronize());
-  const bool ok = same(reduce(g_out, int64_t(grid) * threads), b.sum[0]);
+  const bool ok = same(xor_reduce(g_out, int64_t(grid) * threads), b.sum[0]);
   CK(cudaEventRecord(e0));
   for (int r = 0; r < kReps; ++r)
     plain_kernel<<<grid, threads>>>(reinterpret_cast<const uint4*>(b.w[(r + 1) % b.w.size()]), n, g_out);
@@ -274,7 +262,7 @@ void run_ring(const Matrix& m, Bufs& b, int xb) {
   k<<<grid, kThreads, smem>>>(a, maps[0]);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  const bool ok = same(reduce(g_out, int64_t(rblocks) * gy * kThreads), b.sum[0]);
+  const bool ok = same(xor_reduce(g_out, int64_t(rblocks) * gy * kThreads), b.sum[0]);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
