@@ -65,6 +65,19 @@ std::vector<int> connection_sockets(int local_port) {
   return fds;
 }
 
+bool connection_gone(int fd, const std::string& remote_addr, int remote_port, int local_port) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  std::string lh, ph;
+  int lp = -1, pp = -1;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || !host_port(local, ll, &lh, &lp) ||
+      lp != local_port)
+    return false;  // not a socket, or another one
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return errno == ENOTCONN;  // reset
+  if (!host_port(peer, pl, &ph, &pp) || ph != remote_addr || pp != remote_port) return false;
+  return peer_closed(fd);
+}
+
 bool peer_closed(int fd) {
   char c;
   const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -15,6 +15,11 @@ int connection_socket(const std::string& remote_addr, int remote_port, int local
 // True when the peer has closed the connection (EOF or an error). A client that half-closes its
 // side after sending the request counts as gone: HTTP clients do not do that.
 bool peer_closed(int fd);
+// True when `fd`, found by connection_socket() for the same addresses while the connection was up,
+// is that connection and its peer has gone: closed it, or reset it (a client that closes with a
+// reply's bytes unread resets; the socket is then no longer connected, and connection_socket()
+// cannot find it any more). False when `fd` is now another socket or the peer is still there.
+bool connection_gone(int fd, const std::string& remote_addr, int remote_port, int local_port);
 // Every connected socket of this process whose local port is local_port: the server's accepted
 // connections (a client of the server in this process has another local port). The descriptors
 // are only a snapshot: the HTTP threads close theirs at any time (shutdown() on a number that has

@@ -182,17 +182,17 @@ struct HttpServer::Impl {
 namespace {
 // A non-streamed request's job, waited for: each event goes to `on_event` until it returns true (the
 // reply is sent). A client that goes away is noticed within ~100 ms and its job cancelled (its
-// sequence's pages freed); its socket is looked up only once the request has run that long.
+// sequence's pages freed). Its socket is looked up at once, while it is surely connected (one that
+// the client has reset is no longer connected, and a search by addresses does not find it).
 void wait_unstreamed(const httplib::Request& req, Job& job, const std::function<bool(const JobEvent&)>& on_event) {
-  int fd = -2;
+  const int fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
   auto next_probe = clock::now() + std::chrono::milliseconds(100);
   for (;;) {
     std::vector<JobEvent> evs;
     job.wait(&evs, std::chrono::milliseconds(100));
     if (clock::now() >= next_probe && !job.cancelled()) {
       next_probe = clock::now() + std::chrono::milliseconds(100);
-      if (fd == -2) fd = connection_socket(req.remote_addr, req.remote_port, req.local_port);
-      if (fd >= 0 && peer_closed(fd)) job.cancel();
+      if (fd >= 0 && connection_gone(fd, req.remote_addr, req.remote_port, req.local_port)) job.cancel();
     }
     for (const JobEvent& e : evs)
       if (on_event(e)) return;
@@ -220,11 +220,17 @@ namespace {
 // leaving once its client has gone away (its connection's peer closed; its job is then cancelled
 // here, so that the scheduler drops it at its next step instead of when the stream's next write
 // fails), its job was cancelled, or its turn is ending. Only a connection seen closed counts: one
-// that cannot be found is taken as live (never a live client's turn cancelled by mistake).
+// that cannot be found is taken as live (never a live client's turn cancelled by mistake). Its
+// socket is found when the request comes, while it is surely connected: a client that resets the
+// connection (closes with the reply's bytes unread) leaves a socket no longer connected, which no
+// search by addresses finds.
 class RequestHolder : public SessionLocks::Holder {
  public:
   explicit RequestHolder(const httplib::Request& req)
-      : remote_addr_(req.remote_addr), remote_port_(req.remote_port), local_port_(req.local_port) {}
+      : remote_addr_(req.remote_addr),
+        remote_port_(req.remote_port),
+        local_port_(req.local_port),
+        fd_(connection_socket(remote_addr_, remote_port_, local_port_)) {}
 
   bool leaving() override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -232,8 +238,7 @@ class RequestHolder : public SessionLocks::Holder {
     // The socket is still this request's: it holds the session, and lets go of it before its handler
     // returns and the HTTP library closes the connection (SessionLocks calls this under its mutex,
     // which that release takes).
-    const int fd = connection_socket(remote_addr_, remote_port_, local_port_);
-    if (fd < 0 || !peer_closed(fd)) return false;
+    if (fd_ < 0 || !connection_gone(fd_, remote_addr_, remote_port_, local_port_)) return false;
     leaving_ = true;
     if (job_) job_->cancel();
     return true;
@@ -253,6 +258,7 @@ class RequestHolder : public SessionLocks::Holder {
  private:
   const std::string remote_addr_;
   const int remote_port_, local_port_;
+  const int fd_;  // -1: not found (taken as live)
   std::mutex mu_;
   bool leaving_ = false;
   std::shared_ptr<Job> job_;

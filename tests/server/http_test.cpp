@@ -526,29 +526,35 @@ TEST_F(Http, DisconnectMidStreamCancelsAndFreesPages) {
 }
 
 // A non-streaming client that goes away: noticed while its request runs (there is no write to
-// fail until the end), its sequence cancelled and its pages freed long before max_tokens.
+// fail until the end), its sequence cancelled and its pages freed long before max_tokens. Whether
+// it closes or resets the connection (SO_LINGER 0: the server's socket is then no longer
+// connected, and was once not found when that came before the first look, 100 ms in).
 TEST_F(Http, DisconnectWhileWaitingForANonStreamingReplyCancels) {
-  const double cancelled_before = metric("anvil_cancelled_total");
-  const double generated_before = metric("anvil_generation_tokens_total");
-  const int max_tokens = 480;  // ~3 s of the tiny model on 2 cores, measured
-  {
-    RawConnection conn(server_->port());
-    json body = {{"model", kModel}, {"prompt", "Write forever"}, {"max_tokens", max_tokens}, {"ignore_eos", true}};
-    std::string b = body.dump();
-    ASSERT_TRUE(conn.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + std::string(kKey) +
-                              "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(b.size()) +
-                              "\r\n\r\n" + b));
-    for (int i = 0; i < 100 && metric("anvil_generation_tokens_total") <= generated_before; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ASSERT_GT(metric("anvil_generation_tokens_total"), generated_before) << "the request never started";
-    conn.close();
+  for (bool reset : {false, true}) {
+    SCOPED_TRACE(reset ? "reset" : "closed");
+    const double cancelled_before = metric("anvil_cancelled_total");
+    const double generated_before = metric("anvil_generation_tokens_total");
+    const int max_tokens = 480;  // ~3 s of the tiny model on 2 cores, measured
+    {
+      RawConnection conn(server_->port());
+      json body = {{"model", kModel}, {"prompt", "Write forever"}, {"max_tokens", max_tokens}, {"ignore_eos", true}};
+      std::string b = body.dump();
+      ASSERT_TRUE(conn.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                                std::string(kKey) + "\r\nContent-Type: application/json\r\nContent-Length: " +
+                                std::to_string(b.size()) + "\r\n\r\n" + b));
+      for (int i = 0; i < 100 && metric("anvil_generation_tokens_total") <= generated_before; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ASSERT_GT(metric("anvil_generation_tokens_total"), generated_before) << "the request never started";
+      if (reset) conn.reset();
+      else conn.close();
+    }
+    for (int i = 0; i < 100 && metric("anvil_requests_running") != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(metric("anvil_requests_running"), 0);
+    EXPECT_EQ(metric("anvil_cancelled_total"), cancelled_before + 1);
+    EXPECT_LT(metric("anvil_generation_tokens_total") - generated_before, max_tokens) << "it ran to the end";
+    EXPECT_EQ(metric("anvil_kv_pages_used"), metric("anvil_kv_prefix_cache_pages"));
   }
-  for (int i = 0; i < 100 && metric("anvil_requests_running") != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(metric("anvil_requests_running"), 0);
-  EXPECT_EQ(metric("anvil_cancelled_total"), cancelled_before + 1);
-  EXPECT_LT(metric("anvil_generation_tokens_total") - generated_before, max_tokens) << "it ran to the end";
-  EXPECT_EQ(metric("anvil_kv_pages_used"), metric("anvil_kv_prefix_cache_pages"));
 }
 
 // tool_choice "required" / a named function: the answer is prefilled with the opening of a Qwen

@@ -147,6 +147,13 @@ void RawConnection::close() {
   fd_ = -1;
 }
 
+void RawConnection::reset() {
+  if (fd_ < 0) return;
+  const linger l{1, 0};
+  setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  close();
+}
+
 std::pair<int, std::string> run_python_check(const std::string& script, int port, const std::vector<std::string>& args) {
   std::string cmd = "python3 " + std::string(ANVIL_SOURCE_DIR) + "/tests/server/" + script + " http://127.0.0.1:" +
                     std::to_string(port);

@@ -39,6 +39,9 @@ class RawConnection {
   // still open after timeout_s.
   bool wait_closed(double timeout_s);
   void close();
+  // Closes as a client does that leaves unread data behind (SO_LINGER 0): the peer gets a reset,
+  // not an end of stream, and its socket is no longer connected.
+  void reset();
 
  private:
   int fd_ = -1;

@@ -954,8 +954,10 @@ size_t count_of(const std::string& s, const std::string& needle) {
 // session_busy. Now a request whose session is held by a request whose client has gone waits for
 // that one to let go (bounded), and is served exactly as if the stop had finished first: the same
 // prompt and reply, the same conversation, as the same turns sent once the stopped one had ended.
-// A request left by its non-streaming client alike. Two live requests on one session still get
-// 409 at once for the second, and so does a DELETE.
+// A request left by its non-streaming client alike, and a client that resets its connection (closes
+// with the reply's chunks unread, or SO_LINGER 0: the server's socket is then no longer connected,
+// and was once taken for a live client's). Two live requests on one session still get 409 at once
+// for the second, and so does a DELETE.
 TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
   const std::string dir = store_dir("stopped");
   fs::remove_all(dir);
@@ -965,7 +967,7 @@ TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
     int st = 0;
     // Turn 1, then a long turn 2 stopped by its client, then turn 3 at once (or, for the reference,
     // once the session is free again: what a client had to do).
-    auto stop_then_next = [&](const std::string& session, bool stream, bool wait_first, int* status) {
+    auto stop_then_next = [&](const std::string& session, bool stream, bool reset, bool wait_first, int* status) {
       auto t1 = a.post("/v1/chat/completions", chat("Hello, who are you?", session), &st);
       EXPECT_EQ(st, 200) << t1;
       {
@@ -985,6 +987,7 @@ TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
           EXPECT_EQ(a.metric("anvil_requests_running"), 1);
         }
+        if (reset) c.reset();
       }  // closed: the stop
       json t3;
       for (int i = 0; i < 100; ++i) {
@@ -994,13 +997,14 @@ TEST(ServeStore, TheNextTurnAfterAStoppedReplyIsServed) {
       }
       return t3;
     };
-    for (bool stream : {true, false}) {
-      const std::string what = stream ? "stream" : "non-streaming";
-      const std::string ref = stream ? "ref_s" : "ref_n", now = stream ? "now_s" : "now_n";
+    for (auto [stream, reset] : {std::pair{true, false}, {true, true}, {false, false}, {false, true}}) {
+      const std::string what = std::string(stream ? "stream" : "non-streaming") + (reset ? ", reset" : ", closed");
+      const std::string tag = std::string(stream ? "s" : "n") + (reset ? "r" : "c");
+      const std::string ref = "ref_" + tag, now = "now_" + tag;
       int ref_st = 0, now_st = 0;
-      const json want = stop_then_next(ref, stream, /*wait_first=*/true, &ref_st);
+      const json want = stop_then_next(ref, stream, reset, /*wait_first=*/true, &ref_st);
       ASSERT_EQ(ref_st, 200) << what << ": " << want;
-      const json got = stop_then_next(now, stream, /*wait_first=*/false, &now_st);
+      const json got = stop_then_next(now, stream, reset, /*wait_first=*/false, &now_st);
       ASSERT_EQ(now_st, 200) << what << ": the next turn right after the stop was refused: " << got;
       EXPECT_EQ(got["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]) << what;
       EXPECT_EQ(got["choices"][0]["message"], want["choices"][0]["message"]) << what;
