@@ -40,7 +40,9 @@
 # (the q4 batch kernel against the register-fed one / its launch shapes), cluster (the batch kernel's split sums in thread block clusters where they cost no wave, the default, against ANVIL_QGEMM_CLUSTER=0: golden both ways, the 32/64-sequence steps, ncu per kernel), sumk (session 21-22: the split sums in a kernel of their own, ANVIL_QGEMM_SUM_KERNEL=1, against the last-block sums), plan2 (session 22: the measured-cost planner, ANVIL_QGEMM_PLAN=2, against the wave planner), shape (session 23: the batch kernel's block shapes under the default planners), gateup (session 23: gate/up's own block shape, ANVIL_QGEMM_GATEUP=W,R; run in session 25, every shape slower), gateks (session 31: gate/up's K split held, ANVIL_QGEMM_GATEUP=4,1,KS, at 64 and 32 sequences), plainx (the batch kernel reading x as it is, the default since session 32, against the kernel after permute_x_kernel, ANVIL_QGEMM_PLAIN_X=0), sumk32 (session 25: the last-block sums up to 32 tokens, now the default, against the sum kernel everywhere), bf16 (session 25: the one-token bf16 mat-vec, now the default, against the generic kernel ANVIL_GEMV_BF16=0; ncu of both; its rows per warp ANVIL_GEMV_BF16_R), l2pf (session 23: weights pulled into L2 during decode attention, ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]], not yet run), wavepf (session 26: the wave-ahead L2 prefetch of the batch kernel, ANVIL_QGEMM_WAVE_PF; the L2 prefetch kernel over every SM and forked), wavepf1 (the same cut to ~3 minutes after the build), persist (session 28: the persistent decode kernel, ANVIL_CUDA_PERSIST=1: its tests, decode per L2-ahead depth and unit width against the default, the phase timeline; PERSIST_MODELS, PERSIST_VARIANTS), plan (session 22's defaults against each planner everywhere, the measured-cost one at the default ring depth, the sum kernel's charge, the last-block sums; ncu of the 64-sequence launches), int (ANVIL_QGEMV_INT=0:
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
-# decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), prefill (the
+# decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), moeearly
+# (sessions 42-43: ANVIL_MOE_ROUTE_EARLY=1 and ANVIL_MOE_GU_EARLY=1, their MoE tests and golden, then the MoE shapes'
+# decode under none / each / both), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -587,6 +589,23 @@ if [ "$what" != tests ]; then
     echo "### ANVIL_QGEMV_INT=0 golden rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/int_golden.log" | tr '\n' ' ')" >> "$OUT/bench.log"
     for m in qwen3-8b:q4g64 qwen3-0.6b:q4g64 qwen3-30b-a3b-16L:q4g64; do
       for v in 0 default 0 default 0 default; do echo "## ANVIL_QGEMV_INT=$v" >> "$OUT/bench.log"; ANVIL_QGEMV_INT=${v#default} b --synthetic $m -n 64 --runs 2; done
+    done
+  elif [ "$set" = moeearly ]; then
+    # Sessions 42-43's MoE experiments, switches off by default: ANVIL_MOE_ROUTE_EARLY=1 (the routing's
+    # router rows pulled into L1 before its PDL wait) and ANVIL_MOE_GU_EARLY=1 (the expert gate/up
+    # kernel's pointer tables into L1 before its wait, step 0's weights before the scales): the MoE
+    # tests and MoE golden on CUDA under each, then decode of the 16- and 48-layer shapes under
+    # none / each / both, interleaved, MOE_ROUNDS rounds (default 2; pd: tg64, best of 2).
+    for e in ANVIL_MOE_ROUTE_EARLY=1 ANVIL_MOE_GU_EARLY=1; do
+      pt "$e" ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
+      pt "$e" ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden"
+    done
+    for _ in $(seq "${MOE_ROUNDS:-2}"); do
+      for m in qwen3-30b-a3b-16L:q4g64 qwen3-30b-a3b:q4g64; do
+        for e in ANVIL_MOE_NONE=0 ANVIL_MOE_ROUTE_EARLY=1 ANVIL_MOE_GU_EARLY=1 ANVIL_MOE_ROUTE_EARLY=1+ANVIL_MOE_GU_EARLY=1; do
+          pd "$e" "$m"
+        done
+      done
     done
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory

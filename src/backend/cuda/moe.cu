@@ -106,6 +106,29 @@ __device__ __forceinline__ void router_row(const MoERouteArgs& a, int r, int t0,
   for (int t = 0; t < kRouteTok; ++t) acc[t] = warp_sum(acc[t]);
 }
 
+// Router row r's words, scales and biases pulled into this SM's L1 by the calling warp, without a
+// register: what route_cluster_kernel does before its PDL wait with a.early (the router is a weight,
+// never written by the kernels before it), so that after the wait router_row's loads hit L1 and only
+// x is a round trip (to L2). Without it each of router_row's chunk iterations waits on DRAM.
+template <int FMT>
+__device__ __forceinline__ void router_prefetch_l1(const MoERouteArgs& a, int r) {
+  if (r >= a.E) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t K = a.H;
+  const char* row = reinterpret_cast<const char*>(static_cast<const uint32_t*>(a.router.data) + r * row_words<FMT>(K));
+  const int64_t bytes = row_words<FMT>(K) * 4;
+  for (int64_t o = int64_t(lane) * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L1 [%0];" ::"l"(row + o));
+  if constexpr (FMT <= 8) {
+    const int64_t ng = K / a.router.group, esz = a.router.dtype == Elem::kF32 ? 4 : 2;
+    const char* sc = static_cast<const char*>(a.router.scales) + r * ng * esz;
+    const char* bi = static_cast<const char*>(a.router.biases) + r * ng * esz;
+    for (int64_t o = int64_t(lane) * 128; o < ng * esz; o += 32 * 128) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(sc + o));
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(bi + o));
+    }
+  }
+}
+
 // The shared expert's gate of token tok: sigmoid(x . shared_gate), by one warp.
 __device__ __forceinline__ void shared_gate_coef(const MoERouteArgs& a, int tok) {
   const int lane = threadIdx.x & 31;
@@ -227,7 +250,9 @@ __global__ void __launch_bounds__(kRouteCWarps * 32) route_cluster_kernel(MoERou
   __trap();  // clusters need sm_90: below it the host takes route_kernel (route_cluster_on)
 #else
   namespace cg = cooperative_groups;
-  pdl_begin();
+  pdl_launch();
+  if (a.early) router_prefetch_l1<FMT>(a, int(blockIdx.x) * kRouteCWarps + int(threadIdx.x >> 5));
+  pdl_wait();
   __shared__ float s_logit[kRouteTok][kMoEMaxExperts];  // block 0's: the tile's logits
   __shared__ __align__(16) float s_p[kMoEMaxExperts];   // one token's probabilities (-2 past E)
   __shared__ float s_red[kRouteCWarps];
@@ -655,9 +680,18 @@ cudaError_t by_router_fmt(const DevMatrix& m, F&& f) {
 
 }  // namespace
 
-cudaError_t moe_route(const MoERouteArgs& a, cudaStream_t s) {
-  if (a.E < 1 || a.E > kMoEMaxExperts || a.k < 1 || a.k > a.E || a.k > kMoEMaxTopK || a.H % 32 != 0)
+cudaError_t moe_route(const MoERouteArgs& args, cudaStream_t s) {
+  if (args.E < 1 || args.E > kMoEMaxExperts || args.k < 1 || args.k > args.E || args.k > kMoEMaxTopK ||
+      args.H % 32 != 0)
     return cudaErrorInvalidValue;
+  // ANVIL_MOE_ROUTE_EARLY=1 (session 43's experiment, off until measured): the cluster kernel pulls
+  // its router rows into L1 before its PDL wait.
+  static const bool early = [] {
+    const char* e = std::getenv("ANVIL_MOE_ROUTE_EARLY");
+    return e && *e == '1';
+  }();
+  MoERouteArgs a = args;
+  a.early = early;
   const unsigned tiles = unsigned((a.T + kRouteTok - 1) / kRouteTok);
   // One tile (decode, up to 8 tokens) in a cluster; longer batches (prefill: many tiles, where the
   // counter's latency is amortized and block 0 would route 8 tokens one after another) as before.
