@@ -164,6 +164,11 @@ struct HttpServer::Impl {
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses = false);
   void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
                        ResponsesEcho echo, bool stream, bool starts_in_reasoning);
+  // A server-sent event stream of `job`'s events: `first()` once (nothing when empty), then what
+  // `render` makes of each event; it ends after the first event that is not a delta. A client that
+  // goes away cancels the job; `finished(success)` runs when the HTTP library lets go of the stream.
+  void stream_job(httplib::Response& res, std::shared_ptr<Job> job, std::function<std::string()> first,
+                  std::function<std::string(const JobEvent&)> render, std::function<void(bool)> finished);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_sessions(const httplib::Request& req, httplib::Response& res);
   void handle_session(const httplib::Request& req, httplib::Response& res, bool remove);
@@ -567,6 +572,43 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     return;
   }
 
+  stream_job(
+      res, reply->job,
+      [reply] {
+        if (!reply->chat) return std::string();
+        ojson first = reply->chunk({{"delta", {{"role", "assistant"}, {"content", ""}}},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", nullptr}});
+        return "data: " + dump(first) + "\n\n";
+      },
+      [this, reply, turn](const JobEvent& e) {
+        if (e.kind == JobEvent::kDelta) return reply->on_delta(e);
+        if (e.kind == JobEvent::kDone) {
+          std::string out = reply->on_finish(e.finish_reason);
+          std::optional<NotSaved> lost;
+          if (turn) lost = turn->end(reply.get());  // the last chunk goes out once the turn is durable
+          if (lost && reply->violation.empty()) {
+            // Instead of the chunk with finish_reason (the deltas are out already): the error
+            // event, which carries what the last chunks would have.
+            ApiError ae = for_client(session_not_saved_error(turn->name, turn->chat, turn->before, lost->why, lost->now,
+                                                             chat_model(), /*streamed=*/true));
+            ae.extra = {{"finish_reason", reply->finish}, {"usage", reply->usage()}};
+            return out + Reply::error_close(error_body(ae));
+          }
+          return out + reply->on_close();
+        }
+        if (turn) turn->end(nullptr);
+        ApiError ae = for_client(status_error(e.error));
+        return "data: " + dump(error_body(ae)) + "\n\ndata: [DONE]\n\n";
+      },
+      [turn](bool) {
+        if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
+      });
+}
+
+void HttpServer::Impl::stream_job(httplib::Response& res, std::shared_ptr<Job> job, std::function<std::string()> first,
+                                  std::function<std::string(const JobEvent&)> render,
+                                  std::function<void(bool)> finished) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   open_streams++;
@@ -574,7 +616,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   auto last_write = std::make_shared<clock::time_point>(clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, reply, started, last_write, turn](size_t, httplib::DataSink& sink) -> bool {
+      [job, first, render, started, last_write](size_t, httplib::DataSink& sink) -> bool {
         auto write = [&](const std::string& s) {
           if (s.empty()) return true;
           *last_write = clock::now();
@@ -582,42 +624,15 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
         };
         if (!*started) {
           *started = true;
-          if (reply->chat) {
-            ojson first = reply->chunk({{"delta", {{"role", "assistant"}, {"content", ""}}},
-                                        {"logprobs", nullptr},
-                                        {"finish_reason", nullptr}});
-            if (!write("data: " + dump(first) + "\n\n")) return reply->job->cancel(), false;
-          }
+          if (!write(first())) return job->cancel(), false;
         }
-        // No token for a while (a long prefill, or a full queue): stream_events keeps the
+        // No event for a while (a long prefill, or a full queue): stream_events keeps the
         // connection alive and finds a client that has gone.
         std::vector<JobEvent> evs;
         bool gone = false;
-        if (!stream_events(*reply->job, &evs, last_write.get(), sink, &gone)) return gone ? (reply->job->cancel(), false) : true;
+        if (!stream_events(*job, &evs, last_write.get(), sink, &gone)) return gone ? (job->cancel(), false) : true;
         for (const JobEvent& e : evs) {
-          std::string out;
-          if (e.kind == JobEvent::kDelta) {
-            out = reply->on_delta(e);
-          } else if (e.kind == JobEvent::kDone) {
-            out = reply->on_finish(e.finish_reason);
-            std::optional<NotSaved> lost;
-            if (turn) lost = turn->end(reply.get());  // the last chunk goes out once the turn is durable
-            if (lost && reply->violation.empty()) {
-              // Instead of the chunk with finish_reason (the deltas are out already): the error
-              // event, which carries what the last chunks would have.
-              ApiError ae = for_client(session_not_saved_error(turn->name, turn->chat, turn->before, lost->why,
-                                                               lost->now, chat_model(), /*streamed=*/true));
-              ae.extra = {{"finish_reason", reply->finish}, {"usage", reply->usage()}};
-              out += Reply::error_close(error_body(ae));
-            } else {
-              out += reply->on_close();
-            }
-          } else {
-            if (turn) turn->end(nullptr);
-            ApiError ae = for_client(status_error(e.error));
-            out = "data: " + dump(error_body(ae)) + "\n\ndata: [DONE]\n\n";
-          }
-          if (!write(out)) return reply->job->cancel(), false;
+          if (!write(render(e))) return job->cancel(), false;
           if (e.kind != JobEvent::kDelta) {
             sink.done();
             return true;
@@ -625,9 +640,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
         }
         return true;
       },
-      [this, reply, turn](bool success) {
-        if (!success) reply->job->cancel();
-        if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
+      [this, job, finished](bool success) {
+        if (!success) job->cancel();
+        finished(success);
         open_streams--;
       });
 }
@@ -660,43 +675,14 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
     });
     return;
   }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  open_streams++;
-  auto started = std::make_shared<bool>(false);
-  auto last_write = std::make_shared<clock::time_point>(clock::now());
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, rr, job, started, last_write](size_t, httplib::DataSink& sink) -> bool {
-        auto write = [&](const std::string& s) {
-          if (s.empty()) return true;
-          *last_write = clock::now();
-          return sink.write(s.data(), s.size());
-        };
-        if (!*started) {
-          *started = true;
-          if (!write(rr->on_start())) return job->cancel(), false;
-        }
-        std::vector<JobEvent> evs;
-        bool gone = false;
-        if (!stream_events(*job, &evs, last_write.get(), sink, &gone)) return gone ? (job->cancel(), false) : true;
-        for (const JobEvent& e : evs) {
-          std::string out;
-          if (e.kind == JobEvent::kDelta) out = rr->on_delta(e);
-          else if (e.kind == JobEvent::kDone) out = rr->on_done(e.finish_reason);
-          else out = rr->on_error(for_client(status_error(e.error)));
-          if (!write(out)) return job->cancel(), false;
-          if (e.kind != JobEvent::kDelta) {
-            sink.done();
-            return true;
-          }
-        }
-        return true;
+  stream_job(
+      res, job, [rr] { return rr->on_start(); },
+      [this, rr](const JobEvent& e) {
+        if (e.kind == JobEvent::kDelta) return rr->on_delta(e);
+        if (e.kind == JobEvent::kDone) return rr->on_done(e.finish_reason);
+        return rr->on_error(for_client(status_error(e.error)));
       },
-      [this, job](bool success) {
-        if (!success) job->cancel();
-        open_streams--;
-      });
+      [](bool) {});
 }
 
 void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Response& res) {
