@@ -131,6 +131,10 @@ std::string endpoint_label(const std::string& path) {
 
 }  // namespace
 
+namespace {
+struct SessionTurn;  // one request's hold on a session: below
+}  // namespace
+
 struct HttpServer::Impl {
   ServerOptions opts;
   Engine& engine;
@@ -163,7 +167,7 @@ struct HttpServer::Impl {
   // /v1/completions.
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses = false);
   void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
-                       ResponsesEcho echo, bool stream, bool starts_in_reasoning);
+                       ResponsesEcho echo, bool stream, bool starts_in_reasoning, std::shared_ptr<SessionTurn> turn);
   // A server-sent event stream of `job`'s events: `first()` once (nothing when empty), then what
   // `render` makes of each event; it ends after the first event that is not a delta. A client that
   // goes away cancels the job; `finished(success)` runs when the HTTP library lets go of the stream.
@@ -413,6 +417,24 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       // turn's tokens (recorded: tokens are the truth) as the cut answer's next time.
       turn->keep_meta = sinfo && !taken_up ? sinfo->meta : chat_session_meta(stored);
       turn->before.messages = stored;
+      // The Responses API sends its instructions with every request; a session holds them once, as
+      // the system message it began with. The same instructions again are that message; others
+      // (or instructions for a session that began without) are refused, not put mid-conversation.
+      if (responses && !stored.empty() && echo.fields.contains("instructions") &&
+          echo.fields["instructions"].is_string() && !echo.fields["instructions"].get_ref<const std::string&>().empty()) {
+        const ojson& first = stored[0];
+        const bool same = first.is_object() && first.value("role", "") == "system" && first.contains("content") &&
+                          first["content"] == echo.fields["instructions"];
+        if (!same)
+          return send_error(res, api_error(400, "instructions",
+                                           "session '" + r.session + "' began with " +
+                                               (first.is_object() && first.value("role", "") == "system"
+                                                    ? "other instructions"
+                                                    : "no instructions") +
+                                               "; a session keeps the instructions of its first turn (send the same "
+                                               "instructions, or none)"));
+        r.messages.erase(r.messages.begin());  // the instructions' system message: the session's first
+      }
       for (const ojson& m : r.messages) stored.push_back(m);
       r.messages = stored;
       turn->messages = std::move(stored);
@@ -537,7 +559,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     }
   }
   if (responses)
-    return serve_responses(req, res, std::move(reply), std::move(echo), r.stream, starts_in_reasoning && forced.empty());
+    return serve_responses(req, res, std::move(reply), std::move(echo), r.stream, starts_in_reasoning && forced.empty(),
+                           std::move(turn));
 
   if (!r.stream) {
     wait_unstreamed(req, *job, [&](const JobEvent& e) {
@@ -648,14 +671,27 @@ void HttpServer::Impl::stream_job(httplib::Response& res, std::shared_ptr<Job> j
 }
 
 // A /v1/responses request's reply, its job submitted: the chat reply's parts as a Response object,
-// or its events (responses_reply.h). No session: the endpoint is stateless.
+// or its events (responses_reply.h). With a session (`turn`), its turn ends as a chat turn does:
+// before the reply (or the last event) goes out, so that what the client reads is durable.
 void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
-                                       ResponsesEcho echo, bool stream, bool starts_in_reasoning) {
+                                       ResponsesEcho echo, bool stream, bool starts_in_reasoning,
+                                       std::shared_ptr<SessionTurn> turn) {
   std::shared_ptr<Job> job = reply->job;
   const int32_t think_open = split_reasoning ? *tok.token_to_id("<think>") : -1;
   const int32_t think_close = split_reasoning ? *tok.token_to_id("</think>") : -1;
+  std::shared_ptr<Reply> chat_reply = reply;
   auto rr = std::make_shared<ResponsesReply>(std::move(reply), std::move(echo), stream, think_open, think_close,
                                              starts_in_reasoning);
+  // The turn's end with the finished reply: what the reply says when its last state is not saved.
+  auto end_turn = [this, turn, chat_reply, rr](bool streamed) -> std::optional<ApiError> {
+    if (!turn) return std::nullopt;
+    std::optional<NotSaved> lost = turn->end(chat_reply.get());
+    if (!lost || !rr->violation().empty()) return std::nullopt;
+    ApiError ae = for_client(session_not_saved_error(turn->name, turn->chat, turn->before, lost->why, lost->now,
+                                                     chat_model(), streamed));
+    if (!streamed) ae.extra = {{"response", rr->response()}};
+    return ae;
+  };
   if (!stream) {
     wait_unstreamed(req, *job, [&](const JobEvent& e) {
       if (e.kind == JobEvent::kDelta) {
@@ -663,13 +699,19 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
         return false;
       }
       if (e.kind == JobEvent::kError) {
+        if (turn) turn->end(nullptr);
         send_error(res, for_client(status_error(e.error)));
       } else {
         rr->on_done(e.finish_reason);
-        if (!rr->violation().empty())
+        const std::optional<ApiError> lost = end_turn(false);
+        if (!rr->violation().empty()) {
           send_error(res, api_error(500, "tool_choice", rr->violation(), "tool_choice_not_followed", "server_error"));
-        else
+        } else if (lost) {
+          res.set_header("x-should-retry", "false");  // sent once, as for chat: a retry would generate the turn again
+          send_error(res, *lost);
+        } else {
           send_json(res, 200, rr->response());
+        }
       }
       return true;
     });
@@ -677,12 +719,15 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
   }
   stream_job(
       res, job, [rr] { return rr->on_start(); },
-      [this, rr](const JobEvent& e) {
+      [this, rr, turn, end_turn](const JobEvent& e) {
         if (e.kind == JobEvent::kDelta) return rr->on_delta(e);
-        if (e.kind == JobEvent::kDone) return rr->on_done(e.finish_reason);
+        if (e.kind == JobEvent::kDone) return rr->on_done(e.finish_reason, [&] { return end_turn(true); });
+        if (turn) turn->end(nullptr);
         return rr->on_error(for_client(status_error(e.error)));
       },
-      [](bool) {});
+      [turn](bool) {
+        if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
+      });
 }
 
 void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Response& res) {

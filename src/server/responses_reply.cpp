@@ -192,9 +192,10 @@ std::string ResponsesReply::on_delta(const JobEvent& e) {
   return take_new();
 }
 
-std::string ResponsesReply::on_done(const std::string& reason) {
+std::string ResponsesReply::on_done(const std::string& reason, const std::function<std::optional<ApiError>()>& commit) {
   chat_->on_finish(reason);
   std::string sse = take_new();
+  const std::optional<ApiError> not_committed = commit ? commit() : std::nullopt;
   if (!chat_->violation.empty()) {
     ApiError e;
     e.type = "server_error";
@@ -208,6 +209,7 @@ std::string ResponsesReply::on_done(const std::string& reason) {
   if (items_.empty()) sse += append_text("message", "");  // an empty answer is still a message
   sse += close_open(cut ? "incomplete" : "completed");
   if (!stream_) return "";
+  if (not_committed) return sse + on_error(*not_committed);
   return sse + event(cut ? "response.incomplete" : "response.completed", {{"response", object(status_.c_str())}});
 }
 

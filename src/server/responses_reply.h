@@ -16,7 +16,9 @@
 // (reasoning, answer text, a tool call), so the streamed items and the non-streamed output are the
 // same list. A reply with no item at all gets an empty message (output_text "").
 #pragma once
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,11 @@ class ResponsesReply {
   // The SSE text to write now ("" when nothing; always "" when not streaming).
   std::string on_start();                           // response.created, response.in_progress
   std::string on_delta(const JobEvent& e);
-  std::string on_done(const std::string& reason);   // closes the items; completed / incomplete
+  // Closes the items; completed / incomplete. `commit` (may be empty) runs once the reply is whole,
+  // before the last event (a session's turn ends there, so that the turn is durable when the client
+  // reads that event); an error it returns, where the reply kept its tool_choice, goes out as the
+  // error event instead of response.completed / .incomplete.
+  std::string on_done(const std::string& reason, const std::function<std::optional<ApiError>()>& commit = nullptr);
   std::string on_error(const ApiError& e);          // the "error" event
   // After on_done: the tool_choice violation ("" when none; the reply is then an error), and the body.
   const std::string& violation() const { return chat_->violation; }

@@ -249,11 +249,12 @@ std::optional<ApiError> parse_responses_request(const std::string& body, const R
                                                 ResponsesEcho* echo) {
   ojson b;
   if (auto e = parse_json_object(body, &b)) return e;
-  // Stateless: nothing is stored, so nothing can be continued or fetched later.
+  // No response is stored, so none can be continued or fetched later (a conversation can be, by
+  // name: the 'session' extension, as for chat).
   if (field(b, "previous_response_id"))
     return bad("previous_response_id",
                "'previous_response_id' is not supported: anvil stores no responses (send the whole conversation as "
-               "'input' items, or keep it server-side with the 'session' extension of /v1/chat/completions)");
+               "'input' items, or keep it server-side with anvil's 'session' extension)");
   if (field(b, "conversation"))
     return bad("conversation", "'conversation' is not supported: anvil stores no conversations (send the whole "
                                "conversation as 'input' items)");
@@ -288,8 +289,7 @@ std::optional<ApiError> parse_responses_request(const std::string& body, const R
   // Chat's names for what the Responses API names otherwise: refused with the name to use, not ignored.
   static const std::pair<const char*, const char*> kChatNames[] = {
       {"messages", "'input' (and 'instructions')"}, {"max_tokens", "'max_output_tokens'"},
-      {"max_completion_tokens", "'max_output_tokens'"}, {"response_format", "'text': {\"format\": {...}}"},
-      {"session", "/v1/chat/completions, which has the 'session' extension"}};
+      {"max_completion_tokens", "'max_output_tokens'"}, {"response_format", "'text': {\"format\": {...}}"}};
   for (const auto& [name, use] : kChatNames)
     if (field(b, name))
       return bad(name, std::string("'") + name + "' is a Chat Completions field; the Responses API takes " + use);
@@ -297,7 +297,7 @@ std::optional<ApiError> parse_responses_request(const std::string& body, const R
   ojson chat = ojson::object();
   for (const char* k : {"model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos", "stream",
-                        "parallel_tool_calls", "chat_template_kwargs"})
+                        "parallel_tool_calls", "chat_template_kwargs", "session"})
     if (b.contains(k)) chat[k] = b[k];
   if (b.contains("max_output_tokens")) chat["max_tokens"] = b["max_output_tokens"];
   ojson messages;

@@ -1,5 +1,5 @@
 // OpenAI's Responses API request (POST /v1/responses) -> the chat request it means. anvil serves
-// it statelessly on the chat path (same template, scheduler job and reply parsing), so the body is
+// it on the chat path (same template, scheduler job, reply parsing and `session` extension), so the body is
 // translated to a chat completion's and validated by parse_chat_object:
 //   instructions                 -> a system message first
 //   input (a string)             -> one user message
@@ -11,15 +11,15 @@
 //     chat tools; tool_choice {type: function, name} -> chat's named choice; text.format
 //     {type: text | json_object} -> response_format; reasoning.effort "none" -> enable_thinking false
 // The sampling fields chat takes (temperature, top_p, top_k, min_p, seed, stop, penalties,
-// logit_bias, ignore_eos, chat_template_kwargs), stream and parallel_tool_calls pass unchanged.
+// logit_bias, ignore_eos, chat_template_kwargs), stream, parallel_tool_calls and session pass unchanged.
 // Accepted and not acted on: store (anvil stores nothing: the response says store false),
 // metadata, user, include "reasoning.encrypted_content", reasoning.summary, text.verbosity,
 // service_tier, safety_identifier, prompt_cache_key, stream_options; unknown fields are ignored, as
-// chat ignores them. Refused, naming the field: previous_response_id and conversation (nothing is
-// stored: see the `session` extension of /v1/chat/completions), background, prompt, truncation
+// chat ignores them. Refused, naming the field: previous_response_id and conversation (no response
+// is stored: a conversation is kept by `session`), background, prompt, truncation
 // "auto", max_tool_calls, top_logprobs, other include values, hosted tools, json_schema, media
 // parts, item_reference and other item types, and chat's own names (messages, max_tokens,
-// response_format, session) with the Responses name to use.
+// response_format) with the Responses name to use.
 #pragma once
 #include <optional>
 #include <string>

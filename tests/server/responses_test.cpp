@@ -1,10 +1,12 @@
-// POST /v1/responses (OpenAI's Responses API, stateless, on the chat path): the request's
+// POST /v1/responses (OpenAI's Responses API, on the chat path, a conversation kept only by anvil's
+// `session` extension, as chat keeps one): the request's
 // translation to the chat request it means (the same messages and tools a chat client would send,
 // checked against parse_chat_request on the chat body written by hand), every refused or malformed
 // field named in a 400; over HTTP with a scripted thinking / tool-calling model
 // (tests/cli/scripted_model.h: its replies are known), the Response object and the named SSE events
 // in order, equal to /v1/chat/completions' reply; and the official openai client
-// (responses_check.py) on the tiny trained model and on the scripted one, a function call round trip.
+// (responses_check.py) on the tiny trained model and on the scripted one, a function call round trip;
+// a session's turns through /v1/responses, streamed or not, equal to the same turns through chat.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -218,7 +220,8 @@ TEST(ResponsesRequest, RefusesWhatItCannotHonourNamingTheField) {
       {{{"input", in}, {"messages", json::array()}}, "messages", "'input'"},
       {{{"input", in}, {"max_tokens", 5}}, "max_tokens", "'max_output_tokens'"},
       {{{"input", in}, {"response_format", {{"type", "json_object"}}}}, "response_format", "'text'"},
-      {{{"input", in}, {"session", "s"}}, "session", "/v1/chat/completions"},
+      {{{"input", in}, {"session", "-s"}}, "session", "1 to 128 characters"},
+      {{{"input", in}, {"session", 3}}, "session", "must be a string"},
       {json::object(), "input", "required"},
       {{{"input", 3}}, "input", "a string or an array"},
       {{{"input", json::array()}}, "input", "must not be empty"},
@@ -543,4 +546,87 @@ TEST(ResponsesTiny, OpenAIPythonClientEqualsChat) {
   fs::remove_all(dir);
   if (code == 77) GTEST_SKIP() << out;
   EXPECT_EQ(code, 0) << out;
+}
+
+// A conversation kept by the `session` extension through /v1/responses: each turn's answer and the
+// stored conversation equal the same turns through /v1/chat/completions' session (greedy), the
+// second turn streamed. The instructions, which the Responses API sends with every request, are
+// the session's system message once; other instructions are a 400 naming them and leave the
+// session as it was.
+TEST(ResponsesTiny, SessionTurnsEqualChatSessionTurns) {
+  const std::string dir = tiny_with_template("resp_session");
+  if (dir.empty()) GTEST_SKIP() << "no " << ANVIL_SHARED_DIR << "/fixtures/anvil-tiny-code";
+  const std::string store = (fs::temp_directory_path() / ("anvil_resp_store_" + std::to_string(::getpid()))).string();
+  fs::remove_all(store);
+  {
+    ServerProcess srv({"-m", dir, "-c", "1024", "-np", "2", "-t", "2", "--kv-store", store, "--alias", "tiny"});
+    ASSERT_TRUE(srv.ok()) << srv.startup_output();
+    httplib::Client c("127.0.0.1", srv.port());
+    c.set_read_timeout(60, 0);
+    auto post = [&](const std::string& path, const json& body, int* st) {
+      auto r = c.Post(path.c_str(), body.dump(), "application/json");
+      if (!r) return json();
+      *st = r->status;
+      return json::parse(r->body, nullptr, false);
+    };
+    const std::string ins = "You write Python.";
+    const std::vector<std::string> turns = {"Write a function that adds two numbers.", "Now one that multiplies them."};
+    int st = 0;
+    std::vector<std::string> want;
+    for (size_t i = 0; i < turns.size(); ++i) {
+      json msgs = json::array();
+      if (i == 0) msgs.push_back({{"role", "system"}, {"content", ins}});
+      msgs.push_back({{"role", "user"}, {"content", turns[i]}});
+      json r = post("/v1/chat/completions",
+                    {{"messages", msgs}, {"session", "via-chat"}, {"temperature", 0}, {"max_tokens", 24}}, &st);
+      ASSERT_EQ(st, 200) << r;
+      want.push_back(r["choices"][0]["message"]["content"].get<std::string>());
+      EXPECT_FALSE(want.back().empty()) << r;
+    }
+    for (size_t i = 0; i < turns.size(); ++i) {
+      const bool stream = i == 1;
+      const json body = {{"input", turns[i]}, {"instructions", ins},       {"session", "via-responses"},
+                         {"temperature", 0},  {"max_output_tokens", 24}, {"stream", stream}};
+      std::string text;
+      if (!stream) {
+        json r = post("/v1/responses", body, &st);
+        ASSERT_EQ(st, 200) << r;
+        for (const json& item : r["output"])
+          if (item["type"] == "message") text += item["content"][0]["text"].get<std::string>();
+      } else {
+        auto r = c.Post("/v1/responses", body.dump(), "application/json");
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        for (size_t at = r->body.find("data: "); at != std::string::npos; at = r->body.find("data: ", at + 1)) {
+          const json ev = json::parse(r->body.substr(at + 6, r->body.find('\n', at) - at - 6), nullptr, false);
+          if (ev.is_object() && ev["type"] == "response.output_text.delta") text += ev["delta"].get<std::string>();
+          EXPECT_NE(ev.value("type", ""), "error") << ev;
+        }
+      }
+      EXPECT_EQ(text, want[i]) << "turn " << i;
+    }
+    auto conv = [&](const std::string& name) {
+      auto r = c.Get(("/v1/sessions/" + name).c_str());
+      EXPECT_TRUE(r && r->status == 200);
+      return r ? json::parse(r->body, nullptr, false) : json();
+    };
+    const json ref = conv("via-chat"), got = conv("via-responses");
+    EXPECT_EQ(got["messages"], ref["messages"]);
+    EXPECT_EQ(got["messages"].size(), 5u) << got;  // system, then two user + assistant turns
+    EXPECT_EQ(got["tokens"], ref["tokens"]);
+    // Other instructions: refused, naming them; the session is as it was.
+    json bad = post("/v1/responses",
+                    {{"input", "And subtracts?"}, {"instructions", "Be terse."}, {"session", "via-responses"}}, &st);
+    EXPECT_EQ(st, 400) << bad;
+    EXPECT_EQ(bad["error"]["param"], "instructions") << bad;
+    EXPECT_EQ(conv("via-responses")["messages"], ref["messages"]);
+    // No instructions: the session's own go on.
+    json ok = post("/v1/responses", {{"input", "And subtracts?"}, {"session", "via-responses"}, {"max_output_tokens", 4}},
+                   &st);
+    EXPECT_EQ(st, 200) << ok;
+    EXPECT_EQ(conv("via-responses")["messages"].size(), 7u);
+    EXPECT_EQ(srv.terminate(30), 0);
+  }
+  fs::remove_all(store);
+  fs::remove_all(dir);
 }

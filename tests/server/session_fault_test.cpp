@@ -256,6 +256,68 @@ TEST(ServeStoreFault, AStreamedTurnThatCannotBeSavedEndsWithAnErrorEvent) {
   fs::remove_all(dir);
 }
 
+// A session turn through /v1/responses alike: not streamed, 507 session_not_saved with the whole
+// Response object in `response`; streamed, the output items close and an `error` event
+// (session_not_saved) stands where response.completed would. The session is as it was, and once
+// the store commits again the same turn gives the same text and is recorded.
+TEST(ServeStoreFault, AResponsesTurnThatCannotBeSavedIsAnError) {
+  const std::string dir = store_dir("responses");
+  fs::remove_all(dir);
+  {
+    Srv a(dir);
+    ASSERT_TRUE(a.p->ok()) << a.p->startup_output();
+    int st = 0;
+    auto turn = [](const std::string& input, bool stream) {
+      return json{{"input", input}, {"max_output_tokens", 6}, {"temperature", 0}, {"session", "resp"}, {"stream", stream}};
+    };
+    ASSERT_EQ((a.post("/v1/responses", turn("Hello, who are you?", false), &st), st), 200);
+    const json before = a.get("/v1/sessions/resp", &st);
+    ASSERT_EQ(st, 200) << before;
+    ASSERT_EQ(before["messages"].size(), 2u) << before;
+
+    fail_commits(dir, true);
+    httplib::Headers h;
+    const json e = a.post("/v1/responses", turn("Tell me more.", false), &st, &h);
+    EXPECT_EQ(st, 507) << e;
+    ASSERT_TRUE(e.contains("error")) << e;
+    expect_not_saved(e["error"], "resp", "its conversation as it was before this turn (2 messages)", "responses");
+    EXPECT_EQ(h.count("x-should-retry") ? h.find("x-should-retry")->second : "", "false");
+    const json& r = e["error"]["response"];
+    EXPECT_EQ(r["object"], "response") << e;
+    std::string text;
+    for (const json& item : r["output"])
+      if (item["type"] == "message") text += item["content"][0]["text"].get<std::string>();
+    EXPECT_EQ(a.get("/v1/sessions/resp", &st), before);
+
+    const std::string raw = a.post_raw("/v1/responses", turn("Tell me more.", true), &st);
+    EXPECT_EQ(st, 200) << raw;
+    std::string streamed;
+    json last;
+    for (size_t at = raw.find("data: "); at != std::string::npos; at = raw.find("data: ", at + 1)) {
+      last = json::parse(raw.substr(at + 6, raw.find('\n', at) - at - 6), nullptr, false);
+      if (last.is_object() && last["type"] == "response.output_text.delta") streamed += last["delta"].get<std::string>();
+      EXPECT_NE(last.value("type", ""), "response.completed") << "completed, for a turn that was not saved: " << raw;
+    }
+    ASSERT_TRUE(last.is_object()) << raw;
+    EXPECT_EQ(last["type"], "error") << raw;
+    EXPECT_EQ(last["code"], "session_not_saved") << raw;
+    EXPECT_NE(message_of(last).find("session 'resp' was not saved"), std::string::npos) << raw;
+    EXPECT_EQ(streamed, text);
+    EXPECT_EQ(a.get("/v1/sessions/resp", &st), before);
+
+    fail_commits(dir, false);
+    const json ok = a.post("/v1/responses", turn("Tell me more.", false), &st);
+    ASSERT_EQ(st, 200) << ok;
+    std::string now;
+    for (const json& item : ok["output"])
+      if (item["type"] == "message") now += item["content"][0]["text"].get<std::string>();
+    EXPECT_EQ(now, text);
+    EXPECT_EQ(a.get("/v1/sessions/resp", &st)["messages"].size(), 4u);
+    EXPECT_EQ(a.p->terminate(30), 0);
+  }
+  fs::remove_all(dir);
+}
+
 // The official openai client surfaces both as errors (tests/server/session_fault_check.py): the 507
 // as InternalServerError (status 507, code session_not_saved, the reply in body["response"]), sent
 // once although the client retries a 5xx twice by default (x-should-retry: false); the stream's
