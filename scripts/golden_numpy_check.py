@@ -25,6 +25,11 @@ Math (Qwen3 / Qwen2 / Llama decoder, pre-norm):
       clamped to [0, D - 1]; ramp[i] = clip((i - low) / (high - low), 0, 1);
       inv_freq' = inv_freq / factor * ramp + inv_freq * (1 - ramp); orig defaults to max_position_embeddings;
       cos and sin are multiplied by attention_factor (default 0.1 ln(factor) + 1), i.e. q and k are
+    longrope (transformers' _compute_longrope_parameters; Phi3Config also reads "su" and "yarn" so):
+      inv_freq' = 1 / (ext * theta^(2i/D)) with ext = short_factor, or long_factor past the original
+      context; factor = max_position_embeddings / original_max_position_embeddings (top level or in
+      rope_scaling; without one, rope_scaling.factor and original = max_position_embeddings); cos and sin
+      multiplied by attention_factor (default sqrt(1 + ln factor / ln original), 1 when factor <= 1)
     GQA: query head h reads kv head h // (H / KV); causal softmax(q k^T / sqrt(D)); o = concat_h(...) Wo^T
     h += o;  m = rmsnorm(h, post_attention_layernorm);  h += Wdown (silu(Wgate m) * Wup m)
   logits = rmsnorm(h, model.norm) lm_head^T   (tied: lm_head = embed_tokens)
@@ -128,12 +133,32 @@ def yarn_attention_factor(sc):
     return mscale(sc["factor"])
 
 
-def rope_inv_freq(cfg, D, ablate):
-    """(inv_freq [D/2], attention factor multiplying cos and sin)."""
+def longrope(cfg, sc, D, theta, long_factors, ablate):
+    orig = cfg.get("original_max_position_embeddings") or sc.get("original_max_position_embeddings")
+    if orig is None and cfg.get("model_type") == "phi3":
+        orig = 4096  # Phi3Config's default
+    if orig:
+        factor = cfg["max_position_embeddings"] / orig
+    else:
+        orig, factor = cfg["max_position_embeddings"], sc["factor"]
+    if ablate == "longrope_other_factors":
+        long_factors = not long_factors
+    ext = np.array(sc["long_factor"] if long_factors else sc["short_factor"], dtype=np.float64)
+    inv = 1.0 / (ext * theta ** (np.arange(0, D, 2, dtype=np.float64) / D))
+    af = sc.get("attention_factor")
+    if af is None:
+        af = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    return inv, (1.0 if ablate == "longrope_no_attention_factor" else af)
+
+
+def rope_inv_freq(cfg, D, ablate, long_factors=False):
+    """(inv_freq [D/2], attention factor multiplying cos and sin). long_factors: LongRoPE's long ones."""
     theta = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
     sc = cfg.get("rope_scaling")
     kind = sc.get("rope_type", sc.get("type")) if sc else None
+    if kind in ("longrope", "su") or (kind == "yarn" and cfg.get("model_type") == "phi3"):
+        return longrope(cfg, sc, D, theta, long_factors, ablate)
     if kind == "yarn":
         factor = sc["factor"]
         orig = sc.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
@@ -180,7 +205,7 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def forward(model_dir, ids, ablate=None):
+def forward(model_dir, ids, ablate=None, long_factors=False):
     W = Weights(model_dir, ablate)
     cfg = W.cfg
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -189,7 +214,7 @@ def forward(model_dir, ids, ablate=None):
     if ablate == "eps_1e-5_vs_1e-6":
         eps = 1e-6 if eps == 1e-5 else 1e-5
     bf = (lambda a: a) if ablate != "bf16_activations" else to_bf16
-    inv = rope_inv_freq(cfg, D, ablate)
+    inv = rope_inv_freq(cfg, D, ablate, long_factors)
     T = len(ids)
     emb = W.matrix("model.embed_tokens")
     h = bf(emb[ids])
@@ -251,7 +276,7 @@ def rel_err(ours, ref):
 
 ABLATIONS = ["bf16_activations", "interleaved_rope", "eps_1e-5_vs_1e-6", "gqa_modulo", "no_qk_norm",
              "no_qkv_bias", "no_llama3_scaling", "no_yarn_freqs", "no_yarn_attention_factor", "quant_msb_first",
-             "qkv_order_kqv", "up_gate_order"]
+             "qkv_order_kqv", "up_gate_order", "longrope_other_factors", "longrope_no_attention_factor"]
 
 
 def applies(ablation, W):
@@ -267,6 +292,8 @@ def applies(ablation, W):
         "quant_msb_first": bool(cfg.get("quantization")),
         "qkv_order_kqv": W.has("model.layers.0.self_attn.qkv_proj.weight"),
         "up_gate_order": W.has("model.layers.0.mlp.gate_up_proj.weight"),
+        "longrope_other_factors": "long_factor" in sc,
+        "longrope_no_attention_factor": "long_factor" in sc,
     }.get(ablation, True)
 
 
@@ -281,15 +308,16 @@ def main():
             print(f"{name}: {model_dir} missing, skipped")
             continue
         W = Weights(model_dir, None)
+        long_factors = meta.get("longrope_factors") == "long"  # LongRoPE: which factors the engine runs
         for k, ids in enumerate(meta["prompts"]):
             ref = np.load(GOLDEN / name / f"ref_{k}.npy").astype(np.float64)
-            ours = forward(model_dir, ids)
+            ours = forward(model_dir, ids, None, long_factors)
             mism = int((ours.argmax(-1) != ref.argmax(-1)).sum())
             line = f"{name:22s} {k:6d} {rel_err(ours, ref):9.2e} {mism:7d}  "
             if k == 0:
                 for ab in ABLATIONS:
                     if applies(ab, W):
-                        alt = forward(model_dir, ids, ab)
+                        alt = forward(model_dir, ids, ab, long_factors)
                         flips = int((alt.argmax(-1) != ref.argmax(-1)).sum())
                         line += f" {ab}={rel_err(alt, ref):.1e}({flips})"
             print(line, flush=True)

@@ -194,7 +194,12 @@ int run_inspect(const InspectArgs& a) {
               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
               c.intermediate_size, c.vocab_size);
   std::printf("features         %s%s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
-              c.rope_scaling.type.empty() ? "" : ("rope-" + c.rope_scaling.type + " ").c_str(),
+              c.rope_scaling.type.empty() ? ""
+              : c.rope_scaling.type == "longrope"
+                  ? ("rope-longrope (" + std::string(a.ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short") +
+                     " factors at --ctx " + std::to_string(a.ctx) + "; long past " +
+                     std::to_string(c.rope_scaling.original_max_position_embeddings) + ") ").c_str()
+                  : ("rope-" + c.rope_scaling.type + " ").c_str(),
               c.sliding_window > 0 ? ("sliding-window " + std::to_string(c.sliding_window) + " (context capped there) ").c_str() : "",
               w.tied ? "tied-embeddings" : "separate-lm-head");
   const std::string layers_desc = formats_desc(layer_formats);

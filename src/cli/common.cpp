@@ -14,6 +14,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "base/hash128.h"
 #include "base/mmap_file.h"
 #include "base/optional_file.h"
 #include "base/thread_pool.h"
@@ -469,6 +470,20 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
                  "anvil: warning: %s is above the model's max_position_embeddings (%d): positions past %d "
                  "were never trained and the output may degrade\n",
                  what.c_str(), max_pos, max_pos);
+  }
+  if (RopeScaling& rs = s.model->config.rope_scaling; rs.type == "longrope") {
+    // LongRoPE's long factors for a context past the one the model was first trained at, for every
+    // position (llama.cpp's rule; transformers switches when a forward's sequence passes it, mlx-lm
+    // always takes the long ones), else the short ones, which transformers uses for any sequence up
+    // to that length. The choice changes every K: it is part of the pages' identity.
+    rs.longrope_long = s.ctx > rs.original_max_position_embeddings;
+    if (rs.longrope_long) {
+      Hasher128 h;
+      static constexpr char kTag[] = "anvil.longrope.long_factors";
+      h.update(s.model->fingerprint);
+      h.update(kTag, sizeof kTag);
+      s.model->fingerprint = h.digest();
+    }
   }
   {
     // The KV pool holds max_seqs sequences of the context rounded up to whole pages; an absurd

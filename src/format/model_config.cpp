@@ -196,17 +196,56 @@ Status parse_dtype(const Fields& f, ModelConfig* c) {
 }
 
 // Phi3Config takes no rope scaling but its own LongRoPE ("longrope"; the older "su" and "yarn" are
-// read as "longrope", not as the YaRN of other families): a Phi-3 config with one is refused by name.
+// read as "longrope", not as the YaRN of other families): any other type is refused by name.
 Status refuse_phi3_rope_scaling(const Fields& r, bool rope_type_key, const std::string& type) {
   const char* key = rope_type_key ? "rope_type" : "type";
-  if (type == "longrope" || type == "su" || type == "yarn")
-    return r.unsupported_value(
-        key, "Phi-3's LongRoPE scaling ('" + type + "'" +
-                 (type == "longrope" ? std::string() : ", which Phi3Config reads as 'longrope'") +
-                 ") is not supported: the long-context phi3 checkpoints use it (Phi-3-mini-128k, Phi-3-medium-128k, "
-                 "Phi-3.5-mini, Phi-4-mini); the 4k-context Phi-3 and Phi-4, whose rope_scaling is null, load");
   return r.unsupported_value(key, "rope scaling '" + type +
                                       "' is not one a Phi-3 model has (Phi3Config takes only 'default' and 'longrope')");
+}
+
+// LongRoPE (transformers' _compute_longrope_parameters; Phi-3-mini-128k, Phi-3-medium-128k,
+// Phi-3.5-mini): inv_freq[i] = 1 / (ext[i] * theta^(2i/D)) with ext the short or the long factors,
+// and cos and sin multiplied by the attention factor (given, or sqrt(1 + ln(factor) / ln(original))
+// where factor = max_position_embeddings / original_max_position_embeddings > 1, else 1). The
+// original context is original_max_position_embeddings at the top level (Phi3Config's, default
+// 4096) or in rope_scaling / rope_parameters; a config without one has factor in rope_scaling and
+// its original context is max_position_embeddings, as transformers reads it.
+Status parse_longrope(const Fields& top, const Fields& r, ModelConfig* c) {
+  RopeScaling& s = c->rope_scaling;
+  s.type = "longrope";
+  const int half = c->head_dim / 2;
+  for (const auto& [key, out] : {std::pair<const char*, std::vector<double>*>{"short_factor", &s.short_factor},
+                                 {"long_factor", &s.long_factor}}) {
+    const json* v = r.get(key);
+    const std::string want = "a list of " + std::to_string(half) + " positive numbers (head_dim / 2: one per rotary frequency)";
+    if (!v) return r.error(key, "missing (required: " + want + ")");
+    if (!v->is_array()) return r.error(key, "expected " + want + ", got " + v->dump().substr(0, 80));
+    if (v->size() != size_t(half))
+      return r.error(key, "expected " + want + ", got a list of " + std::to_string(v->size()));
+    out->clear();
+    for (const json& x : *v) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()) || x.get<double>() <= 0)
+        return r.error(key, "expected " + want + ", got " + x.dump().substr(0, 40) + " in it");
+      out->push_back(x.get<double>());
+    }
+  }
+  int orig = c->arch == Arch::kPhi3 ? 4096 : 0;  // Phi3Config's default
+  ANVIL_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &orig, false, true));
+  ANVIL_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &orig, false, true));
+  if (orig > 0) {
+    if (c->max_position_embeddings <= 0)
+      return top.error("max_position_embeddings", "missing (LongRoPE's factor is max_position_embeddings / "
+                                                   "original_max_position_embeddings)");
+    s.factor = double(c->max_position_embeddings) / orig;
+  } else {
+    if (c->max_position_embeddings <= 0)
+      return top.error("max_position_embeddings", "missing (required with LongRoPE)");
+    orig = c->max_position_embeddings;
+    ANVIL_RETURN_IF_ERROR(
+        r.get_double("factor", &s.factor, true, true));  // transformers needs it without an original context
+  }
+  s.original_max_position_embeddings = orig;
+  return r.get_double("attention_factor", &s.attention_factor, true);
 }
 
 // Rope scaling comes from `rope_scaling` (transformers < 5, MLX) or from `rope_parameters`
@@ -224,6 +263,7 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
   RopeScaling& s = c->rope_scaling;
   s.type = type;
   if (type == "default") return Status::ok();
+  if (type == "longrope" || (c->arch == Arch::kPhi3 && (type == "su" || type == "yarn"))) return parse_longrope(f, r, c);
   if (c->arch == Arch::kPhi3 && !type.empty()) return refuse_phi3_rope_scaling(r, rs->contains("rope_type"), type);
   if (type == "") {
     // transformers refuses a scaling without its type; an object of only rope_theta (v5) is no scaling
@@ -261,8 +301,8 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
     ANVIL_RETURN_IF_ERROR(r.get_bool("truncate", &s.truncate));
     return Status::ok();
   }
-  return r.unsupported_value("rope_type",
-                             "unsupported rope scaling '" + type + "' (supported: default, linear, llama3, yarn)");
+  return r.unsupported_value("rope_type", "unsupported rope scaling '" + type +
+                                             "' (supported: default, linear, llama3, yarn, longrope)");
 }
 
 // Mistral's, Mixtral's and Phi-3's sliding_window, as their transformers config classes read it: null is

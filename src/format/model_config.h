@@ -35,8 +35,8 @@ struct QuantConfig {
 };
 
 struct RopeScaling {
-  std::string type;  // "" (none), "llama3", "linear", "yarn", "default"
-  double factor = 1.0;
+  std::string type;  // "" (none), "llama3", "linear", "yarn", "longrope", "default"
+  double factor = 1.0;  // longrope: max_position_embeddings / original_max_position_embeddings
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
   // llama3 (required) and yarn (default: max_position_embeddings): the context length trained on.
@@ -48,6 +48,14 @@ struct RopeScaling {
   double mscale = 0.0;
   double mscale_all_dim = 0.0;
   bool truncate = true;  // round the correction range outwards to whole dimensions
+  // longrope (transformers' _compute_longrope_parameters; attention_factor above, 0: derived from
+  // factor and original_max_position_embeddings): a divisor per rotary frequency (head_dim / 2 each)
+  // for contexts up to original_max_position_embeddings (short) and beyond (long).
+  std::vector<double> short_factor, long_factor;
+  // Which of the two the engine rotates with: not in config.json but chosen for the context a model
+  // is run with (cli/common.cpp: long when it exceeds original_max_position_embeddings), for every
+  // position alike, so that a position's K never depends on how the prompt was chunked.
+  bool longrope_long = false;
 };
 
 struct ModelConfig {

@@ -49,12 +49,23 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
       // ramp 0: keep the frequency (extrapolate); ramp 1: divide it by the factor (interpolate).
       inv[i] = float(extrapolated / rs.factor * ramp + extrapolated * (1.0 - ramp));
     }
+  } else if (rs.type == "longrope") {
+    // Each frequency divided by its factor: the short ones, or the long ones for a context past the
+    // original (RopeScaling::longrope_long).
+    const std::vector<double>& ext = rs.longrope_long ? rs.long_factor : rs.short_factor;
+    for (int i = 0; i < half && i < int(ext.size()); ++i)
+      inv[i] = float(1.0 / (ext[size_t(i)] * std::pow(cfg.rope_theta, double(2 * i) / cfg.head_dim)));
   }
   return inv;
 }
 
 double rope_attention_factor(const ModelConfig& cfg) {
   const RopeScaling& rs = cfg.rope_scaling;
+  if (rs.type == "longrope") {
+    if (rs.attention_factor > 0) return rs.attention_factor;
+    if (rs.factor <= 1.0) return 1.0;
+    return std::sqrt(1.0 + std::log(rs.factor) / std::log(double(rs.original_max_position_embeddings)));
+  }
   if (rs.type != "yarn") return 1.0;
   if (rs.attention_factor > 0) return rs.attention_factor;
   auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };

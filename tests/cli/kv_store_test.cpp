@@ -146,6 +146,30 @@ TEST(KvStoreCli, PromptServedFromStoreAfterRestartSameOutput) {
   EXPECT_EQ(v.exit_code, 0) << v.out;
 }
 
+// LongRoPE rotates every K with the short factors in a context up to the model's original one and
+// with the long factors past it (cli/common.cpp): the same tokens' KV differ, so pages stored at one
+// context are never served at the other, while the same context finds its own again.
+TEST(KvStoreCli, LongRopeFactorsKeepTheirOwnPages) {
+  StoreDir d;
+  const std::string model = std::string(ANVIL_SOURCE_DIR) + "/tests/data/golden/phi3-longrope-long";  // original 256
+  std::string ids;
+  for (int i = 0; i < 40; ++i) ids += (i ? "," : "") + std::to_string(3 + i * 7);
+  auto run = [&](const char* ctx) {
+    return run_json({"generate", "--device", "cpu", "-m", model, "--temp", "0", "--json", "--ignore-eos", "--kv-store",
+                     d.path, "--ids", ids, "-n", "4", "-c", ctx});
+  };
+  auto short1 = run("256");
+  EXPECT_EQ(short1["store_prompt_tokens"].get<int>(), 0);
+  auto long1 = run("1024");
+  EXPECT_EQ(long1["store_prompt_tokens"].get<int>(), 0) << "the long factors were served the short ones' pages";
+  auto short2 = run("256");
+  EXPECT_EQ(short2["store_prompt_tokens"].get<int>(), 32);
+  EXPECT_EQ(ids_of(short2), ids_of(short1));
+  auto long2 = run("1024");
+  EXPECT_EQ(long2["store_prompt_tokens"].get<int>(), 32);
+  EXPECT_EQ(ids_of(long2), ids_of(long1));
+}
+
 TEST(KvStoreCli, CorruptOrLostFilesAreRecomputedWithSameOutput) {
   StoreDir d;
   std::string ids;

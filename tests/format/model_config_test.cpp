@@ -3,11 +3,13 @@
 // an error naming the file and the field.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/mmap_file.h"
 #include "format/model_config.h"
+#include "model/rope.h"
 #include "format_test_util.h"
 
 using namespace anvil;
@@ -169,12 +171,15 @@ TEST(ModelConfig, Phi3ConfigsMatchTransformers) {
   }
 }
 
-// Identified by architectures alone as well, printed as "phi3". What Phi-3 checkpoints ask for that the
-// engine lacks is refused by name: LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini; the older
-// configs' "su", and "yarn", which Phi3Config reads as longrope, not as other families' YaRN), any other
-// scaling (Phi3Config takes none), and Phi-4-mini's partial_rotary_factor, top level or inside
+// Identified by architectures alone as well, printed as "phi3". LongRoPE (Phi-3-mini-128k,
+// Phi-3.5-mini; the older configs' "su", and "yarn", which Phi3Config reads as longrope, not as other
+// families' YaRN) is read as transformers reads it: the factors, the original context, the attention
+// factor (Phi-3.5-mini's is 1.1902380714238083, the constant its own modeling code computes), and the
+// inverse frequencies the engine rotates with (rope.h). What Phi-3 checkpoints ask for that the engine
+// lacks is refused by name: a factor list of the wrong length or with a non-positive factor, any
+// other scaling (Phi3Config takes none), and Phi-4-mini's partial_rotary_factor, top level or inside
 // transformers 5's rope_parameters.
-TEST(ModelConfig, Phi3ByClassNameAndLongRopeRefusedByName) {
+TEST(ModelConfig, Phi3ByClassNameLongRopeAndWhatIsRefused) {
   json j = base_config();
   j.erase("model_type");
   j["architectures"] = {"Phi3ForCausalLM"};
@@ -189,24 +194,78 @@ TEST(ModelConfig, Phi3ByClassNameAndLongRopeRefusedByName) {
   j["sliding_window"] = "2047";
   expect_error(j, {"'sliding_window'", "a positive integer", "or null"});
 
-  // Phi-3.5-mini-instruct: LongRoPE over a 131072 context from an original 4096.
+  // Phi-3.5-mini-instruct: LongRoPE over a 131072 context from an original 4096 (head_dim 32 here: 16 factors).
   json phi35 = base_config();
   phi35["model_type"] = "phi3";
   phi35["max_position_embeddings"] = 131072;
   phi35["original_max_position_embeddings"] = 4096;
   phi35["sliding_window"] = 262144;
-  phi35["rope_scaling"] = {{"type", "longrope"},
-                           {"long_factor", std::vector<double>(16, 1.5)},
-                           {"short_factor", std::vector<double>(16, 1.0)}};
-  expect_error(phi35, {"'rope_scaling.type'", "Phi-3's LongRoPE scaling ('longrope')", "not supported", "Phi-3.5-mini"},
-               StatusCode::kUnsupported);
-  for (const char* older : {"su", "yarn"}) {
-    phi35["rope_scaling"]["type"] = older;
-    expect_error(phi35, {"'rope_scaling.type'", std::string("LongRoPE scaling ('") + older + "', which Phi3Config reads as 'longrope')"},
-                 StatusCode::kUnsupported);
+  std::vector<double> shortf(16), longf(16);
+  for (int i = 0; i < 16; ++i) shortf[size_t(i)] = 1.0 + 0.01 * i, longf[size_t(i)] = 1.0 + 3.0 * i;
+  phi35["rope_scaling"] = {{"type", "longrope"}, {"long_factor", longf}, {"short_factor", shortf}};
+  for (const char* type : {"longrope", "su", "yarn"}) {
+    SCOPED_TRACE(type);
+    phi35["rope_scaling"]["type"] = type;
+    auto p = parse(phi35);
+    ASSERT_TRUE(p.is_ok()) << p.status().message();
+    EXPECT_EQ(p->rope_scaling.type, "longrope");
+    EXPECT_EQ(p->rope_scaling.short_factor, shortf);
+    EXPECT_EQ(p->rope_scaling.long_factor, longf);
+    EXPECT_EQ(p->rope_scaling.original_max_position_embeddings, 4096);
+    EXPECT_DOUBLE_EQ(p->rope_scaling.factor, 32.0);
+    EXPECT_NEAR(rope_attention_factor(*p), 1.1902380714238083, 1e-12);
+    EXPECT_NEAR(attention_softmax_scale(*p), 1.1902380714238083 * 1.1902380714238083 / std::sqrt(32.0), 1e-6);
+    ModelConfig cfg = *p;
+    for (bool long_factors : {false, true}) {
+      cfg.rope_scaling.longrope_long = long_factors;
+      const std::vector<float> inv = rope_inv_freq(cfg);
+      ASSERT_EQ(inv.size(), 16u);
+      for (int i : {0, 5, 15}) {
+        const double ext = long_factors ? longf[size_t(i)] : shortf[size_t(i)];
+        EXPECT_NEAR(inv[size_t(i)], 1.0 / (ext * std::pow(10000.0, 2.0 * i / 32)), 1e-6 * inv[size_t(i)]) << i;
+      }
+    }
   }
-  phi35["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};  // Qwen3's YaRN, which a Qwen3 config takes
-  expect_error(phi35, {"'rope_scaling.rope_type'", "LongRoPE"}, StatusCode::kUnsupported);
+  phi35["rope_scaling"]["type"] = "longrope";
+  phi35["rope_scaling"]["attention_factor"] = 1.25;  // given: used as it is
+  EXPECT_DOUBLE_EQ(rope_attention_factor(*parse(phi35)), 1.25);
+  phi35["rope_scaling"].erase("attention_factor");
+  // transformers 5 keeps the original context in rope_parameters; Phi3Config's default is 4096.
+  {
+    json v5 = phi35;
+    v5.erase("original_max_position_embeddings");
+    v5["rope_scaling"]["original_max_position_embeddings"] = 8192;
+    EXPECT_EQ(parse(v5)->rope_scaling.original_max_position_embeddings, 8192);
+    v5["rope_scaling"].erase("original_max_position_embeddings");
+    EXPECT_EQ(parse(v5)->rope_scaling.original_max_position_embeddings, 4096);
+  }
+  // Another family: without an original context, the factor is rope_scaling's and the original
+  // context max_position_embeddings, as transformers reads it.
+  {
+    json llama = phi35;
+    llama["model_type"] = "llama";
+    llama.erase("original_max_position_embeddings");
+    expect_error(llama, {"'rope_scaling.factor'", "missing"});
+    llama["rope_scaling"]["factor"] = 4.0;
+    auto p = parse(llama);
+    ASSERT_TRUE(p.is_ok()) << p.status().message();
+    EXPECT_EQ(p->rope_scaling.original_max_position_embeddings, 131072);
+    EXPECT_NEAR(rope_attention_factor(*p), std::sqrt(1.0 + std::log(4.0) / std::log(131072.0)), 1e-12);
+  }
+  {
+    json bad = phi35;
+    bad["rope_scaling"]["long_factor"] = std::vector<double>(15, 1.0);
+    expect_error(bad, {"'rope_scaling.long_factor'", "a list of 16 positive numbers (head_dim / 2", "a list of 15"});
+    bad["rope_scaling"]["long_factor"] = longf;
+    bad["rope_scaling"]["short_factor"][3] = 0.0;
+    expect_error(bad, {"'rope_scaling.short_factor'", "got 0.0 in it"});
+    bad["rope_scaling"]["short_factor"] = "1.0";
+    expect_error(bad, {"'rope_scaling.short_factor'", "\"1.0\""});
+    bad["rope_scaling"].erase("short_factor");
+    expect_error(bad, {"'rope_scaling.short_factor'", "missing"});
+  }
+  phi35["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};  // Qwen3's YaRN: a Phi-3's is LongRoPE's
+  expect_error(phi35, {"'rope_scaling.short_factor'", "missing"});
   phi35["model_type"] = "qwen3";
   EXPECT_TRUE(parse(phi35).is_ok()) << parse(phi35).status().message();
   phi35["model_type"] = "phi3";
@@ -269,8 +328,8 @@ TEST(ModelConfig, LegacyLlama3RopeScalingSpellings) {
   json j = base_config();
   j["model_type"] = "llama";
   j["attention_bias"] = true;
-  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
-  expect_error(j, {"rope_scaling.rope_type", "longrope"}, StatusCode::kUnsupported);
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};  // read (Phi3ByClassName...): its factors are missing
+  expect_error(j, {"rope_scaling.short_factor", "missing"});
   j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
   expect_error(j, {"rope_scaling.rope_type", "dynamic"}, StatusCode::kUnsupported);
   j.erase("rope_scaling");

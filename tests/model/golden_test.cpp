@@ -132,6 +132,12 @@ class GoldenModel : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<int64_t> prompt(size_t k) const { return meta_["prompts"][k].get<std::vector<int64_t>>(); }
+  // An anvil command line for this model, with the context the fixture was made for (meta "ctx":
+  // LongRoPE's short factors are those of a context up to the original one) where it names one.
+  std::vector<std::string> with_ctx(std::vector<std::string> args) const {
+    if (meta_.contains("ctx")) args.insert(args.end(), {"-c", std::to_string(meta_["ctx"].get<int>())});
+    return args;
+  }
   size_t num_prompts() const { return meta_["prompts"].size(); }
 
   double limit(size_t) const { return kBF16KVLimit; }
@@ -192,8 +198,8 @@ void GoldenModel::check_teacher_forced(const std::string& kv, const std::string&
         fs::path(::testing::TempDir()) / ("golden_" + name_ + "_" + std::to_string(k) + ".npy");
     fs::remove(out);
     const ProcessResult run =
-        run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids", join_ids(ids),
-                     "-n", "0", "--kv-dtype", kv, "--dump-logits", out.string()});
+        run_process(with_ctx({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids", join_ids(ids),
+                     "-n", "0", "--kv-dtype", kv, "--dump-logits", out.string()}));
     ASSERT_EQ(run.exit_code, 0) << ctx << ": anvil generate --dump-logits failed; stderr:\n" << run.err;
     auto ours_or = read_npy_f32(out.string());
     ASSERT_TRUE(ours_or.is_ok()) << ctx << ": " << ours_or.status().message();
@@ -246,8 +252,8 @@ void GoldenModel::check_greedy(const std::string& device) {
     const auto expected = meta_["greedy"][k].get<std::vector<int64_t>>();
     ASSERT_EQ(expected.size(), static_cast<size_t>(kGreedySteps)) << ctx << ": fixture greedy length";
     const ProcessResult run =
-        run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
-                     join_ids(prompt(k)), "-n", std::to_string(kGreedySteps), "--temp", "0", "--ignore-eos", "--json"});
+        run_process(with_ctx({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
+                     join_ids(prompt(k)), "-n", std::to_string(kGreedySteps), "--temp", "0", "--ignore-eos", "--json"}));
     ASSERT_EQ(run.exit_code, 0) << ctx << ": anvil generate --json failed; stderr:\n" << run.err;
     const json out = json::parse(run.out, nullptr, /*allow_exceptions=*/false);
     ASSERT_FALSE(out.is_discarded()) << ctx << ": stdout is not one JSON object:\n" << run.out;
@@ -269,8 +275,8 @@ void GoldenModel::check_greedy(const std::string& device) {
     auto ref = read_npy_f32((golden_root() / name_ / ("ref_" + std::to_string(k) + ".npy")).string());
     ASSERT_TRUE(ref.is_ok()) << ref.status().message();
     const fs::path tf = fs::path(::testing::TempDir()) / ("greedy_noise_" + name_ + ".npy");
-    ProcessResult r1 = run_process({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
-                                    join_ids(prompt(k)), "-n", "0", "--dump-logits", tf.string()});
+    ProcessResult r1 = run_process(with_ctx({ANVIL_BINARY, "generate", "--device", device, "-m", model_dir_.string(), "--ids",
+                                    join_ids(prompt(k)), "-n", "0", "--dump-logits", tf.string()}));
     ASSERT_EQ(r1.exit_code, 0) << r1.err;
     auto ours = read_npy_f32(tf.string());
     ASSERT_TRUE(ours.is_ok() && ours->shape == ref->shape) << msg;
@@ -283,8 +289,8 @@ void GoldenModel::check_greedy(const std::string& device) {
                                                     << worst_rel;
     std::vector<int64_t> path = prompt(k);
     path.insert(path.end(), expected.begin(), expected.begin() + long(i));
-    ProcessResult r2 = run_process({ANVIL_BINARY, "generate", "--device", "cpu", "-m", model_dir_.string(), "--ids",
-                                    join_ids(path), "-n", "0", "--dump-logits", tf.string()});
+    ProcessResult r2 = run_process(with_ctx({ANVIL_BINARY, "generate", "--device", "cpu", "-m", model_dir_.string(), "--ids",
+                                    join_ids(path), "-n", "0", "--dump-logits", tf.string()}));
     ASSERT_EQ(r2.exit_code, 0) << r2.err;
     auto cpu = read_npy_f32(tf.string());
     ASSERT_TRUE(cpu.is_ok()) << msg;
@@ -340,7 +346,9 @@ TEST(GoldenFixtures, AllModelsPresentAndConsistent) {
       // Mistral: head_dim != hidden / heads, a sliding_window above the prompts (make_mistral_golden_fixtures.py)
       "mistral-bf16",
       // Phi-3: fused qkv_proj / gate_up_proj, bf16 and quantized fused by mlx-lm (make_phi3_golden_fixtures.py)
-      "phi3-bf16", "phi3-q4"};
+      "phi3-bf16", "phi3-q4",
+      // LongRoPE, short factors (-c 256) and long ones (past it) (make_longrope_golden_fixtures.py)
+      "phi3-longrope-short", "phi3-longrope-long"};
   const auto have = golden_models();
   for (const auto& m : expected)
     EXPECT_NE(std::find(have.begin(), have.end(), m), have.end()) << "missing golden fixture " << m;
