@@ -33,6 +33,8 @@ Math (Qwen3 / Qwen2 / Llama decoder, pre-norm):
     GQA: query head h reads kv head h // (H / KV); causal softmax(q k^T / sqrt(D)); o = concat_h(...) Wo^T
     h += o;  m = rmsnorm(h, post_attention_layernorm);  h += Wdown (silu(Wgate m) * Wup m)
   logits = rmsnorm(h, model.norm) lm_head^T   (tied: lm_head = embed_tokens)
+Partial rotary (Phi-3's partial_rotary_factor p, Phi-4-mini's 0.75): RoPE over the first R = int(D p) dims of each
+  head (pairs (i, i + R/2), frequencies theta^(-2i/R), and the attention factor on those dims only), the rest as is.
 Phi-3 (model_type phi3) fuses the projections: qkv = a Wqkv^T, q | k | v its columns [0, H D), [H D, (H + KV) D),
   [(H + KV) D, (H + 2 KV) D); gu = m Wgate_up^T, gate its first intermediate_size columns, up the rest.
 MLX affine quantization: weight uint32 [out, in*bits/32]; each row is a little-endian bit stream in which
@@ -186,8 +188,15 @@ def rope_inv_freq(cfg, D, ablate, long_factors=False):
     return inv, 1.0
 
 
-def apply_rope(x, rope, ablate):
-    """x [T, heads, D]; positions 0..T-1; rope = (inv_freq, attention factor)."""
+def apply_rope(x, rope, ablate, R=None):
+    """x [T, heads, D]; positions 0..T-1; rope = (inv_freq, attention factor); R: the rotated dims (partial
+    rotary: the first R, pairs (i, i + R/2), the rest passed through unscaled)."""
+    if R is not None and R < x.shape[-1]:
+        if ablate == "rotate_whole_head":
+            R = x.shape[-1]
+            rope = (np.concatenate([rope[0], np.zeros((R - 2 * len(rope[0])) // 2)]), rope[1])
+        else:
+            return np.concatenate([apply_rope(x[..., :R], rope, ablate), x[..., R:]], axis=-1)
     inv, factor = rope
     T, _, D = x.shape
     ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]        # [T, D/2]
@@ -214,7 +223,9 @@ def forward(model_dir, ids, ablate=None, long_factors=False):
     if ablate == "eps_1e-5_vs_1e-6":
         eps = 1e-6 if eps == 1e-5 else 1e-5
     bf = (lambda a: a) if ablate != "bf16_activations" else to_bf16
-    inv = rope_inv_freq(cfg, D, ablate, long_factors)
+    prf = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    R = int(D * prf)  # Phi3Attention's rotary_ndims
+    inv = rope_inv_freq(cfg, R, ablate, long_factors)
     T = len(ids)
     emb = W.matrix("model.embed_tokens")
     h = bf(emb[ids])
@@ -241,7 +252,7 @@ def forward(model_dir, ids, ablate=None, long_factors=False):
         if W.has(p + "self_attn.q_norm.weight") and ablate != "no_qk_norm":
             q = rmsnorm(q, W.vector(p + "self_attn.q_norm.weight"), eps)
             k = rmsnorm(k, W.vector(p + "self_attn.k_norm.weight"), eps)
-        q, k = bf(apply_rope(q, inv, ablate)), bf(apply_rope(k, inv, ablate))
+        q, k = bf(apply_rope(q, inv, ablate, R)), bf(apply_rope(k, inv, ablate, R))
         v = bf(v)
         o = np.empty((T, H, D))
         for hh in range(H):
@@ -276,7 +287,8 @@ def rel_err(ours, ref):
 
 ABLATIONS = ["bf16_activations", "interleaved_rope", "eps_1e-5_vs_1e-6", "gqa_modulo", "no_qk_norm",
              "no_qkv_bias", "no_llama3_scaling", "no_yarn_freqs", "no_yarn_attention_factor", "quant_msb_first",
-             "qkv_order_kqv", "up_gate_order", "longrope_other_factors", "longrope_no_attention_factor"]
+             "qkv_order_kqv", "up_gate_order", "longrope_other_factors", "longrope_no_attention_factor",
+             "rotate_whole_head"]
 
 
 def applies(ablation, W):
@@ -294,6 +306,7 @@ def applies(ablation, W):
         "up_gate_order": W.has("model.layers.0.mlp.gate_up_proj.weight"),
         "longrope_other_factors": "long_factor" in sc,
         "longrope_no_attention_factor": "long_factor" in sc,
+        "rotate_whole_head": (cfg.get("partial_rotary_factor") or 1.0) != 1.0,
     }.get(ablation, True)
 
 

@@ -18,6 +18,9 @@ fixtures are the same checkpoint (original context 256, max_position_embeddings 
                        sequence up to 256 tokens. The reference is mlx-lm on a copy of the checkpoint whose
                        long_factor is its short_factor (mlx-lm then computes the short-factor forward).
   phi3-longrope-long   at the default context (2,048, past 256): the long factors, mlx-lm's own forward.
+  phi4mini-longrope    Phi-4-mini's shape of the same: partial_rotary_factor 0.75 (RoPE over 12 of each
+                       head's 16 dims, 6 factors each, the attention factor on those dims only) and tied
+                       embeddings, at the default context (long factors), against mlx-lm.
 
 The script refuses to write unless the independent float64 numpy forward (scripts/golden_numpy_check.py,
 written from transformers' _compute_longrope_parameters and modeling_phi3) agrees with mlx-lm on every
@@ -55,6 +58,18 @@ def config(rng):
     return c
 
 
+def phi4mini_config(rng):
+    c = config(rng)
+    c["partial_rotary_factor"] = 0.75
+    c["tie_word_embeddings"] = True
+    rot = int(c["hidden_size"] // c["num_attention_heads"] * 0.75)
+    c["rope_scaling"] = {"type": "longrope",
+                         "short_factor": [round(1.0 + 0.5 * float(x), 4) for x in rng.random(rot // 2)],
+                         "long_factor": [round(1.0 + 12.0 * (i / (rot // 2 - 1)) ** 2 + float(x), 4)
+                                         for i, x in enumerate(rng.random(rot // 2))]}
+    return c
+
+
 def make_model(dst, cfg):
     saved = phi3.CONFIG
     phi3.CONFIG = cfg
@@ -62,6 +77,11 @@ def make_model(dst, cfg):
         phi3.make_model(dst)  # the tiny Phi-3's weights (its seed), this config
     finally:
         phi3.CONFIG = saved
+    if cfg.get("tie_word_embeddings"):  # no lm_head: the embedding is the head
+        from make_yarn_golden_fixtures import write_safetensors
+        t = npref.read_safetensors(dst / "model.safetensors")
+        del t["lm_head.weight"]
+        write_safetensors(dst / "model.safetensors", {k: v.astype(np.float64) for k, v in t.items()})
 
 
 def check_against_numpy(name, long_factors):
@@ -71,7 +91,7 @@ def check_against_numpy(name, long_factors):
     for k, ids in enumerate(meta["prompts"]):
         ref = np.load(dst / f"ref_{k}.npy").astype(np.float64)
         worst = max(worst, float(npref.rel_err(npref.forward(dst, ids, None, long_factors), ref)))
-        for ab in ("longrope_other_factors", "longrope_no_attention_factor"):
+        for ab in ("longrope_other_factors", "longrope_no_attention_factor", "rotate_whole_head"):
             err = npref.rel_err(npref.forward(dst, ids, ab, long_factors), ref)
             print(f"  {name}: prompt {k} ablation {ab}: rel_err {err:.2e}")
     if worst > 1e-5:
@@ -102,6 +122,12 @@ def main():
         g.write_fixture("phi3-longrope-short", "mlx", ref_dir, g.random_prompt_candidates(SEED, g.VOCAB),
                         g.MIN_MARGIN, {"longrope_factors": "short", "ctx": ORIGINAL})
     check_against_numpy("phi3-longrope-short", False)
+
+    mini = g.OUT / "phi4mini-longrope"
+    make_model(mini, phi4mini_config(np.random.default_rng(SEED + 2)))
+    g.write_fixture("phi4mini-longrope", "mlx", mini, g.random_prompt_candidates(SEED + 2, g.VOCAB), g.MIN_MARGIN,
+                    {"longrope_factors": "long"})
+    check_against_numpy("phi4mini-longrope", True)
 
     a = json.loads((long_dir / "meta.json").read_text())
     b = json.loads((short_dir / "meta.json").read_text())

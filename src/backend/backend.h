@@ -93,6 +93,13 @@ struct KVCacheView {
   DType dtype = DType::kBF16;
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, page_size = 0;
   int64_t n_pages = 0;
+  // Partial rotary embeddings (Phi-4-mini: 0.75 of each head): RoPE over the first rotary_dim dims
+  // of a head only, pairs (i, i + rotary_dim/2), the rest passed through, and the rotated dims
+  // multiplied by rope_scale (LongRoPE's / YaRN's attention factor, which cannot go into the softmax
+  // scale when only some dims carry it). 0: the whole head (and rope_scale 1). A backend that cannot
+  // rotate part of a head refuses the model (Backend::partial_rotary_supported).
+  int rotary_dim = 0;
+  float rope_scale = 1.0f;
   size_t page_elems() const { return size_t(n_layers) * 2 * page_size * n_kv_heads * head_dim; }
   size_t page_bytes() const { return page_elems() * dtype_size(dtype); }
 };
@@ -280,7 +287,8 @@ class Backend {
   virtual void add(Act a, Act b) = 0;
   // For each token t: optional per-head RMSNorm of q and k (q_norm/k_norm with n = head_dim; skipped
   // when data is null), RoPE (rotate-half convention: pairs (i, i + head_dim/2), angle
-  // pos * inv_freq[i]) on q in place and on k, then writes k and v at (layer, pos[t]) of the
+  // pos * inv_freq[i]; with kv.rotary_dim, pairs (i, i + rotary_dim/2) times kv.rope_scale, see
+  // KVCacheView) on q in place and on k, then writes k and v at (layer, pos[t]) of the
   // sequence's pages.   q: [T, n_heads*head_dim], k, v: [T, n_kv_heads*head_dim], inv_freq: [head_dim/2]
   virtual void qk_norm_rope_kv_append(Act q, Act k, Act v, const WeightVector& q_norm, const WeightVector& k_norm,
                                       float eps, const float* inv_freq, const KVCacheView& kv, int layer,
@@ -329,10 +337,11 @@ class Backend {
   // thread (the staging copies below). The CUDA backend says no until it overrides them with a
   // stream of its own (a copy from another thread would break the decode graph's capture).
   virtual bool supports_page_store() const { return true; }
-  // Why this backend's attention (q/k norm + RoPE + attention) cannot take a model with these heads,
-  // or "" when it can. Transformer::create refuses such a model with the reason, before any step.
-  virtual std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const {
-    (void)n_heads, (void)n_kv_heads, (void)head_dim;
+  // Why this backend's attention (q/k norm + RoPE + attention) cannot take a model with these heads
+  // (rotary_dim: the dims of a head RoPE turns, 0 or head_dim for all), or "" when it can.
+  // Transformer::create refuses such a model with the reason, before any step.
+  virtual std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim, int rotary_dim = 0) const {
+    (void)n_heads, (void)n_kv_heads, (void)head_dim, (void)rotary_dim;
     return {};
   }
   virtual void moe_ffn(Act x, const MoEWeights& w, Act out);

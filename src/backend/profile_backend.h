@@ -122,8 +122,8 @@ class ProfilingBackend final : public Backend {
   }
   bool has_moe_ffn() const override { return in_.has_moe_ffn(); }
   bool supports_page_store() const override { return in_.supports_page_store(); }
-  std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const override {
-    return in_.attention_unsupported(n_heads, n_kv_heads, head_dim);
+  std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim, int rotary_dim = 0) const override {
+    return in_.attention_unsupported(n_heads, n_kv_heads, head_dim, rotary_dim);
   }
   // The store's staging copies run on the wrapped backend's own streams (not timed: not decode ops).
   Result<void*> alloc_host_staging(size_t bytes) override { return in_.alloc_host_staging(bytes); }

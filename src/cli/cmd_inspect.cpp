@@ -193,7 +193,8 @@ int run_inspect(const InspectArgs& a) {
   std::printf("layers           %d, hidden %d, heads %d / kv heads %d, head dim %d, ffn %d, vocab %d\n",
               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
               c.intermediate_size, c.vocab_size);
-  std::printf("features         %s%s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
+  std::printf("features         %s%s%s%s%s%s\n", c.qk_norm ? "q/k-norm " : c.qk_norm_full ? "q/k-norm(whole projection) " : "", c.attention_bias ? "qkv-bias " : "",
+              c.rotary_dim > 0 ? ("partial-rotary " + std::to_string(c.rotary_dim) + "/" + std::to_string(c.head_dim) + " ").c_str() : "",
               c.rope_scaling.type.empty() ? ""
               : c.rope_scaling.type == "longrope"
                   ? ("rope-longrope (" + std::string(a.ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short") +

@@ -442,7 +442,8 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
   }
   if (o.device == "auto") {
     const ModelConfig& c = s.model->config;
-    if (const std::string why = s.backend->attention_unsupported(c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    if (const std::string why =
+            s.backend->attention_unsupported(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim);
         !why.empty()) {
       std::fprintf(stderr, "[anvil] device auto: the %s backend cannot run this model's attention (%s); using the CPU\n",
                    s.backend->name().c_str(), why.c_str());

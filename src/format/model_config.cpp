@@ -213,11 +213,12 @@ Status refuse_phi3_rope_scaling(const Fields& r, bool rope_type_key, const std::
 Status parse_longrope(const Fields& top, const Fields& r, ModelConfig* c) {
   RopeScaling& s = c->rope_scaling;
   s.type = "longrope";
-  const int half = c->head_dim / 2;
+  const int half = (c->rotary_dim > 0 ? c->rotary_dim : c->head_dim) / 2;
   for (const auto& [key, out] : {std::pair<const char*, std::vector<double>*>{"short_factor", &s.short_factor},
                                  {"long_factor", &s.long_factor}}) {
     const json* v = r.get(key);
-    const std::string want = "a list of " + std::to_string(half) + " positive numbers (head_dim / 2: one per rotary frequency)";
+    const std::string want = "a list of " + std::to_string(half) + " positive numbers (one per rotary frequency: " +
+                             (c->rotary_dim > 0 ? "the rotary dims / 2)" : "head_dim / 2)");
     if (!v) return r.error(key, "missing (required: " + want + ")");
     if (!v->is_array()) return r.error(key, "expected " + want + ", got " + v->dump().substr(0, 80));
     if (v->size() != size_t(half))
@@ -246,6 +247,32 @@ Status parse_longrope(const Fields& top, const Fields& r, ModelConfig* c) {
   }
   s.original_max_position_embeddings = orig;
   return r.get_double("attention_factor", &s.attention_factor, true);
+}
+
+// partial_rotary_factor, top level or (transformers >= 5 writes it there) inside rope_parameters:
+// RoPE over int(head_dim * factor) dims of each head (Phi3Attention's rotary_ndims; Phi-4-mini:
+// 0.75), which must be even. Only Phi-3's attention turns part of a head; another family with a
+// factor other than 1 is refused (its transformers class would turn all of it, or fail).
+Status parse_partial_rotary(const Fields& f, const std::string& label, ModelConfig* c) {
+  const json none = json::object();
+  const json* rp = f.get("rope_parameters");
+  const Fields r(rp && rp->is_object() ? *rp : none, label, "rope_parameters.");
+  for (const Fields* at : {static_cast<const Fields*>(&f), &r}) {
+    if (!at->has("partial_rotary_factor")) continue;
+    double rotary = 1.0;
+    ANVIL_RETURN_IF_ERROR(at->get_double("partial_rotary_factor", &rotary, true));
+    if (rotary == 1.0) continue;
+    if (c->arch != Arch::kPhi3 || rotary > 1.0)
+      return at->unsupported_value("partial_rotary_factor",
+                                   "partial rotary embeddings (RoPE over " + json(rotary).dump() +
+                                       " of each head) are supported for phi3 models (Phi-4-mini: 0.75) only (expected 1.0)");
+    const int rot = int(c->head_dim * rotary);
+    if (rot < 2 || rot % 2 != 0)
+      return at->error("partial_rotary_factor", json(rotary).dump() + " of head_dim " + std::to_string(c->head_dim) +
+                                                    " is " + std::to_string(rot) + " rotary dims; expected an even number");
+    c->rotary_dim = rot;
+  }
+  return Status::ok();
 }
 
 // Rope scaling comes from `rope_scaling` (transformers < 5, MLX) or from `rope_parameters`
@@ -474,6 +501,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   }
   ANVIL_RETURN_IF_ERROR(f.get_double("rope_theta", &c.rope_theta, true));
   ANVIL_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &c.max_position_embeddings, false, true));
+  ANVIL_RETURN_IF_ERROR(parse_partial_rotary(f, label, &c));  // before the scaling: LongRoPE's factors per rotary pair
   ANVIL_RETURN_IF_ERROR(parse_rope_scaling(f, label, &c));  // yarn's default context is the one above
   ANVIL_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
 
@@ -508,18 +536,6 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     ANVIL_RETURN_IF_ERROR(f.get_string("hidden_act", &act));
     if (act != "silu" && act != "swish")
       return f.unsupported_value("hidden_act", "activation '" + act + "' is not supported (the MLP is SwiGLU with silu)");
-    // Top level, or (transformers >= 5 writes it there, Phi3Config always) inside rope_parameters.
-    const json none = json::object();
-    const json* rp = f.get("rope_parameters");
-    const Fields r(rp && rp->is_object() ? *rp : none, label, "rope_parameters.");
-    for (const Fields* at : {static_cast<const Fields*>(&f), &r}) {
-      double rotary = 1.0;
-      ANVIL_RETURN_IF_ERROR(at->get_double("partial_rotary_factor", &rotary, true));
-      if (rotary != 1.0)
-        return at->unsupported_value("partial_rotary_factor",
-                                     "partial rotary embeddings (RoPE over " + json(rotary).dump() +
-                                         " of each head, as Phi-4-mini's 0.75) are not supported (expected 1.0)");
-    }
     bool mlp_bias = false;
     ANVIL_RETURN_IF_ERROR(f.get_bool("mlp_bias", &mlp_bias));
     if (mlp_bias) return f.unsupported_value("mlp_bias", "MLP biases are not supported (expected false)");

@@ -68,6 +68,9 @@ struct ModelConfig {
   int num_attention_heads = 0;
   int num_key_value_heads = 0;
   int head_dim = 0;  // defaults to hidden_size / num_attention_heads when absent
+  // The dims of a head RoPE turns: head_dim * partial_rotary_factor (Phi-3's config: Phi-4-mini's 0.75),
+  // even; 0 when it turns all of them (every other model).
+  int rotary_dim = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;

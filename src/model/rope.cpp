@@ -6,9 +6,12 @@
 namespace anvil {
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
-  const int half = cfg.head_dim / 2;
-  std::vector<float> inv(half);
-  for (int i = 0; i < half; ++i) inv[i] = float(1.0 / std::pow(cfg.rope_theta, double(2 * i) / cfg.head_dim));
+  // The rotated dims' frequencies, as transformers computes them for dim = the rotary dims; the
+  // entries past them (partial rotary) stay 0: no rotation.
+  const int rot = rotary_dims(cfg);
+  const int half = rot / 2;
+  std::vector<float> inv(size_t(cfg.head_dim / 2), 0.0f);
+  for (int i = 0; i < half; ++i) inv[i] = float(1.0 / std::pow(cfg.rope_theta, double(2 * i) / rot));
   const RopeScaling& rs = cfg.rope_scaling;
   if (rs.type == "linear") {
     for (auto& f : inv) f = float(f / rs.factor);
@@ -33,7 +36,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
     // YaRN (transformers' _compute_yarn_parameters): dimensions that turn fewer than beta_slow times over
     // the original context are interpolated (inv_freq / factor), those turning more than beta_fast times
     // are kept, and a linear ramp over the dimensions between blends the two.
-    const double D = cfg.head_dim, base = cfg.rope_theta;
+    const double D = rot, base = cfg.rope_theta;
     const double old_len = rs.original_max_position_embeddings;
     auto correction_dim = [&](double rotations) {
       return D * std::log(old_len / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
@@ -54,7 +57,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
     // original (RopeScaling::longrope_long).
     const std::vector<double>& ext = rs.longrope_long ? rs.long_factor : rs.short_factor;
     for (int i = 0; i < half && i < int(ext.size()); ++i)
-      inv[i] = float(1.0 / (ext[size_t(i)] * std::pow(cfg.rope_theta, double(2 * i) / cfg.head_dim)));
+      inv[i] = float(1.0 / (ext[size_t(i)] * std::pow(cfg.rope_theta, double(2 * i) / rot)));
   }
   return inv;
 }
@@ -74,9 +77,18 @@ double rope_attention_factor(const ModelConfig& cfg) {
   return mscale(rs.factor, 1.0);
 }
 
+int rotary_dims(const ModelConfig& cfg) {
+  return cfg.rotary_dim > 0 && cfg.rotary_dim < cfg.head_dim ? cfg.rotary_dim : cfg.head_dim;
+}
+
+float rope_scale_in_rotation(const ModelConfig& cfg) {
+  return rotary_dims(cfg) < cfg.head_dim ? float(rope_attention_factor(cfg)) : 1.0f;
+}
+
 float attention_softmax_scale(const ModelConfig& cfg) {
   // YaRN multiplies cos and sin, so both q and k, by the attention factor: the scores by its square.
-  const double af = rope_attention_factor(cfg);
+  // With partial rotary only the rotated dims carry it: the rotation applies it (rope_scale_in_rotation).
+  const double af = rotary_dims(cfg) < cfg.head_dim ? 1.0 : rope_attention_factor(cfg);
   if (af == 1.0) return 1.0f / std::sqrt(float(cfg.head_dim));
   return float(af * af / std::sqrt(double(cfg.head_dim)));
 }

@@ -25,7 +25,7 @@ Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg,
     return unsupported("the " + backend.name() + " backend cannot run mixture-of-experts models (" +
                        cfg.model_type + ") yet");
   if (const std::string why =
-          backend.attention_unsupported(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+          backend.attention_unsupported(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim);
       !why.empty())
     return unsupported("the " + backend.name() + " backend cannot run this model's attention: " + why);
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));

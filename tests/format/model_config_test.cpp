@@ -255,7 +255,7 @@ TEST(ModelConfig, Phi3ByClassNameLongRopeAndWhatIsRefused) {
   {
     json bad = phi35;
     bad["rope_scaling"]["long_factor"] = std::vector<double>(15, 1.0);
-    expect_error(bad, {"'rope_scaling.long_factor'", "a list of 16 positive numbers (head_dim / 2", "a list of 15"});
+    expect_error(bad, {"'rope_scaling.long_factor'", "a list of 16 positive numbers", "head_dim / 2)", "a list of 15"});
     bad["rope_scaling"]["long_factor"] = longf;
     bad["rope_scaling"]["short_factor"][3] = 0.0;
     expect_error(bad, {"'rope_scaling.short_factor'", "got 0.0 in it"});
@@ -275,18 +275,50 @@ TEST(ModelConfig, Phi3ByClassNameLongRopeAndWhatIsRefused) {
   phi35["rope_scaling"] = {{"rope_type", "default"}};
   EXPECT_TRUE(parse(phi35).is_ok()) << parse(phi35).status().message();
 
-  // Phi-4-mini: RoPE over 0.75 of each head.
+  // Phi-4-mini: RoPE over 0.75 of each head (head_dim 32 here: 24 rotary dims), top level or in
+  // transformers 5's rope_parameters; LongRoPE then has one factor per rotary pair. Another family's
+  // partial_rotary_factor is refused by name, and so is a factor giving an odd number of dims.
   json phi4mini = base_config();
   phi4mini["model_type"] = "phi3";
   phi4mini["partial_rotary_factor"] = 0.75;
-  expect_error(phi4mini, {"'partial_rotary_factor'", "0.75", "not supported"}, StatusCode::kUnsupported);
+  auto pm = parse(phi4mini);
+  ASSERT_TRUE(pm.is_ok()) << pm.status().message();
+  EXPECT_EQ(pm->rotary_dim, 24);
+  EXPECT_EQ(rotary_dims(*pm), 24);
+  {
+    const std::vector<float> inv = rope_inv_freq(*pm);
+    ASSERT_EQ(inv.size(), 16u);
+    EXPECT_NEAR(inv[1], std::pow(10000.0, -2.0 / 24), 1e-7);  // theta^(-2i/R), R the rotary dims
+    EXPECT_EQ(inv[12], 0.0f);                                   // past R/2: not turned
+    EXPECT_EQ(rope_scale_in_rotation(*pm), 1.0f);
+  }
+  phi4mini["max_position_embeddings"] = 131072;
+  phi4mini["original_max_position_embeddings"] = 4096;
+  phi4mini["rope_scaling"] = {{"type", "longrope"},
+                              {"long_factor", std::vector<double>(12, 2.0)},
+                              {"short_factor", std::vector<double>(12, 1.0)}};
+  pm = parse(phi4mini);
+  ASSERT_TRUE(pm.is_ok()) << pm.status().message();
+  // With part of each head turned, the attention factor is the rotation's, not the softmax scale's.
+  EXPECT_NEAR(rope_scale_in_rotation(*pm), 1.1902380714238083, 1e-6);
+  EXPECT_NEAR(attention_softmax_scale(*pm), 1.0 / std::sqrt(32.0), 1e-7);
+  phi4mini["rope_scaling"]["long_factor"] = std::vector<double>(16, 2.0);  // head_dim / 2: the whole head's count
+  expect_error(phi4mini, {"'rope_scaling.long_factor'", "a list of 12 positive numbers", "the rotary dims / 2"});
+  phi4mini.erase("rope_scaling");
   phi4mini.erase("partial_rotary_factor");
   phi4mini["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.75}};
-  expect_error(phi4mini, {"'rope_parameters.partial_rotary_factor'", "0.75"}, StatusCode::kUnsupported);
+  EXPECT_EQ(parse(phi4mini)->rotary_dim, 24);
+  phi4mini["rope_parameters"]["partial_rotary_factor"] = 0.7;  // 22.4 -> 22 dims: even, as transformers truncates
+  EXPECT_EQ(parse(phi4mini)->rotary_dim, 22);
+  phi4mini["rope_parameters"]["partial_rotary_factor"] = 0.72;  // 23 dims
+  expect_error(phi4mini, {"'rope_parameters.partial_rotary_factor'", "23 rotary dims", "even"});
   phi4mini["rope_parameters"]["partial_rotary_factor"] = 1.0;
-  EXPECT_TRUE(parse(phi4mini).is_ok()) << parse(phi4mini).status().message();
+  EXPECT_EQ(parse(phi4mini)->rotary_dim, 0);
   phi4mini["rope_parameters"].erase("rope_type");  // no type: rope_theta and partial_rotary_factor are no scaling
   EXPECT_TRUE(parse(phi4mini).is_ok()) << parse(phi4mini).status().message();
+  json qwen = base_config();
+  qwen["partial_rotary_factor"] = 0.5;
+  expect_error(qwen, {"'partial_rotary_factor'", "0.5", "phi3 models"}, StatusCode::kUnsupported);
 }
 
 TEST(ModelConfig, SharedTinyModelsMatchTransformers) {

@@ -33,12 +33,22 @@ void head_rmsnorm(float* x, int d, const WeightVector& w, float eps) {
 }
 
 // Rotate-half RoPE in place: pairs (i, i + d/2).
-void rope(float* x, int d, const float* cs, const float* sn) {
+// Rotate-half RoPE over the first d dims (the head's, or its rotary part: pairs (i, i + d/2)); the
+// rest of the head is left as it is. m: what the rotated dims are multiplied by (KVCacheView::rope_scale).
+void rope(float* x, int d, const float* cs, const float* sn, float m) {
   const int h = d / 2;
+  if (m == 1.0f) {
+    for (int i = 0; i < h; ++i) {
+      const float a = x[i], b = x[i + h];
+      x[i] = a * cs[i] - b * sn[i];
+      x[i + h] = b * cs[i] + a * sn[i];
+    }
+    return;
+  }
   for (int i = 0; i < h; ++i) {
     const float a = x[i], b = x[i + h];
-    x[i] = a * cs[i] - b * sn[i];
-    x[i + h] = b * cs[i] + a * sn[i];
+    x[i] = (a * cs[i] - b * sn[i]) * m;
+    x[i + h] = (b * cs[i] + a * sn[i]) * m;
   }
 }
 
@@ -76,7 +86,9 @@ void axpy_any(float a, const float* x, float* y, int n, bool avx2) {
 void qk_norm_rope_kv_append_f32(ThreadPool& pool, float* q, const float* k, const float* v, int n_heads,
                                 const WeightVector& q_norm, const WeightVector& k_norm, float eps,
                                 const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch) {
-  const int D = kv.head_dim, Hkv = kv.n_kv_heads, half = D / 2;
+  const int D = kv.head_dim, Hkv = kv.n_kv_heads;
+  const int R = kv.rotary_dim > 0 && kv.rotary_dim < D ? kv.rotary_dim : D, half = R / 2;  // the turned dims
+  const float m = kv.rope_scale;
   const int64_t grain = std::max<int64_t>(1, 16384 / (int64_t(n_heads + 2 * Hkv) * D));
   pool.parallel_for(batch.n_tokens, grain, [&](int64_t t0, int64_t t1) {
     // Per-thread scratch, reused across calls: the decode step does not allocate.
@@ -94,14 +106,14 @@ void qk_norm_rope_kv_append_f32(ThreadPool& pool, float* q, const float* k, cons
       for (int h = 0; h < n_heads; ++h) {
         float* qh = q + (t * n_heads + h) * D;
         if (q_norm.data) head_rmsnorm(qh, D, q_norm, eps);
-        rope(qh, D, cs.data(), sn.data());
+        rope(qh, R, cs.data(), sn.data(), m);
       }
       const int64_t page = batch.page_table[int64_t(s) * batch.max_pages + pos / kv.page_size];
       const int64_t slot = pos % kv.page_size;
       for (int h = 0; h < Hkv; ++h) {
         std::memcpy(tmp.data(), k + (t * Hkv + h) * D, size_t(D) * 4);
         if (k_norm.data) head_rmsnorm(tmp.data(), D, k_norm, eps);
-        rope(tmp.data(), D, cs.data(), sn.data());
+        rope(tmp.data(), R, cs.data(), sn.data(), m);
         store_row(kv, kv_index(kv, page, layer, 0, slot, h), tmp.data(), D);
         store_row(kv, kv_index(kv, page, layer, 1, slot, h), v + (t * Hkv + h) * D, D);
       }

@@ -971,9 +971,13 @@ class CudaBackend final : public Backend {
     return launched(cuda::persist_decode(a, sms_, st_), "decode layers (persistent kernel)");
   }
   // The limits of rope_kv.cu, attention.cu and attention_decode_tc.cu (off with ANVIL_CUDA_ATTN_TC=0).
-  std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim) const override {
+  std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim, int rotary_dim = 0) const override {
     const std::string shape = " (" + std::to_string(n_heads) + " heads, " + std::to_string(n_kv_heads) +
                               " kv heads, head_dim " + std::to_string(head_dim) + ")";
+    // rope_kv.cu and the fused forms rotate whole heads; KVCacheView::rotary_dim is the CPU's so far.
+    if (rotary_dim > 0 && rotary_dim != head_dim)
+      return "partial rotary embeddings (RoPE over " + std::to_string(rotary_dim) + " of each head's " +
+             std::to_string(head_dim) + " dims, as Phi-4-mini's) run on the CPU only so far; --device cpu runs it";
     if (n_kv_heads < 1 || n_heads % n_kv_heads != 0) return "the heads are not a multiple of the kv heads" + shape;
     if (head_dim % 2 != 0 || head_dim > 256) return "head_dim must be even and at most 256" + shape;
     const int G = n_heads / n_kv_heads;
