@@ -42,7 +42,8 @@
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), moeearly
 # (sessions 42-43: ANVIL_MOE_ROUTE_EARLY=1 and ANVIL_MOE_GU_EARLY=1, their MoE tests and golden, then the MoE shapes'
-# decode under none / each / both), prefill (the
+# decode under none / each / both), partialrot (session 43: the partial rotary kernel's op test and Phi-4-mini-shaped golden
+# on CUDA with ANVIL_CUDA_PARTIAL_ROTARY=1), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -607,6 +608,11 @@ if [ "$what" != tests ]; then
         done
       done
     done
+  elif [ "$set" = partialrot ]; then
+    # Session 43's partial rotary kernel (rope_kv.cu, Phi-4-mini), refused by the backend until it has
+    # run here: its op test, then golden on CUDA with it let in (ANVIL_CUDA_PARTIAL_ROTARY=1).
+    pt ANVIL_CUDA_PARTIAL_ROTARY=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.PartialRotary*:CudaOps.AttentionShapes*' "partial rotary op"
+    pt ANVIL_CUDA_PARTIAL_ROTARY=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*phi4mini*:*Golden*Cuda*longrope*' "partial rotary golden"
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
     # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and

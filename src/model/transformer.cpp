@@ -31,7 +31,7 @@ Result<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& cfg,
   std::unique_ptr<Transformer> t(new Transformer(cfg, std::move(weights), backend, max_tokens));
   if (max_logit_rows > 0) t->max_logit_rows_ = std::min(max_logit_rows, max_tokens);
   ANVIL_RETURN_IF_ERROR(t->alloc_scratch());
-  if (!cfg.is_moe() && !cfg.qk_norm_full) {
+  if (!cfg.is_moe() && !cfg.qk_norm_full && rotary_dims(cfg) == cfg.head_dim) {  // (the kernel turns whole heads)
     std::vector<Backend::DenseLayerView> views;
     for (const LayerWeights& lw : t->w_.layers) {
       Backend::DenseLayerView v;

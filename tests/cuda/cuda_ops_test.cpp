@@ -884,6 +884,65 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
   }
 }
 
+// Partial rotary embeddings (Phi-4-mini: RoPE over 96 of 128 dims, and the LongRoPE attention factor
+// on those dims only: KVCacheView::rotary_dim / rope_scale), rope_kv.cu's partial kernel against the
+// CPU's qk_norm_rope_kv_append: q rotated in place and the K/V rows written, with and without q/k
+// norms, for a prefill chunk and a decode token. The frequencies are rope_inv_freq's for R dims
+// (zero past R/2, which the kernel must not use). Bound: one bf16 rounding (kElementwiseBound).
+TEST_F(CudaOps, PartialRotaryRopeKvAppendMatchesCpu) {
+  const int P = 16, L = 2, layer = 1, max_pages = 8;
+  struct Case {
+    int n_heads, n_kv, D, R;
+  };
+  for (const Case& c : {Case{24, 8, 128, 96}, Case{4, 2, 64, 48}, Case{4, 4, 32, 8}}) {
+    for (bool norms : {true, false}) {
+      const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" +
+                             std::to_string(c.D) + " R" + std::to_string(c.R) + (norms ? " norms" : "");
+      KVCacheView kv;
+      kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
+      kv.n_pages = max_pages;
+      kv.rotary_dim = c.R, kv.rope_scale = 1.1902381f;
+      std::vector<uint16_t> cpu_cache;
+      KVCacheView gkv;
+      Guarded gcache = make_cache(kv, cpu_cache, gkv);
+      std::vector<int32_t> table(static_cast<size_t>(max_pages));
+      for (int p = 0; p < max_pages; ++p) table[size_t(p)] = max_pages - 1 - p;
+      Guarded gtable = dev_bytes(table.data(), table.size() * 4);
+      RopeNorms rn;
+      ASSERT_NO_FATAL_FAILURE(make_rope_norms(c.D, &rn));
+      std::vector<float> inv(size_t(c.D / 2), 0.0f);
+      for (int i = 0; i < c.R / 2; ++i) inv[size_t(i)] = std::pow(1e4f, -2.0f * i / c.R);
+      Guarded gfreq = dev_bytes(inv.data(), inv.size() * 4);
+      const WeightVector none;
+      for (const std::vector<int32_t>& pos : {[] {
+                                                std::vector<int32_t> v(37);
+                                                for (int i = 0; i < 37; ++i) v[size_t(i)] = i;
+                                                return v;
+                                              }(),
+                                              std::vector<int32_t>{37}}) {
+        const int T = int(pos.size());
+        const std::vector<int32_t> seq(size_t(T), 0);
+        const int64_t QD = int64_t(c.n_heads) * c.D, KD = int64_t(c.n_kv) * c.D;
+        auto q = randn(size_t(T * QD)), k = randn(size_t(T * KD)), v = randn(size_t(T * KD));
+        const Batch bt = make_batch(pos, seq, 1, max_pages, table, gtable);
+        Guarded gq = dev_bf16(q), gk = dev_bf16(k), gv = dev_bf16(v);
+        cpu_->qk_norm_rope_kv_append(Act{q.data(), T, QD, DType::kF32}, Act{k.data(), T, KD, DType::kF32},
+                                     Act{v.data(), T, KD, DType::kF32}, norms ? rn.qn : none, norms ? rn.kn : none,
+                                     1e-6f, inv.data(), kv, layer, bt.cb);
+        gpu_->qk_norm_rope_kv_append(Act{gq.data(), T, QD, DType::kBF16}, Act{gk.data(), T, KD, DType::kBF16},
+                                     Act{gv.data(), T, KD, DType::kBF16}, norms ? rn.dqn : none,
+                                     norms ? rn.dkn : none, 1e-6f, static_cast<const float*>(gfreq.data()), gkv,
+                                     layer, bt.gb);
+        ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
+        expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "partial rope q " + cs + " T=" + std::to_string(T));
+      }
+      expect_cache_matches(cpu_cache, gcache, "kv cache " + cs);
+      gpu_->free_vector(rn.dqn);
+      gpu_->free_vector(rn.dkn);
+    }
+  }
+}
+
 // The fused decode attention (rope_attention: q/k norm + RoPE + KV append + tensor-core attention +
 // the splits' merge in thread block clusters, attention_decode_tc.cu) against the CPU's
 // rope_attention (its qk_norm_rope_kv_append, then attention). Contexts are built with both

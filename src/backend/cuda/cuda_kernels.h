@@ -138,10 +138,13 @@ struct BatchDev {
   const int32_t* seq = nullptr;
   const int32_t* page_table = nullptr;
 };
-// q: [T, n_heads*D] in place; k, v: [T, n_kv*D]. q_norm/k_norm may be null.
+// q: [T, n_heads*D] in place; k, v: [T, n_kv*D]. q_norm/k_norm may be null. rotary_dim R (0 or D:
+// the whole head): partial rotary embeddings, pairs (i, i + R/2) for i < R/2 turned and multiplied by
+// rope_scale, dims R.. passed through (KVCacheView::rotary_dim; an even R in [2, D)).
 cudaError_t qk_norm_rope_kv_append(void* q, const void* k, const void* v, int n_heads, const void* q_norm,
                                    const void* k_norm, Elem norm_dtype, float eps, const float* inv_freq,
-                                   const KVDev& kv, int layer, const BatchDev& b, cudaStream_t s);
+                                   const KVDev& kv, int layer, const BatchDev& b, cudaStream_t s, int rotary_dim = 0,
+                                   float rope_scale = 1.0f);
 
 // ---- attention.cu: split-KV (flash-decoding) over the pages ----
 // Workspace floats needed for a batch of T tokens with n_heads heads split n_splits ways.
