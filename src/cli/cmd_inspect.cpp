@@ -160,6 +160,15 @@ int run_inspect(const InspectArgs& a) {
     j["intermediate_size"] = c.intermediate_size;
     j["vocab_size"] = c.vocab_size;
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json();
+    j["rotary_dim"] = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim;
+    // RoPE scaling as the engine runs it at --ctx (LongRoPE: which factors), null for none.
+    if (c.rope_scaling.type.empty() || c.rope_scaling.type == "default") {
+      j["rope_scaling"] = nullptr;
+    } else {
+      j["rope_scaling"] = {{"type", c.rope_scaling.type}};
+      if (c.rope_scaling.type == "longrope")
+        j["rope_scaling"]["factors"] = a.ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short";
+    }
     j["tied_embeddings"] = w.tied;
     j["parameters"] = w.parameter_count();
     j["active_parameters"] = w.active_parameter_count();
