@@ -42,7 +42,8 @@
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), moeearly
 # (sessions 42-43: ANVIL_MOE_ROUTE_EARLY=1 and ANVIL_MOE_GU_EARLY=1, their MoE tests and golden, then the MoE shapes'
-# decode under none / each / both), partialrot (session 43: the partial rotary kernel's op test and Phi-4-mini-shaped golden
+# decode under none / each / both), attnsplits (session 43: batch-1 decode attention's split count, ANVIL_CUDA_ATTN_SPLITS),
+# partialrot (session 43: the partial rotary kernel's op test and Phi-4-mini-shaped golden
 # on CUDA with ANVIL_CUDA_PARTIAL_ROTARY=1), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
@@ -608,6 +609,15 @@ if [ "$what" != tests ]; then
         done
       done
     done
+  elif [ "$set" = attnsplits ]; then
+    # Session 43: batch-1 decode attention's split count (ANVIL_CUDA_ATTN_SPLITS=N; the default gives
+    # 8 live splits of 64 positions at 512 tokens of context): the attention tests under N = 2, then
+    # decode at 512 (and 4,096 for qwen3-8b) tokens of context under the default and N = 1, 2, 4, 16.
+    pt ANVIL_CUDA_ATTN_SPLITS=2 ./build-gpu/tests/anvil_test_cuda 'CudaOps.*Attention*:CudaModel.GraphDecode*' "attention, 2 splits"
+    for m in qwen3-0.6b:q4g64 qwen3-8b:q4g64; do
+      for n in 0 1 2 4 16 0; do pd ANVIL_CUDA_ATTN_SPLITS=$n "$m"; done
+    done
+    for n in 0 2 4 16; do pd ANVIL_CUDA_ATTN_SPLITS=$n qwen3-8b:q4g64 --prompt 4096; done
   elif [ "$set" = partialrot ]; then
     # Session 43's partial rotary kernel (rope_kv.cu, Phi-4-mini), refused by the backend until it has
     # run here: its op test, then golden on CUDA with it let in (ANVIL_CUDA_PARTIAL_ROTARY=1).

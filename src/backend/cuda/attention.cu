@@ -291,6 +291,16 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms, bool t
     return e ? std::max(0, std::atoi(e)) : 0;
   }();
   if (T > 1 && batch_splits > 0) return std::max(1, std::min(batch_splits, max_positions / 64));
+  // ANVIL_CUDA_ATTN_SPLITS=N (for measuring, session 43): N splits at batch 1, fewer where the
+  // context has fewer than 64 positions per split (live_splits). At 512 tokens of context the rule
+  // below gives 8 live splits of 64 positions (one 16-position tile per warp, merged across a
+  // cluster of 8): whether fewer, longer splits (more tiles per warp's ring, a smaller merge) cut
+  // the ~8-11 us decode attention takes after its release (session 42's timeline) is what it tests.
+  static const int one_splits = [] {
+    const char* e = std::getenv("ANVIL_CUDA_ATTN_SPLITS");
+    return e ? std::max(0, std::atoi(e)) : 0;
+  }();
+  if (T == 1 && one_splits > 0) return std::max(1, std::min(one_splits, max_positions / 64));
   const int blocks = T * n_kv_heads;
   if (blocks >= 2 * n_sms) return 1;
   const int most = std::max(1, std::min((4 * n_sms + blocks - 1) / blocks, max_positions / 64));
