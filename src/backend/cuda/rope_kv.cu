@@ -138,12 +138,13 @@ __global__ void qk_rope_append_partial_kernel(__nv_bfloat16* q, const __nv_bfloa
   }
   float inv = 1.0f;
   if (nw) inv = rsqrtf(warp_sum(ss) / float(D) + eps);
+  __syncwarp();  // q is rotated in place: every lane has read its elements before any lane writes
   if (!is_q) {
     const __nv_bfloat16* vsrc = v + (int64_t(t) * kv.n_kv_heads + kh) * D;
     for (int i = lane; i < D; i += 32) vdst[i] = vsrc[i];
   }
   // Normed values in shared memory would do; the pairs' partners are read back from the source
-  // instead (another lane's element), normed the same way.
+  // instead (another lane's element, which only this lane writes), normed the same way.
 #pragma unroll
   for (int j = 0; j < kMaxPerLane; ++j) {
     const int e = lane + 32 * j;
