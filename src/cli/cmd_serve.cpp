@@ -202,6 +202,11 @@ Command reg("serve", "Serve the model over an OpenAI-compatible HTTP API (chat, 
               add_int_option(app, "--max-queue", a->server.max_queue, "Requests that may wait for a slot; more get 503", 0,
                              INT32_MAX)
                   ->default_str(std::to_string(a->server.max_queue));
+              add_int_option(app, "--responses-keep", a->server.responses_keep,
+                             "Stored /v1/responses kept for previous_response_id and GET (in the KV store's "
+                             "directory), the oldest dropped first; 0: none stored",
+                             0, INT32_MAX)
+                  ->default_str(std::to_string(a->server.responses_keep));
               add_int_option(app, "--max-body", a->max_body_mb, "Largest request body, in MiB", int64_t(1),
                              int64_t(1) << 20, "MiB")
                   ->default_str(std::to_string(a->max_body_mb));

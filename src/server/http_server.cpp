@@ -21,6 +21,7 @@
 #include "server/connection_probe.h"
 #include "server/http_threads.h"
 #include "server/openai_reply.h"
+#include "server/response_store.h"
 #include "server/responses_reply.h"
 #include "server/session_locks.h"
 #include "server/sessions.h"
@@ -126,6 +127,7 @@ std::string endpoint_label(const std::string& path) {
   if (path == "/completions") return "/v1/completions";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
   if (path == "/v1/sessions" || path.rfind("/v1/sessions/", 0) == 0) return "/v1/sessions";
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses";
   return "other";
 }
 
@@ -154,6 +156,7 @@ struct HttpServer::Impl {
   // server stops, so shutdown() waits for these to reach their last event first.
   std::atomic<int> open_streams{0};
   SessionLocks sessions;
+  std::unique_ptr<ResponseStore> stored_responses;  // with the KV store and --responses-keep > 0
 
   Impl(ServerOptions o, Engine& e, const Tokenizer& t, TokenizerConfig c, Metrics& m)
       : opts(std::move(o)), engine(e), tok(t), cfg(std::move(c)), metrics(m) {
@@ -166,8 +169,12 @@ struct HttpServer::Impl {
   // chat: /v1/chat/completions, or with `responses` /v1/responses (the chat path, another reply); else
   // /v1/completions.
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses = false);
+  // to_store: the conversation (instructions apart) to store with the reply under the response's id.
   void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
-                       ResponsesEcho echo, bool stream, bool starts_in_reasoning, std::shared_ptr<SessionTurn> turn);
+                       ResponsesEcho echo, bool stream, bool starts_in_reasoning, std::shared_ptr<SessionTurn> turn,
+                       std::optional<ojson> to_store);
+  // GET / DELETE /v1/responses/{id}.
+  void handle_stored_response(const httplib::Request& req, httplib::Response& res, bool remove);
   // A server-sent event stream of `job`'s events: `first()` once (nothing when empty), then what
   // `render` makes of each event; it ends after the first event that is not a delta. A client that
   // goes away cancels the job; `finished(success)` runs when the HTTP library lets go of the stream.
@@ -347,6 +354,47 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   if (err) return send_error(res, *err);
   std::shared_ptr<SessionTurn> turn;
   std::optional<SessionInfo> sinfo;
+  std::optional<ojson> to_store;  // /v1/responses: the conversation stored with the reply (instructions apart)
+  if (responses) {
+    const ojson& ins = echo.fields["instructions"];
+    const bool has_ins = ins.is_string() && !ins.get_ref<const std::string&>().empty();  // r.messages[0] then
+    if (!echo.previous_response_id.empty()) {
+      const std::string& prev = echo.previous_response_id;
+      if (!r.session.empty())
+        return send_error(res, api_error(400, "previous_response_id",
+                                         "give one of 'previous_response_id' and 'session' (a stored response is "
+                                         "continued by its id, a session by its name)"));
+      if (!stored_responses)
+        return send_error(res, api_error(400, "previous_response_id",
+                                         "'previous_response_id' needs stored responses: this server runs without the "
+                                         "durable KV store (--no-kv-store) or with --responses-keep 0"));
+      auto got = stored_responses->get(prev);
+      if (!got.is_ok())
+        return send_error(res, for_client(api_error(500, "previous_response_id", got.status().message(), "", "server_error")));
+      if (!*got)
+        return send_error(res, api_error(400, "previous_response_id",
+                                         "previous response '" + prev.substr(0, 200) + "' not found (this server keeps "
+                                         "the last " + std::to_string(opts.responses_keep) +
+                                         " stored responses of this model; one sent with 'store': false is not kept)",
+                                         "previous_response_not_found"));
+      const ojson prior = ojson::parse((*got)->messages, nullptr, false);
+      if (!prior.is_array())
+        return send_error(res, api_error(500, "previous_response_id", "stored response '" + prev + "' is unreadable",
+                                         "", "server_error"));
+      // This request's instructions first (the previous response's are not carried over, as OpenAI's
+      // API has it), then the conversation so far, then this request's input.
+      ojson conv = ojson::array();
+      if (has_ins) conv.push_back(r.messages[0]);
+      for (const ojson& m : prior) conv.push_back(m);
+      for (size_t i = has_ins ? 1 : 0; i < r.messages.size(); ++i) conv.push_back(r.messages[i]);
+      r.messages = std::move(conv);
+    }
+    if (echo.store && stored_responses && r.session.empty()) {
+      to_store = ojson::array();
+      for (size_t i = has_ins ? 1 : 0; i < r.messages.size(); ++i) to_store->push_back(r.messages[i]);
+    }
+    echo.fields["store"] = to_store.has_value();
+  }
   if (!r.session.empty()) {
     if (!opts.store)
       return send_error(res, api_error(400, "session",
@@ -560,7 +608,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   }
   if (responses)
     return serve_responses(req, res, std::move(reply), std::move(echo), r.stream, starts_in_reasoning && forced.empty(),
-                           std::move(turn));
+                           std::move(turn), std::move(to_store));
 
   if (!r.stream) {
     wait_unstreamed(req, *job, [&](const JobEvent& e) {
@@ -675,15 +723,28 @@ void HttpServer::Impl::stream_job(httplib::Response& res, std::shared_ptr<Job> j
 // before the reply (or the last event) goes out, so that what the client reads is durable.
 void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
                                        ResponsesEcho echo, bool stream, bool starts_in_reasoning,
-                                       std::shared_ptr<SessionTurn> turn) {
+                                       std::shared_ptr<SessionTurn> turn, std::optional<ojson> to_store) {
+  const std::string instructions =
+      echo.fields["instructions"].is_string() ? echo.fields["instructions"].get<std::string>() : std::string();
   std::shared_ptr<Job> job = reply->job;
   const int32_t think_open = split_reasoning ? *tok.token_to_id("<think>") : -1;
   const int32_t think_close = split_reasoning ? *tok.token_to_id("</think>") : -1;
   std::shared_ptr<Reply> chat_reply = reply;
   auto rr = std::make_shared<ResponsesReply>(std::move(reply), std::move(echo), stream, think_open, think_close,
                                              starts_in_reasoning);
+  // A reply that kept its tool_choice, stored under its id with its conversation (to_store): before
+  // the client has it, so that a previous_response_id sent at once finds it. A store that fails is
+  // logged; the reply still goes out.
+  auto store_reply = [this, to_store, instructions, chat_reply, rr] {
+    if (!to_store || !rr->violation().empty() || chat_reply->finish == "cancelled") return;
+    ojson conv = *to_store;
+    conv.push_back(chat_reply->assistant_message());
+    const Status st = stored_responses->put(rr->id(), StoredResponse{dump(conv), instructions, dump(rr->response())});
+    if (!st.is_ok()) std::fprintf(stderr, "[anvil] response %s not stored: %s\n", rr->id().c_str(), st.message().c_str());
+  };
   // The turn's end with the finished reply: what the reply says when its last state is not saved.
-  auto end_turn = [this, turn, chat_reply, rr](bool streamed) -> std::optional<ApiError> {
+  auto end_turn = [this, turn, chat_reply, rr, store_reply](bool streamed) -> std::optional<ApiError> {
+    store_reply();
     if (!turn) return std::nullopt;
     std::optional<NotSaved> lost = turn->end(chat_reply.get());
     if (!lost || !rr->violation().empty()) return std::nullopt;
@@ -728,6 +789,35 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
       [turn](bool) {
         if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
       });
+}
+
+void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httplib::Response& res, bool remove) {
+  const std::string id = req.matches[1];
+  auto not_found = [&] {
+    send_error(res, api_error(404, "response_id",
+                              "no stored response with id '" + id.substr(0, 200) + "' (this server keeps the last " +
+                                  std::to_string(opts.responses_keep) +
+                                  " stored responses of this model; one sent with 'store': false is not kept)",
+                              "not_found"));
+  };
+  if (!stored_responses) {
+    return send_error(res, api_error(404, "response_id",
+                                     "no stored responses: this server runs without the durable KV store "
+                                     "(--no-kv-store) or with --responses-keep 0",
+                                     "not_found"));
+  }
+  if (remove) {
+    auto gone = stored_responses->remove(id);
+    if (!gone.is_ok()) return send_error(res, for_client(api_error(500, "", gone.status().message(), "", "server_error")));
+    if (!*gone) return not_found();
+    return send_json(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+  }
+  auto got = stored_responses->get(id);
+  if (!got.is_ok()) return send_error(res, for_client(api_error(500, "", got.status().message(), "", "server_error")));
+  if (!*got) return not_found();
+  const ojson r = ojson::parse((*got)->response, nullptr, false);
+  if (r.is_discarded()) return send_error(res, api_error(500, "", "stored response '" + id + "' is unreadable", "", "server_error"));
+  send_json(res, 200, r);
 }
 
 void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Response& res) {
@@ -883,6 +973,7 @@ static std::string allowed_methods(const std::string& path) {
     return path.size() > n && path.compare(0, n, prefix) == 0;
   };
   if (under("/v1/sessions/")) return "GET, HEAD, DELETE";  // (a name with a '/' is refused by the handler)
+  if (under("/v1/responses/")) return "GET, HEAD, DELETE";
   if (under("/v1/models/")) return "GET, HEAD";
   return "";
 }
@@ -998,6 +1089,8 @@ void HttpServer::Impl::routes() {
   // handle_session refuses as it refuses every invalid name (400, naming the rule).
   svr.Get(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
   svr.Delete(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
+  svr.Get(R"(/v1/responses/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, false); });
+  svr.Delete(R"(/v1/responses/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, true); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
     send_json(s, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
   });
@@ -1042,6 +1135,14 @@ Result<int> HttpServer::start() {
                       [sched] { return double(sched->kv_pages_used()); });
   metrics_->add_gauge("anvil_kv_prefix_cache_pages", "Pages in the prefix index",
                       [sched] { return double(sched->kv_prefix_pages()); });
+  if (m.opts.store && m.opts.responses_keep > 0) {
+    // Stored /v1/responses (response_store.h) beside the store's catalog. One that cannot be opened
+    // (a read-only directory) only stops responses from being stored: said once.
+    auto rs = std::make_unique<ResponseStore>();
+    const Status st = rs->open(m.opts.store->dir(), m.opts.store->fingerprint(), m.opts.responses_keep);
+    if (st.is_ok()) m.stored_responses = std::move(rs);
+    else std::fprintf(stderr, "[anvil] responses are not stored: %s\n", st.message().c_str());
+  }
   if (KVStore* st = m.opts.store) {
     // The store's counters (KVStoreCounters), always on: what persistence costs and what it saves.
     const KVStoreCounters& c = st->counters();

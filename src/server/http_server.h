@@ -29,6 +29,7 @@ struct ServerOptions {
   bool seed_fixed = false;     // requests without "seed" use defaults.sampling.seed (else a random one each)
   std::vector<int32_t> eos_ids;
   KVStore* store = nullptr;    // the durable KV store attached to the engine (sessions, metrics), or none
+  int responses_keep = 200;    // /v1/responses stored in the store's directory (response_store.h); 0: none stored
 };
 
 class HttpServer {

@@ -80,7 +80,7 @@ ojson ResponsesReply::object(const char* status) const {
     for (const Item& it : items_) output.push_back(item_json(it));
   o["output"] = std::move(output);
   for (auto it = echo_.fields.begin(); it != echo_.fields.end(); ++it) o[it.key()] = it.value();
-  o["previous_response_id"] = nullptr;
+  o["previous_response_id"] = echo_.previous_response_id.empty() ? ojson() : ojson(echo_.previous_response_id);
   o["background"] = false;
   o["usage"] = std::string(status) == "in_progress" ? ojson() : usage();
   return o;
@@ -195,8 +195,8 @@ std::string ResponsesReply::on_delta(const JobEvent& e) {
 std::string ResponsesReply::on_done(const std::string& reason, const std::function<std::optional<ApiError>()>& commit) {
   chat_->on_finish(reason);
   std::string sse = take_new();
-  const std::optional<ApiError> not_committed = commit ? commit() : std::nullopt;
   if (!chat_->violation.empty()) {
+    if (commit) (void)commit();  // (a turn ends all the same; what it says does not replace the error)
     ApiError e;
     e.type = "server_error";
     e.param = "tool_choice";
@@ -208,6 +208,8 @@ std::string ResponsesReply::on_done(const std::string& reason, const std::functi
   status_ = cut ? "incomplete" : "completed";
   if (items_.empty()) sse += append_text("message", "");  // an empty answer is still a message
   sse += close_open(cut ? "incomplete" : "completed");
+  // The response is whole now (its items closed, its status set): what commit stores or records.
+  const std::optional<ApiError> not_committed = commit ? commit() : std::nullopt;
   if (!stream_) return "";
   if (not_committed) return sse + on_error(*not_committed);
   return sse + event(cut ? "response.incomplete" : "response.completed", {{"response", object(status_.c_str())}});

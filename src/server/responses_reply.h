@@ -41,10 +41,11 @@ class ResponsesReply {
   // The SSE text to write now ("" when nothing; always "" when not streaming).
   std::string on_start();                           // response.created, response.in_progress
   std::string on_delta(const JobEvent& e);
-  // Closes the items; completed / incomplete. `commit` (may be empty) runs once the reply is whole,
-  // before the last event (a session's turn ends there, so that the turn is durable when the client
-  // reads that event); an error it returns, where the reply kept its tool_choice, goes out as the
-  // error event instead of response.completed / .incomplete.
+  // Closes the items; completed / incomplete. `commit` (may be empty) runs once the reply is whole
+  // (its items closed, its status set), before the last event (a session's turn ends there, and a
+  // stored response is stored, so that both are durable when the client reads that event); an error
+  // it returns, where the reply kept its tool_choice, goes out as the error event instead of
+  // response.completed / .incomplete.
   std::string on_done(const std::string& reason, const std::function<std::optional<ApiError>()>& commit = nullptr);
   std::string on_error(const ApiError& e);          // the "error" event
   // After on_done: the tool_choice violation ("" when none; the reply is then an error), and the body.

@@ -249,15 +249,16 @@ std::optional<ApiError> parse_responses_request(const std::string& body, const R
                                                 ResponsesEcho* echo) {
   ojson b;
   if (auto e = parse_json_object(body, &b)) return e;
-  // No response is stored, so none can be continued or fetched later (a conversation can be, by
-  // name: the 'session' extension, as for chat).
-  if (field(b, "previous_response_id"))
-    return bad("previous_response_id",
-               "'previous_response_id' is not supported: anvil stores no responses (send the whole conversation as "
-               "'input' items, or keep it server-side with anvil's 'session' extension)");
+  // A stored response is continued by its id (response_store.h; the server checks that it has it).
+  if (const ojson* p = field(b, "previous_response_id")) {
+    if (!p->is_string() || p->get_ref<const std::string&>().empty() || p->get_ref<const std::string&>().size() > 200)
+      return bad("previous_response_id", "'previous_response_id' must be a response id (a non-empty string)");
+    echo->previous_response_id = p->get<std::string>();
+  }
   if (field(b, "conversation"))
-    return bad("conversation", "'conversation' is not supported: anvil stores no conversations (send the whole "
-                               "conversation as 'input' items)");
+    return bad("conversation", "'conversation' is not supported: send the conversation as 'input' items, "
+                               "continue a stored response with 'previous_response_id', or keep it server-side with "
+                               "anvil's 'session' extension");
   if (const ojson* bg = field(b, "background"); bg && *bg != false)
     return bad("background", "'background' is not supported: anvil answers while the request waits (or streams)");
   if (field(b, "prompt"))
@@ -282,8 +283,10 @@ std::optional<ApiError> parse_responses_request(const std::string& body, const R
     for (auto it = m->begin(); it != m->end(); ++it)
       if (!it->is_string()) return bad("metadata", "'metadata." + it.key().substr(0, 64) + "' must be a string");
   }
-  if (const ojson* s = field(b, "store"); s && !s->is_boolean())
-    return bad("store", "'store' must be a boolean, got " + json_type_name(*s));
+  if (const ojson* s = field(b, "store")) {
+    if (!s->is_boolean()) return bad("store", "'store' must be a boolean, got " + json_type_name(*s));
+    echo->store = s->get<bool>();
+  }
   if (const ojson* u = field(b, "user"); u && !u->is_string())
     return bad("user", "'user' must be a string, got " + json_type_name(*u));
   // Chat's names for what the Responses API names otherwise: refused with the name to use, not ignored.
@@ -360,7 +363,7 @@ std::optional<ApiError> parse_responses_request(const std::string& body, const R
   f["metadata"] = field(b, "metadata") ? b["metadata"] : ojson::object();
   f["parallel_tool_calls"] = r->parallel_tool_calls;
   f["reasoning"] = reasoning;
-  f["store"] = false;  // whatever was asked: nothing is stored
+  f["store"] = false;  // until the server stores it (http_server.cpp)
   f["temperature"] = r->gen.sampling.temperature;
   f["text"] = text;
   if (const ojson* tc = field(b, "tool_choice")) f["tool_choice"] = *tc;

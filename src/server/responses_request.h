@@ -12,11 +12,9 @@
 //     {type: text | json_object} -> response_format; reasoning.effort "none" -> enable_thinking false
 // The sampling fields chat takes (temperature, top_p, top_k, min_p, seed, stop, penalties,
 // logit_bias, ignore_eos, chat_template_kwargs), stream, parallel_tool_calls and session pass unchanged.
-// Accepted and not acted on: store (anvil stores nothing: the response says store false),
-// metadata, user, include "reasoning.encrypted_content", reasoning.summary, text.verbosity,
-// service_tier, safety_identifier, prompt_cache_key, stream_options; unknown fields are ignored, as
-// chat ignores them. Refused, naming the field: previous_response_id and conversation (no response
-// is stored: a conversation is kept by `session`), background, prompt, truncation
+// store and previous_response_id are the server's (response_store.h). Accepted and not acted on:
+// metadata, user, include "reasoning.encrypted_content", reasoning.summary, text.verbosity, service_tier, safety_identifier, prompt_cache_key, stream_options; unknown fields are ignored, as
+// chat ignores them. Refused, naming the field: conversation, background, prompt, truncation
 // "auto", max_tool_calls, top_logprobs, other include values, hosted tools, json_schema, media
 // parts, item_reference and other item types, and chat's own names (messages, max_tokens,
 // response_format) with the Responses name to use.
@@ -35,6 +33,10 @@ namespace anvil::server {
 // Responses shape), user. Sampling values are filled in from the parsed request.
 struct ResponsesEcho {
   nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+  // `previous_response_id` ("" none) and `store` (default true) as asked: the server decides what it
+  // can honour (response_store.h) and sets fields["store"] / ["previous_response_id"] accordingly.
+  std::string previous_response_id;
+  bool store = true;
 };
 
 // `body` is the raw request body. Returns the error (its param a Responses field), or nullopt with

@@ -1,5 +1,5 @@
-// POST /v1/responses (OpenAI's Responses API, on the chat path, a conversation kept only by anvil's
-// `session` extension, as chat keeps one): the request's
+// POST /v1/responses (OpenAI's Responses API, on the chat path; stored responses continued by
+// previous_response_id, or a conversation kept by anvil's `session` extension): the request's
 // translation to the chat request it means (the same messages and tools a chat client would send,
 // checked against parse_chat_request on the chat body written by hand), every refused or malformed
 // field named in a 400; over HTTP with a scripted thinking / tool-calling model
@@ -207,8 +207,9 @@ TEST(ResponsesRequest, RefusesWhatItCannotHonourNamingTheField) {
     std::string param, says;
   };
   const std::vector<Case> cases = {
-      {{{"input", in}, {"previous_response_id", "resp_1"}}, "previous_response_id", "session"},
-      {{{"input", in}, {"conversation", "conv_1"}}, "conversation", "stores no"},
+      {{{"input", in}, {"previous_response_id", 3}}, "previous_response_id", "must be a response id"},
+      {{{"input", in}, {"previous_response_id", ""}}, "previous_response_id", "must be a response id"},
+      {{{"input", in}, {"conversation", "conv_1"}}, "conversation", "previous_response_id"},
       {{{"input", in}, {"background", true}}, "background", "not supported"},
       {{{"input", in}, {"prompt", {{"id", "p"}}}}, "prompt", "not supported"},
       {{{"input", in}, {"truncation", "auto"}}, "truncation", "disabled"},
@@ -625,6 +626,159 @@ TEST(ResponsesTiny, SessionTurnsEqualChatSessionTurns) {
                    &st);
     EXPECT_EQ(st, 200) << ok;
     EXPECT_EQ(conv("via-responses")["messages"].size(), 7u);
+    EXPECT_EQ(srv.terminate(30), 0);
+  }
+  fs::remove_all(store);
+  fs::remove_all(dir);
+}
+
+// Stored responses (`store`, the default, with the durable KV store): a response continued by
+// `previous_response_id` answers as the stateless request with the whole conversation as input
+// (greedy, the tiny trained model), with this request's instructions and not the previous one's;
+// GET /v1/responses/{id} returns the response as it was sent, also after a restart; DELETE removes
+// it; `store: false` keeps nothing; --responses-keep bounds what is kept, the oldest dropped first;
+// an id not kept, or with a session, or on a server without the store, is a 400 naming the field.
+TEST(ResponsesTiny, StoredResponsesAreContinuedFetchedAndDeleted) {
+  const std::string dir = tiny_with_template("resp_stored");
+  if (dir.empty()) GTEST_SKIP() << "no " << ANVIL_SHARED_DIR << "/fixtures/anvil-tiny-code";
+  const std::string store = (fs::temp_directory_path() / ("anvil_resp_kvstore_" + std::to_string(::getpid()))).string();
+  fs::remove_all(store);
+  auto text_of = [](const json& r) {
+    std::string t;
+    for (const json& item : r["output"])
+      if (item["type"] == "message") t += item["content"][0]["text"].get<std::string>();
+    return t;
+  };
+  const std::string ins = "You write Python.";
+  const std::string t1 = "Write a function that adds two numbers.", t2 = "Now one that multiplies them.";
+  std::string id3;
+  json r3;
+  {
+    ServerProcess srv({"-m", dir, "-c", "1024", "-np", "2", "-t", "2", "--kv-store", store, "--responses-keep", "3"});
+    ASSERT_TRUE(srv.ok()) << srv.startup_output();
+    httplib::Client c("127.0.0.1", srv.port());
+    c.set_read_timeout(60, 0);
+    auto post = [&](const json& body, int* st) {
+      auto r = c.Post("/v1/responses", body.dump(), "application/json");
+      *st = r ? r->status : -1;
+      return r ? json::parse(r->body, nullptr, false) : json();
+    };
+    auto get = [&](const std::string& id, int* st) {
+      auto r = c.Get(("/v1/responses/" + id).c_str());
+      *st = r ? r->status : -1;
+      return r ? json::parse(r->body, nullptr, false) : json();
+    };
+    int st = 0;
+    const json r1 = post({{"input", t1}, {"instructions", ins}, {"temperature", 0}, {"max_output_tokens", 24}}, &st);
+    ASSERT_EQ(st, 200) << r1;
+    EXPECT_EQ(r1["store"], true);
+    EXPECT_TRUE(r1["previous_response_id"].is_null());
+    const std::string id1 = r1["id"];
+    EXPECT_EQ(get(id1, &st), r1);
+    EXPECT_EQ(st, 200);
+    ASSERT_FALSE(text_of(r1).empty()) << r1;
+
+    // Continued, streamed: the stateless request with the conversation as input answers the same.
+    auto r2raw = c.Post("/v1/responses",
+                        json{{"previous_response_id", id1}, {"input", t2}, {"instructions", ins}, {"temperature", 0},
+                             {"max_output_tokens", 24}, {"stream", true}}
+                            .dump(),
+                        "application/json");
+    ASSERT_TRUE(r2raw && r2raw->status == 200) << (r2raw ? r2raw->body : "no reply");
+    json r2;
+    for (size_t at = r2raw->body.find("data: "); at != std::string::npos; at = r2raw->body.find("data: ", at + 1)) {
+      const json ev = json::parse(r2raw->body.substr(at + 6, r2raw->body.find('\n', at) - at - 6), nullptr, false);
+      if (ev.is_object() && (ev["type"] == "response.completed" || ev["type"] == "response.incomplete")) r2 = ev["response"];
+    }
+    ASSERT_TRUE(r2.is_object()) << r2raw->body;
+    EXPECT_EQ(r2["previous_response_id"], id1);
+    EXPECT_EQ(r2["store"], true);
+    const json history = {{{"role", "user"}, {"content", t1}}, {{"role", "assistant"}, {"content", text_of(r1)}},
+                          {{"role", "user"}, {"content", t2}}};
+    const json ref2 = post({{"input", history}, {"instructions", ins}, {"temperature", 0}, {"max_output_tokens", 24},
+                            {"store", false}},
+                           &st);
+    ASSERT_EQ(st, 200) << ref2;
+    EXPECT_EQ(text_of(r2), text_of(ref2));
+    EXPECT_EQ(r2["usage"]["input_tokens"], ref2["usage"]["input_tokens"]);
+    EXPECT_EQ(get(r2["id"], &st), r2) << "the stored response is not the one streamed";
+
+    // Without instructions: the previous response's are not carried over.
+    r3 = post({{"previous_response_id", id1}, {"input", t2}, {"temperature", 0}, {"max_output_tokens", 24}}, &st);
+    ASSERT_EQ(st, 200) << r3;
+    id3 = r3["id"];
+    const json ref3 =
+        post({{"input", history}, {"temperature", 0}, {"max_output_tokens", 24}, {"store", false}}, &st);
+    ASSERT_EQ(st, 200) << ref3;
+    EXPECT_EQ(text_of(r3), text_of(ref3));
+    EXPECT_EQ(r3["usage"]["input_tokens"], ref3["usage"]["input_tokens"]);
+    EXPECT_LT(r3["usage"]["input_tokens"].get<int>(), r2["usage"]["input_tokens"].get<int>());
+
+    // store: false keeps nothing.
+    const json r4 = post({{"input", "x = 1"}, {"store", false}, {"max_output_tokens", 2}}, &st);
+    ASSERT_EQ(st, 200) << r4;
+    EXPECT_EQ(r4["store"], false);
+    get(r4["id"], &st);
+    EXPECT_EQ(st, 404);
+    json e = post({{"previous_response_id", r4["id"]}, {"input", "y"}}, &st);
+    EXPECT_EQ(st, 400) << e;
+    EXPECT_EQ(e["error"]["param"], "previous_response_id") << e;
+    EXPECT_EQ(e["error"]["code"], "previous_response_not_found") << e;
+    e = post({{"previous_response_id", id1}, {"input", "y"}, {"session", "s1"}}, &st);
+    EXPECT_EQ(st, 400) << e;
+    EXPECT_EQ(e["error"]["param"], "previous_response_id") << e;
+
+    // Kept: the last 3 (r1, r2, r3); one more drops r1.
+    const json r5 = post({{"input", "z = 2"}, {"max_output_tokens", 2}}, &st);
+    ASSERT_EQ(st, 200) << r5;
+    get(id1, &st);
+    EXPECT_EQ(st, 404) << "the oldest stored response was kept beyond --responses-keep 3";
+    get(r2["id"], &st);
+    EXPECT_EQ(st, 200);
+    // DELETE.
+    auto d = c.Delete(("/v1/responses/" + r2["id"].get<std::string>()).c_str());
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->status, 200) << d->body;
+    EXPECT_EQ(json::parse(d->body, nullptr, false)["deleted"], true) << d->body;
+    get(r2["id"], &st);
+    EXPECT_EQ(st, 404);
+    d = c.Delete(("/v1/responses/" + r2["id"].get<std::string>()).c_str());
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->status, 404);
+    EXPECT_EQ(srv.terminate(30), 0);
+  }
+  {
+    // After a restart on the same store: still there, and still continued.
+    ServerProcess srv({"-m", dir, "-c", "1024", "-np", "2", "-t", "2", "--kv-store", store, "--responses-keep", "3"});
+    ASSERT_TRUE(srv.ok()) << srv.startup_output();
+    httplib::Client c("127.0.0.1", srv.port());
+    c.set_read_timeout(60, 0);
+    auto g = c.Get(("/v1/responses/" + id3).c_str());
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->status, 200);
+    EXPECT_EQ(json::parse(g->body, nullptr, false), r3);
+    auto p = c.Post("/v1/responses", json{{"previous_response_id", id3}, {"input", "Thanks."}, {"max_output_tokens", 2}}.dump(),
+                    "application/json");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->status, 200) << p->body;
+    EXPECT_EQ(srv.terminate(30), 0);
+  }
+  {
+    // Without the store: nothing is stored, and a previous_response_id is refused naming it.
+    ServerProcess srv({"-m", dir, "-c", "1024", "-np", "2", "-t", "2", "--no-kv-store"});
+    ASSERT_TRUE(srv.ok()) << srv.startup_output();
+    httplib::Client c("127.0.0.1", srv.port());
+    c.set_read_timeout(60, 0);
+    auto p = c.Post("/v1/responses", json{{"input", "x"}, {"max_output_tokens", 2}}.dump(), "application/json");
+    ASSERT_TRUE(p && p->status == 200);
+    EXPECT_EQ(json::parse(p->body, nullptr, false)["store"], false);
+    p = c.Post("/v1/responses", json{{"previous_response_id", id3}, {"input", "x"}}.dump(), "application/json");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->status, 400);
+    EXPECT_NE(p->body.find("previous_response_id"), std::string::npos) << p->body;
+    auto g = c.Get(("/v1/responses/" + id3).c_str());
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->status, 404);
     EXPECT_EQ(srv.terminate(30), 0);
   }
   fs::remove_all(store);
