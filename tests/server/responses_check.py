@@ -111,6 +111,30 @@ if mode == "text":
     else:
         check(j.output_text.lstrip().startswith("{"), "json_object: a cut reply begins an object")
 
+    # Stored responses (the server runs with a KV store): continued by previous_response_id as the
+    # stateless request with the whole conversation answers, retrieved and deleted through the client.
+    q1, q2 = "Write a function that adds two numbers.", "Now one that multiplies them."
+    r1 = client.responses.create(model=model, instructions="You write Python.", input=q1, max_output_tokens=16,
+                                 temperature=0)
+    check(r1.store is True, "a response is stored by default")
+    r2 = client.responses.create(model=model, previous_response_id=r1.id, instructions="You write Python.", input=q2,
+                                 max_output_tokens=16, temperature=0)
+    ref = client.responses.create(model=model, instructions="You write Python.", store=False, max_output_tokens=16,
+                                  temperature=0, input=[{"role": "user", "content": q1},
+                                                        {"role": "assistant", "content": r1.output_text},
+                                                        {"role": "user", "content": q2}])
+    check(r2.previous_response_id == r1.id, "previous_response_id echoed")
+    check(r2.output_text == ref.output_text and r2.usage.input_tokens == ref.usage.input_tokens,
+          f"continued == stateless with the conversation ({r2.output_text!r} vs {ref.output_text!r})")
+    got = client.responses.retrieve(r1.id)
+    check(got.id == r1.id and got.output_text == r1.output_text, "responses.retrieve gives the stored response")
+    client.responses.delete(r1.id)
+    try:
+        client.responses.retrieve(r1.id)
+        check(False, "a deleted response is gone")
+    except openai.NotFoundError:
+        check(True, "a deleted response is gone (404)")
+
     # Refused, naming the field.
     for kw, param in ((dict(previous_response_id="resp_123"), "previous_response_id"),
                       (dict(tools=[{"type": "web_search"}]), "tools"),

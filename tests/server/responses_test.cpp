@@ -541,10 +541,14 @@ TEST_F(ResponsesServe, OpenAIPythonClientToolRoundTrip) {
 TEST(ResponsesTiny, OpenAIPythonClientEqualsChat) {
   const std::string dir = tiny_with_template("resp_tiny");
   if (dir.empty()) GTEST_SKIP() << "no " << ANVIL_SHARED_DIR << "/fixtures/anvil-tiny-code";
-  ServerProcess srv({"-m", dir, "-c", "1024", "-np", "4", "-t", "2", "--no-kv-store", "--alias", "tiny"});
+  const std::string store = (fs::temp_directory_path() / ("anvil_resp_client_kv_" + std::to_string(::getpid()))).string();
+  fs::remove_all(store);
+  ServerProcess srv({"-m", dir, "-c", "1024", "-np", "4", "-t", "2", "--kv-store", store, "--alias", "tiny"});
   ASSERT_TRUE(srv.ok()) << srv.startup_output();
   auto [code, out] = run_python_check("responses_check.py", srv.port(), {"tiny", "text"});
+  EXPECT_EQ(srv.terminate(30), 0);
   fs::remove_all(dir);
+  fs::remove_all(store);
   if (code == 77) GTEST_SKIP() << out;
   EXPECT_EQ(code, 0) << out;
 }
