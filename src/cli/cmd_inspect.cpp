@@ -18,6 +18,7 @@ namespace {
 struct InspectArgs {
   std::string model, revision, synthetic;
   int ctx = 4096;
+  bool ctx_given = false;
   int seqs = 1;
   std::string kv_dtype = "bf16";
   bool json = false;
@@ -82,6 +83,9 @@ int run_inspect(const InspectArgs& a) {
   if (!m.is_ok()) return fail(m.status().message());
   const ModelConfig& c = (*m)->config;
   const ModelWeights& w = (*m)->weights;
+  // The context LongRoPE's factors are chosen for: --ctx, or without it generate's default (4096, or
+  // max_position_embeddings when smaller).
+  const int rope_ctx = a.ctx_given || c.max_position_embeddings <= 0 ? a.ctx : std::min(a.ctx, c.max_position_embeddings);
   if (c.max_position_embeddings > 0 && a.ctx > c.max_position_embeddings)
     std::fprintf(stderr,
                  "[anvil] warning: --ctx %d is above the model's max_position_embeddings (%d): positions past it "
@@ -167,7 +171,7 @@ int run_inspect(const InspectArgs& a) {
     } else {
       j["rope_scaling"] = {{"type", c.rope_scaling.type}};
       if (c.rope_scaling.type == "longrope")
-        j["rope_scaling"]["factors"] = a.ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short";
+        j["rope_scaling"]["factors"] = rope_ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short";
     }
     j["tied_embeddings"] = w.tied;
     j["parameters"] = w.parameter_count();
@@ -206,8 +210,8 @@ int run_inspect(const InspectArgs& a) {
               c.rotary_dim > 0 ? ("partial-rotary " + std::to_string(c.rotary_dim) + "/" + std::to_string(c.head_dim) + " ").c_str() : "",
               c.rope_scaling.type.empty() ? ""
               : c.rope_scaling.type == "longrope"
-                  ? ("rope-longrope (" + std::string(a.ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short") +
-                     " factors at --ctx " + std::to_string(a.ctx) + "; long past " +
+                  ? ("rope-longrope (" + std::string(rope_ctx > c.rope_scaling.original_max_position_embeddings ? "long" : "short") +
+                     " factors at --ctx " + std::to_string(rope_ctx) + "; long past " +
                      std::to_string(c.rope_scaling.original_max_position_embeddings) + ") ").c_str()
                   : ("rope-" + c.rope_scaling.type + " ").c_str(),
               c.sliding_window > 0 ? ("sliding-window " + std::to_string(c.sliding_window) + " (context capped there) ").c_str() : "",
@@ -252,7 +256,8 @@ Command reg("inspect", "Show a model's architecture, size, bytes per token and a
               add_revision_option(app, a->revision);
               app.add_option("--synthetic", a->synthetic, "A synthetic shape NAME[:QUANT] instead of -m");
               add_int_option(app, "-c,--ctx", a->ctx, "Context length for the memory plan", 1, INT32_MAX)
-                  ->default_str(std::to_string(a->ctx));
+                  ->default_str(std::to_string(a->ctx))
+                  ->each([a](const std::string&) { a->ctx_given = true; });
               add_int_option(app, "--seqs", a->seqs, "Concurrent sequences for the memory plan, 1 to 65536", 1, 65536)
                   ->default_str(std::to_string(a->seqs));
               app.add_option("--kv-dtype", a->kv_dtype, "KV cache element type: bf16 or f32")->capture_default_str();

@@ -7,7 +7,8 @@
 // At most `keep` responses are kept, the oldest dropped first. Invariants:
 //   1. a row is written whole in one statement (a reply and its conversation, or nothing);
 //   2. a model sees only its own rows (fingerprint), as with sessions;
-//   3. every call is serialized by one mutex over one connection (HTTP threads call it).
+//   3. every call is serialized by one mutex over one connection (HTTP threads call it);
+//   4. a row survives the process being killed (WAL, synchronous NORMAL), not necessarily a power cut.
 #pragma once
 #include <cstdint>
 #include <mutex>
