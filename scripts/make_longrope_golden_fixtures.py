@@ -85,21 +85,8 @@ def make_model(dst, cfg):
 
 
 def check_against_numpy(name, long_factors):
-    dst = g.OUT / name
-    meta = json.loads((dst / "meta.json").read_text())
-    worst = 0.0
-    for k, ids in enumerate(meta["prompts"]):
-        ref = np.load(dst / f"ref_{k}.npy").astype(np.float64)
-        worst = max(worst, float(npref.rel_err(npref.forward(dst, ids, None, long_factors), ref)))
-        for ab in ("longrope_other_factors", "longrope_no_attention_factor", "rotate_whole_head"):
-            err = npref.rel_err(npref.forward(dst, ids, ab, long_factors), ref)
-            print(f"  {name}: prompt {k} ablation {ab}: rel_err {err:.2e}")
-    if worst > 1e-5:
-        sys.exit(f"{name}: the numpy float64 forward and mlx-lm disagree (rel_err {worst:.2e}); not written")
-    meta["numpy_float64_rel_err"] = float("%.3e" % worst)
-    lines = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in meta.items())
-    (dst / "meta.json").write_text("{\n" + lines + "\n}\n")
-    print(f"  {name}: numpy float64 forward within {worst:.2e} of mlx-lm")
+    phi3.check_against_numpy(name, long_factors=long_factors, window=0,
+                             ablations=("longrope_other_factors", "longrope_no_attention_factor", "rotate_whole_head"))
 
 
 def main():

@@ -76,18 +76,23 @@ def make_model(dst):
     (dst / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2) + "\n")
 
 
-def check_against_numpy(name, extra_meta=None):
-    """The float64 numpy forward must agree with the frozen mlx-lm references; records the error in meta.json."""
+def check_against_numpy(name, extra_meta=None, long_factors=False,
+                        ablations=("qkv_order_kqv", "up_gate_order", "gqa_modulo"), window=None):
+    """The float64 numpy forward must agree with the frozen mlx-lm references; records the error in meta.json.
+    long_factors: LongRoPE's long factors (make_longrope_golden_fixtures.py); window: the sliding window the
+    prompts and their continuations must stay within (default CONFIG's; 0: none)."""
     dst = g.OUT / name
     meta = json.loads((dst / "meta.json").read_text())
+    window = CONFIG["sliding_window"] if window is None else window
     worst = 0.0
     for k, ids in enumerate(meta["prompts"]):
-        assert len(ids) + g.GREEDY_STEPS <= CONFIG["sliding_window"], "a prompt and its continuation pass the window"
+        assert not window or len(ids) + g.GREEDY_STEPS <= window, "a prompt and its continuation pass the window"
         ref = np.load(dst / f"ref_{k}.npy").astype(np.float64)
-        err = float(npref.rel_err(npref.forward(dst, ids), ref))
+        err = float(npref.rel_err(npref.forward(dst, ids, None, long_factors), ref))
         worst = max(worst, err)
-        for ab in ("qkv_order_kqv", "up_gate_order", "gqa_modulo"):
-            print(f"  {name}: prompt {k} ablation {ab}: rel_err {npref.rel_err(npref.forward(dst, ids, ab), ref):.2e}")
+        for ab in ablations:
+            alt = npref.forward(dst, ids, ab, long_factors)
+            print(f"  {name}: prompt {k} ablation {ab}: rel_err {npref.rel_err(alt, ref):.2e}")
     if worst > 1e-5:
         sys.exit(f"{name}: the numpy float64 forward and mlx-lm disagree (rel_err {worst:.2e}); not written")
     meta["numpy_float64_rel_err"] = float("%.3e" % worst)

@@ -18,6 +18,44 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
   }
 }
 
+// One warp's item: head h of token t, q heads first, then kv heads (whose rows go into the token's
+// page slot). Read before the wait for the previous kernel: positions and page table are the host's,
+// written before the step. valid: the item exists (else the warp has nothing to do).
+struct RopeItem {
+  bool valid = false, is_q = false;
+  int t = 0, kh = 0;
+  int32_t pos = 0;
+  const __nv_bfloat16* src = nullptr;
+  const void* nw = nullptr;
+  __nv_bfloat16 *dst = nullptr, *vdst = nullptr;
+};
+__device__ __forceinline__ RopeItem rope_item(__nv_bfloat16* q, const __nv_bfloat16* k, int n_heads, const void* q_norm,
+                                              const void* k_norm, const KVDev& kv, int layer, const BatchDev& b) {
+  RopeItem it;
+  const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int per_tok = n_heads + kv.n_kv_heads;
+  if (item >= int64_t(b.n_tokens) * per_tok) return it;
+  it.valid = true;
+  it.t = int(item / per_tok);
+  const int h = int(item % per_tok), D = kv.head_dim;
+  it.is_q = h < n_heads;
+  it.kh = h - n_heads;
+  it.src = it.is_q ? q + (int64_t(it.t) * n_heads + h) * D : k + (int64_t(it.t) * kv.n_kv_heads + it.kh) * D;
+  it.nw = it.is_q ? q_norm : k_norm;
+  it.pos = b.pos[it.t];
+  if (it.is_q) {
+    it.dst = q + (int64_t(it.t) * n_heads + h) * D;
+  } else {
+    const int64_t page = b.page_table[int64_t(b.seq[it.t]) * b.max_pages + it.pos / kv.page_size];
+    const int slot = it.pos % kv.page_size;
+    it.dst = static_cast<__nv_bfloat16*>(kv.base) +
+             kv_row(page, layer, 0, it.kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+    it.vdst = static_cast<__nv_bfloat16*>(kv.base) +
+              kv_row(page, layer, 1, it.kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+  }
+  return it;
+}
+
 __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n_heads,
                                       const void* q_norm, const void* k_norm, Elem nd, float eps,
                                       const float* inv_freq, KVDev kv, int layer, BatchDev b) {
@@ -27,16 +65,14 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
   // arithmetic as before, in another order, so the same bits.
   pdl_launch();
   const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int per_tok = n_heads + kv.n_kv_heads;
-  if (item >= int64_t(b.n_tokens) * per_tok) return;
-  const int t = int(item / per_tok), h = int(item % per_tok);
-  const int D = kv.head_dim, half = D / 2;
-  const bool is_q = h < n_heads;
-  const int kh = h - n_heads;
-  const __nv_bfloat16* src = is_q ? q + (int64_t(t) * n_heads + h) * D : k + (int64_t(t) * kv.n_kv_heads + kh) * D;
-  const void* nw = is_q ? q_norm : k_norm;
-  const int32_t pos = b.pos[t];
+  const RopeItem it = rope_item(q, k, n_heads, q_norm, k_norm, kv, layer, b);
+  if (!it.valid) return;
+  const int t = it.t, kh = it.kh, D = kv.head_dim, half = D / 2;
+  const bool is_q = it.is_q;
+  const __nv_bfloat16* src = it.src;
+  const void* nw = it.nw;
+  const int32_t pos = it.pos;
+  __nv_bfloat16 *dst = it.dst, *vdst = it.vdst;
   float fc[kMaxPairsPerLane], fs[kMaxPairsPerLane], w0[kMaxPairsPerLane], w1[kMaxPairsPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
@@ -48,16 +84,6 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
       fc[j] = float(cs), fs[j] = float(sn);
       if (nw) w0[j] = load_any(nw, i, nd), w1[j] = load_any(nw, i + half, nd);
     }
-  }
-  __nv_bfloat16 *dst, *vdst = nullptr;
-  if (is_q) {
-    dst = q + (int64_t(t) * n_heads + h) * D;
-  } else {
-    const int64_t page = b.page_table[int64_t(b.seq[t]) * b.max_pages + pos / kv.page_size];
-    const int slot = pos % kv.page_size;
-    dst = static_cast<__nv_bfloat16*>(kv.base) +
-          kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
-    vdst = static_cast<__nv_bfloat16*>(kv.base) + kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
   }
   pdl_wait();
 
@@ -105,26 +131,14 @@ __global__ void qk_rope_append_partial_kernel(__nv_bfloat16* q, const __nv_bfloa
                                               const float* inv_freq, KVDev kv, int layer, BatchDev b, int R, float m) {
   pdl_launch();
   const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int per_tok = n_heads + kv.n_kv_heads;
-  if (item >= int64_t(b.n_tokens) * per_tok) return;
-  const int t = int(item / per_tok), h = int(item % per_tok);
-  const int D = kv.head_dim, hr = R / 2;
-  const bool is_q = h < n_heads;
-  const int kh = h - n_heads;
-  const __nv_bfloat16* src = is_q ? q + (int64_t(t) * n_heads + h) * D : k + (int64_t(t) * kv.n_kv_heads + kh) * D;
-  const void* nw = is_q ? q_norm : k_norm;
-  const int32_t pos = b.pos[t];
-  __nv_bfloat16 *dst, *vdst = nullptr;
-  if (is_q) {
-    dst = q + (int64_t(t) * n_heads + h) * D;
-  } else {
-    const int64_t page = b.page_table[int64_t(b.seq[t]) * b.max_pages + pos / kv.page_size];
-    const int slot = pos % kv.page_size;
-    dst = static_cast<__nv_bfloat16*>(kv.base) +
-          kv_row(page, layer, 0, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
-    vdst = static_cast<__nv_bfloat16*>(kv.base) + kv_row(page, layer, 1, kh, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
-  }
+  const RopeItem it = rope_item(q, k, n_heads, q_norm, k_norm, kv, layer, b);
+  if (!it.valid) return;
+  const int t = it.t, kh = it.kh, D = kv.head_dim, hr = R / 2;
+  const bool is_q = it.is_q;
+  const __nv_bfloat16* src = it.src;
+  const void* nw = it.nw;
+  const int32_t pos = it.pos;
+  __nv_bfloat16 *dst = it.dst, *vdst = it.vdst;
   pdl_wait();
   // Element e of the head: e = lane + 32 j, j < 8 (D <= 256); its pair partner is e + hr (e < hr).
   constexpr int kMaxPerLane = 2 * kMaxPairsPerLane;
