@@ -41,10 +41,10 @@
 # one token through the integer dot products, against the tensor cores), defaults (the decode defaults of
 # sessions 16-17 against their switches: the off paths' tests, then A/B), batchstep (the batched
 # decode step at 8-64 sequences: attention's split rule for batches against ANVIL_CUDA_ATTN_SPLIT_RULE=0), moeearly
-# (sessions 42-43: ANVIL_MOE_ROUTE_EARLY=1 and ANVIL_MOE_GU_EARLY=1, their MoE tests and golden, then the MoE shapes'
-# decode under none / each / both), attnsplits (session 43: batch-1 decode attention's split count, ANVIL_CUDA_ATTN_SPLITS),
+# (session 43's routing switch, the default since session 44: the MoE tests and golden with ANVIL_MOE_ROUTE_EARLY=0,
+# then the MoE shapes' decode on / off), attnsplits (session 43: batch-1 decode attention's split count, ANVIL_CUDA_ATTN_SPLITS),
 # partialrot (session 43: the partial rotary kernel's op test and Phi-4-mini-shaped golden
-# on CUDA with ANVIL_CUDA_PARTIAL_ROTARY=1), prefill (the
+# on CUDA), prefill (the
 # prefill chunk --batch against the prompt length), context (qwen3-8b q4g64 decode at 512, 4,096 and
 # 16,384 tokens of context), skip (each op family's cost inside the decode graph, ANVIL_CUDA_SKIP;
 # and ANVIL_CUDA_FUSE=1), cpu (the CPU backend on 4, 8 and
@@ -593,20 +593,15 @@ if [ "$what" != tests ]; then
       for v in 0 default 0 default 0 default; do echo "## ANVIL_QGEMV_INT=$v" >> "$OUT/bench.log"; ANVIL_QGEMV_INT=${v#default} b --synthetic $m -n 64 --runs 2; done
     done
   elif [ "$set" = moeearly ]; then
-    # Sessions 42-43's MoE experiments, switches off by default: ANVIL_MOE_ROUTE_EARLY=1 (the routing's
-    # router rows pulled into L1 before its PDL wait) and ANVIL_MOE_GU_EARLY=1 (the expert gate/up
-    # kernel's pointer tables into L1 before its wait, step 0's weights before the scales): the MoE
-    # tests and MoE golden on CUDA under each, then decode of the 16- and 48-layer shapes under
-    # none / each / both, interleaved, MOE_ROUNDS rounds (default 2; pd: tg64, best of 2).
-    for e in ANVIL_MOE_ROUTE_EARLY=1 ANVIL_MOE_GU_EARLY=1; do
-      pt "$e" ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
-      pt "$e" ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden"
-    done
+    # Session 43's routing switch, the default since session 44 (router rows pulled into L1 before the
+    # routing kernel's PDL wait): the MoE tests and MoE golden with it off (ANVIL_MOE_ROUTE_EARLY=0),
+    # then decode of the 16- and 48-layer shapes on / off, interleaved, MOE_ROUNDS rounds (default 2;
+    # pd: tg64, best of 2). Session 42's gate/up variant (ANVIL_MOE_GU_EARLY) measured no gain and is gone.
+    pt ANVIL_MOE_ROUTE_EARLY=0 ./build-gpu/tests/anvil_test_cuda 'CudaMoE.*:CudaModel.MoE*' "MoE tests"
+    pt ANVIL_MOE_ROUTE_EARLY=0 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*moe*:*Golden*Cuda*mixtral*' "MoE golden"
     for _ in $(seq "${MOE_ROUNDS:-2}"); do
       for m in qwen3-30b-a3b-16L:q4g64 qwen3-30b-a3b:q4g64; do
-        for e in ANVIL_MOE_NONE=0 ANVIL_MOE_ROUTE_EARLY=1 ANVIL_MOE_GU_EARLY=1 ANVIL_MOE_ROUTE_EARLY=1+ANVIL_MOE_GU_EARLY=1; do
-          pd "$e" "$m"
-        done
+        for e in ANVIL_MOE_ROUTE_EARLY=1 ANVIL_MOE_ROUTE_EARLY=0; do pd "$e" "$m"; done
       done
     done
   elif [ "$set" = attnsplits ]; then
@@ -619,10 +614,10 @@ if [ "$what" != tests ]; then
     done
     for n in 0 2 4 16; do pd ANVIL_CUDA_ATTN_SPLITS=$n qwen3-8b:q4g64 --prompt 4096; done
   elif [ "$set" = partialrot ]; then
-    # Session 43's partial rotary kernel (rope_kv.cu, Phi-4-mini), refused by the backend until it has
-    # run here: its op test, then golden on CUDA with it let in (ANVIL_CUDA_PARTIAL_ROTARY=1).
-    pt ANVIL_CUDA_PARTIAL_ROTARY=1 ./build-gpu/tests/anvil_test_cuda 'CudaOps.PartialRotary*:CudaOps.AttentionShapes*' "partial rotary op"
-    pt ANVIL_CUDA_PARTIAL_ROTARY=1 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*phi4mini*:*Golden*Cuda*longrope*' "partial rotary golden"
+    # Session 43's partial rotary kernel (rope_kv.cu, Phi-4-mini): its op test and the Phi-4-mini-shaped
+    # and LongRoPE golden fixtures on CUDA (both are in the whole pass too).
+    pt ANVIL_CUDA_NONE=0 ./build-gpu/tests/anvil_test_cuda 'CudaOps.PartialRotary*:CudaOps.AttentionShapes*' "partial rotary op"
+    pt ANVIL_CUDA_NONE=0 ./build-gpu/tests/anvil_test_model '*Golden*Cuda*phi4mini*:*Golden*Cuda*longrope*' "partial rotary golden"
   elif [ "$set" = batchtune ]; then
     # The batch kernel's launch shape (ANVIL_QGEMM_BATCH=S,KB,F[,W[,R]]: ring stages, shared-memory
     # aim, blocks per SM, warps per block, tiles per warp; BATCH_CFGS lists them): its tests under each, then 32- and

@@ -311,8 +311,8 @@ TEST_P(GoldenModel, GreedyContinuationMatchesReference) { check_greedy("cpu"); }
 // The same references on the CUDA backend (bf16 activations: the limits above were set for them).
 // MoE models run the CUDA moe_ffn (backend/cuda/moe.cu) under the explicit --device cuda.
 // Where CUDA is usable: a model the CUDA backend refuses by name as one the CPU runs (its message
-// says "on the CPU only so far": Phi-4-mini's partial rotary embeddings, until ANVIL_CUDA_PARTIAL_ROTARY=1
-// lets rope_kv.cu's partial kernel in) skips, with that message; any other failure is left to the test.
+// says "on the CPU only so far": none does today; Phi-4-mini's partial rotary embeddings did until session
+// 44) skips, with that message; any other failure is left to the test.
 static std::string cuda_skip_reason(const fs::path& model_dir) {
   if (!cuda_unavailable_reason().empty()) return "CUDA not usable here: " + cuda_unavailable_reason();
   static std::map<std::string, std::string> seen;

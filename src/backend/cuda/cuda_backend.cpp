@@ -977,15 +977,9 @@ class CudaBackend final : public Backend {
   std::string attention_unsupported(int n_heads, int n_kv_heads, int head_dim, int rotary_dim = 0) const override {
     const std::string shape = " (" + std::to_string(n_heads) + " heads, " + std::to_string(n_kv_heads) +
                               " kv heads, head_dim " + std::to_string(head_dim) + ")";
-    // rope_kv.cu's partial kernel (session 43) has not run on a GPU yet: until it has, only with
-    // ANVIL_CUDA_PARTIAL_ROTARY=1 (the fused and persistent forms turn whole heads and are not used).
-    static const bool partial_on = [] {
-      const char* e = std::getenv("ANVIL_CUDA_PARTIAL_ROTARY");
-      return e && *e == '1';
-    }();
-    if (rotary_dim > 0 && rotary_dim != head_dim && !partial_on)
-      return "partial rotary embeddings (RoPE over " + std::to_string(rotary_dim) + " of each head's " +
-             std::to_string(head_dim) + " dims, as Phi-4-mini's) run on the CPU only so far; --device cpu runs it";
+    // Partial rotary embeddings (rotary_dim < head_dim, Phi-4-mini) take rope_kv.cu's partial kernel; the
+    // fused and persistent forms turn whole heads and are not used for them.
+    (void)rotary_dim;
     if (n_kv_heads < 1 || n_heads % n_kv_heads != 0) return "the heads are not a multiple of the kv heads" + shape;
     if (head_dim % 2 != 0 || head_dim > 256) return "head_dim must be even and at most 256" + shape;
     const int G = n_heads / n_kv_heads;

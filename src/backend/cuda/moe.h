@@ -78,7 +78,6 @@ struct MoEGateUpArgs {
   void* h = nullptr;             // bf16 [T*k, F]
   void* hs = nullptr;            // bf16 [T, S]
   bool stream = false;           // the streamed q4 kernel (moe_stream.cu) may take the routed experts
-  bool early = false;            // set by moe_stream_gate_up (ANVIL_MOE_GU_EARLY): see gate_up_stream_kernel
   bool late_trigger = false;     // pdl_begin_late: the next kernel (moe_down with early) may start
                                  // reading idx / wt before its wait
   const void* xplanes = nullptr; // T == 1: x as the integer path's int16 planes (rmsnorm wrote them),

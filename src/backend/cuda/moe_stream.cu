@@ -107,18 +107,6 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
   extern __shared__ __align__(16) uint8_t smem[];
   // The expert ids are the routing's output. late_trigger: the down kernel after this one starts
   // only once every block here has passed its wait (moe_down's early copies).
-  // a.early (ANVIL_MOE_GU_EARLY=1, session 42's experiment, off until measured): the expert pointer
-  // tables (constant while a graph replays) pulled into this SM's L1 before the wait, so that after
-  // it only the routing's ids are an L2 round trip; and step 0's weight copies issued before the
-  // scales' (below). The timeline had the first step staged ~11 us after the release, the same bytes
-  // fetched alone ~6-7.5 us (bench/cuda_expert_fetch.cu).
-  const bool early = a.early;
-  if (early) {
-    for (int i = threadIdx.x; i < a.E; i += W * 32) {
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.gate.ptrs + i));
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.up.ptrs + i));
-    }
-  }
   if (a.late_trigger) pdl_begin_late();
   else pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -144,7 +132,6 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
     cp_async16(slot + 64 + lane, static_cast<const uint4*>(upp.data) + oa + kq);
     cp_async16(slot + 96 + lane, static_cast<const uint4*>(upp.data) + ob + kq);
   };
-  if (early && n > 0) issue(0);  // in copy group 0 with the scales, as below
   // Scales and biases, in 4-byte pieces: [matrix*2 + (0 scales, 1 biases)][row][ngp].
   const int pieces = ng / 2;
   for (int i = threadIdx.x; i < M * 2 * 16 * pieces; i += W * 32) {
@@ -155,7 +142,7 @@ __global__ void __launch_bounds__(W * 32, 1) gate_up_stream_kernel(MoEGateUpArgs
   }
 #pragma unroll
   for (int i = 0; i < S; ++i) {
-    if (i < n && !(early && i == 0)) issue(i);
+    if (i < n) issue(i);
     cp_async_commit();  // group i (group 0 also holds the scales)
   }
   float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xq) + size_t(K) * 2);
@@ -365,12 +352,7 @@ bool moe_stream_shape_ok(const MoEMats& m, int64_t slots) {
 }
 
 cudaError_t moe_stream_gate_up(const MoEGateUpArgs& args, cudaStream_t s) {
-  static const bool early = [] {
-    const char* e = std::getenv("ANVIL_MOE_GU_EARLY");
-    return e && *e == '1';
-  }();
   MoEGateUpArgs a = args;
-  a.early = early;
   const int64_t tiles = int64_t(a.T) * a.k * ((a.gate.rows + 15) / 16);
   const int ng = int(a.gate.cols / a.gate.group);
   const int W = pick_warps(tiles, kGateUpS, 2, a.gate.cols, ng);
