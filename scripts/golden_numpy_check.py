@@ -214,6 +214,14 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
+def sliding_window(cfg):
+    """The window the config's transformers class applies to every layer (None: none). MistralConfig's
+    default is 4096; Qwen's use_sliding_window is not read here (anvil refuses it)."""
+    if cfg.get("model_type") not in ("mistral", "mixtral", "phi3"):
+        return None
+    return cfg.get("sliding_window", 4096 if cfg.get("model_type") == "mistral" else None)
+
+
 def forward(model_dir, ids, ablate=None, long_factors=False):
     W = Weights(model_dir, ablate)
     cfg = W.cfg
@@ -230,6 +238,12 @@ def forward(model_dir, ids, ablate=None, long_factors=False):
     emb = W.matrix("model.embed_tokens")
     h = bf(emb[ids])
     mask = np.triu(np.full((T, T), -np.inf), 1)
+    # Sliding-window attention, as transformers' Mistral/Mixtral/Phi-3 masks (and mlx-lm's
+    # create_causal_mask): query i sees keys j with i - window < j <= i.
+    window = sliding_window(cfg)
+    if window and ablate != "no_sliding_window":
+        i, j = np.indices((T, T))
+        mask[i - j >= window] = -np.inf
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         a = bf(rmsnorm(h, W.vector(p + "input_layernorm.weight"), eps))
@@ -288,7 +302,7 @@ def rel_err(ours, ref):
 ABLATIONS = ["bf16_activations", "interleaved_rope", "eps_1e-5_vs_1e-6", "gqa_modulo", "no_qk_norm",
              "no_qkv_bias", "no_llama3_scaling", "no_yarn_freqs", "no_yarn_attention_factor", "quant_msb_first",
              "qkv_order_kqv", "up_gate_order", "longrope_other_factors", "longrope_no_attention_factor",
-             "rotate_whole_head"]
+             "rotate_whole_head", "no_sliding_window"]
 
 
 def applies(ablation, W):
@@ -307,6 +321,7 @@ def applies(ablation, W):
         "longrope_other_factors": "long_factor" in sc,
         "longrope_no_attention_factor": "long_factor" in sc,
         "rotate_whole_head": (cfg.get("partial_rotary_factor") or 1.0) != 1.0,
+        "no_sliding_window": bool(sliding_window(cfg)),
     }.get(ablation, True)
 
 

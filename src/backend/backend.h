@@ -100,13 +100,19 @@ struct KVCacheView {
   // rotate part of a head refuses the model (Backend::partial_rotary_supported).
   int rotary_dim = 0;
   float rope_scale = 1.0f;
+  // Sliding-window attention (Mistral v0.1, Phi-3-mini-4k, ...): a query at position p attends to
+  // positions p - window + 1 .. p only, as transformers' and mlx-lm's masks do (0: the whole context).
+  // Every layer slides today; window_of is the one place that says which layer does.
+  int window = 0;
+  int window_of(int /*layer*/) const { return window; }
   size_t page_elems() const { return size_t(n_layers) * 2 * page_size * n_kv_heads * head_dim; }
   size_t page_bytes() const { return page_elems() * dtype_size(dtype); }
 };
 
 // Per-token placement of a batch, in memory the backend can read (host for CPU, device for CUDA).
 // Token t belongs to sequence seq[t] at absolute position pos[t]; sequence s's pages are
-// page_table[s*max_pages + 0 ..]. Attention for token t covers positions 0..pos[t] of its sequence,
+// page_table[s*max_pages + 0 ..]. Attention for token t covers positions 0..pos[t] of its sequence
+// (the last KVCacheView::window of them with a window),
 // so every token of the batch must be appended (rope_kv_append) before attention runs.
 // max_pages is the page table's row stride. The engine keeps it fixed (the most pages one sequence
 // can hold) rather than the batch's current maximum, so a captured decode step (graph_*) whose

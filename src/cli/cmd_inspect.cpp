@@ -91,11 +91,6 @@ int run_inspect(const InspectArgs& a) {
                  "[anvil] warning: --ctx %d is above the model's max_position_embeddings (%d): positions past it "
                  "were never trained (generate caps its default context there)\n",
                  a.ctx, c.max_position_embeddings);
-  if (c.sliding_window > 0 && a.ctx > c.sliding_window)
-    std::fprintf(stderr,
-                 "[anvil] warning: --ctx %d is above the model's sliding_window (%d): generate, run and serve refuse "
-                 "a context past it (their default stops there)\n",
-                 a.ctx, c.sliding_window);
   // The layers' dense matrices (attention, dense MLPs, a shared expert) and the routed experts'.
   std::vector<const WeightMatrix*> layer_mats, expert_mats, router_mats;
   for (const auto& l : w.layers) {
@@ -214,7 +209,7 @@ int run_inspect(const InspectArgs& a) {
                      " factors at --ctx " + std::to_string(rope_ctx) + "; long past " +
                      std::to_string(c.rope_scaling.original_max_position_embeddings) + ") ").c_str()
                   : ("rope-" + c.rope_scaling.type + " ").c_str(),
-              c.sliding_window > 0 ? ("sliding-window " + std::to_string(c.sliding_window) + " (context capped there) ").c_str() : "",
+              c.sliding_window > 0 ? ("sliding-window " + std::to_string(c.sliding_window) + " ").c_str() : "",
               w.tied ? "tied-embeddings" : "separate-lm-head");
   const std::string layers_desc = formats_desc(layer_formats);
   std::printf("weights          embed %s, layers %s, lm_head %s\n", quant_desc(w.embed).c_str(), layers_desc.c_str(),

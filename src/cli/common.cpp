@@ -184,10 +184,10 @@ void size_context_for_run(ModelOptions& o, int prompt, int n) {
     if (o.ctx_given)  // said, not silent: the run needs the room
       std::fprintf(stderr, "[anvil] --ctx %d is below --prompt-tokens + -n = %d; using %d\n", o.ctx, needed, needed);
     o.ctx = needed;
-    o.ctx_given = true;  // build_stack keeps it: the default context (4096, or the sliding window) may be smaller
+    o.ctx_given = true;  // build_stack keeps it: the default context (4096) may be smaller
   }
-  // The context is the run's own size unless a larger -c/--ctx was given: an error about it (above
-  // the model's sliding_window, a KV cache too large) then names the flags that set it, not -c/--ctx.
+  // The context is the run's own size unless a larger -c/--ctx was given: an error about it (a KV
+  // cache too large) then names the flags that set it, not -c/--ctx.
   if (o.ctx == needed) {
     o.ctx_computed = "--prompt-tokens " + std::to_string(prompt) + " + -n " + std::to_string(n) + " = " +
                      std::to_string(needed) + " tokens";
@@ -451,20 +451,9 @@ Result<Stack> build_stack(const ModelOptions& o, int max_seqs) {
     }
   }
   const int max_pos = s.model->config.max_position_embeddings;  // 0: the config does not say
-  const int window = s.model->config.sliding_window;            // 0: none
   s.ctx = o.ctx;
   if (!o.ctx_given) {
     s.ctx = max_pos > 0 ? std::min(kDefaultContext, max_pos) : kDefaultContext;
-    if (window > 0) s.ctx = std::min(s.ctx, window);
-  } else if (window > 0 && s.ctx > window) {
-    // The engine attends over the whole context: the model's attention over its last `window`
-    // positions only while the context is no longer than that. Past it the output would differ.
-    const bool computed = !o.ctx_computed.empty();
-    return invalid_argument((computed ? context_described(o, s.ctx) : "-c/--ctx " + std::to_string(s.ctx)) +
-                            " is more than the model's sliding_window (" + std::to_string(window) +
-                            " tokens, config.json): anvil attends over the whole context, which is the model's "
-                            "sliding-window attention only within " + std::to_string(window) + " tokens; give " +
-                            context_flag(o) + (computed ? " of " : " ") + std::to_string(window) + " or less");
   } else if (max_pos > 0 && s.ctx > max_pos) {
     const std::string what = o.ctx_computed.empty() ? "--ctx " + std::to_string(s.ctx) : "the context, " + o.ctx_computed + ",";
     std::fprintf(stderr,

@@ -35,6 +35,7 @@ Status Engine::init() {
   kv.head_dim = c.head_dim;
   kv.rotary_dim = c.rotary_dim;
   kv.rope_scale = rope_scale_in_rotation(c);
+  kv.window = c.sliding_window;
   kv.page_size = opts_.page_size;
   // In 64 bits: a context near INT_MAX plus a page would wrap around in int.
   max_pages_per_seq_ = int((int64_t(opts_.max_context) + opts_.page_size - 1) / opts_.page_size);

@@ -7,7 +7,8 @@
 // step 2 is a mixed batch: a decode token of seq 0 plus a 2-token prefill chunk of seq 1; step 3
 // continues both with contiguous chunks (5 and 6 tokens: the kernel's blocks of consecutive tokens
 // plus remainders, across page boundaries).
-// GQA ratios 1 (MHA), 2, 3 (odd query counts) and 4, head_dim 20 (SIMD tails) and 64, KV in F32 and BF16, q/k norm on and off.
+// GQA ratios 1 (MHA), 2, 3 (odd query counts) and 4, head_dim 20 (SIMD tails) and 64, KV in F32 and BF16, q/k norm on and off,
+// the whole context or a sliding window of 7 or 1 positions.
 //
 // Bounds: with F32 KV every quantity is a few fp32 roundings away from the double reference
 // (1e-5 of the largest magnitude). With BF16 KV the reference stores the same bf16-rounded K/V, but
@@ -40,6 +41,7 @@ struct AttnConfig {
   int ratio, head_dim;
   DType kv_dtype;
   bool qk_norm;
+  int window = 0;  // KVCacheView::window (sliding-window attention); 0: the whole context
 };
 
 std::vector<Step> scenario() {
@@ -107,6 +109,7 @@ Outputs run_scenario(Backend& be, const AttnConfig& c, bool check) {
   kv.head_dim = D;
   kv.page_size = kPage;
   kv.n_pages = kPages;
+  kv.window = c.window;
   std::vector<uint8_t> cache(kv.page_bytes() * kPages, 0xA5);  // 0xA5 bytes mark never-written elements
   kv.base = cache.data();
 
@@ -157,17 +160,19 @@ Outputs run_scenario(Backend& be, const AttnConfig& c, bool check) {
     for (size_t i = 0; i < qref.size(); ++i) qmag[i] = std::fabs(qref[i]);
     EXPECT_LT(normalized_error(q.data(), qref, qmag), 1e-5) << "q after norm + rope";
 
-    // Reference attention: token t attends positions 0..pos[t] of its sequence (all appended above).
+    // Reference attention: token t attends positions 0..pos[t] of its sequence (all appended above),
+    // with a window W the last W of them only.
     std::vector<double> want(size_t(T * H * D)), vmag(want.size(), 0.0);
     for (int t = 0; t < T; ++t) {
       const auto& ks = kref[size_t(st.seq[size_t(t)])];
       const auto& vs = vref[size_t(st.seq[size_t(t)])];
       const int n = st.pos[size_t(t)] + 1;
+      const int j0 = c.window > 0 ? std::max(0, n - c.window) : 0;
       for (int h = 0; h < H; ++h) {
         const int kvh = h / c.ratio;
-        std::vector<double> s(static_cast<size_t>(n));
+        std::vector<double> s(static_cast<size_t>(n), -INFINITY);
         double mx = -INFINITY;
-        for (int j = 0; j < n; ++j) {
+        for (int j = j0; j < n; ++j) {
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += qref[size_t((t * H + h) * D + d)] * ks[size_t(j)][size_t(kvh * D + d)];
           s[size_t(j)] = dot * double(scale);
@@ -177,7 +182,7 @@ Outputs run_scenario(Backend& be, const AttnConfig& c, bool check) {
         for (double& e : s) z += (e = std::exp(e - mx));
         for (int d = 0; d < D; ++d) {
           double o = 0, m = 0;
-          for (int j = 0; j < n; ++j) {
+          for (int j = j0; j < n; ++j) {
             o += s[size_t(j)] / z * vs[size_t(j)][size_t(kvh * D + d)];
             m = std::max(m, std::fabs(vs[size_t(j)][size_t(kvh * D + d)]));
           }
@@ -218,25 +223,29 @@ Outputs run_scenario(Backend& be, const AttnConfig& c, bool check) {
   return outs;
 }
 
-using AttnParam = std::tuple<int, int, DType, bool>;
+using AttnParam = std::tuple<int, int, DType, bool, int>;
 class AttentionTest : public ::testing::TestWithParam<AttnParam> {
  protected:
   void TearDown() override { cpu_set_force_scalar(false); }
 };
 
 TEST_P(AttentionTest, MultiSequencePagedGqa) {
-  const auto [ratio, head_dim, kv_dtype, qk_norm] = GetParam();
+  const auto [ratio, head_dim, kv_dtype, qk_norm, window] = GetParam();
   auto be = make_cpu_backend(2);
   for (bool scalar : {false, true}) {
     SCOPED_TRACE(scalar ? "scalar path" : "default path");
     cpu_set_force_scalar(scalar);
-    run_scenario(*be, AttnConfig{ratio, head_dim, kv_dtype, qk_norm}, true);
+    run_scenario(*be, AttnConfig{ratio, head_dim, kv_dtype, qk_norm, window}, true);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, AttentionTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(20, 64),
-                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()));
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool(),
+                                            // Sliding windows: 7 positions (across the pages of 5, shorter
+                                            // than most contexts here, so blocks see pages wholly before
+                                            // the window), 1 (each token sees only itself).
+                                            ::testing::Values(0, 7, 1)));
 
 // Work is split over (token, kv head); the thread count must not change any bit of the results.
 TEST(Attention, ThreadCountDoesNotChangeResults) {

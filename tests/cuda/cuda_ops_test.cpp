@@ -837,12 +837,18 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
       gpu_->qk_norm_rope_kv_append(Act{gq.data(), T, QD, DType::kBF16}, Act{gk.data(), T, KD, DType::kBF16},
                                    Act{gv.data(), T, KD, DType::kBF16}, rn.dqn, rn.dkn, 1e-6f,
                                    static_cast<const float*>(gfreq.data()), gkv, layer, gb);
-      std::vector<float> ref(size_t(T * QD));
       const float scale = 1.0f / std::sqrt(float(c.D));
-      cpu_->attention(Act{q.data(), T, QD, DType::kF32}, kv, layer, cb, scale, Act{ref.data(), T, QD, DType::kF32});
-      const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T);
       ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
-      expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + what);
+      expect_close(read(gq, DType::kBF16, "q"), q, kElementwiseBound, "rope q " + std::to_string(si));
+      // Attention over the whole context, and over sliding windows (KVCacheView::window) of 100
+      // positions (not a multiple of a page, a 16-position tile or the prefill kernel's 64 keys: the
+      // prefill chunks from 100 on skip whole key tiles) and 999 (many splits of a decode step).
+      for (const int window : {0, 100, 999}) {
+      kv.window = gkv.window = window;
+      std::vector<float> ref(size_t(T * QD));
+      cpu_->attention(Act{q.data(), T, QD, DType::kF32}, kv, layer, cb, scale, Act{ref.data(), T, QD, DType::kF32});
+      const std::string what = cs + " step " + std::to_string(si) + " T=" + std::to_string(T) +
+                               (window ? " window " + std::to_string(window) : "");
       // The default backend: the tensor cores where they take the shape, the split kernels otherwise.
       Guarded go = dev_out(size_t(T * QD) * 2);
       gpu_->attention(Act{gq.data(), T, QD, DType::kBF16}, gkv, layer, gb, scale, Act{go.data(), T, QD, DType::kBF16});
@@ -876,6 +882,8 @@ TEST_F(CudaOps, RopeKvAppendAndAttentionMatchCpu) {
         EXPECT_EQ(0, std::memcmp(fused.data(), two.data(), fused.size() * sizeof(float)))
             << "ANVIL_CUDA_ATTN_FUSED=1 differs from the two-kernel attention: " << what << " launch " << rep;
       }
+      }
+      kv.window = gkv.window = 0;
     }
     // The whole cache (both layers' K and V; layer 0 must stay untouched = zeros on both).
     expect_cache_matches(cpu_cache, gcache, "kv cache " + cs);
@@ -960,13 +968,18 @@ TEST_F(CudaOps, FusedRopeAttentionMatchesCpu) {
   const double kTcBound = 8e-3;
   const std::vector<int> lens = {1, 2, 15, 16, 17, 63, 64, 65, 129, 700, 1024, 1025, 1601, 3000};
   const int S = int(lens.size());
+  // window: a sliding window of 100 positions (KVCacheView::window) besides the whole context.
   for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{8, 1, 64}, AttnCase{32, 2, 128},
                             AttnCase{12, 1, 64}, AttnCase{8, 8, 128}, AttnCase{32, 4, 128}, AttnCase{14, 2, 64}})
-    for (const bool norms : {true, false}) {
+    for (const bool norms : {true, false})
+    for (const int window : {0, 100}) {
+      if (window && !norms) continue;  // (the window does not touch the norms)
       const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" +
-                             std::to_string(c.D) + (norms ? " norms" : " no norms");
+                             std::to_string(c.D) + (norms ? " norms" : " no norms") +
+                             (window ? " window " + std::to_string(window) : "");
       KVCacheView kv;
       kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
+      kv.window = window;
       // Sequence s gets the pages its lens[s] + 1 positions need, scattered (descending over all).
       std::vector<int32_t> table(size_t(S) * max_pages, 0);
       int n_pages = 0;

@@ -8,7 +8,9 @@
 // per-expert HF tensors against transformers, <arch>-q4 with stacked 4-bit experts and an 8-bit router
 // against mlx-lm, for qwen3_moe, qwen2_moe, olmoe and mixtral; scripts/make_yarn_golden_fixtures.py qwen3-yarn,
 // a Qwen3 with YaRN rope scaling, against mlx-lm; scripts/make_mistral_golden_fixtures.py mistral-bf16, a
-// Mistral with head_dim != hidden / heads and a sliding_window the context is capped at, against mlx-lm;
+// Mistral with head_dim != hidden / heads and a sliding_window above its prompts, against mlx-lm;
+// scripts/make_swa_golden_fixtures.py mistral-swa, the same shape with a sliding_window of 13 that every
+// prompt passes, against mlx-lm's layers under its windowed mask;
 // scripts/make_phi3_golden_fixtures.py phi3-bf16 and phi3-q4, a Phi-3 whose fused qkv_proj and gate_up_proj,
 // dense and MLX 4-bit, are split into row views at load, against mlx-lm);
 // scripts/golden_numpy_check.py re-derives the references with an independent numpy forward.
@@ -357,6 +359,8 @@ TEST(GoldenFixtures, AllModelsPresentAndConsistent) {
       "qwen3-yarn",
       // Mistral: head_dim != hidden / heads, a sliding_window above the prompts (make_mistral_golden_fixtures.py)
       "mistral-bf16",
+      // sliding-window attention past the window (make_swa_golden_fixtures.py)
+      "mistral-swa",
       // Phi-3: fused qkv_proj / gate_up_proj, bf16 and quantized fused by mlx-lm (make_phi3_golden_fixtures.py)
       "phi3-bf16", "phi3-q4",
       // LongRoPE, short factors (-c 256) and long ones (past it) (make_longrope_golden_fixtures.py)

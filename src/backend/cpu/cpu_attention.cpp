@@ -125,6 +125,7 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
                    const BatchView& batch, float scale, float* out) {
   const int D = kv.head_dim, Hkv = kv.n_kv_heads, P = kv.page_size;
   const int ratio = n_heads / Hkv;
+  const int64_t window = kv.window_of(layer);  // 0: the whole context
   const bool avx2 = cpu_use_avx2();
   // BF16 cache with AVX2: K/V rows are converted in registers, no staging copy.
   constexpr int kMaxQueries = 64;
@@ -152,7 +153,7 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
     const int max_q = kBlock * ratio;
     // Per-thread scratch, reused across calls; every item initialises what it reads.
     thread_local std::vector<float> kbuf, vbuf, qbuf, acc, score, m, l, corr;
-    thread_local std::vector<int64_t> limit;  // keys visible to each query
+    thread_local std::vector<int64_t> limit, first;  // the keys each query sees: first .. limit - 1
     kbuf.resize(static_cast<size_t>(D));
     vbuf.resize(static_cast<size_t>(D));
     qbuf.resize(size_t(max_q) * D);
@@ -162,6 +163,7 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
     l.resize(static_cast<size_t>(max_q));
     corr.resize(static_cast<size_t>(max_q));
     limit.resize(static_cast<size_t>(max_q));
+    first.resize(static_cast<size_t>(max_q));
     for (int64_t wk = w0; wk < w1; ++wk)
       for (int64_t item = wk; item < items; item += workers) {
         const int64_t blk = item / Hkv;
@@ -179,6 +181,10 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
         }
         for (int i = 0; i < nq; ++i) limit[size_t(i)] = int64_t(batch.pos[t0 + i / ratio]) + 1;
         const int64_t n_ctx = limit[size_t(nq - 1)];
+        // Sliding window W: query i sees positions limit - W .. limit - 1 only (first[i]); the block's
+        // first token has the earliest, so pages before its window's page are not read at all.
+        for (int i = 0; i < nq; ++i) first[size_t(i)] = window > 0 ? std::max<int64_t>(0, limit[size_t(i)] - window) : 0;
+        const int64_t j_begin = first[0] / P * P;
         // The P contiguous K (which = 0) or V (1) rows of this kv head in a page of a BF16 cache.
         auto bf16_rows = [&](int64_t pg, int which) {
           return static_cast<const uint16_t*>(kv.base) + kv_index(kv, pg, layer, which, 0, kvh);
@@ -186,7 +192,7 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
         std::fill(acc.begin(), acc.begin() + int64_t(nq) * D, 0.0f);
         std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.begin() + nq, 0.0f);
-        for (int64_t j0 = 0; j0 < n_ctx; j0 += P) {
+        for (int64_t j0 = j_begin; j0 < n_ctx; j0 += P) {
           const int64_t page = pages[j0 / P];
           const int n = int(std::min<int64_t>(P, n_ctx - j0));
           if (bf16_fast) {
@@ -207,27 +213,32 @@ void attention_f32(ThreadPool& pool, const float* q, int n_heads, const KVCacheV
             }
           }
           // Online softmax: rescale what was accumulated to the new running max. Keys past a
-          // query's own position (later tokens of its block) get weight 0.
+          // query's own position (later tokens of its block) and before its window get weight 0.
           for (int r = 0; r < nq; ++r) {
             float* sc = score.data() + size_t(r) * P;
             const int visible = int(std::clamp<int64_t>(limit[size_t(r)] - j0, 0, n));
+            const int from = int(std::clamp<int64_t>(first[size_t(r)] - j0, 0, visible));
             float mx = m[size_t(r)];
-            for (int j = 0; j < visible; ++j) mx = std::max(mx, sc[j]);
-            if (visible == 0) {  // nothing new for this query in this page (m is finite: key 0 is always visible)
+            for (int j = from; j < visible; ++j) mx = std::max(mx, sc[j]);
+            if (visible == from) {
+              // Nothing for this query in this page. m stays as it was: -inf until the query's first
+              // visible key (its window may start on a later page than the block's first query's),
+              // and acc and l are still 0 then, so the next page's exp(-inf - mx) = 0 leaves them be.
               std::fill(sc, sc + n, 0.0f);
               corr[size_t(r)] = 1.0f;
               continue;
             }
-            const float c = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the first page
+            const float c = std::exp(m[size_t(r)] - mx);  // exp(-inf) = 0 on the query's first page
             float sum = 0.0f;
             if (avx2) {
-              sum = exp_shift_sum_avx2(sc, visible, mx);
+              sum = exp_shift_sum_avx2(sc + from, visible - from, mx);
             } else {
-              for (int j = 0; j < visible; ++j) {
+              for (int j = from; j < visible; ++j) {
                 sc[j] = std::exp(sc[j] - mx);
                 sum += sc[j];
               }
             }
+            std::fill(sc, sc + from, 0.0f);
             std::fill(sc + visible, sc + n, 0.0f);
             l[size_t(r)] = l[size_t(r)] * c + sum;
             m[size_t(r)] = mx;

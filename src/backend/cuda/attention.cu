@@ -1,5 +1,5 @@
 // Paged causal attention with GQA, split-KV ("flash-decoding"): block (split s, kv head, token t)
-// covers an equal share of positions 0..pos[t] for the G = n_heads / n_kv_heads query heads that read
+// covers an equal share of positions 0..pos[t] (a sliding window's last ones: window_lo) for the G = n_heads / n_kv_heads query heads that read
 // that kv head, so each K/V row is loaded once for all G heads. Within a block, 4 warps take
 // positions round-robin in batches of NB (NB K rows and V rows loaded before any is used, so several
 // loads are in flight), each warp keeping an online softmax (max, sum, accumulator) per head in fp32;
@@ -89,11 +89,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
   const int D = kv.head_dim, G = n_heads / kv.n_kv_heads;
   const bool active = lane * DL < D;  // D < 32 * DL: the high lanes hold no dims (zeros)
   const int len = b.pos[t] + 1;
-  const int live = live_splits(len, n_splits);
+  const int lo = window_lo(len, kv.window);  // the first key (a sliding window's), 0 without one
+  const int live = live_splits(len - lo, n_splits);
   if (s >= live) return;
   if (live == 1) out = out_final, done = nullptr;  // one live split: the answer, written here
-  const int per = (len + live - 1) / live;
-  const int p_begin = s * per, p_end = min(len, p_begin + per);
+  const int per = (len - lo + live - 1) / live;
+  const int p_begin = lo + s * per, p_end = min(len, p_begin + per);
   const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
 
@@ -223,11 +224,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(const __nv_bflo
 // One block per (token, head): the live splits' partials (live_splits of the token's context; one
 // live split wrote the output itself).
 __global__ void attn_combine_kernel(const float* ws, const int32_t* pos, int n_heads, int D, int n_splits,
-                                    __nv_bfloat16* out) {
+                                    int window, __nv_bfloat16* out) {
   pdl_begin();
   extern __shared__ float w[];  // [n_splits]
   const int64_t th = blockIdx.x;  // token * n_heads + head
-  const int live = live_splits(pos[th / n_heads] + 1, n_splits);
+  const int len = pos[th / n_heads] + 1;
+  const int live = live_splits(len - window_lo(len, window), n_splits);
   if (live == 1) return;
   combine_splits(ws + th * n_splits * (D + 2), D, live, w, out + th * D);
   trace::point(9);
@@ -245,15 +247,15 @@ cudaError_t launch(const void* q, int n_heads, const KVDev& kv, int layer, const
            direct, fused, static_cast<__nv_bfloat16*>(out));
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || direct || fused) return e;
-  return attention_combine(ws, b.pos, b.n_tokens, n_heads, kv.head_dim, n_splits, out, s);
+  return attention_combine(ws, b.pos, b.n_tokens, n_heads, kv.head_dim, n_splits, kv.window, out, s);
 }
 
 }  // namespace
 
 cudaError_t attention_combine(const float* ws, const int32_t* pos, int T, int n_heads, int head_dim, int n_splits,
-                              void* out, cudaStream_t s) {
+                              int window, void* out, cudaStream_t s) {
   launch_k(attn_combine_kernel, dim3(unsigned(int64_t(T) * n_heads)), dim3(128), size_t(n_splits) * sizeof(float), s, ws,
-           pos, n_heads, head_dim, n_splits, static_cast<__nv_bfloat16*>(out));
+           pos, n_heads, head_dim, n_splits, window, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 

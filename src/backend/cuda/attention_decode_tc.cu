@@ -111,16 +111,20 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
   const int len = b.pos[t + ntok - 1] + 1;
   const int len0 = CHUNK ? (g / G < ntok ? b.pos[t + g / G] + 1 : 0) : len;
   const int len1 = CHUNK ? ((g + 8) / G < ntok ? b.pos[t + (g + 8) / G] + 1 : 0) : len;
+  // A sliding window (kv.window): the block's keys start at its first token's window (lo); CHUNK rows
+  // g and g + 8 each start at their own token's (lo0, lo1), masked below.
+  const int lo = window_lo(CHUNK ? b.pos[t] + 1 : len, kv.window);
+  const int lo0 = CHUNK ? window_lo(len0, kv.window) : lo, lo1 = CHUNK ? window_lo(len1, kv.window) : lo;
   // Output row of fragment row hg (th0 + hg without CHUNK).
   auto row_th = [&](int hg) -> int64_t {
     return CHUNK ? int64_t(t + hg / G) * n_heads + kh * G + hg % G : int64_t(t) * n_heads + kh * G + hg;
   };
-  const int live = live_splits(len, n_splits);
+  const int live = live_splits(len - lo, n_splits);
   // CM: a block without positions still takes part in its cluster's barriers (below).
   if (!CM && s >= live) return;
   const bool active = s < live;
-  const int per = (len + live - 1) / live;
-  const int p_begin = s * per, p_end = active ? min(len, p_begin + per) : p_begin;
+  const int per = (len - lo + live - 1) / live;
+  const int p_begin = lo + s * per, p_end = active ? min(len, p_begin + per) : p_begin;
   const int32_t* pages = b.page_table + int64_t(b.seq[t]) * b.max_pages;
   const __nv_bfloat16* kvb = static_cast<const __nv_bfloat16*>(kv.base);
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + size_t(warp) * kAS * 2 * TILE;
@@ -335,7 +339,7 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int p = p0 + 8 * nt + 2 * c + (i & 1);
-        const bool valid = p < p_end && (!CHUNK || p < (i < 2 ? len0 : len1));
+        const bool valid = p < p_end && (!CHUNK || (p < (i < 2 ? len0 : len1) && p >= (i < 2 ? lo0 : lo1)));
         sc[nt][i] = valid ? sc[nt][i] * scale_log2 : -FLT_MAX;
         if (i < 2) mx0 = fmaxf(mx0, sc[nt][i]);
         else mx1 = fmaxf(mx1, sc[nt][i]);
@@ -471,7 +475,7 @@ cudaError_t launch_tc(const void* q, int n_heads, const KVDev& kv, int layer, co
            kv, layer, b, scale * 1.4426950408889634f, n_splits, ws, static_cast<__nv_bfloat16*>(out), RopeDev{});
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || n_splits == 1) return e;
-  return attention_combine(ws, b.pos, b.n_tokens, n_heads, D, n_splits, out, s);
+  return attention_combine(ws, b.pos, b.n_tokens, n_heads, D, n_splits, kv.window, out, s);
 }
 
 // The cluster kernels' attributes, set once per instance: their shared memory, and clusters of 16

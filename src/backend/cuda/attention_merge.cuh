@@ -14,6 +14,7 @@ namespace anvil::cuda {
 // of one near-empty tile each and their partials (qwen3-0.6b decode at 512 tokens: 66 splits of 8
 // positions, two waves of blocks, ~14 us per layer). Blocks s >= live_splits exit at once, the
 // combine reads only the live partials, and with one live split its block writes the output.
+// len: the positions the query attends to (with a sliding window, at most the window: window_lo).
 constexpr int kMinSplitPositions = 64;
 __device__ __forceinline__ int live_splits(int len, int n_splits) {
   return max(1, min(n_splits, (len + kMinSplitPositions - 1) / kMinSplitPositions));

@@ -13,7 +13,8 @@
 // into a two-stage ring (the next tile is copied while this one is multiplied); rows past the
 // tile's last query position are zeros. The 16-byte chunks of each row are XOR-swizzled by row, so
 // the 8 rows an ldmatrix reads hit 8 different bank groups. Causal masking is applied only on the
-// key tiles that reach past the block's first query position. Query tiles are launched heaviest
+// key tiles that reach past the block's first query position (and, with a sliding window, on those
+// before its last query's window; tiles before its first query's window are skipped). Query tiles are launched heaviest
 // (latest positions, most keys) first.
 //
 // Why (ncu on the H200, session 13): the WMMA version before it kept S and O in shared memory
@@ -86,6 +87,10 @@ __global__ void __launch_bounds__(kFaThreads) fa_prefill_kernel(const __nv_bfloa
   const int64_t vofs = int64_t(kv.n_kv_heads) * kv.page_size * D;  // a page's V rows after its K rows
   const int last_pos = p0 + t0 + rows - 1;  // the tile's last query position: keys 0 .. last_pos
   const int n_kb = last_pos / kK + 1;
+  // A sliding window (kv.window): the block's first query sees keys from first_lo on, its last from
+  // last_lo on; key tiles before first_lo's are not read at all.
+  const int first_lo = window_lo(p0 + t0 + 1, kv.window), last_lo = window_lo(last_pos + 1, kv.window);
+  const int kb0 = first_lo / kK;
 
   // Key tile kb's K and V rows into ring stage kb & 1: thread copies chunk tid % CH of rows
   // tid / CH + RPP * j, K and V (zeros past last_pos: P is 0 there, and 0 * V must not be NaN).
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_prefill_kernel(const __nv_bfloa
       }
     }
   };
-  issue(0);
+  issue(kb0);
   cp_async_commit();
 
   // Q as A fragments: rows r0 = warp*16 + g and r0 + 8 of the tile (zeros past T); k = dims
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_prefill_kernel(const __nv_bfloa
   for (int nd = 0; nd < ND; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
   float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.0f, l1 = 0.0f;  // rows g and g + 8 (l: this lane's share)
 
-  for (int kb = 0; kb < n_kb; ++kb) {
+  for (int kb = kb0; kb < n_kb; ++kb) {
     if (kb + 1 < n_kb) issue(kb + 1);  // its stage was last read in iteration kb - 1 (barrier below)
     cp_async_commit();
     cp_async_wait<1>();  // tile kb's group is complete for this thread
@@ -171,14 +176,16 @@ __global__ void __launch_bounds__(kFaThreads) fa_prefill_kernel(const __nv_bfloa
       }
     }
     // Online softmax. sc[nt][i]: row g (i < 2) or g + 8, key kb*64 + 8nt + 2c + (i & 1).
-    const bool masked = kb * kK + kK - 1 > first_q;  // some key of the tile lies after some query row
+    // Some key of the tile lies after some query row, or before some row's window.
+    const bool masked = kb * kK + kK - 1 > first_q || kb * kK < last_lo;
     float mx0 = m0, mx1 = m1;
 #pragma unroll
     for (int nt = 0; nt < kK / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kp = kb * kK + 8 * nt + 2 * c + (i & 1);
-        const bool valid = !masked || kp <= (i < 2 ? qpos0 : qpos1);
+        const int qp = i < 2 ? qpos0 : qpos1;
+        const bool valid = !masked || (kp <= qp && kp >= window_lo(qp + 1, kv.window));
         sc[nt][i] = valid ? sc[nt][i] * scale_log2 : -FLT_MAX;
         if (i < 2) mx0 = fmaxf(mx0, sc[nt][i]);
         else mx1 = fmaxf(mx1, sc[nt][i]);
@@ -187,7 +194,8 @@ __global__ void __launch_bounds__(kFaThreads) fa_prefill_kernel(const __nv_bfloa
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Key 0 is valid for every row, so after the first tile m is finite and corr well defined.
+    // A row with no valid key yet (a window starting past this tile) keeps m = -FLT_MAX, l = 0, acc = 0:
+    // corr = exp2(0) = 1 now, and exp2(-FLT_MAX - mx) = 0 at its first valid tile.
     const float corr0 = exp2f(m0 - mx0), corr1 = exp2f(m1 - mx1);
     m0 = mx0, m1 = mx1;
     float s0 = 0.0f, s1 = 0.0f;

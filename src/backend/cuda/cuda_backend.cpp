@@ -591,7 +591,7 @@ class CudaBackend final : public Backend {
     if (skip("attention")) return;
     if (fa_ && batch.n_tokens >= fa_min_ && cuda::attention_prefill_ok(kv.head_dim) && one_run(batch)) {
       Prof pr(this, "attention");
-      launched(cuda::attention_prefill(q.data, n_heads, kvdev(kv), layer, bdev(batch), batch.pos_host[0], scale,
+      launched(cuda::attention_prefill(q.data, n_heads, kvdev(kv, layer), layer, bdev(batch), batch.pos_host[0], scale,
                                        out.data, st_),
                "attention (prefill, tensor cores)");
       return;
@@ -603,12 +603,12 @@ class CudaBackend final : public Backend {
       const int cl = std::min(cuda::attention_splits(groups, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_, false),
                               cuda::attention_tc_chunk_limit());
       Prof pr(this, "attention");
-      launched(cuda::attention_tc_chunk(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, std::max(1, cl), out.data,
+      launched(cuda::attention_tc_chunk(q.data, n_heads, kvdev(kv, layer), layer, bdev(batch), scale, std::max(1, cl), out.data,
                                         st_),
                "attention (tensor cores, token groups)");
       return;
     }
-    const int splits = cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_,
+    const int splits = cuda::attention_splits(batch.n_tokens, kv.n_kv_heads, attn_span(kv, layer, batch), sms_,
                                               tc && batch.n_tokens == batch.n_seqs);
     // The workspace holds the splits' partials. ANVIL_CUDA_ATTN_FUSED=1 adds one counter per (token,
     // kv head) for the in-kernel merge, in a buffer of its own (a region of the workspace would move
@@ -626,7 +626,7 @@ class CudaBackend final : public Backend {
     Prof pr(this, "attention");
     if (tc && attn_cluster_ && splits > 1 && splits <= cuda::attention_tc_cluster_limit()) {
       // The splits merged inside their cluster: one kernel (attn_cluster_).
-      launched(cuda::attention_tc_cluster(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, out.data, st_),
+      launched(cuda::attention_tc_cluster(q.data, n_heads, kvdev(kv, layer), layer, bdev(batch), scale, splits, out.data, st_),
                "attention (tensor cores, cluster merge)");
       return;
     }
@@ -635,12 +635,12 @@ class CudaBackend final : public Backend {
       // ANVIL_CUDA_ATTN_FUSED=1 does for attention.cu), qwen3-8b q4g64 decode measured 324 against
       // 359 tok/s at 512 tokens and 184 against 300 at 4,096 (2026-12-01): that one block's serial
       // loop over the splits sits on the critical path.
-      launched(cuda::attention_tc(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
+      launched(cuda::attention_tc(q.data, n_heads, kvdev(kv, layer), layer, bdev(batch), scale, splits, attn_ws_, out.data, st_),
                "attention (tensor cores)");
       if (splits > 1) launches_ += 1;  // the split kernel and the combine
       return;
     }
-    launched(cuda::attention(q.data, n_heads, kvdev(kv), layer, bdev(batch), scale, splits, attn_ws_, done, out.data,
+    launched(cuda::attention(q.data, n_heads, kvdev(kv, layer), layer, bdev(batch), scale, splits, attn_ws_, done, out.data,
                              st_),
              "attention");
     if (splits > 1 && !done) launches_ += 1;  // the split kernel and the combine
@@ -656,7 +656,7 @@ class CudaBackend final : public Backend {
                          cuda::attention_tc_ok(n_heads, kv.n_kv_heads, kv.head_dim) && !skip("rope_kv") &&
                          !skip("attention");
     const int cluster =
-        fusable ? cuda::rope_attention_cluster(batch.n_tokens, kv.n_kv_heads, batch.max_pages * kv.page_size, sms_) : 0;
+        fusable ? cuda::rope_attention_cluster(batch.n_tokens, kv.n_kv_heads, attn_span(kv, layer, batch), sms_) : 0;
     if (cluster < 1) {
       Backend::rope_attention(q, k, v, q_norm, k_norm, eps, inv_freq, kv, layer, batch, scale, out);
       return;
@@ -669,7 +669,7 @@ class CudaBackend final : public Backend {
     r.k = k.data, r.v = v.data, r.q_norm = q_norm.data, r.k_norm = k_norm.data;
     r.norm_dtype = norm_elem(q_norm, k_norm);
     r.eps = eps, r.inv_freq = inv_freq;
-    launched(cuda::rope_attention_tc(q.data, n_heads, r, kvdev(kv), layer, bdev(batch), scale, cluster, out.data, st_),
+    launched(cuda::rope_attention_tc(q.data, n_heads, r, kvdev(kv, layer), layer, bdev(batch), scale, cluster, out.data, st_),
              "rope_attention (tensor cores, fused)");
   }
   void gather_rows(Act src, const int32_t* rows, Act dst) override {
@@ -966,7 +966,8 @@ class CudaBackend final : public Backend {
                      float scale) override {
     if (handle < 0 || size_t(handle) >= persist_plans_.size()) return false;
     cuda::PersistArgs a = persist_plans_[size_t(handle)];
-    if (kv.dtype != DType::kBF16 || kv.head_dim != 128 || kv.n_kv_heads != a.n_kv || kv.n_layers != a.n_layers ||
+    // (Its attention is over the whole context: a sliding window takes the per-op path.)
+    if (kv.dtype != DType::kBF16 || kv.head_dim != 128 || kv.n_kv_heads != a.n_kv || kv.n_layers != a.n_layers || kv.window > 0 ||
         batch.n_tokens != 1 || batch.n_seqs != 1 || h.dtype != DType::kBF16 || h.rows != 1 || h.cols != a.hidden)
       return false;
     a.eps = eps, a.scale = scale, a.inv_freq = inv_freq, a.kv = kvdev(kv), a.b = bdev(batch), a.h = h.data;
@@ -1243,10 +1244,18 @@ class CudaBackend final : public Backend {
     *have = n;
     return true;
   }
-  static cuda::KVDev kvdev(const KVCacheView& kv) {
+  // The most positions one token attends to: the page table's capacity (fixed, so that a captured
+  // graph's split count holds as the context grows), or a sliding window when smaller.
+  static int attn_span(const KVCacheView& kv, int layer, const BatchView& batch) {
+    const int cap = batch.max_pages * kv.page_size, w = kv.window_of(layer);
+    return w > 0 ? std::min(cap, w) : cap;
+  }
+  // layer: the one the launch attends over (its sliding window, KVCacheView::window_of); -1: none.
+  static cuda::KVDev kvdev(const KVCacheView& kv, int layer = -1) {
     cuda::KVDev d;
     d.base = kv.base, d.n_layers = kv.n_layers, d.n_kv_heads = kv.n_kv_heads, d.head_dim = kv.head_dim;
     d.page_size = kv.page_size;
+    d.window = layer >= 0 ? kv.window_of(layer) : 0;
     return d;
   }
   static cuda::BatchDev bdev(const BatchView& b) {

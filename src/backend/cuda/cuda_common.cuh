@@ -57,6 +57,11 @@ __device__ __forceinline__ float block_sum(float v) {
 }
 
 // Element (page, layer, kv, head, slot, 0) of the paged cache (backend.h KVCacheView).
+// Sliding-window attention (KVDev::window > 0): a query at position len - 1 attends to the keys
+// window_lo(len) .. len - 1 (transformers' and mlx-lm's mask: the last `window` positions, itself
+// included); without a window, 0 .. len - 1.
+__device__ __forceinline__ int window_lo(int len, int window) { return window > 0 && len > window ? len - window : 0; }
+
 __device__ __forceinline__ int64_t kv_row(int64_t page, int layer, int which, int head, int slot, int n_layers,
                                           int n_kv_heads, int page_size, int head_dim) {
   return ((((page * n_layers + layer) * 2 + which) * n_kv_heads + head) * int64_t(page_size) + slot) * head_dim;

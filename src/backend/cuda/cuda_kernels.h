@@ -131,6 +131,7 @@ cudaError_t swiglu(const void* gate, const void* up, void* out, int64_t n, cudaS
 struct KVDev {
   void* base = nullptr;
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, page_size = 0;
+  int window = 0;  // the launch's layer's sliding window (KVCacheView::window_of): keys len - window .. len - 1; 0: all
 };
 struct BatchDev {
   int n_tokens = 0, n_seqs = 0, max_pages = 0;
@@ -159,9 +160,10 @@ int attention_splits(int T, int n_kv_heads, int max_positions, int n_sms, bool t
 cudaError_t attention(const void* q, int n_heads, const KVDev& kv, int layer, const BatchDev& b, float scale,
                       int n_splits, float* workspace, unsigned* done, void* out, cudaStream_t s);
 // The split merge alone (attention()'s second kernel): ws holds n_splits partials per (token, head),
-// of which the first live_splits(pos[t] + 1, n_splits) hold positions (attention_merge.cuh).
+// of which the first live_splits(n, n_splits) hold positions (attention_merge.cuh; n: the token's
+// positions pos[t] + 1, or with a sliding window the last `window` of them).
 cudaError_t attention_combine(const float* ws, const int32_t* pos, int T, int n_heads, int head_dim, int n_splits,
-                              void* out, cudaStream_t s);
+                              int window, void* out, cudaStream_t s);
 // attention_decode_tc.cu: the same blocks and partials with the arithmetic on the tensor cores
 // (the default; ANVIL_CUDA_ATTN_TC=0 off; up to 16 query heads per kv head, head_dim 64 or 128:
 // attention_tc_ok).
