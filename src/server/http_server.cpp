@@ -22,6 +22,7 @@
 #include "server/http_threads.h"
 #include "server/openai_reply.h"
 #include "server/response_store.h"
+#include "server/responses_items.h"
 #include "server/responses_reply.h"
 #include "server/session_locks.h"
 #include "server/sessions.h"
@@ -173,6 +174,8 @@ struct HttpServer::Impl {
   void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
                        ResponsesEcho echo, bool stream, bool starts_in_reasoning, std::shared_ptr<SessionTurn> turn,
                        std::optional<ojson> to_store);
+  // GET /v1/responses/{id}/input_items.
+  void handle_input_items(const httplib::Request& req, httplib::Response& res);
   // GET / DELETE /v1/responses/{id}.
   void handle_stored_response(const httplib::Request& req, httplib::Response& res, bool remove);
   // A server-sent event stream of `job`'s events: `first()` once (nothing when empty), then what
@@ -820,6 +823,34 @@ void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httpl
   send_json(res, 200, r);
 }
 
+// A stored response's input items (responses_items.h), a page at a time.
+void HttpServer::Impl::handle_input_items(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  if (!stored_responses)
+    return send_error(res, api_error(404, "response_id",
+                                     "no stored responses: this server runs without the durable KV store "
+                                     "(--no-kv-store) or with --responses-keep 0",
+                                     "not_found"));
+  auto got = stored_responses->get(id);
+  if (!got.is_ok()) return send_error(res, for_client(api_error(500, "", got.status().message(), "", "server_error")));
+  if (!*got)
+    return send_error(res, api_error(404, "response_id",
+                                     "no stored response with id '" + id.substr(0, 200) + "' (this server keeps the last " +
+                                         std::to_string(opts.responses_keep) +
+                                         " stored responses of this model; one sent with 'store': false is not kept)",
+                                     "not_found"));
+  const ojson conv = ojson::parse((*got)->messages, nullptr, false);
+  if (!conv.is_array())
+    return send_error(res, api_error(500, "", "stored response '" + id + "' is unreadable", "", "server_error"));
+  auto param = [&](const char* k) -> std::optional<std::string> {
+    if (!req.has_param(k)) return std::nullopt;
+    return req.get_param_value(k);
+  };
+  auto page = input_items_page(input_items(conv, id), param("limit"), param("order"), param("after"));
+  if (auto* e = std::get_if<ApiError>(&page)) return send_error(res, *e);
+  send_json(res, 200, std::get<ojson>(page));
+}
+
 void HttpServer::Impl::handle_sessions(const httplib::Request&, httplib::Response& res) {
   if (!opts.store)
     return send_error(res, api_error(400, "", "sessions need the durable KV store, and this server runs without one"));
@@ -1089,6 +1120,8 @@ void HttpServer::Impl::routes() {
   // handle_session refuses as it refuses every invalid name (400, naming the rule).
   svr.Get(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, false); });
   svr.Delete(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
+  svr.Get(R"(/v1/responses/([^/]+)/input_items)",
+          [this](const httplib::Request& q, httplib::Response& s) { handle_input_items(q, s); });
   svr.Get(R"(/v1/responses/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, false); });
   svr.Delete(R"(/v1/responses/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, true); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {

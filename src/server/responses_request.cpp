@@ -161,8 +161,8 @@ std::optional<ApiError> input_messages(const ojson& b, ojson* messages) {
       }
       open_turn = false;
     } else if (type == "item_reference") {
-      return bad("input", "'" + where + "' is an item_reference: anvil stores no responses or items (send the item "
-                          "itself)");
+      return bad("input", "'" + where + "' is an item_reference: anvil keeps no item ids (send the item itself, or "
+                          "continue a stored response with previous_response_id)");
     } else {
       return bad("input", "'" + where + ".type' '" + type.substr(0, 100) +
                               "' is not supported; anvil takes message, function_call, function_call_output and "

@@ -128,6 +128,15 @@ if mode == "text":
           f"continued == stateless with the conversation ({r2.output_text!r} vs {ref.output_text!r})")
     got = client.responses.retrieve(r1.id)
     check(got.id == r1.id and got.output_text == r1.output_text, "responses.retrieve gives the stored response")
+    # r2's input items through the client's paginator (newest first; two per page, so it pages):
+    # q2, r1's reply, q1, as the client's typed items.
+    items = list(client.responses.input_items.list(r2.id, limit=2))
+    check([i.type for i in items] == ["message"] * 3 and [i.role for i in items] == ["user", "assistant", "user"],
+          f"input_items: three messages, newest first ({[(i.type, getattr(i, 'role', None)) for i in items]})")
+    check(items[0].content[0].text == q2 and items[1].content[0].text == r1.output_text and
+          items[2].content[0].text == q1, "input_items: the conversation's texts")
+    asc = client.responses.input_items.list(r2.id, order="asc")
+    check([i.content[0].text for i in asc.data] == [q1, r1.output_text, q2], "input_items: order=asc")
     client.responses.delete(r1.id)
     try:
         client.responses.retrieve(r1.id)

@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "../cli/scripted_model.h"
+#include "server/responses_items.h"
 #include "server/responses_request.h"
 #include "server_process.h"
 
@@ -200,6 +202,77 @@ TEST(ResponsesRequest, TranslatesToTheChatRequest) {
 
 // Every malformed or unsupported field: a 400 naming it (the Responses name, also where the chat
 // parser found the fault), nothing silently ignored that would change the answer.
+// A stored response's input items (GET /v1/responses/{id}/input_items) are the items its request sent,
+// back from the chat messages they became (the conversation is stored as those): every type in order
+// (a reasoning item, the assistant's text, its parallel function calls, their outputs, developer and
+// user messages; a developer message comes back as the system one it was run as), with their texts,
+// call ids, names, arguments and outputs; the reply (the last
+// message) is not an input item, nor are the instructions. Ids are unique and stable.
+TEST(ResponsesItems, InputItemsAreTheItemsTheRequestSent) {
+  const json input = {
+      {{"role", "developer"}, {"content", "Be brief."}},
+      {{"type", "message"}, {"role", "user"}, {"content", {{{"type", "input_text"}, {"text", "Weather in Oslo and Rome?"}}}}},
+      {{"type", "reasoning"}, {"summary", json::array()}, {"content", {{{"type", "reasoning_text"}, {"text", "Two calls."}}}}},
+      {{"role", "assistant"}, {"content", "Checking."}},
+      {{"type", "function_call"}, {"call_id", "c1"}, {"name", "weather"}, {"arguments", "{\"city\":\"Oslo\"}"}},
+      {{"type", "function_call"}, {"call_id", "c2"}, {"name", "weather"}, {"arguments", "{\"city\":\"Rome\"}"}},
+      {{"type", "function_call_output"}, {"call_id", "c1"}, {"output", "4 C"}},
+      {{"type", "function_call_output"}, {"call_id", "c2"}, {"output", "18 C"}},
+      {{"role", "user"}, {"content", "Thanks."}}};
+  ApiRequest r;
+  ASSERT_FALSE(responses({{"input", input}, {"instructions", "You answer."}}, &r));
+  nlohmann::ordered_json conv = nlohmann::ordered_json::array();
+  for (size_t i = 1; i < r.messages.size(); ++i) conv.push_back(r.messages[i]);  // (instructions apart, as stored)
+  conv.push_back({{"role", "assistant"}, {"content", "You are welcome."}});   // the reply
+  const json items = json::parse(input_items(conv, "resp_abc").dump());
+  const std::vector<std::string> types = {"message", "message", "reasoning", "message", "function_call",
+                                          "function_call", "function_call_output", "function_call_output", "message"};
+  ASSERT_EQ(items.size(), types.size()) << items.dump(1);
+  std::set<std::string> ids;
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(items[i]["type"], types[i]) << i << ": " << items[i];
+    EXPECT_EQ(items[i]["status"], "completed") << i;
+    ids.insert(items[i]["id"].get<std::string>());
+  }
+  EXPECT_EQ(ids.size(), items.size()) << "item ids are not unique";
+  EXPECT_EQ(items[0]["role"], "system");  // a developer message is run (and kept) as the chat's system role
+  EXPECT_EQ(items[0]["content"][0], (json{{"type", "input_text"}, {"text", "Be brief."}}));
+  EXPECT_EQ(items[1]["content"][0]["text"], "Weather in Oslo and Rome?");
+  EXPECT_EQ(items[2]["content"][0]["text"], "Two calls.");
+  EXPECT_EQ(items[3]["role"], "assistant");
+  EXPECT_EQ(items[3]["content"][0]["type"], "output_text");
+  EXPECT_EQ(items[3]["content"][0]["text"], "Checking.");
+  for (int k : {4, 5}) {
+    EXPECT_EQ(items[size_t(k)]["call_id"], input[size_t(k)]["call_id"]);
+    EXPECT_EQ(items[size_t(k)]["name"], "weather");
+    EXPECT_EQ(items[size_t(k)]["arguments"], input[size_t(k)]["arguments"]);
+  }
+  for (int k : {6, 7}) {
+    EXPECT_EQ(items[size_t(k)]["call_id"], input[size_t(k)]["call_id"]);
+    EXPECT_EQ(items[size_t(k)]["output"], input[size_t(k)]["output"]);
+  }
+  EXPECT_EQ(items[8]["content"][0]["text"], "Thanks.");
+  EXPECT_EQ(json::parse(input_items(conv, "resp_abc").dump()), items) << "ids differ between calls";
+  // The page: newest first by default, `after` continues, and a page past the end is empty.
+  auto page = [&](std::optional<std::string> limit, std::optional<std::string> order, std::optional<std::string> after) {
+    auto p = input_items_page(input_items(conv, "resp_abc"), limit, order, after);
+    EXPECT_TRUE(std::holds_alternative<nlohmann::ordered_json>(p));
+    return std::holds_alternative<nlohmann::ordered_json>(p) ? json::parse(std::get<nlohmann::ordered_json>(p).dump())
+                                                             : json();
+  };
+  json p1 = page("4", std::nullopt, std::nullopt);
+  ASSERT_EQ(p1["data"].size(), 4u);
+  EXPECT_EQ(p1["data"][0], items[8]);
+  EXPECT_EQ(p1["has_more"], true);
+  json p3 = page("4", "desc", items[1]["id"].get<std::string>());
+  ASSERT_EQ(p3["data"].size(), 1u);
+  EXPECT_EQ(p3["data"][0], items[0]);
+  EXPECT_EQ(p3["has_more"], false);
+  json end = page(std::nullopt, "asc", items[8]["id"].get<std::string>());
+  EXPECT_TRUE(end["data"].empty());
+  EXPECT_TRUE(end["first_id"].is_null());
+}
+
 TEST(ResponsesRequest, RefusesWhatItCannotHonourNamingTheField) {
   const json in = "hi";
   struct Case {
@@ -236,7 +309,7 @@ TEST(ResponsesRequest, RefusesWhatItCannotHonourNamingTheField) {
       {{{"input", {{{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", json::object()}}}}},
        "input", "arguments' must be a string"},
       {{{"input", {{{"type", "function_call_output"}, {"call_id", "c"}}}}}, "input", "output' is required"},
-      {{{"input", {{{"type", "item_reference"}, {"id", "msg_1"}}}}}, "input", "stores no"},
+      {{{"input", {{{"type", "item_reference"}, {"id", "msg_1"}}}}}, "input", "keeps no item ids"},
       {{{"input", {{{"type", "web_search_call"}, {"id", "ws_1"}}}}}, "input", "'web_search_call' is not supported"},
       {{{"input", in}, {"instructions", 5}}, "instructions", "must be a string"},
       {{{"input", in}, {"tools", {{{"type", "web_search"}}}}}, "tools", "no hosted tools"},
@@ -706,6 +779,58 @@ TEST(ResponsesTiny, StoredResponsesAreContinuedFetchedAndDeleted) {
     EXPECT_EQ(text_of(r2), text_of(ref2));
     EXPECT_EQ(r2["usage"]["input_tokens"], ref2["usage"]["input_tokens"]);
     EXPECT_EQ(get(r2["id"], &st), r2) << "the stored response is not the one streamed";
+
+    // r2's input items: the continued conversation's and its own, instructions apart, newest first by
+    // default; pages by limit / order / after.
+    auto items = [&](const std::string& query, int* st) {
+      auto r = c.Get(("/v1/responses/" + r2["id"].get<std::string>() + "/input_items" + query).c_str());
+      *st = r ? r->status : -1;
+      return r ? json::parse(r->body, nullptr, false) : json();
+    };
+    auto text_part = [](const json& item) { return item["content"][0]["text"]; };
+    json li = items("", &st);
+    ASSERT_EQ(st, 200) << li;
+    EXPECT_EQ(li["object"], "list");
+    ASSERT_EQ(li["data"].size(), 3u) << li;
+    EXPECT_EQ(li["has_more"], false);
+    EXPECT_EQ(li["data"][0]["role"], "user");
+    EXPECT_EQ(text_part(li["data"][0]), t2);
+    EXPECT_EQ(li["data"][0]["content"][0]["type"], "input_text");
+    EXPECT_EQ(li["data"][1]["role"], "assistant");
+    EXPECT_EQ(li["data"][1]["content"][0]["type"], "output_text");
+    EXPECT_EQ(text_part(li["data"][1]), text_of(r1));
+    EXPECT_EQ(text_part(li["data"][2]), t1);
+    for (const json& it : li["data"]) {
+      EXPECT_EQ(it["type"], "message");
+      EXPECT_EQ(it["status"], "completed");
+      EXPECT_TRUE(it["id"].is_string() && !it["id"].get<std::string>().empty()) << it;
+    }
+    EXPECT_EQ(li["first_id"], li["data"][0]["id"]);
+    EXPECT_EQ(li["last_id"], li["data"][2]["id"]);
+    EXPECT_EQ(items("", &st), li) << "item ids change between calls";
+    json asc = items("?order=asc&limit=2", &st);
+    ASSERT_EQ(st, 200) << asc;
+    ASSERT_EQ(asc["data"].size(), 2u) << asc;
+    EXPECT_EQ(asc["has_more"], true);
+    EXPECT_EQ(text_part(asc["data"][0]), t1);
+    EXPECT_EQ(asc["data"][0]["id"], li["data"][2]["id"]);
+    json rest = items("?order=asc&limit=2&after=" + asc["last_id"].get<std::string>(), &st);
+    ASSERT_EQ(st, 200) << rest;
+    ASSERT_EQ(rest["data"].size(), 1u) << rest;
+    EXPECT_EQ(text_part(rest["data"][0]), t2);
+    EXPECT_EQ(rest["has_more"], false);
+    for (const auto& [query, param] : std::vector<std::pair<std::string, std::string>>{
+             {"?limit=0", "limit"}, {"?limit=101", "limit"}, {"?limit=x", "limit"}, {"?order=up", "order"},
+             {"?after=msg_nothing", "after"}}) {
+      const json e = items(query, &st);
+      EXPECT_EQ(st, 400) << query << ": " << e;
+      EXPECT_EQ(e["error"]["param"], param) << query << ": " << e;
+    }
+    {
+      auto r = c.Get("/v1/responses/resp_nothing/input_items");
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 404) << r->body;
+    }
 
     // Without instructions: the previous response's are not carried over.
     r3 = post({{"previous_response_id", id1}, {"input", t2}, {"temperature", 0}, {"max_output_tokens", 24}}, &st);
