@@ -546,9 +546,13 @@ cudaError_t launch_tc_chunk(const void* q, int n_heads, const KVDev& kv, int lay
   return cudaGetLastError();
 }
 
+// The limits below are the least over the instances with and without a window (WIN), so that a
+// cluster size chosen from them launches either.
 int max_cluster_any() {
-  return std::min(std::min(cluster_limit<64, false>(), cluster_limit<64, true>()),
-                  std::min(cluster_limit<128, false>(), cluster_limit<128, true>()));
+  return std::min({cluster_limit<64, false>(), cluster_limit<64, true>(), cluster_limit<128, false>(),
+                   cluster_limit<128, true>(), cluster_limit<64, false, true, false, true>(),
+                   cluster_limit<64, true, true, false, true>(), cluster_limit<128, false, true, false, true>(),
+                   cluster_limit<128, true, true, false, true>()});
 }
 
 }  // namespace
@@ -601,8 +605,12 @@ int rope_attention_cluster(int T, int n_kv_heads, int max_positions, int n_sms) 
 }
 
 int attention_tc_cluster_limit() {
-  static const int v = std::min(std::min(cluster_limit<64, false, false>(), cluster_limit<64, true, false>()),
-                                std::min(cluster_limit<128, false, false>(), cluster_limit<128, true, false>()));
+  static const int v = std::min({cluster_limit<64, false, false>(), cluster_limit<64, true, false>(),
+                                 cluster_limit<128, false, false>(), cluster_limit<128, true, false>(),
+                                 cluster_limit<64, false, false, false, true>(),
+                                 cluster_limit<64, true, false, false, true>(),
+                                 cluster_limit<128, false, false, false, true>(),
+                                 cluster_limit<128, true, false, false, true>()});
   return v;
 }
 
@@ -617,7 +625,8 @@ cudaError_t attention_tc_cluster(const void* q, int n_heads, const KVDev& kv, in
 }
 
 int attention_tc_chunk_limit() {
-  static const int v = std::min(cluster_limit<64, true, false, true>(), cluster_limit<128, true, false, true>());
+  static const int v = std::min({cluster_limit<64, true, false, true>(), cluster_limit<128, true, false, true>(),
+                                 cluster_limit<64, true, false, true, true>(), cluster_limit<128, true, false, true, true>()});
   return v;
 }
 
