@@ -113,7 +113,13 @@ int run_bench(BenchArgs& a) {
   // the decode (context grows from prompt to prompt + n).
   const size_t kv_elem = a.model.kv_dtype == "f32" ? 4 : 2;
   const double kv_per_pos = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_elem;
-  const double avg_ctx = a.prompt + a.n / 2.0;
+  // With a sliding window W, attention reads at most the last W positions.
+  double kv_positions = 0;
+  for (int i = 0; i < a.n; ++i) {
+    const double ctx = double(a.prompt) + i + 0.5;
+    kv_positions += c.sliding_window > 0 ? std::min(ctx, double(c.sliding_window)) : ctx;
+  }
+  const double avg_ctx = a.n > 0 ? kv_positions / a.n : double(a.prompt);
   const double weight_bytes = double(s.model->weights.bytes_per_token());
   const double bytes_per_token = weight_bytes + kv_per_pos * avg_ctx;
   const double gbs = bytes_per_token * best_decode / 1e9;

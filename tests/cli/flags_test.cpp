@@ -284,6 +284,11 @@ TEST(CliContext, BenchRunsPastTheSlidingWindow) {
   ASSERT_TRUE(j.is_object()) << r.out;
   EXPECT_EQ(j["prompt_tokens"], 60);
   EXPECT_EQ(j["generated_tokens"], 40);
+  // Bytes per token count the KV positions attention reads: at most the window's 64. Decode steps at
+  // 60.5 .. 99.5 positions on average read 60.5, 61.5, 62.5, 63.5, then 64 for the other 36: 63.8 on
+  // average (without the window, 80), of 2 layers x 2 kv heads x 32 dims x K and V x 2 bytes = 512 each.
+  const double kv_positions = (j["bytes_per_token"].get<double>() - j["weight_bytes_per_token"].get<double>()) / 512.0;
+  EXPECT_NEAR(kv_positions, 63.8, 1e-6) << r.out;
 }
 
 // bench-kv sizes its context as bench does, --prompt-tokens + -n (or a larger -c/--ctx), and build_stack
