@@ -7,8 +7,9 @@
 //  - a failed call returns a clean Status (kInvalidArgument / kOutOfMemory) and changes nothing;
 //  - no page is leaked: at the end only the prefix index holds pages, one reference each.
 // Seeds: ANVIL_DIFF_SEEDS (default 4) starting at ANVIL_DIFF_SEED (default 1), ANVIL_DIFF_STEPS
-// steps each (default 60). CI runs the defaults (also under AddressSanitizer);
+// steps each (default 60; the sliding-window variant runs half the seeds). CI runs the defaults (also under AddressSanitizer);
 // scripts/engine_fuzz.sh runs many more.
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 
@@ -28,8 +29,9 @@ int env_int(const char* name, int def) {
 
 struct Reference {
   SharedEngineFixture f;
-  explicit Reference(DType kv) {
+  explicit Reference(DType kv, int window = -1) {
     FixtureOptions o;
+    o.sliding_window = window;
     o.engine.kv_dtype = kv;
     o.engine.prefix_cache = false;
     o.engine.page_size = kPageSize;  // the online softmax rescales per page: same pages, same bits
@@ -49,11 +51,13 @@ struct Reference {
   }
 };
 
-void run_seed(uint64_t seed, int steps, Reference& ref, DType kv) {
-  SCOPED_TRACE("seed " + std::to_string(seed) + (kv == DType::kF32 ? " f32 KV" : " bf16 KV"));
+void run_seed(uint64_t seed, int steps, Reference& ref, DType kv, int window = -1) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + (kv == DType::kF32 ? " f32 KV" : " bf16 KV") +
+               (window > 0 ? " window " + std::to_string(window) : ""));
   std::mt19937_64 rng(seed);
   auto uni = [&](int lo, int hi) { return lo + int(rng() % uint64_t(hi - lo + 1)); };
   FixtureOptions o;
+  o.sliding_window = window;
   o.engine.kv_dtype = kv;
   o.engine.prefix_cache = true;
   o.engine.page_size = kPageSize;
@@ -177,6 +181,23 @@ TEST(EngineDifferential, RandomInterleavingsMatchSingleSequenceEngine) {
     for (int i = 0; i < seeds; ++i) {
       run_seed(uint64_t(first + i), steps, ref, kv);
       if (HasFailure()) return;  // the first failing seed is the one to reproduce
+    }
+  }
+}
+
+// The same with a sliding window of 9 positions (KVCacheView::window; pages of 4, so windows start
+// mid-page and prefill chunks of 3-24 tokens straddle them): a windowed row is as independent of its
+// batch, chunk and reused pages as a full-context one, bit for bit, and the contexts here (up to 96)
+// run far past the window.
+TEST(EngineDifferential, RandomInterleavingsWithASlidingWindow) {
+  const int seeds = std::max(1, env_int("ANVIL_DIFF_SEEDS", 4) / 2), first = env_int("ANVIL_DIFF_SEED", 1),
+            steps = env_int("ANVIL_DIFF_STEPS", 60);
+  for (DType kv : {DType::kF32, DType::kBF16}) {
+    Reference ref(kv, 9);
+    ASSERT_TRUE(ref.f.engine);
+    for (int i = 0; i < seeds; ++i) {
+      run_seed(uint64_t(first + i), steps, ref, kv, 9);
+      if (HasFailure()) return;
     }
   }
 }

@@ -16,6 +16,7 @@ struct FixtureOptions {
   std::string spec = "tiny:q4g64";
   int max_tokens = 64;
   int threads = 2;
+  int sliding_window = -1;  // >= 0: the model's config.sliding_window replaced by it (0: none)
   EngineOptions engine;
   FixtureOptions() {
     engine.page_size = 16;
@@ -53,7 +54,9 @@ inline SharedEngineFixture make_engine(const FixtureOptions& o) {
   f.backend = make_cpu_backend(o.threads);
   auto w = upload_weights(f.model->weights, *f.backend);
   EXPECT_TRUE(w.is_ok());
-  auto tf = Transformer::create(f.model->config, *w, *f.backend, o.max_tokens);
+  ModelConfig cfg = f.model->config;
+  if (o.sliding_window >= 0) cfg.sliding_window = o.sliding_window;
+  auto tf = Transformer::create(cfg, *w, *f.backend, o.max_tokens);
   EXPECT_TRUE(tf.is_ok()) << tf.status().message();
   f.tf = std::move(tf).value();
   auto e = Engine::create(*f.tf, f.model->fingerprint, o.engine);
