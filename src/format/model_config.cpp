@@ -334,8 +334,7 @@ Status parse_rope_scaling(const Fields& f, const std::string& label, ModelConfig
 
 // Mistral's, Mixtral's and Phi-3's sliding_window, as their transformers config classes read it: null is
 // none, absent is the class default (MistralConfig: 4096; MixtralConfig, Phi3Config: none), else a positive
-// integer W: each position attends to the last W. The engine's attention is over the whole
-// context, which is the same while the context is at most W tokens; build_stack caps it there.
+// integer W: each position attends to the last W (KVCacheView::window, in every layer).
 Status parse_sliding_window(const Fields& f, const json& root, ModelConfig* c) {
   auto it = root.find("sliding_window");
   if (it == root.end()) {
@@ -507,9 +506,10 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 
   // Qwen2/Qwen3 (dense and MoE): with use_sliding_window, transformers limits attention to a window
   // in the layers `layer_types` marks "sliding_attention", or without it in the layers from
-  // max_window_layers (default 28) on. This engine's attention is full-context everywhere, so such a
-  // config is refused where a layer would slide (real checkpoints say false, or put
-  // max_window_layers at the layer count) rather than run with other attention than it asks for.
+  // max_window_layers (default 28) on. This engine's windows apply to every layer alike (Mistral's), not
+  // to some layers only, so such a config is refused where a layer would slide (real checkpoints say
+  // false, or put max_window_layers at the layer count) rather than run with other attention than it
+  // asks for.
   if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kQwen2Moe) {
     bool sliding = false;
     ANVIL_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &sliding));

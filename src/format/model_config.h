@@ -75,9 +75,8 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int max_position_embeddings = 0;
-  // Mistral's, Mixtral's and Phi-3's sliding_window: attention over the last W positions (0: none). The engine
-  // attends over the whole context, which is the same thing while the context is at most W tokens:
-  // the context is capped at W (cli/common.cpp build_stack), never run past it.
+  // Mistral's, Mixtral's and Phi-3's sliding_window: attention over the last W positions (0: none), in
+  // every layer (KVCacheView::window; the backends' attention applies it).
   int sliding_window = 0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have a bias (qwen2: true)
