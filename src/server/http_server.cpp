@@ -1004,7 +1004,11 @@ static std::string allowed_methods(const std::string& path) {
     return path.size() > n && path.compare(0, n, prefix) == 0;
   };
   if (under("/v1/sessions/")) return "GET, HEAD, DELETE";  // (a name with a '/' is refused by the handler)
-  if (under("/v1/responses/")) return "GET, HEAD, DELETE";
+  if (under("/v1/responses/")) {
+    const size_t id_at = std::strlen("/v1/responses/"), slash = path.find('/', id_at);
+    if (slash == std::string::npos) return "GET, HEAD, DELETE";  // /v1/responses/{id}
+    return slash > id_at && path.compare(slash, std::string::npos, "/input_items") == 0 ? "GET, HEAD" : "";
+  }
   if (under("/v1/models/")) return "GET, HEAD";
   return "";
 }
@@ -1122,8 +1126,8 @@ void HttpServer::Impl::routes() {
   svr.Delete(R"(/v1/sessions/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_session(q, s, true); });
   svr.Get(R"(/v1/responses/([^/]+)/input_items)",
           [this](const httplib::Request& q, httplib::Response& s) { handle_input_items(q, s); });
-  svr.Get(R"(/v1/responses/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, false); });
-  svr.Delete(R"(/v1/responses/(.+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, true); });
+  svr.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, false); });
+  svr.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& q, httplib::Response& s) { handle_stored_response(q, s, true); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
     send_json(s, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
   });

@@ -830,6 +830,11 @@ TEST(ResponsesTiny, StoredResponsesAreContinuedFetchedAndDeleted) {
       auto r = c.Get("/v1/responses/resp_nothing/input_items");
       ASSERT_TRUE(r);
       EXPECT_EQ(r->status, 404) << r->body;
+      r = c.Delete(("/v1/responses/" + r2["id"].get<std::string>() + "/input_items").c_str());
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 405) << r->body;
+      EXPECT_EQ(r->get_header_value("Allow"), "GET, HEAD");
+      EXPECT_EQ(get(r2["id"], &st), r2) << "a DELETE of its input items touched the response";
     }
 
     // Without instructions: the previous response's are not carried over.
