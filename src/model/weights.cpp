@@ -53,8 +53,15 @@ class Binder {
     const TensorView* w = find(module + ".weight");
     const TensorView* sc = find(module + ".scales");
     const TensorView* bi = find(module + ".biases");
-    if (!w) return missing(module + ".weight", "[" + std::to_string(experts) + ", " + std::to_string(rows) +
-                                                   ", ...] stacked expert weights");
+    if (!w) {
+      // (Appended piece by piece: GCC 12 warns falsely, -Wrestrict, on "[" + std::to_string(...).)
+      std::string shape = "[";
+      shape += std::to_string(experts);
+      shape += ", ";
+      shape += std::to_string(rows);
+      shape += ", ...] stacked expert weights";
+      return missing(module + ".weight", shape);
+    }
     for (const TensorView* t : {w, sc, bi})
       if (t && (t->shape.size() != 3 || t->shape[0] != experts))
         return invalid_argument(label_ + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) +

@@ -98,6 +98,14 @@ TEST(MoEWeights, MissingOrMisshapenExpertTensorIsNamed) {
   ASSERT_FALSE(r.is_ok());
   // Without .scales the U32 weight is reported as needing them.
   EXPECT_NE(r.status().message().find("switch_mlp.up_proj"), std::string::npos) << r.status().message();
+  // A stacked weight that is not there at all is named with the shape it should have.
+  const std::string gone_w = "model.layers.1.mlp.switch_mlp.up_proj.weight";  // (gate_proj there: stacked)
+  auto rw = bind_weights(t.cfg, [&](const std::string& n) { return n == gone_w ? nullptr : t.m->find(n); }, "m");
+  ASSERT_FALSE(rw.is_ok());
+  EXPECT_NE(rw.status().message().find(gone_w), std::string::npos) << rw.status().message();
+  EXPECT_NE(rw.status().message().find("[" + std::to_string(t.cfg.num_experts) + ", "), std::string::npos)
+      << rw.status().message();
+  EXPECT_NE(rw.status().message().find(", ...] stacked expert weights"), std::string::npos) << rw.status().message();
   TensorView bad = *t.m->find("model.layers.0.mlp.switch_mlp.down_proj.weight");
   bad.shape[0] = 7;
   auto r2 = bind_weights(t.cfg, [&](const std::string& n) {
