@@ -235,9 +235,23 @@ def write_fixture(name, kind, model_dir, candidates, min_margin, extra_meta=None
         if k == n_prompts:
             break
     assert k == n_prompts, f"{name}: not enough prompts without near-ties"
-    # One key per line, each value compact: readable diffs when the fixtures are re-made.
+    write_meta(dst, meta)
+
+
+def write_meta(dst, meta):
+    """dst/meta.json, one key per line, each value compact: readable diffs when the fixtures are re-made."""
     lines = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in meta.items())
     (dst / "meta.json").write_text("{\n" + lines + "\n}\n")
+
+
+def accept_numpy_check(name, dst, meta, worst, said=""):
+    """The sibling scripts' last step: refuse to write unless the numpy float64 forward agreed with the
+    reference within 1e-5 (worst: its largest rel_err over the prompts), else record it in meta.json."""
+    if worst > 1e-5:
+        sys.exit(f"{name}: the numpy float64 forward and mlx-lm disagree (rel_err {worst:.2e}); not written")
+    meta["numpy_float64_rel_err"] = float("%.3e" % worst)
+    write_meta(dst, meta)
+    print(f"  {name}: numpy float64 forward within {worst:.2e} of mlx-lm{said}")
 
 
 # ------------------------------------------------------------------------------------- tiny HF checkpoints

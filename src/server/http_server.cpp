@@ -174,6 +174,8 @@ struct HttpServer::Impl {
   void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
                        ResponsesEcho echo, bool stream, bool starts_in_reasoning, std::shared_ptr<SessionTurn> turn,
                        std::optional<ojson> to_store);
+  ApiError response_not_found(const std::string& id) const;
+  std::optional<StoredResponse> stored_or_error(const std::string& id, httplib::Response& res);
   // GET /v1/responses/{id}/input_items.
   void handle_input_items(const httplib::Request& req, httplib::Response& res);
   // GET / DELETE /v1/responses/{id}.
@@ -794,31 +796,47 @@ void HttpServer::Impl::serve_responses(const httplib::Request& req, httplib::Res
       });
 }
 
-void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httplib::Response& res, bool remove) {
-  const std::string id = req.matches[1];
-  auto not_found = [&] {
-    send_error(res, api_error(404, "response_id",
-                              "no stored response with id '" + id.substr(0, 200) + "' (this server keeps the last " +
-                                  std::to_string(opts.responses_keep) +
-                                  " stored responses of this model; one sent with 'store': false is not kept)",
-                              "not_found"));
-  };
+// The 404 for a response id this server does not keep (or, without stored responses, for any).
+ApiError HttpServer::Impl::response_not_found(const std::string& id) const {
+  if (!stored_responses)
+    return api_error(404, "response_id",
+                     "no stored responses: this server runs without the durable KV store (--no-kv-store) or with "
+                     "--responses-keep 0",
+                     "not_found");
+  return api_error(404, "response_id",
+                   "no stored response with id '" + id.substr(0, 200) + "' (this server keeps the last " +
+                       std::to_string(opts.responses_keep) +
+                       " stored responses of this model; one sent with 'store': false is not kept)",
+                   "not_found");
+}
+
+// The stored response `id`; or nullopt, its error (not kept, unreadable store) sent.
+std::optional<StoredResponse> HttpServer::Impl::stored_or_error(const std::string& id, httplib::Response& res) {
   if (!stored_responses) {
-    return send_error(res, api_error(404, "response_id",
-                                     "no stored responses: this server runs without the durable KV store "
-                                     "(--no-kv-store) or with --responses-keep 0",
-                                     "not_found"));
-  }
-  if (remove) {
-    auto gone = stored_responses->remove(id);
-    if (!gone.is_ok()) return send_error(res, for_client(api_error(500, "", gone.status().message(), "", "server_error")));
-    if (!*gone) return not_found();
-    return send_json(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+    send_error(res, response_not_found(id));
+    return std::nullopt;
   }
   auto got = stored_responses->get(id);
-  if (!got.is_ok()) return send_error(res, for_client(api_error(500, "", got.status().message(), "", "server_error")));
-  if (!*got) return not_found();
-  const ojson r = ojson::parse((*got)->response, nullptr, false);
+  if (!got.is_ok()) {
+    send_error(res, for_client(api_error(500, "", got.status().message(), "", "server_error")));
+    return std::nullopt;
+  }
+  if (!*got) send_error(res, response_not_found(id));
+  return std::move(*got);
+}
+
+void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httplib::Response& res, bool remove) {
+  const std::string id = req.matches[1];
+  if (remove) {
+    if (!stored_responses) return send_error(res, response_not_found(id));
+    auto gone = stored_responses->remove(id);
+    if (!gone.is_ok()) return send_error(res, for_client(api_error(500, "", gone.status().message(), "", "server_error")));
+    if (!*gone) return send_error(res, response_not_found(id));
+    return send_json(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+  }
+  const std::optional<StoredResponse> got = stored_or_error(id, res);
+  if (!got) return;
+  const ojson r = ojson::parse(got->response, nullptr, false);
   if (r.is_discarded()) return send_error(res, api_error(500, "", "stored response '" + id + "' is unreadable", "", "server_error"));
   send_json(res, 200, r);
 }
@@ -826,20 +844,9 @@ void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httpl
 // A stored response's input items (responses_items.h), a page at a time.
 void HttpServer::Impl::handle_input_items(const httplib::Request& req, httplib::Response& res) {
   const std::string id = req.matches[1];
-  if (!stored_responses)
-    return send_error(res, api_error(404, "response_id",
-                                     "no stored responses: this server runs without the durable KV store "
-                                     "(--no-kv-store) or with --responses-keep 0",
-                                     "not_found"));
-  auto got = stored_responses->get(id);
-  if (!got.is_ok()) return send_error(res, for_client(api_error(500, "", got.status().message(), "", "server_error")));
-  if (!*got)
-    return send_error(res, api_error(404, "response_id",
-                                     "no stored response with id '" + id.substr(0, 200) + "' (this server keeps the last " +
-                                         std::to_string(opts.responses_keep) +
-                                         " stored responses of this model; one sent with 'store': false is not kept)",
-                                     "not_found"));
-  const ojson conv = ojson::parse((*got)->messages, nullptr, false);
+  const std::optional<StoredResponse> got = stored_or_error(id, res);
+  if (!got) return;
+  const ojson conv = ojson::parse(got->messages, nullptr, false);
   if (!conv.is_array())
     return send_error(res, api_error(500, "", "stored response '" + id + "' is unreadable", "", "server_error"));
   auto param = [&](const char* k) -> std::optional<std::string> {
