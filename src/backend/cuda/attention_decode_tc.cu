@@ -63,6 +63,7 @@ using tc::pack_bf16;
 constexpr int kAW = 4;   // warps per block
 constexpr int kAP = 16;  // positions per warp tile
 constexpr int kAS = 3;   // ring stages per warp
+constexpr int kMaxCluster = 16;  // the most splits one cluster merges (cluster_limit tries 16 down)
 
 // Shared memory of one block: the warps' rings [kAW][kAS][K, V][kAP rows][D] bf16; after the loop the
 // same bytes hold the merge: m, l [kAW][16] and acc [kAW][16][D] fp32, then (FUSED) the block's
@@ -440,20 +441,29 @@ __global__ void __launch_bounds__(kAW * 32) attn_tc_kernel(const __nv_bfloat16* 
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     trace::point(5);  // every split's state in its block
+    // Every split's m, l and acc element are loaded at once (kMaxCluster unrolled loads, a rank past
+    // `live` reading rank 0's and left out below), then merged in split order: one round trip to the
+    // other blocks' shared memory instead of one per split and pass (qwen3-0.6b decode, H100
+    // trace: 2.75 us from the barrier to the end with the loads in two loops over `live`).
     for (int i = s * blockDim.x + threadIdx.x; i < rows * D; i += n_splits * blockDim.x) {
       const int hg = i / D, d = i % D;
-      float M = -FLT_MAX;
-      for (int sp = 0; sp < live; ++sp) {
-        const float* rm = cluster.map_shared_rank(cm, sp);
-        if (rm[16 + hg] > 0.0f) M = fmaxf(M, rm[hg]);
+      float ms[kMaxCluster], ls[kMaxCluster], as[kMaxCluster];
+#pragma unroll
+      for (int sp = 0; sp < kMaxCluster; ++sp) {
+        const float* rm = cluster.map_shared_rank(cm, sp < live ? sp : 0);
+        ms[sp] = rm[hg], ls[sp] = rm[16 + hg], as[sp] = rm[32 + hg * D + d];
       }
+      float M = -FLT_MAX;
+#pragma unroll
+      for (int sp = 0; sp < kMaxCluster; ++sp)
+        if (sp < live && ls[sp] > 0.0f) M = fmaxf(M, ms[sp]);
       float L = 0.0f, A = 0.0f;
-      for (int sp = 0; sp < live; ++sp) {
-        const float* rm = cluster.map_shared_rank(cm, sp);
-        const float ls = rm[16 + hg];
-        const float w = ls > 0.0f ? exp2f(rm[hg] - M) : 0.0f;
-        L += ls * w;
-        A += rm[32 + hg * D + d] * w;
+#pragma unroll
+      for (int sp = 0; sp < kMaxCluster; ++sp) {
+        if (sp >= live) break;
+        const float w = ls[sp] > 0.0f ? exp2f(ms[sp] - M) : 0.0f;
+        L += ls[sp] * w;
+        A += as[sp] * w;
       }
       out[row_th(hg) * D + d] = __float2bfloat16_rn(L > 0.0f ? A / L : 0.0f);
     }
@@ -491,7 +501,7 @@ int cluster_limit() {
       return 0;
     const bool np = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
     (void)cudaGetLastError();
-    for (int cs = np ? 16 : 8; cs >= 2; cs /= 2) {
+    for (int cs = np ? kMaxCluster : 8; cs >= 2; cs /= 2) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(unsigned(cs), 1, 1);
       cfg.blockDim = dim3(kAW * 32);
