@@ -108,8 +108,9 @@ class Engine {
   // Continuous batching (engine_step.cpp). A sequence's tokens may run ahead of its KV: append()
   // adds pending tokens, step() computes KV for chunks of pending tokens of several sequences in
   // one forward, so prefill chunks and decode tokens share a step.
-  // Appends pending tokens; a fresh sequence first takes the longest known prefix from the index.
-  Status seq_append(int seq, std::span<const int32_t> tokens);
+  // Appends pending tokens; a fresh sequence first takes the longest known prefix from the index
+  // (reuse false: it does not, so that every token is computed: a step's all_logits needs them).
+  Status seq_append(int seq, std::span<const int32_t> tokens, bool reuse = true);
   int seq_pending(int seq) const { return int(seqs_[seq].tokens.size()) - seqs_[seq].n_kv; }
   // Gives the sequence pages for its first n_positions tokens. kOutOfMemory when the pool is full
   // (pages taken so far stay with the sequence); the caller decides whom to preempt.
@@ -118,9 +119,12 @@ class Engine {
     int seq;
     int n_tokens;      // the next n pending tokens get KV
     bool want_logits;  // logits of the last of them
+    bool all_logits = false;  // logits of every one of them (a prompt's log-probabilities: echo)
   };
   // One forward over every item (distinct sequences, sum of n_tokens <= the model's max tokens,
-  // at most max_seqs items). logits: [items wanting logits, vocab], in item order.
+  // at most max_seqs items). logits: in item order, n_tokens rows for an item with all_logits (its
+  // last is the want_logits row), one for an item wanting logits, none otherwise; at most the
+  // model's max_logit_rows() rows in all.
   Status step(std::span<const StepItem> items, std::vector<float>* logits);
   // How step_sample takes one row (an item wanting logits).
   struct RowMode {

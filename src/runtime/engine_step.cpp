@@ -7,7 +7,7 @@
 
 namespace anvil {
 
-Status Engine::seq_append(int seq, std::span<const int32_t> tokens) {
+Status Engine::seq_append(int seq, std::span<const int32_t> tokens, bool reuse) {
   if (seq < 0 || seq >= int(seqs_.size()) || !seqs_[seq].live) return invalid_argument("append: no such sequence");
   const int V = model_.config().vocab_size;
   for (int32_t t : tokens)
@@ -19,7 +19,7 @@ Status Engine::seq_append(int seq, std::span<const int32_t> tokens) {
     return invalid_argument("sequence of " + std::to_string(s.tokens.size() + tokens.size()) +
                             " tokens exceeds the context limit of " + std::to_string(opts_.max_context));
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
-  reuse_prefix(s);  // no-op unless the sequence is fresh
+  if (reuse) reuse_prefix(s);  // no-op unless the sequence is fresh
   return Status::ok();
 }
 
@@ -35,7 +35,7 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
     return invalid_argument("step: " + std::to_string(items.size()) + " sequences, the engine allows " +
                             std::to_string(opts_.max_seqs));
   const int V = model_.config().vocab_size;
-  int total = 0;
+  int total = 0, n_rows = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     if (it.seq < 0 || it.seq >= int(seqs_.size()) || !seqs_[it.seq].live)
@@ -45,11 +45,17 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
     if (it.n_tokens < 1 || it.n_tokens > seq_pending(it.seq))
       return invalid_argument("step: " + std::to_string(it.n_tokens) + " tokens asked, " +
                               std::to_string(seq_pending(it.seq)) + " pending");
+    if (it.all_logits && sample)
+      return invalid_argument("step_sample: an item wanting every token's logits (step takes it)");
     total += it.n_tokens;
+    n_rows += it.all_logits ? it.n_tokens : it.want_logits ? 1 : 0;
   }
   if (total > model_.max_tokens())
     return invalid_argument("step: " + std::to_string(total) + " tokens exceed the forward's limit of " +
                             std::to_string(model_.max_tokens()));
+  if (n_rows > model_.max_logit_rows())
+    return invalid_argument("step: " + std::to_string(n_rows) + " logit rows exceed the forward's limit of " +
+                            std::to_string(model_.max_logit_rows()));
   // step_sample: the sampler's state for these (now valid) sequences, before any page is taken.
   Greedy g;
   const Greedy* greedy = nullptr;
@@ -68,11 +74,12 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
     const Seq& s = seqs_[items[i].seq];
     order.push_back(items[i].seq);
     for (int k = 0; k < items[i].n_tokens; ++k) {
+      if (items[i].all_logits) rows.push_back(int(ids.size()));
       ids.push_back(s.tokens[size_t(s.n_kv + k)]);
       sidx.push_back(int32_t(i));
       pos.push_back(int32_t(s.n_kv + k));
     }
-    if (items[i].want_logits) rows.push_back(int(ids.size()) - 1);
+    if (items[i].want_logits && !items[i].all_logits) rows.push_back(int(ids.size()) - 1);
   }
   if (!greedy) logits->resize(rows.size() * size_t(V));
   ANVIL_RETURN_IF_ERROR(run_batch(order, ids, sidx, pos, rows, greedy ? nullptr : logits->data(), greedy));

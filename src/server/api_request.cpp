@@ -607,9 +607,10 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   if (auto e = get_int(b, "logprobs", 0, 20, &lp, &lp_given)) return e;
   r->logprobs = lp_given;
   r->gen.top_logprobs = lp_given ? int(lp) : -1;
-  bool echo = false;
-  if (auto e = get_bool(b, "echo", &echo)) return e;
-  if (echo) return bad("echo", "'echo' is not supported");
+  if (auto e = get_bool(b, "echo", &r->gen.echo)) return e;
+  // A session's prompt is its whole document so far: what an echo would repeat is ambiguous.
+  if (r->gen.echo && !r->session.empty())
+    return bad("echo", "'echo' cannot be combined with 'session' (the prompt continues the session's document)");
   if (const ojson* s = field(b, "suffix"))
     if (!s->is_string() || !s->get<std::string>().empty()) return bad("suffix", "'suffix' is not supported");
   int64_t best_of = 1;

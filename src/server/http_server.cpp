@@ -578,6 +578,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     g.session_meta = turn->keep_meta;
   }
   g.max_tokens = r.max_tokens.value_or(room);
+  // echo: the prompt as sent, or token ids as they decode (special tokens skipped, as vLLM does).
+  std::string echo_text;
+  if (g.echo) echo_text = r.prompt_is_ids ? tok.decode(g.prompt, /*skip_special=*/true) : r.prompt_text;
   if ((!r.seed_given && !opts.seed_fixed) || r.seed_random) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   if (Status st = validate(g.sampling); !st.is_ok()) return send_error(res, api_error(400, "", st.message()));
   auto job = std::make_shared<Job>(std::move(g));
@@ -600,6 +603,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   reply->created = unix_now();
   reply->job = job;
   reply->tok = &tok;
+  reply->echo_text = std::move(echo_text);
   if (chat) {
     reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls,
                                               r.parallel_tool_calls ? 0 : 1);

@@ -28,6 +28,11 @@ struct GenerationParams {
   // reasoning is split off, then the tool-call tags when tool calls are parsed.
   std::vector<MarkupPair> stop_markup;
   int top_logprobs = -1;  // -1: no logprobs; else the number of alternatives per token (0..20)
+  // Completions' echo: the reply repeats the prompt before the completion. The scheduler sends the
+  // prompt's tokens in one event (JobEvent::prompt) before the first generated one, with their
+  // log-probabilities under the model when top_logprobs >= 0 (every prompt token is then computed:
+  // no prefix from the cache).
+  bool echo = false;
   bool ignore_eos = false;
   // JSON mode (response_format json_object): the reply's content is a JSON object, by constrained
   // decoding (runtime/json_mask.h), and the reply ends with an end-of-sequence id once the object
@@ -51,7 +56,7 @@ struct TokenLogprob {
 
 struct TokenInfo {
   int32_t id;
-  float logprob = 0;
+  float logprob = 0;  // NaN: none (a prompt's first token, which nothing predicts)
   std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, most likely first
 };
 
@@ -62,6 +67,8 @@ struct JobEvent {
   std::string finish_reason;      // kDone: "stop", "length", "cancelled"
   Status error;                   // kError (the job is over)
   int64_t step = 0;               // the scheduler step that produced it (ordering across jobs, tests)
+  std::vector<TokenInfo> prompt;  // kDelta, echo only: the prompt's tokens, once, before any generated one
+  bool has_prompt = false;        // this is that event
 };
 
 class Job {

@@ -1,6 +1,7 @@
 #include "server/openai_reply.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tokenizer/byte_level.h"
 
@@ -40,6 +41,13 @@ void Reply::completion_logprobs(const std::vector<TokenInfo>& toks, ojson* o) {
   for (const TokenInfo& t : toks) {
     std::string piece = token_string(t.id);
     (*o)["tokens"].push_back(piece);
+    if (std::isnan(t.logprob)) {  // an echoed prompt's first token: nothing predicts it (OpenAI: null)
+      (*o)["token_logprobs"].push_back(nullptr);
+      (*o)["top_logprobs"].push_back(nullptr);
+      if (!offsets) offsets = std::make_unique<TextOffsets>(*tok, /*skip_special=*/true);
+      (*o)["text_offset"].push_back(offsets->push(t.id));
+      continue;
+    }
     (*o)["token_logprobs"].push_back(t.logprob);
     ojson top = ojson::object();
     // The legacy format keys the alternatives by their text: tokens that decode alike (pieces of one
@@ -104,19 +112,22 @@ std::string Reply::on_delta(const JobEvent& e) {
     }
     return chat_delta_sse(d, lp);
   }
+  // echo: the prompt's event (JobEvent::has_prompt) is the prompt's text and tokens, before the rest.
+  const std::string& text = e.has_prompt ? echo_text : e.text;
+  const std::vector<TokenInfo>& toks = e.has_prompt ? e.prompt : e.tokens;
   if (!stream) {
-    content += e.text;
-    if (logprobs) completion_logprobs(e.tokens, &lp_completion);
+    content += text;
+    if (logprobs) completion_logprobs(toks, &lp_completion);
     return "";
   }
   ojson lp;
   if (logprobs) {
     lp = {{"tokens", ojson::array()}, {"token_logprobs", ojson::array()}, {"top_logprobs", ojson::array()},
           {"text_offset", ojson::array()}};
-    completion_logprobs(e.tokens, &lp);
+    completion_logprobs(toks, &lp);
   }
-  if (e.text.empty() && !logprobs) return "";
-  return "data: " + dump(chunk({{"text", e.text}, {"logprobs", lp}, {"finish_reason", nullptr}})) + "\n\n";
+  if (text.empty() && !logprobs) return "";
+  return "data: " + dump(chunk({{"text", text}, {"logprobs", lp}, {"finish_reason", nullptr}})) + "\n\n";
 }
 
 std::string Reply::chat_delta_sse(const ChatOutput::Delta& d, const ojson& lp) {

@@ -42,6 +42,10 @@ struct Reply {
   ojson lp_completion = {{"tokens", ojson::array()}, {"token_logprobs", ojson::array()},
                          {"top_logprobs", ojson::array()}, {"text_offset", ojson::array()}};
   std::unique_ptr<TextOffsets> offsets;  // completions' text_offset, made on first use
+  // Completions' echo: the prompt's text, which the reply repeats first (GenerationParams::echo; the
+  // prompt's event, JobEvent::has_prompt, carries its tokens): the prompt as sent, or for token
+  // ids their decode (special tokens skipped, as the offsets count them).
+  std::string echo_text;
   int n_calls = 0;
   std::string finish;
   // tool_choice "required" or a named function: the reply must call one of allowed_tools.

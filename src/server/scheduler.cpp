@@ -53,7 +53,37 @@ struct Scheduler::Active {
   std::unique_ptr<JsonConstraint> json;  // JSON mode: what the reply may hold next
   bool json_waiting = false;             // in reasoning: the constraint begins after params.json_think_close
   std::vector<uint64_t> json_first;      // the first token's mask: the JSON's, and <think>
+  // Echo (GenerationParams::echo): whether the prompt's event went out (on_token, before the first
+  // token); with log-probabilities, the prompt's tokens so far with theirs (one per position, the
+  // first with none), filled chunk by chunk from every row of its prefill steps.
+  bool prompt_echoed = false;
+  std::vector<TokenInfo> prompt_lp;
+  // The prompt's log-probabilities are still to compute: every prompt token's logits are needed.
+  bool wants_prompt_logprobs() const { return job->params.echo && job->params.top_logprobs >= 0 && !prompt_echoed; }
 };
+
+namespace {
+// The log-sum-exp of a row of raw logits, and its k likeliest tokens with their log-probabilities
+// (most likely first, ties by lower id) into *top when k > 0: log-probabilities are of the raw model
+// distribution (what OpenAI and vLLM report), before any processor touches the logits.
+double raw_logprobs(const float* logits, int V, int k, std::vector<TokenLogprob>* top) {
+  float mx = -INFINITY;
+  for (int i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  double s = 0;
+  for (int i = 0; i < V; ++i) s += std::exp(double(logits[i]) - mx);
+  const double lse = mx + std::log(s);
+  if (k > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int i = 0; i < V; ++i) idx[size_t(i)] = i;
+    k = std::min(k, V);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t x, int32_t y) {
+      return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
+    });
+    for (int j = 0; j < k; ++j) top->push_back({idx[size_t(j)], float(logits[idx[size_t(j)]] - lse)});
+  }
+  return lse;
+}
+}  // namespace
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tok, Metrics& metrics, SchedulerOptions opts)
     : engine_(engine), tok_(tok), metrics_(metrics), opts_(std::move(opts)) {
@@ -379,7 +409,11 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& incoming) {
     a.order = admit_counter_++;
     const bool resume = a.admitted_once;
     const std::vector<int32_t>& toks = resume ? a.tokens : a.job->params.prompt;
-    Status st = engine_.seq_append(a.seq, toks);
+    // Echo with log-probabilities: every prompt token computed (its logits), none from the prefix
+    // cache; a job preempted before its prompt's event went out starts them again.
+    const bool all_prompt = a.wants_prompt_logprobs();
+    if (all_prompt) a.prompt_lp.clear();
+    Status st = engine_.seq_append(a.seq, toks, /*reuse=*/!all_prompt);
     if (!st.is_ok()) {
       fail(a, st);
       continue;
@@ -442,10 +476,20 @@ bool Scheduler::run_step() {
   std::vector<Engine::StepItem> items;
   std::vector<Active*> item_owner;
   int budget = step_tokens_;
+  bool all_rows_taken = false;
   for (Active* a : order) {
     if (a->seq < 0 || budget <= 0) continue;
     const int pending = engine_.seq_pending(a->seq);
-    const int n = std::min(pending, budget);
+    int n = std::min(pending, budget);
+    // A prompt whose every token's log-probability is wanted (echo): a row of logits per token, so
+    // its chunk leaves a row for each other sequence of the step within the forward's logit rows;
+    // one such chunk per step (another waits for the next).
+    const bool all_rows = a->wants_prompt_logprobs();
+    if (all_rows) {
+      if (all_rows_taken) continue;
+      all_rows_taken = true;
+      n = std::min(n, std::max(1, engine_.model().max_logit_rows() - (int(order.size()) - 1)));
+    }
     const int n_kv = int(engine_.seq_tokens(a->seq).size()) - pending;
     // Admission control: pages for this chunk, taking them back from the newest others if needed.
     for (;;) {
@@ -472,7 +516,7 @@ bool Scheduler::run_step() {
       preempt(*victim);
     }
     if (a->seq < 0) continue;
-    items.push_back({a->seq, n, n == pending});
+    items.push_back({a->seq, n, n == pending, all_rows});
     item_owner.push_back(a);
     budget -= n;
   }
@@ -500,6 +544,10 @@ bool Scheduler::run_step() {
     }
   if (run.empty()) return true;
   if (const int dev = sample_on_device(run, run_owner); dev != 0) return dev > 0;
+  // Each item's first position (an echo's prompt rows are numbered from it).
+  std::vector<int> first(run.size());
+  for (size_t i = 0; i < run.size(); ++i)
+    first[i] = int(engine_.seq_tokens(run[i].seq).size()) - engine_.seq_pending(run[i].seq);
   Status st = timed_forward([&] { return engine_.step(run, &logits_); });
   if (!st.is_ok()) {
     for (Active* a : run_owner) fail(*a, st.with_context("forward pass"));
@@ -507,13 +555,22 @@ bool Scheduler::run_step() {
   }
   const size_t V = size_t(engine_.model().config().vocab_size);
   std::vector<Active*> rows;
-  for (size_t i = 0; i < run.size(); ++i)
-    if (run[i].want_logits) rows.push_back(run_owner[i]);
+  std::vector<size_t> row_of;  // each sampled row's place in logits_
+  size_t next_row = 0;
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (run[i].all_logits) {
+      prompt_logprobs(*run_owner[i], first[i], run[i].n_tokens, logits_.data() + next_row * V);
+      next_row += size_t(run[i].n_tokens);
+      if (run[i].want_logits) rows.push_back(run_owner[i]), row_of.push_back(next_row - 1);
+    } else if (run[i].want_logits) {
+      rows.push_back(run_owner[i]), row_of.push_back(next_row++);
+    }
+  }
   std::vector<Sampled> sampled(rows.size());
   // Each row reads its logits and its own Active (sampler, counts, scratch) and the engine's token
   // list of its sequence, which nothing changes until on_token below: rows are independent.
   sample_pool_->parallel_for(int64_t(rows.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) sampled[size_t(r)] = sample_row(*rows[size_t(r)], logits_.data() + size_t(r) * V);
+    for (int64_t r = b; r < e; ++r) sampled[size_t(r)] = sample_row(*rows[size_t(r)], logits_.data() + row_of[size_t(r)] * V);
   });
   for (size_t r = 0; r < rows.size(); ++r) on_token(*rows[r], std::move(sampled[r]));
   return true;
@@ -530,6 +587,8 @@ bool Scheduler::run_step() {
 // failed with the error).
 int Scheduler::sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner) {
   if (!device_sample_) return 0;
+  for (const Engine::StepItem& it : run)
+    if (it.all_logits) return 0;  // every row of a prompt back to the host: Engine::step
   std::vector<Active*> rows;
   std::vector<SamplingParams> params;
   std::vector<uint64_t> random;
@@ -586,21 +645,8 @@ Scheduler::Sampled Scheduler::sample_row(Active& a, float* logits) {
   // the top alternatives and the normalizer before any processor touches the logits.
   double lse = 0;
   if (p.top_logprobs >= 0) {
-    float mx = -INFINITY;
-    for (int i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
-    double s = 0;
-    for (int i = 0; i < V; ++i) s += std::exp(double(logits[i]) - mx);
-    lse = mx + std::log(s);
+    lse = raw_logprobs(logits, V, p.top_logprobs, &info.top);
     a.scratch.assign(logits, logits + V);
-    if (p.top_logprobs > 0) {
-      std::vector<int32_t> idx(static_cast<size_t>(V));
-      for (int i = 0; i < V; ++i) idx[size_t(i)] = i;
-      const int k = std::min(p.top_logprobs, V);
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t x, int32_t y) {
-        return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
-      });
-      for (int j = 0; j < k; ++j) info.top.push_back({idx[size_t(j)], float(logits[idx[size_t(j)]] - lse)});
-    }
   }
   if (p.presence_penalty != 0 || p.frequency_penalty != 0)
     for (auto& [id, c] : a.counts) logits[id] -= p.presence_penalty + p.frequency_penalty * float(c);
@@ -624,8 +670,42 @@ Scheduler::Sampled Scheduler::sample_row(Active& a, float* logits) {
   return out;
 }
 
+// Rows 0 .. n - 1 of `logits` are positions first .. first + n - 1 of the sequence; row j gives the
+// log-probability of the prompt's token at first + j + 1 (the rows past the prompt's end give none).
+void Scheduler::prompt_logprobs(Active& a, int first, int n, const float* logits) {
+  const std::vector<int32_t>& toks = engine_.seq_tokens(a.seq);
+  const int len = int(a.job->params.prompt.size()), k = a.job->params.top_logprobs;
+  const int V = engine_.model().config().vocab_size;
+  if (first == 0 && len > 0) a.prompt_lp.push_back({toks[0], std::nanf(""), {}});  // nothing predicts it
+  const int m = std::max(0, std::min(n, len - 1 - first));  // rows whose next token is the prompt's
+  const size_t base = a.prompt_lp.size();
+  a.prompt_lp.resize(base + size_t(m));
+  sample_pool_->parallel_for(int64_t(m), 1, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      const float* row = logits + size_t(j) * size_t(V);
+      TokenInfo& t = a.prompt_lp[base + size_t(j)];
+      t.id = toks[size_t(first + j + 1)];
+      const double lse = raw_logprobs(row, V, k, &t.top);
+      t.logprob = float(row[t.id] - lse);
+    }
+  });
+}
+
 void Scheduler::on_token(Active& a, Sampled s) {
   const GenerationParams& p = a.job->params;
+  if (p.echo && !a.prompt_echoed) {
+    // The prompt first (its log-probabilities, computed over the prefill, when asked for).
+    a.prompt_echoed = true;
+    JobEvent pe{JobEvent::kDelta, {}, {}, {}, {}};
+    pe.has_prompt = true;
+    if (p.top_logprobs >= 0) {
+      pe.prompt = std::move(a.prompt_lp);
+    } else {
+      for (int32_t t : p.prompt) pe.prompt.push_back({t, std::nanf(""), {}});
+    }
+    a.prompt_lp.clear();
+    emit(a.job, std::move(pe));
+  }
   const int32_t id = s.id;
   TokenInfo& info = s.info;
   if (id < 0) {

@@ -115,6 +115,9 @@ class Scheduler {
   Sampled sample_row(Active& a, float* row);
   int sample_on_device(const std::vector<Engine::StepItem>& run, const std::vector<Active*>& owner);
   void on_token(Active& a, Sampled s);
+  // An echo's prompt rows (every token's logits, Engine::StepItem::all_logits): their tokens'
+  // log-probabilities into a.prompt_lp.
+  void prompt_logprobs(Active& a, int first, int n, const float* logits);
   // Queues an event for the job. On the scheduler thread its HTTP thread is woken by notifier_ once
   // the loop's iteration flushes it; elsewhere (stop()) at once.
   void emit(const std::shared_ptr<Job>& job, JobEvent e);

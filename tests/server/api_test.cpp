@@ -170,7 +170,8 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
       {R"({"prompt":["a","b"]})", "prompt"},
       {R"({"prompt":"x","logprobs":true})", "logprobs"},
       {R"({"prompt":"x","logprobs":21})", "logprobs"},
-      {R"({"prompt":"x","echo":true})", "echo"},
+      {R"({"prompt":"x","echo":true,"session":"s"})", "echo"},
+      {R"({"prompt":"x","echo":1})", "echo"},
       {R"({"prompt":"x","suffix":"y"})", "suffix"},
       {R"({"prompt":"x","best_of":3})", "best_of"},
   };

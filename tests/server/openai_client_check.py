@@ -173,6 +173,14 @@ r0 = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=
 l0 = r0.choices[0].logprobs
 check(all(top == {tok: lp} for top, tok, lp in zip(l0.top_logprobs, l0.tokens, l0.token_logprobs))
       and len(l0.top_logprobs) == r0.usage.completion_tokens, f"logprobs=0: the sampled token alone {l0.top_logprobs}")
+# echo: the prompt's text first; with logprobs its tokens scored too, the first with none (null).
+re_ = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=4, temperature=0, logprobs=1, echo=True)
+le = re_.choices[0].logprobs
+check(re_.choices[0].text == "def add(a, b):" + r0.choices[0].text, f"echo: prompt + completion {re_.choices[0].text!r}")
+check(len(le.tokens) == re_.usage.prompt_tokens + re_.usage.completion_tokens
+      and le.token_logprobs[0] is None and le.top_logprobs[0] is None
+      and all(x <= 0 for x in le.token_logprobs[1:]) and le.text_offset[0] == 0
+      and all(abs(a - b) < 1e-4 for a, b in zip(le.token_logprobs[-4:], l0.token_logprobs)), f"echo logprobs: {le}")
 pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6,
                                                                    temperature=0, stream=True)]
 check("".join(pieces) == r.choices[0].text, "streamed completion == non-streamed")

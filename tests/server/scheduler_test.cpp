@@ -1076,3 +1076,100 @@ TEST(Scheduler, IdleServerRetriesThePagesWhoseWriteFailed) {
   EXPECT_LE(r.max_diff, kRestoredLogitTol);
   fs::remove_all(dir);
 }
+
+// Completions' echo with logprobs: the prompt's event comes first, once, with every prompt token's
+// log-probability (the first with none), equal to the log-softmax of extend()'s logits for that
+// prompt (the engine's contract: a token's logits do not depend on its batch); the prompt is
+// computed in 8-token steps, the first job's prompt again by a later job (no prefix from the cache:
+// its rows are needed), and in a pool too small for all four, so that jobs are preempted before and
+// after their prompt's event; the generated tokens are those of the same request alone.
+TEST(Scheduler, EchoScoresEveryPromptTokenAcrossChunksAndPreemption) {
+  std::vector<GenerationParams> params;
+  for (int i = 0; i < 4; ++i) {
+    params.push_back(greedy(random_ids(40, i == 3 ? 300 : 300 + i), 30));  // job 3: job 0's prompt again
+    params.back().echo = true;
+    params.back().top_logprobs = 2;
+  }
+  // The reference: every prompt row's logits from extend(), log-softmax in double.
+  Stack r = make_stack(64, 4);
+  const size_t V = size_t(r.model->config.vocab_size);
+  std::vector<std::vector<double>> want(params.size());
+  std::vector<std::vector<int32_t>> alone_ids(params.size());
+  for (size_t j = 0; j < params.size(); ++j) {
+    int seq = *r.engine->seq_create();
+    std::vector<float> last, all;
+    ASSERT_TRUE(r.engine->extend(seq, params[j].prompt, &last, &all).is_ok());
+    for (size_t i = 1; i < params[j].prompt.size(); ++i) {
+      const float* row = all.data() + (i - 1) * V;
+      double mx = *std::max_element(row, row + V), sum = 0;
+      for (size_t k = 0; k < V; ++k) sum += std::exp(double(row[k]) - mx);
+      want[j].push_back(double(row[params[j].prompt[i]]) - mx - std::log(sum));
+    }
+    r.engine->seq_release(seq);
+  }
+  {
+    Stack s = make_stack(64, 4);
+    Metrics m;
+    Scheduler sch(*s.engine, *s.tok, m, sched_opts());
+    sch.start();
+    for (size_t j = 0; j < params.size(); ++j) {
+      GenerationParams p = params[j];
+      p.echo = false;
+      auto job = std::make_shared<Job>(p);
+      ASSERT_TRUE(sch.submit(job).is_ok());
+      alone_ids[j] = collect(*job).ids;
+    }
+  }
+  // Each request needs 5 pages of 16 at its end (70 tokens); 12 pages hold two of them.
+  Stack s = make_stack(64, 4, /*kv_pages=*/12, /*prefix_cache=*/true);
+  Metrics m;
+  Scheduler sch(*s.engine, *s.tok, m, sched_opts(/*step_tokens=*/8));
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& p : params) {
+    jobs.push_back(std::make_shared<Job>(p));
+    ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
+  }
+  sch.start();
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    std::vector<TokenInfo> prompt, gen;
+    int prompt_events = 0;
+    bool ended = false, prompt_first = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!ended && std::chrono::steady_clock::now() < deadline) {
+      std::vector<JobEvent> evs;
+      jobs[j]->wait(&evs, std::chrono::milliseconds(200));
+      for (auto& e : evs) {
+        if (e.has_prompt) {
+          ++prompt_events;
+          prompt_first &= gen.empty();
+          prompt = e.prompt;
+        }
+        for (auto& t : e.tokens) gen.push_back(t);
+        if (e.kind != JobEvent::kDelta) {
+          ended = true;
+          EXPECT_EQ(e.kind, JobEvent::kDone) << e.error.message();
+        }
+      }
+    }
+    ASSERT_TRUE(ended) << "job " << j;
+    EXPECT_EQ(prompt_events, 1) << "job " << j;
+    EXPECT_TRUE(prompt_first) << "job " << j;
+    ASSERT_EQ(prompt.size(), params[j].prompt.size()) << "job " << j;
+    EXPECT_TRUE(std::isnan(prompt[0].logprob));
+    EXPECT_EQ(prompt[0].id, params[j].prompt[0]);
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      EXPECT_EQ(prompt[i].id, params[j].prompt[i]);
+      EXPECT_NEAR(prompt[i].logprob, want[j][i - 1], 1e-6) << "job " << j << " token " << i;
+      ASSERT_EQ(prompt[i].top.size(), 2u);
+      EXPECT_GE(prompt[i].top[0].logprob, prompt[i].top[1].logprob);
+      EXPECT_GE(prompt[i].top[0].logprob, prompt[i].logprob - 1e-6);
+    }
+    std::vector<int32_t> ids;
+    for (auto& t : gen) ids.push_back(t.id);
+    EXPECT_EQ(ids, alone_ids[j]) << "job " << j;
+  }
+  EXPECT_GT(m.preemptions.load(), 0u) << "the pool was meant to be too small for all four";
+  EXPECT_EQ(jobs[3]->cached_tokens(), 0) << "an echo's prompt takes nothing from the prefix cache";
+  ASSERT_TRUE(sch.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(10)));
+  EXPECT_EQ(sch.kv_pages_used(), sch.kv_prefix_pages()) << "every page not in the prefix cache is free";
+}
