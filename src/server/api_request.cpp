@@ -150,7 +150,8 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     int64_t v = 0;
     bool given = false;
-    if (auto e = get_int(b, key, 1, d.max_context, &v, &given)) {
+    // Completions may ask for no token at all, with echo (checked there): the prompt scored alone.
+    if (auto e = get_int(b, key, r->chat ? 1 : 0, d.max_context, &v, &given)) {
       if (e->message.find("must be in") != std::string::npos)
         e->message += " (the context is " + std::to_string(d.max_context) + " tokens)";
       return e;
@@ -611,6 +612,8 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   // A session's prompt is its whole document so far: what an echo would repeat is ambiguous.
   if (r->gen.echo && !r->session.empty())
     return bad("echo", "'echo' cannot be combined with 'session' (the prompt continues the session's document)");
+  if (r->max_tokens && *r->max_tokens == 0 && !r->gen.echo)
+    return bad("max_tokens", "'max_tokens' 0 generates nothing: it needs 'echo' (the prompt and its log-probabilities alone)");
   if (const ojson* s = field(b, "suffix"))
     if (!s->is_string() || !s->get<std::string>().empty()) return bad("suffix", "'suffix' is not supported");
   int64_t best_of = 1;

@@ -67,7 +67,7 @@ struct JobEvent {
   std::string finish_reason;      // kDone: "stop", "length", "cancelled"
   Status error;                   // kError (the job is over)
   int64_t step = 0;               // the scheduler step that produced it (ordering across jobs, tests)
-  std::vector<TokenInfo> prompt;  // kDelta, echo only: the prompt's tokens, once, before any generated one
+  std::vector<TokenInfo> prompt = {};  // kDelta, echo only: the prompt's tokens, once, before any generated one
   bool has_prompt = false;        // this is that event
 };
 

@@ -705,6 +705,10 @@ void Scheduler::on_token(Active& a, Sampled s) {
     }
     a.prompt_lp.clear();
     emit(a.job, std::move(pe));
+    if (p.max_tokens == 0) {  // the prompt alone (echo with max_tokens 0): the sampled token is not used
+      finish(a, "length");
+      return;
+    }
   }
   const int32_t id = s.id;
   TokenInfo& info = s.info;

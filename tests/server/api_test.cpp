@@ -172,6 +172,7 @@ TEST(ApiRequest, EveryBadInputNamesItsParameter) {
       {R"({"prompt":"x","logprobs":21})", "logprobs"},
       {R"({"prompt":"x","echo":true,"session":"s"})", "echo"},
       {R"({"prompt":"x","echo":1})", "echo"},
+      {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
       {R"({"prompt":"x","suffix":"y"})", "suffix"},
       {R"({"prompt":"x","best_of":3})", "best_of"},
   };

@@ -922,6 +922,23 @@ TEST(HttpBundledModel, EchoScoresThePromptAsTheReferenceDoes) {
     EXPECT_NEAR(lt["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-6) << i;
   EXPECT_EQ(std::string(by_text["choices"][0]["text"]).substr(0, text.size()), text);
 
+  // max_tokens 0: the prompt and its scores alone.
+  const json only = complete(c, {{"prompt", ids}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}});
+  ASSERT_TRUE(only.contains("choices")) << only;
+  EXPECT_EQ(only["choices"][0]["text"], text);
+  EXPECT_EQ(only["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(only["usage"]["completion_tokens"], 0);
+  const json& lo = only["choices"][0]["logprobs"];
+  ASSERT_EQ(lo["tokens"].size(), ids.size());
+  for (size_t i = 1; i < ids.size(); ++i)
+    EXPECT_NEAR(lo["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-6) << i;
+  for (const json& bad : {json{{"prompt", ids}, {"max_tokens", 0}}, json{{"prompt", ids}, {"echo", true}, {"max_tokens", -1}}}) {
+    auto r = c.Post("/v1/completions", bad.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "max_tokens") << r->body;
+  }
+
   // Without logprobs: the prompt's text, then exactly the reply the request without echo gets; the
   // stream says the same, the prompt in its first chunk.
   json plain_body = {{"prompt", text}, {"max_tokens", 6}, {"temperature", 0}};
