@@ -142,10 +142,8 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
     }
   }
   int64_t n = 1;
-  if (auto e = get_int(b, "n", 1, 1, &n)) {
-    e->message += " (anvil returns one choice per request)";
-    return e;
-  }
+  if (auto e = get_int(b, "n", 1, kMaxChoices, &n)) return e;
+  r->n = int(n);
   // max_completion_tokens is the newer name; when both are given they must agree.
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     int64_t v = 0;
@@ -226,6 +224,7 @@ std::optional<ApiError> parse_common(const ojson& b, const RequestDefaults& d, A
       return bad("session", "'session' must be 1 to 128 characters of A-Z a-z 0-9 . _ - (not starting with . or -), "
                             "got '" + s->get<std::string>().substr(0, 200) + "'");
     r->session = s->get<std::string>();
+    if (r->n > 1) return bad("n", "a session's turn has one reply: 'n' must be 1 with 'session'");
   }
   if (const ojson* rf = field(b, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
@@ -573,16 +572,16 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   if (auto e = parse_common(b, d, r)) return e;
   const ojson* p = field(b, "prompt");
   if (!p) return bad("prompt", "'prompt' is required");
-  auto ids_of = [&](const ojson& a) -> std::optional<ApiError> {
-    if (a.empty() && r->session.empty()) return bad("prompt", "'prompt' must not be empty");
+  // name: how the prompt is named in errors ("prompt", or "prompt[k]" of several).
+  auto ids_of = [&](const ojson& a, const std::string& name, std::vector<int32_t>* out) -> std::optional<ApiError> {
+    if (a.empty() && r->session.empty()) return bad("prompt", "'" + name + "' must not be empty");
     for (size_t i = 0; i < a.size(); ++i) {
       if (!a[i].is_number_integer() && !a[i].is_number_unsigned())
-        return bad("prompt", "'prompt[" + std::to_string(i) + "]' must be a token id (integer), got " + type_name(a[i]));
+        return bad("prompt", "'" + name + "[" + std::to_string(i) + "]' must be a token id (integer), got " + type_name(a[i]));
       int64_t v = a[i].is_number_unsigned() ? int64_t(std::min<uint64_t>(a[i].get<uint64_t>(), INT64_MAX)) : a[i].get<int64_t>();
-      if (v < 0 || v > INT32_MAX) return bad("prompt", "'prompt[" + std::to_string(i) + "]' is not a valid token id");
-      r->prompt_ids.push_back(int32_t(v));
+      if (v < 0 || v > INT32_MAX) return bad("prompt", "'" + name + "[" + std::to_string(i) + "]' is not a valid token id");
+      out->push_back(int32_t(v));
     }
-    r->prompt_is_ids = true;
     return std::nullopt;
   };
   if (p->is_string()) {
@@ -590,15 +589,30 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
     // An empty prompt only continues a session's document (checked against the session later).
     if (r->prompt_text.empty() && r->session.empty()) return bad("prompt", "'prompt' must not be empty");
   } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    if (p->size() != 1) return bad("prompt", "'prompt' with several prompts is not supported: send one per request");
-    if ((*p)[0].is_string()) {
-      r->prompt_text = (*p)[0].get<std::string>();
-      if (r->prompt_text.empty() && r->session.empty()) return bad("prompt", "'prompt' must not be empty");
-    } else if (auto e = ids_of((*p)[0])) {
-      return e;
+    // Several prompts (strings or token id lists, mixed): a choice for each (and n for each).
+    if (p->size() > size_t(kMaxChoices))
+      return bad("prompt", "'prompt' holds " + std::to_string(p->size()) + " prompts; at most " +
+                               std::to_string(kMaxChoices) + " per request");
+    for (size_t k = 0; k < p->size(); ++k) {
+      const ojson& e = (*p)[k];
+      const std::string name = p->size() == 1 ? "prompt" : "prompt[" + std::to_string(k) + "]";
+      ApiRequest::Prompt one;
+      if (e.is_string()) {
+        one.text = e.get<std::string>();
+        if (one.text.empty() && r->session.empty()) return bad("prompt", "'" + name + "' must not be empty");
+      } else if (e.is_array()) {
+        if (auto err = ids_of(e, name, &one.ids)) return err;
+        one.is_ids = true;
+      } else {
+        return bad("prompt", "'prompt[" + std::to_string(k) + "]' must be a string or an array of token ids, got " +
+                                 type_name(e));
+      }
+      if (k == 0) r->prompt_text = std::move(one.text), r->prompt_ids = std::move(one.ids), r->prompt_is_ids = one.is_ids;
+      else r->more_prompts.push_back(std::move(one));
     }
   } else if (p->is_array()) {
-    if (auto e = ids_of(*p)) return e;
+    if (auto e = ids_of(*p, "prompt", &r->prompt_ids)) return e;
+    r->prompt_is_ids = true;
   } else {
     return bad("prompt", "'prompt' must be a string, an array of strings or an array of token ids, got " + type_name(*p));
   }
@@ -610,6 +624,11 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   r->gen.top_logprobs = lp_given ? int(lp) : -1;
   if (auto e = get_bool(b, "echo", &r->gen.echo)) return e;
   // A session's prompt is its whole document so far: what an echo would repeat is ambiguous.
+  if (r->n * (1 + int(r->more_prompts.size())) > kMaxChoices)
+    return bad("n", "'n' (" + std::to_string(r->n) + ") times the " + std::to_string(1 + r->more_prompts.size()) +
+                        " prompts asks for more than " + std::to_string(kMaxChoices) + " choices");
+  if (!r->more_prompts.empty() && !r->session.empty())
+    return bad("prompt", "a session's turn continues its document with one prompt, not several");
   if (r->gen.echo && !r->session.empty())
     return bad("echo", "'echo' cannot be combined with 'session' (the prompt continues the session's document)");
   if (r->max_tokens && *r->max_tokens == 0 && !r->gen.echo)

@@ -55,10 +55,17 @@ struct ApiRequest {
   std::string tool_choice = "auto";  // auto, none, required, function (forced_tool names it)
   std::string forced_tool;           // tool_choice naming a function: tools holds only it
   bool parallel_tool_calls = true;   // false: the reply keeps its first tool call only (vLLM)
-  // completions
+  // completions: the (first) prompt; with several, the others in more_prompts, in order
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
   bool prompt_is_ids = false;
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+  };
+  std::vector<Prompt> more_prompts;
+  int n = 1;  // choices per prompt
   bool add_special_tokens = true;  // a text prompt gets the tokenizer's BOS/EOS (vLLM's parameter)
   // both
   std::optional<int> max_tokens;
@@ -68,6 +75,9 @@ struct ApiRequest {
   bool stream = false, include_usage = false, logprobs = false;
   std::string session;
 };
+
+// The most choices one request may ask for (n times its prompts): each is a sequence of its own.
+inline constexpr int kMaxChoices = 64;
 
 // `body` is the raw request body. Returns the error, or nullopt with *out filled.
 std::optional<ApiError> parse_chat_request(const std::string& body, const RequestDefaults& d, ApiRequest* out);

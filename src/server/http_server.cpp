@@ -170,6 +170,13 @@ struct HttpServer::Impl {
   // chat: /v1/chat/completions, or with `responses` /v1/responses (the chat path, another reply); else
   // /v1/completions.
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses = false);
+  // A request of several choices (n > 1, or completions with several prompts; never a session or a
+  // Response): a job per choice, prompt by prompt and n for each (choice j of a prompt samples
+  // with base's seed + j), all submitted before the reply waits; the choices' replies as one body
+  // or one stream, the usage over all of them (each prompt counted once).
+  void serve_choices(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, GenerationParams base,
+                     std::vector<std::vector<int32_t>> prompts, std::vector<std::string> echo_texts,
+                     bool starts_in_reasoning, const std::string& forced);
   // to_store: the conversation (instructions apart) to store with the reply under the response's id.
   void serve_responses(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Reply> reply,
                        ResponsesEcho echo, bool stream, bool starts_in_reasoning, std::shared_ptr<SessionTurn> turn,
@@ -501,6 +508,8 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
   const int ctx = opts.defaults.max_context;
   const int V = engine.model().config().vocab_size;
   std::vector<int32_t> prompt;
+  std::vector<std::vector<int32_t>> more_prompts;  // completions with several prompts: the others
+  std::vector<std::string> echo_texts;             // echo: each prompt's text
   bool starts_in_reasoning = false;
   std::string forced;  // text the answer starts with (tool_choice required / named)
   const char* prompt_param = responses ? "input" : chat ? "messages" : "prompt";
@@ -526,37 +535,57 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       *text += forced;
     }
     prompt = tok.encode(*text, /*add_special_tokens=*/false);  // the template wrote BOS itself
-  } else if (r.prompt_is_ids) {
-    for (size_t i = 0; i < r.prompt_ids.size(); ++i)
-      if (r.prompt_ids[i] >= V)
-        return send_error(res, api_error(400, "prompt", "'prompt[" + std::to_string(i) + "]' = " +
-                                                             std::to_string(r.prompt_ids[i]) +
-                                                             " is outside the vocabulary [0, " + std::to_string(V) + ")"));
-    prompt = r.prompt_ids;
   } else {
-    // BOS as transformers' tokenizer(prompt) adds it; not in the middle of a session's document.
-    prompt = tok.encode(r.prompt_text, r.add_special_tokens && !sinfo);
+    // Completions: each prompt (several: one or n choices each); a text prompt gets BOS as
+    // transformers' tokenizer(prompt) adds it, not in the middle of a session's document.
+    std::vector<const ApiRequest::Prompt*> rest;
+    for (const auto& m : r.more_prompts) rest.push_back(&m);
+    for (size_t k = 0; k <= rest.size(); ++k) {
+      const bool is_ids = k == 0 ? r.prompt_is_ids : rest[k - 1]->is_ids;
+      const std::vector<int32_t>& ids = k == 0 ? r.prompt_ids : rest[k - 1]->ids;
+      const std::string& text = k == 0 ? r.prompt_text : rest[k - 1]->text;
+      const std::string name = rest.empty() ? "prompt" : "prompt[" + std::to_string(k) + "]";
+      std::vector<int32_t>& out = k == 0 ? prompt : more_prompts.emplace_back();
+      if (is_ids) {
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (ids[i] >= V)
+            return send_error(res, api_error(400, "prompt", "'" + name + "[" + std::to_string(i) + "]' = " +
+                                                                 std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                                                                 std::to_string(V) + ")"));
+        out = ids;
+      } else {
+        out = tok.encode(text, r.add_special_tokens && !sinfo);
+      }
+      // echo: the prompt as sent, or token ids as they decode (special tokens skipped, as vLLM does).
+      if (r.gen.echo) echo_texts.push_back(is_ids ? tok.decode(out, /*skip_special=*/true) : text);
+    }
   }
   if (!chat && sinfo) prompt.insert(prompt.begin(), sinfo->tokens.begin(), sinfo->tokens.end());  // the document goes on
-  if (prompt.empty())
-    return send_error(res, api_error(400, prompt_param,
-                                     !chat && !r.session.empty()
-                                         ? "'prompt' must not be empty (an empty prompt continues a session that "
-                                           "holds tokens; session '" + r.session + "' holds none)"
-                                         : "the prompt encodes to no tokens"));
-  if (int(prompt.size()) >= ctx)
-    return send_error(res, api_error(400, prompt_param,
-                                     "the prompt is " + std::to_string(prompt.size()) +
-                                         " tokens; this server's context is " + std::to_string(ctx) +
-                                         " tokens, which must also hold at least one generated token",
-                                     "context_length_exceeded"));
+  for (size_t k = 0; k <= more_prompts.size(); ++k) {
+    const std::vector<int32_t>& pk = k == 0 ? prompt : more_prompts[k - 1];
+    const std::string which = more_prompts.empty() ? "the prompt" : "prompt[" + std::to_string(k) + "]";
+    if (pk.empty())
+      return send_error(res, api_error(400, prompt_param,
+                                       !chat && !r.session.empty()
+                                           ? "'prompt' must not be empty (an empty prompt continues a session that "
+                                             "holds tokens; session '" + r.session + "' holds none)"
+                                           : which + " encodes to no tokens"));
+    if (int(pk.size()) >= ctx)
+      return send_error(res, api_error(400, prompt_param,
+                                       which + " is " + std::to_string(pk.size()) +
+                                           " tokens; this server's context is " + std::to_string(ctx) +
+                                           " tokens, which must also hold at least one generated token",
+                                       "context_length_exceeded"));
+    const int room_k = ctx - int(pk.size());
+    if (r.max_tokens && *r.max_tokens > room_k)
+      return send_error(res, api_error(400, responses ? "max_output_tokens" : "max_tokens",
+                                       std::string(responses ? "max_output_tokens" : "max_tokens") + " is " +
+                                           std::to_string(*r.max_tokens) + " but " + which + " (" +
+                                           std::to_string(pk.size()) + " tokens) leaves room for " +
+                                           std::to_string(room_k) + " in the " + std::to_string(ctx) + "-token context",
+                                       "context_length_exceeded"));
+  }
   const int room = ctx - int(prompt.size());
-  if (r.max_tokens && *r.max_tokens > room)
-    return send_error(res, api_error(400, responses ? "max_output_tokens" : "max_tokens",
-                                     std::string(responses ? "max_output_tokens" : "max_tokens") + " is " + std::to_string(*r.max_tokens) + " but the prompt (" +
-                                         std::to_string(prompt.size()) + " tokens) leaves room for " +
-                                         std::to_string(room) + " in the " + std::to_string(ctx) + "-token context",
-                                     "context_length_exceeded"));
   GenerationParams g = r.gen;
   g.prompt = std::move(prompt);
   if (g.json_object) {
@@ -578,11 +607,15 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     g.session_meta = turn->keep_meta;
   }
   g.max_tokens = r.max_tokens.value_or(room);
-  // echo: the prompt as sent, or token ids as they decode (special tokens skipped, as vLLM does).
-  std::string echo_text;
-  if (g.echo) echo_text = r.prompt_is_ids ? tok.decode(g.prompt, /*skip_special=*/true) : r.prompt_text;
+  std::string echo_text = echo_texts.empty() ? std::string() : echo_texts[0];
   if ((!r.seed_given && !opts.seed_fixed) || r.seed_random) g.sampling.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   if (Status st = validate(g.sampling); !st.is_ok()) return send_error(res, api_error(400, "", st.message()));
+  if (r.n > 1 || !more_prompts.empty()) {
+    if (responses) return send_error(res, api_error(400, "n", "a Response has one reply: 'n' must be 1"));
+    more_prompts.insert(more_prompts.begin(), std::move(g.prompt));
+    return serve_choices(req, res, r, std::move(g), std::move(more_prompts), std::move(echo_texts), starts_in_reasoning,
+                         forced);
+  }
   auto job = std::make_shared<Job>(std::move(g));
   if (Status st = sched->submit(job); !st.is_ok()) {
     metrics.rejected_busy++;
@@ -683,6 +716,178 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       },
       [turn](bool) {
         if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
+      });
+}
+
+void HttpServer::Impl::serve_choices(const httplib::Request& req, httplib::Response& res, const ApiRequest& r,
+                                     GenerationParams base, std::vector<std::vector<int32_t>> prompts,
+                                     std::vector<std::string> echo_texts, bool starts_in_reasoning,
+                                     const std::string& forced) {
+  const bool chat = r.chat;
+  const int ctx = opts.defaults.max_context;
+  const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t made = unix_now();
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::shared_ptr<Reply>> replies;
+  for (size_t p = 0; p < prompts.size(); ++p)
+    for (int j = 0; j < r.n; ++j) {
+      GenerationParams g = base;
+      g.prompt = prompts[p];
+      g.max_tokens = r.max_tokens.value_or(ctx - int(g.prompt.size()));
+      g.sampling.seed = base.sampling.seed + uint64_t(j);
+      auto job = std::make_shared<Job>(std::move(g));
+      if (Status st = sched->submit(job); !st.is_ok()) {
+        for (auto& o : jobs) o->cancel();
+        metrics.rejected_busy++;
+        return send_error(res, api_error(503, "", st.message() + " (this request asks for " +
+                                                      std::to_string(prompts.size() * size_t(r.n)) + " choices)",
+                                         "server_busy", "server_error"));
+      }
+      jobs.push_back(job);
+      auto reply = std::make_shared<Reply>();
+      reply->chat = chat;
+      reply->stream = r.stream;
+      reply->include_usage = r.include_usage;
+      reply->logprobs = r.logprobs;
+      reply->id = id;
+      reply->model = opts.defaults.model_id;
+      reply->created = made;
+      reply->job = job;
+      reply->tok = &tok;
+      reply->index = int(replies.size());
+      if (p < echo_texts.size()) reply->echo_text = echo_texts[p];
+      if (chat) {
+        reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls,
+                                                  r.parallel_tool_calls ? 0 : 1);
+        if (!forced.empty()) {
+          (void)reply->out->push(forced);
+          reply->tool_required = true;
+          if (!r.forced_tool.empty()) reply->allowed_tools = {r.forced_tool};
+          else
+            for (const ojson& t : r.tools) reply->allowed_tools.push_back(t["function"]["name"].get<std::string>());
+        }
+      }
+      replies.push_back(std::move(reply));
+    }
+  const int n = r.n;
+  auto usage = [jobs, n] {
+    int pt = 0, ct = 0, cached = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (i % size_t(n) == 0) pt += jobs[i]->prompt_tokens(), cached += jobs[i]->cached_tokens();
+      ct += jobs[i]->completion_tokens();
+    }
+    return ojson{{"prompt_tokens", pt},
+                 {"completion_tokens", ct},
+                 {"total_tokens", pt + ct},
+                 {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  };
+  auto cancel_all = [jobs] {
+    for (auto& j : jobs) j->cancel();
+  };
+
+  if (!r.stream) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      std::optional<Status> failed;
+      wait_unstreamed(req, *jobs[i], [&](const JobEvent& e) {
+        if (e.kind == JobEvent::kDelta) return replies[i]->on_delta(e), false;
+        if (e.kind == JobEvent::kError) failed = e.error;
+        else replies[i]->on_done(e.finish_reason);
+        return true;
+      });
+      if (failed) {
+        cancel_all();
+        return send_error(res, for_client(status_error(*failed)));
+      }
+      if (replies[i]->finish == "cancelled") cancel_all();  // the client went away: the others too
+    }
+    for (const auto& rep : replies)
+      if (!rep->violation.empty())
+        return send_error(res, api_error(500, "tool_choice", "choice " + std::to_string(rep->index) + ": " + rep->violation,
+                                         "tool_choice_not_followed", "server_error"));
+    ojson body = replies[0]->response();
+    body["choices"] = ojson::array();
+    for (const auto& rep : replies) body["choices"].push_back(rep->response()["choices"][0]);
+    body["usage"] = usage();
+    return send_json(res, 200, body);
+  }
+
+  // One stream: each choice's chunks (its index) as its job's events come, a finish chunk per
+  // choice, then the usage (stream_options) and [DONE] once every choice has ended.
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  open_streams++;
+  struct State {
+    bool started = false;
+    std::vector<bool> ended;
+    clock::time_point last_write = clock::now();
+  };
+  auto state = std::make_shared<State>();
+  state->ended.assign(jobs.size(), false);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, jobs, replies, state, usage, cancel_all](size_t, httplib::DataSink& sink) -> bool {
+        auto write = [&](const std::string& s) {
+          if (s.empty()) return true;
+          state->last_write = clock::now();
+          return sink.write(s.data(), s.size());
+        };
+        auto close = [&](const std::string& last) {
+          cancel_all();
+          write(last);
+          sink.done();
+          return true;
+        };
+        if (!state->started) {
+          state->started = true;
+          for (const auto& rep : replies)
+            if (rep->chat &&
+                !write("data: " + dump(rep->chunk({{"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                  {"logprobs", nullptr},
+                                                  {"finish_reason", nullptr}})) + "\n\n"))
+              return cancel_all(), false;
+        }
+        // Every choice's waiting events; when none had any, a short wait on the first still running.
+        bool any = false;
+        for (int pass = 0; pass < 2 && !any; ++pass)
+          for (size_t i = 0; i < jobs.size(); ++i) {
+            if (state->ended[i]) continue;
+            std::vector<JobEvent> evs;
+            const bool waited = pass == 1;
+            if (!jobs[i]->wait(&evs, std::chrono::milliseconds(waited ? 20 : 0))) {
+              if (waited) break;  // one short wait per call
+              continue;
+            }
+            any = true;
+            for (const JobEvent& e : evs) {
+              if (e.kind == JobEvent::kDelta) {
+                if (!write(replies[i]->on_delta(e))) return cancel_all(), false;
+                continue;
+              }
+              if (e.kind == JobEvent::kError)
+                return close("data: " + dump(error_body(for_client(status_error(e.error)))) + "\n\ndata: [DONE]\n\n");
+              const std::string held = replies[i]->on_finish(e.finish_reason);
+              if (!replies[i]->violation.empty()) return close(held + Reply::error_close(replies[i]->violation_body()));
+              if (!write(held + replies[i]->finish_sse())) return cancel_all(), false;
+              state->ended[i] = true;
+              break;
+            }
+            if (waited) break;
+          }
+        if (std::all_of(state->ended.begin(), state->ended.end(), [](bool b) { return b; })) {
+          std::string last = replies[0]->include_usage ? replies[0]->usage_sse(usage()) : std::string();
+          write(last + "data: [DONE]\n\n");
+          sink.done();
+          return true;
+        }
+        if (!any && clock::now() - state->last_write > std::chrono::seconds(1)) {
+          // As stream_events: a comment keeps proxies from timing out and finds a client that has gone.
+          if (!write(": keep-alive\n\n")) return cancel_all(), false;
+        }
+        return true;
+      },
+      [this, cancel_all](bool success) {
+        if (!success) cancel_all();
+        open_streams--;
       });
 }
 

@@ -74,7 +74,7 @@ ojson Reply::usage() const {
 }
 
 ojson Reply::chunk(ojson choice) const {
-  choice["index"] = 0;
+  choice["index"] = index;
   return ojson{{"id", id},
                {"object", chat ? "chat.completion.chunk" : "text_completion"},
                {"created", created},
@@ -167,19 +167,27 @@ std::string Reply::error_close(const ojson& error_body) { return "data: " + dump
 
 std::string Reply::on_close() const {
   if (!stream) return "";
-  if (!violation.empty())  // the last chunk is the error instead of a finish_reason
-    return error_close({{"error", {{"message", violation}, {"type", "server_error"}, {"param", "tool_choice"},
-                                   {"code", "tool_choice_not_followed"}}}});
-  std::string sse;
-  if (chat) sse += "data: " + dump(chunk({{"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
-  else sse += "data: " + dump(chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
-  if (include_usage) {
-    ojson u = chunk(ojson::object());
-    u["choices"] = ojson::array();
-    u["usage"] = usage();
-    sse += "data: " + dump(u) + "\n\n";
-  }
+  if (!violation.empty()) return error_close(violation_body());  // the last chunk is the error instead of a finish_reason
+  std::string sse = finish_sse();
+  if (include_usage) sse += usage_sse(usage());
   return sse + "data: [DONE]\n\n";
+}
+
+ojson Reply::violation_body() const {
+  return {{"error", {{"message", violation}, {"type", "server_error"}, {"param", "tool_choice"},
+                     {"code", "tool_choice_not_followed"}}}};
+}
+
+std::string Reply::finish_sse() const {
+  if (chat) return "data: " + dump(chunk({{"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
+  return "data: " + dump(chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
+}
+
+std::string Reply::usage_sse(const ojson& u) const {
+  ojson c = chunk(ojson::object());
+  c["choices"] = ojson::array();
+  c["usage"] = u;
+  return "data: " + dump(c) + "\n\n";
 }
 
 std::string Reply::tool_choice_violation() const {
@@ -205,7 +213,7 @@ ojson Reply::assistant_message() const {
 
 ojson Reply::response() const {
   ojson choice = ojson::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   if (chat) {
     ojson msg = ojson::object();
     msg["role"] = "assistant";

@@ -30,6 +30,7 @@ ojson token_bytes_json(const std::string& bytes);
 struct Reply {
   bool chat = false;
   bool stream = false, include_usage = false, logprobs = false;
+  int index = 0;  // the choice's index (n > 1, several prompts)
   std::string id, model;
   int64_t created = 0;
   std::shared_ptr<Job> job;
@@ -62,6 +63,11 @@ struct Reply {
   // (on_close), or instead of them an error event and [DONE] (error_close).
   std::string on_finish(const std::string& reason);
   std::string on_close() const;
+  // on_close's parts, for a reply of several choices (HttpServer's serve_choices): the chunk with
+  // this choice's finish_reason, a usage chunk, and the error body of a broken tool_choice.
+  std::string finish_sse() const;
+  std::string usage_sse(const nlohmann::ordered_json& usage) const;
+  nlohmann::ordered_json violation_body() const;
   static std::string error_close(const nlohmann::ordered_json& error_body);
   ojson response() const;                            // the non-streaming body, after on_done
   ojson chunk(ojson choice) const;                   // one chunk object around `choice`

@@ -279,6 +279,65 @@ TEST_F(Http, CompletionsWithIdsAndLogprobs) {
   }
 }
 
+// Several prompts (text and ids, mixed) with n = 2 each, echo and logprobs: choice k * n + j is prompt
+// k sampled with seed + j, exactly the request of that prompt and seed alone; the stream's chunks,
+// gathered by index, are the body's choices, each with its finish chunk, then one usage.
+TEST_F(Http, SeveralPromptsAndChoicesAreEachTheRequestAlone) {
+  const json prompts = {"def f(x):", {1, 2, 3, 4}};
+  json body = {{"prompt", prompts}, {"n", 2}, {"max_tokens", 6}, {"temperature", 0.9}, {"seed", 3},
+               {"echo", true}, {"logprobs", 1}, {"ignore_eos", true}};
+  int st = 0;
+  const json all = post("/v1/completions", body, &st);
+  ASSERT_EQ(st, 200) << all;
+  ASSERT_EQ(all["choices"].size(), 4u) << all;
+  int prompt_tokens = 0, completion_tokens = 0;
+  for (int k = 0; k < 2; ++k)
+    for (int j = 0; j < 2; ++j) {
+      json one = body;
+      one.erase("n");
+      one["prompt"] = prompts[size_t(k)];
+      one["seed"] = 3 + j;
+      const json alone = post("/v1/completions", one, &st);
+      ASSERT_EQ(st, 200) << alone;
+      const json& c = all["choices"][size_t(k * 2 + j)];
+      EXPECT_EQ(c["index"], k * 2 + j);
+      EXPECT_EQ(c["text"], alone["choices"][0]["text"]) << "prompt " << k << " choice " << j;
+      EXPECT_EQ(c["logprobs"]["tokens"], alone["choices"][0]["logprobs"]["tokens"]);
+      EXPECT_EQ(c["finish_reason"], alone["choices"][0]["finish_reason"]);
+      if (j == 0) prompt_tokens += alone["usage"]["prompt_tokens"].get<int>();
+      completion_tokens += alone["usage"]["completion_tokens"].get<int>();
+    }
+  EXPECT_EQ(all["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(all["usage"]["completion_tokens"], completion_tokens);
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto c = client();
+  auto r = c.Post("/v1/completions", auth(), body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  bool done = false;
+  std::vector<std::string> text(4);
+  std::vector<int> finishes(4, 0);
+  json usage;
+  for (const json& ev : sse_events(r->body, &done)) {
+    ASSERT_FALSE(ev.is_discarded()) << r->body;
+    if (ev.contains("usage") && !ev["usage"].is_null()) usage = ev["usage"];
+    for (const json& ch : ev["choices"]) {
+      const size_t i = ch["index"].get<size_t>();
+      ASSERT_LT(i, 4u);
+      EXPECT_EQ(finishes[i], 0) << "a chunk of choice " << i << " after its finish";
+      text[i] += ch["text"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) ++finishes[i];
+    }
+  }
+  EXPECT_TRUE(done);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(text[i], all["choices"][i]["text"]) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+  EXPECT_EQ(usage["completion_tokens"], completion_tokens) << usage;
+}
+
 // Seeds: any of 0..2^64-1 is its own (those past 2^63 were once all the same), a seed reproduces its
 // run, and -1 draws a fresh one each time (llama-server's meaning; once a fixed seed).
 TEST_F(Http, SeedsBeyondTwoToTheSixtyThreeAndMinusOne) {
@@ -317,7 +376,7 @@ TEST_F(Http, BadInputsGetOpenAIErrors) {
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":510})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt":")" + long_prompt + R"("})", 400, "prompt"},
       {"/v1/completions", R"({"prompt":[1, 999999]})", 400, "prompt"},
-      {"/v1/completions", R"({"prompt":"x","n":3})", 400, "n"},
+      {"/v1/completions", R"({"prompt":"x","n":65})", 400, "n"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":"../etc"})", 400, "session"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"session":7})", 400, "session"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":5}})", 400,

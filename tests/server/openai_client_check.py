@@ -114,7 +114,7 @@ for bad_msgs, says in [([{"role": "user", "content": [{"type": "image_url", "ima
     except openai.BadRequestError as e:
         check(e.param == "messages" and says in e.message, f"refused: {e.message}")
 # What anvil cannot honour is refused with the parameter named, not ignored.
-for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+for kwargs, param in [({"n": 65}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                       ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
                        "response_format"),
                       ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
@@ -165,6 +165,29 @@ try:
 except openai.BadRequestError as e:
     check(e.param == "session", "bad session name -> param session")
 
+# n: several choices, each a sequence of its own; choice j samples with seed + j, so it is the
+# single request with that seed; streamed, the chunks carry their choice's index.
+rn = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=1.0, seed=11, n=3)
+one = [client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=1.0, seed=11 + j)
+       for j in range(3)]
+check([c.index for c in rn.choices] == [0, 1, 2], f"n=3: three choices {[c.index for c in rn.choices]}")
+check([c.message.content for c in rn.choices] == [o.choices[0].message.content for o in one],
+      "n=3: choice j is the request with seed + j")
+check(rn.usage.prompt_tokens == one[0].usage.prompt_tokens
+      and rn.usage.completion_tokens == sum(o.usage.completion_tokens for o in one), f"n=3 usage {rn.usage}")
+parts, finishes, su = {}, {}, None
+for ch in client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=1.0, seed=11, n=3,
+                                         stream=True, stream_options={"include_usage": True}):
+    for c in ch.choices:
+        parts[c.index] = parts.get(c.index, "") + (c.delta.content or "")
+        if c.finish_reason:
+            finishes[c.index] = c.finish_reason
+    if ch.usage:
+        su = ch.usage
+check([parts.get(i) for i in range(3)] == [c.message.content for c in rn.choices], f"n=3 streamed {parts}")
+check(sorted(finishes) == [0, 1, 2] and su is not None and su.completion_tokens == rn.usage.completion_tokens,
+      f"n=3 streamed finishes {finishes}, usage {su}")
+
 # Completions.
 r = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6, temperature=0, logprobs=1)
 check(r.object == "text_completion" and r.usage.completion_tokens <= 6, "completion object")
@@ -181,6 +204,13 @@ check(len(le.tokens) == re_.usage.prompt_tokens + re_.usage.completion_tokens
       and le.token_logprobs[0] is None and le.top_logprobs[0] is None
       and all(x <= 0 for x in le.token_logprobs[1:]) and le.text_offset[0] == 0
       and all(abs(a - b) < 1e-4 for a, b in zip(le.token_logprobs[-4:], l0.token_logprobs)), f"echo logprobs: {le}")
+# Several prompts: a choice each, in order, each what the prompt gets alone.
+texts = ["def add(a, b):", "class A:", "import os"]
+rp = client.completions.create(model=model, prompt=texts, max_tokens=5, temperature=0)
+alone = [client.completions.create(model=model, prompt=t, max_tokens=5, temperature=0) for t in texts]
+check([c.text for c in rp.choices] == [a.choices[0].text for a in alone] and [c.index for c in rp.choices] == [0, 1, 2],
+      f"several prompts: {[c.text for c in rp.choices]}")
+check(rp.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone), f"several prompts' usage {rp.usage}")
 pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6,
                                                                    temperature=0, stream=True)]
 check("".join(pieces) == r.choices[0].text, "streamed completion == non-streamed")
