@@ -343,12 +343,6 @@ class Backend {
   // thread (the staging copies below). The CUDA backend says no until it overrides them with a
   // stream of its own (a copy from another thread would break the decode graph's capture).
   virtual bool supports_page_store() const { return true; }
-  // Whether this backend's attention never reads a KV page that lies wholly before every query's
-  // sliding window (KVCacheView::window), so that the engine may give such pages back to the pool
-  // (Engine::release_behind_window) and leave -1 in their page-table slots. The CPU's attention
-  // starts at the page of its block's first window; CUDA's prefill kernel reads 64-key tiles, which
-  // can begin on an earlier page (masked, but read), so it says no until it skips those loads.
-  virtual bool releases_window_pages() const { return false; }
   // Why this backend's attention (q/k norm + RoPE + attention) cannot take a model with these heads
   // (rotary_dim: the dims of a head RoPE turns, 0 or head_dim for all), or "" when it can.
   // Transformer::create refuses such a model with the reason, before any step.

@@ -7,7 +7,6 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
-#include "runtime/engine.h"
 #ifdef ANVIL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_device.h"
@@ -112,12 +111,7 @@ int run_inspect(const InspectArgs& a) {
   // Checked: an absurd --ctx x --seqs is an error naming them, never a wrapped-around figure.
   auto kv_checked = kv_cache_bytes(kv_per_token, a.ctx, a.seqs, "--ctx", "--seqs");
   if (!kv_checked.is_ok()) return fail(kv_checked.status().message());
-  // With a sliding window the CPU engine gives back the pages behind it (Engine::release_behind_window):
-  // a sequence holds the window and one forward's tokens, whatever the context (default_kv_pages, in
-  // the default 16-token pages).
-  const int64_t kv_tokens = std::min<int64_t>(
-      a.ctx, default_kv_pages(a.ctx, 16, 1, c.sliding_window, int(kCpuDefaultBatch), /*releases=*/true) * 16);
-  const size_t kv_total = *kv_checked / size_t(std::max(1, a.ctx)) * size_t(kv_tokens);
+  const size_t kv_total = *kv_checked;
   // Activation scratch of one forward of --batch's default tokens (float32 on CPU): h, x, q, k, v,
   // attn, o, gate, up, logits (see Transformer::alloc_scratch).
   const size_t batch = kCpuDefaultBatch;
@@ -195,8 +189,7 @@ int run_inspect(const InspectArgs& a) {
     j["bytes_per_token"] = per_token;
     j["kv_bytes_per_token"] = kv_per_token;
     j["memory_plan"] = {{"context", a.ctx}, {"sequences", a.seqs}, {"weights", weights},
-                        {"kv_cache", kv_total}, {"kv_positions_per_sequence", kv_tokens},
-                        {"activations", act}, {"total", total}};
+                        {"kv_cache", kv_total}, {"activations", act}, {"total", total}};
     if (!gpu_name.empty())
       j["gpu_plan"] = {{"device", gpu_name}, {"needed", gpu_need}, {"free", gpu_free}, {"total", gpu_total},
                        {"fits", gpu_need <= gpu_free}, {"max_context", gpu_fit_ctx}};
@@ -243,9 +236,6 @@ int run_inspect(const InspectArgs& a) {
   std::printf("memory plan      context %d x %d sequence(s): weights %s + KV %s + activations %s = %s\n", a.ctx,
               a.seqs, human(double(weights)).c_str(), human(double(kv_total)).c_str(), human(double(act)).c_str(),
               human(double(total)).c_str());
-  if (kv_tokens < a.ctx)
-    std::printf("                 (sliding window %d: a sequence holds the KV of its last %lld positions on the CPU)\n",
-                c.sliding_window, (long long)kv_tokens);
   if (!gpu_name.empty())
     std::printf("GPU plan         %s: needs %s (bf16 KV, %d x %d), %s free of %s: %s; longest context that fits: %lld\n",
                 gpu_name.c_str(), human(double(gpu_need)).c_str(), a.ctx, a.seqs, human(double(gpu_free)).c_str(),

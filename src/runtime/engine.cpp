@@ -39,10 +39,7 @@ Status Engine::init() {
   kv.page_size = opts_.page_size;
   // In 64 bits: a context near INT_MAX plus a page would wrap around in int.
   max_pages_per_seq_ = int((int64_t(opts_.max_context) + opts_.page_size - 1) / opts_.page_size);
-  release_window_ = c.sliding_window > 0 && opts_.release_window_pages && model_.backend().releases_window_pages();
-  kv.n_pages = opts_.kv_pages > 0 ? opts_.kv_pages
-                                  : default_kv_pages(opts_.max_context, opts_.page_size, opts_.max_seqs,
-                                                     c.sliding_window, model_.max_tokens(), release_window_);
+  kv.n_pages = opts_.kv_pages > 0 ? opts_.kv_pages : int64_t(max_pages_per_seq_) * opts_.max_seqs;
   if (kv.n_pages > INT32_MAX)
     return invalid_argument("KV cache: " + std::to_string(opts_.max_seqs) + " sequence(s) of " +
                             std::to_string(max_pages_per_seq_) + " pages (a context of " +
@@ -85,27 +82,8 @@ Result<int> Engine::seq_create() {
 
 void Engine::seq_release(int seq) {
   Seq& s = seqs_[seq];
-  for (int32_t p : s.pages)
-    if (p >= 0) pool_->kv_page_release(p);  // (-1: behind the window, released already)
+  for (int32_t p : s.pages) pool_->kv_page_release(p);
   s = Seq{};
-}
-
-int64_t default_kv_pages(int max_context, int page_size, int max_seqs, int window, int max_tokens, bool releases) {
-  const int64_t full = (int64_t(max_context) + page_size - 1) / page_size;
-  int64_t per_seq = full;
-  if (releases && window > 0) per_seq = std::min<int64_t>(full, (int64_t(window) + max_tokens - 2) / page_size + 2);
-  return per_seq * max_seqs;
-}
-
-void Engine::release_behind_window(Seq& s) {
-  if (!release_window_) return;
-  const int64_t first_key = int64_t(s.n_kv) + 1 - model_.config().sliding_window;
-  const int behind = first_key > 0 ? int(std::min<int64_t>(first_key / opts_.page_size, int64_t(s.pages.size()))) : 0;
-  for (; s.released < behind; ++s.released) {
-    int32_t& page = s.pages[size_t(s.released)];
-    if (page >= 0) pool_->kv_page_release(page);  // the prefix index and the store keep their own references
-    page = -1;
-  }
 }
 
 Status Engine::ensure_pages(Seq& s, int n_positions) {
@@ -193,7 +171,6 @@ void Engine::reuse_prefix(Seq& s) {
     }
   }
   s.reused = s.n_kv;
-  release_behind_window(s);  // a long reused prefix: only its window's pages stay with the sequence
 }
 
 Engine::Warmed Engine::warm_from_store(size_t max_pages) {
@@ -217,7 +194,7 @@ Engine::Warmed Engine::warm_from_store(size_t max_pages) {
 void Engine::publish_full_pages(Seq& s) {
   if (!opts_.prefix_cache && !store_) return;
   const int P = opts_.page_size;
-  for (int i = s.released; i < s.n_kv / P; ++i) {
+  for (int i = 0; i < s.n_kv / P; ++i) {
     if (!s.page_key[i].is_zero()) continue;
     const Hash128 parent = i == 0 ? Hash128{} : s.page_key[i - 1];
     auto page_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * P, P);
@@ -348,11 +325,9 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
   // from the prefix index or allocated here, and n_kv (a reused prefix advances it before the
   // pages for the rest are known to exist).
   const size_t old_tokens = s.tokens.size(), old_pages = s.pages.size();
-  const int old_n_kv = s.n_kv, old_reused = s.reused, old_from_store = s.from_store, old_released = s.released;
+  const int old_n_kv = s.n_kv, old_reused = s.reused, old_from_store = s.from_store;
   auto roll_back = [&] {
-    for (size_t i = old_pages; i < s.pages.size(); ++i)
-      if (s.pages[i] >= 0) pool_->kv_page_release(s.pages[i]);  // (-1: a reused prefix's, behind the window)
-    s.released = old_released;
+    for (size_t i = old_pages; i < s.pages.size(); ++i) pool_->kv_page_release(s.pages[i]);
     s.pages.resize(old_pages);
     s.page_key.resize(old_pages);
     s.tokens.resize(old_tokens);
@@ -407,7 +382,6 @@ Status Engine::extend(int seq, std::span<const int32_t> tokens, std::vector<floa
     // Every chunk: the store's writer copies a long prompt's pages while later chunks compute
     // (handed over only at the end, a 16k-token prompt's 1,024 pages overflowed its queue).
     publish_full_pages(s);
-    release_behind_window(s);
   }
   return Status::ok();
 }
@@ -467,7 +441,6 @@ Status Engine::decode_impl(std::span<const int> seqs, std::span<const int32_t> t
     s.tokens.push_back(tokens[i]);
     s.n_kv += 1;
     publish_full_pages(s);
-    release_behind_window(s);
   }
   return Status::ok();
 }

@@ -21,19 +21,10 @@ struct EngineOptions {
   int page_size = 16;
   int max_context = 4096;     // longest sequence, in tokens
   int max_seqs = 8;           // sequences decoded together at most
-  int64_t kv_pages = 0;       // 0: enough for max_seqs sequences of max_context tokens (default_kv_pages)
+  int64_t kv_pages = 0;       // 0: enough for max_seqs sequences of max_context tokens
   DType kv_dtype = DType::kBF16;
   bool prefix_cache = true;
-  // A model with a sliding window, on a backend whose attention allows it (releases_window_pages):
-  // a sequence gives back the pages behind every later query's window (false keeps them: tests).
-  bool release_window_pages = true;
 };
-
-// The KV pool's pages when EngineOptions::kv_pages is 0: max_seqs sequences of max_context tokens;
-// with a sliding window whose pages behind it go back to the pool (`releases`), a sequence holds at
-// most the window and one forward's tokens (max_tokens) at once: pages from the window's first one
-// to the last new token's, (window + max_tokens - 2) / page_size + 2 at most, whatever the context.
-int64_t default_kv_pages(int max_context, int page_size, int max_seqs, int window, int max_tokens, bool releases);
 
 class Engine {
  public:
@@ -172,9 +163,6 @@ class Engine {
     int from_store = 0;
     int sample_counted = -1;  // decode_sample: tokens whose window is in the device counts (-1: none)
     int sample_window = 0;    // ... and the window they were counted with
-    // Pages [0, released) lay wholly behind every later query's sliding window and went back to the
-    // pool (release_behind_window): their slots in `pages` hold -1.
-    int released = 0;
   };
   Engine(Transformer& model, const Hash128& fp, const EngineOptions& opts)
       : model_(model), root_(kv_cache_root(fp, opts.kv_dtype, opts.page_size)), opts_(opts) {}
@@ -186,10 +174,6 @@ class Engine {
   int restore_run(std::span<const int32_t> tokens, int have, int max_pages, std::vector<int32_t>* pages,
                   std::vector<Hash128>* keys, Hash128* parent, bool mark);
   void publish_full_pages(Seq& s);
-  // After s's KV advanced: with a sliding window W (release_window_ set), the pages before the one
-  // holding position n_kv + 1 - W (the next query's first key; later queries' windows start later)
-  // go back to the pool, after publish_full_pages handed them to the prefix index and the store.
-  void release_behind_window(Seq& s);
   void store_tick();  // the store's copied pages back (reap), then offer_dropped
   void take_failed(bool all);  // the store's failed pages into the dropped list (note_dropped)
   void note_dropped(int32_t page, const Hash128& key, int first_pos);
@@ -214,7 +198,6 @@ class Engine {
   std::unique_ptr<KVPool> pool_;
   std::vector<Seq> seqs_;
   int max_pages_per_seq_ = 0;
-  bool release_window_ = false;  // release_behind_window applies (a window, a backend that allows it)
   struct Scratch {  // host-side batch description, reused between calls
     std::vector<int> order, rows;
     std::vector<int32_t> ids, sidx, pos, table;

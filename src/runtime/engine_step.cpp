@@ -88,7 +88,6 @@ Status Engine::step_impl(std::span<const StepItem> items, std::vector<float>* lo
     Seq& s = seqs_[it.seq];
     s.n_kv += it.n_tokens;
     publish_full_pages(s);
-    release_behind_window(s);
   }
   return Status::ok();
 }

@@ -2,7 +2,6 @@
 // and the errors a user sees for bad input.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -131,24 +130,6 @@ TEST(CliInspect, HugeMemoryPlansAreExactAndAbsurdOnesAnError) {
   EXPECT_NE(e.out.find("the KV cache for a context of 2147483647 tokens (--ctx) x 65536 sequence(s) (--seqs) at "
                        "229376 bytes per token would be 3.228e+19 bytes, more than 64-bit memory can address"),
             std::string::npos) << e.out;
-}
-
-// A model with a sliding window: the CPU engine keeps a sequence's window and one forward's tokens
-// (the Mistral fixture's window 64 and the CPU's batch 256, in pages of 16: (64 + 256 - 2) / 16 + 2
-// pages, 336 positions), whatever the context; without a window the context's.
-TEST(CliInspect, AWindowedModelsPlanHoldsItsWindow) {
-  const std::string mistral = std::string(ANVIL_TEST_DATA) + "/golden/mistral-bf16";  // sliding_window 64
-  for (int ctx : {4096, 200}) {
-    auto r = run_anvil({"inspect", "-m", mistral, "--json", "--ctx", std::to_string(ctx), "--seqs", "3"});
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-    auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
-    const int64_t positions = std::min(ctx, 336);
-    EXPECT_EQ(j["memory_plan"]["kv_positions_per_sequence"], positions) << ctx;
-    EXPECT_EQ(j["memory_plan"]["kv_cache"], j["kv_bytes_per_token"].get<int64_t>() * positions * 3) << ctx;
-  }
-  auto t = run_anvil({"inspect", "-m", mistral, "--ctx", "4096"});
-  EXPECT_NE(t.out.find("(sliding window 64: a sequence holds the KV of its last 336 positions on the CPU)"),
-            std::string::npos) << t.out;
 }
 
 // An MoE model's expert matrices have their own format line and JSON counts (before, only the

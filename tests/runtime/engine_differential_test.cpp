@@ -34,7 +34,6 @@ struct Reference {
     o.sliding_window = window;
     o.engine.kv_dtype = kv;
     o.engine.prefix_cache = false;
-    o.engine.release_window_pages = false;  // every page kept: the engine under test gives them back
     o.engine.page_size = kPageSize;  // the online softmax rescales per page: same pages, same bits
     o.engine.max_context = 256;
     o.engine.max_seqs = 1;
@@ -189,8 +188,7 @@ TEST(EngineDifferential, RandomInterleavingsMatchSingleSequenceEngine) {
 // The same with a sliding window of 9 positions (KVCacheView::window; pages of 4, so windows start
 // mid-page and prefill chunks of 3-24 tokens straddle them): a windowed row is as independent of its
 // batch, chunk and reused pages as a full-context one, bit for bit, and the contexts here (up to 96)
-// run far past the window. The engine under test gives back the pages behind the window
-// (Engine::release_behind_window), the reference keeps them all.
+// run far past the window.
 TEST(EngineDifferential, RandomInterleavingsWithASlidingWindow) {
   const int seeds = std::max(1, env_int("ANVIL_DIFF_SEEDS", 4) / 2), first = env_int("ANVIL_DIFF_SEED", 1),
             steps = env_int("ANVIL_DIFF_STEPS", 60);
@@ -202,52 +200,4 @@ TEST(EngineDifferential, RandomInterleavingsWithASlidingWindow) {
       if (HasFailure()) return;
     }
   }
-}
-
-// Pages behind a sliding window go back to the pool: a 200-token sequence with a window of 9 in pages
-// of 4 holds at most the window's pages and one forward's (default_kv_pages: 5), in a default pool
-// sized by that bound (10 pages for 2 sequences, against 128 for the whole context), and every
-// logit row equals the one of an engine that keeps every page, bit for bit, over prefill chunks and
-// decode steps. (Reused prefixes with released pages: RandomInterleavingsWithASlidingWindow.)
-TEST(EngineWindow, PagesBehindTheWindowGoBackToThePool) {
-  auto engine = [](bool release) {
-    FixtureOptions o;
-    o.sliding_window = 9;
-    o.engine.page_size = kPageSize;
-    o.engine.max_context = 256;
-    o.engine.max_seqs = 2;
-    o.engine.prefix_cache = false;  // the pool's used pages are then the sequence's own
-    o.engine.release_window_pages = release;
-    o.max_tokens = 8;
-    return make_engine(o);
-  };
-  auto kept = engine(false), given = engine(true);
-  ASSERT_TRUE(kept.engine && given.engine);
-  EXPECT_EQ(kept.engine->pool().n_pages(), 2 * 64);
-  EXPECT_EQ(default_kv_pages(256, kPageSize, 1, 9, 8, true), 5);
-  EXPECT_EQ(given.engine->pool().n_pages(), 2 * 5);
-  std::mt19937_64 rng(7);
-  std::vector<int32_t> prompt(40);
-  for (auto& x : prompt) x = int32_t(rng() % 50);
-  int a = *kept.engine->seq_create(), b = *given.engine->seq_create();
-  std::vector<float> la, lb;
-  ASSERT_TRUE(kept.engine->extend(a, prompt, &la).is_ok());
-  ASSERT_TRUE(given.engine->extend(b, prompt, &lb).is_ok());  // 5 chunks of 8 in a pool of 10 pages
-  ASSERT_TRUE(bit_equal(la, lb));
-  const KVPool& pool = given.engine->pool();
-  int64_t most = 0;
-  for (int step = 0; step < 160; ++step) {
-    const auto next = int32_t(std::max_element(la.begin(), la.end()) - la.begin());
-    ASSERT_TRUE(kept.engine->decode({&a, 1}, {&next, 1}, &la).is_ok());
-    ASSERT_TRUE(given.engine->decode({&b, 1}, {&next, 1}, &lb).is_ok()) << "step " << step;
-    ASSERT_TRUE(bit_equal(la, lb)) << "step " << step;
-    most = std::max(most, pool.n_pages() - pool.n_free());
-  }
-  // After a step the sequence holds the pages of positions n_kv - 8 .. n_kv - 1 (the next query's
-  // window but itself): 8 positions in pages of 4, two or three pages.
-  EXPECT_LE(most, 3);
-  EXPECT_GE(most, 2);
-  given.engine->seq_release(b);
-  EXPECT_EQ(pool.n_free(), pool.n_pages());
-  kept.engine->seq_release(a);
 }

@@ -211,7 +211,6 @@ class CpuBackend final : public Backend {
   }
 
   bool has_sample_rows() const override { return true; }
-  bool releases_window_pages() const override { return true; }  // cpu_attention.cpp: from the window's page on
   void sample_rows(Act logits, const SampleArgs& a, int32_t* ids) override {
     check_f32(logits, "sample_rows", "logits");
     if (logits.cols > sampling::kMaxVocab) die("sample_rows: vocab " + std::to_string(logits.cols) + " above the limit");
