@@ -119,6 +119,12 @@ int run_generate(GenerateArgs& a) {
   // A resumed or forked session continues from its tokens; the prompt (if any) is appended.
   if (!plan.history.empty()) prompt.insert(prompt.begin(), plan.history.begin(), plan.history.end());
   if (prompt.empty()) return fail("the session has no tokens and no prompt was given");
+  // Refused before the session records anything: a first turn that cannot run leaves no session, a
+  // continued one the session as it was (the engine would refuse it the same way, after the record).
+  if (int64_t(prompt.size()) > s.ctx)
+    return fail("sequence of " + std::to_string(prompt.size()) + " tokens exceeds the context limit of " +
+                std::to_string(s.ctx) + " (raise --ctx)" +
+                (plan.history.empty() ? "" : "; session '" + plan.name + "' is left as it was"));
 
   GenerateRequest req;
   req.prompt = prompt;

@@ -335,6 +335,29 @@ TEST(KvStoreCli, ResumeWithAnExtraPromptAppendsIt) {
   EXPECT_GT(b["store_prompt_tokens"].get<int>(), 0);
 }
 
+// A prompt longer than the context is refused before the session records it: a first turn leaves no
+// session (the name is free for the next try), a resumed one the session as it was (it once recorded
+// the whole over-long prompt, which could then neither be resumed nor started again).
+TEST(KvStoreCli, APromptPastTheContextRecordsNothing) {
+  StoreDir d;
+  std::string longer;
+  for (int i = 0; i < 40; ++i) longer += (longer.empty() ? "" : ",") + std::to_string(5 + i);
+  auto r = run_anvil(gen(d.path, {"--ids", longer, "-n", "4", "--session", "p", "--ctx", "32"}), true);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("sequence of 40 tokens exceeds the context limit of 32 (raise --ctx)"), std::string::npos) << r.out;
+  auto ls = run_anvil({"kv", "ls", "--kv-store", d.path, "--json"});
+  EXPECT_EQ(ls.out.find("\"p\""), std::string::npos) << ls.out;
+  auto a = run_json(gen(d.path, {"--ids", "5,6,7", "-n", "4", "--session", "p", "--ctx", "32"}));
+  const auto before = ids_of(a, "session_ids");
+  auto b = run_anvil(gen(d.path, {"--ids", longer, "-n", "4", "--session", "p", "--resume", "--ctx", "32"}), true);
+  EXPECT_EQ(b.exit_code, 1) << b.out;
+  EXPECT_NE(b.out.find("session 'p' is left as it was"), std::string::npos) << b.out;
+  auto c = run_json(gen(d.path, {"--ids", "8", "-n", "2", "--session", "p", "--resume", "--ctx", "32"}));
+  auto after = ids_of(c, "session_ids");
+  ASSERT_GE(after.size(), before.size());
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), after.begin())) << "the session continues from where it was";
+}
+
 // A session continued without a prompt (--resume or --fork, no -p) prints its continuation as text,
 // as the run that recorded it did, not as token ids (which only --ids, or a model without a
 // tokenizer, gets): the same text --json reports for the same tokens.
