@@ -623,12 +623,12 @@ std::optional<ApiError> parse_completion_request(const std::string& body, const 
   r->logprobs = lp_given;
   r->gen.top_logprobs = lp_given ? int(lp) : -1;
   if (auto e = get_bool(b, "echo", &r->gen.echo)) return e;
-  // A session's prompt is its whole document so far: what an echo would repeat is ambiguous.
   if (r->n * (1 + int(r->more_prompts.size())) > kMaxChoices)
     return bad("n", "'n' (" + std::to_string(r->n) + ") times the " + std::to_string(1 + r->more_prompts.size()) +
                         " prompts asks for more than " + std::to_string(kMaxChoices) + " choices");
   if (!r->more_prompts.empty() && !r->session.empty())
     return bad("prompt", "a session's turn continues its document with one prompt, not several");
+  // A session's prompt is its whole document so far: what an echo would repeat is ambiguous.
   if (r->gen.echo && !r->session.empty())
     return bad("echo", "'echo' cannot be combined with 'session' (the prompt continues the session's document)");
   if (r->max_tokens && *r->max_tokens == 0 && !r->gen.echo)
