@@ -170,6 +170,10 @@ struct HttpServer::Impl {
   // chat: /v1/chat/completions, or with `responses` /v1/responses (the chat path, another reply); else
   // /v1/completions.
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat, bool responses = false);
+  // A reply to `r` for `job` (stream as r asks; echo text and index left to the caller): for chat its
+  // ChatOutput, started inside the forced tool call when tool_choice prefilled one (`forced`).
+  std::shared_ptr<Reply> make_reply(const ApiRequest& r, std::shared_ptr<Job> job, std::string id, int64_t created,
+                                    bool starts_in_reasoning, const std::string& forced) const;
   // A request of several choices (n > 1, or completions with several prompts; never a session or a
   // Response): a job per choice, prompt by prompt and n for each (choice j of a prompt samples
   // with base's seed + j), all submitted before the reply waits; the choices' replies as one body
@@ -626,28 +630,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
     turn->holder->set_job(job);
   }
 
-  auto reply = std::make_shared<Reply>();
-  reply->chat = chat;
+  auto reply = make_reply(r, job, random_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), starts_in_reasoning, forced);
   reply->stream = r.stream && !responses;  // a Responses reply renders the chat one's accumulated parts
-  reply->include_usage = r.include_usage;
-  reply->logprobs = r.logprobs;
-  reply->id = random_id(chat ? "chatcmpl-" : "cmpl-");
-  reply->model = opts.defaults.model_id;
-  reply->created = unix_now();
-  reply->job = job;
-  reply->tok = &tok;
   reply->echo_text = std::move(echo_text);
-  if (chat) {
-    reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls,
-                                              r.parallel_tool_calls ? 0 : 1);
-    if (!forced.empty()) {
-      (void)reply->out->push(forced);  // an open tool call: nothing to show yet
-      reply->tool_required = true;
-      if (!r.forced_tool.empty()) reply->allowed_tools = {r.forced_tool};
-      else
-        for (const ojson& t : r.tools) reply->allowed_tools.push_back(t["function"]["name"].get<std::string>());
-    }
-  }
   if (responses)
     return serve_responses(req, res, std::move(reply), std::move(echo), r.stream, starts_in_reasoning && forced.empty(),
                            std::move(turn), std::move(to_store));
@@ -687,13 +672,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
 
   stream_job(
       res, reply->job,
-      [reply] {
-        if (!reply->chat) return std::string();
-        ojson first = reply->chunk({{"delta", {{"role", "assistant"}, {"content", ""}}},
-                                    {"logprobs", nullptr},
-                                    {"finish_reason", nullptr}});
-        return "data: " + dump(first) + "\n\n";
-      },
+      [reply] { return reply->role_sse(); },
       [this, reply, turn](const JobEvent& e) {
         if (e.kind == JobEvent::kDelta) return reply->on_delta(e);
         if (e.kind == JobEvent::kDone) {
@@ -717,6 +696,33 @@ void HttpServer::Impl::handle_generate(const httplib::Request& req, httplib::Res
       [turn](bool) {
         if (turn) turn->end(nullptr);  // a client that went away: its turn ends without a reply
       });
+}
+
+std::shared_ptr<Reply> HttpServer::Impl::make_reply(const ApiRequest& r, std::shared_ptr<Job> job, std::string id,
+                                                   int64_t created, bool starts_in_reasoning,
+                                                   const std::string& forced) const {
+  auto reply = std::make_shared<Reply>();
+  reply->chat = r.chat;
+  reply->stream = r.stream;
+  reply->include_usage = r.include_usage;
+  reply->logprobs = r.logprobs;
+  reply->id = std::move(id);
+  reply->model = opts.defaults.model_id;
+  reply->created = created;
+  reply->job = std::move(job);
+  reply->tok = &tok;
+  if (r.chat) {
+    reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls,
+                                              r.parallel_tool_calls ? 0 : 1);
+    if (!forced.empty()) {
+      (void)reply->out->push(forced);  // an open tool call: nothing to show yet
+      reply->tool_required = true;
+      if (!r.forced_tool.empty()) reply->allowed_tools = {r.forced_tool};
+      else
+        for (const ojson& t : r.tools) reply->allowed_tools.push_back(t["function"]["name"].get<std::string>());
+    }
+  }
+  return reply;
 }
 
 void HttpServer::Impl::serve_choices(const httplib::Request& req, httplib::Response& res, const ApiRequest& r,
@@ -744,29 +750,9 @@ void HttpServer::Impl::serve_choices(const httplib::Request& req, httplib::Respo
                                          "server_busy", "server_error"));
       }
       jobs.push_back(job);
-      auto reply = std::make_shared<Reply>();
-      reply->chat = chat;
-      reply->stream = r.stream;
-      reply->include_usage = r.include_usage;
-      reply->logprobs = r.logprobs;
-      reply->id = id;
-      reply->model = opts.defaults.model_id;
-      reply->created = made;
-      reply->job = job;
-      reply->tok = &tok;
+      auto reply = make_reply(r, job, id, made, starts_in_reasoning, forced);
       reply->index = int(replies.size());
       if (p < echo_texts.size()) reply->echo_text = echo_texts[p];
-      if (chat) {
-        reply->out = std::make_unique<ChatOutput>(split_reasoning, starts_in_reasoning, r.parse_tool_calls,
-                                                  r.parallel_tool_calls ? 0 : 1);
-        if (!forced.empty()) {
-          (void)reply->out->push(forced);
-          reply->tool_required = true;
-          if (!r.forced_tool.empty()) reply->allowed_tools = {r.forced_tool};
-          else
-            for (const ojson& t : r.tools) reply->allowed_tools.push_back(t["function"]["name"].get<std::string>());
-        }
-      }
       replies.push_back(std::move(reply));
     }
   const int n = r.n;
@@ -840,11 +826,7 @@ void HttpServer::Impl::serve_choices(const httplib::Request& req, httplib::Respo
         if (!state->started) {
           state->started = true;
           for (const auto& rep : replies)
-            if (rep->chat &&
-                !write("data: " + dump(rep->chunk({{"delta", {{"role", "assistant"}, {"content", ""}}},
-                                                  {"logprobs", nullptr},
-                                                  {"finish_reason", nullptr}})) + "\n\n"))
-              return cancel_all(), false;
+            if (!write(rep->role_sse())) return cancel_all(), false;
         }
         // Every choice's waiting events; when none had any, a short wait on the first still running.
         bool any = false;

@@ -178,6 +178,12 @@ ojson Reply::violation_body() const {
                      {"code", "tool_choice_not_followed"}}}};
 }
 
+std::string Reply::role_sse() const {
+  if (!chat) return "";
+  return "data: " + dump(chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                               {"finish_reason", nullptr}})) + "\n\n";
+}
+
 std::string Reply::finish_sse() const {
   if (chat) return "data: " + dump(chunk({{"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";
   return "data: " + dump(chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}})) + "\n\n";

@@ -66,6 +66,8 @@ struct Reply {
   // on_close's parts, for a reply of several choices (HttpServer's serve_choices): the chunk with
   // this choice's finish_reason, a usage chunk, and the error body of a broken tool_choice.
   std::string finish_sse() const;
+  // A chat stream's first chunk (the assistant's role, empty content); "" for completions.
+  std::string role_sse() const;
   std::string usage_sse(const nlohmann::ordered_json& usage) const;
   nlohmann::ordered_json violation_body() const;
   static std::string error_close(const nlohmann::ordered_json& error_body);

@@ -544,10 +544,10 @@ bool Scheduler::run_step() {
     }
   if (run.empty()) return true;
   if (const int dev = sample_on_device(run, run_owner); dev != 0) return dev > 0;
-  // Each item's first position (an echo's prompt rows are numbered from it).
-  std::vector<int> first(run.size());
+  // An echo's prompt chunk: its first position (its rows are numbered from it), before the step.
+  std::vector<int> first(run.size(), 0);
   for (size_t i = 0; i < run.size(); ++i)
-    first[i] = int(engine_.seq_tokens(run[i].seq).size()) - engine_.seq_pending(run[i].seq);
+    if (run[i].all_logits) first[i] = int(engine_.seq_tokens(run[i].seq).size()) - engine_.seq_pending(run[i].seq);
   Status st = timed_forward([&] { return engine_.step(run, &logits_); });
   if (!st.is_ok()) {
     for (Active* a : run_owner) fail(*a, st.with_context("forward pass"));

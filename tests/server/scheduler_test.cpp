@@ -96,6 +96,16 @@ GenerationParams greedy(std::vector<int32_t> prompt, int max_tokens) {
   return p;
 }
 
+// Submits a job for each of `params`, in order (the scheduler may not have started).
+std::vector<std::shared_ptr<Job>> submit_all(Scheduler& sch, const std::vector<GenerationParams>& params) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const auto& p : params) {
+    jobs.push_back(std::make_shared<Job>(p));
+    EXPECT_TRUE(sch.submit(jobs.back()).is_ok());
+  }
+  return jobs;
+}
+
 SchedulerOptions sched_opts(int step_tokens = 0, int max_queue = 64) {
   SchedulerOptions o;
   o.step_tokens = step_tokens;
@@ -182,11 +192,8 @@ TEST(Scheduler, ConcurrentGreedyRequestsMatchAlone) {
   Stack s = make_stack(64, 8);
   Metrics m;
   Scheduler sch(*s.engine, *s.tok, m, sched_opts());
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (auto& p : params) {
-    jobs.push_back(std::make_shared<Job>(p));
-    ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
-  }
+  const auto jobs = submit_all(sch, params);
+  ASSERT_FALSE(HasFailure());
   sch.start();  // all queued before the first step: they run together
   for (int i = 0; i < kJobs; ++i) {
     Outcome o = collect(*jobs[size_t(i)]);
@@ -359,11 +366,8 @@ TEST(Scheduler, FullPoolPreemptsAndKeepsOutputs) {
   Stack s = make_stack(64, 4, /*kv_pages=*/12, /*prefix_cache=*/false);
   Metrics m;
   Scheduler sch(*s.engine, *s.tok, m, sched_opts());
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (auto& p : params) {
-    jobs.push_back(std::make_shared<Job>(p));
-    ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
-  }
+  const auto jobs = submit_all(sch, params);
+  ASSERT_FALSE(HasFailure());
   sch.start();
   for (size_t i = 0; i < jobs.size(); ++i) {
     Outcome o = collect(*jobs[i]);
@@ -1124,11 +1128,8 @@ TEST(Scheduler, EchoScoresEveryPromptTokenAcrossChunksAndPreemption) {
   Stack s = make_stack(64, 4, /*kv_pages=*/12, /*prefix_cache=*/true);
   Metrics m;
   Scheduler sch(*s.engine, *s.tok, m, sched_opts(/*step_tokens=*/8));
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (auto& p : params) {
-    jobs.push_back(std::make_shared<Job>(p));
-    ASSERT_TRUE(sch.submit(jobs.back()).is_ok());
-  }
+  const auto jobs = submit_all(sch, params);
+  ASSERT_FALSE(HasFailure());
   sch.start();
   for (size_t j = 0; j < jobs.size(); ++j) {
     std::vector<TokenInfo> prompt, gen;
