@@ -173,7 +173,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         int_stage_piece(a, q < nq, q >> 2, q & 3, xq, xpf);
       }
     }
-    if (p.norm_w) atomicAdd(&tok_ss[0], ss);
+    // One shared atomic per warp: all of a block's threads adding to one word serialize (W * 32
+    // same-address atomics per block, on the path from the staging to the first step).
+    if (p.norm_w) {
+      ss = warp_sum(ss);
+      if (lane == 0) atomicAdd(&tok_ss[0], ss);
+    }
   } else {
     for (int q0 = threadIdx.x; q0 < nq; q0 += kStageV * W * 32) {
       uint4 v[kStageV];
@@ -209,6 +214,16 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   trace::point(2);
 
   if constexpr (INT) {
+    // The residual add in the epilogue (p.residual): warp 0's lanes c = 0 store rows g and g + 8,
+    // and load those rows' old values now, behind the steps, not after them. Every kernel before
+    // this one is complete (the PDL wait), and only this block writes these rows.
+    float hpre[2] = {0.0f, 0.0f};
+    if (!SWIGLU && p.residual && warp == 0 && c == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r0 + g + 8 * h < m.rows)
+          hpre[h] = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(m.out) + r0 + g + 8 * h));
+    }
     // Lane (g, c): rows g and g+8 over its own piece of each step (k = step * 128 + c * 32).
     const uint4* xi = reinterpret_cast<const uint4*>(xs);
     float acc[M][2] = {};
@@ -224,7 +239,8 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     // (the others are tokens >= 1: unused).
     int_quad_sum<M>(acc);
     finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss,
-                              [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; });
+                              [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
+                              p.residual ? hpre : nullptr);
     trace::point(9);
     return;
   } else {

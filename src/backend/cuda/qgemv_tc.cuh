@@ -210,13 +210,15 @@ inline bool weights_aligned16(const TcParams& p, int n_mats, bool swiglu) {
 // SWIGLU (into seg[0].out); else the product (+ bias) as F32 or bf16, or with p.residual added to the
 // bf16 residual it overwrites.
 template <bool SWIGLU>
-__device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int64_t row, int t, float v, float u) {
+__device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int64_t row, int t, float v, float u,
+                                          const float* hpre = nullptr, int hi = 0) {
   if constexpr (SWIGLU) {
     static_cast<__nv_bfloat16*>(p.seg[0].out)[t * m.rows + row] = __float2bfloat16_rn(v / (1.0f + __expf(-v)) * u);
   } else {
     if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
     __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
-    if (p.residual) *ob = __float2bfloat16_rn(__bfloat162float(*ob) + __bfloat162float(__float2bfloat16_rn(v)));
+    if (p.residual)
+      *ob = __float2bfloat16_rn((hpre ? hpre[hi] : __bfloat162float(*ob)) + __bfloat162float(__float2bfloat16_rn(v)));
     else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
     else *ob = __float2bfloat16_rn(v);
   }
@@ -229,10 +231,11 @@ __device__ __forceinline__ int group_shift(int group) { return group == 32 ? 5 :
 // the NT token tiles (matrix 1: the up matrix with SWIGLU), are summed through shared memory and
 // warp 0 writes the block's outputs. acc's element i of tile nt is row g (+8 for i >= 2) and token
 // 8*nt + 2c + (i & 1); store_out writes each. tok_ss (the streamed kernel's fused norm, p.norm_w set): per-token sums of h^2; each dot product
-// is then scaled by that token's 1/rms first.
+// is then scaled by that token's 1/rms first. hpre (one token, p.residual): the residual's old rows g
+// and g + 8 as this lane loaded them before the loop, so the epilogue does not wait on that load.
 template <bool SWIGLU, int W, int NT, class Acc>
 __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, int64_t r0, const float* tok_ss,
-                                            Acc&& acc) {
+                                            Acc&& acc, const float* hpre = nullptr) {
   constexpr int M = SWIGLU ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -261,7 +264,7 @@ __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, i
       const float inv = rsqrtf(tok_ss[t] / float(p.K) + p.eps);
       v *= inv, u *= inv;
     }
-    store_out<SWIGLU>(p, m, row, t, v, u);
+    store_out<SWIGLU>(p, m, row, t, v, u, hpre, i >> 1);
   }
 }
 
