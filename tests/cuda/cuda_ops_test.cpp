@@ -460,10 +460,12 @@ TEST_F(CudaOps, NormPlanesFeedTheOneTokenMatVecBitForBit) {
 // q4 linear: the fused kernel rounds h * w to bf16 and scales each dot product by the row's
 // 1/rms, one bf16 rounding of the input as in the unfused path (measured <= 3.1e-3 on the H200).
 TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
-  // The transformer takes the fused forms only with ANVIL_CUDA_FUSE=1 (read when a backend is made);
-  // the ops themselves fuse whatever the streamed kernel takes, so they are tested on gpu_.
+  // The transformer takes the fused forms at one token where the residual stream fits one 16-row
+  // tile per SM (fuse_rule), or always with ANVIL_CUDA_FUSE=1, never with =0 (read when a backend
+  // is made); the ops themselves fuse whatever the streamed kernel takes, so they are tested on gpu_.
   auto fusing = backend_with({{"ANVIL_CUDA_FUSE", "1"}});
-  ASSERT_TRUE(fusing);
+  auto unfused = backend_with({{"ANVIL_CUDA_FUSE", "0"}});
+  ASSERT_TRUE(fusing && unfused);
   for (const Fmt& f : {Fmt{4, 32, DType::kBF16}, Fmt{4, 64, DType::kBF16}, Fmt{4, 128, DType::kBF16}})
     for (int64_t T : {1, 3, 8}) {
       const int64_t H = 1024, F = 2048;
@@ -479,7 +481,9 @@ TEST_F(CudaOps, FusedNormLinearAndResidualAddMatchCpu) {
       ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok() && dg.is_ok() && du.is_ok() && dob.is_ok());
       const WeightMatrix* all[6] = {&*dq, &*dk, &*dv, &*dg, &*du, &*dob};
       ASSERT_TRUE(fusing->fuses_norm_linear(T, all)) << "the fused path must be what this test runs: " << base;
-      EXPECT_FALSE(gpu_->fuses_norm_linear(T, all)) << "fused layers are off by default";
+      EXPECT_FALSE(unfused->fuses_norm_linear(T, all)) << base;
+      // By default: one token of a 1,024-wide stream (64 tiles) on a GPU of at least 64 SMs.
+      if (gpu_sms() >= 64) EXPECT_EQ(gpu_->fuses_norm_linear(T, all), T == 1) << base;
       // h exactly representable in bf16, so the GPU's input equals the CPU's.
       auto h = randn(size_t(T * H), 3.0f);
       for (auto& e : h) e = bf16_to_f32(f32_to_bf16(e));

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/dtype.h"
@@ -26,6 +28,14 @@ constexpr size_t kGuard = 256;           // bytes on each side of a checked outp
 constexpr uint8_t kGuardByte = 0xA5;
 
 inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// The current device's SM count (0 if it cannot be read).
+inline int gpu_sms() {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return v;
+}
 
 // One device allocation with guard bytes around `bytes` of payload.
 struct Guarded {

@@ -94,7 +94,7 @@ class CudaBackend final : public Backend {
     // mat-vecs (other formats then run 8 rows per launch).
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FA_MIN"); f && *f) fa_min_ = std::max(1, std::atoi(f));
-    if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && *f == '1') fuse_ = true;
+    if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && (*f == '0' || *f == '1')) fuse_ = *f - '0';
     // =1: tensor-map copies (bulk copies per row where the driver has no encoder); =2: bulk copies
     // per row; =3: 16-byte cp.async (PersistArgs::copy_async 3, 0, 1).
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && *f >= '1' && *f <= '3')
@@ -490,9 +490,10 @@ class CudaBackend final : public Backend {
   // The fused decode forms (backend.h): the streamed q4 mat-vec normalizes h itself, and the output
   // projections add into h in their epilogue. Whatever the streamed kernel does not take runs the
   // reference composition. The ops always fuse what they can; whether the transformer calls them
-  // (fuses_norm_linear) is the ANVIL_CUDA_FUSE switch.
+  // (fuses_norm_linear) is fuse_rule() below, or the ANVIL_CUDA_FUSE switch.
   bool fuses_norm_linear(int64_t T, std::span<const WeightMatrix* const> ws) const override {
-    if (T < 1 || T > cuda::kGemvMaxTokens || !fuse_) return false;
+    if (T < 1 || T > cuda::kGemvMaxTokens || ws.empty() || fuse_ == 0) return false;
+    if (fuse_ < 0 && !fuse_rule(T, ws[0]->cols)) return false;
     for (const WeightMatrix* w : ws) {
       const DevMatrix d = dev(*w);
       if (!cuda::gemv_tc_fusable(&d, 1, nullptr, int(T))) return false;
@@ -1318,9 +1319,18 @@ class CudaBackend final : public Backend {
   }
   int gemv_max_t_ = cuda::kGemvMaxTokens;  // batches up to this many rows run as 8-row mat-vecs
   bool tc_batch_ = true;  // 9..64 rows of q4 tensor-core weights run as mat-vecs (ANVIL_CUDA_TC_BATCH=0: GEMM)
-  // ANVIL_CUDA_FUSE=1: decode layers use the fused norm / residual-add mat-vecs (fuses_norm_linear).
-  // Off by default: on the H200 it cost qwen3-8b q4g64 4% and gained qwen3-0.6b 3% (benchmarks.md).
-  bool fuse_ = false;
+  // Whether a layer whose residual stream is `hidden` wide runs its norms and residual adds inside
+  // the mat-vecs at T tokens by default: one token, and the output projections (hidden rows: o and
+  // down, which add into h) in at most one 16-row tile per SM. Why (session 46's timeline, H100):
+  // without the norm kernel between them, the q/k/v and gate/up blocks can become resident (and
+  // copy their first weights) during the previous mat-vec only where it leaves SMs free. On
+  // qwen3-0.6b (64 tiles) they started 4-15 us before their release and decode gained 5.2%
+  // (1,291 -> 1,359 tok/s); on qwen3-8b (256 tiles, two blocks filling each SM's registers) they
+  // started ~1 us before it, the q/k/v mat-vec took 13.3 instead of ~5 us, and decode lost 2.6%.
+  bool fuse_rule(int64_t T, int64_t hidden) const { return T == 1 && hidden <= 16 * int64_t(sms_); }
+  // ANVIL_CUDA_FUSE=1 / =0: decode layers always / never use the fused norm and residual-add
+  // mat-vecs (fuses_norm_linear); -1 (unset): fuse_rule.
+  int fuse_ = -1;
   // ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]]: bytes prefetch_weights pulls into L2 per call (0: off),
   // whether before the prefetch kernel's PDL wait, and whether with the evict_last priority.
   uint64_t l2_prefetch_bytes_ = 0;
