@@ -200,8 +200,21 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
   // 1e-2): a systematic error, a norm or an add off by one rounding per layer, shows as a multiple.
   EXPECT_LT(worst_fused, 1.25 * std::max(worst_plain, 1e-2));
 
-  // Graph replays of the fused step give exactly the eager launches' tokens.
+  // The fused step is deterministic: the same token after the same prompt gives the same logits,
+  // bit for bit (its sums of squares are added in a fixed order, not by atomics).
   fused.engine->seq_release(*sf);
+  std::vector<float> again[2];
+  for (auto& l : again) {
+    auto sq = fused.engine->seq_create();
+    ASSERT_TRUE(sq.is_ok());
+    ASSERT_TRUE(fused.engine->extend(*sq, prompt, &l).is_ok());
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE(fused.engine->extend(*sq, std::vector<int32_t>{int32_t(1000 + i)}, &l).is_ok());
+    fused.engine->seq_release(*sq);
+  }
+  EXPECT_TRUE(again[0] == again[1]) << "two runs of the same fused steps gave different logits";
+
+  // Graph replays of the fused step give exactly the eager launches' tokens.
   setenv("ANVIL_NO_GRAPH", "1", 1);
   const auto eager = greedy_ids(fused, prompt, 24);
   unsetenv("ANVIL_NO_GRAPH");

@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     cp_async_commit();  // group i (group 0 also holds the scales)
   }
   __shared__ float tok_ss[8];  // fused norm: per-row sum of h^2
+  __shared__ float warp_ss[W];  // fused norm, one token: each warp's part of it
   if (threadIdx.x < 8) tok_ss[threadIdx.x] = 0.0f;
   // The fused norm's weights, loaded before the wait (no kernel writes them) when they are bf16 and
   // this thread's pieces fit in one pass of stage_x (below). Only the opt-in fused path uses them,
@@ -173,11 +174,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         int_stage_piece(a, q < nq, q >> 2, q & 3, xq, xpf);
       }
     }
-    // One shared atomic per warp: all of a block's threads adding to one word serialize (W * 32
-    // same-address atomics per block, on the path from the staging to the first step).
+    // One partial sum per warp, added in warp order before the epilogue (below): the same bits on
+    // every run, where atomics would add in arrival order (and all of a block's threads adding to
+    // one shared word serialize on the path to the first step).
     if (p.norm_w) {
       ss = warp_sum(ss);
-      if (lane == 0) atomicAdd(&tok_ss[0], ss);
+      if (lane == 0) warp_ss[warp] = ss;
     }
   } else {
     for (int q0 = threadIdx.x; q0 < nq; q0 += kStageV * W * 32) {
@@ -187,6 +189,8 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         const int q = q0 + i * W * 32;
         if (q < nq) v[i] = __ldg(xv + q);
       }
+      // (Several tokens, ANVIL_CUDA_FUSE=1 only: the per-row atomics add in arrival order, so the
+      // last bit of a norm may differ from run to run.)
       int cur = -1;  // the row whose h^2 sum ss holds
       float ss = 0.0f;
 #pragma unroll
@@ -235,6 +239,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       cp_async_commit();
     }
     trace::point(3);
+    if (p.norm_w && threadIdx.x == 0) {  // the warps' parts (staged before the barrier above), in order
+      float ss = 0.0f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) ss += warp_ss[w];
+      tok_ss[0] = ss;  // read after finish_tile's barrier
+    }
     // Lane c = 0 holds rows g, g+8 for token 0 where finish_tile reads accumulator elements 0 and 2
     // (the others are tokens >= 1: unused).
     int_quad_sum<M>(acc);
