@@ -72,7 +72,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()) {
     // ANVIL_CPU_FUSED_FLOW=1 (for tests): the transformer takes its fused layer flow (the one the
-    // CUDA backend runs with ANVIL_CUDA_FUSE=1) on the CPU, through the fused ops' reference
+    // CUDA backend runs at one token on narrow models, or with ANVIL_CUDA_FUSE=1) on the CPU, through the fused ops' reference
     // compositions; the result must equal the plain flow's bit for bit.
     const char* e = std::getenv("ANVIL_CPU_FUSED_FLOW");
     fused_flow_ = e && *e == '1';
