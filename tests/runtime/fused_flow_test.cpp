@@ -1,8 +1,9 @@
 // The transformer's fused layer flow (Backend::fuses_norm_linear: the norm inside the input
 // projections, the residual add inside the output projections; what CUDA runs at one token on
 // narrow models, or always with ANVIL_CUDA_FUSE=1) must compute exactly what the plain flow
-// computes. On the CPU the fused ops are their reference compositions (rmsnorm + linear, linear + add), the same float operations in
-// the same order as add_rmsnorm + linear, so the logits must be equal bit for bit: prefill, decode,
+// computes. On the CPU the fused ops are their reference compositions (rmsnorm + linear, linear +
+// add), the same float operations in the same order as add_rmsnorm + linear, so the logits must be
+// equal bit for bit: prefill, decode,
 // dense models (with and without q/k/v bias) and a mixture-of-experts model with a dense layer
 // between MoE layers (MoE layers keep the plain flow, so a pending residual crosses flows).
 #include <gtest/gtest.h>
