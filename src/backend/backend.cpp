@@ -28,6 +28,19 @@ void Backend::rmsnorm_linear_multi(Act h, const WeightVector& norm, float eps, A
   linear_multi(x, ws, outs);
 }
 
+void Backend::linear_qkv_rope(Act in, const WeightVector* norm, float eps, Act x,
+                              std::span<const WeightMatrix* const> ws, std::span<const Act> outs,
+                              const WeightVector& q_norm, const WeightVector& k_norm, const float* inv_freq,
+                              const KVCacheView& kv, int layer, const BatchView& batch) {
+  if (ws.size() != 3 || outs.size() != 3) {
+    linear_multi(in, ws, outs);  // reports the mismatch as linear_multi does
+    return;
+  }
+  if (norm) rmsnorm_linear_multi(in, *norm, eps, x, ws, outs);
+  else linear_multi(in, ws, outs);
+  qk_norm_rope_kv_append(outs[0], outs[1], outs[2], q_norm, k_norm, eps, inv_freq, kv, layer, batch);
+}
+
 void Backend::rmsnorm_linear_swiglu(Act h, const WeightVector& norm, float eps, Act x, const WeightMatrix& gate,
                                     const WeightMatrix& up, Act out) {
   rmsnorm(h, norm, eps, x);

@@ -303,6 +303,19 @@ class Backend {
   //   q: [T, n_heads*head_dim] -> out: [T, n_heads*head_dim]
   virtual void attention(Act q, const KVCacheView& kv, int layer, const BatchView& batch, float scale,
                          Act out) = 0;
+  // The q/k/v projections with qk_norm_rope_kv_append's work folded in (its arguments as there, q, k
+  // and v being outs[0..2]): norm non-null, `in` is the residual stream h and the projections are
+  // rmsnorm_linear_multi's (x may be left unwritten); null, `in` is x, as linear_multi. q is left
+  // rotated and k/v are in the pages, so attention() follows, not rope_attention(). The transformer
+  // calls it only where fuses_qkv_rope() says the backend runs it as one launch (CUDA, one token,
+  // ANVIL_CUDA_QKV_ROPE=1); the default composes the plain ops and is the reference.
+  virtual bool fuses_qkv_rope(int64_t T, const KVCacheView& kv, std::span<const WeightMatrix* const> qkv) const {
+    return false;
+  }
+  virtual void linear_qkv_rope(Act in, const WeightVector* norm, float eps, Act x,
+                               std::span<const WeightMatrix* const> ws, std::span<const Act> outs,
+                               const WeightVector& q_norm, const WeightVector& k_norm, const float* inv_freq,
+                               const KVCacheView& kv, int layer, const BatchView& batch);
   // qk_norm_rope_kv_append, then attention (their arguments as there): one op so that a backend may
   // run them as one kernel (CUDA does for decode steps: attention_decode_tc.cu). q may be left
   // rotated or unchanged; k/v are written to the pages as qk_norm_rope_kv_append writes them.

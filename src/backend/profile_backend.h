@@ -78,6 +78,16 @@ class ProfilingBackend final : public Backend {
     timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second,
           [&] { in_.rmsnorm_linear_multi(h, n, eps, x, ws, outs); });
   }
+  bool fuses_qkv_rope(int64_t T, const KVCacheView& kv, std::span<const WeightMatrix* const> qkv) const override {
+    return in_.fuses_qkv_rope(T, kv, qkv);
+  }
+  void linear_qkv_rope(Act in, const WeightVector* norm, float eps, Act x, std::span<const WeightMatrix* const> ws,
+                       std::span<const Act> outs, const WeightVector& qn, const WeightVector& kn, const float* inv_freq,
+                       const KVCacheView& kv, int layer, const BatchView& batch) override {
+    auto it = ws.empty() ? linear_cat_.end() : linear_cat_.find(ws[0]->data);
+    timed(it == linear_cat_.end() ? ProfileCategory::kRest : it->second,
+          [&] { in_.linear_qkv_rope(in, norm, eps, x, ws, outs, qn, kn, inv_freq, kv, layer, batch); });
+  }
   void rmsnorm_linear_swiglu(Act h, const WeightVector& n, float eps, Act x, const WeightMatrix& g,
                              const WeightMatrix& u, Act out) override {
     timed(ProfileCategory::kDenseFfn, [&] { in_.rmsnorm_linear_swiglu(h, n, eps, x, g, u, out); });

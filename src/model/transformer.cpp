@@ -122,15 +122,23 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     const bool fused = !lw.moe && be.fuses_norm_linear(T, all_w);
     const WeightMatrix* qkv_w[3] = {&lw.q, &lw.k, &lw.v};
     const Act qkv_out[3] = {q, k, v};
+    const WeightVector none{};  // per-head q/k norms (Qwen3), or none
+    const WeightVector& q_norm = cfg_.qk_norm_full ? none : lw.q_norm;
+    const WeightVector& k_norm = cfg_.qk_norm_full ? none : lw.k_norm;
+    // The q/k norms, RoPE and the K/V append inside the q/k/v launch (fuses_qkv_rope; not with
+    // OLMoE's whole-projection norms, which come between the projections and RoPE).
+    const bool qkv_rope = !cfg_.qk_norm_full && be.fuses_qkv_rope(T, kv, qkv_w);
     // Attention sublayer.
     if (fused) {
       if (pending) be.add(h, o);
       pending = false;
-      be.rmsnorm_linear_multi(h, lw.attn_norm, eps, x, qkv_w, qkv_out);
+      if (qkv_rope) be.linear_qkv_rope(h, &lw.attn_norm, eps, x, qkv_w, qkv_out, q_norm, k_norm, inv_freq_, kv, l, batch);
+      else be.rmsnorm_linear_multi(h, lw.attn_norm, eps, x, qkv_w, qkv_out);
     } else {
       if (pending) be.add_rmsnorm(h, o, lw.attn_norm, eps, x);
       else be.rmsnorm(h, lw.attn_norm, eps, x);
-      be.linear_multi(x, qkv_w, qkv_out);
+      if (qkv_rope) be.linear_qkv_rope(x, nullptr, eps, x, qkv_w, qkv_out, q_norm, k_norm, inv_freq_, kv, l, batch);
+      else be.linear_multi(x, qkv_w, qkv_out);
     }
     if (cfg_.qk_norm_full) {  // olmoe: RMSNorm over the whole q and k projections (in place), then RoPE
       be.rmsnorm(q, lw.q_norm, eps, q);
@@ -140,9 +148,8 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
       const WeightMatrix* next[3] = {&lw.o, &lw.gate, &lw.up};
       be.prefetch_weights(T, next, Backend::PrefetchWindow::kAttention);
     }
-    const WeightVector none{};  // per-head q/k norms (Qwen3), or none
-    be.rope_attention(q, k, v, cfg_.qk_norm_full ? none : lw.q_norm, cfg_.qk_norm_full ? none : lw.k_norm, eps,
-                      inv_freq_, kv, l, batch, scale, attn);
+    if (qkv_rope) be.attention(q, kv, l, batch, scale, attn);
+    else be.rope_attention(q, k, v, q_norm, k_norm, eps, inv_freq_, kv, l, batch, scale, attn);
     // MLP sublayer.
     if (fused) {
       be.linear_add(attn, lw.o, h, o);

@@ -1050,6 +1050,112 @@ TEST_F(CudaOps, FusedRopeAttentionMatchesCpu) {
     }
 }
 
+// The q/k/v launch with rope_kv's work in its tail (ANVIL_CUDA_QKV_ROPE=1: RopeEpi, qgemv_stream.cu)
+// against the GPU's composition of the same ops (rmsnorm_linear_multi or linear_multi, then
+// qk_norm_rope_kv_append: the same mat-vec arithmetic and rope_kv.cuh's, so q rotated in place and
+// the KV cache must be equal bit for bit) and against the CPU's (by normalized error: the mat-vec's
+// bound and one rounding after RoPE, kGemmBound * 1.5 as for the fused SwiGLU). With the norm inside
+// (the fused layer flow: h in) and without (x in), with q/k norms and without, at positions on both
+// sides of page boundaries, each a launch of its own, so the per-head counts must be back at zero
+// after every launch.
+TEST_F(CudaOps, QkvRopeEpilogueMatchesComposition) {
+  auto made = backend_with({{"ANVIL_CUDA_QKV_ROPE", "1"}});
+  ASSERT_TRUE(made);
+  Backend& qr = *made;
+  const int P = 16, L = 2, layer = 1, max_pages = 8;
+  const int64_t H = 1024;
+  const std::vector<int32_t> positions = {0, 1, 15, 16, 17, 47, 48, 100};
+  for (const AttnCase& c : {AttnCase{16, 8, 128}, AttnCase{32, 8, 128}, AttnCase{8, 2, 64}, AttnCase{14, 2, 64}})
+    for (const int group : {64, 128})
+      for (const bool with_norm : {true, false})
+        for (const bool norms : {true, false}) {
+          const std::string cs = "h" + std::to_string(c.n_heads) + "/kv" + std::to_string(c.n_kv) + " D" +
+                                 std::to_string(c.D) + " q4g" + std::to_string(group) +
+                                 (with_norm ? " h in" : " x in") + (norms ? " q/k norms" : " no q/k norms");
+          const int64_t QD = int64_t(c.n_heads) * c.D, KD = int64_t(c.n_kv) * c.D;
+          KVCacheView kv;
+          kv.dtype = DType::kBF16, kv.n_layers = L, kv.n_kv_heads = c.n_kv, kv.head_dim = c.D, kv.page_size = P;
+          kv.n_pages = max_pages;
+          std::vector<uint16_t> cpu_cache, unused;
+          KVCacheView gkv_ref, gkv;
+          Guarded gcache_ref = make_cache(kv, unused, gkv_ref);
+          Guarded gcache = make_cache(kv, cpu_cache, gkv);  // kv.base: cpu_cache
+          std::vector<int32_t> table(static_cast<size_t>(max_pages));
+          for (int p = 0; p < max_pages; ++p) table[size_t(p)] = max_pages - 1 - p;  // scattered, descending
+          Guarded gtable = dev_bytes(table.data(), table.size() * 4);
+          RopeNorms rn;
+          ASSERT_NO_FATAL_FAILURE(make_rope_norms(c.D, &rn));
+          const WeightVector cqn = norms ? rn.qn : WeightVector{}, ckn = norms ? rn.kn : WeightVector{};
+          const WeightVector gqn = norms ? rn.dqn : WeightVector{}, gkn = norms ? rn.dkn : WeightVector{};
+          const float* gfreq = static_cast<const float*>(rn.gfreq.data());
+          HostWeight wq = make_weight(rng_, QD, H, 4, group, DType::kBF16, false);
+          HostWeight wk = make_weight(rng_, KD, H, 4, group, DType::kBF16, false);
+          HostWeight wv = make_weight(rng_, KD, H, 4, group, DType::kBF16, false);
+          auto dq = gpu_->upload_weight(wq.w), dk = gpu_->upload_weight(wk.w), dv = gpu_->upload_weight(wv.w);
+          ASSERT_TRUE(dq.is_ok() && dk.is_ok() && dv.is_ok());
+          const WeightMatrix* ws[3] = {&*dq, &*dk, &*dv};
+          ASSERT_TRUE(qr.fuses_qkv_rope(1, gkv, ws)) << "the epilogue must be what this test runs: " << cs;
+          EXPECT_FALSE(gpu_->fuses_qkv_rope(1, gkv, ws)) << "opt-in: " << cs;
+          EXPECT_FALSE(qr.fuses_qkv_rope(2, gkv, ws)) << cs;
+          KVCacheView partial = gkv;
+          partial.rotary_dim = c.D / 2;
+          EXPECT_FALSE(qr.fuses_qkv_rope(1, partial, ws)) << cs;
+          std::vector<uint16_t> nb(static_cast<size_t>(H));
+          {
+            auto nv = randn(size_t(H));
+            for (size_t i = 0; i < nb.size(); ++i) nb[i] = f32_to_bf16(nv[i]);
+          }
+          const WeightVector hn{H, DType::kBF16, nb.data()};
+          auto dn = gpu_->upload_vector(hn);
+          ASSERT_TRUE(dn.is_ok());
+          for (const int32_t pos : positions) {
+            const std::string what = cs + " pos " + std::to_string(pos);
+            std::vector<int32_t> pv{pos}, sv{0};
+            const Batch bt = make_batch(pv, sv, 1, max_pages, table, gtable);
+            // The input: bf16-exact values, so the GPU's input equals the CPU's.
+            auto in = randn(size_t(H), with_norm ? 3.0f : 1.0f);
+            for (auto& e : in) e = bf16_to_f32(f32_to_bf16(e));
+            std::vector<float> xin = in;
+            if (with_norm) cpu_->rmsnorm(Act{in.data(), 1, H, DType::kF32}, hn, 1e-6f, Act{xin.data(), 1, H, DType::kF32});
+            std::vector<float> q = cpu_linear(xin, 1, wq.w), k = cpu_linear(xin, 1, wk.w), v = cpu_linear(xin, 1, wv.w);
+            cpu_->qk_norm_rope_kv_append(Act{q.data(), 1, QD, DType::kF32}, Act{k.data(), 1, KD, DType::kF32},
+                                         Act{v.data(), 1, KD, DType::kF32}, cqn, ckn, 1e-6f, rn.inv_freq.data(), kv,
+                                         layer, bt.cb);
+            Guarded gin = dev_bf16(in), gx = dev_out(size_t(H) * 2), gx2 = dev_out(size_t(H) * 2);
+            Guarded rq = dev_out(size_t(QD) * 2), rk = dev_out(size_t(KD) * 2), rv = dev_out(size_t(KD) * 2);
+            Guarded fq = dev_out(size_t(QD) * 2), fk = dev_out(size_t(KD) * 2), fv = dev_out(size_t(KD) * 2);
+            const Act rout[3] = {Act{rq.data(), 1, QD, DType::kBF16}, Act{rk.data(), 1, KD, DType::kBF16},
+                                 Act{rv.data(), 1, KD, DType::kBF16}};
+            const Act fout[3] = {Act{fq.data(), 1, QD, DType::kBF16}, Act{fk.data(), 1, KD, DType::kBF16},
+                                 Act{fv.data(), 1, KD, DType::kBF16}};
+            const Act gina{gin.data(), 1, H, DType::kBF16};
+            // The reference: the composition on gpu_ (Backend's default linear_qkv_rope), into its own cache.
+            gpu_->Backend::linear_qkv_rope(gina, with_norm ? &*dn : nullptr, 1e-6f, Act{gx.data(), 1, H, DType::kBF16},
+                                           ws, rout, gqn, gkn, gfreq, gkv_ref, layer, bt.gb);
+            ASSERT_TRUE(gpu_->synchronize().is_ok()) << gpu_->synchronize().message();
+            qr.linear_qkv_rope(gina, with_norm ? &*dn : nullptr, 1e-6f, Act{gx2.data(), 1, H, DType::kBF16}, ws, fout, gqn,
+                               gkn, gfreq, gkv, layer, bt.gb);
+            ASSERT_TRUE(qr.synchronize().is_ok()) << qr.synchronize().message();
+            const auto ref_q = read(rq, DType::kBF16, "q (composition)"), got_q = read(fq, DType::kBF16, "q");
+            EXPECT_EQ(0, std::memcmp(ref_q.data(), got_q.data(), ref_q.size() * sizeof(float)))
+                << "q differs from the composition's: " << what;
+            expect_close(got_q, q, kGemmBound * 1.5, "q against the CPU " + what);
+          }
+          // The caches after every position: the composition's bit for bit, the CPU's within the bound.
+          std::vector<uint16_t> a(cpu_cache.size()), b(cpu_cache.size());
+          gpu_->copy_to_host(a.data(), gcache_ref.data(), a.size() * 2);
+          gpu_->copy_to_host(b.data(), gcache.data(), b.size() * 2);
+          EXPECT_TRUE(a == b) << "the KV cache differs from the composition's: " << cs;
+          std::vector<float> cc(cpu_cache.size()), gc(cpu_cache.size());
+          for (size_t i = 0; i < cc.size(); ++i) cc[i] = bf16_to_f32(cpu_cache[i]), gc[i] = bf16_to_f32(b[i]);
+          expect_close(gc, cc, kGemmBound * 1.5, "kv cache against the CPU " + cs);
+          for (auto* w : ws) gpu_->free_weight(*w);
+          gpu_->free_vector(*dn);
+          gpu_->free_vector(rn.dqn);
+          gpu_->free_vector(rn.dkn);
+        }
+}
+
 // The multi-block argmax (sample.cu): each block's slice, the last block's merge and the per-row
 // counters it resets, over vocab sizes around the slice boundaries, many ties across slices (values
 // from 8 levels), rows with nothing eligible (all -inf / NaN: id -1), and repeated calls on the

@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
     if (const char* f = std::getenv("ANVIL_CUDA_FA"); f && *f == '0') fa_ = false;
     if (const char* f = std::getenv("ANVIL_CUDA_FA_MIN"); f && *f) fa_min_ = std::max(1, std::atoi(f));
     if (const char* f = std::getenv("ANVIL_CUDA_FUSE"); f && (*f == '0' || *f == '1')) fuse_ = *f - '0';
+    if (const char* f = std::getenv("ANVIL_CUDA_QKV_ROPE"); f && *f == '1') qkv_rope_ = true;
     // =1: tensor-map copies (bulk copies per row where the driver has no encoder); =2: bulk copies
     // per row; =3: 16-byte cp.async (PersistArgs::copy_async 3, 0, 1).
     if (const char* f = std::getenv("ANVIL_CUDA_PERSIST"); f && *f >= '1' && *f <= '3')
@@ -164,6 +165,7 @@ class CudaBackend final : public Backend {
     if (mlp_scratch_) cudaFree(mlp_scratch_);
     if (planes_) cudaFree(planes_);
     if (argmax_counters_) cudaFree(argmax_counters_);
+    if (rope_counters_) cudaFree(rope_counters_);
     if (argmax_part_) cudaFree(argmax_part_);
     if (wdeq_) cudaFree(wdeq_);
     if (cublas_) cublasDestroy(cublas_);
@@ -543,6 +545,51 @@ class CudaBackend final : public Backend {
     cuda::GemvFuse f;
     f.residual = true;
     launched(cuda::gemv_tc_fused(&d, &o, 1, nullptr, x.data, int(x.rows), f, st_), "linear_add");
+  }
+  // The q/k/v launch with rope_kv's work in its tail (RopeEpi, qgemv_stream.cu): one token of one
+  // sequence, whole-head rotary, the one-token integer mat-vec. Opt-in (ANVIL_CUDA_QKV_ROPE=1) until
+  // measured: it takes a kernel and its boundary out of each layer and adds a fence, an atomic and
+  // one L2 round trip to the q/k/v launch's tail (docs/architecture.md).
+  bool fuses_qkv_rope(int64_t T, const KVCacheView& kv, std::span<const WeightMatrix* const> qkv) const override {
+    if (!qkv_rope_ || T != 1 || qkv.size() != 3 || kv.head_dim <= 0 || kv.n_kv_heads <= 0 ||
+        (kv.rotary_dim != 0 && kv.rotary_dim != kv.head_dim))
+      return false;
+    const DevMatrix d[3] = {dev(*qkv[0]), dev(*qkv[1]), dev(*qkv[2])};
+    return d[1].rows == int64_t(kv.n_kv_heads) * kv.head_dim && cuda::gemv_qkv_rope_ok(d, int(T), kv.head_dim);
+  }
+  void linear_qkv_rope(Act in, const WeightVector* norm, float eps, Act x, std::span<const WeightMatrix* const> ws,
+                       std::span<const Act> outs, const WeightVector& q_norm, const WeightVector& k_norm,
+                       const float* inv_freq, const KVCacheView& kv, int layer, const BatchView& batch) override {
+    if (!fuses_qkv_rope(in.rows, kv, ws) || outs.size() != 3 || batch.n_tokens != 1 || batch.n_seqs != 1 ||
+        (norm && norm->n != in.cols))
+      return Backend::linear_qkv_rope(in, norm, eps, x, ws, outs, q_norm, k_norm, inv_freq, kv, layer, batch);
+    if (!bf16(in, "linear_qkv_rope", "in")) return;
+    for (size_t i = 0; i < 3; ++i)
+      if (!check_linear(in, *ws[i], outs[i], "linear_qkv_rope") || !bf16(outs[i], "linear_qkv_rope", "out")) return;
+    if (!rope_args_ok("linear_qkv_rope", outs[0], outs[1], outs[2], q_norm, k_norm, kv, layer, batch)) return;
+    if (skip("linear")) return;
+    const int n_heads = int(outs[0].cols / kv.head_dim);
+    // A count per q head and kv head, zeroed when new; every launch leaves them zero.
+    const size_t words = size_t(n_heads + kv.n_kv_heads);
+    void* before = rope_counters_;
+    if (!grow(&rope_counters_, &rope_counters_bytes_, words * 4)) return;
+    if (rope_counters_ != before && !ok(cudaMemsetAsync(rope_counters_, 0, rope_counters_bytes_, st_), "rope counters"))
+      return;
+    Prof pr(this, "linear");
+    cuda::RopeEpi r;
+    r.counters = static_cast<unsigned*>(rope_counters_);
+    r.n_heads = n_heads;
+    r.q_norm = q_norm.data, r.k_norm = k_norm.data;
+    r.norm_dtype = norm_elem(q_norm, k_norm);
+    r.eps = eps, r.inv_freq = inv_freq;
+    r.kv = kvdev(kv), r.layer = layer, r.b = bdev(batch);
+    cuda::GemvFuse f;
+    if (norm) f.norm_w = norm->data, f.norm_dtype = elem_unchecked(norm->dtype), f.eps = eps;
+    else if (const cuda::GemvScratch* ps = planes_scratch(in)) f.xplanes = ps->xplanes;
+    f.rope = &r;
+    const DevMatrix d[3] = {dev(*ws[0]), dev(*ws[1]), dev(*ws[2])};
+    void* o[3] = {outs[0].data, outs[1].data, outs[2].data};
+    launched(cuda::gemv_tc_fused(d, o, 3, nullptr, in.data, 1, f, st_), "linear_qkv_rope");
   }
   void swiglu(Act gate, Act up, Act out) override {
     if (!bf16(gate, "swiglu", "gate") || !bf16(up, "swiglu", "up") || !bf16(out, "swiglu", "out") ||
@@ -1331,6 +1378,11 @@ class CudaBackend final : public Backend {
   // ANVIL_CUDA_FUSE=1 / =0: decode layers always / never use the fused norm and residual-add
   // mat-vecs (fuses_norm_linear); -1 (unset): fuse_rule.
   int fuse_ = -1;
+  // ANVIL_CUDA_QKV_ROPE=1: one-token q/k/v launches do rope_kv's work in their tail (fuses_qkv_rope);
+  // rope_counters_: its per-head counts.
+  bool qkv_rope_ = false;
+  void* rope_counters_ = nullptr;
+  size_t rope_counters_bytes_ = 0;
   // ANVIL_CUDA_L2_PREFETCH=MB[,1[,1]]: bytes prefetch_weights pulls into L2 per call (0: off),
   // whether before the prefetch kernel's PDL wait, and whether with the evict_last priority.
   uint64_t l2_prefetch_bytes_ = 0;

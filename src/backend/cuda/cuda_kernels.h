@@ -94,11 +94,16 @@ cudaError_t gemv_tc(const DevMatrix* ws, void* const* outs, int n, const DevMatr
 // The streamed q4 kernel's fusions (decode, T <= 8): norm_w set: x is the residual stream h and each
 // row is RMS-normalized (times norm_w) before the product, as rmsnorm() would write it; residual:
 // outs[i] is h and receives h + bf16(product) instead of the product (not with `up`).
+struct RopeEpi;
 struct GemvFuse {
   const void* norm_w = nullptr;
   Elem norm_dtype = Elem::kBF16;
   float eps = 0.0f;
   bool residual = false;
+  // One token without norm_w: x as the integer path's int16 planes already (rmsnorm with planes), or null.
+  const void* xplanes = nullptr;
+  // The q/k/v launch (3 matrices, one token, the integer path) with rope_kv's work in its tail, or null.
+  const RopeEpi* rope = nullptr;
 };
 // Whether gemv_tc_fused() takes these matrices (and `up`, or null) at T tokens.
 bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T);
@@ -139,6 +144,26 @@ struct BatchDev {
   const int32_t* seq = nullptr;
   const int32_t* page_table = nullptr;
 };
+// The q/k/v mat-vec's rope epilogue (GemvFuse::rope, ANVIL_CUDA_QKV_ROPE): after the q, k and v
+// projections of one token (the launch's segments 0, 1, 2), each q head and each kv head, once all
+// its 16-row tiles are stored, gets what qk_norm_rope_kv_append() does to it, by the block that
+// stored its last tile (whole-head rotary; head_dim a multiple of 16, at most 256). counters: n_heads
+// + n_kv_heads words, zero before the launch; the launch leaves them zero.
+struct RopeEpi {
+  unsigned* counters = nullptr;
+  int n_heads = 0;
+  const void* q_norm = nullptr;  // null: no q norm
+  const void* k_norm = nullptr;
+  Elem norm_dtype = Elem::kBF16;
+  float eps = 0.0f;
+  const float* inv_freq = nullptr;
+  KVDev kv;
+  int layer = 0;
+  BatchDev b;
+};
+// Whether gemv_tc_fused() takes these q/k/v matrices with a rope epilogue at T tokens.
+bool gemv_qkv_rope_ok(const DevMatrix* qkv, int T, int head_dim);
+
 // q: [T, n_heads*D] in place; k, v: [T, n_kv*D]. q_norm/k_norm may be null. rotary_dim R (0 or D:
 // the whole head): partial rotary embeddings, pairs (i, i + R/2) for i < R/2 turned and multiplied by
 // rope_scale, dims R.. passed through (KVCacheView::rotary_dim; an even R in [2, D)).

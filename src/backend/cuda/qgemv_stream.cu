@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "backend/cuda/qgemv_int.cuh"
+#include "backend/cuda/rope_kv.cuh"
 
 namespace anvil::cuda::tc {
 namespace {
@@ -69,7 +70,9 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group,
 // The explicit minimum of 1 block per SM matters: without it ptxas picks fewer registers (48 instead of
 // 64 here) and spills in some shapes.
 // INT: one token (p.T == 1), multiplied as integers on the CUDA cores (qgemv_int.cuh).
-template <bool SWIGLU, int W, int S, bool INT>
+// ROPE (one token, INT, not SWIGLU; p.rope): rope_kv's work in the tail, after the block's rows are
+// stored (RopeEpi; rope_epilogue below). An instance of its own, so the others keep their registers.
+template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false>
 __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -133,6 +136,35 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     for (int i = 0; i < kStageV; ++i) {
       const int q = threadIdx.x + i * W * 32;
       if (q < nq) wn[i] = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
+    }
+  }
+  // ROPE: this block's item (its tile's q head, or kv head for a k or v tile) and, in warp 0, the
+  // item's angles, norm weights and destination rows: none depends on the previous kernel.
+  static_assert(!ROPE || (INT && !SWIGLU), "the rope epilogue follows the one-token q/k/v launch");
+  rope::Lane rl;
+  int r_item = 0, r_need = 0, r_head = 0;
+  __nv_bfloat16 *r_dst = nullptr, *r_vdst = nullptr;
+  if constexpr (ROPE) {
+    const int D = p.rope.kv.head_dim;
+    const int si = (blockIdx.x >= p.seg[1].tile_begin) + (blockIdx.x >= p.seg[2].tile_begin);
+    r_head = int(r0 / D);
+    r_item = si == 0 ? r_head : p.rope.n_heads + r_head;
+    r_need = (si == 0 ? 1 : 2) * (D / 16);  // a kv head: its K and its V tiles
+    if (warp == 0) {
+      const int32_t pos = p.rope.b.pos[0];
+      rope::prepare(rl, lane, D / 2, pos, p.rope.inv_freq, si == 0 ? p.rope.q_norm : p.rope.k_norm,
+                    p.rope.norm_dtype);
+      if (si == 0) {
+        r_dst = static_cast<__nv_bfloat16*>(p.seg[0].out) + int64_t(r_head) * D;
+      } else {
+        const KVDev& kv = p.rope.kv;
+        const int64_t page = p.rope.b.page_table[int64_t(p.rope.b.seq[0]) * p.rope.b.max_pages + pos / kv.page_size];
+        const int slot = pos % kv.page_size;
+        r_dst = static_cast<__nv_bfloat16*>(kv.base) +
+                kv_row(page, p.rope.layer, 0, r_head, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+        r_vdst = static_cast<__nv_bfloat16*>(kv.base) +
+                 kv_row(page, p.rope.layer, 1, r_head, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+      }
     }
   }
   __syncthreads();
@@ -251,6 +283,31 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss,
                               [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
                               p.residual ? hpre : nullptr);
+    if constexpr (ROPE) {
+      // The rope epilogue, by warp 0 (which stored the block's rows): each lane's stores made
+      // visible device-wide, then the item's arrival counted; the block that completes the item
+      // reads the head back from L2 and does rope_kv's work for it (rope_kv.cuh), and resets the
+      // count for the next launch. The next kernel reads q and the page after its PDL wait, which
+      // waits for this whole launch.
+      if (warp == 0) {
+        __threadfence();
+        __syncwarp();
+        unsigned prev = 0;
+        if (lane == 0) prev = atomicAdd(p.rope.counters + r_item, 1u);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev + 1 == unsigned(r_need)) {
+          __threadfence();  // the other blocks' rows, counted before ours
+          if (lane == 0) p.rope.counters[r_item] = 0u;
+          const int D = p.rope.kv.head_dim;
+          const bool is_q = r_item < p.rope.n_heads;
+          const __nv_bfloat16* src =
+              static_cast<const __nv_bfloat16*>(is_q ? p.seg[0].out : p.seg[1].out) + int64_t(r_head) * D;
+          const __nv_bfloat16* vsrc = is_q ? nullptr : static_cast<const __nv_bfloat16*>(p.seg[2].out) + int64_t(r_head) * D;
+          rope::apply<true>(rl, lane, D, src, r_dst, vsrc, r_vdst, (is_q ? p.rope.q_norm : p.rope.k_norm) != nullptr,
+                            p.rope.eps);
+        }
+      }
+    }
     trace::point(9);
     return;
   } else {
@@ -278,12 +335,12 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S, bool INT>
+template <bool SW, int W, int S, bool INT, bool ROPE = false>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT, ROPE>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S, INT>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S, INT, ROPE>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
 }
 
@@ -341,6 +398,13 @@ namespace {
 template <bool SW, int W, bool INT>
 cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
   constexpr int m = SW ? 2 : 1;  // the up matrix halves the ring
+  if constexpr (!SW && INT) {
+    if (p.rope.counters) switch (S) {
+        case 4: return async_launch_one<false, W, 4, true, true>(tiles, smem, s, p);
+        case 6: return async_launch_one<false, W, 6, true, true>(tiles, smem, s, p);
+        default: return async_launch_one<false, W, 8, true, true>(tiles, smem, s, p);
+      }
+  }
   switch (S * m) {
     case 4: return async_launch_one<SW, W, 4 / m, INT>(tiles, smem, s, p);
     case 6: return async_launch_one<SW, W, 6 / m, INT>(tiles, smem, s, p);

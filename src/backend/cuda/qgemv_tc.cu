@@ -323,9 +323,27 @@ cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const D
   p.norm_dtype = f.norm_dtype;
   p.eps = f.eps;
   p.residual = f.residual && !up;
+  if (T == 1 && !f.norm_w) p.xplanes = f.xplanes;
   AsyncShape as;
   if (!async_ok(p, n, T, up != nullptr, &as)) return cudaErrorInvalidValue;
+  if (f.rope) {
+    const int D = f.rope->kv.head_dim;
+    if (!as.integer || n != 3 || up || f.residual || T != 1 || !f.rope->counters || D % 16 != 0 || D > 256 ||
+        p.seg[0].rows % D != 0 || p.seg[1].rows != int64_t(f.rope->kv.n_kv_heads) * D || p.seg[2].rows != p.seg[1].rows ||
+        p.seg[0].rows / D != f.rope->n_heads)
+      return cudaErrorInvalidValue;
+    p.rope = *f.rope;
+  }
   return async_launch(up != nullptr, as, tiles, s, p);
+}
+
+bool gemv_qkv_rope_ok(const DevMatrix* qkv, int T, int head_dim) {
+  if (T != 1 || head_dim % 16 != 0 || head_dim > 256 || !one_launch(qkv, 3, nullptr)) return false;
+  int64_t tiles = 0;
+  const TcParams p = make_params(qkv, nullptr, 3, nullptr, nullptr, T, false, &tiles);
+  AsyncShape as;
+  return async_ok(p, 3, T, false, &as) && as.integer && qkv[0].rows % head_dim == 0 &&
+         qkv[1].rows % head_dim == 0 && qkv[2].rows == qkv[1].rows;
 }
 
 bool gemv_batch_need(const DevMatrix* ws, int n, const DevMatrix* up, int T, GemvScratch* need) {

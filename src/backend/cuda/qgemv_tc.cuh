@@ -41,6 +41,8 @@ struct TcParams {
   // One token on the integer path: x as int16 planes already (GemvScratch::xplanes), copied instead
   // of staged; or null.
   const void* xplanes = nullptr;
+  // One token, 3 segments (q, k, v): rope_kv's work in the launch's tail (RopeEpi; counters null: off).
+  RopeEpi rope;
 };
 
 // A wave-ahead prefetch switch (ANVIL_QGEMM_WAVE_PF): 0 off, 1 on, 2 on with

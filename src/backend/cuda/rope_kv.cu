@@ -3,12 +3,12 @@
 // slot). Lane l holds the rotate-half pairs (i, i + D/2) for i = l, l + 32, ... (D <= 256, even).
 // Angles pos * inv_freq[i] are formed and rotated in double, as the CPU reference does (fp32 loses
 // ~1e-3 rad at 40k positions); the rotation itself is fp32.
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/rope_kv.cuh"
 
 namespace anvil::cuda {
 namespace {
 
-constexpr int kMaxPairsPerLane = 4;  // D <= 256
+using rope::kMaxPairsPerLane;
 
 __device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
   switch (e) {
@@ -61,64 +61,18 @@ __global__ void qk_rope_append_kernel(__nv_bfloat16* q, const __nv_bfloat16* k, 
                                       const float* inv_freq, KVDev kv, int layer, BatchDev b) {
   // Before the wait for the previous kernel: what does not depend on it (positions and page table,
   // written by the host before the step; the norm weights and inv_freq, never written by a kernel):
-  // the angles' double-precision sincos, the norm weights and the destination row. Same
-  // arithmetic as before, in another order, so the same bits.
+  // the angles' double-precision sincos, the norm weights and the destination row. The item's
+  // arithmetic is rope_kv.cuh's, which the q/k/v mat-vec's rope epilogue shares.
   pdl_launch();
   const int lane = threadIdx.x & 31;
   const RopeItem it = rope_item(q, k, n_heads, q_norm, k_norm, kv, layer, b);
   if (!it.valid) return;
-  const int t = it.t, kh = it.kh, D = kv.head_dim, half = D / 2;
-  const bool is_q = it.is_q;
-  const __nv_bfloat16* src = it.src;
-  const void* nw = it.nw;
-  const int32_t pos = it.pos;
-  __nv_bfloat16 *dst = it.dst, *vdst = it.vdst;
-  float fc[kMaxPairsPerLane], fs[kMaxPairsPerLane], w0[kMaxPairsPerLane], w1[kMaxPairsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int i = lane + 32 * j;
-    fc[j] = fs[j] = w0[j] = w1[j] = 0.0f;
-    if (i < half) {
-      double sn, cs;
-      sincos(double(pos) * double(inv_freq[i]), &sn, &cs);
-      fc[j] = float(cs), fs[j] = float(sn);
-      if (nw) w0[j] = load_any(nw, i, nd), w1[j] = load_any(nw, i + half, nd);
-    }
-  }
+  const int D = kv.head_dim;
+  rope::Lane r;
+  rope::prepare(r, lane, D / 2, it.pos, inv_freq, it.nw, nd);
   pdl_wait();
-
-  float a[kMaxPairsPerLane], c[kMaxPairsPerLane];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int i = lane + 32 * j;
-    a[j] = c[j] = 0.0f;
-    if (i < half) {
-      a[j] = __bfloat162float(src[i]);
-      c[j] = __bfloat162float(src[i + half]);
-      ss += a[j] * a[j] + c[j] * c[j];
-    }
-  }
-  float inv = 1.0f;
-  if (nw) inv = rsqrtf(warp_sum(ss) / float(D) + eps);
-
-  if (!is_q) {
-    const __nv_bfloat16* vsrc = v + (int64_t(t) * kv.n_kv_heads + kh) * D;
-    for (int i = lane; i < D; i += 32) vdst[i] = vsrc[i];
-  }
-#pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int i = lane + 32 * j;
-    if (i < half) {
-      float x0 = a[j], x1 = c[j];
-      if (nw) {
-        x0 = x0 * inv * w0[j];
-        x1 = x1 * inv * w1[j];
-      }
-      dst[i] = __float2bfloat16_rn(x0 * fc[j] - x1 * fs[j]);
-      dst[i + half] = __float2bfloat16_rn(x1 * fc[j] + x0 * fs[j]);
-    }
-  }
+  const __nv_bfloat16* vsrc = it.is_q ? nullptr : v + (int64_t(it.t) * kv.n_kv_heads + it.kh) * D;
+  rope::apply<false>(r, lane, D, it.src, it.dst, vsrc, it.vdst, it.nw != nullptr, eps);
   trace::point(9);
 }
 
