@@ -138,32 +138,34 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       if (q < nq) wn[i] = __ldg(static_cast<const uint4*>(p.norm_w) + q % kq);
     }
   }
-  // ROPE: this block's item (its tile's q head, or kv head for a k or v tile) and, in warp 0, the
-  // item's angles, norm weights and destination rows: none depends on the previous kernel.
+  // ROPE: in warp 0, the angles and norm weights of this block's item (its tile's q head, or the kv
+  // head of a k or v tile) and its destination rows, none of which depends on the previous kernel,
+  // kept in shared memory through the loop (not in registers, which the other instances need).
   static_assert(!ROPE || (INT && !SWIGLU), "the rope epilogue follows the one-token q/k/v launch");
-  rope::Lane rl;
-  int r_item = 0, r_need = 0, r_head = 0;
-  __nv_bfloat16 *r_dst = nullptr, *r_vdst = nullptr;
+  __shared__ rope::Lane rope_lane[ROPE ? 32 : 1];
+  __shared__ __nv_bfloat16* rope_dst[2];
   if constexpr (ROPE) {
     const int D = p.rope.kv.head_dim;
     const int si = (blockIdx.x >= p.seg[1].tile_begin) + (blockIdx.x >= p.seg[2].tile_begin);
-    r_head = int(r0 / D);
-    r_item = si == 0 ? r_head : p.rope.n_heads + r_head;
-    r_need = (si == 0 ? 1 : 2) * (D / 16);  // a kv head: its K and its V tiles
+    const int head = int(r0 / D);
     if (warp == 0) {
       const int32_t pos = p.rope.b.pos[0];
-      rope::prepare(rl, lane, D / 2, pos, p.rope.inv_freq, si == 0 ? p.rope.q_norm : p.rope.k_norm,
-                    p.rope.norm_dtype);
-      if (si == 0) {
-        r_dst = static_cast<__nv_bfloat16*>(p.seg[0].out) + int64_t(r_head) * D;
-      } else {
-        const KVDev& kv = p.rope.kv;
-        const int64_t page = p.rope.b.page_table[int64_t(p.rope.b.seq[0]) * p.rope.b.max_pages + pos / kv.page_size];
-        const int slot = pos % kv.page_size;
-        r_dst = static_cast<__nv_bfloat16*>(kv.base) +
-                kv_row(page, p.rope.layer, 0, r_head, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
-        r_vdst = static_cast<__nv_bfloat16*>(kv.base) +
-                 kv_row(page, p.rope.layer, 1, r_head, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+      rope::Lane rl;
+      rope::prepare(rl, lane, D / 2, pos, p.rope.inv_freq, si == 0 ? p.rope.q_norm : p.rope.k_norm, p.rope.norm_dtype);
+      rope_lane[lane] = rl;
+      if (lane == 0) {
+        if (si == 0) {
+          rope_dst[0] = static_cast<__nv_bfloat16*>(p.seg[0].out) + int64_t(head) * D;
+          rope_dst[1] = nullptr;
+        } else {
+          const KVDev& kv = p.rope.kv;
+          const int64_t page = p.rope.b.page_table[int64_t(p.rope.b.seq[0]) * p.rope.b.max_pages + pos / kv.page_size];
+          const int slot = pos % kv.page_size;
+          rope_dst[0] = static_cast<__nv_bfloat16*>(kv.base) +
+                        kv_row(page, p.rope.layer, 0, head, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+          rope_dst[1] = static_cast<__nv_bfloat16*>(kv.base) +
+                        kv_row(page, p.rope.layer, 1, head, slot, kv.n_layers, kv.n_kv_heads, kv.page_size, D);
+        }
       }
     }
   }
@@ -285,26 +287,30 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
                               p.residual ? hpre : nullptr);
     if constexpr (ROPE) {
       // The rope epilogue, by warp 0 (which stored the block's rows): each lane's stores made
-      // visible device-wide, then the item's arrival counted; the block that completes the item
-      // reads the head back from L2 and does rope_kv's work for it (rope_kv.cuh), and resets the
-      // count for the next launch. The next kernel reads q and the page after its PDL wait, which
-      // waits for this whole launch.
+      // visible device-wide, then the item's arrival counted (a q head: D / 16 tiles; a kv head:
+      // its K tiles and its V tiles); the block that completes the item reads the head back from
+      // L2 and does rope_kv's work for it (rope_kv.cuh), and resets the count for the next launch.
+      // The next kernel reads q and the page after its PDL wait, which waits for this whole launch.
       if (warp == 0) {
+        const int D = p.rope.kv.head_dim;
+        const int si = (blockIdx.x >= p.seg[1].tile_begin) + (blockIdx.x >= p.seg[2].tile_begin);
+        const int head = int(r0 / D);
+        const int item = si == 0 ? head : p.rope.n_heads + head;
+        const unsigned need = unsigned(si == 0 ? 1 : 2) * unsigned(D / 16);
         __threadfence();
         __syncwarp();
         unsigned prev = 0;
-        if (lane == 0) prev = atomicAdd(p.rope.counters + r_item, 1u);
+        if (lane == 0) prev = atomicAdd(p.rope.counters + item, 1u);
         prev = __shfl_sync(0xffffffffu, prev, 0);
-        if (prev + 1 == unsigned(r_need)) {
-          __threadfence();  // the other blocks' rows, counted before ours
-          if (lane == 0) p.rope.counters[r_item] = 0u;
-          const int D = p.rope.kv.head_dim;
-          const bool is_q = r_item < p.rope.n_heads;
-          const __nv_bfloat16* src =
-              static_cast<const __nv_bfloat16*>(is_q ? p.seg[0].out : p.seg[1].out) + int64_t(r_head) * D;
-          const __nv_bfloat16* vsrc = is_q ? nullptr : static_cast<const __nv_bfloat16*>(p.seg[2].out) + int64_t(r_head) * D;
-          rope::apply<true>(rl, lane, D, src, r_dst, vsrc, r_vdst, (is_q ? p.rope.q_norm : p.rope.k_norm) != nullptr,
-                            p.rope.eps);
+        if (prev + 1 == need) {
+          __threadfence();  // the other blocks' rows, counted before this one
+          if (lane == 0) p.rope.counters[item] = 0u;
+          const bool is_q = si == 0;
+          const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(is_q ? p.seg[0].out : p.seg[1].out) + int64_t(head) * D;
+          const __nv_bfloat16* vsrc = is_q ? nullptr : static_cast<const __nv_bfloat16*>(p.seg[2].out) + int64_t(head) * D;
+          const rope::Lane rl = rope_lane[lane];
+          rope::apply<true>(rl, lane, D, src, rope_dst[0], vsrc, rope_dst[1],
+                            (is_q ? p.rope.q_norm : p.rope.k_norm) != nullptr, p.rope.eps);
         }
       }
     }
