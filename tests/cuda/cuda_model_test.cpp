@@ -223,5 +223,60 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
   EXPECT_EQ(graphed, eager);
 }
 
+// ANVIL_CUDA_QKV_ROPE=1 (the q/k/v mat-vec doing rope_kv's work in its tail) computes the same bits as
+// the q/k/v launch followed by rope_kv.cu (the same mat-vec arithmetic, rope_kv.cuh's item), so a
+// whole model's decode must give exactly the same logits and greedy tokens with it as without, in
+// the fused layer flow (the default for qwen3-0.6b) and in the plain one (ANVIL_CUDA_FUSE=0, where
+// the mat-vec copies the norm's int16 planes), with one kernel fewer per layer.
+TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
+  const std::string synth = "qwen3-0.6b:q4g64";
+  struct Env {
+    const char* name;
+    std::string value;
+    bool set = false;
+  } fuse{"ANVIL_CUDA_FUSE"}, qkv{"ANVIL_CUDA_QKV_ROPE"};
+  for (Env* e : {&fuse, &qkv})
+    if (const char* v = std::getenv(e->name)) e->value = v, e->set = true;
+  struct Restore {
+    Env* e[2];
+    ~Restore() {
+      for (Env* v : e) v->set ? setenv(v->name, v->value.c_str(), 1) : unsetenv(v->name);
+    }
+  } restore{{&fuse, &qkv}};
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  for (const char* flow : {"", "0"}) {
+    if (*flow) setenv("ANVIL_CUDA_FUSE", flow, 1);
+    else unsetenv("ANVIL_CUDA_FUSE");
+    unsetenv("ANVIL_CUDA_QKV_ROPE");
+    Stack ref = make_stack(synth, 512);
+    if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
+    setenv("ANVIL_CUDA_QKV_ROPE", "1", 1);
+    Stack s = make_stack(synth, 512);
+    unsetenv("ANVIL_CUDA_QKV_ROPE");
+    ASSERT_TRUE(s.backend);
+    const std::string what = std::string("ANVIL_CUDA_FUSE=") + (*flow ? flow : "(unset)");
+    auto sr = ref.engine->seq_create(), ss = s.engine->seq_create();
+    ASSERT_TRUE(sr.is_ok() && ss.is_ok());
+    std::vector<float> lr, ls;
+    ASSERT_TRUE(ref.engine->extend(*sr, prompt, &lr).is_ok());
+    ASSERT_TRUE(s.engine->extend(*ss, prompt, &ls).is_ok());
+    for (int i = 0; i < 8; ++i) {
+      const std::vector<int32_t> tok{int32_t(std::max_element(lr.begin(), lr.end()) - lr.begin())};
+      const uint64_t r0 = ref.backend->launch_count(), s0 = s.backend->launch_count();
+      ASSERT_TRUE(ref.engine->extend(*sr, tok, &lr).is_ok());
+      ASSERT_TRUE(s.engine->extend(*ss, tok, &ls).is_ok());
+      if (i == 0)
+        EXPECT_EQ(int64_t(ref.backend->launch_count() - r0) - int64_t(s.backend->launch_count() - s0),
+                  int64_t(ref.model->config.num_hidden_layers))
+            << "one kernel fewer per layer: " << what;
+      EXPECT_TRUE(lr == ls) << "decode step " << i << " logits differ: " << what;
+    }
+    ref.engine->seq_release(*sr);
+    s.engine->seq_release(*ss);
+    EXPECT_EQ(greedy_ids(s, prompt, 40), greedy_ids(ref, prompt, 40)) << what;
+  }
+}
+
 }  // namespace
 }  // namespace anvil
