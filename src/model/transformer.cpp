@@ -132,8 +132,10 @@ void Transformer::run_layers(const BatchView& batch, const KVCacheView& kv) {
     if (fused) {
       if (pending) be.add(h, o);
       pending = false;
-      if (qkv_rope) be.linear_qkv_rope(h, &lw.attn_norm, eps, x, qkv_w, qkv_out, q_norm, k_norm, inv_freq_, kv, l, batch);
-      else be.rmsnorm_linear_multi(h, lw.attn_norm, eps, x, qkv_w, qkv_out);
+      if (qkv_rope)
+        be.linear_qkv_rope(h, &lw.attn_norm, eps, x, qkv_w, qkv_out, q_norm, k_norm, inv_freq_, kv, l, batch);
+      else
+        be.rmsnorm_linear_multi(h, lw.attn_norm, eps, x, qkv_w, qkv_out);
     } else {
       if (pending) be.add_rmsnorm(h, o, lw.attn_norm, eps, x);
       else be.rmsnorm(h, lw.attn_norm, eps, x);

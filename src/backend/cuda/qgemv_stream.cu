@@ -306,8 +306,9 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
           __threadfence();  // the other blocks' rows, counted before this one
           if (lane == 0) p.rope.counters[item] = 0u;
           const bool is_q = si == 0;
-          const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(is_q ? p.seg[0].out : p.seg[1].out) + int64_t(head) * D;
-          const __nv_bfloat16* vsrc = is_q ? nullptr : static_cast<const __nv_bfloat16*>(p.seg[2].out) + int64_t(head) * D;
+          const int64_t at = int64_t(head) * D;
+          const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(is_q ? p.seg[0].out : p.seg[1].out) + at;
+          const __nv_bfloat16* vsrc = is_q ? nullptr : static_cast<const __nv_bfloat16*>(p.seg[2].out) + at;
           const rope::Lane rl = rope_lane[lane];
           rope::apply<true>(rl, lane, D, src, rope_dst[0], vsrc, rope_dst[1],
                             (is_q ? p.rope.q_norm : p.rope.k_norm) != nullptr, p.rope.eps);
