@@ -71,7 +71,8 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group,
 // 64 here) and spills in some shapes.
 // INT: one token (p.T == 1), multiplied as integers on the CUDA cores (qgemv_int.cuh).
 // ROPE (one token, INT, not SWIGLU; p.rope): rope_kv's work in the tail, after the block's rows are
-// stored (RopeEpi; rope_epilogue below). An instance of its own, so the others keep their registers.
+// stored (RopeEpi; the epilogue after finish_tile). An instance of its own, so the others keep their
+// registers.
 template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false>
 __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
