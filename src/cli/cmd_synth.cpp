@@ -64,7 +64,7 @@ int run_synth(const SynthArgs& a) {
 Command reg("synth", "Write a random-weight checkpoint for a benchmark shape (no download needed)", 60,
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<SynthArgs>();
-              app.add_option("--shape", a->shape, "Shape: tiny, qwen3-0.6b, qwen3-8b, gqa-2kv (dense); tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L (qwen3_moe)")->required();
+              app.add_option("--shape", a->shape, "Shape: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-8b, gqa-2kv (dense); tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L (qwen3_moe)")->required();
               app.add_option("--quant", a->quant, "bf16, q4g64, q8g64, or any qBgG (B in 2,3,4,5,6,8; G in 32,64,128)")
                   ->capture_default_str();
               app.add_option("--out", a->out, "Output directory (new or empty)")->required();

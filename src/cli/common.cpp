@@ -159,7 +159,7 @@ void add_model_options(CLI::App& app, ModelOptions& o, bool allow_synthetic) {
   if (allow_synthetic)
     app.add_option("--synthetic", o.synthetic,
                    "Build a random-weight model in memory instead: NAME[:QUANT], e.g. qwen3-0.6b:q4g64 "
-                   "(shapes: tiny, qwen3-0.6b, qwen3-8b, gqa-2kv, tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L; QUANT: bf16, q4g64, q8g64, ...)");
+                   "(shapes: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-8b, gqa-2kv, tiny-moe, qwen3-30b-a3b, qwen3-30b-a3b-16L; QUANT: bf16, q4g64, q8g64, ...)");
   app.add_option("--device", o.device, "Where the model runs: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
       ->capture_default_str();
   add_int_option(app, "-t,--threads", o.threads, "CPU threads, 0 to 4096 (default: all cores)", 0, 4096, "0 = all cores");

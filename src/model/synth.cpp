@@ -18,6 +18,7 @@ const std::vector<SynthShape>& synth_shapes() {
       // name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied
       {"tiny", 2, 128, 4, 2, 32, 256, 151936, true},
       {"qwen3-0.6b", 28, 1024, 16, 8, 128, 3072, 151936, true},
+      {"qwen3-1.7b", 28, 2048, 16, 8, 128, 6144, 151936, true},
       {"qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, false},
       // Few kv heads (4 query heads each, head_dim 128): many attention splits per kv head.
       {"gqa-2kv", 4, 1024, 8, 2, 128, 3072, 151936, true},

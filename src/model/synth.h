@@ -26,7 +26,7 @@ struct SynthShape {
   bool moe() const { return experts > 0; }
 };
 
-// The named shapes: tiny, qwen3-0.6b, qwen3-8b (dense Qwen3) and tiny-moe, qwen3-30b-a3b,
+// The named shapes: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-8b, gqa-2kv (dense Qwen3) and tiny-moe, qwen3-30b-a3b,
 // qwen3-30b-a3b-16L (qwen3_moe).
 const std::vector<SynthShape>& synth_shapes();
 Result<SynthShape> synth_shape(const std::string& name);
