@@ -3,8 +3,6 @@
 // launch shape that changed under the graph), and device memory does not grow while generating.
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +12,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_model_stack.h"
+#include "cuda_test_util.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -131,27 +130,13 @@ TEST(CudaModel, NoDeviceMemoryGrowthOver10000Tokens) {
 // than the plain flow beyond a margin, and its graph replays give exactly its eager tokens.
 TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
   const std::string synth = "qwen3-0.6b:q4g64";
-  struct Env {
-    const char* name;
-    std::string value;
-    bool set = false;
-  } fuse{"ANVIL_CUDA_FUSE"}, nograph{"ANVIL_NO_GRAPH"};
-  for (Env* e : {&fuse, &nograph})
-    if (const char* v = std::getenv(e->name)) e->value = v, e->set = true;
-  struct Restore {
-    Env* e[2];
-    ~Restore() {
-      for (Env* v : e) v->set ? setenv(v->name, v->value.c_str(), 1) : unsetenv(v->name);
-    }
-  } restore{{&fuse, &nograph}};
+  const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_NO_GRAPH"};
   unsetenv("ANVIL_NO_GRAPH");
   setenv("ANVIL_CUDA_FUSE", "0", 1);
   Stack plain = make_stack(synth, 1024);
   if (!plain.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
   unsetenv("ANVIL_CUDA_FUSE");
-  int dev = 0, sms = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  const int sms = cuda_test::gpu_sms();
   if (sms < 64) GTEST_SKIP() << "a GPU of " << sms << " SMs: the rule fuses a 1,024-wide stream from 64 on";
   Stack fused = make_stack(synth, 1024);
   ASSERT_TRUE(fused.backend);
@@ -166,14 +151,6 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
   ASSERT_TRUE(cpu.engine->extend(*sc, prompt, &lc).is_ok());
   ASSERT_TRUE(plain.engine->extend(*sp, prompt, &lp).is_ok());
   ASSERT_TRUE(fused.engine->extend(*sf, prompt, &lf).is_ok());
-  auto rel_err = [](const std::vector<float>& x, const std::vector<float>& ref) {
-    double d = 0.0, n = 0.0;
-    for (size_t j = 0; j < ref.size(); ++j) {
-      if (!std::isfinite(x[j])) return double(INFINITY);
-      d += (double(x[j]) - ref[j]) * (double(x[j]) - ref[j]), n += double(ref[j]) * ref[j];
-    }
-    return std::sqrt(d / n);
-  };
   double worst_plain = 0.0, worst_fused = 0.0;
   for (int i = 0; i < 40; ++i) {
     const std::vector<int32_t> tok{int32_t(std::max_element(lc.begin(), lc.end()) - lc.begin())};
@@ -189,8 +166,8 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
       EXPECT_EQ(fewer, 2 * int64_t(plain.model->config.num_hidden_layers) + 1)
           << "the default one-token step of " << synth << " must run the fused layers";
     }
-    worst_plain = std::max(worst_plain, rel_err(lp, lc));
-    worst_fused = std::max(worst_fused, rel_err(lf, lc));
+    worst_plain = std::max(worst_plain, cuda_test::rel_err(lp, lc));
+    worst_fused = std::max(worst_fused, cuda_test::rel_err(lf, lc));
   }
   std::printf("against the CPU: plain %.3e, fused %.3e (worst normalized logit error over 40 steps)\n", worst_plain,
               worst_fused);
@@ -230,19 +207,7 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
 // the mat-vec copies the norm's int16 planes), with one kernel fewer per layer.
 TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
   const std::string synth = "qwen3-0.6b:q4g64";
-  struct Env {
-    const char* name;
-    std::string value;
-    bool set = false;
-  } fuse{"ANVIL_CUDA_FUSE"}, qkv{"ANVIL_CUDA_QKV_ROPE"};
-  for (Env* e : {&fuse, &qkv})
-    if (const char* v = std::getenv(e->name)) e->value = v, e->set = true;
-  struct Restore {
-    Env* e[2];
-    ~Restore() {
-      for (Env* v : e) v->set ? setenv(v->name, v->value.c_str(), 1) : unsetenv(v->name);
-    }
-  } restore{{&fuse, &qkv}};
+  const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_CUDA_QKV_ROPE"};
   std::vector<int32_t> prompt;
   for (int i = 0; i < 100; ++i) prompt.push_back((i * 7919 + 13) % 151936);
   for (const char* flow : {"", "0"}) {

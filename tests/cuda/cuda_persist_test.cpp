@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_model_stack.h"
+#include "cuda_test_util.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -124,11 +125,7 @@ Stack make_cpu_stack(const std::string& synth, int ctx) {
   return make_model_stack(make_cpu_backend(int(std::max(1u, std::thread::hardware_concurrency()))), synth, ctx, 1);
 }
 
-double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
-  double d = 0.0, n = 0.0;
-  for (size_t j = 0; j < ref.size(); ++j) d += (double(x[j]) - ref[j]) * (double(x[j]) - ref[j]), n += double(ref[j]) * ref[j];
-  return std::sqrt(d / n);
-}
+using cuda_test::rel_err;
 
 TEST(CudaPersist, AsCloseToTheCpuAsOpByOp) {
   // Against the CPU backend itself: both CUDA paths keep bf16 activations where the CPU keeps fp32,

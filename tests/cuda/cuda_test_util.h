@@ -8,9 +8,12 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -28,6 +31,44 @@ constexpr size_t kGuard = 256;           // bytes on each side of a checked outp
 constexpr uint8_t kGuardByte = 0xA5;
 
 inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// ||got - ref||_2 / ||ref||_2 in double (the metric above); infinite where got has a value that is not
+// finite, so that a NaN can neither pass a bound nor vanish from a running maximum.
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    const double d = double(got[i]) - double(ref[i]);
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Environment variables saved when made and restored (or unset again) when it goes, so that a test
+// may set and unset them while it runs.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<const char*> names) {
+    for (const char* n : names) {
+      const char* v = std::getenv(n);
+      saved_.push_back({n, v ? v : "", v != nullptr});
+    }
+  }
+  ~ScopedEnv() {
+    for (const Saved& s : saved_) s.set ? setenv(s.name, s.value.c_str(), 1) : unsetenv(s.name);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool set;
+  };
+  std::vector<Saved> saved_;
+};
 
 // The current device's SM count (0 if it cannot be read).
 inline int gpu_sms() {
@@ -176,13 +217,7 @@ class CudaFixture : public ::testing::Test {
   }
 
   static double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const double d = double(got[i]) - double(ref[i]);
-      num += d * d;
-      den += double(ref[i]) * ref[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-30));
+    return cuda_test::rel_err(got, ref);
   }
   // Asserts every value finite and rel_err <= bound; prints the measured error.
   static void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double bound,

@@ -1,22 +1,13 @@
 // q/k RMSNorm + RoPE + KV page append in one launch: one warp per (token, head) item, q heads first,
 // then kv heads (whose K row is normed and rotated, and whose V row is copied, into the token's page
-// slot). Lane l holds the rotate-half pairs (i, i + D/2) for i = l, l + 32, ... (D <= 256, even).
-// Angles pos * inv_freq[i] are formed and rotated in double, as the CPU reference does (fp32 loses
-// ~1e-3 rad at 40k positions); the rotation itself is fp32.
+// slot). The whole-head item's arithmetic (lanes, angles in double) is rope_kv.cuh's.
 #include "backend/cuda/rope_kv.cuh"
 
 namespace anvil::cuda {
 namespace {
 
 using rope::kMaxPairsPerLane;
-
-__device__ __forceinline__ float load_any(const void* p, int64_t i, Elem e) {
-  switch (e) {
-    case Elem::kF32: return static_cast<const float*>(p)[i];
-    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
-}
+using rope::load_weight;
 
 // One warp's item: head h of token t, q heads first, then kv heads (whose rows go into the token's
 // page slot). Read before the wait for the previous kernel: positions and page table are the host's,
@@ -117,12 +108,12 @@ __global__ void qk_rope_append_partial_kernel(__nv_bfloat16* q, const __nv_bfloa
   for (int j = 0; j < kMaxPerLane; ++j) {
     const int e = lane + 32 * j;
     if (e >= D) continue;
-    const float xe = nw ? x[j] * inv * load_any(nw, e, nd) : x[j];
+    const float xe = nw ? x[j] * inv * load_weight(nw, e, nd) : x[j];
     if (e >= R) {
       dst[e] = __float2bfloat16_rn(xe);
     } else if (e < hr) {
       const int p = e + hr;
-      const float xp = nw ? __bfloat162float(src[p]) * inv * load_any(nw, p, nd) : __bfloat162float(src[p]);
+      const float xp = nw ? __bfloat162float(src[p]) * inv * load_weight(nw, p, nd) : __bfloat162float(src[p]);
       double sn, cs;
       sincos(double(pos) * double(inv_freq[e]), &sn, &cs);
       const float fc = float(cs), fs = float(sn);
