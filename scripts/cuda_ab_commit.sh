@@ -17,6 +17,7 @@
 # AB_ROUNDS   rounds (default 3)
 # AB_ARGS     anvil bench arguments (default "-n 128 --runs 3": tg128 after 512 tokens, best of 3)
 # AB_ENV      environment for both builds' runs (e.g. "ANVIL_CUDA_ROPE_ATTN=1"), space-separated
+# AB_ENV_C    a third variant: this tree's build run with these variables too ("this+"), in the same rounds
 # Session 45 measured the cluster merge's one-round-trip loads this way (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,14 +62,16 @@ wait $base_pid || { echo "the base's build failed:"; tail -30 "$OUT/ab_build_bas
 echo "built both in $(( $(date +%s) - t0 )) s"
 declare -A sum cnt
 for r in $(seq 1 "${AB_ROUNDS:-3}"); do
-  order="this base"
-  [ $((r % 2)) = 0 ] && order="base this"
+  order="this base${AB_ENV_C:+ this+}"
+  [ $((r % 2)) = 0 ] && order="${AB_ENV_C:+this+ }base this"
   for m in ${AB_MODELS:-qwen3-0.6b:q4g64 qwen3-8b:q4g64}; do
     for b in $order; do
       bin=./build-gpu/anvil
       [ "$b" = base ] && bin=$base_dir/build-gpu/anvil
+      extra=""
+      [ "$b" = this+ ] && extra=$AB_ENV_C
       # shellcheck disable=SC2086
-      line=$(env ${AB_ENV:-} timeout 120 "$bin" bench --device cuda --synthetic "$m" ${AB_ARGS:--n 128 --runs 3} 2>&1 |
+      line=$(env ${AB_ENV:-} $extra timeout 120 "$bin" bench --device cuda --synthetic "$m" ${AB_ARGS:--n 128 --runs 3} 2>&1 |
         grep -E '^decode')
       echo "round $r $m $b: $line" | tee -a "$OUT/ab_runs.txt"
       v=$(echo "$line" | grep -oE '[0-9]+\.[0-9]+' | head -1)
@@ -86,6 +89,10 @@ for m in ${AB_MODELS:-qwen3-0.6b:q4g64 qwen3-8b:q4g64}; do
       'BEGIN { printf "%-28s this %9.1f  base %9.1f  change %+6.2f%%\n", m, a / na, b / nb, (a / na) / (b / nb) * 100 - 100 }'
   else
     echo "$m: runs missing (see $OUT/ab_runs.txt)"
+  fi
+  if [ -n "${AB_ENV_C:-}" ] && [ -n "${cnt[$m,this+]:-}" ] && [ -n "${cnt[$m,base]:-}" ]; then
+    awk -v m="$m" -v a="${sum[$m,this+]}" -v na="${cnt[$m,this+]}" -v b="${sum[$m,base]}" -v nb="${cnt[$m,base]}" \
+      -v e="$AB_ENV_C" 'BEGIN { printf "%-28s this+ %8.1f  base %9.1f  change %+6.2f%%  (this+: %s)\n", m, a / na, b / nb, (a / na) / (b / nb) * 100 - 100, e }'
   fi
 done
 echo "total $(( $(date +%s) - t0 )) s"

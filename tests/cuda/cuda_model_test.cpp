@@ -243,5 +243,44 @@ TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
   }
 }
 
+// ANVIL_QGEMV_PLAIN=1: the one-token mat-vecs without a fused form run the streamed kernel's instances
+// compiled without the fused forms' code (qgemv_stream.cu, FU = false). Same arithmetic in the same
+// order, so the logits must be the same bits, in both layer flows (the plain flow runs every
+// projection through them; the fused flow only the LM head).
+TEST(CudaModel, PlainMatVecInstancesDecodeAsTheDefault) {
+  const std::string synth = "qwen3-0.6b:q4g64";
+  const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_QGEMV_PLAIN"};
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  for (const char* flow : {"", "0"}) {
+    if (*flow) setenv("ANVIL_CUDA_FUSE", flow, 1);
+    else unsetenv("ANVIL_CUDA_FUSE");
+    const std::string what = std::string("ANVIL_CUDA_FUSE=") + (*flow ? flow : "(unset)");
+    std::vector<std::vector<float>> logits[2];
+    std::vector<int32_t> ids[2];
+    for (int plain = 0; plain < 2; ++plain) {
+      if (plain) setenv("ANVIL_QGEMV_PLAIN", "1", 1);
+      else unsetenv("ANVIL_QGEMV_PLAIN");
+      Stack s = make_stack(synth, 512);
+      if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
+      auto sq = s.engine->seq_create();
+      ASSERT_TRUE(sq.is_ok());
+      std::vector<float> l;
+      ASSERT_TRUE(s.engine->extend(*sq, prompt, &l).is_ok());
+      for (int i = 0; i < 8; ++i) {
+        const std::vector<int32_t> tok{int32_t(std::max_element(l.begin(), l.end()) - l.begin())};
+        ASSERT_TRUE(s.engine->extend(*sq, tok, &l).is_ok());
+        logits[plain].push_back(l);
+      }
+      s.engine->seq_release(*sq);
+      ids[plain] = greedy_ids(s, prompt, 40);
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t i = 0; i < logits[0].size(); ++i)
+      EXPECT_TRUE(logits[0][i] == logits[1][i]) << "decode step " << i << " logits differ: " << what;
+    EXPECT_EQ(ids[1], ids[0]) << what;
+  }
+}
+
 }  // namespace
 }  // namespace anvil

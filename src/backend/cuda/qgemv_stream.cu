@@ -73,9 +73,14 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group,
 // ROPE (one token, INT, not SWIGLU; p.rope): rope_kv's work in the tail, after the block's rows are
 // stored (RopeEpi; the epilogue after finish_tile). An instance of its own, so the others keep their
 // registers.
-template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false>
+// FU: the fused forms (p.norm_w, p.residual) compiled in. FU = false (ANVIL_QGEMV_PLAIN=1, one token,
+// neither set): an instance without their code, so that the plain path's code no longer moves with
+// edits to theirs (session 47, H100: qwen3-8b q4g64 decode, which takes no fused form, went 404 ->
+// 395 -> 375 tok/s over two commits that changed only the fused forms' code).
+template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false, bool FU = true>
 __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
+  const bool fnorm = FU && p.norm_w != nullptr, fres = FU && p.residual;
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_launch();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,7 +134,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   // but taking this out (88 registers instead of 120) made plain decode slower on the H200: qwen3-8b
   // q4g64 352 against 365 tok/s (session 10), so it stays.
   const int kq = K / 8, nq = p.T * kq;  // 16-byte pieces of x: per row, in all
-  const bool wn_vec = p.norm_w && p.norm_dtype == Elem::kBF16 && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
+  const bool wn_vec = fnorm && p.norm_dtype == Elem::kBF16 && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
   const bool wn_pre = wn_vec && nq <= kStageV * W * 32;
   uint4 wn[kStageV];
   if (wn_pre) {
@@ -187,7 +192,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   // INT: the planes at xs (int_stage_piece), the pieces' (d / 16, sum) after them. The loop runs
   // whole warps (the quads' shuffles): nq is a multiple of 16, not always of the block's threads.
   float2* xpf = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xs) + size_t(K) * 2);
-  if (INT && p.xplanes && !p.norm_w) {
+  if (INT && p.xplanes && !fnorm) {
     int_copy_planes<W * 32>(p.xplanes, K, xs);  // the producer (rmsnorm with planes) staged x already
   } else if constexpr (INT) {
     float ss = 0.0f;
@@ -203,7 +208,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         const int q = q0 + lane + i * W * 32;
         if (q0 + i * W * 32 >= nq) break;  // the whole warp past the end
         uint4 a = v[i];
-        if (p.norm_w && q < nq) {
+        if (fnorm && q < nq) {
           a = norm_piece(p, a, q, wn[i], wn_pre, wn_vec, ss);
         }
         int_stage_piece(a, q < nq, q >> 2, q & 3, xq, xpf);
@@ -212,7 +217,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     // One partial sum per warp, added in warp order before the epilogue (below): the same bits on
     // every run, where atomics would add in arrival order (and all of a block's threads adding to
     // one shared word serialize on the path to the first step).
-    if (p.norm_w) {
+    if (fnorm) {
       ss = warp_sum(ss);
       if (lane == 0) warp_ss[warp] = ss;
     }
@@ -233,7 +238,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
         const int q = q0 + i * W * 32;
         if (q >= nq) break;
         uint4 a = v[i];
-        if (p.norm_w) {
+        if (fnorm) {
           const int t = q / kq;
           if (t != cur) {
             if (cur >= 0) atomicAdd(&tok_ss[cur], ss);
@@ -257,7 +262,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     // and load those rows' old values now, behind the steps, not after them. Every kernel before
     // this one is complete (the PDL wait), and only this block writes these rows.
     float hpre[2] = {0.0f, 0.0f};
-    if (!SWIGLU && p.residual && warp == 0 && c == 0) {
+    if (!SWIGLU && fres && warp == 0 && c == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (r0 + g + 8 * h < m.rows)
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       cp_async_commit();
     }
     trace::point(3);
-    if (p.norm_w && threadIdx.x == 0) {  // the warps' parts (staged before the barrier above), in order
+    if (fnorm && threadIdx.x == 0) {  // the warps' parts (staged before the barrier above), in order
       float ss = 0.0f;
 #pragma unroll
       for (int w = 0; w < W; ++w) ss += warp_ss[w];
@@ -283,9 +288,9 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
     // Lane c = 0 holds rows g, g+8 for token 0 where finish_tile reads accumulator elements 0 and 2
     // (the others are tokens >= 1: unused).
     int_quad_sum<M>(acc);
-    finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss,
-                              [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
-                              p.residual ? hpre : nullptr);
+    finish_tile<SWIGLU, W, 1, FU>(p, m, r0, tok_ss,
+                                  [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
+                                  fres ? hpre : nullptr);
     if constexpr (ROPE) {
       // The rope epilogue, by warp 0 (which stored the block's rows): each lane's stores made
       // visible device-wide, then the item's arrival counted (a q head: D / 16 tiles; a kv head:
@@ -336,19 +341,19 @@ __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
       cp_async_commit();
     }
     trace::point(3);
-    finish_tile<SWIGLU, W, 1>(p, m, r0, tok_ss, [&](int mi, int, int i) { return d[mi][i]; });
+    finish_tile<SWIGLU, W, 1, FU>(p, m, r0, tok_ss, [&](int mi, int, int i) { return d[mi][i]; });
     trace::point(9);
   }
 }
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S, bool INT, bool ROPE = false>
+template <bool SW, int W, int S, bool INT, bool ROPE = false, bool FU = true>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT, ROPE>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT, ROPE, FU>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S, INT, ROPE>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S, INT, ROPE, FU>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
 }
 
@@ -365,6 +370,14 @@ bool int_rule() {
     return !(e && *e == '0');
   }();
   return on;
+}
+
+// ANVIL_QGEMV_PLAIN=1: one-token launches without a fused form take the instances compiled without
+// those forms' code (FU = false in qgemv4_async_kernel). Read at every launch (a decode step's
+// launches are captured once), so that a test can compare both in one process.
+bool plain_rule() {
+  const char* e = std::getenv("ANVIL_QGEMV_PLAIN");
+  return e && *e == '1';
 }
 
 bool ring_override(int* W, int* S) {
@@ -411,6 +424,13 @@ cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, co
         case 4: return async_launch_one<false, W, 4, true, true>(tiles, smem, s, p);
         case 6: return async_launch_one<false, W, 6, true, true>(tiles, smem, s, p);
         default: return async_launch_one<false, W, 8, true, true>(tiles, smem, s, p);
+      }
+  }
+  if constexpr (INT) {
+    if (!p.norm_w && !p.residual && plain_rule()) switch (S * m) {
+        case 4: return async_launch_one<SW, W, 4 / m, true, false, false>(tiles, smem, s, p);
+        case 6: return async_launch_one<SW, W, 6 / m, true, false, false>(tiles, smem, s, p);
+        default: return async_launch_one<SW, W, 8 / m, true, false, false>(tiles, smem, s, p);
       }
   }
   switch (S * m) {

@@ -211,7 +211,7 @@ inline bool weights_aligned16(const TcParams& p, int n_mats, bool swiglu) {
 // One output element of a q4 tensor-core launch, from its fp32 dot product(s): silu(gate) * up with
 // SWIGLU (into seg[0].out); else the product (+ bias) as F32 or bf16, or with p.residual added to the
 // bf16 residual it overwrites.
-template <bool SWIGLU>
+template <bool SWIGLU, bool FU = true>
 __device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int64_t row, int t, float v, float u,
                                           const float* hpre = nullptr, int hi = 0) {
   if constexpr (SWIGLU) {
@@ -219,7 +219,7 @@ __device__ __forceinline__ void store_out(const TcParams& p, const TcSeg& m, int
   } else {
     if (m.bias) v += load_bias(m.bias, row, m.bias_dtype);
     __nv_bfloat16* ob = static_cast<__nv_bfloat16*>(m.out) + t * m.rows + row;
-    if (p.residual)
+    if (FU && p.residual)
       *ob = __float2bfloat16_rn((hpre ? hpre[hi] : __bfloat162float(*ob)) + __bfloat162float(__float2bfloat16_rn(v)));
     else if (p.out_f32) static_cast<float*>(m.out)[t * m.rows + row] = v;
     else *ob = __float2bfloat16_rn(v);
@@ -235,7 +235,8 @@ __device__ __forceinline__ int group_shift(int group) { return group == 32 ? 5 :
 // 8*nt + 2c + (i & 1); store_out writes each. tok_ss (the streamed kernel's fused norm, p.norm_w set): per-token sums of h^2; each dot product
 // is then scaled by that token's 1/rms first. hpre (one token, p.residual): the residual's old rows g
 // and g + 8 as this lane loaded them before the loop, so the epilogue does not wait on that load.
-template <bool SWIGLU, int W, int NT, class Acc>
+// FU = false: an instance without the fused forms' code (p.norm_w and p.residual unset).
+template <bool SWIGLU, int W, int NT, bool FU = true, class Acc>
 __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, int64_t r0, const float* tok_ss,
                                             Acc&& acc, const float* hpre = nullptr) {
   constexpr int M = SWIGLU ? 2 : 1;
@@ -262,11 +263,11 @@ __device__ __forceinline__ void finish_tile(const TcParams& p, const TcSeg& m, i
     const int t = 8 * nt + 2 * c + (i & 1);
     const int64_t row = r0 + g + (i >> 1) * 8;
     if (t >= p.T || row >= m.rows) continue;
-    if (tok_ss && p.norm_w) {
+    if (FU && tok_ss && p.norm_w) {
       const float inv = rsqrtf(tok_ss[t] / float(p.K) + p.eps);
       v *= inv, u *= inv;
     }
-    store_out<SWIGLU>(p, m, row, t, v, u, hpre, i >> 1);
+    store_out<SWIGLU, FU>(p, m, row, t, v, u, hpre, i >> 1);
   }
 }
 
