@@ -547,9 +547,10 @@ class CudaBackend final : public Backend {
     launched(cuda::gemv_tc_fused(&d, &o, 1, nullptr, x.data, int(x.rows), f, st_), "linear_add");
   }
   // The q/k/v launch with rope_kv's work in its tail (RopeEpi, qgemv_stream.cu): one token of one
-  // sequence, whole-head rotary, the one-token integer mat-vec. Opt-in (ANVIL_CUDA_QKV_ROPE=1) until
-  // measured: it takes a kernel and its boundary out of each layer and adds a fence, an atomic and
-  // one L2 round trip to the q/k/v launch's tail (docs/architecture.md).
+  // sequence, whole-head rotary, the one-token integer mat-vec. Opt-in (ANVIL_CUDA_QKV_ROPE=1): it
+  // takes a kernel and its boundary out of each layer and adds a fence, an atomic and one L2 round
+  // trip to the q/k/v launch's tail, and measured slower (session 47, H100: qwen3-0.6b -12.6%,
+  // qwen3-8b -2.4%; docs/benchmarks.md).
   bool fuses_qkv_rope(int64_t T, const KVCacheView& kv, std::span<const WeightMatrix* const> qkv) const override {
     if (!qkv_rope_ || T != 1 || qkv.size() != 3 || kv.head_dim <= 0 || kv.n_kv_heads <= 0 ||
         (kv.rotary_dim != 0 && kv.rotary_dim != kv.head_dim))
