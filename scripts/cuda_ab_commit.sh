@@ -18,6 +18,7 @@
 # AB_ARGS     anvil bench arguments (default "-n 128 --runs 3": tg128 after 512 tokens, best of 3)
 # AB_ENV      environment for both builds' runs (e.g. "ANVIL_CUDA_ROPE_ATTN=1"), space-separated
 # AB_ENV_C    a third variant: this tree's build run with these variables too ("this+"), in the same rounds
+# AB_TESTS    a gtest filter: this tree also builds anvil_test_cuda and runs it before the rounds
 # Session 45 measured the cluster merge's one-round-trip loads this way (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,16 +51,22 @@ tar --exclude='./build*' --exclude=./.devdeps --exclude=./.ab-base --exclude=./c
 rm -rf "$base_dir/src" "$base_dir/CMakeLists.txt"
 tar -C "$base_dir" -xf .ab-base/base.tar
 cfg=(-G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release -DANVIL_BUILD_BENCH=OFF)
-build() {  # dir, log
-  (cd "$1" && cmake -S . -B build-gpu "${cfg[@]}" > "$2" 2>&1 && cmake --build build-gpu -j8 --target anvil >> "$2" 2>&1)
+build() {  # dir, log, targets (space-separated)
+  # shellcheck disable=SC2086
+  (cd "$1" && cmake -S . -B build-gpu "${cfg[@]}" > "$2" 2>&1 && cmake --build build-gpu -j8 --target $3 >> "$2" 2>&1)
 }
-build "$PWD" "$OUT/ab_build_this.log" &
+build "$PWD" "$OUT/ab_build_this.log" "anvil${AB_TESTS:+ anvil_test_cuda}" &
 this_pid=$!
-build "$base_dir" "$OUT/ab_build_base.log" &
+build "$base_dir" "$OUT/ab_build_base.log" anvil &
 base_pid=$!
 wait $this_pid || { echo "this tree's build failed:"; tail -30 "$OUT/ab_build_this.log"; exit 1; }
 wait $base_pid || { echo "the base's build failed:"; tail -30 "$OUT/ab_build_base.log"; exit 1; }
 echo "built both in $(( $(date +%s) - t0 )) s"
+if [ -n "${AB_TESTS:-}" ]; then
+  timeout 300 ./build-gpu/tests/anvil_test_cuda --gtest_filter="$AB_TESTS" > "$OUT/ab_tests.log" 2>&1
+  echo "tests ($AB_TESTS): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/ab_tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED" "$OUT/ab_tests.log" | head
+fi
 declare -A sum cnt
 for r in $(seq 1 "${AB_ROUNDS:-3}"); do
   order="this base${AB_ENV_C:+ this+}"
