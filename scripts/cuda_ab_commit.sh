@@ -22,6 +22,7 @@
 # Session 45 measured the cluster merge's one-round-trip loads this way (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/cuda_ab_lib.sh
 what=${1:-}
 if [ "$what" = prepare ]; then
   base=${2:?usage: cuda_ab_commit.sh prepare BASE}
@@ -78,14 +79,7 @@ for r in $(seq 1 "${AB_ROUNDS:-3}"); do
       extra=""
       [ "$b" = this+ ] && extra=$AB_ENV_C
       # shellcheck disable=SC2086
-      line=$(env ${AB_ENV:-} $extra timeout 120 "$bin" bench --device cuda --synthetic "$m" ${AB_ARGS:--n 128 --runs 3} 2>&1 |
-        grep -E '^decode')
-      echo "round $r $m $b: $line" | tee -a "$OUT/ab_runs.txt"
-      v=$(echo "$line" | grep -oE '[0-9]+\.[0-9]+' | head -1)
-      if [ -n "$v" ]; then
-        sum[$m,$b]=$(awk -v s="${sum[$m,$b]:-0}" -v v="$v" 'BEGIN { printf "%.4f", s + v }')
-        cnt[$m,$b]=$(( ${cnt[$m,$b]:-0} + 1 ))
-      fi
+      ab_bench "$r" "$m" "$b" "$bin" "${AB_ARGS:--n 128 --runs 3}" ${AB_ENV:-} $extra
     done
   done
 done

@@ -16,6 +16,7 @@
 # Session 46 measured the fused layer flow this way (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/cuda_ab_lib.sh
 : "${ENV_B:?set ENV_B, e.g. ENV_B=ANVIL_CUDA_FUSE=0}"
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
 command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
@@ -60,14 +61,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
       [ "$b" = C ] && e="$ENV_C"
       if [ "$b" = C ] && [ -n "${SKIP_C_SMALL:-}" ]; then case "$m" in *0.6b*) continue ;; esac; fi
       # shellcheck disable=SC2086
-      line=$(env $e timeout 120 ./build-gpu/anvil bench --device cuda --synthetic "$m" ${ARGS:--n 128 --runs 3} 2>&1 |
-        grep -E '^decode')
-      echo "round $r $m $b: $line" | tee -a "$OUT/ab_runs.txt"
-      v=$(echo "$line" | grep -oE '[0-9]+\.[0-9]+' | head -1)
-      if [ -n "$v" ]; then
-        sum[$m,$b]=$(awk -v s="${sum[$m,$b]:-0}" -v v="$v" 'BEGIN { printf "%.4f", s + v }')
-        cnt[$m,$b]=$(( ${cnt[$m,$b]:-0} + 1 ))
-      fi
+      ab_bench "$r" "$m" "$b" ./build-gpu/anvil "${ARGS:--n 128 --runs 3}" $e
     done
   done
 done

@@ -28,8 +28,7 @@ std::vector<int32_t> run(Stack& s, const std::vector<int32_t>& prompt, int n) { 
 TEST(CudaModel, GraphDecodeEqualsDecodeWithoutGraph) {
   Stack s = make_stack("tiny:q4g64", 512);
   if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 45; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(45);
   setenv("ANVIL_NO_GRAPH", "1", 1);
   const auto plain = run(s, prompt, 60);  // 45 + 60 positions: crosses several 16-token pages
   EXPECT_EQ(s.tf->graphs_captured(), 0);
@@ -49,8 +48,7 @@ TEST(CudaModel, MoEGraphDecodeEqualsDecodeWithoutGraph) {
   // same step run op by op; the 45-token prompt goes through the grouped prefill kernels.
   Stack s = make_stack("tiny-moe:q4g64", 512);
   if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 45; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(45);
   setenv("ANVIL_NO_GRAPH", "1", 1);
   const auto plain = run(s, prompt, 40);
   unsetenv("ANVIL_NO_GRAPH");
@@ -81,8 +79,7 @@ TEST(CudaModel, L2PrefetchChangesNoToken) {
         if (s[i].set) setenv(s[i].name, s[i].value.c_str(), 1);
     }
   } restore{saved};
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 45; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(45);
   for (const char* synth : {"tiny:q4g64", "tiny:bf16"}) {
     Stack ref = make_stack(synth, 512);
     if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
@@ -143,8 +140,7 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
   auto cpu = make_model_stack(make_cpu_backend(int(std::max(1u, std::thread::hardware_concurrency()))), synth, 1024, 1);
   ASSERT_TRUE(cpu.backend);
 
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 300; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(300);
   auto sc = cpu.engine->seq_create(), sp = plain.engine->seq_create(), sf = fused.engine->seq_create();
   ASSERT_TRUE(sc.is_ok() && sp.is_ok() && sf.is_ok());
   std::vector<float> lc, lp, lf;
@@ -200,6 +196,14 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
   EXPECT_EQ(graphed, eager);
 }
 
+// Sets the layer flow for the backends made next (ANVIL_CUDA_FUSE=flow; "" unsets it: the rule)
+// and names it for failure messages.
+std::string set_fuse_flow(const char* flow) {
+  if (*flow) setenv("ANVIL_CUDA_FUSE", flow, 1);
+  else unsetenv("ANVIL_CUDA_FUSE");
+  return std::string("ANVIL_CUDA_FUSE=") + (*flow ? flow : "(unset)");
+}
+
 // ANVIL_CUDA_QKV_ROPE=1 (the q/k/v mat-vec doing rope_kv's work in its tail) computes the same bits as
 // the q/k/v launch followed by rope_kv.cu (the same mat-vec arithmetic, rope_kv.cuh's item), so a
 // whole model's decode must give exactly the same logits and greedy tokens with it as without, in
@@ -208,11 +212,9 @@ TEST(CudaModel, FusedLayersAsCloseToTheCpuAsPlain) {
 TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
   const std::string synth = "qwen3-0.6b:q4g64";
   const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_CUDA_QKV_ROPE"};
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 100; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(100);
   for (const char* flow : {"", "0"}) {
-    if (*flow) setenv("ANVIL_CUDA_FUSE", flow, 1);
-    else unsetenv("ANVIL_CUDA_FUSE");
+    const std::string what = set_fuse_flow(flow);
     unsetenv("ANVIL_CUDA_QKV_ROPE");
     Stack ref = make_stack(synth, 512);
     if (!ref.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
@@ -220,7 +222,6 @@ TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
     Stack s = make_stack(synth, 512);
     unsetenv("ANVIL_CUDA_QKV_ROPE");
     ASSERT_TRUE(s.backend);
-    const std::string what = std::string("ANVIL_CUDA_FUSE=") + (*flow ? flow : "(unset)");
     auto sr = ref.engine->seq_create(), ss = s.engine->seq_create();
     ASSERT_TRUE(sr.is_ok() && ss.is_ok());
     std::vector<float> lr, ls;
@@ -250,12 +251,9 @@ TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
 TEST(CudaModel, PlainMatVecInstancesDecodeAsTheDefault) {
   const std::string synth = "qwen3-0.6b:q4g64";
   const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_QGEMV_PLAIN"};
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 100; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(100);
   for (const char* flow : {"", "0"}) {
-    if (*flow) setenv("ANVIL_CUDA_FUSE", flow, 1);
-    else unsetenv("ANVIL_CUDA_FUSE");
-    const std::string what = std::string("ANVIL_CUDA_FUSE=") + (*flow ? flow : "(unset)");
+    const std::string what = set_fuse_flow(flow);
     std::vector<std::vector<float>> logits[2];
     std::vector<int32_t> ids[2];
     for (int plain = 0; plain < 2; ++plain) {

@@ -56,8 +56,7 @@ Compared compare_with_op_by_op(const std::string& synth, int ctx, int prompt_len
   // (The build targets Hopper, where the kernel must take this model; stderr has the reason if not.)
   EXPECT_TRUE(per.tf->decodes_layers_in_one_launch()) << synth;
   if (!per.tf->decodes_layers_in_one_launch()) return c;
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < prompt_len; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(prompt_len);
   auto sr = ref.engine->seq_create(), sp = per.engine->seq_create();
   EXPECT_TRUE(sr.is_ok() && sp.is_ok());
   if (!sr.is_ok() || !sp.is_ok()) return c;
@@ -138,8 +137,7 @@ TEST(CudaPersist, AsCloseToTheCpuAsOpByOp) {
   Stack per = make_persist(synth, 1024, true);
   ASSERT_TRUE(per.backend && per.tf->decodes_layers_in_one_launch());
   Stack cpu = make_cpu_stack(synth, 1024);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 300; ++i) prompt.push_back((i * 7919 + 13) % 151936);
+  const std::vector<int32_t> prompt = cuda_test::spread_ids(300);
   auto sc = cpu.engine->seq_create(), sr = ref.engine->seq_create(), sp = per.engine->seq_create();
   ASSERT_TRUE(sc.is_ok() && sr.is_ok() && sp.is_ok());
   std::vector<float> lc, lr, lp;

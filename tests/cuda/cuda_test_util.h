@@ -32,6 +32,13 @@ constexpr uint8_t kGuardByte = 0xA5;
 
 inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
+// n prompt ids spread over Qwen3's vocabulary (the same ids in every CUDA model test).
+inline std::vector<int32_t> spread_ids(int n) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 13) % 151936);
+  return ids;
+}
+
 // ||got - ref||_2 / ||ref||_2 in double (the metric above); infinite where got has a value that is not
 // finite, so that a NaN can neither pass a bound nor vanish from a running maximum.
 inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
