@@ -244,8 +244,8 @@ TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
   }
 }
 
-// ANVIL_QGEMV_PLAIN=1: the one-token mat-vecs without a fused form run the streamed kernel's instances
-// compiled without the fused forms' code (qgemv_stream.cu, FU = false). Same arithmetic in the same
+// The one-token mat-vecs without a fused form run the streamed kernel's instances compiled without the
+// fused forms' code (qgemv_stream.cu, FU = false; the default), ANVIL_QGEMV_PLAIN=0 the ones with it. Same arithmetic in the same
 // order, so the logits must be the same bits, in both layer flows (the plain flow runs every
 // projection through them; the fused flow only the LM head).
 TEST(CudaModel, PlainMatVecInstancesDecodeAsTheDefault) {
@@ -257,8 +257,7 @@ TEST(CudaModel, PlainMatVecInstancesDecodeAsTheDefault) {
     std::vector<std::vector<float>> logits[2];
     std::vector<int32_t> ids[2];
     for (int plain = 0; plain < 2; ++plain) {
-      if (plain) setenv("ANVIL_QGEMV_PLAIN", "1", 1);
-      else unsetenv("ANVIL_QGEMV_PLAIN");
+      setenv("ANVIL_QGEMV_PLAIN", plain ? "1" : "0", 1);
       Stack s = make_stack(synth, 512);
       if (!s.backend) GTEST_SKIP() << "no CUDA GPU usable here: " << make_cuda_backend(0).status().message();
       auto sq = s.engine->seq_create();

@@ -73,10 +73,11 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group,
 // ROPE (one token, INT, not SWIGLU; p.rope): rope_kv's work in the tail, after the block's rows are
 // stored (RopeEpi; the epilogue after finish_tile). An instance of its own, so the others keep their
 // registers.
-// FU: the fused forms (p.norm_w, p.residual) compiled in. FU = false (ANVIL_QGEMV_PLAIN=1, one token,
-// neither set): an instance without their code, so that the plain path's code no longer moves with
-// edits to theirs (session 47, H100: qwen3-8b q4g64 decode, which takes no fused form, went 404 ->
-// 395 -> 375 tok/s over two commits that changed only the fused forms' code).
+// FU: the fused forms (p.norm_w, p.residual) compiled in. FU = false (one token, neither set; the
+// default, plain_rule): an instance without their code and with fewer registers, so that the plain
+// path's code no longer moves with edits to theirs (session 47, H100: qwen3-8b q4g64 decode, which
+// takes no fused form, went 404 -> 395 -> 375 tok/s over two commits that changed only the fused
+// forms' code) and more gate/up blocks fit on an SM (session 48: 376 -> 427 tok/s).
 template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false, bool FU = true>
 __global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
@@ -372,12 +373,17 @@ bool int_rule() {
   return on;
 }
 
-// ANVIL_QGEMV_PLAIN=1: one-token launches without a fused form take the instances compiled without
-// those forms' code (FU = false in qgemv4_async_kernel). Read at every launch (a decode step's
-// launches are captured once), so that a test can compare both in one process.
+// One-token launches without a fused form take the instances compiled without those forms' code
+// (FU = false in qgemv4_async_kernel: 84-88 registers against 109-122). With fewer registers the
+// one-token gate/up blocks (4 warps) fit 5 to an SM instead of 4, so qwen3-8b's 768 gate/up tiles
+// need 1.2 waves instead of 1.5. Session 48 (H100, against the default FU = true instances in the
+// same call): qwen3-8b q4g64 decode 376.1 -> 426.6 tok/s, qwen3-30b-a3b-16L 1,052.6 -> 1,136.3,
+// qwen3-0.6b 1,365.4 -> 1,384.8. ANVIL_QGEMV_PLAIN=0 goes back to the FU = true instances (for
+// measuring). Read at every launch (a decode step's launches are captured once), so that a test
+// can compare both in one process.
 bool plain_rule() {
   const char* e = std::getenv("ANVIL_QGEMV_PLAIN");
-  return e && *e == '1';
+  return !(e && *e == '0');
 }
 
 bool ring_override(int* W, int* S) {
