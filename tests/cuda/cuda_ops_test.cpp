@@ -387,7 +387,8 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
 // blocks per SM (ANVIL_QGEMV_GU6=1). The same arithmetic in the same order, so every output must be the
 // same bits, and the CPU's within the linear bound. Shapes: gate/up of 768 tiles (4-warp blocks: the
 // GU6 instance) and of 128 (8-warp blocks), q/k/v of 384 tiles in one launch, a 256-tile linear
-// (8 warps) and K = 12,288 with a partial last tile. The rules are read at every launch.
+// (8 warps) and K = 12,288 with a partial last tile. The rules are read at every launch. (Written in
+// session 48 after its device time was spent: not yet run on a GPU.)
 TEST_F(CudaOps, OneTokenMatVecInstancesGiveTheSameBits) {
   const cuda_test::ScopedEnv env{"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6"};
   const std::vector<std::pair<const char*, const char*>> ways = {

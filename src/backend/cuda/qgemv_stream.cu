@@ -72,7 +72,8 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group,
 // and store the rows. The sums and their order are finish_tile's (which reads the same two elements
 // of token 0 and skips the rest), so the outputs are the same bits; its buffer is 16 floats per
 // warp and matrix instead of 128 (W = 4 with the up matrix: 512 bytes of static shared memory
-// instead of 4,096).
+// instead of 4,096). Only the GU6 instance (MINB = 6) uses it so far: written in session 48 after
+// its device time was spent, not yet run on a GPU.
 template <bool SWIGLU, int W, bool FU>
 __device__ __forceinline__ void finish_tile_one(const TcParams& p, const TcSeg& m, int64_t r0, const float* tok_ss,
                                                 const float (&acc)[SWIGLU ? 2 : 1][2], const float* hpre) {
@@ -328,7 +329,16 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
       tok_ss[0] = ss;  // read after finish_tile's barrier
     }
     int_quad_sum<M>(acc);  // lanes c = 0 hold rows g and g + 8
-    finish_tile_one<SWIGLU, W, FU>(p, m, r0, tok_ss, acc, fres ? hpre : nullptr);
+    // The GU6 instance needs the smaller buffer to fit 6 blocks; the others keep finish_tile (what
+    // the GPU runs have measured) until finish_tile_one has run on one.
+    if constexpr (MINB > 1) {
+      finish_tile_one<SWIGLU, W, FU>(p, m, r0, tok_ss, acc, fres ? hpre : nullptr);
+    } else {
+      // finish_tile reads accumulator elements 0 and 2 of lanes c = 0 (the others are tokens >= 1: unused).
+      finish_tile<SWIGLU, W, 1, FU>(p, m, r0, tok_ss,
+                                    [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
+                                    fres ? hpre : nullptr);
+    }
     if constexpr (ROPE) {
       // The rope epilogue, by warp 0 (which stored the block's rows): each lane's stores made
       // visible device-wide, then the item's arrival counted (a q head: D / 16 tiles; a kv head:
