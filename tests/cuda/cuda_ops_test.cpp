@@ -53,6 +53,106 @@ class CudaOps : public CudaFixture {
     }
     return std::move(made).value();
   }
+  // The streamed mat-vec's instances under each of `ways` (one switch each, set in turn; the others
+  // unset), for T tokens: the outputs must be the same bits under every way, and the CPU's within
+  // bound. Shapes: gate/up of 768 tiles (4-warp blocks: the GU6 instance at T = 1) and of 128 (8-warp
+  // blocks), q/k/v of 384 tiles in one launch, a 256-tile linear (8 warps) and K = 12,288 with a
+  // partial last tile. The rules are read at every launch.
+  void expect_instances_same_bits(int64_t T, const std::vector<std::pair<const char*, const char*>>& ways, double bound) {
+    const cuda_test::ScopedEnv env{"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6", "ANVIL_QGEMV_PLAIN_T"};
+    auto set_way = [&](size_t i) {
+      for (const char* v : {"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6", "ANVIL_QGEMV_PLAIN_T"}) unsetenv(v);
+      setenv(ways[i].first, ways[i].second, 1);
+      return std::string(" T=") + std::to_string(T) + " (" + ways[i].first + "=" + ways[i].second + ")";
+    };
+    auto x1 = randn(size_t(12288));
+    for (size_t i = 0; i < x1.size(); i += 97) x1[i] *= 40.0f;
+    // T rows of x, K columns: the first row x1's, the others x1's scaled and rotated
+    auto rows_of = [&](int64_t K) {
+      std::vector<float> xs(size_t(T * K));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < K; ++k) xs[size_t(t * K + k)] = x1[size_t((k + 37 * t) % K)] * (1.0f - 0.1f * float(t));
+      return xs;
+    };
+    // gate/up + SwiGLU
+    for (const int64_t F : {12288, 2048}) {
+      const int64_t H = 4096;
+      const std::vector<float> xh = rows_of(H);
+      Guarded gx = dev_bf16(xh);
+      HostWeight g = make_weight(rng_, F, H, 4, 64, DType::kBF16, false);
+      HostWeight u = make_weight(rng_, F, H, 4, 64, DType::kBF16, false);
+      auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
+      ASSERT_TRUE(dg.is_ok() && du.is_ok());
+      std::vector<float> ref(static_cast<size_t>(T * F));
+      std::vector<float> xin = xh;
+      cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, F, DType::kF32});
+      std::vector<float> first;
+      for (size_t w = 0; w < ways.size(); ++w) {
+        const std::string what = "linear_swiglu [" + std::to_string(F) + "x4096]" + set_way(w);
+        Guarded os = dev_out(size_t(T * F) * 2);
+        gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, F, DType::kBF16});
+        ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
+        const auto out = read(os, DType::kBF16, what);
+        expect_close(out, ref, bound * 1.5, what);
+        if (w == 0) first = out;
+        else EXPECT_TRUE(out == first) << what << ": not the same bits as " << ways[0].first << "=" << ways[0].second;
+      }
+      gpu_->free_weight(*dg), gpu_->free_weight(*du);
+    }
+    // q/k/v in one launch, then single matrices
+    {
+      const int64_t H = 4096, rows[3] = {4096, 1024, 1024};
+      const std::vector<float> xh = rows_of(H);
+      Guarded gx = dev_bf16(xh);
+      std::vector<HostWeight> hw;
+      std::vector<WeightMatrix> dw;
+      for (int64_t r : rows) {
+        hw.push_back(make_weight(rng_, r, H, 4, 64, DType::kBF16, false));
+        auto d = gpu_->upload_weight(hw.back().w);
+        ASSERT_TRUE(d.is_ok());
+        dw.push_back(*d);
+      }
+      std::vector<float> first[3];
+      for (size_t w = 0; w < ways.size(); ++w) {
+        const std::string what = "linear_multi q/k/v" + set_way(w);
+        std::vector<Guarded> go;
+        for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
+        const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
+        const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
+                             Act{go[2].data(), T, rows[2], DType::kBF16}};
+        gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+        ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
+        for (int i = 0; i < 3; ++i) {
+          const std::string name = what + " matrix " + std::to_string(i);
+          const auto out = read(go[size_t(i)], DType::kBF16, name);
+          expect_close(out, cpu_linear(xh, T, hw[size_t(i)].w), bound, name);
+          if (w == 0) first[i] = out;
+          else EXPECT_TRUE(out == first[i]) << name << ": not the same bits as the first way";
+        }
+      }
+      for (auto& d : dw) gpu_->free_weight(d);
+    }
+    for (const auto& [rows, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {1371, 12288}}) {
+      const std::vector<float> xk = rows_of(K);
+      Guarded gx = dev_bf16(xk);
+      HostWeight hw = make_weight(rng_, rows, K, 4, 64, DType::kBF16, false);
+      auto dw = gpu_->upload_weight(hw.w);
+      ASSERT_TRUE(dw.is_ok()) << dw.status().message();
+      const auto ref = cpu_linear(xk, T, hw.w);
+      std::vector<float> first;
+      for (size_t w = 0; w < ways.size(); ++w) {
+        const std::string what = "linear [" + std::to_string(rows) + "x" + std::to_string(K) + "]" + set_way(w);
+        Guarded go = dev_out(size_t(T * rows) * 2);
+        gpu_->linear(Act{gx.data(), T, K, DType::kBF16}, *dw, Act{go.data(), T, rows, DType::kBF16});
+        ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
+        const auto out = read(go, DType::kBF16, what);
+        expect_close(out, ref, bound, what);
+        if (w == 0) first = out;
+        else EXPECT_TRUE(out == first) << what << ": not the same bits as the first way";
+      }
+      gpu_->free_weight(*dw);
+    }
+  }
   // A zeroed paged KV cache of kv's shape on the host (host, kv.base) and on the device (gkv).
   Guarded make_cache(KVCacheView& kv, std::vector<uint16_t>& host, KVCacheView& gkv) {
     host.assign(kv.page_elems() * size_t(kv.n_pages), 0);
@@ -382,103 +482,20 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
     }
 }
 
-// The one-token streamed mat-vec's instances (qgemv_stream.cu): without the fused forms' code (FU =
-// false, the default), with it (ANVIL_QGEMV_PLAIN=0), and the gate/up instance whose registers allow 6
-// blocks per SM (ANVIL_QGEMV_GU6=1). The same arithmetic in the same order, so every output must be the
-// same bits, and the CPU's within the linear bound. Shapes: gate/up of 768 tiles (4-warp blocks: the
-// GU6 instance) and of 128 (8-warp blocks), q/k/v of 384 tiles in one launch, a 256-tile linear
-// (8 warps) and K = 12,288 with a partial last tile. The rules are read at every launch. (Written in
-// session 48 after its device time was spent: not yet run on a GPU.)
+// The streamed mat-vec's instances (qgemv_stream.cu) give the same bits: one token without the fused
+// forms' code (FU = false, the default), with it (ANVIL_QGEMV_PLAIN=0), and the gate/up instance whose
+// registers allow 6 blocks per SM (ANVIL_QGEMV_GU6=1); 2-8 tokens with it (the default) and without
+// (ANVIL_QGEMV_PLAIN_T=1). The same arithmetic in the same order, so every output must be the same
+// bits, and the CPU's within the linear bound (expect_instances_same_bits). (Written in session 48
+// after its device time was spent: not yet run on a GPU.)
 TEST_F(CudaOps, OneTokenMatVecInstancesGiveTheSameBits) {
-  const cuda_test::ScopedEnv env{"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6"};
-  const std::vector<std::pair<const char*, const char*>> ways = {
-      {"ANVIL_QGEMV_PLAIN", "0"}, {"ANVIL_QGEMV_PLAIN", "1"}, {"ANVIL_QGEMV_GU6", "1"}};
-  auto set_way = [&](size_t i) {
-    unsetenv("ANVIL_QGEMV_PLAIN");
-    unsetenv("ANVIL_QGEMV_GU6");
-    setenv(ways[i].first, ways[i].second, 1);
-    return std::string(" (") + ways[i].first + "=" + ways[i].second + ")";
-  };
-  auto x = randn(size_t(12288));
-  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 40.0f;
-  // gate/up + SwiGLU
-  for (const int64_t F : {12288, 2048}) {
-    const int64_t H = 4096;
-    const std::vector<float> xh(x.begin(), x.begin() + H);
-    Guarded gx = dev_bf16(xh);
-    HostWeight g = make_weight(rng_, F, H, 4, 64, DType::kBF16, false);
-    HostWeight u = make_weight(rng_, F, H, 4, 64, DType::kBF16, false);
-    auto dg = gpu_->upload_weight(g.w), du = gpu_->upload_weight(u.w);
-    ASSERT_TRUE(dg.is_ok() && du.is_ok());
-    std::vector<float> ref(static_cast<size_t>(F));
-    std::vector<float> xin = xh;
-    cpu_->linear_swiglu(Act{xin.data(), 1, H, DType::kF32}, g.w, u.w, Act{ref.data(), 1, F, DType::kF32});
-    std::vector<float> first;
-    for (size_t w = 0; w < ways.size(); ++w) {
-      const std::string what = "linear_swiglu [" + std::to_string(F) + "x4096]" + set_way(w);
-      Guarded os = dev_out(size_t(F) * 2);
-      gpu_->linear_swiglu(Act{gx.data(), 1, H, DType::kBF16}, *dg, *du, Act{os.data(), 1, F, DType::kBF16});
-      ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
-      const auto out = read(os, DType::kBF16, what);
-      expect_close(out, ref, kGemvBound * 1.5, what);
-      if (w == 0) first = out;
-      else EXPECT_TRUE(out == first) << what << ": not the same bits as " << ways[0].first << "=" << ways[0].second;
-    }
-    gpu_->free_weight(*dg), gpu_->free_weight(*du);
-  }
-  // q/k/v in one launch, then single matrices
-  {
-    const int64_t H = 4096, rows[3] = {4096, 1024, 1024};
-    const std::vector<float> xh(x.begin(), x.begin() + H);
-    Guarded gx = dev_bf16(xh);
-    std::vector<HostWeight> hw;
-    std::vector<WeightMatrix> dw;
-    for (int64_t r : rows) {
-      hw.push_back(make_weight(rng_, r, H, 4, 64, DType::kBF16, false));
-      auto d = gpu_->upload_weight(hw.back().w);
-      ASSERT_TRUE(d.is_ok());
-      dw.push_back(*d);
-    }
-    std::vector<float> first[3];
-    for (size_t w = 0; w < ways.size(); ++w) {
-      const std::string what = "linear_multi q/k/v" + set_way(w);
-      std::vector<Guarded> go;
-      for (int64_t r : rows) go.push_back(dev_out(size_t(r) * 2));
-      const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
-      const Act outs[3] = {Act{go[0].data(), 1, rows[0], DType::kBF16}, Act{go[1].data(), 1, rows[1], DType::kBF16},
-                           Act{go[2].data(), 1, rows[2], DType::kBF16}};
-      gpu_->linear_multi(Act{gx.data(), 1, H, DType::kBF16}, ws, outs);
-      ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
-      for (int i = 0; i < 3; ++i) {
-        const std::string name = what + " matrix " + std::to_string(i);
-        const auto out = read(go[size_t(i)], DType::kBF16, name);
-        expect_close(out, cpu_linear(xh, 1, hw[size_t(i)].w), kGemvBound, name);
-        if (w == 0) first[i] = out;
-        else EXPECT_TRUE(out == first[i]) << name << ": not the same bits as the first way";
-      }
-    }
-    for (auto& d : dw) gpu_->free_weight(d);
-  }
-  for (const auto& [rows, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {1371, 12288}}) {
-    const std::vector<float> xk(x.begin(), x.begin() + K);
-    Guarded gx = dev_bf16(xk);
-    HostWeight hw = make_weight(rng_, rows, K, 4, 64, DType::kBF16, false);
-    auto dw = gpu_->upload_weight(hw.w);
-    ASSERT_TRUE(dw.is_ok()) << dw.status().message();
-    const auto ref = cpu_linear(xk, 1, hw.w);
-    std::vector<float> first;
-    for (size_t w = 0; w < ways.size(); ++w) {
-      const std::string what = "linear [" + std::to_string(rows) + "x" + std::to_string(K) + "]" + set_way(w);
-      Guarded go = dev_out(size_t(rows) * 2);
-      gpu_->linear(Act{gx.data(), 1, K, DType::kBF16}, *dw, Act{go.data(), 1, rows, DType::kBF16});
-      ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
-      const auto out = read(go, DType::kBF16, what);
-      expect_close(out, ref, kGemvBound, what);
-      if (w == 0) first = out;
-      else EXPECT_TRUE(out == first) << what << ": not the same bits as the first way";
-    }
-    gpu_->free_weight(*dw);
-  }
+  expect_instances_same_bits(1, {{"ANVIL_QGEMV_PLAIN", "0"}, {"ANVIL_QGEMV_PLAIN", "1"}, {"ANVIL_QGEMV_GU6", "1"}},
+                             kGemvBound);
+}
+TEST_F(CudaOps, BatchMatVecPlainInstancesGiveTheSameBits) {
+  for (const int64_t T : {2, 5, 8})
+    ASSERT_NO_FATAL_FAILURE(
+        expect_instances_same_bits(T, {{"ANVIL_QGEMV_PLAIN_T", "0"}, {"ANVIL_QGEMV_PLAIN_T", "1"}}, kGemmBound));
 }
 
 // The norm planes (the default; ANVIL_CUDA_NORM_PLANES=0 turns them off): a one-row norm also writes

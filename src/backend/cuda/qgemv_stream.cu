@@ -443,6 +443,14 @@ bool gu6_rule() {
   return e && *e == '1';
 }
 
+// ANVIL_QGEMV_PLAIN_T=1 (for measuring): launches of 2-8 tokens (batched decode) without a fused
+// form take FU = false instances too (the tensor-core form; one-token launches take them by default).
+// Read at every launch, as plain_rule.
+bool plain_t_rule() {
+  const char* e = std::getenv("ANVIL_QGEMV_PLAIN_T");
+  return e && *e == '1';
+}
+
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
     const char* e = std::getenv("ANVIL_QGEMV_RING");
@@ -497,6 +505,13 @@ cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, co
         case 4: return async_launch_one<SW, W, 4 / m, true, false, false>(tiles, smem, s, p);
         case 6: return async_launch_one<SW, W, 6 / m, true, false, false>(tiles, smem, s, p);
         default: return async_launch_one<SW, W, 8 / m, true, false, false>(tiles, smem, s, p);
+      }
+  }
+  if constexpr (!INT) {
+    if (!p.norm_w && !p.residual && plain_t_rule()) switch (S * m) {
+        case 4: return async_launch_one<SW, W, 4 / m, false, false, false>(tiles, smem, s, p);
+        case 6: return async_launch_one<SW, W, 6 / m, false, false, false>(tiles, smem, s, p);
+        default: return async_launch_one<SW, W, 8 / m, false, false, false>(tiles, smem, s, p);
       }
   }
   switch (S * m) {
