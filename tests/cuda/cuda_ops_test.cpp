@@ -55,13 +55,16 @@ class CudaOps : public CudaFixture {
   }
   // The streamed mat-vec's instances under each of `ways` (one switch each, set in turn; the others
   // unset), for T tokens: the outputs must be the same bits under every way, and the CPU's within
-  // bound. Shapes: gate/up of 768 tiles (4-warp blocks: the GU6 instance at T = 1) and of 128 (8-warp
-  // blocks), q/k/v of 384 tiles in one launch, a 256-tile linear (8 warps) and K = 12,288 with a
-  // partial last tile. The rules are read at every launch.
+  // bound. Shapes: gate/up of 768 tiles (4-warp blocks: the GU6 instance at T = 1), of 128 (8-warp
+  // blocks) and qwen3-0.6b's (8 warps of 1 step each: a ring of 2 with ANVIL_QGEMV_RING_FIT), q/k/v
+  // of 384 tiles in one launch, a 256-tile linear (8 warps of 4 steps: a ring of 4 when fitted),
+  // K = 12,288 with a partial last tile, and qwen3-0.6b's o and a 1,024-column matrix (2 and 1 steps
+  // per warp). The rules are read at every launch.
   void expect_instances_same_bits(int64_t T, const std::vector<std::pair<const char*, const char*>>& ways, double bound) {
-    const cuda_test::ScopedEnv env{"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6", "ANVIL_QGEMV_PLAIN_T"};
+    const cuda_test::ScopedEnv env{"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6", "ANVIL_QGEMV_PLAIN_T", "ANVIL_QGEMV_RING_FIT"};
     auto set_way = [&](size_t i) {
-      for (const char* v : {"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6", "ANVIL_QGEMV_PLAIN_T"}) unsetenv(v);
+      for (const char* v : {"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_GU6", "ANVIL_QGEMV_PLAIN_T", "ANVIL_QGEMV_RING_FIT"})
+        unsetenv(v);
       setenv(ways[i].first, ways[i].second, 1);
       return std::string(" T=") + std::to_string(T) + " (" + ways[i].first + "=" + ways[i].second + ")";
     };
@@ -75,8 +78,7 @@ class CudaOps : public CudaFixture {
       return xs;
     };
     // gate/up + SwiGLU
-    for (const int64_t F : {12288, 2048}) {
-      const int64_t H = 4096;
+    for (const auto& [F, H] : {std::pair<int64_t, int64_t>{12288, 4096}, {2048, 4096}, {3072, 1024}}) {
       const std::vector<float> xh = rows_of(H);
       Guarded gx = dev_bf16(xh);
       HostWeight g = make_weight(rng_, F, H, 4, 64, DType::kBF16, false);
@@ -88,7 +90,7 @@ class CudaOps : public CudaFixture {
       cpu_->linear_swiglu(Act{xin.data(), T, H, DType::kF32}, g.w, u.w, Act{ref.data(), T, F, DType::kF32});
       std::vector<float> first;
       for (size_t w = 0; w < ways.size(); ++w) {
-        const std::string what = "linear_swiglu [" + std::to_string(F) + "x4096]" + set_way(w);
+        const std::string what = "linear_swiglu [" + std::to_string(F) + "x" + std::to_string(H) + "]" + set_way(w);
         Guarded os = dev_out(size_t(T * F) * 2);
         gpu_->linear_swiglu(Act{gx.data(), T, H, DType::kBF16}, *dg, *du, Act{os.data(), T, F, DType::kBF16});
         ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
@@ -132,7 +134,7 @@ class CudaOps : public CudaFixture {
       }
       for (auto& d : dw) gpu_->free_weight(d);
     }
-    for (const auto& [rows, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {1371, 12288}}) {
+    for (const auto& [rows, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {1371, 12288}, {1024, 2048}, {1024, 1024}}) {
       const std::vector<float> xk = rows_of(K);
       Guarded gx = dev_bf16(xk);
       HostWeight hw = make_weight(rng_, rows, K, 4, 64, DType::kBF16, false);
@@ -485,17 +487,21 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
 // The streamed mat-vec's instances (qgemv_stream.cu) give the same bits: one token without the fused
 // forms' code (FU = false, the default), with it (ANVIL_QGEMV_PLAIN=0), and the gate/up instance whose
 // registers allow 6 blocks per SM (ANVIL_QGEMV_GU6=1); 2-8 tokens with it (the default) and without
-// (ANVIL_QGEMV_PLAIN_T=1). The same arithmetic in the same order, so every output must be the same
-// bits, and the CPU's within the linear bound (expect_instances_same_bits). (Written in session 48
-// after its device time was spent: not yet run on a GPU.)
+// (ANVIL_QGEMV_PLAIN_T=1); and rings cut to the steps each warp has (ANVIL_QGEMV_RING_FIT=1). The
+// same arithmetic in the same order, so every output must be the same bits, and the CPU's within the
+// linear bound (expect_instances_same_bits). (Written in session 48 after its device time was spent:
+// not yet run on a GPU.)
 TEST_F(CudaOps, OneTokenMatVecInstancesGiveTheSameBits) {
-  expect_instances_same_bits(1, {{"ANVIL_QGEMV_PLAIN", "0"}, {"ANVIL_QGEMV_PLAIN", "1"}, {"ANVIL_QGEMV_GU6", "1"}},
+  expect_instances_same_bits(1,
+                             {{"ANVIL_QGEMV_PLAIN", "0"}, {"ANVIL_QGEMV_PLAIN", "1"}, {"ANVIL_QGEMV_GU6", "1"},
+                              {"ANVIL_QGEMV_RING_FIT", "1"}},
                              kGemvBound);
 }
 TEST_F(CudaOps, BatchMatVecPlainInstancesGiveTheSameBits) {
   for (const int64_t T : {2, 5, 8})
     ASSERT_NO_FATAL_FAILURE(
-        expect_instances_same_bits(T, {{"ANVIL_QGEMV_PLAIN_T", "0"}, {"ANVIL_QGEMV_PLAIN_T", "1"}}, kGemmBound));
+        expect_instances_same_bits(
+            T, {{"ANVIL_QGEMV_PLAIN_T", "0"}, {"ANVIL_QGEMV_PLAIN_T", "1"}, {"ANVIL_QGEMV_RING_FIT", "1"}}, kGemmBound));
 }
 
 // The norm planes (the default; ANVIL_CUDA_NORM_PLANES=0 turns them off): a one-row norm also writes

@@ -451,6 +451,17 @@ bool plain_t_rule() {
   return e && *e == '1';
 }
 
+// ANVIL_QGEMV_RING_FIT=1 (for measuring): a launch whose warps have fewer steps each than the ring
+// holds gets the smallest ring (4, 6 or 8 steps; halved with the up matrix) that still holds them
+// all. With n <= S every step is issued before the loop either way, so only the shared memory left
+// unused changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4):
+// room for more of this launch's blocks, or for the next kernel's to become resident under PDL.
+// Read at every launch, as plain_rule.
+bool ring_fit_rule() {
+  const char* e = std::getenv("ANVIL_QGEMV_RING_FIT");
+  return e && *e == '1';
+}
+
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
     const char* e = std::getenv("ANVIL_QGEMV_RING");
@@ -477,9 +488,22 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
   a->S /= M;
   a->integer = T == 1 && int_rule();
+  const int S0 = a->S;
+  auto fit = [&] {  // ANVIL_QGEMV_RING_FIT: the smallest ring that holds each warp's steps
+    a->S = S0;
+    if (forced || !ring_fit_rule()) return;
+    const int64_t per_warp = (K / 128 + a->W - 1) / a->W;
+    for (const int st : {4, 6})
+      if (st / M >= per_warp && st / M < a->S) {
+        a->S = st / M;
+        return;
+      }
+  };
+  fit();
   a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
     a->W = 4;
+    fit();
     a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   }
   return a->smem <= kAsyncMaxSmem;
