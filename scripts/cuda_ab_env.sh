@@ -11,7 +11,8 @@
 # MODELS   synthetic models (default "qwen3-0.6b:q4g64 qwen3-8b:q4g64")
 # ROUNDS   rounds (default 3)
 # ARGS     anvil bench arguments (default "-n 128 --runs 3": tg128 after 512 tokens, best of 3)
-# ENV_B, ENV_C   space-separated VAR=VALUE lists (ENV_B required)
+# ENV_B, ENV_C, ENV_D   space-separated VAR=VALUE lists (ENV_B required; C and D optional variants)
+# TESTS_ENV  also run TESTS once more under these variables (space-separated VAR=VALUE)
 # SKIP_C_SMALL=1 runs C only on models without "0.6b" in their name.
 # Session 46 measured the fused layer flow this way (docs/benchmarks.md).
 set -uo pipefail
@@ -40,6 +41,12 @@ if [ -n "${TESTS:-}" ]; then
   timeout 300 ./build-gpu/tests/anvil_test_cuda --gtest_filter="$TESTS" > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|against the CPU" "$OUT/tests.log" | head -40
+  if [ -n "${TESTS_ENV:-}" ]; then
+    # shellcheck disable=SC2086
+    env $TESTS_ENV timeout 300 ./build-gpu/tests/anvil_test_cuda --gtest_filter="$TESTS" > "$OUT/tests_env.log" 2>&1
+    echo "tests under $TESTS_ENV: rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure" "$OUT/tests_env.log" | head -20
+  fi
 fi
 if [ -n "${GOLDEN:-}" ]; then
   timeout 200 ./build-gpu/tests/anvil_test_model --gtest_filter='*Golden*Cuda*' > "$OUT/golden.log" 2>&1
@@ -50,7 +57,8 @@ fi
 models=${MODELS:-qwen3-0.6b:q4g64 qwen3-8b:q4g64}
 declare -A sum cnt
 vars="A B"
-[ -n "${ENV_C:-}" ] && vars="A B C"
+[ -n "${ENV_C:-}" ] && vars="$vars C"
+[ -n "${ENV_D:-}" ] && vars="$vars D"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   order=$vars
   [ $((r % 2)) = 0 ] && order=$(echo "$vars" | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -59,13 +67,14 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
       e=""
       [ "$b" = B ] && e="$ENV_B"
       [ "$b" = C ] && e="$ENV_C"
+      [ "$b" = D ] && e="$ENV_D"
       if [ "$b" = C ] && [ -n "${SKIP_C_SMALL:-}" ]; then case "$m" in *0.6b*) continue ;; esac; fi
       # shellcheck disable=SC2086
       ab_bench "$r" "$m" "$b" ./build-gpu/anvil "${ARGS:--n 128 --runs 3}" $e
     done
   done
 done
-echo "=== decode tok/s, mean over rounds; A: defaults, B: $ENV_B${ENV_C:+, C: $ENV_C} ==="
+echo "=== decode tok/s, mean over rounds; A: defaults, B: $ENV_B${ENV_C:+, C: $ENV_C}${ENV_D:+, D: $ENV_D} ==="
 for m in $models; do
   for b in $vars; do
     [ -n "${cnt[$m,$b]:-}" ] && [ -n "${cnt[$m,A]:-}" ] || continue
