@@ -108,22 +108,12 @@ class CudaOps : public CudaFixture {
       Guarded gx = dev_bf16(xh);
       std::vector<HostWeight> hw;
       std::vector<WeightMatrix> dw;
-      for (int64_t r : rows) {
-        hw.push_back(make_weight(rng_, r, H, 4, 64, DType::kBF16, false));
-        auto d = gpu_->upload_weight(hw.back().w);
-        ASSERT_TRUE(d.is_ok());
-        dw.push_back(*d);
-      }
+      ASSERT_NO_FATAL_FAILURE(upload_q4_three(H, rows, 64, &hw, &dw));
       std::vector<float> first[3];
       for (size_t w = 0; w < ways.size(); ++w) {
         const std::string what = "linear_multi q/k/v" + set_way(w);
         std::vector<Guarded> go;
-        for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
-        const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
-        const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
-                             Act{go[2].data(), T, rows[2], DType::kBF16}};
-        gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
-        ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
+        ASSERT_NO_FATAL_FAILURE(run_linear_multi3(gx, T, H, rows, dw, what, &go));
         for (int i = 0; i < 3; ++i) {
           const std::string name = what + " matrix " + std::to_string(i);
           const auto out = read(go[size_t(i)], DType::kBF16, name);
@@ -186,23 +176,33 @@ class CudaOps : public CudaFixture {
   }
   // linear_multi of three q4 matrices (rows[i] x H, one launch) on x against the CPU, matrix i
   // named what + " matrix i".
+  // Three q4 matrices of `rows` x H (group), made on the host (hw) and uploaded (dw).
+  void upload_q4_three(int64_t H, const int64_t (&rows)[3], int group, std::vector<HostWeight>* hw,
+                       std::vector<WeightMatrix>* dw) {
+    for (int64_t r : rows) {
+      hw->push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
+      auto d = gpu_->upload_weight(hw->back().w);
+      ASSERT_TRUE(d.is_ok());
+      dw->push_back(*d);
+    }
+  }
+  // linear_multi of the three uploaded matrices dw on gx [T, H] into go (their bf16 outputs), synchronized.
+  void run_linear_multi3(const Guarded& gx, int64_t T, int64_t H, const int64_t (&rows)[3],
+                         const std::vector<WeightMatrix>& dw, const std::string& what, std::vector<Guarded>* go) {
+    for (int64_t r : rows) go->push_back(dev_out(size_t(T * r) * 2));
+    const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
+    const Act outs[3] = {Act{(*go)[0].data(), T, rows[0], DType::kBF16}, Act{(*go)[1].data(), T, rows[1], DType::kBF16},
+                         Act{(*go)[2].data(), T, rows[2], DType::kBF16}};
+    gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
+    ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
+  }
   void expect_linear_multi_q4(const std::vector<float>& x, const Guarded& gx, int64_t T, int64_t H,
                               const int64_t (&rows)[3], int group, double bound, const std::string& what) {
     std::vector<HostWeight> hw;
     std::vector<WeightMatrix> dw;
-    for (int64_t r : rows) {
-      hw.push_back(make_weight(rng_, r, H, 4, group, DType::kBF16, false));
-      auto d = gpu_->upload_weight(hw.back().w);
-      ASSERT_TRUE(d.is_ok());
-      dw.push_back(*d);
-    }
+    ASSERT_NO_FATAL_FAILURE(upload_q4_three(H, rows, group, &hw, &dw));
     std::vector<Guarded> go;
-    for (int64_t r : rows) go.push_back(dev_out(size_t(T * r) * 2));
-    const WeightMatrix* ws[3] = {&dw[0], &dw[1], &dw[2]};
-    const Act outs[3] = {Act{go[0].data(), T, rows[0], DType::kBF16}, Act{go[1].data(), T, rows[1], DType::kBF16},
-                         Act{go[2].data(), T, rows[2], DType::kBF16}};
-    gpu_->linear_multi(Act{gx.data(), T, H, DType::kBF16}, ws, outs);
-    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    ASSERT_NO_FATAL_FAILURE(run_linear_multi3(gx, T, H, rows, dw, what, &go));
     for (int i = 0; i < 3; ++i) {
       const std::string name = what + " matrix " + std::to_string(i);
       expect_close(read(go[size_t(i)], DType::kBF16, name), cpu_linear(x, T, hw[size_t(i)].w), bound, name);

@@ -420,47 +420,39 @@ bool int_rule() {
   return on;
 }
 
+// A per-launch switch: the variable's first character '1' (or '0' for a switch on by default) flips
+// it. Read at every launch (a decode step's launches are captured once), so that a test can compare
+// both ways in one process.
+bool launch_switch(const char* name, bool on_by_default) {
+  const char* e = std::getenv(name);
+  return e && *e == (on_by_default ? '0' : '1') ? !on_by_default : on_by_default;
+}
+
 // One-token launches without a fused form take the instances compiled without those forms' code
 // (FU = false in qgemv4_async_kernel: 84-88 registers against 109-122). With fewer registers the
 // one-token gate/up blocks (4 warps) fit 5 to an SM instead of 4, so qwen3-8b's 768 gate/up tiles
 // need 1.2 waves instead of 1.5. Session 48 (H100, against the default FU = true instances in the
 // same call): qwen3-8b q4g64 decode 376.1 -> 426.6 tok/s, qwen3-30b-a3b-16L 1,052.6 -> 1,136.3,
 // qwen3-0.6b 1,365.4 -> 1,384.8. ANVIL_QGEMV_PLAIN=0 goes back to the FU = true instances (for
-// measuring). Read at every launch (a decode step's launches are captured once), so that a test
-// can compare both in one process.
-bool plain_rule() {
-  const char* e = std::getenv("ANVIL_QGEMV_PLAIN");
-  return !(e && *e == '0');
-}
+// measuring).
+bool plain_rule() { return launch_switch("ANVIL_QGEMV_PLAIN", true); }
 
 // ANVIL_QGEMV_GU6=1 (for measuring): the plain one-token gate/up launch of 4-warp blocks and a ring
 // of 4 steps takes an instance whose registers allow 6 blocks per SM (__launch_bounds__ minimum 6:
 // at most 80 registers), so that all of qwen3-8b's 768 gate/up tiles are resident at once (shared
-// memory allows 6: 34,816 + 512 static + 1,024 reserved bytes each). Read at every launch, as
-// plain_rule.
-bool gu6_rule() {
-  const char* e = std::getenv("ANVIL_QGEMV_GU6");
-  return e && *e == '1';
-}
+// memory allows 6: 34,816 + 512 static + 1,024 reserved bytes each).
+bool gu6_rule() { return launch_switch("ANVIL_QGEMV_GU6", false); }
 
 // ANVIL_QGEMV_PLAIN_T=1 (for measuring): launches of 2-8 tokens (batched decode) without a fused
 // form take FU = false instances too (the tensor-core form; one-token launches take them by default).
-// Read at every launch, as plain_rule.
-bool plain_t_rule() {
-  const char* e = std::getenv("ANVIL_QGEMV_PLAIN_T");
-  return e && *e == '1';
-}
+bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", false); }
 
 // ANVIL_QGEMV_RING_FIT=1 (for measuring): a launch whose warps have fewer steps each than the ring
 // holds gets the smallest ring (4, 6 or 8 steps; halved with the up matrix) that still holds them
 // all. With n <= S every step is issued before the loop either way, so only the shared memory left
 // unused changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4):
 // room for more of this launch's blocks, or for the next kernel's to become resident under PDL.
-// Read at every launch, as plain_rule.
-bool ring_fit_rule() {
-  const char* e = std::getenv("ANVIL_QGEMV_RING_FIT");
-  return e && *e == '1';
-}
+bool ring_fit_rule() { return launch_switch("ANVIL_QGEMV_RING_FIT", false); }
 
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
@@ -521,22 +513,16 @@ cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, co
         default: return async_launch_one<false, W, 8, true, true>(tiles, smem, s, p);
       }
   }
-  if constexpr (INT) {
-    if constexpr (SW && W == 4)
-      if (S * m == 8 && !p.norm_w && plain_rule() && gu6_rule())
-        return async_launch_one<true, 4, 4, true, false, false, 6>(tiles, smem, s, p);
-    if (!p.norm_w && !p.residual && plain_rule()) switch (S * m) {
-        case 4: return async_launch_one<SW, W, 4 / m, true, false, false>(tiles, smem, s, p);
-        case 6: return async_launch_one<SW, W, 6 / m, true, false, false>(tiles, smem, s, p);
-        default: return async_launch_one<SW, W, 8 / m, true, false, false>(tiles, smem, s, p);
-      }
-  }
-  if constexpr (!INT) {
-    if (!p.norm_w && !p.residual && plain_t_rule()) switch (S * m) {
-        case 4: return async_launch_one<SW, W, 4 / m, false, false, false>(tiles, smem, s, p);
-        case 6: return async_launch_one<SW, W, 6 / m, false, false, false>(tiles, smem, s, p);
-        default: return async_launch_one<SW, W, 8 / m, false, false, false>(tiles, smem, s, p);
-      }
+  // No fused form: the instances without its code (FU = false; one token by default, 2-8 tokens
+  // under ANVIL_QGEMV_PLAIN_T=1).
+  if (!p.norm_w && !p.residual && (INT ? plain_rule() : plain_t_rule())) {
+    if constexpr (INT && SW && W == 4)
+      if (S * m == 8 && gu6_rule()) return async_launch_one<true, 4, 4, true, false, false, 6>(tiles, smem, s, p);
+    switch (S * m) {
+      case 4: return async_launch_one<SW, W, 4 / m, INT, false, false>(tiles, smem, s, p);
+      case 6: return async_launch_one<SW, W, 6 / m, INT, false, false>(tiles, smem, s, p);
+      default: return async_launch_one<SW, W, 8 / m, INT, false, false>(tiles, smem, s, p);
+    }
   }
   switch (S * m) {
     case 4: return async_launch_one<SW, W, 4 / m, INT>(tiles, smem, s, p);
