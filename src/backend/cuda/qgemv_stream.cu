@@ -67,46 +67,6 @@ inline size_t async_smem_bytes(int W, int S, int M, int T, int64_t K, int group,
          (INT ? int_x_bytes(K) : size_t(T) * size_t(K) * 2);
 }
 
-// The end of the one-token (INT) form: after int_quad_sum, lane (g, c = 0) of each warp holds its
-// part of rows g and g + 8 (acc[matrix][0 / 1]); warp 0's lanes c = 0 add the W parts in warp order
-// and store the rows. The sums and their order are finish_tile's (which reads the same two elements
-// of token 0 and skips the rest), so the outputs are the same bits; its buffer is 16 floats per
-// warp and matrix instead of 128 (W = 4 with the up matrix: 512 bytes of static shared memory
-// instead of 4,096). Only the GU6 instance (MINB = 6) uses it so far: written in session 48 after
-// its device time was spent, not yet run on a GPU.
-template <bool SWIGLU, int W, bool FU>
-__device__ __forceinline__ void finish_tile_one(const TcParams& p, const TcSeg& m, int64_t r0, const float* tok_ss,
-                                                const float (&acc)[SWIGLU ? 2 : 1][2], const float* hpre) {
-  constexpr int M = SWIGLU ? 2 : 1;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, c = lane & 3;
-  __shared__ float red[W][M][2][8];
-  if (c == 0) {
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) red[warp][mi][h][g] = acc[mi][h];
-  }
-  __syncthreads();
-  if (warp != 0 || c != 0) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float v = 0, u = 0;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      v += red[w][0][h][g];
-      if constexpr (SWIGLU) u += red[w][M - 1][h][g];
-    }
-    const int64_t row = r0 + g + h * 8;
-    if (row >= m.rows) continue;
-    if (FU && tok_ss && p.norm_w) {
-      const float inv = rsqrtf(tok_ss[0] / float(p.K) + p.eps);
-      v *= inv, u *= inv;
-    }
-    store_out<SWIGLU, FU>(p, m, row, 0, v, u, hpre, h);
-  }
-}
-
 // The explicit minimum of 1 block per SM matters: without it ptxas picks fewer registers (48 instead of
 // 64 here) and spills in some shapes.
 // INT: one token (p.T == 1), multiplied as integers on the CUDA cores (qgemv_int.cuh).
@@ -118,10 +78,8 @@ __device__ __forceinline__ void finish_tile_one(const TcParams& p, const TcSeg& 
 // path's code no longer moves with edits to theirs (session 47, H100: qwen3-8b q4g64 decode, which
 // takes no fused form, went 404 -> 395 -> 375 tok/s over two commits that changed only the fused
 // forms' code) and more gate/up blocks fit on an SM (session 48: 376 -> 427 tok/s).
-// MINB: the blocks per SM the registers must allow (__launch_bounds__; 1 but for the measured
-// ANVIL_QGEMV_GU6=1 gate/up instance, async_launch_w).
-template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false, bool FU = true, int MINB = 1>
-__global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) {
+template <bool SWIGLU, int W, int S, bool INT, bool ROPE = false, bool FU = true>
+__global__ void __launch_bounds__(W * 32, 1) qgemv4_async_kernel(TcParams p) {
   constexpr int M = SWIGLU ? 2 : 1;
   const bool fnorm = FU && p.norm_w != nullptr, fres = FU && p.residual;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -329,16 +287,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
       tok_ss[0] = ss;  // read after finish_tile's barrier
     }
     int_quad_sum<M>(acc);  // lanes c = 0 hold rows g and g + 8
-    // The GU6 instance needs the smaller buffer to fit 6 blocks; the others keep finish_tile (what
-    // the GPU runs have measured) until finish_tile_one has run on one.
-    if constexpr (MINB > 1) {
-      finish_tile_one<SWIGLU, W, FU>(p, m, r0, tok_ss, acc, fres ? hpre : nullptr);
-    } else {
-      // finish_tile reads accumulator elements 0 and 2 of lanes c = 0 (the others are tokens >= 1: unused).
-      finish_tile<SWIGLU, W, 1, FU>(p, m, r0, tok_ss,
-                                    [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
-                                    fres ? hpre : nullptr);
-    }
+    // finish_tile reads accumulator elements 0 and 2 of lanes c = 0 (the others are tokens >= 1: unused).
+    finish_tile<SWIGLU, W, 1, FU>(p, m, r0, tok_ss, [&](int mi, int, int i) { return (i & 1) ? 0.0f : acc[mi][i >> 1]; },
+                                  fres ? hpre : nullptr);
     if constexpr (ROPE) {
       // The rope epilogue, by warp 0 (which stored the block's rows): each lane's stores made
       // visible device-wide, then the item's arrival counted (a q head: D / 16 tiles; a kv head:
@@ -396,12 +347,12 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv4_async_kernel(TcParams p) 
 
 constexpr size_t kAsyncMaxSmem = 160 * 1024;
 
-template <bool SW, int W, int S, bool INT, bool ROPE = false, bool FU = true, int MINB = 1>
+template <bool SW, int W, int S, bool INT, bool ROPE = false, bool FU = true>
 cudaError_t async_launch_one(int64_t tiles, size_t smem, cudaStream_t s, const TcParams& p) {
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT, ROPE, FU, MINB>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemv4_async_kernel<SW, W, S, INT, ROPE, FU>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAsyncMaxSmem));
   if (attr != cudaSuccess) return attr;
-  launch_k(qgemv4_async_kernel<SW, W, S, INT, ROPE, FU, MINB>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
+  launch_k(qgemv4_async_kernel<SW, W, S, INT, ROPE, FU>, dim3(unsigned(tiles)), dim3(W * 32), smem, s, p);
   return cudaGetLastError();
 }
 
@@ -437,15 +388,11 @@ bool launch_switch(const char* name, bool on_by_default) {
 // measuring).
 bool plain_rule() { return launch_switch("ANVIL_QGEMV_PLAIN", true); }
 
-// ANVIL_QGEMV_GU6=1 (for measuring): the plain one-token gate/up launch of 4-warp blocks and a ring
-// of 4 steps takes an instance whose registers allow 6 blocks per SM (__launch_bounds__ minimum 6:
-// at most 80 registers), so that all of qwen3-8b's 768 gate/up tiles are resident at once (shared
-// memory allows 6: 34,816 + 512 static + 1,024 reserved bytes each).
-bool gu6_rule() { return launch_switch("ANVIL_QGEMV_GU6", false); }
-
-// ANVIL_QGEMV_PLAIN_T=1 (for measuring): launches of 2-8 tokens (batched decode) without a fused
-// form take FU = false instances too (the tensor-core form; one-token launches take them by default).
-bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", false); }
+// Launches of 2-8 tokens (batched decode) without a fused form take FU = false instances too (the
+// tensor-core form, 72-86 registers). Session 49 (H100, bench-kv, qwen3-8b q4g64, median per step,
+// two runs each way): 4 sequences 3.26-3.27 ms against 3.45-3.48, 8 sequences 3.96-4.01 against
+// 4.22 (-6%). ANVIL_QGEMV_PLAIN_T=0 goes back (for measuring).
+bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", true); }
 
 // ANVIL_QGEMV_RING_FIT=1 (for measuring): a launch whose warps have fewer steps each than the ring
 // holds gets the smallest ring (4, 6 or 8 steps; halved with the up matrix) that still holds them
@@ -453,6 +400,8 @@ bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", false); }
 // unused changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4):
 // room for more of this launch's blocks, or for the next kernel's to become resident under PDL.
 bool ring_fit_rule() { return launch_switch("ANVIL_QGEMV_RING_FIT", false); }
+// ANVIL_QGEMV_RING_FIT8=1 (for measuring): the same, only for launches of 8-warp blocks.
+bool ring_fit8_rule() { return launch_switch("ANVIL_QGEMV_RING_FIT8", false); }
 
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
@@ -483,7 +432,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   const int S0 = a->S;
   auto fit = [&] {  // ANVIL_QGEMV_RING_FIT: the smallest ring that holds each warp's steps
     a->S = S0;
-    if (forced || !ring_fit_rule()) return;
+    if (forced || !(ring_fit_rule() || (a->W == 8 && ring_fit8_rule()))) return;
     const int64_t per_warp = (K / 128 + a->W - 1) / a->W;
     for (const int st : {4, 6})
       if (st / M >= per_warp && st / M < a->S) {
@@ -513,11 +462,9 @@ cudaError_t async_launch_w(int S, int64_t tiles, size_t smem, cudaStream_t s, co
         default: return async_launch_one<false, W, 8, true, true>(tiles, smem, s, p);
       }
   }
-  // No fused form: the instances without its code (FU = false; one token by default, 2-8 tokens
-  // under ANVIL_QGEMV_PLAIN_T=1).
+  // No fused form: the instances without its code (FU = false; by default, plain_rule and
+  // plain_t_rule).
   if (!p.norm_w && !p.residual && (INT ? plain_rule() : plain_t_rule())) {
-    if constexpr (INT && SW && W == 4)
-      if (S * m == 8 && gu6_rule()) return async_launch_one<true, 4, 4, true, false, false, 6>(tiles, smem, s, p);
     switch (S * m) {
       case 4: return async_launch_one<SW, W, 4 / m, INT, false, false>(tiles, smem, s, p);
       case 6: return async_launch_one<SW, W, 6 / m, INT, false, false>(tiles, smem, s, p);
