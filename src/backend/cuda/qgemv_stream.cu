@@ -399,9 +399,12 @@ bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", true); }
 // all. With n <= S every step is issued before the loop either way, so only the shared memory left
 // unused changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4):
 // room for more of this launch's blocks, or for the next kernel's to become resident under PDL.
-bool ring_fit_rule() { return launch_switch("ANVIL_QGEMV_RING_FIT", false); }
-// ANVIL_QGEMV_RING_FIT8=1 (for measuring): the same, only for launches of 8-warp blocks.
-bool ring_fit8_rule() { return launch_switch("ANVIL_QGEMV_RING_FIT8", false); }
+// ANVIL_QGEMV_RING_FIT=8 or =4: only launches of 8-warp (4-warp) blocks. Session 49 (H100): qwen3-8b
+// +0.8-1.3%, qwen3-0.6b +1.3-1.5%, qwen3-30b-a3b-16L -1.4 to -3.0% (every round), so not the default.
+bool ring_fit_rule(int W) {
+  const char* e = std::getenv("ANVIL_QGEMV_RING_FIT");
+  return e && (*e == '1' || *e == '0' + W);
+}
 
 bool ring_override(int* W, int* S) {
   static const std::pair<int, int> v = [] {
@@ -432,7 +435,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   const int S0 = a->S;
   auto fit = [&] {  // ANVIL_QGEMV_RING_FIT: the smallest ring that holds each warp's steps
     a->S = S0;
-    if (forced || !(ring_fit_rule() || (a->W == 8 && ring_fit8_rule()))) return;
+    if (forced || !ring_fit_rule(a->W)) return;
     const int64_t per_warp = (K / 128 + a->W - 1) / a->W;
     for (const int st : {4, 6})
       if (st / M >= per_warp && st / M < a->S) {
