@@ -55,8 +55,8 @@ class CudaOps : public CudaFixture {
   }
   // The streamed mat-vec's instances under each of `ways` (one switch each, set in turn; the others
   // unset), for T tokens: the outputs must be the same bits under every way, and the CPU's within
-  // bound. Shapes: gate/up of 768 tiles (4-warp blocks), of 128 (8-warp blocks) and qwen3-0.6b's (8 warps of 1 step each: a ring of 2 with ANVIL_QGEMV_RING_FIT), q/k/v
-  // of 384 tiles in one launch, a 256-tile linear (8 warps of 4 steps: a ring of 4 when fitted),
+  // bound. Shapes: gate/up of 768 tiles (4-warp blocks), of 128 (8-warp blocks) and qwen3-0.6b's (8
+  // warps of 1 step each: a ring of 2 with ANVIL_QGEMV_RING_FIT), q/k/v of 384 tiles in one launch, a 256-tile linear (8 warps of 4 steps: a ring of 4 when fitted),
   // K = 12,288 with a partial last tile, and qwen3-0.6b's o and a 1,024-column matrix (2 and 1 steps
   // per warp). The rules are read at every launch.
   void expect_instances_same_bits(int64_t T, const std::vector<std::pair<const char*, const char*>>& ways, double bound) {
@@ -486,8 +486,8 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
 // The streamed mat-vec's instances (qgemv_stream.cu) give the same bits: without the fused forms'
 // code (FU = false, the default at one token and at 2-8) and with it (ANVIL_QGEMV_PLAIN=0,
 // ANVIL_QGEMV_PLAIN_T=0); and rings cut to the steps each warp has (ANVIL_QGEMV_RING_FIT=1, or in
-// 8-warp launches only: =8). The same arithmetic in the same order, so every
-// output must be the same bits, and the CPU's within the linear bound (expect_instances_same_bits).
+// 8-warp launches only: =8). The same arithmetic in the same order, so every output must be the same
+// bits, and the CPU's within the linear bound (expect_instances_same_bits).
 // Session 49 ran both on an H100 (with the gate/up instance of 6 blocks per SM, since removed).
 TEST_F(CudaOps, OneTokenMatVecInstancesGiveTheSameBits) {
   expect_instances_same_bits(1,
