@@ -56,9 +56,10 @@ class CudaOps : public CudaFixture {
   // The streamed mat-vec's instances under each of `ways` (one switch each, set in turn; the others
   // unset), for T tokens: the outputs must be the same bits under every way, and the CPU's within
   // bound. Shapes: gate/up of 768 tiles (4-warp blocks), of 128 (8-warp blocks) and qwen3-0.6b's (8
-  // warps of 1 step each: a ring of 2 with ANVIL_QGEMV_RING_FIT), q/k/v of 384 tiles in one launch, a 256-tile linear (8 warps of 4 steps: a ring of 4 when fitted),
-  // K = 12,288 with a partial last tile, and qwen3-0.6b's o and a 1,024-column matrix (2 and 1 steps
-  // per warp). The rules are read at every launch.
+  // warps of 1 step each: a ring of 2 with ANVIL_QGEMV_RING_FIT), q/k/v of 384 tiles in one launch, a
+  // 256-tile linear (8 warps of 4 steps: a ring of 4 when fitted), K = 12,288 with a partial last
+  // tile, and qwen3-0.6b's o and a 1,024-column matrix (2 and 1 steps per warp). The rules are read at
+  // every launch.
   void expect_instances_same_bits(int64_t T, const std::vector<std::pair<const char*, const char*>>& ways, double bound) {
     const cuda_test::ScopedEnv env{"ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_PLAIN_T", "ANVIL_QGEMV_RING_FIT"};
     auto set_way = [&](size_t i) {
