@@ -14,6 +14,7 @@
 # ENV_B, ENV_C, ENV_D   space-separated VAR=VALUE lists (ENV_B required; C and D optional variants)
 # TESTS_ENV  also run TESTS once more under these variables (space-separated VAR=VALUE)
 # SKIP_C_SMALL=1 runs C only on models without "0.6b" in their name.
+# With .prebuilt carried (scripts/cuda_prebuilt.sh pack, here) and matching this tree, nothing is built.
 # Session 46 measured the fused layer flow this way (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +27,19 @@ mkdir -p "$OUT"
 t0=$(date +%s)
 targets="anvil anvil_test_cuda ${EXTRA_TARGETS:-}"
 [ -n "${GOLDEN:-}" ] && targets="$targets anvil_test_model"
-cmake -S . -B build-gpu -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-  -DANVIL_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
-  cmake --build build-gpu -j16 --target $targets >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built in $(( $(date +%s) - t0 )) s"
+# A pack made here from this tree (scripts/cuda_prebuilt.sh, carried as .prebuilt) holding every target
+# saves the build.
+packed=$(sed -n 's/^targets=//p' .prebuilt/stamp 2> /dev/null || true)
+need=
+for t in $targets; do [[ " $packed " == *" $t "* ]] || need="$need $t"; done
+if [ -n "$packed" ] && [ -z "$need" ] && bash scripts/cuda_prebuilt.sh unpack >> "$OUT/build.log" 2>&1; then
+  echo "prebuilt binaries unpacked in $(( $(date +%s) - t0 )) s"
+else
+  cmake -S . -B build-gpu -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+    -DANVIL_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j16 --target $targets >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
 tpid=
 if [ -n "${TRACE_ENV:-}" ]; then
   (cmake -S . -B build-gpu-t -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU machine's build, made here, so that a device call does not spend its first ~100 s compiling:
+#   bash scripts/cuda_prebuilt.sh pack      (here: builds the CUDA targets and packs them into .prebuilt/)
+#   bash scripts/cuda_prebuilt.sh unpack    (there: puts them into build-gpu/ if they match the tree)
+# Carry [".devdeps", ".prebuilt"] (together ~40 MB of the 64 MiB a call may carry).
+#
+# Why it is safe: the binaries are what the device would build from the same sources (the same nvcc,
+# -DANVIL_CUDA_ARCHS=90a, Release, the CPU code without -march=native), and they run there against
+# .devdeps' libraries (source .devdeps/env.sh first). `pack` records a hash of every file under src/,
+# tests/ and CMakeLists.txt; `unpack` recomputes it in the tree it runs in and refuses a pack made
+# from other sources (exit 2: build instead). The test binaries find their data through the source
+# directory compiled into them (ANVIL_SOURCE_DIR, ANVIL_TEST_DATA, ANVIL_SHARED_DIR = ../shared beside
+# it); where the device's checkout is elsewhere, `unpack` links that path to it.
+#
+# PREBUILT_TARGETS  targets (default "anvil anvil_test_cuda anvil_test_model")
+# PREBUILT_DIR      the build directory used here (default build-prebuilt; an existing CUDA build
+#                   configured the same way, e.g. build, saves its compile time)
+# scripts/cuda_ab_env.sh takes the pack when it matches (then it builds nothing it was given).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=${PREBUILT_TARGETS:-anvil anvil_test_cuda anvil_test_model}
+out=.prebuilt
+
+tree_hash() {
+  find src tests CMakeLists.txt -type f -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha1sum |
+    sha1sum | cut -d' ' -f1
+}
+# Where a target's binary lies in a build directory.
+bin_path() { case $1 in anvil) echo anvil ;; *) echo "tests/$1" ;; esac; }
+
+case ${1:-} in
+  pack)
+    dir=${PREBUILT_DIR:-build-prebuilt}
+    if [ ! -f "$dir/CMakeCache.txt" ]; then
+      cmake -S . -B "$dir" -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+        -DANVIL_BUILD_BENCH=OFF > /dev/null
+    fi
+    grep -q '^ANVIL_CUDA_ARCHS:STRING=90a$' "$dir/CMakeCache.txt" &&
+      grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$dir/CMakeCache.txt" &&
+      ! grep -q '^ANVIL_NATIVE:BOOL=ON$' "$dir/CMakeCache.txt" ||
+      { echo "$dir is not configured as the device builds (90a, Release, ANVIL_NATIVE off)" >&2; exit 1; }
+    h=$(tree_hash)
+    # shellcheck disable=SC2086
+    cmake --build "$dir" -j"$(nproc)" --target $targets
+    [ "$(tree_hash)" = "$h" ] || { echo "the sources changed during the build; pack again" >&2; exit 1; }
+    rm -rf "$out" && mkdir -p "$out"
+    for t in $targets; do
+      strip -o "$out/$t" "$dir/$(bin_path "$t")"
+      zstd -q -T0 -10 --rm "$out/$t" -o "$out/$t.zst"
+    done
+    { echo "hash=$h"; echo "src=$PWD"; echo "targets=$targets"; } > "$out/stamp"
+    du -sh "$out"
+    ;;
+  unpack)
+    [ -f "$out/stamp" ] || { echo "no $out/stamp: nothing packed" >&2; exit 2; }
+    h=$(sed -n 's/^hash=//p' "$out/stamp")
+    src=$(sed -n 's/^src=//p' "$out/stamp")
+    if [ "$(tree_hash)" != "$h" ]; then
+      echo "$out was packed from other sources than this tree: build instead" >&2
+      exit 2
+    fi
+    command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
+    for t in $(sed -n 's/^targets=//p' "$out/stamp"); do
+      mkdir -p "build-gpu/$(dirname "$(bin_path "$t")")"
+      zstd -q -d -f "$out/$t.zst" -o "build-gpu/$(bin_path "$t")"
+      chmod +x "build-gpu/$(bin_path "$t")"
+    done
+    if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
+      mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" ||
+        echo "warning: could not link $src to this tree: tests that read data will not find it" >&2
+    fi
+    echo "prebuilt $(sed -n 's/^targets=//p' "$out/stamp") unpacked into build-gpu/"
+    ;;
+  *)
+    echo "usage: $0 pack|unpack" >&2
+    exit 1
+    ;;
+esac
