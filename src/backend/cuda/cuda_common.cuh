@@ -5,8 +5,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -139,6 +142,35 @@ inline bool pdl_enabled() {
   return allowed && pdl_in_capture();
 }
 
+// ANVIL_CUDA_CARVEOUT=P (0-100, for measuring): every kernel launched through launch_kc asks for P%
+// of the SM's unified L1 / shared memory as shared memory (cudaFuncAttributePreferredSharedMemoryCarveout;
+// unset: the driver's choice per kernel). Why: under PDL a kernel's blocks become resident while the
+// kernel before it still runs, in the shared memory it leaves; an SM whose split suits the running
+// kernel (attention: 51 KB a block) may not hold the next one's blocks (qwen3-8b's o projection: two
+// of 84 KB beside one attention block need 220 of the 228 KB), and the split changes only on an idle
+// SM. 100 keeps every SM at the largest split. Read at every launch (a decode graph's launches are
+// captured once), so a test can compare both ways in one process; applied to a kernel when it
+// changes.
+inline cudaError_t apply_carveout(const void* fn) {
+  static std::atomic<bool> ever{false};
+  const char* e = std::getenv("ANVIL_CUDA_CARVEOUT");
+  int p = -1;
+  if (e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end == '\0' && v >= 0 && v <= 100) p = int(v);
+  }
+  if (p < 0 && !ever.load(std::memory_order_relaxed)) return cudaSuccess;  // never set: nothing to undo
+  static std::mutex mu;
+  static std::unordered_map<const void*, int> applied;
+  std::lock_guard<std::mutex> lock(mu);
+  ever.store(true, std::memory_order_relaxed);
+  const auto it = applied.find(fn);
+  if ((it == applied.end() ? -1 : it->second) == p) return cudaSuccess;
+  applied[fn] = p;
+  return cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, p);
+}
+
 // A launch with PDL when pdl_enabled(); with a cluster of more than one block (an int: blocks
 // along x), in thread block clusters of that shape (each grid dimension a multiple of it).
 template <typename... KArgs, typename... Args>
@@ -166,6 +198,7 @@ cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n);
   if (pdl_in_capture()) trace::note_launch(reinterpret_cast<const void*>(kernel));
+  if (const cudaError_t e = apply_carveout(reinterpret_cast<const void*>(kernel)); e != cudaSuccess) return e;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 template <typename... KArgs, typename... Args>
