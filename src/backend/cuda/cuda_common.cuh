@@ -147,7 +147,7 @@ inline bool pdl_enabled() {
 // unset: the driver's choice per kernel). Why: under PDL a kernel's blocks become resident while the
 // kernel before it still runs, in the shared memory it leaves; an SM whose split suits the running
 // kernel (attention: 51 KB a block) may not hold the next one's blocks (qwen3-8b's o projection: two
-// of 84 KB beside one attention block need 220 of the 228 KB), and the split changes only on an idle
+// of 84 KB beside one attention block need 215 of the 228 KiB), and the split changes only on an idle
 // SM. 100 keeps every SM at the largest split. Read at every launch (a decode graph's launches are
 // captured once), so a test can compare both ways in one process; applied to a kernel when it
 // changes.
