@@ -11,7 +11,7 @@
 # MODELS   synthetic models (default "qwen3-0.6b:q4g64 qwen3-8b:q4g64")
 # ROUNDS   rounds (default 3)
 # ARGS     anvil bench arguments (default "-n 128 --runs 3": tg128 after 512 tokens, best of 3)
-# ENV_B, ENV_C, ENV_D   space-separated VAR=VALUE lists (ENV_B required; C and D optional variants)
+# ENV_B .. ENV_E   space-separated VAR=VALUE lists (ENV_B required; C, D and E optional variants)
 # TESTS_ENV  also run TESTS once more under these variables (space-separated VAR=VALUE)
 # SKIP_C_SMALL=1 runs C only on models without "0.6b" in their name.
 # With .prebuilt carried (scripts/cuda_prebuilt.sh pack, here) and matching this tree, nothing is built.
@@ -69,6 +69,7 @@ declare -A sum cnt
 vars="A B"
 [ -n "${ENV_C:-}" ] && vars="$vars C"
 [ -n "${ENV_D:-}" ] && vars="$vars D"
+[ -n "${ENV_E:-}" ] && vars="$vars E"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   order=$vars
   [ $((r % 2)) = 0 ] && order=$(echo "$vars" | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -78,13 +79,14 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
       [ "$b" = B ] && e="$ENV_B"
       [ "$b" = C ] && e="$ENV_C"
       [ "$b" = D ] && e="$ENV_D"
+      [ "$b" = E ] && e="$ENV_E"
       if [ "$b" = C ] && [ -n "${SKIP_C_SMALL:-}" ]; then case "$m" in *0.6b*) continue ;; esac; fi
       # shellcheck disable=SC2086
       ab_bench "$r" "$m" "$b" ./build-gpu/anvil "${ARGS:--n 128 --runs 3}" $e
     done
   done
 done
-echo "=== decode tok/s, mean over rounds; A: defaults, B: $ENV_B${ENV_C:+, C: $ENV_C}${ENV_D:+, D: $ENV_D} ==="
+echo "=== decode tok/s, mean over rounds; A: defaults, B: $ENV_B${ENV_C:+, C: $ENV_C}${ENV_D:+, D: $ENV_D}${ENV_E:+, E: $ENV_E} ==="
 for m in $models; do
   for b in $vars; do
     [ -n "${cnt[$m,$b]:-}" ] && [ -n "${cnt[$m,A]:-}" ] || continue
