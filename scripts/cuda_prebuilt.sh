@@ -40,6 +40,10 @@ case ${1:-} in
       ! grep -q '^ANVIL_NATIVE:BOOL=ON$' "$dir/CMakeCache.txt" ||
       { echo "$dir is not configured as the device builds (90a, Release, ANVIL_NATIVE off)" >&2; exit 1; }
     h=$(tree_hash)
+    # The device's copy of the tree leaves git-ignored files out, so such files here would change its hash.
+    if git status --ignored --short src tests CMakeLists.txt 2> /dev/null | grep -v '__pycache__' | grep -q '^!!'; then
+      echo "warning: git-ignored files under src/ or tests/: the device's tree will not match this pack" >&2
+    fi
     # shellcheck disable=SC2086
     cmake --build "$dir" -j"$(nproc)" --target $targets
     [ "$(tree_hash)" = "$h" ] || { echo "the sources changed during the build; pack again" >&2; exit 1; }
