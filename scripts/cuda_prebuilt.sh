@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's build, made here, so that a device call does not spend its first ~100 s compiling:
 #   bash scripts/cuda_prebuilt.sh pack      (here: builds the CUDA targets and packs them into .prebuilt/)
-#   bash scripts/cuda_prebuilt.sh unpack    (there: puts them into build-gpu/ if they match the tree)
+#   bash scripts/cuda_prebuilt.sh unpack [TARGET...]   (there: puts them into build-gpu/ if they match
+#                                           the tree and hold every TARGET named)
 # Carry [".devdeps", ".prebuilt"] (together ~40 MB of the 64 MiB a call may carry).
 #
 # Why it is safe: the binaries are what the device would build from the same sources (the same nvcc,
@@ -63,8 +64,12 @@ case ${1:-} in
       echo "$out was packed from other sources than this tree: build instead" >&2
       exit 2
     fi
+    packed=$(sed -n 's/^targets=//p' "$out/stamp")
+    for t in "${@:2}"; do
+      [[ " $packed " == *" $t "* ]] || { echo "$out does not hold $t: build instead" >&2; exit 2; }
+    done
     command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
-    for t in $(sed -n 's/^targets=//p' "$out/stamp"); do
+    for t in $packed; do
       mkdir -p "build-gpu/$(dirname "$(bin_path "$t")")"
       zstd -q -d -f "$out/$t.zst" -o "build-gpu/$(bin_path "$t")"
       chmod +x "build-gpu/$(bin_path "$t")"
@@ -73,10 +78,10 @@ case ${1:-} in
       mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" ||
         echo "warning: could not link $src to this tree: tests that read data will not find it" >&2
     fi
-    echo "prebuilt $(sed -n 's/^targets=//p' "$out/stamp") unpacked into build-gpu/"
+    echo "prebuilt $packed unpacked into build-gpu/"
     ;;
   *)
-    echo "usage: $0 pack|unpack" >&2
+    echo "usage: $0 pack | unpack [TARGET...]" >&2
     exit 1
     ;;
 esac
