@@ -20,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda_ab_lib.sh
 : "${ENV_B:?set ENV_B, e.g. ENV_B=ANVIL_CUDA_FUSE=0}"
-[ -f .devdeps/env.sh ] && source .devdeps/env.sh
+if [ -f .devdeps/env.sh ]; then source .devdeps/env.sh; elif [ -f .prebuilt/env.sh ]; then source .prebuilt/env.sh; fi
 command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
 OUT=${OUT:-$PWD/cuda-out}
 mkdir -p "$OUT"

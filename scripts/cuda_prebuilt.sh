@@ -3,11 +3,13 @@
 #   bash scripts/cuda_prebuilt.sh pack      (here: builds the CUDA targets and packs them into .prebuilt/)
 #   bash scripts/cuda_prebuilt.sh unpack [TARGET...]   (there: puts them into build-gpu/ if they match
 #                                           the tree and hold every TARGET named)
-# Carry [".devdeps", ".prebuilt"] (together ~40 MB of the 64 MiB a call may carry).
+# Carry [".prebuilt"] alone: it holds the shared libraries the binaries take from .devdeps and zstd
+# (source .prebuilt/env.sh there); the tree (~38 MB), .devdeps (22 MB) and .prebuilt together pass
+# the 64 MiB a call may carry.
 #
 # Why it is safe: the binaries are what the device would build from the same sources (the same nvcc,
 # -DANVIL_CUDA_ARCHS=90a, Release, the CPU code without -march=native), and they run there against
-# .devdeps' libraries (source .devdeps/env.sh first). `pack` records a hash of every file under src/,
+# the same libraries (.prebuilt/env.sh, or .devdeps/env.sh). `pack` records a hash of every file under src/,
 # tests/ and CMakeLists.txt; `unpack` recomputes it in the tree it runs in and refuses a pack made
 # from other sources (exit 2: build instead). The test binaries find their data through the source
 # directory compiled into them (ANVIL_SOURCE_DIR, ANVIL_TEST_DATA, ANVIL_SHARED_DIR = ../shared beside
@@ -53,6 +55,21 @@ case ${1:-} in
       strip -o "$out/$t" "$dir/$(bin_path "$t")"
       zstd -q -T0 -10 --rm "$out/$t" -o "$out/$t.zst"
     done
+    # The shared libraries the binaries take from .devdeps, and zstd, so that a call can carry .prebuilt
+    # alone (the device copies at most 64 MiB: the tree, .devdeps and .prebuilt together are more).
+    if [ -d .devdeps/root ]; then
+      mkdir -p "$out/lib" "$out/bin"
+      for t in $targets; do
+        (source .devdeps/env.sh && ldd "$dir/$(bin_path "$t")") | awk '$3 ~ /\.devdeps\// {print $3}'
+      done | sort -u | while read -r so; do cp -L "$so" "$out/lib/"; done
+      [ -x .devdeps/bin/zstd ] && cp .devdeps/bin/zstd "$out/bin/"
+      cat > "$out/env.sh" << 'ENV'
+# Source on the GPU machine when .devdeps is not carried: the loader finds the packed libraries.
+_p="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export LD_LIBRARY_PATH="$_p/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+command -v zstd > /dev/null || export PATH="$_p/bin:$PATH"
+ENV
+    fi
     { echo "hash=$h"; echo "src=$PWD"; echo "targets=$targets"; } > "$out/stamp"
     du -sh "$out"
     ;;
@@ -69,6 +86,7 @@ case ${1:-} in
       [[ " $packed " == *" $t "* ]] || { echo "$out does not hold $t: build instead" >&2; exit 2; }
     done
     command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
+    command -v zstd > /dev/null || { [ -x "$out/bin/zstd" ] && export PATH="$PWD/$out/bin:$PATH"; }
     for t in $packed; do
       mkdir -p "build-gpu/$(dirname "$(bin_path "$t")")"
       zstd -q -d -f "$out/$t.zst" -o "build-gpu/$(bin_path "$t")"
