@@ -34,6 +34,7 @@ bin_path() { case $1 in anvil) echo anvil ;; *) echo "tests/$1" ;; esac; }
 case ${1:-} in
   pack)
     dir=${PREBUILT_DIR:-build-prebuilt}
+    dir=${dir#"$PWD"/}
     if [ ! -f "$dir/CMakeCache.txt" ]; then
       cmake -S . -B "$dir" -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
         -DANVIL_BUILD_BENCH=OFF > /dev/null
@@ -62,15 +63,20 @@ case ${1:-} in
       for t in $targets; do
         (source .devdeps/env.sh && ldd "$dir/$(bin_path "$t")") | awk '$3 ~ /\.devdeps\// {print $3}'
       done | sort -u | while read -r so; do cp -L "$so" "$out/lib/"; done
+      tar -C "$out" -cf - lib | zstd -q -T0 -19 -o "$out/lib.tar.zst" && rm -rf "$out/lib"
       [ -x .devdeps/bin/zstd ] && cp .devdeps/bin/zstd "$out/bin/"
       cat > "$out/env.sh" << 'ENV'
-# Source on the GPU machine when .devdeps is not carried: the loader finds the packed libraries.
+# Source on the GPU machine when .devdeps is not carried: the loader finds the packed libraries
+# (unpacked beside the binaries, in build-gpu/lib).
 _p="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export LD_LIBRARY_PATH="$_p/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 command -v zstd > /dev/null || export PATH="$_p/bin:$PATH"
+if [ ! -d "$_p/../build-gpu/lib" ]; then
+  mkdir -p "$_p/../build-gpu" && zstd -q -d -c "$_p/lib.tar.zst" | tar -C "$_p/../build-gpu" -xf -
+fi
+export LD_LIBRARY_PATH="$(cd "$_p/../build-gpu/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ENV
     fi
-    { echo "hash=$h"; echo "src=$PWD"; echo "targets=$targets"; } > "$out/stamp"
+    { echo "hash=$h"; echo "src=$PWD"; echo "targets=$targets"; echo "bindir=$dir"; } > "$out/stamp"
     du -sh "$out"
     ;;
   unpack)
@@ -95,6 +101,15 @@ ENV
     if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
       mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" ||
         echo "warning: could not link $src to this tree: tests that read data will not find it" >&2
+    fi
+    # The tests run the anvil binary by the path compiled into them: the build directory used here.
+    bindir=$(sed -n 's/^bindir=//p' "$out/stamp")
+    if [ -n "$bindir" ] && [ "$bindir" != build-gpu ]; then
+      if [ -L "$bindir" ] || [ ! -e "$bindir" ]; then
+        rm -f "$bindir" && ln -s build-gpu "$bindir"
+      else
+        echo "warning: $bindir is a directory here: tests that run anvil will run the one in it" >&2
+      fi
     fi
     echo "prebuilt $packed unpacked into build-gpu/"
     ;;
