@@ -247,7 +247,8 @@ TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
 // The one-token mat-vecs without a fused form run the streamed kernel's instances compiled without the
 // fused forms' code (qgemv_stream.cu, FU = false; the default), ANVIL_QGEMV_PLAIN=0 the ones with it,
 // and ANVIL_QGEMV_RING_FIT=1 (measuring; passed on an H100 in session 49) gives launches whose warps
-// have few steps a smaller ring (qwen3-0.6b: all of them, the fused forms' included);
+// have few steps a smaller ring (qwen3-0.6b: all of them, the fused forms' included; by default only
+// its 8-warp launches, and =0 none);
 // ANVIL_CUDA_CARVEOUT=100 (measuring, session 49, not yet run on a GPU) changes only where blocks fit. Same arithmetic
 // in the same order, so the logits must be the same bits, in both layer flows (the plain flow runs
 // every projection through the FU = false instances; the fused flow only the LM head).
@@ -255,10 +256,11 @@ TEST(CudaModel, PlainMatVecInstancesDecodeAsTheDefault) {
   const std::string synth = "qwen3-0.6b:q4g64";
   const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_RING_FIT", "ANVIL_CUDA_CARVEOUT"};
   const std::vector<int32_t> prompt = cuda_test::spread_ids(100);
-  constexpr int kWays = 4;
+  constexpr int kWays = 5;
   const char* ways[kWays][2] = {{"ANVIL_QGEMV_PLAIN", "1"},
                                 {"ANVIL_QGEMV_PLAIN", "0"},
                                 {"ANVIL_QGEMV_RING_FIT", "1"},
+                                {"ANVIL_QGEMV_RING_FIT", "0"},
                                 {"ANVIL_CUDA_CARVEOUT", "100"}};
   for (const char* flow : {"", "0"}) {
     const std::string what = set_fuse_flow(flow);

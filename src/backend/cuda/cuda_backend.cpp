@@ -399,6 +399,7 @@ class CudaBackend final : public Backend {
     if (!check_linear(x, w, out, "linear")) return;
     if (out.dtype != DType::kF32 && skip("linear")) return;
     Prof pr(this, out.dtype == DType::kF32 ? "lm_head" : "linear");
+    matvec_hints();
     run_linear(x, w, out);
   }
   // ANVIL_CUDA_L2_PREFETCH=MB[,1] (off by default; for measuring): in decode steps (up to 64 rows)
@@ -459,6 +460,7 @@ class CudaBackend final : public Backend {
     }
     if (skip("linear")) return;
     Prof pr(this, "linear");
+    matvec_hints();
     if (!fusable) {
       for (size_t i = 0; i < ws.size(); ++i) run_linear(x, *ws[i], outs[i]);
       return;
@@ -475,6 +477,7 @@ class CudaBackend final : public Backend {
     if (!bf16(out, "linear_swiglu", "out")) return;
     if (skip("mlp_gate_up")) return;
     Prof pr(this, "mlp_gate_up");
+    matvec_hints();
     if (matvec_rows(x.rows, dev(gate)) && cuda::gemv_fusable(dev(gate), dev(up))) {
       const DevMatrix dg = dev(gate), du = dev(up);
       launched(cuda::gemv_swiglu(dg, du, x.data, int(x.rows), out.data, st_,
@@ -517,6 +520,7 @@ class CudaBackend final : public Backend {
     if (!fuse) return Backend::rmsnorm_linear_multi(h, norm, eps, x, ws, outs);
     if (skip("linear")) return;
     Prof pr(this, "linear");
+    matvec_hints();
     const cuda::GemvFuse f{norm.data, elem_unchecked(norm.dtype), eps, false};
     launched(cuda::gemv_tc_fused(d, o, int(ws.size()), nullptr, h.data, int(h.rows), f, st_), "rmsnorm_linear_multi");
   }
@@ -530,6 +534,7 @@ class CudaBackend final : public Backend {
       return Backend::rmsnorm_linear_swiglu(h, norm, eps, x, gate, up, out);
     if (skip("mlp_gate_up")) return;
     Prof pr(this, "mlp_gate_up");
+    matvec_hints();
     void* o = out.data;
     const cuda::GemvFuse f{norm.data, elem_unchecked(norm.dtype), eps, false};
     launched(cuda::gemv_tc_fused(&dg, &o, 1, &du, h.data, int(h.rows), f, st_), "rmsnorm_linear_swiglu");
@@ -541,6 +546,7 @@ class CudaBackend final : public Backend {
       return Backend::linear_add(x, w, h, scratch);
     if (skip("linear")) return;
     Prof pr(this, "linear");
+    matvec_hints();
     void* o = h.data;
     cuda::GemvFuse f;
     f.residual = true;
@@ -577,6 +583,7 @@ class CudaBackend final : public Backend {
     if (rope_counters_ != before && !ok(cudaMemsetAsync(rope_counters_, 0, rope_counters_bytes_, st_), "rope counters"))
       return;
     Prof pr(this, "linear");
+    matvec_hints();
     cuda::RopeEpi r;
     r.counters = static_cast<unsigned*>(rope_counters_);
     r.n_heads = n_heads;
@@ -1073,6 +1080,7 @@ class CudaBackend final : public Backend {
       }
       {
         Prof pr(this, "moe_experts");
+        matvec_hints();
         if (!record(moe_.experts(xc.data, w, plan, out.slice_rows(t0, n).data, st_, &launches_,
                                  xp ? xp->xplanes : nullptr)))
           return;
@@ -1431,6 +1439,9 @@ class CudaBackend final : public Backend {
   // measured +6% on qwen3-30b-a3b-16L decode and -1.3..-1.5% on dense models (session 15).
   // ANVIL_CUDA_NORM_LATE=0 never, =1 always.
   bool moe_seen_ = false;
+  // What the mat-vec launches of this backend's ops take from it (cuda_kernels.h): rings fitted to
+  // their warps' steps in 8-warp launches until an MoE block has run (qgemv_stream.cu, ring_fit_rule).
+  void matvec_hints() const { cuda::set_ring_fit_default(!moe_seen_); }
   bool late_norms() const {
     static const int mode = [] {
       const char* e = std::getenv("ANVIL_CUDA_NORM_LATE");

@@ -394,16 +394,23 @@ bool plain_rule() { return launch_switch("ANVIL_QGEMV_PLAIN", true); }
 // 4.22 (-6%). ANVIL_QGEMV_PLAIN_T=0 goes back (for measuring).
 bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", true); }
 
-// ANVIL_QGEMV_RING_FIT=1 (for measuring): a launch whose warps have fewer steps each than the ring
-// holds gets the smallest ring (4, 6 or 8 steps; halved with the up matrix) that still holds them
-// all. With n <= S every step is issued before the loop either way, so only the shared memory left
-// unused changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4):
-// room for more of this launch's blocks, or for the next kernel's to become resident under PDL.
-// ANVIL_QGEMV_RING_FIT=8 or =4: only launches of 8-warp (4-warp) blocks. Session 49 (H100): qwen3-8b
-// +0.8-1.3%, qwen3-0.6b +1.3-1.5%, qwen3-30b-a3b-16L -1.4 to -3.0% (every round), so not the default.
+// Rings no deeper than each warp's steps: a launch whose warps have fewer steps each than the ring
+// holds gets the smallest ring (4, 6 or 8 steps; halved with the up matrix) that still holds them all.
+// With n <= S every step is issued before the loop either way, so only the shared memory left unused
+// changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4): room for more
+// of this launch's blocks, or for the next kernel's to become resident under PDL.
+// By default, launches of 8-warp blocks while the backend says so (set_ring_fit_default: until an
+// MoE block has run, like the norms that let the next kernel in late). Sessions 49-50 (H100, three
+// calls, every round): 8-warp launches fitted gave qwen3-8b +0.8..+1.3% and qwen3-0.6b +1.3..+1.5%,
+// but qwen3-30b-a3b-16L -1.8% (its o projection alone) to -3.0% (with its 4-warp launches);
+// 4-warp launches fitted gave the dense models nothing. ANVIL_QGEMV_RING_FIT=0 never fits,
+// =1 fits every launch, =8 / =4 launches of 8-warp (4-warp) blocks only, whatever the model.
+thread_local bool t_ring_fit_default = true;
+
 bool ring_fit_rule(int W) {
   const char* e = std::getenv("ANVIL_QGEMV_RING_FIT");
-  return e && (*e == '1' || *e == '0' + W);
+  if (!e || !*e) return W == 8 && t_ring_fit_default;
+  return *e == '1' || *e == '0' + W;
 }
 
 bool ring_override(int* W, int* S) {
@@ -432,25 +439,24 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   if (!forced) a->W = tiles < 2 * 132 ? 8 : 4, a->S = 8;
   a->S /= M;
   a->integer = T == 1 && int_rule();
-  const int S0 = a->S;
-  auto fit = [&] {  // ANVIL_QGEMV_RING_FIT: the smallest ring that holds each warp's steps
-    a->S = S0;
-    if (forced || !ring_fit_rule(a->W)) return;
+  a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
+  if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
+    a->W = 4;
+    a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
+  }
+  if (a->smem > kAsyncMaxSmem) return false;
+  // ring_fit_rule: the smallest ring that holds each warp's steps. Decided after the shape, so that it
+  // never changes whether (or with how many warps) a launch runs, only its shared memory.
+  if (!forced && ring_fit_rule(a->W)) {
     const int64_t per_warp = (K / 128 + a->W - 1) / a->W;
     for (const int st : {4, 6})
       if (st / M >= per_warp && st / M < a->S) {
         a->S = st / M;
-        return;
+        a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
+        break;
       }
-  };
-  fit();
-  a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
-  if (a->smem > kAsyncMaxSmem && !forced && a->W == 8) {
-    a->W = 4;
-    fit();
-    a->smem = async_smem_bytes(a->W, a->S, M, T, K, p.group, a->integer);
   }
-  return a->smem <= kAsyncMaxSmem;
+  return true;
 }
 
 namespace {
@@ -495,3 +501,8 @@ cudaError_t async_launch(bool swiglu, const AsyncShape& a, int64_t tiles, cudaSt
 }
 
 }  // namespace anvil::cuda::tc
+
+namespace anvil::cuda {
+// cuda_kernels.h
+void set_ring_fit_default(bool on) { tc::t_ring_fit_default = on; }
+}  // namespace anvil::cuda
