@@ -32,6 +32,7 @@ targets="anvil anvil_test_cuda ${EXTRA_TARGETS:-}"
 # shellcheck disable=SC2086
 if [ -f .prebuilt/stamp ] && bash scripts/cuda_prebuilt.sh unpack $targets >> "$OUT/build.log" 2>&1; then
   echo "prebuilt binaries unpacked in $(( $(date +%s) - t0 )) s"
+  prebuilt_hash=$(sed -n 's/^hash=//p' .prebuilt/stamp)
 else
   cmake -S . -B build-gpu -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
     -DANVIL_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
@@ -39,7 +40,9 @@ else
   echo "built in $(( $(date +%s) - t0 )) s"
 fi
 tpid=
-if [ -n "${TRACE_ENV:-}" ]; then
+if [ -n "${TRACE_ENV:-}" ] && [ -n "${prebuilt_hash:-}" ] && [ -f .prebuilt/anvil-trace.zst ]; then
+  echo "trace build: the prebuilt one"
+elif [ -n "${TRACE_ENV:-}" ]; then
   (cmake -S . -B build-gpu-t -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
     -DANVIL_BUILD_BENCH=OFF -DANVIL_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DANVIL_CUDA_TRACE > "$OUT/build_t.log" 2>&1 &&
     cmake --build build-gpu-t -j10 --target anvil >> "$OUT/build_t.log" 2>&1) &

@@ -18,6 +18,8 @@
 # PREBUILT_TARGETS  targets (default "anvil anvil_test_cuda anvil_test_model")
 # PREBUILT_DIR      the build directory used here (default build-prebuilt; an existing CUDA build
 #                   configured the same way, e.g. build, saves its compile time)
+# PREBUILT_TRACE_DIR  also pack the anvil of this trace build (configured as cuda_ab_env.sh's
+#                   build-gpu-t: -DCMAKE_CUDA_FLAGS=-DANVIL_CUDA_TRACE); unpacked into build-gpu-t/
 # scripts/cuda_ab_env.sh takes the pack when it matches (then it builds nothing it was given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,12 +52,23 @@ case ${1:-} in
     fi
     # shellcheck disable=SC2086
     cmake --build "$dir" -j"$(nproc)" --target $targets
+    tdir=${PREBUILT_TRACE_DIR:-}
+    if [ -n "$tdir" ]; then
+      grep -q '^CMAKE_CUDA_FLAGS:STRING=-DANVIL_CUDA_TRACE$' "$tdir/CMakeCache.txt" &&
+        grep -q '^ANVIL_CUDA_ARCHS:STRING=90a$' "$tdir/CMakeCache.txt" ||
+        { echo "$tdir is not a trace build for 90a (-DCMAKE_CUDA_FLAGS=-DANVIL_CUDA_TRACE)" >&2; exit 1; }
+      cmake --build "$tdir" -j"$(nproc)" --target anvil
+    fi
     [ "$(tree_hash)" = "$h" ] || { echo "the sources changed during the build; pack again" >&2; exit 1; }
     rm -rf "$out" && mkdir -p "$out"
     for t in $targets; do
       strip -o "$out/$t" "$dir/$(bin_path "$t")"
       zstd -q -T0 -10 --rm "$out/$t" -o "$out/$t.zst"
     done
+    if [ -n "$tdir" ]; then
+      strip -o "$out/anvil-trace" "$tdir/anvil"
+      zstd -q -T0 -10 --rm "$out/anvil-trace" -o "$out/anvil-trace.zst"
+    fi
     # The shared libraries the binaries take from .devdeps, and zstd, so that a call can carry .prebuilt
     # alone (the device copies at most 64 MiB: the tree, .devdeps and .prebuilt together are more).
     if [ -d .devdeps/root ]; then
@@ -101,6 +114,11 @@ ENV
     if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
       mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" ||
         echo "warning: could not link $src to this tree: tests that read data will not find it" >&2
+    fi
+    if [ -f "$out/anvil-trace.zst" ]; then
+      mkdir -p build-gpu-t
+      zstd -q -d -f "$out/anvil-trace.zst" -o build-gpu-t/anvil && chmod +x build-gpu-t/anvil
+      echo "prebuilt trace build unpacked into build-gpu-t/"
     fi
     # The tests run the anvil binary by the path compiled into them: the build directory used here.
     bindir=$(sed -n 's/^bindir=//p' "$out/stamp")
