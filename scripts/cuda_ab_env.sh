@@ -40,7 +40,7 @@ else
   echo "built in $(( $(date +%s) - t0 )) s"
 fi
 tpid=
-if [ -n "${TRACE_ENV:-}" ] && [ -n "${prebuilt_hash:-}" ] && [ -f .prebuilt/anvil-trace.zst ]; then
+if [ -n "${TRACE_ENV:-}" ] && [ -n "${prebuilt_hash:-}" ] && grep -q '^trace=1$' .prebuilt/stamp; then
   echo "trace build: the prebuilt one"
 elif [ -n "${TRACE_ENV:-}" ]; then
   (cmake -S . -B build-gpu-t -G Ninja -DANVIL_CUDA=ON -DANVIL_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
