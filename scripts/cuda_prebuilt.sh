@@ -71,7 +71,7 @@ case ${1:-} in
     if [ -n "$tdir" ]; then
       mkdir -p "$stage/build-gpu-t" && strip -o "$stage/build-gpu-t/anvil" "$tdir/anvil"
     fi
-    tar -C "$stage" -cf - . | zstd -q -T0 -19 --long=27 -o "$out/bins.tar.zst"
+    tar -C "$stage" -cf - build-gpu ${tdir:+build-gpu-t} | zstd -q -T0 -19 --long=27 -o "$out/bins.tar.zst"
     rm -rf "$stage"
     # The shared libraries the binaries take from .devdeps, and zstd, so that a call can carry .prebuilt
     # alone (the device copies at most 64 MiB: the tree, .devdeps and .prebuilt together are more).
