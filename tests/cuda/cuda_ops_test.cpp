@@ -486,8 +486,9 @@ TEST_F(CudaOps, IntegerOneTokenMatVecMatchesCpu) {
 
 // The streamed mat-vec's instances (qgemv_stream.cu) give the same bits: without the fused forms'
 // code (FU = false, the default at one token and at 2-8) and with it (ANVIL_QGEMV_PLAIN=0,
-// ANVIL_QGEMV_PLAIN_T=0); and rings cut to the steps each warp has (in 8-warp launches: the default
-// of a backend that has run no MoE block, or ANVIL_QGEMV_RING_FIT=8; every launch: =1; none: =0).
+// ANVIL_QGEMV_PLAIN_T=0); and rings cut to the steps each warp has (in one-token 8-warp launches: the
+// default of a backend that has run no MoE block; in all 8-warp launches: ANVIL_QGEMV_RING_FIT=8; in
+// every launch: =1; none: =0).
 // The same arithmetic in the same order, so every output must be the same bits, and the CPU's within
 // the linear bound (expect_instances_same_bits).
 // Session 49 ran both on an H100 (with the gate/up instance of 6 blocks per SM, since removed).

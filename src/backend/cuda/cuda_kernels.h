@@ -109,9 +109,9 @@ struct GemvFuse {
 bool gemv_tc_fusable(const DevMatrix* ws, int n, const DevMatrix* up, int T);
 cudaError_t gemv_tc_fused(const DevMatrix* ws, void* const* outs, int n, const DevMatrix* up, const void* x, int T,
                           const GemvFuse& f, cudaStream_t s);
-// Whether this thread's streamed mat-vec launches of 8-warp blocks take rings no deeper than their
-// warps' steps (qgemv_stream.cu, ring_fit_rule; on until set; ANVIL_QGEMV_RING_FIT overrides). The
-// backend sets it before each mat-vec op: off once its model has run an MoE block.
+// Whether this thread's one-token streamed mat-vec launches of 8-warp blocks take rings no deeper
+// than their warps' steps (qgemv_stream.cu, ring_fit_rule; on until set; ANVIL_QGEMV_RING_FIT
+// overrides). The backend sets it before each mat-vec op: off once its model has run an MoE block.
 void set_ring_fit_default(bool on);
 
 // ---- gemm.cu: tensor-core GEMM for prefill (any T), weights dequantized tile by tile ----

@@ -399,17 +399,18 @@ bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", true); }
 // With n <= S every step is issued before the loop either way, so only the shared memory left unused
 // changes (qwen3-0.6b's 8-warp launches use 1-3 of 8 steps, qwen3-8b's o projection 4): room for more
 // of this launch's blocks, or for the next kernel's to become resident under PDL.
-// By default, launches of 8-warp blocks while the backend says so (set_ring_fit_default: until an
-// MoE block has run, like the norms that let the next kernel in late). Sessions 49-50 (H100, three
+// By default, one-token launches of 8-warp blocks while the backend says so (set_ring_fit_default:
+// until an MoE block has run, like the norms that let the next kernel in late); batched decode's
+// launches (2-8 tokens) are not yet measured fitted, so they keep their rings. Sessions 49-50 (H100, three
 // calls, every round): 8-warp launches fitted gave qwen3-8b +0.8..+1.3% and qwen3-0.6b +1.3..+1.5%,
 // but qwen3-30b-a3b-16L -1.8% (its o projection alone) to -3.0% (with its 4-warp launches);
 // 4-warp launches fitted gave the dense models nothing. ANVIL_QGEMV_RING_FIT=0 never fits,
 // =1 fits every launch, =8 / =4 launches of 8-warp (4-warp) blocks only, whatever the model.
 thread_local bool t_ring_fit_default = true;
 
-bool ring_fit_rule(int W) {
+bool ring_fit_rule(int W, int T) {
   const char* e = std::getenv("ANVIL_QGEMV_RING_FIT");
-  if (!e || !*e) return W == 8 && t_ring_fit_default;
+  if (!e || !*e) return W == 8 && T == 1 && t_ring_fit_default;
   return *e == '1' || *e == '0' + W;
 }
 
@@ -447,7 +448,7 @@ bool async_ok(const TcParams& p, int n_mats, int T, bool swiglu, AsyncShape* a) 
   if (a->smem > kAsyncMaxSmem) return false;
   // ring_fit_rule: the smallest ring that holds each warp's steps. Decided after the shape, so that it
   // never changes whether (or with how many warps) a launch runs, only its shared memory.
-  if (!forced && ring_fit_rule(a->W)) {
+  if (!forced && ring_fit_rule(a->W, T)) {
     const int64_t per_warp = (K / 128 + a->W - 1) / a->W;
     for (const int st : {4, 6})
       if (st / M >= per_warp && st / M < a->S) {
