@@ -1440,7 +1440,8 @@ class CudaBackend final : public Backend {
   // ANVIL_CUDA_NORM_LATE=0 never, =1 always.
   bool moe_seen_ = false;
   // What the mat-vec launches of this backend's ops take from it (cuda_kernels.h): rings fitted to
-  // their warps' steps in 8-warp launches until an MoE block has run (qgemv_stream.cu, ring_fit_rule).
+  // their warps' steps in one-token 8-warp launches until an MoE block has run (qgemv_stream.cu,
+  // ring_fit_rule).
   void matvec_hints() const { cuda::set_ring_fit_default(!moe_seen_); }
   bool late_norms() const {
     static const int mode = [] {

@@ -401,11 +401,11 @@ bool plain_t_rule() { return launch_switch("ANVIL_QGEMV_PLAIN_T", true); }
 // of this launch's blocks, or for the next kernel's to become resident under PDL.
 // By default, one-token launches of 8-warp blocks while the backend says so (set_ring_fit_default:
 // until an MoE block has run, like the norms that let the next kernel in late); batched decode's
-// launches (2-8 tokens) are not yet measured fitted, so they keep their rings. Sessions 49-50 (H100, three
-// calls, every round): 8-warp launches fitted gave qwen3-8b +0.8..+1.3% and qwen3-0.6b +1.3..+1.5%,
-// but qwen3-30b-a3b-16L -1.8% (its o projection alone) to -3.0% (with its 4-warp launches);
-// 4-warp launches fitted gave the dense models nothing. ANVIL_QGEMV_RING_FIT=0 never fits,
-// =1 fits every launch, =8 / =4 launches of 8-warp (4-warp) blocks only, whatever the model.
+// launches (2-8 tokens) are not yet measured fitted, so they keep their rings. Sessions 49-50 (H100,
+// three calls, every round): 8-warp launches fitted gave qwen3-8b +0.8..+1.3% and qwen3-0.6b
+// +1.3..+1.5%, but qwen3-30b-a3b-16L -1.8% (its o projection alone) to -3.0% (with its 4-warp
+// launches); 4-warp launches fitted gave the dense models nothing. ANVIL_QGEMV_RING_FIT=0 never
+// fits, =1 fits every launch, =8 / =4 launches of 8-warp (4-warp) blocks only, whatever the model.
 thread_local bool t_ring_fit_default = true;
 
 bool ring_fit_rule(int W, int T) {
