@@ -4,8 +4,8 @@
 #   bash scripts/cuda_prebuilt.sh unpack [TARGET...]   (there: puts them into build-gpu/ if they match
 #                                           the tree and hold every TARGET named)
 # Carry [".prebuilt"] alone: it holds the shared libraries the binaries take from .devdeps and zstd
-# (source .prebuilt/env.sh there); the tree (~38 MB), .devdeps (22 MB) and .prebuilt together pass
-# the 64 MiB a call may carry.
+# (source .prebuilt/env.sh there, then unpack); the tree (~38 MB), .devdeps (22 MB) and .prebuilt
+# together pass the 64 MiB a call may carry.
 #
 # Why it is safe: the binaries are what the device would build from the same sources (the same nvcc,
 # -DANVIL_CUDA_ARCHS=90a, Release, the CPU code without -march=native), and they run there against
@@ -71,28 +71,24 @@ case ${1:-} in
     if [ -n "$tdir" ]; then
       mkdir -p "$stage/build-gpu-t" && strip -o "$stage/build-gpu-t/anvil" "$tdir/anvil"
     fi
-    tar -C "$stage" -cf - build-gpu ${tdir:+build-gpu-t} | zstd -q -T0 -19 --long=27 -o "$out/bins.tar.zst"
-    rm -rf "$stage"
-    # The shared libraries the binaries take from .devdeps, and zstd, so that a call can carry .prebuilt
-    # alone (the device copies at most 64 MiB: the tree, .devdeps and .prebuilt together are more).
+    # With them, the shared libraries they take from .devdeps (into build-gpu/lib) and zstd, so that a
+    # call can carry .prebuilt alone (the tree, .devdeps and .prebuilt together pass 64 MiB).
     if [ -d .devdeps/root ]; then
-      mkdir -p "$out/lib" "$out/bin"
+      mkdir -p "$stage/build-gpu/lib" "$out/bin"
       for t in $targets; do
         (source .devdeps/env.sh && ldd "$dir/$(bin_path "$t")") | awk '$3 ~ /\.devdeps\// {print $3}'
-      done | sort -u | while read -r so; do cp -L "$so" "$out/lib/"; done
-      tar -C "$out" -cf - lib | zstd -q -T0 -19 -o "$out/lib.tar.zst" && rm -rf "$out/lib"
+      done | sort -u | while read -r so; do cp -L "$so" "$stage/build-gpu/lib/"; done
       [ -x .devdeps/bin/zstd ] && cp .devdeps/bin/zstd "$out/bin/"
       cat > "$out/env.sh" << 'ENV'
-# Source on the GPU machine when .devdeps is not carried: the loader finds the packed libraries
-# (unpacked beside the binaries, in build-gpu/lib).
+# Source on the GPU machine when .devdeps is not carried: zstd for `unpack`, and the loader pointed at
+# the libraries it puts into build-gpu/lib.
 _p="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 command -v zstd > /dev/null || export PATH="$_p/bin:$PATH"
-if [ ! -d "$_p/../build-gpu/lib" ]; then
-  mkdir -p "$_p/../build-gpu" && zstd -q -d -c "$_p/lib.tar.zst" | tar -C "$_p/../build-gpu" -xf -
-fi
-export LD_LIBRARY_PATH="$(cd "$_p/../build-gpu/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$(dirname "$_p")/build-gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ENV
     fi
+    tar -C "$stage" -cf - build-gpu ${tdir:+build-gpu-t} | zstd -q -T0 -19 --long=27 -o "$out/bins.tar.zst"
+    rm -rf "$stage"
     { echo "hash=$h"; echo "src=$PWD"; echo "targets=$targets"; echo "bindir=$dir"; echo "trace=${tdir:+1}"; } > "$out/stamp"
     du -sh "$out"
     ;;
@@ -108,8 +104,9 @@ ENV
     for t in "${@:2}"; do
       [[ " $packed " == *" $t "* ]] || { echo "$out does not hold $t: build instead" >&2; exit 2; }
     done
-    command -v zstd > /dev/null || { [ -x .devdeps/bin/zstd ] && export PATH="$PWD/.devdeps/bin:$PATH"; }
-    command -v zstd > /dev/null || { [ -x "$out/bin/zstd" ] && export PATH="$PWD/$out/bin:$PATH"; }
+    for z in .devdeps/bin/zstd "$out/bin/zstd"; do
+      command -v zstd > /dev/null || { [ -x "$z" ] && export PATH="$PWD/$(dirname "$z"):$PATH"; }
+    done
     zstd -q -d --long=27 -c "$out/bins.tar.zst" | tar -xf - || { echo "could not unpack $out/bins.tar.zst" >&2; exit 1; }
     if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
       mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" ||

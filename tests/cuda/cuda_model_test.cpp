@@ -248,10 +248,10 @@ TEST(CudaModel, QkvRopeEpilogueDecodesAsTheComposition) {
 // fused forms' code (qgemv_stream.cu, FU = false; the default), ANVIL_QGEMV_PLAIN=0 the ones with it,
 // and ANVIL_QGEMV_RING_FIT=1 (measuring; passed on an H100 in session 49) gives launches whose warps
 // have few steps a smaller ring (qwen3-0.6b: all of them, the fused forms' included; by default only
-// its one-token 8-warp launches, and =0 none);
-// ANVIL_CUDA_CARVEOUT=100 (measuring, session 49, not yet run on a GPU) changes only where blocks fit. Same arithmetic
-// in the same order, so the logits must be the same bits, in both layer flows (the plain flow runs
-// every projection through the FU = false instances; the fused flow only the LM head).
+// its one-token 8-warp launches, and =0 none); ANVIL_CUDA_CARVEOUT=100 (measuring; passed on an H100
+// in session 50) changes only where blocks fit. Same arithmetic in the same order, so the logits must
+// be the same bits, in both layer flows (the plain flow runs every projection through the FU = false
+// instances; the fused flow only the LM head).
 TEST(CudaModel, PlainMatVecInstancesDecodeAsTheDefault) {
   const std::string synth = "qwen3-0.6b:q4g64";
   const cuda_test::ScopedEnv env{"ANVIL_CUDA_FUSE", "ANVIL_QGEMV_PLAIN", "ANVIL_QGEMV_RING_FIT", "ANVIL_CUDA_CARVEOUT"};
